@@ -1,0 +1,107 @@
+"""Self-attention: one implementation for MHA/GQA/MQA, every position scheme, QK norm,
+soft-capping and sliding windows. Variants are config values read here, never copies.
+
+Scores follow transformers' eager order: (q @ k^T) * scale, then soft-cap, then the mask, then a
+softmax in fp32 cast back to the activation dtype. Without a soft-cap the same maths runs through
+`scaled_dot_product_attention`, which agrees with it to float rounding and is much faster.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from .cache import KVCache
+from .config import ArchConfig
+from .context import Context
+from .norms import Norm
+from .positions import RelativeBias, alibi_bias
+from .rope import Rotary, apply_rotary
+
+
+def _eager(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float, softcap: float | None,
+           bias: torch.Tensor | None, allowed: torch.Tensor | None, dropout: float) -> torch.Tensor:
+    groups = q.shape[1] // k.shape[1]
+    k, v = k.repeat_interleave(groups, dim=1), v.repeat_interleave(groups, dim=1)  # (B, H, S, D)
+    w = torch.matmul(q, k.transpose(-1, -2)) * scale  # (B, H, T, S)
+    if softcap is not None:
+        w = torch.tanh(w / softcap) * softcap
+    if bias is not None:
+        w = w + bias.to(w.dtype)
+    if allowed is not None:
+        w = w + torch.zeros_like(allowed, dtype=w.dtype).masked_fill(~allowed, torch.finfo(w.dtype).min)
+    p = F.softmax(w, dim=-1, dtype=torch.float32).to(q.dtype)
+    p = F.dropout(p, p=dropout, training=dropout > 0)
+    return torch.matmul(p, v)
+
+
+def _sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float, bias: torch.Tensor | None,
+          allowed: torch.Tensor | None, causal: bool, dropout: float) -> torch.Tensor:
+    mask = allowed
+    if bias is not None:
+        mask = bias.to(q.dtype)
+        if allowed is not None:
+            mask = mask.masked_fill(~allowed, float("-inf"))
+        causal = False
+    elif causal:
+        mask = None
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout, is_causal=causal,
+                                          scale=scale, enable_gqa=q.shape[1] != k.shape[1])
+
+
+class Attention(nn.Module):
+    def __init__(self, cfg: ArchConfig, layer: int, rotary: Rotary | None,
+                 relative: RelativeBias | None) -> None:
+        super().__init__()
+        self.layer, self.cfg = layer, cfg
+        d, hd = cfg.d_model, cfg.head_dim
+        self.q = nn.Linear(d, cfg.q_dim, bias=cfg.q_bias)
+        self.k = nn.Linear(d, cfg.kv_dim, bias=cfg.k_bias)
+        self.v = nn.Linear(d, cfg.kv_dim, bias=cfg.v_bias)
+        self.o = nn.Linear(cfg.q_dim, d, bias=cfg.o_bias)
+        norm_dims = {"head": (hd, hd), "projection": (cfg.q_dim, cfg.kv_dim)}.get(cfg.qk_norm)
+        self.q_norm = Norm(norm_dims[0], cfg.norm) if norm_dims else None
+        self.k_norm = Norm(norm_dims[1], cfg.norm) if norm_dims else None
+        self.rotary = rotary
+        self.position = cfg.layer_positions[layer]
+        self.relative = relative if self.position == "relative" else None
+        self.window = cfg.window_for(layer)
+
+    def forward(self, x: torch.Tensor, ctx: Context, cache: KVCache | None = None) -> torch.Tensor:
+        cfg = self.cfg
+        B, T, _ = x.shape
+        q, k, v = self.q(x), self.k(x), self.v(x)  # (B, T, H*D), (B, T, KV*D) x2
+        if cfg.qk_norm == "projection":
+            q, k = self.q_norm(q), self.k_norm(k)
+        q = q.view(B, T, cfg.n_heads, cfg.head_dim)
+        k = k.view(B, T, cfg.n_kv_heads, cfg.head_dim)
+        v = v.view(B, T, cfg.n_kv_heads, cfg.head_dim)
+        if cfg.qk_norm == "head":
+            q, k = self.q_norm(q), self.k_norm(k)
+        q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)  # (B, H|KV, T, D)
+        if self.rotary is not None:
+            cos, sin = ctx.rotary(self.rotary)
+            q = apply_rotary(q, cos, sin, self.rotary.cfg.layout)
+            k = apply_rotary(k, cos, sin, self.rotary.cfg.layout)
+        if cache is not None:
+            k, v = cache.update(self.layer, k, v)  # (B, KV, S, D)
+        bias = self._position_bias(ctx)
+        allowed = ctx.allowed(self.window)
+        dropout = cfg.attn_dropout if self.training else 0.0
+        if cfg.attn_softcap is not None:
+            out = _eager(q, k, v, cfg.score_scale, cfg.attn_softcap, bias, allowed, dropout)
+        else:
+            out = _sdpa(q, k, v, cfg.score_scale, bias, allowed, ctx.is_plain_causal(self.window), dropout)
+        out = out.transpose(1, 2).reshape(B, T, cfg.q_dim)  # (B, T, H*D)
+        return self.o(out)
+
+    def _position_bias(self, ctx: Context) -> torch.Tensor | None:
+        if self.position == "alibi":
+            return alibi_bias(self.cfg.n_heads, ctx.q_pos, ctx.k_pos)
+        if self.relative is not None:
+            return self.relative(ctx.q_pos, ctx.k_pos)
+        return None
+
+
+ATTENTION: dict[str, type[nn.Module]] = {"standard": Attention}

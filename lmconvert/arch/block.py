@@ -1,0 +1,63 @@
+"""One transformer block. Norm placement is a config value: each placement fills the four norm
+slots it uses (the rest are identities) and picks one of three residual wirings."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+from torch import nn
+
+from .attention import ATTENTION
+from .cache import KVCache
+from .config import ArchConfig
+from .context import Context
+from .mlp import MLP
+from .norms import Norm
+from .positions import RelativeBias
+from .rope import Rotary
+
+# placement -> the norm slots it fills
+NORM_SLOTS: dict[str, tuple[str, ...]] = {
+    "pre": ("attn_norm", "mlp_norm"),
+    "post": ("attn_norm", "mlp_norm"),
+    "sandwich": ("attn_norm", "attn_post_norm", "mlp_norm", "mlp_post_norm"),
+    "output": ("attn_post_norm", "mlp_post_norm"),
+    "parallel_shared": ("attn_norm",),
+    "parallel_separate": ("attn_norm", "mlp_norm"),
+}
+
+
+def _sequential(b: Block, h: torch.Tensor, attend: Callable[[torch.Tensor], torch.Tensor]) -> torch.Tensor:
+    h = h + b.drop(b.attn_post_norm(attend(b.attn_norm(h))))
+    return h + b.drop(b.mlp_post_norm(b.mlp(b.mlp_norm(h))))
+
+
+def _post(b: Block, h: torch.Tensor, attend: Callable[[torch.Tensor], torch.Tensor]) -> torch.Tensor:
+    h = b.attn_norm(h + b.drop(attend(h)))
+    return b.mlp_norm(h + b.drop(b.mlp(h)))
+
+
+def _parallel(b: Block, h: torch.Tensor, attend: Callable[[torch.Tensor], torch.Tensor]) -> torch.Tensor:
+    x = b.attn_norm(h)
+    y = x if isinstance(b.mlp_norm, nn.Identity) else b.mlp_norm(h)
+    return h + b.drop(attend(x)) + b.drop(b.mlp(y))
+
+
+WIRING = {"pre": _sequential, "sandwich": _sequential, "output": _sequential, "post": _post,
+          "parallel_shared": _parallel, "parallel_separate": _parallel}
+
+
+class Block(nn.Module):
+    def __init__(self, cfg: ArchConfig, layer: int, rotary: Rotary | None, relative: RelativeBias | None) -> None:
+        super().__init__()
+        slots = NORM_SLOTS[cfg.norm_placement]
+        for slot in ("attn_norm", "attn_post_norm", "mlp_norm", "mlp_post_norm"):
+            setattr(self, slot, Norm(cfg.d_model, cfg.norm) if slot in slots else nn.Identity())
+        self.attn = ATTENTION[cfg.attention](cfg, layer, rotary, relative)
+        self.mlp = MLP(cfg)
+        self.drop = nn.Dropout(cfg.resid_dropout)
+        self.wiring = WIRING[cfg.norm_placement]
+
+    def forward(self, h: torch.Tensor, ctx: Context, cache: KVCache | None = None) -> torch.Tensor:
+        return self.wiring(self, h, lambda x: self.attn(x, ctx, cache))

@@ -1,0 +1,24 @@
+"""A KV cache for incremental decoding: per layer, keys and values after RoPE."""
+
+from __future__ import annotations
+
+import torch
+
+
+class KVCache:
+    def __init__(self, n_layers: int) -> None:
+        self.keys: list[torch.Tensor | None] = [None] * n_layers
+        self.values: list[torch.Tensor | None] = [None] * n_layers
+
+    @property
+    def length(self) -> int:
+        first = self.keys[0]
+        return 0 if first is None else first.shape[-2]
+
+    def update(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Append k, v (B, KV, T, D) and return every key and value seen so far."""
+        if self.keys[layer] is not None:
+            k = torch.cat((self.keys[layer], k), dim=-2)
+            v = torch.cat((self.values[layer], v), dim=-2)
+        self.keys[layer], self.values[layer] = k, v
+        return k, v

@@ -1,0 +1,288 @@
+"""ArchConfig: every architectural choice of a decoder-only LM as one frozen value.
+
+A family mapping translates a model's own config into this, and the canonical `Decoder` is built
+from it alone, so two checkpoints with equal ArchConfigs compute the same function. Per-layer
+choices (positions, local/global attention) are tuples of length `n_layers`; `None` in the
+constructor means "the same for every layer" and is normalised in `__post_init__`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from dataclasses import dataclass, field, fields
+from typing import Any
+
+from .errors import ConfigError
+
+NORM_KINDS = ("rms", "layer")
+NORM_PLACEMENTS = ("pre", "post", "sandwich", "output", "parallel_shared", "parallel_separate")
+ACTIVATIONS = ("relu", "gelu", "gelu_tanh", "silu", "relu2")
+ROPE_LAYOUTS = ("half", "interleaved")
+ROPE_SCALINGS = ("none", "linear", "dynamic", "yarn", "llama3")
+ABSOLUTE_POSITIONS = ("none", "sinusoidal", "learned")
+LAYER_POSITIONS = ("rope", "alibi", "relative", "none")
+LAYER_KINDS = ("global", "local")
+QK_NORMS = ("none", "head", "projection")
+ATTENTION_KINDS = ("standard",)  # slot: "latent" (MLA) and "sparse" register here when built
+DTYPE_ORDERS = ("cast_then_scale", "scale_then_cast")
+
+
+def _fail(owner: str, name: str, value: Any, why: str) -> None:
+    raise ConfigError(f"{owner}.{name}={value!r}: {why}")
+
+
+def _choice(owner: str, name: str, value: Any, allowed: tuple[str, ...]) -> None:
+    if value not in allowed:
+        _fail(owner, name, value, f"must be one of {', '.join(allowed)}")
+
+
+def _positive(owner: str, name: str, value: Any, *, allow_none: bool = False) -> None:
+    if value is None and allow_none:
+        return
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
+        _fail(owner, name, value, "must be a positive number")
+
+
+def _integer(owner: str, name: str, value: Any, *, allow_none: bool = False) -> None:
+    if value is None and allow_none:
+        return
+    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+        _fail(owner, name, value, "must be a positive integer")
+
+
+@dataclass(frozen=True)
+class NormConfig:
+    """How a norm computes. Statistics are always in fp32; `dtype_order` says where the weight
+    is applied: after casting back to the activation dtype (LLaMA) or in fp32 before the cast
+    (Gemma, OLMo 2). `weight_offset` is 1.0 for Gemma's `(1 + w)` with zero-centred weights."""
+
+    kind: str = "rms"
+    eps: float = 1e-6
+    weight: bool = True
+    bias: bool = False
+    weight_offset: float = 0.0
+    dtype_order: str = "cast_then_scale"
+
+    def __post_init__(self) -> None:
+        _choice("norm", "kind", self.kind, NORM_KINDS)
+        _positive("norm", "eps", self.eps)
+        _choice("norm", "dtype_order", self.dtype_order, DTYPE_ORDERS)
+        if self.kind == "rms" and self.bias:
+            _fail("norm", "bias", self.bias, "RMSNorm has no bias; use kind='layer'")
+        if self.weight_offset and not self.weight:
+            _fail("norm", "weight_offset", self.weight_offset, "needs a learned weight (weight=True)")
+
+
+@dataclass(frozen=True)
+class RopeConfig:
+    """Rotary embedding of one layer kind. `fraction` < 1 rotates only the first dims of a head.
+    Scaling keys follow the names transformers uses in `rope_parameters`."""
+
+    theta: float = 10000.0
+    layout: str = "half"
+    fraction: float = 1.0
+    scaling: str = "none"
+    factor: float = 1.0
+    original_max_positions: int | None = None
+    low_freq_factor: float = 1.0
+    high_freq_factor: float = 4.0
+    beta_fast: float = 32.0
+    beta_slow: float = 1.0
+    attention_factor: float | None = None
+    mscale: float | None = None
+    mscale_all_dim: float | None = None
+    truncate: bool = True
+    fp32_tables: bool = False  # OLMo keeps cos/sin in fp32 and rotates in fp32
+
+    def __post_init__(self) -> None:
+        _positive("rope", "theta", self.theta)
+        _choice("rope", "layout", self.layout, ROPE_LAYOUTS)
+        _choice("rope", "scaling", self.scaling, ROPE_SCALINGS)
+        if not 0 < self.fraction <= 1:
+            _fail("rope", "fraction", self.fraction, "must be in (0, 1]")
+        _positive("rope", "factor", self.factor)
+        _integer("rope", "original_max_positions", self.original_max_positions, allow_none=True)
+        if self.scaling in ("yarn", "llama3") and self.original_max_positions is None:
+            _fail("rope", "original_max_positions", None, f"required by scaling={self.scaling!r}")
+        if self.scaling == "llama3" and self.high_freq_factor == self.low_freq_factor:
+            _fail("rope", "high_freq_factor", self.high_freq_factor, "must differ from low_freq_factor")
+
+    def rotary_dim(self, head_dim: int) -> int:
+        return int(head_dim * self.fraction)
+
+
+@dataclass(frozen=True)
+class ArchConfig:
+    """The canonical description of a decoder-only transformer."""
+
+    vocab_size: int
+    d_model: int
+    n_layers: int
+    n_heads: int
+    d_ff: int
+    n_kv_heads: int | None = None  # None: MHA
+    head_dim: int | None = None  # None: d_model // n_heads
+    max_positions: int = 2048
+    # norms
+    norm: NormConfig = field(default_factory=NormConfig)
+    norm_placement: str = "pre"
+    final_norm: bool = True
+    qk_norm: str = "none"
+    # biases
+    q_bias: bool = False
+    k_bias: bool = False
+    v_bias: bool = False
+    o_bias: bool = False
+    mlp_bias: bool = False
+    lm_head_bias: bool = False
+    # feed-forward
+    activation: str = "silu"
+    gated: bool = True
+    # positions
+    absolute_positions: str = "none"
+    position_offset: int = 0
+    layer_positions: tuple[str, ...] | None = None
+    rope: RopeConfig = field(default_factory=RopeConfig)
+    rope_local: RopeConfig | None = None  # None: local layers use `rope`
+    relative_buckets: int = 32
+    relative_max_distance: int = 128
+    # attention
+    attention: str = "standard"
+    layer_kinds: tuple[str, ...] | None = None
+    sliding_window: int | None = None
+    attn_scale: float | None = None  # None: head_dim ** -0.5
+    attn_softcap: float | None = None
+    # output
+    tie_embeddings: bool = False
+    embed_scale: float | None = None
+    final_softcap: float | None = None
+    logit_scale: float = 1.0
+    # training
+    embed_dropout: float = 0.0
+    attn_dropout: float = 0.0
+    resid_dropout: float = 0.0
+    z_loss: float = 0.0
+
+    def __post_init__(self) -> None:
+        for name in ("vocab_size", "d_model", "n_layers", "n_heads", "d_ff", "max_positions"):
+            _integer("ArchConfig", name, getattr(self, name))
+        if self.n_kv_heads is None:
+            object.__setattr__(self, "n_kv_heads", self.n_heads)
+        if self.head_dim is None:
+            if self.d_model % self.n_heads:
+                _fail("ArchConfig", "head_dim", None,
+                      f"d_model={self.d_model} is not divisible by n_heads={self.n_heads}; set head_dim")
+            object.__setattr__(self, "head_dim", self.d_model // self.n_heads)
+        _integer("ArchConfig", "n_kv_heads", self.n_kv_heads)
+        _integer("ArchConfig", "head_dim", self.head_dim)
+        if self.n_heads % self.n_kv_heads:
+            _fail("ArchConfig", "n_kv_heads", self.n_kv_heads,
+                  f"n_heads={self.n_heads} must be a multiple of n_kv_heads={self.n_kv_heads}")
+        for name, allowed in (("norm_placement", NORM_PLACEMENTS), ("qk_norm", QK_NORMS),
+                              ("activation", ACTIVATIONS), ("absolute_positions", ABSOLUTE_POSITIONS),
+                              ("attention", ATTENTION_KINDS)):
+            _choice("ArchConfig", name, getattr(self, name), allowed)
+        self._normalise_layers("layer_positions", "rope", LAYER_POSITIONS)
+        self._normalise_layers("layer_kinds", "global", LAYER_KINDS)
+        for name in ("rope", "rope_local", "norm"):
+            value = getattr(self, name)
+            if isinstance(value, dict):
+                object.__setattr__(self, name, (NormConfig if name == "norm" else RopeConfig)(**value))
+        for rope in (self.rope, self.rope_local):
+            if rope is not None and rope.rotary_dim(self.head_dim) % 2:
+                _fail("ArchConfig", "head_dim", self.head_dim,
+                      f"rotary dims {rope.rotary_dim(self.head_dim)} must be even")
+        _integer("ArchConfig", "sliding_window", self.sliding_window, allow_none=True)
+        if "local" in self.layer_kinds and self.sliding_window is None:
+            _fail("ArchConfig", "sliding_window", None, "local layers need a sliding window")
+        for name in ("attn_scale", "attn_softcap", "embed_scale", "final_softcap"):
+            _positive("ArchConfig", name, getattr(self, name), allow_none=True)
+        _positive("ArchConfig", "logit_scale", self.logit_scale)
+        for name in ("embed_dropout", "attn_dropout", "resid_dropout"):
+            if not 0 <= getattr(self, name) < 1:
+                _fail("ArchConfig", name, getattr(self, name), "must be in [0, 1)")
+        if self.z_loss < 0:
+            _fail("ArchConfig", "z_loss", self.z_loss, "must be >= 0")
+        if self.position_offset < 0:
+            _fail("ArchConfig", "position_offset", self.position_offset, "must be >= 0")
+        if self.tie_embeddings and self.lm_head_bias:
+            _fail("ArchConfig", "lm_head_bias", True, "a tied LM head has no bias; untie the embeddings")
+        if self.norm_placement == "post" and self.final_norm:
+            _fail("ArchConfig", "final_norm", True, "post-norm blocks already end in a norm")
+
+    def _normalise_layers(self, name: str, default: str, allowed: tuple[str, ...]) -> None:
+        value = getattr(self, name)
+        value = (default,) * self.n_layers if value is None else tuple(value)
+        if len(value) != self.n_layers:
+            _fail("ArchConfig", name, value, f"needs one entry per layer (n_layers={self.n_layers})")
+        for item in value:
+            _choice("ArchConfig", name, item, allowed)
+        object.__setattr__(self, name, value)
+
+    # ----------------------------------------------------------------------------- derived
+    @property
+    def q_dim(self) -> int:
+        return self.n_heads * self.head_dim
+
+    @property
+    def kv_dim(self) -> int:
+        return self.n_kv_heads * self.head_dim
+
+    @property
+    def score_scale(self) -> float:
+        return self.attn_scale if self.attn_scale is not None else self.head_dim ** -0.5
+
+    def rope_for(self, layer: int) -> RopeConfig | None:
+        if self.layer_positions[layer] != "rope":
+            return None
+        if self.layer_kinds[layer] == "local" and self.rope_local is not None:
+            return self.rope_local
+        return self.rope
+
+    def window_for(self, layer: int) -> int | None:
+        return self.sliding_window if self.layer_kinds[layer] == "local" else None
+
+    def kv_cache_bytes_per_token(self, bytes_per_element: int = 2) -> int:
+        return 2 * self.n_layers * self.kv_dim * bytes_per_element
+
+    # ----------------------------------------------------------------------------- JSON
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), indent=2, sort_keys=True)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> ArchConfig:
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(data) - known)
+        if unknown:
+            raise ConfigError(f"ArchConfig: unknown field(s) {', '.join(unknown)}")
+        data = dict(data)
+        data["norm"] = _sub(NormConfig, data.get("norm"), "norm")
+        data["rope"] = _sub(RopeConfig, data.get("rope"), "rope")
+        if data.get("rope_local") is not None:
+            data["rope_local"] = _sub(RopeConfig, data["rope_local"], "rope_local")
+        try:
+            return cls(**data)
+        except TypeError as exc:  # missing required fields
+            raise ConfigError(f"ArchConfig: {exc}") from None
+
+    @classmethod
+    def from_json(cls, text: str) -> ArchConfig:
+        return cls.from_dict(json.loads(text))
+
+
+def _sub(kind: type, value: Any, name: str) -> Any:
+    if value is None:
+        return kind()
+    if isinstance(value, kind):
+        return value
+    if not isinstance(value, dict):
+        raise ConfigError(f"ArchConfig.{name}={value!r}: must be an object")
+    unknown = sorted(set(value) - {f.name for f in fields(kind)})
+    if unknown:
+        raise ConfigError(f"ArchConfig.{name}: unknown field(s) {', '.join(unknown)}")
+    return kind(**value)
+

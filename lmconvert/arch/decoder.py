@@ -1,0 +1,114 @@
+"""The canonical decoder: embeddings, blocks, final norm, LM head, loss and greedy decoding."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from .block import Block
+from .cache import KVCache
+from .config import ArchConfig
+from .context import Context
+from .norms import Norm
+from .positions import RelativeBias, sinusoidal
+from .rope import Rotary
+
+
+class Decoder(nn.Module):
+    def __init__(self, cfg: ArchConfig) -> None:
+        super().__init__()
+        self.cfg = cfg
+        self.embed = nn.Embedding(cfg.vocab_size, cfg.d_model)
+        self.pos_embed = (nn.Embedding(cfg.max_positions + cfg.position_offset, cfg.d_model)
+                          if cfg.absolute_positions == "learned" else None)
+        self.rel_bias = (RelativeBias(cfg.relative_buckets, cfg.relative_max_distance, cfg.n_heads)
+                         if "relative" in cfg.layer_positions else None)
+        rotaries: dict[int, Rotary] = {}  # one table per distinct RopeConfig, shared by its layers
+        self.layers = nn.ModuleList()
+        for i in range(cfg.n_layers):
+            rope = cfg.rope_for(i)
+            rotary = None
+            if rope is not None:
+                if id(rope) not in rotaries:
+                    rotaries[id(rope)] = Rotary(rope, cfg.head_dim, cfg.max_positions)
+                rotary = rotaries[id(rope)]
+            self.layers.append(Block(cfg, i, rotary, self.rel_bias))
+        self.final_norm = Norm(cfg.d_model, cfg.norm) if cfg.final_norm else nn.Identity()
+        self.lm_head = None if cfg.tie_embeddings else nn.Linear(cfg.d_model, cfg.vocab_size, bias=cfg.lm_head_bias)
+        self.drop = nn.Dropout(cfg.embed_dropout)
+
+    def new_cache(self) -> KVCache:
+        return KVCache(self.cfg.n_layers)
+
+    def embed_tokens(self, ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        cfg = self.cfg
+        h = self.embed(ids)
+        if cfg.embed_scale is not None:  # Gemma rounds sqrt(d) to the weight dtype first
+            h = h * torch.tensor(cfg.embed_scale, dtype=torch.float32).to(h.dtype)
+        if cfg.absolute_positions == "learned":
+            h = h + self.pos_embed(positions + cfg.position_offset)
+        elif cfg.absolute_positions == "sinusoidal":
+            h = h + sinusoidal(positions, cfg.d_model, h.dtype)
+        return self.drop(h)
+
+    def hidden_states(self, ids: torch.Tensor, cache: KVCache | None = None,
+                      until: int | None = None) -> list[torch.Tensor]:
+        """Hidden state after the embedding and after each block (transformers' layout, without
+        the final norm); `until` stops after that many blocks."""
+        past = cache.length if cache is not None else 0
+        T = ids.shape[1]
+        positions = torch.arange(past, past + T, device=ids.device)
+        h = self.embed_tokens(ids, positions)
+        ctx = Context(positions, torch.arange(past + T, device=ids.device), h.dtype)
+        states = [h]
+        for block in self.layers[:until]:
+            h = block(h, ctx, cache)
+            states.append(h)
+        return states
+
+    def logits(self, h: torch.Tensor) -> torch.Tensor:
+        cfg = self.cfg
+        h = self.final_norm(h)
+        logits = self.lm_head(h) if self.lm_head is not None else F.linear(h, self.embed.weight)
+        if cfg.logit_scale != 1.0:
+            logits = logits * cfg.logit_scale
+        if cfg.final_softcap is not None:
+            logits = torch.tanh(logits / cfg.final_softcap) * cfg.final_softcap
+        return logits
+
+    def forward(self, ids: torch.Tensor, cache: KVCache | None = None,
+                labels: torch.Tensor | None = None) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+        """Logits (B, T, vocab) for token ids (B, T); with labels, also the mean next-token loss."""
+        logits = self.logits(self.hidden_states(ids, cache)[-1])
+        if labels is None:
+            return logits
+        return logits, self.loss(logits, labels)
+
+    def loss(self, logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        """Cross-entropy of position t predicting labels[t+1] (-100 ignored), plus z-loss
+        alpha * logsumexp^2 that keeps the softmax normaliser near 1 (PaLM)."""
+        logits = logits[:, :-1].float().flatten(0, 1)
+        target = labels[:, 1:].flatten()
+        keep = target != -100
+        loss = F.cross_entropy(logits, target, ignore_index=-100)
+        if self.cfg.z_loss:
+            z = torch.logsumexp(logits[keep], dim=-1)
+            loss = loss + self.cfg.z_loss * (z ** 2).mean()
+        return loss
+
+    @torch.no_grad()
+    def generate(self, ids: torch.Tensor, max_new_tokens: int, eos_token_id: int | None = None) -> torch.Tensor:
+        """Greedy decoding with the KV cache; returns prompt and continuation."""
+        cache = self.new_cache()
+        logits = self(ids, cache=cache)
+        out = ids
+        for _ in range(max_new_tokens):
+            token = logits[:, -1].argmax(-1, keepdim=True)
+            out = torch.cat((out, token), dim=1)
+            if eos_token_id is not None and bool((token == eos_token_id).all()):
+                break
+            if out.shape[1] - ids.shape[1] == max_new_tokens:
+                break
+            logits = self(token, cache=cache)
+        return out

@@ -1,0 +1,86 @@
+"""Human names for the variants an ArchConfig uses: the lines of the architecture card."""
+
+from __future__ import annotations
+
+from .config import ArchConfig, NormConfig, RopeConfig
+
+ACTIVATION_NAMES = {"relu": "ReLU", "gelu": "GeLU (erf)", "gelu_tanh": "GeLU (tanh)", "silu": "SiLU",
+                    "relu2": "squared ReLU"}
+GATED_NAMES = {"relu": "ReGLU", "gelu": "GeGLU (erf)", "gelu_tanh": "GeGLU (tanh)", "silu": "SwiGLU",
+               "relu2": "gated squared ReLU"}
+PLACEMENT_NAMES = {"pre": "pre-norm", "post": "post-norm", "sandwich": "sandwich norm (pre + post)",
+                   "output": "norm on sublayer output only", "parallel_shared": "parallel attn+MLP, shared norm",
+                   "parallel_separate": "parallel attn+MLP, separate norms"}
+
+
+def _norm(n: NormConfig) -> str:
+    kind = {"rms": "RMSNorm", "layer": "LayerNorm"}[n.kind]
+    parts = [kind, f"eps={n.eps:g}"]
+    if n.weight_offset:
+        parts.append(f"scale (w + {n.weight_offset:g})")
+    if not n.weight:
+        parts.append("no scale")
+    if n.bias:
+        parts.append("bias")
+    parts.append("weight in fp32" if n.dtype_order == "scale_then_cast" else "weight after cast")
+    return ", ".join(parts)
+
+
+def _rope(r: RopeConfig) -> str:
+    text = f"RoPE {r.layout}, theta={r.theta:g}"
+    if r.fraction != 1:
+        text += f", {r.fraction:g} of head_dim"
+    if r.scaling != "none":
+        text += f", {r.scaling} x{r.factor:g}"
+    return text
+
+
+def _attention(cfg: ArchConfig) -> str:
+    if cfg.n_kv_heads == cfg.n_heads:
+        kind = "MHA"
+    elif cfg.n_kv_heads == 1:
+        kind = "MQA"
+    else:
+        kind = f"GQA ({cfg.n_heads // cfg.n_kv_heads} q heads per kv head)"
+    return f"{kind}, {cfg.n_heads} heads / {cfg.n_kv_heads} kv heads, head_dim {cfg.head_dim}"
+
+
+def variants(cfg: ArchConfig) -> list[str]:
+    out = [f"norm: {_norm(cfg.norm)}", f"placement: {PLACEMENT_NAMES[cfg.norm_placement]}",
+           f"attention: {_attention(cfg)}"]
+    if cfg.qk_norm != "none":
+        out.append(f"QK norm: {'per head' if cfg.qk_norm == 'head' else 'over the whole projection'}")
+    if cfg.attn_scale is not None:
+        out.append(f"score scale: {cfg.attn_scale:g}")
+    if cfg.attn_softcap is not None:
+        out.append(f"attention soft-cap: {cfg.attn_softcap:g}")
+    kinds = cfg.layer_kinds
+    if "local" in kinds:
+        pattern = "".join("L" if k == "local" else "G" for k in kinds)
+        out.append(f"sliding window {cfg.sliding_window} on local layers; pattern {pattern}")
+    positions = sorted(set(cfg.layer_positions))
+    for kind in positions:
+        layers = [i for i, p in enumerate(cfg.layer_positions) if p == kind]
+        where = "all layers" if len(layers) == cfg.n_layers else f"layers {layers}"
+        if kind == "rope":
+            text = _rope(cfg.rope)
+            if cfg.rope_local is not None:
+                text += f"; local layers: {_rope(cfg.rope_local)}"
+            out.append(f"positions: {text} ({where})")
+        else:
+            out.append(f"positions: {kind} ({where})")
+    if cfg.absolute_positions != "none":
+        out.append(f"absolute positions: {cfg.absolute_positions}")
+    out.append(f"FFN: {(GATED_NAMES if cfg.gated else ACTIVATION_NAMES)[cfg.activation]}, d_ff {cfg.d_ff}")
+    biases = [n for n in ("q", "k", "v", "o", "mlp", "lm_head") if getattr(cfg, f"{n}_bias")]
+    out.append(f"biases: {', '.join(biases) if biases else 'none'}")
+    out.append("embeddings: tied" if cfg.tie_embeddings else "embeddings: untied")
+    if cfg.embed_scale is not None:
+        out.append(f"embedding scale: {cfg.embed_scale:g} (rounded to weight dtype)")
+    if cfg.final_softcap is not None:
+        out.append(f"final-logit soft-cap: {cfg.final_softcap:g}")
+    if cfg.logit_scale != 1.0:
+        out.append(f"logit scale: {cfg.logit_scale:g}")
+    if cfg.z_loss:
+        out.append(f"z-loss: {cfg.z_loss:g}")
+    return out

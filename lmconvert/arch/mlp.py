@@ -1,0 +1,23 @@
+"""Feed-forward sublayer: plain `down(act(up(x)))` or gated `down(act(gate(x)) * up(x))`."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from .activations import ACTIVATIONS
+from .config import ArchConfig
+
+
+class MLP(nn.Module):
+    def __init__(self, cfg: ArchConfig) -> None:
+        super().__init__()
+        self.act = ACTIVATIONS[cfg.activation]
+        self.gate = nn.Linear(cfg.d_model, cfg.d_ff, bias=cfg.mlp_bias) if cfg.gated else None
+        self.up = nn.Linear(cfg.d_model, cfg.d_ff, bias=cfg.mlp_bias)
+        self.down = nn.Linear(cfg.d_ff, cfg.d_model, bias=cfg.mlp_bias)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.gate is None:
+            return self.down(self.act(self.up(x)))
+        return self.down(self.act(self.gate(x)) * self.up(x))

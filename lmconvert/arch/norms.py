@@ -1,0 +1,55 @@
+"""RMSNorm and LayerNorm with the dtype order of each family's reference.
+
+Statistics are always computed in fp32. Where the weight is applied decides bf16 results:
+LLaMA casts back first and multiplies in the weight dtype; Gemma and OLMo 2 multiply in fp32 and
+cast last. `weight_offset` turns a zero-centred stored weight into Gemma's `(1 + w)`.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from .config import NormConfig
+
+
+def _rms(x: torch.Tensor, eps: float) -> torch.Tensor:
+    return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps)
+
+
+def _layer(x: torch.Tensor, eps: float) -> torch.Tensor:
+    return F.layer_norm(x, x.shape[-1:], eps=eps)
+
+
+STATISTICS = {"rms": _rms, "layer": _layer}
+
+
+class Norm(nn.Module):
+    def __init__(self, dim: int, cfg: NormConfig) -> None:
+        super().__init__()
+        self.cfg = cfg
+        self.normalise = STATISTICS[cfg.kind]
+        init = 1.0 - cfg.weight_offset
+        self.weight = nn.Parameter(torch.full((dim,), init)) if cfg.weight else None
+        self.bias = nn.Parameter(torch.zeros(dim)) if cfg.bias else None
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        dtype = x.dtype
+        h = self.normalise(x.float(), self.cfg.eps)
+        if self.cfg.dtype_order == "cast_then_scale":
+            h = h.to(dtype)
+            if self.weight is not None:
+                h = self._scale(self.weight) * h
+            return h + self.bias if self.bias is not None else h
+        if self.weight is not None:
+            h = self._scale(self.weight.float() if self.cfg.weight_offset else self.weight) * h
+        if self.bias is not None:
+            h = h + self.bias.float()
+        return h.to(dtype)
+
+    def _scale(self, weight: torch.Tensor) -> torch.Tensor:
+        return weight + self.cfg.weight_offset if self.cfg.weight_offset else weight
+
+    def extra_repr(self) -> str:
+        return f"{self.cfg.kind}, eps={self.cfg.eps}, offset={self.cfg.weight_offset}, {self.cfg.dtype_order}"

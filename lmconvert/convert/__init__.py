@@ -1,0 +1,1 @@
+"""Files, downloads and comparison: everything in lmconvert that touches disk or transformers."""

@@ -1,0 +1,73 @@
+"""The canonical checkpoint on disk: lmconvert.json (ArchConfig, family, source, hashes),
+safetensors shards with canonical tensor names, and the source's tokenizer files unchanged."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from dataclasses import asdict, dataclass, field
+from fnmatch import fnmatch
+from pathlib import Path
+from typing import Any
+
+from lmconvert.arch import ArchConfig, ConfigError
+
+from .errors import InputError
+
+META_FILE = "lmconvert.json"
+FORMAT = "lmconvert-canonical"
+FORMAT_VERSION = 1
+# files that travel unchanged with the weights
+SIDECAR_PATTERNS = ("tokenizer*", "special_tokens_map.json", "added_tokens.json", "vocab.*", "merges.txt",
+                    "generation_config.json", "chat_template*", "*.tiktoken", "spiece.model")
+
+
+@dataclass
+class CanonicalMeta:
+    arch: ArchConfig
+    family: str
+    dtype: str
+    source: dict[str, Any] = field(default_factory=dict)
+    hf_extras: dict[str, Any] = field(default_factory=dict)
+    tensors: dict[str, str] = field(default_factory=dict)  # name -> sha256
+    files: dict[str, str] = field(default_factory=dict)  # file -> sha256
+
+    def to_json(self) -> str:
+        data = {"format": FORMAT, "format_version": FORMAT_VERSION, **asdict(self)}
+        data["arch"] = self.arch.to_dict()
+        return json.dumps(data, indent=2, sort_keys=True) + "\n"
+
+
+def is_canonical(path: Path) -> bool:
+    return (path / META_FILE).is_file()
+
+
+def read_meta(path: Path) -> CanonicalMeta:
+    file = path / META_FILE
+    try:
+        data = json.loads(file.read_text())
+    except FileNotFoundError:
+        raise InputError(f"{path}: not a canonical checkpoint (no {META_FILE}); convert it first") from None
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise InputError(f"{file}: not valid JSON ({exc})") from None
+    if not isinstance(data, dict) or data.get("format") != FORMAT:
+        raise InputError(f"{file}: not an lmconvert canonical checkpoint description")
+    if data.get("format_version") != FORMAT_VERSION:
+        raise InputError(f"{file}: format_version {data.get('format_version')!r} is not {FORMAT_VERSION}; "
+                         "upgrade lmconvert")
+    try:
+        arch = ArchConfig.from_dict(data["arch"])
+        return CanonicalMeta(arch=arch, family=data["family"], dtype=data["dtype"],
+                             source=data.get("source", {}), hf_extras=data.get("hf_extras", {}),
+                             tensors=data.get("tensors", {}), files=data.get("files", {}))
+    except (KeyError, TypeError, ConfigError) as exc:
+        raise InputError(f"{file}: invalid description ({exc})") from None
+
+
+def copy_sidecars(src: Path, dst: Path) -> list[str]:
+    copied = []
+    for item in sorted(src.iterdir()):
+        if item.is_file() and any(fnmatch(item.name, p) for p in SIDECAR_PATTERNS):
+            shutil.copy2(item, dst / item.name)
+            copied.append(item.name)
+    return copied

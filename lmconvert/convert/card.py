@@ -1,0 +1,47 @@
+"""The architecture card printed by `lmconvert inspect`."""
+
+from __future__ import annotations
+
+from math import prod
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from lmconvert.arch.describe import variants
+
+from .canonical import is_canonical, read_meta
+from .hf_source import expected_shapes, read_config
+from .load import arch_of
+
+
+def card(path: Path) -> dict[str, Any]:
+    arch, family = arch_of(path)
+    if is_canonical(path):
+        dtype = read_meta(path).dtype
+    else:
+        config = read_config(path)
+        dtype = str(config.get("dtype") or config.get("torch_dtype") or "float32")
+    element = torch.empty((), dtype=getattr(torch, dtype)).element_size()
+    params = sum(prod(shape) for shape in expected_shapes(arch).values())
+    return {
+        "family": family, "parameters": params, "dtype": dtype,
+        "d_model": arch.d_model, "n_layers": arch.n_layers, "d_ff": arch.d_ff, "vocab_size": arch.vocab_size,
+        "heads": arch.n_heads, "kv_heads": arch.n_kv_heads, "head_dim": arch.head_dim,
+        "d_ff/d_model": round(arch.d_ff / arch.d_model, 3), "d_model/n_layers": round(arch.d_model / arch.n_layers, 3),
+        "kv_cache_bytes_per_token": arch.kv_cache_bytes_per_token(element),
+        "variants": variants(arch),
+    }
+
+
+def format_card(info: dict[str, Any]) -> str:
+    lines = [f"family            {info['family']}",
+             f"parameters        {info['parameters']:,} ({info['dtype']})",
+             f"shape             d_model {info['d_model']}, {info['n_layers']} layers, d_ff {info['d_ff']}, "
+             f"vocab {info['vocab_size']}",
+             f"ratios            d_ff/d_model {info['d_ff/d_model']}, d_model/n_layers {info['d_model/n_layers']}",
+             f"heads             {info['heads']} q / {info['kv_heads']} kv, head_dim {info['head_dim']}",
+             f"KV cache          {info['kv_cache_bytes_per_token']:,} bytes per token ({info['dtype']})",
+             "variants"]
+    lines += [f"  - {v}" for v in info["variants"]]
+    return "\n".join(lines)

@@ -1,0 +1,104 @@
+"""An HF checkpoint directory seen through its family's mapping: canonical tensors, streamed."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from lmconvert.arch import ArchConfig, Decoder
+from lmconvert.mappings import Family, MappingError, family_for
+from lmconvert.mappings.table import Transform
+
+from .errors import InputError
+from .safetensors_dir import TensorSource
+
+DTYPES: dict[str, torch.dtype | None] = {"keep": None, "float32": torch.float32, "bfloat16": torch.bfloat16,
+                                         "float16": torch.float16}
+
+
+def parse_dtype(name: str | None) -> torch.dtype | None:
+    if name is None:
+        return None
+    if name not in DTYPES:
+        raise InputError(f"--dtype {name!r}: choose one of {', '.join(DTYPES)}")
+    return DTYPES[name]
+
+
+def read_config(directory: Path) -> dict[str, Any]:
+    path = directory / "config.json"
+    if not directory.is_dir():
+        raise InputError(f"{directory}: not a directory; point at a checkpoint directory")
+    try:
+        data = json.loads(path.read_text())
+    except FileNotFoundError:
+        raise InputError(f"{directory}: no config.json; point at an HF checkpoint or a canonical directory") from None
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise InputError(f"{path}: not valid JSON ({exc}); fix or re-download it") from None
+    if not isinstance(data, dict):
+        raise InputError(f"{path}: expected a JSON object")
+    return data
+
+
+def expected_shapes(arch: ArchConfig) -> dict[str, tuple[int, ...]]:
+    """Every tensor the canonical decoder needs, with its shape, without allocating memory."""
+    with torch.device("meta"):
+        model = Decoder(arch)
+    return {name: tuple(t.shape) for name, t in model.state_dict().items()}
+
+
+@dataclass
+class HfCheckpoint:
+    directory: Path
+    config: dict[str, Any]
+    family: Family
+    arch: ArchConfig
+    source: TensorSource
+    plan: dict[str, tuple[str, Transform]]  # canonical -> (hf name, transform)
+    dropped: list[str]
+
+    @classmethod
+    def open(cls, directory: Path) -> HfCheckpoint:
+        config = read_config(directory)
+        try:
+            family = family_for(config.get("model_type"))
+            arch = family.arch_config(config)
+        except MappingError as exc:
+            raise InputError(f"{directory / 'config.json'}: {str(exc).removeprefix('config.json: ')}") from None
+        source = TensorSource(directory)
+        shapes = expected_shapes(arch)
+        try:
+            plan, dropped = family.tensors.plan_import(source.names(), shapes)
+        except MappingError as exc:
+            source.close()
+            raise InputError(f"{directory}: {exc}") from None
+        checkpoint = cls(directory, config, family, arch, source, plan, dropped)
+        checkpoint._check_shapes(shapes)
+        return checkpoint
+
+    def _check_shapes(self, shapes: dict[str, tuple[int, ...]]) -> None:
+        for canonical, (hf_name, transform) in self.plan.items():
+            shape = self.source.shape(hf_name)
+            got = tuple(transform.forward(torch.empty(shape, device="meta")).shape)
+            if got != shapes[canonical]:
+                raise InputError(f"{self.source.files[hf_name]}: tensor {hf_name!r} has shape {list(shape)}, "
+                                 f"but config.json implies {list(shapes[canonical])}; check that they match")
+
+    def tensors(self, dtype: torch.dtype | None = None) -> Iterator[tuple[str, torch.Tensor]]:
+        """Canonical (name, tensor) pairs, one at a time, in the source's order."""
+        for canonical, (hf_name, transform) in self.plan.items():
+            t = transform.forward(self.source.get(hf_name))
+            yield canonical, t if dtype is None else t.to(dtype)
+
+    def close(self) -> None:
+        self.source.close()
+
+    def __enter__(self) -> HfCheckpoint:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

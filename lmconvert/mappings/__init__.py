@@ -1,0 +1,27 @@
+"""Per-family mappings, found by looking up config.json's model_type. No file I/O here."""
+
+from __future__ import annotations
+
+from . import llama
+from .errors import Inexpressible, MappingError
+from .family import Family
+
+FAMILIES: dict[str, Family] = {f.name: f for f in (llama.FAMILY,)}
+BY_MODEL_TYPE: dict[str, Family] = {t: f for f in FAMILIES.values() for t in f.model_types}
+
+
+def family_for(model_type: object) -> Family:
+    try:
+        return BY_MODEL_TYPE[model_type]  # type: ignore[index]
+    except (KeyError, TypeError):
+        raise MappingError(f"config.json: model_type {model_type!r} is not supported; "
+                           f"supported: {', '.join(sorted(BY_MODEL_TYPE))}") from None
+
+
+def family_named(name: str) -> Family:
+    if name not in FAMILIES:
+        raise MappingError(f"--family {name!r} is not known; choose one of {', '.join(sorted(FAMILIES))}")
+    return FAMILIES[name]
+
+
+__all__ = ["BY_MODEL_TYPE", "FAMILIES", "Family", "Inexpressible", "MappingError", "family_for", "family_named"]

@@ -1,0 +1,51 @@
+"""Tiny random transformers checkpoints, built at test time with transformers' own classes.
+
+Every parameter is perturbed away from its init, so a missing bias, a wrong norm offset or a
+swapped tensor changes the logits.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import torch
+from transformers import AutoConfig, AutoModelForCausalLM
+
+TINY = dict(vocab_size=128, hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
+            num_key_value_heads=2, max_position_embeddings=128, pad_token_id=0)
+
+
+def perturb(model: torch.nn.Module, seed: int = 0, scale: float = 0.2) -> None:
+    generator = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(torch.randn(p.shape, generator=generator).to(p.dtype) * scale)
+
+
+def build_model(model_type: str, seed: int = 0, **overrides: Any) -> torch.nn.Module:
+    config = AutoConfig.for_model(model_type, **{**TINY, **overrides})
+    torch.manual_seed(seed)
+    model = AutoModelForCausalLM.from_config(config, attn_implementation="eager", dtype=torch.float32)
+    perturb(model, seed)
+    return model.eval()
+
+
+def save_checkpoint(model: torch.nn.Module, directory: Path, dtype: torch.dtype = torch.float32,
+                    **save_kwargs: Any) -> Path:
+    model.to(dtype).save_pretrained(directory, **save_kwargs)
+    model.to(torch.float32)
+    return directory
+
+
+def make_checkpoint(directory: Path, model_type: str = "llama", dtype: torch.dtype = torch.float32, seed: int = 0,
+                    **overrides: Any) -> Path:
+    return save_checkpoint(build_model(model_type, seed, **overrides), directory, dtype)
+
+
+def load_reference(directory: Path, dtype: torch.dtype = torch.float32) -> torch.nn.Module:
+    return AutoModelForCausalLM.from_pretrained(directory, dtype=dtype, attn_implementation="eager").eval()
+
+
+def token_batch(vocab: int = 128, batch: int = 2, seq: int = 48, seed: int = 1) -> torch.Tensor:
+    return torch.randint(0, vocab, (batch, seq), generator=torch.Generator().manual_seed(seed))
