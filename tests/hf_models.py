@@ -49,3 +49,21 @@ def load_reference(directory: Path, dtype: torch.dtype = torch.float32) -> torch
 
 def token_batch(vocab: int = 128, batch: int = 2, seq: int = 48, seed: int = 1) -> torch.Tensor:
     return torch.randint(0, vocab, (batch, seq), generator=torch.Generator().manual_seed(seed))
+
+
+def save_tiny_tokenizer(directory: Path, vocab_size: int = 300) -> int:
+    """A real byte-level BPE tokenizer trained on a few lines, saved the way the Hub ships one;
+    returns its length, which the model's vocab must cover."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    tok = Tokenizer(models.BPE(unk_token=None))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=["<pad>", "<s>", "</s>"],
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
+    text = ["The capital of France is Paris.", "def f(x): return x + 1", "lmconvert keeps logits equal."] * 4
+    tok.train_from_iterator(text, trainer)
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, pad_token="<pad>", bos_token="<s>", eos_token="</s>")
+    fast.save_pretrained(directory)
+    return len(fast)

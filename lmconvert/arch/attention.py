@@ -1,9 +1,11 @@
 """Self-attention: one implementation for MHA/GQA/MQA, every position scheme, QK norm,
 soft-capping and sliding windows. Variants are config values read here, never copies.
 
-Scores follow transformers' eager order: (q @ k^T) * scale, then soft-cap, then the mask, then a
-softmax in fp32 cast back to the activation dtype. Without a soft-cap the same maths runs through
-`scaled_dot_product_attention`, which agrees with it to float rounding and is much faster.
+Two backends mirror transformers' two attention implementations op for op, so each agrees with
+its counterpart bit for bit in fp32: "eager" scores (q @ k^T) * scale, soft-caps, adds the mask
+and takes the softmax in fp32; "sdpa" calls `scaled_dot_product_attention` (faster; the default,
+as in transformers). The backend is a runtime choice, not part of the architecture; soft-capped
+layers always run eager, since SDPA cannot cap.
 """
 
 from __future__ import annotations
@@ -67,6 +69,7 @@ class Attention(nn.Module):
         self.position = cfg.layer_positions[layer]
         self.relative = relative if self.position == "relative" else None
         self.window = cfg.window_for(layer)
+        self.backend = "sdpa"
 
     def forward(self, x: torch.Tensor, ctx: Context, cache: KVCache | None = None) -> torch.Tensor:
         cfg = self.cfg
@@ -89,7 +92,7 @@ class Attention(nn.Module):
         bias = self._position_bias(ctx)
         allowed = ctx.allowed(self.window)
         dropout = cfg.attn_dropout if self.training else 0.0
-        if cfg.attn_softcap is not None:
+        if cfg.attn_softcap is not None or self.backend == "eager":
             out = _eager(q, k, v, cfg.score_scale, cfg.attn_softcap, bias, allowed, dropout)
         else:
             out = _sdpa(q, k, v, cfg.score_scale, bias, allowed, ctx.is_plain_causal(self.window), dropout)
@@ -105,3 +108,4 @@ class Attention(nn.Module):
 
 
 ATTENTION: dict[str, type[nn.Module]] = {"standard": Attention}
+BACKENDS = ("sdpa", "eager")

@@ -6,10 +6,12 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from .attention import BACKENDS
 from .block import Block
 from .cache import KVCache
 from .config import ArchConfig
 from .context import Context
+from .errors import ConfigError
 from .norms import Norm
 from .positions import RelativeBias, sinusoidal
 from .rope import Rotary
@@ -37,6 +39,14 @@ class Decoder(nn.Module):
         self.final_norm = Norm(cfg.d_model, cfg.norm) if cfg.final_norm else nn.Identity()
         self.lm_head = None if cfg.tie_embeddings else nn.Linear(cfg.d_model, cfg.vocab_size, bias=cfg.lm_head_bias)
         self.drop = nn.Dropout(cfg.embed_dropout)
+
+    def set_attention(self, backend: str) -> Decoder:
+        """Run attention through "sdpa" (fast) or "eager" (transformers' eager order)."""
+        if backend not in BACKENDS:
+            raise ConfigError(f"attention backend {backend!r}: choose one of {', '.join(BACKENDS)}")
+        for block in self.layers:
+            block.attn.backend = backend
+        return self
 
     def new_cache(self) -> KVCache:
         return KVCache(self.cfg.n_layers)

@@ -16,7 +16,7 @@ from .pipeline import canonical_tensors
 
 
 def build(arch: ArchConfig, tensors: Iterable[tuple[str, torch.Tensor]], dtype: torch.dtype | None,
-          device: str | torch.device) -> Decoder:
+          device: str | torch.device, attention: str = "sdpa") -> Decoder:
     with torch.device("meta"):
         model = Decoder(arch)
     state = {name: t.to(device=device, dtype=dtype or t.dtype) for name, t in tensors}
@@ -24,7 +24,7 @@ def build(arch: ArchConfig, tensors: Iterable[tuple[str, torch.Tensor]], dtype: 
     if missing:
         raise InputError(f"checkpoint lacks tensor(s): {', '.join(missing[:5])}")
     model.load_state_dict(state, strict=True, assign=True)
-    return model.eval()
+    return model.set_attention(attention).eval()
 
 
 def arch_of(path: Path) -> tuple[ArchConfig, str]:
@@ -36,13 +36,15 @@ def arch_of(path: Path) -> tuple[ArchConfig, str]:
         return ckpt.arch, ckpt.family.name
 
 
-def load(path: str | Path, dtype: torch.dtype | str | None = None, device: str | torch.device = "cpu") -> Decoder:
-    """The canonical Decoder for a checkpoint; an HF directory is converted in memory."""
+def load(path: str | Path, dtype: torch.dtype | str | None = None, device: str | torch.device = "cpu",
+         attention: str = "sdpa") -> Decoder:
+    """The canonical Decoder for a checkpoint; an HF directory is converted in memory.
+    `attention` is "sdpa" (fast, transformers' default) or "eager" (transformers' eager order)."""
     path = Path(path)
     if isinstance(dtype, str):
         dtype = parse_dtype(dtype)
     if is_canonical(path):
         meta = read_meta(path)
-        return build(meta.arch, canonical_tensors(path), dtype, device)
+        return build(meta.arch, canonical_tensors(path), dtype, device, attention)
     with HfCheckpoint.open(path) as ckpt:
-        return build(ckpt.arch, ckpt.tensors(), dtype, device)
+        return build(ckpt.arch, ckpt.tensors(), dtype, device, attention)

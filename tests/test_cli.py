@@ -1,0 +1,188 @@
+"""The command line as a user meets it: every command, exit codes, one-line errors, atomic output."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from click.testing import CliRunner
+from hf_models import build_model, load_reference, make_checkpoint, save_checkpoint, save_tiny_tokenizer
+from safetensors.torch import load_file, save_file
+from transformers import AutoTokenizer
+
+from lmconvert.cli import main
+
+
+def run(*args: str) -> tuple[int, str, str]:
+    result = CliRunner().invoke(main, [str(a) for a in args])
+    return result.exit_code, result.stdout, result.stderr
+
+
+@pytest.fixture(scope="module")
+def hf_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return make_checkpoint(tmp_path_factory.mktemp("src") / "hf", attention_bias=True)
+
+
+@pytest.fixture(scope="module")
+def canonical(hf_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("can") / "canonical"
+    code, _, err = run("convert", hf_dir, out)
+    assert code == 0, err
+    return out
+
+
+def test_help_documents_every_command() -> None:
+    code, out, _ = run("--help")
+    assert code == 0
+    for command in ("convert", "verify", "inspect", "generate"):
+        assert command in out
+        sub_code, sub_out, _ = run(command, "--help")
+        assert sub_code == 0 and "Usage:" in sub_out
+
+
+def test_console_script_runs() -> None:
+    proc = subprocess.run([sys.executable, "-m", "lmconvert.cli", "--help"], capture_output=True, text=True)
+    assert proc.returncode == 0 and "convert" in proc.stdout
+
+
+def test_canonical_layout(canonical: Path, hf_dir: Path) -> None:
+    meta = json.loads((canonical / "lmconvert.json").read_text())
+    assert meta["family"] == "llama" and meta["arch"]["q_bias"] is True
+    assert meta["source"]["path"] == str(hf_dir.resolve())
+    assert set(meta["tensors"]) == set(load_file(canonical / "model.safetensors"))
+    assert (canonical / "generation_config.json").read_bytes() == (hf_dir / "generation_config.json").read_bytes()
+
+
+def test_verify_passes_and_writes_json(canonical: Path, tmp_path: Path) -> None:
+    code, out, _ = run("verify", canonical, "--json", tmp_path / "r.json")
+    assert code == 0, out
+    assert "PASS" in out
+    report = json.loads((tmp_path / "r.json").read_text())
+    assert report["passed"] and report["max_abs"] <= 1e-5 and report["top1"] == 1.0
+
+
+def test_verify_json_to_stdout(canonical: Path) -> None:
+    code, out, _ = run("verify", canonical, "--json", "-")
+    assert code == 0 and json.loads(out)["passed"]
+
+
+def test_verify_bf16_uses_faithfulness(canonical: Path) -> None:
+    code, out, _ = run("verify", canonical, "--dtype", "bfloat16", "--json", "-")
+    report = json.loads(out)
+    assert code == 0
+    assert report["ours_error"] <= 1.25 * report["reference_error"]
+
+
+def test_verify_fails_on_a_nudged_tensor(canonical: Path, tmp_path: Path) -> None:
+    broken = tmp_path / "broken"
+    run("convert", canonical, tmp_path / "hf-again", "--to", "hf")
+    code, _, _ = run("convert", tmp_path / "hf-again", broken)
+    assert code == 0
+    tensors = load_file(broken / "model.safetensors")
+    tensors["layers.1.mlp.up.weight"][3, 5] += 0.05
+    save_file(tensors, broken / "model.safetensors", metadata={"format": "pt"})
+    code, out, err = run("verify", broken)
+    assert code == 1
+    assert "FAIL" in out and "parity check failed" in err
+
+
+def test_inspect_card(canonical: Path) -> None:
+    code, out, _ = run("inspect", canonical)
+    assert code == 0
+    assert "llama" in out and "GQA" in out and "SwiGLU" in out and "biases: q, k, v, o" in out
+    code, out, _ = run("inspect", canonical, "--json")
+    info = json.loads(out)
+    assert info["parameters"] == sum(t.numel() for t in load_file(canonical / "model.safetensors").values())
+    assert info["kv_cache_bytes_per_token"] == 2 * 2 * 2 * 16 * 4  # k+v, layers, kv heads, head_dim, fp32
+
+
+def test_generate_matches_transformers(tmp_path: Path) -> None:
+    vocab = save_tiny_tokenizer(tmp_path / "hf")
+    model = build_model("llama", vocab_size=vocab)
+    hf_dir = save_checkpoint(model, tmp_path / "hf")
+    assert run("convert", hf_dir, tmp_path / "can")[0] == 0
+    code, out, err = run("generate", tmp_path / "can", "--prompt", "The capital of France is", "--max-new-tokens", 12)
+    assert code == 0, err
+    tokenizer = AutoTokenizer.from_pretrained(hf_dir)
+    ids = torch.tensor([tokenizer.encode("The capital of France is")])
+    with torch.no_grad():
+        theirs = load_reference(hf_dir).generate(ids, max_new_tokens=12, do_sample=False, eos_token_id=None,
+                                                 pad_token_id=0)
+    expected = "The capital of France is" + tokenizer.decode(theirs[0, ids.shape[1]:], skip_special_tokens=True)
+    assert out.strip("\n") == expected
+
+
+def test_errors_are_one_line_with_exit_2(hf_dir: Path, tmp_path: Path) -> None:
+    bad = tmp_path / "bad"
+    bad.mkdir()
+    (bad / "config.json").write_text(json.dumps({"model_type": "not-a-model"}))
+    code, out, err = run("convert", bad, tmp_path / "out")
+    assert code == 2
+    assert len(err.strip().splitlines()) == 1 and "Traceback" not in err
+    assert "not-a-model" in err and "llama" in err  # names the problem and the supported families
+    assert not (tmp_path / "out").exists()
+
+
+def test_debug_shows_traceback(tmp_path: Path) -> None:
+    bad = tmp_path / "bad"
+    bad.mkdir()
+    (bad / "config.json").write_text("{not json")
+    proc = subprocess.run([sys.executable, "-m", "lmconvert.cli", "--debug", "convert", str(bad), str(tmp_path / "o")],
+                          capture_output=True, text=True)
+    assert proc.returncode != 0 and "Traceback" in proc.stderr
+    proc = subprocess.run([sys.executable, "-m", "lmconvert.cli", "convert", str(bad), str(tmp_path / "o")],
+                          capture_output=True, text=True)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr and "config.json" in proc.stderr
+
+
+def test_existing_output_needs_force(hf_dir: Path, tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "keep.txt").write_text("mine")
+    code, _, err = run("convert", hf_dir, out)
+    assert code == 2 and "--force" in err and (out / "keep.txt").exists()
+    code, _, err = run("convert", hf_dir, out, "--force")
+    assert code == 0, err
+    assert not (out / "keep.txt").exists() and (out / "lmconvert.json").exists()
+
+
+@pytest.mark.parametrize("args, fragment", [
+    (["--to", "hf"], "needs a canonical checkpoint"),
+    (["--family", "llama"], "--family only applies with --to hf"),
+    (["--max-shard-size", "lots"], "--max-shard-size"),
+])
+def test_argument_errors(hf_dir: Path, tmp_path: Path, args: list[str], fragment: str) -> None:
+    code, _, err = run("convert", hf_dir, tmp_path / "out", *args)
+    assert code == 2 and fragment in err
+
+
+def test_unknown_export_family(canonical: Path, tmp_path: Path) -> None:
+    code, _, err = run("convert", canonical, tmp_path / "out", "--to", "hf", "--family", "nope")
+    assert code == 2 and "nope" in err and "llama" in err
+    assert not (tmp_path / "out").exists()
+
+
+def test_shape_mismatch_names_both_shapes(hf_dir: Path, tmp_path: Path) -> None:
+    src = tmp_path / "src"
+    src.mkdir()
+    config = json.loads((hf_dir / "config.json").read_text())
+    config["intermediate_size"] = 100
+    (src / "config.json").write_text(json.dumps(config))
+    (src / "model.safetensors").write_bytes((hf_dir / "model.safetensors").read_bytes())
+    code, _, err = run("convert", src, tmp_path / "out")
+    assert code == 2 and "[64, 96]" in err and "[64, 100]" in err
+
+
+def test_missing_lm_head_when_untied(hf_dir: Path, tmp_path: Path) -> None:
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / "config.json").write_text((hf_dir / "config.json").read_text())
+    tensors = load_file(hf_dir / "model.safetensors")
+    del tensors["lm_head.weight"]
+    save_file(tensors, src / "model.safetensors")
+    code, _, err = run("convert", src, tmp_path / "out")
+    assert code == 2 and "lm_head" in err
