@@ -120,6 +120,7 @@ def test_errors_are_one_line_with_exit_2(hf_dir: Path, tmp_path: Path) -> None:
     bad = tmp_path / "bad"
     bad.mkdir()
     (bad / "config.json").write_text(json.dumps({"model_type": "not-a-model"}))
+    (bad / "model.safetensors").write_bytes((hf_dir / "model.safetensors").read_bytes())
     code, out, err = run("convert", bad, tmp_path / "out")
     assert code == 2
     assert len(err.strip().splitlines()) == 1 and "Traceback" not in err
@@ -131,6 +132,7 @@ def test_debug_shows_traceback(tmp_path: Path) -> None:
     bad = tmp_path / "bad"
     bad.mkdir()
     (bad / "config.json").write_text("{not json")
+    (bad / "model.safetensors").write_bytes(b"")
     proc = subprocess.run([sys.executable, "-m", "lmconvert.cli", "--debug", "convert", str(bad), str(tmp_path / "o")],
                           capture_output=True, text=True)
     assert proc.returncode != 0 and "Traceback" in proc.stderr

@@ -1,4 +1,4 @@
-"""An HF checkpoint directory seen through its family's mapping: canonical tensors, streamed."""
+"""A checkpoint in any input format, seen through its family's mapping: canonical tensors, streamed."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from lmconvert.mappings import Family, MappingError, family_for
 from lmconvert.mappings.table import Transform
 
 from .errors import InputError
-from .safetensors_dir import TensorSource
+from .sources import Source, open_source
 
 DTYPES: dict[str, torch.dtype | None] = {"keep": None, "float32": torch.float32, "bfloat16": torch.bfloat16,
                                          "float16": torch.float16}
@@ -53,45 +53,54 @@ def expected_shapes(arch: ArchConfig) -> dict[str, tuple[int, ...]]:
 
 @dataclass
 class HfCheckpoint:
-    directory: Path
-    config: dict[str, Any]
+    source: Source
     family: Family
     arch: ArchConfig
-    source: TensorSource
     plan: dict[str, tuple[str, Transform]]  # canonical -> (hf name, transform)
     dropped: list[str]
 
+    @property
+    def config(self) -> dict[str, Any]:
+        return self.source.config
+
     @classmethod
-    def open(cls, directory: Path) -> HfCheckpoint:
-        config = read_config(directory)
+    def open(cls, path: Path) -> HfCheckpoint:
+        source = open_source(path)
         try:
-            family = family_for(config.get("model_type"))
-            arch = family.arch_config(config)
+            return cls._map(source)
+        except BaseException:
+            source.close()
+            raise
+
+    @classmethod
+    def _map(cls, source: Source) -> HfCheckpoint:
+        config_file = source.path / "config.json" if source.path.is_dir() else source.path
+        try:
+            family = family_for(source.config.get("model_type"))
+            arch = family.arch_config(source.config)
         except MappingError as exc:
-            raise InputError(f"{directory / 'config.json'}: {str(exc).removeprefix('config.json: ')}") from None
-        source = TensorSource(directory)
+            raise InputError(f"{config_file}: {str(exc).removeprefix('config.json: ')}") from None
         shapes = expected_shapes(arch)
         try:
-            plan, dropped = family.tensors.plan_import(source.names(), shapes)
+            plan, dropped = family.tensors.plan_import(source.tensors.names(), shapes)
         except MappingError as exc:
-            source.close()
-            raise InputError(f"{directory}: {exc}") from None
-        checkpoint = cls(directory, config, family, arch, source, plan, dropped)
+            raise InputError(f"{source.path}: {exc}") from None
+        checkpoint = cls(source, family, arch, plan, dropped)
         checkpoint._check_shapes(shapes)
         return checkpoint
 
     def _check_shapes(self, shapes: dict[str, tuple[int, ...]]) -> None:
         for canonical, (hf_name, transform) in self.plan.items():
-            shape = self.source.shape(hf_name)
+            shape = self.source.tensors.shape(hf_name)
             got = tuple(transform.forward(torch.empty(shape, device="meta")).shape)
             if got != shapes[canonical]:
-                raise InputError(f"{self.source.files[hf_name]}: tensor {hf_name!r} has shape {list(shape)}, "
+                raise InputError(f"{self.source.tensors.where(hf_name)}: tensor {hf_name!r} has shape {list(shape)}, "
                                  f"but config.json implies {list(shapes[canonical])}; check that they match")
 
     def tensors(self, dtype: torch.dtype | None = None) -> Iterator[tuple[str, torch.Tensor]]:
         """Canonical (name, tensor) pairs, one at a time, in the source's order."""
         for canonical, (hf_name, transform) in self.plan.items():
-            t = transform.forward(self.source.get(hf_name))
+            t = transform.forward(self.source.tensors.get(hf_name))
             yield canonical, t if dtype is None else t.to(dtype)
 
     def close(self) -> None:

@@ -41,10 +41,10 @@ def to_canonical(src: Path, out: Path, dtype: torch.dtype | None = None, max_sha
     with HfCheckpoint.open(src) as ckpt, atomic_directory(out) as tmp:
         seen: list[str] = []
         hashes = write_shards(_watch_dtype(ckpt.tensors(dtype), seen), tmp, max_shard_bytes)
-        copy_sidecars(src, tmp)
+        ckpt.source.write_sidecars(tmp)
         extras = {k: ckpt.config[k] for k in PASSTHROUGH_KEYS if k in ckpt.config}
-        source = {"path": str(src.resolve()), "format": "hf-safetensors", "model_type": ckpt.config.get("model_type"),
-                  **(source_info or {})}
+        source = {"path": str(src.resolve()), "format": ckpt.source.format,
+                  "model_type": ckpt.config.get("model_type"), **ckpt.source.info, **(source_info or {})}
         if ckpt.dropped:
             source["dropped_tensors"] = ckpt.dropped
         meta = CanonicalMeta(arch=ckpt.arch, family=ckpt.family.name, dtype=seen[0] if seen else "float32",

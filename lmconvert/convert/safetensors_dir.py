@@ -87,6 +87,9 @@ class TensorSource:
     def names(self) -> list[str]:
         return list(self.files)
 
+    def where(self, name: str) -> Path:
+        return self.files[name]
+
     def shape(self, name: str) -> tuple[int, ...]:
         return tuple(self._handle(self.files[name]).get_slice(name).get_shape())
 
