@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import json
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from functools import wraps
 from pathlib import Path
 from typing import Any
@@ -18,12 +19,30 @@ from lmconvert.mappings import MappingError
 from .convert.errors import InputError, ParityFailure
 
 EXISTING_DIR = click.Path(exists=True, file_okay=False, path_type=Path)
+CHECKPOINT = click.Path(exists=True, path_type=Path)  # a directory, or a single-file format such as GGUF
 DTYPE = click.Choice(["float32", "bfloat16", "float16"])
 
 
 def _fail(message: str, code: int) -> None:
     click.echo(f"lmconvert: error: {message}", err=True)
     sys.exit(code)
+
+
+@contextmanager
+def progress_bar(label: str) -> Iterator[Callable[[int, int], None]]:
+    """A progress bar on stderr, shown only on a terminal, driven by (done, total) callbacks."""
+    state: dict[str, Any] = {}
+
+    def update(done: int, total: int) -> None:
+        if "bar" not in state:
+            state["bar"] = click.progressbar(length=total, label=label, file=sys.stderr).__enter__()
+        state["bar"].update(done - state["bar"].pos)
+
+    try:
+        yield update
+    finally:
+        if "bar" in state:
+            state["bar"].__exit__(None, None, None)
 
 
 def handled(fn: Callable[..., Any]) -> Callable[..., Any]:
@@ -57,7 +76,7 @@ def main(debug: bool) -> None:
 
 
 @main.command()
-@click.argument("src", type=EXISTING_DIR)
+@click.argument("src", type=CHECKPOINT)
 @click.argument("out", type=click.Path(path_type=Path))
 @click.option("--to", "to", type=click.Choice(["canonical", "hf"]), default="canonical", show_default=True,
               help="canonical: HF directory -> canonical; hf: canonical -> HF safetensors.")
@@ -79,13 +98,14 @@ def convert(src: Path, out: Path, to: str, family: str | None, dtype: str, max_s
                               "force": force}
     if to == "hf":
         kwargs["family"] = family
-    run(src, out, to, **kwargs)
+    with progress_bar(f"converting {src.name}") as progress:
+        run(src, out, to, progress=progress, **kwargs)
     click.echo(f"wrote {out}")
 
 
 @main.command()
-@click.argument("checkpoint", type=EXISTING_DIR)
-@click.option("--reference", type=EXISTING_DIR, help="HF directory to compare with (default: the recorded source).")
+@click.argument("checkpoint", type=CHECKPOINT)
+@click.option("--reference", type=CHECKPOINT, help="HF directory to compare with (default: the recorded source).")
 @click.option("--dtype", type=DTYPE, default="float32", show_default=True)
 @click.option("--device", default="cpu", show_default=True)
 @click.option("--seq-len", type=click.IntRange(min=1), help="Tokens per sequence (default: past any window).")

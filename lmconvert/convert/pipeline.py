@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -35,12 +35,25 @@ def _hash_files(directory: Path) -> dict[str, str]:
     return {p.name: file_sha256(p) for p in sorted(directory.iterdir()) if p.is_file() and p.name != META_FILE}
 
 
+Progress = Callable[[int, int], None]  # (tensors done, tensors in all)
+
+
+def _report(tensors: Iterator[tuple[str, torch.Tensor]], total: int,
+            progress: Progress | None) -> Iterator[tuple[str, torch.Tensor]]:
+    for done, item in enumerate(tensors, start=1):
+        yield item
+        if progress is not None:
+            progress(done, total)
+
+
 def to_canonical(src: Path, out: Path, dtype: torch.dtype | None = None, max_shard_bytes: int = 5 * 10**9,
-                 force: bool = False, source_info: dict[str, Any] | None = None) -> CanonicalMeta:
+                 force: bool = False, source_info: dict[str, Any] | None = None,
+                 progress: Progress | None = None) -> CanonicalMeta:
     check_output(out, force, (src,))
     with HfCheckpoint.open(src) as ckpt, atomic_directory(out) as tmp:
         seen: list[str] = []
-        hashes = write_shards(_watch_dtype(ckpt.tensors(dtype), seen), tmp, max_shard_bytes)
+        tensors = _report(ckpt.tensors(dtype), len(ckpt.plan), progress)
+        hashes = write_shards(_watch_dtype(tensors, seen), tmp, max_shard_bytes)
         ckpt.source.write_sidecars(tmp)
         extras = {k: ckpt.config[k] for k in PASSTHROUGH_KEYS if k in ckpt.config}
         source = {"path": str(src.resolve()), "format": ckpt.source.format,
@@ -61,7 +74,7 @@ def canonical_tensors(directory: Path, dtype: torch.dtype | None = None) -> Iter
 
 
 def to_hf(src: Path, out: Path, family: str | None = None, dtype: torch.dtype | None = None,
-          max_shard_bytes: int = 5 * 10**9, force: bool = False) -> dict[str, Any]:
+          max_shard_bytes: int = 5 * 10**9, force: bool = False, progress: Progress | None = None) -> dict[str, Any]:
     """Write a canonical checkpoint as `family` (default: its own); refuses what the family
     cannot express exactly."""
     meta = read_meta(src)
@@ -84,7 +97,7 @@ def to_hf(src: Path, out: Path, family: str | None = None, dtype: torch.dtype | 
 
     config["dtype"] = _dtype_name(dtype) if dtype is not None else meta.dtype
     with atomic_directory(out) as tmp:
-        write_shards(hf_tensors(), tmp, max_shard_bytes)
+        write_shards(_report(hf_tensors(), len(plan), progress), tmp, max_shard_bytes)
         copy_sidecars(src, tmp)
         (tmp / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
     return config
