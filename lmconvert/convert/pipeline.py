@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -17,18 +17,12 @@ from .canonical import META_FILE, CanonicalMeta, copy_sidecars, is_canonical, re
 from .errors import InputError
 from .hf_source import HfCheckpoint
 from .safetensors_dir import TensorSource
-from .shards import file_sha256, write_shards
+from .shards import Planned, file_sha256, write_shards
+from .sources import TensorReader
 
 
 def _dtype_name(dtype: torch.dtype) -> str:
     return str(dtype).removeprefix("torch.")
-
-
-def _watch_dtype(tensors: Iterator[tuple[str, torch.Tensor]], seen: list[str]) -> Iterator[tuple[str, torch.Tensor]]:
-    for name, t in tensors:
-        if not seen:
-            seen.append(_dtype_name(t.dtype))
-        yield name, t
 
 
 def _hash_files(directory: Path) -> dict[str, str]:
@@ -36,14 +30,36 @@ def _hash_files(directory: Path) -> dict[str, str]:
 
 
 Progress = Callable[[int, int], None]  # (tensors done, tensors in all)
+TensorFn = Callable[[torch.Tensor], torch.Tensor]
 
 
-def _report(tensors: Iterator[tuple[str, torch.Tensor]], total: int,
-            progress: Progress | None) -> Iterator[tuple[str, torch.Tensor]]:
-    for done, item in enumerate(tensors, start=1):
-        yield item
-        if progress is not None:
-            progress(done, total)
+def _source_dtype(reader: TensorReader, name: str) -> torch.dtype:
+    dtype = getattr(reader, "dtype", None)
+    return dtype(name) if dtype is not None else reader.get(name).dtype
+
+
+def plan_tensors(reader: TensorReader, items: Iterable[tuple[str, str, TensorFn]], dtype: torch.dtype | None,
+                 progress: Progress | None = None) -> list[Planned]:
+    """Plan (output name, source name, transform) triples: shapes and dtypes come from running
+    each transform on a meta tensor, so nothing is read until the tensor is written."""
+    items = list(items)
+    done = [0]
+
+    def producer(src: str, fn: TensorFn) -> Callable[[], torch.Tensor]:
+        def produce() -> torch.Tensor:
+            t = fn(reader.get(src))
+            t = t if dtype is None else t.to(dtype)
+            done[0] += 1
+            if progress is not None:
+                progress(done[0], len(items))
+            return t
+        return produce
+
+    planned = []
+    for out, src, fn in items:
+        shape = fn(torch.empty(reader.shape(src), dtype=_source_dtype(reader, src), device="meta"))
+        planned.append(Planned(out, tuple(shape.shape), dtype or shape.dtype, producer(src, fn)))
+    return planned
 
 
 def to_canonical(src: Path, out: Path, dtype: torch.dtype | None = None, max_shard_bytes: int = 5 * 10**9,
@@ -51,16 +67,16 @@ def to_canonical(src: Path, out: Path, dtype: torch.dtype | None = None, max_sha
                  progress: Progress | None = None) -> CanonicalMeta:
     check_output(out, force, (src,))
     with HfCheckpoint.open(src) as ckpt, atomic_directory(out) as tmp:
-        seen: list[str] = []
-        tensors = _report(ckpt.tensors(dtype), len(ckpt.plan), progress)
-        hashes = write_shards(_watch_dtype(tensors, seen), tmp, max_shard_bytes)
+        items = [(canonical, hf_name, t.forward) for canonical, (hf_name, t) in ckpt.plan.items()]
+        planned = plan_tensors(ckpt.source.tensors, items, dtype, progress)
+        hashes = write_shards(planned, tmp, max_shard_bytes)
         ckpt.source.write_sidecars(tmp)
         extras = {k: ckpt.config[k] for k in PASSTHROUGH_KEYS if k in ckpt.config}
         source = {"path": str(src.resolve()), "format": ckpt.source.format,
                   "model_type": ckpt.config.get("model_type"), **ckpt.source.info, **(source_info or {})}
         if ckpt.dropped:
             source["dropped_tensors"] = ckpt.dropped
-        meta = CanonicalMeta(arch=ckpt.arch, family=ckpt.family.name, dtype=seen[0] if seen else "float32",
+        meta = CanonicalMeta(arch=ckpt.arch, family=ckpt.family.name, dtype=_dtype_name(planned[0].dtype),
                              source=source, hf_extras=extras, tensors=hashes, files=_hash_files(tmp))
         (tmp / META_FILE).write_text(meta.to_json())
     return meta
@@ -89,15 +105,10 @@ def to_hf(src: Path, out: Path, family: str | None = None, dtype: torch.dtype | 
     except MappingError as exc:
         raise InputError(f"--family {target.name}: {exc}") from None
 
-    def hf_tensors() -> Iterator[tuple[str, torch.Tensor]]:
-        with TensorSource(src) as source:
-            for hf_name, (canonical, transform) in plan.items():
-                t = transform.inverse(source.get(canonical))
-                yield hf_name, t if dtype is None else t.to(dtype)
-
     config["dtype"] = _dtype_name(dtype) if dtype is not None else meta.dtype
-    with atomic_directory(out) as tmp:
-        write_shards(_report(hf_tensors(), len(plan), progress), tmp, max_shard_bytes)
+    with TensorSource(src) as source, atomic_directory(out) as tmp:
+        items = [(hf_name, canonical, t.inverse) for hf_name, (canonical, t) in plan.items()]
+        write_shards(plan_tensors(source, items, dtype, progress), tmp, max_shard_bytes)
         copy_sidecars(src, tmp)
         (tmp / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
     return config

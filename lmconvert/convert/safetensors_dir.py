@@ -1,8 +1,14 @@
-"""Reading a directory of safetensors weights, single file or sharded with an index, lazily."""
+"""Reading a directory of safetensors weights, single file or sharded with an index, lazily.
+
+`safetensors` validates every file (header, offsets, dtypes). Tensor bytes are then read with
+plain positioned reads rather than through its memory map: mapped pages stay resident while a
+file is open, so a conversion's memory would grow with the shard instead of the largest tensor.
+"""
 
 from __future__ import annotations
 
 import json
+import struct
 from collections.abc import Iterator
 from contextlib import ExitStack
 from pathlib import Path
@@ -14,6 +20,22 @@ from .errors import InputError
 
 INDEX = "model.safetensors.index.json"
 SINGLE = "model.safetensors"
+DTYPES: dict[str, torch.dtype] = {
+    "F64": torch.float64, "F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16,
+    "I64": torch.int64, "I32": torch.int32, "I16": torch.int16, "I8": torch.int8, "U8": torch.uint8,
+    "BOOL": torch.bool, "F8_E4M3": torch.float8_e4m3fn, "F8_E5M2": torch.float8_e5m2,
+}
+DTYPE_NAMES = {v: k for k, v in DTYPES.items()}
+
+
+def data_offsets(path: Path) -> dict[str, tuple[str, tuple[int, ...], int, int]]:
+    """{name: (dtype, shape, absolute start, end)} from a header that safetensors has validated."""
+    with open(path, "rb") as f:
+        (length,) = struct.unpack("<Q", f.read(8))
+        header = json.loads(f.read(length))
+    start = 8 + length
+    return {name: (e["dtype"], tuple(e["shape"]), start + e["data_offsets"][0], start + e["data_offsets"][1])
+            for name, e in header.items() if name != "__metadata__"}
 
 
 def _read_json(path: Path) -> dict:
@@ -66,23 +88,21 @@ class TensorSource:
         self.directory = directory
         self.files = shard_map(directory)
         self._stack = ExitStack()
-        self._handles: dict[Path, object] = {}
+        self._readers: dict[Path, object] = {}
+        self._entries: dict[str, tuple[str, tuple[int, ...], int, int]] = {}
         by_file: dict[Path, set[str]] = {}
         for name, file in self.files.items():
             by_file.setdefault(file, set()).add(name)
         for file, names in by_file.items():
-            present = set(self._handle(file).keys())
+            with _open(file) as handle:
+                present = set(handle.keys())
             missing = sorted(names - present)
             if missing:
                 raise InputError(f"{file}: lacks tensor(s) the index lists: {', '.join(missing[:5])}")
             unlisted = sorted(present - names) if len(by_file) > 1 or (directory / INDEX).exists() else []
             if unlisted:
                 raise InputError(f"{file}: holds tensor(s) the index does not list: {', '.join(unlisted[:5])}")
-
-    def _handle(self, file: Path):  # noqa: ANN202
-        if file not in self._handles:
-            self._handles[file] = self._stack.enter_context(_open(file))
-        return self._handles[file]
+            self._entries.update({n: e for n, e in data_offsets(file).items() if n in names})
 
     def names(self) -> list[str]:
         return list(self.files)
@@ -91,13 +111,30 @@ class TensorSource:
         return self.files[name]
 
     def shape(self, name: str) -> tuple[int, ...]:
-        return tuple(self._handle(self.files[name]).get_slice(name).get_shape())
+        return self._entries[name][1]
+
+    def dtype(self, name: str) -> torch.dtype:
+        kind = self._entries[name][0]
+        if kind not in DTYPES:
+            raise InputError(f"{self.files[name]}: tensor {name!r} has dtype {kind}, which lmconvert does not handle")
+        return DTYPES[kind]
 
     def get(self, name: str) -> torch.Tensor:
-        try:
-            return self._handle(self.files[name]).get_tensor(name)
-        except SafetensorError as exc:
-            raise InputError(f"{self.files[name]}: tensor {name!r} cannot be read ({exc})") from None
+        _, shape, start, end = self._entries[name]
+        dtype = self.dtype(name)
+        file = self.files[name]
+        if file not in self._readers:
+            self._readers[file] = self._stack.enter_context(open(file, "rb", buffering=0))
+        reader = self._readers[file]
+        data = torch.empty(end - start, dtype=torch.uint8)
+        view, done = memoryview(data.numpy()), 0
+        reader.seek(start)
+        while done < len(view):  # one read returns at most ~2 GB on Linux
+            got = reader.readinto(view[done:])
+            if not got:
+                raise InputError(f"{file}: tensor {name!r} is cut short; re-download the file")
+            done += got
+        return data.view(dtype).reshape(shape)
 
     def items(self) -> Iterator[tuple[str, torch.Tensor]]:
         for name in self.files:

@@ -1,0 +1,104 @@
+"""Shared pieces of the benchmarks: a LLaMA-3.2-1B-shaped random checkpoint and a runner that
+measures each contender's wall time and peak RSS in its own process."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from safetensors.torch import save_file
+
+LLAMA_3_2_1B = {
+    "architectures": ["LlamaForCausalLM"], "model_type": "llama", "vocab_size": 128256, "hidden_size": 2048,
+    "intermediate_size": 8192, "num_hidden_layers": 16, "num_attention_heads": 32, "num_key_value_heads": 8,
+    "head_dim": 64, "max_position_embeddings": 131072, "rms_norm_eps": 1e-5, "hidden_act": "silu",
+    "tie_word_embeddings": True, "attention_bias": False, "mlp_bias": False, "bos_token_id": 128000,
+    "eos_token_id": 128001, "dtype": "bfloat16",
+    "rope_parameters": {"rope_type": "llama3", "rope_theta": 500000.0, "factor": 32.0, "low_freq_factor": 1.0,
+                        "high_freq_factor": 4.0, "original_max_position_embeddings": 8192},
+}
+
+
+def llama_shapes(config: dict) -> dict[str, tuple[int, ...]]:
+    d, ff, v = config["hidden_size"], config["intermediate_size"], config["vocab_size"]
+    q, kv = config["num_attention_heads"] * config["head_dim"], config["num_key_value_heads"] * config["head_dim"]
+    shapes = {"model.embed_tokens.weight": (v, d), "model.norm.weight": (d,)}
+    for i in range(config["num_hidden_layers"]):
+        p = f"model.layers.{i}."
+        shapes.update({p + "self_attn.q_proj.weight": (q, d), p + "self_attn.k_proj.weight": (kv, d),
+                       p + "self_attn.v_proj.weight": (kv, d), p + "self_attn.o_proj.weight": (d, q),
+                       p + "mlp.gate_proj.weight": (ff, d), p + "mlp.up_proj.weight": (ff, d),
+                       p + "mlp.down_proj.weight": (d, ff), p + "input_layernorm.weight": (d,),
+                       p + "post_attention_layernorm.weight": (d,)})
+    return shapes
+
+
+def make_checkpoint(directory: Path, n_layers: int = 16, shards: int = 3, seed: int = 0) -> Path:
+    """Random bf16 weights with the real tensor shapes, sharded like the Hub's files."""
+    config = {**LLAMA_3_2_1B, "num_hidden_layers": n_layers}
+    directory.mkdir(parents=True, exist_ok=True)
+    shapes = llama_shapes(config)
+    total = sum(torch.Size(s).numel() * 2 for s in shapes.values())
+    budget = total / shards
+    generator = torch.Generator().manual_seed(seed)
+    groups: list[list[str]] = [[]]
+    size = 0
+    for name, shape in shapes.items():
+        if groups[-1] and size + torch.Size(shape).numel() * 2 > budget and len(groups) < shards:
+            groups.append([])
+            size = 0
+        groups[-1].append(name)
+        size += torch.Size(shape).numel() * 2
+    weight_map = {}
+    for i, names in enumerate(groups, start=1):
+        file = f"model-{i:05d}-of-{len(groups):05d}.safetensors"
+        tensors = {n: (torch.randn(shapes[n], generator=generator) * 0.02).to(torch.bfloat16) for n in names}
+        save_file(tensors, str(directory / file), metadata={"format": "pt"})
+        weight_map.update({n: file for n in names})
+        del tensors
+    index = {"metadata": {"total_size": total}, "weight_map": weight_map}
+    (directory / "model.safetensors.index.json").write_text(json.dumps(index, indent=2))
+    (directory / "config.json").write_text(json.dumps(config, indent=2))
+    return directory
+
+
+def dir_bytes(directory: Path) -> int:
+    return sum(p.stat().st_size for p in directory.rglob("*") if p.is_file())
+
+
+@dataclass
+class Measured:
+    label: str
+    seconds: float
+    peak_rss: int  # bytes
+
+
+def measure(label: str, argv: list[str], env: dict[str, str] | None = None) -> Measured:
+    """Run argv as a child; wall time and the child's own peak RSS (from wait4)."""
+    start = time.perf_counter()
+    proc = subprocess.Popen(argv, env={**os.environ, **(env or {})})
+    _, status, usage = os.wait4(proc.pid, 0)
+    seconds = time.perf_counter() - start
+    if os.waitstatus_to_exitcode(status) != 0:
+        sys.exit(f"{label} failed: {' '.join(argv)}")
+    return Measured(label, seconds, usage.ru_maxrss * 1024)
+
+
+def warm(directory: Path) -> None:
+    """Read every file once so each contender starts from the same warm page cache."""
+    for p in directory.rglob("*"):
+        if p.is_file():
+            with open(p, "rb") as f:
+                while f.read(1 << 24):
+                    pass
+
+
+def table(rows: list[list[str]]) -> str:
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    return "\n".join("  ".join(c.ljust(w) for c, w in zip(r, widths)) for r in rows)
