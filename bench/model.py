@@ -22,6 +22,8 @@ import torch
 from transformers import AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from common import table  # noqa: E402
+
 import lmconvert  # noqa: E402
 
 SMOLLM2_135M = dict(vocab_size=49152, hidden_size=576, intermediate_size=1536, num_hidden_layers=30,
@@ -47,8 +49,8 @@ def run(directory: Path, dtype: torch.dtype, repeat: int) -> list[list[str]]:
     for batch, seq in ((1, 512), (8, 128)):
         ids = torch.randint(0, 49152, (batch, seq), generator=g)
         ours(ids), theirs(ids)  # warm-up
-        t_ours = best(lambda: ours(ids), repeat)
-        t_theirs = best(lambda: theirs(ids, use_cache=False), repeat)
+        t_ours = best(lambda ids=ids: ours(ids), repeat)
+        t_theirs = best(lambda ids=ids: theirs(ids, use_cache=False), repeat)
         tokens = batch * seq
         rows.append([f"prefill {batch}x{seq}", str(dtype)[6:], f"{tokens / t_ours:.0f}", f"{tokens / t_theirs:.0f}",
                      f"{t_theirs / t_ours:.2f}"])
@@ -78,9 +80,8 @@ def main() -> None:
         rows = [["workload", "dtype", "ours tok/s", "transformers tok/s", "ours / transformers"]]
         for name in args.dtypes.split(","):
             rows += run(Path(tmp), getattr(torch, name), args.repeat)
-    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads")
-    print("\n".join("  ".join(c.ljust(w) for c, w in zip(r, widths)) for r in rows))
+    print(table(rows))
 
 
 if __name__ == "__main__":
