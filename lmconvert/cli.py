@@ -34,6 +34,8 @@ def progress_bar(label: str) -> Iterator[Callable[[int, int], None]]:
     state: dict[str, Any] = {}
 
     def update(done: int, total: int) -> None:
+        if not sys.stderr.isatty():
+            return
         if "bar" not in state:
             state["bar"] = click.progressbar(length=total, label=label, file=sys.stderr).__enter__()
         state["bar"].update(done - state["bar"].pos)
@@ -63,6 +65,11 @@ def handled(fn: Callable[..., Any]) -> Callable[..., Any]:
             _fail(str(exc), 1)
         except KeyboardInterrupt:
             _fail("interrupted; no output was written", 130)
+        except OSError as exc:  # disk full, permissions: the output was rolled back
+            if debug:
+                raise
+            _fail(f"{exc.filename or 'output'}: {exc.strerror or exc}; nothing was written "
+                  "(check free space and permissions)", 2)
 
     return wrapper
 
@@ -78,15 +85,19 @@ def main(debug: bool) -> None:
 @main.command()
 @click.argument("src", type=CHECKPOINT)
 @click.argument("out", type=click.Path(path_type=Path))
-@click.option("--to", "to", type=click.Choice(["canonical", "hf"]), default="canonical", show_default=True,
-              help="canonical: HF directory -> canonical; hf: canonical -> HF safetensors.")
+@click.option("--to", "to", type=click.Choice(["canonical", "hf", "meta"]), default="canonical", show_default=True,
+              help="canonical: any supported checkpoint -> canonical; hf: canonical -> HF safetensors; "
+                   "meta: canonical LLaMA -> Meta's params.json + consolidated.NN.pth.")
 @click.option("--family", help="With --to hf: write as this family (default: the source's).")
+@click.option("--shards", type=click.IntRange(min=1), help="With --to meta: model-parallel ranks [default: 1].")
 @click.option("--dtype", type=click.Choice(["keep", "float32", "bfloat16", "float16"]), default="keep",
               show_default=True, help="Cast tensors on the way.")
 @click.option("--max-shard-size", default="5GB", show_default=True, help="Largest output shard.")
 @click.option("--force", is_flag=True, help="Replace OUT if it exists.")
+@click.option("--allow-nonfinite", is_flag=True, help="Convert even if weights hold NaN or Inf.")
 @handled
-def convert(src: Path, out: Path, to: str, family: str | None, dtype: str, max_shard_size: str, force: bool) -> None:
+def convert(src: Path, out: Path, to: str, family: str | None, shards: int | None, dtype: str, max_shard_size: str,
+            force: bool, allow_nonfinite: bool) -> None:
     """Convert SRC into OUT. OUT appears complete or not at all."""
     from .convert.hf_source import parse_dtype
     from .convert.pipeline import convert as run
@@ -95,9 +106,13 @@ def convert(src: Path, out: Path, to: str, family: str | None, dtype: str, max_s
     if family and to != "hf":
         raise InputError("--family only applies with --to hf")
     kwargs: dict[str, Any] = {"dtype": parse_dtype(dtype), "max_shard_bytes": parse_size(max_shard_size),
-                              "force": force}
+                              "force": force, "allow_nonfinite": allow_nonfinite}
     if to == "hf":
         kwargs["family"] = family
+    if shards is not None and to != "meta":
+        raise InputError("--shards only applies with --to meta")
+    if to == "meta":
+        kwargs["shards"] = shards or 1
     with progress_bar(f"converting {src.name}") as progress:
         run(src, out, to, progress=progress, **kwargs)
     click.echo(f"wrote {out}")
@@ -112,11 +127,23 @@ def convert(src: Path, out: Path, to: str, family: str | None, dtype: str, max_s
 @click.option("--batch", type=click.IntRange(min=1), default=2, show_default=True)
 @click.option("--json", "json_out", type=click.Path(path_type=Path, allow_dash=True),
               help="Also write the report as JSON to FILE ('-' for stdout).")
+@click.option("--files", "files_only", is_flag=True,
+              help="Only re-hash a canonical checkpoint's files and tensors against lmconvert.json.")
 @handled
 def verify(checkpoint: Path, reference: Path | None, dtype: str, device: str, seq_len: int | None, batch: int,
-           json_out: Path | None) -> None:
+           json_out: Path | None, files_only: bool) -> None:
     """Compare CHECKPOINT's logits with transformers'. Exit 1 when parity fails."""
     from .convert.verify import verify as run
+
+    if files_only:
+        from .convert.integrity import check_files
+
+        integrity = check_files(checkpoint)
+        click.echo("\n".join(integrity.lines()))
+        if not integrity.passed:
+            changed = integrity.changed_tensors + integrity.changed_files + integrity.missing_files
+            raise ParityFailure(f"{checkpoint}: integrity check failed: {', '.join(changed[:5])} changed")
+        return
 
     report = run(checkpoint, reference, dtype=dtype, device=device, seq_len=seq_len, batch=batch)
     if json_out is not None:
@@ -132,7 +159,7 @@ def verify(checkpoint: Path, reference: Path | None, dtype: str, device: str, se
 
 
 @main.command()
-@click.argument("checkpoint", type=EXISTING_DIR)
+@click.argument("checkpoint", type=CHECKPOINT)
 @click.option("--json", "as_json", is_flag=True, help="Print the card as JSON.")
 @handled
 def inspect(checkpoint: Path, as_json: bool) -> None:
@@ -155,6 +182,35 @@ def generate(checkpoint: Path, prompt: str, max_new_tokens: int, dtype: str | No
     from .convert.generation import generate as run
 
     click.echo(prompt + run(checkpoint, prompt, max_new_tokens, dtype=dtype, device=device))
+
+
+@main.command()
+@click.argument("repo_id")
+@click.option("--revision", help="Branch, tag or commit sha (default: the repo's main branch).")
+@click.option("--out", type=click.Path(path_type=Path), help="Output directory (default: ./<repo name>).")
+@click.option("--verify", "check", is_flag=True, help="Then verify against the download; exit 1 when parity fails.")
+@click.option("--dtype", type=click.Choice(["keep", "float32", "bfloat16", "float16"]), default="keep",
+              show_default=True, help="Cast tensors on the way; also --verify's compute dtype (keep: float32).")
+@click.option("--device", default="cpu", show_default=True, help="Device for --verify.")
+@click.option("--token", help="Hub access token for gated or private repos (default: HF_TOKEN or the saved login).")
+@click.option("--force", is_flag=True, help="Replace OUT if it exists.")
+@handled
+def pull(repo_id: str, revision: str | None, out: Path | None, check: bool, dtype: str, device: str,
+         token: str | None, force: bool) -> None:
+    """Download REPO_ID from the Hugging Face Hub into the HF cache and convert it to canonical."""
+    from .convert.hf_source import parse_dtype
+    from .convert.hub import pull as run
+    from .convert.verify import verify as run_verify
+
+    with progress_bar(f"converting {repo_id}") as progress:
+        snapshot, out = run(repo_id, out, revision=revision, token=token, dtype=parse_dtype(dtype), force=force,
+                            progress=progress)
+    click.echo(f"wrote {out} from {repo_id}@{snapshot.sha}")
+    if check:
+        report = run_verify(out, dtype="float32" if dtype == "keep" else dtype, device=device)
+        click.echo(report.table())
+        if not report.passed:
+            raise ParityFailure(f"{out}: parity check failed against {repo_id}@{snapshot.sha} ({report.criterion})")
 
 
 if __name__ == "__main__":

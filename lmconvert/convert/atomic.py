@@ -28,11 +28,31 @@ def check_output(out: Path, force: bool, inputs: tuple[Path, ...] = ()) -> None:
         raise InputError(f"{parent}: not writable; choose an OUT in a writable directory")
 
 
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def remove_stale(out: Path) -> None:
+    """Remove temporary directories beside `out` left by runs that were killed (their pid is gone)."""
+    for tmp in out.parent.glob(f".{out.name}.tmp-*"):
+        pid = tmp.name.removeprefix(f".{out.name}.tmp-").split("-")[0]
+        if pid.isdigit() and not _alive(int(pid)):
+            shutil.rmtree(tmp, ignore_errors=True)
+
+
 @contextmanager
 def atomic_directory(out: Path) -> Iterator[Path]:
-    """Yield a temporary directory that becomes `out` when the block succeeds."""
+    """Yield a temporary directory that becomes `out` when the block succeeds. A killed run
+    leaves only a hidden temporary directory, which the next run removes."""
     out = out.resolve()
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
+    remove_stale(out)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-{os.getpid()}-", dir=out.parent))
     try:
         yield tmp
         if out.exists():
@@ -42,6 +62,10 @@ def atomic_directory(out: Path) -> Iterator[Path]:
             shutil.rmtree(old, ignore_errors=True)
         else:
             os.replace(tmp, out)
+    except OSError as exc:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise InputError(f"{out}: writing failed ({exc.strerror or exc}); nothing was written: "
+                         "free some space or fix permissions and retry") from exc
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise

@@ -15,6 +15,7 @@ from lmconvert.mappings.family import PASSTHROUGH_KEYS
 from .atomic import atomic_directory, check_output
 from .canonical import META_FILE, CanonicalMeta, copy_sidecars, is_canonical, read_meta
 from .errors import InputError
+from .formats.meta_export import to_meta
 from .hf_source import HfCheckpoint
 from .safetensors_dir import TensorSource
 from .shards import Planned, file_sha256, write_shards
@@ -38,8 +39,15 @@ def _source_dtype(reader: TensorReader, name: str) -> torch.dtype:
     return dtype(name) if dtype is not None else reader.get(name).dtype
 
 
+def check_finite(name: str, t: torch.Tensor, where: object) -> None:
+    if t.is_floating_point() and not bool(torch.isfinite(t).all()):
+        count = int((~torch.isfinite(t)).sum())
+        raise InputError(f"{where}: tensor {name!r} holds {count} NaN/Inf value(s); "
+                         "fix the checkpoint or pass --allow-nonfinite")
+
+
 def plan_tensors(reader: TensorReader, items: Iterable[tuple[str, str, TensorFn]], dtype: torch.dtype | None,
-                 progress: Progress | None = None) -> list[Planned]:
+                 progress: Progress | None = None, allow_nonfinite: bool = False) -> list[Planned]:
     """Plan (output name, source name, transform) triples: shapes and dtypes come from running
     each transform on a meta tensor, so nothing is read until the tensor is written."""
     items = list(items)
@@ -47,7 +55,10 @@ def plan_tensors(reader: TensorReader, items: Iterable[tuple[str, str, TensorFn]
 
     def producer(src: str, fn: TensorFn) -> Callable[[], torch.Tensor]:
         def produce() -> torch.Tensor:
-            t = fn(reader.get(src))
+            raw = reader.get(src)
+            if not allow_nonfinite:
+                check_finite(src, raw, reader.where(src))
+            t = fn(raw)
             t = t if dtype is None else t.to(dtype)
             done[0] += 1
             if progress is not None:
@@ -64,11 +75,11 @@ def plan_tensors(reader: TensorReader, items: Iterable[tuple[str, str, TensorFn]
 
 def to_canonical(src: Path, out: Path, dtype: torch.dtype | None = None, max_shard_bytes: int = 5 * 10**9,
                  force: bool = False, source_info: dict[str, Any] | None = None,
-                 progress: Progress | None = None) -> CanonicalMeta:
+                 progress: Progress | None = None, allow_nonfinite: bool = False) -> CanonicalMeta:
     check_output(out, force, (src,))
     with HfCheckpoint.open(src) as ckpt, atomic_directory(out) as tmp:
         items = [(canonical, hf_name, t.forward) for canonical, (hf_name, t) in ckpt.plan.items()]
-        planned = plan_tensors(ckpt.source.tensors, items, dtype, progress)
+        planned = plan_tensors(ckpt.source.tensors, items, dtype, progress, allow_nonfinite)
         hashes = write_shards(planned, tmp, max_shard_bytes)
         ckpt.source.write_sidecars(tmp)
         extras = {k: ckpt.config[k] for k in PASSTHROUGH_KEYS if k in ckpt.config}
@@ -90,7 +101,8 @@ def canonical_tensors(directory: Path, dtype: torch.dtype | None = None) -> Iter
 
 
 def to_hf(src: Path, out: Path, family: str | None = None, dtype: torch.dtype | None = None,
-          max_shard_bytes: int = 5 * 10**9, force: bool = False, progress: Progress | None = None) -> dict[str, Any]:
+          max_shard_bytes: int = 5 * 10**9, force: bool = False, progress: Progress | None = None,
+          allow_nonfinite: bool = False) -> dict[str, Any]:
     """Write a canonical checkpoint as `family` (default: its own); refuses what the family
     cannot express exactly."""
     meta = read_meta(src)
@@ -108,14 +120,14 @@ def to_hf(src: Path, out: Path, family: str | None = None, dtype: torch.dtype | 
     config["dtype"] = _dtype_name(dtype) if dtype is not None else meta.dtype
     with TensorSource(src) as source, atomic_directory(out) as tmp:
         items = [(hf_name, canonical, t.inverse) for hf_name, (canonical, t) in plan.items()]
-        write_shards(plan_tensors(source, items, dtype, progress), tmp, max_shard_bytes)
+        write_shards(plan_tensors(source, items, dtype, progress, allow_nonfinite), tmp, max_shard_bytes)
         copy_sidecars(src, tmp)
         (tmp / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
     return config
 
 
 def convert(src: Path, out: Path, to: str, **kwargs: Any) -> None:
-    targets = {"canonical": (False, to_canonical), "hf": (True, to_hf)}
+    targets = {"canonical": (False, to_canonical), "hf": (True, to_hf), "meta": (True, to_meta)}
     needs_canonical, fn = targets[to]
     if is_canonical(src) != needs_canonical:
         want = "a canonical checkpoint (with lmconvert.json)" if needs_canonical else "an HF checkpoint"

@@ -38,12 +38,20 @@ def data_offsets(path: Path) -> dict[str, tuple[str, tuple[int, ...], int, int]]
             for name, e in header.items() if name != "__metadata__"}
 
 
+def _no_duplicates(pairs: list[tuple[str, object]]) -> dict:
+    keys = [k for k, _ in pairs]
+    repeated = sorted({k for k in keys if keys.count(k) > 1})
+    if repeated:
+        raise ValueError(f"key(s) listed twice: {', '.join(repeated[:5])}")
+    return dict(pairs)
+
+
 def _read_json(path: Path) -> dict:
     try:
-        data = json.loads(path.read_text())
+        data = json.loads(path.read_text(), object_pairs_hook=_no_duplicates)
     except FileNotFoundError:
         raise InputError(f"{path}: file not found") from None
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+    except (ValueError, UnicodeDecodeError) as exc:  # JSONDecodeError is a ValueError
         raise InputError(f"{path}: not valid JSON ({exc}); re-download or fix the file") from None
     if not isinstance(data, dict):
         raise InputError(f"{path}: expected a JSON object")
@@ -59,7 +67,7 @@ def shard_map(directory: Path) -> dict[str, Path]:
             raise InputError(f"{index}: has no 'weight_map' object")
         out = {}
         for name, file in weight_map.items():
-            if not isinstance(file, str) or Path(file).is_absolute() or ".." in Path(file).parts or "/" in file:
+            if not isinstance(file, str) or file in ("", ".", "..") or Path(file).name != file:
                 raise InputError(f"{index}: weight_map entry {name!r} -> {file!r} is not a plain file name; "
                                  "refusing to follow it")
             shard = directory / file
@@ -78,7 +86,8 @@ def _open(path: Path):  # noqa: ANN202 - safetensors' handle type is private
     try:
         return safe_open(str(path), framework="pt")
     except (SafetensorError, OSError) as exc:
-        raise InputError(f"{path}: not a readable safetensors file ({exc})") from None
+        reason = " ".join(str(exc).split()).removeprefix("Error while deserializing header: ")
+        raise InputError(f"{path}: not a valid safetensors file ({reason}); re-download or re-export it") from None
 
 
 class TensorSource:
