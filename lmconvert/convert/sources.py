@@ -16,6 +16,8 @@ import torch
 
 from .canonical import copy_sidecars
 from .errors import InputError
+from .formats.meta import is_meta, open_meta
+from .formats.torch_bin import is_hf_bin, open_hf_bin
 
 
 class TensorReader(Protocol):
@@ -62,9 +64,24 @@ def _open_hf_safetensors(path: Path) -> Source:
     return Source(path, "hf-safetensors", config, TensorSource(path))
 
 
+def _is_gguf(path: Path) -> bool:
+    from .formats.gguf import is_gguf
+
+    return is_gguf(path)
+
+
+def _open_gguf(path: Path) -> Source:
+    from .formats.gguf import open_gguf
+
+    return open_gguf(path)
+
+
 # (format name, detector, opener): the first detector that accepts the path wins
 FORMATS: list[tuple[str, Callable[[Path], bool], Callable[[Path], Source]]] = [
     ("hf-safetensors", _is_hf_safetensors, _open_hf_safetensors),
+    ("hf-bin", is_hf_bin, open_hf_bin),  # after safetensors: preferred when a directory has both
+    ("meta", is_meta, open_meta),
+    ("gguf", _is_gguf, _open_gguf),  # a .gguf file, or a directory holding exactly one
 ]
 
 

@@ -1,0 +1,188 @@
+"""Reading Meta's original LLaMA checkpoints: `params.json`, `consolidated.NN.pth` (one per
+model-parallel rank) and `tokenizer.model`, presented in transformers' layout.
+
+Every shard is opened with `torch.load(weights_only=True, mmap=True)`, so a tensor is read from
+disk only when the conversion asks for it, merged across ranks and rotated to transformers' RoPE
+layout then (meta_layout.py has the rules and where they come from). params.json is checked
+against every shard before anything is converted.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import tempfile
+from dataclasses import replace
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from ..errors import InputError
+from .meta_layout import EMBEDDING, IGNORED, Kind, Layout, LayoutError, hf_config, model_params
+from .torch_bin import load_weights
+
+if TYPE_CHECKING:
+    from ..sources import Source
+
+PARAMS = "params.json"
+TOKENIZER = "tokenizer.model"
+_SHARD = re.compile(r"consolidated\.(\d+)\.pth")
+
+
+def is_meta(path: Path) -> bool:
+    return path.is_dir() and (path / PARAMS).is_file() and any(path.glob("consolidated.*.pth"))
+
+
+def shard_files(directory: Path) -> list[Path]:
+    """consolidated.00.pth ... in rank order; a gap in the numbering is an error, not a smaller model."""
+    found = {int(m.group(1)): p for p in directory.iterdir() if (m := _SHARD.fullmatch(p.name))}
+    ranks = sorted(found)
+    if ranks != list(range(len(ranks))):
+        missing = sorted(set(range(max(ranks) + 1)) - set(ranks))
+        names = ", ".join(f"consolidated.{r:02d}.pth" for r in missing)
+        raise InputError(f"{directory}: model-parallel shard(s) {names} are missing; download them all")
+    return [found[r] for r in ranks]
+
+
+def read_params(directory: Path) -> dict[str, Any]:
+    path = directory / PARAMS
+    try:
+        params = json.loads(path.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise InputError(f"{path}: not valid JSON ({exc}); fix or re-download it") from None
+    if not isinstance(params, dict):
+        raise InputError(f"{path}: expected a JSON object")
+    return params
+
+
+def _embed_split(layout: Layout, shape: tuple[int, ...]) -> int:
+    """Which dim the ranks split tok_embeddings along, from rank 0's piece."""
+    for split in (0, 1):
+        try:
+            if replace(layout, embed_split=split).shard_shape(EMBEDDING) == shape:
+                return split
+        except LayoutError:
+            continue
+    return 0  # neither fits: the shape check names both shapes
+
+
+class MetaTensors:
+    """Tensors of a Meta checkpoint under HF names, each merged across ranks when asked for."""
+
+    def __init__(self, files: list[Path], shards: list[dict[str, torch.Tensor]], layout: Layout) -> None:
+        self.files, self._shards, self.layout = files, shards, layout
+        self._by_hf: dict[str, tuple[str, Kind]] = {hf: (meta, kind) for meta, hf, kind in layout.entries()}
+
+    def names(self) -> list[str]:
+        return list(self._by_hf)
+
+    def shape(self, name: str) -> tuple[int, ...]:
+        return self.layout.full_shape(self._by_hf[name][1])
+
+    def dtype(self, name: str) -> torch.dtype:
+        return self._shards[0][self._by_hf[name][0]].dtype
+
+    def get(self, name: str) -> torch.Tensor:
+        meta, kind = self._by_hf[name]
+        try:
+            return self.layout.to_hf(meta, kind, [shard[meta] for shard in self._shards])
+        except LayoutError as exc:
+            raise InputError(f"{self.files[0].parent}: {exc}; re-download the shards") from None
+
+    def where(self, name: str) -> Path:
+        return self.files[0] if len(self.files) == 1 else self.files[0].parent  # every rank holds a piece
+
+    def close(self) -> None:
+        self._shards = []
+
+
+def _check(directory: Path, files: list[Path], shards: list[dict[str, torch.Tensor]], layout: Layout,
+           params: dict[str, Any]) -> None:
+    """Every shard holds exactly the tensors params.json implies, each in the shape it implies."""
+    expected = {meta: kind for meta, _, kind in layout.entries()}
+    for file, shard in zip(files, shards, strict=True):
+        names = set(shard) - set(IGNORED)
+        layers = {int(m.group(1)) for n in names if (m := re.match(r"layers\.(\d+)\.", n))}
+        if layers and max(layers) + 1 != layout.n_layers:
+            raise InputError(f"{file}: holds {max(layers) + 1} layers, but {PARAMS} says n_layers={layout.n_layers}; "
+                             "check that they match")
+        unknown, missing = sorted(names - set(expected)), sorted(set(expected) - names)
+        if unknown:
+            raise InputError(f"{file}: holds tensor(s) Meta's LLaMA layout does not have: {', '.join(unknown[:5])}; "
+                             "this is not a plain LLaMA checkpoint")
+        if missing:
+            raise InputError(f"{file}: lacks tensor(s) {', '.join(missing[:5])}; re-download it")
+        for name, kind in expected.items():
+            got, want = tuple(shard[name].shape), layout.shard_shape(kind)
+            if got != want:
+                shown = {k: params[k] for k in ("dim", "n_heads", "n_kv_heads", "multiple_of", "ffn_dim_multiplier",
+                                                "vocab_size") if k in params}
+                raise InputError(f"{file}: tensor {name!r} has shape {list(got)}, but {PARAMS} ({shown}) over "
+                                 f"{layout.shards} shard(s) implies {list(want)}; check that they match")
+
+
+def _sentencepiece(path: Path) -> Any:
+    """The SentencePiece model, or None for another kind of tokenizer.model (LLaMA 3's tiktoken file)."""
+    import sentencepiece
+
+    try:
+        return sentencepiece.SentencePieceProcessor(model_file=str(path))
+    except (OSError, RuntimeError):
+        return None
+
+
+def write_tokenizer(directory: Path, out: Path) -> list[str]:
+    """tokenizer.model unchanged plus, for a SentencePiece model, the HF tokenizer transformers
+    builds from it (LlamaTokenizer, adding BOS as Meta's generation code does)."""
+    model = directory / TOKENIZER
+    if not model.is_file():
+        return []
+    written = []
+    if _sentencepiece(model) is not None:
+        from transformers import LlamaTokenizer
+
+        with tempfile.TemporaryDirectory() as tmp:  # only tokenizer.model: nothing else steers the conversion
+            shutil.copy2(model, Path(tmp) / TOKENIZER)
+            tokenizer = LlamaTokenizer.from_pretrained(tmp, add_bos_token=True, add_eos_token=False)
+        written = [Path(f).name for f in tokenizer.save_pretrained(str(out))]
+    shutil.copy2(model, out / TOKENIZER)
+    return sorted(set(written) | {TOKENIZER})
+
+
+def open_meta(path: Path) -> Source:
+    from ..sources import Source  # late: sources.py imports this module
+
+    params = read_params(path)
+    inner = model_params(params)
+    files = shard_files(path)
+    shards = [load_weights(f) for f in files]
+    head = shards[0]
+    if "output.weight" not in head or "tok_embeddings.weight" not in head:
+        raise InputError(f"{files[0]}: lacks output.weight or tok_embeddings.weight; not a Meta LLaMA checkpoint")
+    vocab = inner.get("vocab_size")
+    if not isinstance(vocab, int) or vocab <= 0:  # LLaMA 1/2 write -1 and take it from the tokenizer
+        vocab = head["output.weight"].shape[0] * len(files)
+    try:
+        config = hf_config(inner, vocab)
+        layout = Layout(dim=config["hidden_size"], n_layers=config["num_hidden_layers"],
+                        n_heads=config["num_attention_heads"], n_kv_heads=config["num_key_value_heads"],
+                        vocab_size=vocab, hidden_dim=config["intermediate_size"], shards=len(files))
+    except LayoutError as exc:
+        raise InputError(f"{path / PARAMS}: {str(exc).removeprefix('params.json: ')}") from None
+    layout = replace(layout, embed_split=_embed_split(layout, tuple(head[EMBEDDING.meta].shape)))
+    _check(path, files, shards, layout, inner)
+    info: dict[str, Any] = {"meta_params": params, "meta_shards": len(files)}
+    if len(files) > 1:
+        info["meta_embedding_split"] = layout.embed_split
+    ignored = sorted(set(head) & set(IGNORED))
+    if ignored:
+        info["meta_ignored_tensors"] = ignored
+    sp = _sentencepiece(path / TOKENIZER) if (path / TOKENIZER).is_file() else None
+    if sp is not None:
+        config.update({k: i for k, i in (("bos_token_id", sp.bos_id()), ("eos_token_id", sp.eos_id())) if i >= 0})
+    elif (path / TOKENIZER).is_file():
+        info["tokenizer"] = f"{TOKENIZER} is not SentencePiece (LLaMA 3's is tiktoken): copied, no HF files built"
+    return Source(path, "meta", config, MetaTensors(files, shards, layout), info,
+                  sidecars=lambda out: write_tokenizer(path, out))

@@ -1,0 +1,97 @@
+"""Writing a canonical checkpoint in Meta's original LLaMA layout: params.json, one
+consolidated.NN.pth per model-parallel rank, and tokenizer.model when the source had one.
+
+Tensors take the llama family's export plan to HF names, then the exact inverses of the import
+transforms (meta_layout.py), so Meta -> canonical -> Meta gives back every tensor bit for bit.
+Ranks are written one at a time: memory holds one rank's share plus one whole tensor, at the cost
+of reading the canonical shards once per rank.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from collections.abc import Callable
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from lmconvert.arch import ArchConfig
+from lmconvert.mappings import Family, MappingError, family_named
+
+from ..atomic import atomic_directory, check_output
+from ..canonical import read_meta
+from ..errors import InputError
+from ..safetensors_dir import TensorSource
+from .meta import PARAMS, TOKENIZER
+from .meta_layout import Layout, LayoutError, hf_config, model_params, params_for
+
+
+def _describes(previous: dict[str, Any], config: dict[str, Any], llama: Family, arch: ArchConfig) -> bool:
+    """Whether the source's own params.json still describes the model (tying aside: Meta's format
+    always stores output.weight), so it can be written back unchanged."""
+    try:
+        cfg = hf_config(model_params(previous), config["vocab_size"])
+        cfg["max_position_embeddings"] = config["max_position_embeddings"]
+        return replace(llama.arch_config(cfg), tie_embeddings=arch.tie_embeddings) == arch
+    except (LayoutError, MappingError, KeyError, TypeError):
+        return False
+
+
+def to_meta(src: Path, out: Path, shards: int = 1, dtype: torch.dtype | None = None, force: bool = False,
+            progress: Callable[[int, int], None] | None = None, max_shard_bytes: int | None = None,
+            allow_nonfinite: bool = False) -> dict[str, Any]:
+    """Write canonical `src` as a Meta checkpoint with `shards` model-parallel ranks; returns params.json.
+    `max_shard_bytes` is accepted and unused: Meta's files are one per rank, whatever their size."""
+    from ..pipeline import check_finite  # late: pipeline imports this module
+
+    meta = read_meta(src)
+    llama = family_named("llama")
+    try:
+        config = llama.hf_config(meta.arch, meta.family, meta.hf_extras)
+        params = params_for(config)
+    except (MappingError, LayoutError) as exc:
+        raise InputError(f"{src}: Meta's format holds plain LLaMA models only: {exc}") from None
+    from_meta = meta.source.get("format") == "meta"
+    previous = meta.source.get("meta_params") if from_meta else None
+    if isinstance(previous, dict) and _describes(previous, config, llama, meta.arch):
+        params = previous
+    try:
+        layout = Layout(dim=config["hidden_size"], n_layers=config["num_hidden_layers"],
+                        n_heads=config["num_attention_heads"], n_kv_heads=config["num_key_value_heads"],
+                        vocab_size=config["vocab_size"], hidden_dim=config["intermediate_size"], shards=shards,
+                        embed_split=meta.source.get("meta_embedding_split", 0) if from_meta else 0)
+    except LayoutError as exc:
+        raise InputError(f"--shards {shards}: {exc}; choose a shard count that divides the heads") from None
+    plan = llama.tensors.plan_export(meta.tensors)  # {hf name: (canonical name, transform)}
+    if meta.arch.tie_embeddings:  # Meta's code always has its own output matrix
+        plan.setdefault("lm_head.weight", plan["model.embed_tokens.weight"])
+    wanted = {hf for _, hf, _ in layout.entries()}
+    if set(plan) != wanted:
+        odd = sorted(set(plan) ^ wanted)
+        raise InputError(f"{src}: its tensors do not fit Meta's layout ({', '.join(odd[:5])}); "
+                         "export it with --to hf instead")
+    check_output(out, force, (src,))
+    total, done = len(wanted) * shards, 0
+    with TensorSource(src) as source, atomic_directory(out) as tmp:
+        for rank in range(shards):
+            state: dict[str, torch.Tensor] = {}
+            for meta_name, hf_name, kind in layout.entries():
+                canonical, transform = plan[hf_name]
+                raw = source.get(canonical)
+                if not allow_nonfinite and rank == 0:
+                    check_finite(canonical, raw, source.where(canonical))
+                t = transform.inverse(raw)
+                piece = layout.to_meta(kind, t if dtype is None else t.to(dtype))[rank]
+                state[meta_name] = piece.clone(memory_format=torch.contiguous_format)  # a view would save it all
+                done += 1
+                if progress is not None:
+                    progress(done, total)
+            torch.save(state, tmp / f"consolidated.{rank:02d}.pth")
+            del state
+        (tmp / PARAMS).write_text(json.dumps(params, indent=2) + "\n")
+        if (src / TOKENIZER).is_file():
+            shutil.copy2(src / TOKENIZER, tmp / TOKENIZER)
+    return params
