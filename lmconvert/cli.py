@@ -204,7 +204,7 @@ def pull(repo_id: str, revision: str | None, out: Path | None, check: bool, dtyp
 
     with progress_bar(f"converting {repo_id}") as progress:
         snapshot, out = run(repo_id, out, revision=revision, token=token, dtype=parse_dtype(dtype), force=force,
-                            progress=progress)
+                            progress=progress, quiet=not sys.stderr.isatty())
     click.echo(f"wrote {out} from {repo_id}@{snapshot.sha}")
     if check:
         report = run_verify(out, dtype="float32" if dtype == "keep" else dtype, device=device)

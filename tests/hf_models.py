@@ -67,3 +67,21 @@ def save_tiny_tokenizer(directory: Path, vocab_size: int = 300) -> int:
     fast = PreTrainedTokenizerFast(tokenizer_object=tok, pad_token="<pad>", bos_token="<s>", eos_token="</s>")
     fast.save_pretrained(directory)
     return len(fast)
+
+
+def incremental(step, ids: torch.Tensor, prefill: int) -> torch.Tensor:  # noqa: ANN001
+    """Logits from a prefill of `prefill` tokens, then one token at a time."""
+    return torch.cat([step(ids[:, :prefill])] + [step(ids[:, i:i + 1]) for i in range(prefill, ids.shape[1])], 1)
+
+
+@torch.no_grad()
+def cached_logits(model: torch.nn.Module, ids: torch.Tensor, prefill: int) -> torch.Tensor:
+    """transformers' own cached decoding, for comparison with ours."""
+    state: dict[str, Any] = {}
+
+    def step(chunk: torch.Tensor) -> torch.Tensor:
+        out = model(chunk, cache=state.get("cache"), use_cache=True)
+        state["cache"] = out.cache
+        return out.logits
+
+    return incremental(step, ids, prefill)

@@ -8,7 +8,7 @@ variant the family cannot express, and the error names it.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, fields, is_dataclass
 from typing import Any
 
 from lmconvert.arch import ArchConfig, ConfigError
@@ -17,7 +17,7 @@ from .errors import Inexpressible, MappingError
 from .table import TensorTable
 
 VARIANT_NAMES = {
-    "norm": "this norm (kind, offset or dtype order)", "norm_placement": "this norm placement",
+    "norm": "this norm", "norm_placement": "this norm placement",
     "final_norm": "the final norm setting", "qk_norm": "QK norm", "q_bias": "a q bias", "k_bias": "a k bias",
     "v_bias": "a v bias", "o_bias": "an output-projection bias", "mlp_bias": "MLP biases",
     "lm_head_bias": "an LM-head bias", "activation": "this activation", "gated": "this FFN gating",
@@ -49,8 +49,13 @@ class Family:
     def arch_config(self, hf: dict[str, Any]) -> ArchConfig:
         try:
             return self.from_hf(hf)
+        except MappingError:
+            raise
         except ConfigError as exc:
             raise MappingError(f"config.json: {exc}") from None
+        except (TypeError, ValueError, ArithmeticError, AttributeError) as exc:  # a value of the wrong shape
+            raise MappingError(f"config.json: a value has the wrong type or range ({exc}); "
+                               f"compare it with the model card") from None
 
     def hf_config(self, cfg: ArchConfig, source_family: str = "",
                   extras: dict[str, Any] | None = None) -> dict[str, Any]:
@@ -60,13 +65,37 @@ class Family:
             back = self.from_hf(hf)
         except (ConfigError, MappingError) as exc:
             raise Inexpressible(f"{self.name} cannot express this model: {exc}") from None
-        lost = [VARIANT_NAMES.get(f.name, f.name) for f in fields(ArchConfig)
-                if getattr(back, f.name) != getattr(cfg, f.name)]
+        lost = [f.name for f in fields(ArchConfig) if getattr(back, f.name) != getattr(cfg, f.name)]
         if lost:
-            origin = f" ({source_family})" if source_family else ""
-            raise Inexpressible(f"{self.name} cannot express {', '.join(lost)}{origin}; "
-                                "export to the source family instead")
+            raise Inexpressible(self._lost_message(cfg, back, lost, source_family))
         for key in PASSTHROUGH_KEYS:
             if extras and key in extras:
                 hf.setdefault(key, extras[key])
         return hf
+
+    def _lost_message(self, cfg: ArchConfig, back: ArchConfig, lost: list[str], source_family: str) -> str:
+        """Names what the model uses that this family lacks, and what this family always has
+        (q/k/v biases in qwen2, say) that the model lacks."""
+        absent = [name for name in lost if getattr(cfg, name) in _ABSENT]
+        used = [_describe(name, cfg, back) for name in lost if name not in absent]
+        origin = f" ({source_family})" if source_family else ""
+        parts = []
+        if used:
+            parts.append(f"{self.name} cannot express {', '.join(used)}{origin}")
+        if absent:
+            names = ", ".join(VARIANT_NAMES.get(n, n) for n in absent)
+            parts.append(f"{self.name} always has {names}, which this model{origin} lacks")
+        return "; ".join(parts) + "; export to the source family instead"
+
+
+_ABSENT = (False, None, "none")
+
+
+def _describe(name: str, cfg: ArchConfig, back: ArchConfig) -> str:
+    """The variant's name; for a norm or RoPE, also which of its settings differ."""
+    text = VARIANT_NAMES.get(name, name)
+    ours, theirs = getattr(cfg, name), getattr(back, name)
+    if name in ("norm", "rope") and is_dataclass(ours) and is_dataclass(theirs):
+        differ = [f.name for f in fields(ours) if getattr(ours, f.name) != getattr(theirs, f.name)]
+        text += f"'s {' and '.join(differ)}"
+    return text

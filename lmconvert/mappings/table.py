@@ -2,8 +2,9 @@
 its inverse declared together, so export is derived from import and never written twice.
 
 A pattern's `{}` stands for the layer index. A rule whose canonical side is None drops the
-tensor on import (and says so). Both directions check that every input tensor is consumed and
-every expected output tensor is produced; leftovers are errors that name the tensors.
+tensor on import (and says so); its HF pattern may end in `*` to drop a whole subtree (a vision
+tower, say). Both directions check that every input tensor is consumed and every expected output
+tensor is produced; leftovers are errors that name the tensors.
 """
 
 from __future__ import annotations
@@ -50,7 +51,10 @@ def _fill(pattern: str, match: re.Match[str]) -> str:
 
 
 def _compile(pattern: str) -> re.Pattern[str]:
-    return re.compile("^" + re.escape(pattern).replace(r"\{\}", r"(\d+)") + "$")
+    regex = re.escape(pattern).replace(r"\{\}", r"(\d+)")
+    if regex.endswith(r"\*"):
+        regex = regex[:-2] + ".*"
+    return re.compile("^" + regex + "$")
 
 
 @dataclass(frozen=True)
@@ -61,6 +65,8 @@ class TensorTable:
 
     def __post_init__(self) -> None:
         for rule in self.rules:
+            if rule.hf.endswith("*") and rule.canonical is not None:
+                raise ValueError(f"rule {rule.hf!r}: only a drop rule (canonical None) may end in '*'")
             self._compiled.append((rule, _compile(rule.hf),
                                    _compile(rule.canonical) if rule.canonical else None))
 

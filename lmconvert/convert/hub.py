@@ -1,0 +1,243 @@
+"""`lmconvert pull`: fetch a checkpoint from the Hugging Face Hub into the shared HF cache, then convert it.
+
+Downloads go through huggingface_hub, into the cache transformers uses (HF_HOME / HF_HUB_CACHE), so
+a repo already fetched by either is not fetched again, and HF_HUB_OFFLINE=1 works from the cache.
+Only what the conversion needs is fetched: config.json, the weights (safetensors, or
+pytorch_model*.bin when a repo has no safetensors), their index and the shards it lists, and the
+tokenizer and generation files. The resolved commit sha is recorded in lmconvert.json.
+"""
+
+from __future__ import annotations
+
+import glob
+import json
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from fnmatch import fnmatch
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+from urllib.parse import unquote, urlsplit
+
+from .atomic import check_output
+from .canonical import SIDECAR_PATTERNS
+from .errors import InputError
+
+if TYPE_CHECKING:
+    import torch
+
+CONFIG = "config.json"
+# (index, single file) per weight format, in order of preference: .bin only when there is no safetensors
+WEIGHT_FILES = (("model.safetensors.index.json", "model.safetensors"),
+                ("pytorch_model.bin.index.json", "pytorch_model.bin"))
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    """A downloaded revision: the snapshot directory in the HF cache and where it came from."""
+
+    path: Path
+    repo: str
+    sha: str
+    ref: str  # what was asked for: a branch, tag or sha
+    files: tuple[str, ...]
+
+    def source_info(self) -> dict[str, Any]:
+        info: dict[str, Any] = {"repo": self.repo, "revision": self.sha}
+        if self.ref != self.sha:
+            info["ref"] = self.ref
+        return info
+
+
+def default_out(repo_id: str) -> Path:
+    return Path(repo_id.rstrip("/").rsplit("/", 1)[-1])
+
+
+def select_files(files: Iterable[str], where: str) -> tuple[list[str], str | None]:
+    """The files to fetch from a repo listing, and the weight index among them (whose shards come on
+    top). Only top-level files: subfolders hold other formats (original/, onnx/, ...)."""
+    top = {f for f in files if "/" not in f}
+    if CONFIG not in top:
+        raise InputError(f"{where}: has no {CONFIG}; lmconvert pulls transformers checkpoints")
+    for index, single in WEIGHT_FILES:
+        weights = index if index in top else single if single in top else None
+        if weights is not None:
+            sidecars = sorted(f for f in top if any(fnmatch(f, p) for p in SIDECAR_PATTERNS))
+            return [CONFIG, weights, *sidecars], weights if weights == index else None
+    seen = sorted(f for f in top if f.endswith((".safetensors", ".bin", ".pt", ".pth", ".gguf")))
+    found = f" (it has {', '.join(seen[:5])})" if seen else ""
+    raise InputError(f"{where}: has no model.safetensors, model.safetensors.index.json, pytorch_model.bin or "
+                     f"pytorch_model.bin.index.json{found}; lmconvert pulls transformers checkpoints")
+
+
+def index_shards(index: Path, where: str) -> list[str]:
+    try:
+        weight_map = json.loads(index.read_text()).get("weight_map")
+    except (json.JSONDecodeError, UnicodeDecodeError, AttributeError) as exc:
+        raise InputError(f"{where}: {index.name} is not a valid index ({exc})") from None
+    if not isinstance(weight_map, dict):
+        raise InputError(f"{where}: {index.name} has no 'weight_map' object")
+    shards = sorted(set(weight_map.values()))
+    for shard in shards:
+        if not isinstance(shard, str) or "/" in shard or "\\" in shard or shard in ("", ".", ".."):
+            raise InputError(f"{where}: {index.name} lists {shard!r}, which is not a plain file name; "
+                             "refusing to follow it")
+    return shards
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
+
+
+def _file_of(exc: Any) -> str:
+    """The repo file a failed /resolve request was for, or the request's URL."""
+    try:
+        url = str(exc.response.request.url)
+    except Exception:  # noqa: BLE001 - no request attached
+        return "a file"
+    path = unquote(urlsplit(url).path)
+    return path.split("/resolve/", 1)[1].split("/", 1)[-1] if "/resolve/" in path else url
+
+
+@contextmanager
+def hub_errors(repo_id: str, revision: str | None, token: str | None) -> Iterator[None]:
+    """huggingface_hub's exceptions as one-line InputErrors that say what to do."""
+    import httpx2
+    from huggingface_hub import constants, get_token
+    from huggingface_hub.errors import (
+        CachedRepoTreeNotFoundError,
+        EntryNotFoundError,
+        GatedRepoError,
+        HfHubHTTPError,
+        HFValidationError,
+        LocalEntryNotFoundError,
+        OfflineModeIsEnabled,
+        RepositoryNotFoundError,
+        RevisionNotFoundError,
+        RevisionResolutionError,
+    )
+
+    page = f"{constants.ENDPOINT}/{repo_id}"
+    ref = revision or constants.DEFAULT_REVISION
+    try:
+        yield
+    except GatedRepoError as exc:  # before RepositoryNotFoundError, its base class
+        if token or get_token():
+            raise InputError(f"{repo_id}: gated repo, and the token in use has no access to it; accept the licence "
+                             f"on {page} with the account the token (HF_TOKEN or --token) belongs to") from exc
+        raise InputError(f"{repo_id}: gated repo; accept the licence on {page}, then set HF_TOKEN or pass --token "
+                         "with a token of that account") from exc
+    except RepositoryNotFoundError as exc:
+        if token or get_token():
+            raise InputError(f"{repo_id}: no such model repo on {constants.ENDPOINT}, or it is private and the token "
+                             "in use (HF_TOKEN or --token) cannot see it; check the name and the token") from exc
+        raise InputError(f"{repo_id}: no such model repo on {constants.ENDPOINT}, or it is private; check the name, "
+                         "or for a private repo set HF_TOKEN or pass --token") from exc
+    except RevisionNotFoundError as exc:
+        raise InputError(f"{repo_id}: revision {ref!r} does not exist; pass a branch, tag or commit sha of the repo "
+                         "to --revision") from exc
+    except EntryNotFoundError as exc:
+        if isinstance(exc, LocalEntryNotFoundError):  # not on the Hub reachable, and not in the cache
+            raise InputError(_not_cached(repo_id, ref, exc)) from exc
+        raise InputError(f"{repo_id}@{ref}: {_file_of(exc)} is listed in the repo but cannot be downloaded (not "
+                         "found); the repo is inconsistent: try another --revision") from exc
+    except (CachedRepoTreeNotFoundError, RevisionResolutionError) as exc:
+        raise InputError(_not_cached(repo_id, ref, exc)) from exc
+    except OfflineModeIsEnabled as exc:
+        raise InputError(_not_cached(repo_id, ref, exc)) from exc
+    except HFValidationError as exc:
+        raise InputError(f"{repo_id!r}: not a valid repo id ({_first_line(exc)}); write it as owner/name") from exc
+    except HfHubHTTPError as exc:
+        status = exc.response.status_code if exc.response is not None else "an error"
+        raise InputError(f"{repo_id}: {constants.ENDPOINT} answered {status} ({_first_line(exc)}); try again later")\
+            from exc
+    except httpx2.HTTPError as exc:  # connection refused or cut, timeouts, redirect loops
+        raise InputError(f"{repo_id}: downloading from {constants.ENDPOINT} failed ({type(exc).__name__}: "
+                         f"{_first_line(exc)}); check the connection and re-run (finished files stay in the HF cache), "
+                         "or set HF_HUB_OFFLINE=1 to use the cache") from exc
+    except OSError as exc:  # a size mismatch after a download, a full disk, a read-only cache
+        raise InputError(f"{repo_id}: download failed ({_first_line(exc)}); re-run to retry, after checking free "
+                         f"space and permissions in the HF cache {constants.HF_HUB_CACHE}") from exc
+
+
+def _not_cached(repo_id: str, ref: str, exc: BaseException) -> str:
+    from huggingface_hub import constants
+
+    why = "HF_HUB_OFFLINE is set" if constants.is_offline_mode() else f"the Hub cannot be reached ({_first_line(exc)})"
+    return (f"{repo_id}@{ref}: not (completely) in the HF cache {constants.HF_HUB_CACHE}, and {why}; "
+            "pull it once with network access")
+
+
+def _list_files(api: Any, repo_id: str, sha: str, offline: bool) -> list[str]:
+    """The repo's files at a commit: from the cached listing when there is one (a commit never changes)."""
+    from huggingface_hub import get_cached_repo_tree
+    from huggingface_hub.errors import CachedRepoTreeNotFoundError
+    from huggingface_hub.hf_api import RepoFile
+
+    try:
+        return [f.path for f in get_cached_repo_tree(repo_id, revision=sha)]
+    except CachedRepoTreeNotFoundError:
+        if offline:
+            raise
+    return [f.path for f in api.list_repo_tree(repo_id, revision=sha) if isinstance(f, RepoFile)]
+
+
+@contextmanager
+def _hub_output(quiet: bool) -> Iterator[None]:
+    """With `quiet`, no progress bars and no retry warnings from huggingface_hub: an error stays one line."""
+    from huggingface_hub import constants
+    from huggingface_hub.utils import disable_progress_bars
+    from huggingface_hub.utils import logging as hf_logging
+
+    if not quiet or constants.HF_HUB_DISABLE_PROGRESS_BARS is False:  # =0 in the environment asks for bars
+        yield
+        return
+    verbosity = hf_logging.get_verbosity()
+    hf_logging.set_verbosity_error()
+    try:
+        with disable_progress_bars():
+            yield
+    finally:
+        hf_logging.set_verbosity(verbosity)
+
+
+def download(repo_id: str, revision: str | None = None, token: str | None = None, quiet: bool = False) -> Snapshot:
+    """Fetch what a conversion needs from `repo_id` at `revision` into the HF cache. huggingface_hub
+    resumes cut-off downloads, serves cached files, and (unless `quiet`) shows its progress bars."""
+    from huggingface_hub import HfApi, constants, hf_hub_download, snapshot_download
+
+    offline = constants.is_offline_mode()
+    api = HfApi(token=token)
+    with hub_errors(repo_id, revision, token), _hub_output(quiet):
+        resolved = api.resolve_revision(repo_id, revision=revision, local_files_only=offline)
+        sha = resolved.resolved
+        where = f"{repo_id}@{sha}"
+        listing = _list_files(api, repo_id, sha, offline)
+        wanted, index = select_files(listing, where)
+        if index is not None:
+            index_path = Path(hf_hub_download(repo_id, index, revision=resolved, token=token))
+            shards = index_shards(index_path, where)
+            missing = [s for s in shards if s not in listing]
+            if missing:
+                raise InputError(f"{where}: {index} lists {', '.join(missing[:3])}, which the repo does not have; "
+                                 "the upload is incomplete: try another --revision")
+            wanted += shards
+        path = snapshot_download(repo_id, revision=resolved, allow_patterns=[glob.escape(f) for f in wanted],
+                                 token=token)
+    return Snapshot(Path(path), repo_id, sha, str(resolved), tuple(wanted))
+
+
+def pull(repo_id: str, out: Path | None = None, *, revision: str | None = None, token: str | None = None,
+         dtype: torch.dtype | None = None, max_shard_bytes: int = 5 * 10**9, force: bool = False,
+         progress: Callable[[int, int], None] | None = None, quiet: bool = False) -> tuple[Snapshot, Path]:
+    """Download `repo_id` and convert it into a canonical checkpoint at `out` (default ./<repo name>),
+    recording the repo and the commit sha; the snapshot stays the recorded source for `verify`."""
+    from .pipeline import to_canonical
+
+    out = out if out is not None else default_out(repo_id)
+    check_output(out, force)  # before downloading anything
+    snapshot = download(repo_id, revision, token, quiet)
+    to_canonical(snapshot.path, out, dtype=dtype, max_shard_bytes=max_shard_bytes, force=force,
+                 source_info=snapshot.source_info(), progress=progress)
+    return snapshot, out

@@ -1,0 +1,514 @@
+"""The mission families against transformers: llama, mistral, gemma2, gemma3, olmo2, qwen2, qwen3.
+
+Every family is a tiny transformers model with every parameter perturbed, run on sequences several
+times longer than its sliding window, with soft-caps small enough to bite. For each family:
+fp32 parity (straight from the HF directory and through a canonical one), bf16 faithfulness,
+a bit-exact HF -> canonical -> HF round trip, cached decoding, both config.json styles, honoured
+`layer_types`, and the architecture card. Then the cross-family export matrix and the
+Gemma3ForConditionalGeneration text path.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from click.testing import CliRunner
+from hf_models import (
+    build_model,
+    cached_logits,
+    incremental,
+    load_reference,
+    perturb,
+    save_checkpoint,
+    token_batch,
+)
+from safetensors import safe_open
+from safetensors.torch import save_file
+from transformers import AutoConfig, AutoModelForCausalLM
+
+import lmconvert
+from lmconvert.cli import main
+from lmconvert.convert.canonical import read_meta
+from lmconvert.convert.pipeline import to_canonical, to_hf
+from lmconvert.mappings import BY_MODEL_TYPE, FAMILIES, MappingError, family_for
+
+WINDOW = 4
+SEQ = 28  # seven windows long
+IDS = token_batch(seq=SEQ)
+FP32_TOL = 1e-5
+FAITHFULNESS = 1.25
+ATTN_CAP, FINAL_CAP = 2.0, 3.0
+
+
+@dataclass(frozen=True)
+class Spec:
+    model_type: str
+    kwargs: dict[str, Any]
+    old_style: dict[str, Any]  # transformers 4 keys that replace rope_parameters in a hand-written config.json
+    card: tuple[str, ...]  # what `lmconvert inspect` must say
+    old_drop: tuple[str, ...] = ()  # further keys a transformers 4 file lacks (derived by transformers)
+    layer_types: tuple[list[str], tuple[str, ...]] | None = None  # a non-default layer_types, the kinds it means
+    not_on_card: tuple[str, ...] = ()  # what it must not say
+
+
+S, F = "sliding_attention", "full_attention"
+LLAMA3 = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+          "original_max_position_embeddings": 32}
+YARN = {"factor": 4.0, "original_max_position_embeddings": 32}
+
+SPECS: dict[str, Spec] = {
+    "llama": Spec(
+        "llama", dict(attention_bias=True, mlp_bias=True, rope_parameters={**LLAMA3, "rope_theta": 500000.0}),
+        old_style={"rope_theta": 500000.0, "rope_scaling": LLAMA3},
+        card=("pre-norm", "SwiGLU", "biases: q, k, v, o, mlp", "llama3 x8", "weight after cast")),
+    "mistral": Spec(
+        "mistral", dict(sliding_window=WINDOW, head_dim=24,
+                        rope_parameters={"rope_type": "default", "rope_theta": 1e6}),
+        old_style={"rope_theta": 1e6},
+        card=("sliding window 4 on local layers; pattern LL", "head_dim 24", "biases: none"),
+        layer_types=([F, S], ("global", "local"))),  # AutoConfig then loads it as Ministral
+    "gemma2": Spec(
+        "gemma2", dict(head_dim=16, sliding_window=WINDOW, query_pre_attn_scalar=24, attention_bias=True,
+                       attn_logit_softcapping=ATTN_CAP, final_logit_softcapping=FINAL_CAP),
+        old_style={"rope_theta": 10000.0}, old_drop=("layer_types",),
+        card=("sandwich", "scale (w + 1)", "weight in fp32", "attention soft-cap: 2", "final-logit soft-cap: 3",
+              "sliding window 4 on local layers; pattern LG", "GeGLU (tanh)", "embedding scale: 8",
+              "score scale: 0.204124"),
+        layer_types=([F, S], ("global", "local"))),
+    "gemma3": Spec(
+        "gemma3_text", dict(num_hidden_layers=3, head_dim=16, sliding_window=WINDOW, query_pre_attn_scalar=24,
+                            sliding_window_pattern=2, attn_logit_softcapping=ATTN_CAP,  # ignored by transformers
+                            final_logit_softcapping=FINAL_CAP,
+                            rope_parameters={S: {"rope_type": "default", "rope_theta": 20000.0},
+                                             F: {"rope_type": "linear", "factor": 8.0, "rope_theta": 500000.0}}),
+        old_style={"rope_theta": 500000.0, "rope_local_base_freq": 20000.0,
+                   "rope_scaling": {"rope_type": "linear", "factor": 8.0}, "sliding_window_pattern": 2},
+        old_drop=("layer_types", "_sliding_window_pattern"),
+        card=("sandwich", "QK norm: per head", "sliding window 4 on local layers; pattern LGL",
+              "local layers: RoPE half, theta=20000", "linear x8", "final-logit soft-cap: 3"),
+        not_on_card=("attention soft-cap",),
+        layer_types=([F, F, S], ("global", "global", "local"))),
+    "olmo2": Spec(
+        "olmo2", dict(attention_bias=True, eos_token_id=1, rope_parameters={"rope_type": "default", "rope_theta": 5e5}),
+        old_style={"rope_theta": 500000.0},
+        card=("norm on sublayer output only", "QK norm: over the whole projection", "eps=1e-05", "weight in fp32",
+              "biases: q, k, v, o")),
+    "qwen2": Spec(
+        "qwen2", dict(num_hidden_layers=3, use_sliding_window=True, sliding_window=WINDOW, max_window_layers=1,
+                      tie_word_embeddings=True, rope_parameters={"rope_type": "yarn", "rope_theta": 1e6, **YARN}),
+        old_style={"rope_theta": 1e6, "rope_scaling": {"type": "yarn", **YARN}}, old_drop=("layer_types",),
+        card=("biases: q, k, v", "sliding window 4 on local layers; pattern GLL", "yarn x4", "embeddings: tied"),
+        layer_types=([S, F, S], ("local", "global", "local"))),
+    "qwen3": Spec(
+        "qwen3", dict(head_dim=16, attention_bias=True, use_sliding_window=True, sliding_window=WINDOW,
+                      max_window_layers=1, rope_parameters={"rope_type": "linear", "rope_theta": 1e6, "factor": 2.0}),
+        old_style={"rope_theta": 1e6, "rope_scaling": {"rope_type": "linear", "factor": 2.0}},
+        old_drop=("layer_types",),
+        card=("QK norm: per head", "biases: q, k, v, o", "sliding window 4 on local layers; pattern GL", "linear x2"),
+        layer_types=([S, F], ("local", "global"))),
+}
+NAMES = list(SPECS)
+# extra export sources: the variants that make cross-family export possible
+SOURCES: dict[str, Spec] = {
+    **SPECS,
+    "llama-plain": Spec("llama", {}, {}, ()),
+    "mistral-nowindow": Spec("mistral", dict(sliding_window=None), {}, ()),
+}
+
+
+# ------------------------------------------------------------------------------------------------ helpers
+@pytest.fixture(scope="module")
+def checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Callable[..., Path]:
+    """A saved transformers checkpoint of one source, built once per (source, dtype)."""
+    made: dict[tuple[str, torch.dtype], Path] = {}
+
+    def get(name: str, dtype: torch.dtype = torch.float32) -> Path:
+        if (name, dtype) not in made:
+            spec = SOURCES[name]
+            directory = tmp_path_factory.mktemp(f"{name}-{str(dtype).removeprefix('torch.')}")
+            made[name, dtype] = save_checkpoint(build_model(spec.model_type, **spec.kwargs), directory, dtype)
+        return made[name, dtype]
+
+    return get
+
+
+@pytest.fixture(scope="module")
+def canonical(checkpoint: Callable[..., Path], tmp_path_factory: pytest.TempPathFactory) -> Callable[[str], Path]:
+    made: dict[str, Path] = {}
+
+    def get(name: str) -> Path:
+        if name not in made:
+            made[name] = tmp_path_factory.mktemp(f"{name}-canon") / "canon"
+            to_canonical(checkpoint(name), made[name])
+        return made[name]
+
+    return get
+
+
+@torch.no_grad()
+def hf_logits(directory: Path, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    return load_reference(directory, dtype)(IDS).logits.float()
+
+
+@torch.no_grad()
+def our_logits(path: Path, dtype: torch.dtype | None = None, attention: str = "eager") -> torch.Tensor:
+    """Eager by default, to compare with transformers' eager reference op for op."""
+    return lmconvert.load(path, dtype=dtype, attention=attention)(IDS).float()
+
+
+def max_abs(a: torch.Tensor, b: torch.Tensor) -> float:
+    return float((a.float() - b.float()).abs().max())
+
+
+def edited_copy(src: Path, dst: Path, edit: Callable[[dict[str, Any]], dict[str, Any]]) -> Path:
+    """A copy of a checkpoint directory whose config.json went through `edit`."""
+    dst.mkdir()
+    for item in src.iterdir():
+        if item.name != "config.json":
+            shutil.copy2(item, dst / item.name)
+    config = json.loads((src / "config.json").read_text())
+    (dst / "config.json").write_text(json.dumps(edit(config), indent=2))
+    return dst
+
+
+def tensors_of(directory: Path) -> dict[str, torch.Tensor]:
+    out = {}
+    for file in sorted(directory.glob("*.safetensors")):
+        with safe_open(str(file), framework="pt") as f:
+            out.update({name: f.get_tensor(name) for name in f.keys()})
+    return out
+
+
+def raw_bytes(t: torch.Tensor) -> torch.Tensor:
+    return t.contiguous().flatten().view(torch.uint8)
+
+
+# ------------------------------------------------------------------------------------------------ per family
+@pytest.mark.parametrize("name", NAMES)
+def test_fp32_parity(name: str, checkpoint: Callable[..., Path], canonical: Callable[[str], Path]) -> None:
+    src = checkpoint(name)
+    ref = hf_logits(src)
+    assert max_abs(our_logits(src), ref) <= FP32_TOL
+    assert max_abs(our_logits(canonical(name)), ref) <= FP32_TOL
+    assert read_meta(canonical(name)).family == name
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_bf16_faithfulness(name: str, checkpoint: Callable[..., Path]) -> None:
+    src = checkpoint(name, torch.bfloat16)
+    exact = hf_logits(src, torch.float32)  # the same bf16 weights, upcast
+    reference_error = float((hf_logits(src, torch.bfloat16) - exact).abs().mean())
+    ours_error = float((our_logits(src, torch.bfloat16) - exact).abs().mean())
+    assert reference_error > 0
+    assert ours_error <= FAITHFULNESS * reference_error, (ours_error, reference_error)
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_round_trip_is_bit_exact(name: str, checkpoint: Callable[..., Path], tmp_path: Path) -> None:
+    src = checkpoint(name, torch.bfloat16)
+    to_canonical(src, tmp_path / "canon")
+    to_hf(tmp_path / "canon", tmp_path / "back")
+    before, after = tensors_of(src), tensors_of(tmp_path / "back")
+    assert sorted(before) == sorted(after)
+    for tensor_name, t in before.items():
+        assert after[tensor_name].dtype == t.dtype and after[tensor_name].shape == t.shape, tensor_name
+        assert torch.equal(raw_bytes(after[tensor_name]), raw_bytes(t)), tensor_name
+    config = json.loads((tmp_path / "back" / "config.json").read_text())
+    assert config["architectures"] == [FAMILIES[name].architecture]
+    assert config["dtype"] == "bfloat16"
+    assert torch.equal(hf_logits(tmp_path / "back"), hf_logits(src))
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_sdpa_matches_transformers_sdpa(name: str, checkpoint: Callable[..., Path]) -> None:
+    """Our default backend against transformers' default one (soft-capped layers run eager on
+    both sides: transformers refuses SDPA for Gemma 2)."""
+    src = checkpoint(name)
+    implementation = "eager" if name == "gemma2" else "sdpa"
+    with torch.no_grad():
+        ref = AutoModelForCausalLM.from_pretrained(src, attn_implementation=implementation)(IDS).logits
+    assert max_abs(our_logits(src, attention="sdpa"), ref) <= FP32_TOL
+
+
+@pytest.mark.parametrize("name", NAMES)
+@pytest.mark.parametrize("attention", ["eager", "sdpa"])
+def test_cached_decoding_equals_full_forward(name: str, attention: str, checkpoint: Callable[..., Path]) -> None:
+    """Prefill 6 tokens, then decode the other 22 one at a time. Our cached logits match
+    transformers' cached logits element by element. Against the full forward, fp32 rounding moves
+    cached decoding by ~1e-5 on both sides (transformers' own too), so that equality is checked in
+    float64, where rounding cannot hide a wrong position or mask."""
+    src = checkpoint(name)
+    model = lmconvert.load(src, attention=attention)
+    implementation = "eager" if name == "gemma2" else attention
+    theirs = AutoModelForCausalLM.from_pretrained(src, attn_implementation=implementation)
+    cache = model.new_cache()
+    with torch.no_grad():
+        ours = incremental(lambda chunk: model(chunk, cache=cache), IDS, 6)
+        reference = cached_logits(theirs, IDS, 6)
+    assert cache.length == SEQ
+    assert max_abs(ours, reference) <= FP32_TOL
+    exact = lmconvert.load(src, dtype=torch.float64, attention=attention)
+    cache = exact.new_cache()
+    with torch.no_grad():
+        assert max_abs(incremental(lambda chunk: exact(chunk, cache=cache), IDS, 6), exact(IDS)) <= FP32_TOL
+
+
+def transformers4_style(spec: Spec) -> Callable[[dict[str, Any]], dict[str, Any]]:
+    """config.json the way older Hub files look: rope_theta / rope_scaling, torch_dtype, and none
+    of the keys transformers 5 derives (layer_types...)."""
+
+    def edit(config: dict[str, Any]) -> dict[str, Any]:
+        drop = ("rope_parameters", "dtype", *spec.old_drop)
+        old = {k: v for k, v in config.items() if k not in drop}
+        return {**old, **json.loads(json.dumps(spec.old_style)), "torch_dtype": "float32",
+                "transformers_version": "4.46.0"}
+
+    return edit
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_both_config_styles(name: str, checkpoint: Callable[..., Path], tmp_path: Path) -> None:
+    spec = SPECS[name]
+    new = checkpoint(name)
+    old = edited_copy(new, tmp_path / "old", transformers4_style(spec))
+    new_config, old_config = (json.loads((d / "config.json").read_text()) for d in (new, old))
+    assert "rope_parameters" in new_config and "rope_parameters" not in old_config
+    family = family_for(new_config["model_type"])
+    assert family.arch_config(old_config) == family.arch_config(new_config)
+    ref = hf_logits(old)
+    assert torch.equal(ref, hf_logits(new))  # transformers reads both the same way too
+    assert max_abs(our_logits(old), ref) <= FP32_TOL
+
+
+@pytest.mark.parametrize("name", [n for n in NAMES if SPECS[n].layer_types])
+def test_layer_types_key_is_honoured(name: str, checkpoint: Callable[..., Path], tmp_path: Path) -> None:
+    layer_types, kinds = SPECS[name].layer_types
+    src = checkpoint(name)
+    edited = edited_copy(src, tmp_path / "edited", lambda config: {**config, "layer_types": layer_types})
+    assert lmconvert.load(edited).cfg.layer_kinds == kinds
+    ref = hf_logits(edited)
+    assert max_abs(our_logits(edited), ref) <= FP32_TOL
+    assert max_abs(ref, hf_logits(src)) > 1e-3  # the edit matters
+    to_canonical(edited, tmp_path / "canon")
+    to_hf(tmp_path / "canon", tmp_path / "back")  # export writes the pattern back
+    assert torch.equal(hf_logits(tmp_path / "back"), ref)
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_inspect_names_the_variants(name: str, checkpoint: Callable[..., Path]) -> None:
+    result = CliRunner().invoke(main, ["inspect", str(checkpoint(name))])
+    assert result.exit_code == 0, result.output
+    assert f"family            {name}" in result.output
+    for phrase in SPECS[name].card:
+        assert phrase in result.output, (phrase, result.output)
+    for phrase in SPECS[name].not_on_card:
+        assert phrase not in result.output
+
+
+def test_rope_keys_a_type_does_not_read_change_nothing() -> None:
+    """Gemma3TextConfig pre-sets rope_type "default" before merging rope_scaling, so a legacy
+    {"type": "linear"} there is ignored by transformers (warning about 'factor'); so here too."""
+    family = family_for("gemma3_text")
+    legacy = {"model_type": "gemma3_text", "rope_scaling": {"type": "linear", "factor": 8.0}}
+    assert AutoConfig.for_model("gemma3_text", rope_scaling=legacy["rope_scaling"]).rope_parameters[F]["rope_type"] \
+        == "default"
+    assert family.arch_config(legacy) == family.arch_config({"model_type": "gemma3_text"})
+    stray = {"model_type": "llama", "rope_parameters": {"rope_type": "default", "rope_theta": 1e4, "factor": 2.0}}
+    assert family_for("llama").arch_config(stray) == family_for("llama").arch_config({"model_type": "llama"})
+
+
+@pytest.mark.parametrize("model_type", sorted(BY_MODEL_TYPE))
+def test_missing_keys_take_transformers_defaults(model_type: str) -> None:
+    """An almost empty config.json means what transformers' config class defaults mean."""
+    family = family_for(model_type)
+    full = AutoConfig.for_model(model_type).to_dict()
+    assert family.arch_config({"model_type": model_type}) == family.arch_config(full)
+
+
+# ------------------------------------------------------------------------------------------------ soft-caps
+def test_gemma2_soft_caps_bite(checkpoint: Callable[..., Path], tmp_path: Path) -> None:
+    src = checkpoint("gemma2")
+    capped = hf_logits(src)
+    assert capped.abs().max() > 0.9 * FINAL_CAP
+    for key in ("attn_logit_softcapping", "final_logit_softcapping"):
+        uncapped = edited_copy(src, tmp_path / key, lambda config, key=key: {**config, key: None})
+        ref = hf_logits(uncapped)
+        assert max_abs(ref, capped) > 0.1, key
+        assert max_abs(our_logits(uncapped), ref) <= FP32_TOL
+
+
+def test_gemma3_ignores_attention_soft_cap_but_not_the_final_one(checkpoint: Callable[..., Path],
+                                                                 tmp_path: Path) -> None:
+    src = checkpoint("gemma3")
+    capped = hf_logits(src)
+    assert json.loads((src / "config.json").read_text())["attn_logit_softcapping"] == ATTN_CAP
+    assert lmconvert.load(src).cfg.attn_softcap is None
+    no_attn_cap = edited_copy(src, tmp_path / "attn", lambda config: {**config, "attn_logit_softcapping": None})
+    assert torch.equal(hf_logits(no_attn_cap), capped)
+    assert capped.abs().max() > 0.9 * FINAL_CAP
+    no_final_cap = edited_copy(src, tmp_path / "final", lambda config: {**config, "final_logit_softcapping": None})
+    ref = hf_logits(no_final_cap)
+    assert max_abs(ref, capped) > 0.1
+    assert max_abs(our_logits(no_final_cap), ref) <= FP32_TOL
+
+
+@pytest.mark.parametrize("model_type", ["qwen2", "qwen3"])
+def test_qwen_window_needs_use_sliding_window(model_type: str) -> None:
+    """`sliding_window` alone does nothing; with `use_sliding_window` it covers layers i >=
+    max_window_layers; `layer_types` naming sliding layers without a window is refused."""
+    family = family_for(model_type)
+    base = {"model_type": model_type, "num_hidden_layers": 3, "hidden_size": 64, "num_attention_heads": 4,
+            "num_key_value_heads": 2,
+            "head_dim": 16, "sliding_window": WINDOW, "max_window_layers": 1}
+    off = family.arch_config({**base, "use_sliding_window": False})
+    assert off.layer_kinds == ("global",) * 3 and off.sliding_window is None
+    on = family.arch_config({**base, "use_sliding_window": True})
+    assert on.layer_kinds == ("global", "local", "local") and on.sliding_window == WINDOW
+    with pytest.raises(MappingError, match="no sliding window"):
+        family.arch_config({**base, "use_sliding_window": False, "layer_types": [S, F, F]})
+
+
+# ------------------------------------------------------------------------------------------------ export matrix
+OK = None
+# source -> target family -> None when the export is exact, else a phrase the refusal must contain
+MATRIX: dict[str, dict[str, str | None]] = {
+    "llama": {  # with q/k/v/o and MLP biases
+        "llama": OK,
+        "mistral": "mistral cannot express a q bias, a k bias, a v bias, an output-projection bias, MLP biases (llama)",
+        "gemma2": "gemma2 cannot express this norm's weight_offset and dtype_order, this norm placement",
+        "gemma3": "gemma3 always has QK norm, embedding scaling, which this model (llama) lacks",
+        "olmo2": "olmo2 cannot express this norm's dtype_order, this norm placement, MLP biases",
+        "qwen2": "qwen2 cannot express an output-projection bias, MLP biases (llama)",
+        "qwen3": "qwen3 cannot express MLP biases (llama); qwen3 always has QK norm",
+    },
+    "llama-plain": {
+        "llama": OK, "mistral": OK,
+        "gemma2": "gemma2 always has embedding scaling", "gemma3": "gemma3 always has QK norm",
+        "olmo2": "olmo2 always has QK norm",
+        "qwen2": "qwen2 always has a q bias, a k bias, a v bias, which this model (llama) lacks",
+        "qwen3": "qwen3 always has QK norm, which this model (llama) lacks",
+    },
+    "mistral": {  # window on every layer
+        "llama": "llama cannot express this local/global layer pattern, a sliding window (mistral)",
+        "mistral": OK, "gemma2": "this norm placement", "gemma3": "QK norm", "olmo2": "a sliding window",
+        "qwen2": "qwen2 always has a q bias", "qwen3": "qwen3 always has QK norm",
+    },
+    "mistral-nowindow": {
+        "llama": OK, "mistral": OK, "gemma2": "embedding scaling", "gemma3": "embedding scaling",
+        "olmo2": "QK norm", "qwen2": "qwen2 always has a q bias", "qwen3": "qwen3 always has QK norm",
+    },
+    "gemma2": {
+        "llama": "llama cannot express this norm's weight_offset and dtype_order, this norm placement, this "
+                 "local/global layer pattern, a sliding window, a custom attention score scale, attention "
+                 "soft-capping, embedding scaling, final-logit soft-capping (gemma2)",
+        "mistral": "attention soft-capping", "gemma2": OK,
+        "gemma3": "gemma3 cannot express attention soft-capping (gemma2); gemma3 always has QK norm",
+        "olmo2": "attention soft-capping", "qwen2": "attention soft-capping", "qwen3": "attention soft-capping",
+    },
+    "gemma3": {
+        "llama": "QK norm, a separate RoPE for local layers", "mistral": "a separate RoPE for local layers",
+        "gemma2": "gemma2 cannot express QK norm, a separate RoPE for local layers (gemma3)", "gemma3": OK,
+        "olmo2": "embedding scaling", "qwen2": "a separate RoPE for local layers",
+        "qwen3": "qwen3 cannot express this norm's weight_offset and dtype_order",
+    },
+    "olmo2": {
+        "llama": "llama cannot express this norm's dtype_order, this norm placement, QK norm, this RoPE "
+                 "configuration's fp32_tables (olmo2)",
+        "mistral": "a q bias", "gemma2": "QK norm", "gemma3": "this norm's weight_offset", "olmo2": OK,
+        "qwen2": "this norm placement", "qwen3": "this norm placement",
+    },
+    "qwen2": {
+        "llama": "llama cannot express a q bias, a k bias, a v bias, this local/global layer pattern, a sliding "
+                 "window (qwen2)",
+        "mistral": "mistral cannot express a q bias, a k bias, a v bias", "gemma2": "a q bias",
+        "gemma3": "a q bias", "olmo2": "a q bias", "qwen2": OK, "qwen3": "qwen3 always has QK norm",
+    },
+    "qwen3": {
+        "llama": "llama cannot express QK norm", "mistral": "QK norm", "gemma2": "QK norm",
+        "gemma3": "gemma3 cannot express this norm's weight_offset and dtype_order", "olmo2": "QK norm",
+        "qwen2": "qwen2 cannot express QK norm, an output-projection bias (qwen3)", "qwen3": OK,
+    },
+}
+EXPORTS = [(source, target, refusal) for source, row in MATRIX.items() for target, refusal in row.items()]
+
+
+def test_matrix_covers_every_pair() -> None:
+    assert set(MATRIX) == set(SOURCES)
+    assert all(set(row) == set(FAMILIES) for row in MATRIX.values())
+
+
+@pytest.mark.parametrize(("source", "target", "refusal"), EXPORTS)
+def test_cross_family_export(source: str, target: str, refusal: str | None, checkpoint: Callable[..., Path],
+                             canonical: Callable[[str], Path], tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    result = CliRunner().invoke(main, ["convert", str(canonical(source)), str(out), "--to", "hf", "--family", target])
+    if refusal is not None:
+        assert result.exit_code == 2, result.output
+        assert refusal in result.output, result.output
+        assert "export to the source family instead" in result.output
+        assert not out.exists()
+        return
+    assert result.exit_code == 0, result.output
+    config = json.loads((out / "config.json").read_text())
+    assert config["model_type"] == FAMILIES[target].model_types[0]
+    assert config["architectures"] == [FAMILIES[target].architecture]
+    assert max_abs(hf_logits(out), hf_logits(checkpoint(source))) <= FP32_TOL
+
+
+# ------------------------------------------------------------------------------------------------ Gemma3 + vision
+TEXT = dict(vocab_size=128, hidden_size=64, intermediate_size=96, num_hidden_layers=3, num_attention_heads=4,
+            num_key_value_heads=2, max_position_embeddings=128, head_dim=16, sliding_window=WINDOW,
+            query_pre_attn_scalar=24, sliding_window_pattern=2, pad_token_id=0,
+            final_logit_softcapping=FINAL_CAP)  # Gemma3ForConditionalGeneration never applies it
+VISION = dict(model_type="siglip_vision_model", hidden_size=16, intermediate_size=32, num_hidden_layers=1,
+              num_attention_heads=2, image_size=28, patch_size=14)
+
+
+@pytest.fixture(scope="module")
+def multimodal(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, torch.Tensor]:
+    from transformers import Gemma3Config, Gemma3ForConditionalGeneration
+
+    config = Gemma3Config(text_config=TEXT, vision_config=VISION, mm_tokens_per_image=1)
+    torch.manual_seed(0)
+    model = Gemma3ForConditionalGeneration._from_config(config, attn_implementation="eager").eval()
+    perturb(model)
+    directory = tmp_path_factory.mktemp("gemma3-vision")
+    model.save_pretrained(directory)
+    with torch.no_grad():
+        logits = model(IDS).logits.float()
+    return directory, logits
+
+
+def test_gemma3_conditional_generation_text_path(multimodal: tuple[Path, torch.Tensor], tmp_path: Path) -> None:
+    src, ref = multimodal
+    assert json.loads((src / "config.json").read_text())["model_type"] == "gemma3"
+    names = list(tensors_of(src))
+    assert any(n.startswith("vision_tower.") for n in names) and any("multi_modal_projector" in n for n in names)
+    assert family_for("gemma3") is FAMILIES["gemma3"] and "vision tower" in FAMILIES["gemma3"].note
+    # transformers writes the older layout on disk; also read the in-memory `model.language_model.` one
+    renamed = tmp_path / "renamed"
+    edited_copy(src, renamed, lambda config: config)
+    (renamed / "model.safetensors").unlink()
+    prefixes = {"language_model.model.": "model.language_model.", "vision_tower.": "model.vision_tower.",
+                "multi_modal_projector.": "model.multi_modal_projector."}
+    save_file({next((new + n[len(old):] for old, new in prefixes.items() if n.startswith(old)), n): t.contiguous()
+               for n, t in tensors_of(src).items()}, str(renamed / "model.safetensors"), metadata={"format": "pt"})
+    assert any(n.startswith("model.language_model.") for n in tensors_of(renamed))
+    for directory in (src, renamed):
+        assert max_abs(our_logits(directory), ref) <= FP32_TOL
+    meta = to_canonical(src, tmp_path / "canon")
+    assert meta.family == "gemma3" and meta.arch.final_softcap is None
+    assert meta.source["dropped_tensors"] and all("language_model" not in n for n in meta.source["dropped_tensors"])
+    assert max_abs(our_logits(tmp_path / "canon"), ref) <= FP32_TOL
+    to_hf(tmp_path / "canon", tmp_path / "text")  # the text-only Gemma3ForCausalLM layout
+    config = json.loads((tmp_path / "text" / "config.json").read_text())
+    assert config["architectures"] == ["Gemma3ForCausalLM"] and config["model_type"] == "gemma3_text"
+    assert all(n.startswith("model.") for n in tensors_of(tmp_path / "text"))
+    assert max_abs(hf_logits(tmp_path / "text"), ref) <= FP32_TOL
