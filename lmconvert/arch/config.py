@@ -204,8 +204,18 @@ class ArchConfig:
                 _fail("ArchConfig", name, getattr(self, name), "must be in [0, 1)")
         if self.z_loss < 0:
             _fail("ArchConfig", "z_loss", self.z_loss, "must be >= 0")
-        if self.position_offset < 0:
-            _fail("ArchConfig", "position_offset", self.position_offset, "must be >= 0")
+        if isinstance(self.position_offset, bool) or not isinstance(self.position_offset, int) \
+                or self.position_offset < 0:
+            _fail("ArchConfig", "position_offset", self.position_offset, "must be an integer >= 0")
+        # T5 bucketing divides by log(max_distance / (buckets // 2)): anything else yields
+        # out-of-range bucket indices (or a ZeroDivisionError) at the first forward, not here.
+        _integer("ArchConfig", "relative_buckets", self.relative_buckets)
+        _integer("ArchConfig", "relative_max_distance", self.relative_max_distance)
+        if self.relative_buckets < 2:
+            _fail("ArchConfig", "relative_buckets", self.relative_buckets, "must be at least 2")
+        if self.relative_max_distance <= self.relative_buckets // 2:
+            _fail("ArchConfig", "relative_max_distance", self.relative_max_distance,
+                  f"must exceed relative_buckets // 2 = {self.relative_buckets // 2}, the exactly-bucketed range")
         if self.tie_embeddings and self.lm_head_bias:
             _fail("ArchConfig", "lm_head_bias", True, "a tied LM head has no bias; untie the embeddings")
         if self.norm_placement == "post" and self.final_norm:

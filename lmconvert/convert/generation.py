@@ -12,7 +12,7 @@ from .load import load
 
 
 def _eos_id(path: Path, tokenizer: object) -> int | None:
-    gen = path / "generation_config.json"
+    gen = path / "generation_config.json" if path.is_dir() else path.parent / "generation_config.json"
     if gen.is_file():
         eos = json.loads(gen.read_text()).get("eos_token_id")
         if isinstance(eos, list):
@@ -25,8 +25,12 @@ def _eos_id(path: Path, tokenizer: object) -> int | None:
 def generate(path: Path, prompt: str, max_new_tokens: int, dtype: str | None = None, device: str = "cpu") -> str:
     from transformers import AutoTokenizer
 
+    from .formats.gguf import gguf_file_of
+
+    gguf = gguf_file_of(path)
+    where, extra = (gguf.parent, {"gguf_file": gguf.name}) if gguf is not None else (path, {})
     try:
-        tokenizer = AutoTokenizer.from_pretrained(str(path))
+        tokenizer = AutoTokenizer.from_pretrained(str(where), **extra)
     except (OSError, ValueError) as exc:
         raise InputError(f"{path}: no usable tokenizer files ({exc}); convert from a source that has them") from None
     model = load(path, dtype=dtype, device=device)

@@ -1,0 +1,491 @@
+"""GGUF in: tiny transformers models written as GGUF at test time the way llama.cpp's converter
+writes them (q/k permuted for `llama`, Gemma norms stored as w + 1, metadata instead of a config,
+optionally quantized, padded vocabulary rows, Llama 3 RoPE as a rope_freqs tensor), then imported.
+
+The bars: F32 files give logits equal to the original model (eager vs eager, <= 1e-5); every
+imported tensor equals what transformers' own GGUF loader produces, bit for bit, quantized or
+not; our decoder on the dequantized tensors equals transformers on the same tensors; and the
+tokenizer transformers builds from the GGUF travels into the output unchanged.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import gguf
+import numpy as np
+import pytest
+import torch
+from click.testing import CliRunner
+from hf_models import build_model, token_batch
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+import lmconvert
+from lmconvert.cli import main
+from lmconvert.convert.formats.gguf import llama3_factors
+from lmconvert.convert.sources import open_source
+
+FP32_MAX_ABS = 1e-5
+# transformers model_type -> llama.cpp architecture, as convert_hf_to_gguf.py registers them
+LLAMA_CPP_ARCH = {"llama": "llama", "mistral": "llama", "qwen2": "qwen2", "qwen3": "qwen3", "gemma2": "gemma2",
+                  "gemma3_text": "gemma3", "olmo2": "olmo2"}
+# tiny configs whose every variant llama.cpp can state: Gemma's score scale is head_dim (llama.cpp's
+# rule below 27B), Gemma 3's local RoPE base is llama.cpp's hard-coded 10000
+FAMILIES: dict[str, dict[str, Any]] = {
+    "llama": dict(attention_bias=True, tie_word_embeddings=False),
+    "mistral": dict(sliding_window=None),
+    "qwen2": dict(tie_word_embeddings=True),
+    "qwen3": dict(head_dim=32),
+    "gemma2": dict(head_dim=16, query_pre_attn_scalar=16, sliding_window=8),
+    "gemma3_text": dict(head_dim=16, query_pre_attn_scalar=16, sliding_window=8, num_hidden_layers=3,
+                        sliding_window_pattern=2, rope_parameters={
+                            "full_attention": {"rope_type": "default", "rope_theta": 1e6},
+                            "sliding_attention": {"rope_type": "default", "rope_theta": 1e4}}),
+    "olmo2": dict(),
+}
+# transformers' GGUF loader builds these; what its metadata reading misses is kept out of the
+# comparisons with it: it reads no attention_bias for llama (it drops the biases) and no
+# attention.key_length for qwen3 (it assumes the default head_dim, 128)
+TRANSFORMERS_LOADS = ("llama", "mistral", "qwen2", "qwen3", "gemma2", "gemma3_text")
+TRANSFORMERS_OVERRIDES = {"llama": dict(attention_bias=False), "qwen3": dict(head_dim=128)}
+TEXT = ("The capital of France is Paris. 北京是中国的首都。 def f(x):\n    return x ** 2  # 🚀✨ "
+        "Ünïcödé — naïve café, 東京タワー, emoji 👩‍💻 and numbers 12345.")
+
+
+def cli(*args: object) -> tuple[int, str, str]:
+    result = CliRunner().invoke(main, [str(a) for a in args])
+    return result.exit_code, result.stdout, result.stderr
+
+
+def permute(w: torch.Tensor, n_head: int, n_head_kv: int) -> torch.Tensor:
+    """llama.cpp's LlamaModel.permute (convert_hf_to_gguf.py)."""
+    if n_head_kv is not None and n_head != n_head_kv:
+        n_head = n_head_kv
+    return w.reshape(n_head, 2, w.shape[0] // n_head // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
+
+
+def rope_theta(config: Any) -> float:
+    params = config.rope_parameters
+    return float((params.get("full_attention") or params)["rope_theta"])
+
+
+def write_gguf(model: torch.nn.Module, path: Path, *, quant: str | None = None, pad_rows: int = 0,
+               name: str = "tiny", tokenizer: dict[str, Any] | None = None, rope_freqs: np.ndarray | None = None,
+               raw_types: dict[str, str] | None = None) -> Path:
+    """What llama.cpp's convert_hf_to_gguf.py writes for this model: its metadata, its tensor names
+    and forward transforms; 2-D weights stored as `quant` (Q8_0, F16; norms and biases stay F32).
+    `raw_types` stores the named GGUF tensors as zero blocks of another type."""
+    cfg = model.config
+    arch = LLAMA_CPP_ARCH[cfg.model_type]
+    writer = gguf.GGUFWriter(str(path), arch)
+    writer.add_name(name)
+    writer.add_context_length(cfg.max_position_embeddings)
+    writer.add_embedding_length(cfg.hidden_size)
+    writer.add_block_count(cfg.num_hidden_layers)
+    writer.add_feed_forward_length(cfg.intermediate_size)
+    writer.add_head_count(cfg.num_attention_heads)
+    writer.add_head_count_kv(cfg.num_key_value_heads)
+    writer.add_layer_norm_rms_eps(cfg.rms_norm_eps)
+    head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+    writer.add_key_length(head_dim)
+    writer.add_value_length(head_dim)
+    writer.add_rope_freq_base(rope_theta(cfg))
+    if arch == "llama":
+        writer.add_rope_dimension_count(head_dim)
+    scaling = cfg.rope_parameters if "rope_type" in cfg.rope_parameters else {}
+    if scaling.get("rope_type") in ("linear", "yarn"):
+        writer.add_rope_scaling_type(gguf.RopeScalingType(scaling["rope_type"]))
+        writer.add_rope_scaling_factor(scaling["factor"])
+        if scaling["rope_type"] == "yarn":
+            writer.add_rope_scaling_orig_ctx_len(scaling["original_max_position_embeddings"])
+    if arch in ("gemma2", "gemma3"):
+        writer.add_sliding_window(cfg.sliding_window)
+    if arch == "gemma2":
+        writer.add_attn_logit_softcapping(cfg.attn_logit_softcapping)
+        writer.add_final_logit_softcapping(cfg.final_logit_softcapping)
+    if arch == "gemma3":
+        writer.add_sliding_window_pattern(cfg.sliding_window_pattern)
+    if tokenizer is None:
+        writer.add_vocab_size(cfg.vocab_size)
+    else:
+        add_tokenizer(writer, tokenizer)
+    writer.add_file_type(gguf.LlamaFileType.MOSTLY_Q8_0 if quant == "Q8_0" else gguf.LlamaFileType.ALL_F32)
+    gguf_arch = next(k for k, v in gguf.MODEL_ARCH_NAMES.items() if v == arch)
+    names = gguf.get_tensor_name_map(gguf_arch, cfg.num_hidden_layers)
+    tied = cfg.tie_word_embeddings
+    generator = torch.Generator().manual_seed(7)
+    for hf_name, t in model.state_dict().items():
+        if hf_name == "lm_head.weight" and tied:
+            continue
+        base, _, suffix = hf_name.rpartition(".")
+        gguf_name = f"{names.get_name(base)}.{suffix}"
+        t = t.detach().float().clone()
+        if arch == "llama" and ".attn_q." in gguf_name:
+            t = permute(t, cfg.num_attention_heads, cfg.num_attention_heads)
+        elif arch == "llama" and ".attn_k." in gguf_name:
+            t = permute(t, cfg.num_attention_heads, cfg.num_key_value_heads)
+        if arch in ("gemma2", "gemma3") and gguf_name.endswith("norm.weight"):
+            t = t + 1
+        if pad_rows and gguf_name in ("token_embd.weight", "output.weight"):
+            t = torch.cat([t, torch.randn(pad_rows, t.shape[1], generator=generator)])
+        data = t.numpy()
+        if raw_types and gguf_name in raw_types:
+            kind = gguf.GGMLQuantizationType[raw_types[gguf_name]]
+            block, size = gguf.GGML_QUANT_SIZES[kind]
+            blocks = np.zeros((*data.shape[:-1], data.shape[-1] // block * size), dtype=np.uint8)
+            writer.add_tensor(gguf_name, blocks, raw_dtype=kind)
+        elif quant == "F16" and data.ndim == 2:
+            writer.add_tensor(gguf_name, data.astype(np.float16))
+        elif quant is not None and data.ndim == 2:
+            kind = gguf.GGMLQuantizationType[quant]
+            writer.add_tensor(gguf_name, gguf.quants.quantize(data, kind), raw_dtype=kind)
+        else:
+            writer.add_tensor(gguf_name, data)
+    if rope_freqs is not None:
+        writer.add_tensor("rope_freqs.weight", rope_freqs)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return path
+
+
+def add_tokenizer(writer: gguf.GGUFWriter, tok: dict[str, Any]) -> None:
+    writer.add_tokenizer_model(tok["model"])
+    writer.add_tokenizer_pre(tok.get("pre", "default"))
+    writer.add_token_list(tok["tokens"])
+    writer.add_token_types(tok["types"])
+    if "scores" in tok:
+        writer.add_token_scores(tok["scores"])
+    if "merges" in tok:
+        writer.add_token_merges(tok["merges"])
+    writer.add_bos_token_id(tok["bos"])
+    writer.add_eos_token_id(tok["eos"])
+    if "pad" in tok:
+        writer.add_pad_token_id(tok["pad"])
+
+
+def gguf_of(model_type: str, tmp: Path, seed: int = 0, overrides: dict[str, Any] | None = None,
+            **write: Any) -> tuple[torch.nn.Module, Path]:
+    model = build_model(model_type, seed, **{**FAMILIES[model_type], **(overrides or {})})
+    name = "Mistral-tiny" if model_type == "mistral" else "tiny"
+    return model, write_gguf(model, tmp / f"{model_type}.gguf", name=name, **write)
+
+
+def imported_tensors(path: Path) -> dict[str, torch.Tensor]:
+    source = open_source(path)
+    try:
+        return {name: source.tensors.get(name) for name in source.tensors.names()}
+    finally:
+        source.close()
+
+
+@torch.no_grad()
+def logits_of(model: torch.nn.Module, ids: torch.Tensor) -> torch.Tensor:
+    out = model(ids)
+    return out.logits if hasattr(out, "logits") else out
+
+
+@torch.no_grad()
+def transformers_gguf(path: Path) -> torch.nn.Module:
+    return AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name, dtype=torch.float32,
+                                                attn_implementation="eager").eval()
+
+
+# -- every family, F32: logits equal to the original model --------------------------------------
+
+
+@pytest.mark.parametrize("model_type", list(FAMILIES))
+def test_f32_gguf_matches_the_original_model(model_type: str, tmp_path: Path) -> None:
+    model, path = gguf_of(model_type, tmp_path)
+    ours = lmconvert.load(path, attention="eager")
+    ids = token_batch(seq=40)
+    diff = (logits_of(ours, ids) - logits_of(model, ids)).abs().max().item()
+    assert diff <= FP32_MAX_ABS, f"{model_type}: max |Δlogit| {diff:.3e}"
+    # exactly, Gemma too: in float32 (w + 1) - 1 need not be w, but for w in [-0.5, 1] the subtraction
+    # is exact (Sterbenz), so 1 + ((w + 1) - 1) rounds to 1 + w, which is all a Gemma norm computes
+    assert diff == 0.0, f"{model_type}: max |Δlogit| {diff:.3e}"
+
+
+@pytest.mark.parametrize("model_type", list(FAMILIES))
+def test_config_is_what_the_metadata_says(model_type: str, tmp_path: Path) -> None:
+    model, path = gguf_of(model_type, tmp_path)
+    source = open_source(path)
+    source.close()
+    cfg = model.config
+    assert source.format == "gguf" and source.config["model_type"] == model_type
+    for key in ("hidden_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads", "vocab_size",
+                "intermediate_size", "max_position_embeddings", "tie_word_embeddings"):
+        assert source.config[key] == getattr(cfg, key), key
+    assert source.info["gguf_architecture"] == LLAMA_CPP_ARCH[model_type]
+
+
+# -- quantized: bit for bit what transformers' GGUF loader produces ------------------------------
+
+
+@pytest.mark.parametrize("model_type", TRANSFORMERS_LOADS)
+@pytest.mark.parametrize("quant", ["Q8_0", None])
+def test_tensors_equal_transformers_gguf_loader(model_type: str, quant: str | None, tmp_path: Path) -> None:
+    _, path = gguf_of(model_type, tmp_path, quant=quant, overrides=TRANSFORMERS_OVERRIDES.get(model_type))
+    ours = imported_tensors(path)
+    theirs = transformers_gguf(path).state_dict()
+    assert set(ours) == set(theirs) - ({"lm_head.weight"} if "lm_head.weight" not in ours else set())
+    for name, t in ours.items():
+        assert t.dtype == torch.float32
+        assert torch.equal(t, theirs[name]), f"{model_type} {quant}: {name} differs from transformers' import"
+
+
+@pytest.mark.parametrize("model_type", list(FAMILIES))
+def test_quantized_logits_equal_transformers_on_the_dequantized_weights(model_type: str, tmp_path: Path) -> None:
+    model, path = gguf_of(model_type, tmp_path, quant="Q8_0")
+    dequantized = imported_tensors(path)
+    assert any(not torch.equal(dequantized[n], t) for n, t in model.state_dict().items() if n in dequantized)
+    model.load_state_dict(dequantized, strict=False)  # transformers' own model on the imported weights
+    ours = lmconvert.load(path, attention="eager")
+    ids = token_batch(seq=40)
+    diff = (logits_of(ours, ids) - logits_of(model, ids)).abs().max().item()
+    assert diff == 0.0, f"{model_type}: max |Δlogit| {diff:.3e}"
+
+
+def test_quantized_llama_logits_equal_transformers_gguf_loader(tmp_path: Path) -> None:
+    _, path = gguf_of("llama", tmp_path, quant="Q8_0", overrides=TRANSFORMERS_OVERRIDES["llama"])
+    ids = token_batch(seq=40)
+    ours = logits_of(lmconvert.load(path, attention="eager"), ids)
+    assert torch.equal(ours, logits_of(transformers_gguf(path), ids))
+
+
+@pytest.mark.parametrize(("kind", "dtype"), [("F16", torch.float16), ("BF16", torch.bfloat16)])
+def test_half_file_loads_in_its_half_type(kind: str, dtype: torch.dtype, tmp_path: Path) -> None:
+    model, path = gguf_of("qwen2", tmp_path, quant=kind)
+    tensors = imported_tensors(path)
+    assert {t.dtype for t in tensors.values()} == {dtype}  # the F32 norms too: one dtype per file
+    for name, t in model.state_dict().items():
+        if name in tensors:
+            assert torch.equal(tensors[name], t.to(dtype)), name
+    theirs = transformers_gguf(path).state_dict()
+    assert all(torch.equal(t, theirs[n].to(dtype)) for n, t in tensors.items())
+
+
+# -- padded vocabulary, Llama 3 RoPE, CLI round trip -------------------------------------------------
+
+
+def test_padded_vocab_rows_are_trimmed(tmp_path: Path) -> None:
+    model = build_model("llama", 0, **FAMILIES["llama"])
+    vocab = model.config.vocab_size
+    tokens = [f"t{i}" for i in range(vocab)]
+    tok = {"model": "gpt2", "tokens": tokens, "types": [1] * vocab, "merges": [], "bos": 1, "eos": 2}
+    path = write_gguf(model, tmp_path / "padded.gguf", pad_rows=16, tokenizer=tok)
+    assert gguf.GGUFReader(path).get_tensor(0).shape.tolist()[-1] == vocab + 16
+    ours = lmconvert.load(path, attention="eager")
+    assert ours.cfg.vocab_size == vocab
+    ids = token_batch(seq=40)
+    assert torch.equal(logits_of(ours, ids), logits_of(model, ids))
+
+
+@pytest.mark.parametrize(("model_type", "scaling"), [
+    ("llama", {"rope_type": "linear", "rope_theta": 10000.0, "factor": 2.0}),
+    ("qwen2", {"rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0, "original_max_position_embeddings": 32}),
+])
+def test_rope_scaling_from_metadata(model_type: str, scaling: dict[str, Any], tmp_path: Path) -> None:
+    model = build_model(model_type, 0, rope_parameters=scaling)
+    path = write_gguf(model, tmp_path / "scaled.gguf")
+    ours = lmconvert.load(path, attention="eager")
+    assert ours.cfg.rope.scaling == scaling["rope_type"] and ours.cfg.rope.factor == scaling["factor"]
+    ids = token_batch(seq=60)
+    assert torch.equal(logits_of(ours, ids), logits_of(model, ids))
+
+
+def test_llama3_rope_scaling_is_recovered_from_rope_freqs(tmp_path: Path) -> None:
+    scaling = {"rope_type": "llama3", "rope_theta": 10000.0, "factor": 8.0, "low_freq_factor": 1.0,
+               "high_freq_factor": 4.0, "original_max_position_embeddings": 8192}
+    model = build_model("llama", 0, max_position_embeddings=128, rope_parameters=scaling)
+    head_dim = model.config.hidden_size // model.config.num_attention_heads
+    factors = llama3_factors(10000.0, head_dim, 8.0, 1.0, 4.0, 8192)
+    assert factors.max() == 8.0 and factors.min() == 1.0 and ((factors > 1) & (factors < 8)).any()
+    path = write_gguf(model, tmp_path / "llama3.gguf", rope_freqs=factors)
+    source = open_source(path)
+    source.close()
+    assert source.config["rope_scaling"] == {k: v for k, v in scaling.items() if k != "rope_theta"}
+    ours = lmconvert.load(path, attention="eager")
+    ids = token_batch(seq=40)
+    assert torch.equal(logits_of(ours, ids), logits_of(model, ids))
+
+
+def test_llama3_factors_match_transformers_inv_freq() -> None:
+    from transformers import LlamaConfig
+    from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+
+    theta, head_dim = 500000.0, 128
+    config = LlamaConfig(hidden_size=head_dim * 4, num_attention_heads=4, max_position_embeddings=131072,
+                         rope_parameters={"rope_type": "llama3", "rope_theta": theta, "factor": 8.0,
+                                          "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                                          "original_max_position_embeddings": 8192})
+    inv_freq, _ = ROPE_INIT_FUNCTIONS["llama3"](config, "cpu")
+    base = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.float32) / head_dim))
+    factors = torch.from_numpy(llama3_factors(theta, head_dim, 8.0, 1.0, 4.0, 8192))
+    assert torch.allclose(base / factors, inv_freq, rtol=1e-6, atol=0)
+    assert ((factors > 1) & (factors < 8)).any()  # the smooth band is exercised
+
+
+def test_cli_convert_verify_export(tmp_path: Path) -> None:
+    model, path = gguf_of("llama", tmp_path, quant="Q8_0", overrides=TRANSFORMERS_OVERRIDES["llama"])
+    code, _, err = cli("convert", path, tmp_path / "canonical")
+    assert code == 0, err
+    meta = json.loads((tmp_path / "canonical" / "lmconvert.json").read_text())
+    assert meta["source"]["format"] == "gguf" and meta["source"]["gguf_tensor_types"]["Q8_0"] > 0
+    code, out, err = cli("verify", tmp_path / "canonical", "--seq-len", "40", "--json", "-")  # vs the recorded GGUF
+    assert code == 0, err + out
+    assert json.loads(out)["max_abs"] == 0.0
+    code, _, err = cli("convert", tmp_path / "canonical", tmp_path / "hf", "--to", "hf")
+    assert code == 0, err
+    exported = AutoModelForCausalLM.from_pretrained(tmp_path / "hf", attn_implementation="eager").eval()
+    ids = token_batch(seq=40)
+    assert torch.equal(logits_of(exported, ids), logits_of(transformers_gguf(path), ids))
+
+
+def test_directory_holding_one_gguf(tmp_path: Path) -> None:
+    _, path = gguf_of("qwen2", tmp_path)
+    source = open_source(tmp_path)
+    source.close()
+    assert source.path == path
+    write_gguf(build_model("qwen2", 1, **FAMILIES["qwen2"]), tmp_path / "other.gguf")
+    code, _, err = cli("convert", tmp_path, tmp_path.parent / "out-two")
+    assert code == 2 and "holds 2 .gguf files" in err and len(err.strip().splitlines()) == 1
+
+
+# -- bad files: exit 2, one line ----------------------------------------------------------------
+
+
+def one_line_error(path: Path, out: Path) -> str:
+    code, _, err = cli("convert", path, out)
+    assert code == 2, err
+    lines = err.strip().splitlines()
+    assert len(lines) == 1, err
+    assert not out.exists()
+    return lines[0]
+
+
+def test_bad_magic(tmp_path: Path) -> None:
+    path = tmp_path / "bad.gguf"
+    path.write_bytes(b"GGML" + bytes(100))
+    line = one_line_error(path, tmp_path / "out")
+    assert str(path) in line and "not a GGUF file" in line
+
+
+def test_truncated_file(tmp_path: Path) -> None:
+    _, path = gguf_of("llama", tmp_path)
+    data = path.read_bytes()
+    for cut in (len(data) // 2, 200):
+        short = tmp_path / f"short{cut}.gguf"
+        short.write_bytes(data[:cut])
+        line = one_line_error(short, tmp_path / f"out{cut}")
+        assert str(short) in line and ("truncated" in line or "not a readable GGUF" in line)
+
+
+def test_unsupported_quant_type_is_named(tmp_path: Path) -> None:
+    model = build_model("llama", 0)  # Q8_1: a type GGUF can hold and gguf cannot dequantize
+    path = write_gguf(model, tmp_path / "q81.gguf", raw_types={"blk.0.ffn_down.weight": "Q8_1"})
+    line = one_line_error(path, tmp_path / "out")
+    assert "Q8_1" in line and "blk.0.ffn_down.weight" in line
+
+
+def test_unsupported_architecture(tmp_path: Path) -> None:
+    writer = gguf.GGUFWriter(str(tmp_path / "mamba.gguf"), "mamba")
+    writer.add_block_count(1)
+    writer.add_tensor("token_embd.weight", np.zeros((4, 8), dtype=np.float32))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    line = one_line_error(tmp_path / "mamba.gguf", tmp_path / "out")
+    assert "'mamba' is not supported" in line
+
+
+# -- tokenizers travel ------------------------------------------------------------------------------
+
+
+def bpe_tokenizer() -> dict[str, Any]:
+    """A byte-level BPE trained on a few lines, as llama.cpp writes a "gpt2" vocabulary."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=400, special_tokens=["<|endoftext|>", "<|im_start|>", "<|im_end|>"],
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
+    tok.train_from_iterator([TEXT, "The capital of France is Paris.", "def f(x): return x + 1"] * 4, trainer)
+    data = json.loads(tok.to_str())
+    vocab = data["model"]["vocab"]
+    tokens = sorted(vocab, key=vocab.get)
+    merges = [m if isinstance(m, str) else " ".join(m) for m in data["model"]["merges"]]
+    types = [3 if t.startswith("<|") else 1 for t in tokens]
+    return {"model": "gpt2", "pre": "qwen2", "tokens": tokens, "types": types, "merges": merges,
+            "bos": 1, "eos": 2, "pad": 0}
+
+
+def spm_tokenizer() -> dict[str, Any]:
+    """A sentencepiece-style vocabulary with byte fallback, as llama.cpp writes a "llama" one:
+    <unk>, <s>, </s>, the 256 byte tokens, then pieces by score."""
+    from tokenizers import Tokenizer, models, pre_tokenizers, trainers
+
+    tok = Tokenizer(models.BPE(byte_fallback=True, unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.Metaspace()
+    specials = ["<unk>", "<s>", "</s>"] + [f"<0x{i:02X}>" for i in range(256)]
+    trainer = trainers.BpeTrainer(vocab_size=600, special_tokens=specials, show_progress=False)
+    tok.train_from_iterator([TEXT, "The capital of France is Paris.", "def f(x): return x + 1"] * 4, trainer)
+    vocab = tok.get_vocab()
+    tokens = sorted(vocab, key=vocab.get)
+    types = [2 if t == "<unk>" else 3 if t in ("<s>", "</s>") else 6 if t.startswith("<0x") else 1 for t in tokens]
+    scores = [0.0 if i < len(specials) else -float(i) for i in range(len(tokens))]
+    return {"model": "llama", "tokens": tokens, "types": types, "scores": scores, "bos": 1, "eos": 2}
+
+
+@pytest.mark.parametrize("make", [bpe_tokenizer, spm_tokenizer], ids=["gpt2-bpe", "llama-spm"])
+def test_tokenizer_travels(make: Any, tmp_path: Path) -> None:
+    tok = make()
+    model = build_model("llama", 0, vocab_size=len(tok["tokens"]))
+    path = write_gguf(model, tmp_path / "tok.gguf", tokenizer=tok)
+    code, _, err = cli("convert", path, tmp_path / "canonical")
+    assert code == 0, err
+    source_tok = AutoTokenizer.from_pretrained(str(tmp_path), gguf_file=path.name)
+    output_tok = AutoTokenizer.from_pretrained(str(tmp_path / "canonical"))
+    ids = source_tok(TEXT).input_ids
+    assert output_tok(TEXT).input_ids == ids
+    assert len(ids) < len(TEXT.encode())  # real merges, not bytes
+    assert output_tok.decode(ids, skip_special_tokens=True) == source_tok.decode(ids, skip_special_tokens=True)
+    assert output_tok.all_special_tokens == source_tok.all_special_tokens
+    assert (output_tok.bos_token, output_tok.eos_token) == (tok["tokens"][1], tok["tokens"][2])
+    generation = json.loads((tmp_path / "canonical" / "generation_config.json").read_text())
+    assert generation["bos_token_id"] == 1 and generation["eos_token_id"] == 2
+    code, out, err = cli("generate", tmp_path / "canonical", "--prompt", "The capital", "--max-new-tokens", "4")
+    assert code == 0 and out.startswith("The capital"), err
+
+
+def test_metadata_that_contradicts_the_weights_is_refused(tmp_path: Path) -> None:
+    path = write_gguf(build_model("qwen2", 0), tmp_path / "q.gguf")
+    reader = gguf.GGUFReader(path, "r+")
+    field = reader.fields["qwen2.attention.key_length"]
+    field.parts[field.data[0]][0] = 8  # head size 8, for weights shaped for 16
+    field = reader.fields["qwen2.attention.value_length"]
+    field.parts[field.data[0]][0] = 8
+    reader.data.flush()
+    del reader, field
+    line = one_line_error(path, tmp_path / "out")
+    assert "q_proj" in line and "shape" in line
+
+
+def test_reading_is_lazy(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    _, path = gguf_of("llama", tmp_path, quant="Q8_0")
+    calls: list[int] = []
+    real = gguf.quants.dequantize
+    monkeypatch.setattr(gguf.quants, "dequantize", lambda data, kind: calls.append(1) or real(data, kind))
+    source = open_source(path)
+    try:
+        opened = len(calls)
+        source.tensors.get("model.layers.0.self_attn.q_proj.weight")
+        assert len(calls) == opened + 1
+    finally:
+        source.close()
+    assert opened <= 1  # at most the one-block probe of the quant type
