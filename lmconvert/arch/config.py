@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 from dataclasses import dataclass, field, fields
 from typing import Any
 
@@ -40,8 +41,8 @@ def _choice(owner: str, name: str, value: Any, allowed: tuple[str, ...]) -> None
 def _positive(owner: str, name: str, value: Any, *, allow_none: bool = False) -> None:
     if value is None and allow_none:
         return
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
-        _fail(owner, name, value, "must be a positive number")
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < math.inf:
+        _fail(owner, name, value, "must be a positive, finite number")
 
 
 def _integer(owner: str, name: str, value: Any, *, allow_none: bool = False) -> None:

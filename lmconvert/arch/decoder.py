@@ -21,7 +21,9 @@ class Decoder(nn.Module):
     def __init__(self, cfg: ArchConfig) -> None:
         super().__init__()
         self.cfg = cfg
-        self.embed = nn.Embedding(cfg.vocab_size, cfg.d_model)
+        # N(0, 1) as nn.Embedding's own init, but as a factory call: on the meta device (how loaders
+        # build a Decoder) normal_ takes a slow first-call decomposition path, randn does not
+        self.embed = nn.Embedding(cfg.vocab_size, cfg.d_model, _weight=torch.randn(cfg.vocab_size, cfg.d_model))
         self.pos_embed = (nn.Embedding(cfg.max_positions + cfg.position_offset, cfg.d_model)
                           if cfg.absolute_positions == "learned" else None)
         self.rel_bias = (RelativeBias(cfg.relative_buckets, cfg.relative_max_distance, cfg.n_heads)
