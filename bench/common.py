@@ -1,5 +1,9 @@
 """Shared pieces of the benchmarks: a LLaMA-3.2-1B-shaped random checkpoint and a runner that
-measures each contender's wall time and peak RSS in its own process."""
+measures each contender's wall time and peak RSS in its own process.
+
+A child's peak RSS (wait4's ru_maxrss) starts from its parent's RSS at fork, so the process that
+measures must stay small: it imports no torch, and the checkpoint is generated in a child too.
+"""
 
 from __future__ import annotations
 
@@ -10,9 +14,6 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
-
-import torch
-from safetensors.torch import save_file
 
 LLAMA_3_2_1B = {
     "architectures": ["LlamaForCausalLM"], "model_type": "llama", "vocab_size": 128256, "hidden_size": 2048,
@@ -40,11 +41,23 @@ def llama_shapes(config: dict) -> dict[str, tuple[int, ...]]:
 
 
 def make_checkpoint(directory: Path, n_layers: int = 16, shards: int = 3, seed: int = 0) -> Path:
-    """Random bf16 weights with the real tensor shapes, sharded like the Hub's files."""
+    """Random bf16 weights with the real tensor shapes, sharded like the Hub's files (written by a
+    child process, so that this one never holds them)."""
+    code = (f"import sys; sys.path.insert(0, {str(Path(__file__).parent)!r}); from common import _write; "
+            f"_write({str(directory)!r}, {n_layers}, {shards}, {seed})")
+    subprocess.run([sys.executable, "-c", code], check=True)
+    return directory
+
+
+def _write(directory: str, n_layers: int, shards: int, seed: int) -> None:
+    import torch
+    from safetensors.torch import save_file
+
+    directory = Path(directory)
     config = {**LLAMA_3_2_1B, "num_hidden_layers": n_layers}
     directory.mkdir(parents=True, exist_ok=True)
     shapes = llama_shapes(config)
-    total = sum(torch.Size(s).numel() * 2 for s in shapes.values())
+    total = sum(torch.Size(shape).numel() * 2 for shape in shapes.values())
     budget = total / shards
     generator = torch.Generator().manual_seed(seed)
     groups: list[list[str]] = [[]]
@@ -65,7 +78,6 @@ def make_checkpoint(directory: Path, n_layers: int = 16, shards: int = 3, seed: 
     index = {"metadata": {"total_size": total}, "weight_map": weight_map}
     (directory / "model.safetensors.index.json").write_text(json.dumps(index, indent=2))
     (directory / "config.json").write_text(json.dumps(config, indent=2))
-    return directory
 
 
 def dir_bytes(directory: Path) -> int:

@@ -128,6 +128,11 @@ class TensorSource:
             raise InputError(f"{self.files[name]}: tensor {name!r} has dtype {kind}, which lmconvert does not handle")
         return DTYPES[kind]
 
+    def raw_location(self, name: str) -> tuple[Path, int, int]:
+        """The file and byte range holding the tensor, for byte-for-byte copies."""
+        _, _, start, end = self._entries[name]
+        return self.files[name], start, end
+
     def get(self, name: str) -> torch.Tensor:
         _, shape, start, end = self._entries[name]
         dtype = self.dtype(name)

@@ -3,19 +3,26 @@
 The safetensors library has no incremental writer, so the header is written first from the
 planned shapes and dtypes (the format is an 8-byte length, a JSON header and the raw bytes) and
 each tensor's bytes follow as it is produced. Tests read every output back through safetensors.
-Peak memory is the largest tensor, not the shard.
+Peak memory is the largest tensor, not the shard. A tensor that passes through unchanged is
+copied by the kernel (copy_file_range) from its source file, as `cp` copies.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import mmap
+import os
 import re
 import struct
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+import warnings
+from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import ExitStack, contextmanager
+from dataclasses import dataclass, field
 from math import prod
 from pathlib import Path
+from typing import BinaryIO
 
 import torch
 
@@ -49,17 +56,36 @@ def _bytes(t: torch.Tensor) -> memoryview:
 
 
 @dataclass(frozen=True)
+class RawBytes:
+    """A tensor stored byte for byte in a file region: copied in the kernel, never decoded."""
+
+    path: Path
+    start: int
+    end: int
+
+
+@dataclass(frozen=True)
 class Planned:
-    """A tensor to be written: its name, shape and dtype up front, its data on demand."""
+    """A tensor to be written: its name, shape and dtype up front, its data on demand. With `raw`,
+    the bytes are copied straight from the source file and `check` sees them as a tensor that is
+    valid only during the call (it views a memory map): a check must not keep it."""
 
     name: str
     shape: tuple[int, ...]
     dtype: torch.dtype
     produce: Callable[[], torch.Tensor]
+    raw: RawBytes | None = None
+    check: Callable[[torch.Tensor], None] | None = None
 
     @property
     def nbytes(self) -> int:
         return prod(self.shape) * torch.empty((), dtype=self.dtype).element_size()
+
+
+@dataclass
+class Written:
+    tensors: dict[str, str] = field(default_factory=dict)  # tensor name -> sha256 of its bytes
+    files: dict[str, str] = field(default_factory=dict)  # file name -> sha256
 
 
 def _group(planned: Sequence[Planned], max_bytes: int) -> list[list[Planned]]:
@@ -74,8 +100,7 @@ def _group(planned: Sequence[Planned], max_bytes: int) -> list[list[Planned]]:
     return groups
 
 
-def write_safetensors(path: Path, planned: Sequence[Planned], metadata: dict[str, str] | None = None) -> dict[str, str]:
-    """Write one safetensors file; returns {name: sha256 of the tensor's bytes}."""
+def _header(planned: Sequence[Planned], metadata: dict[str, str] | None) -> bytes:
     header: dict[str, object] = {"__metadata__": metadata or {"format": "pt"}}
     offset = 0
     for p in planned:
@@ -84,34 +109,117 @@ def write_safetensors(path: Path, planned: Sequence[Planned], metadata: dict[str
         offset += p.nbytes
     blob = json.dumps(header, separators=(",", ":")).encode()
     blob += b" " * (-len(blob) % 8)  # safetensors aligns the data start to 8 bytes
-    hashes = {}
-    with open(path, "wb") as f:
-        f.write(struct.pack("<Q", len(blob)))
-        f.write(blob)
+    return struct.pack("<Q", len(blob)) + blob
+
+
+@contextmanager
+def _mapped(raw: RawBytes) -> Iterator[memoryview]:
+    """The region's bytes through a read-only memory map, unmapped on exit so that resident
+    memory stays at one tensor."""
+    aligned = raw.start - raw.start % mmap.ALLOCATIONGRANULARITY
+    with open(raw.path, "rb") as f:
+        m = mmap.mmap(f.fileno(), raw.end - aligned, offset=aligned, access=mmap.ACCESS_READ)
+    view = memoryview(m)[raw.start - aligned:]
+    try:
+        yield view
+    finally:
+        view.release()
+        try:
+            m.close()
+        except BufferError:  # a traceback still holds a view of it: unmapped when that goes
+            pass
+
+
+def _write_all(out: BinaryIO, data: memoryview | bytes) -> None:
+    with memoryview(data) as view:
+        done = 0
+        while done < len(view):  # one write moves at most ~2 GB on Linux
+            with view[done:] as rest:
+                done += out.write(rest)
+
+
+def _copy(raw: RawBytes, out: BinaryIO, view: memoryview) -> None:
+    """Kernel-side copy (copy_file_range), as cp does; plain writes where the kernel cannot."""
+    position = out.tell()
+    with open(raw.path, "rb") as src:
+        done, count = 0, raw.end - raw.start
+        try:
+            while done < count:
+                n = os.copy_file_range(src.fileno(), out.fileno(), count - done, raw.start + done)
+                if n == 0:
+                    raise OSError("copy_file_range made no progress")
+                done += n
+        except OSError:
+            out.seek(position)
+            _write_all(out, view)
+
+
+def _as_tensor(view: memoryview, p: Planned) -> torch.Tensor:
+    if p.nbytes == 0:
+        return torch.empty(p.shape, dtype=p.dtype)
+    with warnings.catch_warnings():  # read-only map: the tensor is only read
+        warnings.simplefilter("ignore", UserWarning)
+        return torch.frombuffer(view, dtype=torch.uint8).view(p.dtype).reshape(p.shape)
+
+
+def write_safetensors(path: Path, planned: Sequence[Planned], metadata: dict[str, str] | None = None,
+                      progress: Callable[[], None] | None = None) -> Written:
+    """Write one safetensors file. Each tensor is hashed (alone, and as part of the file) on two
+    worker threads while the main thread copies or writes it."""
+    written = Written()
+    file_hash = hashlib.sha256()
+    with ThreadPoolExecutor(2) as pool, open(path, "wb", buffering=0) as out:
+        head = _header(planned, metadata)
+        _write_all(out, head)
+        file_hash.update(head)
         for p in planned:
-            t = p.produce()
-            if tuple(t.shape) != p.shape or t.dtype != p.dtype:
-                raise RuntimeError(f"{p.name}: produced {t.dtype} {list(t.shape)}, planned {p.dtype} {list(p.shape)}")
-            data = _bytes(t)
-            hashes[p.name] = hashlib.sha256(data).hexdigest()
-            f.write(data)
-            del t, data
-    return hashes
+            with ExitStack() as stack:
+                if p.raw is not None:
+                    data = stack.enter_context(_mapped(p.raw))
+                    if p.check is not None:
+                        p.check(_as_tensor(data, p))
+                else:
+                    t = p.produce()
+                    if tuple(t.shape) != p.shape or t.dtype != p.dtype:
+                        raise RuntimeError(f"{p.name}: produced {t.dtype} {list(t.shape)}, "
+                                           f"planned {p.dtype} {list(p.shape)}")
+                    data = _bytes(t)
+                jobs = (pool.submit(lambda d=data: hashlib.sha256(d).hexdigest()), pool.submit(file_hash.update, data))
+                if p.raw is not None:
+                    _copy(p.raw, out, data)
+                else:
+                    _write_all(out, data)
+                written.tensors[p.name] = jobs[0].result()
+                jobs[1].result()
+                del data
+            if progress is not None:
+                progress()
+    written.files[path.name] = file_hash.hexdigest()
+    return written
 
 
-def write_shards(planned: Sequence[Planned], directory: Path, max_shard_bytes: int,
-                 stem: str = "model") -> dict[str, str]:
+def write_shards(planned: Sequence[Planned], directory: Path, max_shard_bytes: int, stem: str = "model",
+                 progress: Callable[[int, int], None] | None = None) -> Written:
     """Shards of at most max_shard_bytes (a larger tensor gets a shard of its own), named and
-    indexed as transformers names them. Returns {tensor name: sha256}."""
+    indexed as transformers names them."""
     groups = _group(planned, max_shard_bytes)
+    done = [0]
+
+    def tick() -> None:
+        done[0] += 1
+        if progress is not None:
+            progress(done[0], len(planned))
+
     if len(groups) == 1:
-        return write_safetensors(directory / f"{stem}.safetensors", groups[0])
-    hashes, weight_map = {}, {}
+        return write_safetensors(directory / f"{stem}.safetensors", groups[0], progress=tick)
+    written, weight_map = Written(), {}
     for i, group in enumerate(groups, start=1):
         file = f"{stem}-{i:05d}-of-{len(groups):05d}.safetensors"
-        hashes.update(write_safetensors(directory / file, group))
+        part = write_safetensors(directory / file, group, progress=tick)
+        written.tensors.update(part.tensors)
+        written.files.update(part.files)
         weight_map.update({p.name: file for p in group})
     total = sum(p.nbytes for p in planned)
     index = {"metadata": {"total_size": total}, "weight_map": weight_map}
     (directory / f"{stem}.safetensors.index.json").write_text(json.dumps(index, indent=2) + "\n")
-    return hashes
+    return written
