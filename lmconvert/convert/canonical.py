@@ -13,6 +13,7 @@ from typing import Any
 from lmconvert.arch import ArchConfig, ConfigError
 
 from .errors import InputError
+from .weight_index import read_json_object
 
 META_FILE = "lmconvert.json"
 FORMAT = "lmconvert-canonical"
@@ -44,13 +45,10 @@ def is_canonical(path: Path) -> bool:
 
 def read_meta(path: Path) -> CanonicalMeta:
     file = path / META_FILE
-    try:
-        data = json.loads(file.read_text())
-    except FileNotFoundError:
-        raise InputError(f"{path}: not a canonical checkpoint (no {META_FILE}); convert it first") from None
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise InputError(f"{file}: not valid JSON ({exc})") from None
-    if not isinstance(data, dict) or data.get("format") != FORMAT:
+    if not file.is_file():
+        raise InputError(f"{path}: not a canonical checkpoint (no {META_FILE}); convert it first")
+    data = read_json_object(file)
+    if data.get("format") != FORMAT:
         raise InputError(f"{file}: not an lmconvert canonical checkpoint description")
     if data.get("format_version") != FORMAT_VERSION:
         raise InputError(f"{file}: format_version {data.get('format_version')!r} is not {FORMAT_VERSION}; "

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -16,6 +15,7 @@ from lmconvert.mappings.table import Transform
 
 from .errors import InputError
 from .sources import Source, open_source
+from .weight_index import read_json_object
 
 DTYPES: dict[str, torch.dtype | None] = {"keep": None, "float32": torch.float32, "bfloat16": torch.bfloat16,
                                          "float16": torch.float16}
@@ -30,18 +30,11 @@ def parse_dtype(name: str | None) -> torch.dtype | None:
 
 
 def read_config(directory: Path) -> dict[str, Any]:
-    path = directory / "config.json"
     if not directory.is_dir():
         raise InputError(f"{directory}: not a directory; point at a checkpoint directory")
-    try:
-        data = json.loads(path.read_text())
-    except FileNotFoundError:
-        raise InputError(f"{directory}: no config.json; point at an HF checkpoint or a canonical directory") from None
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise InputError(f"{path}: not valid JSON ({exc}); fix or re-download it") from None
-    if not isinstance(data, dict):
-        raise InputError(f"{path}: expected a JSON object")
-    return data
+    if not (directory / "config.json").is_file():
+        raise InputError(f"{directory}: no config.json; point at an HF checkpoint or a canonical directory")
+    return read_json_object(directory / "config.json")
 
 
 def expected_shapes(arch: ArchConfig) -> dict[str, tuple[int, ...]]:

@@ -10,7 +10,6 @@ tokenizer and generation files. The resolved commit sha is recorded in lmconvert
 from __future__ import annotations
 
 import glob
-import json
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -22,6 +21,7 @@ from urllib.parse import unquote, urlsplit
 from .atomic import check_output
 from .canonical import SIDECAR_PATTERNS
 from .errors import InputError
+from .weight_index import read_weight_map
 
 if TYPE_CHECKING:
     import torch
@@ -72,17 +72,9 @@ def select_files(files: Iterable[str], where: str) -> tuple[list[str], str | Non
 
 def index_shards(index: Path, where: str) -> list[str]:
     try:
-        weight_map = json.loads(index.read_text()).get("weight_map")
-    except (json.JSONDecodeError, UnicodeDecodeError, AttributeError) as exc:
-        raise InputError(f"{where}: {index.name} is not a valid index ({exc})") from None
-    if not isinstance(weight_map, dict):
-        raise InputError(f"{where}: {index.name} has no 'weight_map' object")
-    shards = sorted(set(weight_map.values()))
-    for shard in shards:
-        if not isinstance(shard, str) or "/" in shard or "\\" in shard or shard in ("", ".", ".."):
-            raise InputError(f"{where}: {index.name} lists {shard!r}, which is not a plain file name; "
-                             "refusing to follow it")
-    return shards
+        return sorted(set(read_weight_map(index).values()))
+    except InputError as exc:
+        raise InputError(f"{where}: {exc}") from None
 
 
 def _first_line(exc: BaseException) -> str:

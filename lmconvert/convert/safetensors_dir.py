@@ -17,6 +17,7 @@ import torch
 from safetensors import SafetensorError, safe_open
 
 from .errors import InputError
+from .weight_index import shard_files
 
 INDEX = "model.safetensors.index.json"
 SINGLE = "model.safetensors"
@@ -38,43 +39,11 @@ def data_offsets(path: Path) -> dict[str, tuple[str, tuple[int, ...], int, int]]
             for name, e in header.items() if name != "__metadata__"}
 
 
-def _no_duplicates(pairs: list[tuple[str, object]]) -> dict:
-    keys = [k for k, _ in pairs]
-    repeated = sorted({k for k in keys if keys.count(k) > 1})
-    if repeated:
-        raise ValueError(f"key(s) listed twice: {', '.join(repeated[:5])}")
-    return dict(pairs)
-
-
-def _read_json(path: Path) -> dict:
-    try:
-        data = json.loads(path.read_text(), object_pairs_hook=_no_duplicates)
-    except FileNotFoundError:
-        raise InputError(f"{path}: file not found") from None
-    except (ValueError, UnicodeDecodeError) as exc:  # JSONDecodeError is a ValueError
-        raise InputError(f"{path}: not valid JSON ({exc}); re-download or fix the file") from None
-    if not isinstance(data, dict):
-        raise InputError(f"{path}: expected a JSON object")
-    return data
-
-
 def shard_map(directory: Path) -> dict[str, Path]:
     """{tensor name: shard file} from the index, or from the single file."""
     index = directory / INDEX
     if index.exists():
-        weight_map = _read_json(index).get("weight_map")
-        if not isinstance(weight_map, dict):
-            raise InputError(f"{index}: has no 'weight_map' object")
-        out = {}
-        for name, file in weight_map.items():
-            if not isinstance(file, str) or file in ("", ".", "..") or Path(file).name != file:
-                raise InputError(f"{index}: weight_map entry {name!r} -> {file!r} is not a plain file name; "
-                                 "refusing to follow it")
-            shard = directory / file
-            if not shard.is_file():
-                raise InputError(f"{index}: tensor {name!r} is listed in {file}, which does not exist")
-            out[name] = shard
-        return out
+        return shard_files(index)
     single = directory / SINGLE
     if single.is_file():
         with _open(single) as f:

@@ -10,7 +10,6 @@ tensors are paged in only when a conversion touches them.
 
 from __future__ import annotations
 
-import json
 import pickle
 import re
 from pathlib import Path
@@ -19,6 +18,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from ..errors import InputError
+from ..weight_index import read_weight_map, shard_files
 
 if TYPE_CHECKING:
     from ..sources import Source
@@ -64,22 +64,7 @@ def bin_files(directory: Path) -> list[Path]:
     index = directory / INDEX
     if not index.is_file():
         return [directory / SINGLE]
-    try:
-        weight_map = json.loads(index.read_text()).get("weight_map")
-    except (json.JSONDecodeError, UnicodeDecodeError, AttributeError) as exc:
-        raise InputError(f"{index}: not a valid index ({exc}); re-download it") from None
-    if not isinstance(weight_map, dict):
-        raise InputError(f"{index}: has no 'weight_map' object")
-    files = []
-    for name, file in weight_map.items():
-        if not isinstance(file, str) or Path(file).name != file or file in ("", ".", ".."):
-            raise InputError(f"{index}: weight_map entry {name!r} -> {file!r} is not a plain file name; "
-                             "refusing to follow it")
-        if not (directory / file).is_file():
-            raise InputError(f"{index}: tensor {name!r} is listed in {file}, which does not exist")
-        if directory / file not in files:
-            files.append(directory / file)
-    return files
+    return list(dict.fromkeys(shard_files(index).values()))
 
 
 class BinTensors:
@@ -105,7 +90,7 @@ class BinTensors:
     @staticmethod
     def _listed(directory: Path) -> dict[str, str] | None:
         index = directory / INDEX
-        return json.loads(index.read_text())["weight_map"] if index.is_file() else None
+        return read_weight_map(index) if index.is_file() else None
 
     def names(self) -> list[str]:
         return list(self.files)
