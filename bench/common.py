@@ -103,7 +103,9 @@ def measure(label: str, argv: list[str], env: dict[str, str] | None = None) -> M
 
 
 def warm(directory: Path) -> None:
-    """Read every file once so each contender starts from the same warm page cache."""
+    """Flush earlier steps' dirty pages, then read every file once, so that each contender starts
+    from the same warm page cache and none pays for another's writeback."""
+    subprocess.run(["sync"], check=True)
     for p in directory.rglob("*"):
         if p.is_file():
             with open(p, "rb") as f:

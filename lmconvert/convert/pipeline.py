@@ -133,7 +133,8 @@ def to_hf(src: Path, out: Path, family: str | None = None, dtype: torch.dtype | 
     config["dtype"] = _dtype_name(dtype) if dtype is not None else meta.dtype
     with TensorSource(src) as source, atomic_directory(out) as tmp:
         items = [(hf_name, canonical, t.inverse) for hf_name, (canonical, t) in plan.items()]
-        write_shards(plan_tensors(source, items, dtype, allow_nonfinite), tmp, max_shard_bytes, progress=progress)
+        write_shards(plan_tensors(source, items, dtype, allow_nonfinite), tmp, max_shard_bytes, progress=progress,
+                     hashed=False)
         copy_sidecars(src, tmp)
         (tmp / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
     return config

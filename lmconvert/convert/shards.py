@@ -17,7 +17,7 @@ import re
 import struct
 import warnings
 from collections.abc import Callable, Iterator, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor, wait
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
 from math import prod
@@ -162,10 +162,14 @@ def _as_tensor(view: memoryview, p: Planned) -> torch.Tensor:
         return torch.frombuffer(view, dtype=torch.uint8).view(p.dtype).reshape(p.shape)
 
 
+def _sha256(data: memoryview) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
 def write_safetensors(path: Path, planned: Sequence[Planned], metadata: dict[str, str] | None = None,
-                      progress: Callable[[], None] | None = None) -> Written:
-    """Write one safetensors file. Each tensor is hashed (alone, and as part of the file) on two
-    worker threads while the main thread copies or writes it."""
+                      progress: Callable[[], None] | None = None, hashed: bool = True) -> Written:
+    """Write one safetensors file. While the main thread copies or writes a tensor, two worker
+    threads hash it (alone, and as part of the file) and run its check."""
     written = Written()
     file_hash = hashlib.sha256()
     with ThreadPoolExecutor(2) as pool, open(path, "wb", buffering=0) as out:
@@ -174,34 +178,40 @@ def write_safetensors(path: Path, planned: Sequence[Planned], metadata: dict[str
         file_hash.update(head)
         for p in planned:
             with ExitStack() as stack:
+                jobs: list[Future] = []
+                stack.callback(wait, jobs)  # runs before the map is released, even on errors
                 if p.raw is not None:
                     data = stack.enter_context(_mapped(p.raw))
-                    if p.check is not None:
-                        p.check(_as_tensor(data, p))
                 else:
                     t = p.produce()
                     if tuple(t.shape) != p.shape or t.dtype != p.dtype:
                         raise RuntimeError(f"{p.name}: produced {t.dtype} {list(t.shape)}, "
                                            f"planned {p.dtype} {list(p.shape)}")
                     data = _bytes(t)
-                jobs = (pool.submit(lambda d=data: hashlib.sha256(d).hexdigest()), pool.submit(file_hash.update, data))
+                if hashed:
+                    jobs += [pool.submit(file_hash.update, data), pool.submit(_sha256, data)]
+                if p.raw is not None and p.check is not None:
+                    jobs.append(pool.submit(p.check, _as_tensor(data, p)))
                 if p.raw is not None:
                     _copy(p.raw, out, data)
                 else:
                     _write_all(out, data)
-                written.tensors[p.name] = jobs[0].result()
-                jobs[1].result()
+                results = [job.result() for job in jobs]
+                if hashed:
+                    written.tensors[p.name] = results[1]
                 del data
             if progress is not None:
                 progress()
-    written.files[path.name] = file_hash.hexdigest()
+    if hashed:
+        written.files[path.name] = file_hash.hexdigest()
     return written
 
 
 def write_shards(planned: Sequence[Planned], directory: Path, max_shard_bytes: int, stem: str = "model",
-                 progress: Callable[[int, int], None] | None = None) -> Written:
+                 progress: Callable[[int, int], None] | None = None, hashed: bool = True) -> Written:
     """Shards of at most max_shard_bytes (a larger tensor gets a shard of its own), named and
-    indexed as transformers names them."""
+    indexed as transformers names them. `hashed=False` skips the sha256 sums (HF exports record
+    none)."""
     groups = _group(planned, max_shard_bytes)
     done = [0]
 
@@ -211,11 +221,11 @@ def write_shards(planned: Sequence[Planned], directory: Path, max_shard_bytes: i
             progress(done[0], len(planned))
 
     if len(groups) == 1:
-        return write_safetensors(directory / f"{stem}.safetensors", groups[0], progress=tick)
+        return write_safetensors(directory / f"{stem}.safetensors", groups[0], progress=tick, hashed=hashed)
     written, weight_map = Written(), {}
     for i, group in enumerate(groups, start=1):
         file = f"{stem}-{i:05d}-of-{len(groups):05d}.safetensors"
-        part = write_safetensors(directory / file, group, progress=tick)
+        part = write_safetensors(directory / file, group, progress=tick, hashed=hashed)
         written.tensors.update(part.tensors)
         written.files.update(part.files)
         weight_map.update({p.name: file for p in group})
