@@ -2,8 +2,9 @@
 
 Generates a LLaMA-3.2-1B-shaped random bf16 checkpoint (1.24 B parameters, ~2.5 GB, 3 shards,
 the real 128256 x 2048 tied embedding), then times, each in its own process from a warm page
-cache: cp -r; transformers from_pretrained + save_pretrained; lmconvert HF -> canonical; and
-lmconvert canonical -> HF. Prints wall time, peak RSS and the ratios. `--depth 2` doubles the
+cache, with the outputs of earlier steps deleted (their page cache would otherwise slow later
+steps' writes): cp -r; transformers from_pretrained + save_pretrained; lmconvert HF -> canonical;
+and lmconvert canonical -> HF. Prints wall time, peak RSS and the ratios. `--depth 2` doubles the
 number of layers (and so the model size) to show that peak memory does not grow with it.
 
     python bench/convert.py [--work DIR] [--depth 1|2]
@@ -38,16 +39,21 @@ def main() -> None:
         size = dir_bytes(src)
         py = sys.executable
         runs = []
-        for label, argv in [
-            ("cp -r", ["cp", "-r", str(src), str(work / "copy")]),
-            ("transformers load+save", [py, "-c", HF_ROUND_TRIP, str(src), str(work / "hf-saved")]),
+        steps = [  # (label, command, its input, outputs to delete once measured)
+            ("cp -r", ["cp", "-r", str(src), str(work / "copy")], src, [work / "copy"]),
+            ("transformers load+save", [py, "-c", HF_ROUND_TRIP, str(src), str(work / "hf-saved")], src,
+             [work / "hf-saved"]),
             ("lmconvert HF -> canonical", [py, "-m", "lmconvert.cli", "convert", str(src), str(work / "canonical"),
-                                           "--max-shard-size", "1GB"]),
+                                           "--max-shard-size", "1GB"], src, []),
             ("lmconvert canonical -> HF", [py, "-m", "lmconvert.cli", "convert", str(work / "canonical"),
-                                           str(work / "hf-export"), "--to", "hf", "--max-shard-size", "1GB"]),
-        ]:
-            warm(src if "canonical ->" not in label else work / "canonical")
+                                           str(work / "hf-export"), "--to", "hf", "--max-shard-size", "1GB"],
+             work / "canonical", [work / "hf-export", work / "canonical"]),
+        ]
+        for label, argv, source, outputs in steps:
+            warm(source)
             runs.append(measure(label, argv))
+            for path in outputs:  # free their page cache: every step starts with the same memory
+                shutil.rmtree(path)
         cp, hf = runs[0], runs[1]
         rows = [["step", "wall s", "peak RSS MB", "time / cp", "time / transformers", "RSS / transformers"]]
         for r in runs:
