@@ -6,7 +6,7 @@ BIN := $(VENV)/bin
 TORCH_SPEC ?= torch==2.13.0
 DEMO := demo-out
 
-.PHONY: env test demo lint clean
+.PHONY: env test demo lint clean gpu-check
 
 env: $(VENV)/.installed
 
@@ -34,6 +34,13 @@ demo: env
 	$(BIN)/lmconvert inspect $(DEMO)/canonical
 	$(BIN)/lmconvert convert $(DEMO)/canonical $(DEMO)/hf-export --to hf
 	$(BIN)/lmconvert generate $(DEMO)/canonical --prompt "The capital of France is" --max-new-tokens 32
+
+# the whole GPU check on a machine with a CUDA device, one command: `pytest -m gpu` (bf16/fp16 parity of every
+# family) and `lmconvert verify --device cuda` on a tiny checkpoint in each dtype, in memory and streamed; the
+# output also goes to gpu-check.log. Fails without a CUDA device. TORCH_SPEC must resolve to a CUDA build
+# (PyPI's Linux wheels are).
+gpu-check: env
+	$(BIN)/python tests/gpu_check.py gpu-check.log
 
 clean:
 	rm -rf $(VENV) $(DEMO)

@@ -121,18 +121,29 @@ def convert(src: Path, out: Path, to: str, family: str | None, shards: int | Non
 @main.command()
 @click.argument("checkpoint", type=CHECKPOINT)
 @click.option("--reference", type=CHECKPOINT, help="HF directory to compare with (default: the recorded source).")
-@click.option("--dtype", type=DTYPE, default="float32", show_default=True)
-@click.option("--device", default="cpu", show_default=True)
+@click.option("--dtype", type=DTYPE, help="Compute dtype [default: float32, or the golden file's].")
+@click.option("--device", default="cpu", show_default=True, help="cpu, cuda or cuda:N; both sides run there.")
 @click.option("--seq-len", type=click.IntRange(min=1), help="Tokens per sequence (default: past any window).")
 @click.option("--batch", type=click.IntRange(min=1), default=2, show_default=True)
+@click.option("--generate", "new_tokens", type=click.IntRange(min=0), default=16, show_default=True,
+              help="Greedy tokens both sides generate from the first row (0: skip).")
+@click.option("--max-memory", help="Models larger than memory: transformers keeps at most this much resident "
+                                   "(accelerate offloads the rest to disk); ours streams one block at a time.")
+@click.option("--golden", type=click.Path(exists=True, dir_okay=False, path_type=Path),
+              help="Check against this golden file instead of transformers (transformers not needed).")
+@click.option("--save-golden", type=click.Path(dir_okay=False, path_type=Path),
+              help="Also store the token batch and transformers' outputs as a golden file.")
 @click.option("--json", "json_out", type=click.Path(path_type=Path, allow_dash=True),
               help="Also write the report as JSON to FILE ('-' for stdout).")
 @click.option("--files", "files_only", is_flag=True,
               help="Only re-hash a canonical checkpoint's files and tensors against lmconvert.json.")
 @handled
-def verify(checkpoint: Path, reference: Path | None, dtype: str, device: str, seq_len: int | None, batch: int,
+def verify(checkpoint: Path, reference: Path | None, dtype: str | None, device: str, seq_len: int | None, batch: int,
+           new_tokens: int, max_memory: str | None, golden: Path | None, save_golden: Path | None,
            json_out: Path | None, files_only: bool) -> None:
-    """Compare CHECKPOINT's logits with transformers'. Exit 1 when parity fails."""
+    """Compare CHECKPOINT with transformers layer by layer, logit by logit and through greedy
+    generation. Exit 1 when parity fails."""
+    from .convert.verify import parse_memory
     from .convert.verify import verify as run
 
     if files_only:
@@ -145,7 +156,8 @@ def verify(checkpoint: Path, reference: Path | None, dtype: str, device: str, se
             raise ParityFailure(f"{checkpoint}: integrity check failed: {', '.join(changed[:5])} changed")
         return
 
-    report = run(checkpoint, reference, dtype=dtype, device=device, seq_len=seq_len, batch=batch)
+    report = run(checkpoint, reference, dtype=dtype, device=device, seq_len=seq_len, batch=batch,
+                 generate=new_tokens, max_memory=parse_memory(max_memory), golden=golden, save_golden=save_golden)
     if json_out is not None:
         text = json.dumps(report.to_dict(), indent=2)
         if str(json_out) == "-":
@@ -154,8 +166,11 @@ def verify(checkpoint: Path, reference: Path | None, dtype: str, device: str, se
             json_out.write_text(text + "\n")
     if json_out is None or str(json_out) != "-":
         click.echo(report.table())
+    if save_golden is not None:
+        click.echo(f"wrote golden file {save_golden}", err=True)
     if not report.passed:
-        raise ParityFailure(f"{checkpoint}: parity check failed ({report.criterion})")
+        raise ParityFailure(f"{checkpoint}: parity check failed ({', '.join(report.failures())}); "
+                            f"criterion: {report.criterion}")
 
 
 @main.command()

@@ -1,28 +1,111 @@
-"""The transformers side of a comparison. transformers is imported here and nowhere else, and
-only when a comparison needs it."""
+"""The transformers side of a comparison. transformers (and accelerate) are imported here and
+nowhere else, and only inside the functions that need them, so that a check against a golden
+file runs where transformers is not installed."""
 
 from __future__ import annotations
 
+import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import torch
 
+from lmconvert.arch import ArchConfig
+from lmconvert.mappings.table import TensorTable
+
 from .errors import InputError
+from .trace import EMBED, FINAL, Recorder, Trace, hf_point_modules
 
 
-def load_reference(directory: Path, dtype: torch.dtype, device: str) -> torch.nn.Module:
-    """transformers' own model with eager attention: the ground truth for parity."""
+def memory_map(device: str, max_memory: int) -> dict[int | str, int]:
+    """accelerate's `max_memory`: the budget on the compute device, the rest offloaded to disk
+    (on a GPU, first to CPU RAM under the same budget)."""
+    target = torch.device(device)
+    if target.type == "cuda":
+        index = target.index if target.index is not None else torch.cuda.current_device()
+        return {index: max_memory, "cpu": max_memory}
+    return {"cpu": max_memory}
+
+
+@contextmanager
+def reference_model(directory: Path, dtype: torch.dtype, device: str,
+                    max_memory: int | None = None) -> Iterator[torch.nn.Module]:
+    """transformers' own model with eager attention: the ground truth for parity. A GGUF reference
+    (a .gguf file, or a directory holding one) loads with `gguf_file=`, dequantized by transformers.
+    With `max_memory` (bytes), accelerate places what fits and offloads the rest to a temporary
+    folder, loading each offloaded module only while it runs."""
+    with tempfile.TemporaryDirectory(prefix="lmconvert-offload-") as offload:
+        extra = {}
+        if max_memory is not None:
+            extra = {"device_map": "auto", "max_memory": memory_map(device, max_memory), "offload_folder": offload}
+        yield load_reference(directory, dtype, device, **extra)
+
+
+def load_reference(directory: Path, dtype: torch.dtype, device: str, **extra: object) -> torch.nn.Module:
     from transformers import AutoModelForCausalLM
     from transformers.utils import logging
 
+    from .formats.gguf import gguf_file_of
+
     logging.disable_progress_bar()
+    gguf = gguf_file_of(directory)
+    where = directory
+    if gguf is not None:
+        where, extra = gguf.parent, {**extra, "gguf_file": gguf.name}
     try:
-        model = AutoModelForCausalLM.from_pretrained(str(directory), dtype=dtype, attn_implementation="eager")
+        model = AutoModelForCausalLM.from_pretrained(str(where), dtype=dtype, attn_implementation="eager", **extra)
+    except ImportError as exc:  # device_map needs accelerate
+        raise InputError(f"--max-memory: transformers cannot offload ({exc}); pip install accelerate") from None
     except (OSError, ValueError) as exc:
         raise InputError(f"{directory}: transformers cannot load this reference ({exc})") from None
-    return model.to(device).eval()
+    if "device_map" not in extra:
+        model = model.to(device)
+    return model.eval()
 
 
 @torch.no_grad()
 def reference_logits(model: torch.nn.Module, ids: torch.Tensor) -> torch.Tensor:
     return model(ids).logits
+
+
+@torch.no_grad()
+def reference_trace(model: torch.nn.Module, ids: torch.Tensor, arch: ArchConfig, table: TensorTable) -> Trace:
+    """Logits and points from transformers. `output_hidden_states` gives the embedding output
+    (entry 0) and the blocks' outputs; in transformers 5 its last entry is the final norm's
+    output (`last_hidden_state`), so the last block's own output comes from a forward hook on
+    that decoder layer, like every weight-owning module inside the blocks. (Every decoder layer
+    is hooked: should a model return hidden states in another layout, the hooks stand in.)"""
+    paths = hf_point_modules(model, arch, table)
+    modules = dict(model.named_modules())
+    recorder = Recorder()
+    for point, path in paths.items():
+        recorder.output_of(point, modules[path])
+    try:
+        out = model(ids, output_hidden_states=True, use_cache=False)
+    finally:
+        recorder.close()
+    points = recorder.result()
+    states = out.hidden_states
+    if states is not None and len(states) == arch.n_layers + 1:
+        points[EMBED] = states[0].detach().to("cpu", copy=True)
+        for i in range(arch.n_layers - 1):
+            points[f"layers.{i}"] = states[i + 1].detach().to("cpu", copy=True)
+        points[FINAL] = states[-1].detach().to("cpu", copy=True)
+    return Trace(out.logits, points)
+
+
+@torch.no_grad()
+def reference_greedy(model: torch.nn.Module, prompt: torch.Tensor, n: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """transformers' own `generate`, greedy, for exactly n tokens: (prompt + tokens, raw logits of
+    each step (B, n, vocab)). Whatever the checkpoint's generation_config.json asks for (EOS stop,
+    repetition penalty, forced or suppressed tokens) is switched off: this is pure argmax. The
+    attention mask is explicit, or a prompt token that equals the pad id would be masked out."""
+    pad = getattr(model.config, "pad_token_id", None)
+    neutral = dict(min_new_tokens=None, do_sample=False, num_beams=1, eos_token_id=None, repetition_penalty=None,
+                   no_repeat_ngram_size=None, bad_words_ids=None, suppress_tokens=None, begin_suppress_tokens=None,
+                   forced_bos_token_id=None, forced_eos_token_id=None)
+    out = model.generate(prompt, attention_mask=torch.ones_like(prompt), max_new_tokens=n,
+                         pad_token_id=0 if pad is None else pad, output_logits=True, return_dict_in_generate=True,
+                         **neutral)
+    return out.sequences, torch.stack(out.logits, 1)

@@ -179,7 +179,6 @@ def write_safetensors(path: Path, planned: Sequence[Planned], metadata: dict[str
         for p in planned:
             with ExitStack() as stack:
                 jobs: list[Future] = []
-                stack.callback(wait, jobs)  # runs before the map is released, even on errors
                 if p.raw is not None:
                     data = stack.enter_context(_mapped(p.raw))
                 else:
@@ -188,6 +187,7 @@ def write_safetensors(path: Path, planned: Sequence[Planned], metadata: dict[str
                         raise RuntimeError(f"{p.name}: produced {t.dtype} {list(t.shape)}, "
                                            f"planned {p.dtype} {list(p.shape)}")
                     data = _bytes(t)
+                stack.callback(wait, jobs)  # registered after the map, so it runs before the unmap, even on errors
                 if hashed:
                     jobs += [pool.submit(file_hash.update, data), pool.submit(_sha256, data)]
                 if p.raw is not None and p.check is not None:

@@ -1,0 +1,83 @@
+"""What our decoder must reproduce: transformers' outputs on one token batch, recorded once, then
+checked either right away (`verify`) or later from a golden file, without transformers."""
+
+from __future__ import annotations
+
+import gc
+import importlib.metadata
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from lmconvert.arch import ArchConfig
+from lmconvert.mappings.table import TensorTable
+
+from .hf_source import DTYPES
+from .localize import OwnErrors, own_errors
+from .tolerance import Tolerance
+
+PACKAGES = ("lmconvert", "torch", "transformers", "accelerate", "safetensors", "tokenizers")
+
+
+def versions() -> dict[str, str | None]:
+    """Installed versions, read from package metadata: nothing is imported to learn them."""
+    out: dict[str, str | None] = {}
+    for name in PACKAGES:
+        try:
+            out[name] = importlib.metadata.version(name)
+        except importlib.metadata.PackageNotFoundError:
+            out[name] = None
+    return out
+
+
+@dataclass
+class Expected:
+    ids: torch.Tensor  # (B, T) the token batch
+    logits: torch.Tensor  # transformers in the compute dtype
+    points: dict[str, torch.Tensor]  # fp32: transformers' points; low precision: its fp32 run's
+    dtype: str
+    device: str
+    tolerance: Tolerance
+    exact_logits: torch.Tensor | None = None  # low precision: transformers in fp32
+    reference_error: float | None = None  # low precision: mean |logits - exact_logits|
+    own: OwnErrors | None = None  # low precision: transformers' own error at each point
+    generation: tuple[torch.Tensor, torch.Tensor] | None = None  # (prompt + tokens, step logits)
+    prompt_tokens: int = 0
+    info: dict[str, Any] = field(default_factory=dict)  # reference, tokens, versions, ...
+
+
+def generation_plan(arch: ArchConfig, seq_len: int, new_tokens: int) -> tuple[int, int]:
+    """(prompt tokens, new tokens) for greedy agreement: the first row's first tokens, within the
+    model's positions."""
+    prompt = min(seq_len, 32)
+    return prompt, max(0, min(new_tokens, arch.max_positions - prompt))
+
+
+@torch.no_grad()
+def record(reference: Path, arch: ArchConfig, table: TensorTable, ids: torch.Tensor, dtype: str, device: str,
+           max_memory: int | None = None, new_tokens: int = 16, info: dict[str, Any] | None = None) -> Expected:
+    """Run transformers on `ids` in `dtype` (and in fp32 too when that is lower precision), with
+    every point recorded, and greedy generation from the first row."""
+    from .reference import reference_greedy, reference_model, reference_trace
+
+    tolerance = Tolerance.for_dtype(dtype)
+    prompt_len, new_tokens = generation_plan(arch, ids.shape[1], new_tokens)
+    on_device = ids.to(device)
+    with reference_model(reference, DTYPES[dtype], device, max_memory) as model:
+        trace = reference_trace(model, on_device, arch, table)
+        generation = reference_greedy(model, on_device[:1, :prompt_len], new_tokens) if new_tokens else None
+    del model  # before the fp32 run loads: never two models at once
+    gc.collect()
+    generation = tuple(t.cpu() for t in generation) if generation else None
+    base = dict(ids=ids.cpu(), logits=trace.logits.cpu(), dtype=dtype, device=device, tolerance=tolerance,
+                generation=generation, prompt_tokens=prompt_len,
+                info={"reference": str(reference), "versions": versions(), **(info or {})})
+    if tolerance.exact:
+        return Expected(points=trace.points, **base)
+    with reference_model(reference, torch.float32, device, max_memory) as model:
+        exact = reference_trace(model, on_device, arch, table)
+    exact_logits = exact.logits.cpu()
+    return Expected(points=exact.points, exact_logits=exact_logits, own=own_errors(trace.points, exact.points),
+                    reference_error=float((trace.logits.cpu().float() - exact_logits.float()).abs().mean()), **base)

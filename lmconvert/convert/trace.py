@@ -1,0 +1,181 @@
+"""Where the two implementations can be compared inside a forward pass, and recording them.
+
+A point is a module output that both sides compute: every module of a block that owns weights
+(norms, q/k/v/o, the MLP projections), each block's output, the embedding output (the first
+block's input) and the final norm's output. Points carry canonical names (`layers.3.attn.k`,
+`layers.3` for block 3's output); the transformers module behind each is found through the
+family's tensor table, which already pairs `layers.{}.attn.o.weight` with
+`model.layers.{}.self_attn.o_proj.weight`, so no family needs its own localization code.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+
+import torch
+from torch import nn
+
+from lmconvert.arch import ArchConfig, Decoder
+from lmconvert.mappings import MappingError
+from lmconvert.mappings.table import TensorTable
+
+EMBED, FINAL = "embed", "final_norm"
+
+
+@dataclass
+class Trace:
+    """One forward pass: its logits and its points, in the order they were computed."""
+
+    logits: torch.Tensor
+    points: dict[str, torch.Tensor] = field(default_factory=dict)
+
+
+def block_modules(model: nn.Module) -> list[tuple[str, nn.Module]]:
+    """(canonical name, module) for every weight-owning module inside the blocks, in the order a
+    block declares them (the recorder keeps the order they actually run in)."""
+    return [(name, module) for name, module in model.named_modules()
+            if name.startswith("layers.") and any(True for _ in module.parameters(recurse=False))]
+
+
+def point_modules(arch: ArchConfig) -> dict[str, str]:
+    """{point name: the canonical weight name that identifies its module}, without allocating."""
+    with torch.device("meta"):
+        model = Decoder(arch)
+    return {name: f"{name}.{next(iter(dict(module.named_parameters(recurse=False))))}"
+            for name, module in block_modules(model)}
+
+
+def layer_of(point: str) -> int | None:
+    parts = point.split(".")
+    return int(parts[1]) if parts[0] == "layers" and len(parts) > 1 and parts[1].isdigit() else None
+
+
+def sublayer_of(point: str) -> str:
+    """"attn.k" for `layers.3.attn.k`, "output" for a block's output, the point itself otherwise."""
+    layer = layer_of(point)
+    if layer is None:
+        return point
+    rest = point.split(".", 2)[2:] if point.count(".") >= 2 else []
+    return rest[0] if rest else "output"
+
+
+class Recorder:
+    """Forward hooks that keep a CPU copy of the first output of each named module. A module
+    called more than once per forward has no single output to compare and is left out."""
+
+    def __init__(self) -> None:
+        self.points: dict[str, torch.Tensor] = {}
+        self.repeated: set[str] = set()
+        self._handles: list[torch.utils.hooks.RemovableHandle] = []
+
+    def keep(self, name: str, value: torch.Tensor) -> None:
+        if name in self.points:
+            self.repeated.add(name)
+            return
+        self.points[name] = value.detach().to("cpu", copy=True)
+
+    def output_of(self, name: str, module: nn.Module) -> None:
+        def hook(_module: nn.Module, _args: tuple, output: object) -> None:
+            self.keep(name, output[0] if isinstance(output, tuple) else output)
+        self._handles.append(module.register_forward_hook(hook))
+
+    def input_of(self, name: str, module: nn.Module) -> None:
+        def hook(_module: nn.Module, args: tuple) -> None:
+            self.keep(name, args[0])
+        self._handles.append(module.register_forward_pre_hook(hook))
+
+    def result(self) -> dict[str, torch.Tensor]:
+        return {k: v for k, v in self.points.items() if k not in self.repeated}
+
+    def close(self) -> None:
+        for handle in self._handles:
+            handle.remove()
+        self._handles.clear()
+
+
+@contextmanager
+def recording(model: nn.Module) -> Iterator[Recorder]:
+    """Hooks on a canonical Decoder (or a streamed one's skeleton): embedding output, every
+    weight-owning module of every block, each block's output, the final norm's output."""
+    recorder = Recorder()
+    try:
+        if len(model.layers):
+            recorder.input_of(EMBED, model.layers[0])
+        for name, module in block_modules(model):
+            recorder.output_of(name, module)
+        for i, block in enumerate(model.layers):
+            recorder.output_of(f"layers.{i}", block)
+        recorder.output_of(FINAL, model.final_norm)
+        yield recorder
+    finally:
+        recorder.close()
+
+
+@torch.no_grad()
+def our_trace(model: nn.Module, forward: Callable[[torch.Tensor], torch.Tensor], ids: torch.Tensor) -> Trace:
+    """Run `forward` (the Decoder itself, or a streamed forward over the same modules) with hooks."""
+    with recording(model) as recorder:
+        logits = forward(ids)
+    return Trace(logits, recorder.result())
+
+
+def _module_path(weight: str) -> str:
+    return weight.rsplit(".", 1)[0]
+
+
+def _common_prefix(paths: list[str]) -> str:
+    parts = [p.split(".") for p in paths]
+    return ".".join(os.path.commonprefix(parts))
+
+
+def resolve(names: set[str], path: str, table: TensorTable) -> str | None:
+    """The module path as it exists among `names`: the table's own, or under one of its
+    alternative prefixes (multimodal wrappers keep the text model under `model.language_model.`)."""
+    candidates = [path]
+    if path.startswith("model."):
+        candidates += [prefix + path[len("model."):] for prefix in table.hf_prefixes]
+    return next((c for c in candidates if c in names), None)
+
+
+def hf_point_modules(root: nn.Module, arch: ArchConfig, table: TensorTable) -> dict[str, str]:
+    """{point name: transformers module path} for the block modules, from the tensor table, and
+    for every decoder layer: the longest module path its modules share. Points the table cannot
+    name, or whose module transformers does not have, are simply absent."""
+    names = {name for name, _ in root.named_modules()}
+    found: dict[str, str] = {}
+    by_layer: dict[int, list[str]] = {}
+    for point, weight in point_modules(arch).items():
+        try:
+            hf_weight, _ = table.to_hf_name(weight)
+        except MappingError:  # a tensor this family does not name is simply not a point
+            continue
+        path = resolve(names, _module_path(hf_weight), table)
+        if path is not None:
+            found[point] = path
+            by_layer.setdefault(layer_of(point), []).append(path)
+    for i in range(arch.n_layers):
+        paths = by_layer.get(i, [])
+        prefix = _common_prefix(paths) if len(paths) > 1 else ""
+        if prefix and prefix in names and prefix not in paths:
+            found[f"layers.{i}"] = prefix
+    return found
+
+
+def align(ours: torch.Tensor, ref: torch.Tensor) -> torch.Tensor | None:
+    """`ref` laid out like `ours`. The same values may sit in another layout on the other side:
+    transformers normalises q and k per head after moving heads before time (B, H, T, D) where we
+    do it before (B, T, H, D). Dimensions are permuted back (the closest match, should sizes
+    repeat) or, for a mere view, reshaped; None when the two cannot hold the same values."""
+    if ours.shape == ref.shape:
+        return ref
+    if ours.numel() != ref.numel():
+        return None
+    if ours.dim() == ref.dim() and sorted(ours.shape) == sorted(ref.shape):
+        candidates = [ref.permute(p) for p in itertools.permutations(range(ref.dim()))
+                      if tuple(ref.shape[i] for i in p) == tuple(ours.shape)]
+        return min(candidates, key=lambda c: float((c.float() - ours.float()).abs().max()))
+    return ref.reshape(ours.shape)

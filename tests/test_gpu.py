@@ -1,0 +1,55 @@
+"""bf16 and fp16 parity on CUDA for every family (the tiny perturbed specs of test_families), run
+with `pytest -m gpu` or `make gpu-check`. Without a CUDA device these are reported as skipped,
+never as passed."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+import torch
+from hf_models import build_model, save_checkpoint
+from test_families import SEQ, SPECS
+
+from lmconvert.convert.pipeline import to_canonical
+from lmconvert.convert.verify import verify
+
+pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")]
+
+
+@pytest.fixture(scope="module")
+def canonical(tmp_path_factory: pytest.TempPathFactory) -> Callable[[str], Path]:
+    made: dict[str, Path] = {}
+
+    def get(name: str) -> Path:
+        if name not in made:
+            spec = SPECS[name]
+            root = tmp_path_factory.mktemp(f"gpu-{name}")
+            hf = save_checkpoint(build_model(spec.model_type, **spec.kwargs), root / "hf")
+            made[name] = root / "canonical"
+            to_canonical(hf, made[name])
+        return made[name]
+
+    return get
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+@pytest.mark.parametrize("name", list(SPECS))
+def test_low_precision_parity_on_cuda(name: str, dtype: str, canonical: Callable[[str], Path]) -> None:
+    report = verify(canonical(name), dtype=dtype, device="cuda", seq_len=SEQ, generate=8)
+    assert report.device == "cuda" and report.points, report.table()
+    assert report.passed, report.table()
+    assert report.ours_error <= 1.25 * report.reference_error
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+def test_streamed_and_offloaded_on_cuda(dtype: str, canonical: Callable[[str], Path]) -> None:
+    """Our side block by block onto the GPU, transformers through accelerate with a tiny budget."""
+    report = verify(canonical("gemma2"), dtype=dtype, device="cuda", seq_len=SEQ, generate=8, max_memory=20_000)
+    assert report.streamed and report.passed, report.table()
+
+
+def test_fp32_parity_on_cuda(canonical: Callable[[str], Path]) -> None:
+    report = verify(canonical("llama"), dtype="float32", device="cuda", seq_len=SEQ, generate=8)
+    assert report.passed, report.table()
