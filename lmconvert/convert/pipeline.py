@@ -125,18 +125,22 @@ def to_hf(src: Path, out: Path, family: str | None = None, dtype: torch.dtype | 
     except MappingError as exc:
         raise InputError(f"--family {target.name}: {exc}") from None
     check_output(out, force, (src,))
-    try:
-        plan = target.tensors.plan_export(meta.tensors)
-    except MappingError as exc:
-        raise InputError(f"--family {target.name}: {exc}") from None
-
     config["dtype"] = _dtype_name(dtype) if dtype is not None else meta.dtype
-    with TensorSource(src) as source, atomic_directory(out) as tmp:
+    with TensorSource(src) as source:
+        if set(source.names()) != set(meta.tensors):
+            changed = sorted(set(source.names()) ^ set(meta.tensors))
+            raise InputError(f"{src}: its tensors differ from {META_FILE} ({', '.join(changed[:5])}); "
+                             "run `lmconvert verify --files` and re-convert")
+        try:  # in the order the shards hold them: sequential reads
+            plan = target.tensors.plan_export(source.names())
+        except MappingError as exc:
+            raise InputError(f"--family {target.name}: {exc}") from None
         items = [(hf_name, canonical, t.inverse) for hf_name, (canonical, t) in plan.items()]
-        write_shards(plan_tensors(source, items, dtype, allow_nonfinite), tmp, max_shard_bytes, progress=progress,
-                     hashed=False)
-        copy_sidecars(src, tmp)
-        (tmp / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
+        with atomic_directory(out) as tmp:
+            write_shards(plan_tensors(source, items, dtype, allow_nonfinite), tmp, max_shard_bytes,
+                         progress=progress, hashed=False)
+            copy_sidecars(src, tmp)
+            (tmp / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
     return config
 
 
