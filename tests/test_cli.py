@@ -188,3 +188,11 @@ def test_missing_lm_head_when_untied(hf_dir: Path, tmp_path: Path) -> None:
     save_file(tensors, src / "model.safetensors")
     code, _, err = run("convert", src, tmp_path / "out")
     assert code == 2 and "lm_head" in err
+
+
+def test_inspect_reads_any_input_format(hf_dir: Path, canonical: Path) -> None:
+    """The card of an HF directory (and of a single-file GGUF, in test_formats_gguf) equals the
+    card of its canonical conversion."""
+    code, out, _ = run("inspect", hf_dir, "--json")
+    assert code == 0
+    assert json.loads(out) == json.loads(run("inspect", canonical, "--json")[1])

@@ -148,3 +148,10 @@ def test_hf_export_loads_in_transformers_with_identical_logits(canonical: Path, 
     ids = source_tokenizer(PROMPTS[0], return_tensors="pt").input_ids
     assert torch.equal(exported(ids).logits, reference(ids).logits)
     assert AutoTokenizer.from_pretrained(tmp_path / "hf")(TEXT).input_ids == source_tokenizer(TEXT).input_ids
+
+
+def test_inspect_the_gguf_file_directly() -> None:
+    result = CliRunner().invoke(main, ["inspect", str(smollm2_path()), "--json"])
+    assert result.exit_code == 0, result.stderr
+    info = json.loads(result.stdout)
+    assert info["family"] == "llama" and info["n_layers"] == 30 and info["kv_heads"] == 3

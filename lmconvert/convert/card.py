@@ -8,20 +8,28 @@ from typing import Any
 
 import torch
 
+from lmconvert.arch import ArchConfig
 from lmconvert.arch.describe import variants
 
 from .canonical import is_canonical, read_meta
-from .hf_source import expected_shapes, read_config
-from .load import arch_of
+from .hf_source import HfCheckpoint, expected_shapes
+
+
+def _arch_family_dtype(path: Path) -> tuple[ArchConfig, str, str]:
+    """From lmconvert.json, or from any input format without reading its weights: the dtype is
+    that of the tensors as stored (for GGUF, what they dequantize to)."""
+    if is_canonical(path):
+        meta = read_meta(path)
+        return meta.arch, meta.family, meta.dtype
+    with HfCheckpoint.open(path) as ckpt:
+        first = next(iter(ckpt.plan.values()))[0]
+        reader = ckpt.source.tensors
+        dtype = reader.dtype(first) if hasattr(reader, "dtype") else reader.get(first).dtype
+        return ckpt.arch, ckpt.family.name, str(dtype).removeprefix("torch.")
 
 
 def card(path: Path) -> dict[str, Any]:
-    arch, family = arch_of(path)
-    if is_canonical(path):
-        dtype = read_meta(path).dtype
-    else:
-        config = read_config(path)
-        dtype = str(config.get("dtype") or config.get("torch_dtype") or "float32")
+    arch, family, dtype = _arch_family_dtype(path)
     element = torch.empty((), dtype=getattr(torch, dtype)).element_size()
     params = sum(prod(shape) for shape in expected_shapes(arch).values())
     return {
