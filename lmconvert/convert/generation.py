@@ -9,6 +9,7 @@ import torch
 
 from .errors import InputError
 from .load import load
+from .tokenizer import load_tokenizer
 
 
 def _eos_id(path: Path, tokenizer: object) -> int | None:
@@ -23,14 +24,8 @@ def _eos_id(path: Path, tokenizer: object) -> int | None:
 
 
 def generate(path: Path, prompt: str, max_new_tokens: int, dtype: str | None = None, device: str = "cpu") -> str:
-    from transformers import AutoTokenizer
-
-    from .formats.gguf import gguf_file_of
-
-    gguf = gguf_file_of(path)
-    where, extra = (gguf.parent, {"gguf_file": gguf.name}) if gguf is not None else (path, {})
     try:
-        tokenizer = AutoTokenizer.from_pretrained(str(where), **extra)
+        tokenizer = load_tokenizer(path)
     except (OSError, ValueError) as exc:
         raise InputError(f"{path}: no usable tokenizer files ({exc}); convert from a source that has them") from None
     model = load(path, dtype=dtype, device=device)

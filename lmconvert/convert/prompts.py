@@ -11,6 +11,9 @@ from pathlib import Path
 
 import torch
 
+from .errors import InputError
+from .tokenizer import has_tokenizer, load_tokenizer
+
 # English prose, code, a list, numbers, dialogue and a little French and German: varied enough to
 # reach many parts of a vocabulary, short enough to ship.
 TEXTS = (
@@ -25,13 +28,6 @@ TEXTS = (
     "two and a half hours while Michael Collins orbited above.",
     "SELECT name, COUNT(*) AS orders FROM customers JOIN orders USING (id) GROUP BY name ORDER BY orders DESC;",
 )
-TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "tokenizer_config.json", "vocab.json", "tokenizer.tiktoken")
-
-
-def has_tokenizer(directory: Path) -> bool:
-    return directory.is_dir() and any((directory / name).is_file() for name in TOKENIZER_FILES)
-
-
 def random_batch(vocab_size: int, batch: int, seq_len: int, seed: int) -> torch.Tensor:
     generator = torch.Generator().manual_seed(seed)
     return torch.randint(0, vocab_size, (batch, seq_len), generator=generator)
@@ -40,9 +36,7 @@ def random_batch(vocab_size: int, batch: int, seq_len: int, seed: int) -> torch.
 def prompt_batch(directory: Path, vocab_size: int, batch: int, seq_len: int) -> torch.Tensor:
     """Rows of real text from the built-in TEXTS; raises ValueError when the tokenizer is unusable
     or yields ids outside the model's vocabulary."""
-    from transformers import AutoTokenizer
-
-    tokenizer = AutoTokenizer.from_pretrained(str(directory))
+    tokenizer = load_tokenizer(directory)
     stream = tokenizer.encode("\n\n".join(TEXTS), add_special_tokens=False)
     if not stream:
         raise ValueError("the tokenizer produced no tokens")
@@ -63,7 +57,10 @@ def token_batch(directories: list[Path], vocab_size: int, batch: int, seq_len: i
     works, else "random ids (why)"."""
     why = "no tokenizer files"
     for directory in directories:
-        if not has_tokenizer(directory):
+        try:
+            if not has_tokenizer(directory):
+                continue
+        except InputError:
             continue
         try:
             return prompt_batch(directory, vocab_size, batch, seq_len), f"prompts ({directory.name} tokenizer)"

@@ -154,7 +154,7 @@ def record_reference(checkpoint: Path, reference: Path | None = None, dtype: str
     reference = resolve_reference(checkpoint, reference)
     arch, family = arch_of(checkpoint)
     seq_len = seq_len or default_seq_len(arch)
-    ids, tokens = token_batch([p for p in (checkpoint, reference) if p.is_dir()], arch.vocab_size, batch, seq_len,
+    ids, tokens = token_batch([checkpoint, reference], arch.vocab_size, batch, seq_len,
                               seed)
     return record(reference, arch, reference_table(reference, family), ids, dtype, device, max_memory, generate,
                   info={"tokens": tokens, "checkpoint": str(checkpoint)})
