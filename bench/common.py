@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -89,6 +90,7 @@ class Measured:
     label: str
     seconds: float
     peak_rss: int  # bytes
+    cpu_seconds: float = 0.0  # user + system, all threads
 
 
 def measure(label: str, argv: list[str], env: dict[str, str] | None = None) -> Measured:
@@ -99,13 +101,22 @@ def measure(label: str, argv: list[str], env: dict[str, str] | None = None) -> M
     seconds = time.perf_counter() - start
     if os.waitstatus_to_exitcode(status) != 0:
         sys.exit(f"{label} failed: {' '.join(argv)}")
-    return Measured(label, seconds, usage.ru_maxrss * 1024)
+    return Measured(label, seconds, usage.ru_maxrss * 1024, usage.ru_utime + usage.ru_stime)
 
 
 def warm(directory: Path) -> None:
-    """Flush earlier steps' dirty pages, then read every file once, so that each contender starts
-    from the same warm page cache and none pays for another's writeback."""
+    """Bring every contender to the same start: earlier steps' dirty pages flushed, the memory its
+    output will fill recently used, and its input in the page cache.
+
+    The middle part matters on a VM with free page reporting (virtio-balloon, as on this project's
+    machines): memory freed for a few seconds goes back to the host, and writing into it again
+    costs a fault on the host per page, which made the same `cp -r` take 0.6 s or 3.5 s depending
+    on whether the step before had just deleted its output. So a copy of the input is written and
+    deleted right before each step, whatever the step."""
     subprocess.run(["sync"], check=True)
+    scratch = directory.parent / f".{directory.name}.scratch"
+    shutil.copytree(directory, scratch)
+    shutil.rmtree(scratch)
     for p in directory.rglob("*"):
         if p.is_file():
             with open(p, "rb") as f:

@@ -7,18 +7,24 @@ steps' writes): cp -r; transformers from_pretrained + save_pretrained; lmconvert
 and lmconvert canonical -> HF. Prints wall time, peak RSS and the ratios. `--depth 2` doubles the
 number of layers (and so the model size) to show that peak memory does not grow with it.
 
-    python bench/convert.py [--work DIR] [--depth 1|2]
+Each step starts from the same state (see common.warm: on a VM, writing into memory the host has
+taken back costs up to 5x more, so each step follows a freshly freed write of its input's size).
+The four steps run --repeat times in rounds, and the table shows each step's median time (and
+the spread), its CPU time, and its highest peak RSS.
+
+    python bench/convert.py [--work DIR] [--depth 1|2] [--repeat 5]
 """
 
 from __future__ import annotations
 
 import argparse
 import shutil
+import statistics
 import sys
 import tempfile
 from pathlib import Path
 
-from common import dir_bytes, make_checkpoint, measure, table, warm
+from common import Measured, dir_bytes, make_checkpoint, measure, table, warm
 
 HF_ROUND_TRIP = """
 import sys, torch
@@ -32,13 +38,13 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--work", type=Path, default=None, help="scratch directory (default: a temp dir)")
     parser.add_argument("--depth", type=int, default=1, help="multiply the 16 layers by this")
+    parser.add_argument("--repeat", type=int, default=5, help="rounds; each step's median is reported")
     args = parser.parse_args()
     work = Path(tempfile.mkdtemp(dir=args.work, prefix="lmconvert-bench-"))
     try:
         src = make_checkpoint(work / "src", n_layers=16 * args.depth)
         size = dir_bytes(src)
         py = sys.executable
-        runs = []
         steps = [  # (label, command, its input, outputs to delete once measured)
             ("cp -r", ["cp", "-r", str(src), str(work / "copy")], src, [work / "copy"]),
             ("transformers load+save", [py, "-c", HF_ROUND_TRIP, str(src), str(work / "hf-saved")], src,
@@ -49,17 +55,25 @@ def main() -> None:
                                            str(work / "hf-export"), "--to", "hf", "--max-shard-size", "1GB"],
              work / "canonical", [work / "hf-export", work / "canonical"]),
         ]
-        for label, argv, source, outputs in steps:
-            warm(source)
-            runs.append(measure(label, argv))
-            for path in outputs:  # free their page cache: every step starts with the same memory
-                shutil.rmtree(path)
-        cp, hf = runs[0], runs[1]
-        rows = [["step", "wall s", "peak RSS MB", "time / cp", "time / transformers", "RSS / transformers"]]
-        for r in runs:
-            rows.append([r.label, f"{r.seconds:.2f}", f"{r.peak_rss / 1e6:.0f}", f"{r.seconds / cp.seconds:.2f}",
-                         f"{r.seconds / hf.seconds:.2f}", f"{r.peak_rss / hf.peak_rss:.2f}"])
-        print(f"checkpoint: {size / 1e9:.2f} GB, {16 * args.depth} layers, bf16")
+        runs: dict[str, list[Measured]] = {label: [] for label, *_ in steps}
+        for _ in range(args.repeat):
+            for label, argv, source, outputs in steps:
+                warm(source)
+                runs[label].append(measure(label, argv))
+                for path in outputs:  # free their page cache: every step starts with the same memory
+                    shutil.rmtree(path)
+        seconds = {label: statistics.median(r.seconds for r in rs) for label, rs in runs.items()}
+        rss = {label: max(r.peak_rss for r in rs) for label, rs in runs.items()}
+        cp, hf = seconds["cp -r"], seconds["transformers load+save"]
+        rows = [["step", "median s", "min-max s", "CPU s", "peak RSS MB", "time / cp", "time / transformers",
+                 "RSS / transformers"]]
+        for label, rs in runs.items():
+            spread = f"{min(r.seconds for r in rs):.2f}-{max(r.seconds for r in rs):.2f}"
+            t = seconds[label]
+            cpu = statistics.median(r.cpu_seconds for r in rs)
+            rows.append([label, f"{t:.2f}", spread, f"{cpu:.2f}", f"{rss[label] / 1e6:.0f}", f"{t / cp:.2f}",
+                         f"{t / hf:.2f}", f"{rss[label] / rss['transformers load+save']:.2f}"])
+        print(f"checkpoint: {size / 1e9:.2f} GB, {16 * args.depth} layers, bf16; median of {args.repeat} rounds")
         print(table(rows))
     finally:
         shutil.rmtree(work, ignore_errors=True)

@@ -99,13 +99,13 @@ def main(debug: bool) -> None:
 def convert(src: Path, out: Path, to: str, family: str | None, shards: int | None, dtype: str, max_shard_size: str,
             force: bool, allow_nonfinite: bool) -> None:
     """Convert SRC into OUT. OUT appears complete or not at all."""
-    from .convert.hf_source import parse_dtype
+    from .convert.dtypes import parse_cast
     from .convert.pipeline import convert as run
     from .convert.shards import parse_size
 
     if family and to != "hf":
         raise InputError("--family only applies with --to hf")
-    kwargs: dict[str, Any] = {"dtype": parse_dtype(dtype), "max_shard_bytes": parse_size(max_shard_size),
+    kwargs: dict[str, Any] = {"dtype": parse_cast(dtype), "max_shard_bytes": parse_size(max_shard_size),
                               "force": force, "allow_nonfinite": allow_nonfinite}
     if to == "hf":
         kwargs["family"] = family
@@ -143,9 +143,6 @@ def verify(checkpoint: Path, reference: Path | None, dtype: str | None, device: 
            json_out: Path | None, files_only: bool) -> None:
     """Compare CHECKPOINT with transformers layer by layer, logit by logit and through greedy
     generation. Exit 1 when parity fails."""
-    from .convert.verify import parse_memory
-    from .convert.verify import verify as run
-
     if files_only:
         from .convert.integrity import check_files
 
@@ -155,6 +152,9 @@ def verify(checkpoint: Path, reference: Path | None, dtype: str | None, device: 
             changed = integrity.changed_tensors + integrity.changed_files + integrity.missing_files
             raise ParityFailure(f"{checkpoint}: integrity check failed: {', '.join(changed[:5])} changed")
         return
+
+    from .convert.verify import parse_memory
+    from .convert.verify import verify as run
 
     report = run(checkpoint, reference, dtype=dtype, device=device, seq_len=seq_len, batch=batch,
                  generate=new_tokens, max_memory=parse_memory(max_memory), golden=golden, save_golden=save_golden)
@@ -213,12 +213,12 @@ def generate(checkpoint: Path, prompt: str, max_new_tokens: int, dtype: str | No
 def pull(repo_id: str, revision: str | None, out: Path | None, check: bool, dtype: str, device: str,
          token: str | None, force: bool) -> None:
     """Download REPO_ID from the Hugging Face Hub into the HF cache and convert it to canonical."""
-    from .convert.hf_source import parse_dtype
+    from .convert.dtypes import parse_cast
     from .convert.hub import pull as run
     from .convert.verify import verify as run_verify
 
     with progress_bar(f"converting {repo_id}") as progress:
-        snapshot, out = run(repo_id, out, revision=revision, token=token, dtype=parse_dtype(dtype), force=force,
+        snapshot, out = run(repo_id, out, revision=revision, token=token, dtype=parse_cast(dtype), force=force,
                             progress=progress, quiet=not sys.stderr.isatty())
     click.echo(f"wrote {out} from {repo_id}@{snapshot.sha}")
     if check:

@@ -10,6 +10,7 @@ import resource
 import shutil
 import signal
 import struct
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -18,6 +19,8 @@ from bad_input import Result, assert_clean_failure, lmconvert, lmconvert_process
 from hf_models import make_checkpoint
 from safetensors import safe_open
 from safetensors.torch import load_file, save_file
+
+from lmconvert.convert.safetensors_dir import TensorSource
 
 
 @pytest.fixture(scope="module")
@@ -309,13 +312,22 @@ def test_interrupted_conversions_leave_nothing_half_written(larger: Path, tmp_pa
 
     rng = random.Random(0)
     out = tmp_path / "out"
-    interrupted = 0
-    for attempt in range(6):
+
+    def started() -> subprocess.Popen:
         proc = lmconvert_process("convert", larger, out, "--force")
         deadline = time.monotonic() + 60
         while proc.poll() is None and not list(tmp_path.glob(".out.tmp-*")) and time.monotonic() < deadline:
-            time.sleep(0.005)  # until the writing has started
-        time.sleep(rng.uniform(0.0, 0.3))
+            time.sleep(0.001)  # until the writing has started
+        return proc
+
+    first = started()  # how long the writing takes here, to aim the signals inside it
+    begin = time.monotonic()
+    first.communicate()
+    writing = time.monotonic() - begin
+    interrupted = 0
+    for attempt in range(6):
+        proc = started()
+        time.sleep(rng.uniform(0.0, 0.6 * writing))
         if proc.poll() is None:
             proc.send_signal(signal.SIGINT if attempt % 2 == 0 else signal.SIGKILL)
         proc.communicate()
@@ -349,3 +361,47 @@ def test_flipped_byte_is_named(good: Path, tmp_path: Path) -> None:
     assert proc.returncode == 1
     assert f"changed tensor: {victim}" in proc.stdout and "changed file: model.safetensors" in proc.stdout
     assert victim in proc.stderr
+
+
+def test_changed_header_or_appended_bytes_are_named(good: Path, tmp_path: Path) -> None:
+    """A shard's header and length are recorded too: a renamed tensor or bytes appended after the
+    last tensor leave every tensor's bytes intact, and are still caught."""
+    out = tmp_path / "can"
+    assert lmconvert("convert", good, out).returncode == 0
+    path = out / "model.safetensors"
+    original = path.read_bytes()
+    path.write_bytes(original + b"\0" * 8)
+    proc = lmconvert("verify", out, "--files")
+    assert proc.returncode == 1 and "changed file: model.safetensors" in proc.stdout
+    (length,) = struct.unpack("<Q", original[:8])
+    header = original[8:8 + length]
+    assert b'"format":"pt"' in header
+    path.write_bytes(original[:8] + header.replace(b'"format":"pt"', b'"format":"pu"') + original[8 + length:])
+    proc = lmconvert("verify", out, "--files")
+    assert proc.returncode == 1 and "changed file: model.safetensors" in proc.stdout
+
+
+def test_version_1_descriptions_with_whole_file_sums_still_verify(good: Path, tmp_path: Path) -> None:
+    import hashlib
+
+    """Format 1 recorded sha256 throughout, and whole-file sums for the shards."""
+    out = tmp_path / "can"
+    assert lmconvert("convert", good, out).returncode == 0
+    meta_file = out / "lmconvert.json"
+    meta = json.loads(meta_file.read_text())
+    assert meta["format_version"] == 2 and meta["hash"] == "blake3" and set(meta["shards"]) == {"model.safetensors"}
+    shard = out / "model.safetensors"
+    meta["files"] = {name: hashlib.sha256((out / name).read_bytes()).hexdigest()
+                     for name in [*meta["files"], "model.safetensors"]}
+    with TensorSource(out) as source:
+        meta["tensors"] = {name: hashlib.sha256(source.get(name).view(torch.uint8).numpy().tobytes()).hexdigest()
+                           for name in meta["tensors"]}
+    del meta["shards"], meta["hash"]
+    meta["format_version"] = 1
+    meta_file.write_text(json.dumps(meta))
+    assert lmconvert("verify", out, "--files").returncode == 0
+    data = bytearray(shard.read_bytes())
+    data[-1] ^= 0x01
+    shard.write_bytes(bytes(data))
+    proc = lmconvert("verify", out, "--files")
+    assert proc.returncode == 1 and "changed file: model.safetensors" in proc.stdout

@@ -2,16 +2,22 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
+import struct
 from pathlib import Path
 
+import blake3
 import pytest
 import torch
 from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 
+from lmconvert.convert.digest import CHUNK, FiniteCheck, memory_chunks, scan, tensor_bytes, tensor_digest
+from lmconvert.convert.dtypes import of_torch
+from lmconvert.convert.errors import InputError
 from lmconvert.convert.safetensors_dir import TensorSource
-from lmconvert.convert.shards import Planned, RawBytes, file_sha256, tensor_sha256, write_shards
+from lmconvert.convert.shards import Planned, RawBytes, write_shards
 
 DTYPES = [torch.float32, torch.bfloat16, torch.float16, torch.int64, torch.int8, torch.bool, torch.float64]
 
@@ -29,7 +35,13 @@ def _tensors() -> dict[str, torch.Tensor]:
 
 
 def _plan(tensors: dict[str, torch.Tensor]) -> list[Planned]:
-    return [Planned(n, tuple(t.shape), t.dtype, (lambda t=t: t)) for n, t in tensors.items()]
+    return [Planned(n, tuple(t.shape), of_torch(t.dtype).name, (lambda t=t: t)) for n, t in tensors.items()]
+
+
+def _header_blake3(path: Path) -> str:
+    data = path.read_bytes()
+    (length,) = struct.unpack("<Q", data[:8])
+    return blake3.blake3(data[:8 + length]).hexdigest()
 
 
 @pytest.mark.parametrize("max_bytes", [10**9, 64, 1])
@@ -47,8 +59,9 @@ def test_streamed_shards_read_back_through_safetensors(tmp_path: Path, max_bytes
     assert set(loaded) == set(tensors)
     for name, t in tensors.items():
         assert loaded[name].dtype == t.dtype and torch.equal(loaded[name], t)
-        assert hashes[name] == tensor_sha256(t)
-    assert written.files == {f.name: file_sha256(f) for f in files}
+        data = (t.view(torch.int16) if t.dtype == torch.bfloat16 else t).numpy().tobytes()
+        assert hashes[name] == blake3.blake3(data).hexdigest()
+    assert written.shards == {f.name: {"header": _header_blake3(f), "bytes": f.stat().st_size} for f in files}
     if len(files) > 1:
         index = json.loads((tmp_path / "model.safetensors.index.json").read_text())
         assert set(index["weight_map"]) == set(tensors)
@@ -65,27 +78,99 @@ def test_reader_returns_what_safetensors_returns(tmp_path: Path) -> None:
 
 
 def test_writer_refuses_a_tensor_unlike_its_plan(tmp_path: Path) -> None:
-    plan = [Planned("x", (2, 2), torch.float32, lambda: torch.zeros(2, 3))]
+    plan = [Planned("x", (2, 2), "F32", lambda: torch.zeros(2, 3))]
     with pytest.raises(RuntimeError, match="planned"):
         write_shards(plan, tmp_path, 10**9)
 
 
 def test_raw_copies_equal_decoded_writes(tmp_path: Path) -> None:
-    """Byte-for-byte copies out of a source file (copy_file_range) give the same file, hashes and
-    checks as decoding and writing the tensors."""
+    """Byte-for-byte copies out of a source file (copy_file_range) give the same file and hashes
+    as decoding and writing the tensors, and pass the NaN/Inf check of finite weights."""
     tensors = _tensors()
     save_file(tensors, str(tmp_path / "model.safetensors"))
     (tmp_path / "raw").mkdir()
     (tmp_path / "decoded").mkdir()
-    checked = []
     with TensorSource(tmp_path) as source:
-        raw = [Planned(n, tuple(t.shape), t.dtype, lambda: pytest.fail("raw tensors are not decoded"),
-                       RawBytes(*source.raw_location(n)), lambda t: checked.append(t.clone()))
+        raw = [Planned(n, tuple(t.shape), source.dtype_name(n), lambda: pytest.fail("raw tensors are not decoded"),
+                       RawBytes(*source.raw_location(n)), FiniteCheck(n, source.where(n)))
                for n, t in tensors.items()]
         a = write_shards(raw, tmp_path / "raw", 10**9)
     b = write_shards(_plan(tensors), tmp_path / "decoded", 10**9)
-    assert a.tensors == b.tensors and a.files == b.files
+    assert a.tensors == b.tensors and a.shards == b.shards
     files = [tmp_path / kind / "model.safetensors" for kind in ("raw", "decoded")]
     assert files[0].read_bytes() == files[1].read_bytes()
-    assert [t.dtype for t in checked] == [t.dtype for t in tensors.values()]
-    assert all(torch.equal(c, t) for c, t in zip(checked, tensors.values(), strict=True))
+
+
+def test_raw_copy_of_a_nan_is_refused_by_name(tmp_path: Path) -> None:
+    tensors = {"a": torch.ones(3 * CHUNK // 4), "b": torch.ones(4, 4), "c": torch.ones(2)}
+    tensors["b"][1, 2] = float("nan")
+    tensors["b"][3, 0] = float("-inf")
+    save_file(tensors, str(tmp_path / "model.safetensors"))
+    with TensorSource(tmp_path) as source:
+        raw = [Planned(n, tuple(t.shape), "F32", lambda: pytest.fail("not decoded"),
+                       RawBytes(*source.raw_location(n)), FiniteCheck(n, source.where(n))) for n, t in tensors.items()]
+        (tmp_path / "out").mkdir()
+        with pytest.raises(InputError, match=r"model.safetensors: tensor 'b' holds 2 NaN/Inf"):
+            write_shards(raw, tmp_path / "out", 10**9)
+
+
+FLOATS = [torch.float64, torch.float32, torch.float16, torch.bfloat16, torch.float8_e4m3fn, torch.float8_e5m2]
+
+
+@pytest.mark.parametrize("dtype", FLOATS, ids=str)
+def test_nonfinite_count_from_bits_equals_torch(dtype: torch.dtype) -> None:
+    """Random bit patterns (every one, for 8-bit types), in chunks: the integer test counts exactly
+    what torch.isfinite rejects, and the digests are the hash libraries' own over the same bytes."""
+    size = torch.empty((), dtype=dtype).element_size()
+    g = torch.Generator().manual_seed(1)
+    bits = torch.randint(0, 256, ((CHUNK * 5) // 2 + 24,), dtype=torch.uint8, generator=g)
+    if size == 1:
+        bits[:256] = torch.arange(256, dtype=torch.uint8)  # every pattern at least once
+    t = bits.view(dtype)
+    result = scan(memory_chunks(tensor_bytes(t)), of_torch(dtype).name)
+    assert result.nonfinite == int((~torch.isfinite(t.float() if size == 1 else t)).sum()) > 0
+    assert result.digest == blake3.blake3(bits.numpy().tobytes()).hexdigest() == tensor_digest(t)
+    assert tensor_digest(t, "sha256") == hashlib.sha256(bits.numpy().tobytes()).hexdigest()
+
+
+def test_rename_only_conversions_never_import_torch(tmp_path: Path) -> None:
+    """HF -> canonical -> HF of a safetensors checkpoint copies bytes only: it must work with torch
+    made unimportable (importing it costs more than a second, as long as copying a gigabyte)."""
+    import subprocess
+    import sys
+
+    from hf_models import make_checkpoint
+
+    src = make_checkpoint(tmp_path / "hf", "qwen3", dtype=torch.bfloat16)
+    script = ("import sys; sys.modules['torch'] = None\n"  # `import torch` now raises ImportError
+              "from lmconvert.cli import main\n"
+              "main(sys.argv[1:])")
+    run = [sys.executable, "-c", script]
+    for args in (["convert", src, tmp_path / "can"], ["verify", "--files", tmp_path / "can"],
+                 ["convert", tmp_path / "can", tmp_path / "back", "--to", "hf"]):
+        proc = subprocess.run([*run, *map(str, args)], capture_output=True, text=True)
+        assert proc.returncode == 0, proc.stderr
+    for name, t in load_file(src / "model.safetensors").items():
+        assert torch.equal(load_file(tmp_path / "back" / "model.safetensors")[name], t)
+
+
+def test_progress_counts_each_tensor_once_in_order(tmp_path: Path) -> None:
+    """Raw tensors are moved by worker threads, produced ones in the caller's thread; progress is
+    still reported from the caller's thread, once per tensor, as each is done."""
+    import threading
+
+    tensors = _tensors()
+    save_file(tensors, str(tmp_path / "model.safetensors"))
+    seen: list[tuple[int, int, int]] = []
+    with TensorSource(tmp_path) as source:
+        plan = [Planned(n, tuple(t.shape), source.dtype_name(n), lambda t=t: t,
+                        RawBytes(*source.raw_location(n)) if i % 2 else None)
+                for i, (n, t) in enumerate(tensors.items())]
+        (tmp_path / "out").mkdir()
+        write_shards(plan, tmp_path / "out", 64, progress=lambda d, n: seen.append((d, n, threading.get_ident())))
+    assert [(d, n) for d, n, _ in seen] == [(i, len(plan)) for i in range(1, len(plan) + 1)]
+    assert {thread for _, _, thread in seen} == {threading.get_ident()}
+    loaded = {}
+    for f in (tmp_path / "out").glob("*.safetensors"):
+        loaded.update(load_file(f))
+    assert all(torch.equal(loaded[n], t) for n, t in tensors.items())

@@ -16,16 +16,7 @@ from .mlp import MLP
 from .norms import Norm
 from .positions import RelativeBias
 from .rope import Rotary
-
-# placement -> the norm slots it fills
-NORM_SLOTS: dict[str, tuple[str, ...]] = {
-    "pre": ("attn_norm", "mlp_norm"),
-    "post": ("attn_norm", "mlp_norm"),
-    "sandwich": ("attn_norm", "attn_post_norm", "mlp_norm", "mlp_post_norm"),
-    "output": ("attn_post_norm", "mlp_post_norm"),
-    "parallel_shared": ("attn_norm",),
-    "parallel_separate": ("attn_norm", "mlp_norm"),
-}
+from .shapes import NORM_SLOTS, SLOTS  # placement -> the norm slots it fills (torch-free, so shapes owns it)
 
 
 def _sequential(b: Block, h: torch.Tensor, attend: Callable[[torch.Tensor], torch.Tensor]) -> torch.Tensor:
@@ -52,7 +43,7 @@ class Block(nn.Module):
     def __init__(self, cfg: ArchConfig, layer: int, rotary: Rotary | None, relative: RelativeBias | None) -> None:
         super().__init__()
         slots = NORM_SLOTS[cfg.norm_placement]
-        for slot in ("attn_norm", "attn_post_norm", "mlp_norm", "mlp_post_norm"):
+        for slot in SLOTS:
             setattr(self, slot, Norm(cfg.d_model, cfg.norm) if slot in slots else nn.Identity())
         self.attn = ATTENTION[cfg.attention](cfg, layer, rotary, relative)
         self.mlp = MLP(cfg)

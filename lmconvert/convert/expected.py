@@ -14,7 +14,7 @@ import torch
 from lmconvert.arch import ArchConfig
 from lmconvert.mappings.table import TensorTable
 
-from .hf_source import DTYPES
+from .dtypes import torch_dtype
 from .localize import OwnErrors, own_errors
 from .tolerance import Tolerance
 
@@ -65,7 +65,7 @@ def record(reference: Path, arch: ArchConfig, table: TensorTable, ids: torch.Ten
     tolerance = Tolerance.for_dtype(dtype)
     prompt_len, new_tokens = generation_plan(arch, ids.shape[1], new_tokens)
     on_device = ids.to(device)
-    with reference_model(reference, DTYPES[dtype], device, max_memory) as model:
+    with reference_model(reference, torch_dtype(dtype), device, max_memory) as model:
         trace = reference_trace(model, on_device, arch, table)
         generation = reference_greedy(model, on_device[:1, :prompt_len], new_tokens) if new_tokens else None
     del model  # before the fp32 run loads: never two models at once

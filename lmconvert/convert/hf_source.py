@@ -5,28 +5,25 @@ from __future__ import annotations
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import torch
-
-from lmconvert.arch import ArchConfig, Decoder
+from lmconvert.arch import ArchConfig
+from lmconvert.arch.shapes import parameter_shapes
 from lmconvert.mappings import Family, MappingError, family_for
-from lmconvert.mappings.table import Transform
+from lmconvert.mappings.table import Transform, out_shape
 
+from .dtypes import parse_cast, torch_dtype
 from .errors import InputError
 from .sources import Source, open_source
 from .weight_index import read_json_object
 
-DTYPES: dict[str, torch.dtype | None] = {"keep": None, "float32": torch.float32, "bfloat16": torch.bfloat16,
-                                         "float16": torch.float16}
+if TYPE_CHECKING:
+    import torch
 
 
 def parse_dtype(name: str | None) -> torch.dtype | None:
-    if name is None:
-        return None
-    if name not in DTYPES:
-        raise InputError(f"--dtype {name!r}: choose one of {', '.join(DTYPES)}")
-    return DTYPES[name]
+    cast = parse_cast(name)
+    return None if cast is None else torch_dtype(cast)
 
 
 def read_config(directory: Path) -> dict[str, Any]:
@@ -38,10 +35,8 @@ def read_config(directory: Path) -> dict[str, Any]:
 
 
 def expected_shapes(arch: ArchConfig) -> dict[str, tuple[int, ...]]:
-    """Every tensor the canonical decoder needs, with its shape, without allocating memory."""
-    with torch.device("meta"):
-        model = Decoder(arch)
-    return {name: tuple(t.shape) for name, t in model.state_dict().items()}
+    """Every tensor the canonical decoder needs, with its shape, without building it (or importing torch)."""
+    return parameter_shapes(arch)
 
 
 @dataclass
@@ -85,7 +80,7 @@ class HfCheckpoint:
     def _check_shapes(self, shapes: dict[str, tuple[int, ...]]) -> None:
         for canonical, (hf_name, transform) in self.plan.items():
             shape = self.source.tensors.shape(hf_name)
-            got = tuple(transform.forward(torch.empty(shape, device="meta")).shape)
+            got = out_shape(transform.forward, shape)
             if got != shapes[canonical]:
                 raise InputError(f"{self.source.tensors.where(hf_name)}: tensor {hf_name!r} has shape {list(shape)}, "
                                  f"but config.json implies {list(shapes[canonical])}; check that they match")

@@ -15,16 +15,13 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from fnmatch import fnmatch
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 from urllib.parse import unquote, urlsplit
 
 from .atomic import check_output
 from .canonical import SIDECAR_PATTERNS
 from .errors import InputError
 from .weight_index import read_weight_map
-
-if TYPE_CHECKING:
-    import torch
 
 CONFIG = "config.json"
 # (index, single file) per weight format, in order of preference: .bin only when there is no safetensors
@@ -221,7 +218,7 @@ def download(repo_id: str, revision: str | None = None, token: str | None = None
 
 
 def pull(repo_id: str, out: Path | None = None, *, revision: str | None = None, token: str | None = None,
-         dtype: torch.dtype | None = None, max_shard_bytes: int = 5 * 10**9, force: bool = False,
+         dtype: str | None = None, max_shard_bytes: int = 5 * 10**9, force: bool = False,
          progress: Callable[[int, int], None] | None = None, quiet: bool = False) -> tuple[Snapshot, Path]:
     """Download `repo_id` and convert it into a canonical checkpoint at `out` (default ./<repo name>),
     recording the repo and the commit sha; the snapshot stays the recorded source for `verify`."""

@@ -1,14 +1,20 @@
-"""`lmconvert verify --files`: re-hash a canonical checkpoint against the sha256 sums that
-lmconvert.json recorded when it was written, and name every tensor and file that changed."""
+"""`lmconvert verify --files`: re-hash a canonical checkpoint against the digests that
+lmconvert.json recorded when it was written, and name every tensor and file that changed.
+
+A shard is covered by its header's digest, its size and its tensors' digests (safetensors leaves no
+byte between tensors), so each byte is read once, as when it was written.
+"""
 
 from __future__ import annotations
 
+import struct
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from .canonical import META_FILE, read_meta
+from .digest import digest_of, file_chunks, file_digest, scan
+from .errors import InputError
 from .safetensors_dir import TensorSource
-from .shards import file_sha256, tensor_sha256
 
 
 @dataclass
@@ -32,22 +38,49 @@ class IntegrityReport:
         return out
 
 
+def _shard_intact(path: Path, expected: dict[str, object], algorithm: str) -> bool:
+    """Size and header as recorded (the tensors' bytes are checked one by one)."""
+    size = path.stat().st_size
+    if size != expected.get("bytes") or size < 8:
+        return False
+    with open(path, "rb") as f:
+        (length,) = struct.unpack("<Q", f.read(8))
+        head = f.read(length) if 8 + length <= size else b""
+    return digest_of(struct.pack("<Q", length) + head, algorithm) == expected.get("header")
+
+
 def check_files(checkpoint: Path) -> IntegrityReport:
     meta = read_meta(checkpoint)
     report = IntegrityReport()
-    for name, digest in sorted(meta.files.items()):
+    algorithm = meta.hash
+    recorded = [(name, lambda p, d=digest: file_digest(p, algorithm) == d) for name, digest in meta.files.items()]
+    recorded += [(name, lambda p, e=expected: _shard_intact(p, e, algorithm)) for name, expected in meta.shards.items()]
+    for name, intact in sorted(recorded):
         path = checkpoint / name
         if not path.is_file():
             report.missing_files.append(name)
             continue
         report.checked_files += 1
-        if file_sha256(path) != digest:
+        if not intact(path):
             report.changed_files.append(name)
     if report.missing_files:
         return report
-    with TensorSource(checkpoint) as source:
+    try:
+        source = TensorSource(checkpoint)
+    except InputError:
+        if report.changed_files:  # a damaged header or index, already named above
+            return report
+        raise
+    with source:
         for name, digest in sorted(meta.tensors.items()):
             report.checked_tensors += 1
-            if name not in source.files or tensor_sha256(source.get(name)) != digest:
+            if name not in source.files:
                 report.changed_tensors.append(name)
+                continue
+            path, start, end = source.raw_location(name)
+            if scan(file_chunks(path, start, end), source.dtype_name(name), algorithm, checked=False).digest != digest:
+                report.changed_tensors.append(name)
+                if path.name not in report.changed_files:  # its shard changed with it
+                    report.changed_files.append(path.name)
+    report.changed_files.sort()
     return report

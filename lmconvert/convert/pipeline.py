@@ -5,87 +5,73 @@ from __future__ import annotations
 import json
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
-from typing import Any
-
-import torch
+from typing import TYPE_CHECKING, Any
 
 from lmconvert.mappings import MappingError, family_named
 from lmconvert.mappings.family import PASSTHROUGH_KEYS
-from lmconvert.mappings.table import IDENTITY
+from lmconvert.mappings.table import IDENTITY, TensorFn, out_shape
 
 from .atomic import atomic_directory, check_output
 from .canonical import META_FILE, CanonicalMeta, copy_sidecars, is_canonical, read_meta
+from .digest import FiniteCheck, check_finite, file_digest
+from .dtypes import BY_TORCH_NAME, DTYPES, of_torch, torch_dtype
 from .errors import InputError
-from .formats.meta_export import to_meta
 from .hf_source import HfCheckpoint
 from .safetensors_dir import TensorSource
-from .shards import Planned, RawBytes, file_sha256, write_shards
+from .shards import Planned, RawBytes, write_shards
 from .sources import TensorReader
 
+if TYPE_CHECKING:
+    import torch
 
-def _dtype_name(dtype: torch.dtype) -> str:
-    return str(dtype).removeprefix("torch.")
 
-
-def _hash_files(directory: Path, known: dict[str, str]) -> dict[str, str]:
-    """sha256 of every file in the output; the shards' were computed while they were written."""
-    return {p.name: known.get(p.name) or file_sha256(p)
-            for p in sorted(directory.iterdir()) if p.is_file() and p.name != META_FILE}
+def _hash_files(directory: Path, shards: dict[str, dict[str, object]]) -> dict[str, str]:
+    """The digest of every file in the output but the shards, which tensor and header digests cover."""
+    return {p.name: file_digest(p) for p in sorted(directory.iterdir())
+            if p.is_file() and p.name != META_FILE and p.name not in shards}
 
 
 Progress = Callable[[int, int], None]  # (tensors done, tensors in all)
-TensorFn = Callable[[torch.Tensor], torch.Tensor]
 
 
-def _source_dtype(reader: TensorReader, name: str) -> torch.dtype:
+def _source_dtype(reader: TensorReader, name: str) -> str:
+    """The dtype as safetensors names it: from the file where the reader knows it, else from torch."""
+    if hasattr(reader, "dtype_name"):
+        return reader.dtype_name(name)
     dtype = getattr(reader, "dtype", None)
-    return dtype(name) if dtype is not None else reader.get(name).dtype
+    return of_torch(dtype(name) if dtype is not None else reader.get(name).dtype).name
 
 
-def check_finite(name: str, t: torch.Tensor, where: object) -> None:
-    """NaN and Inf propagate through min and max, a fast vectorised pass; only a failing tensor
-    pays for the exact count."""
-    if not t.is_floating_point() or t.numel() == 0:
-        return
-    low, high = torch.aminmax(t)
-    if bool(torch.isfinite(low)) and bool(torch.isfinite(high)):
-        return
-    count = int((~torch.isfinite(t)).sum())
-    raise InputError(f"{where}: tensor {name!r} holds {count} NaN/Inf value(s); "
-                     "fix the checkpoint or pass --allow-nonfinite")
-
-
-def plan_tensors(reader: TensorReader, items: Iterable[tuple[str, str, TensorFn]], dtype: torch.dtype | None,
+def plan_tensors(reader: TensorReader, items: Iterable[tuple[str, str, TensorFn]], cast: str | None,
                  allow_nonfinite: bool = False) -> list[Planned]:
-    """Plan (output name, source name, transform) triples: shapes and dtypes come from running
-    each transform on a meta tensor, so nothing is read until the tensor is written. A tensor
-    that passes through unchanged from a safetensors file is planned as a raw byte copy."""
+    """Plan (output name, source name, transform) triples, casting to `cast` (a --dtype name) if
+    given: nothing is read until the tensor is written. A tensor that passes through unchanged
+    from a safetensors file is planned as a raw byte copy, and planning it needs no torch."""
     raw_location = getattr(reader, "raw_location", None)
-
-    def checker(src: str) -> Callable[[torch.Tensor], None] | None:
-        return None if allow_nonfinite else (lambda t: check_finite(src, t, reader.where(src)))
+    target = None if cast is None else BY_TORCH_NAME[cast].name
 
     def producer(src: str, fn: TensorFn) -> Callable[[], torch.Tensor]:
         def produce() -> torch.Tensor:
             raw = reader.get(src)
-            check = checker(src)
-            if check is not None:
-                check(raw)
+            if not allow_nonfinite:
+                check_finite(src, raw, reader.where(src))
             t = fn(raw)
-            return t if dtype is None else t.to(dtype)
+            return t if target is None else t.to(torch_dtype(target))
         return produce
 
     planned = []
     for out, src, fn in items:
-        source_dtype = _source_dtype(reader, src)
-        shape = fn(torch.empty(reader.shape(src), dtype=source_dtype, device="meta"))
-        unchanged = fn is IDENTITY.forward and dtype in (None, source_dtype)
-        raw = RawBytes(*raw_location(src)) if unchanged and raw_location is not None else None
-        planned.append(Planned(out, tuple(shape.shape), dtype or shape.dtype, producer(src, fn), raw, checker(src)))
+        source = _source_dtype(reader, src)
+        dtype = target or source
+        raw = None
+        if fn is IDENTITY.forward and dtype == source and raw_location is not None:
+            raw = RawBytes(*raw_location(src))
+        check = None if raw is None or allow_nonfinite else FiniteCheck(src, reader.where(src))
+        planned.append(Planned(out, out_shape(fn, reader.shape(src)), dtype, producer(src, fn), raw, check))
     return planned
 
 
-def to_canonical(src: Path, out: Path, dtype: torch.dtype | None = None, max_shard_bytes: int = 5 * 10**9,
+def to_canonical(src: Path, out: Path, dtype: str | None = None, max_shard_bytes: int = 5 * 10**9,
                  force: bool = False, source_info: dict[str, Any] | None = None,
                  progress: Progress | None = None, allow_nonfinite: bool = False) -> CanonicalMeta:
     check_output(out, force, (src,))
@@ -99,9 +85,9 @@ def to_canonical(src: Path, out: Path, dtype: torch.dtype | None = None, max_sha
                   "model_type": ckpt.config.get("model_type"), **ckpt.source.info, **(source_info or {})}
         if ckpt.dropped:
             source["dropped_tensors"] = ckpt.dropped
-        meta = CanonicalMeta(arch=ckpt.arch, family=ckpt.family.name, dtype=_dtype_name(planned[0].dtype),
+        meta = CanonicalMeta(arch=ckpt.arch, family=ckpt.family.name, dtype=DTYPES[planned[0].dtype].torch_name,
                              source=source, hf_extras=extras, tensors=written.tensors,
-                             files=_hash_files(tmp, written.files))
+                             shards=written.shards, files=_hash_files(tmp, written.shards))
         (tmp / META_FILE).write_text(meta.to_json())
     return meta
 
@@ -113,7 +99,7 @@ def canonical_tensors(directory: Path, dtype: torch.dtype | None = None) -> Iter
             yield name, t if dtype is None else t.to(dtype)
 
 
-def to_hf(src: Path, out: Path, family: str | None = None, dtype: torch.dtype | None = None,
+def to_hf(src: Path, out: Path, family: str | None = None, dtype: str | None = None,
           max_shard_bytes: int = 5 * 10**9, force: bool = False, progress: Progress | None = None,
           allow_nonfinite: bool = False) -> dict[str, Any]:
     """Write a canonical checkpoint as `family` (default: its own); refuses what the family
@@ -125,7 +111,7 @@ def to_hf(src: Path, out: Path, family: str | None = None, dtype: torch.dtype | 
     except MappingError as exc:
         raise InputError(f"--family {target.name}: {exc}") from None
     check_output(out, force, (src,))
-    config["dtype"] = _dtype_name(dtype) if dtype is not None else meta.dtype
+    config["dtype"] = dtype or meta.dtype
     with TensorSource(src) as source:
         if set(source.names()) != set(meta.tensors):
             changed = sorted(set(source.names()) ^ set(meta.tensors))
@@ -144,8 +130,15 @@ def to_hf(src: Path, out: Path, family: str | None = None, dtype: torch.dtype | 
     return config
 
 
+def _to_meta(src: Path, out: Path, **kwargs: Any) -> dict[str, Any]:
+    from .formats.meta_export import to_meta  # loads torch: Meta's files are pickles
+
+    return to_meta(src, out, **kwargs)
+
+
 def convert(src: Path, out: Path, to: str, **kwargs: Any) -> None:
-    targets = {"canonical": (False, to_canonical), "hf": (True, to_hf), "meta": (True, to_meta)}
+    """`dtype` is a --dtype name ("bfloat16", ...) or None to keep the checkpoint's own."""
+    targets = {"canonical": (False, to_canonical), "hf": (True, to_hf), "meta": (True, _to_meta)}
     needs_canonical, fn = targets[to]
     if is_canonical(src) != needs_canonical:
         want = "a canonical checkpoint (with lmconvert.json)" if needs_canonical else "an HF checkpoint"

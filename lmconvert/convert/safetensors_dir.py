@@ -12,21 +12,19 @@ import struct
 from collections.abc import Iterator
 from contextlib import ExitStack
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import torch
 from safetensors import SafetensorError, safe_open
 
+from .dtypes import DTYPES, torch_dtype
 from .errors import InputError
 from .weight_index import shard_files
 
+if TYPE_CHECKING:
+    import torch
+
 INDEX = "model.safetensors.index.json"
 SINGLE = "model.safetensors"
-DTYPES: dict[str, torch.dtype] = {
-    "F64": torch.float64, "F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16,
-    "I64": torch.int64, "I32": torch.int32, "I16": torch.int16, "I8": torch.int8, "U8": torch.uint8,
-    "BOOL": torch.bool, "F8_E4M3": torch.float8_e4m3fn, "F8_E5M2": torch.float8_e5m2,
-}
-DTYPE_NAMES = {v: k for k, v in DTYPES.items()}
 
 
 def data_offsets(path: Path) -> dict[str, tuple[str, tuple[int, ...], int, int]]:
@@ -53,7 +51,7 @@ def shard_map(directory: Path) -> dict[str, Path]:
 
 def _open(path: Path):  # noqa: ANN202 - safetensors' handle type is private
     try:
-        return safe_open(str(path), framework="pt")
+        return safe_open(str(path), framework="numpy")  # only validates and lists: needs no torch
     except (SafetensorError, OSError) as exc:
         reason = " ".join(str(exc).split()).removeprefix("Error while deserializing header: ")
         raise InputError(f"{path}: not a valid safetensors file ({reason}); re-download or re-export it") from None
@@ -91,11 +89,15 @@ class TensorSource:
     def shape(self, name: str) -> tuple[int, ...]:
         return self._entries[name][1]
 
-    def dtype(self, name: str) -> torch.dtype:
+    def dtype_name(self, name: str) -> str:
+        """The dtype as the file names it (BF16, F32, ...)."""
         kind = self._entries[name][0]
         if kind not in DTYPES:
             raise InputError(f"{self.files[name]}: tensor {name!r} has dtype {kind}, which lmconvert does not handle")
-        return DTYPES[kind]
+        return kind
+
+    def dtype(self, name: str) -> torch.dtype:
+        return torch_dtype(self.dtype_name(name))
 
     def raw_location(self, name: str) -> tuple[Path, int, int]:
         """The file and byte range holding the tensor, for byte-for-byte copies."""
@@ -103,6 +105,8 @@ class TensorSource:
         return self.files[name], start, end
 
     def get(self, name: str) -> torch.Tensor:
+        import torch
+
         _, shape, start, end = self._entries[name]
         dtype = self.dtype(name)
         file = self.files[name]

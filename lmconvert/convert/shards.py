@@ -3,33 +3,40 @@
 The safetensors library has no incremental writer, so the header is written first from the
 planned shapes and dtypes (the format is an 8-byte length, a JSON header and the raw bytes) and
 each tensor's bytes follow as it is produced. Tests read every output back through safetensors.
-Peak memory is the largest tensor, not the shard. A tensor that passes through unchanged is
-copied by the kernel (copy_file_range) from its source file, as `cp` copies.
+Peak memory is the largest produced tensor, not the shard.
+
+A tensor that passes through unchanged is moved by worker threads, several tensors at once: each
+reads it in 1 MiB chunks from the source, hashes and checks a chunk while it is in cache, and
+writes it at the tensor's known place in the output. That is as fast as `cp` copies (measured
+here: two threads read+write 2.47 GB in 0.61-0.69 s, cp 0.66-0.72 s) and cheaper than
+copy_file_range plus a separate read to hash (1.5 against 1.1 CPU-seconds), and it holds one
+chunk per thread, whatever the tensor's size.
 """
 
 from __future__ import annotations
 
-import hashlib
 import json
-import mmap
 import os
 import re
 import struct
-import warnings
-from collections.abc import Callable, Iterator, Sequence
-from concurrent.futures import Future, ThreadPoolExecutor, wait
-from contextlib import ExitStack, contextmanager
+from collections.abc import Callable, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
+from contextlib import ExitStack
 from dataclasses import dataclass, field
 from math import prod
 from pathlib import Path
-from typing import BinaryIO
+from typing import TYPE_CHECKING
 
-import torch
-
+from .digest import HASH, FiniteCheck, Scan, digest_of, file_chunks, memory_chunks, scan, tensor_bytes
+from .dtypes import DTYPES, of_torch
 from .errors import InputError
-from .safetensors_dir import DTYPE_NAMES
+
+if TYPE_CHECKING:
+    import torch
 
 _UNITS = {"B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12, "KIB": 2**10, "MIB": 2**20, "GIB": 2**30}
+# Threads that move, hash and check tensors: tensors are independent, so several go at once.
+WORKERS = max(2, min(4, os.cpu_count() or 1))
 
 
 def parse_size(text: str) -> int:
@@ -37,22 +44,6 @@ def parse_size(text: str) -> int:
     if not match:
         raise InputError(f"--max-shard-size {text!r}: expected a size such as 5GB or 500MB")
     return int(float(match.group(1)) * _UNITS[match.group(2) or "B"])
-
-
-def tensor_sha256(t: torch.Tensor) -> str:
-    return hashlib.sha256(_bytes(t)).hexdigest()
-
-
-def file_sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
-
-
-def _bytes(t: torch.Tensor) -> memoryview:
-    return memoryview(t.contiguous().reshape(-1).view(torch.uint8).numpy())
 
 
 @dataclass(frozen=True)
@@ -66,26 +57,26 @@ class RawBytes:
 
 @dataclass(frozen=True)
 class Planned:
-    """A tensor to be written: its name, shape and dtype up front, its data on demand. With `raw`,
-    the bytes are copied straight from the source file and `check` sees them as a tensor that is
-    valid only during the call (it views a memory map): a check must not keep it."""
+    """A tensor to be written: its name, shape and dtype (as safetensors names it) up front, its
+    data on demand. With `raw`, the bytes are copied straight from the source file, and `check`
+    (if any) refuses them when they hold NaN or Inf; a produced tensor is checked by `produce`."""
 
     name: str
     shape: tuple[int, ...]
-    dtype: torch.dtype
+    dtype: str
     produce: Callable[[], torch.Tensor]
     raw: RawBytes | None = None
-    check: Callable[[torch.Tensor], None] | None = None
+    check: FiniteCheck | None = None
 
     @property
     def nbytes(self) -> int:
-        return prod(self.shape) * torch.empty((), dtype=self.dtype).element_size()
+        return prod(self.shape) * DTYPES[self.dtype].itemsize
 
 
 @dataclass
 class Written:
-    tensors: dict[str, str] = field(default_factory=dict)  # tensor name -> sha256 of its bytes
-    files: dict[str, str] = field(default_factory=dict)  # file name -> sha256
+    tensors: dict[str, str] = field(default_factory=dict)  # tensor name -> digest of its bytes
+    shards: dict[str, dict[str, object]] = field(default_factory=dict)  # file -> header digest and size
 
 
 def _group(planned: Sequence[Planned], max_bytes: int) -> list[list[Planned]]:
@@ -104,113 +95,113 @@ def _header(planned: Sequence[Planned], metadata: dict[str, str] | None) -> byte
     header: dict[str, object] = {"__metadata__": metadata or {"format": "pt"}}
     offset = 0
     for p in planned:
-        header[p.name] = {"dtype": DTYPE_NAMES[p.dtype], "shape": list(p.shape),
-                          "data_offsets": [offset, offset + p.nbytes]}
+        header[p.name] = {"dtype": p.dtype, "shape": list(p.shape), "data_offsets": [offset, offset + p.nbytes]}
         offset += p.nbytes
     blob = json.dumps(header, separators=(",", ":")).encode()
     blob += b" " * (-len(blob) % 8)  # safetensors aligns the data start to 8 bytes
     return struct.pack("<Q", len(blob)) + blob
 
 
-@contextmanager
-def _mapped(raw: RawBytes) -> Iterator[memoryview]:
-    """The region's bytes through a read-only memory map, unmapped on exit so that resident
-    memory stays at one tensor."""
-    aligned = raw.start - raw.start % mmap.ALLOCATIONGRANULARITY
-    with open(raw.path, "rb") as f:
-        m = mmap.mmap(f.fileno(), raw.end - aligned, offset=aligned, access=mmap.ACCESS_READ)
-    view = memoryview(m)[raw.start - aligned:]
-    try:
-        yield view
-    finally:
-        view.release()
-        try:
-            m.close()
-        except BufferError:  # a traceback still holds a view of it: unmapped when that goes
-            pass
-
-
-def _write_all(out: BinaryIO, data: memoryview | bytes) -> None:
+def _write_at(fd: int, data: memoryview | bytes, offset: int) -> None:
     with memoryview(data) as view:
         done = 0
         while done < len(view):  # one write moves at most ~2 GB on Linux
             with view[done:] as rest:
-                done += out.write(rest)
+                done += os.pwrite(fd, rest, offset + done)
 
 
-def _copy(raw: RawBytes, out: BinaryIO, view: memoryview) -> None:
-    """Kernel-side copy (copy_file_range), as cp does; plain writes where the kernel cannot."""
-    position = out.tell()
-    with open(raw.path, "rb") as src:
-        done, count = 0, raw.end - raw.start
-        try:
-            while done < count:
-                n = os.copy_file_range(src.fileno(), out.fileno(), count - done, raw.start + done)
-                if n == 0:
-                    raise OSError("copy_file_range made no progress")
-                done += n
-        except OSError:
-            out.seek(position)
-            _write_all(out, view)
+def _move(raw: RawBytes, fd: int, offset: int, dtype: str, algorithm: str | None, checked: bool) -> Scan:
+    """Copy a tensor's bytes to `offset` of the output, hashing and checking each chunk on the way."""
+    written = [offset]
+
+    def sink(chunk: memoryview) -> None:
+        _write_at(fd, chunk, written[0])
+        written[0] += len(chunk)
+
+    return scan(file_chunks(raw.path, raw.start, raw.end), dtype, algorithm, checked, sink)
 
 
-def _as_tensor(view: memoryview, p: Planned) -> torch.Tensor:
-    if p.nbytes == 0:
-        return torch.empty(p.shape, dtype=p.dtype)
-    with warnings.catch_warnings():  # read-only map: the tensor is only read
-        warnings.simplefilter("ignore", UserWarning)
-        return torch.frombuffer(view, dtype=torch.uint8).view(p.dtype).reshape(p.shape)
+def _produced(p: Planned) -> memoryview:
+    t = p.produce()
+    if tuple(t.shape) != p.shape or of_torch(t.dtype).name != p.dtype:
+        raise RuntimeError(f"{p.name}: produced {t.dtype} {list(t.shape)}, planned {p.dtype} {list(p.shape)}")
+    return tensor_bytes(t)
 
 
-def _sha256(data: memoryview) -> str:
-    return hashlib.sha256(data).hexdigest()
+class _Writer:
+    """The shard files being written, and the worker threads that move, hash and check tensors.
+    A raw tensor's job holds no memory until it runs, so those queue freely, across shard
+    boundaries too; a produced tensor is written and hashed before the next is produced."""
+
+    def __init__(self, hashed: bool, progress: Callable[[], None]) -> None:
+        self.algorithm = HASH if hashed else None
+        self._progress = progress  # called as each tensor is done, from this thread
+        self.written = Written()
+        self._files = ExitStack()
+        self._pool = ThreadPoolExecutor(WORKERS)
+        self._pending: list[tuple[Planned, Future[Scan]]] = []
+
+    def open(self, path: Path) -> int:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o666)
+        self._files.callback(os.close, fd)
+        return fd
+
+    def raw(self, p: Planned, raw: RawBytes, fd: int, offset: int) -> None:
+        job = self._pool.submit(_move, raw, fd, offset, p.dtype, self.algorithm, p.check is not None)
+        # queued in order, settled in order: progress, and the first NaN is the first reported
+        self._pending.append((p, job))
+        while self._pending and self._pending[0][1].done():  # fail early on a NaN found so far
+            self._settle(*self._pending.pop(0))
+
+    def produced(self, p: Planned, fd: int, offset: int) -> None:
+        data = _produced(p)
+        job = self._pool.submit(scan, memory_chunks(data), p.dtype, self.algorithm, False) if self.algorithm else None
+        _write_at(fd, data, offset)
+        if job is not None:
+            self._settle(p, job)
+        else:
+            self._progress()
+
+    def _settle(self, p: Planned, job: Future[Scan]) -> None:
+        result = job.result()
+        self._progress()
+        if p.check is not None:
+            p.check.require(result.nonfinite)
+        if result.digest is not None:
+            self.written.tensors[p.name] = result.digest
+
+    def finish(self) -> Written:
+        for p, job in self._pending:
+            self._settle(p, job)
+        self._pending.clear()
+        return self.written
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=True, cancel_futures=True)
+        self._files.close()
 
 
-def write_safetensors(path: Path, planned: Sequence[Planned], metadata: dict[str, str] | None = None,
-                      progress: Callable[[], None] | None = None, hashed: bool = True) -> Written:
-    """Write one safetensors file. While the main thread copies or writes a tensor, two worker
-    threads hash it (alone, and as part of the file) and run its check."""
-    written = Written()
-    file_hash = hashlib.sha256()
-    with ThreadPoolExecutor(2) as pool, open(path, "wb", buffering=0) as out:
-        head = _header(planned, metadata)
-        _write_all(out, head)
-        file_hash.update(head)
-        for p in planned:
-            with ExitStack() as stack:
-                jobs: list[Future] = []
-                if p.raw is not None:
-                    data = stack.enter_context(_mapped(p.raw))
-                else:
-                    t = p.produce()
-                    if tuple(t.shape) != p.shape or t.dtype != p.dtype:
-                        raise RuntimeError(f"{p.name}: produced {t.dtype} {list(t.shape)}, "
-                                           f"planned {p.dtype} {list(p.shape)}")
-                    data = _bytes(t)
-                stack.callback(wait, jobs)  # registered after the map, so it runs before the unmap, even on errors
-                if hashed:
-                    jobs += [pool.submit(file_hash.update, data), pool.submit(_sha256, data)]
-                if p.raw is not None and p.check is not None:
-                    jobs.append(pool.submit(p.check, _as_tensor(data, p)))
-                if p.raw is not None:
-                    _copy(p.raw, out, data)
-                else:
-                    _write_all(out, data)
-                results = [job.result() for job in jobs]
-                if hashed:
-                    written.tensors[p.name] = results[1]
-                del data
-            if progress is not None:
-                progress()
-    if hashed:
-        written.files[path.name] = file_hash.hexdigest()
-    return written
+def write_safetensors(path: Path, planned: Sequence[Planned], writer: _Writer,
+                      metadata: dict[str, str] | None = None) -> None:
+    """One safetensors file: the header, then each tensor at its place, moved by a worker or produced."""
+    head = _header(planned, metadata)
+    fd = writer.open(path)
+    _write_at(fd, head, 0)
+    offset = len(head)
+    for p in planned:
+        if p.raw is not None:
+            writer.raw(p, p.raw, fd, offset)
+        else:
+            writer.produced(p, fd, offset)
+        offset += p.nbytes
+    if writer.algorithm is not None:
+        writer.written.shards[path.name] = {"header": digest_of(head), "bytes": offset}
 
 
 def write_shards(planned: Sequence[Planned], directory: Path, max_shard_bytes: int, stem: str = "model",
                  progress: Callable[[int, int], None] | None = None, hashed: bool = True) -> Written:
     """Shards of at most max_shard_bytes (a larger tensor gets a shard of its own), named and
-    indexed as transformers names them. `hashed=False` skips the sha256 sums (HF exports record
+    indexed as transformers names them. `hashed=False` skips the digests (HF exports record
     none)."""
     groups = _group(planned, max_shard_bytes)
     done = [0]
@@ -220,16 +211,17 @@ def write_shards(planned: Sequence[Planned], directory: Path, max_shard_bytes: i
         if progress is not None:
             progress(done[0], len(planned))
 
-    if len(groups) == 1:
-        return write_safetensors(directory / f"{stem}.safetensors", groups[0], progress=tick, hashed=hashed)
-    written, weight_map = Written(), {}
-    for i, group in enumerate(groups, start=1):
-        file = f"{stem}-{i:05d}-of-{len(groups):05d}.safetensors"
-        part = write_safetensors(directory / file, group, progress=tick, hashed=hashed)
-        written.tensors.update(part.tensors)
-        written.files.update(part.files)
-        weight_map.update({p.name: file for p in group})
-    total = sum(p.nbytes for p in planned)
-    index = {"metadata": {"total_size": total}, "weight_map": weight_map}
-    (directory / f"{stem}.safetensors.index.json").write_text(json.dumps(index, indent=2) + "\n")
+    names = ([f"{stem}.safetensors"] if len(groups) == 1 else
+             [f"{stem}-{i:05d}-of-{len(groups):05d}.safetensors" for i in range(1, len(groups) + 1)])
+    writer = _Writer(hashed, tick)
+    try:
+        for file, group in zip(names, groups, strict=True):
+            write_safetensors(directory / file, group, writer)
+        written = writer.finish()
+    finally:
+        writer.close()
+    if len(groups) > 1:
+        weight_map = {p.name: file for file, group in zip(names, groups, strict=True) for p in group}
+        index = {"metadata": {"total_size": sum(p.nbytes for p in planned)}, "weight_map": weight_map}
+        (directory / f"{stem}.safetensors.index.json").write_text(json.dumps(index, indent=2) + "\n")
     return written

@@ -9,15 +9,15 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from importlib import import_module
 from pathlib import Path
-from typing import Any, Protocol
-
-import torch
+from typing import TYPE_CHECKING, Any, Protocol
 
 from .canonical import copy_sidecars
 from .errors import InputError
-from .formats.meta import is_meta, open_meta
-from .formats.torch_bin import is_hf_bin, open_hf_bin
+
+if TYPE_CHECKING:
+    import torch
 
 
 class TensorReader(Protocol):
@@ -64,24 +64,21 @@ def _open_hf_safetensors(path: Path) -> Source:
     return Source(path, "hf-safetensors", config, TensorSource(path))
 
 
-def _is_gguf(path: Path) -> bool:
-    from .formats.gguf import is_gguf
-
-    return is_gguf(path)
-
-
-def _open_gguf(path: Path) -> Source:
-    from .formats.gguf import open_gguf
-
-    return open_gguf(path)
+def _late(module: str, name: str) -> Callable[[Path], Any]:
+    """A format module's function, imported on first call: those modules load torch (or gguf),
+    which an HF safetensors conversion never needs."""
+    def call(path: Path) -> Any:
+        return getattr(import_module(f".formats.{module}", __package__), name)(path)
+    return call
 
 
 # (format name, detector, opener): the first detector that accepts the path wins
 FORMATS: list[tuple[str, Callable[[Path], bool], Callable[[Path], Source]]] = [
     ("hf-safetensors", _is_hf_safetensors, _open_hf_safetensors),
-    ("hf-bin", is_hf_bin, open_hf_bin),  # after safetensors: preferred when a directory has both
-    ("meta", is_meta, open_meta),
-    ("gguf", _is_gguf, _open_gguf),  # a .gguf file, or a directory holding exactly one
+    # after safetensors: preferred when a directory has both
+    ("hf-bin", _late("torch_bin", "is_hf_bin"), _late("torch_bin", "open_hf_bin")),
+    ("meta", _late("meta", "is_meta"), _late("meta", "open_meta")),
+    ("gguf", _late("gguf", "is_gguf"), _late("gguf", "open_gguf")),  # a .gguf file, or a directory holding one
 ]
 
 

@@ -23,9 +23,9 @@ from lmconvert.mappings.table import TensorTable
 from . import golden as golden_file
 from .agreement import compare_generation, greedy, logit_stats
 from .canonical import is_canonical, read_meta
+from .dtypes import CASTS, torch_dtype
 from .errors import InputError
 from .expected import Expected, record, versions
-from .hf_source import DTYPES
 from .load import arch_of, load
 from .localize import compare_points
 from .prompts import token_batch
@@ -91,7 +91,7 @@ def check_device(device: str) -> None:
 
 def compute_dtype(dtype: str | None) -> str:
     dtype = dtype or "float32"
-    if DTYPES.get(dtype) is None:
+    if dtype not in CASTS:
         raise InputError(f"--dtype {dtype!r}: choose float32, bfloat16 or float16")
     return dtype
 
@@ -100,7 +100,7 @@ def compute_dtype(dtype: str | None) -> str:
 def run_ours(checkpoint: Path, expected: Expected, device: str,
              stream: bool) -> tuple[Trace, tuple[torch.Tensor, torch.Tensor] | None]:
     """Our trace on the expected token batch, and our greedy generation from the same prompt."""
-    dtype = DTYPES[expected.dtype]
+    dtype = torch_dtype(expected.dtype)
     ids = expected.ids.to(device)
     context = streamed(checkpoint, dtype, device) if stream else nullcontext(
         load(checkpoint, dtype=dtype, device=device, attention="eager"))

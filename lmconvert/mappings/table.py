@@ -12,16 +12,29 @@ from __future__ import annotations
 import re
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-
-import torch
+from typing import TYPE_CHECKING
 
 from .errors import MappingError
 
-TensorFn = Callable[[torch.Tensor], torch.Tensor]
+if TYPE_CHECKING:  # transforms run on tensors, but reading a table must not import torch
+    import torch
+
+TensorFn = Callable[["torch.Tensor"], "torch.Tensor"]
 
 
 def _identity(t: torch.Tensor) -> torch.Tensor:
     return t
+
+
+def out_shape(fn: TensorFn, shape: tuple[int, ...]) -> tuple[int, ...]:
+    """The shape `fn` gives a tensor of `shape`, found on the meta device without reading data
+    (and without torch at all for the identity, so that a rename-only conversion never loads it).
+    Transforms keep the dtype."""
+    if fn is _identity:
+        return tuple(shape)
+    import torch
+
+    return tuple(fn(torch.empty(shape, device="meta")).shape)
 
 
 @dataclass(frozen=True)

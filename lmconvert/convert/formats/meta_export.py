@@ -23,6 +23,8 @@ from lmconvert.mappings import Family, MappingError, family_named
 
 from ..atomic import atomic_directory, check_output
 from ..canonical import read_meta
+from ..digest import check_finite
+from ..dtypes import torch_dtype
 from ..errors import InputError
 from ..safetensors_dir import TensorSource
 from .meta import PARAMS, TOKENIZER
@@ -40,13 +42,11 @@ def _describes(previous: dict[str, Any], config: dict[str, Any], llama: Family, 
         return False
 
 
-def to_meta(src: Path, out: Path, shards: int = 1, dtype: torch.dtype | None = None, force: bool = False,
+def to_meta(src: Path, out: Path, shards: int = 1, dtype: str | None = None, force: bool = False,
             progress: Callable[[int, int], None] | None = None, max_shard_bytes: int | None = None,
             allow_nonfinite: bool = False) -> dict[str, Any]:
     """Write canonical `src` as a Meta checkpoint with `shards` model-parallel ranks; returns params.json.
     `max_shard_bytes` is accepted and unused: Meta's files are one per rank, whatever their size."""
-    from ..pipeline import check_finite  # late: pipeline imports this module
-
     meta = read_meta(src)
     llama = family_named("llama")
     try:
@@ -84,7 +84,7 @@ def to_meta(src: Path, out: Path, shards: int = 1, dtype: torch.dtype | None = N
                 if not allow_nonfinite and rank == 0:
                     check_finite(canonical, raw, source.where(canonical))
                 t = transform.inverse(raw)
-                piece = layout.to_meta(kind, t if dtype is None else t.to(dtype))[rank]
+                piece = layout.to_meta(kind, t if dtype is None else t.to(torch_dtype(dtype)))[rank]
                 state[meta_name] = piece.clone(memory_format=torch.contiguous_format)  # a view would save it all
                 done += 1
                 if progress is not None:

@@ -1,0 +1,191 @@
+"""`arch.shapes.parameter_shapes` restates the Decoder's tensor inventory without torch; these tests
+hold it to `Decoder(cfg).state_dict()` built on the meta device (names, order and shapes) over
+every variant axis of ArchConfig, and check that the module really imports no torch.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from test_arch_common import tiny
+
+from lmconvert.arch import ArchConfig, Decoder, NormConfig, RopeConfig
+from lmconvert.arch import attention as attention_module
+from lmconvert.arch import config as config_module
+from lmconvert.arch import shapes as shapes_module
+from lmconvert.arch.shapes import parameter_shapes
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def decoder_shapes(cfg: ArchConfig) -> dict[str, tuple[int, ...]]:
+    with torch.device("meta"):
+        model = Decoder(cfg)
+    return {name: tuple(t.shape) for name, t in model.state_dict().items()}
+
+
+def assert_same_inventory(cfg: ArchConfig) -> None:
+    expected, got = decoder_shapes(cfg), parameter_shapes(cfg)
+    assert list(got.items()) == list(expected.items())  # same names, same order, same shapes
+
+
+# ---------------------------------------------------------------------------------- explicit cases
+CASES: dict[str, dict[str, Any]] = {
+    "defaults": {},
+    **{f"placement_{p}": dict(norm_placement=p, final_norm=p != "post") for p in config_module.NORM_PLACEMENTS},
+    "no_final_norm": dict(final_norm=False),
+    "layer_norm_with_bias": dict(norm=NormConfig(kind="layer", bias=True)),
+    "layer_norm_bias_only": dict(norm=NormConfig(kind="layer", weight=False, bias=True)),
+    "norm_without_parameters": dict(norm=NormConfig(kind="layer", weight=False), norm_placement="sandwich"),
+    "gemma_offset_norm": dict(norm=NormConfig(weight_offset=1.0, dtype_order="scale_then_cast")),
+    "qk_norm_head": dict(qk_norm="head", n_kv_heads=2),
+    "qk_norm_projection": dict(qk_norm="projection", n_kv_heads=2),
+    "qk_norm_projection_layer_bias": dict(qk_norm="projection", n_kv_heads=1,
+                                          norm=NormConfig(kind="layer", bias=True)),
+    "gqa": dict(n_kv_heads=2),
+    "mqa": dict(n_kv_heads=1),
+    "head_dim_independent_of_d_model": dict(d_model=40, n_heads=3, head_dim=16, n_kv_heads=1),
+    "all_biases": dict(q_bias=True, k_bias=True, v_bias=True, o_bias=True, mlp_bias=True, lm_head_bias=True),
+    "qkv_bias_only": dict(q_bias=True, k_bias=True, v_bias=True),
+    "plain_mlp": dict(gated=False, activation="gelu"),
+    "plain_mlp_bias": dict(gated=False, mlp_bias=True),
+    "gated_mlp_bias": dict(gated=True, mlp_bias=True),
+    "tied": dict(tie_embeddings=True),
+    "untied_head_bias": dict(lm_head_bias=True),
+    "sinusoidal": dict(absolute_positions="sinusoidal", layer_positions=("none", "none")),
+    "learned": dict(absolute_positions="learned", layer_positions=("none", "none")),
+    "learned_with_offset": dict(absolute_positions="learned", position_offset=2, max_positions=50),
+    **{f"layers_{p}": dict(layer_positions=(p, p)) for p in config_module.LAYER_POSITIONS},
+    "relative_in_one_layer": dict(layer_positions=("relative", "rope"), relative_buckets=8,
+                                  relative_max_distance=20),
+    "relative_many_layers": dict(n_layers=3, layer_positions=("relative", "alibi", "relative")),
+    "local_global_two_ropes": dict(layer_kinds=("local", "global"), sliding_window=8,
+                                   rope_local=RopeConfig(theta=1e4, fraction=0.5)),
+    "partial_rope_interleaved": dict(rope=RopeConfig(fraction=0.5, layout="interleaved")),
+    "one_layer_one_head": dict(n_layers=1, n_heads=1, d_model=8, d_ff=3, vocab_size=5),
+    "gpt2_like": dict(norm=NormConfig(kind="layer", eps=1e-5, bias=True), activation="gelu_tanh", gated=False,
+                      q_bias=True, k_bias=True, v_bias=True, o_bias=True, mlp_bias=True,
+                      absolute_positions="learned", layer_positions=("none", "none"), tie_embeddings=True),
+    "opt_like": dict(norm=NormConfig(kind="layer", bias=True), gated=False, activation="relu",
+                     absolute_positions="learned", position_offset=2, layer_positions=("none", "none"),
+                     q_bias=True, k_bias=True, v_bias=True, o_bias=True, mlp_bias=True),
+    "rich": dict(
+        vocab_size=100, d_model=48, n_layers=3, n_heads=6, d_ff=37, n_kv_heads=2, head_dim=12, max_positions=96,
+        norm=NormConfig(kind="layer", eps=1e-5, weight=True, bias=True, dtype_order="scale_then_cast"),
+        norm_placement="sandwich", final_norm=True, qk_norm="head",
+        q_bias=True, k_bias=True, v_bias=False, o_bias=True, mlp_bias=True, lm_head_bias=True,
+        activation="gelu_tanh", gated=False, absolute_positions="learned", position_offset=2,
+        layer_positions=("rope", "alibi", "relative"), relative_buckets=16, relative_max_distance=64,
+        layer_kinds=("local", "global", "local"), sliding_window=7, tie_embeddings=False),
+}
+
+
+@pytest.mark.parametrize("overrides", list(CASES.values()), ids=list(CASES))
+def test_matches_decoder(overrides: dict[str, Any]) -> None:
+    assert_same_inventory(tiny(**overrides))
+
+
+# ---------------------------------------------------------------------------------- every combination
+@st.composite
+def arch_configs(draw: st.DrawFn) -> ArchConfig:
+    """Valid ArchConfigs over every field that can change a name or a shape (and a few that cannot)."""
+    n_layers = draw(st.integers(1, 4))
+    n_heads = draw(st.integers(1, 6))
+    n_kv_heads = draw(st.sampled_from([None] + [k for k in range(1, n_heads + 1) if n_heads % k == 0]))
+    fraction = draw(st.sampled_from([1.0, 0.5]))
+    head_dim = draw(st.sampled_from([None, 4, 8, 12]))
+    if head_dim is None:  # d_model must divide into heads of an even (rotated) size
+        d_model = n_heads * draw(st.sampled_from([4, 8]))
+    else:
+        d_model = draw(st.integers(1, 40))
+    norm_kind = draw(st.sampled_from(config_module.NORM_KINDS))
+    weight = draw(st.booleans())
+    norm = NormConfig(kind=norm_kind, weight=weight, bias=norm_kind == "layer" and draw(st.booleans()),
+                      weight_offset=draw(st.sampled_from([0.0, 1.0])) if weight else 0.0)
+    placement = draw(st.sampled_from(config_module.NORM_PLACEMENTS))
+    tie = draw(st.booleans())
+    layer_kinds = tuple(draw(st.lists(st.sampled_from(config_module.LAYER_KINDS),
+                                      min_size=n_layers, max_size=n_layers)))
+    buckets = draw(st.integers(2, 12))
+    return ArchConfig(
+        vocab_size=draw(st.integers(1, 50)), d_model=d_model, n_layers=n_layers, n_heads=n_heads,
+        d_ff=draw(st.integers(1, 40)), n_kv_heads=n_kv_heads, head_dim=head_dim,
+        max_positions=draw(st.integers(1, 40)),
+        norm=norm, norm_placement=placement, final_norm=placement != "post" and draw(st.booleans()),
+        qk_norm=draw(st.sampled_from(config_module.QK_NORMS)),
+        q_bias=draw(st.booleans()), k_bias=draw(st.booleans()), v_bias=draw(st.booleans()),
+        o_bias=draw(st.booleans()), mlp_bias=draw(st.booleans()), lm_head_bias=not tie and draw(st.booleans()),
+        activation=draw(st.sampled_from(config_module.ACTIVATIONS)), gated=draw(st.booleans()),
+        absolute_positions=draw(st.sampled_from(config_module.ABSOLUTE_POSITIONS)),
+        position_offset=draw(st.integers(0, 3)),
+        layer_positions=tuple(draw(st.lists(st.sampled_from(config_module.LAYER_POSITIONS),
+                                            min_size=n_layers, max_size=n_layers))),
+        rope=RopeConfig(fraction=fraction),
+        rope_local=draw(st.sampled_from([None, RopeConfig(theta=1e4, fraction=fraction)])),
+        relative_buckets=buckets, relative_max_distance=draw(st.integers(buckets // 2 + 1, 64)),
+        attention=draw(st.sampled_from(config_module.ATTENTION_KINDS)),
+        layer_kinds=layer_kinds, sliding_window=8 if "local" in layer_kinds else None,
+        tie_embeddings=tie,
+    )
+
+
+@settings(max_examples=300, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow])
+@given(cfg=arch_configs())
+def test_matches_decoder_for_any_config(cfg: ArchConfig) -> None:
+    assert_same_inventory(cfg)
+
+
+# ---------------------------------------------------------------------------------- tables kept in step
+def test_every_norm_placement_has_slots():
+    assert set(shapes_module.NORM_SLOTS) == set(config_module.NORM_PLACEMENTS)
+
+
+def test_every_attention_kind_has_a_shape_rule():
+    assert set(shapes_module.ATTENTION) == set(attention_module.ATTENTION) == set(config_module.ATTENTION_KINDS)
+
+
+def test_unknown_attention_kind_is_a_config_error_naming_it():
+    cfg = tiny()
+    object.__setattr__(cfg, "attention", "latent")  # what a config could say once MLA is registered there
+    with pytest.raises(config_module.ConfigError, match="'latent'"):
+        parameter_shapes(cfg)
+
+
+# ---------------------------------------------------------------------------------- no torch
+def _imports_torch(code: str) -> bool:
+    result = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stderr
+    return result.stdout.strip() == "True"
+
+
+def test_module_itself_imports_no_torch():
+    """shapes.py (and config.py, errors.py behind it) loaded from their files, with the package
+    __init__ files bypassed: whatever those import, this module needs no torch."""
+    code = textwrap.dedent(f"""
+        import importlib.util, sys, types
+        root = {str(ROOT / "lmconvert")!r}
+        for name, path in (("lmconvert", root), ("lmconvert.arch", root + "/arch")):
+            package = types.ModuleType(name)
+            package.__path__ = [path]
+            sys.modules[name] = package
+        from lmconvert.arch.config import ArchConfig
+        from lmconvert.arch.shapes import parameter_shapes
+        parameter_shapes(ArchConfig(vocab_size=8, d_model=8, n_layers=1, n_heads=2, d_ff=8))
+        print("torch" in sys.modules)
+    """)
+    assert not _imports_torch(code)
+
+
+def test_importing_shapes_does_not_import_torch():
+    """The real import path: needs `lmconvert/__init__.py` and `lmconvert/arch/__init__.py` to
+    import their torch-backed names (Decoder, KVCache, load) lazily."""
+    code = "import sys; import lmconvert.arch.shapes; print('torch' in sys.modules)"
+    assert not _imports_torch(code)
