@@ -4,6 +4,7 @@ exit codes (0 ok, 1 parity failure, 2 bad input or usage)."""
 from __future__ import annotations
 
 import json
+import os
 import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -12,6 +13,10 @@ from pathlib import Path
 from typing import Any
 
 import click
+
+# numpy only does elementwise work here (the NaN/Inf check, GGUF dequantization; torch has its own
+# BLAS), and its OpenBLAS thread pool would spin on the cores that a conversion copies and hashes with
+os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 
 from lmconvert.arch import ConfigError
 from lmconvert.mappings import MappingError
