@@ -134,8 +134,9 @@ def test_nonfinite_count_from_bits_equals_torch(dtype: torch.dtype) -> None:
 
 
 def test_rename_only_conversions_never_import_torch(tmp_path: Path) -> None:
-    """HF -> canonical -> HF of a safetensors checkpoint copies bytes only: it must work with torch
-    made unimportable (importing it costs more than a second, as long as copying a gigabyte)."""
+    """HF -> canonical -> HF of a safetensors checkpoint copies bytes only, and inspect reads no
+    weights: they must work with torch made unimportable (importing it costs more than a second,
+    as long as copying a gigabyte)."""
     import subprocess
     import sys
 
@@ -147,7 +148,8 @@ def test_rename_only_conversions_never_import_torch(tmp_path: Path) -> None:
               "main(sys.argv[1:])")
     run = [sys.executable, "-c", script]
     for args in (["convert", src, tmp_path / "can"], ["verify", "--files", tmp_path / "can"],
-                 ["convert", tmp_path / "can", tmp_path / "back", "--to", "hf"]):
+                 ["convert", tmp_path / "can", tmp_path / "back", "--to", "hf"], ["inspect", src],
+                 ["inspect", tmp_path / "can"]):
         proc = subprocess.run([*run, *map(str, args)], capture_output=True, text=True)
         assert proc.returncode == 0, proc.stderr
     for name, t in load_file(src / "model.safetensors").items():

@@ -6,13 +6,13 @@ from math import prod
 from pathlib import Path
 from typing import Any
 
-import torch
-
 from lmconvert.arch import ArchConfig
 from lmconvert.arch.describe import variants
 
 from .canonical import is_canonical, read_meta
+from .dtypes import BY_TORCH_NAME, DTYPES
 from .hf_source import HfCheckpoint, expected_shapes
+from .sources import dtype_name
 
 
 def _arch_family_dtype(path: Path) -> tuple[ArchConfig, str, str]:
@@ -23,14 +23,12 @@ def _arch_family_dtype(path: Path) -> tuple[ArchConfig, str, str]:
         return meta.arch, meta.family, meta.dtype
     with HfCheckpoint.open(path) as ckpt:
         first = next(iter(ckpt.plan.values()))[0]
-        reader = ckpt.source.tensors
-        dtype = reader.dtype(first) if hasattr(reader, "dtype") else reader.get(first).dtype
-        return ckpt.arch, ckpt.family.name, str(dtype).removeprefix("torch.")
+        return ckpt.arch, ckpt.family.name, DTYPES[dtype_name(ckpt.source.tensors, first)].torch_name
 
 
 def card(path: Path) -> dict[str, Any]:
     arch, family, dtype = _arch_family_dtype(path)
-    element = torch.empty((), dtype=getattr(torch, dtype)).element_size()
+    element = BY_TORCH_NAME[dtype].itemsize
     params = sum(prod(shape) for shape in expected_shapes(arch).values())
     return {
         "family": family, "parameters": params, "dtype": dtype,

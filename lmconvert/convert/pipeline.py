@@ -14,12 +14,12 @@ from lmconvert.mappings.table import IDENTITY, TensorFn, out_shape
 from .atomic import atomic_directory, check_output
 from .canonical import META_FILE, CanonicalMeta, copy_sidecars, is_canonical, read_meta
 from .digest import FiniteCheck, check_finite, file_digest
-from .dtypes import BY_TORCH_NAME, DTYPES, of_torch, torch_dtype
+from .dtypes import BY_TORCH_NAME, DTYPES, torch_dtype
 from .errors import InputError
 from .hf_source import HfCheckpoint
 from .safetensors_dir import TensorSource
 from .shards import Planned, RawBytes, write_shards
-from .sources import TensorReader
+from .sources import TensorReader, dtype_name
 
 if TYPE_CHECKING:
     import torch
@@ -32,14 +32,6 @@ def _hash_files(directory: Path, shards: dict[str, dict[str, object]]) -> dict[s
 
 
 Progress = Callable[[int, int], None]  # (tensors done, tensors in all)
-
-
-def _source_dtype(reader: TensorReader, name: str) -> str:
-    """The dtype as safetensors names it: from the file where the reader knows it, else from torch."""
-    if hasattr(reader, "dtype_name"):
-        return reader.dtype_name(name)
-    dtype = getattr(reader, "dtype", None)
-    return of_torch(dtype(name) if dtype is not None else reader.get(name).dtype).name
 
 
 def plan_tensors(reader: TensorReader, items: Iterable[tuple[str, str, TensorFn]], cast: str | None,
@@ -61,7 +53,7 @@ def plan_tensors(reader: TensorReader, items: Iterable[tuple[str, str, TensorFn]
 
     planned = []
     for out, src, fn in items:
-        source = _source_dtype(reader, src)
+        source = dtype_name(reader, src)
         dtype = target or source
         raw = None
         if fn is IDENTITY.forward and dtype == source and raw_location is not None:

@@ -52,6 +52,17 @@ class Source:
         self.tensors.close()
 
 
+def dtype_name(reader: TensorReader, name: str) -> str:
+    """A tensor's dtype as safetensors names it: from the file where the reader knows it (no torch
+    needed), else from the reader's torch dtype."""
+    if hasattr(reader, "dtype_name"):
+        return reader.dtype_name(name)
+    from .dtypes import of_torch
+
+    dtype = getattr(reader, "dtype", None)
+    return of_torch(dtype(name) if dtype is not None else reader.get(name).dtype).name
+
+
 def _is_hf_safetensors(path: Path) -> bool:
     return path.is_dir() and (path / "config.json").is_file() and any(path.glob("*.safetensors*"))
 
