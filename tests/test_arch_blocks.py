@@ -176,29 +176,28 @@ def test_sequential_contributions_do_not_add():
     assert max_diff(full, attn_only + mlp_only) > 1e-2
 
 
-def test_parallel_shared_norm_feeds_both_paths():
-    assert isinstance(_block(norm_placement="parallel_shared").mlp_norm, torch.nn.Identity)
+def _paths_after_scaling(placement: str, norm: str) -> tuple[float, float]:
+    """How much the attention path and the MLP path of a parallel block change when `norm`'s
+    weight is scaled."""
     h = _h()
-    attn_path = _without_mlp(_block(norm_placement="parallel_shared"))
-    mlp_path = _without_attn(_block(norm_placement="parallel_shared"))
+    attn_path = _without_mlp(_block(norm_placement=placement))
+    mlp_path = _without_attn(_block(norm_placement=placement))
     base_attn, base_mlp = _run(attn_path, h), _run(mlp_path, h)
     for b in (attn_path, mlp_path):
         with torch.no_grad():
-            b.attn_norm.weight.mul_(-1.5)
-    assert max_diff(_run(attn_path, h), base_attn) > 1e-2
-    assert max_diff(_run(mlp_path, h), base_mlp) > 1e-2
+            getattr(b, norm).weight.mul_(-1.5)
+    return max_diff(_run(attn_path, h), base_attn), max_diff(_run(mlp_path, h), base_mlp)
+
+
+def test_parallel_shared_norm_feeds_both_paths():
+    assert isinstance(_block(norm_placement="parallel_shared").mlp_norm, torch.nn.Identity)
+    attn_change, mlp_change = _paths_after_scaling("parallel_shared", "attn_norm")
+    assert attn_change > 1e-2 and mlp_change > 1e-2
 
 
 def test_parallel_separate_mlp_norm_only_feeds_mlp():
-    h = _h()
-    attn_path = _without_mlp(_block(norm_placement="parallel_separate"))
-    mlp_path = _without_attn(_block(norm_placement="parallel_separate"))
-    base_attn, base_mlp = _run(attn_path, h), _run(mlp_path, h)
-    for b in (attn_path, mlp_path):
-        with torch.no_grad():
-            b.mlp_norm.weight.mul_(-1.5)
-    assert torch.equal(_run(attn_path, h), base_attn)
-    assert max_diff(_run(mlp_path, h), base_mlp) > 1e-2
+    attn_change, mlp_change = _paths_after_scaling("parallel_separate", "mlp_norm")
+    assert attn_change == 0 and mlp_change > 1e-2
 
 
 # ----------------------------------------------------------------------------- biases

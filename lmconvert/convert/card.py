@@ -8,10 +8,11 @@ from typing import Any
 
 from lmconvert.arch import ArchConfig
 from lmconvert.arch.describe import variants
+from lmconvert.arch.shapes import parameter_shapes
 
 from .canonical import is_canonical, read_meta
 from .dtypes import BY_TORCH_NAME, DTYPES
-from .hf_source import HfCheckpoint, expected_shapes
+from .hf_source import HfCheckpoint
 from .sources import dtype_name
 
 
@@ -29,7 +30,7 @@ def _arch_family_dtype(path: Path) -> tuple[ArchConfig, str, str]:
 def card(path: Path) -> dict[str, Any]:
     arch, family, dtype = _arch_family_dtype(path)
     element = BY_TORCH_NAME[dtype].itemsize
-    params = sum(prod(shape) for shape in expected_shapes(arch).values())
+    params = sum(prod(shape) for shape in parameter_shapes(arch).values())
     return {
         "family": family, "parameters": params, "dtype": dtype,
         "d_model": arch.d_model, "n_layers": arch.n_layers, "d_ff": arch.d_ff, "vocab_size": arch.vocab_size,

@@ -34,11 +34,6 @@ def read_config(directory: Path) -> dict[str, Any]:
     return read_json_object(directory / "config.json")
 
 
-def expected_shapes(arch: ArchConfig) -> dict[str, tuple[int, ...]]:
-    """Every tensor the canonical decoder needs, with its shape, without building it (or importing torch)."""
-    return parameter_shapes(arch)
-
-
 @dataclass
 class HfCheckpoint:
     source: Source
@@ -68,7 +63,7 @@ class HfCheckpoint:
             arch = family.arch_config(source.config)
         except MappingError as exc:
             raise InputError(f"{config_file}: {str(exc).removeprefix('config.json: ')}") from None
-        shapes = expected_shapes(arch)
+        shapes = parameter_shapes(arch)  # what the decoder needs, without building it or importing torch
         try:
             plan, dropped = family.tensors.plan_import(source.tensors.names(), shapes)
         except MappingError as exc:

@@ -8,10 +8,11 @@ from pathlib import Path
 import torch
 
 from lmconvert.arch import ArchConfig, Decoder
+from lmconvert.arch.shapes import parameter_shapes
 
 from .canonical import is_canonical, read_meta
 from .errors import InputError
-from .hf_source import HfCheckpoint, expected_shapes, parse_dtype
+from .hf_source import HfCheckpoint, parse_dtype
 from .pipeline import canonical_tensors
 
 
@@ -20,7 +21,7 @@ def build(arch: ArchConfig, tensors: Iterable[tuple[str, torch.Tensor]], dtype: 
     with torch.device("meta"):
         model = Decoder(arch)
     state = {name: t.to(device=device, dtype=dtype or t.dtype) for name, t in tensors}
-    missing = sorted(set(expected_shapes(arch)) - set(state))
+    missing = sorted(set(parameter_shapes(arch)) - set(state))
     if missing:
         raise InputError(f"checkpoint lacks tensor(s): {', '.join(missing[:5])}")
     model.load_state_dict(state, strict=True, assign=True)

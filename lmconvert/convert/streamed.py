@@ -22,10 +22,11 @@ from torch import nn
 
 from lmconvert.arch import ArchConfig, Decoder, KVCache
 from lmconvert.arch.context import Context
+from lmconvert.arch.shapes import parameter_shapes
 
 from .canonical import is_canonical, read_meta
 from .errors import InputError
-from .hf_source import HfCheckpoint, expected_shapes
+from .hf_source import HfCheckpoint
 from .safetensors_dir import TensorSource
 
 Weights = dict[str, Callable[[], torch.Tensor]]  # canonical name -> reads that one tensor
@@ -85,7 +86,7 @@ class StreamedDecoder:
 
     def __init__(self, arch: ArchConfig, weights: Weights, dtype: torch.dtype | None,
                  device: str | torch.device = "cpu", attention: str = "eager") -> None:
-        missing = sorted(set(expected_shapes(arch)) - set(weights))
+        missing = sorted(set(parameter_shapes(arch)) - set(weights))
         if missing:
             raise InputError(f"checkpoint lacks tensor(s): {', '.join(missing[:5])}")
         with torch.device("meta"):

@@ -448,14 +448,13 @@ def tensor_plans(file: GgufFile, config: dict[str, Any], entry: GgufArch) -> dic
     gguf's TensorNameMap says what llama.cpp calls each, as in transformers' GGUF loader."""
     import gguf
 
+    from lmconvert.arch.shapes import parameter_shapes
     from lmconvert.mappings import MappingError, family_for
-
-    from ..hf_source import expected_shapes
 
     try:
         family = family_for(config["model_type"])
         arch = family.arch_config(config)
-        hf_names = family.tensors.plan_export(expected_shapes(arch))
+        hf_names = family.tensors.plan_export(parameter_shapes(arch))
     except MappingError as exc:
         raise InputError(f"{file.path}: {str(exc).removeprefix('config.json: ')}") from None
     gguf_arch = next(k for k, v in gguf.MODEL_ARCH_NAMES.items() if v == file.meta["general.architecture"])
