@@ -104,24 +104,36 @@ def measure(label: str, argv: list[str], env: dict[str, str] | None = None) -> M
     return Measured(label, seconds, usage.ru_maxrss * 1024, usage.ru_utime + usage.ru_stime)
 
 
-def warm(directory: Path) -> None:
-    """Bring every contender to the same start: earlier steps' dirty pages flushed, the memory its
-    output will fill recently used, and its input in the page cache.
+# On this project's VMs, memory freed is handed back to the host (virtio-balloon free page
+# reporting) about 2 s after it is freed; a step that writes while that happens faults on the host
+# for every page it reuses. The same export, run six times in a row, took 0.60-1.56 s; with this
+# wait before each run, 0.56-0.60 s.
+REPORTING_DELAY = 2.5
 
-    The middle part matters on a VM with free page reporting (virtio-balloon, as on this project's
-    machines): memory freed for a few seconds goes back to the host, and writing into it again
-    costs a fault on the host per page, which made the same `cp -r` take 0.6 s or 3.5 s depending
-    on whether the step before had just deleted its output. So a copy of the input is written and
-    deleted right before each step, whatever the step."""
+
+def prepare(directory: Path, cached: bool = True) -> None:
+    """Bring every contender to the same start: earlier steps' dirty pages flushed, memory freed by
+    earlier steps already handed back to the host, the memory this step's output will fill
+    recently used, and its input either in the page cache (`cached`) or only on disk.
+
+    The recently used memory matters on a VM with free page reporting: writing into memory the
+    host has taken back costs a fault on the host per page, which made the same `cp -r` take 0.6 s
+    or 3.5 s. So a copy of the input is written and deleted right before each step, whatever the
+    step. An input that is not `cached` is then dropped from the page cache (posix_fadvise
+    DONTNEED, which needs no privileges), so that the step reads it from the disk."""
     subprocess.run(["sync"], check=True)
+    time.sleep(REPORTING_DELAY)
     scratch = directory.parent / f".{directory.name}.scratch"
     shutil.copytree(directory, scratch)
     shutil.rmtree(scratch)
     for p in directory.rglob("*"):
         if p.is_file():
             with open(p, "rb") as f:
-                while f.read(1 << 24):
-                    pass
+                if cached:
+                    while f.read(1 << 24):
+                        pass
+                else:
+                    os.posix_fadvise(f.fileno(), 0, 0, os.POSIX_FADV_DONTNEED)
 
 
 def table(rows: list[list[str]]) -> str:

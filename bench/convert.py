@@ -1,30 +1,34 @@
 """Conversion speed and memory against `cp -r` and transformers, in one run.
 
 Generates a LLaMA-3.2-1B-shaped random bf16 checkpoint (1.24 B parameters, ~2.5 GB, 3 shards,
-the real 128256 x 2048 tied embedding), then times, each in its own process from a warm page
-cache, with the outputs of earlier steps deleted (their page cache would otherwise slow later
-steps' writes): cp -r; transformers from_pretrained + save_pretrained; lmconvert HF -> canonical;
-and lmconvert canonical -> HF. Prints wall time, peak RSS and the ratios. `--depth 2` doubles the
-number of layers (and so the model size) to show that peak memory does not grow with it.
+the real 128256 x 2048 tied embedding), then times, each in its own process: cp -r;
+transformers from_pretrained + save_pretrained; lmconvert HF -> canonical; and lmconvert
+canonical -> HF. Prints wall time, peak RSS and the ratios. `--depth 2` doubles the number of
+layers (and so the model size) to show that peak memory does not grow with it.
 
-Each step starts from the same state (see common.warm: on a VM, writing into memory the host has
-taken back costs up to 5x more, so each step follows a freshly freed write of its input's size).
-The four steps run --repeat times in rounds, and the table shows each step's median time (and
-the spread), its CPU time, and its highest peak RSS.
+It does so twice: with each step's input read from the disk (dropped from the page cache first),
+where `cp -r` is the disk's own speed; and with it in the page cache, where `cp -r` is the speed of
+copying memory, and a conversion's own work (hashing every byte, checking every float) has
+nothing to hide behind.
 
-    python bench/convert.py [--work DIR] [--depth 1|2] [--repeat 5]
+Each step starts from the same state (see common.prepare: on a VM, writing into memory the host
+has taken back costs up to 5x more). The four steps run --repeat times in rounds, and each table
+shows each step's median time (and the spread), its CPU time, and its highest peak RSS.
+
+    python bench/convert.py [--work DIR] [--depth 1|2] [--repeat 5] [--input disk|cache|both]
 """
 
 from __future__ import annotations
 
 import argparse
+import compileall
 import shutil
 import statistics
 import sys
 import tempfile
 from pathlib import Path
 
-from common import Measured, dir_bytes, make_checkpoint, measure, table, warm
+from common import Measured, dir_bytes, make_checkpoint, measure, prepare, table
 
 HF_ROUND_TRIP = """
 import sys, torch
@@ -34,12 +38,39 @@ m.save_pretrained(sys.argv[2], max_shard_size="1GB")
 """
 
 
+def rounds(steps: list[tuple[str, list[str], Path, list[Path]]], repeat: int, cached: bool) -> str:
+    runs: dict[str, list[Measured]] = {label: [] for label, *_ in steps}
+    for _ in range(repeat):
+        for label, argv, source, outputs in steps:
+            prepare(source, cached)
+            runs[label].append(measure(label, argv))
+            for path in outputs:  # free their page cache: every step starts with the same memory
+                shutil.rmtree(path)
+    seconds = {label: statistics.median(r.seconds for r in rs) for label, rs in runs.items()}
+    rss = {label: max(r.peak_rss for r in rs) for label, rs in runs.items()}
+    cp, hf = seconds["cp -r"], seconds["transformers load+save"]
+    rows = [["step", "median s", "min-max s", "CPU s", "peak RSS MB", "time / cp", "time / transformers",
+             "RSS / transformers"]]
+    for label, rs in runs.items():
+        spread = f"{min(r.seconds for r in rs):.2f}-{max(r.seconds for r in rs):.2f}"
+        t = seconds[label]
+        cpu = statistics.median(r.cpu_seconds for r in rs)
+        rows.append([label, f"{t:.2f}", spread, f"{cpu:.2f}", f"{rss[label] / 1e6:.0f}", f"{t / cp:.2f}",
+                     f"{t / hf:.2f}", f"{rss[label] / rss['transformers load+save']:.2f}"])
+    return table(rows)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--work", type=Path, default=None, help="scratch directory (default: a temp dir)")
     parser.add_argument("--depth", type=int, default=1, help="multiply the 16 layers by this")
     parser.add_argument("--repeat", type=int, default=5, help="rounds; each step's median is reported")
+    parser.add_argument("--input", choices=["disk", "cache", "both"], default="both",
+                        help="where each step's input is read from")
     args = parser.parse_args()
+    # An installed lmconvert has its bytecode compiled (pip does that); a checkout run with
+    # PYTHONDONTWRITEBYTECODE set would compile its ~30 modules again in every run (25 ms here).
+    compileall.compile_dir(Path(__file__).resolve().parents[1] / "lmconvert", quiet=1)
     work = Path(tempfile.mkdtemp(dir=args.work, prefix="lmconvert-bench-"))
     try:
         src = make_checkpoint(work / "src", n_layers=16 * args.depth)
@@ -55,26 +86,11 @@ def main() -> None:
                                            str(work / "hf-export"), "--to", "hf", "--max-shard-size", "1GB"],
              work / "canonical", [work / "hf-export", work / "canonical"]),
         ]
-        runs: dict[str, list[Measured]] = {label: [] for label, *_ in steps}
-        for _ in range(args.repeat):
-            for label, argv, source, outputs in steps:
-                warm(source)
-                runs[label].append(measure(label, argv))
-                for path in outputs:  # free their page cache: every step starts with the same memory
-                    shutil.rmtree(path)
-        seconds = {label: statistics.median(r.seconds for r in rs) for label, rs in runs.items()}
-        rss = {label: max(r.peak_rss for r in rs) for label, rs in runs.items()}
-        cp, hf = seconds["cp -r"], seconds["transformers load+save"]
-        rows = [["step", "median s", "min-max s", "CPU s", "peak RSS MB", "time / cp", "time / transformers",
-                 "RSS / transformers"]]
-        for label, rs in runs.items():
-            spread = f"{min(r.seconds for r in rs):.2f}-{max(r.seconds for r in rs):.2f}"
-            t = seconds[label]
-            cpu = statistics.median(r.cpu_seconds for r in rs)
-            rows.append([label, f"{t:.2f}", spread, f"{cpu:.2f}", f"{rss[label] / 1e6:.0f}", f"{t / cp:.2f}",
-                         f"{t / hf:.2f}", f"{rss[label] / rss['transformers load+save']:.2f}"])
         print(f"checkpoint: {size / 1e9:.2f} GB, {16 * args.depth} layers, bf16; median of {args.repeat} rounds")
-        print(table(rows))
+        for cached in {"disk": [False], "cache": [True], "both": [False, True]}[args.input]:
+            where = "in the page cache" if cached else "read from the disk (dropped from the page cache first)"
+            print(f"\ninput {where}:")
+            print(rounds(steps, args.repeat, cached))
     finally:
         shutil.rmtree(work, ignore_errors=True)
 

@@ -29,7 +29,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from common import dir_bytes, make_checkpoint, measure, table, warm
+from common import dir_bytes, make_checkpoint, measure, prepare, table
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -135,7 +135,7 @@ def main() -> None:
              [py, "-m", "lmconvert.cli", "verify", str(canonical), "--golden", str(golden), "--max-memory",
               args.max_memory, "--json", str(report)], canonical),
         ]:
-            warm(warmed)
+            prepare(warmed)
             runs.append(measure_sampled(label, argv))
         verdict = json.loads(report.read_text())
         rows = [["process", "wall s", "peak RSS MB", "RSS / checkpoint", "below half?",

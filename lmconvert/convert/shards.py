@@ -7,10 +7,9 @@ Peak memory is the largest produced tensor, not the shard.
 
 A tensor that passes through unchanged is moved by worker threads, several tensors at once: each
 reads it in 1 MiB chunks from the source, hashes and checks a chunk while it is in cache, and
-writes it at the tensor's known place in the output. That is as fast as `cp` copies (measured
-here: two threads read+write 2.47 GB in 0.61-0.69 s, cp 0.66-0.72 s) and cheaper than
-copy_file_range plus a separate read to hash (1.5 against 1.1 CPU-seconds), and it holds one
-chunk per thread, whatever the tensor's size.
+writes it at the tensor's known place in the output. That is cheaper than copy_file_range plus a
+separate read to hash (1.1 against 1.5 CPU-seconds for 2.47 GB), and it holds one chunk per thread,
+whatever the tensor's size. Which tensor a worker takes next is decided by `Movers`.
 """
 
 from __future__ import annotations
@@ -19,8 +18,10 @@ import json
 import os
 import re
 import struct
+import threading
+from collections import deque
 from collections.abc import Callable, Sequence
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future
 from contextlib import ExitStack
 from dataclasses import dataclass, field
 from math import prod
@@ -128,6 +129,88 @@ def _produced(p: Planned) -> memoryview:
     return tensor_bytes(t)
 
 
+@dataclass
+class _Job:
+    work: Callable[[], Scan]
+    file: int | None  # the output file it writes into; None for a hash of bytes in memory
+    nbytes: int
+    done: Future[Scan] = field(default_factory=Future)
+
+
+def next_file(waiting: Sequence[int | None], writers: dict[int | None, int], left: dict[int | None, int]) -> int | None:
+    """Which file an idle worker serves next, of those with jobs waiting.
+
+    Two threads writing one file take turns on its inode lock (and spin on it, burning the CPU the
+    other would hash with), while writes into different files run side by side: two `cp` of an
+    823 MB shard took 0.21-0.23 s together against 0.39-0.40 s one after the other here. So a
+    worker takes the file with the most bytes left that no other worker is writing, and shares a
+    file only when every file with work left is taken. Most-bytes-left first keeps the files
+    ending together, so that sharing is left for the last tensors. A hash of a produced tensor
+    (file None) goes first: the caller waits for it."""
+    return max(waiting, key=lambda f: (f is None, writers[f] == 0, left[f]))
+
+
+class Movers:
+    """Worker threads that run jobs, each taking its next job from the file `next_file` names.
+    Measured against a plain thread pool (six interleaved rounds, medians): HF -> canonical 0.80
+    against 0.91 s, canonical -> HF 0.61 against 0.77 s, for 2.47 GB in three shards."""
+
+    def __init__(self, workers: int) -> None:
+        self._queues: dict[int | None, deque[_Job]] = {None: deque()}
+        self._left: dict[int | None, int] = {None: 0}
+        self._busy: dict[int | None, int] = {None: 0}
+        self._ready = threading.Condition()
+        self._closed = False
+        self._threads = [threading.Thread(target=self._serve, daemon=True) for _ in range(workers)]
+        for t in self._threads:
+            t.start()
+
+    def submit(self, work: Callable[[], Scan], file: int | None, nbytes: int) -> Future[Scan]:
+        job = _Job(work, file, nbytes)
+        with self._ready:
+            if self._closed:
+                raise RuntimeError("the tensor movers are closed")
+            self._queues.setdefault(file, deque()).append(job)
+            self._left[file] = self._left.get(file, 0) + nbytes
+            self._busy.setdefault(file, 0)
+            self._ready.notify()
+        return job.done
+
+    def _take(self) -> _Job | None:
+        with self._ready:
+            while not self._closed:
+                waiting = [f for f, q in self._queues.items() if q]
+                if waiting:
+                    file = next_file(waiting, self._busy, self._left)
+                    job = self._queues[file].popleft()
+                    self._left[file] -= job.nbytes
+                    self._busy[file] += 1
+                    return job
+                self._ready.wait()
+            return None
+
+    def _serve(self) -> None:
+        while (job := self._take()) is not None:
+            if job.done.set_running_or_notify_cancel():
+                try:
+                    job.done.set_result(job.work())
+                except BaseException as e:  # noqa: BLE001 - handed to whoever waits on the job
+                    job.done.set_exception(e)
+            with self._ready:
+                self._busy[job.file] -= 1
+
+    def close(self) -> None:
+        """Cancel what has not started and wait for what has."""
+        with self._ready:
+            self._closed = True
+            for queue in self._queues.values():
+                while queue:
+                    queue.popleft().done.cancel()
+            self._ready.notify_all()
+        for t in self._threads:
+            t.join()
+
+
 class _Writer:
     """The shard files being written, and the worker threads that move, hash and check tensors.
     A raw tensor's job holds no memory until it runs, so those queue freely, across shard
@@ -138,7 +221,7 @@ class _Writer:
         self._progress = progress  # called as each tensor is done, from this thread
         self.written = Written()
         self._files = ExitStack()
-        self._pool = ThreadPoolExecutor(WORKERS)
+        self._movers = Movers(WORKERS)
         self._pending: list[tuple[Planned, Future[Scan]]] = []
 
     def open(self, path: Path) -> int:
@@ -147,7 +230,8 @@ class _Writer:
         return fd
 
     def raw(self, p: Planned, raw: RawBytes, fd: int, offset: int) -> None:
-        job = self._pool.submit(_move, raw, fd, offset, p.dtype, self.algorithm, p.check is not None)
+        checked = p.check is not None
+        job = self._movers.submit(lambda: _move(raw, fd, offset, p.dtype, self.algorithm, checked), fd, p.nbytes)
         # queued in order, settled in order: progress, and the first NaN is the first reported
         self._pending.append((p, job))
         while self._pending and self._pending[0][1].done():  # fail early on a NaN found so far
@@ -155,7 +239,9 @@ class _Writer:
 
     def produced(self, p: Planned, fd: int, offset: int) -> None:
         data = _produced(p)
-        job = self._pool.submit(scan, memory_chunks(data), p.dtype, self.algorithm, False) if self.algorithm else None
+        algorithm = self.algorithm
+        job = (self._movers.submit(lambda: scan(memory_chunks(data), p.dtype, algorithm, False), None, len(data))
+               if algorithm else None)
         _write_at(fd, data, offset)
         if job is not None:
             self._settle(p, job)
@@ -177,7 +263,7 @@ class _Writer:
         return self.written
 
     def close(self) -> None:
-        self._pool.shutdown(wait=True, cancel_futures=True)
+        self._movers.close()
         self._files.close()
 
 
