@@ -12,6 +12,7 @@ import os
 import shutil
 import subprocess
 import sys
+import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -94,13 +95,16 @@ class Measured:
 
 
 def measure(label: str, argv: list[str], env: dict[str, str] | None = None) -> Measured:
-    """Run argv as a child; wall time and the child's own peak RSS (from wait4)."""
-    start = time.perf_counter()
-    proc = subprocess.Popen(argv, env={**os.environ, **(env or {})})
-    _, status, usage = os.wait4(proc.pid, 0)
-    seconds = time.perf_counter() - start
-    if os.waitstatus_to_exitcode(status) != 0:
-        sys.exit(f"{label} failed: {' '.join(argv)}")
+    """Run argv as a child; wall time and the child's own peak RSS (from wait4). Its output (progress
+    bars, "wrote ...") is kept aside and shown only if it fails."""
+    with tempfile.TemporaryFile() as output:
+        start = time.perf_counter()
+        proc = subprocess.Popen(argv, env={**os.environ, **(env or {})}, stdout=output, stderr=subprocess.STDOUT)
+        _, status, usage = os.wait4(proc.pid, 0)
+        seconds = time.perf_counter() - start
+        if os.waitstatus_to_exitcode(status) != 0:
+            output.seek(0)
+            sys.exit(f"{label} failed: {' '.join(argv)}\n{output.read().decode(errors='replace')}")
     return Measured(label, seconds, usage.ru_maxrss * 1024, usage.ru_utime + usage.ru_stime)
 
 

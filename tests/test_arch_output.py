@@ -233,3 +233,31 @@ def test_variant_card_names_what_it_sees():
     assert "sliding window 4 on local layers; pattern LG" in lines and "attention soft-cap: 5" in lines
     assert "MQA" in "\n".join(variants(tiny(n_kv_heads=1))) and "ReLU" in "\n".join(variants(tiny(
         activation="relu", gated=False)))
+
+
+# ----------------------------------------------------------------------------- memory held by a forward pass
+
+
+def test_a_forward_pass_holds_only_the_current_hidden_state():
+    """Without autograd, a block's output is freed once the next block has used it (holding every
+    layer's output would cost n_layers x batch x seq x d_model, and fresh pages for each block)."""
+    import weakref
+
+    model = build(tiny(n_layers=4))
+    outputs: list[weakref.ref] = []
+    alive_at_start: list[int] = []
+
+    def before(block, args):
+        alive_at_start.append(sum(ref() is not None for ref in outputs))
+
+    def after(block, args, out):
+        outputs.append(weakref.ref(out))
+
+    for block in model.layers:
+        block.register_forward_pre_hook(before)
+        block.register_forward_hook(after)
+    with torch.no_grad():
+        logits = model(tokens())
+    # each block starts with at most its own input (the previous block's output) alive
+    assert alive_at_start == [0, 1, 1, 1]
+    assert len(model.hidden_states(tokens())) == 5 and logits.shape[-1] == 64

@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+from collections import deque
+from collections.abc import Iterator
+from itertools import islice
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -64,20 +68,25 @@ class Decoder(nn.Module):
             h = h + sinusoidal(positions, cfg.d_model, h.dtype)
         return self.drop(h)
 
-    def hidden_states(self, ids: torch.Tensor, cache: KVCache | None = None,
-                      until: int | None = None) -> list[torch.Tensor]:
+    def states(self, ids: torch.Tensor, cache: KVCache | None = None) -> Iterator[torch.Tensor]:
         """Hidden state after the embedding and after each block (transformers' layout, without
-        the final norm); `until` stops after that many blocks."""
+        the final norm), one at a time. A forward pass holds only the current one, so the
+        allocator hands each block the memory the one before freed: holding all of them made
+        SmolLM2-shaped prefill take fresh pages from the kernel for every block."""
         past = cache.length if cache is not None else 0
         T = ids.shape[1]
         positions = torch.arange(past, past + T, device=ids.device)
         h = self.embed_tokens(ids, positions)
         ctx = Context(positions, torch.arange(past + T, device=ids.device), h.dtype)
-        states = [h]
-        for block in self.layers[:until]:
+        yield h
+        for block in self.layers:
             h = block(h, ctx, cache)
-            states.append(h)
-        return states
+            yield h
+
+    def hidden_states(self, ids: torch.Tensor, cache: KVCache | None = None,
+                      until: int | None = None) -> list[torch.Tensor]:
+        """All of `states`; `until` stops after that many blocks."""
+        return list(islice(self.states(ids, cache), None if until is None else until + 1))
 
     def logits(self, h: torch.Tensor) -> torch.Tensor:
         cfg = self.cfg
@@ -92,7 +101,8 @@ class Decoder(nn.Module):
     def forward(self, ids: torch.Tensor, cache: KVCache | None = None,
                 labels: torch.Tensor | None = None) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
         """Logits (B, T, vocab) for token ids (B, T); with labels, also the mean next-token loss."""
-        logits = self.logits(self.hidden_states(ids, cache)[-1])
+        (last,) = deque(self.states(ids, cache), maxlen=1)  # each state dropped as the next is made
+        logits = self.logits(last)
         if labels is None:
             return logits
         return logits, self.loss(logits, labels)
