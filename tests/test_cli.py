@@ -196,3 +196,24 @@ def test_inspect_reads_any_input_format(hf_dir: Path, canonical: Path) -> None:
     code, out, _ = run("inspect", hf_dir, "--json")
     assert code == 0
     assert json.loads(out) == json.loads(run("inspect", canonical, "--json")[1])
+
+
+def test_a_mixed_dtype_checkpoint_is_described_by_the_dtype_holding_most_bytes(tmp_path: Path) -> None:
+    """Here the two vocabulary matrices are fp32 and every other tensor bf16. Those two come first
+    in both orders (the file's, where lm_head sorts first, and the canonical one, embedding first);
+    the model's dtype (lmconvert.json, and the export's config.json) is still bf16."""
+    src = make_checkpoint(tmp_path / "hf", dtype=torch.bfloat16)
+    weights = load_file(src / "model.safetensors")
+    wide = ("lm_head.weight", "model.embed_tokens.weight")
+    for name in wide:
+        weights[name] = weights[name].float()
+    assert sum(weights[n].numel() * 4 for n in wide) < sum(t.numel() * 2 for n, t in weights.items() if n not in wide)
+    save_file(weights, src / "model.safetensors", metadata={"format": "pt"})
+    code, _, err = run("convert", src, tmp_path / "canonical")
+    assert code == 0, err
+    assert json.loads((tmp_path / "canonical" / "lmconvert.json").read_text())["dtype"] == "bfloat16"
+    code, _, err = run("convert", tmp_path / "canonical", tmp_path / "export", "--to", "hf")
+    assert code == 0, err
+    assert json.loads((tmp_path / "export" / "config.json").read_text())["dtype"] == "bfloat16"
+    exported = load_file(tmp_path / "export" / "model.safetensors")
+    assert all(exported[n].dtype == torch.float32 for n in wide)  # each tensor keeps its own dtype

@@ -176,3 +176,11 @@ def test_progress_counts_each_tensor_once_in_order(tmp_path: Path) -> None:
     for f in (tmp_path / "out").glob("*.safetensors"):
         loaded.update(load_file(f))
     assert all(torch.equal(loaded[n], t) for n, t in tensors.items())
+
+
+def test_a_model_dtype_is_a_float_type_when_it_has_one() -> None:
+    from lmconvert.convert.dtypes import dominant
+
+    assert dominant([("F32", 40), ("BF16", 100), ("F32", 40)]) == "BF16"
+    assert dominant([("I64", 10**6), ("F16", 8)]) == "F16"  # a large integer buffer is not the model's dtype
+    assert dominant([("I64", 8), ("U8", 16)]) == "U8"

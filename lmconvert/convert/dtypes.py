@@ -47,6 +47,16 @@ def parse_cast(name: str | None) -> str | None:
     return name
 
 
+def dominant(sized: list[tuple[str, int]]) -> str:
+    """The dtype (safetensors name) holding most of a model's bytes, floats before any other: what
+    config.json's "dtype" means. A checkpoint may keep its norms in fp32 beside bf16 matrices, and
+    whichever comes first in a file says nothing about which is the model's."""
+    totals: dict[str, int] = {}
+    for name, nbytes in sized:
+        totals[name] = totals.get(name, 0) + nbytes
+    return max(totals, key=lambda name: (DTYPES[name].nonfinite is not None, totals[name]))
+
+
 def torch_dtype(name: str) -> torch.dtype:
     """torch's dtype for a safetensors or torch name."""
     import torch

@@ -14,7 +14,7 @@ from lmconvert.mappings.table import IDENTITY, TensorFn, out_shape
 from .atomic import atomic_directory, check_output
 from .canonical import META_FILE, CanonicalMeta, copy_sidecars, is_canonical, read_meta
 from .digest import FiniteCheck, check_finite, file_digest
-from .dtypes import BY_TORCH_NAME, DTYPES, torch_dtype
+from .dtypes import BY_TORCH_NAME, DTYPES, dominant, torch_dtype
 from .errors import InputError
 from .hf_source import HfCheckpoint
 from .safetensors_dir import TensorSource
@@ -77,7 +77,8 @@ def to_canonical(src: Path, out: Path, dtype: str | None = None, max_shard_bytes
                   "model_type": ckpt.config.get("model_type"), **ckpt.source.info, **(source_info or {})}
         if ckpt.dropped:
             source["dropped_tensors"] = ckpt.dropped
-        meta = CanonicalMeta(arch=ckpt.arch, family=ckpt.family.name, dtype=DTYPES[planned[0].dtype].torch_name,
+        model_dtype = DTYPES[dominant([(p.dtype, p.nbytes) for p in planned])].torch_name
+        meta = CanonicalMeta(arch=ckpt.arch, family=ckpt.family.name, dtype=model_dtype,
                              source=source, hf_extras=extras, tensors=written.tensors,
                              shards=written.shards, files=_hash_files(tmp, written.shards))
         (tmp / META_FILE).write_text(meta.to_json())
