@@ -29,32 +29,36 @@ def test_a_hash_the_caller_waits_for_goes_before_any_file() -> None:
     assert next_file([3, None], {3: 0, None: 0}, {3: 10**9, None: 1}) is None
 
 
-def _recording(log: list[tuple[int, float, float]], file: int, seconds: float):
-    def work() -> Scan:
-        start = time.perf_counter()
-        time.sleep(seconds)
-        log.append((file, start, time.perf_counter()))
-        return Scan(f"{file}", 0)
-    return work
-
-
 def test_two_workers_on_two_files_never_write_one_file_at_once() -> None:
-    log: list[tuple[int, float, float]] = []
+    """The two workers run in lockstep (a barrier inside every job), so each step shows which two
+    files are being written together."""
     movers = Movers(2)
+    barrier = threading.Barrier(2, timeout=10)
+    lock = threading.Lock()
+    running: list[int] = []
+    together: list[tuple[int, ...]] = []
+
+    def job(file: int):
+        def work() -> Scan:
+            with lock:
+                running.append(file)
+            barrier.wait()  # both workers are inside a job
+            with lock:
+                together.append(tuple(sorted(running)))
+            barrier.wait()  # both have looked
+            with lock:
+                running.remove(file)
+            barrier.wait()
+            return Scan(f"{file}", 0)
+        return work
+
     try:
-        gate = threading.Event()
-        first = movers.submit(lambda: (gate.wait(), Scan("gate", 0))[1], 3, 1)
-        jobs = [movers.submit(_recording(log, f, 0.02), f, 100) for _ in range(6) for f in (3, 4)]
-        gate.set()  # both files are queued in full before the second worker has chosen
-        assert first.result().digest == "gate"
-        assert [j.result().digest for j in jobs] == ["3", "4"] * 6
+        with movers._ready:  # every job is queued before either worker chooses
+            jobs = [movers.submit(job(f), f, 100) for f in (3, 3, 3, 4, 4, 4)]
+        assert [j.result().digest for j in jobs] == ["3", "3", "3", "4", "4", "4"]
     finally:
         movers.close()
-    for i, (file, start, end) in enumerate(log):
-        for other, s, e in log[i + 1:]:
-            overlap = min(end, e) - max(start, s)
-            # the two files end together, so neither worker is ever left with only the other's file
-            assert file != other or overlap <= 0, (file, start, end, s, e)
+    assert together == [(3, 4)] * 6
 
 
 def test_close_cancels_what_has_not_started_and_an_error_reaches_the_caller() -> None:
@@ -67,9 +71,11 @@ def test_close_cancels_what_has_not_started_and_an_error_reaches_the_caller() ->
 
     failing = movers.submit(fail, 3, 1)
     queued = [movers.submit(lambda: Scan("never", 0), 3, 1) for _ in range(3)]
+    deadline = time.monotonic() + 10
+    while not failing.running() and time.monotonic() < deadline:  # the one worker has taken it
+        time.sleep(0.001)
     closer = threading.Thread(target=movers.close)
     closer.start()  # cancels the queue, then waits for the running job
-    deadline = time.monotonic() + 10
     while not all(job.cancelled() for job in queued) and time.monotonic() < deadline:
         time.sleep(0.001)
     gate.set()
