@@ -201,7 +201,7 @@ def test_inspect_reads_any_input_format(hf_dir: Path, canonical: Path) -> None:
 def test_a_mixed_dtype_checkpoint_is_described_by_the_dtype_holding_most_bytes(tmp_path: Path) -> None:
     """Here the two vocabulary matrices are fp32 and every other tensor bf16. Those two come first
     in both orders (the file's, where lm_head sorts first, and the canonical one, embedding first);
-    the model's dtype (lmconvert.json, and the export's config.json) is still bf16."""
+    the model's dtype (inspect's, lmconvert.json's, and the export's config.json) is still bf16."""
     src = make_checkpoint(tmp_path / "hf", dtype=torch.bfloat16)
     weights = load_file(src / "model.safetensors")
     wide = ("lm_head.weight", "model.embed_tokens.weight")
@@ -209,6 +209,8 @@ def test_a_mixed_dtype_checkpoint_is_described_by_the_dtype_holding_most_bytes(t
         weights[name] = weights[name].float()
     assert sum(weights[n].numel() * 4 for n in wide) < sum(t.numel() * 2 for n, t in weights.items() if n not in wide)
     save_file(weights, src / "model.safetensors", metadata={"format": "pt"})
+    code, out, _ = run("inspect", src, "--json")
+    assert code == 0 and json.loads(out)["dtype"] == "bfloat16"
     code, _, err = run("convert", src, tmp_path / "canonical")
     assert code == 0, err
     assert json.loads((tmp_path / "canonical" / "lmconvert.json").read_text())["dtype"] == "bfloat16"

@@ -14,7 +14,7 @@ from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 
 from lmconvert.convert.digest import CHUNK, FiniteCheck, memory_chunks, scan, tensor_bytes, tensor_digest
-from lmconvert.convert.dtypes import of_torch
+from lmconvert.convert.dtypes import dominant, of_torch
 from lmconvert.convert.errors import InputError
 from lmconvert.convert.safetensors_dir import TensorSource
 from lmconvert.convert.shards import Planned, RawBytes, write_shards
@@ -84,7 +84,7 @@ def test_writer_refuses_a_tensor_unlike_its_plan(tmp_path: Path) -> None:
 
 
 def test_raw_copies_equal_decoded_writes(tmp_path: Path) -> None:
-    """Byte-for-byte copies out of a source file (copy_file_range) give the same file and hashes
+    """Byte-for-byte copies out of a source file (by the worker threads) give the same file and hashes
     as decoding and writing the tensors, and pass the NaN/Inf check of finite weights."""
     tensors = _tensors()
     save_file(tensors, str(tmp_path / "model.safetensors"))
@@ -179,8 +179,6 @@ def test_progress_counts_each_tensor_once_in_order(tmp_path: Path) -> None:
 
 
 def test_a_model_dtype_is_a_float_type_when_it_has_one() -> None:
-    from lmconvert.convert.dtypes import dominant
-
     assert dominant([("F32", 40), ("BF16", 100), ("F32", 40)]) == "BF16"
     assert dominant([("I64", 10**6), ("F16", 8)]) == "F16"  # a large integer buffer is not the model's dtype
     assert dominant([("I64", 8), ("U8", 16)]) == "U8"

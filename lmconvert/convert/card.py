@@ -11,9 +11,15 @@ from lmconvert.arch.describe import variants
 from lmconvert.arch.shapes import parameter_shapes
 
 from .canonical import is_canonical, read_meta
-from .dtypes import BY_TORCH_NAME, DTYPES
+from .dtypes import BY_TORCH_NAME, DTYPES, dominant
 from .hf_source import HfCheckpoint
-from .sources import dtype_name
+from .sources import TensorReader, dtype_name
+
+
+def _stored(tensors: TensorReader, name: str) -> tuple[str, int]:
+    """A tensor's dtype (safetensors name) and size in bytes, as stored."""
+    dtype = dtype_name(tensors, name)
+    return dtype, prod(tensors.shape(name)) * DTYPES[dtype].itemsize
 
 
 def _arch_family_dtype(path: Path) -> tuple[ArchConfig, str, str]:
@@ -23,8 +29,8 @@ def _arch_family_dtype(path: Path) -> tuple[ArchConfig, str, str]:
         meta = read_meta(path)
         return meta.arch, meta.family, meta.dtype
     with HfCheckpoint.open(path) as ckpt:
-        first = next(iter(ckpt.plan.values()))[0]
-        return ckpt.arch, ckpt.family.name, DTYPES[dtype_name(ckpt.source.tensors, first)].torch_name
+        sized = [_stored(ckpt.source.tensors, hf_name) for hf_name, _ in ckpt.plan.values()]
+        return ckpt.arch, ckpt.family.name, DTYPES[dominant(sized)].torch_name
 
 
 def card(path: Path) -> dict[str, Any]:
