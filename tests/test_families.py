@@ -35,8 +35,8 @@ from transformers import AutoConfig, AutoModelForCausalLM
 
 import lmconvert
 from lmconvert.cli import main
-from lmconvert.convert.canonical import read_meta
-from lmconvert.convert.pipeline import to_canonical, to_hf
+from lmconvert.convert import to_canonical, to_hf
+from lmconvert.formats.canonical import read_meta
 from lmconvert.mappings import BY_MODEL_TYPE, FAMILIES, MappingError, family_for
 
 WINDOW = 4

@@ -15,7 +15,7 @@ from safetensors.torch import load_file
 
 import lmconvert
 from lmconvert.cli import main
-from lmconvert.convert.pipeline import to_canonical, to_hf
+from lmconvert.convert import to_canonical, to_hf
 
 
 def run(*args: object) -> tuple[int, str]:

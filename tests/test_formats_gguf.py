@@ -24,8 +24,8 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 import lmconvert
 from lmconvert.cli import main
-from lmconvert.convert.formats.gguf import llama3_factors
-from lmconvert.convert.sources import open_source
+from lmconvert.formats.checkpoint import open_source
+from lmconvert.formats.gguf import llama3_factors
 
 FP32_MAX_ABS = 1e-5
 # transformers model_type -> llama.cpp architecture, as convert_hf_to_gguf.py registers them

@@ -23,7 +23,7 @@ from transformers import AutoTokenizer
 
 import lmconvert
 from lmconvert.cli import main
-from lmconvert.convert.pipeline import to_canonical, to_hf
+from lmconvert.convert import to_canonical, to_hf
 
 CORPUS = ["The quick brown fox jumps over the lazy dog.", "def add(x, y):\n    return x + y  # 42"] * 40 + \
     ["北京是中国的首都。", "Les élèves étudient à Paris.", "Привет, мир!"] * 2

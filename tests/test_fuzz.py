@@ -16,8 +16,8 @@ from pathlib import Path
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from lmconvert.convert.errors import InputError
-from lmconvert.convert.safetensors_dir import TensorSource, shard_map
+from lmconvert.formats.errors import InputError
+from lmconvert.formats.safetensors_dir import TensorSource, shard_map
 from lmconvert.mappings import BY_MODEL_TYPE, MappingError, family_for
 
 SCALE = int(os.environ.get("LMCONVERT_FUZZ_SCALE", "1"))

@@ -12,8 +12,8 @@ import torch
 from hf_models import build_model, save_checkpoint
 from test_families import SEQ, SPECS
 
-from lmconvert.convert.pipeline import to_canonical
-from lmconvert.convert.verify import verify
+from lmconvert.convert import to_canonical
+from lmconvert.verify.run import verify
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")]
 

@@ -21,7 +21,7 @@ from safetensors import safe_open
 from transformers import AutoModelForCausalLM
 
 import lmconvert
-from lmconvert.convert.pipeline import to_canonical, to_hf
+from lmconvert.convert import to_canonical, to_hf
 
 LLAMA3 = {"rope_type": "llama3", "rope_theta": 500000.0, "factor": 8.0, "low_freq_factor": 1.0,
           "high_freq_factor": 4.0, "original_max_position_embeddings": 16}

@@ -8,8 +8,8 @@ import time
 
 import pytest
 
-from lmconvert.convert.digest import Scan
-from lmconvert.convert.shards import Movers, next_file
+from lmconvert.formats.digest import Scan
+from lmconvert.formats.shards import Movers, next_file
 
 
 def test_an_idle_worker_takes_a_file_no_one_writes() -> None:

@@ -21,8 +21,8 @@ from hub_server import HubServer, refusing_url
 from safetensors.torch import load, load_file
 
 from lmconvert.cli import main
-from lmconvert.convert.errors import InputError
 from lmconvert.convert.hub import select_files
+from lmconvert.formats.errors import InputError
 
 TINY = "org/tiny-llama"
 CHUNK = 10 * 2**20  # huggingface_hub.constants.DOWNLOAD_CHUNK_SIZE: what it writes to disk at a time
@@ -267,7 +267,7 @@ def test_pull_with_verify_into_the_default_out(pulled: tuple[Path, Path], hub: H
 
 def test_bin_weights_only_when_there_is_no_safetensors(hub: HubServer, commits: dict[str, dict[str, bytes]],
                                                        tmp_path: Path) -> None:
-    from lmconvert.convert.sources import FORMATS
+    from lmconvert.formats.checkpoint import FORMATS
 
     home = tmp_path / "hf"
     proc = lmconvert("pull", "org/bin-llama", "--out", tmp_path / "out", env=hub_env(hub.url, home))

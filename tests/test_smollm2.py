@@ -18,8 +18,8 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 import lmconvert
 from lmconvert.cli import main
-from lmconvert.convert.formats.smollm2 import smollm2_path
-from lmconvert.convert.safetensors_dir import TensorSource
+from lmconvert.formats.safetensors_dir import TensorSource
+from lmconvert.formats.smollm2 import smollm2_path
 from lmconvert.mappings import family_named
 
 FP32_MAX_ABS = 1e-5

@@ -13,11 +13,11 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 
-from lmconvert.convert.digest import CHUNK, FiniteCheck, memory_chunks, scan, tensor_bytes, tensor_digest
-from lmconvert.convert.dtypes import dominant, of_torch
-from lmconvert.convert.errors import InputError
-from lmconvert.convert.safetensors_dir import TensorSource
-from lmconvert.convert.shards import Planned, RawBytes, write_shards
+from lmconvert.formats.digest import CHUNK, FiniteCheck, memory_chunks, scan, tensor_bytes, tensor_digest
+from lmconvert.formats.dtypes import dominant, of_torch
+from lmconvert.formats.errors import InputError
+from lmconvert.formats.safetensors_dir import TensorSource
+from lmconvert.formats.shards import Planned, RawBytes, write_shards
 
 DTYPES = [torch.float32, torch.bfloat16, torch.float16, torch.int64, torch.int8, torch.bool, torch.float64]
 

@@ -13,11 +13,11 @@ import torch.nn.functional as F
 from hf_models import build_model, load_reference, save_checkpoint, save_tiny_tokenizer
 
 import lmconvert
-from lmconvert.convert.agreement import compare_generation, greedy, logit_stats
-from lmconvert.convert.prompts import TEXTS
-from lmconvert.convert.reference import reference_greedy
-from lmconvert.convert.tolerance import Tolerance
-from lmconvert.convert.verify import verify
+from lmconvert.verify.agreement import compare_generation, greedy, logit_stats
+from lmconvert.verify.prompts import TEXTS
+from lmconvert.verify.reference import reference_greedy
+from lmconvert.verify.run import verify
+from lmconvert.verify.tolerance import Tolerance
 
 FP32 = Tolerance.for_dtype("float32")
 

@@ -19,7 +19,7 @@ from safetensors.torch import load_file, save_file
 from test_families import SPECS
 
 from lmconvert.cli import main
-from lmconvert.convert.pipeline import to_canonical
+from lmconvert.convert import to_canonical
 
 # the CLI, with every import of transformers (or accelerate) failing
 WITHOUT_TRANSFORMERS = """

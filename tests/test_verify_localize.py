@@ -18,10 +18,10 @@ from test_families import SPECS
 
 import lmconvert
 from lmconvert.cli import main
-from lmconvert.convert.pipeline import to_canonical
-from lmconvert.convert.prompts import random_batch
-from lmconvert.convert.trace import point_modules
-from lmconvert.convert.verify import verify
+from lmconvert.convert import to_canonical
+from lmconvert.verify.prompts import random_batch
+from lmconvert.verify.run import verify
+from lmconvert.verify.trace import point_modules
 
 GEMMA2 = SPECS["gemma2"]
 LLAMA = dict(head_dim=16, attention_bias=True)  # 2 KV heads of 16 dims, biases to swap as well

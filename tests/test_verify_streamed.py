@@ -15,11 +15,11 @@ from test_families import SPECS
 
 import lmconvert
 from lmconvert.cli import main
-from lmconvert.convert.agreement import greedy
-from lmconvert.convert.canonical import META_FILE
-from lmconvert.convert.pipeline import to_canonical
-from lmconvert.convert.streamed import StreamedDecoder, streamed
-from lmconvert.convert.trace import our_trace
+from lmconvert.convert import to_canonical
+from lmconvert.formats.canonical import META_FILE
+from lmconvert.runtime.streamed import StreamedDecoder, streamed
+from lmconvert.verify.agreement import greedy
+from lmconvert.verify.trace import our_trace
 
 IDS = token_batch(seq=20)
 
@@ -57,8 +57,8 @@ def test_streamed_forward_is_bit_identical(checkpoints: dict[str, Path], name: s
 
 
 def test_streamed_reports_missing_tensors(checkpoints: dict[str, Path]) -> None:
-    from lmconvert.convert.errors import InputError
-    from lmconvert.convert.streamed import open_weights
+    from lmconvert.formats.errors import InputError
+    from lmconvert.runtime.streamed import open_weights
 
     with open_weights(checkpoints["llama-hf"]) as (arch, weights):
         del weights["layers.1.mlp.up.weight"]

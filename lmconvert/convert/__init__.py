@@ -1,1 +1,37 @@
-"""Files, downloads and comparison: everything in lmconvert that touches disk or transformers."""
+"""Conversion between formats: any input -> canonical, canonical -> HF or Meta (`convert`)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from lmconvert.formats.checkpoint import open_checkpoint
+from lmconvert.formats.errors import InputError
+
+from .export_hf import to_hf
+from .exports import canonical_meta
+from .ingest import to_canonical
+
+__all__ = ["convert", "to_canonical", "to_hf"]
+
+
+def _to_meta(src: Any, out: Path, **kwargs: Any) -> dict[str, Any]:
+    from lmconvert.formats.meta_export import to_meta  # loads torch: Meta's files are pickles
+
+    return to_meta(src, canonical_meta(src, "meta"), out, **kwargs)
+
+
+# --to name -> (whether SRC must be canonical, the conversion)
+TARGETS = {"canonical": (False, to_canonical), "hf": (True, to_hf), "meta": (True, _to_meta)}
+
+
+def convert(src: Path, out: Path, to: str, **kwargs: Any) -> None:
+    """`dtype` is a --dtype name ("bfloat16", ...) or None to keep the checkpoint's own."""
+    needs_canonical, fn = TARGETS[to]
+    with open_checkpoint(src) as checkpoint:
+        if (checkpoint.meta is not None) != needs_canonical:
+            want = "a canonical checkpoint (with lmconvert.json)" if needs_canonical else "an HF checkpoint"
+            raise InputError(f"{src}: --to {to} needs {want} as SRC")
+        if not needs_canonical:
+            kwargs.pop("family", None)
+        fn(checkpoint, out, **kwargs)

@@ -18,10 +18,12 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import unquote, urlsplit
 
-from .atomic import check_output
-from .canonical import SIDECAR_PATTERNS
-from .errors import InputError
-from .weight_index import read_weight_map
+from lmconvert.formats.atomic import check_output
+from lmconvert.formats.canonical import SIDECAR_PATTERNS
+from lmconvert.formats.errors import InputError
+from lmconvert.formats.jsonfile import read_weight_map
+
+from .ingest import to_canonical
 
 CONFIG = "config.json"
 # (index, single file) per weight format, in order of preference: .bin only when there is no safetensors
@@ -222,8 +224,6 @@ def pull(repo_id: str, out: Path | None = None, *, revision: str | None = None, 
          progress: Callable[[int, int], None] | None = None, quiet: bool = False) -> tuple[Snapshot, Path]:
     """Download `repo_id` and convert it into a canonical checkpoint at `out` (default ./<repo name>),
     recording the repo and the commit sha; the snapshot stays the recorded source for `verify`."""
-    from .pipeline import to_canonical
-
     out = out if out is not None else default_out(repo_id)
     check_output(out, force)  # before downloading anything
     snapshot = download(repo_id, revision, token, quiet)

@@ -21,12 +21,12 @@ import torch
 from lmconvert.arch import ArchConfig
 from lmconvert.mappings import Family, MappingError, family_named
 
-from ..atomic import atomic_directory, check_output
-from ..canonical import read_meta
-from ..digest import check_finite
-from ..dtypes import torch_dtype
-from ..errors import InputError
-from ..safetensors_dir import TensorSource
+from .atomic import atomic_directory, check_output
+from .canonical import CanonicalMeta
+from .checkpoint import Checkpoint
+from .digest import check_finite
+from .dtypes import torch_dtype
+from .errors import InputError
 from .meta import PARAMS, TOKENIZER
 from .meta_layout import Layout, LayoutError, hf_config, model_params, params_for
 
@@ -42,12 +42,12 @@ def _describes(previous: dict[str, Any], config: dict[str, Any], llama: Family, 
         return False
 
 
-def to_meta(src: Path, out: Path, shards: int = 1, dtype: str | None = None, force: bool = False,
-            progress: Callable[[int, int], None] | None = None, max_shard_bytes: int | None = None,
+def to_meta(checkpoint: Checkpoint, meta: CanonicalMeta, out: Path, shards: int = 1, dtype: str | None = None,
+            force: bool = False, progress: Callable[[int, int], None] | None = None, max_shard_bytes: int | None = None,
             allow_nonfinite: bool = False) -> dict[str, Any]:
-    """Write canonical `src` as a Meta checkpoint with `shards` model-parallel ranks; returns params.json.
+    """Write a canonical checkpoint as a Meta checkpoint with `shards` model-parallel ranks; returns params.json.
     `max_shard_bytes` is accepted and unused: Meta's files are one per rank, whatever their size."""
-    meta = read_meta(src)
+    src = checkpoint.path
     llama = family_named("llama")
     try:
         config = llama.hf_config(meta.arch, meta.family, meta.hf_extras)
@@ -75,7 +75,8 @@ def to_meta(src: Path, out: Path, shards: int = 1, dtype: str | None = None, for
                          "export it with --to hf instead")
     check_output(out, force, (src,))
     total, done = len(wanted) * shards, 0
-    with TensorSource(src) as source, atomic_directory(out) as tmp:
+    source = checkpoint.source.tensors
+    with atomic_directory(out) as tmp:
         for rank in range(shards):
             state: dict[str, torch.Tensor] = {}
             for meta_name, hf_name, kind in layout.entries():

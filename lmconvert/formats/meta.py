@@ -15,16 +15,14 @@ import shutil
 import tempfile
 from dataclasses import replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 
-from ..errors import InputError
+from .errors import InputError
 from .meta_layout import EMBEDDING, IGNORED, Kind, Layout, LayoutError, hf_config, model_params
+from .source import CANNOT_LOAD_META, Loadable, Source
 from .torch_bin import load_weights
-
-if TYPE_CHECKING:
-    from ..sources import Source
 
 PARAMS = "params.json"
 TOKENIZER = "tokenizer.model"
@@ -152,8 +150,6 @@ def write_tokenizer(directory: Path, out: Path) -> list[str]:
 
 
 def open_meta(path: Path) -> Source:
-    from ..sources import Source  # late: sources.py imports this module
-
     params = read_params(path)
     inner = model_params(params)
     files = shard_files(path)
@@ -185,4 +181,5 @@ def open_meta(path: Path) -> Source:
     elif (path / TOKENIZER).is_file():
         info["tokenizer"] = f"{TOKENIZER} is not SentencePiece (LLaMA 3's is tiktoken): copied, no HF files built"
     return Source(path, "meta", config, MetaTensors(files, shards, layout), info,
-                  sidecars=lambda out: write_tokenizer(path, out))
+                  sidecars=lambda out: write_tokenizer(path, out),
+                  reference=Loadable(None, refusal=f"{path}: is in {CANNOT_LOAD_META}"))

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import struct
 import threading
 from collections import deque
@@ -30,21 +29,12 @@ from typing import TYPE_CHECKING
 
 from .digest import HASH, FiniteCheck, Scan, digest_of, file_chunks, memory_chunks, scan, tensor_bytes
 from .dtypes import DTYPES, of_torch
-from .errors import InputError
 
 if TYPE_CHECKING:
     import torch
 
-_UNITS = {"B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12, "KIB": 2**10, "MIB": 2**20, "GIB": 2**30}
 # Threads that move, hash and check tensors: tensors are independent, so several go at once.
 WORKERS = max(2, min(4, os.cpu_count() or 1))
-
-
-def parse_size(text: str) -> int:
-    match = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([KMGT]?I?B)?\s*", text.upper())
-    if not match:
-        raise InputError(f"--max-shard-size {text!r}: expected a size such as 5GB or 500MB")
-    return int(float(match.group(1)) * _UNITS[match.group(2) or "B"])
 
 
 @dataclass(frozen=True)

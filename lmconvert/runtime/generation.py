@@ -7,8 +7,11 @@ from pathlib import Path
 
 import torch
 
-from .errors import InputError
-from .load import load
+from lmconvert.formats.checkpoint import open_checkpoint
+from lmconvert.formats.dtypes import parse_dtype
+from lmconvert.formats.errors import InputError
+
+from .load import load_checkpoint
 from .tokenizer import load_tokenizer
 
 
@@ -24,11 +27,15 @@ def _eos_id(path: Path, tokenizer: object) -> int | None:
 
 
 def generate(path: Path, prompt: str, max_new_tokens: int, dtype: str | None = None, device: str = "cpu") -> str:
-    try:
-        tokenizer = load_tokenizer(path)
-    except (OSError, ValueError) as exc:
-        raise InputError(f"{path}: no usable tokenizer files ({exc}); convert from a source that has them") from None
-    model = load(path, dtype=dtype, device=device)
+    with open_checkpoint(path) as checkpoint:
+        if checkpoint.tokenizer is None:
+            raise InputError(f"{path}: has no tokenizer files; convert from a source that has them")
+        try:
+            tokenizer = load_tokenizer(checkpoint.tokenizer)
+        except (OSError, ValueError) as exc:
+            raise InputError(f"{path}: no usable tokenizer files ({exc}); convert from a source that has them") \
+                from None
+        model = load_checkpoint(checkpoint, parse_dtype(dtype), device)
     ids = torch.tensor([tokenizer.encode(prompt)], device=device)
     out = model.generate(ids, max_new_tokens, eos_token_id=_eos_id(path, tokenizer))
     return tokenizer.decode(out[0, ids.shape[1]:], skip_special_tokens=True)

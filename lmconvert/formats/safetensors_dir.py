@@ -18,7 +18,7 @@ from safetensors import SafetensorError, safe_open
 
 from .dtypes import DTYPES, torch_dtype
 from .errors import InputError
-from .weight_index import shard_files
+from .jsonfile import shard_files
 
 if TYPE_CHECKING:
     import torch

@@ -6,15 +6,15 @@ from __future__ import annotations
 import gc
 import importlib.metadata
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import torch
 
 from lmconvert.arch import ArchConfig
+from lmconvert.formats.dtypes import torch_dtype
+from lmconvert.formats.source import Loadable
 from lmconvert.mappings.table import TensorTable
 
-from .dtypes import torch_dtype
 from .localize import OwnErrors, own_errors
 from .tolerance import Tolerance
 
@@ -56,7 +56,7 @@ def generation_plan(arch: ArchConfig, seq_len: int, new_tokens: int) -> tuple[in
 
 
 @torch.no_grad()
-def record(reference: Path, arch: ArchConfig, table: TensorTable, ids: torch.Tensor, dtype: str, device: str,
+def record(reference: Loadable, arch: ArchConfig, table: TensorTable, ids: torch.Tensor, dtype: str, device: str,
            max_memory: int | None = None, new_tokens: int = 16, info: dict[str, Any] | None = None) -> Expected:
     """Run transformers on `ids` in `dtype` (and in fp32 too when that is lower precision), with
     every point recorded, and greedy generation from the first row."""

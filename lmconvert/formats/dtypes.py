@@ -47,6 +47,12 @@ def parse_cast(name: str | None) -> str | None:
     return name
 
 
+def parse_dtype(name: str | None) -> torch.dtype | None:
+    """A --dtype value as torch's dtype, or None for "keep"."""
+    cast = parse_cast(name)
+    return None if cast is None else torch_dtype(cast)
+
+
 def dominant(sized: list[tuple[str, int]]) -> str:
     """The dtype (safetensors name) holding most of a model's bytes, floats before any other: what
     config.json's "dtype" means. A checkpoint may keep its norms in fp32 beside bf16 matrices, and

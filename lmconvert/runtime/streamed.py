@@ -14,7 +14,7 @@ import ctypes
 import ctypes.util
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from functools import lru_cache, partial
+from functools import lru_cache
 from pathlib import Path
 
 import torch
@@ -23,28 +23,17 @@ from torch import nn
 from lmconvert.arch import ArchConfig, Decoder, KVCache
 from lmconvert.arch.context import Context
 from lmconvert.arch.shapes import parameter_shapes
-
-from .canonical import is_canonical, read_meta
-from .errors import InputError
-from .hf_source import HfCheckpoint
-from .safetensors_dir import TensorSource
+from lmconvert.formats.checkpoint import Checkpoint, open_checkpoint, opened
+from lmconvert.formats.errors import InputError
 
 Weights = dict[str, Callable[[], torch.Tensor]]  # canonical name -> reads that one tensor
 
 
 @contextmanager
 def open_weights(path: Path) -> Iterator[tuple[ArchConfig, Weights]]:
-    """The ArchConfig and a lazy reader per canonical tensor, for a canonical or HF checkpoint."""
-    if is_canonical(path):
-        arch = read_meta(path).arch
-        with TensorSource(path) as source:
-            yield arch, {name: partial(source.get, name) for name in source.names()}
-        return
-    with HfCheckpoint.open(path) as ckpt:
-        def read(hf_name: str, transform: Callable[[torch.Tensor], torch.Tensor]) -> torch.Tensor:
-            return transform(ckpt.source.tensors.get(hf_name))
-
-        yield ckpt.arch, {c: partial(read, hf, t.forward) for c, (hf, t) in ckpt.plan.items()}
+    """The ArchConfig and a lazy reader per canonical tensor, for a checkpoint in any format."""
+    with open_checkpoint(path) as checkpoint:
+        yield checkpoint.arch, checkpoint.weights()
 
 
 @lru_cache(maxsize=1)
@@ -149,8 +138,8 @@ class StreamedDecoder:
 
 
 @contextmanager
-def streamed(path: Path, dtype: torch.dtype | None, device: str | torch.device = "cpu",
+def streamed(checkpoint: Path | Checkpoint, dtype: torch.dtype | None, device: str | torch.device = "cpu",
              attention: str = "eager") -> Iterator[StreamedDecoder]:
     """A StreamedDecoder over a checkpoint, its files open for as long as it is used."""
-    with open_weights(path) as (arch, weights):
-        yield StreamedDecoder(arch, weights, dtype, device, attention)
+    with opened(checkpoint) as ckpt:
+        yield StreamedDecoder(ckpt.arch, ckpt.weights(), dtype, device, attention)

@@ -17,7 +17,8 @@ from pathlib import Path
 from safetensors import SafetensorError, safe_open
 from safetensors.torch import save_file
 
-from .errors import InputError
+from lmconvert.formats.errors import InputError
+
 from .expected import Expected
 from .tolerance import Tolerance
 from .trace import layer_of, sublayer_of

@@ -7,14 +7,14 @@ from __future__ import annotations
 import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
-from pathlib import Path
 
 import torch
 
 from lmconvert.arch import ArchConfig
+from lmconvert.formats.errors import InputError
+from lmconvert.formats.source import Loadable
 from lmconvert.mappings.table import TensorTable
 
-from .errors import InputError
 from .trace import EMBED, FINAL, Recorder, Trace, hf_point_modules
 
 
@@ -29,36 +29,33 @@ def memory_map(device: str, max_memory: int) -> dict[int | str, int]:
 
 
 @contextmanager
-def reference_model(directory: Path, dtype: torch.dtype, device: str,
+def reference_model(reference: Loadable, dtype: torch.dtype, device: str,
                     max_memory: int | None = None) -> Iterator[torch.nn.Module]:
-    """transformers' own model with eager attention: the ground truth for parity. A GGUF reference
-    (a .gguf file, or a directory holding one) loads with `gguf_file=`, dequantized by transformers.
+    """transformers' own model with eager attention: the ground truth for parity, loaded as the
+    checkpoint's format says (a GGUF file with `gguf_file=`, dequantized by transformers).
     With `max_memory` (bytes), accelerate places what fits and offloads the rest to a temporary
     folder, loading each offloaded module only while it runs."""
     with tempfile.TemporaryDirectory(prefix="lmconvert-offload-") as offload:
         extra = {}
         if max_memory is not None:
             extra = {"device_map": "auto", "max_memory": memory_map(device, max_memory), "offload_folder": offload}
-        yield load_reference(directory, dtype, device, **extra)
+        yield load_reference(reference, dtype, device, **extra)
 
 
-def load_reference(directory: Path, dtype: torch.dtype, device: str, **extra: object) -> torch.nn.Module:
+def load_reference(reference: Loadable, dtype: torch.dtype, device: str, **extra: object) -> torch.nn.Module:
     from transformers import AutoModelForCausalLM
     from transformers.utils import logging
 
-    from .formats.gguf import gguf_file_of
-
     logging.disable_progress_bar()
-    gguf = gguf_file_of(directory)
-    where = directory
-    if gguf is not None:
-        where, extra = gguf.parent, {**extra, "gguf_file": gguf.name}
+    if reference.refusal is not None:
+        raise InputError(reference.refusal)
     try:
-        model = AutoModelForCausalLM.from_pretrained(str(where), dtype=dtype, attn_implementation="eager", **extra)
+        model = AutoModelForCausalLM.from_pretrained(str(reference.where), dtype=dtype, attn_implementation="eager",
+                                                     **reference.kwargs, **extra)
     except ImportError as exc:  # device_map needs accelerate
         raise InputError(f"--max-memory: transformers cannot offload ({exc}); pip install accelerate") from None
     except (OSError, ValueError) as exc:
-        raise InputError(f"{directory}: transformers cannot load this reference ({exc})") from None
+        raise InputError(f"{reference}: transformers cannot load this reference ({exc})") from None
     if "device_map" not in extra:
         model = model.to(device)
     return model.eval()

@@ -1,5 +1,5 @@
-"""The `lmconvert` command line. Thin: parses arguments, calls lmconvert.convert, maps errors to
-exit codes (0 ok, 1 parity failure, 2 bad input or usage)."""
+"""The `lmconvert` command line. Thin: parses arguments (`args.py`), calls the rooms below, and
+maps errors to exit codes (0 ok, 1 parity failure, 2 bad input or usage)."""
 
 from __future__ import annotations
 
@@ -19,13 +19,15 @@ import click
 os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 
 from lmconvert.arch import ConfigError
+from lmconvert.formats.errors import InputError, ParityFailure
 from lmconvert.mappings import MappingError
 
-from .convert.errors import InputError, ParityFailure
+from .args import CASTS, check_device, parse_cast, parse_memory, parse_size
 
 EXISTING_DIR = click.Path(exists=True, file_okay=False, path_type=Path)
 CHECKPOINT = click.Path(exists=True, path_type=Path)  # a directory, or a single-file format such as GGUF
-DTYPE = click.Choice(["float32", "bfloat16", "float16"])
+DTYPE = click.Choice(CASTS)
+CAST = click.Choice(["keep", *CASTS])
 
 
 def _fail(message: str, code: int) -> None:
@@ -95,7 +97,7 @@ def main(debug: bool) -> None:
                    "meta: canonical LLaMA -> Meta's params.json + consolidated.NN.pth.")
 @click.option("--family", help="With --to hf: write as this family (default: the source's).")
 @click.option("--shards", type=click.IntRange(min=1), help="With --to meta: model-parallel ranks [default: 1].")
-@click.option("--dtype", type=click.Choice(["keep", "float32", "bfloat16", "float16"]), default="keep",
+@click.option("--dtype", type=CAST, default="keep",
               show_default=True, help="Cast tensors on the way.")
 @click.option("--max-shard-size", default="5GB", show_default=True, help="Largest output shard.")
 @click.option("--force", is_flag=True, help="Replace OUT if it exists.")
@@ -104,9 +106,7 @@ def main(debug: bool) -> None:
 def convert(src: Path, out: Path, to: str, family: str | None, shards: int | None, dtype: str, max_shard_size: str,
             force: bool, allow_nonfinite: bool) -> None:
     """Convert SRC into OUT. OUT appears complete or not at all."""
-    from .convert.dtypes import parse_cast
-    from .convert.pipeline import convert as run
-    from .convert.shards import parse_size
+    from lmconvert.convert import convert as run
 
     if family and to != "hf":
         raise InputError("--family only applies with --to hf")
@@ -149,7 +149,7 @@ def verify(checkpoint: Path, reference: Path | None, dtype: str | None, device: 
     """Compare CHECKPOINT with transformers layer by layer, logit by logit and through greedy
     generation. Exit 1 when parity fails."""
     if files_only:
-        from .convert.integrity import check_files
+        from lmconvert.formats.integrity import check_files
 
         integrity = check_files(checkpoint)
         click.echo("\n".join(integrity.lines()))
@@ -158,10 +158,9 @@ def verify(checkpoint: Path, reference: Path | None, dtype: str | None, device: 
             raise ParityFailure(f"{checkpoint}: integrity check failed: {', '.join(changed[:5])} changed")
         return
 
-    from .convert.verify import parse_memory
-    from .convert.verify import verify as run
+    from lmconvert.verify.run import verify as run
 
-    report = run(checkpoint, reference, dtype=dtype, device=device, seq_len=seq_len, batch=batch,
+    report = run(checkpoint, reference, dtype=dtype, device=check_device(device), seq_len=seq_len, batch=batch,
                  generate=new_tokens, max_memory=parse_memory(max_memory), golden=golden, save_golden=save_golden)
     if json_out is not None:
         text = json.dumps(report.to_dict(), indent=2)
@@ -184,7 +183,7 @@ def verify(checkpoint: Path, reference: Path | None, dtype: str | None, device: 
 @handled
 def inspect(checkpoint: Path, as_json: bool) -> None:
     """Print CHECKPOINT's architecture card: family, variants, sizes."""
-    from .convert.card import card, format_card
+    from lmconvert.runtime.card import card, format_card
 
     info = card(checkpoint)
     click.echo(json.dumps(info, indent=2) if as_json else format_card(info))
@@ -199,9 +198,9 @@ def inspect(checkpoint: Path, as_json: bool) -> None:
 @handled
 def generate(checkpoint: Path, prompt: str, max_new_tokens: int, dtype: str | None, device: str) -> None:
     """Greedy decoding with the KV cache and the checkpoint's tokenizer."""
-    from .convert.generation import generate as run
+    from lmconvert.runtime.generation import generate as run
 
-    click.echo(prompt + run(checkpoint, prompt, max_new_tokens, dtype=dtype, device=device))
+    click.echo(prompt + run(checkpoint, prompt, max_new_tokens, dtype=dtype, device=check_device(device)))
 
 
 @main.command()
@@ -209,7 +208,7 @@ def generate(checkpoint: Path, prompt: str, max_new_tokens: int, dtype: str | No
 @click.option("--revision", help="Branch, tag or commit sha (default: the repo's main branch).")
 @click.option("--out", type=click.Path(path_type=Path), help="Output directory (default: ./<repo name>).")
 @click.option("--verify", "check", is_flag=True, help="Then verify against the download; exit 1 when parity fails.")
-@click.option("--dtype", type=click.Choice(["keep", "float32", "bfloat16", "float16"]), default="keep",
+@click.option("--dtype", type=CAST, default="keep",
               show_default=True, help="Cast tensors on the way; also --verify's compute dtype (keep: float32).")
 @click.option("--device", default="cpu", show_default=True, help="Device for --verify.")
 @click.option("--token", help="Hub access token for gated or private repos (default: HF_TOKEN or the saved login).")
@@ -218,10 +217,11 @@ def generate(checkpoint: Path, prompt: str, max_new_tokens: int, dtype: str | No
 def pull(repo_id: str, revision: str | None, out: Path | None, check: bool, dtype: str, device: str,
          token: str | None, force: bool) -> None:
     """Download REPO_ID from the Hugging Face Hub into the HF cache and convert it to canonical."""
-    from .convert.dtypes import parse_cast
-    from .convert.hub import pull as run
-    from .convert.verify import verify as run_verify
+    from lmconvert.convert.hub import pull as run
+    from lmconvert.verify.run import verify as run_verify
 
+    if check:
+        check_device(device)
     with progress_bar(f"converting {repo_id}") as progress:
         snapshot, out = run(repo_id, out, revision=revision, token=token, dtype=parse_cast(dtype), force=force,
                             progress=progress, quiet=not sys.stderr.isatty())

@@ -13,15 +13,12 @@ from __future__ import annotations
 import pickle
 import re
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import torch
 
-from ..errors import InputError
-from ..weight_index import read_weight_map, shard_files
-
-if TYPE_CHECKING:
-    from ..sources import Source
+from .errors import InputError
+from .jsonfile import read_weight_map, shard_files
+from .source import Source
 
 INDEX = "pytorch_model.bin.index.json"
 SINGLE = "pytorch_model.bin"
@@ -117,7 +114,6 @@ def is_hf_bin(path: Path) -> bool:
 
 
 def open_hf_bin(path: Path) -> Source:
-    from ..hf_source import read_config  # late: hf_source imports sources, which imports this module
-    from ..sources import Source
+    from .hf import read_config
 
     return Source(path, "hf-bin", read_config(path), BinTensors(path))

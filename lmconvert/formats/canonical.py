@@ -14,7 +14,9 @@ from lmconvert.arch import ArchConfig, ConfigError
 
 from .digest import HASH, HASHES
 from .errors import InputError
-from .weight_index import read_json_object
+from .jsonfile import read_json_object
+from .safetensors_dir import TensorSource
+from .source import Source
 
 META_FILE = "lmconvert.json"
 FORMAT = "lmconvert-canonical"
@@ -80,3 +82,9 @@ def copy_sidecars(src: Path, dst: Path) -> list[str]:
             shutil.copy2(item, dst / item.name)
             copied.append(item.name)
     return copied
+
+
+def open_canonical(path: Path) -> Source:
+    """A canonical directory as a format among the others: its tensors already carry canonical names."""
+    meta = read_meta(path)
+    return Source(path, "canonical", {}, TensorSource(path), canonical=meta)

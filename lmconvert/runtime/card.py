@@ -6,35 +6,16 @@ from math import prod
 from pathlib import Path
 from typing import Any
 
-from lmconvert.arch import ArchConfig
 from lmconvert.arch.describe import variants
 from lmconvert.arch.shapes import parameter_shapes
-
-from .canonical import is_canonical, read_meta
-from .dtypes import BY_TORCH_NAME, DTYPES, dominant
-from .hf_source import HfCheckpoint
-from .sources import TensorReader, dtype_name
-
-
-def _stored(tensors: TensorReader, name: str) -> tuple[str, int]:
-    """A tensor's dtype (safetensors name) and size in bytes, as stored."""
-    dtype = dtype_name(tensors, name)
-    return dtype, prod(tensors.shape(name)) * DTYPES[dtype].itemsize
-
-
-def _arch_family_dtype(path: Path) -> tuple[ArchConfig, str, str]:
-    """From lmconvert.json, or from any input format without reading its weights: the dtype is
-    that of the tensors as stored (for GGUF, what they dequantize to)."""
-    if is_canonical(path):
-        meta = read_meta(path)
-        return meta.arch, meta.family, meta.dtype
-    with HfCheckpoint.open(path) as ckpt:
-        sized = [_stored(ckpt.source.tensors, hf_name) for hf_name, _ in ckpt.plan.values()]
-        return ckpt.arch, ckpt.family.name, DTYPES[dominant(sized)].torch_name
+from lmconvert.formats.checkpoint import open_checkpoint
+from lmconvert.formats.dtypes import BY_TORCH_NAME
 
 
 def card(path: Path) -> dict[str, Any]:
-    arch, family, dtype = _arch_family_dtype(path)
+    """From lmconvert.json, or from any input format without reading its weights."""
+    with open_checkpoint(path) as checkpoint:
+        arch, family, dtype = checkpoint.arch, checkpoint.family.name, checkpoint.dtype()
     element = BY_TORCH_NAME[dtype].itemsize
     params = sum(prod(shape) for shape in parameter_shapes(arch).values())
     return {

@@ -34,15 +34,13 @@ from collections import Counter
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 import torch
 
-from ..errors import InputError
-
-if TYPE_CHECKING:
-    from ..sources import Source
+from .errors import InputError
+from .source import Loadable, Source
 
 SUFFIX = ".gguf"
 MAGIC = b"GGUF"
@@ -522,8 +520,6 @@ def sidecar_writer(file: GgufFile, info: dict[str, Any]) -> Callable[[Path], lis
 
 
 def open_gguf(path: Path) -> Source:
-    from ..sources import Source
-
     target = gguf_file_of(path)
     if target is None:
         raise InputError(f"{path}: not a GGUF file or a directory holding one")
@@ -540,7 +536,10 @@ def open_gguf(path: Path) -> Source:
         if file.meta.get("general.name"):
             info["gguf_name"] = file.meta["general.name"]
         tensors = GgufTensors(file, plans, file.dtype())
-        return Source(target, "gguf", config, tensors, info=info, sidecars=sidecar_writer(file, info))
+        loadable = Loadable(target.parent, {"gguf_file": target.name}, origin=target)  # transformers dequantizes it
+        tokenizer = loadable if "tokenizer.ggml.model" in file.meta else None
+        return Source(target, "gguf", config, tensors, info=info, sidecars=sidecar_writer(file, info),
+                      reference=loadable, tokenizer=tokenizer)
     except BaseException:
         file.close()
         raise

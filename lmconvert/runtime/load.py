@@ -1,4 +1,4 @@
-"""`lmconvert.load`: a canonical Decoder from a canonical directory or an HF directory."""
+"""`lmconvert.load`: the canonical Decoder for a checkpoint in any format."""
 
 from __future__ import annotations
 
@@ -9,11 +9,9 @@ import torch
 
 from lmconvert.arch import ArchConfig, Decoder
 from lmconvert.arch.shapes import parameter_shapes
-
-from .canonical import is_canonical, read_meta
-from .errors import InputError
-from .hf_source import HfCheckpoint, parse_dtype
-from .pipeline import canonical_tensors
+from lmconvert.formats.checkpoint import Checkpoint, open_checkpoint
+from lmconvert.formats.dtypes import parse_dtype
+from lmconvert.formats.errors import InputError
 
 
 def build(arch: ArchConfig, tensors: Iterable[tuple[str, torch.Tensor]], dtype: torch.dtype | None,
@@ -30,22 +28,20 @@ def build(arch: ArchConfig, tensors: Iterable[tuple[str, torch.Tensor]], dtype: 
 
 def arch_of(path: Path) -> tuple[ArchConfig, str]:
     """The ArchConfig and family of a checkpoint, without reading any weights."""
-    if is_canonical(path):
-        meta = read_meta(path)
-        return meta.arch, meta.family
-    with HfCheckpoint.open(path) as ckpt:
-        return ckpt.arch, ckpt.family.name
+    with open_checkpoint(path) as checkpoint:
+        return checkpoint.arch, checkpoint.family.name
+
+
+def load_checkpoint(checkpoint: Checkpoint, dtype: torch.dtype | None = None, device: str | torch.device = "cpu",
+                    attention: str = "sdpa") -> Decoder:
+    return build(checkpoint.arch, checkpoint.tensors(), dtype, device, attention)
 
 
 def load(path: str | Path, dtype: torch.dtype | str | None = None, device: str | torch.device = "cpu",
          attention: str = "sdpa") -> Decoder:
-    """The canonical Decoder for a checkpoint; an HF directory is converted in memory.
-    `attention` is "sdpa" (fast, transformers' default) or "eager" (transformers' eager order)."""
-    path = Path(path)
+    """The canonical Decoder for a checkpoint in any format (an HF directory is converted in
+    memory). `attention` is "sdpa" (fast, transformers' default) or "eager" (transformers' eager order)."""
     if isinstance(dtype, str):
         dtype = parse_dtype(dtype)
-    if is_canonical(path):
-        meta = read_meta(path)
-        return build(meta.arch, canonical_tensors(path), dtype, device, attention)
-    with HfCheckpoint.open(path) as ckpt:
-        return build(ckpt.arch, ckpt.tensors(), dtype, device, attention)
+    with open_checkpoint(Path(path)) as checkpoint:
+        return load_checkpoint(checkpoint, dtype, device, attention)

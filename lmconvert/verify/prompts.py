@@ -11,8 +11,8 @@ from pathlib import Path
 
 import torch
 
-from .errors import InputError
-from .tokenizer import has_tokenizer, load_tokenizer
+from lmconvert.formats.source import Loadable
+from lmconvert.runtime.tokenizer import load_tokenizer
 
 # English prose, code, a list, numbers, dialogue and a little French and German: varied enough to
 # reach many parts of a vocabulary, short enough to ship.
@@ -33,10 +33,10 @@ def random_batch(vocab_size: int, batch: int, seq_len: int, seed: int) -> torch.
     return torch.randint(0, vocab_size, (batch, seq_len), generator=generator)
 
 
-def prompt_batch(directory: Path, vocab_size: int, batch: int, seq_len: int) -> torch.Tensor:
+def prompt_batch(where: Loadable, vocab_size: int, batch: int, seq_len: int) -> torch.Tensor:
     """Rows of real text from the built-in TEXTS; raises ValueError when the tokenizer is unusable
     or yields ids outside the model's vocabulary."""
-    tokenizer = load_tokenizer(directory)
+    tokenizer = load_tokenizer(where)
     stream = tokenizer.encode("\n\n".join(TEXTS), add_special_tokens=False)
     if not stream:
         raise ValueError("the tokenizer produced no tokens")
@@ -51,19 +51,16 @@ def prompt_batch(directory: Path, vocab_size: int, batch: int, seq_len: int) -> 
     return ids
 
 
-def token_batch(directories: list[Path], vocab_size: int, batch: int, seq_len: int,
+def token_batch(tokenizers: list[Loadable | None], vocab_size: int, batch: int, seq_len: int,
                 seed: int) -> tuple[torch.Tensor, str]:
-    """(ids, where they came from): "prompts (DIR)" from the first directory whose tokenizer
+    """(ids, where they came from): "prompts (NAME tokenizer)" from the first tokenizer that
     works, else "random ids (why)"."""
     why = "no tokenizer files"
-    for directory in directories:
-        try:
-            if not has_tokenizer(directory):
-                continue
-        except InputError:
+    for where in tokenizers:
+        if where is None:
             continue
         try:
-            return prompt_batch(directory, vocab_size, batch, seq_len), f"prompts ({directory.name} tokenizer)"
+            return prompt_batch(where, vocab_size, batch, seq_len), f"prompts ({Path(str(where)).name} tokenizer)"
         except Exception as exc:  # noqa: BLE001 - any tokenizer failure means: fall back to random ids
             why = f"tokenizer unusable: {str(exc).splitlines()[0][:80] if str(exc) else type(exc).__name__}"
     return random_batch(vocab_size, batch, seq_len, seed), f"random ids ({why})"

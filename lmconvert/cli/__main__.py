@@ -1,0 +1,3 @@
+from lmconvert.cli import main
+
+main()

@@ -1,0 +1,50 @@
+"""The canonical checkpoint -> Hugging Face safetensors, as its own family or another that expresses
+the model exactly, streamed tensor by tensor into an atomic output."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from lmconvert.formats.atomic import atomic_directory, check_output
+from lmconvert.formats.canonical import META_FILE, copy_sidecars
+from lmconvert.formats.checkpoint import Checkpoint, opened
+from lmconvert.formats.errors import InputError
+from lmconvert.formats.shards import write_shards
+from lmconvert.mappings import MappingError, family_named
+
+from .exports import canonical_meta
+from .plan import Progress, plan_tensors
+
+
+def to_hf(src: Path | Checkpoint, out: Path, family: str | None = None, dtype: str | None = None,
+          max_shard_bytes: int = 5 * 10**9, force: bool = False, progress: Progress | None = None,
+          allow_nonfinite: bool = False) -> dict[str, Any]:
+    """Write a canonical checkpoint as `family` (default: its own); refuses what the family
+    cannot express exactly. Returns the config.json written."""
+    with opened(src) as ckpt:
+        meta = canonical_meta(ckpt, "hf")
+        target = family_named(family or meta.family)
+        try:
+            config = target.hf_config(meta.arch, meta.family, meta.hf_extras)
+        except MappingError as exc:
+            raise InputError(f"--family {target.name}: {exc}") from None
+        check_output(out, force, (ckpt.path,))
+        config["dtype"] = dtype or meta.dtype
+        source = ckpt.source.tensors
+        if set(source.names()) != set(meta.tensors):
+            changed = sorted(set(source.names()) ^ set(meta.tensors))
+            raise InputError(f"{ckpt.path}: its tensors differ from {META_FILE} ({', '.join(changed[:5])}); "
+                             "run `lmconvert verify --files` and re-convert")
+        try:  # in the order the shards hold them: sequential reads
+            plan = target.tensors.plan_export(source.names())
+        except MappingError as exc:
+            raise InputError(f"--family {target.name}: {exc}") from None
+        items = [(hf_name, canonical, t.inverse) for hf_name, (canonical, t) in plan.items()]
+        with atomic_directory(out) as tmp:
+            write_shards(plan_tensors(source, items, dtype, allow_nonfinite), tmp, max_shard_bytes,
+                         progress=progress, hashed=False)
+            copy_sidecars(ckpt.path, tmp)
+            (tmp / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
+    return config

@@ -1,0 +1,46 @@
+"""Any input format -> the canonical checkpoint, streamed tensor by tensor into an atomic output."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from lmconvert.formats.atomic import atomic_directory, check_output
+from lmconvert.formats.canonical import META_FILE, CanonicalMeta
+from lmconvert.formats.checkpoint import Checkpoint, opened
+from lmconvert.formats.digest import file_digest
+from lmconvert.formats.dtypes import DTYPES, dominant
+from lmconvert.formats.shards import write_shards
+from lmconvert.mappings.family import PASSTHROUGH_KEYS
+
+from .plan import Progress, plan_tensors
+
+
+def _hash_files(directory: Path, shards: dict[str, dict[str, object]]) -> dict[str, str]:
+    """The digest of every file in the output but the shards, which tensor and header digests cover."""
+    return {p.name: file_digest(p) for p in sorted(directory.iterdir())
+            if p.is_file() and p.name != META_FILE and p.name not in shards}
+
+
+def to_canonical(src: Path | Checkpoint, out: Path, dtype: str | None = None, max_shard_bytes: int = 5 * 10**9,
+                 force: bool = False, source_info: dict[str, Any] | None = None,
+                 progress: Progress | None = None, allow_nonfinite: bool = False) -> CanonicalMeta:
+    """`dtype` is a --dtype name ("bfloat16", ...) or None to keep the checkpoint's own."""
+    with opened(src) as ckpt:
+        check_output(out, force, (ckpt.path,))
+        with atomic_directory(out) as tmp:
+            items = [(canonical, name, t.forward) for canonical, (name, t) in ckpt.plan.items()]
+            planned = plan_tensors(ckpt.source.tensors, items, dtype, allow_nonfinite)
+            written = write_shards(planned, tmp, max_shard_bytes, progress=progress)
+            ckpt.write_sidecars(tmp)
+            extras = {k: ckpt.config[k] for k in PASSTHROUGH_KEYS if k in ckpt.config}
+            source = {"path": str(ckpt.path.resolve()), "format": ckpt.format,
+                      "model_type": ckpt.config.get("model_type"), **ckpt.source.info, **(source_info or {})}
+            if ckpt.dropped:
+                source["dropped_tensors"] = ckpt.dropped
+            model_dtype = DTYPES[dominant([(p.dtype, p.nbytes) for p in planned])].torch_name
+            meta = CanonicalMeta(arch=ckpt.arch, family=ckpt.family.name, dtype=model_dtype,
+                                 source=source, hf_extras=extras, tensors=written.tensors,
+                                 shards=written.shards, files=_hash_files(tmp, written.shards))
+            (tmp / META_FILE).write_text(meta.to_json())
+    return meta

@@ -1,0 +1,208 @@
+"""One way to open a checkpoint, whatever its format: `open_checkpoint(path)`.
+
+The format is detected here and nowhere else. What comes back knows its family and ArchConfig, its
+tensors under canonical names (each read only when asked for), its tokenizer and side files, and
+how transformers loads the same model as a reference, so callers never ask which format it is.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from functools import partial
+from importlib import import_module
+from math import prod
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from lmconvert.arch import ArchConfig
+from lmconvert.arch.shapes import parameter_shapes
+from lmconvert.mappings import Family, MappingError, family_for, family_named
+from lmconvert.mappings.table import IDENTITY, Transform, out_shape
+
+from .canonical import CanonicalMeta, copy_sidecars, is_canonical, open_canonical
+from .dtypes import DTYPES, dominant
+from .errors import InputError
+from .hf import is_hf_safetensors, open_hf_safetensors
+from .source import CANNOT_LOAD_META, Loadable, Source, dtype_name
+
+if TYPE_CHECKING:
+    import torch
+
+
+def _late(module: str, name: str) -> Callable[[Path], Any]:
+    """A format module's function, imported on first call: those modules load torch (or gguf),
+    which an HF safetensors conversion never needs."""
+    def call(path: Path) -> Any:
+        return getattr(import_module(f".{module}", __package__), name)(path)
+    return call
+
+
+# (format name, detector, opener): the first detector that accepts the path wins
+FORMATS: list[tuple[str, Callable[[Path], bool], Callable[[Path], Source]]] = [
+    ("canonical", is_canonical, open_canonical),
+    ("hf-safetensors", is_hf_safetensors, open_hf_safetensors),
+    # after safetensors: preferred when a directory has both
+    ("hf-bin", _late("torch_bin", "is_hf_bin"), _late("torch_bin", "open_hf_bin")),
+    ("meta", _late("meta", "is_meta"), _late("meta", "open_meta")),
+    ("gguf", _late("gguf", "is_gguf"), _late("gguf", "open_gguf")),  # a .gguf file, or a directory holding one
+]
+
+
+def open_source(path: Path) -> Source:
+    """The format's own view (HF config and HF tensor names), before any family mapping."""
+    if not path.exists():
+        raise InputError(f"{path}: does not exist")
+    for _, detect, opener in FORMATS:
+        if detect(path):
+            return opener(path)
+    names = ", ".join(name for name, _, _ in FORMATS)
+    if path.is_dir() and (path / "config.json").is_file():
+        raise InputError(f"{path}: has config.json but no weights in a supported format ({names})")
+    raise InputError(f"{path}: not a checkpoint in a supported format ({names}); "
+                     "point at an HF directory with config.json and weights")
+
+
+@dataclass
+class Checkpoint:
+    source: Source
+    family: Family
+    arch: ArchConfig
+    plan: dict[str, tuple[str, Transform]]  # canonical name -> (name in the source, transform)
+    dropped: list[str]  # source tensors the family does not use (rotary caches and the like)
+
+    @property
+    def path(self) -> Path:
+        return self.source.path
+
+    @property
+    def format(self) -> str:
+        return self.source.format
+
+    @property
+    def config(self) -> dict[str, Any]:
+        return self.source.config
+
+    @property
+    def meta(self) -> CanonicalMeta | None:
+        """lmconvert.json, for a canonical checkpoint."""
+        return self.source.canonical
+
+    def tensors(self, dtype: torch.dtype | None = None) -> Iterator[tuple[str, torch.Tensor]]:
+        """Canonical (name, tensor) pairs, one at a time, in the source's order."""
+        for canonical, (name, transform) in self.plan.items():
+            t = transform.forward(self.source.tensors.get(name))
+            yield canonical, t if dtype is None else t.to(dtype)
+
+    def weights(self) -> dict[str, Callable[[], torch.Tensor]]:
+        """A reader per canonical tensor, for loading one stage at a time."""
+        return {c: partial(self._read, name, t.forward) for c, (name, t) in self.plan.items()}
+
+    def _read(self, name: str, forward: Callable[[torch.Tensor], torch.Tensor]) -> torch.Tensor:
+        return forward(self.source.tensors.get(name))
+
+    def dtype(self) -> str:
+        """The model's dtype (torch's name), as config.json means it: recorded for a canonical
+        checkpoint, else the float dtype holding most of the stored bytes (for GGUF, what its
+        tensors dequantize to)."""
+        if self.meta is not None:
+            return self.meta.dtype
+        sized = []
+        for name, _ in self.plan.values():
+            stored = dtype_name(self.source.tensors, name)
+            sized.append((stored, prod(self.source.tensors.shape(name)) * DTYPES[stored].itemsize))
+        return DTYPES[dominant(sized)].torch_name
+
+    def reference(self) -> Loadable:
+        """How transformers loads this model: the files themselves, or for a canonical checkpoint
+        the source it was converted from, as lmconvert.json records it."""
+        if self.meta is None:
+            assert self.source.reference is not None
+            return self.source.reference
+        recorded = self.meta.source.get("path")
+        if self.meta.source.get("format") == "meta":
+            return Loadable(None, refusal=f"{self.path}: was converted from {CANNOT_LOAD_META}")
+        if not recorded or not Path(recorded).exists():  # a directory, or a single-file format such as GGUF
+            return Loadable(None, refusal=f"{self.path}: the recorded source {recorded!r} is not available; "
+                                          "pass --reference SRC")
+        with open_checkpoint(Path(recorded)) as source:
+            return source.reference()
+
+    @property
+    def tokenizer(self) -> Loadable | None:
+        """Where transformers' AutoTokenizer finds this checkpoint's tokenizer, if it has one."""
+        return self.source.tokenizer
+
+    def write_sidecars(self, directory: Path) -> list[str]:
+        """The tokenizer and generation files, written beside converted weights."""
+        if self.source.sidecars is not None:
+            return self.source.sidecars(directory)
+        return copy_sidecars(self.path if self.path.is_dir() else self.path.parent, directory)
+
+    def close(self) -> None:
+        self.source.close()
+
+    def __enter__(self) -> Checkpoint:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def open_checkpoint(path: Path) -> Checkpoint:
+    """Any supported checkpoint, mapped onto the canonical decoder by its family's tensor table."""
+    source = open_source(path)
+    try:
+        return _map(source)
+    except BaseException:
+        source.close()
+        raise
+
+
+def _map(source: Source) -> Checkpoint:
+    config_file = source.path / "config.json" if source.path.is_dir() else source.path
+    try:
+        if source.canonical is not None:
+            family, arch = family_named(source.canonical.family), source.canonical.arch
+        else:
+            family = family_for(source.config.get("model_type"))
+            arch = family.arch_config(source.config)
+    except MappingError as exc:
+        raise InputError(f"{config_file}: {str(exc).removeprefix('config.json: ')}") from None
+    shapes = parameter_shapes(arch)  # what the decoder needs, without building it or importing torch
+    if source.canonical is not None:
+        names = source.tensors.names()
+        missing = sorted(set(shapes) - set(names))
+        if missing:
+            raise InputError(f"{source.path}: checkpoint lacks tensor(s): {', '.join(missing[:5])}")
+        plan = {name: (name, IDENTITY) for name in names}
+        dropped: list[str] = []
+    else:
+        try:
+            plan, dropped = family.tensors.plan_import(source.tensors.names(), shapes)
+        except MappingError as exc:
+            raise InputError(f"{source.path}: {exc}") from None
+    checkpoint = Checkpoint(source, family, arch, plan, dropped)
+    _check_shapes(checkpoint, shapes)
+    return checkpoint
+
+
+def _check_shapes(checkpoint: Checkpoint, shapes: dict[str, tuple[int, ...]]) -> None:
+    tensors = checkpoint.source.tensors
+    for canonical, (name, transform) in checkpoint.plan.items():
+        shape = tensors.shape(name)
+        got = out_shape(transform.forward, shape)
+        if canonical in shapes and got != shapes[canonical]:
+            raise InputError(f"{tensors.where(name)}: tensor {name!r} has shape {list(shape)}, "
+                             f"but config.json implies {list(shapes[canonical])}; check that they match")
+
+
+@contextmanager
+def opened(src: Path | Checkpoint) -> Iterator[Checkpoint]:
+    """A path, opened here and closed after, or a checkpoint the caller opened and will close."""
+    if isinstance(src, Checkpoint):
+        yield src
+        return
+    with open_checkpoint(src) as checkpoint:
+        yield checkpoint

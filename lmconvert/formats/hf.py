@@ -1,0 +1,27 @@
+"""Hugging Face's own layout: config.json beside safetensors shards (and their index)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from .errors import InputError
+from .jsonfile import read_json_object
+from .safetensors_dir import TensorSource
+from .source import Source
+
+
+def read_config(directory: Path) -> dict[str, Any]:
+    if not directory.is_dir():
+        raise InputError(f"{directory}: not a directory; point at a checkpoint directory")
+    if not (directory / "config.json").is_file():
+        raise InputError(f"{directory}: no config.json; point at an HF checkpoint or a canonical directory")
+    return read_json_object(directory / "config.json")
+
+
+def is_hf_safetensors(path: Path) -> bool:
+    return path.is_dir() and (path / "config.json").is_file() and any(path.glob("*.safetensors*"))
+
+
+def open_hf_safetensors(path: Path) -> Source:
+    return Source(path, "hf-safetensors", read_config(path), TensorSource(path))

@@ -1,0 +1,154 @@
+"""`lmconvert verify`: run our decoder and transformers on the same tokens and compare, from the
+logits down to every layer and sublayer, and through greedy generation.
+
+fp32 must agree element by element. In bf16 and fp16 both sides round, so agreement between
+them is not the criterion; faithfulness is: our error against transformers run in fp32 may be at
+most 1.25x transformers' own error in that dtype, for the logits and at every point.
+
+The transformers side is recorded first (an `Expected`), then our side is held to it; a golden
+file is the same record stored on disk, so `--golden` runs our side alone, without transformers.
+"""
+
+from __future__ import annotations
+
+from contextlib import nullcontext
+from dataclasses import replace
+from pathlib import Path
+
+import torch
+
+from lmconvert.arch import ArchConfig
+from lmconvert.formats.checkpoint import Checkpoint, open_checkpoint, opened
+from lmconvert.formats.dtypes import torch_dtype
+from lmconvert.formats.errors import InputError
+from lmconvert.formats.source import Loadable, directory_tokenizer
+from lmconvert.mappings import MappingError, family_named
+from lmconvert.runtime.load import load_checkpoint
+from lmconvert.runtime.streamed import streamed
+
+from . import golden as golden_file
+from .agreement import compare_generation, greedy, logit_stats
+from .expected import Expected, record, versions
+from .localize import compare_points
+from .prompts import token_batch
+from .report import Report
+from .trace import Trace, our_trace
+
+
+def reference_side(checkpoint: Checkpoint, reference: Path | None) -> tuple[Loadable, str]:
+    """How transformers loads the reference, and the family whose table names its modules: the
+    checkpoint itself (for a canonical one, its recorded source), or --reference."""
+    if reference is None:
+        where, family = checkpoint.reference(), checkpoint.family.name
+    else:
+        try:
+            with open_checkpoint(reference) as other:
+                where, family = other.reference(), other.family.name
+        except (InputError, MappingError):  # transformers may load what we cannot map: name it by ours
+            where, family = Loadable(reference), checkpoint.family.name
+        if where.refusal is not None:
+            where = replace(where, refusal=f"--reference {where.refusal}")
+    if where.refusal is not None:
+        raise InputError(where.refusal)
+    return where, family
+
+
+def default_seq_len(arch: ArchConfig) -> int:
+    window = arch.sliding_window or 0
+    return min(arch.max_positions, max(64, min(2 * window + 1, 512)))
+
+
+@torch.no_grad()
+def run_ours(checkpoint: Checkpoint, expected: Expected, device: str,
+             stream: bool) -> tuple[Trace, tuple[torch.Tensor, torch.Tensor] | None]:
+    """Our trace on the expected token batch, and our greedy generation from the same prompt."""
+    dtype = torch_dtype(expected.dtype)
+    ids = expected.ids.to(device)
+    context = streamed(checkpoint, dtype, device) if stream else nullcontext(
+        load_checkpoint(checkpoint, dtype=dtype, device=device, attention="eager"))
+    with context as model:
+        root = model.model if stream else model
+        trace = our_trace(root, model, ids)
+        generation = None
+        if expected.generation is not None:
+            new = expected.generation[0].shape[1] - expected.prompt_tokens
+            generation = greedy(model, ids[:1, :expected.prompt_tokens], new)
+    return trace, generation
+
+
+def judge(checkpoint: Path, expected: Expected, trace: Trace, generation: tuple[torch.Tensor, torch.Tensor] | None,
+          device: str, stream: bool, max_memory: int | None, golden: Path | None) -> Report:
+    """Our run held to the record, with the record's tolerance (a golden file keeps the bar it was
+    recorded with): logits, every point, generation."""
+    tolerance = expected.tolerance
+    ours = trace.logits.cpu()
+    stats = logit_stats(ours, expected.logits)
+    points = compare_points(trace.points, expected.points, tolerance, expected.own)
+    found = versions()
+    if golden is not None:
+        found["reference"] = expected.info.get("versions", {})
+    report = Report(checkpoint=str(checkpoint), reference=None if golden else expected.info.get("reference"),
+                    golden=str(golden) if golden else None, dtype=expected.dtype, device=device,
+                    batch=expected.ids.shape[0], seq_len=expected.ids.shape[1],
+                    tokens=expected.info.get("tokens", "?"), streamed=stream, max_memory=max_memory,
+                    logits=stats, logits_passed=True, points=points, tolerance=tolerance, versions=found)
+    if generation is not None and expected.generation is not None:
+        report.generation = compare_generation(generation, expected.generation, expected.prompt_tokens, tolerance)
+    if tolerance.exact:
+        report.logits_passed = stats["max_abs"] <= tolerance.logits_max_abs
+    else:
+        exact = expected.exact_logits.float()
+        report.ours_error = float((ours.float() - exact).abs().mean())
+        report.reference_error = expected.reference_error
+        report.logits_passed = report.ours_error <= tolerance.faithfulness * expected.reference_error
+        report.vs_fp32 = {"ours": logit_stats(ours, exact), "reference": logit_stats(expected.logits, exact)}
+    if not points:
+        report.notes.append("no hidden state could be compared; only the logits were")
+    return report
+
+
+def record_reference(checkpoint: Path | Checkpoint, reference: Path | None = None, dtype: str | None = None,
+                     device: str = "cpu", seq_len: int | None = None, batch: int = 2, seed: int = 0,
+                     generate: int = 16, max_memory: int | None = None) -> Expected:
+    """The transformers half of `verify`: pick the token batch (real prompts when the checkpoint
+    has a tokenizer) and record what transformers computes on it."""
+    with opened(checkpoint) as ckpt:
+        where, family = reference_side(ckpt, reference)
+        arch = ckpt.arch
+        tokenizers = [ckpt.tokenizer, where if where.kwargs else directory_tokenizer(where.where)]
+        ids, tokens = token_batch(tokenizers, arch.vocab_size, batch, seq_len or default_seq_len(arch), seed)
+        return record(where, arch, family_named(family).tensors, ids, dtype or "float32", device, max_memory,
+                      generate, info={"tokens": tokens, "checkpoint": str(ckpt.path)})
+
+
+def check_golden(checkpoint: Checkpoint, golden: Path, dtype: str | None = None) -> Expected:
+    """A golden file's record, once it is known to fit this checkpoint and dtype."""
+    expected = golden_file.load(golden)
+    if dtype is not None and dtype != expected.dtype:
+        raise InputError(f"--golden {golden}: recorded in {expected.dtype}; pass --dtype {expected.dtype} "
+                         "or record a new golden file")
+    if int(expected.ids.max()) >= checkpoint.arch.vocab_size:
+        raise InputError(f"--golden {golden}: its token ids exceed {checkpoint.path}'s vocabulary of "
+                         f"{checkpoint.arch.vocab_size}; it was recorded for another model")
+    return expected
+
+
+def verify(checkpoint: Path, reference: Path | None = None, dtype: str | None = None, device: str = "cpu",
+           seq_len: int | None = None, batch: int = 2, seed: int = 0, generate: int = 16,
+           max_memory: int | None = None, golden: Path | None = None,
+           save_golden: Path | None = None) -> Report:
+    """Verify `checkpoint` against transformers (or against a golden file), and optionally store
+    what transformers computed as a golden file. With `max_memory` (bytes) our side streams one
+    block at a time and transformers offloads through accelerate. The checkpoint is opened once."""
+    if golden is not None and (reference is not None or save_golden is not None):
+        raise InputError("--golden checks against a recorded file; drop --reference and --save-golden")
+    with open_checkpoint(checkpoint) as ckpt:
+        if golden is not None:
+            expected = check_golden(ckpt, golden, dtype)
+        else:
+            expected = record_reference(ckpt, reference, dtype, device, seq_len, batch, seed, generate, max_memory)
+            if save_golden is not None:
+                golden_file.save(expected, save_golden)
+        stream = max_memory is not None
+        trace, generation = run_ours(ckpt, expected, device, stream)
+    return judge(checkpoint, expected, trace, generation, device, stream, max_memory, golden)
