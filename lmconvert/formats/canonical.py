@@ -15,8 +15,6 @@ from lmconvert.arch import ArchConfig, ConfigError
 from .digest import HASH, HASHES
 from .errors import InputError
 from .jsonfile import read_json_object
-from .safetensors_dir import TensorSource
-from .source import Source
 
 META_FILE = "lmconvert.json"
 FORMAT = "lmconvert-canonical"
@@ -83,8 +81,3 @@ def copy_sidecars(src: Path, dst: Path) -> list[str]:
             copied.append(item.name)
     return copied
 
-
-def open_canonical(path: Path) -> Source:
-    """A canonical directory as a format among the others: its tensors already carry canonical names."""
-    meta = read_meta(path)
-    return Source(path, "canonical", {}, TensorSource(path), canonical=meta)

@@ -21,10 +21,11 @@ from lmconvert.arch.shapes import parameter_shapes
 from lmconvert.mappings import Family, MappingError, family_for, family_named
 from lmconvert.mappings.table import IDENTITY, Transform, out_shape
 
-from .canonical import CanonicalMeta, copy_sidecars, is_canonical, open_canonical
+from .canonical import CanonicalMeta, copy_sidecars, is_canonical, read_meta
 from .dtypes import DTYPES, dominant
 from .errors import InputError
 from .hf import is_hf_safetensors, open_hf_safetensors
+from .safetensors_dir import TensorSource
 from .source import CANNOT_LOAD_META, Loadable, Source, dtype_name
 
 if TYPE_CHECKING:
@@ -37,6 +38,11 @@ def _late(module: str, name: str) -> Callable[[Path], Any]:
     def call(path: Path) -> Any:
         return getattr(import_module(f".{module}", __package__), name)(path)
     return call
+
+
+def open_canonical(path: Path) -> Source:
+    """A canonical directory as a format among the others: its tensors already carry canonical names."""
+    return Source(path, "canonical", {}, TensorSource(path), canonical=read_meta(path))
 
 
 # (format name, detector, opener): the first detector that accepts the path wins
