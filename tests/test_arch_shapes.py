@@ -17,8 +17,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from test_arch_common import tiny
 
-from lmconvert.arch import ArchConfig, Decoder, NormConfig, RopeConfig
-from lmconvert.arch import attention as attention_module
+from lmconvert.arch import ArchConfig, Decoder, NormConfig, RopeConfig, attention_kinds
 from lmconvert.arch import config as config_module
 from lmconvert.arch import shapes as shapes_module
 from lmconvert.arch.shapes import parameter_shapes
@@ -131,7 +130,7 @@ def arch_configs(draw: st.DrawFn) -> ArchConfig:
         rope=RopeConfig(fraction=fraction),
         rope_local=draw(st.sampled_from([None, RopeConfig(theta=1e4, fraction=fraction)])),
         relative_buckets=buckets, relative_max_distance=draw(st.integers(buckets // 2 + 1, 64)),
-        attention=draw(st.sampled_from(config_module.ATTENTION_KINDS)),
+        attention=draw(st.sampled_from(sorted(attention_kinds.KINDS))),
         layer_kinds=layer_kinds, sliding_window=8 if "local" in layer_kinds else None,
         tie_embeddings=tie,
     )
@@ -148,8 +147,10 @@ def test_every_norm_placement_has_slots():
     assert set(shapes_module.NORM_SLOTS) == set(config_module.NORM_PLACEMENTS)
 
 
-def test_every_attention_kind_has_a_shape_rule():
-    assert set(shapes_module.ATTENTION) == set(attention_module.ATTENTION) == set(config_module.ATTENTION_KINDS)
+@pytest.mark.parametrize("kind", sorted(attention_kinds.KINDS))
+def test_every_attention_kind_builds_the_parts_it_declares(kind):
+    """One declaration gives both sides their attention tensors; this holds each kind's module to it."""
+    assert_same_inventory(tiny(attention=kind, qk_norm="head", q_bias=True, o_bias=True))
 
 
 def test_unknown_attention_kind_is_a_config_error_naming_it():
@@ -167,8 +168,9 @@ def _imports_torch(code: str) -> bool:
 
 
 def test_module_itself_imports_no_torch():
-    """shapes.py (and config.py, errors.py behind it) loaded from their files, with the package
-    __init__ files bypassed: whatever those import, this module needs no torch."""
+    """shapes.py and describe.py (and config.py, attention_kinds.py, parts.py, errors.py behind them)
+    loaded from their files, with the package __init__ files bypassed: whatever those import, these
+    modules need no torch."""
     code = textwrap.dedent(f"""
         import importlib.util, sys, types
         root = {str(ROOT / "lmconvert")!r}
@@ -177,8 +179,10 @@ def test_module_itself_imports_no_torch():
             package.__path__ = [path]
             sys.modules[name] = package
         from lmconvert.arch.config import ArchConfig
+        from lmconvert.arch.describe import variants
         from lmconvert.arch.shapes import parameter_shapes
-        parameter_shapes(ArchConfig(vocab_size=8, d_model=8, n_layers=1, n_heads=2, d_ff=8))
+        cfg = ArchConfig(vocab_size=8, d_model=8, n_layers=1, n_heads=2, d_ff=8, qk_norm="head")
+        parameter_shapes(cfg), variants(cfg), cfg.kv_cache_bytes_per_token()
         print("torch" in sys.modules)
     """)
     assert not _imports_torch(code)

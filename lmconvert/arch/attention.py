@@ -14,10 +14,11 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from .build import attach
 from .cache import KVCache
 from .config import ArchConfig
 from .context import Context
-from .norms import Norm
+from .parts import Part
 from .positions import RelativeBias, alibi_bias
 from .rope import Rotary, apply_rotary
 
@@ -53,18 +54,14 @@ def _sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float, bias:
 
 
 class Attention(nn.Module):
-    def __init__(self, cfg: ArchConfig, layer: int, rotary: Rotary | None,
+    """The "standard" kind: q, k, v, o and the optional QK norms, as `attention_kinds` declares them."""
+
+    def __init__(self, cfg: ArchConfig, parts: dict[str, Part], layer: int, rotary: Rotary | None,
                  relative: RelativeBias | None) -> None:
         super().__init__()
         self.layer, self.cfg = layer, cfg
-        d, hd = cfg.d_model, cfg.head_dim
-        self.q = nn.Linear(d, cfg.q_dim, bias=cfg.q_bias)
-        self.k = nn.Linear(d, cfg.kv_dim, bias=cfg.k_bias)
-        self.v = nn.Linear(d, cfg.kv_dim, bias=cfg.v_bias)
-        self.o = nn.Linear(cfg.q_dim, d, bias=cfg.o_bias)
-        norm_dims = {"head": (hd, hd), "projection": (cfg.q_dim, cfg.kv_dim)}.get(cfg.qk_norm)
-        self.q_norm = Norm(norm_dims[0], cfg.norm) if norm_dims else None
-        self.k_norm = Norm(norm_dims[1], cfg.norm) if norm_dims else None
+        self.q_norm = self.k_norm = None  # replaced by `attach` where the config has QK norm
+        attach(self, parts)
         self.rotary = rotary
         self.position = cfg.layer_positions[layer]
         # The shared table is registered once, as the Decoder's `rel_bias`. Registered here as well,
@@ -110,5 +107,4 @@ class Attention(nn.Module):
         return None
 
 
-ATTENTION: dict[str, type[nn.Module]] = {"standard": Attention}
 BACKENDS = ("sdpa", "eager")

@@ -8,7 +8,7 @@ from collections.abc import Callable
 import torch
 from torch import nn
 
-from .attention import ATTENTION
+from .attention_kinds import attention_kind
 from .cache import KVCache
 from .config import ArchConfig
 from .context import Context
@@ -45,7 +45,7 @@ class Block(nn.Module):
         slots = NORM_SLOTS[cfg.norm_placement]
         for slot in SLOTS:
             setattr(self, slot, Norm(cfg.d_model, cfg.norm) if slot in slots else nn.Identity())
-        self.attn = ATTENTION[cfg.attention](cfg, layer, rotary, relative)
+        self.attn = attention_kind(cfg.attention).build(cfg, layer, rotary, relative)
         self.mlp = MLP(cfg)
         self.drop = nn.Dropout(cfg.resid_dropout)
         self.wiring = WIRING[cfg.norm_placement]

@@ -14,6 +14,7 @@ import math
 from dataclasses import dataclass, field, fields
 from typing import Any
 
+from .attention_kinds import AttentionKind, attention_kind
 from .errors import ConfigError
 
 NORM_KINDS = ("rms", "layer")
@@ -25,7 +26,6 @@ ABSOLUTE_POSITIONS = ("none", "sinusoidal", "learned")
 LAYER_POSITIONS = ("rope", "alibi", "relative", "none")
 LAYER_KINDS = ("global", "local")
 QK_NORMS = ("none", "head", "projection")
-ATTENTION_KINDS = ("standard",)  # slot: "latent" (MLA) and "sparse" register here when built
 DTYPE_ORDERS = ("cast_then_scale", "scale_then_cast")
 
 
@@ -149,7 +149,8 @@ class ArchConfig:
     relative_buckets: int = 32
     relative_max_distance: int = 128
     # attention
-    attention: str = "standard"
+    attention: str = "standard"  # a kind declared in attention_kinds
+    attention_settings: Any = None  # that kind's own fields (its `settings` dataclass); None: it has none
     layer_kinds: tuple[str, ...] | None = None
     sliding_window: int | None = None
     attn_scale: float | None = None  # None: head_dim ** -0.5
@@ -181,9 +182,10 @@ class ArchConfig:
             _fail("ArchConfig", "n_kv_heads", self.n_kv_heads,
                   f"n_heads={self.n_heads} must be a multiple of n_kv_heads={self.n_kv_heads}")
         for name, allowed in (("norm_placement", NORM_PLACEMENTS), ("qk_norm", QK_NORMS),
-                              ("activation", ACTIVATIONS), ("absolute_positions", ABSOLUTE_POSITIONS),
-                              ("attention", ATTENTION_KINDS)):
+                              ("activation", ACTIVATIONS), ("absolute_positions", ABSOLUTE_POSITIONS)):
             _choice("ArchConfig", name, getattr(self, name), allowed)
+        kind = attention_kind(self.attention)
+        self._normalise_attention_settings(kind)
         self._normalise_layers("layer_positions", "rope", LAYER_POSITIONS)
         self._normalise_layers("layer_kinds", "global", LAYER_KINDS)
         for name in ("rope", "rope_local", "norm"):
@@ -221,6 +223,21 @@ class ArchConfig:
             _fail("ArchConfig", "lm_head_bias", True, "a tied LM head has no bias; untie the embeddings")
         if self.norm_placement == "post" and self.final_norm:
             _fail("ArchConfig", "final_norm", True, "post-norm blocks already end in a norm")
+        if kind.check is not None:
+            kind.check(self)
+
+    def _normalise_attention_settings(self, kind: AttentionKind) -> None:
+        """None or a JSON object becomes the kind's settings (defaults where None)."""
+        value = self.attention_settings
+        if kind.settings is None:
+            if value is not None:
+                _fail("ArchConfig", "attention_settings", value,
+                      f"attention={kind.name!r} has no settings of its own; leave it unset")
+            return
+        try:
+            object.__setattr__(self, "attention_settings", _sub(kind.settings, value, "attention_settings"))
+        except TypeError as exc:  # a settings field without a default, left out
+            raise ConfigError(f"ArchConfig.attention_settings: {exc}") from None
 
     def _normalise_layers(self, name: str, default: str, allowed: tuple[str, ...]) -> None:
         value = getattr(self, name)
@@ -255,11 +272,16 @@ class ArchConfig:
         return self.sliding_window if self.layer_kinds[layer] == "local" else None
 
     def kv_cache_bytes_per_token(self, bytes_per_element: int = 2) -> int:
-        return 2 * self.n_layers * self.kv_dim * bytes_per_element
+        return self.n_layers * attention_kind(self.attention).cache_elements(self) * bytes_per_element
 
     # ----------------------------------------------------------------------------- JSON
     def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
+        """Every field; `attention_settings` only where the kind has settings, so the lmconvert.json
+        of a kind without them reads as it did before settings existed."""
+        data = dataclasses.asdict(self)
+        if data["attention_settings"] is None:
+            del data["attention_settings"]
+        return data
 
     def to_json(self) -> str:
         return json.dumps(self.to_dict(), indent=2, sort_keys=True)

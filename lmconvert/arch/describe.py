@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from .attention_kinds import attention_kind
 from .config import ArchConfig, NormConfig, RopeConfig
 
 ACTIVATION_NAMES = {"relu": "ReLU", "gelu": "GeLU (erf)", "gelu_tanh": "GeLU (tanh)", "silu": "SiLU",
@@ -35,21 +36,9 @@ def _rope(r: RopeConfig) -> str:
     return text
 
 
-def _attention(cfg: ArchConfig) -> str:
-    if cfg.n_kv_heads == cfg.n_heads:
-        kind = "MHA"
-    elif cfg.n_kv_heads == 1:
-        kind = "MQA"
-    else:
-        kind = f"GQA ({cfg.n_heads // cfg.n_kv_heads} q heads per kv head)"
-    return f"{kind}, {cfg.n_heads} heads / {cfg.n_kv_heads} kv heads, head_dim {cfg.head_dim}"
-
-
 def variants(cfg: ArchConfig) -> list[str]:
     out = [f"norm: {_norm(cfg.norm)}", f"placement: {PLACEMENT_NAMES[cfg.norm_placement]}",
-           f"attention: {_attention(cfg)}"]
-    if cfg.qk_norm != "none":
-        out.append(f"QK norm: {'per head' if cfg.qk_norm == 'head' else 'over the whole projection'}")
+           *attention_kind(cfg.attention).describe(cfg)]
     if cfg.attn_scale is not None:
         out.append(f"score scale: {cfg.attn_scale:g}")
     if cfg.attn_softcap is not None:

@@ -4,20 +4,20 @@ Checking a checkpoint's tensor names and shapes against what its ArchConfig impl
 step of every conversion. Building `Decoder(cfg)` on the meta device answers that exactly, but
 importing torch costs more than a whole raw-copy conversion, so this module restates the
 Decoder's parameter layout in plain Python: the same names, in `state_dict()` order, with the
-same shapes. The Decoder stays the truth; `tests/test_arch_shapes.py` holds this file to it over
-every variant ArchConfig allows, so a change to the modules that is not mirrored here fails there.
+same shapes. An attention kind's tensors are not restated: they come from the parts its declaration
+lists (`attention_kinds`), which its module attaches. The Decoder stays the truth;
+`tests/test_arch_shapes.py` holds this file to it over every variant ArchConfig allows, so a change
+to the modules that is not mirrored here fails there.
 
-Imports: the standard library, `config` and `errors` only (`block`, `attention` and the rest import torch).
+Imports: the standard library and torch-free `arch` modules only (`block`, `attention` and the rest
+import torch).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
-from .config import ArchConfig, NormConfig
-from .errors import ConfigError
-
-Shapes = dict[str, tuple[int, ...]]
+from .attention_kinds import attention_kind
+from .config import ArchConfig
+from .parts import LinearPart, NormPart, Shapes, part_shapes
 
 # A block's norm slots in registration order, and the slots each placement fills (the others are
 # parameterless identities). Block reads both from here.
@@ -32,59 +32,23 @@ NORM_SLOTS: dict[str, tuple[str, ...]] = {
 }
 
 
-def _linear(name: str, d_in: int, d_out: int, bias: bool) -> Shapes:
-    """nn.Linear: weight [out, in], then the optional bias [out]."""
-    shapes = {f"{name}.weight": (d_out, d_in)}
-    if bias:
-        shapes[f"{name}.bias"] = (d_out,)
-    return shapes
-
-
-def _norm(name: str, dim: int, norm: NormConfig) -> Shapes:
-    """Norm: optional weight [dim], then optional bias [dim]."""
-    present = (("weight", norm.weight), ("bias", norm.bias))
-    return {f"{name}.{part}": (dim,) for part, on in present if on}
-
-
-def _standard_attention(cfg: ArchConfig, name: str) -> Shapes:
-    """q, k, v, o projections, then the QK norms: over one head or over the whole projection."""
-    shapes = {
-        **_linear(f"{name}.q", cfg.d_model, cfg.q_dim, cfg.q_bias),
-        **_linear(f"{name}.k", cfg.d_model, cfg.kv_dim, cfg.k_bias),
-        **_linear(f"{name}.v", cfg.d_model, cfg.kv_dim, cfg.v_bias),
-        **_linear(f"{name}.o", cfg.q_dim, cfg.d_model, cfg.o_bias),
-    }
-    norm_dims = {"head": (cfg.head_dim, cfg.head_dim), "projection": (cfg.q_dim, cfg.kv_dim)}.get(cfg.qk_norm)
-    if norm_dims:
-        shapes.update(_norm(f"{name}.q_norm", norm_dims[0], cfg.norm))
-        shapes.update(_norm(f"{name}.k_norm", norm_dims[1], cfg.norm))
-    return shapes
-
-
-# Mirrors `attention.ATTENTION`: one shape rule per attention kind the Decoder can build.
-ATTENTION: dict[str, Callable[[ArchConfig, str], Shapes]] = {"standard": _standard_attention}
-
-
 def _mlp(cfg: ArchConfig, name: str) -> Shapes:
     """Optional gate, then up and down; one bias switch for all three."""
-    shapes = _linear(f"{name}.gate", cfg.d_model, cfg.d_ff, cfg.mlp_bias) if cfg.gated else {}
-    shapes.update(_linear(f"{name}.up", cfg.d_model, cfg.d_ff, cfg.mlp_bias))
-    shapes.update(_linear(f"{name}.down", cfg.d_ff, cfg.d_model, cfg.mlp_bias))
+    up, down = LinearPart(cfg.d_model, cfg.d_ff, cfg.mlp_bias), LinearPart(cfg.d_ff, cfg.d_model, cfg.mlp_bias)
+    shapes = up.shapes(f"{name}.gate") if cfg.gated else {}
+    shapes.update(up.shapes(f"{name}.up"))
+    shapes.update(down.shapes(f"{name}.down"))
     return shapes
 
 
 def _block(cfg: ArchConfig, name: str) -> Shapes:
-    try:
-        attention = ATTENTION[cfg.attention]
-    except KeyError:
-        raise ConfigError(f"ArchConfig.attention={cfg.attention!r}: lmconvert.arch.shapes has no shape rule "
-                          f"for this attention kind; add one to its ATTENTION table") from None
-    filled = NORM_SLOTS[cfg.norm_placement]
+    attention = attention_kind(cfg.attention)  # its parts, the very ones its module attaches
+    filled, norm = NORM_SLOTS[cfg.norm_placement], NormPart(cfg.d_model, cfg.norm)
     shapes: Shapes = {}
     for slot in SLOTS:
         if slot in filled:
-            shapes.update(_norm(f"{name}.{slot}", cfg.d_model, cfg.norm))
-    shapes.update(attention(cfg, f"{name}.attn"))
+            shapes.update(norm.shapes(f"{name}.{slot}"))
+    shapes.update(part_shapes(attention.parts(cfg), f"{name}.attn"))
     shapes.update(_mlp(cfg, f"{name}.mlp"))
     return shapes
 
@@ -103,7 +67,7 @@ def parameter_shapes(cfg: ArchConfig) -> dict[str, tuple[int, ...]]:
     for i in range(cfg.n_layers):
         shapes.update(_block(cfg, f"layers.{i}"))
     if cfg.final_norm:
-        shapes.update(_norm("final_norm", cfg.d_model, cfg.norm))
+        shapes.update(NormPart(cfg.d_model, cfg.norm).shapes("final_norm"))
     if not cfg.tie_embeddings:
-        shapes.update(_linear("lm_head", cfg.d_model, cfg.vocab_size, cfg.lm_head_bias))
+        shapes.update(LinearPart(cfg.d_model, cfg.vocab_size, cfg.lm_head_bias).shapes("lm_head"))
     return shapes

@@ -25,6 +25,7 @@ VARIANT_NAMES = {
     "layer_positions": "this per-layer position pattern", "rope": "this RoPE configuration",
     "rope_local": "a separate RoPE for local layers", "relative_buckets": "relative-position buckets",
     "relative_max_distance": "relative-position distance", "attention": "this attention kind",
+    "attention_settings": "these attention settings",
     "layer_kinds": "this local/global layer pattern", "sliding_window": "a sliding window",
     "attn_scale": "a custom attention score scale", "attn_softcap": "attention soft-capping",
     "tie_embeddings": "this embedding tying", "embed_scale": "embedding scaling",
@@ -92,10 +93,10 @@ _ABSENT = (False, None, "none")
 
 
 def _describe(name: str, cfg: ArchConfig, back: ArchConfig) -> str:
-    """The variant's name; for a norm or RoPE, also which of its settings differ."""
+    """The variant's name; for a norm, RoPE or attention settings, also which of its fields differ."""
     text = VARIANT_NAMES.get(name, name)
     ours, theirs = getattr(cfg, name), getattr(back, name)
-    if name in ("norm", "rope") and is_dataclass(ours) and is_dataclass(theirs):
+    if name in ("norm", "rope", "attention_settings") and is_dataclass(ours) and is_dataclass(theirs):
         differ = [f.name for f in fields(ours) if getattr(ours, f.name) != getattr(theirs, f.name)]
         text += f"'s {' and '.join(differ)}"
     return text

@@ -1,0 +1,21 @@
+"""Builds the torch modules that a parts declaration (`parts.py`) lists."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from torch import nn
+
+from .norms import Norm
+from .parts import LinearPart, NormPart, Part
+
+BUILDERS: dict[type, Callable[[Part], nn.Module]] = {
+    LinearPart: lambda p: nn.Linear(p.d_in, p.d_out, bias=p.bias),
+    NormPart: lambda p: Norm(p.dim, p.cfg),
+}
+
+
+def attach(owner: nn.Module, parts: dict[str, Part]) -> None:
+    """Each part as a submodule of `owner`, in declaration order (which is `state_dict` order)."""
+    for name, part in parts.items():
+        setattr(owner, name, BUILDERS[type(part)](part))

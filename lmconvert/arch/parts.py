@@ -1,0 +1,54 @@
+"""Parameter-holding parts declared as plain values, so that their tensors are known without torch.
+
+A declaration written with these (an attention kind's `parts`) is read twice: `build.attach` makes
+the torch modules it lists, and `shapes` lists their tensors, so the tensor inventory and the real
+module cannot disagree. Imports: the standard library only.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from .config import NormConfig
+
+Shapes = dict[str, tuple[int, ...]]
+
+
+@dataclass(frozen=True)
+class LinearPart:
+    """An `nn.Linear`: weight [out, in], then the optional bias [out]."""
+
+    d_in: int
+    d_out: int
+    bias: bool = False
+
+    def shapes(self, name: str) -> Shapes:
+        shapes = {f"{name}.weight": (self.d_out, self.d_in)}
+        if self.bias:
+            shapes[f"{name}.bias"] = (self.d_out,)
+        return shapes
+
+
+@dataclass(frozen=True)
+class NormPart:
+    """A `norms.Norm`: the optional weight [dim], then the optional bias [dim]."""
+
+    dim: int
+    cfg: NormConfig
+
+    def shapes(self, name: str) -> Shapes:
+        present = (("weight", self.cfg.weight), ("bias", self.cfg.bias))
+        return {f"{name}.{part}": (self.dim,) for part, on in present if on}
+
+
+Part = LinearPart | NormPart
+
+
+def part_shapes(parts: dict[str, Part], prefix: str) -> Shapes:
+    """Every tensor of `parts` under `prefix`, in the order `build.attach` registers them."""
+    shapes: Shapes = {}
+    for name, part in parts.items():
+        shapes.update(part.shapes(f"{prefix}.{name}"))
+    return shapes
