@@ -45,7 +45,7 @@ class Expected:
     own: OwnErrors | None = None  # low precision: transformers' own error at each point
     generation: tuple[torch.Tensor, torch.Tensor] | None = None  # (prompt + tokens, step logits)
     prompt_tokens: int = 0
-    info: dict[str, Any] = field(default_factory=dict)  # reference, tokens, versions, ...
+    info: dict[str, Any] = field(default_factory=dict)  # reference, tokens, versions, layout_problems, ...
 
 
 def generation_plan(arch: ArchConfig, seq_len: int, new_tokens: int) -> tuple[int, int]:
@@ -73,7 +73,8 @@ def record(reference: Loadable, arch: ArchConfig, table: TensorTable, ids: torch
     generation = tuple(t.cpu() for t in generation) if generation else None
     base = dict(ids=ids.cpu(), logits=trace.logits.cpu(), dtype=dtype, device=device, tolerance=tolerance,
                 generation=generation, prompt_tokens=prompt_len,
-                info={"reference": str(reference), "versions": versions(), **(info or {})})
+                info={"reference": str(reference), "versions": versions(), "layout_problems": trace.problems,
+                      **(info or {})})
     if tolerance.exact:
         return Expected(points=trace.points, **base)
     with reference_model(reference, torch.float32, device, max_memory) as model:

@@ -5,18 +5,23 @@ later point inherits its error).
 fp32 compares with transformers directly (max |Δ| against a bar scaled by the point's magnitude).
 In bf16/fp16 both sides round, so each point asks the faithfulness question instead: is our mean
 error against the fp32 reference at most 1.25x transformers' own error at that same point?
+
+Both sides' points arrive in our layout (`layouts.py` converts the reference's by declaration),
+so the two shapes must be equal. A point that could not be put in our layout, or whose shapes
+differ, is not compared: it is reported as failed, with the reason, since nothing vouches for it.
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from typing import Any
 
 import torch
 
 from .tolerance import Tolerance
-from .trace import align, layer_of, sublayer_of
+from .trace import layer_of, sublayer_of
 
 OwnErrors = dict[str, tuple[float, float]]  # point -> transformers' (mean, max) error vs fp32, low precision
 
@@ -33,6 +38,12 @@ class PointError:
     passed: bool
     reference_error: float | None = None  # low precision: transformers' own mean error vs fp32
     reference_max: float | None = None  # low precision: transformers' own max error vs fp32
+    problem: str | None = None  # why the point could not be compared (its figures are then NaN)
+
+    @classmethod
+    def uncompared(cls, name: str, problem: str) -> PointError:
+        nan = math.nan
+        return cls(name, layer_of(name), sublayer_of(name), nan, nan, nan, nan, False, problem=problem)
 
     @property
     def ratio(self) -> float | None:
@@ -44,10 +55,14 @@ class PointError:
         return self.mean_abs / self.reference_error
 
     def to_dict(self) -> dict[str, Any]:
-        return {**asdict(self), "ratio": self.ratio}
+        """JSON has no NaN: an uncompared point's figures are null."""
+        fields = {k: None if isinstance(v, float) and math.isnan(v) else v for k, v in asdict(self).items()}
+        return {**fields, "ratio": self.ratio}
 
     def describe(self) -> str:
         where = self.name if self.layer is None else f"layer {self.layer}, {self.sublayer} ({self.name})"
+        if self.problem is not None:
+            return f"{where}: not compared: {self.problem}"
         text = f"{where}: max |Δ| {self.max_abs:.3e}, mean |Δ| {self.mean_abs:.3e}"
         if self.reference_error is None:
             return text + f" (limit max |Δ| {self.limit:.1e})"
@@ -70,14 +85,21 @@ def own_errors(theirs: dict[str, torch.Tensor], exact: dict[str, torch.Tensor]) 
 
 
 def compare_points(ours: dict[str, torch.Tensor], expected: dict[str, torch.Tensor], tolerance: Tolerance,
-                   own: OwnErrors | None = None) -> list[PointError]:
+                   own: OwnErrors | None = None, problems: Mapping[str, str] | None = None) -> list[PointError]:
     """Every point both sides have, in our order. `expected` holds transformers' points in fp32,
-    or the fp32 reference's in low precision (with transformers' own errors in `own`)."""
+    or the fp32 reference's in low precision (with transformers' own errors in `own`), in our
+    layout; `problems` names the reference's points that could not be put in it."""
     out = []
     for name, value in ours.items():
+        if problems and name in problems:
+            out.append(PointError.uncompared(name, problems[name]))
+            continue
         ref = expected.get(name)
-        ref = align(value, ref) if ref is not None else None
         if ref is None or (not tolerance.exact and (own is None or name not in own)):
+            continue
+        if ref.shape != value.shape:
+            out.append(PointError.uncompared(name, f"our output has shape {tuple(value.shape)}, the reference's "
+                                                   f"(in our declared layout) {tuple(ref.shape)}"))
             continue
         max_abs, mean_abs, scale = _stats(value, ref)
         if tolerance.exact:
@@ -121,6 +143,7 @@ class LayerRow:
 
 
 def _worst(points: list[PointError]) -> PointError | None:
+    points = [p for p in points if p.problem is None]  # no figure to rank; `failed` names it
     if not points:
         return None
     if points[0].reference_error is None:

@@ -15,6 +15,7 @@ from lmconvert.formats.errors import InputError
 from lmconvert.formats.source import Loadable
 from lmconvert.mappings.table import TensorTable
 
+from .layouts import PointLayouts
 from .trace import EMBED, FINAL, Recorder, Trace, hf_point_modules
 
 
@@ -72,7 +73,9 @@ def reference_trace(model: torch.nn.Module, ids: torch.Tensor, arch: ArchConfig,
     (entry 0) and the blocks' outputs; in transformers 5 its last entry is the final norm's
     output (`last_hidden_state`), so the last block's own output comes from a forward hook on
     that decoder layer, like every weight-owning module inside the blocks. (Every decoder layer
-    is hooked: should a model return hidden states in another layout, the hooks stand in.)"""
+    is hooked: should a model return hidden states in another layout, the hooks stand in.)
+    Every point is then put in our layout, as `layouts.py` declares for this model type; those
+    that do not fit their declaration are left out and named in `problems`."""
     paths = hf_point_modules(model, arch, table)
     modules = dict(model.named_modules())
     recorder = Recorder()
@@ -89,7 +92,15 @@ def reference_trace(model: torch.nn.Module, ids: torch.Tensor, arch: ArchConfig,
         for i in range(arch.n_layers - 1):
             points[f"layers.{i}"] = states[i + 1].detach().to("cpu", copy=True)
         points[FINAL] = states[-1].detach().to("cpu", copy=True)
-    return Trace(out.logits, points)
+    layouts = PointLayouts.of(arch, model_type(model), *ids.shape)
+    return Trace(out.logits, *layouts.all_to_ours(points))
+
+
+def model_type(model: torch.nn.Module) -> str:
+    """The model type that names transformers' decoder modules: the text model's, for a
+    multimodal wrapper (Gemma3ForConditionalGeneration runs Gemma 3's text decoder)."""
+    config = model.config
+    return (config.get_text_config() if hasattr(config, "get_text_config") else config).model_type
 
 
 @torch.no_grad()

@@ -83,7 +83,8 @@ def judge(checkpoint: Path, expected: Expected, trace: Trace, generation: tuple[
     tolerance = expected.tolerance
     ours = trace.logits.cpu()
     stats = logit_stats(ours, expected.logits)
-    points = compare_points(trace.points, expected.points, tolerance, expected.own)
+    points = compare_points(trace.points, expected.points, tolerance, expected.own,
+                            expected.info.get("layout_problems"))
     found = versions()
     if golden is not None:
         found["reference"] = expected.info.get("versions", {})

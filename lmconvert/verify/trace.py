@@ -10,7 +10,6 @@ family's tensor table, which already pairs `layers.{}.attn.o.weight` with
 
 from __future__ import annotations
 
-import itertools
 import os
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -28,10 +27,12 @@ EMBED, FINAL = "embed", "final_norm"
 
 @dataclass
 class Trace:
-    """One forward pass: its logits and its points, in the order they were computed."""
+    """One forward pass: its logits and its points, in the order they were computed, in our
+    layout (`layouts.py`); `problems` names the points that could not be put in it, and why."""
 
     logits: torch.Tensor
     points: dict[str, torch.Tensor] = field(default_factory=dict)
+    problems: dict[str, str] = field(default_factory=dict)
 
 
 def block_modules(model: nn.Module) -> list[tuple[str, nn.Module]]:
@@ -163,19 +164,3 @@ def hf_point_modules(root: nn.Module, arch: ArchConfig, table: TensorTable) -> d
         if prefix and prefix in names and prefix not in paths:
             found[f"layers.{i}"] = prefix
     return found
-
-
-def align(ours: torch.Tensor, ref: torch.Tensor) -> torch.Tensor | None:
-    """`ref` laid out like `ours`. The same values may sit in another layout on the other side:
-    transformers normalises q and k per head after moving heads before time (B, H, T, D) where we
-    do it before (B, T, H, D). Dimensions are permuted back (the closest match, should sizes
-    repeat) or, for a mere view, reshaped; None when the two cannot hold the same values."""
-    if ours.shape == ref.shape:
-        return ref
-    if ours.numel() != ref.numel():
-        return None
-    if ours.dim() == ref.dim() and sorted(ours.shape) == sorted(ref.shape):
-        candidates = [ref.permute(p) for p in itertools.permutations(range(ref.dim()))
-                      if tuple(ref.shape[i] for i in p) == tuple(ours.shape)]
-        return min(candidates, key=lambda c: float((c.float() - ours.float()).abs().max()))
-    return ref.reshape(ours.shape)

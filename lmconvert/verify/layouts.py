@@ -1,0 +1,130 @@
+"""Each point's layout, declared on both sides, and the one conversion between them.
+
+The same values may sit in different layouts on the two sides: Gemma 3's transformers module
+normalises q and k per head after moving heads before time (B, H, T, D), where our decoder does it
+before (B, T, H, D). Such a difference is declared here, per point kind and, on transformers'
+side, per model type where its module differs from the llama-style default; the reference's
+value is converted to our layout by that declaration alone. Nothing is inferred from shapes: a
+guess (say, the permutation closest to ours) picks the wrong axes whenever two sizes repeat
+(T == head_dim), and then a real transposition compares equal. A value whose shape does not fit
+its declaration raises LayoutError, which the comparison reports as a failed point that could
+not be compared: verify cannot vouch for it, so it does not pass.
+
+A layout names its axes in order; `*` joins axes flattened into one dimension:
+B batch, T time, d d_model, F d_ff, H query heads, KV key/value heads, D head_dim.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+import torch
+
+from lmconvert.arch import ArchConfig
+
+from .trace import sublayer_of
+
+Layout = str
+
+RESIDUAL: Layout = "B T d"
+
+# Our Decoder's points, by kind (`sublayer_of`): every block output, norm and projection is
+# (B, T, features); q/k/v stay flat until attention splits the heads.
+OURS: Mapping[str, Layout] = {
+    "embed": RESIDUAL, "final_norm": RESIDUAL, "output": RESIDUAL,
+    "attn_norm": RESIDUAL, "attn_post_norm": RESIDUAL, "mlp_norm": RESIDUAL, "mlp_post_norm": RESIDUAL,
+    "attn.q": "B T H*D", "attn.k": "B T KV*D", "attn.v": "B T KV*D", "attn.o": RESIDUAL,
+    "mlp.gate": "B T F", "mlp.up": "B T F", "mlp.down": RESIDUAL,
+}
+
+# Our QK norms, by ArchConfig.qk_norm: per head on the (B, T, H, D) view, or over the whole
+# projection before the view ("none" has no QK-norm points).
+OURS_QK_NORM: Mapping[str, Mapping[str, Layout]] = {
+    "head": {"attn.q_norm": "B T H D", "attn.k_norm": "B T KV D"},
+    "projection": {"attn.q_norm": "B T H*D", "attn.k_norm": "B T KV*D"},
+}
+
+# transformers' llama-style decoders: hidden states, norms and nn.Linear projections are
+# (B, T, features), as ours. QK norms have no default: each model type that has them says where.
+TRANSFORMERS: Mapping[str, Layout] = dict(OURS)
+
+# Keyed by the text config's model_type (`config.get_text_config().model_type`), so that
+# Gemma3ForConditionalGeneration and Gemma3ForCausalLM share an entry.
+TRANSFORMERS_BY_MODEL_TYPE: Mapping[str, Mapping[str, Layout]] = {
+    # q_norm(q_proj(x).view(B, T, -1, D)), transposed afterwards
+    "qwen3": {"attn.q_norm": "B T H D", "attn.k_norm": "B T KV D"},
+    # q_proj(x).view(B, T, -1, D).transpose(1, 2), then q_norm
+    "gemma3_text": {"attn.q_norm": "B H T D", "attn.k_norm": "B KV T D"},
+    # q_norm(q_proj(x)) over the whole projection, viewed afterwards
+    "olmo2": {"attn.q_norm": "B T H*D", "attn.k_norm": "B T KV*D"},
+}
+
+
+class LayoutError(ValueError):
+    """A value that does not fit its declared layout, or a point kind with none declared."""
+
+
+def _groups(layout: Layout) -> list[list[str]]:
+    return [group.split("*") for group in layout.split()]
+
+
+def shape_of(layout: Layout, sizes: Mapping[str, int]) -> tuple[int, ...]:
+    return tuple(math.prod(sizes[axis] for axis in group) for group in _groups(layout))
+
+
+def convert(value: torch.Tensor, source: Layout, target: Layout, sizes: Mapping[str, int]) -> torch.Tensor:
+    """`value`, laid out as `source`, relaid as `target`: unflatten, permute, flatten, each step
+    named by the two declarations."""
+    expected = shape_of(source, sizes)
+    if tuple(value.shape) != expected:
+        raise LayoutError(f"shape {tuple(value.shape)} is not {expected}, its declared layout {source}")
+    axes = [axis for group in _groups(source) for axis in group]
+    wanted = [axis for group in _groups(target) for axis in group]
+    if sorted(axes) != sorted(wanted) or len(set(axes)) != len(axes):
+        raise LayoutError(f"the declared layouts {source} and {target} do not name the same axes once each")
+    atoms = value.reshape([sizes[axis] for axis in axes])
+    return atoms.permute([axes.index(axis) for axis in wanted]).reshape(shape_of(target, sizes))
+
+
+@dataclass(frozen=True)
+class PointLayouts:
+    """Both sides' declared layouts for one model and token batch, and the sizes of their axes."""
+
+    ours: Mapping[str, Layout]
+    theirs: Mapping[str, Layout]
+    sizes: Mapping[str, int]
+    model_type: str
+
+    @classmethod
+    def of(cls, arch: ArchConfig, model_type: str, batch: int, seq_len: int) -> PointLayouts:
+        ours = {**OURS, **OURS_QK_NORM.get(arch.qk_norm, {})}
+        theirs = {**TRANSFORMERS, **TRANSFORMERS_BY_MODEL_TYPE.get(model_type, {})}
+        sizes = {"B": batch, "T": seq_len, "d": arch.d_model, "F": arch.d_ff, "H": arch.n_heads,
+                 "KV": arch.n_kv_heads, "D": arch.head_dim}
+        return cls(ours, theirs, sizes, model_type)
+
+    def to_ours(self, point: str, value: torch.Tensor) -> torch.Tensor:
+        """transformers' value at `point`, in our layout."""
+        kind = sublayer_of(point)
+        if kind not in self.theirs:
+            raise LayoutError(f"{point}: no layout is declared for transformers' {self.model_type} {kind}; "
+                              "declare it in lmconvert/verify/layouts.py")
+        if kind not in self.ours:
+            raise LayoutError(f"{point}: no layout is declared for our {kind}; declare it in "
+                              "lmconvert/verify/layouts.py")
+        try:
+            return convert(value, self.theirs[kind], self.ours[kind], self.sizes)
+        except LayoutError as exc:
+            raise LayoutError(f"{point}: transformers' ({self.model_type}) output does not fit: {exc}") from None
+
+    def all_to_ours(self, points: Mapping[str, torch.Tensor]) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
+        """(the points in our layout, {point: why it could not be converted})."""
+        converted, problems = {}, {}
+        for point, value in points.items():
+            try:
+                converted[point] = self.to_ours(point, value)
+            except LayoutError as exc:
+                problems[point] = str(exc)
+        return converted, problems
