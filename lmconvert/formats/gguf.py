@@ -2,23 +2,10 @@
 transformers' layout (an HF config dict and tensors under HF names), so the family mappings do
 the rest.
 
-llama.cpp's converter (`convert_hf_to_gguf.py`) changes a checkpoint on the way in; each change is
-undone here, the way transformers' own GGUF loader (`modeling_gguf_pytorch_utils.py`) undoes it,
-so that an import gives the tensors transformers gives:
-
-- names: `blk.{i}.attn_q.weight` and so on. gguf's own `TensorNameMap` (the table llama.cpp
-  converts with) maps every HF name the family expects to its GGUF name, and that map is read
-  backwards, as transformers does;
-- the q and k rows of `llama` files (Mistral included) are permuted for llama.cpp's interleaved
-  RoPE (`LlamaModel.permute`); the inverse permutation is applied to weights and biases;
-- Gemma 2 and 3 norm weights are stored as `w + 1`; 1 is subtracted in float32;
-- llama.cpp writes no config: the metadata (`{arch}.embedding_length`, ...) is translated by the
-  per-architecture tables below; what llama.cpp's runtime hard-codes instead of writing (Gemma's
-  sliding pattern and score scale, Gemma 2's soft-caps) comes from the same tables;
-- Llama 3's RoPE scaling is not in the metadata but in a `rope_freqs` tensor of per-frequency
-  factors; the llama3 parameters that produce exactly those factors are recovered from it;
-- embedding / output rows past the vocabulary (`{arch}.vocab_size`, else the token list) are
-  padding and are trimmed.
+This module reads the file; what llama.cpp's converter changed on the way in is undone by the
+tables in mappings/: the metadata becomes a config.json by mappings/gguf_metadata.py, and each
+tensor is found and restored (q/k rows unpermuted, Gemma's `w + 1` norms, padded vocabulary rows)
+by the GGUF tensor table in mappings/gguf.py, the way transformers' own GGUF loader does it.
 
 Quantized tensors are dequantized with `gguf.quants.dequantize`, the function transformers uses,
 into float32; F32, F16 and BF16 tensors pass through. One dtype per file, transformers' rule: the
@@ -29,15 +16,19 @@ Tensors are read lazily from the reader's memory map, one at a time.
 from __future__ import annotations
 
 import json
-import math
 from collections import Counter
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
+
+from lmconvert.mappings import MappingError, family_for
+from lmconvert.mappings.gguf import GgufArch, tensor_sizes
+from lmconvert.mappings.gguf_metadata import TOKEN_IDS, hf_config
+from lmconvert.mappings.table import Transform, out_shape
 
 from .errors import InputError
 from .source import Loadable, Source
@@ -45,75 +36,6 @@ from .source import Loadable, Source
 SUFFIX = ".gguf"
 MAGIC = b"GGUF"
 
-# ---------------------------------------------------------------------------------------------
-# metadata -> HF config.json, as data
-
-# `{arch}.` metadata keys every decoder here states, and the HF config keys they become
-SHARED_KEYS: dict[str, str] = {
-    "context_length": "max_position_embeddings",
-    "embedding_length": "hidden_size",
-    "block_count": "num_hidden_layers",
-    "feed_forward_length": "intermediate_size",
-    "attention.head_count": "num_attention_heads",
-    "attention.head_count_kv": "num_key_value_heads",
-    "attention.layer_norm_rms_epsilon": "rms_norm_eps",
-    "attention.key_length": "head_dim",
-    "rope.freq_base": "rope_theta",
-}
-REQUIRED_KEYS = ("context_length", "embedding_length", "block_count", "feed_forward_length",
-                 "attention.head_count", "attention.layer_norm_rms_epsilon")
-# values llama.cpp's runtime assumes when the file leaves a key out
-SHARED_DEFAULTS: dict[str, Any] = {"rope_theta": 10000.0}
-TOKEN_IDS = {"bos_token_id": "tokenizer.ggml.bos_token_id", "eos_token_id": "tokenizer.ggml.eos_token_id",
-             "pad_token_id": "tokenizer.ggml.padding_token_id"}
-# `{arch}.rope.scaling.type` -> HF rope_type, and the scaling keys -> HF rope parameter keys
-ROPE_TYPES: dict[str, str | None] = {"none": None, "linear": "linear", "yarn": "yarn"}
-ROPE_KEYS = {"rope.scaling.factor": "factor",
-             "rope.scaling.original_context_length": "original_max_position_embeddings",
-             "rope.scaling.attn_factor": "attention_factor", "rope.scaling.yarn_beta_fast": "beta_fast",
-             "rope.scaling.yarn_beta_slow": "beta_slow"}
-ROPE_IGNORED = {"rope.scaling.type", "rope.scaling.finetuned"}  # read elsewhere, or informational only
-# llama.cpp's converter writes Llama 3 scaling as `rope_freqs` factors computed with these (it reads
-# `original_max_position_embeddings` from the top level of config.json, where Llama 3 has none: 8192)
-LLAMA3_CANDIDATES = ({"low_freq_factor": 1.0, "high_freq_factor": 4.0, "original_max_position_embeddings": 8192},)
-
-
-@dataclass(frozen=True)
-class GgufArch:
-    """How one llama.cpp architecture maps to a transformers model_type."""
-
-    model_type: str
-    keys: Mapping[str, str] = field(default_factory=dict)  # `{arch}.` keys beyond SHARED_KEYS -> HF keys
-    defaults: Mapping[str, Any] = field(default_factory=dict)  # HF keys the file does not state
-    bias_flags: Mapping[str, str] = field(default_factory=dict)  # HF bool key -> GGUF tensor that sets it
-    permute_qk: bool = False  # q/k rows interleaved for llama.cpp's RoPE (LlamaModel.permute)
-    norm_offset: float = 0.0  # norm weights stored as w + offset
-    swa_pattern: int | None = None  # llama.cpp's hard-coded sliding pattern: every n-th layer is full
-    big_layers: int | None = None  # Gemma: the layer count llama.cpp treats as 27B (score scale hidden/heads)
-
-
-ATTENTION_BIAS = {"attention_bias": "blk.0.attn_q.bias"}
-GEMMA_KEYS = {"attention.sliding_window": "sliding_window", "final_logit_softcapping": "final_logit_softcapping"}
-ARCHS: dict[str, GgufArch] = {
-    "llama": GgufArch("llama", defaults={"hidden_act": "silu"},
-                      bias_flags={**ATTENTION_BIAS, "mlp_bias": "blk.0.ffn_up.bias"}, permute_qk=True),
-    "qwen2": GgufArch("qwen2", defaults={"hidden_act": "silu", "use_sliding_window": False}),
-    "qwen3": GgufArch("qwen3", defaults={"hidden_act": "silu", "use_sliding_window": False}, bias_flags=ATTENTION_BIAS),
-    "olmo2": GgufArch("olmo2", defaults={"hidden_act": "silu"}, bias_flags=ATTENTION_BIAS),
-    "gemma2": GgufArch("gemma2", keys={**GEMMA_KEYS, "attn_logit_softcapping": "attn_logit_softcapping"},
-                       defaults={"hidden_activation": "gelu_pytorch_tanh", "attn_logit_softcapping": 50.0,
-                                 "final_logit_softcapping": 30.0},
-                       bias_flags=ATTENTION_BIAS, norm_offset=1.0, swa_pattern=2, big_layers=46),
-    "gemma3": GgufArch("gemma3_text", keys={**GEMMA_KEYS, "rope.freq_base_swa": "rope_local_base_freq"},
-                       defaults={"hidden_activation": "gelu_pytorch_tanh", "final_logit_softcapping": None,
-                                 "rope_local_base_freq": 10000.0},
-                       bias_flags=ATTENTION_BIAS, norm_offset=1.0, swa_pattern=6, big_layers=62),
-}
-# llama.cpp writes Mistral as `llama`; like transformers, tell it by its general.name
-BY_NAME: tuple[tuple[str, str, GgufArch], ...] = (
-    ("llama", "mistral", GgufArch("mistral", keys={"attention.sliding_window": "sliding_window"},
-                                  defaults={"hidden_act": "silu", "sliding_window": None}, permute_qk=True)),
-)
 HUGE_ARRAYS = ("tokenizer.ggml.tokens", "tokenizer.ggml.scores", "tokenizer.ggml.token_type", "tokenizer.ggml.merges")
 
 
@@ -240,172 +162,15 @@ def _gguf_version() -> str:
         return "(unknown version)"
 
 
-def _arch_entry(file: GgufFile) -> tuple[str, GgufArch]:
-    arch = str(file.meta["general.architecture"])
-    if arch not in ARCHS:
-        raise InputError(f"{file.path}: GGUF architecture {arch!r} is not supported; supported: "
-                         f"{', '.join(sorted(ARCHS))}")
-    name = str(file.meta.get("general.name") or "").lower()
-    for base, word, variant in BY_NAME:
-        if base == arch and word in name:
-            return arch, variant
-    return arch, ARCHS[arch]
-
-
-def hf_config(file: GgufFile) -> tuple[dict[str, Any], GgufArch]:
-    """The transformers config dict the metadata describes, and the architecture's table entry."""
-    arch, entry = _arch_entry(file)
-
-    def key(name: str) -> Any:
-        return file.meta.get(f"{arch}.{name}")
-
-    missing = [f"{arch}.{k}" for k in REQUIRED_KEYS if key(k) is None]
-    if missing:
-        raise InputError(f"{file.path}: metadata lacks {', '.join(missing)}; the file is incomplete")
-    config: dict[str, Any] = {"model_type": entry.model_type, **SHARED_DEFAULTS, **entry.defaults}
-    for gguf_key, hf_key in {**SHARED_KEYS, **entry.keys}.items():
-        if key(gguf_key) is not None:
-            config[hf_key] = key(gguf_key)
-    hidden, heads = config["hidden_size"], config["num_attention_heads"]
-    config.setdefault("num_key_value_heads", heads)
-    if "head_dim" not in config:
-        if hidden % heads:
-            raise InputError(f"{file.path}: {arch}.attention.key_length is missing and embedding_length "
-                             f"{hidden} is not a multiple of head_count {heads}")
-        config["head_dim"] = hidden // heads
-    head_dim = config["head_dim"]
-    for name, expected in (("attention.value_length", head_dim), ("rope.dimension_count", head_dim)):
-        if key(name) is not None and key(name) != expected:
-            raise InputError(f"{file.path}: {arch}.{name}={key(name)} differs from the head size {expected}; "
-                             f"{entry.model_type} has no such variant")
-    for hf_key, tensor in entry.bias_flags.items():
-        config[hf_key] = tensor in file.tensors
-    config["tie_word_embeddings"] = "output.weight" not in file.tensors
-    config["vocab_size"] = _vocab_size(file, arch)
-    config.update(_rope_scaling(file, arch, config))
-    if entry.swa_pattern is not None:
-        config["layer_types"] = _layer_types(file, arch, entry, config["num_hidden_layers"])
-    if entry.big_layers is not None:
-        config["query_pre_attn_scalar"] = _query_pre_attn_scalar(file, arch, entry, config)
-    for hf_key, gguf_key in TOKEN_IDS.items():
-        if file.meta.get(gguf_key) is not None:
-            config[hf_key] = int(file.meta[gguf_key])
-    return config, entry
-
-
-def _vocab_size(file: GgufFile, arch: str) -> int:
-    if "token_embd.weight" not in file.tensors:
-        raise InputError(f"{file.path}: has no token_embd.weight tensor; not a complete decoder")
-    rows = file.shape("token_embd.weight")[0]
-    stated = file.meta.get(f"{arch}.vocab_size") or file.counts.get("tokenizer.ggml.tokens") or rows
-    if stated > rows:
-        raise InputError(f"{file.path}: the vocabulary has {stated} tokens but token_embd.weight only {rows} rows")
-    return int(stated)
-
-
-def _rope_scaling(file: GgufFile, arch: str, config: dict[str, Any]) -> dict[str, Any]:
-    prefix = f"{arch}."
-    kind = file.meta.get(f"{arch}.rope.scaling.type")
-    legacy = file.meta.get(f"{arch}.rope.scale_linear")
-    if kind is None and legacy is not None:
-        kind, factor = "linear", legacy
-    else:
-        factor = file.meta.get(f"{arch}.rope.scaling.factor")
-    if kind is not None and kind not in ROPE_TYPES:
-        raise InputError(f"{file.path}: {arch}.rope.scaling.type={kind!r} is not supported; supported: "
-                         f"{', '.join(ROPE_TYPES)}")
-    rope_type = ROPE_TYPES.get(kind) if kind is not None else None
-    if "rope_freqs.weight" in file.tensors:
-        if rope_type is not None:
-            raise InputError(f"{file.path}: states both {arch}.rope.scaling.type={kind!r} and a rope_freqs tensor")
-        return {"rope_scaling": _llama3_from_factors(file, config)}
-    if rope_type is None:
-        return {}
-    params: dict[str, Any] = {"rope_type": rope_type, "factor": float(factor) if factor is not None else None}
-    for name, value in file.meta.items():
-        short = name.removeprefix(prefix)
-        if not name.startswith(prefix + "rope.scaling.") or short in ROPE_IGNORED or short == "rope.scaling.factor":
-            continue
-        if short not in ROPE_KEYS:
-            raise InputError(f"{file.path}: {name}={value!r} is a RoPE scaling setting lmconvert does not support")
-        params[ROPE_KEYS[short]] = value
-    return {"rope_scaling": {k: v for k, v in params.items() if v is not None}}
-
-
-def llama3_factors(theta: float, head_dim: int, factor: float, low_freq_factor: float, high_freq_factor: float,
-                   original_max_position_embeddings: int) -> np.ndarray:
-    """The `rope_freqs` llama.cpp's converter writes for llama3 scaling (LlamaModel.generate_extra_tensors)."""
-    freqs = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.float32) / head_dim))
-    low_wavelen = original_max_position_embeddings / low_freq_factor
-    high_wavelen = original_max_position_embeddings / high_freq_factor
-    out = []
-    for freq in freqs:  # 0-d float32 tensors, so the arithmetic below rounds as llama.cpp's does
-        wavelen = 2 * math.pi / freq
-        if wavelen < high_wavelen:
-            out.append(1.0)
-        elif wavelen > low_wavelen:
-            out.append(factor)
-        else:
-            ratio = original_max_position_embeddings / wavelen
-            smooth = (ratio - low_freq_factor) / (high_freq_factor - low_freq_factor)
-            out.append(1 / ((1 - smooth) / factor + smooth))
-    return torch.tensor(out, dtype=torch.float32).numpy()
-
-
-def _llama3_from_factors(file: GgufFile, config: dict[str, Any]) -> dict[str, Any]:
-    factors = file.read("rope_freqs.weight").float().numpy()
-    factor = float(factors.max())
-    for candidate in LLAMA3_CANDIDATES:
-        expected = llama3_factors(float(config["rope_theta"]), config["head_dim"], factor, **candidate)
-        if expected.shape == factors.shape and np.allclose(expected, factors, rtol=1e-6, atol=0):
-            return {"rope_type": "llama3", "factor": factor, **candidate}
-    raise InputError(f"{file.path}: its rope_freqs tensor is not Llama 3 RoPE scaling with low/high frequency "
-                     "factors 1/4 over 8192 positions; lmconvert cannot express these RoPE factors")
-
-
-def _layer_types(file: GgufFile, arch: str, entry: GgufArch, n_layers: int) -> list[str]:
-    """Sliding or full per layer: from `attention.sliding_window_pattern` (a period, or one flag per
-    layer), else llama.cpp's hard-coded period, in llama.cpp's rule (set_swa_pattern)."""
-    pattern = file.meta.get(f"{arch}.attention.sliding_window_pattern", entry.swa_pattern)
-    if isinstance(pattern, list):
-        if len(pattern) != n_layers:
-            raise InputError(f"{file.path}: {arch}.attention.sliding_window_pattern has {len(pattern)} flags for "
-                             f"{n_layers} layers")
-        sliding = [bool(flag) for flag in pattern]
-    else:
-        sliding = [pattern == 0 or i % pattern < pattern - 1 for i in range(n_layers)]
-    return ["sliding_attention" if s else "full_attention" for s in sliding]
-
-
-def _query_pre_attn_scalar(file: GgufFile, arch: str, entry: GgufArch, config: dict[str, Any]) -> float | int:
-    """llama.cpp states no score scale for Gemma: it scales by head_dim ** -0.5, or for the 27B models
-    (told apart by their layer count) by (hidden / heads) ** -0.5; `attention.scale` overrides both."""
-    scale = file.meta.get(f"{arch}.attention.scale")
-    if scale:
-        return 1.0 / float(scale) ** 2
-    if config["num_hidden_layers"] == entry.big_layers:
-        return config["hidden_size"] // config["num_attention_heads"]
-    return config["head_dim"]
-
-
 # ---------------------------------------------------------------------------------------------
 # tensors
-
-
-def unpermute(t: torch.Tensor, heads: int) -> torch.Tensor:
-    """Inverse of llama.cpp's `LlamaModel.permute`, which interleaves the two rotary halves of each
-    head's rows; transformers' `LlamaTensorProcessor._reverse_permute_weights`."""
-    dim = t.shape[0] // heads // 2
-    return t.reshape(heads, dim, 2, *t.shape[1:]).swapaxes(1, 2).reshape(t.shape)
 
 
 @dataclass(frozen=True)
 class TensorPlan:
     gguf_name: str
-    shape: tuple[int, ...]  # the HF shape, after trimming
-    permute_heads: int | None = None
-    norm_offset: float = 0.0
-    rows: int | None = None  # keep only the first `rows` rows (padded vocabulary)
+    shape: tuple[int, ...]  # the HF shape, after the transform
+    transform: Transform  # the GGUF table's, bound to this file's sizes
 
 
 class GgufTensors:
@@ -427,59 +192,41 @@ class GgufTensors:
         return self.file.path
 
     def get(self, name: str) -> torch.Tensor:
+        """Dequantized, transformed (an offset computes in float32, as transformers does), then
+        cast to the file's one dtype."""
         plan = self.plans[name]
-        t = self.file.read(plan.gguf_name)
-        if plan.rows is not None:
-            t = t[:plan.rows]
-        if plan.permute_heads is not None:
-            t = unpermute(t, plan.permute_heads)
-        if plan.norm_offset:
-            t = t.float() - plan.norm_offset  # in float32, as transformers does (rounding first costs precision)
-        return t.to(self._dtype).contiguous()
+        return plan.transform.forward(self.file.read(plan.gguf_name)).to(self._dtype).contiguous()
 
     def close(self) -> None:
         self.file.close()
 
 
 def tensor_plans(file: GgufFile, config: dict[str, Any], entry: GgufArch) -> dict[str, TensorPlan]:
-    """{HF name: how to read it}. The HF names are the ones the family expects for this config;
-    gguf's TensorNameMap says what llama.cpp calls each, as in transformers' GGUF loader."""
-    import gguf
-
+    """{HF name: how to read it}: the GGUF table gives each tensor's canonical name and transform,
+    the family's table the HF name it has for this config."""
     from lmconvert.arch.shapes import parameter_shapes
-    from lmconvert.mappings import MappingError, family_for
 
     try:
         family = family_for(config["model_type"])
         arch = family.arch_config(config)
-        hf_names = family.tensors.plan_export(parameter_shapes(arch))
+        hf_of = {canonical: hf for hf, (canonical, _) in family.tensors.plan_export(parameter_shapes(arch)).items()}
     except MappingError as exc:
         raise InputError(f"{file.path}: {str(exc).removeprefix('config.json: ')}") from None
-    gguf_arch = next(k for k, v in gguf.MODEL_ARCH_NAMES.items() if v == file.meta["general.architecture"])
-    name_map = gguf.get_tensor_name_map(gguf_arch, config["num_hidden_layers"])
-    to_hf: dict[str, str] = {}
-    for hf_name in hf_names:
-        base, _, suffix = hf_name.rpartition(".")
-        gguf_base = name_map.get_name(base)
-        if gguf_base is not None:
-            to_hf[f"{gguf_base}.{suffix}"] = hf_name
-    vocab = config["vocab_size"]
+    table, sizes = entry.tensors, tensor_sizes(config)
     plans: dict[str, TensorPlan] = {}
     for name in file.tensors:
-        if name == "rope_freqs.weight":  # read into the config (llama3 RoPE scaling)
+        if table.drops(name):  # rope_freqs: read into the config (llama3 RoPE scaling)
             continue
-        if name not in to_hf:
+        try:
+            canonical, step = table.to_canonical_name(name)
+        except MappingError:
+            canonical = None
+        if canonical not in hf_of:
             raise InputError(f"{file.path}: tensor {name!r} has no counterpart in {config['model_type']} as this "
                              "metadata describes it; the file holds something lmconvert does not convert")
         shape = file.shape(name)
-        rows = vocab if name in ("token_embd.weight", "output.weight") and shape[0] > vocab else None
-        heads = None
-        if entry.permute_qk and ".attn_q." in name:
-            heads = config["num_attention_heads"]
-        elif entry.permute_qk and ".attn_k." in name:
-            heads = config["num_key_value_heads"]
-        offset = entry.norm_offset if name.endswith("norm.weight") else 0.0
-        plans[to_hf[name]] = TensorPlan(name, (rows, *shape[1:]) if rows else shape, heads, offset, rows)
+        transform = step.bind({**sizes, "rows": shape[0]})
+        plans[hf_of[canonical]] = TensorPlan(name, out_shape(transform.forward, shape), transform)
     return plans
 
 
@@ -526,7 +273,10 @@ def open_gguf(path: Path) -> Source:
     file = GgufFile(target)
     try:
         file.check_types()
-        config, entry = hf_config(file)
+        try:
+            config, entry = hf_config(file)
+        except MappingError as exc:
+            raise InputError(f"{file.path}: {exc}") from None
         plans = tensor_plans(file, config, entry)
         types = Counter(file.type_name(n) for n in file.tensors)
         info: dict[str, Any] = {

@@ -3,8 +3,9 @@ model-parallel rank) and `tokenizer.model`, presented in transformers' layout.
 
 Every shard is opened with `torch.load(weights_only=True, mmap=True)`, so a tensor is read from
 disk only when the conversion asks for it, merged across ranks and rotated to transformers' RoPE
-layout then (meta_layout.py has the rules and where they come from). params.json is checked
-against every shard before anything is converted.
+layout then, by Meta's tensor table (mappings/meta.py has the rules and where they come from;
+mappings/meta_params.py translates params.json). params.json is checked against every shard
+before anything is converted.
 """
 
 from __future__ import annotations
@@ -19,8 +20,12 @@ from typing import Any
 
 import torch
 
+from lmconvert.mappings.meta import EMBEDDING, TENSORS, Layout, LayoutError
+from lmconvert.mappings.meta_params import hf_config, model_params
+from lmconvert.mappings.table import Rule
+from lmconvert.mappings.transforms import PiecesDiffer
+
 from .errors import InputError
-from .meta_layout import EMBEDDING, IGNORED, Kind, Layout, LayoutError, hf_config, model_params
 from .source import CANNOT_LOAD_META, Loadable, Source
 from .torch_bin import load_weights
 
@@ -71,7 +76,7 @@ class MetaTensors:
 
     def __init__(self, files: list[Path], shards: list[dict[str, torch.Tensor]], layout: Layout) -> None:
         self.files, self._shards, self.layout = files, shards, layout
-        self._by_hf: dict[str, tuple[str, Kind]] = {hf: (meta, kind) for meta, hf, kind in layout.entries()}
+        self._by_hf: dict[str, tuple[str, Rule]] = {hf: (meta, rule) for meta, hf, rule in layout.entries()}
 
     def names(self) -> list[str]:
         return list(self._by_hf)
@@ -83,11 +88,12 @@ class MetaTensors:
         return self._shards[0][self._by_hf[name][0]].dtype
 
     def get(self, name: str) -> torch.Tensor:
-        meta, kind = self._by_hf[name]
+        meta, rule = self._by_hf[name]
         try:
-            return self.layout.to_hf(meta, kind, [shard[meta] for shard in self._shards])
-        except LayoutError as exc:
-            raise InputError(f"{self.files[0].parent}: {exc}; re-download the shards") from None
+            return self.layout.transform(rule).forward([shard[meta] for shard in self._shards])
+        except PiecesDiffer as exc:
+            raise InputError(f"{self.files[0].parent}: {meta} on rank {exc.piece} differs from rank {exc.copy_of}, "
+                             "which should hold the same copy; re-download the shards") from None
 
     def where(self, name: str) -> Path:
         return self.files[0] if len(self.files) == 1 else self.files[0].parent  # every rank holds a piece
@@ -99,9 +105,9 @@ class MetaTensors:
 def _check(directory: Path, files: list[Path], shards: list[dict[str, torch.Tensor]], layout: Layout,
            params: dict[str, Any]) -> None:
     """Every shard holds exactly the tensors params.json implies, each in the shape it implies."""
-    expected = {meta: kind for meta, _, kind in layout.entries()}
+    expected = {meta: rule for meta, _, rule in layout.entries()}
     for file, shard in zip(files, shards, strict=True):
-        names = set(shard) - set(IGNORED)
+        names = {n for n in shard if not TENSORS.drops(n)}
         layers = {int(m.group(1)) for n in names if (m := re.match(r"layers\.(\d+)\.", n))}
         if layers and max(layers) + 1 != layout.n_layers:
             raise InputError(f"{file}: holds {max(layers) + 1} layers, but {PARAMS} says n_layers={layout.n_layers}; "
@@ -112,8 +118,8 @@ def _check(directory: Path, files: list[Path], shards: list[dict[str, torch.Tens
                              "this is not a plain LLaMA checkpoint")
         if missing:
             raise InputError(f"{file}: lacks tensor(s) {', '.join(missing[:5])}; re-download it")
-        for name, kind in expected.items():
-            got, want = tuple(shard[name].shape), layout.shard_shape(kind)
+        for name, rule in expected.items():
+            got, want = tuple(shard[name].shape), layout.shard_shape(rule)
             if got != want:
                 shown = {k: params[k] for k in ("dim", "n_heads", "n_kv_heads", "multiple_of", "ffn_dim_multiplier",
                                                 "vocab_size") if k in params}
@@ -167,12 +173,12 @@ def open_meta(path: Path) -> Source:
                         vocab_size=vocab, hidden_dim=config["intermediate_size"], shards=len(files))
     except LayoutError as exc:
         raise InputError(f"{path / PARAMS}: {str(exc).removeprefix('params.json: ')}") from None
-    layout = replace(layout, embed_split=_embed_split(layout, tuple(head[EMBEDDING.meta].shape)))
+    layout = replace(layout, embed_split=_embed_split(layout, tuple(head[EMBEDDING.stored].shape)))
     _check(path, files, shards, layout, inner)
     info: dict[str, Any] = {"meta_params": params, "meta_shards": len(files)}
     if len(files) > 1:
         info["meta_embedding_split"] = layout.embed_split
-    ignored = sorted(set(head) & set(IGNORED))
+    ignored = sorted(n for n in head if TENSORS.drops(n))
     if ignored:
         info["meta_ignored_tensors"] = ignored
     sp = _sentencepiece(path / TOKENIZER) if (path / TOKENIZER).is_file() else None

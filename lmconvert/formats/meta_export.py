@@ -1,8 +1,9 @@
 """Writing a canonical checkpoint in Meta's original LLaMA layout: params.json, one
 consolidated.NN.pth per model-parallel rank, and tokenizer.model when the source had one.
 
-Tensors take the llama family's export plan to HF names, then the exact inverses of the import
-transforms (meta_layout.py), so Meta -> canonical -> Meta gives back every tensor bit for bit.
+Tensors take the llama family's export plan to HF names, then the inverses of Meta's tensor table
+(mappings/meta.py), the exact inverses of the import transforms, so Meta -> canonical -> Meta
+gives back every tensor bit for bit.
 Ranks are written one at a time: memory holds one rank's share plus one whole tensor, at the cost
 of reading the canonical shards once per rank.
 """
@@ -20,6 +21,8 @@ import torch
 
 from lmconvert.arch import ArchConfig
 from lmconvert.mappings import Family, MappingError, family_named
+from lmconvert.mappings.meta import Layout, LayoutError
+from lmconvert.mappings.meta_params import hf_config, model_params, params_for
 
 from .atomic import atomic_directory, check_output
 from .canonical import CanonicalMeta
@@ -28,7 +31,6 @@ from .digest import check_finite
 from .dtypes import torch_dtype
 from .errors import InputError
 from .meta import PARAMS, TOKENIZER
-from .meta_layout import Layout, LayoutError, hf_config, model_params, params_for
 
 
 def _describes(previous: dict[str, Any], config: dict[str, Any], llama: Family, arch: ArchConfig) -> bool:
@@ -79,13 +81,13 @@ def to_meta(checkpoint: Checkpoint, meta: CanonicalMeta, out: Path, shards: int 
     with atomic_directory(out) as tmp:
         for rank in range(shards):
             state: dict[str, torch.Tensor] = {}
-            for meta_name, hf_name, kind in layout.entries():
+            for meta_name, hf_name, rule in layout.entries():
                 canonical, transform = plan[hf_name]
                 raw = source.get(canonical)
                 if not allow_nonfinite and rank == 0:
                     check_finite(canonical, raw, source.where(canonical))
                 t = transform.inverse(raw)
-                piece = layout.to_meta(kind, t if dtype is None else t.to(torch_dtype(dtype)))[rank]
+                piece = layout.transform(rule).inverse(t if dtype is None else t.to(torch_dtype(dtype)))[rank]
                 state[meta_name] = piece.clone(memory_format=torch.contiguous_format)  # a view would save it all
                 done += 1
                 if progress is not None:

@@ -1,62 +1,37 @@
-"""Declarative tensor tables: HF name pattern <-> canonical name pattern, with a transform and
-its inverse declared together, so export is derived from import and never written twice.
+"""Declarative tensor tables: a stored name pattern <-> a canonical name pattern, with a transform
+and its inverse declared together (transforms.py), so export is derived from import and never
+written twice. Every tensor table is one of these: each HF family's (HF names <-> canonical),
+Meta's layout (Meta names <-> HF names, mappings/meta.py) and llama.cpp's GGUF names (GGUF names
+<-> canonical, mappings/gguf.py).
 
 A pattern's `{}` stands for the layer index. A rule whose canonical side is None drops the
-tensor on import (and says so); its HF pattern may end in `*` to drop a whole subtree (a vision
-tower, say). Both directions check that every input tensor is consumed and every expected output
-tensor is produced; leftovers are errors that name the tensors.
+tensor on import (and says so); its stored pattern may end in `*` to drop a whole subtree (a
+vision tower, say). Both directions check that every input tensor is consumed and every expected
+output tensor is produced; leftovers are errors that name the tensors. A transform declared with
+symbolic sizes is bound by the `sizes` a plan is given.
 """
 
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
 
 from .errors import MappingError
+from .transforms import IDENTITY, Sizes, Step, TensorFn, Transform, out_shape
 
-if TYPE_CHECKING:  # transforms run on tensors, but reading a table must not import torch
-    import torch
-
-TensorFn = Callable[["torch.Tensor"], "torch.Tensor"]
-
-
-def _identity(t: torch.Tensor) -> torch.Tensor:
-    return t
-
-
-def out_shape(fn: TensorFn, shape: tuple[int, ...]) -> tuple[int, ...]:
-    """The shape `fn` gives a tensor of `shape`, found on the meta device without reading data
-    (and without torch at all for the identity, so that a rename-only conversion never loads it).
-    Transforms keep the dtype."""
-    if fn is _identity:
-        return tuple(shape)
-    import torch
-
-    return tuple(fn(torch.empty(shape, device="meta")).shape)
-
-
-@dataclass(frozen=True)
-class Transform:
-    """A tensor transform and its exact inverse."""
-
-    name: str
-    forward: TensorFn = _identity
-    inverse: TensorFn = _identity
-
-
-IDENTITY = Transform("identity")
+__all__ = ["IDENTITY", "Plan", "Rule", "TensorFn", "TensorTable", "Transform", "out_shape"]
 
 
 @dataclass(frozen=True)
 class Rule:
-    hf: str
+    stored: str  # the name on disk: an HF name in a family's table, Meta's or llama.cpp's in theirs
     canonical: str | None
-    transform: Transform = IDENTITY
+    transform: Step | Transform = IDENTITY
+    shape: tuple[str, ...] | None = None  # symbolic sizes of the canonical tensor, where a table states them
 
 
-Plan = dict[str, tuple[str, Transform]]  # target name -> (source name, transform)
+Plan = dict[str, tuple[str, Transform]]  # target name -> (source name, bound transform)
 
 
 def _fill(pattern: str, match: re.Match[str]) -> str:
@@ -78,9 +53,9 @@ class TensorTable:
 
     def __post_init__(self) -> None:
         for rule in self.rules:
-            if rule.hf.endswith("*") and rule.canonical is not None:
-                raise ValueError(f"rule {rule.hf!r}: only a drop rule (canonical None) may end in '*'")
-            self._compiled.append((rule, _compile(rule.hf),
+            if rule.stored.endswith("*") and rule.canonical is not None:
+                raise ValueError(f"rule {rule.stored!r}: only a drop rule (canonical None) may end in '*'")
+            self._compiled.append((rule, _compile(rule.stored),
                                    _compile(rule.canonical) if rule.canonical else None))
 
     def _normalise(self, name: str) -> str:
@@ -89,45 +64,73 @@ class TensorTable:
                 return "model." + name[len(prefix):]
         return name
 
-    def to_canonical_name(self, hf_name: str) -> tuple[str | None, Transform]:
-        """The canonical name for an HF tensor (None: dropped on purpose); raises if unknown."""
-        name = self._normalise(hf_name)
-        for rule, hf_re, _ in self._compiled:
-            match = hf_re.match(name)
+    def _rule_for(self, stored: str) -> tuple[Rule, re.Match[str]]:
+        name = self._normalise(stored)
+        for rule, stored_re, _ in self._compiled:
+            match = stored_re.match(name)
             if match:
-                if rule.canonical is None:
-                    return None, rule.transform
-                return _fill(rule.canonical, match), rule.transform
-        raise MappingError(f"tensor {hf_name!r} matches no rule of this family's table")
+                return rule, match
+        raise MappingError(f"tensor {stored!r} matches no rule of this family's table")
 
-    def to_hf_name(self, canonical: str) -> tuple[str, Transform]:
+    def to_canonical_name(self, stored: str) -> tuple[str | None, Step | Transform]:
+        """The canonical name for a stored tensor (None: dropped on purpose); raises if unknown."""
+        rule, match = self._rule_for(stored)
+        return (None if rule.canonical is None else _fill(rule.canonical, match)), rule.transform
+
+    def drops(self, stored: str) -> bool:
+        """Whether a drop rule names this tensor (False for a tensor no rule knows)."""
+        try:
+            return self._rule_for(stored)[0].canonical is None
+        except MappingError:
+            return False
+
+    def to_stored_name(self, canonical: str) -> tuple[str, Step | Transform]:
         for rule, _, can_re in self._compiled:
             match = can_re.match(canonical) if can_re else None
             if match:
-                return _fill(rule.hf, match), rule.transform
+                return _fill(rule.stored, match), rule.transform
         raise MappingError(f"canonical tensor {canonical!r} has no HF name in this family")
 
-    def plan_import(self, hf_names: Iterable[str], expected: Iterable[str]) -> tuple[Plan, list[str]]:
-        """{canonical: (hf name, transform)} and the dropped HF names; checks both sides."""
+    to_hf_name = to_stored_name  # a family's stored names are HF's
+
+    def expand(self, n_layers: int) -> Iterator[tuple[str, str, Rule]]:
+        """(stored, canonical, rule) of every tensor a model with `n_layers` layers has, in the
+        table's order, per-layer rules taking their place as one block per layer (Meta's module
+        order); drop rules are left out."""
+        kept = [r for r in self.rules if r.canonical is not None]
+        layered = [r for r in kept if "{}" in r.stored]
+        first = kept.index(layered[0]) if layered else len(kept)
+        for rule in kept[:first]:
+            yield rule.stored, rule.canonical, rule  # type: ignore[misc]
+        for i in range(n_layers):
+            for rule in layered:
+                yield rule.stored.replace("{}", str(i)), rule.canonical.replace("{}", str(i)), rule  # type: ignore[union-attr]
+        for rule in kept[first:]:
+            if "{}" not in rule.stored:
+                yield rule.stored, rule.canonical, rule  # type: ignore[misc]
+
+    def plan_import(self, stored_names: Iterable[str], expected: Iterable[str],
+                    sizes: Sizes | None = None) -> tuple[Plan, list[str]]:
+        """{canonical: (stored name, transform)} and the dropped stored names; checks both sides."""
         plan: Plan = {}
         dropped: list[str] = []
-        for hf_name in hf_names:
-            canonical, transform = self.to_canonical_name(hf_name)
+        for stored in stored_names:
+            canonical, step = self.to_canonical_name(stored)
             if canonical is None:
-                dropped.append(hf_name)
+                dropped.append(stored)
             elif canonical in plan:
-                raise MappingError(f"tensors {plan[canonical][0]!r} and {hf_name!r} both map to {canonical!r}")
+                raise MappingError(f"tensors {plan[canonical][0]!r} and {stored!r} both map to {canonical!r}")
             else:
-                plan[canonical] = (hf_name, transform)
+                plan[canonical] = (stored, step.bind(sizes or {}))
         _check_sides(set(plan), set(expected), "the checkpoint")
         return plan, dropped
 
-    def plan_export(self, canonical_names: Iterable[str]) -> Plan:
-        """{hf name: (canonical name, transform)}."""
+    def plan_export(self, canonical_names: Iterable[str], sizes: Sizes | None = None) -> Plan:
+        """{stored name: (canonical name, transform)}."""
         plan = {}
         for name in canonical_names:
-            hf_name, transform = self.to_hf_name(name)
-            plan[hf_name] = (name, transform)
+            stored, step = self.to_stored_name(name)
+            plan[stored] = (name, step.bind(sizes or {}))
         return plan
 
 
@@ -144,4 +147,3 @@ def _check_sides(produced: set[str], expected: set[str], where: str) -> None:
 def _names(names: list[str], limit: int = 5) -> str:
     shown = ", ".join(names[:limit])
     return shown + (f" and {len(names) - limit} more" if len(names) > limit else "")
-

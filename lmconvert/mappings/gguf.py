@@ -1,0 +1,120 @@
+"""llama.cpp's GGUF conventions as data: which llama.cpp architecture is which transformers
+model_type, what its converter (`convert_hf_to_gguf.py`) does to each tensor, and the GGUF tensor
+table (llama.cpp names <-> canonical names) with the transforms that undo those changes. No file
+I/O and no `gguf` package: formats/gguf.py reads the file and calls these.
+
+What llama.cpp's converter changes, each undone by the table the way transformers' own GGUF loader
+(`modeling_gguf_pytorch_utils.py`) undoes it:
+- names: `blk.{i}.attn_q.weight` and so on, as gguf's `TensorNameMap` names them (a test checks
+  this table against it for every architecture here);
+- the q and k rows of `llama` files (Mistral included) are permuted for llama.cpp's interleaved
+  RoPE (`LlamaModel.permute`): Permute undoes it for weights and biases;
+- Gemma 2 and 3 norm weights are stored as `w + 1` (q/k norms too): Offset subtracts 1 in float32;
+- embedding / output rows past the vocabulary are padding: Trim drops them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from functools import cache
+from typing import Any
+
+from .errors import MappingError
+from .table import Rule, TensorTable
+from .transforms import IDENTITY, Offset, Permute, Step, Transform, Trim
+
+
+@dataclass(frozen=True)
+class GgufArch:
+    """How one llama.cpp architecture maps to a transformers model_type."""
+
+    model_type: str
+    keys: Mapping[str, str] = field(default_factory=dict)  # `{arch}.` keys beyond SHARED_KEYS -> HF keys
+    defaults: Mapping[str, Any] = field(default_factory=dict)  # HF keys the file does not state
+    bias_flags: Mapping[str, str] = field(default_factory=dict)  # HF bool key -> GGUF tensor that sets it
+    permute_qk: bool = False  # q/k rows interleaved for llama.cpp's RoPE (LlamaModel.permute)
+    norm_offset: float = 0.0  # norm weights stored as w + offset
+    output: bool = True  # llama.cpp's architecture has an `output` matrix (Gemma 2's is always tied)
+    swa_pattern: int | None = None  # llama.cpp's hard-coded sliding pattern: every n-th layer is full
+    big_layers: int | None = None  # Gemma: the layer count llama.cpp treats as 27B (score scale hidden/heads)
+
+    @property
+    def tensors(self) -> TensorTable:
+        """llama.cpp's tensor names <-> canonical names, with this architecture's transforms."""
+        return tensor_table(self.permute_qk, self.norm_offset, self.output)
+
+
+ATTENTION_BIAS = {"attention_bias": "blk.0.attn_q.bias"}
+GEMMA_KEYS = {"attention.sliding_window": "sliding_window", "final_logit_softcapping": "final_logit_softcapping"}
+ARCHS: dict[str, GgufArch] = {
+    "llama": GgufArch("llama", defaults={"hidden_act": "silu"},
+                      bias_flags={**ATTENTION_BIAS, "mlp_bias": "blk.0.ffn_up.bias"}, permute_qk=True),
+    "qwen2": GgufArch("qwen2", defaults={"hidden_act": "silu", "use_sliding_window": False}),
+    "qwen3": GgufArch("qwen3", defaults={"hidden_act": "silu", "use_sliding_window": False}, bias_flags=ATTENTION_BIAS),
+    "olmo2": GgufArch("olmo2", defaults={"hidden_act": "silu"}, bias_flags=ATTENTION_BIAS),
+    "gemma2": GgufArch("gemma2", keys={**GEMMA_KEYS, "attn_logit_softcapping": "attn_logit_softcapping"},
+                       defaults={"hidden_activation": "gelu_pytorch_tanh", "attn_logit_softcapping": 50.0,
+                                 "final_logit_softcapping": 30.0},
+                       bias_flags=ATTENTION_BIAS, norm_offset=1.0, output=False, swa_pattern=2, big_layers=46),
+    "gemma3": GgufArch("gemma3_text", keys={**GEMMA_KEYS, "rope.freq_base_swa": "rope_local_base_freq"},
+                       defaults={"hidden_activation": "gelu_pytorch_tanh", "final_logit_softcapping": None,
+                                 "rope_local_base_freq": 10000.0},
+                       bias_flags=ATTENTION_BIAS, norm_offset=1.0, swa_pattern=6, big_layers=62),
+}
+# llama.cpp writes Mistral as `llama`; like transformers, tell it by its general.name
+BY_NAME: tuple[tuple[str, str, GgufArch], ...] = (
+    ("llama", "mistral", GgufArch("mistral", keys={"attention.sliding_window": "sliding_window"},
+                                  defaults={"hidden_act": "silu", "sliding_window": None}, permute_qk=True)),
+)
+
+
+def arch_entry(architecture: str, general_name: str = "") -> GgufArch:
+    """The table entry for `general.architecture` (and, for variants llama.cpp does not tell
+    apart, `general.name`)."""
+    if architecture not in ARCHS:
+        raise MappingError(f"GGUF architecture {architecture!r} is not supported; supported: "
+                           f"{', '.join(sorted(ARCHS))}")
+    name = general_name.lower()
+    for base, word, variant in BY_NAME:
+        if base == architecture and word in name:
+            return variant
+    return ARCHS[architecture]
+
+
+# ---------------------------------------------------------------------------------------------
+# the tensor table
+
+PADDED = Trim("vocab", "rows")  # "rows": the rows the file stores
+
+
+def _weight_and_bias(gguf: str, canonical: str, step: Step | Transform) -> tuple[Rule, ...]:
+    return tuple(Rule(f"blk.{{}}.{gguf}.{p}", f"layers.{{}}.{canonical}.{p}", step) for p in ("weight", "bias"))
+
+
+@cache
+def tensor_table(permute_qk: bool, norm_offset: float, output: bool) -> TensorTable:
+    """The GGUF table for an architecture with these facts."""
+    q = Permute("heads") if permute_qk else IDENTITY
+    k = Permute("kv_heads") if permute_qk else IDENTITY
+    norm = Offset(norm_offset) if norm_offset else IDENTITY
+    layer_norms = (("attn_norm", "attn_norm"), ("ffn_norm", "mlp_norm"), ("post_attention_norm", "attn_post_norm"),
+                   ("post_ffw_norm", "mlp_post_norm"), ("attn_q_norm", "attn.q_norm"), ("attn_k_norm", "attn.k_norm"))
+    return TensorTable((
+        Rule("token_embd.weight", "embed.weight", PADDED),
+        *((Rule("output.weight", "lm_head.weight", PADDED),) if output else ()),
+        Rule("output_norm.weight", "final_norm.weight", norm),
+        *_weight_and_bias("attn_q", "attn.q", q), *_weight_and_bias("attn_k", "attn.k", k),
+        *_weight_and_bias("attn_v", "attn.v", IDENTITY), *_weight_and_bias("attn_output", "attn.o", IDENTITY),
+        *_weight_and_bias("ffn_gate", "mlp.gate", IDENTITY), *_weight_and_bias("ffn_up", "mlp.up", IDENTITY),
+        *_weight_and_bias("ffn_down", "mlp.down", IDENTITY),
+        *(Rule(f"blk.{{}}.{g}.weight", f"layers.{{}}.{c}.weight", norm) for g, c in layer_norms),
+        Rule("rope_freqs.weight", None),  # Llama 3's RoPE scaling factors: read into the config
+    ))
+
+
+def tensor_sizes(config: Mapping[str, Any]) -> dict[str, int]:
+    """The sizes the table's transforms are written in, from the HF config; the reader adds each
+    tensor's stored `rows`."""
+    return {"vocab": config["vocab_size"], "heads": config["num_attention_heads"],
+            "kv_heads": config["num_key_value_heads"]}

@@ -1,0 +1,241 @@
+"""Tensor transforms, each declared with its exact inverse: the vocabulary every tensor table
+(the HF families, Meta's layout, llama.cpp's GGUF names) is written in.
+
+`forward` is always the import direction (stored layout -> what the next stage reads), `inverse`
+the export direction. A transform is declared with symbolic sizes ("heads", "vocab", ...) and
+bound to numbers with `bind(sizes)` once a config is known, giving a `Transform` (two functions).
+What each inverse restores exactly, and what it does not, is said at each kind and checked bit for
+bit by tests/test_table_transforms.py.
+
+- renaming is a table rule's job (table.py); its transform is IDENTITY;
+- Permute: rotary rows from interleaved pairs to rotate-half halves, per head;
+- Fuse: the pieces model-parallel ranks hold -> one tensor (inverse: split);
+- Offset: a constant added on disk (Gemma's norms as w + 1 in GGUF);
+- Trim: padding rows past the vocabulary dropped;
+- Chain: several in order.
+
+torch is imported only inside the functions: reading a table must not load it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Protocol
+
+from .errors import MappingError
+
+if TYPE_CHECKING:
+    import torch
+
+TensorFn = Callable[[Any], Any]  # a tensor (or, for Fuse, a list of pieces) in, the same out
+Sizes = Mapping[str, int]
+
+
+def _identity(t: Any) -> Any:  # noqa: ANN401 - passes whatever it gets
+    return t
+
+
+@dataclass(frozen=True)
+class Transform:
+    """A bound transform: two functions, each the exact inverse of the other where its kind says."""
+
+    name: str
+    forward: TensorFn = _identity
+    inverse: TensorFn = _identity
+
+    def bind(self, sizes: Sizes) -> Transform:  # already bound: a table may hold either
+        return self
+
+
+IDENTITY = Transform("identity")
+
+
+class Step(Protocol):
+    """A declared transform: binds to sizes (head counts, vocabulary, shard count...)."""
+
+    def bind(self, sizes: Sizes) -> Transform: ...
+
+
+def out_shape(fn: TensorFn, shape: tuple[int, ...]) -> tuple[int, ...]:
+    """The shape `fn` gives a tensor of `shape`, found on the meta device without reading data
+    (and without torch at all for the identity, so that a rename-only conversion never loads it).
+    Transforms other than Offset keep the dtype."""
+    if fn is _identity:
+        return tuple(shape)
+    import torch
+
+    return tuple(fn(torch.empty(shape, device="meta")).shape)
+
+
+def _size(sizes: Sizes, name: str) -> int:
+    if name not in sizes:
+        raise MappingError(f"this transform needs the size {name!r}, which the table was not given")
+    return sizes[name]
+
+
+# ---- Permute: rotary rows
+
+
+def pairs_to_halves(t: torch.Tensor, heads: int) -> torch.Tensor:
+    """Per head, rows (0, 1), (2, 3), ... (Meta's complex pairs, llama.cpp's `LlamaModel.permute`
+    output) -> rows 0..d/2-1 then d/2..d-1 (transformers' rotate-half). transformers'
+    `convert_llama_weights_to_hf.py` `permute` and its GGUF loader's `_reverse_permute_weights`."""
+    dim = t.shape[0] // heads // 2
+    return t.reshape(heads, dim, 2, *t.shape[1:]).swapaxes(1, 2).reshape(t.shape)
+
+
+def halves_to_pairs(t: torch.Tensor, heads: int) -> torch.Tensor:
+    """The inverse of pairs_to_halves: llama.cpp's `LlamaModel.permute` (convert_hf_to_gguf.py)."""
+    dim = t.shape[0] // heads // 2
+    return t.reshape(heads, 2, dim, *t.shape[1:]).swapaxes(1, 2).reshape(t.shape)
+
+
+@dataclass(frozen=True)
+class Permute:
+    """q/k rows (weights or biases) from interleaved pairs to halves, per head; `heads` names the
+    head count. A permutation of rows: exact both ways, for every dtype and every bit pattern."""
+
+    heads: str
+
+    def bind(self, sizes: Sizes) -> Transform:
+        n = _size(sizes, self.heads)
+        return Transform(f"permute({n} heads)", lambda t: pairs_to_halves(t, n), lambda t: halves_to_pairs(t, n))
+
+
+# ---- Fuse: model-parallel pieces
+
+
+class PiecesDiffer(MappingError):
+    """Two holders of the same piece hold different data; the reader names the tensor and files."""
+
+    def __init__(self, piece: int, copy_of: int) -> None:
+        super().__init__(f"piece {piece} differs from piece {copy_of}, which should hold the same copy")
+        self.piece, self.copy_of = piece, copy_of
+
+
+@dataclass(frozen=True)
+class Fuse:
+    """`sizes["shards"]` pieces -> one tensor, concatenated along `dim` (a number, or the name of
+    a size that holds it); `dim` None: every holder has the whole tensor. With `copies`, each
+    distinct piece is held by that many consecutive holders (Meta's KV heads when ranks outnumber
+    them). Forward checks that copies agree bit for bit (PiecesDiffer if not); inverse splits and
+    repeats. Exact both ways: forward(inverse(t)) is t, and inverse(forward(pieces)) is pieces
+    whenever forward accepts them."""
+
+    dim: int | str | None
+    copies: str | None = None
+
+    def bind(self, sizes: Sizes) -> Transform:
+        holders = _size(sizes, "shards")
+        dim = _size(sizes, self.dim) if isinstance(self.dim, str) else self.dim
+        copies = holders if dim is None else _size(sizes, self.copies) if self.copies else 1
+        return Transform(f"fuse({holders} pieces, dim {dim})", lambda pieces: fuse(pieces, dim, copies),
+                         lambda t: split(t, dim, holders, copies))
+
+
+def fuse(pieces: Sequence[torch.Tensor], dim: int | None, copies: int) -> torch.Tensor:
+    import torch
+
+    for i, piece in enumerate(pieces):
+        if i % copies and not same_bits(piece, pieces[i - i % copies]):
+            raise PiecesDiffer(i, i - i % copies)
+    distinct = pieces[::copies]
+    return torch.cat(list(distinct), dim) if dim is not None and len(distinct) > 1 else distinct[0]
+
+
+def same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Copies agree when their bytes do: NaNs that are the same NaN agree, -0.0 and 0.0 do not
+    (torch.equal says the opposite of both), so the copy kept is every copy."""
+    import torch
+
+    if a.dtype != b.dtype or a.shape != b.shape:
+        return False
+    as_int = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}.get(a.element_size())
+    return torch.equal(a.view(as_int), b.view(as_int)) if as_int is not None else torch.equal(a, b)
+
+
+def split(t: torch.Tensor, dim: int | None, holders: int, copies: int) -> list[torch.Tensor]:
+    """Views of `t`, one per holder: clone before saving."""
+    if dim is None:
+        return [t] * holders
+    parts = t.split(t.shape[dim] // (holders // copies), dim)
+    return [p for p in parts for _ in range(copies)]
+
+
+# ---- Offset: a constant added on disk
+
+
+@dataclass(frozen=True)
+class Offset:
+    """The file stores w + `value`. Both directions compute in float32 and return float32 (as
+    transformers does: rounding to a half type first would cost precision); the reader casts.
+    Exact where the float32 subtraction is: for every x other than -0.0 whose x - value is a
+    float32, inverse(forward(x)) is x bit for bit; so for all x in [value/2, 2*value] (Sterbenz).
+    With value 1, a bf16 (f16) x cast back comes back unless it is -0.0 or smaller than 2**-16
+    (2**-13) in size. Not in general: x = 1e-10 with value 1 comes back as 0."""
+
+    value: float
+
+    def bind(self, sizes: Sizes) -> Transform:
+        c = self.value
+        return Transform(f"offset({c:+g})", lambda t: t.float() - c, lambda t: t.float() + c)
+
+
+# ---- Trim: padded vocabularies
+
+
+@dataclass(frozen=True)
+class Trim:
+    """Keep the first `keep` of `stored` rows (a padded vocabulary); both name sizes. Inverse pads
+    with zero rows. forward(inverse(y)) is y always; inverse(forward(x)) is x only when x's padding
+    rows are zero: any other padding is dropped on import and not recovered. Nothing to trim
+    (stored <= keep) binds to IDENTITY."""
+
+    keep: str
+    stored: str
+
+    def bind(self, sizes: Sizes) -> Transform:
+        keep, stored = _size(sizes, self.keep), _size(sizes, self.stored)
+        if stored <= keep:
+            return IDENTITY
+        return Transform(f"trim({stored} -> {keep} rows)", lambda t: t[:keep], lambda t: pad_rows(t, stored))
+
+
+def pad_rows(t: torch.Tensor, rows: int) -> torch.Tensor:
+    import torch
+
+    return torch.cat([t, t.new_zeros(rows - t.shape[0], *t.shape[1:])])
+
+
+# ---- Chain
+
+
+@dataclass(frozen=True)
+class Chain:
+    """Steps in order: forward runs them first to last, inverse undoes them last to first."""
+
+    steps: tuple[Step | Transform, ...]
+
+    def __init__(self, *steps: Step | Transform) -> None:
+        object.__setattr__(self, "steps", steps)
+
+    def bind(self, sizes: Sizes) -> Transform:
+        bound = [s.bind(sizes) for s in self.steps]
+        bound = [b for b in bound if b is not IDENTITY]
+        if not bound:
+            return IDENTITY
+        if len(bound) == 1:
+            return bound[0]
+
+        def forward(t: Any) -> Any:  # noqa: ANN401
+            for b in bound:
+                t = b.forward(t)
+            return t
+
+        def inverse(t: Any) -> Any:  # noqa: ANN401
+            for b in reversed(bound):
+                t = b.inverse(t)
+            return t
+
+        return Transform(" then ".join(b.name for b in bound), forward, inverse)

@@ -1,0 +1,347 @@
+"""Every tensor-table transform against its declared inverse, bit for bit, over random shapes,
+dtypes and bit patterns (NaN payloads, infinities, -0.0 and subnormals included); then the tables
+built from them: names invert, Meta's layout and the GGUF table round-trip whole tensors, and the
+GGUF names are the ones llama.cpp's own `TensorNameMap` gives.
+
+What each transform restores, exactly as its docstring (mappings/transforms.py) states it:
+- Permute, Fuse, Chain: inverse(forward(x)) == x and forward(inverse(y)) == y for every input
+  (Fuse's forward refuses pieces whose copies differ, so "every input" is every input it accepts);
+- Trim: forward(inverse(y)) == y always; inverse(forward(x)) == x only when x's padding rows are
+  zero: other padding is lost, shown below;
+- Offset (float32 arithmetic): inverse(forward(x)) == x whenever the float32 subtraction is exact
+  and x is not -0.0, so for every x in [c/2, 2c]; not for all x, shown below.
+"""
+
+from __future__ import annotations
+
+import math
+import subprocess
+import sys
+from fractions import Fraction
+
+import gguf
+import pytest
+import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from lmconvert.mappings import FAMILIES, family_for
+from lmconvert.mappings.errors import MappingError
+from lmconvert.mappings.gguf import ARCHS, BY_NAME, GgufArch
+from lmconvert.mappings.meta import TENSORS as META_TENSORS
+from lmconvert.mappings.meta import Layout
+from lmconvert.mappings.table import IDENTITY, TensorTable
+from lmconvert.mappings.transforms import Chain, Fuse, Offset, Permute, PiecesDiffer, Trim
+
+SETTINGS = settings(max_examples=150, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow])
+DTYPES = (torch.float32, torch.float16, torch.bfloat16, torch.float64, torch.int8, torch.int32)
+AS_INT = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
+
+
+def bits(t: torch.Tensor) -> torch.Tensor:
+    return t.contiguous().view(AS_INT[t.element_size()])
+
+
+def same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:
+    return a.dtype == b.dtype and a.shape == b.shape and torch.equal(bits(a), bits(b))
+
+
+def random_bits(shape: tuple[int, ...], dtype: torch.dtype, seed: int) -> torch.Tensor:
+    """Every bit pattern equally likely: for floats that includes NaNs, infinities, -0.0, subnormals."""
+    g = torch.Generator().manual_seed(seed)
+    width = torch.empty((), dtype=dtype).element_size()
+    raw = torch.randint(0, 256, (*shape, width), generator=g, dtype=torch.uint8)
+    return raw.view(dtype).reshape(shape)
+
+
+dtypes = st.sampled_from(DTYPES)
+seeds = st.integers(0, 2 ** 31)
+trailing = st.lists(st.integers(1, 3), max_size=2).map(tuple)
+
+
+# -- Permute: Meta's and llama.cpp's q/k row orders ----------------------------------------------
+
+
+def script_permute(w: torch.Tensor, n_heads: int) -> torch.Tensor:
+    """transformers' convert_llama_weights_to_hf.py `permute`: Meta's rows -> HF's."""
+    dim1, dim2 = w.shape
+    return w.view(n_heads, dim1 // n_heads // 2, 2, dim2).transpose(1, 2).reshape(dim1, dim2)
+
+
+def llama_cpp_permute(w: torch.Tensor, n_head: int, n_head_kv: int | None) -> torch.Tensor:
+    """llama.cpp's LlamaModel.permute (convert_hf_to_gguf.py): HF's rows -> GGUF's."""
+    if n_head_kv is not None and n_head != n_head_kv:
+        n_head = n_head_kv
+    return w.reshape(n_head, 2, w.shape[0] // n_head // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
+
+
+@SETTINGS
+@given(heads=st.integers(1, 4), half=st.integers(1, 4), rest=trailing, dtype=dtypes, seed=seeds)
+def test_permute_round_trips_bit_for_bit(heads: int, half: int, rest: tuple[int, ...], dtype: torch.dtype,
+                                         seed: int) -> None:
+    t = Permute("heads").bind({"heads": heads})
+    x = random_bits((heads * 2 * half, *rest), dtype, seed)
+    assert same_bits(t.inverse(t.forward(x)), x)
+    assert same_bits(t.forward(t.inverse(x)), x)
+    if len(rest) == 1:  # the two reference permutations, as their sources write them
+        assert same_bits(t.forward(x), script_permute(x, heads))
+    assert same_bits(t.inverse(x), llama_cpp_permute(x, heads, None))
+
+
+# -- Fuse: model-parallel pieces ------------------------------------------------------------------
+
+
+@st.composite
+def fusions(draw: st.DrawFn) -> tuple[Fuse, dict[str, int], tuple[int, ...]]:
+    """A Fuse, its sizes, and a whole shape the pieces divide."""
+    distinct, copies = draw(st.integers(1, 4)), draw(st.integers(1, 3))
+    dim = draw(st.sampled_from([None, 0, 1]))
+    shape = [draw(st.integers(1, 3)), draw(st.integers(1, 3))]
+    if dim is not None:
+        shape[dim] *= distinct
+    holders = distinct * copies
+    fuse = Fuse(dim, copies="copies") if dim is not None else Fuse(None)
+    return fuse, {"shards": holders, "copies": copies}, tuple(shape)
+
+
+@SETTINGS
+@given(fusion=fusions(), dtype=dtypes, seed=seeds)
+def test_fuse_round_trips_bit_for_bit(fusion: tuple[Fuse, dict[str, int], tuple[int, ...]], dtype: torch.dtype,
+                                      seed: int) -> None:
+    fuse, sizes, shape = fusion
+    t = fuse.bind(sizes)
+    w = random_bits(shape, dtype, seed)
+    pieces = t.inverse(w)
+    assert len(pieces) == sizes["shards"]
+    assert same_bits(t.forward(pieces), w)
+    again = t.inverse(t.forward([p.clone() for p in pieces]))
+    assert len(again) == len(pieces) and all(same_bits(a, p) for a, p in zip(again, pieces, strict=True))
+
+
+@SETTINGS
+@given(fusion=fusions(), seed=seeds, which=st.integers(0, 100))
+def test_fuse_refuses_copies_that_differ_in_any_bit(fusion: tuple[Fuse, dict[str, int], tuple[int, ...]],
+                                                    seed: int, which: int) -> None:
+    fuse, sizes, shape = fusion
+    t = fuse.bind(sizes)
+    copies = sizes["shards"] if fuse.dim is None else sizes["copies"]
+    if copies == 1:
+        return  # nothing is held twice
+    pieces = [p.clone() for p in t.inverse(random_bits(shape, torch.float32, seed))]
+    bad = [i for i in range(len(pieces)) if i % copies][which % (len(pieces) - len(pieces) // copies)]
+    flat = bits(pieces[bad]).view(-1)
+    flat[0] ^= 1  # one bit: a NaN payload or the sign of a zero counts too
+    with pytest.raises(PiecesDiffer) as info:
+        t.forward(pieces)
+    assert (info.value.piece, info.value.copy_of) == (bad, bad - bad % copies)
+
+
+def test_fuse_keeps_a_nan_and_a_negative_zero_that_every_copy_holds() -> None:
+    t = Fuse(None).bind({"shards": 3})
+    w = torch.tensor([float("nan"), -0.0, 1.0])
+    assert same_bits(t.forward([w.clone() for _ in range(3)]), w)
+
+
+# -- Trim: padded vocabularies --------------------------------------------------------------------
+
+
+@SETTINGS
+@given(keep=st.integers(1, 6), pad=st.integers(1, 6), rest=trailing, dtype=dtypes, seed=seeds)
+def test_trim_round_trips_where_it_can(keep: int, pad: int, rest: tuple[int, ...], dtype: torch.dtype,
+                                       seed: int) -> None:
+    t = Trim("vocab", "rows").bind({"vocab": keep, "rows": keep + pad})
+    y = random_bits((keep, *rest), dtype, seed)
+    padded = t.inverse(y)
+    assert same_bits(t.forward(padded), y)  # always
+    assert not bits(padded[keep:]).any()  # the inverse pads with zeros
+    assert same_bits(t.inverse(t.forward(padded)), padded)  # so zero padding round-trips
+    x = random_bits((keep + pad, *rest), dtype, seed + 1)
+    assert same_bits(t.inverse(t.forward(x))[:keep], x[:keep])
+    if bits(x[keep:]).any():  # any other padding is not recovered: the claim stops here
+        assert not same_bits(t.inverse(t.forward(x)), x)
+
+
+def test_trim_with_nothing_to_trim_is_the_identity() -> None:
+    assert Trim("vocab", "rows").bind({"vocab": 8, "rows": 8}) is IDENTITY
+
+
+# -- Offset: Gemma's w + 1 in GGUF ----------------------------------------------------------------
+
+floats32 = st.floats(width=32, allow_nan=False, allow_infinity=False)
+
+
+def exact_in_float32(x: float, c: float, result: float) -> bool:
+    return Fraction(x) - Fraction(c) == Fraction(result)
+
+
+@SETTINGS
+@given(x=floats32, c=st.sampled_from([1.0]) | floats32)
+def test_offset_round_trips_where_the_float32_subtraction_is_exact(x: float, c: float) -> None:
+    t = Offset(c).bind({})
+    value = torch.tensor([x], dtype=torch.float32)
+    stored_minus = t.forward(value)
+    assert stored_minus.dtype == torch.float32
+    negative_zero = x == 0 and math.copysign(1.0, x) < 0
+    if stored_minus.isfinite().all() and exact_in_float32(x, c, stored_minus.item()) and not negative_zero:
+        assert same_bits(t.inverse(stored_minus), value)
+
+
+@SETTINGS
+@given(c=st.floats(min_value=2.0 ** -120, max_value=2.0 ** 120, width=32), ratio=st.floats(0.5, 2.0))
+def test_offset_round_trips_for_every_value_within_a_factor_of_two_of_the_offset(c: float, ratio: float) -> None:
+    """Sterbenz: x - c is exact for x in [c/2, 2c]: stored Gemma norms w + 1 in [0.5, 2] (w in
+    [-0.5, 1]) come back bit for bit."""
+    x = torch.tensor([c * ratio], dtype=torch.float32)
+    x = x.clamp(torch.tensor(c / 2, dtype=torch.float32), torch.tensor(c * 2, dtype=torch.float32))
+    t = Offset(c).bind({})
+    assert same_bits(t.inverse(t.forward(x)), x)
+
+
+@pytest.mark.parametrize(("dtype", "bound"), [(torch.bfloat16, 2.0 ** -16), (torch.float16, 2.0 ** -13)])
+@pytest.mark.parametrize("stored_first", [True, False], ids=["file-canonical-file", "canonical-file-canonical"])
+def test_offset_on_every_half_precision_value(dtype: torch.dtype, bound: float, stored_first: bool) -> None:
+    """All 2**16 patterns, through float32 and cast back: exact wherever the float32 step is
+    (but -0.0); the values that do not come back are all below `bound` in size, or -0.0, and
+    there are such values: the offset is not exact everywhere, and nothing here claims it is."""
+    t = Offset(1.0).bind({})
+    there, back = (t.forward, t.inverse) if stored_first else (t.inverse, t.forward)
+    x = torch.arange(-(2 ** 15), 2 ** 15, dtype=torch.int32).to(torch.int16).view(dtype)
+    x = x[x.isfinite()]
+    middle = there(x)
+    came_back = bits(back(middle).to(dtype)) == bits(x)
+    sign = -1 if stored_first else 1
+    exact = torch.tensor([Fraction(a) + sign * Fraction(1) == Fraction(m)
+                          for a, m in zip(x.float().tolist(), middle.tolist(), strict=True)])
+    negative_zero = (x == 0) & x.signbit()
+    assert came_back[exact & ~negative_zero].all()
+    lost = ~came_back
+    assert ((x.float().abs() < bound) | negative_zero)[lost].all()
+    assert lost.any() and negative_zero[lost].any()
+
+
+# -- Chain ----------------------------------------------------------------------------------------
+
+
+@SETTINGS
+@given(heads=st.integers(1, 4), half=st.integers(1, 3), shards=st.sampled_from([1, 2, 4]), dtype=dtypes, seed=seeds)
+def test_chain_undoes_its_steps_in_reverse_order(heads: int, half: int, shards: int, dtype: torch.dtype,
+                                                 seed: int) -> None:
+    t = Chain(Fuse(0), Permute("heads"), IDENTITY).bind({"heads": heads, "shards": shards})
+    w = random_bits((heads * 2 * half * shards, 3), dtype, seed)
+    pieces = t.inverse(w)
+    assert same_bits(t.forward(pieces), w)
+    assert all(same_bits(a, b) for a, b in zip(t.inverse(t.forward(pieces)), pieces, strict=True))
+    assert Chain(IDENTITY, Chain()).bind({}) is IDENTITY
+
+
+# -- the tables ------------------------------------------------------------------------------------
+
+GGUF_ARCHS: dict[str, GgufArch] = {**ARCHS, **{f"{base}:{word}": v for base, word, v in BY_NAME}}
+TABLES: dict[str, TensorTable] = {**{f"family {n}": f.tensors for n, f in FAMILIES.items()}, "meta": META_TENSORS,
+                                  **{f"gguf {n}": a.tensors for n, a in GGUF_ARCHS.items()}}
+
+
+@pytest.mark.parametrize("name", list(TABLES))
+@pytest.mark.parametrize("layer", [0, 7, 31])
+def test_names_invert(name: str, layer: int) -> None:
+    """Rename, the transform every rule has: canonical -> stored -> canonical is the identity,
+    and a rule's own stored name is the one export writes (or, for a second spelling such as
+    gemma3's multimodal one, reads to the same canonical name)."""
+    table = TABLES[name]
+    for rule in table.rules:
+        if rule.canonical is None:
+            assert table.drops(rule.stored.replace("*", "x").replace("{}", str(layer)))
+            continue
+        canonical, stored = (p.replace("{}", str(layer)) for p in (rule.canonical, rule.stored))
+        written, _ = table.to_stored_name(canonical)
+        assert table.to_canonical_name(written)[0] == canonical
+        assert table.to_canonical_name(stored)[0] == canonical
+
+
+@st.composite
+def layouts(draw: st.DrawFn) -> Layout:
+    """Valid by construction: head counts that the shards divide, or (KV) repeat over."""
+    shards, kv = draw(st.sampled_from([1, 2, 4, 8])), draw(st.sampled_from([1, 2, 4, 8]))
+    heads = math.lcm(kv, shards) * draw(st.sampled_from([1, 2]))
+    return Layout(dim=heads * 2 * draw(st.integers(1, 2)), n_layers=1, n_heads=heads, n_kv_heads=kv,
+                  vocab_size=shards * draw(st.integers(1, 3)), hidden_dim=shards * draw(st.integers(1, 3)),
+                  shards=shards, embed_split=draw(st.sampled_from([0, 1])))
+
+
+@SETTINGS
+@given(layout=layouts(), dtype=dtypes, seed=seeds)
+def test_meta_layout_round_trips_every_tensor(layout: Layout, dtype: torch.dtype, seed: int) -> None:
+    """Meta's table, each rule bound to a layout: the whole HF tensor -> the ranks' pieces ->
+    the whole tensor, and back, bit for bit; the pieces have the shapes Meta's files have."""
+    for i, (_, _, rule) in enumerate(layout.entries()):
+        t = layout.transform(rule)
+        w = random_bits(layout.full_shape(rule), dtype, seed + i)
+        pieces = t.inverse(w)
+        assert len(pieces) == layout.shards
+        assert {tuple(p.shape) for p in pieces} == {layout.shard_shape(rule)}
+        assert same_bits(t.forward(pieces), w)
+        assert all(same_bits(a, b) for a, b in zip(t.inverse(t.forward(pieces)), pieces, strict=True))
+
+
+@SETTINGS
+@given(arch=st.sampled_from(list(GGUF_ARCHS)), kv=st.integers(1, 3), group=st.integers(1, 2),
+       half=st.integers(1, 3), pad=st.integers(0, 3), seed=seeds)
+def test_gguf_table_round_trips_what_it_can(arch: str, kv: int, group: int, half: int, pad: int, seed: int) -> None:
+    """Each GGUF rule bound to a file's sizes: permutations both ways for any bits; the vocabulary
+    trim back from zero padding; Gemma's norm offset for norm weights the file stores in [0.5, 2]."""
+    entry, heads, vocab = GGUF_ARCHS[arch], kv * group, 5
+    sizes = {"vocab": vocab, "heads": heads, "kv_heads": kv}
+    rows = {"attn_q": heads * 2 * half, "attn_k": kv * 2 * half, "token_embd": vocab + pad, "output": vocab + pad}
+    for rule in entry.tensors.rules:
+        if rule.canonical is None:
+            continue
+        stored = rule.stored.replace("{}", "0")
+        base = stored.removeprefix("blk.0.").rsplit(".", 1)[0]
+        t = rule.transform.bind({**sizes, "rows": rows.get(base, 4)})
+        x = random_bits((rows.get(base, 4), 3) if stored.endswith("weight") else (rows.get(base, 4),), torch.float32,
+                        seed)
+        if isinstance(rule.transform, Offset):
+            x = 0.5 + 1.5 * torch.rand(x.shape, generator=torch.Generator().manual_seed(seed))
+        if isinstance(rule.transform, Trim):
+            x[vocab:] = 0
+        assert same_bits(t.inverse(t.forward(x)), x), stored
+
+
+@pytest.mark.parametrize("arch", list(GGUF_ARCHS))
+def test_gguf_names_are_llama_cpps(arch: str) -> None:
+    """Our GGUF table names every tensor of the family exactly as gguf's TensorNameMap (the table
+    llama.cpp converts with, and transformers' GGUF loader reads with) does, and names nothing
+    TensorNameMap leaves out (Gemma 2 has no `output`)."""
+    entry = GGUF_ARCHS[arch]
+    family = family_for(entry.model_type)
+    llama_cpp_arch = arch.split(":")[0]
+    key = next(k for k, v in gguf.MODEL_ARCH_NAMES.items() if v == llama_cpp_arch)
+    name_map = gguf.get_tensor_name_map(key, 2)
+    canonicals = {r.canonical.replace("{}", "1") for r in family.tensors.rules if r.canonical}
+    for canonical in sorted(canonicals):
+        hf_name, _ = family.tensors.to_hf_name(canonical)
+        base, _, suffix = hf_name.rpartition(".")
+        theirs = name_map.get_name(base)
+        try:
+            ours: str | None = entry.tensors.to_stored_name(canonical)[0]
+        except MappingError:
+            ours = None
+        assert ours == (f"{theirs}.{suffix}" if theirs else None), canonical
+
+
+def test_reading_the_tables_imports_no_torch() -> None:
+    """Tables are data: building and binding them needs no torch (a rename-only conversion never
+    loads it); only running a transform does."""
+    script = ("import sys\n"
+              "from lmconvert.mappings import FAMILIES\n"
+              "from lmconvert.mappings.gguf import ARCHS, tensor_sizes\n"
+              "from lmconvert.mappings.gguf_metadata import hf_config\n"
+              "from lmconvert.mappings.meta import Layout\n"
+              "from lmconvert.mappings.meta_params import params_for\n"
+              "for a in ARCHS.values(): [r.transform.bind({'heads': 2, 'kv_heads': 1, 'vocab': 4, 'rows': 6})"
+              " for r in a.tensors.rules]\n"
+              "layout = Layout(8, 2, 2, 1, 16, 32, 2)\n"
+              "[layout.transform(rule) for _, _, rule in layout.entries()]\n"
+              "print('torch' in sys.modules)")
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True)
+    assert proc.stdout.strip() == "False", proc.stderr
