@@ -88,8 +88,9 @@ class ConfigTable:
         keys, out = self.keys, {}
         for entry in self.entries:
             written = entry.write(cfg)
-            if set(written) - {key.name for key in entry.keys if not key.legacy}:
-                raise ValueError(f"config table row {entry.name!r} writes undeclared keys {sorted(written)}")
+            undeclared = set(written) - {key.name for key in entry.keys if not key.legacy}
+            if undeclared:
+                raise ValueError(f"config table row {entry.name!r} writes undeclared keys {sorted(undeclared)}")
             out.update({k: keys[k].default if v is DEFAULT else v for k, v in written.items()})
         return out
 

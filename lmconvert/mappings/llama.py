@@ -79,6 +79,7 @@ ATTENTION_BIAS = Entry("attention_bias", (Key("attention_bias", bool, False),),
                        lambda hf, _: attention_biases(hf.get("attention_bias")),
                        lambda cfg: {"attention_bias": attention_bias_of(cfg)})
 
+# config.json key, ArchConfig field, JSON type, what an absent key means (transformers' default)
 CONFIG = ConfigTable((
     plain("vocab_size", "vocab_size", int, 32000),
     plain("hidden_size", "d_model", int, 4096),
