@@ -405,3 +405,80 @@ def test_version_1_descriptions_with_whole_file_sums_still_verify(good: Path, tm
     shard.write_bytes(bytes(data))
     proc = lmconvert("verify", out, "--files")
     assert proc.returncode == 1 and "changed file: model.safetensors" in proc.stdout
+
+
+# --- config.json values (issue 13, section 5) ---
+# Only an absent key (or null, where transformers' config class accepts it) means "default": 0, a
+# negative count, a string, a bool or a float where an integer belongs is refused where config.json
+# enters, in one line naming the file, the key and the value, before verify could reach transformers.
+
+@pytest.fixture(scope="module")
+def family_checkpoints(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """A real tiny checkpoint per family the cases below break, built once."""
+    root = tmp_path_factory.mktemp("families")
+    options = {"mistral": dict(sliding_window=4), "qwen2": dict(use_sliding_window=True, sliding_window=4),
+               "gemma2": dict(head_dim=16, sliding_window=4)}
+    return {name: make_checkpoint(root / name, name, **kwargs) for name, kwargs in options.items()}
+
+
+def family_src(good: Path, family_checkpoints: dict[str, Path], family: str, tmp_path: Path) -> Path:
+    return Path(shutil.copytree(good if family == "llama" else family_checkpoints[family], tmp_path / "src"))
+
+
+def set_config(src: Path, **changes: object) -> None:
+    """Unlike edit_config, None writes null (the key stays)."""
+    config = json.loads((src / "config.json").read_text())
+    (src / "config.json").write_text(json.dumps({**config, **changes}))
+
+
+# family, key, value, what the message must say besides config.json and the key
+BAD_CONFIG_VALUES = [
+    ("llama", "num_key_value_heads", 0, "num_key_value_heads=0 should be a positive integer"),
+    ("llama", "head_dim", 0, "head_dim=0 should be a positive integer"),
+    ("llama", "num_attention_heads", -4, "num_attention_heads=-4 should be a positive integer"),
+    ("llama", "hidden_size", 64.0, "hidden_size=64.0 should be a positive integer"),
+    ("llama", "num_hidden_layers", True, "num_hidden_layers=true should be a positive integer"),
+    ("llama", "num_key_value_heads", "2", 'num_key_value_heads="2" should be a positive integer'),
+    ("llama", "rms_norm_eps", 0, "rms_norm_eps=0 should be a positive number"),
+    ("llama", "max_position_embeddings", None, "max_position_embeddings=null is not allowed"),
+    ("llama", "tie_word_embeddings", 0, "tie_word_embeddings=0 should be a boolean"),
+    ("llama", "attention_bias", "false", 'attention_bias="false" should be a boolean'),
+    ("llama", "rope_parameters", {"rope_type": "default", "rope_theta": 0}, "rope_parameters.rope_theta=0"),
+    ("llama", "rope_parameters", {"rope_type": "linear", "factor": 0}, "rope_parameters.factor=0"),
+    ("mistral", "sliding_window", 0, "sliding_window=0 should be a positive integer"),
+    ("mistral", "num_key_value_heads", None, "num_key_value_heads=null is not allowed"),
+    ("qwen2", "max_window_layers", -1, "max_window_layers=-1 should be a non-negative integer"),
+    ("qwen2", "use_sliding_window", "true", 'use_sliding_window="true" should be a boolean'),
+    ("gemma2", "query_pre_attn_scalar", 0, "query_pre_attn_scalar=0 should be a positive number"),
+    ("gemma2", "final_logit_softcapping", 0, "final_logit_softcapping=0 should be a positive number"),
+    ("gemma2", "head_dim", None, "head_dim=null is not allowed"),
+]
+
+
+@pytest.mark.parametrize(("family", "key", "value", "says"), BAD_CONFIG_VALUES,
+                         ids=[f"{f}-{k}={json.dumps(v)}" for f, k, v, _ in BAD_CONFIG_VALUES])
+def test_config_value_is_refused_not_defaulted(good: Path, family_checkpoints: dict[str, Path], tmp_path: Path,
+                                               family: str, key: str, value: object, says: str) -> None:
+    src = family_src(good, family_checkpoints, family, tmp_path)
+    set_config(src, **{key: value})
+    proc, out = convert(src, tmp_path)
+    assert_clean_failure(proc, str(src / "config.json"), says, out=out)
+
+
+@pytest.mark.parametrize("command", ["verify", "inspect"])
+def test_zero_heads_are_refused_before_transformers_runs(src: Path, command: str) -> None:
+    """Before: convert took 0 for "unset", and verify died in transformers with ZeroDivisionError."""
+    set_config(src, num_key_value_heads=0)
+    assert_clean_failure(lmconvert(command, src), "config.json", "num_key_value_heads=0")
+
+
+@pytest.mark.parametrize("spelling", ["absent", "null"])
+def test_absent_or_null_head_dim_means_hidden_over_heads(src: Path, tmp_path: Path, spelling: str) -> None:
+    """LlamaConfig accepts a null head_dim and derives it, as it does for an absent one: so does lmconvert."""
+    if spelling == "absent":
+        edit_config(src, head_dim=None)
+    else:
+        set_config(src, head_dim=None)
+    proc, out = convert(src, tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads((out / "lmconvert.json").read_text())["arch"]["head_dim"] == 16

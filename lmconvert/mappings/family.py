@@ -1,4 +1,4 @@
-"""A family: its model_types, its tensor table, and its config translation both ways.
+"""A family: its model_types, its tensor table, and its config table (translation both ways).
 
 Whether a family can express a canonical config is decided by one generic test: translate the
 config to the family's config.json and back; every ArchConfig field that does not survive is a
@@ -7,12 +7,12 @@ variant the family cannot express, and the error names it.
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass, fields, is_dataclass
 from typing import Any
 
 from lmconvert.arch import ArchConfig, ConfigError
 
+from .config_table import ConfigTable
 from .errors import Inexpressible, MappingError
 from .table import TensorTable
 
@@ -43,9 +43,14 @@ class Family:
     model_types: tuple[str, ...]
     architecture: str  # the transformers class written into config.json on export
     tensors: TensorTable
-    from_hf: Callable[[dict[str, Any]], ArchConfig]
-    to_hf: Callable[[ArchConfig], dict[str, Any]]
+    config: ConfigTable
     note: str = ""  # said to the user on import, e.g. what is left out
+
+    def from_hf(self, data: dict[str, Any]) -> ArchConfig:
+        return self.config.from_hf(data)
+
+    def to_hf(self, cfg: ArchConfig) -> dict[str, Any]:
+        return self.config.to_hf(cfg)
 
     def arch_config(self, hf: dict[str, Any]) -> ArchConfig:
         try:

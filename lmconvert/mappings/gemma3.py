@@ -23,17 +23,14 @@ from typing import Any
 
 from lmconvert.arch import ArchConfig
 
-from . import gemma2, llama
+from . import gemma2, hf_rope, llama
+from .config_table import Entry, fixed
 from .errors import MappingError
 from .family import Family
-from .hf_config import HfConfig, layer_kinds_from_hf, rope_from_hf, rope_to_hf, window_fields
+from .hf_config import HfConfig, Key, show
+from .hf_layers import LAYER_TYPES_KEY, SLIDING_WINDOW_KEY, layer_kinds_from_hf, window_fields
 from .table import Rule, TensorTable
 
-DEFAULTS: dict[str, Any] = {
-    **gemma2.DEFAULTS, "vocab_size": 262_208, "max_position_embeddings": 131_072,
-    "final_logit_softcapping": None, "attn_logit_softcapping": None, "use_bidirectional_attention": False,
-    "sliding_window_pattern": 6, "rope_theta": 1_000_000.0, "rope_local_base_freq": 10_000.0,
-}
 MULTIMODAL_RULES = (
     Rule("language_model.lm_head.weight", "lm_head.weight"),  # untied, older layout
     Rule("vision_tower.*", None), Rule("multi_modal_projector.*", None),
@@ -41,7 +38,7 @@ MULTIMODAL_RULES = (
 )
 TENSORS = TensorTable(gemma2.TENSORS.rules + llama.QK_NORM_RULES + MULTIMODAL_RULES,
                       hf_prefixes=("model.language_model.", "language_model.model."))
-ROPE_KEYS = {"full_attention": "rope_theta", "sliding_attention": "rope_local_base_freq"}
+THETA_KEYS = {"full_attention": "rope_theta", "sliding_attention": "rope_local_base_freq"}  # older files
 
 
 def text_config(data: dict[str, Any]) -> dict[str, Any]:
@@ -51,48 +48,66 @@ def text_config(data: dict[str, Any]) -> dict[str, Any]:
         return data
     text = data.get("text_config") or {}
     if not isinstance(text, dict):
-        raise MappingError(f"config.json: text_config={text!r} should be an object")
+        raise MappingError(f"config.json: text_config={show(text)} should be a JSON object")
+    tie = data.get("tie_word_embeddings", True)
+    if tie is not None and not isinstance(tie, bool):
+        raise MappingError(f"config.json: tie_word_embeddings={show(tie)} should be true or false; "
+                           f"remove the key for the default (true)")
     text = dict(text)
-    text["tie_word_embeddings"] = bool(data.get("tie_word_embeddings", True))  # null: untied, as in transformers
+    text["tie_word_embeddings"] = bool(tie)  # null: untied, as in transformers
     text["final_logit_softcapping"] = None
     return text
 
 
+def window_from_hf(hf: HfConfig, fields: dict[str, Any]) -> dict[str, Any]:
+    pattern = hf.get("sliding_window_pattern")
+    kinds = layer_kinds_from_hf(hf, fields["n_layers"], lambda i: (i + 1) % pattern != 0)
+    return window_fields(kinds, hf.get("sliding_window"))
+
+
 def rope_by_layer_type(hf: HfConfig) -> dict[str, dict[str, Any]]:
     """Per-layer-type rope parameter dicts, merged the way Gemma3TextConfig does it."""
-    nested, scaling = hf.data.get("rope_parameters") or {}, hf.data.get("rope_scaling")
-    params = {kind: copy.deepcopy(nested.get(kind)) or {"rope_type": "default"}
-              for kind in ROPE_KEYS} if isinstance(nested, dict) else {}
-    if not params or not all(isinstance(p, dict) for p in params.values()) or not isinstance(scaling, dict | None):
-        raise MappingError("config.json: rope_parameters should be an object holding a 'sliding_attention' and a "
-                           "'full_attention' object, and rope_scaling an object")
+    nested, scaling = hf.get("rope_parameters") or {}, hf.get("rope_scaling")
+    params = {}
+    for kind in THETA_KEYS:
+        value = nested.get(kind)
+        if not isinstance(value, dict | None):
+            raise MappingError(f"config.json: rope_parameters.{kind}={show(value)} should be a JSON object")
+        params[kind] = copy.deepcopy(value) or {"rope_type": "default"}
     if scaling:
         params["full_attention"].update(scaling)
-    for kind, key in ROPE_KEYS.items():
-        params[kind].setdefault("rope_theta", hf.get(key, float))
     return params
 
 
-def from_hf(data: dict[str, Any]) -> ArchConfig:
-    hf = HfConfig(text_config(data), DEFAULTS)
-    fields = gemma2.gemma_fields(hf)
-    pattern = hf.positive("sliding_window_pattern", int)
-    kinds = layer_kinds_from_hf(hf, fields["n_layers"], lambda i: (i + 1) % pattern != 0)
-    params = rope_by_layer_type(hf)
-    full, sliding = (rope_from_hf(hf, params[k]) for k in ("full_attention", "sliding_attention"))
+def rope_from_hf(hf: HfConfig, fields: dict[str, Any]) -> dict[str, Any]:
+    """Full layers use `rope`, sliding ones `rope_local` (None when it is the same)."""
+    params, kinds = rope_by_layer_type(hf), fields["layer_kinds"]
+    full, sliding = (hf_rope.rope_from_hf(hf, params[k], f"rope_parameters.{k}.", theta=hf.get(THETA_KEYS[k]))
+                     for k in ("full_attention", "sliding_attention"))
     if "global" not in kinds:
         full = sliding
-    return ArchConfig(**fields, qk_norm="head", rope=full,
-                      rope_local=sliding if "local" in kinds and sliding != full else None,
-                      final_softcap=hf.get("final_logit_softcapping", float),
-                      **window_fields(kinds, hf.get("sliding_window", int)))
+    return {"rope": full, "rope_local": sliding if "local" in kinds and sliding != full else None}
 
 
-def to_hf(cfg: ArchConfig) -> dict[str, Any]:
-    rope = {"full_attention": rope_to_hf(cfg.rope), "sliding_attention": rope_to_hf(cfg.rope_local or cfg.rope)}
-    return {**gemma2.gemma_to_hf(cfg), "rope_parameters": rope, "final_logit_softcapping": cfg.final_softcap}
+def rope_to_hf(cfg: ArchConfig) -> dict[str, Any]:
+    return {"rope_parameters": {"full_attention": hf_rope.rope_to_hf(cfg.rope),
+                                "sliding_attention": hf_rope.rope_to_hf(cfg.rope_local or cfg.rope)}}
 
 
-FAMILY = Family("gemma3", ("gemma3_text", "gemma3"), "Gemma3ForCausalLM", TENSORS, from_hf, to_hf,
+CONFIG = gemma2.CONFIG.but(
+    drop=("attn_logit_softcapping", "rope"),
+    add=(
+        fixed("QK norm", qk_norm="head"),
+        Entry("layer kinds", (SLIDING_WINDOW_KEY, LAYER_TYPES_KEY, Key("sliding_window_pattern", int, 6, legacy=True)),
+              window_from_hf, gemma2.window_to_hf),
+        Entry("rope by layer type", (*hf_rope.KEYS, Key("rope_local_base_freq", float, 10_000.0, legacy=True)),
+              rope_from_hf, rope_to_hf),
+    ),
+    defaults={"vocab_size": 262_208, "max_position_embeddings": 131_072, "final_logit_softcapping": None,
+              "use_bidirectional_attention": False, "rope_theta": 1_000_000.0},
+    decoder=text_config,
+)
+
+FAMILY = Family("gemma3", ("gemma3_text", "gemma3"), "Gemma3ForCausalLM", TENSORS, CONFIG,
                 note="Gemma3ForConditionalGeneration (model_type gemma3): only the text decoder is converted; "
                      "the vision tower and multi-modal projector were left out")

@@ -4,8 +4,8 @@ Pre-norm RMSNorm (weight applied after the cast back), gated SiLU MLP, half-rota
 of the scaling types, optional biases via `attention_bias` / `mlp_bias`, head_dim free of
 hidden/heads, and an `lm_head` that is absent from the files when the embeddings are tied.
 
-The rules and helpers here are the shared vocabulary of the llama-style families: they import
-them and state only how they differ.
+The rules, rows and config table here are the shared vocabulary of the llama-style families: they
+import them and state only how they differ (`CONFIG.but(...)`).
 """
 
 from __future__ import annotations
@@ -14,15 +14,11 @@ from typing import Any
 
 from lmconvert.arch import ArchConfig, NormConfig
 
+from .config_table import ConfigTable, Entry, plain
 from .family import Family
-from .hf_config import ACTIVATIONS_TO_HF, HfConfig, activation_from_hf, rope_from_hf, rope_parameters, rope_to_hf
+from .hf_config import Key
+from .hf_rope import rope
 from .table import Rule, TensorTable
-
-DEFAULTS: dict[str, Any] = {
-    "vocab_size": 32000, "hidden_size": 4096, "intermediate_size": 11008, "num_hidden_layers": 32,
-    "num_attention_heads": 32, "hidden_act": "silu", "max_position_embeddings": 2048, "rms_norm_eps": 1e-6,
-    "tie_word_embeddings": False, "attention_bias": False, "mlp_bias": False, "rope_theta": 10000.0,
-}
 
 ATTENTION_RULES = tuple(
     Rule(f"model.layers.{{}}.self_attn.{hf}_proj.{p}", f"layers.{{}}.attn.{c}.{p}")
@@ -49,39 +45,23 @@ QK_NORM_RULES = (
 TENSORS = TensorTable(EDGE_RULES + ATTENTION_RULES + MLP_RULES + PRE_NORM_RULES)
 
 
-def base_fields(hf: HfConfig) -> dict[str, Any]:
-    """The ArchConfig fields every llama-style config.json states the same way. Absent
-    `num_key_value_heads` and `head_dim` take the family's DEFAULTS, else MHA and hidden/heads."""
-    d, heads = hf.get("hidden_size", int), hf.get("num_attention_heads", int)
-    return dict(
-        vocab_size=hf.get("vocab_size", int), d_model=d, n_layers=hf.get("num_hidden_layers", int),
-        n_heads=heads, n_kv_heads=hf.get("num_key_value_heads", int, hf.defaults.get("num_key_value_heads")) or heads,
-        head_dim=hf.get("head_dim", int, hf.defaults.get("head_dim")) or d // heads,
-        d_ff=hf.get("intermediate_size", int), max_positions=hf.get("max_position_embeddings", int),
-        tie_embeddings=hf.get("tie_word_embeddings", bool),
-        attn_dropout=hf.get("attention_dropout", float, 0.0) or 0.0,
-    )
+ACTIVATIONS_FROM_HF = {"silu": "silu", "swish": "silu", "gelu": "gelu", "gelu_pytorch_tanh": "gelu_tanh",
+                       "relu": "relu", "relu2": "relu2"}
+ACTIVATIONS_TO_HF = {"silu": "silu", "gelu": "gelu", "gelu_tanh": "gelu_pytorch_tanh", "relu": "relu",
+                     "relu2": "relu2"}
 
 
-def base_to_hf(cfg: ArchConfig) -> dict[str, Any]:
-    return {
-        "vocab_size": cfg.vocab_size, "hidden_size": cfg.d_model, "intermediate_size": cfg.d_ff,
-        "num_hidden_layers": cfg.n_layers, "num_attention_heads": cfg.n_heads,
-        "num_key_value_heads": cfg.n_kv_heads, "head_dim": cfg.head_dim,
-        "max_position_embeddings": cfg.max_positions, "rms_norm_eps": cfg.norm.eps,
-        "tie_word_embeddings": cfg.tie_embeddings, "rope_parameters": rope_to_hf(cfg.rope),
-        "attention_dropout": cfg.attn_dropout,
-    }
+def activation(key: str, default: str) -> Entry:
+    """The MLP activation, under the key the family reads it from."""
+    return plain(key, "activation", str, default, name="activation", choices=ACTIVATIONS_FROM_HF,
+                 read=ACTIVATIONS_FROM_HF.__getitem__, write=ACTIVATIONS_TO_HF.__getitem__)
 
 
-def llama_fields(hf: HfConfig) -> dict[str, Any]:
-    """base_fields plus llama's norm, `hidden_act` and single RoPE: what llama-style families share."""
-    return {**base_fields(hf), "norm": NormConfig(eps=hf.get("rms_norm_eps", float)),
-            "activation": activation_from_hf(hf, "hidden_act"), "rope": rope_from_hf(hf, rope_parameters(hf))}
-
-
-def llama_to_hf(cfg: ArchConfig) -> dict[str, Any]:
-    return {**base_to_hf(cfg), "hidden_act": ACTIVATIONS_TO_HF[cfg.activation]}
+def norm(eps: float, **constants: Any) -> Entry:
+    """`rms_norm_eps` <-> norm.eps; `constants` are the NormConfig fields the family fixes."""
+    return Entry("norm", (Key("rms_norm_eps", float, eps),),
+                 lambda hf, _: {"norm": NormConfig(eps=hf.get("rms_norm_eps"), **constants)},
+                 lambda cfg: {"rms_norm_eps": cfg.norm.eps})
 
 
 def attention_biases(flag: bool) -> dict[str, bool]:
@@ -95,14 +75,28 @@ def attention_bias_of(cfg: ArchConfig) -> bool:
     return cfg.q_bias and cfg.k_bias and cfg.v_bias and cfg.o_bias
 
 
-def from_hf(data: dict[str, Any]) -> ArchConfig:
-    hf = HfConfig(data, DEFAULTS)
-    return ArchConfig(**llama_fields(hf), **attention_biases(hf.get("attention_bias", bool)),
-                      mlp_bias=hf.get("mlp_bias", bool))
+ATTENTION_BIAS = Entry("attention_bias", (Key("attention_bias", bool, False),),
+                       lambda hf, _: attention_biases(hf.get("attention_bias")),
+                       lambda cfg: {"attention_bias": attention_bias_of(cfg)})
 
+# config.json key, ArchConfig field, JSON type, what an absent key means (transformers' default)
+CONFIG = ConfigTable((
+    plain("vocab_size", "vocab_size", int, 32000),
+    plain("hidden_size", "d_model", int, 4096),
+    plain("intermediate_size", "d_ff", int, 11008),
+    plain("num_hidden_layers", "n_layers", int, 32),
+    plain("num_attention_heads", "n_heads", int, 32),
+    plain("num_key_value_heads", "n_kv_heads", int, None, nullable=True),  # absent or null: one per head
+    plain("head_dim", "head_dim", int, None, nullable=True),  # absent or null: hidden_size / heads
+    plain("max_position_embeddings", "max_positions", int, 2048),
+    plain("tie_word_embeddings", "tie_embeddings", bool, False),
+    plain("attention_dropout", "attn_dropout", float, 0.0, nullable=True, bound="probability",
+          read=lambda p: 0.0 if p is None else p),
+    norm(1e-6),
+    activation("hidden_act", "silu"),
+    rope(),
+    ATTENTION_BIAS,
+    plain("mlp_bias", "mlp_bias", bool, False),
+))
 
-def to_hf(cfg: ArchConfig) -> dict[str, Any]:
-    return {**llama_to_hf(cfg), "attention_bias": attention_bias_of(cfg), "mlp_bias": cfg.mlp_bias}
-
-
-FAMILY = Family("llama", ("llama",), "LlamaForCausalLM", TENSORS, from_hf, to_hf)
+FAMILY = Family("llama", ("llama",), "LlamaForCausalLM", TENSORS, CONFIG)

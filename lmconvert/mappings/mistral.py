@@ -16,31 +16,30 @@ from typing import Any
 from lmconvert.arch import ArchConfig
 
 from . import llama
+from .config_table import Entry
 from .family import Family
-from .hf_config import HfConfig, layer_kinds_from_hf, layer_types_to_hf, window_fields
-
-DEFAULTS: dict[str, Any] = {
-    "vocab_size": 32000, "hidden_size": 4096, "intermediate_size": 14336, "num_hidden_layers": 32,
-    "num_attention_heads": 32, "num_key_value_heads": 8, "head_dim": None, "hidden_act": "silu",
-    "max_position_embeddings": 4096 * 32, "rms_norm_eps": 1e-6, "tie_word_embeddings": False,
-    "rope_theta": 10000.0, "sliding_window": 4096,
-}
+from .hf_config import HfConfig
+from .hf_layers import LAYER_TYPES_KEY, SLIDING_WINDOW_KEY, layer_kinds_from_hf, layer_types_to_hf, window_fields
 
 
-def from_hf(data: dict[str, Any]) -> ArchConfig:
-    hf = HfConfig(data, DEFAULTS)
-    fields = llama.llama_fields(hf)
-    window = hf.get("sliding_window", int)
-    kinds = layer_kinds_from_hf(hf, fields["n_layers"], lambda i: window is not None)
-    return ArchConfig(**fields, **window_fields(kinds, window))
+def window_from_hf(hf: HfConfig, fields: dict[str, Any]) -> dict[str, Any]:
+    window = hf.get("sliding_window")
+    return window_fields(layer_kinds_from_hf(hf, fields["n_layers"], lambda i: window is not None), window)
 
 
-def to_hf(cfg: ArchConfig) -> dict[str, Any]:
+def window_to_hf(cfg: ArchConfig) -> dict[str, Any]:
     # null, not absent: an absent key would mean the 4096 default
-    out = {**llama.llama_to_hf(cfg), "sliding_window": cfg.sliding_window}
+    out: dict[str, Any] = {"sliding_window": cfg.sliding_window}
     if len(set(cfg.layer_kinds)) > 1:  # as the source file had it: AutoConfig reads it as Ministral
         out["layer_types"] = layer_types_to_hf(cfg.layer_kinds)
     return out
 
 
-FAMILY = Family("mistral", ("mistral",), "MistralForCausalLM", llama.TENSORS, from_hf, to_hf)
+CONFIG = llama.CONFIG.but(
+    drop=("attention_bias", "mlp_bias"),
+    add=(Entry("layer kinds", (SLIDING_WINDOW_KEY, LAYER_TYPES_KEY), window_from_hf, window_to_hf),),
+    defaults={"intermediate_size": 14336, "num_key_value_heads": 8, "max_position_embeddings": 4096 * 32},
+    nullable={"num_key_value_heads": False, "attention_dropout": False},
+)
+
+FAMILY = Family("mistral", ("mistral",), "MistralForCausalLM", llama.TENSORS, CONFIG)

@@ -1,0 +1,189 @@
+"""Config translation as data: every family's key table, checked against transformers' own config
+classes.
+
+Both directions are derived from one table, so they must be inverses. For configs that
+transformers itself writes, `to_hf(from_hf(c))` gives back every key the table declares that `c`
+states, and `from_hf(to_hf(arch)) == arch`. A key that has no effect on the model (a window no layer
+uses, the RoPE of a layer type no layer has) cannot survive ArchConfig, which keeps only what
+computes; such configs are checked by the second property alone. The table's defaults and its null
+rules are transformers' own; a value of the wrong type or range is refused naming the key.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import pytest
+from hf_models import TINY
+from transformers import AutoConfig
+
+from lmconvert.mappings import BY_MODEL_TYPE, FAMILIES, MappingError, family_for
+
+S, F = "sliding_attention", "full_attention"
+LLAMA3 = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+          "original_max_position_embeddings": 32, "rope_theta": 500000.0}
+YARN = {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 32, "rope_theta": 1e6}
+LINEAR = {"rope_type": "linear", "factor": 2.0, "rope_theta": 1e6}
+QWEN_WINDOW = dict(num_hidden_layers=3, use_sliding_window=True, sliding_window=4, max_window_layers=1)
+GEMMA = dict(head_dim=16, sliding_window=4, query_pre_attn_scalar=24)
+
+# model_type -> variants in which every stated key takes effect
+VARIANTS: dict[str, list[dict[str, Any]]] = {
+    "llama": [{}, dict(attention_bias=True, mlp_bias=True, rope_parameters=LLAMA3),
+              dict(head_dim=32, num_key_value_heads=1, tie_word_embeddings=True, rope_parameters=YARN),
+              dict(rope_parameters={"rope_type": "dynamic", "factor": 2.0, "rope_theta": 1e4}, rms_norm_eps=1e-5)],
+    "mistral": [{}, dict(sliding_window=None), dict(sliding_window=4, head_dim=24, layer_types=[F, S])],
+    "qwen2": [{}, QWEN_WINDOW, dict(tie_word_embeddings=True, rope_parameters=YARN)],
+    "qwen3": [{}, dict(QWEN_WINDOW, head_dim=16, attention_bias=True, rope_parameters=LINEAR)],
+    "gemma2": [{}, dict(GEMMA, attention_bias=True, attn_logit_softcapping=2.0, final_logit_softcapping=3.0),
+               dict(GEMMA, attn_logit_softcapping=None, final_logit_softcapping=None, layer_types=[F, S])],
+    "gemma3_text": [dict(num_hidden_layers=6),
+                    dict(GEMMA, num_hidden_layers=3, sliding_window_pattern=2, final_logit_softcapping=3.0,
+                         rope_parameters={S: {"rope_type": "default", "rope_theta": 20000.0}, F: LINEAR})],
+    "olmo2": [{}, dict(attention_bias=True, rope_parameters={"rope_type": "default", "rope_theta": 5e5})],
+}
+# configs with keys that have no effect, as Hub files have them: same ArchConfig, not the same keys
+INERT: dict[str, list[dict[str, Any]]] = {
+    "qwen2": [dict(use_sliding_window=False, sliding_window=4, max_window_layers=1)],
+    "gemma3_text": [{}],  # two layers, both sliding: the full-attention RoPE is unused
+    "mistral": [dict(sliding_window=4, layer_types=[S, S])],  # the pattern without layer_types
+}
+CASES = [(t, v) for t, variants in VARIANTS.items() for v in variants]
+ALL_CASES = CASES + [(t, v) for t, variants in INERT.items() for v in variants]
+
+
+def case_id(case: Any) -> str:
+    return ",".join(sorted(case)) or "defaults" if isinstance(case, dict) else str(case)
+
+
+def transformers_config(model_type: str, variant: dict[str, Any]) -> dict[str, Any]:
+    """config.json as transformers writes it for this variant of a tiny model."""
+    return AutoConfig.for_model(model_type, **{**TINY, **variant}).to_dict()
+
+
+def written_keys(model_type: str) -> list[str]:
+    return [name for name, key in family_for(model_type).config.keys.items() if not key.legacy]
+
+
+def test_every_model_type_has_variants() -> None:
+    assert set(VARIANTS) == set(BY_MODEL_TYPE) - {"gemma3"}  # gemma3: the multimodal wrapper of gemma3_text
+
+
+@pytest.mark.parametrize(("model_type", "variant"), CASES, ids=case_id)
+def test_to_hf_gives_back_every_declared_key(model_type: str, variant: dict[str, Any]) -> None:
+    config = transformers_config(model_type, variant)
+    family = family_for(model_type)
+    out = family.to_hf(family.from_hf(config))
+    declared = written_keys(model_type)
+    assert set(out) <= set(declared)
+    stated = [k for k in declared if k in config]
+    assert len(stated) >= 12, stated
+    assert {k: out.get(k, "<absent>") for k in stated} == {k: config[k] for k in stated}
+
+
+@pytest.mark.parametrize(("model_type", "variant"), ALL_CASES, ids=case_id)
+def test_from_hf_of_to_hf_is_the_identity(model_type: str, variant: dict[str, Any]) -> None:
+    family = family_for(model_type)
+    arch = family.from_hf(transformers_config(model_type, variant))
+    assert family.from_hf(family.to_hf(arch)) == arch
+
+
+@pytest.mark.parametrize("model_type", VARIANTS)
+def test_defaults_and_nulls_are_transformers_own(model_type: str) -> None:
+    """For every key transformers' config class declares: the same default, and null accepted
+    exactly where transformers accepts it."""
+    config_class = type(AutoConfig.for_model(model_type))
+    theirs = {f.name: f for f in dataclasses.fields(config_class)}
+    checked = []
+    for name in written_keys(model_type):
+        if name not in theirs:  # e.g. head_dim in qwen2: an extra key transformers reads if stated
+            continue
+        key = family_for(model_type).config.keys[name]
+        if theirs[name].default is not dataclasses.MISSING:
+            assert key.default == theirs[name].default, name
+        try:
+            AutoConfig.for_model(model_type, **{**TINY, name: None})
+            takes_null = True
+        except Exception:  # noqa: BLE001 - transformers' strict validation raises its own types
+            takes_null = False
+        assert key.nullable == takes_null, name
+        checked.append(name)
+    assert len(checked) >= 10, checked
+
+
+@pytest.mark.parametrize("model_type", VARIANTS)
+def test_null_means_what_transformers_makes_of_it(model_type: str) -> None:
+    """Where null is allowed, our reading of it equals our reading of the value transformers
+    resolves it to (hidden_size / heads for head_dim, one KV head per head...), or both are refused
+    (a null window for sliding layers, which transformers cannot run either)."""
+    family = family_for(model_type)
+
+    def reading(config: dict[str, Any]) -> object:
+        try:
+            return family.from_hf(config)
+        except MappingError:
+            return MappingError
+
+    for name, key in family.config.keys.items():
+        if not key.nullable or key.legacy:
+            continue
+        raw = {**transformers_config(model_type, {}), name: None}
+        resolved = AutoConfig.for_model(model_type, **{**TINY, name: None}).to_dict()
+        assert reading(raw) == reading(resolved), name
+
+
+# a key, a bad value, a fragment the message must hold
+BAD_VALUES = [
+    ("num_key_value_heads", 0, "positive integer"), ("head_dim", 0, "positive integer"),
+    ("num_attention_heads", -4, "positive integer"), ("hidden_size", 64.0, "integer"),
+    ("num_hidden_layers", True, "integer"), ("vocab_size", "128", "integer"),
+    ("intermediate_size", None, "not allowed"), ("max_position_embeddings", 0, "positive integer"),
+    ("rms_norm_eps", 0, "positive number"), ("rms_norm_eps", "1e-6", "number"),
+    ("tie_word_embeddings", 1, "boolean"), ("attention_dropout", 1.5, "in [0, 1)"),
+    ("rope_parameters", [10000.0], "JSON object"),
+]
+
+
+@pytest.mark.parametrize("model_type", VARIANTS)
+@pytest.mark.parametrize(("key", "value", "fragment"), BAD_VALUES, ids=lambda x: str(x))
+def test_bad_values_are_refused_naming_the_key(model_type: str, key: str, value: Any, fragment: str) -> None:
+    config = {"model_type": model_type, key: value}
+    with pytest.raises(MappingError) as caught:
+        family_for(model_type).arch_config(config)
+    message = str(caught.value)
+    assert message.startswith("config.json: ") and "\n" not in message
+    assert key in message and fragment in message, message
+
+
+@pytest.mark.parametrize(("model_type", "key", "value", "fragment"), [
+    ("llama", "rope_parameters", {"rope_type": "default", "rope_theta": 0}, "rope_parameters.rope_theta=0"),
+    ("llama", "rope_scaling", {"rope_type": "linear", "factor": 0}, "rope_scaling.factor=0"),
+    ("llama", "rope_parameters", {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": "1"},
+     'rope_parameters.low_freq_factor="1"'),
+    ("llama", "hidden_act", "swiglu", "not supported"),
+    ("mistral", "sliding_window", 0, "sliding_window=0"), ("mistral", "num_key_value_heads", None, "not allowed"),
+    ("qwen2", "max_window_layers", -1, "non-negative integer"), ("qwen2", "use_sliding_window", "false", "boolean"),
+    ("qwen3", "head_dim", None, "not allowed"),
+    ("gemma2", "query_pre_attn_scalar", 0, "positive number"), ("gemma2", "final_logit_softcapping", 0, "positive"),
+    ("gemma2", "head_dim", None, "not allowed"), ("gemma2", "layer_types", "sliding", "list"),
+    ("gemma3_text", "sliding_window_pattern", 0, "positive integer"),
+    ("gemma3_text", "rope_parameters", {F: {"rope_type": "default", "rope_theta": -1.0}},
+     "rope_parameters.full_attention.rope_theta=-1.0"),
+    ("gemma3", "tie_word_embeddings", "yes", "true or false"),
+    ("gemma3", "text_config", {"num_key_value_heads": 0}, "num_key_value_heads=0"),
+])
+def test_family_keys_are_checked(model_type: str, key: str, value: Any, fragment: str) -> None:
+    with pytest.raises(MappingError, match="^config.json: ") as caught:
+        family_for(model_type).arch_config({"model_type": model_type, key: value})
+    assert fragment in str(caught.value), str(caught.value)
+
+
+def test_only_an_absent_or_null_head_dim_is_derived() -> None:
+    llama = FAMILIES["llama"]
+    base = {"model_type": "llama", **TINY}
+    derived = llama.arch_config(base).head_dim
+    assert derived == TINY["hidden_size"] // TINY["num_attention_heads"]
+    assert llama.arch_config({**base, "head_dim": None}).head_dim == derived
+    with pytest.raises(MappingError, match="head_dim=0"):
+        llama.arch_config({**base, "head_dim": 0})
