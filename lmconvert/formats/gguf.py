@@ -39,6 +39,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from .checkpoint_files import within
 from .errors import InputError
 from .source import Loadable, Source
 
@@ -523,6 +524,7 @@ def open_gguf(path: Path) -> Source:
     target = gguf_file_of(path)
     if target is None:
         raise InputError(f"{path}: not a GGUF file or a directory holding one")
+    within(path, target.name)  # the .gguf in a directory SRC; a .gguf file named directly is the user's choice
     file = GgufFile(target)
     try:
         file.check_types()

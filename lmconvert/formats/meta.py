@@ -19,6 +19,7 @@ from typing import Any
 
 import torch
 
+from .checkpoint_files import within
 from .errors import InputError
 from .meta_layout import EMBEDDING, IGNORED, Kind, Layout, LayoutError, hf_config, model_params
 from .source import CANNOT_LOAD_META, Loadable, Source
@@ -150,6 +151,7 @@ def write_tokenizer(directory: Path, out: Path) -> list[str]:
 
 
 def open_meta(path: Path) -> Source:
+    within(path, PARAMS, TOKENIZER, *(p.name for p in path.glob("consolidated.*.pth")))
     params = read_params(path)
     inner = model_params(params)
     files = shard_files(path)
