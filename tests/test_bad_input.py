@@ -788,6 +788,13 @@ def test_an_unexpected_exception_exits_3_as_a_bug(good: Path, raised: str) -> No
     assert proc.returncode not in (0, 2, 3) and "Traceback" in proc.stderr and kind in proc.stderr
 
 
+def test_an_error_stays_one_line_whatever_a_file_name_holds(src: Path, tmp_path: Path) -> None:
+    shard(src)
+    edit_index(src, lambda m: m.update({"model.norm.weight": "evil\nname\r.safetensors"}))
+    proc, out = convert(src, tmp_path)
+    assert_clean_failure(proc, "evil\\nname\\r.safetensors", out=out)
+
+
 # ---------------------------------------------------------------- 7. smaller things
 
 @pytest.mark.parametrize("umask", [0o022, 0o077])

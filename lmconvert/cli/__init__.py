@@ -38,7 +38,9 @@ Exit codes:
 
 
 def _fail(message: str, code: int) -> None:
-    click.echo(f"lmconvert: error: {message}", err=True)
+    """One line, whatever a file name in the message holds: control characters are escaped."""
+    line = "".join(c if c.isprintable() else repr(c)[1:-1] for c in message)
+    click.echo(f"lmconvert: error: {line}", err=True)
     sys.exit(code)
 
 

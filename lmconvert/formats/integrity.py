@@ -75,7 +75,7 @@ def check_files(checkpoint: Path) -> IntegrityReport:
     recorded += [(name, lambda p, e=expected: _shard_intact(p, e, algorithm)) for name, expected in meta.shards.items()]
     paths = {name: listed_file(checkpoint, name) for name, _ in recorded}  # refuses ../x before reading anything
     report.unlisted_files = sorted(p.name for p in checkpoint.iterdir() if p.name not in {META_FILE, *paths})
-    for name, intact in sorted(recorded):
+    for name, intact in sorted(recorded, key=lambda item: item[0]):  # a name may be listed twice
         path = paths[name]
         if not path.is_file():
             report.missing_files.append(name)
