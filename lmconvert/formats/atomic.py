@@ -127,7 +127,7 @@ def _alive(pid: int) -> bool:
 def _restore_or_remove(old: Path, out: Path) -> None:
     """A replaced output left by a killed run: OUT again if OUT is missing, else no longer needed."""
     if os.path.lexists(out):
-        shutil.rmtree(old, ignore_errors=True)
+        shutil.rmtree(old)
     else:
         os.rename(old, out)
 
@@ -148,24 +148,33 @@ def _leftover(name: str, out: Path) -> tuple[str, int | None] | None:
     return None
 
 
+def _age(path: Path) -> float:
+    try:
+        return path.lstat().st_ctime
+    except OSError:  # cleaned up meanwhile by another run
+        return 0.0
+
+
 def remove_stale(out: Path) -> None:
-    """Clean up after runs for `out` that were killed (their pid is gone), the newest first."""
-    found = sorted(out.parent.glob(glob.escape(f".{out.name}.") + "*"), key=lambda p: p.lstat().st_ctime,
-                   reverse=True)
-    for path in found:
+    """Clean up after runs for `out` that were killed (their pid is gone), the newest first. What
+    cannot be cleaned now (another run got there first) is left for the next run."""
+    for path in sorted(out.parent.glob(glob.escape(f".{out.name}.") + "*"), key=_age, reverse=True):
         leftover = _leftover(path.name, out)
         if leftover is None or not path.is_dir() or path.is_symlink():
             continue
         kind, pid = leftover
         if pid is not None and _alive(pid):
             continue
-        if kind == WRITING:
-            shutil.rmtree(path, ignore_errors=True)
-        elif pid is not None:
-            _restore_or_remove(path, out)
-        elif os.listdir(path) == [out.name]:  # lmconvert 0.1 moved OUT into this directory
-            _restore_or_remove(path / out.name, out)
-            shutil.rmtree(path, ignore_errors=True)
+        try:
+            if kind == WRITING:
+                shutil.rmtree(path)
+            elif pid is not None:
+                _restore_or_remove(path, out)
+            elif os.listdir(path) == [out.name]:  # lmconvert 0.1 moved OUT into this directory
+                _restore_or_remove(path / out.name, out)
+                path.rmdir()
+        except OSError:
+            continue
 
 
 def _new_directory(out: Path) -> Path:
