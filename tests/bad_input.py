@@ -43,5 +43,21 @@ def assert_clean_failure(proc: Result, *fragments: str, out: Path | None = None,
         assert fragment in err, (fragment, err)
     if out is not None:
         assert not out.exists()
-        assert not list(out.parent.glob(f".{out.name}.tmp-*")), "temporary files left behind"
+        assert not list(out.parent.glob(f".{out.name}.lmconvert-*")), "temporary files left behind"
     return err
+
+
+def lmconvert_run(*args: object, umask: int | None = None, **kwargs: object) -> Result:
+    """A real `lmconvert` process, run to the end (with `umask`, if given)."""
+    if umask is not None:
+        kwargs["preexec_fn"] = lambda: os.umask(umask)
+    proc = lmconvert_process(*args, **kwargs)
+    stdout, stderr = proc.communicate()
+    return Result(proc.returncode, stdout, stderr)
+
+
+def dead_pid() -> int:
+    """The pid of a process that has ended: what a killed run leaves in its temporary names."""
+    proc = subprocess.Popen(["true"])
+    proc.wait()
+    return proc.pid

@@ -11,11 +11,12 @@ import shutil
 import signal
 import struct
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 import torch
-from bad_input import Result, assert_clean_failure, lmconvert, lmconvert_process
+from bad_input import Result, assert_clean_failure, dead_pid, lmconvert, lmconvert_process, lmconvert_run
 from hf_models import make_checkpoint
 from safetensors import safe_open
 from safetensors.torch import load_file, save_file
@@ -316,7 +317,8 @@ def test_interrupted_conversions_leave_nothing_half_written(larger: Path, tmp_pa
     def started() -> subprocess.Popen:
         proc = lmconvert_process("convert", larger, out, "--force")
         deadline = time.monotonic() + 60
-        while proc.poll() is None and not list(tmp_path.glob(".out.tmp-*")) and time.monotonic() < deadline:
+        while (proc.poll() is None and not list(tmp_path.glob(".out.lmconvert-writing-*"))
+               and time.monotonic() < deadline):
             time.sleep(0.001)  # until the writing has started
         return proc
 
@@ -339,7 +341,7 @@ def test_interrupted_conversions_leave_nothing_half_written(larger: Path, tmp_pa
     proc = lmconvert("convert", larger, out)
     assert proc.returncode == 0, proc.stderr
     assert lmconvert("verify", out, "--files").returncode == 0
-    assert not list(tmp_path.glob(".out.tmp-*")), "a killed run's temporary directory was not cleaned up"
+    assert not list(tmp_path.glob(".out.lmconvert-*")), "a killed run's temporary directory was not cleaned up"
 
 
 # ---------------------------------------------------------------- integrity
@@ -482,3 +484,423 @@ def test_absent_or_null_head_dim_means_hidden_over_heads(src: Path, tmp_path: Pa
     proc, out = convert(src, tmp_path)
     assert proc.returncode == 0, proc.stderr
     assert json.loads((out / "lmconvert.json").read_text())["arch"]["head_dim"] == 16
+
+
+# --- outputs, paths, manifest, exit codes (issue 13, sections 1-3, 6-7) ---
+
+def tree(path: Path) -> dict[str, bytes]:
+    """Every file under `path` and its bytes (a symlink as its target), to show nothing changed."""
+    return {str(p.relative_to(path)): os.readlink(p).encode() if p.is_symlink() else p.read_bytes()
+            for p in sorted(path.rglob("*")) if p.is_file() or p.is_symlink()}
+
+
+@pytest.fixture(scope="module")
+def meta_ready(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A LLaMA whose FFN size Meta's layout can state (multiple_of 32 from dim 64: 192)."""
+    return make_checkpoint(tmp_path_factory.mktemp("meta_ready") / "hf", intermediate_size=192)
+
+
+@pytest.fixture(scope="module")
+def canonical_ready(meta_ready: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("canonical_ready") / "can"
+    assert lmconvert("convert", meta_ready, out).returncode == 0
+    return out
+
+
+@pytest.fixture
+def can(canonical_ready: Path, tmp_path: Path) -> Path:
+    """A fresh copy of a canonical checkpoint for a test to break."""
+    return Path(shutil.copytree(canonical_ready, tmp_path / "can"))
+
+
+def edit_description(can: Path, fn) -> None:  # noqa: ANN001
+    path = can / "lmconvert.json"
+    meta = json.loads(path.read_text())
+    fn(meta)
+    path.write_text(json.dumps(meta))
+
+
+# ---------------------------------------------------------------- 1. never destroy what the user did not ask to replace
+
+@pytest.mark.parametrize("spelling", ["parent", "parent through ..", "symlink to parent", "itself",
+                                      "symlink to itself"])
+def test_force_never_replaces_a_directory_holding_the_input(good: Path, tmp_path: Path, spelling: str) -> None:
+    """`convert P/src P --force` used to delete the source model and every other file in P."""
+    parent = tmp_path / "P"
+    parent.mkdir()
+    src = Path(shutil.copytree(good, parent / "src"))
+    (parent / "notes.txt").write_text("mine")
+    (tmp_path / "link-to-P").symlink_to(parent)
+    (tmp_path / "link-to-src").symlink_to(src)
+    out = {"parent": parent, "parent through ..": src / "..", "symlink to parent": tmp_path / "link-to-P",
+           "itself": src, "symlink to itself": tmp_path / "link-to-src"}[spelling]
+    before = tree(parent)
+    assert_clean_failure(lmconvert("convert", src, out, "--force"), "the input", "choose another OUT")
+    assert tree(parent) == before
+
+
+@pytest.mark.parametrize("kind", ["user directory", "HF checkpoint", "file", "canonical with an added file",
+                                  "export with an added file", "another tool's lmconvert.json"])
+def test_force_replaces_only_what_lmconvert_wrote(good: Path, tmp_path: Path, kind: str) -> None:
+    out = tmp_path / "out"
+    if kind == "user directory":
+        out.mkdir()
+        (out / "thesis.tex").write_text("years of work")
+    elif kind == "HF checkpoint":  # a model lmconvert did not write
+        shutil.copytree(good, out)
+    elif kind == "file":
+        out.write_text("not a directory")
+    elif kind == "canonical with an added file":
+        assert lmconvert("convert", good, out).returncode == 0
+        (out / "README.md").write_text("my notes")
+    elif kind == "export with an added file":
+        assert lmconvert("convert", good, tmp_path / "can").returncode == 0
+        assert lmconvert("convert", tmp_path / "can", out, "--to", "hf").returncode == 0
+        (out / "README.md").write_text("my notes")
+    else:
+        out.mkdir()
+        (out / "lmconvert.json").write_text(json.dumps({"format": "something-else", "files": {}}))
+    before = tree(out) if out.is_dir() else out.read_bytes()
+    assert_clean_failure(lmconvert("convert", good, out, "--force"), str(out), "lmconvert", "--force")
+    assert (tree(out) if out.is_dir() else out.read_bytes()) == before
+    assert not list(tmp_path.glob(".out.lmconvert-*"))
+
+
+@pytest.mark.parametrize("to", ["canonical", "hf", "meta"])
+def test_force_replaces_an_output_lmconvert_wrote(meta_ready: Path, canonical_ready: Path, tmp_path: Path,
+                                                  to: str) -> None:
+    """Each output says it is lmconvert's: lmconvert.json, or lmconvert-export.json listing its files."""
+    src, args = (meta_ready, []) if to == "canonical" else (canonical_ready, ["--to", to])
+    out = tmp_path / "out"
+    assert lmconvert("convert", src, out, *args).returncode == 0
+    description = "lmconvert.json" if to == "canonical" else "lmconvert-export.json"
+    if to != "canonical":
+        listed = json.loads((out / description).read_text())["files"]
+        assert sorted(listed) == sorted(p.name for p in out.iterdir() if p.name != description)
+    before = out.stat().st_ino
+    proc = lmconvert("convert", src, out, *args, "--force")
+    assert proc.returncode == 0, proc.stderr
+    assert out.stat().st_ino != before and (out / description).is_file()
+    assert not list(tmp_path.glob(".out.lmconvert-*"))
+
+
+@pytest.mark.parametrize("name, out_exists", [
+    ("lmconvert-replaced-{pid}-0a1b2c3d", False),  # killed between moving OUT aside and the new one in
+    ("lmconvert-replaced-{pid}-0a1b2c3d", True),  # killed before the replaced OUT was removed
+    ("lmconvert-writing-{pid}-0a1b2c3d", True),  # killed while writing
+    ("old-k2j4h5g6/out", False), ("old-k2j4h5g6/out", True), ("tmp-{pid}-k2j4h5g6", True),  # lmconvert 0.1's names
+])
+def test_names_left_by_a_killed_run_are_cleaned_by_the_next(good: Path, tmp_path: Path, name: str,
+                                                            out_exists: bool) -> None:
+    """A replaced OUT is put back when OUT is missing (no model is lost), removed when OUT is there."""
+    out = tmp_path / "out"
+    assert lmconvert("convert", good, out).returncode == 0
+    previous = tree(out)
+    left = tmp_path / f".out.{name.format(pid=dead_pid())}"
+    left.parent.mkdir(exist_ok=True)
+    if out_exists:
+        shutil.copytree(out, left)
+    else:
+        out.rename(left)
+    assert_clean_failure(lmconvert("convert", good, out), "already exists", "--force")
+    assert tree(out) == previous
+    assert not [p.name for p in tmp_path.iterdir() if p.name.startswith(".out.")]
+
+
+def test_names_of_a_running_conversion_are_left_alone(good: Path, tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    running = tmp_path / f".out.lmconvert-writing-{os.getpid()}-0a1b2c3d"
+    running.mkdir()
+    (running / "model.safetensors").write_bytes(b"half")
+    assert lmconvert("convert", good, out).returncode == 0
+    assert (running / "model.safetensors").read_bytes() == b"half"
+
+
+def stopped_while_writing(src: Path, out: Path, *args: str) -> subprocess.Popen:
+    """A conversion paused (SIGSTOP) as soon as it writes, so after it has found OUT free; what it
+    writes into is named for what it is and for its pid."""
+    import time
+
+    proc = lmconvert_process("convert", src, out, *args)
+    deadline = time.monotonic() + 120
+    while not list(out.parent.glob(f".{out.name}.lmconvert-writing-{proc.pid}-*")):
+        assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
+        time.sleep(0.001)
+    proc.send_signal(signal.SIGSTOP)
+    return proc
+
+
+@pytest.mark.parametrize("force", [False, True])
+def test_two_conversions_to_one_out(larger: Path, good: Path, tmp_path: Path, force: bool) -> None:
+    """Both used to exit 0, the second silently replacing the first. Now the one that finishes
+    last fails (OUT appeared while it ran) unless it has --force."""
+    out = tmp_path / "out"
+    first = stopped_while_writing(larger, out, *(["--force"] if force else []))
+    try:
+        assert not out.exists()
+        assert lmconvert("convert", good, out).returncode == 0  # another conversion finishes meanwhile
+        other = tree(out)
+    finally:
+        first.send_signal(signal.SIGCONT)
+    stdout, stderr = first.communicate()
+    if force:
+        assert first.returncode == 0, stderr
+        assert json.loads((out / "lmconvert.json").read_text())["source"]["path"] == str(larger.resolve())
+    else:
+        assert_clean_failure(Result(first.returncode, stdout, stderr), "appeared while", "--force")
+        assert tree(out) == other
+    assert not list(tmp_path.glob(".out.lmconvert-*"))
+
+
+# ---------------------------------------------------------------- 2. read nothing outside the checkpoint
+
+@pytest.mark.parametrize("name", ["tokenizer.json", "special_tokens_map.json", "generation_config.json",
+                                  "config.json", "model.safetensors"])
+def test_files_linked_out_of_the_checkpoint_are_refused(src: Path, tmp_path: Path, name: str) -> None:
+    """A symlinked tokenizer.json pointing at /etc/passwd used to be copied into OUT; a valid file
+    elsewhere is refused as well."""
+    link = src / name
+    if name == "tokenizer.json":
+        target = Path("/etc/passwd")
+    else:
+        target = tmp_path / "elsewhere" / name
+        target.parent.mkdir()
+        target.write_bytes(link.read_bytes() if link.exists() else b"{}")
+        link.unlink(missing_ok=True)
+    link.symlink_to(target)
+    proc, out = convert(src, tmp_path)
+    assert_clean_failure(proc, name, "outside the checkpoint", out=out)
+    if name == "tokenizer.json":  # every command reads the checkpoint the same way
+        assert_clean_failure(lmconvert("inspect", src), name, "outside the checkpoint")
+
+
+def test_shards_linked_out_of_the_checkpoint_are_refused(src: Path, tmp_path: Path) -> None:
+    shard(src)
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    moved = shutil.move(src / "model-00002-of-00002.safetensors", elsewhere)
+    (src / "model-00002-of-00002.safetensors").symlink_to(moved)
+    proc, out = convert(src, tmp_path)
+    assert_clean_failure(proc, "model-00002-of-00002.safetensors", "outside the checkpoint", out=out)
+    (src / "model-00002-of-00002.safetensors").unlink()
+    shutil.move(moved, src)
+    torch.save({**load_file(src / "model-00001-of-00002.safetensors"),
+                **load_file(src / "model-00002-of-00002.safetensors")}, elsewhere / "pytorch_model.bin")
+    for file in src.glob("model*"):
+        file.unlink()
+    (src / "pytorch_model.bin").symlink_to(elsewhere / "pytorch_model.bin")
+    proc, out = convert(src, tmp_path)
+    assert_clean_failure(proc, "pytorch_model.bin", "outside the checkpoint", out=out)
+
+
+def test_meta_and_gguf_files_linked_out_are_refused(tmp_path: Path) -> None:
+    meta = tmp_path / "meta"
+    meta.mkdir()
+    (meta / "consolidated.00.pth").write_bytes(b"")
+    (tmp_path / "params.json").write_text(json.dumps({"dim": 64}))
+    (meta / "params.json").symlink_to(tmp_path / "params.json")
+    assert_clean_failure(lmconvert("convert", meta, tmp_path / "out"), "params.json", "outside the checkpoint",
+                         out=tmp_path / "out")
+    directory = tmp_path / "gguf"
+    directory.mkdir()
+    (tmp_path / "real.gguf").write_bytes(b"GGUF" + b"\0" * 28)
+    (directory / "model.gguf").symlink_to(tmp_path / "real.gguf")
+    assert_clean_failure(lmconvert("convert", directory, tmp_path / "out"), "model.gguf", "outside the checkpoint",
+                         out=tmp_path / "out")
+    # a .gguf file named on the command line is the user's choice, wherever its link points
+    err = assert_clean_failure(lmconvert("convert", directory / "model.gguf", tmp_path / "out"), out=tmp_path / "out")
+    assert "outside the checkpoint" not in err
+
+
+def test_links_inside_the_checkpoint_are_followed(src: Path, tmp_path: Path) -> None:
+    (src / "weights").mkdir()
+    (src / "model.safetensors").rename(src / "weights" / "model.safetensors")
+    (src / "model.safetensors").symlink_to(Path("weights") / "model.safetensors")
+    (src / "generation_config.json").rename(src / "weights" / "generation.json")
+    (src / "generation_config.json").symlink_to((src / "weights" / "generation.json").resolve())
+    proc, out = convert(src, tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert (out / "generation_config.json").read_bytes() == (src / "weights" / "generation.json").read_bytes()
+
+
+def hf_cache_snapshot(checkpoint: Path, hub: Path, repo: str) -> Path:
+    """The layout huggingface_hub writes: snapshot files are relative symlinks into the repo's blobs/."""
+    import hashlib
+
+    blobs, snapshot = hub / repo / "blobs", hub / repo / "snapshots" / ("0" * 40)
+    blobs.mkdir(parents=True)
+    snapshot.mkdir(parents=True)
+    for file in checkpoint.iterdir():
+        blob = blobs / hashlib.sha256(file.read_bytes()).hexdigest()
+        shutil.copyfile(file, blob)
+        (snapshot / file.name).symlink_to(os.path.relpath(blob, snapshot))
+    return snapshot
+
+
+def test_hf_cache_snapshots_read_their_own_blobs_only(good: Path, tmp_path: Path) -> None:
+    snapshot = hf_cache_snapshot(good, tmp_path / "hub", "models--org--tiny")
+    proc = lmconvert("convert", snapshot, tmp_path / "out")
+    assert proc.returncode == 0, proc.stderr
+    assert lmconvert("verify", tmp_path / "out", "--files").returncode == 0
+    other = hf_cache_snapshot(good, tmp_path / "hub", "models--org--other")
+    link = snapshot / "generation_config.json"
+    link.unlink()
+    link.symlink_to(os.path.relpath((other / "generation_config.json").resolve(), snapshot))
+    assert_clean_failure(lmconvert("convert", snapshot, tmp_path / "out2"), "generation_config.json",
+                         "outside the checkpoint", out=tmp_path / "out2")
+
+
+@pytest.mark.parametrize("key", ["files", "shards"])
+@pytest.mark.parametrize("entry", ["/etc/passwd", "../../x", "../can/lmconvert.json", "sub/x", ".."])
+def test_lmconvert_json_naming_files_outside_is_refused(can: Path, key: str, entry: str) -> None:
+    """`verify --files` used to hash whatever path lmconvert.json listed."""
+    value: object = "0" * 64 if key == "files" else {"header": "0" * 64, "bytes": 8}
+    edit_description(can, lambda meta: meta[key].update({entry: value}))
+    assert_clean_failure(lmconvert("verify", can, "--files"), "lmconvert.json lists", repr(entry),
+                         "not a plain file name")
+
+
+def test_listed_files_linked_outside_are_refused(can: Path, tmp_path: Path) -> None:
+    original = (can / "generation_config.json").read_bytes()
+    (can / "generation_config.json").unlink()
+    (can / "generation_config.json").symlink_to("/etc/passwd")
+    assert_clean_failure(lmconvert("verify", can, "--files"), "generation_config.json", "outside the checkpoint")
+    out = tmp_path / "hf"
+    assert_clean_failure(lmconvert("convert", can, out, "--to", "hf"), "generation_config.json",
+                         "outside the checkpoint", out=out)
+    (can / "generation_config.json").unlink()
+    (can / "generation_config.json").write_bytes(original)
+    edit_description(can, lambda meta: meta["files"].update({"tokenizer/../../../etc/passwd": "0" * 64}))
+    assert_clean_failure(lmconvert("convert", can, out, "--to", "hf"), "tokenizer/../../../etc/passwd",
+                         "not a plain file name", out=out)
+
+
+# ---------------------------------------------------------------- 3. the manifest is enforced
+
+def flip_byte(shard_file: Path, tensor: str) -> None:
+    data = bytearray(shard_file.read_bytes())
+    (length,) = struct.unpack("<Q", data[:8])
+    start = 8 + length + json.loads(data[8:8 + length])[tensor]["data_offsets"][0]
+    data[start + 1] ^= 0x01
+    shard_file.write_bytes(bytes(data))
+
+
+@pytest.mark.parametrize("to, args", [("hf", []), ("hf", ["--dtype", "float16"]), ("meta", []),
+                                      ("meta", ["--shards", "2"])], ids=["hf", "hf-cast", "meta", "meta-2-ranks"])
+def test_exports_refuse_a_tensor_changed_after_conversion(can: Path, tmp_path: Path, to: str, args: list[str]) -> None:
+    """An export checks every tensor against lmconvert.json as it streams it: a raw copy in the
+    worker that moves it, a cast or re-laid-out one as it is read. Exit 1, naming it, and no OUT."""
+    victim = "layers.1.attn.k.weight"
+    flip_byte(can / "model.safetensors", victim)
+    out = tmp_path / "exported"
+    assert_clean_failure(lmconvert("convert", can, out, "--to", to, *args), victim, "lmconvert.json",
+                         "verify --files", out=out, code=1)
+
+
+def test_exports_refuse_a_shard_header_changed_after_conversion(can: Path, tmp_path: Path) -> None:
+    """Two same-shaped tensors renamed into each other: every byte is intact, their meaning is not."""
+    path = can / "model.safetensors"
+    data = path.read_bytes()
+    (length,) = struct.unpack("<Q", data[:8])
+    header = data[8:8 + length].replace(b"layers.0.attn.q.weight", b"layers.0.attn.X.weight")
+    header = header.replace(b"layers.0.attn.o.weight", b"layers.0.attn.q.weight")
+    header = header.replace(b"layers.0.attn.X.weight", b"layers.0.attn.o.weight")
+    assert header != data[8:8 + length]
+    path.write_bytes(data[:8] + header + data[8 + length:])
+    for to in ("hf", "meta"):
+        out = tmp_path / to
+        assert_clean_failure(lmconvert("convert", can, out, "--to", to), "model.safetensors", "header",
+                             "lmconvert.json", out=out, code=1)
+
+
+def test_exports_refuse_a_side_file_changed_or_missing(can: Path, tmp_path: Path) -> None:
+    out = tmp_path / "hf"
+    (can / "generation_config.json").write_text(json.dumps({"eos_token_id": 666}))
+    assert_clean_failure(lmconvert("convert", can, out, "--to", "hf"), "generation_config.json", "lmconvert.json",
+                         out=out, code=1)
+    (can / "generation_config.json").unlink()
+    assert_clean_failure(lmconvert("convert", can, out, "--to", "hf"), "generation_config.json", "missing",
+                         out=out, code=1)
+
+
+def test_files_added_after_conversion_are_reported_and_not_shipped(can: Path, tmp_path: Path) -> None:
+    (can / "tokenizer.json").write_text("{}")  # a side file an export would ship
+    (can / "notes.txt").write_text("added")
+    proc = lmconvert("verify", can, "--files")
+    assert_clean_failure(proc, "notes.txt", "tokenizer.json", code=1)
+    assert "unlisted file: notes.txt" in proc.stdout and "unlisted file: tokenizer.json" in proc.stdout
+    assert "verdict: FAIL" in proc.stdout
+    out = tmp_path / "hf"
+    proc = lmconvert("convert", can, out, "--to", "hf")
+    assert proc.returncode == 0, proc.stderr
+    assert not (out / "tokenizer.json").exists() and not (out / "notes.txt").exists()
+    assert (out / "generation_config.json").read_bytes() == (can / "generation_config.json").read_bytes()
+
+
+# ---------------------------------------------------------------- 6. exit codes a CI can trust
+
+def test_exit_codes_are_documented_in_help() -> None:
+    proc = lmconvert("--help")
+    assert proc.returncode == 0
+    for line in ("0  success", "1  the parity check", "2  bad input or usage", "3  internal error: a bug"):
+        assert line in proc.stdout, proc.stdout
+    assert lmconvert("convert").returncode == 2  # click's usage errors
+
+
+@pytest.mark.parametrize("raised", ["ZeroDivisionError('division by zero')", "KeyError('metadata')",
+                                    "RecursionError('maximum recursion depth exceeded')", "AssertionError()"])
+def test_an_unexpected_exception_exits_3_as_a_bug(good: Path, raised: str) -> None:
+    """Any exception nobody expected used to be a traceback and exit 1, which a CI reads as a parity
+    failure. A real process whose `inspect` is made to crash inside:"""
+    crashing = (f"import lmconvert.runtime.card as card\ndef crash(path):\n    raise {raised}\ncard.card = crash\n"
+                "from lmconvert.cli import main\nmain()")
+
+    def run(*args: object) -> Result:
+        proc = subprocess.run([sys.executable, "-c", crashing, *map(str, args)], capture_output=True, text=True)
+        return Result(proc.returncode, proc.stdout, proc.stderr)
+
+    kind = raised.split("(")[0]
+    assert_clean_failure(run("inspect", good), "internal error", kind, "a bug in lmconvert", "--debug", code=3)
+    proc = run("--debug", "inspect", good)
+    assert proc.returncode not in (0, 2, 3) and "Traceback" in proc.stderr and kind in proc.stderr
+
+
+def test_an_error_stays_one_line_whatever_a_file_name_holds(src: Path, tmp_path: Path) -> None:
+    shard(src)
+    edit_index(src, lambda m: m.update({"model.norm.weight": "evil\nname\r.safetensors"}))
+    proc, out = convert(src, tmp_path)
+    assert_clean_failure(proc, "evil\\nname\\r.safetensors", out=out)
+
+
+# ---------------------------------------------------------------- 7. smaller things
+
+@pytest.mark.parametrize("umask", [0o022, 0o077])
+def test_outputs_honour_the_umask(good: Path, tmp_path: Path, umask: int) -> None:
+    """As `cp` does: they used to be 0700 whatever the umask."""
+    import stat
+
+    can, hf = tmp_path / "can", tmp_path / "hf"
+    for args in ((good, can), (can, hf, "--to", "hf")):
+        proc = lmconvert_run("convert", *args, umask=umask)
+        assert proc.returncode == 0, proc.stderr
+    for out in (can, hf):
+        assert stat.S_IMODE(out.stat().st_mode) == 0o777 & ~umask, out
+        for file in out.iterdir():
+            assert stat.S_IMODE(file.stat().st_mode) == 0o666 & ~umask, file
+
+
+@pytest.mark.parametrize("name, dtype", [
+    ("model.embed_tokens.weight", torch.int64), ("model.norm.weight", torch.bool),
+    ("model.layers.0.mlp.down_proj.weight", torch.int32), ("lm_head.weight", torch.uint8),
+    ("model.layers.1.input_layernorm.weight", torch.float8_e4m3fn),
+    ("model.layers.0.self_attn.q_proj.weight", torch.float8_e5m2),
+    ("model.layers.0.self_attn.k_proj.weight", torch.int8),
+])
+def test_non_float_parameters_are_refused(src: Path, tmp_path: Path, name: str, dtype: torch.dtype) -> None:
+    tensors = load_file(src / "model.safetensors")
+    tensors[name] = tensors[name] != 0 if dtype == torch.bool else tensors[name].to(dtype)
+    save_file(tensors, str(src / "model.safetensors"), metadata={"format": "pt"})
+    dtype_name = str(dtype).removeprefix("torch.")
+    proc, out = convert(src, tmp_path)
+    assert_clean_failure(proc, name, dtype_name, "float", out=out)
+    assert_clean_failure(lmconvert("verify", src), name, dtype_name, "float")

@@ -147,9 +147,15 @@ def test_existing_output_needs_force(hf_dir: Path, tmp_path: Path) -> None:
     (out / "keep.txt").write_text("mine")
     code, _, err = run("convert", hf_dir, out)
     assert code == 2 and "--force" in err and (out / "keep.txt").exists()
+    code, _, err = run("convert", hf_dir, out, "--force")  # --force replaces only what lmconvert wrote
+    assert code == 2 and "not an output lmconvert wrote" in err and (out / "keep.txt").read_text() == "mine"
+    (out / "keep.txt").unlink()
+    out.rmdir()
+    assert run("convert", hf_dir, out)[0] == 0
+    before = out.stat().st_ino
     code, _, err = run("convert", hf_dir, out, "--force")
     assert code == 0, err
-    assert not (out / "keep.txt").exists() and (out / "lmconvert.json").exists()
+    assert out.stat().st_ino != before and (out / "lmconvert.json").exists()
 
 
 @pytest.mark.parametrize("args, fragment", [

@@ -145,7 +145,7 @@ def test_round_trip_is_byte_identical(case: tuple[torch.nn.Module, Path], canoni
         (meta_dir / "params.json").read_text())
     assert (tmp_path / "meta" / "tokenizer.model").read_bytes() == (meta_dir / "tokenizer.model").read_bytes()
     assert sorted(p.name for p in (tmp_path / "meta").iterdir()) == \
-        ["consolidated.00.pth", "consolidated.01.pth", "params.json", "tokenizer.model"]
+        ["consolidated.00.pth", "consolidated.01.pth", "lmconvert-export.json", "params.json", "tokenizer.model"]
 
 
 def test_meta_to_hf_loads_in_transformers(case: tuple[torch.nn.Module, Path], canonical: Path,

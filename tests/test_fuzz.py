@@ -1,6 +1,7 @@
 """Fuzzing the readers that see untrusted bytes first: the safetensors header and data reader,
-the sharded index reader, and config translation. The only outcome allowed besides success is a
-clean lmconvert error (InputError / MappingError).
+the sharded index reader, config translation, and a canonical checkpoint's lmconvert.json. The
+only outcome allowed besides success is a clean lmconvert error (InputError / MappingError), or
+through the command line exit 1 or 2 with one line: never 3 (a bug) or a traceback.
 
 About 1,200 examples run in the suite; set LMCONVERT_FUZZ_SCALE=20 (or more) for a longer run.
 """
@@ -9,13 +10,18 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import struct
 import tempfile
+from dataclasses import fields
 from pathlib import Path
 
+import pytest
+from bad_input import lmconvert
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from lmconvert.arch import ArchConfig
 from lmconvert.formats.errors import InputError
 from lmconvert.formats.safetensors_dir import TensorSource, shard_map
 from lmconvert.mappings import BY_MODEL_TYPE, MappingError, family_for
@@ -100,3 +106,62 @@ def test_config_translation_fails_cleanly(model_type: str, changes: dict, rope: 
         family_for(model_type).arch_config(config)
     except MappingError:
         pass
+
+
+# lmconvert.json: what a canonical directory's description may hold. Every command that reads it
+# (verify --files, inspect, the exports) ends in 0, 1 (integrity) or 2 (bad input), with one line.
+DESCRIPTION_KEYS = ["format", "format_version", "arch", "family", "dtype", "source", "hf_extras", "hash", "tensors",
+                    "files", "shards"]
+ENTRY_NAMES = st.one_of(st.sampled_from(["model.safetensors", "generation_config.json", "lmconvert.json",
+                                         "tokenizer.json", "/etc/passwd", "../../x", "..", ".", "", "sub/x",
+                                         "tokenizer/../../x", "layers.0.attn.q.weight", "embed.weight"]),
+                        st.text(max_size=6))
+mutations = st.one_of(
+    st.tuples(st.just("set"), st.sampled_from(DESCRIPTION_KEYS), json_values),
+    st.tuples(st.just("delete"), st.sampled_from(DESCRIPTION_KEYS), st.none()),
+    st.tuples(st.just("entry"), st.sampled_from(["files", "shards", "tensors", "source", "hf_extras"]),
+              st.tuples(ENTRY_NAMES, st.one_of(json_values, st.just("0" * 64),
+                                               st.fixed_dictionaries({"header": st.text(max_size=4),
+                                                                      "bytes": st.integers(-1, 10**6)})))),
+    st.tuples(st.just("arch"), st.sampled_from(sorted(f.name for f in fields(ArchConfig))), json_values),
+)
+COMMANDS = [["verify", "{can}", "--files"], ["inspect", "{can}"], ["convert", "{can}", "{out}", "--to", "hf"],
+            ["convert", "{can}", "{out}", "--to", "meta"]]
+
+
+def _mutate(description: dict, mutation: tuple) -> None:
+    kind, key, value = mutation
+    if kind == "set":
+        description[key] = value
+    elif kind == "delete":
+        description.pop(key, None)
+    elif kind == "arch" and isinstance(description.get("arch"), dict):
+        description["arch"][key] = value
+    elif kind == "entry" and isinstance(description.get(key), dict):
+        description[key][value[0]] = value[1]
+
+
+@pytest.fixture(scope="module")
+def canonical_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    from hf_models import make_checkpoint
+
+    hf = make_checkpoint(tmp_path_factory.mktemp("fuzz") / "hf", intermediate_size=192)  # Meta can hold it
+    out = hf.parent / "can"
+    assert lmconvert("convert", hf, out).returncode == 0
+    return out
+
+
+@fuzz(60)
+@given(changes=st.lists(mutations, min_size=1, max_size=3), command=st.sampled_from(COMMANDS))
+def test_lmconvert_json_fails_cleanly(canonical_dir: Path, changes: list, command: list[str]) -> None:
+    with tempfile.TemporaryDirectory() as tmp:
+        can = Path(shutil.copytree(canonical_dir, Path(tmp) / "can"))
+        description = json.loads((can / "lmconvert.json").read_text())
+        for change in changes:
+            _mutate(description, change)
+        (can / "lmconvert.json").write_text(json.dumps(description))
+        proc = lmconvert(*(arg.format(can=can, out=Path(tmp) / "out") for arg in command))
+    assert proc.returncode in (0, 1, 2), (proc.returncode, proc.stderr, changes)
+    if proc.returncode:
+        err = proc.stderr.strip()
+        assert len(err.splitlines()) == 1 and err.startswith("lmconvert: error: "), (err, changes)

@@ -1,5 +1,5 @@
 """The `lmconvert` command line. Thin: parses arguments (`args.py`), calls the rooms below, and
-maps errors to exit codes (0 ok, 1 parity failure, 2 bad input or usage)."""
+maps errors to exit codes a CI can tell apart (EXIT_CODES)."""
 
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ import click
 os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 
 from lmconvert.arch import ConfigError
-from lmconvert.formats.errors import InputError, ParityFailure
+from lmconvert.formats.errors import InputError, IntegrityError, ParityFailure
 from lmconvert.mappings import MappingError
 
 from .args import CASTS, check_device, parse_cast, parse_memory, parse_size
@@ -28,10 +28,19 @@ EXISTING_DIR = click.Path(exists=True, file_okay=False, path_type=Path)
 CHECKPOINT = click.Path(exists=True, path_type=Path)  # a directory, or a single-file format such as GGUF
 DTYPE = click.Choice(CASTS)
 CAST = click.Choice(["keep", *CASTS])
+PARITY, BAD_INPUT, BUG = 1, 2, 3
+EXIT_CODES = f"""\b
+Exit codes:
+  0  success
+  {PARITY}  the parity check (verify) or the integrity check (verify --files, an export) failed
+  {BAD_INPUT}  bad input or usage: one line names the file or argument and what to do
+  {BUG}  internal error: a bug in lmconvert; rerun with --debug for the traceback"""
 
 
 def _fail(message: str, code: int) -> None:
-    click.echo(f"lmconvert: error: {message}", err=True)
+    """One line, whatever a file name in the message holds: control characters are escaped."""
+    line = "".join(c if c.isprintable() else repr(c)[1:-1] for c in message)
+    click.echo(f"lmconvert: error: {line}", err=True)
     sys.exit(code)
 
 
@@ -55,33 +64,42 @@ def progress_bar(label: str) -> Iterator[Callable[[int, int], None]]:
 
 
 def handled(fn: Callable[..., Any]) -> Callable[..., Any]:
-    """One line on stderr and the exit code; the traceback only with --debug."""
+    """One line on stderr and the exit code; the traceback only with --debug. An exception nobody
+    expected is a bug, and exits 3 rather than 1, which a CI reads as "the model is wrong"."""
 
     @wraps(fn)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         debug = click.get_current_context().find_root().params.get("debug", False)
         try:
             return fn(*args, **kwargs)
+        except (click.ClickException, click.exceptions.Exit, click.Abort):
+            raise  # click's own: usage errors exit 2
         except (InputError, MappingError, ConfigError) as exc:
             if debug:
                 raise
-            _fail(str(exc), 2)
-        except ParityFailure as exc:
+            _fail(str(exc), BAD_INPUT)
+        except (ParityFailure, IntegrityError) as exc:
             if debug:
                 raise
-            _fail(str(exc), 1)
+            _fail(str(exc), PARITY)
         except KeyboardInterrupt:
             _fail("interrupted; no output was written", 130)
         except OSError as exc:  # disk full, permissions: the output was rolled back
             if debug:
                 raise
             _fail(f"{exc.filename or 'output'}: {exc.strerror or exc}; nothing was written "
-                  "(check free space and permissions)", 2)
+                  "(check free space and permissions)", BAD_INPUT)
+        except Exception as exc:  # noqa: BLE001 - every other exception is a bug, said so in one line
+            if debug:
+                raise
+            what = " ".join(str(exc).split())[:200]
+            _fail(f"internal error ({type(exc).__name__}{': ' + what if what else ''}); this is a bug in lmconvert: "
+                  "rerun with --debug (lmconvert --debug COMMAND ...) and report the traceback", BUG)
 
     return wrapper
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.group(context_settings={"help_option_names": ["-h", "--help"]}, epilog=EXIT_CODES)
 @click.option("--debug", is_flag=True, help="Show the full traceback on errors.")
 @click.version_option(package_name="lmconvert")
 def main(debug: bool) -> None:
@@ -154,8 +172,9 @@ def verify(checkpoint: Path, reference: Path | None, dtype: str | None, device: 
         integrity = check_files(checkpoint)
         click.echo("\n".join(integrity.lines()))
         if not integrity.passed:
-            changed = integrity.changed_tensors + integrity.changed_files + integrity.missing_files
-            raise ParityFailure(f"{checkpoint}: integrity check failed: {', '.join(changed[:5])} changed")
+            problems = integrity.problems()
+            raise IntegrityError(f"{checkpoint}: integrity check failed: {', '.join(problems[:5])} changed, missing "
+                                 "or added since conversion (see above)")
         return
 
     from lmconvert.verify.run import verify as run

@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from lmconvert.formats.atomic import atomic_directory, check_output
-from lmconvert.formats.canonical import META_FILE, copy_sidecars
+from lmconvert.formats.canonical import copy_sidecars
 from lmconvert.formats.checkpoint import Checkpoint, opened
 from lmconvert.formats.errors import InputError
 from lmconvert.formats.shards import write_shards
@@ -33,18 +33,14 @@ def to_hf(src: Path | Checkpoint, out: Path, family: str | None = None, dtype: s
         check_output(out, force, (ckpt.path,))
         config["dtype"] = dtype or meta.dtype
         source = ckpt.source.tensors
-        if set(source.names()) != set(meta.tensors):
-            changed = sorted(set(source.names()) ^ set(meta.tensors))
-            raise InputError(f"{ckpt.path}: its tensors differ from {META_FILE} ({', '.join(changed[:5])}); "
-                             "run `lmconvert verify --files` and re-convert")
         try:  # in the order the shards hold them: sequential reads
             plan = target.tensors.plan_export(source.names())
         except MappingError as exc:
             raise InputError(f"--family {target.name}: {exc}") from None
         items = [(hf_name, canonical, t.inverse) for hf_name, (canonical, t) in plan.items()]
-        with atomic_directory(out) as tmp:
-            write_shards(plan_tensors(source, items, dtype, allow_nonfinite), tmp, max_shard_bytes,
-                         progress=progress, hashed=False)
-            copy_sidecars(ckpt.path, tmp)
+        with atomic_directory(out, force) as tmp:
+            planned = plan_tensors(source, items, dtype, allow_nonfinite, meta.tensors, meta.hash)
+            write_shards(planned, tmp, max_shard_bytes, progress=progress, hashed=False)
+            copy_sidecars(ckpt.path, tmp, meta)
             (tmp / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
     return config

@@ -19,7 +19,7 @@ from typing import Any
 from urllib.parse import unquote, urlsplit
 
 from lmconvert.formats.atomic import check_output
-from lmconvert.formats.canonical import SIDECAR_PATTERNS
+from lmconvert.formats.checkpoint_files import SIDECAR_PATTERNS
 from lmconvert.formats.errors import InputError
 from lmconvert.formats.jsonfile import read_weight_map
 

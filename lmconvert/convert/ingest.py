@@ -28,7 +28,7 @@ def to_canonical(src: Path | Checkpoint, out: Path, dtype: str | None = None, ma
     """`dtype` is a --dtype name ("bfloat16", ...) or None to keep the checkpoint's own."""
     with opened(src) as ckpt:
         check_output(out, force, (ckpt.path,))
-        with atomic_directory(out) as tmp:
+        with atomic_directory(out, force) as tmp:
             items = [(canonical, name, t.forward) for canonical, (name, t) in ckpt.plan.items()]
             planned = plan_tensors(ckpt.source.tensors, items, dtype, allow_nonfinite)
             written = write_shards(planned, tmp, max_shard_bytes, progress=progress)

@@ -3,10 +3,10 @@ shard writer can lay out files up front and copy unchanged tensors as raw bytes.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from typing import TYPE_CHECKING
 
-from lmconvert.formats.digest import FiniteCheck, check_finite
+from lmconvert.formats.digest import HASH, DigestCheck, FiniteCheck, check_tensor
 from lmconvert.formats.dtypes import BY_TORCH_NAME, torch_dtype
 from lmconvert.formats.shards import Planned, RawBytes
 from lmconvert.formats.source import TensorReader, dtype_name
@@ -20,22 +20,29 @@ Progress = Callable[[int, int], None]  # (tensors done, tensors in all)
 
 
 def plan_tensors(reader: TensorReader, items: Iterable[tuple[str, str, TensorFn]], cast: str | None,
-                 allow_nonfinite: bool = False) -> list[Planned]:
+                 allow_nonfinite: bool = False, digests: Mapping[str, str] | None = None,
+                 algorithm: str = HASH) -> list[Planned]:
     """Plan (output name, source name, transform) triples, casting to `cast` (a --dtype name) if
     given: nothing is read until the tensor is written. A tensor that passes through unchanged
-    from a safetensors file is planned as a raw byte copy, and planning it needs no torch."""
-    raw_location = getattr(reader, "raw_location", None)
+    from a safetensors file is planned as a raw byte copy, and planning it needs no torch.
+    With `digests` ({source name: digest} under `algorithm`, as lmconvert.json records them),
+    every source tensor's bytes are checked against theirs as they are read: a raw copy's by the
+    worker that moves it, a transformed one's before it is transformed."""
+
+    def expected(src: str) -> DigestCheck | None:
+        return None if digests is None else DigestCheck(src, reader.where(src), digests[src], algorithm)
+
     target = None if cast is None else BY_TORCH_NAME[cast].name
 
     def producer(src: str, fn: TensorFn) -> Callable[[], torch.Tensor]:
         def produce() -> torch.Tensor:
             raw = reader.get(src)
-            if not allow_nonfinite:
-                check_finite(src, raw, reader.where(src))
+            check_tensor(raw, None if allow_nonfinite else FiniteCheck(src, reader.where(src)), expected(src))
             t = fn(raw)
             return t if target is None else t.to(torch_dtype(target))
         return produce
 
+    raw_location = getattr(reader, "raw_location", None)
     planned = []
     for out, src, fn in items:
         source = dtype_name(reader, src)
@@ -44,7 +51,6 @@ def plan_tensors(reader: TensorReader, items: Iterable[tuple[str, str, TensorFn]
         if fn is IDENTITY.forward and dtype == source and raw_location is not None:
             raw = RawBytes(*raw_location(src))
         check = None if raw is None or allow_nonfinite else FiniteCheck(src, reader.where(src))
-        planned.append(Planned(out, out_shape(fn, reader.shape(src)), dtype, producer(src, fn), raw, check))
+        planned.append(Planned(out, out_shape(fn, reader.shape(src)), dtype, producer(src, fn), raw, check,
+                               None if raw is None else expected(src)))
     return planned
-
-

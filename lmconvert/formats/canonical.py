@@ -12,17 +12,15 @@ from typing import Any
 
 from lmconvert.arch import ArchConfig, ConfigError
 
-from .digest import HASH, HASHES
-from .errors import InputError
+from .checkpoint_files import SIDECAR_PATTERNS, checkpoint_file, inside, sidecar_files
+from .digest import HASH, HASHES, file_digest
+from .errors import InputError, IntegrityError
 from .jsonfile import read_json_object
 
 META_FILE = "lmconvert.json"
 FORMAT = "lmconvert-canonical"
 FORMAT_VERSION = 2
 READABLE_VERSIONS = (1, 2)  # 1: sha256 throughout, and whole-file sums for the shards
-# files that travel unchanged with the weights
-SIDECAR_PATTERNS = ("tokenizer*", "special_tokens_map.json", "added_tokens.json", "vocab.*", "merges.txt",
-                    "generation_config.json", "chat_template*", "*.tiktoken", "spiece.model")
 
 
 @dataclass
@@ -53,7 +51,7 @@ def read_meta(path: Path) -> CanonicalMeta:
     file = path / META_FILE
     if not file.is_file():
         raise InputError(f"{path}: not a canonical checkpoint (no {META_FILE}); convert it first")
-    data = read_json_object(file)
+    data = read_json_object(inside(path, file))
     if data.get("format") != FORMAT:
         raise InputError(f"{file}: not an lmconvert canonical checkpoint description")
     if data.get("format_version") not in READABLE_VERSIONS:
@@ -73,11 +71,35 @@ def read_meta(path: Path) -> CanonicalMeta:
         raise InputError(f"{file}: invalid description ({exc})") from None
 
 
-def copy_sidecars(src: Path, dst: Path) -> list[str]:
-    copied = []
-    for item in sorted(src.iterdir()):
-        if item.is_file() and any(fnmatch(item.name, p) for p in SIDECAR_PATTERNS):
-            shutil.copy2(item, dst / item.name)
-            copied.append(item.name)
-    return copied
+def listed_file(path: Path, name: object) -> Path:
+    """A file that the canonical checkpoint `path`'s lmconvert.json lists (its `files` or `shards`):
+    a plain name inside the checkpoint, never `../x` or `/etc/passwd`."""
+    return checkpoint_file(path, name, f"{META_FILE} lists")
+
+
+def copy_listed(path: Path, meta: CanonicalMeta, name: str, dst: Path) -> None:
+    """Copy a file lmconvert.json lists into `dst`, checking what was copied against its digest."""
+    source = listed_file(path, name)
+    if not source.is_file():
+        raise IntegrityError(f"{source}: is listed in {META_FILE} but missing; the checkpoint changed after "
+                             "conversion: run `lmconvert verify --files` and re-convert")
+    shutil.copyfile(source, dst / name)  # a new file, with the umask's mode
+    if file_digest(dst / name, meta.hash) != meta.files[name]:
+        raise IntegrityError(f"{source}: differs from the digest {META_FILE} records; the checkpoint changed after "
+                             "conversion: run `lmconvert verify --files` and re-convert")
+
+
+def copy_sidecars(src: Path, dst: Path, meta: CanonicalMeta | None = None) -> list[str]:
+    """The tokenizer and generation files of `src`, copied into `dst`, each read from inside `src`
+    only. From a canonical checkpoint (`meta`): exactly the side files its lmconvert.json lists,
+    each checked against its digest; a file added since is left behind."""
+    if meta is None:
+        names = [item.name for item in sidecar_files(src)]
+        for name in names:
+            shutil.copyfile(src / name, dst / name)
+        return names
+    names = sorted(name for name in meta.files if any(fnmatch(str(name), p) for p in SIDECAR_PATTERNS))
+    for name in names:
+        copy_listed(src, meta, name, dst)
+    return names
 

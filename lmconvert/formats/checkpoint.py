@@ -194,9 +194,20 @@ def _map(source: Source) -> Checkpoint:
     return checkpoint
 
 
+# what the decoder computes with: every tensor it reads is a float parameter (embeddings, norms,
+# projections), so an integer, bool or float8 (quantized, its scales elsewhere) tensor is wrong
+PARAMETER_DTYPES = ("F64", "F32", "F16", "BF16")
+
+
 def _check_shapes(checkpoint: Checkpoint, shapes: dict[str, tuple[int, ...]]) -> None:
+    """Every tensor the decoder reads, in the shape the config implies and a float dtype."""
     tensors = checkpoint.source.tensors
     for canonical, (name, transform) in checkpoint.plan.items():
+        stored = dtype_name(tensors, name)
+        if stored not in PARAMETER_DTYPES:
+            raise InputError(f"{tensors.where(name)}: tensor {name!r} is {DTYPES[stored].torch_name}, but the decoder "
+                             "uses it as a float parameter; re-export the checkpoint with float16, bfloat16, float32 "
+                             "or float64 weights")
         shape = tensors.shape(name)
         got = out_shape(transform.forward, shape)
         if canonical in shapes and got != shapes[canonical]:

@@ -24,7 +24,7 @@ import blake3
 import numpy as np
 
 from .dtypes import DTYPES, of_torch
-from .errors import InputError
+from .errors import InputError, IntegrityError
 
 if TYPE_CHECKING:
     import torch
@@ -58,6 +58,23 @@ class FiniteCheck:
         if nonfinite:
             raise InputError(f"{self.where}: tensor {self.name!r} holds {nonfinite} NaN/Inf value(s); "
                              "fix the checkpoint or pass --allow-nonfinite")
+
+
+@dataclass(frozen=True)
+class DigestCheck:
+    """The digest lmconvert.json records for a tensor an export reads: bytes that changed after
+    conversion fail the export, naming the tensor, instead of being shipped."""
+
+    name: str
+    where: object
+    digest: str
+    algorithm: str
+
+    def require(self, digest: str | None) -> None:
+        if digest != self.digest:
+            raise IntegrityError(f"{self.where}: tensor {self.name!r} differs from the digest lmconvert.json records; "
+                                 "the checkpoint changed after conversion: run `lmconvert verify --files` and "
+                                 "re-convert")
 
 
 def file_chunks(path: Path, start: int, end: int) -> Iterator[memoryview]:
@@ -115,11 +132,18 @@ def tensor_digest(t: torch.Tensor, algorithm: str = HASH) -> str:
     return scan(memory_chunks(tensor_bytes(t)), of_torch(t.dtype).name, algorithm, checked=False).digest or ""
 
 
-def check_finite(name: str, t: torch.Tensor, where: object) -> None:
-    """Refuse a tensor that holds NaN or Inf, naming it."""
+def check_tensor(t: torch.Tensor, finite: FiniteCheck | None, expected: DigestCheck | None = None) -> None:
+    """Refuse a decoded tensor that holds NaN or Inf (`finite`) or whose bytes differ from their
+    recorded digest (`expected`), in one pass over its bytes."""
+    if finite is None and expected is None:
+        return
     kind = of_torch(t.dtype)
-    if kind.nonfinite is not None:
-        FiniteCheck(name, where).require(scan(memory_chunks(tensor_bytes(t)), kind.name, None).nonfinite)
+    found = scan(memory_chunks(tensor_bytes(t)), kind.name, expected.algorithm if expected is not None else None,
+                 checked=finite is not None)
+    if finite is not None:
+        finite.require(found.nonfinite)
+    if expected is not None:
+        expected.require(found.digest)
 
 
 def file_digest(path: Path, algorithm: str = HASH) -> str:

@@ -30,6 +30,7 @@ from lmconvert.mappings.gguf import GgufArch, tensor_sizes
 from lmconvert.mappings.gguf_metadata import TOKEN_IDS, hf_config
 from lmconvert.mappings.table import Transform, out_shape
 
+from .checkpoint_files import within
 from .errors import InputError
 from .source import Loadable, Source
 
@@ -270,6 +271,7 @@ def open_gguf(path: Path) -> Source:
     target = gguf_file_of(path)
     if target is None:
         raise InputError(f"{path}: not a GGUF file or a directory holding one")
+    within(path, target.name)  # the .gguf in a directory SRC; a .gguf file named directly is the user's choice
     file = GgufFile(target)
     try:
         file.check_types()

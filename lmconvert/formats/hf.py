@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from .checkpoint_files import checkpoint_file
 from .errors import InputError
 from .jsonfile import read_json_object
 from .safetensors_dir import TensorSource
@@ -16,7 +17,7 @@ def read_config(directory: Path) -> dict[str, Any]:
         raise InputError(f"{directory}: not a directory; point at a checkpoint directory")
     if not (directory / "config.json").is_file():
         raise InputError(f"{directory}: no config.json; point at an HF checkpoint or a canonical directory")
-    return read_json_object(directory / "config.json")
+    return read_json_object(checkpoint_file(directory, "config.json"))
 
 
 def is_hf_safetensors(path: Path) -> bool:

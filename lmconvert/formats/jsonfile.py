@@ -1,7 +1,8 @@
 """Sharded-checkpoint indexes (`*.index.json`): one reader for safetensors, `.bin` and downloads.
 
 An index is untrusted input that names files, so every entry must be a plain file name in the
-same directory: `../`, absolute and nested paths are refused, never followed.
+same directory: `../`, absolute and nested paths are refused, never followed, and so is a shard
+that is a symlink out of the checkpoint (checkpoint_files.py).
 """
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+from .checkpoint_files import inside, plain_name
 from .errors import InputError
 
 
@@ -40,7 +42,7 @@ def read_weight_map(index: Path) -> dict[str, str]:
     if not isinstance(weight_map, dict):
         raise InputError(f"{index}: has no 'weight_map' object")
     for name, file in weight_map.items():
-        if not isinstance(file, str) or file in ("", ".", "..") or Path(file).name != file:
+        if not plain_name(file):
             raise InputError(f"{index}: weight_map entry {name!r} -> {file!r} is not a plain file name; "
                              "refusing to follow it")
     return weight_map
@@ -50,7 +52,7 @@ def shard_files(index: Path) -> dict[str, Path]:
     """{tensor name: existing shard path} for an index on disk."""
     out = {}
     for name, file in read_weight_map(index).items():
-        shard = index.parent / file
+        shard = inside(index.parent, index.parent / file)
         if not shard.is_file():
             raise InputError(f"{index}: tensor {name!r} is listed in {file}, which does not exist")
         out[name] = shard

@@ -25,6 +25,7 @@ from lmconvert.mappings.meta_params import hf_config, model_params
 from lmconvert.mappings.table import Rule
 from lmconvert.mappings.transforms import PiecesDiffer
 
+from .checkpoint_files import within
 from .errors import InputError
 from .source import CANNOT_LOAD_META, Loadable, Source
 from .torch_bin import load_weights
@@ -156,6 +157,7 @@ def write_tokenizer(directory: Path, out: Path) -> list[str]:
 
 
 def open_meta(path: Path) -> Source:
+    within(path, PARAMS, TOKENIZER, *(p.name for p in path.glob("consolidated.*.pth")))
     params = read_params(path)
     inner = model_params(params)
     files = shard_files(path)

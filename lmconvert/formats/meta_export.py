@@ -11,7 +11,6 @@ of reading the canonical shards once per rank.
 from __future__ import annotations
 
 import json
-import shutil
 from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
@@ -25,9 +24,9 @@ from lmconvert.mappings.meta import Layout, LayoutError
 from lmconvert.mappings.meta_params import hf_config, model_params, params_for
 
 from .atomic import atomic_directory, check_output
-from .canonical import CanonicalMeta
+from .canonical import CanonicalMeta, copy_listed
 from .checkpoint import Checkpoint
-from .digest import check_finite
+from .digest import DigestCheck, FiniteCheck, check_tensor
 from .dtypes import torch_dtype
 from .errors import InputError
 from .meta import PARAMS, TOKENIZER
@@ -78,14 +77,15 @@ def to_meta(checkpoint: Checkpoint, meta: CanonicalMeta, out: Path, shards: int 
     check_output(out, force, (src,))
     total, done = len(wanted) * shards, 0
     source = checkpoint.source.tensors
-    with atomic_directory(out) as tmp:
+    with atomic_directory(out, force) as tmp:
         for rank in range(shards):
             state: dict[str, torch.Tensor] = {}
             for meta_name, hf_name, rule in layout.entries():
                 canonical, transform = plan[hf_name]
-                raw = source.get(canonical)
-                if not allow_nonfinite and rank == 0:
-                    check_finite(canonical, raw, source.where(canonical))
+                raw = source.get(canonical)  # every read checked against lmconvert.json, NaN/Inf once
+                where = source.where(canonical)
+                finite = None if allow_nonfinite or rank > 0 else FiniteCheck(canonical, where)
+                check_tensor(raw, finite, DigestCheck(canonical, where, meta.tensors[canonical], meta.hash))
                 t = transform.inverse(raw)
                 piece = layout.transform(rule).inverse(t if dtype is None else t.to(torch_dtype(dtype)))[rank]
                 state[meta_name] = piece.clone(memory_format=torch.contiguous_format)  # a view would save it all
@@ -95,6 +95,6 @@ def to_meta(checkpoint: Checkpoint, meta: CanonicalMeta, out: Path, shards: int 
             torch.save(state, tmp / f"consolidated.{rank:02d}.pth")
             del state
         (tmp / PARAMS).write_text(json.dumps(params, indent=2) + "\n")
-        if (src / TOKENIZER).is_file():
-            shutil.copy2(src / TOKENIZER, tmp / TOKENIZER)
+        if TOKENIZER in meta.files:
+            copy_listed(src, meta, TOKENIZER, tmp)
     return params

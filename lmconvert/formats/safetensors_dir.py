@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING
 
 from safetensors import SafetensorError, safe_open
 
+from .checkpoint_files import checkpoint_file
 from .dtypes import DTYPES, torch_dtype
 from .errors import InputError
 from .jsonfile import shard_files
@@ -41,9 +42,10 @@ def shard_map(directory: Path) -> dict[str, Path]:
     """{tensor name: shard file} from the index, or from the single file."""
     index = directory / INDEX
     if index.exists():
-        return shard_files(index)
+        return shard_files(checkpoint_file(directory, INDEX))
     single = directory / SINGLE
     if single.is_file():
+        checkpoint_file(directory, SINGLE)
         with _open(single) as f:
             return {name: single for name in f.keys()}
     raise InputError(f"{directory}: no {SINGLE} or {INDEX}; point at a directory with safetensors weights")

@@ -27,7 +27,7 @@ from math import prod
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from .digest import HASH, FiniteCheck, Scan, digest_of, file_chunks, memory_chunks, scan, tensor_bytes
+from .digest import HASH, DigestCheck, FiniteCheck, Scan, digest_of, file_chunks, memory_chunks, scan, tensor_bytes
 from .dtypes import DTYPES, of_torch
 
 if TYPE_CHECKING:
@@ -49,8 +49,9 @@ class RawBytes:
 @dataclass(frozen=True)
 class Planned:
     """A tensor to be written: its name, shape and dtype (as safetensors names it) up front, its
-    data on demand. With `raw`, the bytes are copied straight from the source file, and `check`
-    (if any) refuses them when they hold NaN or Inf; a produced tensor is checked by `produce`."""
+    data on demand. With `raw`, the bytes are copied straight from the source file, `check` (if
+    any) refuses them when they hold NaN or Inf, and `expected` (if any) when they differ from
+    their recorded digest, both on the way; a produced tensor is checked by `produce`."""
 
     name: str
     shape: tuple[int, ...]
@@ -58,6 +59,7 @@ class Planned:
     produce: Callable[[], torch.Tensor]
     raw: RawBytes | None = None
     check: FiniteCheck | None = None
+    expected: DigestCheck | None = None
 
     @property
     def nbytes(self) -> int:
@@ -221,7 +223,8 @@ class _Writer:
 
     def raw(self, p: Planned, raw: RawBytes, fd: int, offset: int) -> None:
         checked = p.check is not None
-        job = self._movers.submit(lambda: _move(raw, fd, offset, p.dtype, self.algorithm, checked), fd, p.nbytes)
+        algorithm = p.expected.algorithm if p.expected is not None else self.algorithm
+        job = self._movers.submit(lambda: _move(raw, fd, offset, p.dtype, algorithm, checked), fd, p.nbytes)
         # queued in order, settled in order: progress, and the first NaN is the first reported
         self._pending.append((p, job))
         while self._pending and self._pending[0][1].done():  # fail early on a NaN found so far
@@ -243,7 +246,10 @@ class _Writer:
         self._progress()
         if p.check is not None:
             p.check.require(result.nonfinite)
-        if result.digest is not None:
+        if p.expected is not None:
+            p.expected.require(result.digest)
+        recorded = p.expected is None or p.expected.algorithm == self.algorithm
+        if self.algorithm is not None and recorded and result.digest is not None:
             self.written.tensors[p.name] = result.digest
 
     def finish(self) -> Written:
@@ -277,8 +283,8 @@ def write_safetensors(path: Path, planned: Sequence[Planned], writer: _Writer,
 def write_shards(planned: Sequence[Planned], directory: Path, max_shard_bytes: int, stem: str = "model",
                  progress: Callable[[int, int], None] | None = None, hashed: bool = True) -> Written:
     """Shards of at most max_shard_bytes (a larger tensor gets a shard of its own), named and
-    indexed as transformers names them. `hashed=False` skips the digests (HF exports record
-    none)."""
+    indexed as transformers names them. `hashed=False` records no digests (HF exports record
+    none; they check those their source recorded, through each tensor's `expected`)."""
     groups = _group(planned, max_shard_bytes)
     done = [0]
 

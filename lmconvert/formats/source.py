@@ -12,6 +12,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
+from .checkpoint_files import sidecar_files
+
 if TYPE_CHECKING:
     import torch
 
@@ -52,7 +54,10 @@ class Loadable:
 
 
 def directory_tokenizer(path: Path) -> Loadable | None:
-    return Loadable(path) if path.is_dir() and any((path / n).is_file() for n in TOKENIZER_FILES) else None
+    """The tokenizer files of a directory, which transformers reads: each checked to lie inside it."""
+    if not path.is_dir():
+        return None
+    return Loadable(path) if any(p.name in TOKENIZER_FILES for p in sidecar_files(path)) else None
 
 
 @dataclass

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import torch
 
+from .checkpoint_files import checkpoint_file
 from .errors import InputError
 from .jsonfile import read_weight_map, shard_files
 from .source import Source
@@ -60,8 +61,8 @@ def bin_files(directory: Path) -> list[Path]:
     """The weight files: the index's shards, or the single file."""
     index = directory / INDEX
     if not index.is_file():
-        return [directory / SINGLE]
-    return list(dict.fromkeys(shard_files(index).values()))
+        return [checkpoint_file(directory, SINGLE)]
+    return list(dict.fromkeys(shard_files(checkpoint_file(directory, INDEX)).values()))
 
 
 class BinTensors:
@@ -87,7 +88,7 @@ class BinTensors:
     @staticmethod
     def _listed(directory: Path) -> dict[str, str] | None:
         index = directory / INDEX
-        return read_weight_map(index) if index.is_file() else None
+        return read_weight_map(checkpoint_file(directory, INDEX)) if index.is_file() else None
 
     def names(self) -> list[str]:
         return list(self.files)
