@@ -39,6 +39,8 @@ from typing import Any
 import numpy as np
 import torch
 
+from . import schema
+from .claims import check_layer_claim
 from .errors import InputError
 from .source import Loadable, Source
 
@@ -115,6 +117,27 @@ BY_NAME: tuple[tuple[str, str, GgufArch], ...] = (
                                   defaults={"hidden_act": "silu", "sliding_window": None}, permute_qk=True)),
 )
 HUGE_ARRAYS = ("tokenizer.ggml.tokens", "tokenizer.ggml.scores", "tokenizer.ggml.token_type", "tokenizer.ggml.merges")
+# The types the metadata lmconvert reads must have (llama.cpp's gguf-py writers): a head count of 0 or
+# "4", or a split.count of "abc", is refused where the file is read, not met as a ZeroDivisionError.
+GENERAL_TYPES = schema.Object(
+    required={"general.architecture": schema.String()},
+    optional={"general.name": schema.String(), "split.count": schema.POSITIVE_INT,
+              "tokenizer.ggml.model": schema.String(),
+              **{key: schema.Nullable(schema.COUNT) for key in TOKEN_IDS.values()}})
+ARCH_TYPES: dict[str, schema.Spec] = {  # `{arch}.` keys
+    **{key: schema.POSITIVE_INT for key in (
+        "context_length", "embedding_length", "block_count", "feed_forward_length", "attention.head_count",
+        "attention.head_count_kv", "attention.key_length", "attention.value_length", "rope.dimension_count",
+        "vocab_size", "attention.sliding_window", "rope.scaling.original_context_length")},
+    **{key: schema.POSITIVE for key in (
+        "attention.layer_norm_rms_epsilon", "rope.freq_base", "rope.freq_base_swa", "attn_logit_softcapping",
+        "final_logit_softcapping", "rope.scaling.factor", "rope.scale_linear", "rope.scaling.attn_factor",
+        "rope.scaling.yarn_beta_fast", "rope.scaling.yarn_beta_slow")},
+    "attention.scale": schema.Number(minimum=0),  # 0: not stated
+    "rope.scaling.type": schema.String(),
+    # a period (0: every layer sliding), or one flag per layer
+    "attention.sliding_window_pattern": schema.Either((schema.COUNT, schema.Array(schema.Boolean()))),
+}
 
 
 def _one_line(exc: BaseException) -> str:
@@ -173,7 +196,8 @@ class GgufFile:
         self.tensors = {t.name: t for t in self.reader.tensors}
         if "general.architecture" not in self.meta:
             raise InputError(f"{path}: has no general.architecture metadata; not a llama.cpp model file")
-        if int(self.meta.get("split.count", 1)) > 1:
+        schema.validate(self.meta, GENERAL_TYPES, f"{path}: metadata", "the file is damaged or not llama.cpp's")
+        if self.meta.get("split.count", 1) > 1:
             raise InputError(f"{path}: is one part of a {self.meta['split.count']}-way split GGUF; merge the parts "
                              "first (llama-gguf-split --merge)")
 
@@ -262,6 +286,10 @@ def hf_config(file: GgufFile) -> tuple[dict[str, Any], GgufArch]:
     missing = [f"{arch}.{k}" for k in REQUIRED_KEYS if key(k) is None]
     if missing:
         raise InputError(f"{file.path}: metadata lacks {', '.join(missing)}; the file is incomplete")
+    types = schema.Object(optional={f"{arch}.{k}": spec for k, spec in ARCH_TYPES.items()})
+    schema.validate(file.meta, types, f"{file.path}: metadata", "the file is damaged or not llama.cpp's")
+    # before anything per layer (layer types, the tensor-name map) is built for what it claims
+    check_layer_claim(key("block_count"), file.tensors, file.path, "its metadata", f"{arch}.block_count")
     config: dict[str, Any] = {"model_type": entry.model_type, **SHARED_DEFAULTS, **entry.defaults}
     for gguf_key, hf_key in {**SHARED_KEYS, **entry.keys}.items():
         if key(gguf_key) is not None:
