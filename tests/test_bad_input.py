@@ -594,6 +594,12 @@ def test_deeply_nested_params(tmp_path: Path) -> None:
     assert_clean_failure(lmconvert("inspect", meta), "params.json", "nested too deeply")
 
 
+def test_deeply_nested_generation_config_before_transformers_reads_it(src: Path) -> None:
+    """transformers' own reader raises RecursionError on it, from inside verify's reference run."""
+    (src / "generation_config.json").write_text(nested())
+    assert_clean_failure(lmconvert("verify", src, "--seq-len", 8), "generation_config.json", "nested too deeply")
+
+
 @pytest.mark.parametrize("content, fragment", [
     (b'{"model_type": "llama", "name": "\xff\xfe"}', "utf-8"),
     (b'{"model_type": "llama", "vocab_size": 1' + b"0" * 5000 + b"}", "digits"),

@@ -113,8 +113,8 @@ def _check_tensors(file: Path, tensors: dict[str, torch.Tensor], prompt_tokens: 
         raise bad("it holds one of generation.sequences and generation.logits without the other")
     if "generation.sequences" in tensors:
         sequences, steps = tensors["generation.sequences"], tensors["generation.logits"]
-        new = sequences.shape[-1] - prompt_tokens
-        if not 0 < prompt_tokens <= ids.shape[1] or sequences.dim() != 2 or sequences.shape[0] != 1 or new < 0 \
+        new = sequences.shape[-1] - prompt_tokens if sequences.dim() == 2 else -1
+        if not 0 < prompt_tokens <= ids.shape[1] or new < 0 or sequences.shape[0] != 1 \
                 or not torch.equal(sequences[:, :prompt_tokens], ids[:1, :prompt_tokens]):
             raise bad(f"generation.sequences {list(sequences.shape)} is not the first row's {prompt_tokens}-token "
                       "prompt and its continuation")

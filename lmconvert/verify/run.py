@@ -21,6 +21,7 @@ from lmconvert.arch import ArchConfig
 from lmconvert.formats.checkpoint import Checkpoint, open_checkpoint, opened
 from lmconvert.formats.dtypes import torch_dtype
 from lmconvert.formats.errors import InputError
+from lmconvert.formats.jsonfile import read_json_object
 from lmconvert.formats.source import Loadable, directory_tokenizer
 from lmconvert.mappings import MappingError, family_named
 from lmconvert.runtime.load import load_checkpoint
@@ -34,6 +35,8 @@ from .localize import compare_points
 from .prompts import token_batch
 from .report import Report
 from .trace import Trace, our_trace
+
+REFERENCE_JSON = ("config.json", "generation_config.json")  # what transformers reads beside the weights
 
 
 def reference_side(checkpoint: Checkpoint, reference: Path | None) -> tuple[Loadable, str]:
@@ -51,6 +54,9 @@ def reference_side(checkpoint: Checkpoint, reference: Path | None) -> tuple[Load
             where = replace(where, refusal=f"--reference {where.refusal}")
     if where.refusal is not None:
         raise InputError(where.refusal)
+    for name in REFERENCE_JSON:  # through our reader first: transformers' raises RecursionError on deep nesting
+        if where.where is not None and (where.where / name).is_file():
+            read_json_object(where.where / name, name)
     return where, family
 
 
