@@ -520,6 +520,41 @@ def test_verify_request_beyond_positions_or_memory(good: Path, args: tuple, frag
     assert_clean_failure(lmconvert("verify", good, *args), *fragments)
 
 
+def test_memory_bound_follows_the_address_space_limit(good: Path) -> None:
+    """Under `ulimit -v` (RLIMIT_AS) of 4 GB, what verify may use is what that limit leaves, however
+    much memory the machine has free: 10,000 x 64 tokens (11 GB of hidden states) are refused."""
+    limit = 4 * 10**9
+
+    def limit_address_space() -> None:
+        resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
+
+    proc = lmconvert_process("verify", good, "--batch", 10_000, "--seq-len", 64, preexec_fn=limit_address_space)
+    stdout, stderr = proc.communicate()
+    err = assert_clean_failure(Result(proc.returncode, stdout, stderr), "--batch 10000 x --seq-len 64", "available")
+    available = err.split("more than the ")[1].split(" available")[0]
+    value, unit = available.split()
+    assert unit in ("GB", "MB") and float(value) * {"GB": 10**9, "MB": 10**6}[unit] <= limit, err
+
+
+def test_verify_on_cuda_is_held_to_the_device_memory(monkeypatch: pytest.MonkeyPatch) -> None:
+    """What lives on the device at the peak, the logits (B x T x vocab) and one layer's eager
+    attention scores (B x heads x T x T), fp32, must fit its free memory as torch.cuda.mem_get_info
+    reports it: exactly enough passes, a byte less is refused."""
+    from lmconvert.arch import ArchConfig
+    from lmconvert.formats.errors import InputError
+    from lmconvert.verify import budget
+
+    arch = ArchConfig(vocab_size=128, d_model=64, n_layers=2, n_heads=4, d_ff=96, max_positions=128)
+    on_device = 2 * 64 * 128 * 4 + 2 * 4 * 64 * 64 * 4
+    for free in (on_device, on_device - 1):
+        monkeypatch.setattr(budget, "device_free", lambda device, free=free: free if device == "cuda:0" else None)
+        if free == on_device:
+            budget.check_request(arch, 2, 64, 16, "cuda:0")
+        else:
+            with pytest.raises(InputError, match=f"needs at least {on_device:,} bytes on cuda:0"):
+                budget.check_request(arch, 2, 64, 16, "cuda:0")
+
+
 @pytest.fixture(scope="module")
 def talking(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """An HF checkpoint with a real tokenizer, for generate."""
