@@ -61,3 +61,103 @@ def dead_pid() -> int:
     proc = subprocess.Popen(["true"])
     proc.wait()
     return proc.pid
+
+
+def lmconvert_peak(*args: object) -> tuple[Result, int]:
+    """As a separate process, as the console script runs it; also its peak RSS in bytes (the
+    child's ru_maxrss from wait4, as bench/verify_memory.py measures it)."""
+    import tempfile
+
+    with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
+        proc = subprocess.Popen([sys.executable, "-m", "lmconvert.cli", *map(str, args)], stdout=out, stderr=err,
+                                text=True)
+        _, status, usage = os.wait4(proc.pid, 0)
+        proc.returncode = os.waitstatus_to_exitcode(status)  # reaped here: Popen must not wait again
+        out.seek(0)
+        err.seek(0)
+        return Result(proc.returncode, out.read(), err.read()), usage.ru_maxrss * 1024
+
+
+# A tiny llama as llama.cpp would describe it: 2 layers, d_model 64, 4 heads (2 KV), d_ff 96, vocab 128.
+TINY_GGUF: dict[str, object] = {
+    "general.name": "tiny", "llama.context_length": 128, "llama.embedding_length": 64, "llama.block_count": 2,
+    "llama.feed_forward_length": 96, "llama.attention.head_count": 4, "llama.attention.head_count_kv": 2,
+    "llama.attention.layer_norm_rms_epsilon": 1e-6, "llama.rope.freq_base": 10000.0, "llama.vocab_size": 128,
+}
+_GGUF_LAYER = {"attn_norm": (64,), "attn_q": (64, 64), "attn_k": (32, 64), "attn_v": (32, 64),
+               "attn_output": (64, 64), "ffn_norm": (64,), "ffn_gate": (96, 64), "ffn_up": (96, 64),
+               "ffn_down": (64, 96)}
+
+
+def gguf_value(writer: object, key: str, value: object) -> None:
+    """Add one metadata value in the GGUF type a Python value of its kind gets (ints beyond int32
+    as 64-bit), or in an explicit type given as (value, GGUFValueType)."""
+    import gguf
+
+    if isinstance(value, tuple):
+        value, kind = value
+    elif isinstance(value, bool):
+        kind = gguf.GGUFValueType.BOOL
+    elif isinstance(value, int):
+        kind = gguf.GGUFValueType.INT32 if -2**31 <= value < 2**31 else \
+            gguf.GGUFValueType.UINT64 if value >= 0 else gguf.GGUFValueType.INT64
+    elif isinstance(value, float):
+        kind = gguf.GGUFValueType.FLOAT32
+    elif isinstance(value, list):
+        writer.add_array(key, value)  # type: ignore[attr-defined]
+        return
+    else:
+        kind = gguf.GGUFValueType.STRING
+    writer.add_key_value(key, value, kind)  # type: ignore[attr-defined]
+
+
+def write_tiny_gguf(path: Path, changes: dict[str, object] | None = None, seed: int = 0) -> Path:
+    """TINY_GGUF's metadata with `changes` (None deletes a key), and random F32 tensors under
+    llama.cpp's names and shapes for the original metadata."""
+    import gguf
+    import numpy as np
+
+    meta = {**TINY_GGUF, **(changes or {})}
+    writer = gguf.GGUFWriter(str(path), "llama")
+    for key, value in meta.items():
+        if value is not None:
+            gguf_value(writer, key, value)
+    rng = np.random.default_rng(seed)
+    shapes: dict[str, tuple[int, ...]] = {"token_embd.weight": (128, 64), "output_norm.weight": (64,),
+                                          "output.weight": (128, 64)}
+    for i in range(2):
+        shapes.update({f"blk.{i}.{name}.weight": shape for name, shape in _GGUF_LAYER.items()})
+    for name, shape in shapes.items():
+        writer.add_tensor(name, rng.standard_normal(shape).astype(np.float32))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return path
+
+
+# A tiny Meta LLaMA checkpoint, one rank: dim 64, 2 layers, 4 heads (2 KV), vocab 128, multiple_of 32
+# (Meta's FFN size int(8 * 64 / 3) = 170, rounded up to 192).
+TINY_PARAMS: dict[str, object] = {"dim": 64, "n_layers": 2, "n_heads": 4, "n_kv_heads": 2, "vocab_size": 128,
+                                  "multiple_of": 32, "norm_eps": 1e-5}
+_META_LAYER = {"attention.wq": (64, 64), "attention.wk": (32, 64), "attention.wv": (32, 64),
+               "attention.wo": (64, 64), "feed_forward.w1": (192, 64), "feed_forward.w2": (64, 192),
+               "feed_forward.w3": (192, 64), "attention_norm": (64,), "ffn_norm": (64,)}
+
+
+def write_tiny_meta(directory: Path, params: object = None, seed: int = 0) -> Path:
+    """consolidated.00.pth with random tensors in Meta's names and shapes for TINY_PARAMS, and
+    params.json holding `params` (default TINY_PARAMS) as JSON."""
+    import json
+
+    import torch
+
+    generator = torch.Generator().manual_seed(seed)
+    shapes: dict[str, tuple[int, ...]] = {"tok_embeddings.weight": (128, 64), "norm.weight": (64,),
+                                          "output.weight": (128, 64)}
+    for i in range(2):
+        shapes.update({f"layers.{i}.{name}.weight": shape for name, shape in _META_LAYER.items()})
+    directory.mkdir(parents=True, exist_ok=True)
+    torch.save({n: torch.randn(s, generator=generator) for n, s in shapes.items()}, directory / "consolidated.00.pth")
+    (directory / "params.json").write_text(json.dumps(TINY_PARAMS if params is None else params))
+    return directory

@@ -146,10 +146,14 @@ def convert(src: Path, out: Path, to: str, family: str | None, shards: int | Non
 @click.option("--reference", type=CHECKPOINT, help="HF directory to compare with (default: the recorded source).")
 @click.option("--dtype", type=DTYPE, help="Compute dtype [default: float32, or the golden file's].")
 @click.option("--device", default="cpu", show_default=True, help="cpu, cuda or cuda:N; both sides run there.")
-@click.option("--seq-len", type=click.IntRange(min=1), help="Tokens per sequence (default: past any window).")
-@click.option("--batch", type=click.IntRange(min=1), default=2, show_default=True)
+@click.option("--seq-len", type=click.IntRange(min=1),
+              help="Tokens per sequence (default: past any window); at most the model's max_positions.")
+@click.option("--batch", type=click.IntRange(min=1), default=2, show_default=True,
+              help="Sequences; a batch whose logits and hidden states need more memory than is available "
+                   "is refused before anything is allocated.")
 @click.option("--generate", "new_tokens", type=click.IntRange(min=0), default=16, show_default=True,
-              help="Greedy tokens both sides generate from the first row (0: skip).")
+              help="Greedy tokens both sides generate from the first row (0: skip); at most max_positions, "
+                   "fewer when the prompt leaves less room.")
 @click.option("--max-memory", help="Models larger than memory: transformers keeps at most this much resident "
                                    "(accelerate offloads the rest to disk); ours streams one block at a time.")
 @click.option("--golden", type=click.Path(exists=True, dir_okay=False, path_type=Path),
@@ -210,8 +214,9 @@ def inspect(checkpoint: Path, as_json: bool) -> None:
 
 @main.command()
 @click.argument("checkpoint", type=CHECKPOINT)
-@click.option("--prompt", required=True)
-@click.option("--max-new-tokens", type=click.IntRange(min=0), default=32, show_default=True)
+@click.option("--prompt", required=True, help="Text to continue; empty: start from the tokenizer's BOS token.")
+@click.option("--max-new-tokens", type=click.IntRange(min=0), default=32, show_default=True,
+              help="At most what the model's max_positions leaves after the prompt.")
 @click.option("--dtype", type=DTYPE)
 @click.option("--device", default="cpu", show_default=True)
 @handled

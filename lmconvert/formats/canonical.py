@@ -12,8 +12,11 @@ from typing import Any
 
 from lmconvert.arch import ArchConfig, ConfigError
 
+from . import schema
 from .checkpoint_files import SIDECAR_PATTERNS, checkpoint_file, inside, sidecar_files
+from .claims import check_layer_claim
 from .digest import HASH, HASHES, file_digest
+from .dtypes import DTYPES
 from .errors import InputError, IntegrityError
 from .jsonfile import read_json_object
 
@@ -21,6 +24,7 @@ META_FILE = "lmconvert.json"
 FORMAT = "lmconvert-canonical"
 FORMAT_VERSION = 2
 READABLE_VERSIONS = (1, 2)  # 1: sha256 throughout, and whole-file sums for the shards
+FLOAT_DTYPES = tuple(d.torch_name for d in DTYPES.values() if d.nonfinite is not None)  # what "dtype" may say
 
 
 @dataclass
@@ -47,6 +51,20 @@ def is_canonical(path: Path) -> bool:
     return (path / META_FILE).is_file()
 
 
+# What read_meta accepts: lmconvert.json as lmconvert writes it (format_version is checked first,
+# so that a newer file says "upgrade" rather than naming a key it does not know). `arch` is
+# ArchConfig's to check, once its layer count is known to fit the tensors listed.
+DESCRIPTION = schema.Object(
+    required={"arch": schema.Object(required={"n_layers": schema.POSITIVE_INT}), "family": schema.String(),
+              "dtype": schema.String(FLOAT_DTYPES)},
+    optional={"hash": schema.String(tuple(HASHES)),
+              "source": schema.Object(optional={"path": schema.Nullable(schema.String()),
+                                                "format": schema.String()}),
+              "hf_extras": schema.MapOf(), "tensors": schema.MapOf(schema.String()),
+              "files": schema.MapOf(schema.String()),
+              "shards": schema.MapOf(schema.Object(required={"header": schema.String(), "bytes": schema.COUNT}))})
+
+
 def read_meta(path: Path) -> CanonicalMeta:
     file = path / META_FILE
     if not file.is_file():
@@ -57,18 +75,16 @@ def read_meta(path: Path) -> CanonicalMeta:
     if data.get("format_version") not in READABLE_VERSIONS:
         raise InputError(f"{file}: format_version {data.get('format_version')!r} is newer than this lmconvert "
                          f"reads ({', '.join(map(str, READABLE_VERSIONS))}); upgrade lmconvert")
+    schema.validate(data, DESCRIPTION, str(file), "convert the source again")
+    tensors = data.get("tensors", {})
+    check_layer_claim(data["arch"]["n_layers"], tensors, path, META_FILE, "arch.n_layers")
     try:
         arch = ArchConfig.from_dict(data["arch"])
-        algorithm = data.get("hash", "sha256")  # format 1 had one algorithm and did not name it
-        if algorithm not in HASHES:
-            raise InputError(f"{file}: digest algorithm {algorithm!r} is not one of {', '.join(HASHES)}; "
-                             "upgrade lmconvert")
-        return CanonicalMeta(arch=arch, family=data["family"], dtype=data["dtype"],
-                             source=data.get("source", {}), hf_extras=data.get("hf_extras", {}), hash=algorithm,
-                             tensors=data.get("tensors", {}), files=data.get("files", {}),
-                             shards=data.get("shards", {}))
-    except (KeyError, TypeError, ConfigError) as exc:
+    except (TypeError, ConfigError) as exc:
         raise InputError(f"{file}: invalid description ({exc})") from None
+    return CanonicalMeta(arch=arch, family=data["family"], dtype=data["dtype"], source=data.get("source", {}),
+                         hf_extras=data.get("hf_extras", {}), hash=data.get("hash", "sha256"),  # format 1: sha256
+                         tensors=tensors, files=data.get("files", {}), shards=data.get("shards", {}))
 
 
 def listed_file(path: Path, name: object) -> Path:

@@ -21,7 +21,8 @@ from lmconvert.arch.shapes import parameter_shapes
 from lmconvert.mappings import Family, MappingError, family_for, family_named
 from lmconvert.mappings.table import IDENTITY, Transform, out_shape
 
-from .canonical import CanonicalMeta, copy_sidecars, is_canonical, read_meta
+from .canonical import META_FILE, CanonicalMeta, copy_sidecars, is_canonical, read_meta
+from .claims import check_layer_claim
 from .dtypes import DTYPES, dominant
 from .errors import InputError
 from .hf import is_hf_safetensors, open_hf_safetensors
@@ -168,17 +169,22 @@ def open_checkpoint(path: Path) -> Checkpoint:
 
 def _map(source: Source) -> Checkpoint:
     config_file = source.path / "config.json" if source.path.is_dir() else source.path
+    names = source.tensors.names()
+    described_by, key = (META_FILE, "arch.n_layers") if source.canonical is not None else \
+        ("config.json", "num_hidden_layers")
     try:
         if source.canonical is not None:
             family, arch = family_named(source.canonical.family), source.canonical.arch
         else:
             family = family_for(source.config.get("model_type"))
+            # before the ArchConfig, whose per-layer tables grow with what the config claims
+            check_layer_claim(source.config.get(key), names, source.path, described_by, key)
             arch = family.arch_config(source.config)
     except MappingError as exc:
         raise InputError(f"{config_file}: {str(exc).removeprefix('config.json: ')}") from None
+    check_layer_claim(arch.n_layers, names, source.path, described_by, key)  # as the family read it
     shapes = parameter_shapes(arch)  # what the decoder needs, without building it or importing torch
     if source.canonical is not None:
-        names = source.tensors.names()
         missing = sorted(set(shapes) - set(names))
         if missing:
             raise InputError(f"{source.path}: checkpoint lacks tensor(s): {', '.join(missing[:5])}")
@@ -186,7 +192,7 @@ def _map(source: Source) -> Checkpoint:
         dropped: list[str] = []
     else:
         try:
-            plan, dropped = family.tensors.plan_import(source.tensors.names(), shapes)
+            plan, dropped = family.tensors.plan_import(names, shapes)
         except MappingError as exc:
             raise InputError(f"{source.path}: {exc}") from None
     checkpoint = Checkpoint(source, family, arch, plan, dropped)

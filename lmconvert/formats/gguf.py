@@ -30,7 +30,9 @@ from lmconvert.mappings.gguf import GgufArch, tensor_sizes
 from lmconvert.mappings.gguf_metadata import TOKEN_IDS, hf_config
 from lmconvert.mappings.table import Transform, out_shape
 
+from . import schema
 from .checkpoint_files import within
+from .claims import check_layer_claim
 from .errors import InputError
 from .source import Loadable, Source
 
@@ -38,6 +40,27 @@ SUFFIX = ".gguf"
 MAGIC = b"GGUF"
 
 HUGE_ARRAYS = ("tokenizer.ggml.tokens", "tokenizer.ggml.scores", "tokenizer.ggml.token_type", "tokenizer.ggml.merges")
+# The types the metadata lmconvert reads must have (llama.cpp's gguf-py writers): a head count of 0 or
+# "4", or a split.count of "abc", is refused where the file is read, not met as a ZeroDivisionError.
+GENERAL_TYPES = schema.Object(
+    required={"general.architecture": schema.String()},
+    optional={"general.name": schema.String(), "split.count": schema.POSITIVE_INT,
+              "tokenizer.ggml.model": schema.String(),
+              **{key: schema.Nullable(schema.COUNT) for key in TOKEN_IDS.values()}})
+ARCH_TYPES: dict[str, schema.Spec] = {  # `{arch}.` keys
+    **{key: schema.POSITIVE_INT for key in (
+        "context_length", "embedding_length", "block_count", "feed_forward_length", "attention.head_count",
+        "attention.head_count_kv", "attention.key_length", "attention.value_length", "rope.dimension_count",
+        "vocab_size", "attention.sliding_window", "rope.scaling.original_context_length")},
+    **{key: schema.POSITIVE for key in (
+        "attention.layer_norm_rms_epsilon", "rope.freq_base", "rope.freq_base_swa", "attn_logit_softcapping",
+        "final_logit_softcapping", "rope.scaling.factor", "rope.scale_linear", "rope.scaling.attn_factor",
+        "rope.scaling.yarn_beta_fast", "rope.scaling.yarn_beta_slow")},
+    "attention.scale": schema.Number(minimum=0),  # 0: not stated
+    "rope.scaling.type": schema.String(),
+    # a period (0: every layer sliding), or one flag per layer
+    "attention.sliding_window_pattern": schema.Either((schema.COUNT, schema.Array(schema.Boolean()))),
+}
 
 
 def _one_line(exc: BaseException) -> str:
@@ -96,7 +119,8 @@ class GgufFile:
         self.tensors = {t.name: t for t in self.reader.tensors}
         if "general.architecture" not in self.meta:
             raise InputError(f"{path}: has no general.architecture metadata; not a llama.cpp model file")
-        if int(self.meta.get("split.count", 1)) > 1:
+        schema.validate(self.meta, GENERAL_TYPES, f"{path}: metadata", "the file is damaged or not llama.cpp's")
+        if self.meta.get("split.count", 1) > 1:
             raise InputError(f"{path}: is one part of a {self.meta['split.count']}-way split GGUF; merge the parts "
                              "first (llama-gguf-split --merge)")
 
@@ -267,6 +291,16 @@ def sidecar_writer(file: GgufFile, info: dict[str, Any]) -> Callable[[Path], lis
     return write
 
 
+def check_metadata(file: GgufFile) -> None:
+    """The architecture's keys have the types llama.cpp writes, and the layers it claims fit the
+    tensors the file holds, before anything per layer (layer types, the tensor table) is built."""
+    arch = str(file.meta["general.architecture"])
+    types = schema.Object(optional={f"{arch}.{k}": spec for k, spec in ARCH_TYPES.items()})
+    schema.validate(file.meta, types, f"{file.path}: metadata", "the file is damaged or not llama.cpp's")
+    check_layer_claim(file.meta.get(f"{arch}.block_count"), file.tensors, file.path, "its metadata",
+                      f"{arch}.block_count")
+
+
 def open_gguf(path: Path) -> Source:
     target = gguf_file_of(path)
     if target is None:
@@ -275,6 +309,7 @@ def open_gguf(path: Path) -> Source:
     file = GgufFile(target)
     try:
         file.check_types()
+        check_metadata(file)
         try:
             config, entry = hf_config(file)
         except MappingError as exc:

@@ -10,7 +10,6 @@ before anything is converted.
 
 from __future__ import annotations
 
-import json
 import re
 import shutil
 import tempfile
@@ -25,8 +24,11 @@ from lmconvert.mappings.meta_params import hf_config, model_params
 from lmconvert.mappings.table import Rule
 from lmconvert.mappings.transforms import PiecesDiffer
 
+from . import schema
 from .checkpoint_files import within
+from .claims import check_layer_claim
 from .errors import InputError
+from .jsonfile import read_json_object
 from .source import CANNOT_LOAD_META, Loadable, Source
 from .torch_bin import load_weights
 
@@ -50,14 +52,23 @@ def shard_files(directory: Path) -> list[Path]:
     return [found[r] for r in ranks]
 
 
+# params.json's model keys as Meta's ModelArgs reads them: a zero or a wrong type is refused here,
+# not met later as a ZeroDivisionError (n_heads, multiple_of) or a mis-sized model.
+PARAMS_SCHEMA = schema.Object(
+    required={"dim": schema.POSITIVE_INT, "n_layers": schema.POSITIVE_INT, "n_heads": schema.POSITIVE_INT},
+    optional={"n_kv_heads": schema.Nullable(schema.POSITIVE_INT), "multiple_of": schema.Nullable(schema.POSITIVE_INT),
+              "vocab_size": schema.Nullable(schema.Integer(minimum=-1)),  # LLaMA 1/2: -1, from the tokenizer
+              "ffn_dim_multiplier": schema.Nullable(schema.POSITIVE), "norm_eps": schema.Nullable(schema.POSITIVE),
+              "rope_theta": schema.Nullable(schema.POSITIVE), "use_scaled_rope": schema.Nullable(schema.Boolean()),
+              "rope_scaling_factor": schema.Nullable(schema.POSITIVE),
+              "rope_high_freq_factor": schema.Nullable(schema.POSITIVE),
+              "max_seq_len": schema.Nullable(schema.POSITIVE_INT)})
+
+
 def read_params(directory: Path) -> dict[str, Any]:
     path = directory / PARAMS
-    try:
-        params = json.loads(path.read_text())
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise InputError(f"{path}: not valid JSON ({exc}); fix or re-download it") from None
-    if not isinstance(params, dict):
-        raise InputError(f"{path}: expected a JSON object")
+    params = read_json_object(path, PARAMS)
+    schema.validate(model_params(params), PARAMS_SCHEMA, str(path), "fix or re-download it")
     return params
 
 
@@ -163,6 +174,7 @@ def open_meta(path: Path) -> Source:
     files = shard_files(path)
     shards = [load_weights(f) for f in files]
     head = shards[0]
+    check_layer_claim(inner["n_layers"], head, files[0], PARAMS, "n_layers")  # before the per-layer tables
     if "output.weight" not in head or "tok_embeddings.weight" not in head:
         raise InputError(f"{files[0]}: lacks output.weight or tok_embeddings.weight; not a Meta LLaMA checkpoint")
     vocab = inner.get("vocab_size")

@@ -13,11 +13,16 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
+import torch
 from safetensors import SafetensorError, safe_open
 from safetensors.torch import save_file
 
+from lmconvert.formats import schema
+from lmconvert.formats.dtypes import CASTS
 from lmconvert.formats.errors import InputError
+from lmconvert.formats.jsonfile import parse_json
 
 from .expected import Expected
 from .tolerance import Tolerance
@@ -55,6 +60,68 @@ def save(expected: Expected, file: Path) -> None:
         raise InputError(f"--save-golden {file}: cannot write ({exc.strerror or exc}); check the path") from None
 
 
+# The metadata load() reads back, JSON parts decoded: what save() writes, checked before use.
+JSON_PARTS = ("tolerance", "versions", "own_errors", "reference_error", "prompt_tokens", "info")
+METADATA = schema.Object(
+    required={"dtype": schema.String(CASTS),
+              "tolerance": schema.Object(required={"dtype": schema.String(CASTS)},
+                                         optional={k: schema.Nullable(schema.POSITIVE)
+                                                   for k in ("logits_max_abs", "point_rtol", "faithfulness")})},
+    optional={"device": schema.String(), "versions": schema.Nullable(schema.MapOf(schema.Nullable(schema.String()))),
+              "own_errors": schema.MapOf(schema.Array(schema.Number(minimum=0), min_items=2, max_items=2)),
+              "reference_error": schema.Nullable(schema.Number(minimum=0)), "prompt_tokens": schema.COUNT,
+              "info": schema.MapOf()})
+
+
+def _metadata(file: Path, metadata: dict[str, str]) -> dict[str, Any]:
+    decoded: dict[str, Any] = {k: v for k, v in metadata.items() if k not in JSON_PARTS}
+    for key in JSON_PARTS:
+        if key in metadata:
+            decoded[key] = parse_json(metadata[key], f"--golden {file}: metadata {key!r}")
+    schema.validate(decoded, METADATA, f"--golden {file}: metadata", "record it again")
+    tolerance = decoded["tolerance"]
+    needs = ("logits_max_abs", "point_rtol") if decoded["dtype"] == "float32" else ("faithfulness",)
+    if tolerance["dtype"] != decoded["dtype"] or any(tolerance.get(k) is None for k in needs) or (
+            decoded["dtype"] == "float32" and tolerance.get("faithfulness") is not None):
+        raise InputError(f"--golden {file}: metadata: tolerance {tolerance} does not fit dtype {decoded['dtype']}; "
+                         "record it again")
+    return decoded
+
+
+def _check_tensors(file: Path, tensors: dict[str, torch.Tensor], prompt_tokens: int) -> None:
+    """The shapes save() writes: ids (B, T) of token ids, logits (B, T, vocab), greedy sequences
+    (1, prompt + new) that start with the first row's prompt, and their step logits (1, new, vocab)."""
+    def bad(what: str) -> InputError:
+        return InputError(f"--golden {file}: {what}; record it again")
+
+    ids, logits = tensors["ids"], tensors["logits"]
+    for name, t in tensors.items():
+        integer = name in ("ids", "generation.sequences")
+        if t.dtype.is_floating_point == integer or t.dtype == torch.bool:
+            raise bad(f"tensor {name!r} is {str(t.dtype).removeprefix('torch.')}, not "
+                      f"{'integer token ids' if integer else 'floating point'}")
+    if ids.dim() != 2 or 0 in ids.shape:
+        raise bad(f"ids has shape {list(ids.shape)}, not (batch, tokens)")
+    for name in ("ids", "generation.sequences"):
+        if name in tensors and tensors[name].numel() and int(tensors[name].min()) < 0:
+            raise bad(f"{name} holds the negative token id {int(tensors[name].min())}")
+    if logits.dim() != 3 or tuple(logits.shape[:2]) != tuple(ids.shape) or logits.shape[2] == 0:
+        raise bad(f"logits has shape {list(logits.shape)}, not (batch, tokens, vocab) for ids {list(ids.shape)}")
+    if "logits.fp32" in tensors and tensors["logits.fp32"].shape != logits.shape:
+        raise bad(f"logits.fp32 has shape {list(tensors['logits.fp32'].shape)}, not logits' {list(logits.shape)}")
+    if ("generation.sequences" in tensors) != ("generation.logits" in tensors):
+        raise bad("it holds one of generation.sequences and generation.logits without the other")
+    if "generation.sequences" in tensors:
+        sequences, steps = tensors["generation.sequences"], tensors["generation.logits"]
+        new = sequences.shape[-1] - prompt_tokens if sequences.dim() == 2 else -1
+        if not 0 < prompt_tokens <= ids.shape[1] or new < 0 or sequences.shape[0] != 1 \
+                or not torch.equal(sequences[:, :prompt_tokens], ids[:1, :prompt_tokens]):
+            raise bad(f"generation.sequences {list(sequences.shape)} is not the first row's {prompt_tokens}-token "
+                      "prompt and its continuation")
+        if tuple(steps.shape) != (1, new, logits.shape[2]):
+            raise bad(f"generation.logits has shape {list(steps.shape)}, not [1, {new}, {logits.shape[2]}]")
+
+
 def load(file: Path) -> Expected:
     """The Expected a golden file holds; one-line errors for anything that is not one."""
     try:
@@ -70,25 +137,20 @@ def load(file: Path) -> Expected:
     if metadata.get("format_version") != str(FORMAT_VERSION):
         raise InputError(f"--golden {file}: format_version {metadata.get('format_version')!r} is not "
                          f"{FORMAT_VERSION}; record it again with this lmconvert")
-    try:
-        tolerance = Tolerance.from_dict(json.loads(metadata["tolerance"]))
-        own = {k: tuple(v) for k, v in json.loads(metadata.get("own_errors", "{}")).items()}
-        info = json.loads(metadata.get("info", "{}"))
-        reference_error = json.loads(metadata.get("reference_error", "null"))
-        prompt_tokens = int(metadata.get("prompt_tokens", "0"))
-        dtype = metadata["dtype"]
-        if dtype not in ("float32", "bfloat16", "float16"):
-            raise ValueError(f"dtype {dtype!r}")
-    except (KeyError, ValueError, TypeError) as exc:
-        raise InputError(f"--golden {file}: its metadata is damaged ({exc}); record it again") from None
+    meta = _metadata(file, metadata)
+    prompt_tokens = meta.get("prompt_tokens", 0)
+    _check_tensors(file, tensors, prompt_tokens)
+    tolerance = Tolerance.from_dict(meta["tolerance"])
+    reference_error = meta.get("reference_error")
     generation = None
-    if "generation.sequences" in tensors and "generation.logits" in tensors:
+    if "generation.sequences" in tensors:
         generation = (tensors["generation.sequences"], tensors["generation.logits"])
     points = {name.removeprefix("points."): t for name, t in tensors.items() if name.startswith("points.")}
     if not tolerance.exact and ("logits.fp32" not in tensors or reference_error is None):
         raise InputError(f"--golden {file}: a {tolerance.dtype} golden file needs the fp32 reference logits and "
                          "transformers' own error; record it again")
-    return Expected(ids=tensors["ids"], logits=tensors["logits"], points=points, dtype=dtype,
-                    device=metadata.get("device", "cpu"), tolerance=tolerance, exact_logits=tensors.get("logits.fp32"),
+    own = {k: (float(v[0]), float(v[1])) for k, v in meta.get("own_errors", {}).items()}
+    return Expected(ids=tensors["ids"], logits=tensors["logits"], points=points, dtype=meta["dtype"],
+                    device=meta.get("device", "cpu"), tolerance=tolerance, exact_logits=tensors.get("logits.fp32"),
                     reference_error=reference_error, own=own or None, generation=generation,
-                    prompt_tokens=prompt_tokens, info=info)
+                    prompt_tokens=prompt_tokens, info=meta.get("info", {}))

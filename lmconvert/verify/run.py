@@ -21,6 +21,7 @@ from lmconvert.arch import ArchConfig
 from lmconvert.formats.checkpoint import Checkpoint, open_checkpoint, opened
 from lmconvert.formats.dtypes import torch_dtype
 from lmconvert.formats.errors import InputError
+from lmconvert.formats.jsonfile import read_json_object
 from lmconvert.formats.source import Loadable, directory_tokenizer
 from lmconvert.mappings import MappingError, family_named
 from lmconvert.runtime.load import load_checkpoint
@@ -28,11 +29,14 @@ from lmconvert.runtime.streamed import streamed
 
 from . import golden as golden_file
 from .agreement import compare_generation, greedy, logit_stats
+from .budget import check_request
 from .expected import Expected, record, versions
 from .localize import compare_points
 from .prompts import token_batch
 from .report import Report
 from .trace import Trace, our_trace
+
+REFERENCE_JSON = ("config.json", "generation_config.json")  # what transformers reads beside the weights
 
 
 def reference_side(checkpoint: Checkpoint, reference: Path | None) -> tuple[Loadable, str]:
@@ -50,6 +54,9 @@ def reference_side(checkpoint: Checkpoint, reference: Path | None) -> tuple[Load
             where = replace(where, refusal=f"--reference {where.refusal}")
     if where.refusal is not None:
         raise InputError(where.refusal)
+    for name in REFERENCE_JSON:  # through our reader first: transformers' raises RecursionError on deep nesting
+        if where.where is not None and (where.where / name).is_file():
+            read_json_object(where.where / name, name)
     return where, family
 
 
@@ -114,23 +121,30 @@ def record_reference(checkpoint: Path | Checkpoint, reference: Path | None = Non
     """The transformers half of `verify`: pick the token batch (real prompts when the checkpoint
     has a tokenizer) and record what transformers computes on it."""
     with opened(checkpoint) as ckpt:
-        where, family = reference_side(ckpt, reference)
         arch = ckpt.arch
+        seq_len = seq_len or default_seq_len(arch)
+        check_request(arch, batch, seq_len, generate, device)  # before anything is allocated for them
+        where, family = reference_side(ckpt, reference)
         tokenizers = [ckpt.tokenizer, where if where.kwargs else directory_tokenizer(where.where)]
-        ids, tokens = token_batch(tokenizers, arch.vocab_size, batch, seq_len or default_seq_len(arch), seed)
+        ids, tokens = token_batch(tokenizers, arch.vocab_size, batch, seq_len, seed)
         return record(where, arch, family_named(family).tensors, ids, dtype or "float32", device, max_memory,
                       generate, info={"tokens": tokens, "checkpoint": str(ckpt.path)})
 
 
-def check_golden(checkpoint: Checkpoint, golden: Path, dtype: str | None = None) -> Expected:
-    """A golden file's record, once it is known to fit this checkpoint and dtype."""
+def check_golden(checkpoint: Checkpoint, golden: Path, dtype: str | None = None, device: str = "cpu") -> Expected:
+    """A golden file's record, once it is known to fit this checkpoint, dtype and machine."""
     expected = golden_file.load(golden)
+    arch = checkpoint.arch
     if dtype is not None and dtype != expected.dtype:
         raise InputError(f"--golden {golden}: recorded in {expected.dtype}; pass --dtype {expected.dtype} "
                          "or record a new golden file")
-    if int(expected.ids.max()) >= checkpoint.arch.vocab_size:
-        raise InputError(f"--golden {golden}: its token ids exceed {checkpoint.path}'s vocabulary of "
-                         f"{checkpoint.arch.vocab_size}; it was recorded for another model")
+    vocab = expected.logits.shape[-1]
+    if int(expected.ids.max()) >= arch.vocab_size or vocab != arch.vocab_size:
+        raise InputError(f"--golden {golden}: its token ids or {vocab}-wide logits do not fit {checkpoint.path}'s "
+                         f"vocabulary of {arch.vocab_size}; it was recorded for another model")
+    new = 0 if expected.generation is None else expected.generation[0].shape[1] - expected.prompt_tokens
+    batch, seq_len = expected.ids.shape
+    check_request(arch, batch, seq_len, new, device, golden=golden)
     return expected
 
 
@@ -145,7 +159,7 @@ def verify(checkpoint: Path, reference: Path | None = None, dtype: str | None = 
         raise InputError("--golden checks against a recorded file; drop --reference and --save-golden")
     with open_checkpoint(checkpoint) as ckpt:
         if golden is not None:
-            expected = check_golden(ckpt, golden, dtype)
+            expected = check_golden(ckpt, golden, dtype, device)
         else:
             expected = record_reference(ckpt, reference, dtype, device, seq_len, batch, seed, generate, max_memory)
             if save_golden is not None:
