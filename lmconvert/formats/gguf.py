@@ -26,7 +26,7 @@ import numpy as np
 import torch
 
 from lmconvert.mappings import MappingError, family_for
-from lmconvert.mappings.gguf import GgufArch, tensor_sizes
+from lmconvert.mappings.gguf import GgufArch, arch_entry, tensor_sizes
 from lmconvert.mappings.gguf_metadata import TOKEN_IDS, hf_config
 from lmconvert.mappings.table import Transform, out_shape
 
@@ -295,6 +295,7 @@ def check_metadata(file: GgufFile) -> None:
     """The architecture's keys have the types llama.cpp writes, and the layers it claims fit the
     tensors the file holds, before anything per layer (layer types, the tensor table) is built."""
     arch = str(file.meta["general.architecture"])
+    arch_entry(arch)  # an architecture lmconvert does not read is named before its keys are checked
     types = schema.Object(optional={f"{arch}.{k}": spec for k, spec in ARCH_TYPES.items()})
     schema.validate(file.meta, types, f"{file.path}: metadata", "the file is damaged or not llama.cpp's")
     check_layer_claim(file.meta.get(f"{arch}.block_count"), file.tensors, file.path, "its metadata",
@@ -309,8 +310,8 @@ def open_gguf(path: Path) -> Source:
     file = GgufFile(target)
     try:
         file.check_types()
-        check_metadata(file)
         try:
+            check_metadata(file)
             config, entry = hf_config(file)
         except MappingError as exc:
             raise InputError(f"{file.path}: {exc}") from None
