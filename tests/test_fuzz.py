@@ -13,6 +13,7 @@ import struct
 import tempfile
 from pathlib import Path
 
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -42,6 +43,7 @@ entry = st.fixed_dictionaries({
 headers = st.dictionaries(st.text(min_size=1, max_size=6), st.one_of(entry, json_values), max_size=4)
 
 
+@pytest.mark.slow
 @fuzz(500)
 @given(header=headers, data=st.binary(max_size=96), length_delta=st.sampled_from([0, 0, 0, -3, 5, 10**9]),
        raw=st.one_of(st.none(), st.binary(max_size=64)))
