@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from test_arch_common import additive_mask, build, hf_eager_attention, max_diff, tiny, tokens, variant
+from arch_helpers import additive_mask, build, hf_eager_attention, max_diff, tiny, tokens, variant
 from transformers import LlamaConfig
 from transformers.masking_utils import causal_mask_function, sliding_window_causal_mask_function
 from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding, apply_rotary_pos_emb

@@ -6,7 +6,7 @@ import math
 
 import pytest
 import torch
-from test_arch_common import build, max_diff, perturb, tiny, tokens
+from arch_helpers import build, max_diff, perturb, tiny, tokens
 from transformers import LlamaConfig
 from transformers.activations import ACT2FN
 from transformers.models.llama.modeling_llama import LlamaMLP

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from test_arch_common import build, max_diff, tiny, tokens
+from arch_helpers import build, max_diff, tiny, tokens
 
 from lmconvert.arch import NormConfig, RopeConfig
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 
 import pytest
-from test_arch_common import TINY, tiny
+from arch_helpers import TINY, tiny
 
 from lmconvert.arch import ArchConfig, ConfigError, NormConfig, RopeConfig
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from test_arch_common import perturb
+from arch_helpers import perturb
 from transformers.models.gemma2.modeling_gemma2 import Gemma2RMSNorm
 from transformers.models.llama.modeling_llama import LlamaRMSNorm
 from transformers.models.olmo2.modeling_olmo2 import Olmo2RMSNorm

@@ -9,7 +9,7 @@ import math
 import pytest
 import torch
 import torch.nn.functional as F
-from test_arch_common import build, max_diff, tiny, tokens, variant
+from arch_helpers import build, max_diff, tiny, tokens, variant
 from transformers.loss.loss_utils import ForCausalLMLoss
 
 from lmconvert.arch import Decoder, RopeConfig

@@ -7,7 +7,7 @@ import math
 
 import pytest
 import torch
-from test_arch_common import additive_mask, build, hf_eager_attention, max_diff, tiny, tokens, variant
+from arch_helpers import additive_mask, build, hf_eager_attention, max_diff, tiny, tokens, variant
 from transformers import GPTNeoXConfig, LlamaConfig
 from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 from transformers.models.bloom.modeling_bloom import build_alibi_tensor

@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 import torch
-from test_arch_common import max_diff, perturb, tokens
+from arch_helpers import max_diff, perturb, tokens
 from transformers import AutoConfig, AutoModelForCausalLM
 
 from lmconvert.arch import ArchConfig, Decoder, NormConfig, RopeConfig

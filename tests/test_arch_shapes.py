@@ -13,9 +13,9 @@ from typing import Any
 
 import pytest
 import torch
+from arch_helpers import tiny
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from test_arch_common import tiny
 
 from lmconvert.arch import ArchConfig, Decoder, NormConfig, RopeConfig, attention_kinds
 from lmconvert.arch import config as config_module
@@ -136,6 +136,7 @@ def arch_configs(draw: st.DrawFn) -> ArchConfig:
     )
 
 
+@pytest.mark.slow
 @settings(max_examples=300, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow])
 @given(cfg=arch_configs())
 def test_matches_decoder_for_any_config(cfg: ArchConfig) -> None:

@@ -305,6 +305,7 @@ def larger(tmp_path_factory: pytest.TempPathFactory) -> Path:
                            num_hidden_layers=6, num_attention_heads=8, num_key_value_heads=4, vocab_size=16000)
 
 
+@pytest.mark.slow
 def test_interrupted_conversions_leave_nothing_half_written(larger: Path, tmp_path: Path) -> None:
     """SIGINT or SIGKILL at random points of the writing: OUT is either absent or complete, and a
     re-run succeeds."""

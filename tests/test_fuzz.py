@@ -48,6 +48,7 @@ entry = st.fixed_dictionaries({
 headers = st.dictionaries(st.text(min_size=1, max_size=6), st.one_of(entry, json_values), max_size=4)
 
 
+@pytest.mark.slow
 @fuzz(500)
 @given(header=headers, data=st.binary(max_size=96), length_delta=st.sampled_from([0, 0, 0, -3, 5, 10**9]),
        raw=st.one_of(st.none(), st.binary(max_size=64)))

@@ -119,6 +119,7 @@ def hf_tensor(files: dict[str, bytes], name: str) -> torch.Tensor:
     return load(files[shard])[name]
 
 
+@pytest.mark.slow
 def test_pull_converts_records_the_commit_and_uses_the_hf_cache(pulled: tuple[Path, Path], hub: HubServer,
                                                                 commits: dict[str, dict[str, bytes]]) -> None:
     home, out = pulled
@@ -142,6 +143,7 @@ def test_pull_converts_records_the_commit_and_uses_the_hf_cache(pulled: tuple[Pa
     assert result.exit_code == 0 and "PASS" in result.stdout, result.stdout + result.stderr
 
 
+@pytest.mark.slow
 def test_pinned_revision_by_sha_and_by_branch(hub: HubServer, commits: dict[str, dict[str, bytes]],
                                               tmp_path: Path) -> None:
     env = hub_env(hub.url, tmp_path / "hf")
@@ -158,6 +160,7 @@ def test_pinned_revision_by_sha_and_by_branch(hub: HubServer, commits: dict[str,
     assert (tmp_path / "hf" / "hub" / "models--org--tiny-llama" / "refs" / "v1").read_text() == v1_sha
 
 
+@pytest.mark.slow
 def test_gated_repo_needs_a_token(hub: HubServer, tmp_path: Path) -> None:
     repo, env = "org/gated-llama", hub_env(hub.url, tmp_path / "hf")
     proc = lmconvert("pull", repo, "--out", tmp_path / "out", env=env)
@@ -176,6 +179,7 @@ def test_gated_repo_needs_a_token(hub: HubServer, tmp_path: Path) -> None:
     assert downloads and all(r.authorization is None for r in downloads)  # the token stays on the Hub
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("args, fragments", [
     (["org/no-such-model"], ["org/no-such-model", "no such model repo", "HF_TOKEN"]),
     ([TINY, "--revision", "no-such-branch"], [TINY, "'no-such-branch'", "--revision"]),
@@ -187,6 +191,7 @@ def test_missing_repo_or_revision(hub: HubServer, tmp_path: Path, args: list[str
     assert not (tmp_path / "out").exists()
 
 
+@pytest.mark.slow
 def test_index_listing_a_shard_the_repo_lacks(hub: HubServer, commits: dict[str, dict[str, bytes]],
                                               tmp_path: Path) -> None:
     proc = lmconvert("pull", "org/half-upload", "--out", tmp_path / "out", env=hub_env(hub.url, tmp_path / "hf"))
@@ -196,6 +201,7 @@ def test_index_listing_a_shard_the_repo_lacks(hub: HubServer, commits: dict[str,
     assert len(list(blobs.iterdir())) == 1  # only the index: no weights fetched for nothing
 
 
+@pytest.mark.slow
 def test_listed_file_that_cannot_be_downloaded(hub: HubServer, commits: dict[str, dict[str, bytes]],
                                                tmp_path: Path) -> None:
     proc = lmconvert("pull", "org/lost-shard", "--out", tmp_path / "out", env=hub_env(hub.url, tmp_path / "hf"))
@@ -203,6 +209,7 @@ def test_listed_file_that_cannot_be_downloaded(hub: HubServer, commits: dict[str
     assert not (tmp_path / "out").exists()
 
 
+@pytest.mark.slow
 def test_cut_off_downloads_are_retried(hub: HubServer, commits: dict[str, dict[str, bytes]], tmp_path: Path) -> None:
     """The server drops the connection part way through two files. huggingface_hub retries each after a
     second: from the start when less than its 10 MiB chunk had arrived (what came is discarded), else
@@ -224,6 +231,7 @@ def test_cut_off_downloads_are_retried(hub: HubServer, commits: dict[str, dict[s
                        hf_tensor(big, "lm_head.weight"))
 
 
+@pytest.mark.slow
 def test_download_that_keeps_failing_exits_2_without_output(hub: HubServer, tmp_path: Path) -> None:
     since = len(hub.requests)
     home = tmp_path / "hf"
@@ -235,6 +243,7 @@ def test_download_that_keeps_failing_exits_2_without_output(hub: HubServer, tmp_
     assert not [p for p in blobs.iterdir() if len(p.name) == 64]  # no weights blob, not even a partial one
 
 
+@pytest.mark.slow
 def test_offline_rerun_from_the_cache(pulled: tuple[Path, Path], hub: HubServer, tmp_path: Path) -> None:
     home, first = pulled
     recorded = json.loads((first / "lmconvert.json").read_text())
@@ -253,6 +262,7 @@ def test_offline_rerun_from_the_cache(pulled: tuple[Path, Path], hub: HubServer,
     assert_one_line_error(proc, "org/flaky-llama", "HF_HUB_OFFLINE", "cache")
 
 
+@pytest.mark.slow
 def test_pull_with_verify_into_the_default_out(pulled: tuple[Path, Path], hub: HubServer, tmp_path: Path) -> None:
     home, _ = pulled
     proc = lmconvert("pull", TINY, "--verify", env=hub_env(hub.url, home), cwd=tmp_path)
@@ -265,6 +275,7 @@ def test_pull_with_verify_into_the_default_out(pulled: tuple[Path, Path], hub: H
     assert hub.log(since) == []  # refused before any download
 
 
+@pytest.mark.slow
 def test_bin_weights_only_when_there_is_no_safetensors(hub: HubServer, commits: dict[str, dict[str, bytes]],
                                                        tmp_path: Path) -> None:
     from lmconvert.formats.checkpoint import FORMATS

@@ -22,6 +22,9 @@ from lmconvert.formats.safetensors_dir import TensorSource
 from lmconvert.formats.smollm2 import smollm2_path
 from lmconvert.mappings import family_named
 
+# a real 135M-parameter model, dequantized and run on both sides: ~30 s for the module
+pytestmark = pytest.mark.slow
+
 FP32_MAX_ABS = 1e-5
 PROMPTS = (
     "The capital of France is",

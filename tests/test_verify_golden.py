@@ -60,6 +60,7 @@ def test_the_block_really_blocks(tmp_path: Path) -> None:
     assert proc.returncode != 0 and "transformers is blocked" in proc.stderr
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 def test_record_then_check_without_transformers(pair: tuple[Path, Path], tmp_path: Path, dtype: str) -> None:
     hf, canonical = pair
@@ -92,6 +93,7 @@ def test_record_then_check_without_transformers(pair: tuple[Path, Path], tmp_pat
     assert len(report["points"]) == 2 + 2 * 3
 
 
+@pytest.mark.slow
 def test_golden_locates_a_regression_without_transformers(pair: tuple[Path, Path], tmp_path: Path) -> None:
     _, canonical = pair
     golden = tmp_path / "golden.safetensors"

@@ -3,7 +3,7 @@ verify --device cuda` on a tiny perturbed checkpoint in each dtype (in memory, a
 accelerate offloading). Everything goes to stdout and to a log file; the exit status is non-zero
 if any step fails, and also when there is no CUDA device: skipped is not passed.
 
-    python tests/gpu_check.py [LOG]    # default: gpu-check.log
+    python tools/gpu_check.py [LOG]    # default: gpu-check.log
 """
 
 from __future__ import annotations
