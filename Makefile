@@ -25,7 +25,7 @@ test: env
 # everyday work: everything but the tests marked slow (docs/testing.md). One torch thread: the models are
 # tiny, and on a busy 2-core machine OpenMP's spinning threads made the same tests 5x slower
 test-fast: env
-	$(BIN)/lint-imports
+	$(BIN)/lint-imports --no-cache
 	OMP_NUM_THREADS=1 $(BIN)/python -m pytest -q -m "not slow"
 
 lint: env

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 import pytest
 import torch
 import torch.nn.functional as F
-from test_arch_common import build, max_diff, tiny, tokens
+from arch_helpers import build, max_diff, tiny, tokens
 from torch import nn
 
 from lmconvert.arch import ArchConfig, ConfigError, Decoder

@@ -976,6 +976,7 @@ def test_hostile_claims_fail_within_the_memory_the_files_justify(src: Path, can:
     assert peak < baseline + 50 * MB, (peak, baseline)
 
 
+@pytest.mark.slow  # nine verify runs, each its own process
 def test_verify_requests_fail_within_the_memory_a_good_run_uses(canonical_ready: Path) -> None:
     """A batch of 10**9 sequences is refused before anything is allocated for it: the refusal
     costs no more than a real verify of the tiny model (whose peak is mostly torch itself)."""
