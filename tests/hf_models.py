@@ -43,6 +43,16 @@ def make_checkpoint(directory: Path, model_type: str = "llama", dtype: torch.dty
     return save_checkpoint(build_model(model_type, seed, **overrides), directory, dtype)
 
 
+@torch.no_grad()
+def module_outputs(model: torch.nn.Module, path: str, ids: torch.Tensor) -> torch.Tensor:
+    """The output of one module, hooked independently of lmconvert's recorder."""
+    seen = []
+    handle = model.get_submodule(path).register_forward_hook(lambda _m, _a, out: seen.append(out))
+    model(ids)
+    handle.remove()
+    return seen[0].float()
+
+
 def load_reference(directory: Path, dtype: torch.dtype = torch.float32) -> torch.nn.Module:
     return AutoModelForCausalLM.from_pretrained(directory, dtype=dtype, attn_implementation="eager").eval()
 

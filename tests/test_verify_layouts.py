@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from hf_models import TINY, build_model, load_reference, save_checkpoint
+from hf_models import TINY, build_model, load_reference, module_outputs, save_checkpoint
 from test_families import SPECS
 from transformers import AutoConfig
 
@@ -61,15 +61,6 @@ def closest_permutation(ours: torch.Tensor, ref: torch.Tensor) -> torch.Tensor:
     return min(candidates, key=lambda c: float((c - ours).abs().max()))
 
 
-@torch.no_grad()
-def output_of(model: torch.nn.Module, path: str, ids: torch.Tensor) -> torch.Tensor:
-    seen = []
-    handle = model.get_submodule(path).register_forward_hook(lambda _m, _a, out: seen.append(out))
-    model(ids)
-    handle.remove()
-    return seen[0].float()
-
-
 def test_a_transposition_between_equal_sizes_is_located(gemma3: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Verify fails at the planted point itself (the closest-permutation guess reported it as exact,
     max |Δ| 0, and first failed at the attention output, one point later)."""
@@ -88,10 +79,10 @@ def test_the_old_guess_would_have_hidden_it(gemma3: Path) -> None:
     """On the same values, the closest permutation matches the planted transposition exactly,
     while the declared layout (B H T D -> B T H D) shows the difference; the guess is gone."""
     ids = random_batch(TINY["vocab_size"], 2, SEQ, 0)  # the batch verify runs
-    theirs = output_of(load_reference(gemma3), "model.layers.1.self_attn.q_norm", ids)  # (B, H, T, D)
+    theirs = module_outputs(load_reference(gemma3), "model.layers.1.self_attn.q_norm", ids)  # (B, H, T, D)
     model = lmconvert.load(gemma3, attention="eager")
     model.get_submodule(PLANTED).register_forward_hook(transpose_time_and_head_dim)
-    ours = output_of(model, PLANTED, ids)  # (B, T, H, D) in shape, (B, D, H, T) in content
+    ours = module_outputs(model, PLANTED, ids)  # (B, T, H, D) in shape, (B, D, H, T) in content
     assert torch.equal(closest_permutation(ours, theirs), ours)
     declared = PointLayouts.of(model.cfg, "gemma3_text", *ids.shape).to_ours(PLANTED, theirs)
     assert declared.shape == ours.shape and float((declared - ours).abs().max()) > 1e-2

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 from click.testing import CliRunner
-from hf_models import build_model, load_reference, perturb, save_checkpoint
+from hf_models import build_model, load_reference, module_outputs, perturb, save_checkpoint
 from safetensors.torch import load_file, save_file
 from test_families import SPECS
 
@@ -68,16 +68,6 @@ def swap_kv_heads(tensors: dict[str, torch.Tensor]) -> None:
         for part in ("weight", "bias"):
             t = tensors[f"layers.1.attn.{name}.{part}"]
             tensors[f"layers.1.attn.{name}.{part}"] = torch.cat((t[16:32], t[:16], t[32:]))
-
-
-@torch.no_grad()
-def module_outputs(model: torch.nn.Module, path: str, ids: torch.Tensor) -> torch.Tensor:
-    """The output of one module, hooked independently of lmconvert's recorder."""
-    seen = []
-    handle = model.get_submodule(path).register_forward_hook(lambda _m, _a, out: seen.append(out))
-    model(ids)
-    handle.remove()
-    return seen[0].float()
 
 
 def test_gemma2_norm_without_its_offset_is_located(made: Callable[[str], tuple[Path, Path]], tmp_path: Path) -> None:

@@ -1,5 +1,5 @@
 """`verify`'s result: the verdict and every figure behind it, as a compact table for people and as
-JSON (schema `lmconvert.verify/2`, documented in the README) for machines."""
+JSON (schema `lmconvert.verify/2`, documented in docs/verify.md) for machines."""
 
 from __future__ import annotations
 

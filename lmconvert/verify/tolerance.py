@@ -1,4 +1,4 @@
-"""What `verify` calls agreement, per compute dtype. The README's "Tolerances, and why" explains
+"""What `verify` calls agreement, per compute dtype. docs/tolerances.md explains
 the numbers; golden files record them, so a regression check holds the bar it was recorded with."""
 
 from __future__ import annotations
