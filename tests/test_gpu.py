@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 import torch
+from family_specs import SEQ, SPECS
 from hf_models import build_model, save_checkpoint
-from test_families import SEQ, SPECS
 
 from lmconvert.convert import to_canonical
 from lmconvert.verify.run import verify

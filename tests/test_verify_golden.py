@@ -13,10 +13,10 @@ from pathlib import Path
 import pytest
 import torch
 from click.testing import CliRunner
+from family_specs import SPECS
 from hf_models import build_model, load_reference, save_checkpoint
 from safetensors import safe_open
 from safetensors.torch import load_file, save_file
-from test_families import SPECS
 
 from lmconvert.cli import main
 from lmconvert.convert import to_canonical

@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 import torch
+from family_specs import SPECS
 from hf_models import TINY, build_model, load_reference, module_outputs, save_checkpoint
-from test_families import SPECS
 from transformers import AutoConfig
 
 import lmconvert

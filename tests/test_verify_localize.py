@@ -12,9 +12,9 @@ from pathlib import Path
 import pytest
 import torch
 from click.testing import CliRunner
+from family_specs import SPECS
 from hf_models import build_model, load_reference, module_outputs, perturb, save_checkpoint
 from safetensors.torch import load_file, save_file
-from test_families import SPECS
 
 import lmconvert
 from lmconvert.cli import main
@@ -140,7 +140,7 @@ def test_every_point_of_every_family_is_compared(name: str, tmp_path: Path) -> N
 
 
 def test_gemma3_multimodal_points_found_under_the_alternative_prefix(tmp_path: Path) -> None:
-    from test_families import TEXT, VISION
+    from family_specs import TEXT, VISION
     from transformers import Gemma3Config, Gemma3ForConditionalGeneration
 
     config = Gemma3Config(text_config=TEXT, vision_config=VISION, mm_tokens_per_image=1)

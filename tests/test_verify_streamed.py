@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 import torch
 from click.testing import CliRunner
+from family_specs import SPECS
 from hf_models import build_model, save_checkpoint, token_batch
-from test_families import SPECS
 
 import lmconvert
 from lmconvert.cli import main

@@ -24,6 +24,8 @@ from lmconvert.mappings import MappingError
 
 from .args import CASTS, check_device, parse_cast, parse_memory, parse_size
 
+# Each command imports the rooms it runs inside its function: `lmconvert --help`, `inspect` and a
+# rename-only conversion then never import torch or transformers (over a second each).
 EXISTING_DIR = click.Path(exists=True, file_okay=False, path_type=Path)
 CHECKPOINT = click.Path(exists=True, path_type=Path)  # a directory, or a single-file format such as GGUF
 DTYPE = click.Choice(CASTS)

@@ -25,6 +25,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from lmconvert.arch.shapes import parameter_shapes
 from lmconvert.mappings import MappingError, family_for
 from lmconvert.mappings.gguf import GgufArch, arch_entry, tensor_sizes
 from lmconvert.mappings.gguf_metadata import TOKEN_IDS, hf_config
@@ -229,8 +230,6 @@ class GgufTensors:
 def tensor_plans(file: GgufFile, config: dict[str, Any], entry: GgufArch) -> dict[str, TensorPlan]:
     """{HF name: how to read it}: the GGUF table gives each tensor's canonical name and transform,
     the family's table the HF name it has for this config."""
-    from lmconvert.arch.shapes import parameter_shapes
-
     try:
         family = family_for(config["model_type"])
         arch = family.arch_config(config)

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
 from .checkpoint_files import sidecar_files
+from .dtypes import of_torch
 
 if TYPE_CHECKING:
     import torch
@@ -87,7 +88,5 @@ def dtype_name(reader: TensorReader, name: str) -> str:
     needed), else from the reader's torch dtype."""
     if hasattr(reader, "dtype_name"):
         return reader.dtype_name(name)
-    from .dtypes import of_torch
-
     dtype = getattr(reader, "dtype", None)
     return of_torch(dtype(name) if dtype is not None else reader.get(name).dtype).name

@@ -18,6 +18,7 @@ import torch
 
 from .checkpoint_files import checkpoint_file
 from .errors import InputError
+from .hf import read_config
 from .jsonfile import read_weight_map, shard_files
 from .source import Source
 
@@ -115,6 +116,4 @@ def is_hf_bin(path: Path) -> bool:
 
 
 def open_hf_bin(path: Path) -> Source:
-    from .hf import read_config
-
     return Source(path, "hf-bin", read_config(path), BinTensors(path))

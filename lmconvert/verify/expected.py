@@ -16,6 +16,7 @@ from lmconvert.formats.source import Loadable
 from lmconvert.mappings.table import TensorTable
 
 from .localize import OwnErrors, own_errors
+from .reference import reference_greedy, reference_model, reference_trace
 from .tolerance import Tolerance
 
 PACKAGES = ("lmconvert", "torch", "transformers", "accelerate", "safetensors", "tokenizers")
@@ -60,8 +61,6 @@ def record(reference: Loadable, arch: ArchConfig, table: TensorTable, ids: torch
            max_memory: int | None = None, new_tokens: int = 16, info: dict[str, Any] | None = None) -> Expected:
     """Run transformers on `ids` in `dtype` (and in fp32 too when that is lower precision), with
     every point recorded, and greedy generation from the first row."""
-    from .reference import reference_greedy, reference_model, reference_trace
-
     tolerance = Tolerance.for_dtype(dtype)
     prompt_len, new_tokens = generation_plan(arch, ids.shape[1], new_tokens)
     on_device = ids.to(device)

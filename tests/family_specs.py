@@ -1,0 +1,93 @@
+"""The tiny perturbed model of each mission family that the family, verify and GPU tests share:
+its transformers config, what `inspect` must say of it, and the old config.json style it also
+comes in. Every sequence is several windows long, and the soft-caps are small enough to bite."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from hf_models import token_batch
+
+WINDOW = 4
+SEQ = 28  # seven windows long
+IDS = token_batch(seq=SEQ)
+FP32_TOL = 1e-5
+FAITHFULNESS = 1.25
+ATTN_CAP, FINAL_CAP = 2.0, 3.0
+
+
+@dataclass(frozen=True)
+class Spec:
+    model_type: str
+    kwargs: dict[str, Any]
+    old_style: dict[str, Any]  # transformers 4 keys that replace rope_parameters in a hand-written config.json
+    card: tuple[str, ...]  # what `lmconvert inspect` must say
+    old_drop: tuple[str, ...] = ()  # further keys a transformers 4 file lacks (derived by transformers)
+    layer_types: tuple[list[str], tuple[str, ...]] | None = None  # a non-default layer_types, the kinds it means
+    not_on_card: tuple[str, ...] = ()  # what it must not say
+
+
+S, F = "sliding_attention", "full_attention"
+LLAMA3 = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+          "original_max_position_embeddings": 32}
+YARN = {"factor": 4.0, "original_max_position_embeddings": 32}
+
+SPECS: dict[str, Spec] = {
+    "llama": Spec(
+        "llama", dict(attention_bias=True, mlp_bias=True, rope_parameters={**LLAMA3, "rope_theta": 500000.0}),
+        old_style={"rope_theta": 500000.0, "rope_scaling": LLAMA3},
+        card=("pre-norm", "SwiGLU", "biases: q, k, v, o, mlp", "llama3 x8", "weight after cast")),
+    "mistral": Spec(
+        "mistral", dict(sliding_window=WINDOW, head_dim=24,
+                        rope_parameters={"rope_type": "default", "rope_theta": 1e6}),
+        old_style={"rope_theta": 1e6},
+        card=("sliding window 4 on local layers; pattern LL", "head_dim 24", "biases: none"),
+        layer_types=([F, S], ("global", "local"))),  # AutoConfig then loads it as Ministral
+    "gemma2": Spec(
+        "gemma2", dict(head_dim=16, sliding_window=WINDOW, query_pre_attn_scalar=24, attention_bias=True,
+                       attn_logit_softcapping=ATTN_CAP, final_logit_softcapping=FINAL_CAP),
+        old_style={"rope_theta": 10000.0}, old_drop=("layer_types",),
+        card=("sandwich", "scale (w + 1)", "weight in fp32", "attention soft-cap: 2", "final-logit soft-cap: 3",
+              "sliding window 4 on local layers; pattern LG", "GeGLU (tanh)", "embedding scale: 8",
+              "score scale: 0.204124"),
+        layer_types=([F, S], ("global", "local"))),
+    "gemma3": Spec(
+        "gemma3_text", dict(num_hidden_layers=3, head_dim=16, sliding_window=WINDOW, query_pre_attn_scalar=24,
+                            sliding_window_pattern=2, attn_logit_softcapping=ATTN_CAP,  # ignored by transformers
+                            final_logit_softcapping=FINAL_CAP,
+                            rope_parameters={S: {"rope_type": "default", "rope_theta": 20000.0},
+                                             F: {"rope_type": "linear", "factor": 8.0, "rope_theta": 500000.0}}),
+        old_style={"rope_theta": 500000.0, "rope_local_base_freq": 20000.0,
+                   "rope_scaling": {"rope_type": "linear", "factor": 8.0}, "sliding_window_pattern": 2},
+        old_drop=("layer_types", "_sliding_window_pattern"),
+        card=("sandwich", "QK norm: per head", "sliding window 4 on local layers; pattern LGL",
+              "local layers: RoPE half, theta=20000", "linear x8", "final-logit soft-cap: 3"),
+        not_on_card=("attention soft-cap",),
+        layer_types=([F, F, S], ("global", "global", "local"))),
+    "olmo2": Spec(
+        "olmo2", dict(attention_bias=True, eos_token_id=1, rope_parameters={"rope_type": "default", "rope_theta": 5e5}),
+        old_style={"rope_theta": 500000.0},
+        card=("norm on sublayer output only", "QK norm: over the whole projection", "eps=1e-05", "weight in fp32",
+              "biases: q, k, v, o")),
+    "qwen2": Spec(
+        "qwen2", dict(num_hidden_layers=3, use_sliding_window=True, sliding_window=WINDOW, max_window_layers=1,
+                      tie_word_embeddings=True, rope_parameters={"rope_type": "yarn", "rope_theta": 1e6, **YARN}),
+        old_style={"rope_theta": 1e6, "rope_scaling": {"type": "yarn", **YARN}}, old_drop=("layer_types",),
+        card=("biases: q, k, v", "sliding window 4 on local layers; pattern GLL", "yarn x4", "embeddings: tied"),
+        layer_types=([S, F, S], ("local", "global", "local"))),
+    "qwen3": Spec(
+        "qwen3", dict(head_dim=16, attention_bias=True, use_sliding_window=True, sliding_window=WINDOW,
+                      max_window_layers=1, rope_parameters={"rope_type": "linear", "rope_theta": 1e6, "factor": 2.0}),
+        old_style={"rope_theta": 1e6, "rope_scaling": {"rope_type": "linear", "factor": 2.0}},
+        old_drop=("layer_types",),
+        card=("QK norm: per head", "biases: q, k, v, o", "sliding window 4 on local layers; pattern GL", "linear x2"),
+        layer_types=([S, F], ("local", "global"))),
+}
+NAMES = list(SPECS)
+TEXT = dict(vocab_size=128, hidden_size=64, intermediate_size=96, num_hidden_layers=3, num_attention_heads=4,
+            num_key_value_heads=2, max_position_embeddings=128, head_dim=16, sliding_window=WINDOW,
+            query_pre_attn_scalar=24, sliding_window_pattern=2, pad_token_id=0,
+            final_logit_softcapping=FINAL_CAP)  # Gemma3ForConditionalGeneration never applies it
+VISION = dict(model_type="siglip_vision_model", hidden_size=16, intermediate_size=32, num_hidden_layers=1,
+              num_attention_heads=2, image_size=28, patch_size=14)
