@@ -19,8 +19,9 @@ import click
 os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 
 from lmconvert.arch import ConfigError
-from lmconvert.formats.errors import InputError, IntegrityError, ParityFailure
+from lmconvert.formats.errors import InputError, IntegrityError
 from lmconvert.mappings import MappingError
+from lmconvert.verify.errors import ParityFailure
 
 from .args import CASTS, check_device, parse_cast, parse_memory, parse_size
 

@@ -1,13 +1,10 @@
-"""Errors the CLI turns into exit codes: a failed parity or integrity check is 1, bad input is 2
-(any other exception is a bug in lmconvert: 3)."""
+"""Errors about files and arguments, which the CLI turns into exit codes: a failed integrity check
+is 1, bad input is 2 (a failed parity check, `verify.errors.ParityFailure`, is 1 too; any other
+exception is a bug in lmconvert: 3)."""
 
 
 class InputError(ValueError):
     """Bad input: the message names the file or argument, what is wrong, and what to do."""
-
-
-class ParityFailure(RuntimeError):
-    """Our decoder and the reference disagree beyond the tolerance."""
 
 
 class IntegrityError(RuntimeError):
