@@ -46,6 +46,8 @@ VARIANTS: dict[str, list[dict[str, Any]]] = {
     "deepseek_v3": [DEEPSEEK, dict(DEEPSEEK, q_lora_rank=None, attention_bias=True, rope_interleave=False,
                                    kv_lora_rank=16, qk_nope_head_dim=12, qk_rope_head_dim=8, v_head_dim=10,
                                    rope_parameters={**YARN, "mscale": 0.8, "mscale_all_dim": 0.7})],
+    "deepseek_v2": [DEEPSEEK, dict(DEEPSEEK, q_lora_rank=None, attention_bias=True, mlp_bias=True, kv_lora_rank=16,
+                                   qk_nope_head_dim=12, qk_rope_head_dim=8, v_head_dim=10, rope_parameters=YARN)],
 }
 # configs with keys that have no effect, as Hub files have them: same ArchConfig, not the same keys
 INERT: dict[str, list[dict[str, Any]]] = {
@@ -53,6 +55,7 @@ INERT: dict[str, list[dict[str, Any]]] = {
     "gemma3_text": [{}],  # two layers, both sliding: the full-attention RoPE is unused
     "mistral": [dict(sliding_window=4, layer_types=[S, S])],  # the pattern without layer_types
     "deepseek_v3": [dict(num_key_value_heads=4)],  # first_k_dense_replace=3 past the two layers
+    "deepseek_v2": [dict(DEEPSEEK, first_k_dense_replace=5)],  # past the two layers
 }
 CASES = [(t, v) for t, variants in VARIANTS.items() for v in variants]
 ALL_CASES = CASES + [(t, v) for t, variants in INERT.items() for v in variants]

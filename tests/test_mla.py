@@ -1,6 +1,7 @@
-"""Multi-head latent attention (the "latent" kind) and the dense DeepSeek-V3 family against
-transformers' DeepseekV3ForCausalLM: tiny models with every parameter perturbed, with and without
-the q LoRA, both RoPE layouts, YaRN with `mscale_all_dim`, and biases. fp32 parity (eager and SDPA),
+"""Multi-head latent attention (the "latent" kind) and the dense DeepSeek-V3 and V2 families against
+transformers' DeepseekV3ForCausalLM / DeepseekV2ForCausalLM: tiny models with every parameter
+perturbed, with and without the q LoRA, every RoPE layout (V3's interleaved written de-interleaved,
+V3's half, V2's pairs rotated in place), YaRN with `mscale_all_dim`, and biases. fp32 parity (eager and SDPA),
 cached decoding over the latent cache, the bit-exact HF -> canonical -> HF round trip, the card's
 latent cache size, and the refusal of mixture-of-experts layers."""
 
@@ -34,11 +35,15 @@ YARN = {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 
 # every MLA size distinct, so a swapped split or reshape cannot line up by accident
 BASE = dict(num_key_value_heads=4, first_k_dense_replace=2, q_lora_rank=24, kv_lora_rank=16, qk_nope_head_dim=12,
             qk_rope_head_dim=8, v_head_dim=10, attention_bias=True, rope_interleave=True)
-VARIANTS: dict[str, dict] = {
-    "q_lora_interleaved": {},
-    "plain_q": dict(q_lora_rank=None),
-    "half_layout": dict(rope_interleave=False, attention_bias=False, rms_norm_eps=1e-2),  # MLA norms keep 1e-6
-    "yarn_mscale": dict(rope_parameters=YARN),
+V2 = {key: value for key, value in BASE.items() if key != "rope_interleave"}  # V2 always rotates pairs in place
+VARIANTS: dict[str, tuple[str, dict]] = {
+    "q_lora_interleaved": ("deepseek_v3", BASE),
+    "plain_q": ("deepseek_v3", dict(BASE, q_lora_rank=None)),
+    "half_layout": ("deepseek_v3", dict(BASE, rope_interleave=False, attention_bias=False,
+                                        rms_norm_eps=1e-2)),  # the MLA norms keep 1e-6
+    "yarn_mscale": ("deepseek_v3", dict(BASE, rope_parameters=YARN)),
+    "v2": ("deepseek_v2", dict(V2, mlp_bias=True)),
+    "v2_plain_q_yarn": ("deepseek_v2", dict(V2, q_lora_rank=None, rope_parameters=YARN)),
 }
 
 
@@ -49,8 +54,8 @@ def checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Callable[..., Path]:
     def get(name: str, dtype: torch.dtype = torch.float32) -> Path:
         if (name, dtype) not in made:
             directory = tmp_path_factory.mktemp(f"{name}-{str(dtype).removeprefix('torch.')}")
-            made[name, dtype] = save_checkpoint(build_model("deepseek_v3", **{**BASE, **VARIANTS[name]}),
-                                                directory, dtype)
+            model_type, kwargs = VARIANTS[name]
+            made[name, dtype] = save_checkpoint(build_model(model_type, **kwargs), directory, dtype)
         return made[name, dtype]
 
     return get
@@ -81,7 +86,7 @@ def test_mscale_bites(checkpoint: Callable[..., Path]) -> None:
 
 
 @pytest.mark.parametrize("attention", ["eager", "sdpa"])
-@pytest.mark.parametrize("name", ["q_lora_interleaved", "half_layout"])
+@pytest.mark.parametrize("name", ["q_lora_interleaved", "half_layout", "v2"])
 def test_cached_decoding_equals_full_forward(name: str, attention: str, checkpoint: Callable[..., Path]) -> None:
     """Prefill 5 tokens, then decode one at a time over the latent cache: equal to transformers'
     cached decoding, and (in float64, where rounding cannot hide a wrong position) to our full forward."""
@@ -119,7 +124,7 @@ def tensors_of(directory: Path) -> dict[str, torch.Tensor]:
     return out
 
 
-@pytest.mark.parametrize("name", ["q_lora_interleaved", "plain_q", "yarn_mscale"])
+@pytest.mark.parametrize("name", ["q_lora_interleaved", "plain_q", "yarn_mscale", "v2", "v2_plain_q_yarn"])
 def test_round_trip_is_bit_exact(name: str, checkpoint: Callable[..., Path], tmp_path: Path) -> None:
     src = checkpoint(name, torch.bfloat16)
     to_canonical(src, tmp_path / "canon")
@@ -130,7 +135,7 @@ def test_round_trip_is_bit_exact(name: str, checkpoint: Callable[..., Path], tmp
         assert after[tensor_name].dtype == t.dtype, tensor_name
         assert torch.equal(after[tensor_name].view(torch.int16), t.view(torch.int16)), tensor_name
     config = json.loads((tmp_path / "back" / "config.json").read_text())
-    assert config["architectures"] == ["DeepseekV3ForCausalLM"]
+    assert config["architectures"] == [json.loads((src / "config.json").read_text())["architectures"][0]]
     with torch.no_grad():
         assert torch.equal(load_reference(tmp_path / "back")(IDS).logits, load_reference(src)(IDS).logits)
 
@@ -147,6 +152,24 @@ def test_inspect_shows_the_latent_cache(checkpoint: Callable[..., Path]) -> None
         assert phrase in result.output, (phrase, result.output)
 
 
+def test_v2_card_says_its_rotation(checkpoint: Callable[..., Path]) -> None:
+    result = CliRunner().invoke(main, ["inspect", str(checkpoint("v2"))])
+    assert result.exit_code == 0, result.output
+    for phrase in ("family            deepseek_v2", "MLA RoPE: rotary dims in pairs, rotated in place",
+                   "biases: mlp", "biases: q_a, kv_a, o"):
+        assert phrase in result.output, (phrase, result.output)
+
+
+def test_v2_and_v3_do_not_convert_into_each_other_silently(checkpoint: Callable[..., Path], tmp_path: Path) -> None:
+    """The same sizes, but V2 rotates pairs in place and V3 de-interleaves them: refused both ways."""
+    for name, target in (("v2", "deepseek_v3"), ("q_lora_interleaved", "deepseek_v2")):
+        to_canonical(checkpoint(name), tmp_path / name)
+        result = CliRunner().invoke(main, ["convert", str(tmp_path / name), str(tmp_path / f"{name}-out"),
+                                           "--to", "hf", "--family", target])
+        assert result.exit_code == 2, result.output
+        assert "deinterleave" in result.output, result.output
+
+
 def test_inspect_of_a_deepseek_v3_shaped_config() -> None:
     """DeepSeek-V3's own sizes: 512 + 64 cached entries against 128 heads x (192 + 128)."""
     cfg = family_for("deepseek_v3").arch_config({"model_type": "deepseek_v3", "first_k_dense_replace": 61})
@@ -156,16 +179,20 @@ def test_inspect_of_a_deepseek_v3_shaped_config() -> None:
     assert cfg.kv_cache_bytes_per_token(2) == 61 * 576 * 2
 
 
-@pytest.mark.parametrize(("first", "needle"), [
-    (1, "first_k_dense_replace=1 makes layers 1 of 2 mixture-of-experts layers"),
-    (0, "first_k_dense_replace=0 makes layers 0-1 of 2 mixture-of-experts layers"),
-    (None, "first_k_dense_replace=null"),
+@pytest.mark.parametrize(("model_type", "first", "needle"), [
+    ("deepseek_v3", 1, "first_k_dense_replace=1 makes layers 1 of 2 mixture-of-experts layers"),
+    ("deepseek_v3", 0, "first_k_dense_replace=0 makes layers 0-1 of 2 mixture-of-experts layers"),
+    ("deepseek_v3", None, "first_k_dense_replace=null"),
+    ("deepseek_v2", 1, "first_k_dense_replace=1 makes layers 1 of 2 mixture-of-experts layers"),
+    ("deepseek_v2", "absent", "first_k_dense_replace=0 makes layers 0-1 of 2"),  # V2's default
 ])
-def test_moe_layers_are_refused_naming_them(first: int | None, needle: str) -> None:
-    config = {"model_type": "deepseek_v3", "num_hidden_layers": 2, "num_attention_heads": 4,
-              "num_key_value_heads": 4, "first_k_dense_replace": first}
+def test_moe_layers_are_refused_naming_them(model_type: str, first: int | str | None, needle: str) -> None:
+    config = {"model_type": model_type, "num_hidden_layers": 2, "num_attention_heads": 4,
+              "num_key_value_heads": 4}
+    if first != "absent":
+        config["first_k_dense_replace"] = first
     with pytest.raises(MappingError) as caught:
-        family_for("deepseek_v3").arch_config(config)
+        family_for(model_type).arch_config(config)
     message = str(caught.value)
     assert message.startswith("config.json: ") and needle in message and "\n" not in message
 

@@ -134,7 +134,9 @@ class LatentSettings:
     unchanged, and the size is stated once. `bias` is transformers' `attention_bias`: it switches
     the biases of q_a_proj, kv_a_proj_with_mqa and o_proj together (q_proj, q_b_proj and kv_b_proj
     never have one). The two MLA-internal RMSNorms take `norm_eps`, 1e-6 in transformers whatever
-    `rms_norm_eps` says.
+    `rms_norm_eps` says. `deinterleave`: interleaved RoPE (`rope.layout="interleaved"`) writes its
+    result de-interleaved, [evens | odds] (DeepSeek-V3's `rope_interleave`), or in place, pair by pair
+    (DeepSeek-V2's complex rotation); the scores are the same sums in another order.
     """
 
     kv_lora_rank: int = 512
@@ -143,13 +145,16 @@ class LatentSettings:
     q_lora_rank: int | None = None  # None: one plain q projection, no q LoRA
     bias: bool = False
     norm_eps: float = 1e-6
+    deinterleave: bool = True
 
     def __post_init__(self) -> None:
         for name in ("kv_lora_rank", "qk_nope_head_dim", "v_head_dim"):
             _count(name, getattr(self, name))
         _count("q_lora_rank", self.q_lora_rank, allow_none=True)
-        if not isinstance(self.bias, bool):
-            raise ConfigError(f"ArchConfig.attention_settings.bias={self.bias!r}: must be true or false")
+        for name in ("bias", "deinterleave"):
+            value = getattr(self, name)
+            if not isinstance(value, bool):
+                raise ConfigError(f"ArchConfig.attention_settings.{name}={value!r}: must be true or false")
         eps = self.norm_eps
         if isinstance(eps, bool) or not isinstance(eps, (int, float)) or not 0 < eps < math.inf:
             raise ConfigError(f"ArchConfig.attention_settings.norm_eps={eps!r}: must be a positive, finite number")
@@ -212,6 +217,9 @@ def _latent_describe(cfg: ArchConfig) -> list[str]:
              f"MLA head dims: q/k {s.qk_nope_head_dim} + rotary {cfg.head_dim}, v {s.v_head_dim}; "
              f"score scale {latent_score_scale(cfg):.6g}",
              f"MLA norms: RMSNorm eps={s.norm_eps:g}; biases: {'q_a, kv_a, o' if s.bias else 'none'}"]
+    if cfg.rope.layout == "interleaved":
+        order = "and de-interleaved" if s.deinterleave else "in place"
+        lines.append(f"MLA RoPE: rotary dims in pairs, rotated {order}")
     latent, mha = _latent_cache(cfg), _latent_mha_cache(cfg)
     lines.append(f"latent KV cache: {latent} entries per token and layer (c_kv {s.kv_lora_rank} + k_rot "
                  f"{cfg.head_dim}); MHA with these heads: {mha}; {latent / mha:.1%} of it")
@@ -232,6 +240,9 @@ def _latent_check(cfg: ArchConfig) -> None:
         ("attn_softcap", cfg.attn_softcap, cfg.attn_softcap is not None, "latent attention has no soft-cap"),
         ("qk_norm", cfg.qk_norm, cfg.qk_norm != "none", "latent attention has its own norms, no QK norm"),
     ]
+    refusals.append(("attention_settings.deinterleave", False,
+                     not cfg.attention_settings.deinterleave and cfg.rope.layout != "interleaved",
+                     "only interleaved RoPE (rope.layout='interleaved') has a choice of output order"))
     refusals += [(f"{p}_bias", True, getattr(cfg, f"{p}_bias"), "latent attention's biases are "
                   "attention_settings.bias") for p in "qkvo"]
     for name, value, wrong, why in refusals:

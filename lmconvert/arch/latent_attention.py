@@ -8,8 +8,9 @@ values: `kv_lora_rank + qk_rope_head_dim` entries per token and layer.
 
 RoPE touches only the rotary part of each query and key. With `rope.layout == "interleaved"` the
 rotary input dims come in pairs (x0, x1), (x2, x3), ... and the rotated result is written
-de-interleaved ([evens | odds]), as transformers' `apply_rotary_pos_emb_interleave` does; with
-"half" it is the usual rotate-half. Sizes: B batch, T new tokens, S all tokens (cached first),
+de-interleaved ([evens | odds]), as transformers' `apply_rotary_pos_emb_interleave` does (V3), or
+in place when `settings.deinterleave` is False (V2's complex rotation); with "half" it is the usual
+rotate-half. Sizes: B batch, T new tokens, S all tokens (cached first),
 H heads, N qk_nope_head_dim, R qk_rope_head_dim (= head_dim), V v_head_dim, C kv_lora_rank.
 """
 
@@ -51,7 +52,8 @@ class LatentAttention(nn.Module):
         attach(self, parts)
         self.rotary = rotary
         self.scale = latent_score_scale(cfg)
-        self.interleaved = cfg.rope.layout == "interleaved"
+        self.rotation = (("deinterleave" if self.settings.deinterleave else "interleaved")
+                         if cfg.rope.layout == "interleaved" else "half")
         self.backend = "sdpa"
 
     def forward(self, x: torch.Tensor, ctx: Context, cache: KVCache | None = None) -> torch.Tensor:
@@ -80,9 +82,9 @@ class LatentAttention(nn.Module):
 
     def _rotate(self, q_rot: torch.Tensor, k_rot: torch.Tensor, ctx: Context) -> tuple[torch.Tensor, torch.Tensor]:
         cos, sin = ctx.rotary(self.rotary)  # (T, R)
-        if self.interleaved:
+        if self.rotation == "deinterleave":
             return _rotate_deinterleaving(q_rot, cos, sin), _rotate_deinterleaving(k_rot, cos, sin)
-        return apply_rotary(q_rot, cos, sin, "half"), apply_rotary(k_rot, cos, sin, "half")
+        return apply_rotary(q_rot, cos, sin, self.rotation), apply_rotary(k_rot, cos, sin, self.rotation)
 
     def _expand(self, c_kv: torch.Tensor, k_rot: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """transformers' `expand_kv`: every head's keys and values from the cached latent."""

@@ -42,33 +42,43 @@ MLA_RULES = tuple(
 )
 TENSORS = TensorTable(llama.EDGE_RULES + MLA_RULES + llama.MLP_RULES + llama.PRE_NORM_RULES)
 
-LATENT_KEYS = (
-    Key("q_lora_rank", int, 1536, nullable=True),  # null: a plain q_proj
-    Key("kv_lora_rank", int, 512),
-    Key("qk_nope_head_dim", int, 128),
-    Key("qk_rope_head_dim", int, 64),
-    Key("v_head_dim", int, 128, nullable=True),  # null is refused by LatentSettings: no model has it
-    Key("attention_bias", bool, False),
-    # transformers writes head_dim (= qk_rope_head_dim) and overwrites whatever a file states: checked
-    # as a count on the way in, never read for a value, never written
-    Key("head_dim", int, None, nullable=True, legacy=True),
-)
+
+def latent_keys(v_head_dim_nullable: bool) -> tuple[Key, ...]:
+    return (
+        Key("q_lora_rank", int, 1536, nullable=True),  # null: a plain q_proj
+        Key("kv_lora_rank", int, 512),
+        Key("qk_nope_head_dim", int, 128),
+        Key("qk_rope_head_dim", int, 64),
+        Key("v_head_dim", int, 128, nullable=v_head_dim_nullable),  # V3's class takes null; no model runs with it
+        Key("attention_bias", bool, False),
+        # transformers writes head_dim (= qk_rope_head_dim) and overwrites whatever a file states:
+        # checked as a count on the way in, never read for a value, never written
+        Key("head_dim", int, None, nullable=True, legacy=True),
+    )
 
 
-def latent_from_hf(hf: HfConfig, fields: dict[str, Any]) -> dict[str, Any]:
-    if hf.get("v_head_dim") is None:  # transformers' config class accepts it; building the model then fails
-        raise MappingError("config.json: v_head_dim=null: transformers cannot build this model; state the value "
-                           "head size")
-    settings = LatentSettings(kv_lora_rank=hf.get("kv_lora_rank"), qk_nope_head_dim=hf.get("qk_nope_head_dim"),
-                              v_head_dim=hf.get("v_head_dim"), q_lora_rank=hf.get("q_lora_rank"),
-                              bias=hf.get("attention_bias"))
-    return {"attention": "latent", "attention_settings": settings, "head_dim": hf.get("qk_rope_head_dim")}
+def latent(family: str, deinterleave: bool, v_head_dim_nullable: bool) -> Entry:
+    """The MLA sizes <-> ArchConfig's latent attention; `deinterleave` is the family's constant."""
+
+    def read(hf: HfConfig, fields: dict[str, Any]) -> dict[str, Any]:
+        if hf.get("v_head_dim") is None:  # transformers' config class accepts it; building the model then fails
+            raise MappingError("config.json: v_head_dim=null: transformers cannot build this model; state the "
+                               "value head size")
+        settings = LatentSettings(kv_lora_rank=hf.get("kv_lora_rank"), qk_nope_head_dim=hf.get("qk_nope_head_dim"),
+                                  v_head_dim=hf.get("v_head_dim"), q_lora_rank=hf.get("q_lora_rank"),
+                                  bias=hf.get("attention_bias"), deinterleave=deinterleave)
+        return {"attention": "latent", "attention_settings": settings, "head_dim": hf.get("qk_rope_head_dim")}
+
+    def write(cfg: ArchConfig) -> dict[str, Any]:
+        if cfg.attention != "latent":  # said here: read back, the defaults would fail on something else first
+            raise Inexpressible(f"{family} always has latent attention (MLA), which this model lacks "
+                                f"(attention={cfg.attention!r}); export to the source family instead")
+        return latent_to_hf(cfg)
+
+    return Entry("latent attention", latent_keys(v_head_dim_nullable), read, write)
 
 
 def latent_to_hf(cfg: ArchConfig) -> dict[str, Any]:
-    if cfg.attention != "latent":  # said here: read back, the defaults would fail on something else first
-        raise Inexpressible(f"deepseek_v3 always has latent attention (MLA), which this model lacks "
-                            f"(attention={cfg.attention!r}); export to the source family instead")
     s = cfg.attention_settings
     return {"q_lora_rank": s.q_lora_rank, "kv_lora_rank": s.kv_lora_rank, "qk_nope_head_dim": s.qk_nope_head_dim,
             "qk_rope_head_dim": cfg.head_dim, "v_head_dim": s.v_head_dim, "attention_bias": s.bias}
@@ -86,30 +96,33 @@ def rope_to_deepseek(cfg: ArchConfig) -> dict[str, Any]:
     return {"rope_parameters": rope_to_hf(cfg.rope), "rope_interleave": cfg.rope.layout == "interleaved"}
 
 
-FIRST_DENSE = Key("first_k_dense_replace", int, 3, nullable=True, bound="non_negative")
+def dense_only(default: int, nullable: bool) -> Entry:
+    """`first_k_dense_replace`: transformers makes layer i a mixture-of-experts layer when
+    i >= first_k_dense_replace; refused until the decoder has them. Export writes the layer count."""
 
+    def read(hf: HfConfig, fields: dict[str, Any]) -> dict[str, Any]:
+        first, n = hf.get("first_k_dense_replace"), fields["n_layers"]
+        if first is None:  # transformers' config class accepts it; building the model then fails
+            raise MappingError("config.json: first_k_dense_replace=null: transformers cannot build this model; "
+                               "set it to num_hidden_layers for a dense model")
+        if first < n:
+            layers = str(first) if first == n - 1 else f"{first}-{n - 1}"
+            raise MappingError(f"config.json: first_k_dense_replace={first} makes layers {layers} of {n} "
+                               f"mixture-of-experts layers, which lmconvert cannot convert yet; only DeepSeek "
+                               f"checkpoints whose every layer is dense (first_k_dense_replace >= "
+                               f"num_hidden_layers) are supported")
+        return {}
 
-def dense_only(hf: HfConfig, fields: dict[str, Any]) -> dict[str, Any]:
-    """transformers makes layer i a mixture-of-experts layer when i >= first_k_dense_replace."""
-    first, n = hf.get("first_k_dense_replace"), fields["n_layers"]
-    if first is None:  # transformers' config class accepts it; building the model then fails
-        raise MappingError("config.json: first_k_dense_replace=null: transformers cannot build this model; "
-                           "set it to num_hidden_layers for a dense model")
-    if first < n:
-        layers = str(first) if first == n - 1 else f"{first}-{n - 1}"
-        raise MappingError(f"config.json: first_k_dense_replace={first} makes layers {layers} of {n} "
-                           f"mixture-of-experts layers, which lmconvert cannot convert yet; only DeepSeek "
-                           f"checkpoints whose every layer is dense (first_k_dense_replace >= "
-                           f"num_hidden_layers) are supported")
-    return {}
+    key = Key("first_k_dense_replace", int, default, nullable=nullable, bound="non_negative")
+    return Entry("dense layers", (key,), read, lambda cfg: {"first_k_dense_replace": cfg.n_layers})
 
 
 CONFIG = llama.CONFIG.but(
     drop=("mlp_bias", "head_dim", "attention_bias"),
     add=(
         Entry("rope", (*ROPE_KEYS, INTERLEAVE), rope_from_deepseek, rope_to_deepseek),
-        Entry("latent attention", LATENT_KEYS, latent_from_hf, latent_to_hf),
-        Entry("dense layers", (FIRST_DENSE,), dense_only, lambda cfg: {"first_k_dense_replace": cfg.n_layers}),
+        latent("deepseek_v3", deinterleave=True, v_head_dim_nullable=True),
+        dense_only(3, nullable=True),
     ),
     defaults={"vocab_size": 129280, "hidden_size": 7168, "intermediate_size": 18432, "num_hidden_layers": 61,
               "num_attention_heads": 128, "num_key_value_heads": 128, "max_position_embeddings": 4096},
