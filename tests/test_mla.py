@@ -26,6 +26,8 @@ from lmconvert.arch.describe import variants
 from lmconvert.cli import main
 from lmconvert.convert import to_canonical, to_hf
 from lmconvert.mappings import MappingError, family_for
+from lmconvert.verify.run import verify
+from lmconvert.verify.trace import point_modules
 
 FP32_TOL = 1e-5
 SEQ = 24
@@ -251,3 +253,22 @@ def test_export_to_a_family_without_latent_attention_is_refused(checkpoint: Call
     assert result.exit_code == 2, result.output
     assert "this attention kind, these attention settings (deepseek_v3)" in result.output, result.output
     assert "export to the source family instead" in result.output and not out.exists()
+
+
+# ----------------------------------------------------------------------------- verify's MLA points
+@pytest.mark.parametrize("name", ["q_lora_interleaved", "plain_q", "v2"])
+def test_verify_compares_every_mla_point(name: str, checkpoint: Callable[..., Path]) -> None:
+    """attn.q (or q_a, q_a_norm, q_b), kv_a, kv_a_norm and kv_b are declared on both sides and
+    compared; V3 agrees exactly at each, V2 (its complex rotation) within verify's tolerance."""
+    src = checkpoint(name)
+    report = verify(src, seq_len=20, generate=6)
+    cfg = lmconvert.load(src).cfg
+    expected = set(point_modules(cfg)) | {"embed", "final_norm"} | {f"layers.{i}" for i in range(cfg.n_layers)}
+    assert {p.name for p in report.points} == expected
+    mla = {"attn.kv_a", "attn.kv_a_norm", "attn.kv_b"} | ({"attn.q"} if name == "plain_q" else
+                                                          {"attn.q_a", "attn.q_a_norm", "attn.q_b"})
+    assert {p.name.split(".", 2)[2] for p in report.points if p.name.startswith("layers.0.attn.")} == mla | {"attn.o"}
+    assert report.passed, report.table()
+    if name != "v2":
+        assert all(p.max_abs == 0.0 for p in report.points)
+    assert report.generation is not None and report.generation.first_difference is None
