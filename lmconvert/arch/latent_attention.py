@@ -17,6 +17,7 @@ H heads, N qk_nope_head_dim, R qk_rope_head_dim (= head_dim), V v_head_dim, C kv
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from .attention import _eager, _sdpa
@@ -55,6 +56,7 @@ class LatentAttention(nn.Module):
         self.rotation = (("deinterleave" if self.settings.deinterleave else "interleaved")
                          if cfg.rope.layout == "interleaved" else "half")
         self.backend = "sdpa"
+        self.absorbed = False  # set by `absorb`: attend in latent space instead of expanding K and V
 
     def forward(self, x: torch.Tensor, ctx: Context, cache: KVCache | None = None) -> torch.Tensor:
         cfg, s = self.cfg, self.settings
@@ -69,10 +71,12 @@ class LatentAttention(nn.Module):
         q_rot, k_rot = self._rotate(q_rot, k_rot, ctx)
         if cache is not None:
             c_kv, k_rot = cache.update(self.layer, c_kv, k_rot)  # (B, 1, S, C), (B, 1, S, R)
-        q = torch.cat((q_nope, q_rot), dim=-1)  # (B, H, T, N+R)
-        k, v = self._expand(c_kv, k_rot)  # (B, H, S, N+R), (B, H, S, V)
         allowed = ctx.allowed(None)
         dropout = cfg.attn_dropout if self.training else 0.0
+        if self.absorbed:
+            return self.o(self._absorbed(q_nope, q_rot, c_kv, k_rot, allowed, dropout))
+        q = torch.cat((q_nope, q_rot), dim=-1)  # (B, H, T, N+R)
+        k, v = self._expand(c_kv, k_rot)  # (B, H, S, N+R), (B, H, S, V)
         if self.backend == "eager":
             out = _eager(q, k, v, self.scale, None, None, allowed, dropout)
         else:
@@ -86,6 +90,26 @@ class LatentAttention(nn.Module):
             return _rotate_deinterleaving(q_rot, cos, sin), _rotate_deinterleaving(k_rot, cos, sin)
         return apply_rotary(q_rot, cos, sin, self.rotation), apply_rotary(k_rot, cos, sin, self.rotation)
 
+    def _absorbed(self, q_nope: torch.Tensor, q_rot: torch.Tensor, c_kv: torch.Tensor, k_rot: torch.Tensor,
+                  allowed: torch.Tensor | None, dropout: float) -> torch.Tensor:
+        """Attention in latent space: kv_b's key part folded into the query, its value part applied
+        after the weighted sum, so no per-head key or value is ever made. The same function as the
+        expanded path: q_nope . (W_uk c) = (W_uk^T q_nope) . c, and sum_s p_s W_uv c_s = W_uv sum_s p_s c_s."""
+        s = self.settings
+        B, H, T, N = q_nope.shape
+        w = self.kv_b.weight.view(H, N + s.v_head_dim, s.kv_lora_rank)  # (H*(N+V), C) -> (H, N+V, C)
+        w_uk, w_uv = torch.split(w, [N, s.v_head_dim], dim=1)  # (H, N, C), (H, V, C)
+        q_latent = torch.einsum("bhtn,hnc->bhtc", q_nope, w_uk)  # (B, H, T, C)
+        scores = (torch.matmul(q_latent, c_kv.transpose(-1, -2))  # (B, H, T, C) @ (B, 1, C, S) -> (B, H, T, S)
+                  + torch.matmul(q_rot, k_rot.transpose(-1, -2))) * self.scale  # + (B, H, T, R) @ (B, 1, R, S)
+        if allowed is not None:
+            scores = scores.masked_fill(~allowed, torch.finfo(scores.dtype).min)
+        p = F.dropout(F.softmax(scores, dim=-1, dtype=torch.float32).to(q_nope.dtype), p=dropout,
+                      training=dropout > 0)
+        out = torch.matmul(p, c_kv)  # (B, H, T, S) @ (B, 1, S, C) -> (B, H, T, C)
+        out = torch.einsum("bhtc,hvc->bhtv", out, w_uv)  # (B, H, T, V)
+        return out.transpose(1, 2).reshape(B, T, H * s.v_head_dim)  # (B, T, H*V)
+
     def _expand(self, c_kv: torch.Tensor, k_rot: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """transformers' `expand_kv`: every head's keys and values from the cached latent."""
         cfg, s = self.cfg, self.settings
@@ -98,3 +122,12 @@ class LatentAttention(nn.Module):
         return torch.cat((k_nope, k_rot), dim=-1), v  # (B, H, S, N+R), (B, H, S, V)
 
 
+
+
+def absorb(model: nn.Module, on: bool = True) -> nn.Module:
+    """Switch every latent layer of `model` to absorbed decoding (attention in latent space; beyond
+    transformers, which expands) or back. The weights are not changed, so it can be switched freely."""
+    for module in model.modules():
+        if isinstance(module, LatentAttention):
+            module.absorbed = on
+    return model
