@@ -15,6 +15,7 @@ import pytest
 import torch
 from arch_helpers import build, max_diff, tiny, tokens
 from click.testing import CliRunner
+from family_specs import FAITHFULNESS, FP32_TOL
 from hf_models import build_model, cached_logits, incremental, load_reference, save_checkpoint, token_batch
 from safetensors import safe_open
 from transformers import AutoModelForCausalLM
@@ -30,7 +31,6 @@ from lmconvert.mappings import MappingError, family_for
 from lmconvert.verify.run import verify
 from lmconvert.verify.trace import point_modules
 
-FP32_TOL = 1e-5
 SEQ = 24
 IDS = token_batch(seq=SEQ)
 YARN = {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 32, "mscale": 0.8,
@@ -293,3 +293,17 @@ def test_absorbed_decoding_equals_expanded(name: str, checkpoint: Callable[..., 
         assert max_abs(steps["absorbed"], steps["expanded"]) <= FP32_TOL
         assert max_abs(absorbed(ids), expanded(ids)) <= FP32_TOL
         assert max_abs(absorb(absorbed, False)(ids), expanded(ids)) == 0.0  # switched back: the expanded path
+
+
+@pytest.mark.parametrize("name", ["q_lora_interleaved", "half_layout", "yarn_mscale", "v2"])
+def test_bf16_faithfulness(name: str, checkpoint: Callable[..., Path]) -> None:
+    """In bf16, our logits stray from the exact (fp32 over the same bf16 weights) ones no more than
+    transformers' own bf16 logits do, give or take the tolerance every family gets."""
+    src = checkpoint(name, torch.bfloat16)
+    with torch.no_grad():
+        exact = load_reference(src, torch.float32)(IDS).logits.float()
+        reference_error = float((load_reference(src, torch.bfloat16)(IDS).logits.float() - exact).abs().mean())
+        ours_error = float((lmconvert.load(src, dtype=torch.bfloat16, attention="eager")(IDS).float() - exact)
+                           .abs().mean())
+    assert reference_error > 0
+    assert ours_error <= FAITHFULNESS * reference_error, (ours_error, reference_error)
