@@ -28,6 +28,8 @@ from lmconvert.arch.latent_attention import absorb
 from lmconvert.cli import main
 from lmconvert.convert import to_canonical, to_hf
 from lmconvert.mappings import MappingError, family_for
+from lmconvert.runtime.streamed import streamed
+from lmconvert.verify.agreement import greedy
 from lmconvert.verify.run import verify
 from lmconvert.verify.trace import point_modules
 
@@ -307,3 +309,24 @@ def test_bf16_faithfulness(name: str, checkpoint: Callable[..., Path]) -> None:
                            .abs().mean())
     assert reference_error > 0
     assert ours_error <= FAITHFULNESS * reference_error, (ours_error, reference_error)
+
+
+# ----------------------------------------------------------------------------- streamed
+def test_streamed_forward_is_bit_identical(checkpoint: Callable[..., Path]) -> None:
+    """One block at a time from the files, latent cache included in greedy decoding."""
+    src = checkpoint("q_lora_interleaved")
+    model = lmconvert.load(src, attention="eager")
+    with streamed(src, torch.float32) as stream, torch.no_grad():
+        assert torch.equal(stream(IDS), model(IDS))
+        assert torch.equal(greedy(stream, IDS[:1, :6], 8)[0], model.generate(IDS[:1, :6], 8))
+
+
+def test_verify_with_max_memory_streams_both_sides(checkpoint: Callable[..., Path], tmp_path: Path) -> None:
+    to_canonical(checkpoint("q_lora_interleaved"), tmp_path / "canon")
+    result = CliRunner().invoke(main, ["verify", str(tmp_path / "canon"), "--max-memory", "20KB", "--seq-len", "16",
+                                       "--generate", "4", "--json", str(tmp_path / "r.json")])
+    assert result.exit_code == 0, result.output
+    report = json.loads((tmp_path / "r.json").read_text())
+    assert report["streamed"] and report["max_abs"] == 0.0
+    assert all(p["max_abs"] == 0.0 for p in report["points"])
+    assert len(report["points"]) == 2 + 2 * 13  # embed, final norm; per layer 12 modules and the output
