@@ -30,9 +30,9 @@ def test_bad_enum_names_field_and_value(field, value):
     assert field in message and repr(value) in message
 
 
-def test_latent_attention_slot_is_not_built_yet():
-    message = _error(attention="latent")
-    assert "attention" in message and "'latent'" in message
+def test_sparse_attention_slot_is_not_built_yet():
+    message = _error(attention="sparse")
+    assert "attention" in message and "'sparse'" in message
 
 
 @pytest.mark.parametrize("field,value", [

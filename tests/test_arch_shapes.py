@@ -114,7 +114,7 @@ def arch_configs(draw: st.DrawFn) -> ArchConfig:
     layer_kinds = tuple(draw(st.lists(st.sampled_from(config_module.LAYER_KINDS),
                                       min_size=n_layers, max_size=n_layers)))
     buckets = draw(st.integers(2, 12))
-    return ArchConfig(
+    fields: dict[str, Any] = dict(
         vocab_size=draw(st.integers(1, 50)), d_model=d_model, n_layers=n_layers, n_heads=n_heads,
         d_ff=draw(st.integers(1, 40)), n_kv_heads=n_kv_heads, head_dim=head_dim,
         max_positions=draw(st.integers(1, 40)),
@@ -134,6 +134,16 @@ def arch_configs(draw: st.DrawFn) -> ArchConfig:
         layer_kinds=layer_kinds, sliding_window=8 if "local" in layer_kinds else None,
         tie_embeddings=tie,
     )
+    if fields["attention"] == "latent":  # what MLA has: RoPE on every layer, one kv head per head, no window
+        fields.update(
+            n_kv_heads=None, head_dim=draw(st.sampled_from([4, 8])), rope=RopeConfig(), rope_local=None,
+            qk_norm="none", q_bias=False, k_bias=False, v_bias=False, o_bias=False,
+            layer_positions=("rope",) * n_layers, layer_kinds=("global",) * n_layers, sliding_window=None,
+            attention_settings=dict(kv_lora_rank=draw(st.integers(1, 12)), qk_nope_head_dim=draw(st.integers(1, 8)),
+                                    v_head_dim=draw(st.integers(1, 8)), bias=draw(st.booleans()),
+                                    q_lora_rank=draw(st.sampled_from([None, 3, 10])),
+                                    norm_eps=draw(st.sampled_from([1e-6, 1e-5]))))
+    return ArchConfig(**fields)
 
 
 @pytest.mark.slow
@@ -148,16 +158,29 @@ def test_every_norm_placement_has_slots():
     assert set(shapes_module.NORM_SLOTS) == set(config_module.NORM_PLACEMENTS)
 
 
-@pytest.mark.parametrize("kind", sorted(attention_kinds.KINDS))
-def test_every_attention_kind_builds_the_parts_it_declares(kind):
+# each registered kind with every optional part it has
+KIND_CASES: dict[str, list[dict[str, Any]]] = {
+    "standard": [dict(qk_norm="head", q_bias=True, o_bias=True)],
+    "latent": [dict(head_dim=8, attention_settings=dict(kv_lora_rank=6, qk_nope_head_dim=4, v_head_dim=5,
+                                                         q_lora_rank=q_lora_rank, bias=bias))
+               for q_lora_rank, bias in ((None, False), (7, True))],
+}
+
+
+def test_every_attention_kind_has_cases():
+    assert set(KIND_CASES) == set(attention_kinds.KINDS)
+
+
+@pytest.mark.parametrize(("kind", "overrides"), [(k, o) for k, cases in KIND_CASES.items() for o in cases])
+def test_every_attention_kind_builds_the_parts_it_declares(kind, overrides):
     """One declaration gives both sides their attention tensors; this holds each kind's module to it."""
-    assert_same_inventory(tiny(attention=kind, qk_norm="head", q_bias=True, o_bias=True))
+    assert_same_inventory(tiny(attention=kind, **overrides))
 
 
 def test_unknown_attention_kind_is_a_config_error_naming_it():
     cfg = tiny()
-    object.__setattr__(cfg, "attention", "latent")  # what a config could say once MLA is registered there
-    with pytest.raises(config_module.ConfigError, match="'latent'"):
+    object.__setattr__(cfg, "attention", "sparse")  # what a config could say once DSA is registered there
+    with pytest.raises(config_module.ConfigError, match="'sparse'"):
         parameter_shapes(cfg)
 
 

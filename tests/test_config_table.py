@@ -27,6 +27,7 @@ YARN = {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 
 LINEAR = {"rope_type": "linear", "factor": 2.0, "rope_theta": 1e6}
 QWEN_WINDOW = dict(num_hidden_layers=3, use_sliding_window=True, sliding_window=4, max_window_layers=1)
 GEMMA = dict(head_dim=16, sliding_window=4, query_pre_attn_scalar=24)
+DEEPSEEK = dict(num_key_value_heads=4, first_k_dense_replace=2)  # every layer dense; MLA has one kv head per head
 
 # model_type -> variants in which every stated key takes effect
 VARIANTS: dict[str, list[dict[str, Any]]] = {
@@ -42,12 +43,19 @@ VARIANTS: dict[str, list[dict[str, Any]]] = {
                     dict(GEMMA, num_hidden_layers=3, sliding_window_pattern=2, final_logit_softcapping=3.0,
                          rope_parameters={S: {"rope_type": "default", "rope_theta": 20000.0}, F: LINEAR})],
     "olmo2": [{}, dict(attention_bias=True, rope_parameters={"rope_type": "default", "rope_theta": 5e5})],
+    "deepseek_v3": [DEEPSEEK, dict(DEEPSEEK, q_lora_rank=None, attention_bias=True, rope_interleave=False,
+                                   kv_lora_rank=16, qk_nope_head_dim=12, qk_rope_head_dim=8, v_head_dim=10,
+                                   rope_parameters={**YARN, "mscale": 0.8, "mscale_all_dim": 0.7})],
+    "deepseek_v2": [DEEPSEEK, dict(DEEPSEEK, q_lora_rank=None, attention_bias=True, mlp_bias=True, kv_lora_rank=16,
+                                   qk_nope_head_dim=12, qk_rope_head_dim=8, v_head_dim=10, rope_parameters=YARN)],
 }
 # configs with keys that have no effect, as Hub files have them: same ArchConfig, not the same keys
 INERT: dict[str, list[dict[str, Any]]] = {
     "qwen2": [dict(use_sliding_window=False, sliding_window=4, max_window_layers=1)],
     "gemma3_text": [{}],  # two layers, both sliding: the full-attention RoPE is unused
     "mistral": [dict(sliding_window=4, layer_types=[S, S])],  # the pattern without layer_types
+    "deepseek_v3": [dict(num_key_value_heads=4)],  # first_k_dense_replace=3 past the two layers
+    "deepseek_v2": [dict(DEEPSEEK, first_k_dense_replace=5)],  # past the two layers
 }
 CASES = [(t, v) for t, variants in VARIANTS.items() for v in variants]
 ALL_CASES = CASES + [(t, v) for t, variants in INERT.items() for v in variants]
@@ -125,11 +133,12 @@ def test_null_means_what_transformers_makes_of_it(model_type: str) -> None:
         except MappingError:
             return MappingError
 
+    base = VARIANTS[model_type][0]  # a model transformers can run
     for name, key in family.config.keys.items():
         if not key.nullable or key.legacy:
             continue
-        raw = {**transformers_config(model_type, {}), name: None}
-        resolved = AutoConfig.for_model(model_type, **{**TINY, name: None}).to_dict()
+        raw = {**transformers_config(model_type, base), name: None}
+        resolved = AutoConfig.for_model(model_type, **{**TINY, **base, name: None}).to_dict()
         assert reading(raw) == reading(resolved), name
 
 

@@ -262,12 +262,17 @@ def test_rope_keys_a_type_does_not_read_change_nothing() -> None:
     assert family_for("llama").arch_config(stray) == family_for("llama").arch_config({"model_type": "llama"})
 
 
+# the keys that make transformers' default config one lmconvert converts (DeepSeek's defaults have MoE layers)
+CONVERTIBLE = {"deepseek_v2": {"first_k_dense_replace": 32}, "deepseek_v3": {"first_k_dense_replace": 61}}
+
+
 @pytest.mark.parametrize("model_type", sorted(BY_MODEL_TYPE))
 def test_missing_keys_take_transformers_defaults(model_type: str) -> None:
     """An almost empty config.json means what transformers' config class defaults mean."""
     family = family_for(model_type)
-    full = AutoConfig.for_model(model_type).to_dict()
-    assert family.arch_config({"model_type": model_type}) == family.arch_config(full)
+    stated = CONVERTIBLE.get(model_type, {})
+    full = AutoConfig.for_model(model_type, **stated).to_dict()
+    assert family.arch_config({"model_type": model_type, **stated}) == family.arch_config(full)
 
 
 # ------------------------------------------------------------------------------------------------ soft-caps
@@ -315,6 +320,7 @@ def test_qwen_window_needs_use_sliding_window(model_type: str) -> None:
 
 # ------------------------------------------------------------------------------------------------ export matrix
 OK = None
+LATENT_ONLY = "deepseek_v3 always has latent attention (MLA), which this model lacks (attention='standard')"
 # source -> target family -> None when the export is exact, else a phrase the refusal must contain
 MATRIX: dict[str, dict[str, str | None]] = {
     "llama": {  # with q/k/v/o and MLP biases
@@ -325,6 +331,7 @@ MATRIX: dict[str, dict[str, str | None]] = {
         "olmo2": "olmo2 cannot express this norm's dtype_order, this norm placement, MLP biases",
         "qwen2": "qwen2 cannot express an output-projection bias, MLP biases (llama)",
         "qwen3": "qwen3 cannot express MLP biases (llama); qwen3 always has QK norm",
+        "deepseek_v2": LATENT_ONLY.replace("v3", "v2"), "deepseek_v3": LATENT_ONLY,
     },
     "llama-plain": {
         "llama": OK, "mistral": OK,
@@ -332,15 +339,18 @@ MATRIX: dict[str, dict[str, str | None]] = {
         "olmo2": "olmo2 always has QK norm",
         "qwen2": "qwen2 always has a q bias, a k bias, a v bias, which this model (llama) lacks",
         "qwen3": "qwen3 always has QK norm, which this model (llama) lacks",
+        "deepseek_v2": LATENT_ONLY.replace("v3", "v2"), "deepseek_v3": LATENT_ONLY,
     },
     "mistral": {  # window on every layer
         "llama": "llama cannot express this local/global layer pattern, a sliding window (mistral)",
         "mistral": OK, "gemma2": "this norm placement", "gemma3": "QK norm", "olmo2": "a sliding window",
         "qwen2": "qwen2 always has a q bias", "qwen3": "qwen3 always has QK norm",
+        "deepseek_v2": LATENT_ONLY.replace("v3", "v2"), "deepseek_v3": LATENT_ONLY,
     },
     "mistral-nowindow": {
         "llama": OK, "mistral": OK, "gemma2": "embedding scaling", "gemma3": "embedding scaling",
         "olmo2": "QK norm", "qwen2": "qwen2 always has a q bias", "qwen3": "qwen3 always has QK norm",
+        "deepseek_v2": LATENT_ONLY.replace("v3", "v2"), "deepseek_v3": LATENT_ONLY,
     },
     "gemma2": {
         "llama": "llama cannot express this norm's weight_offset and dtype_order, this norm placement, this "
@@ -349,29 +359,34 @@ MATRIX: dict[str, dict[str, str | None]] = {
         "mistral": "attention soft-capping", "gemma2": OK,
         "gemma3": "gemma3 cannot express attention soft-capping (gemma2); gemma3 always has QK norm",
         "olmo2": "attention soft-capping", "qwen2": "attention soft-capping", "qwen3": "attention soft-capping",
+        "deepseek_v2": LATENT_ONLY.replace("v3", "v2"), "deepseek_v3": LATENT_ONLY,
     },
     "gemma3": {
         "llama": "QK norm, a separate RoPE for local layers", "mistral": "a separate RoPE for local layers",
         "gemma2": "gemma2 cannot express QK norm, a separate RoPE for local layers (gemma3)", "gemma3": OK,
         "olmo2": "embedding scaling", "qwen2": "a separate RoPE for local layers",
         "qwen3": "qwen3 cannot express this norm's weight_offset and dtype_order",
+        "deepseek_v2": LATENT_ONLY.replace("v3", "v2"), "deepseek_v3": LATENT_ONLY,
     },
     "olmo2": {
         "llama": "llama cannot express this norm's dtype_order, this norm placement, QK norm, this RoPE "
                  "configuration's fp32_tables (olmo2)",
         "mistral": "a q bias", "gemma2": "QK norm", "gemma3": "this norm's weight_offset", "olmo2": OK,
         "qwen2": "this norm placement", "qwen3": "this norm placement",
+        "deepseek_v2": LATENT_ONLY.replace("v3", "v2"), "deepseek_v3": LATENT_ONLY,
     },
     "qwen2": {
         "llama": "llama cannot express a q bias, a k bias, a v bias, this local/global layer pattern, a sliding "
                  "window (qwen2)",
         "mistral": "mistral cannot express a q bias, a k bias, a v bias", "gemma2": "a q bias",
         "gemma3": "a q bias", "olmo2": "a q bias", "qwen2": OK, "qwen3": "qwen3 always has QK norm",
+        "deepseek_v2": LATENT_ONLY.replace("v3", "v2"), "deepseek_v3": LATENT_ONLY,
     },
     "qwen3": {
         "llama": "llama cannot express QK norm", "mistral": "QK norm", "gemma2": "QK norm",
         "gemma3": "gemma3 cannot express this norm's weight_offset and dtype_order", "olmo2": "QK norm",
         "qwen2": "qwen2 cannot express QK norm, an output-projection bias (qwen3)", "qwen3": OK,
+        "deepseek_v2": LATENT_ONLY.replace("v3", "v2"), "deepseek_v3": LATENT_ONLY,
     },
 }
 EXPORTS = [(source, target, refusal) for source, row in MATRIX.items() for target, refusal in row.items()]

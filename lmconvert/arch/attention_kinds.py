@@ -13,8 +13,9 @@ Torch-free: the module is named ("package.module:Class") and imported when a mod
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from importlib import import_module
 from typing import TYPE_CHECKING, Any
 
@@ -114,4 +115,148 @@ register(AttentionKind(
     describe=_standard_describe,
     cache_elements=lambda cfg: 2 * cfg.kv_dim,
 ))
-# "latent" (MLA) and "sparse" (DSA) register here when they are built
+
+
+# ----------------------------------------------------------------------------- latent: MLA (DeepSeek-V2/V3)
+def _count(name: str, value: Any, *, allow_none: bool = False) -> None:
+    if value is None and allow_none:
+        return
+    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+        raise ConfigError(f"ArchConfig.attention_settings.{name}={value!r}: must be a positive integer")
+
+
+@dataclass(frozen=True)
+class LatentSettings:
+    """Multi-head latent attention's own sizes, in transformers' DeepseekV3Config names.
+
+    The rotary head dim (`qk_rope_head_dim`) is `ArchConfig.head_dim`, as DeepseekV3Config itself
+    sets `head_dim = qk_rope_head_dim`: the Decoder's shared RoPE tables then serve latent layers
+    unchanged, and the size is stated once. `bias` is transformers' `attention_bias`: it switches
+    the biases of q_a_proj, kv_a_proj_with_mqa and o_proj together (q_proj, q_b_proj and kv_b_proj
+    never have one). The two MLA-internal RMSNorms take `norm_eps`, 1e-6 in transformers whatever
+    `rms_norm_eps` says. `deinterleave`: interleaved RoPE (`rope.layout="interleaved"`) writes its
+    result de-interleaved, [evens | odds] (DeepSeek-V3's `rope_interleave`), or in place, pair by pair
+    (DeepSeek-V2's complex rotation); the scores are the same sums in another order.
+    """
+
+    kv_lora_rank: int = 512
+    qk_nope_head_dim: int = 128
+    v_head_dim: int = 128
+    q_lora_rank: int | None = None  # None: one plain q projection, no q LoRA
+    bias: bool = False
+    norm_eps: float = 1e-6
+    deinterleave: bool = True
+
+    def __post_init__(self) -> None:
+        for name in ("kv_lora_rank", "qk_nope_head_dim", "v_head_dim"):
+            _count(name, getattr(self, name))
+        _count("q_lora_rank", self.q_lora_rank, allow_none=True)
+        for name in ("bias", "deinterleave"):
+            value = getattr(self, name)
+            if not isinstance(value, bool):
+                raise ConfigError(f"ArchConfig.attention_settings.{name}={value!r}: must be true or false")
+        eps = self.norm_eps
+        if isinstance(eps, bool) or not isinstance(eps, (int, float)) or not 0 < eps < math.inf:
+            raise ConfigError(f"ArchConfig.attention_settings.norm_eps={eps!r}: must be a positive, finite number")
+
+
+def latent_qk_head_dim(cfg: ArchConfig) -> int:
+    """Each head's query and key: the non-rotary part, then the rotary part (`head_dim`)."""
+    return cfg.attention_settings.qk_nope_head_dim + cfg.head_dim
+
+
+def latent_score_scale(cfg: ArchConfig) -> float:
+    """transformers' `yarn_apply_mscale`: qk_head_dim^-0.5, times mscale(factor, mscale_all_dim)^2
+    when RoPE is scaled and `mscale_all_dim` is set (in Python floats, in its order)."""
+    if cfg.attn_scale is not None:
+        return cfg.attn_scale
+    scale = latent_qk_head_dim(cfg) ** (-0.5)
+    rope = cfg.rope
+    if rope.scaling != "none" and rope.mscale_all_dim:
+        mscale = 1.0 if rope.factor <= 1 else 0.1 * rope.mscale_all_dim * math.log(rope.factor) + 1.0
+        scale = scale * mscale * mscale
+    return scale
+
+
+def _latent_parts(cfg: ArchConfig) -> dict[str, Part]:
+    """transformers' module order: q (or q_a, q_a_norm, q_b), kv_a, kv_a_norm, kv_b, o."""
+    s = cfg.attention_settings
+    # DeepseekV3RMSNorm, whatever the block norms are: RMS, weight applied after the cast back. Every
+    # field is set, on a copy of the config's NormConfig (config.py imports this module, not the reverse)
+    norm = replace(cfg.norm, kind="rms", eps=s.norm_eps, weight=True, bias=False, weight_offset=0.0,
+                   dtype_order="cast_then_scale")
+    q_out = cfg.n_heads * latent_qk_head_dim(cfg)
+    parts: dict[str, Part] = {}
+    if s.q_lora_rank is None:
+        parts["q"] = LinearPart(cfg.d_model, q_out)
+    else:
+        parts["q_a"] = LinearPart(cfg.d_model, s.q_lora_rank, s.bias)
+        parts["q_a_norm"] = NormPart(s.q_lora_rank, norm)
+        parts["q_b"] = LinearPart(s.q_lora_rank, q_out)
+    parts["kv_a"] = LinearPart(cfg.d_model, s.kv_lora_rank + cfg.head_dim, s.bias)
+    parts["kv_a_norm"] = NormPart(s.kv_lora_rank, norm)
+    parts["kv_b"] = LinearPart(s.kv_lora_rank, cfg.n_heads * (s.qk_nope_head_dim + s.v_head_dim))
+    parts["o"] = LinearPart(cfg.n_heads * s.v_head_dim, cfg.d_model, s.bias)
+    return parts
+
+
+def _latent_cache(cfg: ArchConfig) -> int:
+    """The normed latent c_kv and the one rotary key all heads share."""
+    return cfg.attention_settings.kv_lora_rank + cfg.head_dim
+
+
+def _latent_mha_cache(cfg: ArchConfig) -> int:
+    """What MHA with the same heads and head dims caches: every head's key and value."""
+    return cfg.n_heads * (latent_qk_head_dim(cfg) + cfg.attention_settings.v_head_dim)
+
+
+def _latent_describe(cfg: ArchConfig) -> list[str]:
+    s = cfg.attention_settings
+    q = "plain q projection" if s.q_lora_rank is None else f"q LoRA rank {s.q_lora_rank}"
+    lines = [f"attention: latent (MLA), {cfg.n_heads} heads, {q}, kv_lora_rank {s.kv_lora_rank}",
+             f"MLA head dims: q/k {s.qk_nope_head_dim} + rotary {cfg.head_dim}, v {s.v_head_dim}; "
+             f"score scale {latent_score_scale(cfg):.6g}",
+             f"MLA norms: RMSNorm eps={s.norm_eps:g}; biases: {'q_a, kv_a, o' if s.bias else 'none'}"]
+    if cfg.rope.layout == "interleaved":
+        order = "and de-interleaved" if s.deinterleave else "in place"
+        lines.append(f"MLA RoPE: rotary dims in pairs, rotated {order}")
+    latent, mha = _latent_cache(cfg), _latent_mha_cache(cfg)
+    lines.append(f"latent KV cache: {latent} entries per token and layer (c_kv {s.kv_lora_rank} + k_rot "
+                 f"{cfg.head_dim}); MHA with these heads: {mha}; {latent / mha:.1%} of it")
+    return lines
+
+
+def _latent_check(cfg: ArchConfig) -> None:
+    """What transformers' DeepseekV3Attention cannot be told: it has one kind of positions (RoPE on
+    the whole rotary part, every layer), no window, no cap, no QK norm, and its biases are
+    `settings.bias`; `num_key_value_heads` other than the head count breaks its eager path."""
+    refusals = [
+        ("n_kv_heads", cfg.n_kv_heads, cfg.n_kv_heads != cfg.n_heads, "latent attention has n_kv_heads = n_heads"),
+        ("layer_positions", cfg.layer_positions, set(cfg.layer_positions) != {"rope"},
+         "latent attention uses RoPE on every layer"),
+        ("rope.fraction", cfg.rope.fraction, cfg.rope.fraction != 1,
+         "latent attention rotates all of head_dim (its qk_rope_head_dim)"),
+        ("layer_kinds", cfg.layer_kinds, "local" in cfg.layer_kinds, "latent attention has no sliding window"),
+        ("attn_softcap", cfg.attn_softcap, cfg.attn_softcap is not None, "latent attention has no soft-cap"),
+        ("qk_norm", cfg.qk_norm, cfg.qk_norm != "none", "latent attention has its own norms, no QK norm"),
+    ]
+    refusals.append(("attention_settings.deinterleave", False,
+                     not cfg.attention_settings.deinterleave and cfg.rope.layout != "interleaved",
+                     "only interleaved RoPE (rope.layout='interleaved') has a choice of output order"))
+    refusals += [(f"{p}_bias", True, getattr(cfg, f"{p}_bias"), "latent attention's biases are "
+                  "attention_settings.bias") for p in "qkvo"]
+    for name, value, wrong, why in refusals:
+        if wrong:
+            raise ConfigError(f"ArchConfig.{name}={value!r}: {why}")
+
+
+register(AttentionKind(
+    name="latent",
+    module=f"{__package__}.latent_attention:LatentAttention",
+    parts=_latent_parts,
+    describe=_latent_describe,
+    cache_elements=_latent_cache,
+    settings=LatentSettings,
+    check=_latent_check,
+))
+# "sparse" (DSA) registers here when it is built

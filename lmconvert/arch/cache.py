@@ -1,4 +1,9 @@
-"""A KV cache for incremental decoding: per layer, keys and values after RoPE."""
+"""A KV cache for incremental decoding: per layer, two tensors grown along the sequence (dim -2).
+
+Standard attention stores keys and values after RoPE, (B, KV, S, D) each. Latent attention (MLA)
+stores its latent instead, in the same two slots: `keys` the normed c_kv (B, 1, S, kv_lora_rank),
+`values` the rotated shared key k_rot (B, 1, S, qk_rope_head_dim); it expands them at each step.
+"""
 
 from __future__ import annotations
 
@@ -16,7 +21,7 @@ class KVCache:
         return 0 if first is None else first.shape[-2]
 
     def update(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Append k, v (B, KV, T, D) and return every key and value seen so far."""
+        """Append k, v (B, KV, T, D), or MLA's c_kv, k_rot (B, 1, T, C|R); return all seen so far."""
         if self.keys[layer] is not None:
             k = torch.cat((self.keys[layer], k), dim=-2)
             v = torch.cat((self.values[layer], v), dim=-2)

@@ -11,7 +11,10 @@ its declaration raises LayoutError, which the comparison reports as a failed poi
 not be compared: verify cannot vouch for it, so it does not pass.
 
 A layout names its axes in order; `*` joins axes flattened into one dimension:
-B batch, T time, d d_model, F d_ff, H query heads, KV key/value heads, D head_dim.
+B batch, T time, d d_model, F d_ff, H query heads, KV key/value heads, D head_dim; for latent
+attention (MLA) Q q_lora_rank, C kv_lora_rank, QK a query/key head (qk_nope_head_dim + head_dim),
+CR the joint latent (C + head_dim), NV a head's expanded key and value (qk_nope_head_dim +
+v_head_dim), and `one` the single latent "head" both sides expand from.
 """
 
 from __future__ import annotations
@@ -46,6 +49,14 @@ OURS_QK_NORM: Mapping[str, Mapping[str, Layout]] = {
     "projection": {"attn.q_norm": "B T H*D", "attn.k_norm": "B T KV*D"},
 }
 
+# Our latent attention (MLA), by attention kind: its projections and norms are (B, T, features), q
+# is a whole query head per head; kv_b runs on the latent viewed as one head, (B, 1, T, C).
+LATENT: Mapping[str, Layout] = {
+    "attn.q": "B T H*QK", "attn.q_a": "B T Q", "attn.q_a_norm": "B T Q", "attn.q_b": "B T H*QK",
+    "attn.kv_a": "B T CR", "attn.kv_a_norm": "B T C", "attn.kv_b": "B one T H*NV",
+}
+OURS_BY_ATTENTION: Mapping[str, Mapping[str, Layout]] = {"latent": LATENT}
+
 # transformers' llama-style decoders: hidden states, norms and nn.Linear projections are
 # (B, T, features), as ours. QK norms have no default: each model type that has them says where.
 TRANSFORMERS: Mapping[str, Layout] = dict(OURS)
@@ -59,7 +70,21 @@ TRANSFORMERS_BY_MODEL_TYPE: Mapping[str, Mapping[str, Layout]] = {
     "gemma3_text": {"attn.q_norm": "B H T D", "attn.k_norm": "B KV T D"},
     # q_norm(q_proj(x)) over the whole projection, viewed afterwards
     "olmo2": {"attn.q_norm": "B T H*D", "attn.k_norm": "B T KV*D"},
+    # DeepseekV2/V3Attention: kv_b_proj on the latent viewed as (B, 1, T, C) in `expand_kv`, as ours
+    "deepseek_v2": LATENT,
+    "deepseek_v3": LATENT,
 }
+
+
+def _latent_sizes(arch: ArchConfig) -> dict[str, int]:
+    if arch.attention != "latent":
+        return {}
+    s = arch.attention_settings
+    sizes = {"C": s.kv_lora_rank, "QK": s.qk_nope_head_dim + arch.head_dim, "CR": s.kv_lora_rank + arch.head_dim,
+             "NV": s.qk_nope_head_dim + s.v_head_dim, "one": 1}
+    if s.q_lora_rank is not None:
+        sizes["Q"] = s.q_lora_rank
+    return sizes
 
 
 class LayoutError(ValueError):
@@ -99,10 +124,10 @@ class PointLayouts:
 
     @classmethod
     def of(cls, arch: ArchConfig, model_type: str, batch: int, seq_len: int) -> PointLayouts:
-        ours = {**OURS, **OURS_QK_NORM.get(arch.qk_norm, {})}
+        ours = {**OURS, **OURS_QK_NORM.get(arch.qk_norm, {}), **OURS_BY_ATTENTION.get(arch.attention, {})}
         theirs = {**TRANSFORMERS, **TRANSFORMERS_BY_MODEL_TYPE.get(model_type, {})}
         sizes = {"B": batch, "T": seq_len, "d": arch.d_model, "F": arch.d_ff, "H": arch.n_heads,
-                 "KV": arch.n_kv_heads, "D": arch.head_dim}
+                 "KV": arch.n_kv_heads, "D": arch.head_dim, **_latent_sizes(arch)}
         return cls(ours, theirs, sizes, model_type)
 
     def to_ours(self, point: str, value: torch.Tensor) -> torch.Tensor:
