@@ -44,6 +44,13 @@ SPECS: dict[str, Spec] = {
         old_style={"rope_theta": 1e6},
         card=("sliding window 4 on local layers; pattern LL", "head_dim 24", "biases: none"),
         layer_types=([F, S], ("global", "local"))),  # AutoConfig then loads it as Ministral
+    "gemma": Spec(
+        "gemma", dict(head_dim=16, attention_bias=True,
+                      rope_parameters={"rope_type": "default", "rope_theta": 20000.0}),
+        old_style={"rope_theta": 20000.0, "hidden_act": "gelu"},  # the legacy spelling of tanh GELU
+        card=("pre-norm", "scale (w + 1)", "weight in fp32", "GeGLU (tanh)", "embedding scale: 8",
+              "biases: q, k, v, o", "embeddings: tied"),
+        not_on_card=("soft-cap", "sliding")),
     "gemma2": Spec(
         "gemma2", dict(head_dim=16, sliding_window=WINDOW, query_pre_attn_scalar=24, attention_bias=True,
                        attn_logit_softcapping=ATTN_CAP, final_logit_softcapping=FINAL_CAP),

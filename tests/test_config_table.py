@@ -36,6 +36,8 @@ VARIANTS: dict[str, list[dict[str, Any]]] = {
     "mistral": [{}, dict(sliding_window=None), dict(sliding_window=4, head_dim=24, layer_types=[F, S])],
     "qwen2": [{}, QWEN_WINDOW, dict(tie_word_embeddings=True, rope_parameters=YARN)],
     "qwen3": [{}, dict(QWEN_WINDOW, head_dim=16, attention_bias=True, rope_parameters=LINEAR)],
+    "gemma": [{}, dict(head_dim=16, attention_bias=True, tie_word_embeddings=False,
+                       rope_parameters={"rope_type": "default", "rope_theta": 20000.0})],
     "gemma2": [{}, dict(GEMMA, attention_bias=True, attn_logit_softcapping=2.0, final_logit_softcapping=3.0),
                dict(GEMMA, attn_logit_softcapping=None, final_logit_softcapping=None, layer_types=[F, S])],
     "gemma3_text": [dict(num_hidden_layers=6),
