@@ -43,6 +43,9 @@ VARIANTS: dict[str, list[dict[str, Any]]] = {
     "gemma3_text": [dict(num_hidden_layers=6),
                     dict(GEMMA, num_hidden_layers=3, sliding_window_pattern=2, final_logit_softcapping=3.0,
                          rope_parameters={S: {"rope_type": "default", "rope_theta": 20000.0}, F: LINEAR})],
+    "smollm3": [{}, dict(num_hidden_layers=4, no_rope_layer_interval=2, use_sliding_window=True, sliding_window=4,
+                         attention_bias=True, mlp_bias=True, tie_word_embeddings=False, rope_parameters=LINEAR),
+                dict(num_hidden_layers=5, no_rope_layers=[0, 1, 1, 0, 1], rope_parameters=YARN)],
     "olmo2": [{}, dict(attention_bias=True, rope_parameters={"rope_type": "default", "rope_theta": 5e5})],
 }
 # configs with keys that have no effect, as Hub files have them: same ArchConfig, not the same keys
@@ -169,6 +172,9 @@ def test_bad_values_are_refused_naming_the_key(model_type: str, key: str, value:
     ("qwen3", "head_dim", None, "not allowed"),
     ("gemma2", "query_pre_attn_scalar", 0, "positive number"), ("gemma2", "final_logit_softcapping", 0, "positive"),
     ("gemma2", "head_dim", None, "not allowed"), ("gemma2", "layer_types", "sliding", "list"),
+    ("smollm3", "no_rope_layers", [1, 2], "no_rope_layers=[1, 2]"), ("smollm3", "no_rope_layers", "all", "list"),
+    ("smollm3", "no_rope_layer_interval", 0, "positive integer"), ("smollm3", "use_sliding_window", 1, "boolean"),
+    ("smollm3", "head_dim", None, "not allowed"),
     ("gemma3_text", "sliding_window_pattern", 0, "positive integer"),
     ("gemma3_text", "rope_parameters", {F: {"rope_type": "default", "rope_theta": -1.0}},
      "rope_parameters.full_attention.rope_theta=-1.0"),
