@@ -98,6 +98,12 @@ SPECS: dict[str, Spec] = {
         card=("positions: none (layers [1, 3])", "positions: RoPE half, theta=1e+06 (layers [0, 2])",
               "sliding window 4 on local layers; pattern GLGL", "biases: q, k, v, o, mlp", "embeddings: tied"),
         layer_types=([S, F, F, F], ("local", "global", "global", "global"))),
+    "starcoder2": Spec(
+        "starcoder2", dict(sliding_window=WINDOW, bos_token_id=2, eos_token_id=1,
+                           rope_parameters={"rope_type": "default", "rope_theta": 1e5}),
+        old_style={"rope_theta": 1e5},
+        card=("LayerNorm, eps=1e-05, bias, weight in fp32", "pre-norm", "FFN: GeLU (tanh), d_ff 96",
+              "biases: q, k, v, o, mlp", "sliding window 4 on local layers; pattern LL", "embeddings: tied")),
 }
 NAMES = list(SPECS)
 TEXT = dict(vocab_size=128, hidden_size=64, intermediate_size=96, num_hidden_layers=3, num_attention_heads=4,

@@ -143,3 +143,15 @@ def test_layer_norm_scale_then_cast_is_torch_layer_norm_bit_for_bit_in_bf16():
     ref = ref.bfloat16()
     x = _x(torch.bfloat16, shift=1.0)
     assert torch.equal(norm(x), ref(x))
+
+
+def test_layer_norm_scale_then_cast_is_torch_layer_norm_bit_for_bit_in_fp32():
+    """StarCoder2's nn.LayerNorm applies weight and bias inside the kernel; a separate multiply
+    and add differs in fp32 by ~1e-7 per element, which verify's exact per-point check sees."""
+    norm = _norm(kind="layer", eps=1e-5, bias=True, dtype_order="scale_then_cast")
+    ref = torch.nn.LayerNorm(D, eps=1e-5)
+    with torch.no_grad():
+        ref.weight.copy_(norm.weight)
+        ref.bias.copy_(norm.bias)
+    x = _x(shift=1.0)
+    assert torch.equal(norm(x), ref(x))

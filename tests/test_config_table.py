@@ -46,6 +46,8 @@ VARIANTS: dict[str, list[dict[str, Any]]] = {
     "smollm3": [{}, dict(num_hidden_layers=4, no_rope_layer_interval=2, use_sliding_window=True, sliding_window=4,
                          attention_bias=True, mlp_bias=True, tie_word_embeddings=False, rope_parameters=LINEAR),
                 dict(num_hidden_layers=5, no_rope_layers=[0, 1, 1, 0, 1], rope_parameters=YARN)],
+    "starcoder2": [{}, dict(sliding_window=4, use_bias=False, tie_word_embeddings=False, norm_epsilon=1e-6,
+                            hidden_act="gelu", residual_dropout=0.1, embedding_dropout=0.2, rope_parameters=LINEAR)],
     "olmo2": [{}, dict(attention_bias=True, rope_parameters={"rope_type": "default", "rope_theta": 5e5})],
 }
 # configs with keys that have no effect, as Hub files have them: same ArchConfig, not the same keys
@@ -150,9 +152,14 @@ BAD_VALUES = [
 ]
 
 
+# a family that spells one of those keys its own way
+OWN_SPELLING = {("starcoder2", "rms_norm_eps"): "norm_epsilon"}
+
+
 @pytest.mark.parametrize("model_type", VARIANTS)
 @pytest.mark.parametrize(("key", "value", "fragment"), BAD_VALUES, ids=lambda x: str(x))
 def test_bad_values_are_refused_naming_the_key(model_type: str, key: str, value: Any, fragment: str) -> None:
+    key = OWN_SPELLING.get((model_type, key), key)
     config = {"model_type": model_type, key: value}
     with pytest.raises(MappingError) as caught:
         family_for(model_type).arch_config(config)
@@ -175,6 +182,8 @@ def test_bad_values_are_refused_naming_the_key(model_type: str, key: str, value:
     ("smollm3", "no_rope_layers", [1, 2], "no_rope_layers=[1, 2]"), ("smollm3", "no_rope_layers", "all", "list"),
     ("smollm3", "no_rope_layer_interval", 0, "positive integer"), ("smollm3", "use_sliding_window", 1, "boolean"),
     ("smollm3", "head_dim", None, "not allowed"),
+    ("starcoder2", "use_bias", "yes", "boolean"), ("starcoder2", "norm_epsilon", 0, "positive number"),
+    ("starcoder2", "residual_dropout", 1.0, "in [0, 1)"), ("starcoder2", "sliding_window", 0, "sliding_window=0"),
     ("gemma3_text", "sliding_window_pattern", 0, "positive integer"),
     ("gemma3_text", "rope_parameters", {F: {"rope_type": "default", "rope_theta": -1.0}},
      "rope_parameters.full_attention.rope_theta=-1.0"),

@@ -1,5 +1,5 @@
 """The families against transformers: llama, mistral, gemma, gemma2, gemma3, olmo2, qwen2, qwen3,
-smollm3.
+smollm3, starcoder2.
 
 Every family is a tiny transformers model with every parameter perturbed, run on sequences several
 times longer than its sliding window, with soft-caps small enough to bite. For each family:
@@ -319,6 +319,7 @@ OK = None
 # source -> target family -> None when the export is exact, else a phrase the refusal must contain
 MATRIX: dict[str, dict[str, str | None]] = {
     "llama": {  # with q/k/v/o and MLP biases
+        "starcoder2": "starcoder2 cannot express this norm's kind and bias and dtype_order, this FFN gating (llama)",
         "smollm3": OK,
         "gemma": "gemma cannot express this norm's weight_offset and dtype_order, MLP biases (llama); gemma always "
                  "has embedding scaling",
@@ -331,6 +332,7 @@ MATRIX: dict[str, dict[str, str | None]] = {
         "qwen3": "qwen3 cannot express MLP biases (llama); qwen3 always has QK norm",
     },
     "llama-plain": {
+        "starcoder2": "this FFN gating",
         "smollm3": OK,
         "gemma": "gemma always has embedding scaling",
         "llama": OK, "mistral": OK,
@@ -340,6 +342,7 @@ MATRIX: dict[str, dict[str, str | None]] = {
         "qwen3": "qwen3 always has QK norm, which this model (llama) lacks",
     },
     "mistral": {  # window on every layer
+        "starcoder2": "starcoder2 cannot express this norm's kind and bias and dtype_order, this FFN gating (mistral)",
         "smollm3": OK,
         "gemma": "a sliding window",
         "llama": "llama cannot express this local/global layer pattern, a sliding window (mistral)",
@@ -347,12 +350,14 @@ MATRIX: dict[str, dict[str, str | None]] = {
         "qwen2": "qwen2 always has a q bias", "qwen3": "qwen3 always has QK norm",
     },
     "mistral-nowindow": {
+        "starcoder2": "this norm's kind and bias",
         "smollm3": OK,
         "gemma": "gemma always has embedding scaling",
         "llama": OK, "mistral": OK, "gemma2": "embedding scaling", "gemma3": "embedding scaling",
         "olmo2": "QK norm", "qwen2": "qwen2 always has a q bias", "qwen3": "qwen3 always has QK norm",
     },
     "gemma": {
+        "starcoder2": "this norm's kind and bias and weight_offset",
         "smollm3": "smollm3 cannot express this norm's weight_offset and dtype_order, embedding scaling (gemma)",
         "llama": "llama cannot express this norm's weight_offset and dtype_order, embedding scaling (gemma)",
         "mistral": "a q bias, a k bias, a v bias, an output-projection bias", "gemma": OK,
@@ -361,6 +366,7 @@ MATRIX: dict[str, dict[str, str | None]] = {
         "qwen3": "qwen3 always has QK norm",
     },
     "gemma2": {
+        "starcoder2": "this norm placement",
         "smollm3": "a custom attention score scale, attention soft-capping, embedding scaling",
         "gemma": "gemma cannot express this norm placement, this local/global layer pattern",
         "llama": "llama cannot express this norm's weight_offset and dtype_order, this norm placement, this "
@@ -371,6 +377,7 @@ MATRIX: dict[str, dict[str, str | None]] = {
         "olmo2": "attention soft-capping", "qwen2": "attention soft-capping", "qwen3": "attention soft-capping",
     },
     "gemma3": {
+        "starcoder2": "QK norm, this FFN gating",
         "smollm3": "QK norm, a separate RoPE for local layers",
         "gemma": "gemma cannot express this norm placement, QK norm",
         "llama": "QK norm, a separate RoPE for local layers", "mistral": "a separate RoPE for local layers",
@@ -379,6 +386,7 @@ MATRIX: dict[str, dict[str, str | None]] = {
         "qwen3": "qwen3 cannot express this norm's weight_offset and dtype_order",
     },
     "olmo2": {
+        "starcoder2": "this norm's kind and bias, this norm placement, QK norm",
         "smollm3": "smollm3 cannot express this norm's dtype_order, this norm placement, QK norm",
         "gemma": "this RoPE configuration's fp32_tables",
         "llama": "llama cannot express this norm's dtype_order, this norm placement, QK norm, this RoPE "
@@ -387,6 +395,7 @@ MATRIX: dict[str, dict[str, str | None]] = {
         "qwen2": "this norm placement", "qwen3": "this norm placement",
     },
     "qwen2": {
+        "starcoder2": "this local/global layer pattern (qwen2)",
         "smollm3": "smollm3 cannot express a q bias, a k bias, a v bias (qwen2)",
         "gemma": "a q bias, a k bias, a v bias",
         "llama": "llama cannot express a q bias, a k bias, a v bias, this local/global layer pattern, a sliding "
@@ -395,6 +404,7 @@ MATRIX: dict[str, dict[str, str | None]] = {
         "gemma3": "a q bias", "olmo2": "a q bias", "qwen2": OK, "qwen3": "qwen3 always has QK norm",
     },
     "qwen3": {
+        "starcoder2": "QK norm",
         "smollm3": "smollm3 cannot express QK norm (qwen3)",
         "gemma": "QK norm",
         "llama": "llama cannot express QK norm", "mistral": "QK norm", "gemma2": "QK norm",
@@ -402,11 +412,22 @@ MATRIX: dict[str, dict[str, str | None]] = {
         "qwen2": "qwen2 cannot express QK norm, an output-projection bias (qwen3)", "qwen3": OK,
     },
     "smollm3": {  # NoPE on layers 1 and 3, which are sliding
+        "starcoder2": "this per-layer position pattern, this local/global layer pattern (smollm3)",
         "llama": "llama cannot express this per-layer position pattern, this local/global layer pattern",
         "mistral": "MLP biases, this per-layer position pattern", "gemma": "this per-layer position pattern",
         "gemma2": "this per-layer position pattern", "gemma3": "this per-layer position pattern",
         "olmo2": "this per-layer position pattern", "qwen2": "this per-layer position pattern",
         "qwen3": "qwen3 cannot express MLP biases, this per-layer position pattern (smollm3)", "smollm3": OK,
+    },
+    "starcoder2": {  # LayerNorm with bias, plain GELU MLP, a window on every layer
+        "llama": "llama cannot express this norm's kind and bias and dtype_order, this local/global layer pattern, a "
+                 "sliding window (starcoder2); llama always has this FFN gating",
+        "mistral": "mistral always has this FFN gating", "gemma": "embedding scaling",
+        "gemma2": "this norm placement", "gemma3": "QK norm", "olmo2": "QK norm", "qwen2": "an output-projection bias",
+        "qwen3": "qwen3 always has QK norm, this FFN gating",
+        "smollm3": "smollm3 cannot express this norm's kind and bias and dtype_order (starcoder2); smollm3 always has "
+                   "this FFN gating",
+        "starcoder2": OK,
     },
 }
 EXPORTS = [(source, target, refusal) for source, row in MATRIX.items() for target, refusal in row.items()]

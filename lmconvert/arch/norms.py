@@ -25,6 +25,10 @@ def _layer(x: torch.Tensor, eps: float) -> torch.Tensor:
 STATISTICS = {"rms": _rms, "layer": _layer}
 
 
+def _fp32(t: torch.Tensor | None) -> torch.Tensor | None:
+    return None if t is None else t.float()
+
+
 class Norm(nn.Module):
     def __init__(self, dim: int, cfg: NormConfig) -> None:
         super().__init__()
@@ -36,6 +40,10 @@ class Norm(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         dtype = x.dtype
+        if self.cfg.kind == "layer" and self.cfg.dtype_order == "scale_then_cast" and not self.cfg.weight_offset:
+            # the weight and bias in fp32 inside torch's own kernel, as nn.LayerNorm does: a separate
+            # multiply and add would round differently in fp32 (~1e-6 per norm)
+            return F.layer_norm(x.float(), x.shape[-1:], _fp32(self.weight), _fp32(self.bias), self.cfg.eps).to(dtype)
         h = self.normalise(x.float(), self.cfg.eps)
         if self.cfg.dtype_order == "cast_then_scale":
             h = h.to(dtype)
