@@ -7,6 +7,7 @@ import torch
 from arch_helpers import perturb
 from transformers.models.gemma2.modeling_gemma2 import Gemma2RMSNorm
 from transformers.models.llama.modeling_llama import LlamaRMSNorm
+from transformers.models.nemotron.modeling_nemotron import NemotronLayerNorm1P
 from transformers.models.olmo2.modeling_olmo2 import Olmo2RMSNorm
 
 from lmconvert.arch import NormConfig
@@ -155,3 +156,19 @@ def test_layer_norm_scale_then_cast_is_torch_layer_norm_bit_for_bit_in_fp32():
         ref.bias.copy_(norm.bias)
     x = _x(shift=1.0)
     assert torch.equal(norm(x), ref(x))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_layer_norm_with_offset_is_nemotron_layer_norm_1p_bit_for_bit(dtype):
+    """`weight + 1.0` in the weight's dtype (rounded in bf16), then torch's LayerNorm."""
+    norm = _norm(dtype=dtype, kind="layer", eps=1e-5, bias=True, weight_offset=1.0, dtype_order="scale_then_cast")
+    ref = NemotronLayerNorm1P(D, eps=1e-5)
+    with torch.no_grad():
+        ref.weight.copy_(norm.weight.float())
+        ref.bias.copy_(norm.bias.float())
+    ref = ref.to(dtype)
+    x = _x(dtype, shift=1.0)
+    assert torch.equal(norm(x), ref(x))
+    if dtype == torch.bfloat16:  # the offset is rounded to bf16 before it scales, as there
+        unrounded = torch.nn.functional.layer_norm(x.float(), (D,), norm.weight.float() + 1.0, norm.bias.float(), 1e-5)
+        assert not torch.equal(unrounded.to(dtype), ref(x))

@@ -48,6 +48,9 @@ VARIANTS: dict[str, list[dict[str, Any]]] = {
                 dict(num_hidden_layers=5, no_rope_layers=[0, 1, 1, 0, 1], rope_parameters=YARN)],
     "starcoder2": [{}, dict(sliding_window=4, use_bias=False, tie_word_embeddings=False, norm_epsilon=1e-6,
                             hidden_act="gelu", residual_dropout=0.1, embedding_dropout=0.2, rope_parameters=LINEAR)],
+    "nemotron": [{}, dict(attention_bias=True, mlp_bias=True, norm_eps=1e-6, hidden_act="relu", head_dim=32,
+                          tie_word_embeddings=True, rope_parameters={**LINEAR, "partial_rotary_factor": 0.75}),
+                 dict(rope_parameters={"rope_type": "default", "rope_theta": 1e4, "partial_rotary_factor": 1.0})],
     "olmo2": [{}, dict(attention_bias=True, rope_parameters={"rope_type": "default", "rope_theta": 5e5})],
 }
 # configs with keys that have no effect, as Hub files have them: same ArchConfig, not the same keys
@@ -153,7 +156,7 @@ BAD_VALUES = [
 
 
 # a family that spells one of those keys its own way
-OWN_SPELLING = {("starcoder2", "rms_norm_eps"): "norm_epsilon"}
+OWN_SPELLING = {("starcoder2", "rms_norm_eps"): "norm_epsilon", ("nemotron", "rms_norm_eps"): "norm_eps"}
 
 
 @pytest.mark.parametrize("model_type", VARIANTS)
@@ -184,6 +187,7 @@ def test_bad_values_are_refused_naming_the_key(model_type: str, key: str, value:
     ("smollm3", "head_dim", None, "not allowed"),
     ("starcoder2", "use_bias", "yes", "boolean"), ("starcoder2", "norm_epsilon", 0, "positive number"),
     ("starcoder2", "residual_dropout", 1.0, "in [0, 1)"), ("starcoder2", "sliding_window", 0, "sliding_window=0"),
+    ("nemotron", "norm_eps", -1.0, "positive number"), ("nemotron", "partial_rotary_factor", 1.5, "partial_rotary"),
     ("gemma3_text", "sliding_window_pattern", 0, "positive integer"),
     ("gemma3_text", "rope_parameters", {F: {"rope_type": "default", "rope_theta": -1.0}},
      "rope_parameters.full_attention.rope_theta=-1.0"),

@@ -1,5 +1,5 @@
 """The families against transformers: llama, mistral, gemma, gemma2, gemma3, olmo2, qwen2, qwen3,
-smollm3, starcoder2.
+smollm3, starcoder2, nemotron.
 
 Every family is a tiny transformers model with every parameter perturbed, run on sequences several
 times longer than its sliding window, with soft-caps small enough to bite. For each family:
@@ -319,6 +319,8 @@ OK = None
 # source -> target family -> None when the export is exact, else a phrase the refusal must contain
 MATRIX: dict[str, dict[str, str | None]] = {
     "llama": {  # with q/k/v/o and MLP biases
+        "nemotron": "nemotron cannot express this norm's kind and bias and weight_offset and dtype_order, this FFN "
+                    "gating (llama)",
         "starcoder2": "starcoder2 cannot express this norm's kind and bias and dtype_order, this FFN gating (llama)",
         "smollm3": OK,
         "gemma": "gemma cannot express this norm's weight_offset and dtype_order, MLP biases (llama); gemma always "
@@ -332,6 +334,7 @@ MATRIX: dict[str, dict[str, str | None]] = {
         "qwen3": "qwen3 cannot express MLP biases (llama); qwen3 always has QK norm",
     },
     "llama-plain": {
+        "nemotron": "this FFN gating",
         "starcoder2": "this FFN gating",
         "smollm3": OK,
         "gemma": "gemma always has embedding scaling",
@@ -342,6 +345,7 @@ MATRIX: dict[str, dict[str, str | None]] = {
         "qwen3": "qwen3 always has QK norm, which this model (llama) lacks",
     },
     "mistral": {  # window on every layer
+        "nemotron": "a sliding window (mistral)",
         "starcoder2": "starcoder2 cannot express this norm's kind and bias and dtype_order, this FFN gating (mistral)",
         "smollm3": OK,
         "gemma": "a sliding window",
@@ -350,6 +354,8 @@ MATRIX: dict[str, dict[str, str | None]] = {
         "qwen2": "qwen2 always has a q bias", "qwen3": "qwen3 always has QK norm",
     },
     "mistral-nowindow": {
+        "nemotron": "nemotron cannot express this norm's kind and bias and weight_offset and dtype_order, this FFN "
+                    "gating (mistral)",
         "starcoder2": "this norm's kind and bias",
         "smollm3": OK,
         "gemma": "gemma always has embedding scaling",
@@ -357,6 +363,7 @@ MATRIX: dict[str, dict[str, str | None]] = {
         "olmo2": "QK norm", "qwen2": "qwen2 always has a q bias", "qwen3": "qwen3 always has QK norm",
     },
     "gemma": {
+        "nemotron": "nemotron cannot express this norm's kind and bias, this FFN gating, embedding scaling (gemma)",
         "starcoder2": "this norm's kind and bias and weight_offset",
         "smollm3": "smollm3 cannot express this norm's weight_offset and dtype_order, embedding scaling (gemma)",
         "llama": "llama cannot express this norm's weight_offset and dtype_order, embedding scaling (gemma)",
@@ -366,6 +373,7 @@ MATRIX: dict[str, dict[str, str | None]] = {
         "qwen3": "qwen3 always has QK norm",
     },
     "gemma2": {
+        "nemotron": "this norm placement",
         "starcoder2": "this norm placement",
         "smollm3": "a custom attention score scale, attention soft-capping, embedding scaling",
         "gemma": "gemma cannot express this norm placement, this local/global layer pattern",
@@ -377,6 +385,7 @@ MATRIX: dict[str, dict[str, str | None]] = {
         "olmo2": "attention soft-capping", "qwen2": "attention soft-capping", "qwen3": "attention soft-capping",
     },
     "gemma3": {
+        "nemotron": "QK norm",
         "starcoder2": "QK norm, this FFN gating",
         "smollm3": "QK norm, a separate RoPE for local layers",
         "gemma": "gemma cannot express this norm placement, QK norm",
@@ -386,6 +395,7 @@ MATRIX: dict[str, dict[str, str | None]] = {
         "qwen3": "qwen3 cannot express this norm's weight_offset and dtype_order",
     },
     "olmo2": {
+        "nemotron": "this RoPE configuration's fp32_tables (olmo2)",
         "starcoder2": "this norm's kind and bias, this norm placement, QK norm",
         "smollm3": "smollm3 cannot express this norm's dtype_order, this norm placement, QK norm",
         "gemma": "this RoPE configuration's fp32_tables",
@@ -395,6 +405,7 @@ MATRIX: dict[str, dict[str, str | None]] = {
         "qwen2": "this norm placement", "qwen3": "this norm placement",
     },
     "qwen2": {
+        "nemotron": "a q bias, a k bias, a v bias",
         "starcoder2": "this local/global layer pattern (qwen2)",
         "smollm3": "smollm3 cannot express a q bias, a k bias, a v bias (qwen2)",
         "gemma": "a q bias, a k bias, a v bias",
@@ -404,6 +415,7 @@ MATRIX: dict[str, dict[str, str | None]] = {
         "gemma3": "a q bias", "olmo2": "a q bias", "qwen2": OK, "qwen3": "qwen3 always has QK norm",
     },
     "qwen3": {
+        "nemotron": "QK norm",
         "starcoder2": "QK norm",
         "smollm3": "smollm3 cannot express QK norm (qwen3)",
         "gemma": "QK norm",
@@ -412,6 +424,7 @@ MATRIX: dict[str, dict[str, str | None]] = {
         "qwen2": "qwen2 cannot express QK norm, an output-projection bias (qwen3)", "qwen3": OK,
     },
     "smollm3": {  # NoPE on layers 1 and 3, which are sliding
+        "nemotron": "this per-layer position pattern",
         "starcoder2": "this per-layer position pattern, this local/global layer pattern (smollm3)",
         "llama": "llama cannot express this per-layer position pattern, this local/global layer pattern",
         "mistral": "MLP biases, this per-layer position pattern", "gemma": "this per-layer position pattern",
@@ -420,6 +433,8 @@ MATRIX: dict[str, dict[str, str | None]] = {
         "qwen3": "qwen3 cannot express MLP biases, this per-layer position pattern (smollm3)", "smollm3": OK,
     },
     "starcoder2": {  # LayerNorm with bias, plain GELU MLP, a window on every layer
+        "nemotron": "nemotron cannot express this norm's weight_offset, this local/global layer pattern, a sliding "
+                    "window (starcoder2)",
         "llama": "llama cannot express this norm's kind and bias and dtype_order, this local/global layer pattern, a "
                  "sliding window (starcoder2); llama always has this FFN gating",
         "mistral": "mistral always has this FFN gating", "gemma": "embedding scaling",
@@ -428,6 +443,16 @@ MATRIX: dict[str, dict[str, str | None]] = {
         "smollm3": "smollm3 cannot express this norm's kind and bias and dtype_order (starcoder2); smollm3 always has "
                    "this FFN gating",
         "starcoder2": OK,
+    },
+    "nemotron": {  # LayerNorm1P, relu² MLP, half the head rotated
+        "llama": "llama cannot express this norm's kind and bias and weight_offset and dtype_order, this RoPE "
+                 "configuration's fraction (nemotron); llama always has this FFN gating",
+        "mistral": "MLP biases, this RoPE configuration's fraction", "gemma": "this RoPE configuration's fraction",
+        "gemma2": "this norm placement", "gemma3": "QK norm", "olmo2": "QK norm", "qwen2": "an output-projection bias",
+        "qwen3": "QK norm", "smollm3": "this RoPE configuration's fraction (nemotron)",
+        "starcoder2": "starcoder2 cannot express this norm's weight_offset, this RoPE configuration's fraction "
+                      "(nemotron)",
+        "nemotron": OK,
     },
 }
 EXPORTS = [(source, target, refusal) for source, row in MATRIX.items() for target, refusal in row.items()]
