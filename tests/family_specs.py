@@ -110,6 +110,12 @@ SPECS: dict[str, Spec] = {
         old_style={"rope_theta": 2e4, "partial_rotary_factor": 0.5},
         card=("LayerNorm, eps=1e-05, scale (w + 1), bias, weight in fp32", "pre-norm", "FFN: squared ReLU, d_ff 96",
               "RoPE half, theta=20000, 0.5 of head_dim", "biases: q, k, v, o, mlp", "embeddings: untied")),
+    "stablelm": Spec(
+        "stablelm", dict(use_parallel_residual=True, use_qkv_bias=True, eos_token_id=1,
+                         rope_parameters={"rope_type": "default", "rope_theta": 2e4}),
+        old_style={"rope_theta": 2e4, "partial_rotary_factor": 0.25},
+        card=("LayerNorm, eps=1e-05, bias, weight in fp32", "parallel attn+MLP, shared norm", "SwiGLU",
+              "RoPE half, theta=20000, 0.25 of head_dim", "biases: q, k, v", "embeddings: untied")),
 }
 NAMES = list(SPECS)
 TEXT = dict(vocab_size=128, hidden_size=64, intermediate_size=96, num_hidden_layers=3, num_attention_heads=4,

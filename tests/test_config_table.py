@@ -51,6 +51,8 @@ VARIANTS: dict[str, list[dict[str, Any]]] = {
     "nemotron": [{}, dict(attention_bias=True, mlp_bias=True, norm_eps=1e-6, hidden_act="relu", head_dim=32,
                           tie_word_embeddings=True, rope_parameters={**LINEAR, "partial_rotary_factor": 0.75}),
                  dict(rope_parameters={"rope_type": "default", "rope_theta": 1e4, "partial_rotary_factor": 1.0})],
+    "stablelm": [{}, dict(use_parallel_residual=True, use_qkv_bias=True, layer_norm_eps=1e-6, tie_word_embeddings=True,
+                          rope_parameters={**LINEAR, "partial_rotary_factor": 0.5})],
     "olmo2": [{}, dict(attention_bias=True, rope_parameters={"rope_type": "default", "rope_theta": 5e5})],
 }
 # configs with keys that have no effect, as Hub files have them: same ArchConfig, not the same keys
@@ -156,7 +158,8 @@ BAD_VALUES = [
 
 
 # a family that spells one of those keys its own way
-OWN_SPELLING = {("starcoder2", "rms_norm_eps"): "norm_epsilon", ("nemotron", "rms_norm_eps"): "norm_eps"}
+OWN_SPELLING = {("starcoder2", "rms_norm_eps"): "norm_epsilon", ("nemotron", "rms_norm_eps"): "norm_eps",
+                ("stablelm", "rms_norm_eps"): "layer_norm_eps"}
 
 
 @pytest.mark.parametrize("model_type", VARIANTS)
@@ -188,6 +191,9 @@ def test_bad_values_are_refused_naming_the_key(model_type: str, key: str, value:
     ("starcoder2", "use_bias", "yes", "boolean"), ("starcoder2", "norm_epsilon", 0, "positive number"),
     ("starcoder2", "residual_dropout", 1.0, "in [0, 1)"), ("starcoder2", "sliding_window", 0, "sliding_window=0"),
     ("nemotron", "norm_eps", -1.0, "positive number"), ("nemotron", "partial_rotary_factor", 1.5, "partial_rotary"),
+    ("stablelm", "qk_layernorm", True, "qk_layernorm=true"), ("stablelm", "use_parallel_residual", 1, "boolean"),
+    ("stablelm", "hidden_dropout", 1.0, "in [0, 1)"),
+    ("stablelm", "head_dim", 32, "head_dim=32 differs"),
     ("gemma3_text", "sliding_window_pattern", 0, "positive integer"),
     ("gemma3_text", "rope_parameters", {F: {"rope_type": "default", "rope_theta": -1.0}},
      "rope_parameters.full_attention.rope_theta=-1.0"),

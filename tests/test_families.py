@@ -1,5 +1,5 @@
 """The families against transformers: llama, mistral, gemma, gemma2, gemma3, olmo2, qwen2, qwen3,
-smollm3, starcoder2, nemotron.
+smollm3, starcoder2, nemotron, stablelm.
 
 Every family is a tiny transformers model with every parameter perturbed, run on sequences several
 times longer than its sliding window, with soft-caps small enough to bite. For each family:
@@ -59,6 +59,7 @@ SOURCES: dict[str, Spec] = {
     **SPECS,
     "llama-plain": Spec("llama", {}, {}, ()),
     "mistral-nowindow": Spec("mistral", dict(sliding_window=None), {}, ()),
+    "stablelm-sequential": Spec("stablelm", dict(eos_token_id=1, partial_rotary_factor=0.5), {}, ()),
 }
 
 
@@ -319,6 +320,7 @@ OK = None
 # source -> target family -> None when the export is exact, else a phrase the refusal must contain
 MATRIX: dict[str, dict[str, str | None]] = {
     "llama": {  # with q/k/v/o and MLP biases
+        "stablelm": "stablelm cannot express this norm's kind and bias and dtype_order, an output-projection bias",
         "nemotron": "nemotron cannot express this norm's kind and bias and weight_offset and dtype_order, this FFN "
                     "gating (llama)",
         "starcoder2": "starcoder2 cannot express this norm's kind and bias and dtype_order, this FFN gating (llama)",
@@ -334,6 +336,7 @@ MATRIX: dict[str, dict[str, str | None]] = {
         "qwen3": "qwen3 cannot express MLP biases (llama); qwen3 always has QK norm",
     },
     "llama-plain": {
+        "stablelm": "stablelm cannot express this norm's kind and bias and dtype_order (llama)",
         "nemotron": "this FFN gating",
         "starcoder2": "this FFN gating",
         "smollm3": OK,
@@ -345,6 +348,7 @@ MATRIX: dict[str, dict[str, str | None]] = {
         "qwen3": "qwen3 always has QK norm, which this model (llama) lacks",
     },
     "mistral": {  # window on every layer
+        "stablelm": "stablelm cannot express this head_dim",
         "nemotron": "a sliding window (mistral)",
         "starcoder2": "starcoder2 cannot express this norm's kind and bias and dtype_order, this FFN gating (mistral)",
         "smollm3": OK,
@@ -354,6 +358,7 @@ MATRIX: dict[str, dict[str, str | None]] = {
         "qwen2": "qwen2 always has a q bias", "qwen3": "qwen3 always has QK norm",
     },
     "mistral-nowindow": {
+        "stablelm": "this norm's kind and bias and dtype_order (mistral)",
         "nemotron": "nemotron cannot express this norm's kind and bias and weight_offset and dtype_order, this FFN "
                     "gating (mistral)",
         "starcoder2": "this norm's kind and bias",
@@ -363,6 +368,7 @@ MATRIX: dict[str, dict[str, str | None]] = {
         "olmo2": "QK norm", "qwen2": "qwen2 always has a q bias", "qwen3": "qwen3 always has QK norm",
     },
     "gemma": {
+        "stablelm": "embedding scaling (gemma)",
         "nemotron": "nemotron cannot express this norm's kind and bias, this FFN gating, embedding scaling (gemma)",
         "starcoder2": "this norm's kind and bias and weight_offset",
         "smollm3": "smollm3 cannot express this norm's weight_offset and dtype_order, embedding scaling (gemma)",
@@ -373,6 +379,7 @@ MATRIX: dict[str, dict[str, str | None]] = {
         "qwen3": "qwen3 always has QK norm",
     },
     "gemma2": {
+        "stablelm": "this norm placement",
         "nemotron": "this norm placement",
         "starcoder2": "this norm placement",
         "smollm3": "a custom attention score scale, attention soft-capping, embedding scaling",
@@ -385,6 +392,7 @@ MATRIX: dict[str, dict[str, str | None]] = {
         "olmo2": "attention soft-capping", "qwen2": "attention soft-capping", "qwen3": "attention soft-capping",
     },
     "gemma3": {
+        "stablelm": "QK norm",
         "nemotron": "QK norm",
         "starcoder2": "QK norm, this FFN gating",
         "smollm3": "QK norm, a separate RoPE for local layers",
@@ -395,6 +403,7 @@ MATRIX: dict[str, dict[str, str | None]] = {
         "qwen3": "qwen3 cannot express this norm's weight_offset and dtype_order",
     },
     "olmo2": {
+        "stablelm": "QK norm, an output-projection bias",
         "nemotron": "this RoPE configuration's fp32_tables (olmo2)",
         "starcoder2": "this norm's kind and bias, this norm placement, QK norm",
         "smollm3": "smollm3 cannot express this norm's dtype_order, this norm placement, QK norm",
@@ -405,6 +414,8 @@ MATRIX: dict[str, dict[str, str | None]] = {
         "qwen2": "this norm placement", "qwen3": "this norm placement",
     },
     "qwen2": {
+        "stablelm": "stablelm cannot express this norm's kind and bias and dtype_order, this local/global layer "
+                    "pattern",
         "nemotron": "a q bias, a k bias, a v bias",
         "starcoder2": "this local/global layer pattern (qwen2)",
         "smollm3": "smollm3 cannot express a q bias, a k bias, a v bias (qwen2)",
@@ -415,6 +426,7 @@ MATRIX: dict[str, dict[str, str | None]] = {
         "gemma3": "a q bias", "olmo2": "a q bias", "qwen2": OK, "qwen3": "qwen3 always has QK norm",
     },
     "qwen3": {
+        "stablelm": "QK norm",
         "nemotron": "QK norm",
         "starcoder2": "QK norm",
         "smollm3": "smollm3 cannot express QK norm (qwen3)",
@@ -424,6 +436,7 @@ MATRIX: dict[str, dict[str, str | None]] = {
         "qwen2": "qwen2 cannot express QK norm, an output-projection bias (qwen3)", "qwen3": OK,
     },
     "smollm3": {  # NoPE on layers 1 and 3, which are sliding
+        "stablelm": "this per-layer position pattern",
         "nemotron": "this per-layer position pattern",
         "starcoder2": "this per-layer position pattern, this local/global layer pattern (smollm3)",
         "llama": "llama cannot express this per-layer position pattern, this local/global layer pattern",
@@ -433,6 +446,7 @@ MATRIX: dict[str, dict[str, str | None]] = {
         "qwen3": "qwen3 cannot express MLP biases, this per-layer position pattern (smollm3)", "smollm3": OK,
     },
     "starcoder2": {  # LayerNorm with bias, plain GELU MLP, a window on every layer
+        "stablelm": "stablelm always has this FFN gating",
         "nemotron": "nemotron cannot express this norm's weight_offset, this local/global layer pattern, a sliding "
                     "window (starcoder2)",
         "llama": "llama cannot express this norm's kind and bias and dtype_order, this local/global layer pattern, a "
@@ -445,6 +459,7 @@ MATRIX: dict[str, dict[str, str | None]] = {
         "starcoder2": OK,
     },
     "nemotron": {  # LayerNorm1P, relu² MLP, half the head rotated
+        "stablelm": "stablelm cannot express this norm's weight_offset, an output-projection bias, MLP biases",
         "llama": "llama cannot express this norm's kind and bias and weight_offset and dtype_order, this RoPE "
                  "configuration's fraction (nemotron); llama always has this FFN gating",
         "mistral": "MLP biases, this RoPE configuration's fraction", "gemma": "this RoPE configuration's fraction",
@@ -453,6 +468,29 @@ MATRIX: dict[str, dict[str, str | None]] = {
         "starcoder2": "starcoder2 cannot express this norm's weight_offset, this RoPE configuration's fraction "
                       "(nemotron)",
         "nemotron": OK,
+    },
+    "stablelm": {  # parallel block with one LayerNorm, a quarter of the head rotated, q/k/v biases
+        "llama": "llama cannot express this norm's kind and bias and dtype_order, this norm placement, a q bias, a k "
+                 "bias, a v bias, this RoPE configuration's fraction (stablelm)",
+        "mistral": "this norm placement", "gemma": "embedding scaling", "gemma2": "this norm placement",
+        "gemma3": "QK norm", "olmo2": "QK norm", "qwen2": "qwen2 cannot express this norm's kind and bias and "
+        "dtype_order, this norm placement, this RoPE configuration's fraction (stablelm)",
+        "qwen3": "QK norm", "smollm3": "this norm placement", "starcoder2": "this FFN gating",
+        "nemotron": "nemotron cannot express this norm's weight_offset, this norm placement, a q bias, a k bias, a v "
+                    "bias, this FFN gating (stablelm)",
+        "stablelm": OK,
+    },
+    "stablelm-sequential": {  # no parallel residual, half the head rotated
+        "llama": "llama cannot express this norm's kind and bias and dtype_order, this RoPE configuration's fraction "
+                 "(stablelm)",
+        "mistral": "this RoPE configuration's fraction", "gemma": "embedding scaling",
+        "gemma2": "this norm placement", "gemma3": "QK norm", "olmo2": "QK norm",
+        "qwen2": "qwen2 always has a q bias, a k bias, a v bias", "qwen3": "QK norm",
+        "smollm3": "smollm3 cannot express this norm's kind and bias and dtype_order, this RoPE configuration's "
+                   "fraction (stablelm)",
+        "starcoder2": "starcoder2 cannot express this FFN gating, this RoPE configuration's fraction (stablelm)",
+        "nemotron": "nemotron cannot express this norm's weight_offset, this FFN gating (stablelm)",
+        "stablelm": OK,
     },
 }
 EXPORTS = [(source, target, refusal) for source, row in MATRIX.items() for target, refusal in row.items()]
