@@ -116,6 +116,13 @@ SPECS: dict[str, Spec] = {
         old_style={"rope_theta": 2e4, "partial_rotary_factor": 0.25},
         card=("LayerNorm, eps=1e-05, bias, weight in fp32", "parallel attn+MLP, shared norm", "SwiGLU",
               "RoPE half, theta=20000, 0.25 of head_dim", "biases: q, k, v", "embeddings: untied")),
+    "granite": Spec(
+        "granite", dict(embedding_multiplier=12.0, attention_multiplier=0.0625, residual_multiplier=0.22,
+                        logits_scaling=8.0, attention_bias=True, mlp_bias=True,
+                        rope_parameters={"rope_type": "default", "rope_theta": 1e4}),
+        old_style={"rope_theta": 1e4},
+        card=("residual scale: 0.22", "score scale: 0.0625", "embedding scale: 12", "logit scale: 0.125",
+              "pre-norm", "SwiGLU", "biases: q, k, v, o, mlp")),
 }
 NAMES = list(SPECS)
 TEXT = dict(vocab_size=128, hidden_size=64, intermediate_size=96, num_hidden_layers=3, num_attention_heads=4,

@@ -53,6 +53,8 @@ VARIANTS: dict[str, list[dict[str, Any]]] = {
                  dict(rope_parameters={"rope_type": "default", "rope_theta": 1e4, "partial_rotary_factor": 1.0})],
     "stablelm": [{}, dict(use_parallel_residual=True, use_qkv_bias=True, layer_norm_eps=1e-6, tie_word_embeddings=True,
                           rope_parameters={**LINEAR, "partial_rotary_factor": 0.5})],
+    "granite": [{}, dict(embedding_multiplier=12.0, attention_multiplier=0.015625, residual_multiplier=0.22,
+                         logits_scaling=16.0, attention_bias=True, rope_parameters=LINEAR)],
     "olmo2": [{}, dict(attention_bias=True, rope_parameters={"rope_type": "default", "rope_theta": 5e5})],
 }
 # configs with keys that have no effect, as Hub files have them: same ArchConfig, not the same keys
@@ -194,6 +196,8 @@ def test_bad_values_are_refused_naming_the_key(model_type: str, key: str, value:
     ("stablelm", "qk_layernorm", True, "qk_layernorm=true"), ("stablelm", "use_parallel_residual", 1, "boolean"),
     ("stablelm", "hidden_dropout", 1.0, "in [0, 1)"),
     ("stablelm", "head_dim", 32, "head_dim=32 differs"),
+    ("granite", "residual_multiplier", 0, "positive"), ("granite", "logits_scaling", "8", "number"),
+    ("granite", "embedding_multiplier", None, "not allowed"),
     ("gemma3_text", "sliding_window_pattern", 0, "positive integer"),
     ("gemma3_text", "rope_parameters", {F: {"rope_type": "default", "rope_theta": -1.0}},
      "rope_parameters.full_attention.rope_theta=-1.0"),

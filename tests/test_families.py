@@ -1,5 +1,5 @@
 """The families against transformers: llama, mistral, gemma, gemma2, gemma3, olmo2, qwen2, qwen3,
-smollm3, starcoder2, nemotron, stablelm.
+smollm3, starcoder2, nemotron, stablelm, granite.
 
 Every family is a tiny transformers model with every parameter perturbed, run on sequences several
 times longer than its sliding window, with soft-caps small enough to bite. For each family:
@@ -320,6 +320,7 @@ OK = None
 # source -> target family -> None when the export is exact, else a phrase the refusal must contain
 MATRIX: dict[str, dict[str, str | None]] = {
     "llama": {  # with q/k/v/o and MLP biases
+        "granite": OK,
         "stablelm": "stablelm cannot express this norm's kind and bias and dtype_order, an output-projection bias",
         "nemotron": "nemotron cannot express this norm's kind and bias and weight_offset and dtype_order, this FFN "
                     "gating (llama)",
@@ -336,6 +337,7 @@ MATRIX: dict[str, dict[str, str | None]] = {
         "qwen3": "qwen3 cannot express MLP biases (llama); qwen3 always has QK norm",
     },
     "llama-plain": {
+        "granite": OK,
         "stablelm": "stablelm cannot express this norm's kind and bias and dtype_order (llama)",
         "nemotron": "this FFN gating",
         "starcoder2": "this FFN gating",
@@ -348,6 +350,7 @@ MATRIX: dict[str, dict[str, str | None]] = {
         "qwen3": "qwen3 always has QK norm, which this model (llama) lacks",
     },
     "mistral": {  # window on every layer
+        "granite": "granite cannot express this local/global layer pattern, a sliding window (mistral)",
         "stablelm": "stablelm cannot express this head_dim",
         "nemotron": "a sliding window (mistral)",
         "starcoder2": "starcoder2 cannot express this norm's kind and bias and dtype_order, this FFN gating (mistral)",
@@ -358,6 +361,7 @@ MATRIX: dict[str, dict[str, str | None]] = {
         "qwen2": "qwen2 always has a q bias", "qwen3": "qwen3 always has QK norm",
     },
     "mistral-nowindow": {
+        "granite": OK,
         "stablelm": "this norm's kind and bias and dtype_order (mistral)",
         "nemotron": "nemotron cannot express this norm's kind and bias and weight_offset and dtype_order, this FFN "
                     "gating (mistral)",
@@ -368,6 +372,7 @@ MATRIX: dict[str, dict[str, str | None]] = {
         "olmo2": "QK norm", "qwen2": "qwen2 always has a q bias", "qwen3": "qwen3 always has QK norm",
     },
     "gemma": {
+        "granite": "granite cannot express this norm's weight_offset and dtype_order (gemma)",
         "stablelm": "embedding scaling (gemma)",
         "nemotron": "nemotron cannot express this norm's kind and bias, this FFN gating, embedding scaling (gemma)",
         "starcoder2": "this norm's kind and bias and weight_offset",
@@ -379,6 +384,7 @@ MATRIX: dict[str, dict[str, str | None]] = {
         "qwen3": "qwen3 always has QK norm",
     },
     "gemma2": {
+        "granite": "attention soft-capping, final-logit soft-capping",
         "stablelm": "this norm placement",
         "nemotron": "this norm placement",
         "starcoder2": "this norm placement",
@@ -392,6 +398,7 @@ MATRIX: dict[str, dict[str, str | None]] = {
         "olmo2": "attention soft-capping", "qwen2": "attention soft-capping", "qwen3": "attention soft-capping",
     },
     "gemma3": {
+        "granite": "QK norm",
         "stablelm": "QK norm",
         "nemotron": "QK norm",
         "starcoder2": "QK norm, this FFN gating",
@@ -403,6 +410,7 @@ MATRIX: dict[str, dict[str, str | None]] = {
         "qwen3": "qwen3 cannot express this norm's weight_offset and dtype_order",
     },
     "olmo2": {
+        "granite": "QK norm",
         "stablelm": "QK norm, an output-projection bias",
         "nemotron": "this RoPE configuration's fp32_tables (olmo2)",
         "starcoder2": "this norm's kind and bias, this norm placement, QK norm",
@@ -414,6 +422,7 @@ MATRIX: dict[str, dict[str, str | None]] = {
         "qwen2": "this norm placement", "qwen3": "this norm placement",
     },
     "qwen2": {
+        "granite": "granite cannot express a q bias, a k bias, a v bias",
         "stablelm": "stablelm cannot express this norm's kind and bias and dtype_order, this local/global layer "
                     "pattern",
         "nemotron": "a q bias, a k bias, a v bias",
@@ -426,6 +435,7 @@ MATRIX: dict[str, dict[str, str | None]] = {
         "gemma3": "a q bias", "olmo2": "a q bias", "qwen2": OK, "qwen3": "qwen3 always has QK norm",
     },
     "qwen3": {
+        "granite": "QK norm",
         "stablelm": "QK norm",
         "nemotron": "QK norm",
         "starcoder2": "QK norm",
@@ -436,6 +446,7 @@ MATRIX: dict[str, dict[str, str | None]] = {
         "qwen2": "qwen2 cannot express QK norm, an output-projection bias (qwen3)", "qwen3": OK,
     },
     "smollm3": {  # NoPE on layers 1 and 3, which are sliding
+        "granite": "this per-layer position pattern",
         "stablelm": "this per-layer position pattern",
         "nemotron": "this per-layer position pattern",
         "starcoder2": "this per-layer position pattern, this local/global layer pattern (smollm3)",
@@ -446,6 +457,7 @@ MATRIX: dict[str, dict[str, str | None]] = {
         "qwen3": "qwen3 cannot express MLP biases, this per-layer position pattern (smollm3)", "smollm3": OK,
     },
     "starcoder2": {  # LayerNorm with bias, plain GELU MLP, a window on every layer
+        "granite": "granite always has this FFN gating",
         "stablelm": "stablelm always has this FFN gating",
         "nemotron": "nemotron cannot express this norm's weight_offset, this local/global layer pattern, a sliding "
                     "window (starcoder2)",
@@ -459,6 +471,7 @@ MATRIX: dict[str, dict[str, str | None]] = {
         "starcoder2": OK,
     },
     "nemotron": {  # LayerNorm1P, relu² MLP, half the head rotated
+        "granite": "this RoPE configuration's fraction (nemotron)",
         "stablelm": "stablelm cannot express this norm's weight_offset, an output-projection bias, MLP biases",
         "llama": "llama cannot express this norm's kind and bias and weight_offset and dtype_order, this RoPE "
                  "configuration's fraction (nemotron); llama always has this FFN gating",
@@ -470,6 +483,7 @@ MATRIX: dict[str, dict[str, str | None]] = {
         "nemotron": OK,
     },
     "stablelm": {  # parallel block with one LayerNorm, a quarter of the head rotated, q/k/v biases
+        "granite": "this norm placement",
         "llama": "llama cannot express this norm's kind and bias and dtype_order, this norm placement, a q bias, a k "
                  "bias, a v bias, this RoPE configuration's fraction (stablelm)",
         "mistral": "this norm placement", "gemma": "embedding scaling", "gemma2": "this norm placement",
@@ -481,6 +495,8 @@ MATRIX: dict[str, dict[str, str | None]] = {
         "stablelm": OK,
     },
     "stablelm-sequential": {  # no parallel residual, half the head rotated
+        "granite": "granite cannot express this norm's kind and bias and dtype_order, this RoPE configuration's "
+                   "fraction (stablelm)",
         "llama": "llama cannot express this norm's kind and bias and dtype_order, this RoPE configuration's fraction "
                  "(stablelm)",
         "mistral": "this RoPE configuration's fraction", "gemma": "embedding scaling",
@@ -491,6 +507,16 @@ MATRIX: dict[str, dict[str, str | None]] = {
         "starcoder2": "starcoder2 cannot express this FFN gating, this RoPE configuration's fraction (stablelm)",
         "nemotron": "nemotron cannot express this norm's weight_offset, this FFN gating (stablelm)",
         "stablelm": OK,
+    },
+    "granite": {  # embedding, attention, residual and logit multipliers
+        "llama": "llama cannot express a custom attention score scale, residual scaling, embedding scaling, a logit "
+                 "scale (granite)",
+        "mistral": "residual scaling", "gemma": "residual scaling", "gemma2": "residual scaling",
+        "gemma3": "residual scaling", "olmo2": "residual scaling", "qwen2": "residual scaling",
+        "qwen3": "residual scaling", "smollm3": "smollm3 cannot express a custom attention score scale, residual "
+        "scaling, embedding scaling, a logit scale (granite)",
+        "starcoder2": "residual scaling", "nemotron": "residual scaling", "stablelm": "residual scaling",
+        "granite": OK,
     },
 }
 EXPORTS = [(source, target, refusal) for source, row in MATRIX.items() for target, refusal in row.items()]

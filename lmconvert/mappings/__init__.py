@@ -2,13 +2,28 @@
 
 from __future__ import annotations
 
-from . import gemma, gemma2, gemma3, llama, mistral, nemotron, olmo2, qwen2, qwen3, smollm3, stablelm, starcoder2
+from . import (
+    gemma,
+    gemma2,
+    gemma3,
+    granite,
+    llama,
+    mistral,
+    nemotron,
+    olmo2,
+    qwen2,
+    qwen3,
+    smollm3,
+    stablelm,
+    starcoder2,
+)
 from .errors import Inexpressible, MappingError
 from .family import Family
 
 FAMILIES: dict[str, Family] = {f.name: f for f in (llama.FAMILY, mistral.FAMILY, gemma.FAMILY, gemma2.FAMILY,
                                                    gemma3.FAMILY, olmo2.FAMILY, qwen2.FAMILY, qwen3.FAMILY,
-                                                   smollm3.FAMILY, starcoder2.FAMILY, nemotron.FAMILY, stablelm.FAMILY)}
+                                                   smollm3.FAMILY, starcoder2.FAMILY, nemotron.FAMILY, stablelm.FAMILY,
+                                                   granite.FAMILY)}
 BY_MODEL_TYPE: dict[str, Family] = {t: f for f in FAMILIES.values() for t in f.model_types}
 
 
