@@ -123,6 +123,10 @@ SPECS: dict[str, Spec] = {
         old_style={"rope_theta": 1e4},
         card=("residual scale: 0.22", "score scale: 0.0625", "embedding scale: 12", "logit scale: 0.125",
               "pre-norm", "SwiGLU", "biases: q, k, v, o, mlp")),
+    "olmo": Spec(
+        "olmo", dict(attention_bias=True, eos_token_id=1, rope_parameters={"rope_type": "default", "rope_theta": 5e5}),
+        old_style={"rope_theta": 5e5},
+        card=("LayerNorm, eps=1e-05, no scale", "pre-norm", "SwiGLU", "biases: q, k, v, o", "embeddings: untied")),
 }
 NAMES = list(SPECS)
 TEXT = dict(vocab_size=128, hidden_size=64, intermediate_size=96, num_hidden_layers=3, num_attention_heads=4,

@@ -1,5 +1,5 @@
 """The families against transformers: llama, mistral, gemma, gemma2, gemma3, olmo2, qwen2, qwen3,
-smollm3, starcoder2, nemotron, stablelm, granite.
+smollm3, starcoder2, nemotron, stablelm, granite, olmo.
 
 Every family is a tiny transformers model with every parameter perturbed, run on sequences several
 times longer than its sliding window, with soft-caps small enough to bite. For each family:
@@ -320,6 +320,7 @@ OK = None
 # source -> target family -> None when the export is exact, else a phrase the refusal must contain
 MATRIX: dict[str, dict[str, str | None]] = {
     "llama": {  # with q/k/v/o and MLP biases
+        "olmo": "olmo cannot express this norm's kind and eps and weight, MLP biases",
         "granite": OK,
         "stablelm": "stablelm cannot express this norm's kind and bias and dtype_order, an output-projection bias",
         "nemotron": "nemotron cannot express this norm's kind and bias and weight_offset and dtype_order, this FFN "
@@ -337,6 +338,8 @@ MATRIX: dict[str, dict[str, str | None]] = {
         "qwen3": "qwen3 cannot express MLP biases (llama); qwen3 always has QK norm",
     },
     "llama-plain": {
+        "olmo": "olmo cannot express this norm's kind and eps and weight, this RoPE configuration's fp32_tables "
+                "(llama)",
         "granite": OK,
         "stablelm": "stablelm cannot express this norm's kind and bias and dtype_order (llama)",
         "nemotron": "this FFN gating",
@@ -350,6 +353,7 @@ MATRIX: dict[str, dict[str, str | None]] = {
         "qwen3": "qwen3 always has QK norm, which this model (llama) lacks",
     },
     "mistral": {  # window on every layer
+        "olmo": "a sliding window (mistral)",
         "granite": "granite cannot express this local/global layer pattern, a sliding window (mistral)",
         "stablelm": "stablelm cannot express this head_dim",
         "nemotron": "a sliding window (mistral)",
@@ -361,6 +365,7 @@ MATRIX: dict[str, dict[str, str | None]] = {
         "qwen2": "qwen2 always has a q bias", "qwen3": "qwen3 always has QK norm",
     },
     "mistral-nowindow": {
+        "olmo": "this norm's kind and eps and weight",
         "granite": OK,
         "stablelm": "this norm's kind and bias and dtype_order (mistral)",
         "nemotron": "nemotron cannot express this norm's kind and bias and weight_offset and dtype_order, this FFN "
@@ -372,6 +377,7 @@ MATRIX: dict[str, dict[str, str | None]] = {
         "olmo2": "QK norm", "qwen2": "qwen2 always has a q bias", "qwen3": "qwen3 always has QK norm",
     },
     "gemma": {
+        "olmo": "embedding scaling",
         "granite": "granite cannot express this norm's weight_offset and dtype_order (gemma)",
         "stablelm": "embedding scaling (gemma)",
         "nemotron": "nemotron cannot express this norm's kind and bias, this FFN gating, embedding scaling (gemma)",
@@ -384,6 +390,7 @@ MATRIX: dict[str, dict[str, str | None]] = {
         "qwen3": "qwen3 always has QK norm",
     },
     "gemma2": {
+        "olmo": "this norm placement",
         "granite": "attention soft-capping, final-logit soft-capping",
         "stablelm": "this norm placement",
         "nemotron": "this norm placement",
@@ -398,6 +405,7 @@ MATRIX: dict[str, dict[str, str | None]] = {
         "olmo2": "attention soft-capping", "qwen2": "attention soft-capping", "qwen3": "attention soft-capping",
     },
     "gemma3": {
+        "olmo": "QK norm",
         "granite": "QK norm",
         "stablelm": "QK norm",
         "nemotron": "QK norm",
@@ -410,6 +418,7 @@ MATRIX: dict[str, dict[str, str | None]] = {
         "qwen3": "qwen3 cannot express this norm's weight_offset and dtype_order",
     },
     "olmo2": {
+        "olmo": "olmo cannot express this norm's kind and weight and dtype_order, this norm placement, QK norm",
         "granite": "QK norm",
         "stablelm": "QK norm, an output-projection bias",
         "nemotron": "this RoPE configuration's fp32_tables (olmo2)",
@@ -422,6 +431,7 @@ MATRIX: dict[str, dict[str, str | None]] = {
         "qwen2": "this norm placement", "qwen3": "this norm placement",
     },
     "qwen2": {
+        "olmo": "a q bias, a k bias, a v bias",
         "granite": "granite cannot express a q bias, a k bias, a v bias",
         "stablelm": "stablelm cannot express this norm's kind and bias and dtype_order, this local/global layer "
                     "pattern",
@@ -435,6 +445,7 @@ MATRIX: dict[str, dict[str, str | None]] = {
         "gemma3": "a q bias", "olmo2": "a q bias", "qwen2": OK, "qwen3": "qwen3 always has QK norm",
     },
     "qwen3": {
+        "olmo": "QK norm",
         "granite": "QK norm",
         "stablelm": "QK norm",
         "nemotron": "QK norm",
@@ -446,6 +457,7 @@ MATRIX: dict[str, dict[str, str | None]] = {
         "qwen2": "qwen2 cannot express QK norm, an output-projection bias (qwen3)", "qwen3": OK,
     },
     "smollm3": {  # NoPE on layers 1 and 3, which are sliding
+        "olmo": "this per-layer position pattern",
         "granite": "this per-layer position pattern",
         "stablelm": "this per-layer position pattern",
         "nemotron": "this per-layer position pattern",
@@ -457,6 +469,7 @@ MATRIX: dict[str, dict[str, str | None]] = {
         "qwen3": "qwen3 cannot express MLP biases, this per-layer position pattern (smollm3)", "smollm3": OK,
     },
     "starcoder2": {  # LayerNorm with bias, plain GELU MLP, a window on every layer
+        "olmo": "olmo always has this FFN gating",
         "granite": "granite always has this FFN gating",
         "stablelm": "stablelm always has this FFN gating",
         "nemotron": "nemotron cannot express this norm's weight_offset, this local/global layer pattern, a sliding "
@@ -471,6 +484,7 @@ MATRIX: dict[str, dict[str, str | None]] = {
         "starcoder2": OK,
     },
     "nemotron": {  # LayerNorm1P, relu² MLP, half the head rotated
+        "olmo": "this RoPE configuration's fraction and fp32_tables (nemotron)",
         "granite": "this RoPE configuration's fraction (nemotron)",
         "stablelm": "stablelm cannot express this norm's weight_offset, an output-projection bias, MLP biases",
         "llama": "llama cannot express this norm's kind and bias and weight_offset and dtype_order, this RoPE "
@@ -483,6 +497,7 @@ MATRIX: dict[str, dict[str, str | None]] = {
         "nemotron": OK,
     },
     "stablelm": {  # parallel block with one LayerNorm, a quarter of the head rotated, q/k/v biases
+        "olmo": "this norm placement",
         "granite": "this norm placement",
         "llama": "llama cannot express this norm's kind and bias and dtype_order, this norm placement, a q bias, a k "
                  "bias, a v bias, this RoPE configuration's fraction (stablelm)",
@@ -495,6 +510,7 @@ MATRIX: dict[str, dict[str, str | None]] = {
         "stablelm": OK,
     },
     "stablelm-sequential": {  # no parallel residual, half the head rotated
+        "olmo": "olmo cannot express this norm's weight and bias and dtype_order",
         "granite": "granite cannot express this norm's kind and bias and dtype_order, this RoPE configuration's "
                    "fraction (stablelm)",
         "llama": "llama cannot express this norm's kind and bias and dtype_order, this RoPE configuration's fraction "
@@ -509,6 +525,7 @@ MATRIX: dict[str, dict[str, str | None]] = {
         "stablelm": OK,
     },
     "granite": {  # embedding, attention, residual and logit multipliers
+        "olmo": "residual scaling",
         "llama": "llama cannot express a custom attention score scale, residual scaling, embedding scaling, a logit "
                  "scale (granite)",
         "mistral": "residual scaling", "gemma": "residual scaling", "gemma2": "residual scaling",
@@ -517,6 +534,17 @@ MATRIX: dict[str, dict[str, str | None]] = {
         "scaling, embedding scaling, a logit scale (granite)",
         "starcoder2": "residual scaling", "nemotron": "residual scaling", "stablelm": "residual scaling",
         "granite": OK,
+    },
+    "olmo": {  # LayerNorm with neither weight nor bias, RoPE in fp32
+        "llama": "llama cannot express this norm's kind and weight, this RoPE configuration's fp32_tables (olmo)",
+        "mistral": "a q bias",
+        "gemma": "embedding scaling", "gemma2": "this norm placement", "gemma3": "QK norm",
+        "olmo2": "olmo2 always has QK norm", "qwen2": "an output-projection bias",
+        "qwen3": "qwen3 cannot express this norm's kind and weight, this RoPE configuration's fp32_tables (olmo)",
+        "smollm3": "smollm3 cannot express this norm's kind and weight", "starcoder2": "this FFN gating",
+        "nemotron": "this FFN gating", "stablelm": "an output-projection bias",
+        "granite": "granite cannot express this norm's kind and weight, this RoPE configuration's fp32_tables",
+        "olmo": OK,
     },
 }
 EXPORTS = [(source, target, refusal) for source, row in MATRIX.items() for target, refusal in row.items()]

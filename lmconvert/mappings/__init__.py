@@ -10,6 +10,7 @@ from . import (
     llama,
     mistral,
     nemotron,
+    olmo,
     olmo2,
     qwen2,
     qwen3,
@@ -23,7 +24,7 @@ from .family import Family
 FAMILIES: dict[str, Family] = {f.name: f for f in (llama.FAMILY, mistral.FAMILY, gemma.FAMILY, gemma2.FAMILY,
                                                    gemma3.FAMILY, olmo2.FAMILY, qwen2.FAMILY, qwen3.FAMILY,
                                                    smollm3.FAMILY, starcoder2.FAMILY, nemotron.FAMILY, stablelm.FAMILY,
-                                                   granite.FAMILY)}
+                                                   granite.FAMILY, olmo.FAMILY)}
 BY_MODEL_TYPE: dict[str, Family] = {t: f for f in FAMILIES.values() for t in f.model_types}
 
 
