@@ -44,6 +44,13 @@ SPECS: dict[str, Spec] = {
         old_style={"rope_theta": 1e6},
         card=("sliding window 4 on local layers; pattern LL", "head_dim 24", "biases: none"),
         layer_types=([F, S], ("global", "local"))),  # AutoConfig then loads it as Ministral
+    "gemma": Spec(
+        "gemma", dict(head_dim=16, attention_bias=True,
+                      rope_parameters={"rope_type": "default", "rope_theta": 20000.0}),
+        old_style={"rope_theta": 20000.0, "hidden_act": "gelu"},  # the legacy spelling of tanh GELU
+        card=("pre-norm", "scale (w + 1)", "weight in fp32", "GeGLU (tanh)", "embedding scale: 8",
+              "biases: q, k, v, o", "embeddings: tied"),
+        not_on_card=("soft-cap", "sliding")),
     "gemma2": Spec(
         "gemma2", dict(head_dim=16, sliding_window=WINDOW, query_pre_attn_scalar=24, attention_bias=True,
                        attn_logit_softcapping=ATTN_CAP, final_logit_softcapping=FINAL_CAP),
@@ -83,6 +90,43 @@ SPECS: dict[str, Spec] = {
         old_drop=("layer_types",),
         card=("QK norm: per head", "biases: q, k, v, o", "sliding window 4 on local layers; pattern GL", "linear x2"),
         layer_types=([S, F], ("local", "global"))),
+    "smollm3": Spec(
+        "smollm3", dict(num_hidden_layers=4, no_rope_layer_interval=2, use_sliding_window=True, sliding_window=WINDOW,
+                        attention_bias=True, mlp_bias=True, bos_token_id=2, eos_token_id=1,
+                        rope_parameters={"rope_type": "default", "rope_theta": 1e6}),
+        old_style={"rope_theta": 1e6}, old_drop=("layer_types", "no_rope_layers"),
+        card=("positions: none (layers [1, 3])", "positions: RoPE half, theta=1e+06 (layers [0, 2])",
+              "sliding window 4 on local layers; pattern GLGL", "biases: q, k, v, o, mlp", "embeddings: tied"),
+        layer_types=([S, F, F, F], ("local", "global", "global", "global"))),
+    "starcoder2": Spec(
+        "starcoder2", dict(sliding_window=WINDOW, bos_token_id=2, eos_token_id=1,
+                           rope_parameters={"rope_type": "default", "rope_theta": 1e5}),
+        old_style={"rope_theta": 1e5},
+        card=("LayerNorm, eps=1e-05, bias, weight in fp32", "pre-norm", "FFN: GeLU (tanh), d_ff 96",
+              "biases: q, k, v, o, mlp", "sliding window 4 on local layers; pattern LL", "embeddings: tied")),
+    "nemotron": Spec(
+        "nemotron", dict(attention_bias=True, mlp_bias=True,
+                         rope_parameters={"rope_type": "default", "rope_theta": 2e4}),
+        old_style={"rope_theta": 2e4, "partial_rotary_factor": 0.5},
+        card=("LayerNorm, eps=1e-05, scale (w + 1), bias, weight in fp32", "pre-norm", "FFN: squared ReLU, d_ff 96",
+              "RoPE half, theta=20000, 0.5 of head_dim", "biases: q, k, v, o, mlp", "embeddings: untied")),
+    "stablelm": Spec(
+        "stablelm", dict(use_parallel_residual=True, use_qkv_bias=True, eos_token_id=1,
+                         rope_parameters={"rope_type": "default", "rope_theta": 2e4}),
+        old_style={"rope_theta": 2e4, "partial_rotary_factor": 0.25},
+        card=("LayerNorm, eps=1e-05, bias, weight in fp32", "parallel attn+MLP, shared norm", "SwiGLU",
+              "RoPE half, theta=20000, 0.25 of head_dim", "biases: q, k, v", "embeddings: untied")),
+    "granite": Spec(
+        "granite", dict(embedding_multiplier=12.0, attention_multiplier=0.0625, residual_multiplier=0.22,
+                        logits_scaling=8.0, attention_bias=True, mlp_bias=True,
+                        rope_parameters={"rope_type": "default", "rope_theta": 1e4}),
+        old_style={"rope_theta": 1e4},
+        card=("residual scale: 0.22", "score scale: 0.0625", "embedding scale: 12", "logit scale: 0.125",
+              "pre-norm", "SwiGLU", "biases: q, k, v, o, mlp")),
+    "olmo": Spec(
+        "olmo", dict(attention_bias=True, eos_token_id=1, rope_parameters={"rope_type": "default", "rope_theta": 5e5}),
+        old_style={"rope_theta": 5e5},
+        card=("LayerNorm, eps=1e-05, no scale", "pre-norm", "SwiGLU", "biases: q, k, v, o", "embeddings: untied")),
 }
 NAMES = list(SPECS)
 TEXT = dict(vocab_size=128, hidden_size=64, intermediate_size=96, num_hidden_layers=3, num_attention_heads=4,

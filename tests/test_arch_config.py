@@ -54,6 +54,7 @@ def test_per_layer_bad_entry(field, value):
     (dict(n_heads=True), "n_heads"), (dict(d_model=30, n_heads=4), "head_dim"),
     (dict(layer_kinds=("local", "global")), "sliding_window"), (dict(sliding_window=0), "sliding_window"),
     (dict(attn_softcap=-1.0), "attn_softcap"), (dict(logit_scale=0.0), "logit_scale"),
+    (dict(residual_scale=0.0), "residual_scale"), (dict(residual_scale=float("inf")), "residual_scale"),
     (dict(resid_dropout=1.0), "resid_dropout"), (dict(z_loss=-0.1), "z_loss"),
     (dict(position_offset=-2), "position_offset"), (dict(position_offset=1.5), "position_offset"),
     (dict(relative_buckets=1), "relative_buckets"), (dict(relative_buckets=32, relative_max_distance=16),

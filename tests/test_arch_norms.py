@@ -7,6 +7,7 @@ import torch
 from arch_helpers import perturb
 from transformers.models.gemma2.modeling_gemma2 import Gemma2RMSNorm
 from transformers.models.llama.modeling_llama import LlamaRMSNorm
+from transformers.models.nemotron.modeling_nemotron import NemotronLayerNorm1P
 from transformers.models.olmo2.modeling_olmo2 import Olmo2RMSNorm
 
 from lmconvert.arch import NormConfig
@@ -143,3 +144,48 @@ def test_layer_norm_scale_then_cast_is_torch_layer_norm_bit_for_bit_in_bf16():
     ref = ref.bfloat16()
     x = _x(torch.bfloat16, shift=1.0)
     assert torch.equal(norm(x), ref(x))
+
+
+def test_layer_norm_scale_then_cast_is_torch_layer_norm_bit_for_bit_in_fp32():
+    """StarCoder2's nn.LayerNorm applies weight and bias inside the kernel; a separate multiply
+    and add differs in fp32 by ~1e-7 per element, which verify's exact per-point check sees."""
+    norm = _norm(kind="layer", eps=1e-5, bias=True, dtype_order="scale_then_cast")
+    ref = torch.nn.LayerNorm(D, eps=1e-5)
+    with torch.no_grad():
+        ref.weight.copy_(norm.weight)
+        ref.bias.copy_(norm.bias)
+    x = _x(shift=1.0)
+    assert torch.equal(norm(x), ref(x))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_layer_norm_with_offset_is_nemotron_layer_norm_1p_bit_for_bit(dtype):
+    """`weight + 1.0` in the weight's dtype (rounded in bf16), then torch's LayerNorm."""
+    norm = _norm(dtype=dtype, kind="layer", eps=1e-5, bias=True, weight_offset=1.0, dtype_order="scale_then_cast")
+    ref = NemotronLayerNorm1P(D, eps=1e-5)
+    with torch.no_grad():
+        ref.weight.copy_(norm.weight.float())
+        ref.bias.copy_(norm.bias.float())
+    ref = ref.to(dtype)
+    x = _x(dtype, shift=1.0)
+    assert torch.equal(norm(x), ref(x))
+    if dtype == torch.bfloat16:  # the offset is rounded to bf16 before it scales, as there
+        unrounded = torch.nn.functional.layer_norm(x.float(), (D,), norm.weight.float() + 1.0, norm.bias.float(), 1e-5)
+        assert not torch.equal(unrounded.to(dtype), ref(x))
+
+
+def test_layer_norm_scale_then_cast_runs_torch_kernel_in_the_input_dtype():
+    """torch's bf16 LayerNorm kernel and the fp32 kernel fed upcast copies round differently now
+    and then (here one element of 7168); StableLM's parallel block showed it as 1.6e-2 in the
+    logits. Ours feeds the kernel what nn.LayerNorm does."""
+    g = torch.Generator().manual_seed(0)
+    dim = 128
+    x = (torch.randn(2, 28, dim, generator=g) * 3).bfloat16()
+    norm = Norm(dim, NormConfig(kind="layer", eps=1e-5, bias=True, dtype_order="scale_then_cast")).bfloat16()
+    with torch.no_grad():
+        norm.weight.copy_(1 + 0.5 * torch.randn(dim, generator=g))
+        norm.bias.copy_(0.5 * torch.randn(dim, generator=g))
+    ref = torch.nn.functional.layer_norm(x, (dim,), norm.weight, norm.bias, 1e-5)
+    upcast = torch.nn.functional.layer_norm(x.float(), (dim,), norm.weight.float(), norm.bias.float(), 1e-5)
+    assert not torch.equal(upcast.bfloat16(), ref)  # the inputs that tell the two apart
+    assert torch.equal(norm(x), ref)

@@ -1,4 +1,5 @@
-"""The mission families against transformers: llama, mistral, gemma2, gemma3, olmo2, qwen2, qwen3.
+"""The families against transformers: llama, mistral, gemma, gemma2, gemma3, olmo2, qwen2, qwen3,
+smollm3, starcoder2, nemotron, stablelm, granite, olmo.
 
 Every family is a tiny transformers model with every parameter perturbed, run on sequences several
 times longer than its sliding window, with soft-caps small enough to bite. For each family:
@@ -58,6 +59,7 @@ SOURCES: dict[str, Spec] = {
     **SPECS,
     "llama-plain": Spec("llama", {}, {}, ()),
     "mistral-nowindow": Spec("mistral", dict(sliding_window=None), {}, ()),
+    "stablelm-sequential": Spec("stablelm", dict(eos_token_id=1, partial_rotary_factor=0.5), {}, ()),
 }
 
 
@@ -324,6 +326,15 @@ LATENT_ONLY = "deepseek_v3 always has latent attention (MLA), which this model l
 # source -> target family -> None when the export is exact, else a phrase the refusal must contain
 MATRIX: dict[str, dict[str, str | None]] = {
     "llama": {  # with q/k/v/o and MLP biases
+        "olmo": "olmo cannot express this norm's kind and eps and weight, MLP biases",
+        "granite": OK,
+        "stablelm": "stablelm cannot express this norm's kind and bias and dtype_order, an output-projection bias",
+        "nemotron": "nemotron cannot express this norm's kind and bias and weight_offset and dtype_order, this FFN "
+                    "gating (llama)",
+        "starcoder2": "starcoder2 cannot express this norm's kind and bias and dtype_order, this FFN gating (llama)",
+        "smollm3": OK,
+        "gemma": "gemma cannot express this norm's weight_offset and dtype_order, MLP biases (llama); gemma always "
+                 "has embedding scaling",
         "llama": OK,
         "mistral": "mistral cannot express a q bias, a k bias, a v bias, an output-projection bias, MLP biases (llama)",
         "gemma2": "gemma2 cannot express this norm's weight_offset and dtype_order, this norm placement",
@@ -334,6 +345,14 @@ MATRIX: dict[str, dict[str, str | None]] = {
         "deepseek_v2": LATENT_ONLY.replace("v3", "v2"), "deepseek_v3": LATENT_ONLY,
     },
     "llama-plain": {
+        "olmo": "olmo cannot express this norm's kind and eps and weight, this RoPE configuration's fp32_tables "
+                "(llama)",
+        "granite": OK,
+        "stablelm": "stablelm cannot express this norm's kind and bias and dtype_order (llama)",
+        "nemotron": "this FFN gating",
+        "starcoder2": "this FFN gating",
+        "smollm3": OK,
+        "gemma": "gemma always has embedding scaling",
         "llama": OK, "mistral": OK,
         "gemma2": "gemma2 always has embedding scaling", "gemma3": "gemma3 always has QK norm",
         "olmo2": "olmo2 always has QK norm",
@@ -342,17 +361,52 @@ MATRIX: dict[str, dict[str, str | None]] = {
         "deepseek_v2": LATENT_ONLY.replace("v3", "v2"), "deepseek_v3": LATENT_ONLY,
     },
     "mistral": {  # window on every layer
+        "olmo": "a sliding window (mistral)",
+        "granite": "granite cannot express this local/global layer pattern, a sliding window (mistral)",
+        "stablelm": "stablelm cannot express this head_dim",
+        "nemotron": "a sliding window (mistral)",
+        "starcoder2": "starcoder2 cannot express this norm's kind and bias and dtype_order, this FFN gating (mistral)",
+        "smollm3": OK,
+        "gemma": "a sliding window",
         "llama": "llama cannot express this local/global layer pattern, a sliding window (mistral)",
         "mistral": OK, "gemma2": "this norm placement", "gemma3": "QK norm", "olmo2": "a sliding window",
         "qwen2": "qwen2 always has a q bias", "qwen3": "qwen3 always has QK norm",
         "deepseek_v2": LATENT_ONLY.replace("v3", "v2"), "deepseek_v3": LATENT_ONLY,
     },
     "mistral-nowindow": {
+        "olmo": "this norm's kind and eps and weight",
+        "granite": OK,
+        "stablelm": "this norm's kind and bias and dtype_order (mistral)",
+        "nemotron": "nemotron cannot express this norm's kind and bias and weight_offset and dtype_order, this FFN "
+                    "gating (mistral)",
+        "starcoder2": "this norm's kind and bias",
+        "smollm3": OK,
+        "gemma": "gemma always has embedding scaling",
         "llama": OK, "mistral": OK, "gemma2": "embedding scaling", "gemma3": "embedding scaling",
         "olmo2": "QK norm", "qwen2": "qwen2 always has a q bias", "qwen3": "qwen3 always has QK norm",
         "deepseek_v2": LATENT_ONLY.replace("v3", "v2"), "deepseek_v3": LATENT_ONLY,
     },
+    "gemma": {
+        "olmo": "embedding scaling",
+        "granite": "granite cannot express this norm's weight_offset and dtype_order (gemma)",
+        "stablelm": "embedding scaling (gemma)",
+        "nemotron": "nemotron cannot express this norm's kind and bias, this FFN gating, embedding scaling (gemma)",
+        "starcoder2": "this norm's kind and bias and weight_offset",
+        "smollm3": "smollm3 cannot express this norm's weight_offset and dtype_order, embedding scaling (gemma)",
+        "llama": "llama cannot express this norm's weight_offset and dtype_order, embedding scaling (gemma)",
+        "mistral": "a q bias, a k bias, a v bias, an output-projection bias", "gemma": OK,
+        "gemma2": "gemma2 cannot express this norm placement (gemma)", "gemma3": "this norm placement",
+        "olmo2": "olmo2 always has QK norm", "qwen2": "an output-projection bias",
+        "qwen3": "qwen3 always has QK norm",
+    },
     "gemma2": {
+        "olmo": "this norm placement",
+        "granite": "attention soft-capping, final-logit soft-capping",
+        "stablelm": "this norm placement",
+        "nemotron": "this norm placement",
+        "starcoder2": "this norm placement",
+        "smollm3": "a custom attention score scale, attention soft-capping, embedding scaling",
+        "gemma": "gemma cannot express this norm placement, this local/global layer pattern",
         "llama": "llama cannot express this norm's weight_offset and dtype_order, this norm placement, this "
                  "local/global layer pattern, a sliding window, a custom attention score scale, attention "
                  "soft-capping, embedding scaling, final-logit soft-capping (gemma2)",
@@ -362,6 +416,13 @@ MATRIX: dict[str, dict[str, str | None]] = {
         "deepseek_v2": LATENT_ONLY.replace("v3", "v2"), "deepseek_v3": LATENT_ONLY,
     },
     "gemma3": {
+        "olmo": "QK norm",
+        "granite": "QK norm",
+        "stablelm": "QK norm",
+        "nemotron": "QK norm",
+        "starcoder2": "QK norm, this FFN gating",
+        "smollm3": "QK norm, a separate RoPE for local layers",
+        "gemma": "gemma cannot express this norm placement, QK norm",
         "llama": "QK norm, a separate RoPE for local layers", "mistral": "a separate RoPE for local layers",
         "gemma2": "gemma2 cannot express QK norm, a separate RoPE for local layers (gemma3)", "gemma3": OK,
         "olmo2": "embedding scaling", "qwen2": "a separate RoPE for local layers",
@@ -369,6 +430,13 @@ MATRIX: dict[str, dict[str, str | None]] = {
         "deepseek_v2": LATENT_ONLY.replace("v3", "v2"), "deepseek_v3": LATENT_ONLY,
     },
     "olmo2": {
+        "olmo": "olmo cannot express this norm's kind and weight and dtype_order, this norm placement, QK norm",
+        "granite": "QK norm",
+        "stablelm": "QK norm, an output-projection bias",
+        "nemotron": "this RoPE configuration's fp32_tables (olmo2)",
+        "starcoder2": "this norm's kind and bias, this norm placement, QK norm",
+        "smollm3": "smollm3 cannot express this norm's dtype_order, this norm placement, QK norm",
+        "gemma": "this RoPE configuration's fp32_tables",
         "llama": "llama cannot express this norm's dtype_order, this norm placement, QK norm, this RoPE "
                  "configuration's fp32_tables (olmo2)",
         "mistral": "a q bias", "gemma2": "QK norm", "gemma3": "this norm's weight_offset", "olmo2": OK,
@@ -376,6 +444,14 @@ MATRIX: dict[str, dict[str, str | None]] = {
         "deepseek_v2": LATENT_ONLY.replace("v3", "v2"), "deepseek_v3": LATENT_ONLY,
     },
     "qwen2": {
+        "olmo": "a q bias, a k bias, a v bias",
+        "granite": "granite cannot express a q bias, a k bias, a v bias",
+        "stablelm": "stablelm cannot express this norm's kind and bias and dtype_order, this local/global layer "
+                    "pattern",
+        "nemotron": "a q bias, a k bias, a v bias",
+        "starcoder2": "this local/global layer pattern (qwen2)",
+        "smollm3": "smollm3 cannot express a q bias, a k bias, a v bias (qwen2)",
+        "gemma": "a q bias, a k bias, a v bias",
         "llama": "llama cannot express a q bias, a k bias, a v bias, this local/global layer pattern, a sliding "
                  "window (qwen2)",
         "mistral": "mistral cannot express a q bias, a k bias, a v bias", "gemma2": "a q bias",
@@ -383,12 +459,113 @@ MATRIX: dict[str, dict[str, str | None]] = {
         "deepseek_v2": LATENT_ONLY.replace("v3", "v2"), "deepseek_v3": LATENT_ONLY,
     },
     "qwen3": {
+        "olmo": "QK norm",
+        "granite": "QK norm",
+        "stablelm": "QK norm",
+        "nemotron": "QK norm",
+        "starcoder2": "QK norm",
+        "smollm3": "smollm3 cannot express QK norm (qwen3)",
+        "gemma": "QK norm",
         "llama": "llama cannot express QK norm", "mistral": "QK norm", "gemma2": "QK norm",
         "gemma3": "gemma3 cannot express this norm's weight_offset and dtype_order", "olmo2": "QK norm",
         "qwen2": "qwen2 cannot express QK norm, an output-projection bias (qwen3)", "qwen3": OK,
         "deepseek_v2": LATENT_ONLY.replace("v3", "v2"), "deepseek_v3": LATENT_ONLY,
     },
+    "smollm3": {  # NoPE on layers 1 and 3, which are sliding
+        "olmo": "this per-layer position pattern",
+        "granite": "this per-layer position pattern",
+        "stablelm": "this per-layer position pattern",
+        "nemotron": "this per-layer position pattern",
+        "starcoder2": "this per-layer position pattern, this local/global layer pattern (smollm3)",
+        "llama": "llama cannot express this per-layer position pattern, this local/global layer pattern",
+        "mistral": "MLP biases, this per-layer position pattern", "gemma": "this per-layer position pattern",
+        "gemma2": "this per-layer position pattern", "gemma3": "this per-layer position pattern",
+        "olmo2": "this per-layer position pattern", "qwen2": "this per-layer position pattern",
+        "qwen3": "qwen3 cannot express MLP biases, this per-layer position pattern (smollm3)", "smollm3": OK,
+    },
+    "starcoder2": {  # LayerNorm with bias, plain GELU MLP, a window on every layer
+        "olmo": "olmo always has this FFN gating",
+        "granite": "granite always has this FFN gating",
+        "stablelm": "stablelm always has this FFN gating",
+        "nemotron": "nemotron cannot express this norm's weight_offset, this local/global layer pattern, a sliding "
+                    "window (starcoder2)",
+        "llama": "llama cannot express this norm's kind and bias and dtype_order, this local/global layer pattern, a "
+                 "sliding window (starcoder2); llama always has this FFN gating",
+        "mistral": "mistral always has this FFN gating", "gemma": "embedding scaling",
+        "gemma2": "this norm placement", "gemma3": "QK norm", "olmo2": "QK norm", "qwen2": "an output-projection bias",
+        "qwen3": "qwen3 always has QK norm, this FFN gating",
+        "smollm3": "smollm3 cannot express this norm's kind and bias and dtype_order (starcoder2); smollm3 always has "
+                   "this FFN gating",
+        "starcoder2": OK,
+    },
+    "nemotron": {  # LayerNorm1P, relu² MLP, half the head rotated
+        "olmo": "this RoPE configuration's fraction and fp32_tables (nemotron)",
+        "granite": "this RoPE configuration's fraction (nemotron)",
+        "stablelm": "stablelm cannot express this norm's weight_offset, an output-projection bias, MLP biases",
+        "llama": "llama cannot express this norm's kind and bias and weight_offset and dtype_order, this RoPE "
+                 "configuration's fraction (nemotron); llama always has this FFN gating",
+        "mistral": "MLP biases, this RoPE configuration's fraction", "gemma": "this RoPE configuration's fraction",
+        "gemma2": "this norm placement", "gemma3": "QK norm", "olmo2": "QK norm", "qwen2": "an output-projection bias",
+        "qwen3": "QK norm", "smollm3": "this RoPE configuration's fraction (nemotron)",
+        "starcoder2": "starcoder2 cannot express this norm's weight_offset, this RoPE configuration's fraction "
+                      "(nemotron)",
+        "nemotron": OK,
+    },
+    "stablelm": {  # parallel block with one LayerNorm, a quarter of the head rotated, q/k/v biases
+        "olmo": "this norm placement",
+        "granite": "this norm placement",
+        "llama": "llama cannot express this norm's kind and bias and dtype_order, this norm placement, a q bias, a k "
+                 "bias, a v bias, this RoPE configuration's fraction (stablelm)",
+        "mistral": "this norm placement", "gemma": "embedding scaling", "gemma2": "this norm placement",
+        "gemma3": "QK norm", "olmo2": "QK norm", "qwen2": "qwen2 cannot express this norm's kind and bias and "
+        "dtype_order, this norm placement, this RoPE configuration's fraction (stablelm)",
+        "qwen3": "QK norm", "smollm3": "this norm placement", "starcoder2": "this FFN gating",
+        "nemotron": "nemotron cannot express this norm's weight_offset, this norm placement, a q bias, a k bias, a v "
+                    "bias, this FFN gating (stablelm)",
+        "stablelm": OK,
+    },
+    "stablelm-sequential": {  # no parallel residual, half the head rotated
+        "olmo": "olmo cannot express this norm's weight and bias and dtype_order",
+        "granite": "granite cannot express this norm's kind and bias and dtype_order, this RoPE configuration's "
+                   "fraction (stablelm)",
+        "llama": "llama cannot express this norm's kind and bias and dtype_order, this RoPE configuration's fraction "
+                 "(stablelm)",
+        "mistral": "this RoPE configuration's fraction", "gemma": "embedding scaling",
+        "gemma2": "this norm placement", "gemma3": "QK norm", "olmo2": "QK norm",
+        "qwen2": "qwen2 always has a q bias, a k bias, a v bias", "qwen3": "QK norm",
+        "smollm3": "smollm3 cannot express this norm's kind and bias and dtype_order, this RoPE configuration's "
+                   "fraction (stablelm)",
+        "starcoder2": "starcoder2 cannot express this FFN gating, this RoPE configuration's fraction (stablelm)",
+        "nemotron": "nemotron cannot express this norm's weight_offset, this FFN gating (stablelm)",
+        "stablelm": OK,
+    },
+    "granite": {  # embedding, attention, residual and logit multipliers
+        "olmo": "residual scaling",
+        "llama": "llama cannot express a custom attention score scale, residual scaling, embedding scaling, a logit "
+                 "scale (granite)",
+        "mistral": "residual scaling", "gemma": "residual scaling", "gemma2": "residual scaling",
+        "gemma3": "residual scaling", "olmo2": "residual scaling", "qwen2": "residual scaling",
+        "qwen3": "residual scaling", "smollm3": "smollm3 cannot express a custom attention score scale, residual "
+        "scaling, embedding scaling, a logit scale (granite)",
+        "starcoder2": "residual scaling", "nemotron": "residual scaling", "stablelm": "residual scaling",
+        "granite": OK,
+    },
+    "olmo": {  # LayerNorm with neither weight nor bias, RoPE in fp32
+        "llama": "llama cannot express this norm's kind and weight, this RoPE configuration's fp32_tables (olmo)",
+        "mistral": "a q bias",
+        "gemma": "embedding scaling", "gemma2": "this norm placement", "gemma3": "QK norm",
+        "olmo2": "olmo2 always has QK norm", "qwen2": "an output-projection bias",
+        "qwen3": "qwen3 cannot express this norm's kind and weight, this RoPE configuration's fp32_tables (olmo)",
+        "smollm3": "smollm3 cannot express this norm's kind and weight", "starcoder2": "this FFN gating",
+        "nemotron": "this FFN gating", "stablelm": "an output-projection bias",
+        "granite": "granite cannot express this norm's kind and weight, this RoPE configuration's fp32_tables",
+        "olmo": OK,
+    },
 }
+# every source above has standard attention, which the latent-attention families cannot hold
+for _row in MATRIX.values():
+    for _target in ("deepseek_v2", "deepseek_v3"):
+        _row.setdefault(_target, f"{_target} always has latent attention (MLA)")
 EXPORTS = [(source, target, refusal) for source, row in MATRIX.items() for target, refusal in row.items()]
 
 

@@ -20,19 +20,19 @@ from .shapes import NORM_SLOTS, SLOTS  # placement -> the norm slots it fills (t
 
 
 def _sequential(b: Block, h: torch.Tensor, attend: Callable[[torch.Tensor], torch.Tensor]) -> torch.Tensor:
-    h = h + b.drop(b.attn_post_norm(attend(b.attn_norm(h))))
-    return h + b.drop(b.mlp_post_norm(b.mlp(b.mlp_norm(h))))
+    h = h + b.scaled(b.attn_post_norm(attend(b.attn_norm(h))))
+    return h + b.scaled(b.mlp_post_norm(b.mlp(b.mlp_norm(h))))
 
 
 def _post(b: Block, h: torch.Tensor, attend: Callable[[torch.Tensor], torch.Tensor]) -> torch.Tensor:
-    h = b.attn_norm(h + b.drop(attend(h)))
-    return b.mlp_norm(h + b.drop(b.mlp(h)))
+    h = b.attn_norm(h + b.scaled(attend(h)))
+    return b.mlp_norm(h + b.scaled(b.mlp(h)))
 
 
 def _parallel(b: Block, h: torch.Tensor, attend: Callable[[torch.Tensor], torch.Tensor]) -> torch.Tensor:
     x = b.attn_norm(h)
     y = x if isinstance(b.mlp_norm, nn.Identity) else b.mlp_norm(h)
-    return h + b.drop(attend(x)) + b.drop(b.mlp(y))
+    return h + b.scaled(attend(x)) + b.scaled(b.mlp(y))
 
 
 WIRING = {"pre": _sequential, "sandwich": _sequential, "output": _sequential, "post": _post,
@@ -48,7 +48,14 @@ class Block(nn.Module):
         self.attn = attention_kind(cfg.attention).build(cfg, layer, rotary, relative)
         self.mlp = MLP(cfg)
         self.drop = nn.Dropout(cfg.resid_dropout)
+        self.residual_scale = cfg.residual_scale
         self.wiring = WIRING[cfg.norm_placement]
+
+    def scaled(self, out: torch.Tensor) -> torch.Tensor:
+        """A sublayer's output as it joins the residual: dropped out, then multiplied by a Python
+        float as Granite does (`hidden * residual_multiplier`), skipped at 1 so others stay exact."""
+        out = self.drop(out)
+        return out if self.residual_scale == 1.0 else out * self.residual_scale
 
     def forward(self, h: torch.Tensor, ctx: Context, cache: KVCache | None = None) -> torch.Tensor:
         return self.wiring(self, h, lambda x: self.attn(x, ctx, cache))

@@ -155,6 +155,7 @@ class ArchConfig:
     sliding_window: int | None = None
     attn_scale: float | None = None  # None: head_dim ** -0.5
     attn_softcap: float | None = None
+    residual_scale: float = 1.0  # each sublayer's output is multiplied by this before the residual add (Granite)
     # output
     tie_embeddings: bool = False
     embed_scale: float | None = None
@@ -202,6 +203,7 @@ class ArchConfig:
         for name in ("attn_scale", "attn_softcap", "embed_scale", "final_softcap"):
             _positive("ArchConfig", name, getattr(self, name), allow_none=True)
         _positive("ArchConfig", "logit_scale", self.logit_scale)
+        _positive("ArchConfig", "residual_scale", self.residual_scale)
         for name in ("embed_dropout", "attn_dropout", "resid_dropout"):
             if not 0 <= getattr(self, name) < 1:
                 _fail("ArchConfig", name, getattr(self, name), "must be in [0, 1)")

@@ -43,6 +43,8 @@ def variants(cfg: ArchConfig) -> list[str]:
         out.append(f"score scale: {cfg.attn_scale:g}")
     if cfg.attn_softcap is not None:
         out.append(f"attention soft-cap: {cfg.attn_softcap:g}")
+    if cfg.residual_scale != 1.0:
+        out.append(f"residual scale: {cfg.residual_scale:g} (each sublayer's output)")
     kinds = cfg.layer_kinds
     if "local" in kinds:
         pattern = "".join("L" if k == "local" else "G" for k in kinds)

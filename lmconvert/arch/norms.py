@@ -25,6 +25,10 @@ def _layer(x: torch.Tensor, eps: float) -> torch.Tensor:
 STATISTICS = {"rms": _rms, "layer": _layer}
 
 
+def _fp32(t: torch.Tensor | None) -> torch.Tensor | None:
+    return None if t is None else t.float()
+
+
 class Norm(nn.Module):
     def __init__(self, dim: int, cfg: NormConfig) -> None:
         super().__init__()
@@ -36,6 +40,15 @@ class Norm(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         dtype = x.dtype
+        if self.cfg.kind == "layer" and self.cfg.dtype_order == "scale_then_cast":
+            # the weight and bias inside torch's own kernel, as nn.LayerNorm does (in fp32, rounded
+            # once): a separate multiply and add rounds differently (~1e-7 in fp32), and so does the
+            # kernel fed fp32 copies of bf16 inputs. An offset is added in the weight's dtype first,
+            # as Nemotron's LayerNorm1P does (`weight + 1.0`).
+            weight = None if self.weight is None else self._scale(self.weight)
+            if all(t is None or t.dtype == dtype for t in (weight, self.bias)):
+                return F.layer_norm(x, x.shape[-1:], weight, self.bias, self.cfg.eps)
+            return F.layer_norm(x.float(), x.shape[-1:], _fp32(weight), _fp32(self.bias), self.cfg.eps).to(dtype)
         h = self.normalise(x.float(), self.cfg.eps)
         if self.cfg.dtype_order == "cast_then_scale":
             h = h.to(dtype)

@@ -2,13 +2,31 @@
 
 from __future__ import annotations
 
-from . import deepseek_v2, deepseek_v3, gemma2, gemma3, llama, mistral, olmo2, qwen2, qwen3
+from . import (
+    deepseek_v2,
+    deepseek_v3,
+    gemma,
+    gemma2,
+    gemma3,
+    granite,
+    llama,
+    mistral,
+    nemotron,
+    olmo,
+    olmo2,
+    qwen2,
+    qwen3,
+    smollm3,
+    stablelm,
+    starcoder2,
+)
 from .errors import Inexpressible, MappingError
 from .family import Family
 
-FAMILIES: dict[str, Family] = {f.name: f for f in (llama.FAMILY, mistral.FAMILY, gemma2.FAMILY, gemma3.FAMILY,
-                                                   olmo2.FAMILY, qwen2.FAMILY, qwen3.FAMILY,
-                                                   deepseek_v2.FAMILY, deepseek_v3.FAMILY)}
+FAMILIES: dict[str, Family] = {f.name: f for f in (llama.FAMILY, mistral.FAMILY, gemma.FAMILY, gemma2.FAMILY,
+                                                   gemma3.FAMILY, olmo2.FAMILY, qwen2.FAMILY, qwen3.FAMILY,
+                                                   smollm3.FAMILY, starcoder2.FAMILY, nemotron.FAMILY, stablelm.FAMILY,
+                                                   granite.FAMILY, olmo.FAMILY, deepseek_v2.FAMILY, deepseek_v3.FAMILY)}
 BY_MODEL_TYPE: dict[str, Family] = {t: f for f in FAMILIES.values() for t in f.model_types}
 
 

@@ -61,9 +61,10 @@ def rope_parameters(hf: HfConfig) -> tuple[dict[str, Any], str]:
 
 
 def rope_from_hf(hf: HfConfig, params: dict[str, Any], where: str, theta: float | None = None,
-                 **fixed: Any) -> RopeConfig:
+                 partial: bool = False, **fixed: Any) -> RopeConfig:
     """RopeConfig from one (non-nested) rope parameter dict found at `where`; `theta` is the
-    rope_theta it lacks (else the top-level key's); `fixed` sets family constants."""
+    rope_theta it lacks (else the top-level key's); `partial`: the family's own default init reads
+    partial_rotary_factor too; `fixed` sets family constants."""
     p = HfConfig(params, PARAMETER_KEYS, where)
     kind = p.get("rope_type") if p.stated("rope_type") else p.get("type")
     values: dict[str, Any] = {"theta": p.get("rope_theta", hf.get("rope_theta") if theta is None else theta),
@@ -75,7 +76,7 @@ def rope_from_hf(hf: HfConfig, params: dict[str, Any], where: str, theta: float 
     if kind in ("yarn", "llama3"):
         values.setdefault("original_max_positions", max_pos)
     fraction = p.get(FRACTION.name) if p.stated(FRACTION.name) else hf.get(FRACTION.name)
-    if fraction is not None and kind != "default":  # the default init ignores it in llama-style models
+    if fraction is not None and (partial or kind != "default"):  # llama's default init ignores it
         values["fraction"] = fraction
     try:
         if kind == "yarn" and p.get("factor") is None:
@@ -86,7 +87,7 @@ def rope_from_hf(hf: HfConfig, params: dict[str, Any], where: str, theta: float 
         raise MappingError(f"config.json: {where.rstrip('.')}={params!r}: {exc}") from None
 
 
-def rope_to_hf(rope: RopeConfig) -> dict[str, Any]:
+def rope_to_hf(rope: RopeConfig, partial: bool = False) -> dict[str, Any]:
     kind = {v: k for k, v in ROPE_TYPES.items()}[rope.scaling]
     out: dict[str, Any] = {"rope_type": kind, "rope_theta": rope.theta}
     defaults = RopeConfig()
@@ -95,13 +96,16 @@ def rope_to_hf(rope: RopeConfig) -> dict[str, Any]:
         value = getattr(rope, name)
         if name in relevant and (name in required or value != getattr(defaults, name)):
             out[key] = value
-    if rope.fraction != 1.0:
+    if partial or rope.fraction != 1.0:  # partial: an absent fraction means the family's default
         out["partial_rotary_factor"] = rope.fraction
     return out
 
 
-def rope(**fixed: Any) -> Entry:
-    """`rope_parameters` (or the older keys) <-> one RoPE for every layer; `fixed` sets the
-    RopeConfig fields config.json does not state (OLMo 2's fp32 tables)."""
-    return Entry("rope", KEYS, lambda hf, _: {"rope": rope_from_hf(hf, *rope_parameters(hf), **fixed)},
-                 lambda cfg: {"rope_parameters": rope_to_hf(cfg.rope)})
+def rope(partial: bool = False, **fixed: Any) -> Entry:
+    """`rope_parameters` (or the older keys) <-> one RoPE for every layer; `partial`: the family's
+    default RoPE init reads `partial_rotary_factor` (Nemotron, StableLM), so it is read for every
+    rope type and always written; `fixed` sets the RopeConfig fields config.json does not state
+    (OLMo 2's fp32 tables)."""
+    return Entry("rope", KEYS,
+                 lambda hf, _: {"rope": rope_from_hf(hf, *rope_parameters(hf), partial=partial, **fixed)},
+                 lambda cfg: {"rope_parameters": rope_to_hf(cfg.rope, partial)})

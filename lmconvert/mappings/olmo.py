@@ -1,0 +1,40 @@
+"""OLMo (1): OLMo-1B/7B, without `clip_qkv`.
+
+Same as llama, except: the norms are LayerNorms with neither weight nor bias, eps fixed at 1e-5
+(no config key), computed in fp32 and cast back, so there are no norm tensors at all; RoPE
+cos/sin stay in fp32 (q and k rotate in fp32, as in OLMo 2); `attention_bias` switches the q, k,
+v and o biases; the MLP has no bias. `clip_qkv` (clamping q, k and v, as OLMo-1.7 does) is
+refused: the decoder does not clamp yet.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from lmconvert.arch import NormConfig
+
+from . import llama
+from .config_table import DEFAULT, Entry, fixed
+from .errors import MappingError
+from .family import Family
+from .hf_config import HfConfig, Key
+from .hf_rope import rope
+
+
+def no_clip(hf: HfConfig, fields: dict[str, Any]) -> dict[str, Any]:
+    if hf.get("clip_qkv") is not None:
+        raise MappingError(f"config.json: clip_qkv={hf.get('clip_qkv')} (clamping q, k and v) is not supported yet; "
+                           "only OLMo checkpoints with clip_qkv null are")
+    return {}
+
+
+CONFIG = llama.CONFIG.but(
+    drop=("mlp_bias",),
+    add=(fixed("norm", norm=NormConfig(kind="layer", eps=1e-5, weight=False)), rope(fp32_tables=True),
+         Entry("clip_qkv", (Key("clip_qkv", float, None, nullable=True),), no_clip,
+               lambda cfg: {"clip_qkv": DEFAULT})),
+    defaults={"vocab_size": 50304},
+    nullable={"head_dim": False, "attention_dropout": False},  # head_dim: not an OlmoConfig key, read if stated
+)
+
+FAMILY = Family("olmo", ("olmo",), "OlmoForCausalLM", llama.TENSORS, CONFIG)

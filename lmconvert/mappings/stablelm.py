@@ -1,0 +1,80 @@
+"""StableLM (StableLM-3B-4E1T, StableLM 2).
+
+Same as llama, except: LayerNorm with a bias (`layer_norm_eps`, default 1e-5; torch's kernel, so
+the weight and bias apply in fp32); RoPE rotates only `partial_rotary_factor` (default 0.25) of
+each head, also for the default rope type; `use_qkv_bias` switches the q, k and v biases (o and the
+MLP never have one); `use_parallel_residual` makes the block parallel with one shared norm
+(`h + attn(ln(h)) + mlp(ln(h))`, no `post_attention_layernorm`); head_dim is always hidden/heads
+(attention ignores a `head_dim` key while the RoPE tables read it, so one that differs is
+refused). `qk_layernorm` (a separate LayerNorm per head, weights [heads, head_dim]) is refused:
+one per-head weight shared by all heads cannot hold it. `hidden_dropout` drops the MLP output
+only, in training, which no ArchConfig field means: it is checked, not kept.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from lmconvert.arch import ArchConfig, NormConfig
+
+from . import llama, starcoder2
+from .config_table import DEFAULT, Entry
+from .errors import MappingError
+from .family import Family
+from .hf_config import HfConfig, Key
+from .hf_rope import rope
+from .table import Rule, TensorTable
+
+TENSORS = TensorTable(llama.EDGE_RULES + (Rule("model.norm.bias", "final_norm.bias"),) + llama.ATTENTION_RULES
+                      + llama.MLP_RULES + starcoder2.NORM_RULES)
+
+PLACEMENTS = {False: "pre", True: "parallel_shared"}
+
+
+def qkv_bias_to_hf(cfg: ArchConfig) -> dict[str, Any]:
+    # true only when all three are there, so a partial set is reported as the biases it cannot express
+    return {"use_qkv_bias": cfg.q_bias and cfg.k_bias and cfg.v_bias}
+
+
+def no_qk_layernorm(hf: HfConfig, fields: dict[str, Any]) -> dict[str, Any]:
+    if hf.get("qk_layernorm"):
+        raise MappingError("config.json: qk_layernorm=true (a separate LayerNorm for each head) is not supported; "
+                           "only StableLM checkpoints without it are")
+    return {}
+
+
+def head_dim_from_hf(hf: HfConfig, fields: dict[str, Any]) -> dict[str, Any]:
+    derived = fields["d_model"] // fields["n_heads"]
+    if hf.get("head_dim") not in (None, derived):
+        raise MappingError(f"config.json: head_dim={hf.get('head_dim')} differs from hidden_size / num_attention_heads "
+                           f"= {derived}: StableLM's attention ignores it while its RoPE reads it; remove the key")
+    return {}
+
+
+def parallel_to_hf(cfg: ArchConfig) -> dict[str, Any]:
+    # another placement reads back as pre-norm, so export refuses it by name
+    return {"use_parallel_residual": cfg.norm_placement == "parallel_shared"}
+
+
+CONFIG = llama.CONFIG.but(
+    drop=("attention_bias", "mlp_bias"),
+    add=(Entry("head_dim", (Key("head_dim", int, None, nullable=True),), head_dim_from_hf, lambda cfg: {}),
+         Entry("norm", (Key("layer_norm_eps", float, 1e-5),),
+               lambda hf, _: {"norm": NormConfig(kind="layer", bias=True, eps=hf.get("layer_norm_eps"),
+                                                 dtype_order="scale_then_cast")},
+               lambda cfg: {"layer_norm_eps": cfg.norm.eps}),
+         rope(partial=True),
+         Entry("use_qkv_bias", (Key("use_qkv_bias", bool, False),),
+               lambda hf, _: dict.fromkeys(("q_bias", "k_bias", "v_bias"), hf.get("use_qkv_bias")), qkv_bias_to_hf),
+         Entry("use_parallel_residual", (Key("use_parallel_residual", bool, False),),
+               lambda hf, _: {"norm_placement": PLACEMENTS[hf.get("use_parallel_residual")]}, parallel_to_hf),
+         Entry("qk_layernorm", (Key("qk_layernorm", bool, False),), no_qk_layernorm,
+               lambda cfg: {"qk_layernorm": False}),
+         Entry("hidden_dropout", (Key("hidden_dropout", float, 0.0, bound="probability"),), lambda hf, _: {},
+               lambda cfg: {"hidden_dropout": DEFAULT})),
+    defaults={"vocab_size": 50304, "intermediate_size": 6912, "hidden_size": 2560, "num_key_value_heads": 32,
+              "max_position_embeddings": 4096, "partial_rotary_factor": 0.25},
+    nullable={"num_key_value_heads": False, "attention_dropout": False},
+)
+
+FAMILY = Family("stablelm", ("stablelm",), "StableLmForCausalLM", TENSORS, CONFIG)
