@@ -95,3 +95,27 @@ def cached_logits(model: torch.nn.Module, ids: torch.Tensor, prefill: int) -> to
         return out.logits
 
     return incremental(step, ids, prefill)
+
+
+def check_cached_decoding(src: Path, ids: torch.Tensor, prefill: int, attention: str,
+                          reference_attention: str | None = None, tol: float = 1e-5) -> None:
+    """Our decoding over the KV cache (a prefill, then one token at a time) equals transformers'
+    cached decoding, and, in float64 where rounding cannot hide a wrong position or mask, our own
+    full forward."""
+    import lmconvert
+
+    def worst(a: torch.Tensor, b: torch.Tensor) -> float:
+        return float((a.double() - b.double()).abs().max())
+
+    model = lmconvert.load(src, attention=attention)
+    theirs = AutoModelForCausalLM.from_pretrained(src, attn_implementation=reference_attention or attention)
+    cache = model.new_cache()
+    with torch.no_grad():
+        ours = incremental(lambda chunk: model(chunk, cache=cache), ids, prefill)
+        reference = cached_logits(theirs, ids, prefill)
+    assert cache.length == ids.shape[1]
+    assert worst(ours, reference) <= tol
+    exact = lmconvert.load(src, dtype=torch.float64, attention=attention)
+    cache = exact.new_cache()
+    with torch.no_grad():
+        assert worst(incremental(lambda chunk: exact(chunk, cache=cache), ids, prefill), exact(ids)) <= tol

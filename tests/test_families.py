@@ -27,7 +27,6 @@ from family_specs import (
     FP32_TOL,
     IDS,
     NAMES,
-    SEQ,
     SPECS,
     TEXT,
     VISION,
@@ -38,8 +37,7 @@ from family_specs import (
 )
 from hf_models import (
     build_model,
-    cached_logits,
-    incremental,
+    check_cached_decoding,
     load_reference,
     perturb,
     save_checkpoint,
@@ -185,19 +183,8 @@ def test_cached_decoding_equals_full_forward(name: str, attention: str, checkpoi
     cached decoding by ~1e-5 on both sides (transformers' own too), so that equality is checked in
     float64, where rounding cannot hide a wrong position or mask."""
     src = checkpoint(name)
-    model = lmconvert.load(src, attention=attention)
     implementation = "eager" if name == "gemma2" else attention
-    theirs = AutoModelForCausalLM.from_pretrained(src, attn_implementation=implementation)
-    cache = model.new_cache()
-    with torch.no_grad():
-        ours = incremental(lambda chunk: model(chunk, cache=cache), IDS, 6)
-        reference = cached_logits(theirs, IDS, 6)
-    assert cache.length == SEQ
-    assert max_abs(ours, reference) <= FP32_TOL
-    exact = lmconvert.load(src, dtype=torch.float64, attention=attention)
-    cache = exact.new_cache()
-    with torch.no_grad():
-        assert max_abs(incremental(lambda chunk: exact(chunk, cache=cache), IDS, 6), exact(IDS)) <= FP32_TOL
+    check_cached_decoding(src, IDS, 6, attention, implementation, FP32_TOL)
 
 
 def transformers4_style(spec: Spec) -> Callable[[dict[str, Any]], dict[str, Any]]:

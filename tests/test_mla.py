@@ -16,7 +16,14 @@ import torch
 from arch_helpers import build, max_diff, tiny, tokens
 from click.testing import CliRunner
 from family_specs import FAITHFULNESS, FP32_TOL
-from hf_models import build_model, cached_logits, incremental, load_reference, save_checkpoint, token_batch
+from hf_models import (
+    build_model,
+    check_cached_decoding,
+    incremental,
+    load_reference,
+    save_checkpoint,
+    token_batch,
+)
 from safetensors import safe_open
 from transformers import AutoModelForCausalLM
 
@@ -96,18 +103,7 @@ def test_cached_decoding_equals_full_forward(name: str, attention: str, checkpoi
     """Prefill 5 tokens, then decode one at a time over the latent cache: equal to transformers'
     cached decoding, and (in float64, where rounding cannot hide a wrong position) to our full forward."""
     src = checkpoint(name)
-    model = lmconvert.load(src, attention=attention)
-    theirs = AutoModelForCausalLM.from_pretrained(src, attn_implementation=attention)
-    cache = model.new_cache()
-    with torch.no_grad():
-        ours = incremental(lambda chunk: model(chunk, cache=cache), IDS, 5)
-        reference = cached_logits(theirs, IDS, 5)
-    assert cache.length == SEQ
-    assert max_abs(ours, reference) <= FP32_TOL
-    exact = lmconvert.load(src, dtype=torch.float64, attention=attention)
-    cache = exact.new_cache()
-    with torch.no_grad():
-        assert max_abs(incremental(lambda chunk: exact(chunk, cache=cache), IDS, 5), exact(IDS)) <= FP32_TOL
+    check_cached_decoding(src, IDS, 5, attention, tol=FP32_TOL)
 
 
 def test_the_cache_holds_the_latent_not_keys_and_values(checkpoint: Callable[..., Path]) -> None:
