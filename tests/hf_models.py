@@ -119,3 +119,36 @@ def check_cached_decoding(src: Path, ids: torch.Tensor, prefill: int, attention:
     cache = exact.new_cache()
     with torch.no_grad():
         assert worst(incremental(lambda chunk: exact(chunk, cache=cache), ids, prefill), exact(ids)) <= tol
+
+
+def tensors_of(directory: Path) -> dict[str, torch.Tensor]:
+    from safetensors import safe_open
+
+    out = {}
+    for file in sorted(directory.glob("*.safetensors")):
+        with safe_open(str(file), framework="pt") as f:
+            out.update({name: f.get_tensor(name) for name in f.keys()})
+    return out
+
+
+def raw_bytes(t: torch.Tensor) -> torch.Tensor:
+    return t.contiguous().flatten().view(torch.uint8)
+
+
+def check_round_trip(src: Path, work: Path, architecture: str) -> dict[str, Any]:
+    """HF -> canonical -> HF (into `work / "back"`) gives back every tensor byte for byte, in its
+    dtype and shape, and a config.json naming `architecture`, which is returned."""
+    import json
+
+    from lmconvert.convert import to_canonical, to_hf
+
+    to_canonical(src, work / "canon")
+    to_hf(work / "canon", work / "back")
+    before, after = tensors_of(src), tensors_of(work / "back")
+    assert sorted(before) == sorted(after)
+    for name, t in before.items():
+        assert after[name].dtype == t.dtype and after[name].shape == t.shape, name
+        assert torch.equal(raw_bytes(after[name]), raw_bytes(t)), name
+    config = json.loads((work / "back" / "config.json").read_text())
+    assert config["architectures"] == [architecture]
+    return config

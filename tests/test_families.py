@@ -38,11 +38,12 @@ from family_specs import (
 from hf_models import (
     build_model,
     check_cached_decoding,
+    check_round_trip,
     load_reference,
     perturb,
     save_checkpoint,
+    tensors_of,
 )
-from safetensors import safe_open
 from safetensors.torch import save_file
 from transformers import AutoConfig, AutoModelForCausalLM
 
@@ -116,18 +117,6 @@ def edited_copy(src: Path, dst: Path, edit: Callable[[dict[str, Any]], dict[str,
     return dst
 
 
-def tensors_of(directory: Path) -> dict[str, torch.Tensor]:
-    out = {}
-    for file in sorted(directory.glob("*.safetensors")):
-        with safe_open(str(file), framework="pt") as f:
-            out.update({name: f.get_tensor(name) for name in f.keys()})
-    return out
-
-
-def raw_bytes(t: torch.Tensor) -> torch.Tensor:
-    return t.contiguous().flatten().view(torch.uint8)
-
-
 # ------------------------------------------------------------------------------------------------ per family
 @pytest.mark.parametrize("name", NAMES)
 def test_fp32_parity(name: str, checkpoint: Callable[..., Path], canonical: Callable[[str], Path]) -> None:
@@ -151,15 +140,7 @@ def test_bf16_faithfulness(name: str, checkpoint: Callable[..., Path]) -> None:
 @pytest.mark.parametrize("name", NAMES)
 def test_round_trip_is_bit_exact(name: str, checkpoint: Callable[..., Path], tmp_path: Path) -> None:
     src = checkpoint(name, torch.bfloat16)
-    to_canonical(src, tmp_path / "canon")
-    to_hf(tmp_path / "canon", tmp_path / "back")
-    before, after = tensors_of(src), tensors_of(tmp_path / "back")
-    assert sorted(before) == sorted(after)
-    for tensor_name, t in before.items():
-        assert after[tensor_name].dtype == t.dtype and after[tensor_name].shape == t.shape, tensor_name
-        assert torch.equal(raw_bytes(after[tensor_name]), raw_bytes(t)), tensor_name
-    config = json.loads((tmp_path / "back" / "config.json").read_text())
-    assert config["architectures"] == [FAMILIES[name].architecture]
+    config = check_round_trip(src, tmp_path, FAMILIES[name].architecture)
     assert config["dtype"] == "bfloat16"
     assert torch.equal(hf_logits(tmp_path / "back"), hf_logits(src))
 

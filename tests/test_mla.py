@@ -19,12 +19,12 @@ from family_specs import FAITHFULNESS, FP32_TOL
 from hf_models import (
     build_model,
     check_cached_decoding,
+    check_round_trip,
     incremental,
     load_reference,
     save_checkpoint,
     token_batch,
 )
-from safetensors import safe_open
 from transformers import AutoModelForCausalLM
 
 import lmconvert
@@ -33,7 +33,7 @@ from lmconvert.arch.attention_kinds import LatentSettings
 from lmconvert.arch.describe import variants
 from lmconvert.arch.latent_attention import absorb
 from lmconvert.cli import main
-from lmconvert.convert import to_canonical, to_hf
+from lmconvert.convert import to_canonical
 from lmconvert.mappings import MappingError, family_for
 from lmconvert.runtime.streamed import streamed
 from lmconvert.verify.agreement import greedy
@@ -117,26 +117,10 @@ def test_the_cache_holds_the_latent_not_keys_and_values(checkpoint: Callable[...
 
 
 # ----------------------------------------------------------------------------- conversion
-def tensors_of(directory: Path) -> dict[str, torch.Tensor]:
-    out = {}
-    for file in sorted(directory.glob("*.safetensors")):
-        with safe_open(str(file), framework="pt") as f:
-            out.update({name: f.get_tensor(name) for name in f.keys()})
-    return out
-
-
 @pytest.mark.parametrize("name", ["q_lora_interleaved", "plain_q", "yarn_mscale", "v2", "v2_plain_q_yarn"])
 def test_round_trip_is_bit_exact(name: str, checkpoint: Callable[..., Path], tmp_path: Path) -> None:
     src = checkpoint(name, torch.bfloat16)
-    to_canonical(src, tmp_path / "canon")
-    to_hf(tmp_path / "canon", tmp_path / "back")
-    before, after = tensors_of(src), tensors_of(tmp_path / "back")
-    assert sorted(before) == sorted(after)
-    for tensor_name, t in before.items():
-        assert after[tensor_name].dtype == t.dtype, tensor_name
-        assert torch.equal(after[tensor_name].view(torch.int16), t.view(torch.int16)), tensor_name
-    config = json.loads((tmp_path / "back" / "config.json").read_text())
-    assert config["architectures"] == [json.loads((src / "config.json").read_text())["architectures"][0]]
+    check_round_trip(src, tmp_path, json.loads((src / "config.json").read_text())["architectures"][0])
     with torch.no_grad():
         assert torch.equal(load_reference(tmp_path / "back")(IDS).logits, load_reference(src)(IDS).logits)
 

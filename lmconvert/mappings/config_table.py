@@ -9,12 +9,14 @@ family's table `but(...)` its differences, as its docstring says in prose.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
 from lmconvert.arch import ArchConfig
 
+from .errors import MappingError
 from .hf_config import HfConfig, Key
 
 Reader = Callable[[HfConfig, dict[str, Any]], dict[str, Any]]  # (the file, fields read so far) -> fields
@@ -57,6 +59,22 @@ def plain(key: str, field: str, kind: type, default: Any, *, read: Callable[[Any
 def fixed(name: str, **fields: Any) -> Entry:
     """ArchConfig fields that the family always has and config.json does not state."""
     return Entry(name, (), lambda hf, _: dict(fields), lambda cfg: {})
+
+
+def unsupported(key: str, kind: type, inert: Any, what: str, family: str, *, default: Any = DEFAULT,
+                nullable: bool = False) -> Entry:
+    """A key whose only value lmconvert can compute is `inert` (absent or null mean inert too): any
+    other value is refused naming what it would switch on, and export writes the default
+    (transformers' own, `inert` unless it differs)."""
+    def refuse(hf: HfConfig, _: dict[str, Any]) -> dict[str, Any]:
+        value = hf.get(key)
+        if value not in (None, inert):
+            raise MappingError(f"config.json: {key}={json.dumps(value)} ({what}) is not supported; only {family} "
+                               f"checkpoints with {key}={json.dumps(inert)} are")
+        return {}
+
+    declared = inert if default is DEFAULT else default
+    return Entry(key, (Key(key, kind, declared, nullable=nullable),), refuse, lambda cfg: {key: DEFAULT})
 
 
 @dataclass(frozen=True)

@@ -19,8 +19,7 @@ from typing import Any
 from lmconvert.arch import ArchConfig
 
 from . import llama
-from .config_table import DEFAULT, Entry, fixed, plain
-from .errors import MappingError
+from .config_table import DEFAULT, Entry, fixed, plain, unsupported
 from .family import Family
 from .hf_config import HfConfig, Key
 from .hf_layers import LAYER_TYPES_KEY, SLIDING_WINDOW_KEY, layer_kinds_from_hf, layer_types_to_hf, window_fields
@@ -40,12 +39,6 @@ def attn_scale_from_hf(hf: HfConfig, fields: dict[str, Any]) -> dict[str, Any]:
     scale = hf.get("query_pre_attn_scalar") ** -0.5
     return {"attn_scale": None if scale == fields["head_dim"] ** -0.5 else scale}
 
-
-def causal_only(hf: HfConfig, fields: dict[str, Any]) -> dict[str, Any]:
-    if hf.get("use_bidirectional_attention"):
-        raise MappingError("config.json: use_bidirectional_attention=true (an encoder-style variant) is not "
-                           "supported; only causal Gemma checkpoints are")
-    return {}
 
 
 def window_from_hf(hf: HfConfig, fields: dict[str, Any]) -> dict[str, Any]:
@@ -72,8 +65,8 @@ CONFIG = llama.CONFIG.but(
         Entry("layer kinds", (SLIDING_WINDOW_KEY, LAYER_TYPES_KEY), window_from_hf, window_to_hf),
         plain("attn_logit_softcapping", "attn_softcap", float, 50.0, nullable=True),
         plain("final_logit_softcapping", "final_softcap", float, 30.0, nullable=True),
-        Entry("use_bidirectional_attention", (Key("use_bidirectional_attention", bool, None, nullable=True),),
-              causal_only, lambda cfg: {"use_bidirectional_attention": DEFAULT}),
+        unsupported("use_bidirectional_attention", bool, False, "an encoder-style variant", "causal Gemma",
+                    default=None, nullable=True),
     ),
     defaults={"vocab_size": 256000, "hidden_size": 2304, "intermediate_size": 9216, "num_hidden_layers": 26,
               "num_attention_heads": 8, "num_key_value_heads": 4, "head_dim": 256, "max_position_embeddings": 8192,

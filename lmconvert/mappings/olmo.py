@@ -9,30 +9,17 @@ refused: the decoder does not clamp yet.
 
 from __future__ import annotations
 
-from typing import Any
-
 from lmconvert.arch import NormConfig
 
 from . import llama
-from .config_table import DEFAULT, Entry, fixed
-from .errors import MappingError
+from .config_table import fixed, unsupported
 from .family import Family
-from .hf_config import HfConfig, Key
 from .hf_rope import rope
-
-
-def no_clip(hf: HfConfig, fields: dict[str, Any]) -> dict[str, Any]:
-    if hf.get("clip_qkv") is not None:
-        raise MappingError(f"config.json: clip_qkv={hf.get('clip_qkv')} (clamping q, k and v) is not supported yet; "
-                           "only OLMo checkpoints with clip_qkv null are")
-    return {}
-
 
 CONFIG = llama.CONFIG.but(
     drop=("mlp_bias",),
     add=(fixed("norm", norm=NormConfig(kind="layer", eps=1e-5, weight=False)), rope(fp32_tables=True),
-         Entry("clip_qkv", (Key("clip_qkv", float, None, nullable=True),), no_clip,
-               lambda cfg: {"clip_qkv": DEFAULT})),
+         unsupported("clip_qkv", float, None, "clamping q, k and v", "OLMo", nullable=True)),
     defaults={"vocab_size": 50304},
     nullable={"head_dim": False, "attention_dropout": False},  # head_dim: not an OlmoConfig key, read if stated
 )

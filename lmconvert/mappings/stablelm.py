@@ -18,7 +18,7 @@ from typing import Any
 from lmconvert.arch import ArchConfig, NormConfig
 
 from . import llama, starcoder2
-from .config_table import DEFAULT, Entry
+from .config_table import DEFAULT, Entry, unsupported
 from .errors import MappingError
 from .family import Family
 from .hf_config import HfConfig, Key
@@ -35,12 +35,6 @@ def qkv_bias_to_hf(cfg: ArchConfig) -> dict[str, Any]:
     # true only when all three are there, so a partial set is reported as the biases it cannot express
     return {"use_qkv_bias": cfg.q_bias and cfg.k_bias and cfg.v_bias}
 
-
-def no_qk_layernorm(hf: HfConfig, fields: dict[str, Any]) -> dict[str, Any]:
-    if hf.get("qk_layernorm"):
-        raise MappingError("config.json: qk_layernorm=true (a separate LayerNorm for each head) is not supported; "
-                           "only StableLM checkpoints without it are")
-    return {}
 
 
 def head_dim_from_hf(hf: HfConfig, fields: dict[str, Any]) -> dict[str, Any]:
@@ -68,8 +62,7 @@ CONFIG = llama.CONFIG.but(
                lambda hf, _: dict.fromkeys(("q_bias", "k_bias", "v_bias"), hf.get("use_qkv_bias")), qkv_bias_to_hf),
          Entry("use_parallel_residual", (Key("use_parallel_residual", bool, False),),
                lambda hf, _: {"norm_placement": PLACEMENTS[hf.get("use_parallel_residual")]}, parallel_to_hf),
-         Entry("qk_layernorm", (Key("qk_layernorm", bool, False),), no_qk_layernorm,
-               lambda cfg: {"qk_layernorm": False}),
+         unsupported("qk_layernorm", bool, False, "a separate LayerNorm for each head", "StableLM"),
          Entry("hidden_dropout", (Key("hidden_dropout", float, 0.0, bound="probability"),), lambda hf, _: {},
                lambda cfg: {"hidden_dropout": DEFAULT})),
     defaults={"vocab_size": 50304, "intermediate_size": 6912, "hidden_size": 2560, "num_key_value_heads": 32,
