@@ -43,7 +43,7 @@ def test_low_precision_parity_on_cuda(name: str, dtype: str, canonical: Callable
     assert report.ours_error <= 1.25 * report.reference_error
 
 
-@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16", "float16"])
 def test_streamed_and_offloaded_on_cuda(dtype: str, canonical: Callable[[str], Path]) -> None:
     """Our side block by block onto the GPU, transformers through accelerate with a tiny budget."""
     report = verify(canonical("gemma2"), dtype=dtype, device="cuda", seq_len=SEQ, generate=8, max_memory=20_000)
@@ -53,3 +53,23 @@ def test_streamed_and_offloaded_on_cuda(dtype: str, canonical: Callable[[str], P
 def test_fp32_parity_on_cuda(canonical: Callable[[str], Path]) -> None:
     report = verify(canonical("llama"), dtype="float32", device="cuda", seq_len=SEQ, generate=8)
     assert report.passed, report.table()
+
+
+@pytest.mark.parametrize("name", ["llama", "gemma2"])  # untied and tied embeddings
+def test_offloaded_reference_computes_on_the_gpu(name: str, canonical: Callable[[str], Path]) -> None:
+    """accelerate runs offloaded modules on the CPU unless some module lives on the GPU, and a
+    budget this small puts none there by itself: fp32 `verify --max-memory` then met a CPU
+    reference, 2.6e-5 from our GPU run (the first H200 run of `make gpu-check`)."""
+    from lmconvert.formats.checkpoint import open_checkpoint
+    from lmconvert.verify.reference import reference_model
+
+    with open_checkpoint(canonical(name)) as ckpt:
+        where = ckpt.reference()
+    seen: list[str] = []
+    with reference_model(where, torch.float32, "cuda", max_memory=20_000) as model:
+        assert "disk" in model.hf_device_map.values(), model.hf_device_map
+        for layer in model.model.layers:
+            layer.register_forward_hook(lambda module, args, out: seen.append(
+                (out[0] if isinstance(out, tuple) else out).device.type))
+        model(torch.zeros(1, 4, dtype=torch.long, device="cuda"))
+    assert seen == ["cuda"] * len(model.model.layers)

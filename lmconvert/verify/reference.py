@@ -19,14 +19,43 @@ from .layouts import PointLayouts
 from .trace import EMBED, FINAL, Recorder, Trace, hf_point_modules
 
 
+def accelerate_device(device: str) -> int | str:
+    """The key accelerate's maps use for `device`: a GPU's index, or "cpu"."""
+    target = torch.device(device)
+    if target.type == "cuda":
+        return target.index if target.index is not None else torch.cuda.current_device()
+    return target.type
+
+
 def memory_map(device: str, max_memory: int) -> dict[int | str, int]:
     """accelerate's `max_memory`: the budget on the compute device, the rest offloaded to disk
     (on a GPU, first to CPU RAM under the same budget)."""
-    target = torch.device(device)
-    if target.type == "cuda":
-        index = target.index if target.index is not None else torch.cuda.current_device()
-        return {index: max_memory, "cpu": max_memory}
-    return {"cpu": max_memory}
+    compute = accelerate_device(device)
+    return {compute: max_memory, "cpu": max_memory} if compute != "cpu" else {"cpu": max_memory}
+
+
+def offload_map(reference: Loadable, dtype: torch.dtype, device: str, max_memory: int) -> dict[str, int | str]:
+    """Where each module of transformers' model lives under the budget. accelerate runs every
+    offloaded module on the first device of the map that is neither the CPU nor disk, and on the
+    CPU when there is none: with a budget too small for any module on the GPU, `verify --device
+    cuda` compared our GPU run with a CPU reference (2.6e-5 apart in fp32 on an H200). So when
+    the map puts nothing on the GPU, its smallest entry goes there, and the GPU computes every
+    block, with the block's weights brought in while it runs, as on our side."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+    from transformers.integrations.accelerate import compute_module_sizes, get_max_memory, infer_auto_device_map
+
+    config = AutoConfig.from_pretrained(str(reference.where), **reference.kwargs)
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(config, dtype=dtype, attn_implementation="eager")
+    placed = infer_auto_device_map(model, max_memory=get_max_memory(memory_map(device, max_memory)),
+                                   no_split_module_classes=model._no_split_modules, clean_result=False)
+    compute = accelerate_device(device)
+    if compute != "cpu" and compute not in placed.values():
+        sizes, _ = compute_module_sizes(model)
+        tied = {f"{name}." for pair in model.all_tied_weights_keys.items() for name in pair}
+        untied = [name for name in placed if not any(key.startswith(f"{name}.") for key in tied)]
+        placed[min(untied, key=lambda name: sizes.get(name, 0))] = compute  # a tied pair stays together
+    return placed
 
 
 @contextmanager
@@ -35,15 +64,13 @@ def reference_model(reference: Loadable, dtype: torch.dtype, device: str,
     """transformers' own model with eager attention: the ground truth for parity, loaded as the
     checkpoint's format says (a GGUF file with `gguf_file=`, dequantized by transformers).
     With `max_memory` (bytes), accelerate places what fits and offloads the rest to a temporary
-    folder, loading each offloaded module only while it runs."""
+    folder, loading each offloaded module onto `device` only while it runs."""
     with tempfile.TemporaryDirectory(prefix="lmconvert-offload-") as offload:
-        extra = {}
-        if max_memory is not None:
-            extra = {"device_map": "auto", "max_memory": memory_map(device, max_memory), "offload_folder": offload}
-        yield load_reference(reference, dtype, device, **extra)
+        yield load_reference(reference, dtype, device, max_memory, offload)
 
 
-def load_reference(reference: Loadable, dtype: torch.dtype, device: str, **extra: object) -> torch.nn.Module:
+def load_reference(reference: Loadable, dtype: torch.dtype, device: str, max_memory: int | None = None,
+                   offload: str | None = None) -> torch.nn.Module:
     from transformers import AutoModelForCausalLM
     from transformers.utils import logging
 
@@ -51,13 +78,15 @@ def load_reference(reference: Loadable, dtype: torch.dtype, device: str, **extra
     if reference.refusal is not None:
         raise InputError(reference.refusal)
     try:
+        extra = {} if max_memory is None else {
+            "device_map": offload_map(reference, dtype, device, max_memory), "offload_folder": offload}
         model = AutoModelForCausalLM.from_pretrained(str(reference.where), dtype=dtype, attn_implementation="eager",
                                                      **reference.kwargs, **extra)
     except ImportError as exc:  # device_map needs accelerate
         raise InputError(f"--max-memory: transformers cannot offload ({exc}); pip install accelerate") from None
     except (OSError, ValueError) as exc:
         raise InputError(f"{reference}: transformers cannot load this reference ({exc})") from None
-    if "device_map" not in extra:
+    if max_memory is None:
         model = model.to(device)
     return model.eval()
 
