@@ -116,6 +116,30 @@ def test_generate_matches_transformers(tmp_path: Path) -> None:
     assert out.strip("\n") == expected
 
 
+def test_generate_stops_on_any_eos_the_generation_config_names(tmp_path: Path) -> None:
+    vocab = save_tiny_tokenizer(tmp_path / "hf")
+    hf_dir = save_checkpoint(build_model("llama", vocab_size=vocab), tmp_path / "hf")
+    tokenizer = AutoTokenizer.from_pretrained(hf_dir)
+    ids = torch.tensor([tokenizer.encode("The capital of France is")])
+    reference = load_reference(hf_dir)
+    with torch.no_grad():
+        free = reference.generate(ids, max_new_tokens=12, do_sample=False, eos_token_id=None, pad_token_id=0)
+    new = free[0, ids.shape[1]:].tolist()
+    second = next(token for token in new[3:] if token not in new[:3])  # the list's second id ends it there
+    unused = next(token for token in range(vocab) if token not in new)
+    config = json.loads((hf_dir / "generation_config.json").read_text())
+    (hf_dir / "generation_config.json").write_text(json.dumps({**config, "eos_token_id": [unused, second]}))
+    assert run("convert", hf_dir, tmp_path / "can")[0] == 0
+    code, out, err = run("generate", tmp_path / "can", "--prompt", "The capital of France is", "--max-new-tokens", 12)
+    assert code == 0, err
+    with torch.no_grad():
+        theirs = reference.generate(ids, max_new_tokens=12, do_sample=False, eos_token_id=[unused, second],
+                                    pad_token_id=0)
+    assert theirs.shape[1] < free.shape[1]
+    expected = "The capital of France is" + tokenizer.decode(theirs[0, ids.shape[1]:], skip_special_tokens=True)
+    assert out.strip("\n") == expected
+
+
 def test_errors_are_one_line_with_exit_2(hf_dir: Path, tmp_path: Path) -> None:
     bad = tmp_path / "bad"
     bad.mkdir()

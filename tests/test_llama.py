@@ -181,3 +181,23 @@ def test_loss_matches_transformers(tmp_path: Path) -> None:
         theirs = model(ids, labels=labels).loss
         _, ours = lmconvert.load(hf_dir)(ids, labels=labels)
     assert torch.allclose(ours, theirs, atol=1e-6, rtol=0)
+
+
+@pytest.mark.parametrize("pad", [None, 3])
+def test_batched_generation_pads_finished_rows_as_transformers(tmp_path: Path, pad: int | None) -> None:
+    """A row that emitted EOS continues with the pad id (the first EOS id by default) while the
+    others run on; generation stops when every row has finished, or at the limit."""
+    hf_dir = make_checkpoint(tmp_path / "hf")
+    prompt = token_batch(batch=3, seq=5)
+    reference, ours = load_reference(hf_dir), lmconvert.load(hf_dir)
+    with torch.no_grad():
+        free = reference.generate(prompt, max_new_tokens=12, do_sample=False, eos_token_id=None, pad_token_id=0)
+        new = free[:, prompt.shape[1]:]
+        # EOS ids that end row 0 early and no other row before it: row 0's third token, and one never produced
+        eos = [int(new[0, 2]), int(new.max()) + 1]
+        assert not (new[1:, :3] == eos[0]).any(), "pick another prompt: EOS would end the other rows as early"
+        theirs = reference.generate(prompt, max_new_tokens=12, do_sample=False, eos_token_id=eos,
+                                    pad_token_id=eos[0] if pad is None else pad)
+        mine = ours.generate(prompt, 12, eos_token_id=eos, pad_token_id=pad)
+    assert torch.equal(mine, theirs)
+    assert (mine[0, prompt.shape[1] + 3:] == (eos[0] if pad is None else pad)).all()

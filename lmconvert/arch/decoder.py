@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from itertools import islice
 
 import torch
@@ -120,17 +120,25 @@ class Decoder(nn.Module):
         return loss
 
     @torch.no_grad()
-    def generate(self, ids: torch.Tensor, max_new_tokens: int, eos_token_id: int | None = None) -> torch.Tensor:
-        """Greedy decoding with the KV cache; returns prompt and continuation."""
+    def generate(self, ids: torch.Tensor, max_new_tokens: int, eos_token_id: int | Sequence[int] | None = None,
+                 pad_token_id: int | None = None) -> torch.Tensor:
+        """Greedy decoding with the KV cache; returns prompt and continuation. As transformers'
+        generate: a row that has emitted any of the EOS ids is finished and continues with the
+        pad id (the first EOS id when there is none) until every row is finished."""
+        eos = torch.tensor([eos_token_id] if isinstance(eos_token_id, int) else list(eos_token_id or ()),
+                           dtype=torch.long, device=ids.device)
+        pad = pad_token_id if pad_token_id is not None else (int(eos[0]) if len(eos) else None)
+        finished = torch.zeros(ids.shape[0], 1, dtype=torch.bool, device=ids.device)
         cache = self.new_cache()
         logits = self(ids, cache=cache)
         out = ids
         for _ in range(max_new_tokens):
             token = logits[:, -1].argmax(-1, keepdim=True)
+            if pad is not None:
+                token = token.masked_fill(finished, pad)
             out = torch.cat((out, token), dim=1)
-            if eos_token_id is not None and bool((token == eos_token_id).all()):
-                break
-            if out.shape[1] - ids.shape[1] == max_new_tokens:
+            finished |= torch.isin(token, eos)
+            if bool(finished.all()) or out.shape[1] - ids.shape[1] == max_new_tokens:
                 break
             logits = self(token, cache=cache)
         return out

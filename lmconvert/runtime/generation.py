@@ -28,17 +28,17 @@ TOKEN_ID = schema.Nullable(schema.Either((schema.COUNT, schema.Array(schema.COUN
 GENERATION_CONFIG = schema.Object(optional={"eos_token_id": TOKEN_ID, "bos_token_id": TOKEN_ID})
 
 
-def _eos_id(path: Path, tokenizer: Any) -> int | None:  # noqa: ANN401 - transformers' tokenizer classes
+def _eos_ids(path: Path, tokenizer: Any) -> list[int]:  # noqa: ANN401 - transformers' tokenizer classes
+    """Every EOS id the generation config names (transformers stops on any of them), else the tokenizer's."""
     gen = path / "generation_config.json" if path.is_dir() else path.parent / "generation_config.json"
     if gen.is_file():
         config = read_json_object(gen, "generation config")
         schema.validate(config, GENERATION_CONFIG, str(gen), "fix or delete it")
         eos = config.get("eos_token_id")
-        if isinstance(eos, list):
-            eos = eos[0] if eos else None
-        if isinstance(eos, int):
-            return eos
-    return getattr(tokenizer, "eos_token_id", None)
+        if eos is not None and eos != []:
+            return eos if isinstance(eos, list) else [eos]
+    eos = getattr(tokenizer, "eos_token_id", None)
+    return [] if eos is None else [eos]
 
 
 def prompt_ids(tokenizer: Any, prompt: str, arch: ArchConfig, max_new_tokens: int,  # noqa: ANN401
@@ -74,7 +74,7 @@ def generate(path: Path, prompt: str, max_new_tokens: int, dtype: str | None = N
         if checkpoint.tokenizer is None:
             raise InputError(f"{path}: has no tokenizer files; convert from a source that has them")
         tokenizer = load_tokenizer(checkpoint.tokenizer)
-        eos = _eos_id(path, tokenizer)
+        eos = _eos_ids(path, tokenizer)
         torch_dtype = parse_dtype(dtype)
         itemsize = torch.empty((), dtype=torch_dtype).element_size() if torch_dtype else 4
         ids = torch.tensor([prompt_ids(tokenizer, prompt, checkpoint.arch, max_new_tokens, itemsize)], device=device)
