@@ -113,28 +113,39 @@ def main(debug: bool) -> None:
 @main.command()
 @click.argument("src", type=CHECKPOINT)
 @click.argument("out", type=click.Path(path_type=Path))
-@click.option("--to", "to", type=click.Choice(["canonical", "hf", "meta"]), default="canonical", show_default=True,
+@click.option("--to", "to", type=click.Choice(["canonical", "hf", "meta", "gguf"]), default="canonical",
+              show_default=True,
               help="canonical: any supported checkpoint -> canonical; hf: canonical -> HF safetensors; "
-                   "meta: canonical LLaMA -> Meta's params.json + consolidated.NN.pth.")
-@click.option("--family", help="With --to hf: write as this family (default: the source's).")
+                   "meta: canonical LLaMA -> Meta's params.json + consolidated.NN.pth; gguf: canonical -> one "
+                   "llama.cpp file.")
+@click.option("--family", help="With --to hf or gguf: write as this family (default: the source's).")
+@click.option("--quant", help="With --to gguf: the tensor type, f32, f16, bf16, q8_0, q4_0, q4_1, q5_0, q5_1, "
+                              "tq1_0, tq2_0 or mxfp4 (1-D tensors stay f32) [default: q8_0].")
 @click.option("--shards", type=click.IntRange(min=1), help="With --to meta: model-parallel ranks [default: 1].")
 @click.option("--dtype", type=CAST, default="keep",
               show_default=True, help="Cast tensors on the way.")
-@click.option("--max-shard-size", default="5GB", show_default=True, help="Largest output shard.")
+@click.option("--max-shard-size", help="Largest output shard [default: 5GB].")
 @click.option("--force", is_flag=True, help="Replace OUT if it exists.")
 @click.option("--allow-nonfinite", is_flag=True, help="Convert even if weights hold NaN or Inf.")
 @handled
-def convert(src: Path, out: Path, to: str, family: str | None, shards: int | None, dtype: str, max_shard_size: str,
-            force: bool, allow_nonfinite: bool) -> None:
+def convert(src: Path, out: Path, to: str, family: str | None, quant: str | None, shards: int | None, dtype: str,
+            max_shard_size: str | None, force: bool, allow_nonfinite: bool) -> None:
     """Convert SRC into OUT. OUT appears complete or not at all."""
     from lmconvert.convert import convert as run
 
-    if family and to != "hf":
-        raise InputError("--family only applies with --to hf")
-    kwargs: dict[str, Any] = {"dtype": parse_cast(dtype), "max_shard_bytes": parse_size(max_shard_size),
+    if family and to not in ("hf", "gguf"):
+        raise InputError("--family only applies with --to hf or --to gguf")
+    if quant is not None and to != "gguf":
+        raise InputError("--quant only applies with --to gguf; use --dtype to cast other outputs")
+    if to == "gguf" and (dtype != "keep" or max_shard_size is not None):
+        raise InputError(f"--{'dtype' if dtype != 'keep' else 'max-shard-size'} does not apply with --to gguf: "
+                         "choose the tensor type with --quant; lmconvert writes one GGUF file")
+    kwargs: dict[str, Any] = {"dtype": parse_cast(dtype), "max_shard_bytes": parse_size(max_shard_size or "5GB"),
                               "force": force, "allow_nonfinite": allow_nonfinite}
-    if to == "hf":
+    if to in ("hf", "gguf"):
         kwargs["family"] = family
+    if to == "gguf" and quant is not None:
+        kwargs["quant"] = quant
     if shards is not None and to != "meta":
         raise InputError("--shards only applies with --to meta")
     if to == "meta":

@@ -1,4 +1,4 @@
-"""Conversion between formats: any input -> canonical, canonical -> HF or Meta (`convert`)."""
+"""Conversion between formats: any input -> canonical, canonical -> HF, Meta or GGUF (`convert`)."""
 
 from __future__ import annotations
 
@@ -21,8 +21,14 @@ def _to_meta(src: Any, out: Path, **kwargs: Any) -> dict[str, Any]:
     return to_meta(src, canonical_meta(src, "meta"), out, **kwargs)
 
 
+def _to_gguf(src: Any, out: Path, **kwargs: Any) -> dict[str, Any]:
+    from .export_gguf import to_gguf  # loads gguf and torch
+
+    return to_gguf(src, out, **kwargs)
+
+
 # --to name -> (whether SRC must be canonical, the conversion)
-TARGETS = {"canonical": (False, to_canonical), "hf": (True, to_hf), "meta": (True, _to_meta)}
+TARGETS = {"canonical": (False, to_canonical), "hf": (True, to_hf), "meta": (True, _to_meta), "gguf": (True, _to_gguf)}
 
 
 def convert(src: Path, out: Path, to: str, **kwargs: Any) -> None:

@@ -26,7 +26,7 @@ import os
 import re
 import secrets
 import shutil
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -34,6 +34,7 @@ from .canonical import FORMAT, META_FILE
 from .errors import InputError
 from .jsonfile import read_json_object
 
+Recogniser = Callable[[Path], bool]  # whether a one-file output was written by lmconvert
 EXPORT_FILE = "lmconvert-export.json"  # the description of an output that has no lmconvert.json
 WRITING, REPLACED = "writing", "replaced"  # what a temporary name beside OUT holds
 
@@ -45,9 +46,10 @@ def _resolved(path: Path) -> Path:
         raise InputError(f"{path}: cannot be resolved ({exc}); choose another OUT") from None
 
 
-def check_output(out: Path, force: bool, inputs: tuple[Path, ...] = ()) -> None:
+def check_output(out: Path, force: bool, inputs: tuple[Path, ...] = (), ours: Recogniser | None = None) -> None:
     """Refuse, before anything is read or written, an OUT that would lose files nobody asked to replace
-    (after cleaning up what killed runs left beside it, which may put back a replaced OUT)."""
+    (after cleaning up what killed runs left beside it, which may put back a replaced OUT). A
+    one-file output (GGUF) passes `ours`, which tells such a file lmconvert wrote."""
     out = _resolved(out)
     remove_stale(out)
     for src in inputs:
@@ -59,7 +61,7 @@ def check_output(out: Path, force: bool, inputs: tuple[Path, ...] = ()) -> None:
     if os.path.lexists(out):
         if not force:
             raise InputError(f"{out}: already exists; pass --force to replace it")
-        refuse_unless_written_by_lmconvert(out)
+        refuse_unless_written_by_lmconvert(out, ours)
     parent = out.parent
     if not parent.is_dir():
         raise InputError(f"{parent}: the output's parent directory does not exist; create it first")
@@ -86,8 +88,14 @@ def _listed(directory: Path) -> set[str] | None:
     return None
 
 
-def refuse_unless_written_by_lmconvert(out: Path) -> None:
-    """--force replaces a directory lmconvert wrote, holding nothing but what it wrote."""
+def refuse_unless_written_by_lmconvert(out: Path, ours: Recogniser | None = None) -> None:
+    """--force replaces a directory lmconvert wrote, holding nothing but what it wrote, or a file
+    that `ours` recognises as lmconvert's."""
+    if ours is not None and out.is_file() and not out.is_symlink():
+        if not ours(out):
+            raise InputError(f"{out}: is not a file lmconvert wrote; --force replaces only those: remove it "
+                             "yourself or choose another OUT")
+        return
     if not out.is_dir():
         raise InputError(f"{out}: is not a directory lmconvert wrote; --force replaces only those: "
                          "remove it yourself or choose another OUT")
@@ -124,10 +132,17 @@ def _alive(pid: int) -> bool:
     return True
 
 
+def _remove(path: Path) -> None:
+    if path.is_dir() and not path.is_symlink():
+        shutil.rmtree(path, ignore_errors=True)
+    else:
+        path.unlink(missing_ok=True)
+
+
 def _restore_or_remove(old: Path, out: Path) -> None:
     """A replaced output left by a killed run: OUT again if OUT is missing, else no longer needed."""
     if os.path.lexists(out):
-        shutil.rmtree(old)
+        _remove(old)
     else:
         os.rename(old, out)
 
@@ -160,17 +175,17 @@ def remove_stale(out: Path) -> None:
     cannot be cleaned now (another run got there first) is left for the next run."""
     for path in sorted(out.parent.glob(glob.escape(f".{out.name}.") + "*"), key=_age, reverse=True):
         leftover = _leftover(path.name, out)
-        if leftover is None or not path.is_dir() or path.is_symlink():
+        if leftover is None or path.is_symlink() or not (path.is_dir() or path.is_file()):
             continue
         kind, pid = leftover
         if pid is not None and _alive(pid):
             continue
         try:
             if kind == WRITING:
-                shutil.rmtree(path)
+                _remove(path)
             elif pid is not None:
                 _restore_or_remove(path, out)
-            elif os.listdir(path) == [out.name]:  # lmconvert 0.1 moved OUT into this directory
+            elif path.is_dir() and os.listdir(path) == [out.name]:  # lmconvert 0.1 moved OUT into this directory
                 _restore_or_remove(path / out.name, out)
                 path.rmdir()
         except OSError:
@@ -202,9 +217,9 @@ def _rename_unless_taken(tmp: Path, out: Path) -> bool:
     return True
 
 
-def _swap(tmp: Path, out: Path) -> None:
+def _swap(tmp: Path, out: Path, ours: Recogniser | None = None) -> None:
     """Put `tmp` in the place of `out` (--force), which must still be an output lmconvert wrote."""
-    refuse_unless_written_by_lmconvert(out)
+    refuse_unless_written_by_lmconvert(out, ours)
     old = out.parent / _temporary(out, REPLACED)
     os.rename(out, old)
     try:
@@ -212,7 +227,7 @@ def _swap(tmp: Path, out: Path) -> None:
     except OSError:
         os.rename(old, out)
         raise
-    shutil.rmtree(old, ignore_errors=True)
+    _remove(old)
 
 
 @contextmanager
@@ -237,3 +252,28 @@ def atomic_directory(out: Path, force: bool = False) -> Iterator[Path]:
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
+
+
+@contextmanager
+def atomic_file(out: Path, force: bool, ours: Recogniser) -> Iterator[Path]:
+    """Yield a temporary file name beside `out` that becomes `out` when the block succeeds; as
+    `atomic_directory`, for an output that is one file (`ours` tells one lmconvert wrote). The
+    block creates the file, with the umask's mode as `cp` does."""
+    out = _resolved(out)
+    remove_stale(out)
+    tmp = out.parent / _temporary(out, WRITING)
+    try:
+        yield tmp
+        if not _rename_unless_taken(tmp, out):
+            if not force:
+                raise InputError(f"{out}: appeared while this run was writing it (another conversion?); nothing "
+                                 "was written: pass --force to replace it, or choose another OUT")
+            _swap(tmp, out, ours)
+    except OSError as exc:
+        tmp.unlink(missing_ok=True)
+        raise InputError(f"{out}: writing failed ({exc.strerror or exc}); nothing was written: "
+                         "free some space or fix permissions and retry") from exc
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+

@@ -28,7 +28,7 @@ import torch
 from lmconvert.arch.shapes import parameter_shapes
 from lmconvert.mappings import MappingError, family_for
 from lmconvert.mappings.gguf import GgufArch, arch_entry, tensor_sizes
-from lmconvert.mappings.gguf_metadata import TOKEN_IDS, hf_config
+from lmconvert.mappings.gguf_metadata import LLAMA3_STATED, TOKEN_IDS, hf_config
 from lmconvert.mappings.table import Transform, out_shape
 
 from . import schema
@@ -47,7 +47,8 @@ GENERAL_TYPES = schema.Object(
     required={"general.architecture": schema.String()},
     optional={"general.name": schema.String(), "split.count": schema.POSITIVE_INT,
               "tokenizer.ggml.model": schema.String(),
-              **{key: schema.Nullable(schema.COUNT) for key in TOKEN_IDS.values()}})
+              **{key: schema.Nullable(schema.COUNT) for key in TOKEN_IDS.values()},
+              **{key: schema.POSITIVE for key in LLAMA3_STATED}})
 ARCH_TYPES: dict[str, schema.Spec] = {  # `{arch}.` keys
     **{key: schema.POSITIVE_INT for key in (
         "context_length", "embedding_length", "block_count", "feed_forward_length", "attention.head_count",

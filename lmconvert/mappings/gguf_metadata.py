@@ -50,6 +50,8 @@ ROPE_IGNORED = {"rope.scaling.type", "rope.scaling.finetuned"}  # read elsewhere
 # llama.cpp's converter writes Llama 3 scaling as `rope_freqs` factors computed with these (it reads
 # `original_max_position_embeddings` from the top level of config.json, where Llama 3 has none: 8192)
 LLAMA3_CANDIDATES = ({"low_freq_factor": 1.0, "high_freq_factor": 4.0, "original_max_position_embeddings": 8192},)
+# lmconvert's GGUF export also states the llama3 parameters, under these keys; the factors still decide
+LLAMA3_STATED = {f"lmconvert.rope.{name}": name for name in LLAMA3_CANDIDATES[0]}
 
 
 class Metadata(Protocol):
@@ -172,12 +174,14 @@ def _llama3_from_factors(file: Metadata, config: dict[str, Any]) -> dict[str, An
 
     factors = file.read("rope_freqs.weight").float().numpy()
     factor = float(factors.max())
-    for candidate in LLAMA3_CANDIDATES:
+    stated = {name: file.meta[key] for key, name in LLAMA3_STATED.items() if key in file.meta}
+    for candidate in (stated, *LLAMA3_CANDIDATES) if len(stated) == len(LLAMA3_STATED) else LLAMA3_CANDIDATES:
         expected = llama3_factors(float(config["rope_theta"]), config["head_dim"], factor, **candidate)
         if expected.shape == factors.shape and np.allclose(expected, factors, rtol=1e-6, atol=0):
             return {"rope_type": "llama3", "factor": factor, **candidate}
     raise MappingError("its rope_freqs tensor is not Llama 3 RoPE scaling with low/high frequency "
-                       "factors 1/4 over 8192 positions; lmconvert cannot express these RoPE factors")
+                       "factors 1/4 over 8192 positions, nor with the parameters the file states; lmconvert "
+                       "cannot express these RoPE factors")
 
 
 def _layer_types(file: Metadata, arch: str, entry: GgufArch, n_layers: int) -> list[str]:

@@ -1,0 +1,83 @@
+"""The canonical checkpoint -> one llama.cpp GGUF file (`convert --to gguf`), streamed into an
+atomic output.
+
+The metadata and the tensor names come from the same tables GGUF import reads, run backwards
+(mappings/gguf_export.py, mappings/gguf.py). Before anything is written, the metadata is read back
+the way import reads it, and the model it describes must be the checkpoint's, field for field:
+what llama.cpp's architecture cannot hold is refused by name rather than written wrong.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from lmconvert.arch.shapes import parameter_shapes
+from lmconvert.formats.atomic import atomic_file, check_output
+from lmconvert.formats.checkpoint import Checkpoint, opened
+from lmconvert.formats.errors import InputError
+from lmconvert.formats.gguf_writer import (
+    DEFAULT_QUANT,
+    FILE_TYPES,
+    WRITTEN_BY,
+    GgufTensor,
+    parse_quant,
+    tensor_type,
+    write_gguf,
+    written_by_lmconvert,
+)
+from lmconvert.mappings import MappingError, family_for, family_named
+from lmconvert.mappings.gguf import tensor_sizes
+from lmconvert.mappings.gguf_export import GgufModel, lost, metadata, read_back
+from lmconvert.mappings.table import out_shape
+
+from .exports import canonical_meta
+from .plan import Progress, plan_tensors
+
+
+def _checked_metadata(config: dict[str, Any], name: str, ckpt: Checkpoint,
+                      shapes: dict[str, tuple[int, ...]]) -> GgufModel:
+    """The metadata, once import reads it back as this very model."""
+    model = metadata(config, name)
+    back_config, _ = read_back(model, shapes)
+    back = family_for(back_config["model_type"]).arch_config(back_config)
+    missing = lost(ckpt.arch, back)
+    if missing:
+        raise MappingError(f"llama.cpp's {model.arch} metadata cannot express this model's "
+                           f"{', '.join(missing)}; export it as HF safetensors instead")
+    return model
+
+
+def to_gguf(src: Path | Checkpoint, out: Path, family: str | None = None, quant: str = DEFAULT_QUANT,
+            force: bool = False, progress: Progress | None = None, allow_nonfinite: bool = False,
+            **_: Any) -> dict[str, Any]:
+    """Write a canonical checkpoint as one GGUF file; returns the metadata written."""
+    kind = parse_quant(quant)
+    with opened(src) as ckpt:
+        meta = canonical_meta(ckpt, "gguf")
+        target = family_named(family or meta.family)
+        try:
+            config = target.hf_config(meta.arch, meta.family, meta.hf_extras)
+            name = Path(meta.source.get("path") or ckpt.path).name
+            model = metadata(config, name)
+            table = model.entry.tensors
+            canonical = parameter_shapes(meta.arch)
+            sizes = {**tensor_sizes({**config, "num_key_value_heads": meta.arch.n_kv_heads}),
+                     "rows": meta.arch.vocab_size}
+            plan = table.plan_export(ckpt.source.tensors.names(), sizes)
+            shapes = {name: out_shape(t.inverse, canonical[src_name]) for name, (src_name, t) in plan.items()}
+            model = _checked_metadata(config, name, ckpt, shapes)
+        except MappingError as exc:
+            raise InputError(f"--to gguf: {exc}") from None
+        check_output(out, force, (ckpt.path,), ours=written_by_lmconvert)
+        items = [(name, src_name, t.inverse) for name, (src_name, t) in plan.items()]
+        planned = plan_tensors(ckpt.source.tensors, items, None, allow_nonfinite, meta.tensors, meta.hash)
+        tensors = [GgufTensor(p.name, p.shape, tensor_type(p.shape, kind), p.produce) for p in planned]
+        tensors += [GgufTensor(name, tuple(t.shape), "F32", lambda t=t: t) for name, t in model.extra.items()]
+        values = {**model.values, "general.file_type": FILE_TYPES[kind], "general.quantization_version": 2,
+                  WRITTEN_BY: "lmconvert"}
+        if meta.source.get("path"):
+            values["lmconvert.source"] = str(meta.source["path"])
+        with atomic_file(out, force, written_by_lmconvert) as tmp:
+            write_gguf(tmp, model.arch, values, tensors, progress)
+    return values

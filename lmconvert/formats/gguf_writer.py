@@ -1,0 +1,143 @@
+"""GGUF out: one llama.cpp file, written by the `gguf` package's writer and streamed. Every tensor's
+name, shape and type is known before one byte is read, so the header, the metadata and the tensor
+table are written first, then each tensor is produced, encoded (cast, or quantized with
+`gguf.quants.quantize`) and written in turn: peak memory is the largest tensor and its encoding.
+
+What goes in (names, transforms, metadata) is decided by convert/export_gguf.py from the tables
+in mappings/; this module knows only the file.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from math import prod
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from .errors import InputError
+
+if TYPE_CHECKING:
+    import torch
+
+# --quant names -> GGML type names: the float types and every type `gguf.quants` can quantize
+QUANTS = {"f32": "F32", "f16": "F16", "bf16": "BF16", "q8_0": "Q8_0", "q4_0": "Q4_0", "q4_1": "Q4_1",
+          "q5_0": "Q5_0", "q5_1": "Q5_1", "tq1_0": "TQ1_0", "tq2_0": "TQ2_0", "mxfp4": "MXFP4"}
+DEFAULT_QUANT = "q8_0"  # for sharing; f16/bf16 are lossless for half-precision weights, f32 for any
+WRITTEN_BY = "lmconvert.written_by"  # metadata key that marks a file lmconvert wrote (--force replaces only those)
+FILE_TYPES = {"F32": 0, "F16": 1, "Q4_0": 2, "Q4_1": 3, "Q8_0": 7, "Q5_0": 8, "Q5_1": 9, "BF16": 32,
+              "TQ1_0": 36, "TQ2_0": 37, "MXFP4": 38}  # llama.cpp's `general.file_type` (LlamaFileType)
+
+
+def parse_quant(name: str) -> str:
+    if name.lower() not in QUANTS:
+        raise InputError(f"--quant {name!r}: not a GGUF type lmconvert writes; choose one of {', '.join(QUANTS)}")
+    return QUANTS[name.lower()]
+
+
+@dataclass(frozen=True)
+class GgufTensor:
+    """One tensor to write: GGUF name, shape in torch order, GGML type name, data on demand."""
+
+    name: str
+    shape: tuple[int, ...]
+    type: str
+    produce: Callable[[], torch.Tensor]
+
+
+def tensor_type(shape: Sequence[int], wanted: str) -> str:
+    """The type a tensor is stored in: llama.cpp keeps 1-D tensors (norms, biases) in F32, and a
+    row length the type's blocks do not divide falls back to F16, as llama.cpp's converter does."""
+    import gguf
+
+    if len(shape) < 2:
+        return "F32"
+    block, _ = gguf.GGML_QUANT_SIZES[gguf.GGMLQuantizationType[wanted]]
+    return wanted if shape[-1] % block == 0 else "F16"
+
+
+def _encode(tensor: torch.Tensor, kind: str) -> np.ndarray:
+    import gguf
+    import torch
+
+    if kind == "F32":
+        return tensor.to(torch.float32).contiguous().numpy()
+    if kind == "F16":
+        return tensor.to(torch.float16).contiguous().numpy()
+    if kind == "BF16":  # gguf's own BF16 rounds as torch does; torch's cast is the source of truth here
+        return tensor.to(torch.bfloat16).contiguous().view(torch.uint16).numpy().view(np.uint8)
+    return gguf.quants.quantize(tensor.to(torch.float32).contiguous().numpy(), gguf.GGMLQuantizationType[kind])
+
+
+def _nbytes(shape: Sequence[int], kind: str) -> int:
+    import gguf
+
+    block, size = gguf.GGML_QUANT_SIZES[gguf.GGMLQuantizationType[kind]]
+    return prod(shape) // block * size
+
+
+def _add_value(writer: Any, key: str, value: Any) -> None:  # noqa: ANN401 - gguf's writer; metadata of any type
+    """llama.cpp's types: counts and ids as uint32, reals as float32, flags as bool."""
+    import gguf
+
+    t = gguf.GGUFValueType
+    if isinstance(value, bool):
+        writer.add_bool(key, value)
+    elif isinstance(value, int):
+        writer.add_uint32(key, value)
+    elif isinstance(value, float):
+        writer.add_float32(key, value)
+    elif isinstance(value, str):
+        writer.add_string(key, value)
+    elif isinstance(value, list):
+        sub = (t.BOOL if all(isinstance(v, bool) for v in value) else
+               t.INT32 if all(isinstance(v, int) for v in value) else
+               t.FLOAT32 if all(isinstance(v, float) for v in value) else t.STRING)
+        writer.add_key_value(key, value, t.ARRAY, sub_type=sub)
+    else:
+        raise TypeError(f"metadata {key}: cannot write a {type(value).__name__}")
+
+
+def write_gguf(path: Path, arch: str, values: Mapping[str, Any], tensors: Sequence[GgufTensor],
+               progress: Callable[[int, int], None] | None = None) -> None:
+    """Header, metadata and tensor table first, then each tensor as it is produced."""
+    import gguf
+
+    writer = gguf.GGUFWriter(None, arch)
+    for key, value in values.items():
+        if key != "general.architecture":
+            _add_value(writer, key, value)
+    for t in tensors:
+        qtype = gguf.GGMLQuantizationType[t.type]
+        if t.type in ("F32", "F16"):
+            writer.add_tensor_info(t.name, t.shape, np.dtype(np.float32 if t.type == "F32" else np.float16),
+                                   _nbytes(t.shape, t.type))
+        else:
+            byte_shape = gguf.quant_shape_to_byte_shape(t.shape, qtype)
+            writer.add_tensor_info(t.name, byte_shape, np.dtype(np.uint8), _nbytes(t.shape, t.type), raw_dtype=qtype)
+    try:
+        writer.write_header_to_file(path)
+        writer.write_kv_data_to_file()
+        writer.write_ti_data_to_file()
+        for done, t in enumerate(tensors, 1):
+            writer.write_tensor_data(_encode(t.produce(), t.type))
+            if progress is not None:
+                progress(done, len(tensors))
+    finally:
+        writer.close()
+
+
+def written_by_lmconvert(path: Path) -> bool:
+    """Whether `path` is a GGUF file lmconvert wrote (its metadata says so)."""
+    try:
+        with open(path, "rb") as f:
+            if f.read(4) != b"GGUF":
+                return False
+        import gguf
+
+        field = gguf.GGUFReader(path).fields.get(WRITTEN_BY)
+        return field is not None and field.contents() == "lmconvert"
+    except Exception:  # noqa: BLE001 - anything unreadable is not ours
+        return False

@@ -1,0 +1,231 @@
+"""GGUF out (`convert --to gguf`): tiny perturbed transformers models, converted to canonical, then
+written as GGUF by lmconvert, and proven by readers that are not the writer:
+- our GGUF reader gives back the source's tensors bit for bit at the file's float type, and
+  exactly `gguf.quants.dequantize(quantize(x))` for quantized types;
+- the tensors equal what the test's own llama.cpp-converter emulation writes (test_formats_gguf);
+- transformers' GGUF loader reads the file, and its logits equal our decoder's on the same file.
+Also the refusals, --force and atomic output. llama.cpp itself reads the files in
+test_llamacpp.py (`make llamacpp-check`).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import gguf
+import numpy as np
+import pytest
+import torch
+from family_specs import SPECS
+from hf_models import build_model, save_checkpoint, token_batch
+from test_formats_gguf import (
+    FAMILIES,
+    TRANSFORMERS_LOADS,
+    TRANSFORMERS_OVERRIDES,
+    cli,
+    imported_tensors,
+    logits_of,
+    transformers_gguf,
+    write_gguf,
+)
+
+import lmconvert
+from lmconvert.convert import convert, to_canonical
+from lmconvert.formats.checkpoint import open_source
+
+FP32_MAX_ABS = 1e-5
+FLOATS = {"f32": torch.float32, "f16": torch.float16, "bf16": torch.bfloat16}
+QUANTS = {"q8_0": "Q8_0", "q4_0": "Q4_0", "q4_1": "Q4_1", "q5_0": "Q5_0", "q5_1": "Q5_1"}
+# the family tests' tiny models that llama.cpp's architectures hold whole (Qwen's sliding windows it has not)
+EXPORTABLE = ("llama", "mistral", "olmo2", "gemma2", "gemma3")
+
+
+def canonical_of(model: torch.nn.Module, root: Path) -> Path:
+    save_checkpoint(model, root / "hf")
+    to_canonical(root / "hf", root / "canonical")
+    return root / "canonical"
+
+
+def exported(canonical: Path, out: Path, quant: str) -> Path:
+    convert(canonical, out, "gguf", quant=quant)
+    return out
+
+
+@pytest.mark.parametrize("quant", list(FLOATS))
+@pytest.mark.parametrize("name", EXPORTABLE)
+def test_float_files_read_back_bit_for_bit(name: str, quant: str, tmp_path: Path) -> None:
+    spec = SPECS[name]
+    canonical = canonical_of(build_model(spec.model_type, **spec.kwargs), tmp_path)
+    out = exported(canonical, tmp_path / "m.gguf", quant)
+    ours, source = imported_tensors(out), imported_tensors(tmp_path / "hf")
+    assert set(ours) == set(source)
+    for hf_name, tensor in source.items():
+        if spec.model_type.startswith("gemma") and hf_name.endswith("norm.weight"):
+            # llama.cpp stores Gemma's norms as w + 1 (in f32): (w + 1) - 1 is all that comes back
+            tensor = (tensor.float() + 1) - 1
+        assert ours[hf_name].dtype == FLOATS[quant], hf_name
+        assert torch.equal(ours[hf_name], tensor.to(FLOATS[quant])), hf_name
+    if quant == "f32":  # and the model computes what the source computes
+        ids = token_batch(seq=28)
+        assert torch.equal(logits_of(lmconvert.load(out), ids), logits_of(lmconvert.load(canonical), ids))
+
+
+@pytest.mark.parametrize("quant", list(QUANTS))
+def test_quantized_files_read_back_as_gguf_dequantizes_them(quant: str, tmp_path: Path) -> None:
+    """2-D tensors come back as dequantize(quantize(x)) of the tensor llama.cpp stores (q/k rows
+    permuted), undone by the table; 1-D tensors stay f32, exactly."""
+    model = build_model("llama", **FAMILIES["llama"])
+    canonical = canonical_of(model, tmp_path)
+    out = exported(canonical, tmp_path / "m.gguf", quant)
+    expected = imported_tensors(write_gguf(model, tmp_path / "emulated.gguf", quant=QUANTS[quant]))
+    ours = imported_tensors(out)
+    assert set(ours) == set(expected)
+    for name, tensor in expected.items():
+        assert torch.equal(ours[name], tensor), name
+    types = {t.name: t.tensor_type.name for t in gguf.GGUFReader(out).tensors}
+    assert types["blk.0.attn_norm.weight"] == "F32" and types["blk.0.attn_q.weight"] == QUANTS[quant]
+
+
+def test_quantized_values_are_gguf_quants_round_trip(tmp_path: Path) -> None:
+    model = build_model("qwen2", **FAMILIES["qwen2"])
+    out = exported(canonical_of(model, tmp_path), tmp_path / "m.gguf", "q8_0")
+    weight = model.model.layers[1].mlp.down_proj.weight.detach().float().numpy()
+    q = gguf.GGMLQuantizationType.Q8_0
+    expected = torch.from_numpy(gguf.quants.dequantize(gguf.quants.quantize(weight, q), q))
+    assert torch.equal(imported_tensors(out)["model.layers.1.mlp.down_proj.weight"], expected)
+
+
+@pytest.mark.parametrize("model_type", list(FAMILIES))
+def test_same_tensors_and_config_as_the_llama_cpp_converter_emulation(model_type: str, tmp_path: Path) -> None:
+    model = build_model(model_type, **FAMILIES[model_type])
+    ours = exported(canonical_of(model, tmp_path), tmp_path / "ours.gguf", "f32")
+    name = "Mistral-tiny" if model_type == "mistral" else "tiny"
+    theirs = write_gguf(model, tmp_path / "theirs.gguf", name=name)
+    ours_file, theirs_file = gguf.GGUFReader(ours), gguf.GGUFReader(theirs)
+    ours_t = {t.name: np.array(t.data) for t in ours_file.tensors}
+    theirs_t = {t.name: np.array(t.data) for t in theirs_file.tensors}
+    assert set(ours_t) == set(theirs_t)
+    for tensor_name, data in theirs_t.items():
+        assert np.array_equal(ours_t[tensor_name], data), tensor_name
+    ids = {"bos_token_id", "eos_token_id", "pad_token_id"}  # ours states the config's; the emulation has none
+    ours_config = open_source(ours).config
+    assert {k: v for k, v in ours_config.items() if k not in ids} == open_source(theirs).config
+    assert all(ours_config[k] == getattr(model.config, k) for k in ids if getattr(model.config, k) is not None)
+
+
+# transformers' GGUF loader reads no score scale for Gemma and takes its default, 256 (lmconvert
+# states it, `attention.scale`, where llama.cpp's rule would differ), nor Gemma 3's layer pattern
+# (its default: every sixth layer global, llama.cpp's too): these Gemmas have those defaults
+READ_BY_TRANSFORMERS = {"gemma2": dict(query_pre_attn_scalar=256),
+                        "gemma3_text": dict(query_pre_attn_scalar=256, sliding_window_pattern=6, num_hidden_layers=7)}
+
+
+@pytest.mark.parametrize("model_type", TRANSFORMERS_LOADS)
+def test_transformers_reads_the_file(model_type: str, tmp_path: Path) -> None:
+    overrides: dict[str, Any] = {**FAMILIES[model_type], **TRANSFORMERS_OVERRIDES.get(model_type, {}),
+                                 **READ_BY_TRANSFORMERS.get(model_type, {})}
+    model = build_model(model_type, **overrides)
+    out = exported(canonical_of(model, tmp_path), tmp_path / "m.gguf", "f32")
+    ids = token_batch(seq=24)
+    theirs = logits_of(transformers_gguf(out), ids)
+    assert (theirs - logits_of(lmconvert.load(out), ids)).abs().max() <= FP32_MAX_ABS
+    assert (theirs - logits_of(model, ids)).abs().max() <= FP32_MAX_ABS
+
+
+def test_verify_runs_on_the_result(tmp_path: Path) -> None:
+    model = build_model("gemma2", **{**FAMILIES["gemma2"], **READ_BY_TRANSFORMERS["gemma2"]})
+    out = exported(canonical_of(model, tmp_path), tmp_path / "m.gguf", "f32")
+    code, stdout, err = cli("verify", out, "--seq-len", 20, "--generate", 4)
+    assert code == 0, err
+    assert "PASS" in stdout
+    assert open_source(out).config["query_pre_attn_scalar"] == 256  # read back from `attention.scale`
+
+
+def test_llama3_rope_travels_as_rope_freqs(tmp_path: Path) -> None:
+    spec = SPECS["llama"]  # llama3 scaling over 32 original positions: not llama.cpp's usual 8192
+    canonical = canonical_of(build_model(spec.model_type, **spec.kwargs), tmp_path)
+    out = exported(canonical, tmp_path / "m.gguf", "f32")
+    assert "rope_freqs.weight" in {t.name for t in gguf.GGUFReader(out).tensors}
+    assert open_source(out).config["rope_scaling"]["original_max_position_embeddings"] == 32
+
+
+# -- the CLI, refusals, --force and atomic output ---------------------------------------------
+
+
+@pytest.fixture
+def llama_canonical(tmp_path: Path) -> Path:
+    return canonical_of(build_model("llama", **FAMILIES["llama"]), tmp_path)
+
+
+def test_cli_writes_q8_0_by_default(llama_canonical: Path, tmp_path: Path) -> None:
+    code, out, err = cli("convert", llama_canonical, tmp_path / "m.gguf", "--to", "gguf")
+    assert code == 0, err
+    reader = gguf.GGUFReader(tmp_path / "m.gguf")
+    assert {t.tensor_type.name for t in reader.tensors} == {"F32", "Q8_0"}
+    assert reader.fields["general.file_type"].contents() == 7  # llama.cpp's MOSTLY_Q8_0
+
+
+@pytest.mark.parametrize(("args", "fragment"), [
+    (["--quant", "q3_k"], "--quant 'q3_k'"),
+    (["--dtype", "float16"], "--dtype does not apply with --to gguf"),
+    (["--max-shard-size", "1GB"], "--max-shard-size does not apply"),
+])
+def test_cli_argument_errors(llama_canonical: Path, tmp_path: Path, args: list[str], fragment: str) -> None:
+    code, _, err = cli("convert", llama_canonical, tmp_path / "m.gguf", "--to", "gguf", *args)
+    assert code == 2 and fragment in err and len(err.strip().splitlines()) == 1, err
+    assert not (tmp_path / "m.gguf").exists()
+
+
+def test_quant_needs_gguf(llama_canonical: Path, tmp_path: Path) -> None:
+    code, _, err = cli("convert", llama_canonical, tmp_path / "hf-out", "--to", "hf", "--quant", "q8_0")
+    assert code == 2 and "--quant only applies with --to gguf" in err
+
+
+def test_family_without_llama_cpp_architecture_is_refused(tmp_path: Path) -> None:
+    canonical = canonical_of(build_model("starcoder2"), tmp_path)
+    code, _, err = cli("convert", canonical, tmp_path / "m.gguf", "--to", "gguf")
+    assert code == 2 and "starcoder2 has no llama.cpp architecture" in err, err
+    assert [p.name for p in tmp_path.iterdir()] == [p.name for p in tmp_path.iterdir() if p.name != "m.gguf"]
+
+
+def test_what_llama_cpp_cannot_hold_is_named(tmp_path: Path) -> None:
+    canonical = canonical_of(build_model("qwen2", use_sliding_window=True, sliding_window=4, max_window_layers=0),
+                             tmp_path)
+    code, _, err = cli("convert", canonical, tmp_path / "m.gguf", "--to", "gguf")
+    assert code == 2 and "llama.cpp's qwen2 metadata cannot express" in err and "sliding_window" in err, err
+    assert not (tmp_path / "m.gguf").exists()
+
+
+def test_force_replaces_only_a_file_lmconvert_wrote(llama_canonical: Path, tmp_path: Path) -> None:
+    out = tmp_path / "m.gguf"
+    assert cli("convert", llama_canonical, out, "--to", "gguf", "--quant", "f32")[0] == 0
+    code, _, err = cli("convert", llama_canonical, out, "--to", "gguf")
+    assert code == 2 and "already exists" in err
+    assert cli("convert", llama_canonical, out, "--to", "gguf", "--force")[0] == 0
+    assert gguf.GGUFReader(out).fields["general.file_type"].contents() == 7
+    theirs = write_gguf(build_model("llama", **FAMILIES["llama"]), tmp_path / "theirs.gguf")
+    before = theirs.read_bytes()
+    code, _, err = cli("convert", llama_canonical, theirs, "--to", "gguf", "--force")
+    assert code == 2 and "is not a file lmconvert wrote" in err
+    assert theirs.read_bytes() == before
+
+
+def test_a_failed_export_leaves_nothing(llama_canonical: Path, tmp_path: Path) -> None:
+    shard = next(llama_canonical.glob("*.safetensors"))
+    data = bytearray(shard.read_bytes())
+    data[-4:] = np.float32(np.nan).tobytes()  # the last tensor's last value
+    shard.write_bytes(bytes(data))
+    code, _, err = cli("convert", llama_canonical, tmp_path / "m.gguf", "--to", "gguf", "--quant", "f32")
+    assert code in (1, 2) and len(err.strip().splitlines()) == 1, err
+    assert not any(p.name.startswith((".m.gguf", "m.gguf")) for p in tmp_path.iterdir())
+
+
+def test_a_killed_run_s_half_written_file_is_cleaned_up(llama_canonical: Path, tmp_path: Path) -> None:
+    dead = 2**22 + 12345  # above the kernel's default pid_max: no process has it
+    stale = tmp_path / f".m.gguf.lmconvert-writing-{dead}-0a1b2c3d"
+    stale.write_bytes(b"GGUF half")
+    other = tmp_path / ".m.gguf.notes"  # not a name lmconvert makes: left alone
+    other.write_text("mine")
+    assert cli("convert", llama_canonical, tmp_path / "m.gguf", "--to", "gguf")[0] == 0
+    assert not stale.exists() and other.read_text() == "mine"
