@@ -10,6 +10,7 @@ test_llamacpp.py (`make llamacpp-check`).
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -18,7 +19,7 @@ import numpy as np
 import pytest
 import torch
 from family_specs import SPECS
-from hf_models import build_model, save_checkpoint, token_batch
+from hf_models import build_model, save_checkpoint, save_tiny_tokenizer, token_batch
 from test_formats_gguf import (
     FAMILIES,
     TRANSFORMERS_LOADS,
@@ -229,3 +230,75 @@ def test_a_killed_run_s_half_written_file_is_cleaned_up(llama_canonical: Path, t
     other.write_text("mine")
     assert cli("convert", llama_canonical, tmp_path / "m.gguf", "--to", "gguf")[0] == 0
     assert not stale.exists() and other.read_text() == "mine"
+
+
+# -- the tokenizer travels -------------------------------------------------------------------
+
+TOKENIZED = ("The capital of France is Paris.", "def f(x):\n    return x + 1\n", "lmconvert keeps logits equal.",
+             "北京 🚀 12345   spaces")
+
+
+def spm_checkpoint(root: Path) -> Path:
+    """A LLaMA-style SentencePiece tokenizer (byte fallback, split digits) beside a tiny llama."""
+    import sentencepiece as spm
+
+    root.mkdir()
+    (root / "corpus.txt").write_text("\n".join(TOKENIZED * 3 + ("The quick brown fox jumps over the lazy dog.",)))
+    spm.SentencePieceTrainer.train(input=str(root / "corpus.txt"), model_prefix=str(root / "tok"), vocab_size=400,
+                                   model_type="bpe", byte_fallback=True, split_digits=True,
+                                   character_coverage=1.0, unk_id=0, bos_id=1, eos_id=2, pad_id=-1, minloglevel=2)
+    hf = save_checkpoint(build_model("llama", vocab_size=400), root / "hf")
+    (hf / "tokenizer.model").write_bytes((root / "tok.model").read_bytes())
+    (hf / "tokenizer_config.json").write_text(json.dumps({
+        "tokenizer_class": "LlamaTokenizer", "bos_token": "<s>", "eos_token": "</s>", "unk_token": "<unk>",
+        "add_bos_token": True, "add_eos_token": False}))
+    return hf
+
+
+def gguf_tokenizer_ids(path: Path, text: str) -> list[int]:
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)(text)["input_ids"]
+
+
+def test_sentencepiece_tokenizer_travels(tmp_path: Path) -> None:
+    from transformers import AutoTokenizer
+
+    hf = spm_checkpoint(tmp_path / "spm")
+    to_canonical(hf, tmp_path / "canonical")
+    out = exported(tmp_path / "canonical", tmp_path / "m.gguf", "f32")
+    fields = gguf.GGUFReader(out).fields
+    assert fields["tokenizer.ggml.model"].contents() == "llama" and fields["tokenizer.ggml.pre"].contents() == "default"
+    assert fields["tokenizer.ggml.add_bos_token"].contents() is True
+    source = AutoTokenizer.from_pretrained(str(hf))
+    for text in TOKENIZED:
+        assert gguf_tokenizer_ids(out, text) == source(text)["input_ids"], text
+
+
+def test_bpe_tokenizer_with_an_unknown_pre_tokenizer_needs_naming(tmp_path: Path) -> None:
+    from transformers import AutoTokenizer
+
+    hf = tmp_path / "hf"
+    vocab = save_tiny_tokenizer(hf)
+    save_checkpoint(build_model("qwen2", vocab_size=vocab, tie_word_embeddings=True), hf)
+    to_canonical(hf, tmp_path / "canonical")
+    code, _, err = cli("convert", tmp_path / "canonical", tmp_path / "m.gguf", "--to", "gguf")
+    assert code == 2 and "not one llama.cpp knows" in err and "--gguf-pre" in err, err
+    assert not (tmp_path / "m.gguf").exists()
+    code, _, err = cli("convert", tmp_path / "canonical", tmp_path / "m.gguf", "--to", "gguf", "--gguf-pre", "gpt-2")
+    assert code == 0, err
+    fields = gguf.GGUFReader(tmp_path / "m.gguf").fields
+    assert fields["tokenizer.ggml.model"].contents() == "gpt2" and fields["tokenizer.ggml.pre"].contents() == "gpt-2"
+    source = AutoTokenizer.from_pretrained(str(hf))
+    assert len(fields["tokenizer.ggml.merges"].data) == len(json.loads((hf / "tokenizer.json").read_text())
+                                                               ["model"]["merges"])
+    # a named pre-tokenizer is the user's claim: llama.cpp's gpt-2 (and transformers' reading of it)
+    # splits runs of whitespace before a word otherwise than this tokenizer's ByteLevel regex
+    for text in (TOKENIZED[0], TOKENIZED[2]):
+        assert gguf_tokenizer_ids(tmp_path / "m.gguf", text) == source(text)["input_ids"], text
+
+
+def test_no_tokenizer_files_means_llama_cpp_s_no_vocabulary(llama_canonical: Path, tmp_path: Path) -> None:
+    out = exported(llama_canonical, tmp_path / "m.gguf", "f32")
+    assert gguf.GGUFReader(out).fields["tokenizer.ggml.model"].contents() == "none"
+    assert open_source(out).tokenizer is None

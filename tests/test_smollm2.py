@@ -158,3 +158,19 @@ def test_inspect_the_gguf_file_directly() -> None:
     assert result.exit_code == 0, result.stderr
     info = json.loads(result.stdout)
     assert info["family"] == "llama" and info["n_layers"] == 30 and info["kv_heads"] == 3
+
+
+def test_gguf_export_states_the_tokenizer_as_llama_cpp_s_converter_did(gguf_path: Path, canonical: Path) -> None:
+    """The package's GGUF was written by llama.cpp's converter: our tokenizer metadata, made from the
+    tokenizer files the import wrote, says the same (tokens, types, merges, pre-tokenizer by its
+    hash, special ids, add-BOS flag, chat template); `add_space_prefix` is left to llama.cpp's
+    default for gpt2 tokenizers, which is the converter's value (false)."""
+    import gguf
+
+    from lmconvert.formats.gguf_tokenizer import tokenizer_values
+
+    theirs = {k: f.contents() for k, f in gguf.GGUFReader(gguf_path).fields.items() if k.startswith("tokenizer.")}
+    ours = {k: v.value for k, v in tokenizer_values(canonical, 49152).items()}
+    assert theirs.pop("tokenizer.ggml.add_space_prefix") is False
+    assert ours.pop("tokenizer.ggml.add_eos_token") is False
+    assert ours == theirs

@@ -121,6 +121,8 @@ def main(debug: bool) -> None:
 @click.option("--family", help="With --to hf or gguf: write as this family (default: the source's).")
 @click.option("--quant", help="With --to gguf: the tensor type, f32, f16, bf16, q8_0, q4_0, q4_1, q5_0, q5_1, "
                               "tq1_0, tq2_0 or mxfp4 (1-D tensors stay f32) [default: q8_0].")
+@click.option("--gguf-pre", help="With --to gguf: llama.cpp's name for a BPE tokenizer's pre-tokenizer, when "
+                                 "llama.cpp's converter would not recognise it (e.g. gpt-2, llama-bpe, qwen2).")
 @click.option("--shards", type=click.IntRange(min=1), help="With --to meta: model-parallel ranks [default: 1].")
 @click.option("--dtype", type=CAST, default="keep",
               show_default=True, help="Cast tensors on the way.")
@@ -128,8 +130,8 @@ def main(debug: bool) -> None:
 @click.option("--force", is_flag=True, help="Replace OUT if it exists.")
 @click.option("--allow-nonfinite", is_flag=True, help="Convert even if weights hold NaN or Inf.")
 @handled
-def convert(src: Path, out: Path, to: str, family: str | None, quant: str | None, shards: int | None, dtype: str,
-            max_shard_size: str | None, force: bool, allow_nonfinite: bool) -> None:
+def convert(src: Path, out: Path, to: str, family: str | None, quant: str | None, gguf_pre: str | None,
+            shards: int | None, dtype: str, max_shard_size: str | None, force: bool, allow_nonfinite: bool) -> None:
     """Convert SRC into OUT. OUT appears complete or not at all."""
     from lmconvert.convert import convert as run
 
@@ -137,6 +139,8 @@ def convert(src: Path, out: Path, to: str, family: str | None, quant: str | None
         raise InputError("--family only applies with --to hf or --to gguf")
     if quant is not None and to != "gguf":
         raise InputError("--quant only applies with --to gguf; use --dtype to cast other outputs")
+    if gguf_pre is not None and to != "gguf":
+        raise InputError("--gguf-pre only applies with --to gguf")
     if to == "gguf" and (dtype != "keep" or max_shard_size is not None):
         raise InputError(f"--{'dtype' if dtype != 'keep' else 'max-shard-size'} does not apply with --to gguf: "
                          "choose the tensor type with --quant; lmconvert writes one GGUF file")
@@ -144,8 +148,8 @@ def convert(src: Path, out: Path, to: str, family: str | None, quant: str | None
                               "force": force, "allow_nonfinite": allow_nonfinite}
     if to in ("hf", "gguf"):
         kwargs["family"] = family
-    if to == "gguf" and quant is not None:
-        kwargs["quant"] = quant
+    if to == "gguf":
+        kwargs.update({"gguf_pre": gguf_pre} | ({"quant": quant} if quant is not None else {}))
     if shards is not None and to != "meta":
         raise InputError("--shards only applies with --to meta")
     if to == "meta":

@@ -16,6 +16,7 @@ from lmconvert.arch.shapes import parameter_shapes
 from lmconvert.formats.atomic import atomic_file, check_output
 from lmconvert.formats.checkpoint import Checkpoint, opened
 from lmconvert.formats.errors import InputError
+from lmconvert.formats.gguf_tokenizer import tokenizer_values
 from lmconvert.formats.gguf_writer import (
     DEFAULT_QUANT,
     FILE_TYPES,
@@ -49,9 +50,11 @@ def _checked_metadata(config: dict[str, Any], name: str, ckpt: Checkpoint,
 
 
 def to_gguf(src: Path | Checkpoint, out: Path, family: str | None = None, quant: str = DEFAULT_QUANT,
-            force: bool = False, progress: Progress | None = None, allow_nonfinite: bool = False,
-            **_: Any) -> dict[str, Any]:
-    """Write a canonical checkpoint as one GGUF file; returns the metadata written."""
+            gguf_pre: str | None = None, force: bool = False, progress: Progress | None = None,
+            allow_nonfinite: bool = False, **_: Any) -> dict[str, Any]:
+    """Write a canonical checkpoint as one GGUF file, its tokenizer in the metadata; returns the
+    metadata written. `gguf_pre` names llama.cpp's pre-tokenizer for a BPE tokenizer it does
+    not recognise."""
     kind = parse_quant(quant)
     with opened(src) as ckpt:
         meta = canonical_meta(ckpt, "gguf")
@@ -70,12 +73,13 @@ def to_gguf(src: Path | Checkpoint, out: Path, family: str | None = None, quant:
         except MappingError as exc:
             raise InputError(f"--to gguf: {exc}") from None
         check_output(out, force, (ckpt.path,), ours=written_by_lmconvert)
+        tokenizer = tokenizer_values(ckpt.tokenizer.where if ckpt.tokenizer else None, meta.arch.vocab_size, gguf_pre)
         items = [(name, src_name, t.inverse) for name, (src_name, t) in plan.items()]
         planned = plan_tensors(ckpt.source.tensors, items, None, allow_nonfinite, meta.tensors, meta.hash)
         tensors = [GgufTensor(p.name, p.shape, tensor_type(p.shape, kind), p.produce) for p in planned]
         tensors += [GgufTensor(name, tuple(t.shape), "F32", lambda t=t: t) for name, t in model.extra.items()]
-        values = {**model.values, "general.file_type": FILE_TYPES[kind], "general.quantization_version": 2,
-                  WRITTEN_BY: "lmconvert"}
+        values = {**model.values, **tokenizer, "general.file_type": FILE_TYPES[kind],
+                  "general.quantization_version": 2, WRITTEN_BY: "lmconvert"}
         if meta.source.get("path"):
             values["lmconvert.source"] = str(meta.source["path"])
         with atomic_file(out, force, written_by_lmconvert) as tmp:

@@ -259,11 +259,18 @@ def tensor_plans(file: GgufFile, config: dict[str, Any], entry: GgufArch) -> dic
 # tokenizer and generation files
 
 
+NO_VOCABULARY = ("none", "no_vocab")  # llama.cpp's names for a model file without a tokenizer
+
+
+def has_vocabulary(file: GgufFile) -> bool:
+    return file.meta.get("tokenizer.ggml.model", NO_VOCABULARY[0]) not in NO_VOCABULARY
+
+
 def sidecar_writer(file: GgufFile, info: dict[str, Any]) -> Callable[[Path], list[str]]:
     """Writes the tokenizer transformers builds from the GGUF metadata (`gguf_file=`) and a
     generation_config.json with the file's token ids; notes in `info` what happened."""
     path = file.path
-    has_tokenizer = "tokenizer.ggml.model" in file.meta
+    has_tokenizer = has_vocabulary(file)
     ids = {hf: int(file.meta[g]) for hf, g in TOKEN_IDS.items() if file.meta.get(g) is not None}
 
     def write(directory: Path) -> list[str]:
@@ -325,7 +332,7 @@ def open_gguf(path: Path) -> Source:
             info["gguf_name"] = file.meta["general.name"]
         tensors = GgufTensors(file, plans, file.dtype())
         loadable = Loadable(target.parent, {"gguf_file": target.name}, origin=target)  # transformers dequantizes it
-        tokenizer = loadable if "tokenizer.ggml.model" in file.meta else None
+        tokenizer = loadable if has_vocabulary(file) else None
         return Source(target, "gguf", config, tensors, info=info, sidecars=sidecar_writer(file, info),
                       reference=loadable, tokenizer=tokenizer)
     except BaseException:

@@ -81,9 +81,12 @@ def _nbytes(shape: Sequence[int], kind: str) -> int:
 def _add_value(writer: Any, key: str, value: Any) -> None:  # noqa: ANN401 - gguf's writer; metadata of any type
     """llama.cpp's types: counts and ids as uint32, reals as float32, flags as bool."""
     import gguf
+    from gguf.gguf_writer import GGUFValue
 
     t = gguf.GGUFValueType
-    if isinstance(value, bool):
+    if isinstance(value, GGUFValue):  # typed already (the tokenizer's, by gguf's own writer methods)
+        writer.add_key_value(key, value.value, value.type, sub_type=value.sub_type)
+    elif isinstance(value, bool):
         writer.add_bool(key, value)
     elif isinstance(value, int):
         writer.add_uint32(key, value)

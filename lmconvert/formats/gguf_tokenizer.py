@@ -1,0 +1,174 @@
+"""The tokenizer into GGUF metadata, as llama.cpp's converter puts it there, so that llama.cpp
+tokenizes as transformers does:
+- a SentencePiece `tokenizer.model`: `tokenizer.ggml.model` "llama", every piece with its score
+  and type (normal, unknown, control, unused, byte), then the added tokens of `added_tokens.json`
+  and `tokenizer_config.json` (control when special, user-defined otherwise);
+- a byte-level BPE `tokenizer.json`: "gpt2", the vocabulary as transformers lists it (added
+  tokens typed as above, holes as `[PAD{i}]`), the merges, and `tokenizer.ggml.pre`, the
+  pre-tokenizer llama.cpp should run: named the way llama.cpp's converter names it, by hashing the
+  tokenizer's ids for a fixed text (mappings/gguf_pretokenizers.py); an unknown one is refused
+  unless the user names it;
+- both: the special token ids, add-BOS/EOS flags and chat template, read by gguf's `SpecialVocab`.
+A checkpoint without tokenizer files gets `tokenizer.ggml.model` "none", llama.cpp's no-vocabulary model.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+from typing import Any
+
+from lmconvert.mappings.gguf_pretokenizers import CHECK_TEXT, PRE_TOKENIZERS
+
+from .errors import InputError
+from .jsonfile import read_json_object
+
+SPM, BPE = "tokenizer.model", "tokenizer.json"
+
+
+def _typed(fill: Any) -> dict[str, Any]:  # noqa: ANN401 - gguf's writer
+    """What gguf's writer methods store, as typed values: `fill` calls them on a scratch writer."""
+    import gguf
+
+    writer = gguf.GGUFWriter(None, "scratch")
+    fill(writer)
+    return {k: v for k, v in writer.kv_data[0].items() if k != "general.architecture"}
+
+
+def _special(directory: Path, n_vocab: int, merges: bool) -> Any:  # noqa: ANN401 - gguf's SpecialVocab
+    """Merges, special token ids and the chat template; the add-BOS/EOS flags are stated from
+    the tokenizer's behaviour instead (`_adds`)."""
+    import gguf
+
+    special = gguf.SpecialVocab(directory, load_merges=merges, n_vocab=n_vocab)
+    special.add_special_token.clear()
+    return special
+
+
+SEEM_SPECIAL = ("<pad>", "<mask>", "<2mass>", "[@BOS@]")  # added tokens some models leave unmarked
+SPECIAL_SHAPES = (("<|", "|>"), ("<\uff5c", "\uff5c>"), ("<unused", ">"))
+
+
+def _looks_special(token: str) -> bool:
+    """llama.cpp's `does_token_look_special`: control tokens that some models do not mark special."""
+    return token in SEEM_SPECIAL or any(token.startswith(a) and token.endswith(b) for a, b in SPECIAL_SHAPES)
+
+
+def _sentencepiece(directory: Path, vocab_size: int) -> tuple[list[str], list[float], list[int]]:
+    from gguf import TokenType
+    from sentencepiece import SentencePieceProcessor
+
+    sp = SentencePieceProcessor()
+    sp.LoadFromFile(str(directory / SPM))
+    tokens = [f"[PAD{i}]" for i in range(vocab_size)]
+    scores, types = [-10000.0] * vocab_size, [int(TokenType.UNUSED)] * vocab_size
+    for i in range(min(sp.vocab_size(), vocab_size)):
+        kind = (TokenType.UNKNOWN if sp.IsUnknown(i) else TokenType.CONTROL if sp.IsControl(i) else
+                TokenType.UNUSED if sp.IsUnused(i) else TokenType.BYTE if sp.IsByte(i) else TokenType.NORMAL)
+        tokens[i], scores[i], types[i] = sp.IdToPiece(i), sp.GetScore(i), int(kind)
+    added = directory / "added_tokens.json"
+    if added.is_file():
+        for text, i in read_json_object(added, "added tokens").items():
+            if isinstance(i, int) and 0 <= i < vocab_size:
+                tokens[i], scores[i], types[i] = text, -1000.0, int(TokenType.USER_DEFINED)
+    config = directory / "tokenizer_config.json"
+    decoder = read_json_object(config, "tokenizer config").get("added_tokens_decoder", {}) if config.is_file() else {}
+    for key, data in decoder.items():
+        if not str(key).isdigit() or not isinstance(data, dict):
+            continue
+        i, text = int(key), str(data.get("content", ""))
+        if i < vocab_size:
+            special = data.get("special") or _looks_special(text)
+            kind = TokenType.CONTROL if special else TokenType.USER_DEFINED
+            text = text if special else text.replace("\u2581", " ")  # user-defined spaces pre-normalized
+            tokens[i], scores[i], types[i] = text, -1000.0, int(kind)
+    return tokens, scores, types
+
+
+def _byte_level_bpe(directory: Path, vocab_size: int) -> tuple[list[str], list[int], str]:
+    """llama.cpp's `get_vocab_base`: the vocabulary as transformers' tokenizer lists it."""
+    from gguf import TokenType
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(str(directory))
+    digest = hashlib.sha256(str(tokenizer.encode(CHECK_TEXT)).encode()).hexdigest()
+    pre = PRE_TOKENIZERS.get(digest)
+    by_id = {i: text for text, i in tokenizer.get_vocab().items()}
+    added, decoder = tokenizer.get_added_vocab(), tokenizer.added_tokens_decoder
+    tokens, types = [], []
+    for i in range(vocab_size):
+        if i not in by_id:
+            tokens.append(f"[PAD{i}]")
+            types.append(int(TokenType.UNUSED))
+            continue
+        text = by_id[i]
+        kind = TokenType.NORMAL
+        if text in added:
+            if not decoder[i].normalized:
+                text = tokenizer.decode(tokenizer.encode(text, add_special_tokens=False))
+            if decoder[i].special or _looks_special(text):
+                kind = TokenType.CONTROL
+            else:
+                text, kind = text.replace("\u2581", " "), TokenType.USER_DEFINED
+        tokens.append(text)
+        types.append(int(kind))
+    return tokens, types, pre or digest
+
+
+def _adds(directory: Path) -> tuple[bool, bool]:
+    """Whether transformers' tokenizer adds BOS and EOS around a text: stated to llama.cpp, whose
+    defaults differ by tokenizer kind and pre-tokenizer."""
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(str(directory))
+    ids = tokenizer("a")["input_ids"]
+    bos, eos = tokenizer.bos_token_id, tokenizer.eos_token_id
+    return bos is not None and ids[:1] == [bos], eos is not None and ids[-1:] == [eos] and len(ids) > 1
+
+
+def _bpe_kind(directory: Path) -> str | None:
+    data = json.loads((directory / BPE).read_text(encoding="utf-8"))
+    model = data.get("model") or {}
+    return model.get("type") if isinstance(model, dict) else None
+
+
+def _values(directory: Path, model: str, pre: str, tokens: list[str], types: list[int],
+            scores: list[float] | None, merges: bool) -> dict[str, Any]:
+    special = _special(directory, len(tokens), merges=merges)
+    add_bos, add_eos = _adds(directory)
+
+    def fill(w: Any) -> None:  # noqa: ANN401 - gguf's writer
+        w.add_tokenizer_model(model)
+        w.add_tokenizer_pre(pre)
+        w.add_token_list(tokens)
+        if scores is not None:
+            w.add_token_scores(scores)
+        w.add_token_types(types)
+        special.add_to_gguf(w, quiet=True)
+        w.add_add_bos_token(add_bos)
+        w.add_add_eos_token(add_eos)
+    return _typed(fill)
+
+
+def tokenizer_values(directory: Path | None, vocab_size: int, pre: str | None = None) -> dict[str, Any]:
+    """The tokenizer's GGUF metadata (typed values for gguf's writer); `pre` names the BPE
+    pre-tokenizer when its hash is not one llama.cpp knows."""
+    if directory is None or not ((directory / SPM).is_file() or (directory / BPE).is_file()):
+        return _typed(lambda w: w.add_tokenizer_model("none"))
+    if (directory / SPM).is_file():
+        tokens, scores, types = _sentencepiece(directory, vocab_size)
+        return _values(directory, "llama", "default", tokens, types, scores, merges=False)
+    kind = _bpe_kind(directory)
+    if kind != "BPE":
+        raise InputError(f"{directory / BPE}: a {kind} tokenizer; lmconvert writes SentencePiece and byte-level "
+                         "BPE tokenizers into GGUF")
+    known = {"default", *PRE_TOKENIZERS.values()}
+    if pre is not None and pre not in known:
+        raise InputError(f"--gguf-pre {pre!r}: not a pre-tokenizer llama.cpp knows; choose one of "
+                         f"{', '.join(sorted(known))}")
+    tokens, types, found = _byte_level_bpe(directory, vocab_size)
+    if pre is None and found not in PRE_TOKENIZERS.values():
+        raise InputError(f"{directory / BPE}: its pre-tokenizer is not one llama.cpp knows (hash {found[:16]}...); "
+                         "name llama.cpp's pre-tokenizer with --gguf-pre (e.g. --gguf-pre gpt-2) if you know it")
+    return _values(directory, "gpt2", pre or found, tokens, types, None, merges=True)
