@@ -56,7 +56,12 @@ VARIANTS: dict[str, list[dict[str, Any]]] = {
                           rope_parameters={**LINEAR, "partial_rotary_factor": 0.5})],
     "granite": [{}, dict(embedding_multiplier=12.0, attention_multiplier=0.015625, residual_multiplier=0.22,
                          logits_scaling=16.0, attention_bias=True, rope_parameters=LINEAR)],
-    "olmo": [{}, dict(attention_bias=True, tie_word_embeddings=True, rope_parameters=LINEAR)],
+    "olmo": [{}, dict(attention_bias=True, tie_word_embeddings=True, rope_parameters=LINEAR),
+             dict(clip_qkv=8.0)],
+    "cohere": [{}, dict(use_qk_norm=True, attention_bias=True, logit_scale=0.5, layer_norm_eps=1e-6,
+                        tie_word_embeddings=False, head_dim=32, rope_parameters=LINEAR)],
+    "cohere2": [{}, dict(num_hidden_layers=4, sliding_window=4, attention_bias=True, logit_scale=0.5,
+                         layer_types=[S, F, F, S], rope_parameters=LINEAR)],
     "olmo2": [{}, dict(attention_bias=True, rope_parameters={"rope_type": "default", "rope_theta": 5e5})],
     "deepseek_v3": [DEEPSEEK, dict(DEEPSEEK, q_lora_rank=None, attention_bias=True, rope_interleave=False,
                                    kv_lora_rank=16, qk_nope_head_dim=12, qk_rope_head_dim=8, v_head_dim=10,
@@ -173,7 +178,8 @@ BAD_VALUES = [
 NOT_A_KEY = {("olmo", "rms_norm_eps")}
 # a family that spells one of those keys its own way
 OWN_SPELLING = {("starcoder2", "rms_norm_eps"): "norm_epsilon", ("nemotron", "rms_norm_eps"): "norm_eps",
-                ("stablelm", "rms_norm_eps"): "layer_norm_eps"}
+                ("stablelm", "rms_norm_eps"): "layer_norm_eps", ("cohere", "rms_norm_eps"): "layer_norm_eps",
+                ("cohere2", "rms_norm_eps"): "layer_norm_eps"}
 
 
 @pytest.mark.parametrize("model_type", VARIANTS)
@@ -215,7 +221,11 @@ def test_bad_values_are_refused_naming_the_key(model_type: str, key: str, value:
     ("stablelm", "head_dim", 32, "head_dim=32 differs"),
     ("granite", "residual_multiplier", 0, "positive"), ("granite", "logits_scaling", "8", "number"),
     ("granite", "embedding_multiplier", None, "not allowed"),
-    ("olmo", "clip_qkv", 8.0, "clip_qkv=8.0"), ("olmo", "clip_qkv", "8", "number"),
+    ("cohere", "use_qk_norm", 1, "boolean"), ("cohere", "logit_scale", None, "cannot run"),
+    ("cohere2", "logit_scale", None, "not allowed"),
+    ("cohere", "layer_norm_eps", 0, "positive number"), ("cohere", "head_dim", None, "not allowed"),
+    ("cohere2", "sliding_window_pattern", 0, "positive integer"), ("cohere2", "layer_types", [S], "layer_types"),
+    ("olmo", "clip_qkv", 0, "clip_qkv=0"), ("olmo", "clip_qkv", "8", "number"),  # 8.0 is read
     ("gemma3_text", "sliding_window_pattern", 0, "positive integer"),
     ("gemma3_text", "rope_parameters", {F: {"rope_type": "default", "rope_theta": -1.0}},
      "rope_parameters.full_attention.rope_theta=-1.0"),

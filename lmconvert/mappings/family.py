@@ -29,6 +29,7 @@ VARIANT_NAMES = {
     "layer_kinds": "this local/global layer pattern", "sliding_window": "a sliding window",
     "attn_scale": "a custom attention score scale", "attn_softcap": "attention soft-capping",
     "residual_scale": "residual scaling",
+    "qk_norm_weight": "QK-norm weights per head", "clip_qkv": "q/k/v clamping",
     "tie_embeddings": "this embedding tying", "embed_scale": "embedding scaling",
     "final_softcap": "final-logit soft-capping", "logit_scale": "a logit scale",
     "head_dim": "this head_dim", "n_kv_heads": "this number of KV heads",
