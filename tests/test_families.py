@@ -1,5 +1,5 @@
 """The families against transformers: llama, mistral, gemma, gemma2, gemma3, olmo2, qwen2, qwen3,
-smollm3, starcoder2, nemotron, stablelm, granite, olmo, cohere, cohere2.
+smollm3, starcoder2, nemotron, stablelm, granite, olmo, phi3, cohere, cohere2.
 
 Every family is a tiny transformers model with every parameter perturbed, run on sequences several
 times longer than its sliding window, with soft-caps small enough to bite. For each family:
@@ -529,6 +529,17 @@ MATRIX: dict[str, dict[str, str | None]] = {
         "granite": "granite cannot express this norm's kind and weight, this RoPE configuration's fp32_tables",
         "olmo": OK,
     },
+    "phi3": {  # fused qkv and gate_up, a window on every layer, longrope (short regime) on half of each head
+        **dict.fromkeys(("llama", "mistral", "smollm3", "granite", "olmo", "gemma", "gemma2", "gemma3", "olmo2",
+                         "qwen2", "qwen3", "starcoder2", "cohere", "cohere2"),
+                        "cannot express this model: config.json: partial_rotary_factor=0.5 with rope_type 'longrope': "
+                        "the scaled tables cover part of each head but this family's attention rotates all of it"),
+        "nemotron": "nemotron cannot express this norm's kind and bias and weight_offset and dtype_order, this FFN "
+                    "gating, this local/global layer pattern, a sliding window (phi3)",
+        "stablelm": "stablelm cannot express this norm's kind and bias and dtype_order, this local/global layer "
+                    "pattern, a sliding window (phi3)",
+        "phi3": OK,
+    },
     "cohere": {  # parallel block with one weight-only LayerNorm, per-head QK-norm weights, interleaved RoPE in fp32
         "llama": "llama cannot express this norm's kind and dtype_order and written_out, this norm placement, QK "
                  "norm, QK-norm weights per head, this RoPE configuration's layout and fp32_rotation, a logit scale "
@@ -603,6 +614,24 @@ for _source, (_cohere, _cohere2) in {
              "this norm's weight and dtype_order and written_out"),
 }.items():
     MATRIX[_source].update({"cohere": _cohere, "cohere2": _cohere2})
+# Phi-3 as a target: no biases, llama's norm, RoPE default or longrope; exact for the llama-style
+# sources without biases or other scalings (parity-tested through its fused tensors)
+for _source, _phi3 in {
+    "llama": "phi3 cannot express a q bias, a k bias, a v bias, an output-projection bias, MLP biases, this RoPE "
+             "configuration's scaling and factor and original_max_positions (llama)",
+    "llama-plain": OK, "mistral": OK, "mistral-nowindow": OK,
+    "gemma": "phi3 cannot express this norm's weight_offset and dtype_order, a q bias, a k bias, a v bias, an "
+             "output-projection bias, embedding scaling (gemma)",
+    "gemma2": "attention soft-capping", "gemma3": "QK norm, this RoPE configuration's scaling and factor",
+    "olmo2": "QK norm", "qwen2": "this RoPE configuration's scaling and factor and original_max_positions",
+    "qwen3": "this RoPE configuration's scaling and factor",
+    "smollm3": "this per-layer position pattern", "starcoder2": "phi3 always has this FFN gating",
+    "nemotron": "phi3 always has this FFN gating", "stablelm": "this norm placement, a q bias",
+    "stablelm-sequential": "phi3 cannot express this norm's kind and bias and dtype_order (stablelm)",
+    "granite": "residual scaling", "olmo": "this RoPE configuration's fp32_tables (olmo)",
+    "cohere": "QK-norm weights per head", "cohere2": "this per-layer position pattern",
+}.items():
+    MATRIX[_source]["phi3"] = _phi3
 # every source above has standard attention, which the latent-attention families cannot hold
 for _row in MATRIX.values():
     for _target in ("deepseek_v2", "deepseek_v3"):

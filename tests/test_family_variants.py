@@ -1,7 +1,10 @@
-"""The variants Cohere, Cohere 2 and OLMo's `clip_qkv` added to the decoder, each held to
-transformers' own code: Cohere's fp32 rotation, its written-out LayerNorm and per-head QK-norm
-weights (against `CohereLayerNorm` and Cohere's `apply_rotary_pos_emb`, bit for bit), OLMo's clamp
-(a whole perturbed model whose clamp bites), and bf16 bit-exactness of whole families against
+"""The variants Phi-3, Cohere, Cohere 2 and OLMo's `clip_qkv` added to the decoder, each held to
+transformers' own code: longrope's frequencies and attention factor (against
+`_compute_longrope_parameters`) and its switch to the long factors, per forward call, once a
+sequence passes original_max_position_embeddings (a whole Phi-3 past it, full and cached);
+Cohere's fp32 rotation, its written-out LayerNorm and per-head QK-norm weights (against
+`CohereLayerNorm` and Cohere's `apply_rotary_pos_emb`, bit for bit); OLMo's clamp (a whole
+perturbed model whose clamp bites); and bf16 bit-exactness of whole families against
 transformers' bf16 forward on CPU.
 """
 
@@ -13,14 +16,26 @@ import pytest
 import torch
 from click.testing import CliRunner
 from family_specs import FP32_TOL, IDS, SPECS
-from hf_models import build_model, check_cached_decoding, check_round_trip, load_reference, save_checkpoint
+from hf_models import (
+    TINY,
+    build_model,
+    cached_logits,
+    check_cached_decoding,
+    check_round_trip,
+    incremental,
+    load_reference,
+    save_checkpoint,
+)
+from transformers import AutoConfig, AutoModelForCausalLM
+from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 from transformers.models.cohere.modeling_cohere import CohereLayerNorm
 from transformers.models.cohere.modeling_cohere import apply_rotary_pos_emb as cohere_apply_rotary
 
 import lmconvert
+import lmconvert.mappings
 from lmconvert.arch import ArchConfig, ConfigError, NormConfig, RopeConfig
 from lmconvert.arch.norms import Norm
-from lmconvert.arch.rope import Rotary, apply_rotary
+from lmconvert.arch.rope import SCALINGS, Rotary, apply_rotary
 from lmconvert.arch.shapes import parameter_shapes
 from lmconvert.cli import main
 
@@ -29,6 +44,86 @@ COHERE_NORM = NormConfig(kind="layer", bias=False, eps=1e-5, dtype_order="scale_
 
 def _random(*shape: int, seed: int = 0, dtype: torch.dtype = torch.float32) -> torch.Tensor:
     return (torch.randn(*shape, generator=torch.Generator().manual_seed(seed)) * 3 + 0.5).to(dtype)
+
+
+# ------------------------------------------------------------------------------------------------ longrope
+SHORT, LONG = [1.0, 1.25, 1.5, 2.0], [2.0, 3.0, 5.0, 8.0]  # 4 frequencies: head_dim 16, half of it rotated
+
+
+def _phi3_config(original: int, **rope: object) -> AutoConfig:
+    params = {"rope_type": "longrope", "rope_theta": 2e4, "short_factor": SHORT, "long_factor": LONG,
+              "partial_rotary_factor": 0.5, **rope}
+    return AutoConfig.for_model("phi3", **TINY, original_max_position_embeddings=original, rope_parameters=params)
+
+
+@pytest.mark.parametrize("rope", [{}, {"factor": 3.0}, {"attention_factor": 1.5}], ids=["derived", "factor", "stated"])
+def test_longrope_frequencies_are_transformers(rope: dict[str, float]) -> None:
+    """Short factors up to original_max_positions, long ones past it; cos/sin scaled by the
+    attention factor in both regimes (from max_position_embeddings / original when `factor` is absent)."""
+    config = _phi3_config(32, **rope)
+    ours = lmconvert.mappings.family_for("phi3").arch_config(config.to_dict()).rope
+    for seq_len in (20, 32, 33, 100):
+        theirs, their_scale = ROPE_INIT_FUNCTIONS["longrope"](config, seq_len=seq_len)
+        inv_freq, scale = SCALINGS["longrope"](ours, 8, seq_len, TINY["max_position_embeddings"])
+        assert torch.equal(inv_freq, theirs) and scale == their_scale, seq_len
+    short, _ = SCALINGS["longrope"](ours, 8, 32, 128)
+    long, _ = SCALINGS["longrope"](ours, 8, 33, 128)
+    assert not torch.equal(short, long)
+
+
+@pytest.fixture(scope="module")
+def phi3_long(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A Phi-3 whose original length (16) the test sequence (28) passes: a full forward uses the
+    long factors."""
+    kwargs = {**SPECS["phi3"].kwargs, "original_max_position_embeddings": 16}
+    return save_checkpoint(build_model("phi3", **kwargs), tmp_path_factory.mktemp("phi3-long"))
+
+
+def test_phi3_past_the_original_length_matches_transformers(phi3_long: Path) -> None:
+    with torch.no_grad():
+        expected = load_reference(phi3_long)(IDS).logits
+        ours = lmconvert.load(phi3_long, attention="eager")(IDS)
+        first = load_reference(phi3_long)(IDS[:, :16]).logits  # within the original length: short factors
+    assert float((ours - expected).abs().max()) <= FP32_TOL
+    assert float((first - expected[:, :16]).abs().max()) > 1e-3  # the long factors changed the first 16 too
+
+
+@pytest.mark.parametrize("attention", ["eager", "sdpa"])
+def test_phi3_cached_decoding_switches_to_long_factors_per_call(phi3_long: Path, attention: str) -> None:
+    """As transformers' `dynamic_rope_update`: the prefill and the steps up to 16 positions rotate
+    with the short factors, every later step with the long ones, while the cache keeps the keys
+    it has. Equal to transformers' own cached decoding; not to a full forward (on either side)."""
+    model = lmconvert.load(phi3_long, attention=attention)
+    theirs = AutoModelForCausalLM.from_pretrained(phi3_long, attn_implementation=attention).eval()
+    cache = model.new_cache()
+    with torch.no_grad():
+        ours = incremental(lambda chunk: model(chunk, cache=cache), IDS, 6)
+        reference = cached_logits(theirs, IDS, 6)
+        full = theirs(IDS).logits
+    assert float((ours - reference).abs().max()) <= FP32_TOL
+    assert float((reference - full).abs().max()) > 1e-3
+
+
+def test_phi3_long_bf16_logits_are_transformers_bit_for_bit(tmp_path: Path) -> None:
+    kwargs = {**SPECS["phi3"].kwargs, "original_max_position_embeddings": 16}
+    src = save_checkpoint(build_model("phi3", **kwargs), tmp_path / "bf16", torch.bfloat16)
+    with torch.no_grad():
+        theirs = load_reference(src, torch.bfloat16)(IDS).logits
+        ours = lmconvert.load(src, dtype=torch.bfloat16, attention="eager")(IDS)
+    assert torch.equal(ours, theirs)
+
+
+def test_longrope_config_refusals() -> None:
+    with pytest.raises(ConfigError, match="rope.short_factor=None: required by scaling='longrope'"):
+        RopeConfig(scaling="longrope", original_max_positions=16, long_factor=(1.0,))
+    with pytest.raises(ConfigError, match="must have as many entries as short_factor"):
+        RopeConfig(scaling="longrope", original_max_positions=16, short_factor=(1.0,), long_factor=(1.0, 2.0))
+    with pytest.raises(ConfigError, match="is read only by scaling='longrope'"):
+        RopeConfig(short_factor=(1.0,))
+    with pytest.raises(ConfigError, match=r"needs one entry per rotary frequency \(8\)"):
+        ArchConfig(vocab_size=32, d_model=64, n_layers=1, n_heads=4, d_ff=96,
+                   rope=RopeConfig(scaling="longrope", original_max_positions=16, short_factor=(1.0,) * 4,
+                                   long_factor=(2.0,) * 4))
 
 
 # ------------------------------------------------------------------------------------------------ Cohere ops
@@ -127,7 +222,7 @@ def test_olmo_clip_qkv_on_the_card_and_refused_by_llama(olmo_clipped: Path, tmp_
 
 # ------------------------------------------------------------------------------------------------ bf16 bit-exact
 # families whose bf16 logits equal transformers' bf16 logits bit for bit on CPU (eager on both sides)
-BIT_EXACT = ["cohere", "cohere2"]
+BIT_EXACT = ["phi3", "cohere", "cohere2"]
 
 
 @pytest.mark.parametrize("name", BIT_EXACT)

@@ -31,7 +31,7 @@ from lmconvert.mappings.gguf import ARCHS, BY_NAME, GgufArch
 from lmconvert.mappings.meta import TENSORS as META_TENSORS
 from lmconvert.mappings.meta import Layout
 from lmconvert.mappings.table import IDENTITY, TensorTable
-from lmconvert.mappings.transforms import Chain, Fuse, Offset, Permute, PiecesDiffer, Trim
+from lmconvert.mappings.transforms import Chain, Fuse, Offset, Permute, Piece, PiecesDiffer, Trim
 
 SETTINGS = settings(max_examples=150, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow])
 DTYPES = (torch.float32, torch.float16, torch.bfloat16, torch.float64, torch.int8, torch.int32)
@@ -219,6 +219,29 @@ def test_offset_on_every_half_precision_value(dtype: torch.dtype, bound: float, 
     assert lost.any() and negative_zero[lost].any()
 
 
+# -- Piece ----------------------------------------------------------------------------------------
+
+@SETTINGS
+@given(q=st.integers(1, 6), kv=st.integers(1, 6), cols=st.integers(1, 4), dim=st.sampled_from([0, 1]),
+       dtype=dtypes, seed=seeds)
+def test_pieces_split_and_join_bit_for_bit(q: int, kv: int, cols: int, dim: int, dtype: torch.dtype,
+                                           seed: int) -> None:
+    """Phi-3's [q | k | v]: each piece is its own rows (or columns), and joining the pieces gives
+    back every bit of the stored tensor, and the pieces of the joined one are the pieces."""
+    sizes = {"q": q, "kv": kv}
+    steps = [Piece(("q", "kv", "kv"), i, dim).bind(sizes) for i in range(3)]
+    shape = [cols, cols]
+    shape[dim] = q + 2 * kv
+    stored = random_bits(tuple(shape), dtype, seed)
+    pieces = [t.forward(stored) for t in steps]
+    assert [p.shape[dim] for p in pieces] == [q, kv, kv]
+    assert same_bits(pieces[1], stored.narrow(dim, q, kv))
+    for t in steps:  # every piece's inverse is the same join
+        joined = t.inverse(pieces)
+        assert same_bits(joined, stored)
+        assert all(same_bits(s.forward(joined), p) for s, p in zip(steps, pieces, strict=True))
+
+
 # -- Chain ----------------------------------------------------------------------------------------
 
 
@@ -254,8 +277,10 @@ def test_names_invert(name: str, layer: int) -> None:
             continue
         canonical, stored = (p.replace("{}", str(layer)) for p in (rule.canonical, rule.stored))
         written, _ = table.to_stored_name(canonical)
-        assert table.to_canonical_name(written)[0] == canonical
-        assert table.to_canonical_name(stored)[0] == canonical
+        pieces = len(rule.transform.pieces) if isinstance(rule.transform, Piece) else 1  # Phi-3's fused tensors
+        for name in (written, stored):
+            held = [c for c, _ in table.to_canonical_names(name)]
+            assert len(held) == pieces and canonical in held
 
 
 @st.composite
