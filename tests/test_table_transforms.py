@@ -315,8 +315,11 @@ def test_gguf_table_round_trips_what_it_can(arch: str, kv: int, group: int, half
     """Each GGUF rule bound to a file's sizes: permutations both ways for any bits; the vocabulary
     trim back from zero padding; Gemma's norm offset for norm weights the file stores in [0.5, 2]."""
     entry, heads, vocab = GGUF_ARCHS[arch], kv * group, 5
-    sizes = {"vocab": vocab, "heads": heads, "kv_heads": kv}
-    rows = {"attn_q": heads * 2 * half, "attn_k": kv * 2 * half, "token_embd": vocab + pad, "output": vocab + pad}
+    sizes = {"vocab": vocab, "heads": heads, "kv_heads": kv, "q": heads * 2 * half, "kv": kv * 2 * half, "ffn": 4}
+    rows = {"attn_q": heads * 2 * half, "attn_k": kv * 2 * half, "token_embd": vocab + pad, "output": vocab + pad,
+            "attn_qkv": (heads + 2 * kv) * 2 * half}
+    if entry.fused:
+        rows["ffn_up"] = 8  # [gate | up], 4 rows each
     for rule in entry.tensors.rules:
         if rule.canonical is None:
             continue
@@ -325,6 +328,10 @@ def test_gguf_table_round_trips_what_it_can(arch: str, kv: int, group: int, half
         t = rule.transform.bind({**sizes, "rows": rows.get(base, 4)})
         x = random_bits((rows.get(base, 4), 3) if stored.endswith("weight") else (rows.get(base, 4),), torch.float32,
                         seed)
+        if isinstance(rule.transform, Piece):  # Phi-3's fused tensors: every piece of x, joined, is x
+            pieces = [r.transform.bind(sizes).forward(x) for r in entry.tensors.rules if r.stored == rule.stored]
+            assert same_bits(t.inverse(pieces), x), stored
+            continue
         if isinstance(rule.transform, Offset):
             x = 0.5 + 1.5 * torch.rand(x.shape, generator=torch.Generator().manual_seed(seed))
         if isinstance(rule.transform, Trim):
@@ -363,7 +370,8 @@ def test_reading_the_tables_imports_no_torch() -> None:
               "from lmconvert.mappings.gguf_metadata import hf_config\n"
               "from lmconvert.mappings.meta import Layout\n"
               "from lmconvert.mappings.meta_params import params_for\n"
-              "for a in ARCHS.values(): [r.transform.bind({'heads': 2, 'kv_heads': 1, 'vocab': 4, 'rows': 6})"
+              "for a in ARCHS.values(): [r.transform.bind({'heads': 2, 'kv_heads': 1, 'vocab': 4, 'rows': 6, "
+              "'q': 4, 'kv': 2, 'ffn': 3})"
               " for r in a.tensors.rules]\n"
               "layout = Layout(8, 2, 2, 1, 16, 32, 2)\n"
               "[layout.transform(rule) for _, _, rule in layout.entries()]\n"
