@@ -182,6 +182,15 @@ def test_per_head_qk_norm_tensors_and_refusals() -> None:
         NormConfig(kind="rms", written_out=True)
 
 
+def test_new_fields_survive_json() -> None:
+    cfg = ArchConfig(vocab_size=32, d_model=64, n_layers=2, n_heads=4, n_kv_heads=2, d_ff=96, qk_norm="head",
+                     qk_norm_weight="per_head", norm=COHERE_NORM, clip_qkv=8.0, norm_placement="parallel_shared",
+                     rope=RopeConfig(layout="interleaved", fp32_rotation=True, scaling="longrope", factor=4.0,
+                                     original_max_positions=16, short_factor=SHORT * 2, long_factor=LONG * 2))
+    back = ArchConfig.from_json(cfg.to_json())
+    assert back == cfg and back.rope.short_factor == tuple(SHORT * 2)  # a tuple again, not a JSON list
+
+
 # ------------------------------------------------------------------------------------------------ OLMo clip_qkv
 CLIP = 0.5  # the perturbed projections reach about +-3: the clamp bites
 
