@@ -32,6 +32,7 @@ S, F = "sliding_attention", "full_attention"
 LLAMA3 = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
           "original_max_position_embeddings": 32}
 YARN = {"factor": 4.0, "original_max_position_embeddings": 32}
+LONGROPE = {"short_factor": [1.0, 1.25, 1.5, 2.0], "long_factor": [2.0, 3.0, 5.0, 8.0]}  # 4 = 16 * 0.5 / 2
 
 SPECS: dict[str, Spec] = {
     "llama": Spec(
@@ -127,6 +128,33 @@ SPECS: dict[str, Spec] = {
         "olmo", dict(attention_bias=True, eos_token_id=1, rope_parameters={"rope_type": "default", "rope_theta": 5e5}),
         old_style={"rope_theta": 5e5},
         card=("LayerNorm, eps=1e-05, no scale", "pre-norm", "SwiGLU", "biases: q, k, v, o", "embeddings: untied")),
+    "phi3": Spec(  # longrope in its short regime (SEQ < original 64); the long one: test_family_variants
+        "phi3", dict(sliding_window=WINDOW, original_max_position_embeddings=64, bos_token_id=2, eos_token_id=1,
+                     rope_parameters={**LONGROPE, "rope_type": "longrope", "rope_theta": 2e4,
+                                      "partial_rotary_factor": 0.5}),
+        old_style={"rope_theta": 2e4, "partial_rotary_factor": 0.5,
+                   "rope_scaling": {**LONGROPE, "type": "su", "original_max_position_embeddings": 64}},
+        card=("pre-norm", "SwiGLU", "RoPE half, theta=20000, 0.5 of head_dim, longrope x2 (short factors up to 64 "
+              "positions, long beyond; cos/sin x1.08012)", "sliding window 4 on local layers; pattern LL",
+              "biases: none", "weight after cast", "embeddings: untied")),
+    "cohere": Spec(
+        "cohere", dict(use_qk_norm=True, attention_bias=True, logit_scale=0.25, bos_token_id=2, eos_token_id=1,
+                       rope_parameters={"rope_type": "default", "rope_theta": 2e4}),
+        old_style={"rope_theta": 2e4},
+        card=("LayerNorm, eps=1e-05, mean/variance written out, weight in fp32", "parallel attn+MLP, shared norm",
+              "QK norm: per head, a weight for each head", "RoPE interleaved, theta=20000, q/k rotated in fp32",
+              "logit scale: 0.25", "biases: q, k, v, o", "embeddings: tied"),
+        not_on_card=("bias, weight", "sliding")),
+    "cohere2": Spec(
+        "cohere2", dict(num_hidden_layers=4, sliding_window=WINDOW, attention_bias=True, logit_scale=0.25,
+                        bos_token_id=2, eos_token_id=1, rope_parameters={"rope_type": "default", "rope_theta": 5e4}),
+        old_style={"rope_theta": 5e4, "sliding_window_pattern": 4}, old_drop=("layer_types",),
+        card=("LayerNorm, eps=1e-05, mean/variance written out, weight in fp32", "parallel attn+MLP, shared norm",
+              "sliding window 4 on local layers; pattern LLLG", "positions: none (layers [3])",
+              "positions: RoPE interleaved, theta=50000, q/k rotated in fp32 (layers [0, 1, 2])",
+              "logit scale: 0.25", "embeddings: tied"),
+        not_on_card=("QK norm",),
+        layer_types=([F, S, S, F], ("global", "local", "local", "global"))),
 }
 NAMES = list(SPECS)
 TEXT = dict(vocab_size=128, hidden_size=64, intermediate_size=96, num_hidden_layers=3, num_attention_heads=4,

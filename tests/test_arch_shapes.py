@@ -47,6 +47,8 @@ CASES: dict[str, dict[str, Any]] = {
     "gemma_offset_norm": dict(norm=NormConfig(weight_offset=1.0, dtype_order="scale_then_cast")),
     "qk_norm_head": dict(qk_norm="head", n_kv_heads=2),
     "qk_norm_projection": dict(qk_norm="projection", n_kv_heads=2),
+    "qk_norm_weight_per_head": dict(qk_norm="head", qk_norm_weight="per_head", n_kv_heads=2,
+                                    norm=NormConfig(kind="layer", written_out=True, dtype_order="scale_then_cast")),
     "qk_norm_projection_layer_bias": dict(qk_norm="projection", n_kv_heads=1,
                                           norm=NormConfig(kind="layer", bias=True)),
     "gqa": dict(n_kv_heads=2),
@@ -134,10 +136,12 @@ def arch_configs(draw: st.DrawFn) -> ArchConfig:
         layer_kinds=layer_kinds, sliding_window=8 if "local" in layer_kinds else None,
         tie_embeddings=tie,
     )
+    if fields["qk_norm"] == "head" and draw(st.booleans()):  # Cohere's weights, one per head
+        fields["qk_norm_weight"] = "per_head"
     if fields["attention"] == "latent":  # what MLA has: RoPE on every layer, one kv head per head, no window
         fields.update(
             n_kv_heads=None, head_dim=draw(st.sampled_from([4, 8])), rope=RopeConfig(), rope_local=None,
-            qk_norm="none", q_bias=False, k_bias=False, v_bias=False, o_bias=False,
+            qk_norm="none", qk_norm_weight="shared", q_bias=False, k_bias=False, v_bias=False, o_bias=False,
             layer_positions=("rope",) * n_layers, layer_kinds=("global",) * n_layers, sliding_window=None,
             attention_settings=dict(kv_lora_rank=draw(st.integers(1, 12)), qk_nope_head_dim=draw(st.integers(1, 8)),
                                     v_head_dim=draw(st.integers(1, 8)), bias=draw(st.booleans()),

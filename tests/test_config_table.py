@@ -25,6 +25,9 @@ LLAMA3 = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_fr
           "original_max_position_embeddings": 32, "rope_theta": 500000.0}
 YARN = {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 32, "rope_theta": 1e6}
 LINEAR = {"rope_type": "linear", "factor": 2.0, "rope_theta": 1e6}
+# 4 factors: head_dim 16 * 0.5 / 2 (Phi3Config checks hidden_size / heads, whatever head_dim says)
+PHI3_LONGROPE = {"rope_type": "longrope", "rope_theta": 1e4, "short_factor": [1.0, 1.1, 1.2, 1.3],
+                 "long_factor": [2.0, 2.5, 3.0, 3.5]}
 QWEN_WINDOW = dict(num_hidden_layers=3, use_sliding_window=True, sliding_window=4, max_window_layers=1)
 GEMMA = dict(head_dim=16, sliding_window=4, query_pre_attn_scalar=24)
 DEEPSEEK = dict(num_key_value_heads=4, first_k_dense_replace=2)  # every layer dense; MLA has one kv head per head
@@ -56,7 +59,17 @@ VARIANTS: dict[str, list[dict[str, Any]]] = {
                           rope_parameters={**LINEAR, "partial_rotary_factor": 0.5})],
     "granite": [{}, dict(embedding_multiplier=12.0, attention_multiplier=0.015625, residual_multiplier=0.22,
                          logits_scaling=16.0, attention_bias=True, rope_parameters=LINEAR)],
-    "olmo": [{}, dict(attention_bias=True, tie_word_embeddings=True, rope_parameters=LINEAR)],
+    "olmo": [{}, dict(attention_bias=True, tie_word_embeddings=True, rope_parameters=LINEAR),
+             dict(clip_qkv=8.0)],
+    "phi3": [{}, dict(sliding_window=4, resid_pdrop=0.1, tie_word_embeddings=True, rms_norm_eps=1e-6,
+                      original_max_position_embeddings=32,
+                      rope_parameters={**PHI3_LONGROPE, "partial_rotary_factor": 0.5, "attention_factor": 1.5}),
+             dict(head_dim=32, rope_parameters={"rope_type": "default", "rope_theta": 1e4,
+                                                "partial_rotary_factor": 0.75})],
+    "cohere": [{}, dict(use_qk_norm=True, attention_bias=True, logit_scale=0.5, layer_norm_eps=1e-6,
+                        tie_word_embeddings=False, head_dim=32, rope_parameters=LINEAR)],
+    "cohere2": [{}, dict(num_hidden_layers=4, sliding_window=4, attention_bias=True, logit_scale=0.5,
+                         layer_types=[S, F, F, S], rope_parameters=LINEAR)],
     "olmo2": [{}, dict(attention_bias=True, rope_parameters={"rope_type": "default", "rope_theta": 5e5})],
     "deepseek_v3": [DEEPSEEK, dict(DEEPSEEK, q_lora_rank=None, attention_bias=True, rope_interleave=False,
                                    kv_lora_rank=16, qk_nope_head_dim=12, qk_rope_head_dim=8, v_head_dim=10,
@@ -173,7 +186,8 @@ BAD_VALUES = [
 NOT_A_KEY = {("olmo", "rms_norm_eps")}
 # a family that spells one of those keys its own way
 OWN_SPELLING = {("starcoder2", "rms_norm_eps"): "norm_epsilon", ("nemotron", "rms_norm_eps"): "norm_eps",
-                ("stablelm", "rms_norm_eps"): "layer_norm_eps"}
+                ("stablelm", "rms_norm_eps"): "layer_norm_eps", ("cohere", "rms_norm_eps"): "layer_norm_eps",
+                ("cohere2", "rms_norm_eps"): "layer_norm_eps"}
 
 
 @pytest.mark.parametrize("model_type", VARIANTS)
@@ -215,7 +229,15 @@ def test_bad_values_are_refused_naming_the_key(model_type: str, key: str, value:
     ("stablelm", "head_dim", 32, "head_dim=32 differs"),
     ("granite", "residual_multiplier", 0, "positive"), ("granite", "logits_scaling", "8", "number"),
     ("granite", "embedding_multiplier", None, "not allowed"),
-    ("olmo", "clip_qkv", 8.0, "clip_qkv=8.0"), ("olmo", "clip_qkv", "8", "number"),
+    ("cohere", "use_qk_norm", 1, "boolean"), ("cohere", "logit_scale", None, "cannot run"),
+    ("cohere2", "logit_scale", None, "not allowed"),
+    ("cohere", "layer_norm_eps", 0, "positive number"), ("cohere", "head_dim", None, "not allowed"),
+    ("cohere2", "sliding_window_pattern", 0, "positive integer"), ("cohere2", "layer_types", [S], "layer_types"),
+    ("phi3", "rope_parameters", {"rope_type": "linear", "factor": 2.0}, "not supported by Phi-3"),
+    ("phi3", "rope_parameters", {**PHI3_LONGROPE, "short_factor": [1.0]}, "short_factor"),
+    ("phi3", "rope_scaling", {**PHI3_LONGROPE, "type": "su", "rope_type": "su"}, "type='su' without"),
+    ("phi3", "original_max_position_embeddings", 0, "positive integer"), ("phi3", "embd_pdrop", 1.0, "in [0, 1)"),
+    ("olmo", "clip_qkv", 0, "clip_qkv=0"), ("olmo", "clip_qkv", "8", "number"),  # 8.0 is read
     ("gemma3_text", "sliding_window_pattern", 0, "positive integer"),
     ("gemma3_text", "rope_parameters", {F: {"rope_type": "default", "rope_theta": -1.0}},
      "rope_parameters.full_attention.rope_theta=-1.0"),

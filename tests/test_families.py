@@ -1,5 +1,5 @@
 """The families against transformers: llama, mistral, gemma, gemma2, gemma3, olmo2, qwen2, qwen3,
-smollm3, starcoder2, nemotron, stablelm, granite, olmo.
+smollm3, starcoder2, nemotron, stablelm, granite, olmo, phi3, cohere, cohere2.
 
 Every family is a tiny transformers model with every parameter perturbed, run on sequences several
 times longer than its sliding window, with soft-caps small enough to bite. For each family:
@@ -529,7 +529,109 @@ MATRIX: dict[str, dict[str, str | None]] = {
         "granite": "granite cannot express this norm's kind and weight, this RoPE configuration's fp32_tables",
         "olmo": OK,
     },
+    "phi3": {  # fused qkv and gate_up, a window on every layer, longrope (short regime) on half of each head
+        **dict.fromkeys(("llama", "mistral", "smollm3", "granite", "olmo", "gemma", "gemma2", "gemma3", "olmo2",
+                         "qwen2", "qwen3", "starcoder2", "cohere", "cohere2"),
+                        "cannot express this model: config.json: partial_rotary_factor=0.5 with rope_type 'longrope': "
+                        "the scaled tables cover part of each head but this family's attention rotates all of it"),
+        "nemotron": "nemotron cannot express this norm's kind and bias and weight_offset and dtype_order, this FFN "
+                    "gating, this local/global layer pattern, a sliding window (phi3)",
+        "stablelm": "stablelm cannot express this norm's kind and bias and dtype_order, this local/global layer "
+                    "pattern, a sliding window (phi3)",
+        "phi3": OK,
+    },
+    "cohere": {  # parallel block with one weight-only LayerNorm, per-head QK-norm weights, interleaved RoPE in fp32
+        "llama": "llama cannot express this norm's kind and dtype_order and written_out, this norm placement, QK "
+                 "norm, QK-norm weights per head, this RoPE configuration's layout and fp32_rotation, a logit scale "
+                 "(cohere)",
+        "mistral": "a q bias, a k bias, a v bias, an output-projection bias",
+        "gemma": "gemma always has embedding scaling", "gemma2": "this norm's kind and weight_offset",
+        "gemma3": "gemma3 cannot express this norm's kind and weight_offset and written_out, this norm placement, "
+                  "QK-norm weights per head",
+        "olmo2": "this RoPE configuration's layout and fp32_tables and fp32_rotation",
+        "qwen2": "an output-projection bias",
+        "qwen3": "qwen3 cannot express this norm's kind and dtype_order and written_out, this norm placement, QK-norm "
+                 "weights per head",
+        "smollm3": "QK norm, QK-norm weights per head",
+        "starcoder2": "this FFN gating", "nemotron": "this norm's bias and weight_offset and written_out",
+        "stablelm": "stablelm cannot express this norm's bias and written_out, QK norm, QK-norm weights per head, an "
+                    "output-projection bias, this RoPE configuration's layout and fp32_rotation, a logit scale "
+                    "(cohere)",
+        "granite": "granite cannot express this norm's kind and dtype_order and written_out, this norm placement, QK "
+                   "norm, QK-norm weights per head, this RoPE configuration's layout and fp32_rotation (cohere)",
+        "olmo": "this norm's weight and dtype_order and written_out", "cohere": OK,
+        "cohere2": "cohere2 cannot express QK norm, QK-norm weights per head, this per-layer position pattern (cohere)",
+    },
+    "cohere2": {  # as cohere without QK norm; RoPE on the sliding layers only, the full layers NoPE
+        "llama": "llama cannot express this norm's kind and dtype_order and written_out, this norm placement, this "
+                 "per-layer position pattern, this RoPE configuration's layout and fp32_rotation, this local/global "
+                 "layer pattern, a sliding window, a logit scale (cohere2)",
+        "mistral": "a q bias", "gemma": "this per-layer position pattern", "gemma2": "this per-layer position pattern",
+        "gemma3": "gemma3 always has QK norm, embedding scaling", "olmo2": "olmo2 always has QK norm",
+        "qwen2": "an output-projection bias", "qwen3": "qwen3 always has QK norm",
+        "smollm3": "smollm3 cannot express this norm's kind and dtype_order and written_out, this norm placement, "
+                   "this RoPE configuration's layout and fp32_rotation, a logit scale (cohere2)",
+        "starcoder2": "this FFN gating", "nemotron": "this FFN gating", "stablelm": "this per-layer position pattern",
+        "granite": "granite cannot express this norm's kind and dtype_order and written_out, this norm placement, "
+                   "this per-layer position pattern, this RoPE configuration's layout and fp32_rotation, this "
+                   "local/global layer pattern, a sliding window (cohere2)",
+        "olmo": "this per-layer position pattern",
+        "cohere": "cohere cannot express this per-layer position pattern, this local/global layer pattern, a sliding "
+                  "window (cohere2)",
+        "cohere2": OK,
+    },
 }
+# Cohere and Cohere 2 as targets: every other source lacks their one weight-only LayerNorm in a
+# parallel block and their interleaved RoPE rotated in fp32
+_COHERE_NORM = "this norm's kind and dtype_order and written_out, this norm placement"
+_OWN_NORM = "this norm's bias and written_out, this norm placement"
+for _source, (_cohere, _cohere2) in {
+    "llama": ("cohere cannot express " + _COHERE_NORM + ", MLP biases, this RoPE configuration's layout and "
+              "fp32_rotation (llama)", "cohere2 cannot express " + _COHERE_NORM + ", MLP biases, this per-layer "
+              "position pattern"),
+    "llama-plain": ("cohere cannot express " + _COHERE_NORM + ", this RoPE configuration's layout and fp32_rotation "
+                    "(llama)", "this per-layer position pattern, this RoPE configuration's layout and fp32_rotation"),
+    "mistral": ("this local/global layer pattern, a sliding window (mistral)",
+                "cohere2 cannot express " + _COHERE_NORM + ", this RoPE configuration's layout and fp32_rotation "
+                "(mistral)"),
+    "mistral-nowindow": (_COHERE_NORM, "this per-layer position pattern"),
+    "gemma": ("this norm's kind and weight_offset", "embedding scaling (gemma)"),
+    "gemma2": ("attention soft-capping", "attention soft-capping"),
+    "gemma3": ("QK norm", "a separate RoPE for local layers"),
+    "olmo2": ("this RoPE configuration's layout and fp32_tables and fp32_rotation (olmo2)", "QK norm"),
+    "qwen2": ("a q bias, a k bias, a v bias", "a q bias, a k bias, a v bias"),
+    "qwen3": ("QK norm", "QK norm"),
+    "smollm3": ("MLP biases, this per-layer position pattern", "MLP biases"),
+    "starcoder2": ("cohere always has this FFN gating", "cohere2 always has this FFN gating"),
+    "nemotron": ("this norm's bias and weight_offset and written_out",
+                 "this RoPE configuration's layout and fraction and fp32_rotation (nemotron)"),
+    "stablelm": ("cohere cannot express this norm's bias and written_out, a q bias, a k bias, a v bias, this RoPE "
+                 "configuration's layout and fraction and fp32_rotation (stablelm)", "this per-layer position pattern"),
+    "stablelm-sequential": (_OWN_NORM, _OWN_NORM),
+    "granite": ("residual scaling", "residual scaling"),
+    "olmo": ("cohere cannot express this norm's weight and dtype_order and written_out, this norm placement, this "
+             "RoPE configuration's layout and fp32_tables and fp32_rotation (olmo)",
+             "this norm's weight and dtype_order and written_out"),
+}.items():
+    MATRIX[_source].update({"cohere": _cohere, "cohere2": _cohere2})
+# Phi-3 as a target: no biases, llama's norm, RoPE default or longrope; exact for the llama-style
+# sources without biases or other scalings (parity-tested through its fused tensors)
+for _source, _phi3 in {
+    "llama": "phi3 cannot express a q bias, a k bias, a v bias, an output-projection bias, MLP biases, this RoPE "
+             "configuration's scaling and factor and original_max_positions (llama)",
+    "llama-plain": OK, "mistral": OK, "mistral-nowindow": OK,
+    "gemma": "phi3 cannot express this norm's weight_offset and dtype_order, a q bias, a k bias, a v bias, an "
+             "output-projection bias, embedding scaling (gemma)",
+    "gemma2": "attention soft-capping", "gemma3": "QK norm, this RoPE configuration's scaling and factor",
+    "olmo2": "QK norm", "qwen2": "this RoPE configuration's scaling and factor and original_max_positions",
+    "qwen3": "this RoPE configuration's scaling and factor",
+    "smollm3": "this per-layer position pattern", "starcoder2": "phi3 always has this FFN gating",
+    "nemotron": "phi3 always has this FFN gating", "stablelm": "this norm placement, a q bias",
+    "stablelm-sequential": "phi3 cannot express this norm's kind and bias and dtype_order (stablelm)",
+    "granite": "residual scaling", "olmo": "this RoPE configuration's fp32_tables (olmo)",
+    "cohere": "QK-norm weights per head", "cohere2": "this per-layer position pattern",
+}.items():
+    MATRIX[_source]["phi3"] = _phi3
 # every source above has standard attention, which the latent-attention families cannot hold
 for _row in MATRIX.values():
     for _target in ("deepseek_v2", "deepseek_v3"):

@@ -30,7 +30,7 @@ from lmconvert.mappings.gguf_metadata import llama3_factors
 FP32_MAX_ABS = 1e-5
 # transformers model_type -> llama.cpp architecture, as convert_hf_to_gguf.py registers them
 LLAMA_CPP_ARCH = {"llama": "llama", "mistral": "llama", "qwen2": "qwen2", "qwen3": "qwen3", "gemma2": "gemma2",
-                  "gemma3_text": "gemma3", "olmo2": "olmo2"}
+                  "gemma3_text": "gemma3", "olmo2": "olmo2", "phi3": "phi3"}
 # tiny configs whose every variant llama.cpp can state: Gemma's score scale is head_dim (llama.cpp's
 # rule below 27B), Gemma 3's local RoPE base is llama.cpp's hard-coded 10000
 FAMILIES: dict[str, dict[str, Any]] = {
@@ -44,11 +44,12 @@ FAMILIES: dict[str, dict[str, Any]] = {
                             "full_attention": {"rope_type": "default", "rope_theta": 1e6},
                             "sliding_attention": {"rope_type": "default", "rope_theta": 1e4}}),
     "olmo2": dict(),
+    "phi3": dict(bos_token_id=2, eos_token_id=1),  # fused attn_qkv and ffn_up, as transformers' qkv/gate_up
 }
 # transformers' GGUF loader builds these; what its metadata reading misses is kept out of the
 # comparisons with it: it reads no attention_bias for llama (it drops the biases) and no
 # attention.key_length for qwen3 (it assumes the default head_dim, 128)
-TRANSFORMERS_LOADS = ("llama", "mistral", "qwen2", "qwen3", "gemma2", "gemma3_text")
+TRANSFORMERS_LOADS = ("llama", "mistral", "qwen2", "qwen3", "gemma2", "gemma3_text", "phi3")
 TRANSFORMERS_OVERRIDES = {"llama": dict(attention_bias=False), "qwen3": dict(head_dim=128)}
 TEXT = ("The capital of France is Paris. 北京是中国的首都。 def f(x):\n    return x ** 2  # 🚀✨ "
         "Ünïcödé — naïve café, 東京タワー, emoji 👩‍💻 and numbers 12345.")
@@ -94,6 +95,12 @@ def write_gguf(model: torch.nn.Module, path: Path, *, quant: str | None = None, 
     writer.add_rope_freq_base(rope_theta(cfg))
     if arch == "llama":
         writer.add_rope_dimension_count(head_dim)
+    if arch == "phi3":  # Phi3MiniModel: the rotated part of a head
+        writer.add_rope_dimension_count(int(head_dim * cfg.rope_parameters.get("partial_rotary_factor", 1.0)))
+    if arch == "phi3" and cfg.sliding_window is not None:
+        writer.add_sliding_window(cfg.sliding_window)
+    if arch == "phi3" and tokenizer is None:  # else transformers builds Phi-3's default pad id, 32000, past the vocab
+        writer.add_pad_token_id(cfg.pad_token_id)
     scaling = cfg.rope_parameters if "rope_type" in cfg.rope_parameters else {}
     if scaling.get("rope_type") in ("linear", "yarn"):
         writer.add_rope_scaling_type(gguf.RopeScalingType(scaling["rope_type"]))
@@ -207,6 +214,20 @@ def test_f32_gguf_matches_the_original_model(model_type: str, tmp_path: Path) ->
     # exactly, Gemma too: in float32 (w + 1) - 1 need not be w, but for w in [-0.5, 1] the subtraction
     # is exact (Sterbenz), so 1 + ((w + 1) - 1) rounds to 1 + w, which is all a Gemma norm computes
     assert diff == 0.0, f"{model_type}: max |Δlogit| {diff:.3e}"
+
+
+def test_phi3_window_is_read_and_partial_rotary_refused(tmp_path: Path) -> None:
+    """llama.cpp's converter writes Phi-3's window (transformers' GGUF loader drops it; the window
+    bites at 40 tokens, so reading it is what matches the original model); a rotary width below
+    head_dim, which the metadata states but neither loader can express, is refused by name."""
+    model, path = gguf_of("phi3", tmp_path, overrides=dict(sliding_window=4))
+    assert lmconvert.load(path).cfg.sliding_window == 4
+    ids = token_batch(seq=40)
+    assert (logits_of(lmconvert.load(path, attention="eager"), ids) - logits_of(model, ids)).abs().max() <= FP32_MAX_ABS
+    partial = dict(rope_parameters={"rope_type": "default", "rope_theta": 1e4, "partial_rotary_factor": 0.5})
+    model = build_model("phi3", **{**FAMILIES["phi3"], **partial})
+    code, _, err = cli("convert", write_gguf(model, tmp_path / "partial.gguf"), tmp_path / "out")
+    assert code == 2 and "phi3.rope.dimension_count=8 differs from the head size 16" in err, err
 
 
 @pytest.mark.parametrize("model_type", list(FAMILIES))

@@ -31,7 +31,7 @@ from lmconvert.mappings.gguf import ARCHS, BY_NAME, GgufArch
 from lmconvert.mappings.meta import TENSORS as META_TENSORS
 from lmconvert.mappings.meta import Layout
 from lmconvert.mappings.table import IDENTITY, TensorTable
-from lmconvert.mappings.transforms import Chain, Fuse, Offset, Permute, PiecesDiffer, Trim
+from lmconvert.mappings.transforms import Chain, Fuse, Offset, Permute, Piece, PiecesDiffer, Trim
 
 SETTINGS = settings(max_examples=150, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow])
 DTYPES = (torch.float32, torch.float16, torch.bfloat16, torch.float64, torch.int8, torch.int32)
@@ -219,6 +219,29 @@ def test_offset_on_every_half_precision_value(dtype: torch.dtype, bound: float, 
     assert lost.any() and negative_zero[lost].any()
 
 
+# -- Piece ----------------------------------------------------------------------------------------
+
+@SETTINGS
+@given(q=st.integers(1, 6), kv=st.integers(1, 6), cols=st.integers(1, 4), dim=st.sampled_from([0, 1]),
+       dtype=dtypes, seed=seeds)
+def test_pieces_split_and_join_bit_for_bit(q: int, kv: int, cols: int, dim: int, dtype: torch.dtype,
+                                           seed: int) -> None:
+    """Phi-3's [q | k | v]: each piece is its own rows (or columns), and joining the pieces gives
+    back every bit of the stored tensor, and the pieces of the joined one are the pieces."""
+    sizes = {"q": q, "kv": kv}
+    steps = [Piece(("q", "kv", "kv"), i, dim).bind(sizes) for i in range(3)]
+    shape = [cols, cols]
+    shape[dim] = q + 2 * kv
+    stored = random_bits(tuple(shape), dtype, seed)
+    pieces = [t.forward(stored) for t in steps]
+    assert [p.shape[dim] for p in pieces] == [q, kv, kv]
+    assert same_bits(pieces[1], stored.narrow(dim, q, kv))
+    for t in steps:  # every piece's inverse is the same join
+        joined = t.inverse(pieces)
+        assert same_bits(joined, stored)
+        assert all(same_bits(s.forward(joined), p) for s, p in zip(steps, pieces, strict=True))
+
+
 # -- Chain ----------------------------------------------------------------------------------------
 
 
@@ -254,8 +277,10 @@ def test_names_invert(name: str, layer: int) -> None:
             continue
         canonical, stored = (p.replace("{}", str(layer)) for p in (rule.canonical, rule.stored))
         written, _ = table.to_stored_name(canonical)
-        assert table.to_canonical_name(written)[0] == canonical
-        assert table.to_canonical_name(stored)[0] == canonical
+        pieces = len(rule.transform.pieces) if isinstance(rule.transform, Piece) else 1  # Phi-3's fused tensors
+        for name in (written, stored):
+            held = [c for c, _ in table.to_canonical_names(name)]
+            assert len(held) == pieces and canonical in held
 
 
 @st.composite
@@ -290,8 +315,11 @@ def test_gguf_table_round_trips_what_it_can(arch: str, kv: int, group: int, half
     """Each GGUF rule bound to a file's sizes: permutations both ways for any bits; the vocabulary
     trim back from zero padding; Gemma's norm offset for norm weights the file stores in [0.5, 2]."""
     entry, heads, vocab = GGUF_ARCHS[arch], kv * group, 5
-    sizes = {"vocab": vocab, "heads": heads, "kv_heads": kv}
-    rows = {"attn_q": heads * 2 * half, "attn_k": kv * 2 * half, "token_embd": vocab + pad, "output": vocab + pad}
+    sizes = {"vocab": vocab, "heads": heads, "kv_heads": kv, "q": heads * 2 * half, "kv": kv * 2 * half, "ffn": 4}
+    rows = {"attn_q": heads * 2 * half, "attn_k": kv * 2 * half, "token_embd": vocab + pad, "output": vocab + pad,
+            "attn_qkv": (heads + 2 * kv) * 2 * half}
+    if entry.fused:
+        rows["ffn_up"] = 8  # [gate | up], 4 rows each
     for rule in entry.tensors.rules:
         if rule.canonical is None:
             continue
@@ -300,6 +328,10 @@ def test_gguf_table_round_trips_what_it_can(arch: str, kv: int, group: int, half
         t = rule.transform.bind({**sizes, "rows": rows.get(base, 4)})
         x = random_bits((rows.get(base, 4), 3) if stored.endswith("weight") else (rows.get(base, 4),), torch.float32,
                         seed)
+        if isinstance(rule.transform, Piece):  # Phi-3's fused tensors: every piece of x, joined, is x
+            pieces = [r.transform.bind(sizes).forward(x) for r in entry.tensors.rules if r.stored == rule.stored]
+            assert same_bits(t.inverse(pieces), x), stored
+            continue
         if isinstance(rule.transform, Offset):
             x = 0.5 + 1.5 * torch.rand(x.shape, generator=torch.Generator().manual_seed(seed))
         if isinstance(rule.transform, Trim):
@@ -338,7 +370,8 @@ def test_reading_the_tables_imports_no_torch() -> None:
               "from lmconvert.mappings.gguf_metadata import hf_config\n"
               "from lmconvert.mappings.meta import Layout\n"
               "from lmconvert.mappings.meta_params import params_for\n"
-              "for a in ARCHS.values(): [r.transform.bind({'heads': 2, 'kv_heads': 1, 'vocab': 4, 'rows': 6})"
+              "for a in ARCHS.values(): [r.transform.bind({'heads': 2, 'kv_heads': 1, 'vocab': 4, 'rows': 6, "
+              "'q': 4, 'kv': 2, 'ffn': 3})"
               " for r in a.tensors.rules]\n"
               "layout = Layout(8, 2, 2, 1, 16, 32, 2)\n"
               "[layout.transform(rule) for _, _, rule in layout.entries()]\n"

@@ -131,6 +131,17 @@ def test_every_point_kind_of_every_family_is_declared_on_both_sides(name: str) -
     assert kinds <= set(declared.ours) and kinds <= set(declared.theirs)
 
 
+def test_a_fused_output_gives_each_point_its_segment() -> None:
+    """Phi-3's qkv_proj output [q | k | v]: each point takes its bracketed segment, then relays it."""
+    sizes = {"B": 2, "T": 3, "H": 2, "KV": 1, "D": 2}
+    fused = torch.randn(2, 3, 8)
+    assert torch.equal(convert(fused, "B T [H*D]|KV*D|KV*D", "B T H*D", sizes), fused[..., :4])
+    assert torch.equal(convert(fused, "B T H*D|[KV*D]|KV*D", "B T KV*D", sizes), fused[..., 4:6])
+    assert torch.equal(convert(fused, "B T H*D|KV*D|[KV*D]", "B T KV D", sizes), fused[..., 6:].reshape(2, 3, 1, 2))
+    with pytest.raises(LayoutError, match=r"does not end in 8, its declared layout B T \[H\*D\]\|KV\*D\|KV\*D"):
+        convert(fused[..., :7], "B T [H*D]|KV*D|KV*D", "B T H*D", sizes)
+
+
 def test_convert_follows_the_declaration_only() -> None:
     sizes = {"B": 2, "T": 3, "H": 3, "D": 3}  # every size but B repeats
     value = torch.randn(2, 3, 3, 3)

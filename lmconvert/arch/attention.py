@@ -75,6 +75,8 @@ class Attention(nn.Module):
         cfg = self.cfg
         B, T, _ = x.shape
         q, k, v = self.q(x), self.k(x), self.v(x)  # (B, T, H*D), (B, T, KV*D) x2
+        if cfg.clip_qkv is not None:  # OLMo's clamp_, on the projections as they come out
+            q, k, v = (t.clamp(-cfg.clip_qkv, cfg.clip_qkv) for t in (q, k, v))
         if cfg.qk_norm == "projection":
             q, k = self.q_norm(q), self.k_norm(k)
         q = q.view(B, T, cfg.n_heads, cfg.head_dim)
@@ -85,8 +87,9 @@ class Attention(nn.Module):
         q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)  # (B, H|KV, T, D)
         if self.rotary is not None:
             cos, sin = ctx.rotary(self.rotary)
-            q = apply_rotary(q, cos, sin, self.rotary.cfg.layout)
-            k = apply_rotary(k, cos, sin, self.rotary.cfg.layout)
+            rope = self.rotary.cfg
+            q = apply_rotary(q, cos, sin, rope.layout, rope.fp32_rotation)
+            k = apply_rotary(k, cos, sin, rope.layout, rope.fp32_rotation)
         if cache is not None:
             k, v = cache.update(self.layer, k, v)  # (B, KV, S, D)
         bias = self._position_bias(ctx)

@@ -89,6 +89,8 @@ def _standard_parts(cfg: ArchConfig) -> dict[str, Part]:
         "o": LinearPart(cfg.q_dim, cfg.d_model, cfg.o_bias),
     }
     norm_dims = {"head": (cfg.head_dim, cfg.head_dim), "projection": (cfg.q_dim, cfg.kv_dim)}.get(cfg.qk_norm)
+    if cfg.qk_norm_weight == "per_head":  # Cohere: each head its own weight, still normalised over head_dim
+        norm_dims = ((cfg.n_heads, cfg.head_dim), (cfg.n_kv_heads, cfg.head_dim))
     if norm_dims:
         parts["q_norm"] = NormPart(norm_dims[0], cfg.norm)
         parts["k_norm"] = NormPart(norm_dims[1], cfg.norm)
@@ -104,7 +106,8 @@ def _standard_describe(cfg: ArchConfig) -> list[str]:
         kind = f"GQA ({cfg.n_heads // cfg.n_kv_heads} q heads per kv head)"
     lines = [f"attention: {kind}, {cfg.n_heads} heads / {cfg.n_kv_heads} kv heads, head_dim {cfg.head_dim}"]
     if cfg.qk_norm != "none":
-        lines.append(f"QK norm: {'per head' if cfg.qk_norm == 'head' else 'over the whole projection'}")
+        lines.append(f"QK norm: {'per head' if cfg.qk_norm == 'head' else 'over the whole projection'}"
+                     + (", a weight for each head" if cfg.qk_norm_weight == "per_head" else ""))
     return lines
 
 

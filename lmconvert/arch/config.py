@@ -21,11 +21,12 @@ NORM_KINDS = ("rms", "layer")
 NORM_PLACEMENTS = ("pre", "post", "sandwich", "output", "parallel_shared", "parallel_separate")
 ACTIVATIONS = ("relu", "gelu", "gelu_tanh", "silu", "relu2")
 ROPE_LAYOUTS = ("half", "interleaved")
-ROPE_SCALINGS = ("none", "linear", "dynamic", "yarn", "llama3")
+ROPE_SCALINGS = ("none", "linear", "dynamic", "yarn", "llama3", "longrope")
 ABSOLUTE_POSITIONS = ("none", "sinusoidal", "learned")
 LAYER_POSITIONS = ("rope", "alibi", "relative", "none")
 LAYER_KINDS = ("global", "local")
 QK_NORMS = ("none", "head", "projection")
+QK_NORM_WEIGHTS = ("shared", "per_head")
 DTYPE_ORDERS = ("cast_then_scale", "scale_then_cast")
 
 
@@ -64,9 +65,12 @@ class NormConfig:
     bias: bool = False
     weight_offset: float = 0.0
     dtype_order: str = "cast_then_scale"
+    written_out: bool = False  # LayerNorm as fp32 mean/variance ops, not torch's kernel (Cohere's LayerNorm)
 
     def __post_init__(self) -> None:
         _choice("norm", "kind", self.kind, NORM_KINDS)
+        if self.written_out and self.kind != "layer":
+            _fail("norm", "written_out", self.written_out, "only a LayerNorm (kind='layer') is written out")
         _positive("norm", "eps", self.eps)
         _choice("norm", "dtype_order", self.dtype_order, DTYPE_ORDERS)
         if self.kind == "rms" and self.bias:
@@ -95,8 +99,17 @@ class RopeConfig:
     mscale_all_dim: float | None = None
     truncate: bool = True
     fp32_tables: bool = False  # OLMo keeps cos/sin in fp32 and rotates in fp32
+    # longrope (Phi-3): one rescale per rotary frequency pair, `short_factor` while the sequence fits
+    # in original_max_positions, `long_factor` once it does not (chosen per forward call)
+    short_factor: tuple[float, ...] | None = None
+    long_factor: tuple[float, ...] | None = None
+    fp32_rotation: bool = False  # Cohere: q and k rotate in fp32 with cos/sin already rounded to their dtype
 
     def __post_init__(self) -> None:
+        for name in ("short_factor", "long_factor"):
+            value = getattr(self, name)
+            if isinstance(value, list):
+                object.__setattr__(self, name, tuple(value))
         _positive("rope", "theta", self.theta)
         _choice("rope", "layout", self.layout, ROPE_LAYOUTS)
         _choice("rope", "scaling", self.scaling, ROPE_SCALINGS)
@@ -108,9 +121,38 @@ class RopeConfig:
             _fail("rope", "original_max_positions", None, f"required by scaling={self.scaling!r}")
         if self.scaling == "llama3" and self.high_freq_factor == self.low_freq_factor:
             _fail("rope", "high_freq_factor", self.high_freq_factor, "must differ from low_freq_factor")
+        _positive("rope", "attention_factor", self.attention_factor, allow_none=True)
+        self._check_longrope()
+
+    def _check_longrope(self) -> None:
+        factors = ("short_factor", "long_factor")
+        if self.scaling != "longrope":
+            for name in factors:
+                if getattr(self, name) is not None:
+                    _fail("rope", name, getattr(self, name), "is read only by scaling='longrope'")
+            return
+        if self.original_max_positions is None:
+            _fail("rope", "original_max_positions", None, "required by scaling='longrope'")
+        for name in factors:
+            value = getattr(self, name)
+            if not isinstance(value, tuple) or not value:
+                _fail("rope", name, value, "required by scaling='longrope': one number per rotary frequency")
+            for item in value:
+                _positive("rope", name, item)
+        if len(self.short_factor) != len(self.long_factor):
+            _fail("rope", "long_factor", self.long_factor, "must have as many entries as short_factor")
 
     def rotary_dim(self, head_dim: int) -> int:
         return int(head_dim * self.fraction)
+
+    def longrope_attention_factor(self) -> float:
+        """transformers' longrope default (in Python floats): sqrt(1 + ln(factor) / ln(original))
+        once the context is extended (`factor` > 1), else 1. It scales cos/sin in both regimes."""
+        if self.attention_factor is not None:
+            return self.attention_factor
+        if self.factor <= 1.0:
+            return 1.0
+        return math.sqrt(1 + math.log(self.factor) / math.log(self.original_max_positions))
 
 
 @dataclass(frozen=True)
@@ -130,6 +172,7 @@ class ArchConfig:
     norm_placement: str = "pre"
     final_norm: bool = True
     qk_norm: str = "none"
+    qk_norm_weight: str = "shared"  # "per_head": a QK-norm weight per head, [heads, head_dim] (Cohere)
     # biases
     q_bias: bool = False
     k_bias: bool = False
@@ -156,6 +199,7 @@ class ArchConfig:
     attn_scale: float | None = None  # None: head_dim ** -0.5
     attn_softcap: float | None = None
     residual_scale: float = 1.0  # each sublayer's output is multiplied by this before the residual add (Granite)
+    clip_qkv: float | None = None  # q, k and v clamped to [-clip_qkv, clip_qkv] after projection (OLMo)
     # output
     tie_embeddings: bool = False
     embed_scale: float | None = None
@@ -183,6 +227,7 @@ class ArchConfig:
             _fail("ArchConfig", "n_kv_heads", self.n_kv_heads,
                   f"n_heads={self.n_heads} must be a multiple of n_kv_heads={self.n_kv_heads}")
         for name, allowed in (("norm_placement", NORM_PLACEMENTS), ("qk_norm", QK_NORMS),
+                              ("qk_norm_weight", QK_NORM_WEIGHTS),
                               ("activation", ACTIVATIONS), ("absolute_positions", ABSOLUTE_POSITIONS)):
             _choice("ArchConfig", name, getattr(self, name), allowed)
         kind = attention_kind(self.attention)
@@ -197,12 +242,19 @@ class ArchConfig:
             if rope is not None and rope.rotary_dim(self.head_dim) % 2:
                 _fail("ArchConfig", "head_dim", self.head_dim,
                       f"rotary dims {rope.rotary_dim(self.head_dim)} must be even")
+            if rope is not None and rope.short_factor is not None \
+                    and len(rope.short_factor) != rope.rotary_dim(self.head_dim) // 2:
+                _fail("ArchConfig", "rope.short_factor", rope.short_factor,
+                      f"needs one entry per rotary frequency ({rope.rotary_dim(self.head_dim) // 2})")
         _integer("ArchConfig", "sliding_window", self.sliding_window, allow_none=True)
         if "local" in self.layer_kinds and self.sliding_window is None:
             _fail("ArchConfig", "sliding_window", None, "local layers need a sliding window")
         for name in ("attn_scale", "attn_softcap", "embed_scale", "final_softcap"):
             _positive("ArchConfig", name, getattr(self, name), allow_none=True)
         _positive("ArchConfig", "logit_scale", self.logit_scale)
+        _positive("ArchConfig", "clip_qkv", self.clip_qkv, allow_none=True)
+        if self.qk_norm_weight == "per_head" and self.qk_norm != "head":
+            _fail("ArchConfig", "qk_norm_weight", self.qk_norm_weight, "a weight per head needs qk_norm='head'")
         _positive("ArchConfig", "residual_scale", self.residual_scale)
         for name in ("embed_dropout", "attn_dropout", "resid_dropout"):
             if not 0 <= getattr(self, name) < 1:

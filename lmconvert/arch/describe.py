@@ -23,6 +23,8 @@ def _norm(n: NormConfig) -> str:
         parts.append("no scale")
     if n.bias:
         parts.append("bias")
+    if n.written_out:
+        parts.append("mean/variance written out")
     parts.append("weight in fp32" if n.dtype_order == "scale_then_cast" else "weight after cast")
     return ", ".join(parts)
 
@@ -33,6 +35,11 @@ def _rope(r: RopeConfig) -> str:
         text += f", {r.fraction:g} of head_dim"
     if r.scaling != "none":
         text += f", {r.scaling} x{r.factor:g}"
+    if r.scaling == "longrope":
+        text += (f" (short factors up to {r.original_max_positions} positions, long beyond; "
+                 f"cos/sin x{r.longrope_attention_factor():.6g})")
+    if r.fp32_rotation:
+        text += ", q/k rotated in fp32"
     return text
 
 
@@ -43,6 +50,8 @@ def variants(cfg: ArchConfig) -> list[str]:
         out.append(f"score scale: {cfg.attn_scale:g}")
     if cfg.attn_softcap is not None:
         out.append(f"attention soft-cap: {cfg.attn_softcap:g}")
+    if cfg.clip_qkv is not None:
+        out.append(f"q, k, v clamped to +-{cfg.clip_qkv:g}")
     if cfg.residual_scale != 1.0:
         out.append(f"residual scale: {cfg.residual_scale:g} (each sublayer's output)")
     kinds = cfg.layer_kinds

@@ -22,6 +22,12 @@ def _layer(x: torch.Tensor, eps: float) -> torch.Tensor:
     return F.layer_norm(x, x.shape[-1:], eps=eps)
 
 
+def _layer_written_out(x: torch.Tensor, eps: float) -> torch.Tensor:
+    """Cohere's LayerNorm op for op: rounds differently from torch's kernel (~5e-7 in fp32)."""
+    centred = x - x.mean(-1, keepdim=True)
+    return centred * torch.rsqrt(centred.pow(2).mean(-1, keepdim=True) + eps)
+
+
 STATISTICS = {"rms": _rms, "layer": _layer}
 
 
@@ -30,17 +36,20 @@ def _fp32(t: torch.Tensor | None) -> torch.Tensor | None:
 
 
 class Norm(nn.Module):
-    def __init__(self, dim: int, cfg: NormConfig) -> None:
+    def __init__(self, dim: int | tuple[int, ...], cfg: NormConfig) -> None:
         super().__init__()
         self.cfg = cfg
-        self.normalise = STATISTICS[cfg.kind]
+        self.normalise = _layer_written_out if cfg.written_out else STATISTICS[cfg.kind]
         init = 1.0 - cfg.weight_offset
-        self.weight = nn.Parameter(torch.full((dim,), init)) if cfg.weight else None
-        self.bias = nn.Parameter(torch.zeros(dim)) if cfg.bias else None
+        shape = (dim,) if isinstance(dim, int) else tuple(dim)  # a tuple: weights per leading index
+        self.weight = nn.Parameter(torch.full(shape, init)) if cfg.weight else None
+        self.bias = nn.Parameter(torch.zeros(shape)) if cfg.bias else None
+        # torch's LayerNorm kernel takes only a weight over the normalised axis
+        self.kernel = len(shape) == 1 and not cfg.written_out
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         dtype = x.dtype
-        if self.cfg.kind == "layer" and self.cfg.dtype_order == "scale_then_cast":
+        if self.cfg.kind == "layer" and self.cfg.dtype_order == "scale_then_cast" and self.kernel:
             # the weight and bias inside torch's own kernel, as nn.LayerNorm does (in fp32, rounded
             # once): a separate multiply and add rounds differently (~1e-7 in fp32), and so does the
             # kernel fed fp32 copies of bf16 inputs. An offset is added in the weight's dtype first,

@@ -33,14 +33,17 @@ class LinearPart:
 
 @dataclass(frozen=True)
 class NormPart:
-    """A `norms.Norm`: the optional weight [dim], then the optional bias [dim]."""
+    """A `norms.Norm`: the optional weight [dim], then the optional bias [dim]. A tuple `dim` is
+    the shape of weights that differ along the leading axes (Cohere's [heads, head_dim] QK norms);
+    statistics are still over the last axis."""
 
-    dim: int
+    dim: int | tuple[int, ...]
     cfg: NormConfig
 
     def shapes(self, name: str) -> Shapes:
         present = (("weight", self.cfg.weight), ("bias", self.cfg.bias))
-        return {f"{name}.{part}": (self.dim,) for part, on in present if on}
+        shape = (self.dim,) if isinstance(self.dim, int) else tuple(self.dim)
+        return {f"{name}.{part}": shape for part, on in present if on}
 
 
 Part = LinearPart | NormPart

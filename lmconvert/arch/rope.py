@@ -81,13 +81,33 @@ def _llama3(cfg: RopeConfig, dim: int, seq_len: int, max_positions: int) -> InvF
     return torch.where(medium, smoothed, scaled), 1.0
 
 
+def _longrope(cfg: RopeConfig, dim: int, seq_len: int, max_positions: int) -> InvFreq:
+    """LongRoPE (Phi-3): each frequency divided by its own factor, the short ones while the
+    sequence fits in original_max_positions, the long ones once it does not."""
+    factors = cfg.long_factor if seq_len > cfg.original_max_positions else cfg.short_factor
+    ext = torch.tensor(factors, dtype=torch.float32)
+    shape = torch.arange(0, dim, 2, dtype=torch.int64).float() / dim
+    return 1.0 / (ext * cfg.theta ** shape), cfg.longrope_attention_factor()
+
+
 SCALINGS: dict[str, Callable[[RopeConfig, int, int, int], InvFreq]] = {
     "none": _none,
     "linear": _linear,
     "dynamic": _dynamic,
     "yarn": _yarn,
     "llama3": _llama3,
+    "longrope": _longrope,
 }
+
+
+def _grown(cfg: RopeConfig, max_positions: int) -> int:
+    """The sequence length past which a scaling's frequencies change (transformers'
+    `dynamic_rope_update`, per forward call and for the whole batch): dynamic's base grows past
+    max_positions, longrope switches to its long factors past original_max_positions."""
+    return max_positions if cfg.scaling == "dynamic" else cfg.original_max_positions
+
+
+PER_CALL = ("dynamic", "longrope")
 
 
 class Rotary:
@@ -97,17 +117,19 @@ class Rotary:
         self.cfg = cfg
         self.dim = cfg.rotary_dim(head_dim)
         self.max_positions = max_positions
+        # the frequencies of a sequence within max_positions (longrope: within the original length)
+        within = min(max_positions, cfg.original_max_positions or max_positions)
         with torch.device("cpu"):  # real numbers even when the module is built on the meta device
-            self.inv_freq, self.scaling = SCALINGS[cfg.scaling](cfg, self.dim, max_positions, max_positions)
+            self.inv_freq, self.scaling = SCALINGS[cfg.scaling](cfg, self.dim, within, max_positions)
 
     def tables(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
         """cos, sin of shape [T, rotary_dim] for integer positions [T]."""
         inv_freq = self.inv_freq
-        if self.cfg.scaling == "dynamic":  # stateless form of transformers' dynamic_rope_update
+        if self.cfg.scaling in PER_CALL:  # stateless form of transformers' dynamic_rope_update
             seq_len = int(positions.max()) + 1
-            if seq_len > self.max_positions:
+            if seq_len > _grown(self.cfg, self.max_positions):
                 with torch.device("cpu"):
-                    inv_freq, _ = _dynamic(self.cfg, self.dim, seq_len, self.max_positions)
+                    inv_freq, _ = SCALINGS[self.cfg.scaling](self.cfg, self.dim, seq_len, self.max_positions)
         freqs = positions.float()[:, None] * inv_freq.to(positions.device)[None, :]
         if self.cfg.layout == "half":
             emb = torch.cat((freqs, freqs), dim=-1)
@@ -131,9 +153,13 @@ def _rotate_pairs(x: torch.Tensor) -> torch.Tensor:
 ROTATIONS = {"half": _rotate_half, "interleaved": _rotate_pairs}
 
 
-def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, layout: str) -> torch.Tensor:
-    """Rotate the first cos.shape[-1] dims of x [B, H, T, D]; the rest pass through."""
+def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, layout: str,
+                 upcast: bool = False) -> torch.Tensor:
+    """Rotate the first cos.shape[-1] dims of x [B, H, T, D]; the rest pass through. `upcast`
+    rotates in fp32 and casts back (Cohere's `q.float()`), whatever dtype cos/sin are in."""
     dim = cos.shape[-1]
     rotated, passed = x[..., :dim], x[..., dim:]
+    if upcast:
+        rotated = rotated.float()
     out = (rotated * cos + ROTATIONS[layout](rotated) * sin).to(x.dtype)
     return torch.cat((out, passed), dim=-1) if passed.shape[-1] else out

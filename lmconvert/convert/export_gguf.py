@@ -65,10 +65,13 @@ def to_gguf(src: Path | Checkpoint, out: Path, family: str | None = None, quant:
             model = metadata(config, name)
             table = model.entry.tensors
             canonical = parameter_shapes(meta.arch)
-            sizes = {**tensor_sizes({**config, "num_key_value_heads": meta.arch.n_kv_heads}),
+            arch = meta.arch
+            sizes = {**tensor_sizes({**config, "num_key_value_heads": arch.n_kv_heads, "head_dim": arch.head_dim,
+                                     "intermediate_size": arch.d_ff}),
                      "rows": meta.arch.vocab_size}
             plan = table.plan_export(ckpt.source.tensors.names(), sizes)
-            shapes = {name: out_shape(t.inverse, canonical[src_name]) for name, (src_name, t) in plan.items()}
+            shapes = {name: out_shape(t.inverse, [canonical[s] for s in src_name] if isinstance(src_name, tuple)
+                                      else canonical[src_name]) for name, (src_name, t) in plan.items()}
             model = _checked_metadata(config, name, ckpt, shapes)
         except MappingError as exc:
             raise InputError(f"--to gguf: {exc}") from None

@@ -19,32 +19,40 @@ if TYPE_CHECKING:
 Progress = Callable[[int, int], None]  # (tensors done, tensors in all)
 
 
-def plan_tensors(reader: TensorReader, items: Iterable[tuple[str, str, TensorFn]], cast: str | None,
-                 allow_nonfinite: bool = False, digests: Mapping[str, str] | None = None,
+def plan_tensors(reader: TensorReader, items: Iterable[tuple[str, str | tuple[str, ...], TensorFn]],
+                 cast: str | None, allow_nonfinite: bool = False, digests: Mapping[str, str] | None = None,
                  algorithm: str = HASH) -> list[Planned]:
     """Plan (output name, source name, transform) triples, casting to `cast` (a --dtype name) if
     given: nothing is read until the tensor is written. A tensor that passes through unchanged
     from a safetensors file is planned as a raw byte copy, and planning it needs no torch.
     With `digests` ({source name: digest} under `algorithm`, as lmconvert.json records them),
     every source tensor's bytes are checked against theirs as they are read: a raw copy's by the
-    worker that moves it, a transformed one's before it is transformed."""
+    worker that moves it, a transformed one's before it is transformed. A tuple of source names is
+    one output stored as pieces (Phi-3's fused qkv_proj): `fn` gets the list of them."""
 
     def expected(src: str) -> DigestCheck | None:
         return None if digests is None else DigestCheck(src, reader.where(src), digests[src], algorithm)
 
     target = None if cast is None else BY_TORCH_NAME[cast].name
 
-    def producer(src: str, fn: TensorFn) -> Callable[[], torch.Tensor]:
+    def checked(src: str) -> torch.Tensor:
+        raw = reader.get(src)
+        check_tensor(raw, None if allow_nonfinite else FiniteCheck(src, reader.where(src)), expected(src))
+        return raw
+
+    def producer(src: str | tuple[str, ...], fn: TensorFn) -> Callable[[], torch.Tensor]:
         def produce() -> torch.Tensor:
-            raw = reader.get(src)
-            check_tensor(raw, None if allow_nonfinite else FiniteCheck(src, reader.where(src)), expected(src))
-            t = fn(raw)
+            t = fn([checked(s) for s in src] if isinstance(src, tuple) else checked(src))
             return t if target is None else t.to(torch_dtype(target))
         return produce
 
     raw_location = getattr(reader, "raw_location", None)
     planned = []
     for out, src, fn in items:
+        if isinstance(src, tuple):  # pieces joined: never a raw copy
+            shape = out_shape(fn, [reader.shape(s) for s in src])
+            planned.append(Planned(out, shape, target or dtype_name(reader, src[0]), producer(src, fn)))
+            continue
         source = dtype_name(reader, src)
         dtype = target or source
         raw = None

@@ -27,9 +27,10 @@ import torch
 
 from lmconvert.arch.shapes import parameter_shapes
 from lmconvert.mappings import MappingError, family_for
+from lmconvert.mappings.family import tensor_sizes as family_tensor_sizes
 from lmconvert.mappings.gguf import GgufArch, arch_entry, tensor_sizes
 from lmconvert.mappings.gguf_metadata import LLAMA3_STATED, TOKEN_IDS, hf_config
-from lmconvert.mappings.table import Transform, out_shape
+from lmconvert.mappings.table import IDENTITY, Transform, out_shape
 
 from . import schema
 from .checkpoint_files import within
@@ -234,7 +235,8 @@ def tensor_plans(file: GgufFile, config: dict[str, Any], entry: GgufArch) -> dic
     try:
         family = family_for(config["model_type"])
         arch = family.arch_config(config)
-        hf_of = {canonical: hf for hf, (canonical, _) in family.tensors.plan_export(parameter_shapes(arch)).items()}
+        exported = family.tensors.plan_export(parameter_shapes(arch), family_tensor_sizes(arch))
+        hf_of = {canonical: hf for hf, (canonical, _) in exported.items()}  # a fused tensor: its pieces, in order
     except MappingError as exc:
         raise InputError(f"{file.path}: {str(exc).removeprefix('config.json: ')}") from None
     table, sizes = entry.tensors, tensor_sizes(config)
@@ -243,9 +245,12 @@ def tensor_plans(file: GgufFile, config: dict[str, Any], entry: GgufArch) -> dic
         if table.drops(name):  # rope_freqs: read into the config (llama3 RoPE scaling)
             continue
         try:
-            canonical, step = table.to_canonical_name(name)
+            held = table.to_canonical_names(name)
         except MappingError:
-            canonical = None
+            held = [(None, IDENTITY)]
+        canonical, step = held[0]
+        if len(held) > 1:  # stored as pieces here and in the family's layout alike (Phi-3): unchanged
+            canonical, step = tuple(c for c, _ in held), IDENTITY
         if canonical not in hf_of:
             raise InputError(f"{file.path}: tensor {name!r} has no counterpart in {config['model_type']} as this "
                              "metadata describes it; the file holds something lmconvert does not convert")

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 from . import (
+    cohere,
+    cohere2,
     deepseek_v2,
     deepseek_v3,
     gemma,
@@ -14,6 +16,7 @@ from . import (
     nemotron,
     olmo,
     olmo2,
+    phi3,
     qwen2,
     qwen3,
     smollm3,
@@ -26,7 +29,8 @@ from .family import Family
 FAMILIES: dict[str, Family] = {f.name: f for f in (llama.FAMILY, mistral.FAMILY, gemma.FAMILY, gemma2.FAMILY,
                                                    gemma3.FAMILY, olmo2.FAMILY, qwen2.FAMILY, qwen3.FAMILY,
                                                    smollm3.FAMILY, starcoder2.FAMILY, nemotron.FAMILY, stablelm.FAMILY,
-                                                   granite.FAMILY, olmo.FAMILY, deepseek_v2.FAMILY, deepseek_v3.FAMILY)}
+                                                   granite.FAMILY, olmo.FAMILY, deepseek_v2.FAMILY, deepseek_v3.FAMILY,
+                                                   phi3.FAMILY, cohere.FAMILY, cohere2.FAMILY)}
 BY_MODEL_TYPE: dict[str, Family] = {t: f for f in FAMILIES.values() for t in f.model_types}
 
 

@@ -29,10 +29,17 @@ VARIANT_NAMES = {
     "layer_kinds": "this local/global layer pattern", "sliding_window": "a sliding window",
     "attn_scale": "a custom attention score scale", "attn_softcap": "attention soft-capping",
     "residual_scale": "residual scaling",
+    "qk_norm_weight": "QK-norm weights per head", "clip_qkv": "q/k/v clamping",
     "tie_embeddings": "this embedding tying", "embed_scale": "embedding scaling",
     "final_softcap": "final-logit soft-capping", "logit_scale": "a logit scale",
     "head_dim": "this head_dim", "n_kv_heads": "this number of KV heads",
 }
+
+def tensor_sizes(arch: ArchConfig) -> dict[str, int]:
+    """The sizes an HF family's tensor-table transforms are written in (Phi-3's fused pieces)."""
+    return {"q": arch.q_dim, "kv": arch.kv_dim, "ffn": arch.d_ff, "heads": arch.n_heads,
+            "kv_heads": arch.n_kv_heads, "vocab": arch.vocab_size, "dim": arch.d_model}
+
 
 # config.json keys that are not architecture but should travel with the checkpoint
 PASSTHROUGH_KEYS = ("bos_token_id", "eos_token_id", "pad_token_id", "initializer_range", "use_cache")
@@ -71,7 +78,8 @@ class Family:
         try:
             back = self.from_hf(hf)
         except (ConfigError, MappingError) as exc:
-            raise Inexpressible(f"{self.name} cannot express this model: {exc}") from None
+            raise Inexpressible(f"{self.name} cannot express this model: {str(exc).rstrip('.')}; export to the "
+                                "source family instead") from None
         lost = [f.name for f in fields(ArchConfig) if getattr(back, f.name) != getattr(cfg, f.name)]
         if lost:
             raise Inexpressible(self._lost_message(cfg, back, lost, source_family))

@@ -10,7 +10,8 @@ What llama.cpp's converter changes, each undone by the table the way transformer
 - the q and k rows of `llama` files (Mistral included) are permuted for llama.cpp's interleaved
   RoPE (`LlamaModel.permute`): Permute undoes it for weights and biases;
 - Gemma 2 and 3 norm weights are stored as `w + 1` (q/k norms too): Offset subtracts 1 in float32;
-- embedding / output rows past the vocabulary are padding: Trim drops them.
+- embedding / output rows past the vocabulary are padding: Trim drops them;
+- Phi-3's fused `attn_qkv` and `ffn_up` are HF's qkv_proj and gate_up_proj unchanged: pieces.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from typing import Any
 
 from .errors import MappingError
 from .table import Rule, TensorTable
-from .transforms import IDENTITY, Offset, Permute, Step, Transform, Trim
+from .transforms import IDENTITY, Offset, Permute, Piece, Step, Transform, Trim
 
 
 @dataclass(frozen=True)
@@ -38,11 +39,12 @@ class GgufArch:
     output: bool = True  # llama.cpp's architecture has an `output` matrix (Gemma 2's is always tied)
     swa_pattern: int | None = None  # llama.cpp's hard-coded sliding pattern: every n-th layer is full
     big_layers: int | None = None  # Gemma: the layer count llama.cpp treats as 27B (score scale hidden/heads)
+    fused: bool = False  # q, k, v in one `attn_qkv`, gate and up in one `ffn_up` (Phi-3), as in HF
 
     @property
     def tensors(self) -> TensorTable:
         """llama.cpp's tensor names <-> canonical names, with this architecture's transforms."""
-        return tensor_table(self.permute_qk, self.norm_offset, self.output)
+        return tensor_table(self.permute_qk, self.norm_offset, self.output, self.fused)
 
 
 ATTENTION_BIAS = {"attention_bias": "blk.0.attn_q.bias"}
@@ -61,6 +63,9 @@ ARCHS: dict[str, GgufArch] = {
                        defaults={"hidden_activation": "gelu_pytorch_tanh", "final_logit_softcapping": None,
                                  "rope_local_base_freq": 10000.0},
                        bias_flags=ATTENTION_BIAS, norm_offset=1.0, swa_pattern=6, big_layers=62),
+    # transformers' GGUF loader reads no window; llama.cpp's converter writes one when config.json has it
+    "phi3": GgufArch("phi3", keys={"attention.sliding_window": "sliding_window"}, defaults={"hidden_act": "silu"},
+                     fused=True),
 }
 # llama.cpp writes Mistral as `llama`; like transformers, tell it by its general.name
 BY_NAME: tuple[tuple[str, str, GgufArch], ...] = (
@@ -92,21 +97,32 @@ def _weight_and_bias(gguf: str, canonical: str, step: Step | Transform) -> tuple
     return tuple(Rule(f"blk.{{}}.{gguf}.{p}", f"layers.{{}}.{canonical}.{p}", step) for p in ("weight", "bias"))
 
 
+def _fused() -> tuple[Rule, ...]:
+    """Phi-3's layout: `attn_qkv` rows [q | k | v], `ffn_up` rows [gate | up], as HF's qkv_proj and
+    gate_up_proj (llama.cpp copies them unchanged)."""
+    return (*(Rule("blk.{}.attn_qkv.weight", f"layers.{{}}.attn.{n}.weight", Piece(("q", "kv", "kv"), i))
+              for i, n in enumerate("qkv")),
+            *(Rule("blk.{}.ffn_up.weight", f"layers.{{}}.mlp.{n}.weight", Piece(("ffn", "ffn"), i))
+              for i, n in enumerate(("gate", "up"))))
+
+
 @cache
-def tensor_table(permute_qk: bool, norm_offset: float, output: bool) -> TensorTable:
+def tensor_table(permute_qk: bool, norm_offset: float, output: bool, fused: bool = False) -> TensorTable:
     """The GGUF table for an architecture with these facts."""
     q = Permute("heads") if permute_qk else IDENTITY
     k = Permute("kv_heads") if permute_qk else IDENTITY
     norm = Offset(norm_offset) if norm_offset else IDENTITY
     layer_norms = (("attn_norm", "attn_norm"), ("ffn_norm", "mlp_norm"), ("post_attention_norm", "attn_post_norm"),
                    ("post_ffw_norm", "mlp_post_norm"), ("attn_q_norm", "attn.q_norm"), ("attn_k_norm", "attn.k_norm"))
+    separate = (*_weight_and_bias("attn_q", "attn.q", q), *_weight_and_bias("attn_k", "attn.k", k),
+                *_weight_and_bias("attn_v", "attn.v", IDENTITY), *_weight_and_bias("ffn_gate", "mlp.gate", IDENTITY),
+                *_weight_and_bias("ffn_up", "mlp.up", IDENTITY))
     return TensorTable((
         Rule("token_embd.weight", "embed.weight", PADDED),
         *((Rule("output.weight", "lm_head.weight", PADDED),) if output else ()),
         Rule("output_norm.weight", "final_norm.weight", norm),
-        *_weight_and_bias("attn_q", "attn.q", q), *_weight_and_bias("attn_k", "attn.k", k),
-        *_weight_and_bias("attn_v", "attn.v", IDENTITY), *_weight_and_bias("attn_output", "attn.o", IDENTITY),
-        *_weight_and_bias("ffn_gate", "mlp.gate", IDENTITY), *_weight_and_bias("ffn_up", "mlp.up", IDENTITY),
+        *(_fused() if fused else separate),
+        *_weight_and_bias("attn_output", "attn.o", IDENTITY),
         *_weight_and_bias("ffn_down", "mlp.down", IDENTITY),
         *(Rule(f"blk.{{}}.{g}.weight", f"layers.{{}}.{c}.weight", norm) for g, c in layer_norms),
         Rule("rope_freqs.weight", None),  # Llama 3's RoPE scaling factors: read into the config
@@ -116,5 +132,6 @@ def tensor_table(permute_qk: bool, norm_offset: float, output: bool) -> TensorTa
 def tensor_sizes(config: Mapping[str, Any]) -> dict[str, int]:
     """The sizes the table's transforms are written in, from the HF config; the reader adds each
     tensor's stored `rows`."""
-    return {"vocab": config["vocab_size"], "heads": config["num_attention_heads"],
-            "kv_heads": config["num_key_value_heads"]}
+    heads, kv_heads, head_dim = config["num_attention_heads"], config["num_key_value_heads"], config["head_dim"]
+    return {"vocab": config["vocab_size"], "heads": heads, "kv_heads": kv_heads, "q": heads * head_dim,
+            "kv": kv_heads * head_dim, "ffn": config["intermediate_size"]}

@@ -16,7 +16,9 @@ from .config_table import Entry
 from .errors import MappingError
 from .hf_config import HfConfig, Key
 
-ROPE_TYPES = {"default": "none", "linear": "linear", "dynamic": "dynamic", "yarn": "yarn", "llama3": "llama3"}
+ROPE_TYPES = {"default": "none", "linear": "linear", "dynamic": "dynamic", "yarn": "yarn", "llama3": "llama3",
+              "longrope": "longrope"}
+SCALED = ("yarn", "llama3", "longrope")  # the types transformers gives original_max_position_embeddings
 # rope_type -> (the RopeConfig fields it reads, those of them transformers' validation requires)
 _READS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
     "default": ((), ()),
@@ -24,12 +26,15 @@ _READS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
     "yarn": (("factor", "original_max_positions", "beta_fast", "beta_slow", "attention_factor",
               "mscale", "mscale_all_dim", "truncate"), ("factor", "original_max_positions")),
     "llama3": (("factor", "original_max_positions", "low_freq_factor", "high_freq_factor"),) * 2,
+    "longrope": (("factor", "original_max_positions", "attention_factor", "short_factor", "long_factor"),
+                 ("original_max_positions", "short_factor", "long_factor")),
 }
 _ROPE_KEYS = {  # rope_parameters key -> RopeConfig field
     "factor": "factor", "original_max_position_embeddings": "original_max_positions",
     "low_freq_factor": "low_freq_factor", "high_freq_factor": "high_freq_factor",
     "beta_fast": "beta_fast", "beta_slow": "beta_slow", "attention_factor": "attention_factor",
     "mscale": "mscale", "mscale_all_dim": "mscale_all_dim", "truncate": "truncate",
+    "short_factor": "short_factor", "long_factor": "long_factor",
 }
 FRACTION = Key("partial_rotary_factor", float, None, nullable=True, bound="fraction")
 # the keys of one rope parameter dict; an optional parameter may be null (transformers reads it with
@@ -44,6 +49,7 @@ PARAMETER_KEYS: dict[str, Key] = {key.name: key for key in (
     Key("mscale", float, None, nullable=True, bound="finite"),
     Key("mscale_all_dim", float, None, nullable=True, bound="finite"),
     Key("truncate", bool, None, nullable=True), FRACTION,
+    Key("short_factor", list, None, nullable=True), Key("long_factor", list, None, nullable=True),
 )}
 # the top-level keys one RoPE for every layer is read from
 KEYS = (Key("rope_parameters", dict, None, nullable=True),
@@ -73,13 +79,17 @@ def rope_from_hf(hf: HfConfig, params: dict[str, Any], where: str, theta: float 
         if name in _READS[kind][0] and p.get(key) is not None:
             values[name] = p.get(key)
     max_pos = hf.get("max_position_embeddings")
-    if kind in ("yarn", "llama3"):
+    if kind in SCALED:
         values.setdefault("original_max_positions", max_pos)
     fraction = p.get(FRACTION.name) if p.stated(FRACTION.name) else hf.get(FRACTION.name)
-    if fraction is not None and (partial or kind != "default"):  # llama's default init ignores it
+    if fraction is not None and partial:
         values["fraction"] = fraction
+    elif fraction not in (None, 1.0) and kind != "default":  # llama's default init ignores it
+        raise MappingError(f"config.json: partial_rotary_factor={fraction} with rope_type {kind!r}: the scaled "
+                           "tables cover part of each head but this family's attention rotates all of it, which "
+                           "transformers cannot run either; remove partial_rotary_factor")
     try:
-        if kind == "yarn" and p.get("factor") is None:
+        if kind in ("yarn", "longrope") and p.get("factor") is None:
             values["factor"] = max_pos / values["original_max_positions"]
         values.update(fixed)
         return RopeConfig(**values)
@@ -95,7 +105,7 @@ def rope_to_hf(rope: RopeConfig, partial: bool = False) -> dict[str, Any]:
     for key, name in _ROPE_KEYS.items():
         value = getattr(rope, name)
         if name in relevant and (name in required or value != getattr(defaults, name)):
-            out[key] = value
+            out[key] = list(value) if isinstance(value, tuple) else value  # longrope's factors: JSON lists
     if partial or rope.fraction != 1.0:  # partial: an absent fraction means the family's default
         out["partial_rotary_factor"] = rope.fraction
     return out

@@ -1,10 +1,10 @@
-"""OLMo (1): OLMo-1B/7B, without `clip_qkv`.
+"""OLMo (1): OLMo-1B/7B and OLMo-1.7 (`clip_qkv`).
 
 Same as llama, except: the norms are LayerNorms with neither weight nor bias, eps fixed at 1e-5
 (no config key), computed in fp32 and cast back, so there are no norm tensors at all; RoPE
 cos/sin stay in fp32 (q and k rotate in fp32, as in OLMo 2); `attention_bias` switches the q, k,
-v and o biases; the MLP has no bias. `clip_qkv` (clamping q, k and v, as OLMo-1.7 does) is
-refused: the decoder does not clamp yet.
+v and o biases; the MLP has no bias; `clip_qkv` (null: none) clamps the q, k and v projections
+to [-clip_qkv, clip_qkv] before the head split.
 """
 
 from __future__ import annotations
@@ -12,14 +12,14 @@ from __future__ import annotations
 from lmconvert.arch import NormConfig
 
 from . import llama
-from .config_table import fixed, unsupported
+from .config_table import fixed, plain
 from .family import Family
 from .hf_rope import rope
 
 CONFIG = llama.CONFIG.but(
     drop=("mlp_bias",),
     add=(fixed("norm", norm=NormConfig(kind="layer", eps=1e-5, weight=False)), rope(fp32_tables=True),
-         unsupported("clip_qkv", float, None, "clamping q, k and v", "OLMo", nullable=True)),
+         plain("clip_qkv", "clip_qkv", float, None, nullable=True)),
     defaults={"vocab_size": 50304},
     nullable={"head_dim": False, "attention_dropout": False},  # head_dim: not an OlmoConfig key, read if stated
 )

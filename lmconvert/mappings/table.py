@@ -4,6 +4,10 @@ written twice. Every tensor table is one of these: each HF family's (HF names <-
 Meta's layout (Meta names <-> HF names, mappings/meta.py) and llama.cpp's GGUF names (GGUF names
 <-> canonical, mappings/gguf.py).
 
+Several canonical tensors may be stored end to end in one (Phi-3's fused qkv_proj): each has a
+rule of its own with the same stored pattern and a `Piece` transform; import takes each piece,
+export names the pieces in order and concatenates them.
+
 A pattern's `{}` stands for the layer index. A rule whose canonical side is None drops the
 tensor on import (and says so); its stored pattern may end in `*` to drop a whole subtree (a
 vision tower, say). Both directions check that every input tensor is consumed and every expected
@@ -18,7 +22,7 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 
 from .errors import MappingError
-from .transforms import IDENTITY, Sizes, Step, TensorFn, Transform, out_shape
+from .transforms import IDENTITY, Piece, Sizes, Step, TensorFn, Transform, out_shape
 
 __all__ = ["IDENTITY", "Plan", "Rule", "TensorFn", "TensorTable", "Transform", "out_shape"]
 
@@ -31,7 +35,8 @@ class Rule:
     shape: tuple[str, ...] | None = None  # symbolic sizes of the canonical tensor, where a table states them
 
 
-Plan = dict[str, tuple[str, Transform]]  # target name -> (source name, bound transform)
+# target name -> (source name, bound transform); on export, a tensor stored as pieces names them all
+Plan = dict[str, tuple[str | tuple[str, ...], Transform]]
 
 
 def _fill(pattern: str, match: re.Match[str]) -> str:
@@ -64,23 +69,31 @@ class TensorTable:
                 return "model." + name[len(prefix):]
         return name
 
-    def _rule_for(self, stored: str) -> tuple[Rule, re.Match[str]]:
+    def _rules_for(self, stored: str) -> list[tuple[Rule, re.Match[str]]]:
+        """The first rule whose pattern matches, and after it every other rule with that same
+        pattern (the pieces of a fused tensor)."""
         name = self._normalise(stored)
         for rule, stored_re, _ in self._compiled:
             match = stored_re.match(name)
             if match:
-                return rule, match
+                return [(r, m) for r, r_re, _ in self._compiled if r.stored == rule.stored
+                        for m in [r_re.match(name)] if m]
         raise MappingError(f"tensor {stored!r} matches no rule of this family's table")
 
     def to_canonical_name(self, stored: str) -> tuple[str | None, Step | Transform]:
-        """The canonical name for a stored tensor (None: dropped on purpose); raises if unknown."""
-        rule, match = self._rule_for(stored)
-        return (None if rule.canonical is None else _fill(rule.canonical, match)), rule.transform
+        """The canonical name for a stored tensor (None: dropped on purpose); raises if unknown. A
+        tensor stored as pieces gives its first piece's (`to_canonical_names` gives them all)."""
+        return self.to_canonical_names(stored)[0]
+
+    def to_canonical_names(self, stored: str) -> list[tuple[str | None, Step | Transform]]:
+        """Every canonical name a stored tensor holds, in order: one, or each of its pieces."""
+        return [(None if rule.canonical is None else _fill(rule.canonical, match), rule.transform)
+                for rule, match in self._rules_for(stored)]
 
     def drops(self, stored: str) -> bool:
         """Whether a drop rule names this tensor (False for a tensor no rule knows)."""
         try:
-            return self._rule_for(stored)[0].canonical is None
+            return self._rules_for(stored)[0][0].canonical is None
         except MappingError:
             return False
 
@@ -115,22 +128,35 @@ class TensorTable:
         plan: Plan = {}
         dropped: list[str] = []
         for stored in stored_names:
-            canonical, step = self.to_canonical_name(stored)
-            if canonical is None:
-                dropped.append(stored)
-            elif canonical in plan:
-                raise MappingError(f"tensors {plan[canonical][0]!r} and {stored!r} both map to {canonical!r}")
-            else:
-                plan[canonical] = (stored, step.bind(sizes or {}))
+            for canonical, step in self.to_canonical_names(stored):
+                if canonical is None:
+                    dropped.append(stored)
+                elif canonical in plan:
+                    raise MappingError(f"tensors {plan[canonical][0]!r} and {stored!r} both map to {canonical!r}")
+                else:
+                    plan[canonical] = (stored, step.bind(sizes or {}))
         _check_sides(set(plan), set(expected), "the checkpoint")
         return plan, dropped
 
     def plan_export(self, canonical_names: Iterable[str], sizes: Sizes | None = None) -> Plan:
-        """{stored name: (canonical name, transform)}."""
-        plan = {}
+        """{stored name: (canonical name, transform)}; a tensor stored as pieces gets the tuple of
+        their canonical names, in order, and a transform whose inverse joins them."""
+        plan: Plan = {}
+        pieces: dict[str, dict[int, str]] = {}
         for name in canonical_names:
             stored, step = self.to_stored_name(name)
-            plan[stored] = (name, step.bind(sizes or {}))
+            if isinstance(step, Piece):
+                pieces.setdefault(stored, {})[step.index] = name
+                plan[stored] = ((), step.bind(sizes or {}))
+            else:
+                plan[stored] = (name, step.bind(sizes or {}))
+        for stored, held in pieces.items():
+            step = self._rules_for(stored)[0][0].transform
+            count = len(step.pieces) if isinstance(step, Piece) else 0
+            if sorted(held) != list(range(count)):
+                raise MappingError(f"tensor {stored!r} is stored as {count} pieces, but only "
+                                   f"{', '.join(held[i] for i in sorted(held))} are there")
+            plan[stored] = (tuple(held[i] for i in range(count)), plan[stored][1])
         return plan
 
 

@@ -10,6 +10,8 @@ bit by tests/test_table_transforms.py.
 - renaming is a table rule's job (table.py); its transform is IDENTITY;
 - Permute: rotary rows from interleaved pairs to rotate-half halves, per head;
 - Fuse: the pieces model-parallel ranks hold -> one tensor (inverse: split);
+- Piece: one of several canonical tensors stored end to end in one (Phi-3's qkv_proj); the
+  table groups a stored tensor's pieces, so export concatenates them;
 - Offset: a constant added on disk (Gemma's norms as w + 1 in GGUF);
 - Trim: padding rows past the vocabulary dropped;
 - Chain: several in order.
@@ -57,14 +59,16 @@ class Step(Protocol):
     def bind(self, sizes: Sizes) -> Transform: ...
 
 
-def out_shape(fn: TensorFn, shape: tuple[int, ...]) -> tuple[int, ...]:
-    """The shape `fn` gives a tensor of `shape`, found on the meta device without reading data
-    (and without torch at all for the identity, so that a rename-only conversion never loads it).
-    Transforms other than Offset keep the dtype."""
+def out_shape(fn: TensorFn, shape: tuple[int, ...] | list[tuple[int, ...]]) -> tuple[int, ...]:
+    """The shape `fn` gives a tensor of `shape` (or a list of pieces of these shapes), found on the
+    meta device without reading data (and without torch at all for the identity, so that a
+    rename-only conversion never loads it). Transforms other than Offset keep the dtype."""
     if fn is _identity:
-        return tuple(shape)
+        return tuple(shape)  # type: ignore[arg-type]
     import torch
 
+    if isinstance(shape, list):
+        return tuple(fn([torch.empty(s, device="meta") for s in shape]).shape)
     return tuple(fn(torch.empty(shape, device="meta")).shape)
 
 
@@ -161,6 +165,34 @@ def split(t: torch.Tensor, dim: int | None, holders: int, copies: int) -> list[t
         return [t] * holders
     parts = t.split(t.shape[dim] // (holders // copies), dim)
     return [p for p in parts for _ in range(copies)]
+
+
+# ---- Piece: several canonical tensors stored end to end in one
+
+
+@dataclass(frozen=True)
+class Piece:
+    """Piece `index` of a stored tensor that holds `pieces` (names of sizes) end to end along `dim`:
+    Phi-3's `qkv_proj` rows [q | k | v], its `gate_up_proj` rows [gate | up]. Every piece of one
+    stored tensor has a rule of its own; forward takes this piece (a view), and the inverse, given
+    every piece in order (the table groups them), concatenates them. Exact both ways: slicing and
+    concatenating copy bits."""
+
+    pieces: tuple[str, ...]
+    index: int
+    dim: int = 0
+
+    def bind(self, sizes: Sizes) -> Transform:
+        lengths = [_size(sizes, name) for name in self.pieces]
+        start, length, dim = sum(lengths[:self.index]), lengths[self.index], self.dim
+        return Transform(f"piece {self.index} of {'|'.join(self.pieces)}", lambda t: t.narrow(dim, start, length),
+                         lambda pieces: join(pieces, dim))
+
+
+def join(pieces: Sequence[torch.Tensor], dim: int) -> torch.Tensor:
+    import torch
+
+    return torch.cat(list(pieces), dim)
 
 
 # ---- Offset: a constant added on disk

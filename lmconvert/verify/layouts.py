@@ -10,7 +10,9 @@ guess (say, the permutation closest to ours) picks the wrong axes whenever two s
 its declaration raises LayoutError, which the comparison reports as a failed point that could
 not be compared: verify cannot vouch for it, so it does not pass.
 
-A layout names its axes in order; `*` joins axes flattened into one dimension:
+A layout names its axes in order; `*` joins axes flattened into one dimension; a last dimension
+written as segments joined by `|` is a fused output (Phi-3's qkv_proj, [q | k | v]), of which the
+bracketed segment is the point's value:
 B batch, T time, d d_model, F d_ff, H query heads, KV key/value heads, D head_dim; for latent
 attention (MLA) Q q_lora_rank, C kv_lora_rank, QK a query/key head (qk_nope_head_dim + head_dim),
 CR the joint latent (C + head_dim), NV a head's expanded key and value (qk_nope_head_dim +
@@ -70,6 +72,11 @@ TRANSFORMERS_BY_MODEL_TYPE: Mapping[str, Mapping[str, Layout]] = {
     "gemma3_text": {"attn.q_norm": "B H T D", "attn.k_norm": "B KV T D"},
     # q_norm(q_proj(x)) over the whole projection, viewed afterwards
     "olmo2": {"attn.q_norm": "B T H*D", "attn.k_norm": "B T KV*D"},
+    # q_norm(q_proj(x).view(B, T, -1, D)), a weight per head, transposed afterwards
+    "cohere": {"attn.q_norm": "B T H D", "attn.k_norm": "B T KV D"},
+    # one qkv_proj output [q | k | v] and one gate_up_proj output [gate | up]
+    "phi3": {"attn.q": "B T [H*D]|KV*D|KV*D", "attn.k": "B T H*D|[KV*D]|KV*D", "attn.v": "B T H*D|KV*D|[KV*D]",
+             "mlp.gate": "B T [F]|F", "mlp.up": "B T F|[F]"},
     # DeepseekV2/V3Attention: kv_b_proj on the latent viewed as (B, 1, T, C) in `expand_kv`, as ours
     "deepseek_v2": LATENT,
     "deepseek_v3": LATENT,
@@ -99,9 +106,23 @@ def shape_of(layout: Layout, sizes: Mapping[str, int]) -> tuple[int, ...]:
     return tuple(math.prod(sizes[axis] for axis in group) for group in _groups(layout))
 
 
+def _segment(value: torch.Tensor, source: Layout, sizes: Mapping[str, int]) -> tuple[torch.Tensor, Layout]:
+    """A fused last dimension ("B T [H*D]|KV*D|KV*D"): the bracketed segment's slice and layout."""
+    head, _, last = source.rpartition(" ")
+    if "|" not in last:
+        return value, source
+    segments = last.split("|")
+    lengths = [shape_of(s.strip("[]"), sizes)[0] for s in segments]
+    chosen = next(i for i, s in enumerate(segments) if s.startswith("["))
+    if value.shape[-1] != sum(lengths):
+        raise LayoutError(f"shape {tuple(value.shape)} does not end in {sum(lengths)}, its declared layout {source}")
+    return value.narrow(-1, sum(lengths[:chosen]), lengths[chosen]), f"{head} {segments[chosen].strip('[]')}"
+
+
 def convert(value: torch.Tensor, source: Layout, target: Layout, sizes: Mapping[str, int]) -> torch.Tensor:
-    """`value`, laid out as `source`, relaid as `target`: unflatten, permute, flatten, each step
-    named by the two declarations."""
+    """`value`, laid out as `source`, relaid as `target`: the point's segment of a fused output,
+    then unflatten, permute, flatten, each step named by the two declarations."""
+    value, source = _segment(value, source, sizes)
     expected = shape_of(source, sizes)
     if tuple(value.shape) != expected:
         raise LayoutError(f"shape {tuple(value.shape)} is not {expected}, its declared layout {source}")
