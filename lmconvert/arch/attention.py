@@ -23,10 +23,21 @@ from .positions import RelativeBias, alibi_bias
 from .rope import Rotary, apply_rotary
 
 
+def _softmax_dtype(kind: str, scores: torch.dtype) -> torch.dtype:
+    """What the softmax computes in: fp32 (llama), the scores' own dtype (GPT-2), or that but fp32 for
+    fp16 (XGLM). A bf16 softmax still computes in fp32 inside the kernel; its output is rounded."""
+    if kind == "fp32" or (kind == "fp32_for_fp16" and scores == torch.float16):
+        return torch.float32
+    return scores
+
+
 def _eager(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float, softcap: float | None,
-           bias: torch.Tensor | None, allowed: torch.Tensor | None, dropout: float) -> torch.Tensor:
+           bias: torch.Tensor | None, allowed: torch.Tensor | None, dropout: float,
+           scores_fp32: bool = False, softmax: str = "fp32") -> torch.Tensor:
     groups = q.shape[1] // k.shape[1]
     k, v = k.repeat_interleave(groups, dim=1), v.repeat_interleave(groups, dim=1)  # (B, H, S, D)
+    if scores_fp32:  # GPT-Neo, GPT-2's reorder_and_upcast_attn: q.k from fp32 copies
+        q, k = q.float(), k.float()
     w = torch.matmul(q, k.transpose(-1, -2)) * scale  # (B, H, T, S)
     if softcap is not None:
         w = torch.tanh(w / softcap) * softcap
@@ -34,7 +45,7 @@ def _eager(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float, soft
         w = w + bias.to(w.dtype)
     if allowed is not None:
         w = w + torch.zeros_like(allowed, dtype=w.dtype).masked_fill(~allowed, torch.finfo(w.dtype).min)
-    p = F.softmax(w, dim=-1, dtype=torch.float32).to(q.dtype)
+    p = F.softmax(w, dim=-1, dtype=_softmax_dtype(softmax, w.dtype)).to(v.dtype)
     p = F.dropout(p, p=dropout, training=dropout > 0)
     return torch.matmul(p, v)
 
@@ -69,12 +80,16 @@ class Attention(nn.Module):
         # count over it would count it once per layer), so it is held as a plain reference.
         object.__setattr__(self, "relative", relative if self.position == "relative" else None)
         self.window = cfg.window_for(layer)
+        self.scale = cfg.score_scale_for(layer)
         self.backend = "sdpa"
 
     def forward(self, x: torch.Tensor, ctx: Context, cache: KVCache | None = None) -> torch.Tensor:
         cfg = self.cfg
         B, T, _ = x.shape
         q, k, v = self.q(x), self.k(x), self.v(x)  # (B, T, H*D), (B, T, KV*D) x2
+        scale = self.scale
+        if cfg.scale_query:  # OPT, XGLM: q_proj(x) * scaling, then unscaled scores
+            q, scale = q * scale, 1.0
         if cfg.qk_norm == "projection":
             q, k = self.q_norm(q), self.k_norm(k)
         q = q.view(B, T, cfg.n_heads, cfg.head_dim)
@@ -93,9 +108,9 @@ class Attention(nn.Module):
         allowed = ctx.allowed(self.window)
         dropout = cfg.attn_dropout if self.training else 0.0
         if cfg.attn_softcap is not None or self.backend == "eager":
-            out = _eager(q, k, v, cfg.score_scale, cfg.attn_softcap, bias, allowed, dropout)
+            out = _eager(q, k, v, scale, cfg.attn_softcap, bias, allowed, dropout, cfg.scores_fp32, cfg.softmax_dtype)
         else:
-            out = _sdpa(q, k, v, cfg.score_scale, bias, allowed, ctx.is_plain_causal(self.window), dropout)
+            out = _sdpa(q, k, v, scale, bias, allowed, ctx.is_plain_causal(self.window), dropout)
         out = out.transpose(1, 2).reshape(B, T, cfg.q_dim)  # (B, T, H*D)
         return self.o(out)
 

@@ -19,14 +19,15 @@ from .errors import ConfigError
 
 NORM_KINDS = ("rms", "layer")
 NORM_PLACEMENTS = ("pre", "post", "sandwich", "output", "parallel_shared", "parallel_separate")
-ACTIVATIONS = ("relu", "gelu", "gelu_tanh", "silu", "relu2")
+ACTIVATIONS = ("relu", "gelu", "gelu_tanh", "silu", "relu2", "gelu_new")
 ROPE_LAYOUTS = ("half", "interleaved")
 ROPE_SCALINGS = ("none", "linear", "dynamic", "yarn", "llama3")
-ABSOLUTE_POSITIONS = ("none", "sinusoidal", "learned")
+ABSOLUTE_POSITIONS = ("none", "sinusoidal", "learned", "sinusoidal_fairseq")
 LAYER_POSITIONS = ("rope", "alibi", "relative", "none")
 LAYER_KINDS = ("global", "local")
 QK_NORMS = ("none", "head", "projection")
 DTYPE_ORDERS = ("cast_then_scale", "scale_then_cast")
+SOFTMAX_DTYPES = ("fp32", "activation", "fp32_for_fp16")
 
 
 def _fail(owner: str, name: str, value: Any, why: str) -> None:
@@ -156,11 +157,21 @@ class ArchConfig:
     attn_scale: float | None = None  # None: head_dim ** -0.5
     attn_softcap: float | None = None
     residual_scale: float = 1.0  # each sublayer's output is multiplied by this before the residual add (Granite)
+    scale_query: bool = False  # the score scale multiplies q after its projection, not q.k (OPT, XGLM)
+    scale_by_inverse_layer: bool = False  # layer i's score scale is further divided by i + 1 (GPT-2)
+    scores_fp32: bool = False  # q.k computed from fp32 copies of q and k, then softmax in fp32 (GPT-Neo, GPT-2's
+    #   reorder_and_upcast_attn)
+    softmax_dtype: str = "fp32"  # "activation": softmax in the scores' dtype (GPT-2); "fp32_for_fp16": in the
+    #   scores' dtype except fp16, which goes through fp32 (XGLM)
     # output
     tie_embeddings: bool = False
     embed_scale: float | None = None
     final_softcap: float | None = None
     logit_scale: float = 1.0
+    embed_dim: int | None = None  # None: d_model; else the embedding (and tied LM head) width, projected in and
+    #   out of d_model by bias-free linears (OPT-350m's project_in / project_out)
+    embed_scale_rounded: bool = True  # embed_scale rounded to the weight dtype before the multiply (Gemma); False:
+    #   a Python float multiply, rounded once (XGLM)
     # training
     embed_dropout: float = 0.0
     attn_dropout: float = 0.0
@@ -183,7 +194,8 @@ class ArchConfig:
             _fail("ArchConfig", "n_kv_heads", self.n_kv_heads,
                   f"n_heads={self.n_heads} must be a multiple of n_kv_heads={self.n_kv_heads}")
         for name, allowed in (("norm_placement", NORM_PLACEMENTS), ("qk_norm", QK_NORMS),
-                              ("activation", ACTIVATIONS), ("absolute_positions", ABSOLUTE_POSITIONS)):
+                              ("activation", ACTIVATIONS), ("absolute_positions", ABSOLUTE_POSITIONS),
+                              ("softmax_dtype", SOFTMAX_DTYPES)):
             _choice("ArchConfig", name, getattr(self, name), allowed)
         kind = attention_kind(self.attention)
         self._normalise_attention_settings(kind)
@@ -212,6 +224,12 @@ class ArchConfig:
         if isinstance(self.position_offset, bool) or not isinstance(self.position_offset, int) \
                 or self.position_offset < 0:
             _fail("ArchConfig", "position_offset", self.position_offset, "must be an integer >= 0")
+        if self.position_offset and self.absolute_positions == "none":
+            _fail("ArchConfig", "position_offset", self.position_offset,
+                  "offsets an absolute position table, and absolute_positions='none' has none; leave it 0")
+        if self.embed_dim is None:
+            object.__setattr__(self, "embed_dim", self.d_model)
+        _integer("ArchConfig", "embed_dim", self.embed_dim)
         # T5 bucketing divides by log(max_distance / (buckets // 2)): anything else yields
         # out-of-range bucket indices (or a ZeroDivisionError) at the first forward, not here.
         _integer("ArchConfig", "relative_buckets", self.relative_buckets)
@@ -262,6 +280,14 @@ class ArchConfig:
     @property
     def score_scale(self) -> float:
         return self.attn_scale if self.attn_scale is not None else self.head_dim ** -0.5
+
+    def score_scale_for(self, layer: int) -> float:
+        """The score scale of one layer: GPT-2's `scaling /= float(layer_idx + 1)`, in its order."""
+        return self.score_scale / float(layer + 1) if self.scale_by_inverse_layer else self.score_scale
+
+    @property
+    def projects_embeddings(self) -> bool:
+        return self.embed_dim != self.d_model
 
     def rope_for(self, layer: int) -> RopeConfig | None:
         if self.layer_positions[layer] != "rope":

@@ -8,17 +8,20 @@ from . import (
     gemma,
     gemma2,
     gemma3,
+    gpt_neo,
     granite,
     llama,
     mistral,
     nemotron,
     olmo,
     olmo2,
+    opt,
     qwen2,
     qwen3,
     smollm3,
     stablelm,
     starcoder2,
+    xglm,
 )
 from .errors import Inexpressible, MappingError
 from .family import Family
@@ -26,7 +29,8 @@ from .family import Family
 FAMILIES: dict[str, Family] = {f.name: f for f in (llama.FAMILY, mistral.FAMILY, gemma.FAMILY, gemma2.FAMILY,
                                                    gemma3.FAMILY, olmo2.FAMILY, qwen2.FAMILY, qwen3.FAMILY,
                                                    smollm3.FAMILY, starcoder2.FAMILY, nemotron.FAMILY, stablelm.FAMILY,
-                                                   granite.FAMILY, olmo.FAMILY, deepseek_v2.FAMILY, deepseek_v3.FAMILY)}
+                                                   granite.FAMILY, olmo.FAMILY, deepseek_v2.FAMILY, deepseek_v3.FAMILY,
+                                                   opt.FAMILY, xglm.FAMILY, gpt_neo.FAMILY)}
 BY_MODEL_TYPE: dict[str, Family] = {t: f for f in FAMILIES.values() for t in f.model_types}
 
 
