@@ -31,14 +31,26 @@ def _softmax_dtype(kind: str, scores: torch.dtype) -> torch.dtype:
     return scores
 
 
+def _fp32_scores(q: torch.Tensor, k: torch.Tensor, scale: float) -> torch.Tensor:
+    """q.k^T * scale in fp32 as one `baddbmm` (GPT-2's `_upcast_and_reordered_attn`): the scale
+    rides inside the product, which rounds differently from a separate multiply."""
+    B, H, T, D = q.shape
+    S = k.shape[2]
+    w = torch.empty(B * H, T, S, dtype=torch.float32, device=q.device)
+    w = torch.baddbmm(w, q.reshape(-1, T, D).float(), k.transpose(-1, -2).reshape(-1, D, S).float(),
+                      beta=0, alpha=scale)
+    return w.reshape(B, H, T, S)
+
+
 def _eager(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float, softcap: float | None,
            bias: torch.Tensor | None, allowed: torch.Tensor | None, dropout: float,
            scores_fp32: bool = False, softmax: str = "fp32") -> torch.Tensor:
     groups = q.shape[1] // k.shape[1]
     k, v = k.repeat_interleave(groups, dim=1), v.repeat_interleave(groups, dim=1)  # (B, H, S, D)
-    if scores_fp32:  # GPT-Neo, GPT-2's reorder_and_upcast_attn: q.k from fp32 copies
-        q, k = q.float(), k.float()
-    w = torch.matmul(q, k.transpose(-1, -2)) * scale  # (B, H, T, S)
+    if scores_fp32:  # GPT-Neo, GPT-2's reorder_and_upcast_attn: q.k from fp32 copies, scaled inside the
+        w = _fp32_scores(q, k, scale)  # product as GPT-2's baddbmm does (alpha 1.0 is GPT-Neo's plain matmul)
+    else:
+        w = torch.matmul(q, k.transpose(-1, -2)) * scale  # (B, H, T, S)
     if softcap is not None:
         w = torch.tanh(w / softcap) * softcap
     if bias is not None:

@@ -16,6 +16,7 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
+from typing import Any
 
 from .errors import MappingError
 from .transforms import IDENTITY, Sizes, Step, TensorFn, Transform, out_shape
@@ -64,18 +65,27 @@ class TensorTable:
                 return "model." + name[len(prefix):]
         return name
 
-    def _rule_for(self, stored: str) -> tuple[Rule, re.Match[str]]:
+    def _rules_for(self, stored: str) -> list[tuple[Rule, re.Match[str]]]:
+        """Every rule naming a stored tensor: one, or the pieces of a fused one (GPT-2's c_attn)."""
         name = self._normalise(stored)
-        for rule, stored_re, _ in self._compiled:
-            match = stored_re.match(name)
-            if match:
-                return rule, match
-        raise MappingError(f"tensor {stored!r} matches no rule of this family's table")
+        found = [(rule, match) for rule, stored_re, _ in self._compiled if (match := stored_re.match(name))]
+        if not found:
+            raise MappingError(f"tensor {stored!r} matches no rule of this family's table")
+        return found
+
+    def _rule_for(self, stored: str) -> tuple[Rule, re.Match[str]]:
+        return self._rules_for(stored)[0]
 
     def to_canonical_name(self, stored: str) -> tuple[str | None, Step | Transform]:
-        """The canonical name for a stored tensor (None: dropped on purpose); raises if unknown."""
+        """The canonical name for a stored tensor (None: dropped on purpose); raises if unknown.
+        For a fused tensor, its first piece's (`to_canonical_names` gives them all)."""
         rule, match = self._rule_for(stored)
         return (None if rule.canonical is None else _fill(rule.canonical, match)), rule.transform
+
+    def to_canonical_names(self, stored: str) -> list[tuple[str | None, Step | Transform]]:
+        """The canonical name and transform of every piece a stored tensor holds (usually one)."""
+        return [(None if rule.canonical is None else _fill(rule.canonical, match), rule.transform)
+                for rule, match in self._rules_for(stored)]
 
     def drops(self, stored: str) -> bool:
         """Whether a drop rule names this tensor (False for a tensor no rule knows)."""
@@ -115,23 +125,35 @@ class TensorTable:
         plan: Plan = {}
         dropped: list[str] = []
         for stored in stored_names:
-            canonical, step = self.to_canonical_name(stored)
-            if canonical is None:
-                dropped.append(stored)
-            elif canonical in plan:
-                raise MappingError(f"tensors {plan[canonical][0]!r} and {stored!r} both map to {canonical!r}")
-            else:
-                plan[canonical] = (stored, step.bind(sizes or {}))
+            for canonical, step in self.to_canonical_names(stored):
+                if canonical is None:
+                    dropped.append(stored)
+                elif canonical in plan:
+                    raise MappingError(f"tensors {plan[canonical][0]!r} and {stored!r} both map to {canonical!r}")
+                else:
+                    plan[canonical] = (stored, step.bind(sizes or {}))
         _check_sides(set(plan), set(expected), "the checkpoint")
         return plan, dropped
 
-    def plan_export(self, canonical_names: Iterable[str], sizes: Sizes | None = None) -> Plan:
-        """{stored name: (canonical name, transform)}."""
-        plan = {}
+    def plan_export(self, canonical_names: Iterable[str],
+                    sizes: Sizes | None = None) -> dict[str, tuple[Any, Transform]]:
+        """{stored name: (canonical name, transform)}. A stored tensor fused from pieces (several
+        canonical names written to one stored name) gets the tuple of its pieces' names, in the
+        table's order, and the inverse that joins them."""
+        pieces: dict[str, list[tuple[int, str, Step | Transform]]] = {}
         for name in canonical_names:
             stored, step = self.to_stored_name(name)
-            plan[stored] = (name, step.bind(sizes or {}))
+            pieces.setdefault(stored, []).append((self._order(name), name, step))
+        plan: dict[str, tuple[Any, Transform]] = {}
+        for stored, found in pieces.items():
+            found.sort(key=lambda item: item[0])
+            names = tuple(name for _, name, _ in found)
+            plan[stored] = (names if len(names) > 1 else names[0], found[0][2].bind(sizes or {}))
         return plan
+
+    def _order(self, canonical: str) -> int:
+        """The position of the rule writing a canonical name: the order of a fused tensor's pieces."""
+        return next(i for i, (_, _, can_re) in enumerate(self._compiled) if can_re and can_re.match(canonical))
 
 
 def _check_sides(produced: set[str], expected: set[str], where: str) -> None:

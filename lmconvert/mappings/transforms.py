@@ -12,6 +12,9 @@ bit by tests/test_table_transforms.py.
 - Fuse: the pieces model-parallel ranks hold -> one tensor (inverse: split);
 - Offset: a constant added on disk (Gemma's norms as w + 1 in GGUF);
 - Trim: padding rows past the vocabulary dropped;
+- Transpose: a matrix stored [in, out] (GPT-2's Conv1D);
+- Piece: one of the equal pieces of a fused tensor (GPT-2's c_attn: q | k | v); the table's rules
+  that share a stored name are its pieces, in order, and export hands the inverse all of them;
 - Chain: several in order.
 
 torch is imported only inside the functions: reading a table must not load it.
@@ -206,6 +209,48 @@ def pad_rows(t: torch.Tensor, rows: int) -> torch.Tensor:
     import torch
 
     return torch.cat([t, t.new_zeros(rows - t.shape[0], *t.shape[1:])])
+
+
+# ---- Transpose: [in, out] matrices
+
+
+def _transposed(t: torch.Tensor) -> torch.Tensor:
+    return t.t().contiguous()
+
+
+@dataclass(frozen=True)
+class Transpose:
+    """A matrix stored [in, out] (GPT-2's Conv1D: `addmm(b, x, W)`) <-> nn.Linear's [out, in]. Its
+    own inverse; a permutation of elements, so exact for every dtype and bit pattern."""
+
+    def bind(self, sizes: Sizes) -> Transform:
+        return Transform("transpose", _transposed, _transposed)
+
+
+# ---- Piece: one piece of a fused tensor
+
+
+@dataclass(frozen=True)
+class Piece:
+    """Piece `index` of `count` equal pieces along `dim` (GPT-2's c_attn is q | k | v along its
+    output). Forward takes the piece; inverse takes the list of all `count` pieces, in order, and
+    concatenates them: the table gives it that list when several rules share one stored name.
+    Exact both ways: the pieces of cat(pieces) are the pieces."""
+
+    index: int
+    count: int
+    dim: int = 0
+
+    def bind(self, sizes: Sizes) -> Transform:
+        index, count, dim = self.index, self.count, self.dim
+        return Transform(f"piece({index + 1} of {count}, dim {dim})",
+                         lambda t: t.chunk(count, dim)[index].contiguous(), lambda pieces: _cat(pieces, dim))
+
+
+def _cat(pieces: Sequence[torch.Tensor], dim: int) -> torch.Tensor:
+    import torch
+
+    return torch.cat(list(pieces), dim)
 
 
 # ---- Chain
