@@ -1,5 +1,5 @@
 """The families against transformers: llama, mistral, gemma, gemma2, gemma3, olmo2, qwen2, qwen3,
-smollm3, starcoder2, nemotron, stablelm, granite, olmo.
+smollm3, starcoder2, nemotron, stablelm, granite, olmo, gpt2, gpt_neo, opt, xglm.
 
 Every family is a tiny transformers model with every parameter perturbed, run on sequences several
 times longer than its sliding window, with soft-caps small enough to bite. For each family:
@@ -137,6 +137,15 @@ def test_bf16_faithfulness(name: str, checkpoint: Callable[..., Path]) -> None:
     assert ours_error <= FAITHFULNESS * reference_error, (ours_error, reference_error)
 
 
+@pytest.mark.parametrize("name", [n for n in NAMES if SPECS[n].bf16_exact])
+def test_bf16_logits_are_transformers_bit_for_bit(name: str, checkpoint: Callable[..., Path]) -> None:
+    """Where every operation follows the reference's order and dtype, bf16 rounds the same way:
+    our eager bf16 logits equal transformers' eager bf16 logits exactly (CPU)."""
+    src = checkpoint(name, torch.bfloat16)
+    ours, ref = our_logits(src, torch.bfloat16), hf_logits(src, torch.bfloat16)
+    assert torch.equal(ours, ref), max_abs(ours, ref)
+
+
 @pytest.mark.parametrize("name", NAMES)
 def test_round_trip_is_bit_exact(name: str, checkpoint: Callable[..., Path], tmp_path: Path) -> None:
     src = checkpoint(name, torch.bfloat16)
@@ -150,7 +159,7 @@ def test_sdpa_matches_transformers_sdpa(name: str, checkpoint: Callable[..., Pat
     """Our default backend against transformers' default one (soft-capped layers run eager on
     both sides: transformers refuses SDPA for Gemma 2)."""
     src = checkpoint(name)
-    implementation = "eager" if name == "gemma2" else "sdpa"
+    implementation = "eager" if name == "gemma2" or not SPECS[name].sdpa else "sdpa"
     with torch.no_grad():
         ref = AutoModelForCausalLM.from_pretrained(src, attn_implementation=implementation)(IDS).logits
     assert max_abs(our_logits(src, attention="sdpa"), ref) <= FP32_TOL
@@ -164,7 +173,7 @@ def test_cached_decoding_equals_full_forward(name: str, attention: str, checkpoi
     cached decoding by ~1e-5 on both sides (transformers' own too), so that equality is checked in
     float64, where rounding cannot hide a wrong position or mask."""
     src = checkpoint(name)
-    implementation = "eager" if name == "gemma2" else attention
+    implementation = "eager" if name == "gemma2" or not SPECS[name].sdpa else attention
     check_cached_decoding(src, IDS, 6, attention, implementation, FP32_TOL)
 
 
@@ -187,7 +196,7 @@ def test_both_config_styles(name: str, checkpoint: Callable[..., Path], tmp_path
     new = checkpoint(name)
     old = edited_copy(new, tmp_path / "old", transformers4_style(spec))
     new_config, old_config = (json.loads((d / "config.json").read_text()) for d in (new, old))
-    assert "rope_parameters" in new_config and "rope_parameters" not in old_config
+    assert ("rope_parameters" in new_config) == spec.rope and "rope_parameters" not in old_config
     family = family_for(new_config["model_type"])
     assert family.arch_config(old_config) == family.arch_config(new_config)
     ref = hf_logits(old)

@@ -5,7 +5,8 @@ Two backends mirror transformers' two attention implementations op for op, so ea
 its counterpart bit for bit in fp32: "eager" scores (q @ k^T) * scale, soft-caps, adds the mask
 and takes the softmax in fp32; "sdpa" calls `scaled_dot_product_attention` (faster; the default,
 as in transformers). The backend is a runtime choice, not part of the architecture; soft-capped
-layers always run eager, since SDPA cannot cap.
+layers always run eager, since SDPA cannot cap, and so do layers whose q.k is computed in fp32
+(GPT-Neo), since SDPA cannot upcast inside.
 """
 
 from __future__ import annotations
@@ -119,7 +120,7 @@ class Attention(nn.Module):
         bias = self._position_bias(ctx)
         allowed = ctx.allowed(self.window)
         dropout = cfg.attn_dropout if self.training else 0.0
-        if cfg.attn_softcap is not None or self.backend == "eager":
+        if cfg.attn_softcap is not None or cfg.scores_fp32 or self.backend == "eager":
             out = _eager(q, k, v, scale, cfg.attn_softcap, bias, allowed, dropout, cfg.scores_fp32, cfg.softmax_dtype)
         else:
             out = _sdpa(q, k, v, scale, bias, allowed, ctx.is_plain_causal(self.window), dropout)
