@@ -170,8 +170,8 @@ class ArchConfig:
     logit_scale: float = 1.0
     embed_dim: int | None = None  # None: d_model; else the embedding (and tied LM head) width, projected in and
     #   out of d_model by bias-free linears (OPT-350m's project_in / project_out)
-    embed_scale_rounded: bool = True  # embed_scale rounded to the weight dtype before the multiply (Gemma); False:
-    #   a Python float multiply, rounded once (XGLM)
+    embed_scale_unrounded: bool = False  # embed_scale multiplies as a Python float, rounded once (XGLM); False:
+    #   rounded to the weight dtype before the multiply (Gemma). Always False without an embed_scale
     # training
     embed_dropout: float = 0.0
     attn_dropout: float = 0.0
@@ -227,6 +227,8 @@ class ArchConfig:
         if self.position_offset and self.absolute_positions == "none":
             _fail("ArchConfig", "position_offset", self.position_offset,
                   "offsets an absolute position table, and absolute_positions='none' has none; leave it 0")
+        if self.embed_scale is None:  # nothing to round: one spelling of "no embedding scale"
+            object.__setattr__(self, "embed_scale_unrounded", False)
         if self.embed_dim is None:
             object.__setattr__(self, "embed_dim", self.d_model)
         _integer("ArchConfig", "embed_dim", self.embed_dim)

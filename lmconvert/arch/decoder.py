@@ -64,7 +64,7 @@ class Decoder(nn.Module):
         cfg = self.cfg
         h = self.embed(ids)
         if cfg.embed_scale is not None:  # Gemma rounds sqrt(d) to the weight dtype first; XGLM does not
-            scale = torch.tensor(cfg.embed_scale, dtype=torch.float32).to(h.dtype) if cfg.embed_scale_rounded \
+            scale = torch.tensor(cfg.embed_scale, dtype=torch.float32).to(h.dtype) if not cfg.embed_scale_unrounded \
                 else cfg.embed_scale
             h = h * scale
         if self.project_in is not None:

@@ -82,7 +82,7 @@ def variants(cfg: ArchConfig) -> list[str]:
     out.append(f"biases: {', '.join(biases) if biases else 'none'}")
     out.append("embeddings: tied" if cfg.tie_embeddings else "embeddings: untied")
     if cfg.embed_scale is not None:
-        rounding = "rounded to weight dtype" if cfg.embed_scale_rounded else "a float multiply"
+        rounding = "a float multiply" if cfg.embed_scale_unrounded else "rounded to weight dtype"
         out.append(f"embedding scale: {cfg.embed_scale:g} ({rounding})")
     if cfg.projects_embeddings:
         out.append(f"embedding width {cfg.embed_dim}, projected in and out of d_model {cfg.d_model}")

@@ -39,7 +39,7 @@ TENSORS = TensorTable((
 
 def embed_scale_from_hf(hf: HfConfig, fields: dict[str, Any]) -> dict[str, Any]:
     return {"embed_scale": math.sqrt(fields["d_model"]) if hf.get("scale_embedding") else None,
-            "embed_scale_rounded": False}
+            "embed_scale_unrounded": True}
 
 
 def embed_scale_to_hf(cfg: ArchConfig) -> dict[str, Any]:
