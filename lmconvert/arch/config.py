@@ -227,6 +227,9 @@ class ArchConfig:
         if self.position_offset and self.absolute_positions == "none":
             _fail("ArchConfig", "position_offset", self.position_offset,
                   "offsets an absolute position table, and absolute_positions='none' has none; leave it 0")
+        if self.absolute_positions == "sinusoidal_fairseq" and self.d_model < 4:
+            _fail("ArchConfig", "d_model", self.d_model, "fairseq's sinusoidal table divides by d_model / 2 - 1; "
+                  "it needs d_model >= 4")
         if self.embed_scale is None:  # nothing to round: one spelling of "no embedding scale"
             object.__setattr__(self, "embed_scale_unrounded", False)
         if self.embed_dim is None:

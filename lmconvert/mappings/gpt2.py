@@ -75,7 +75,7 @@ CONFIG = ConfigTable((
     plain("vocab_size", "vocab_size", int, 50257),
     aliased("n_embd", "hidden_size", "d_model", int, 768),
     Entry("n_inner", (Key("n_inner", int, None, nullable=True),),
-          lambda hf, fields: {"d_ff": hf.get("n_inner") or 4 * fields["d_model"]}, lambda cfg: {"n_inner": cfg.d_ff}),
+          lambda hf, fields: {"d_ff": hf.get("n_inner") or 4 * fields["d_model"]}, lambda cfg: {"n_inner": None if cfg.d_ff == 4 * cfg.d_model else cfg.d_ff}),
     aliased("n_layer", "num_hidden_layers", "n_layers", int, 12),
     aliased("n_head", "num_attention_heads", "n_heads", int, 12),
     aliased("n_positions", "max_position_embeddings", "max_positions", int, 1024),

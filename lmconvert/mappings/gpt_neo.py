@@ -17,7 +17,7 @@ from typing import Any
 
 from lmconvert.arch import ArchConfig, NormConfig
 
-from .config_table import ConfigTable, Entry, fixed, plain
+from .config_table import DEFAULT, ConfigTable, Entry, fixed, plain
 from .errors import MappingError
 from .family import Family
 from .hf_alias import aliased
@@ -62,17 +62,23 @@ def expand(types: list[Any]) -> list[str]:
 
 
 def layers_from_hf(hf: HfConfig, fields: dict[str, Any]) -> dict[str, Any]:
-    layers = expand(hf.get("attention_types"))
+    layers = expand(hf.get("attention_types") or DEFAULT_TYPES)  # null: transformers' default
     if len(layers) != fields["n_layers"]:
         raise MappingError(f"config.json: attention_types covers {len(layers)} layers but num_layers is "
                            f"{fields['n_layers']}; transformers refuses this too; make them agree")
     return window_fields(tuple(layers), hf.get("window_size"))
 
 
+def compress(kinds: list[str]) -> list[Any]:
+    """The shortest repeating pattern, as GPT-Neo writes it: [[["global", "local"], 12]]."""
+    period = next(p for p in range(1, len(kinds) + 1) if len(kinds) % p == 0 and kinds == kinds[:p] * (len(kinds) // p))
+    return [[kinds[:period], len(kinds) // period]]
+
+
 def layers_to_hf(cfg: ArchConfig) -> dict[str, Any]:
     kinds = list(cfg.layer_kinds)
-    return {"attention_types": [[kinds, 1]], "attention_layers": kinds,
-            "window_size": cfg.sliding_window if cfg.sliding_window is not None else 256}
+    return {"attention_types": compress(kinds), "attention_layers": kinds,
+            "window_size": cfg.sliding_window if cfg.sliding_window is not None else DEFAULT}
 
 
 CONFIG = ConfigTable((
@@ -80,7 +86,7 @@ CONFIG = ConfigTable((
     plain("hidden_size", "d_model", int, 2048),
     Entry("intermediate_size", (Key("intermediate_size", int, None, nullable=True),),
           lambda hf, fields: {"d_ff": hf.get("intermediate_size") or 4 * fields["d_model"]},
-          lambda cfg: {"intermediate_size": cfg.d_ff}),
+          lambda cfg: {"intermediate_size": None if cfg.d_ff == 4 * cfg.d_model else cfg.d_ff}),
     aliased("num_layers", "num_hidden_layers", "n_layers", int, 24),
     aliased("num_heads", "num_attention_heads", "n_heads", int, 16),
     plain("max_position_embeddings", "max_positions", int, 2048),
@@ -90,7 +96,7 @@ CONFIG = ConfigTable((
                                             dtype_order="scale_then_cast")},
           lambda cfg: {"layer_norm_epsilon": cfg.norm.eps}),
     activation("activation_function", "gelu_new"),
-    Entry("layer kinds", (Key("attention_types", list, DEFAULT_TYPES), Key("attention_layers", list, None),
+    Entry("layer kinds", (Key("attention_types", list, None, nullable=True), Key("attention_layers", list, None),
                           Key("window_size", int, 256)), layers_from_hf, layers_to_hf),
     plain("embed_dropout", "embed_dropout", float, 0.0, bound="probability"),
     plain("resid_dropout", "resid_dropout", float, 0.0, bound="probability"),
