@@ -136,7 +136,7 @@ SPECS: dict[str, Spec] = {
         old_drop=("n_embd", "n_layer", "n_head", "n_positions"), rope=False, bf16_exact=True,
         card=("LayerNorm, eps=1e-05, bias, weight in fp32", "pre-norm", "FFN: GeLU (tanh, written out), d_ff 96",
               "absolute positions: learned", "positions: none (all layers)", "score scale divided by layer index + 1",
-              "softmax dtype: activation dtype", "biases: q, k, v, o, mlp", "embeddings: tied"),
+              "biases: q, k, v, o, mlp", "embeddings: tied"),
         not_on_card=("index offset", "q.k in fp32")),
     "gpt_neo": Spec(
         "gpt_neo", dict(num_hidden_layers=3, attention_types=[[["global", "local"], 1], [["local"], 1]],
@@ -146,12 +146,14 @@ SPECS: dict[str, Spec] = {
         card=("LayerNorm, eps=1e-05, bias, weight in fp32", "sliding window 4 on local layers; pattern GLL",
               "score scale: 1", "q.k in fp32", "FFN: GeLU (tanh, written out), d_ff 96", "absolute positions: learned",
               "biases: o, mlp", "embeddings: tied"),
-        not_on_card=("softmax dtype",)),
-    "opt": Spec(  # the opt-350m layout: post-norm, 48-wide embeddings projected in and out
-        "opt", dict(num_hidden_layers=3, ffn_dim=96, do_layer_norm_before=False, word_embed_proj_dim=48),
+        not_on_card=("score scale applied to q",)),
+    "opt": Spec(  # the opt-350m layout: post-norm, 48-wide embeddings projected in and out; head_dim 20, whose
+        # scale is no power of two, so scaling q rather than q.k bites in bf16
+        "opt", dict(hidden_size=80, num_hidden_layers=3, ffn_dim=96, do_layer_norm_before=False,
+                    word_embed_proj_dim=48),
         old_style={}, rope=False, bf16_exact=True,
         card=("LayerNorm, eps=1e-05, bias, weight in fp32", "post-norm", "score scale applied to q before q.k",
-              "absolute positions: learned, index offset 2", "embedding width 48, projected in and out of d_model 64",
+              "absolute positions: learned, index offset 2", "embedding width 48, projected in and out of d_model 80",
               "FFN: ReLU, d_ff 96", "biases: q, k, v, o, mlp", "embeddings: tied")),
     "xglm": Spec(  # sqrt(48) is not a bf16 number: the unrounded embedding scale bites
         "xglm", dict(hidden_size=48, num_hidden_layers=3, ffn_dim=96),
@@ -159,7 +161,7 @@ SPECS: dict[str, Spec] = {
         old_drop=("d_model", "num_layers", "attention_heads"), sdpa=False, rope=False, bf16_exact=True,
         card=("LayerNorm, eps=1e-05, bias, weight in fp32", "pre-norm",
               "absolute positions: sinusoidal (fairseq: sin half, cos half), index offset 2",
-              "embedding scale: 6.9282 (a float multiply)", "softmax dtype: activation dtype (fp32 for fp16)",
+              "embedding scale: 6.9282 (a float multiply)",
               "score scale applied to q before q.k", "FFN: GeLU (erf), d_ff 96", "biases: q, k, v, o, mlp")),
 }
 NAMES = list(SPECS)

@@ -24,14 +24,6 @@ from .positions import RelativeBias, alibi_bias
 from .rope import Rotary, apply_rotary
 
 
-def _softmax_dtype(kind: str, scores: torch.dtype) -> torch.dtype:
-    """What the softmax computes in: fp32 (llama), the scores' own dtype (GPT-2), or that but fp32 for
-    fp16 (XGLM). A bf16 softmax still computes in fp32 inside the kernel; its output is rounded."""
-    if kind == "fp32" or (kind == "fp32_for_fp16" and scores == torch.float16):
-        return torch.float32
-    return scores
-
-
 def _fp32_scores(q: torch.Tensor, k: torch.Tensor, scale: float) -> torch.Tensor:
     """q.k^T * scale in fp32 as one `baddbmm` (GPT-2's `_upcast_and_reordered_attn`): the scale
     rides inside the product, which rounds differently from a separate multiply."""
@@ -45,7 +37,7 @@ def _fp32_scores(q: torch.Tensor, k: torch.Tensor, scale: float) -> torch.Tensor
 
 def _eager(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float, softcap: float | None,
            bias: torch.Tensor | None, allowed: torch.Tensor | None, dropout: float,
-           scores_fp32: bool = False, softmax: str = "fp32") -> torch.Tensor:
+           scores_fp32: bool = False) -> torch.Tensor:
     groups = q.shape[1] // k.shape[1]
     k, v = k.repeat_interleave(groups, dim=1), v.repeat_interleave(groups, dim=1)  # (B, H, S, D)
     if scores_fp32:  # GPT-Neo, GPT-2's reorder_and_upcast_attn: q.k from fp32 copies, scaled inside the
@@ -58,7 +50,9 @@ def _eager(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float, soft
         w = w + bias.to(w.dtype)
     if allowed is not None:
         w = w + torch.zeros_like(allowed, dtype=w.dtype).masked_fill(~allowed, torch.finfo(w.dtype).min)
-    p = F.softmax(w, dim=-1, dtype=_softmax_dtype(softmax, w.dtype)).to(v.dtype)
+    # in fp32, cast back: GPT-2's and XGLM's softmax in the scores' own bf16 computes in fp32 inside
+    # the kernel and rounds once, the same numbers
+    p = F.softmax(w, dim=-1, dtype=torch.float32).to(v.dtype)
     p = F.dropout(p, p=dropout, training=dropout > 0)
     return torch.matmul(p, v)
 
@@ -121,7 +115,7 @@ class Attention(nn.Module):
         allowed = ctx.allowed(self.window)
         dropout = cfg.attn_dropout if self.training else 0.0
         if cfg.attn_softcap is not None or cfg.scores_fp32 or self.backend == "eager":
-            out = _eager(q, k, v, scale, cfg.attn_softcap, bias, allowed, dropout, cfg.scores_fp32, cfg.softmax_dtype)
+            out = _eager(q, k, v, scale, cfg.attn_softcap, bias, allowed, dropout, cfg.scores_fp32)
         else:
             out = _sdpa(q, k, v, scale, bias, allowed, ctx.is_plain_causal(self.window), dropout)
         out = out.transpose(1, 2).reshape(B, T, cfg.q_dim)  # (B, T, H*D)

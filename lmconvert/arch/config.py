@@ -27,7 +27,6 @@ LAYER_POSITIONS = ("rope", "alibi", "relative", "none")
 LAYER_KINDS = ("global", "local")
 QK_NORMS = ("none", "head", "projection")
 DTYPE_ORDERS = ("cast_then_scale", "scale_then_cast")
-SOFTMAX_DTYPES = ("fp32", "activation", "fp32_for_fp16")
 
 
 def _fail(owner: str, name: str, value: Any, why: str) -> None:
@@ -161,8 +160,6 @@ class ArchConfig:
     scale_by_inverse_layer: bool = False  # layer i's score scale is further divided by i + 1 (GPT-2)
     scores_fp32: bool = False  # q.k computed from fp32 copies of q and k, then softmax in fp32 (GPT-Neo, GPT-2's
     #   reorder_and_upcast_attn)
-    softmax_dtype: str = "fp32"  # "activation": softmax in the scores' dtype (GPT-2); "fp32_for_fp16": in the
-    #   scores' dtype except fp16, which goes through fp32 (XGLM)
     # output
     tie_embeddings: bool = False
     embed_scale: float | None = None
@@ -194,8 +191,7 @@ class ArchConfig:
             _fail("ArchConfig", "n_kv_heads", self.n_kv_heads,
                   f"n_heads={self.n_heads} must be a multiple of n_kv_heads={self.n_kv_heads}")
         for name, allowed in (("norm_placement", NORM_PLACEMENTS), ("qk_norm", QK_NORMS),
-                              ("activation", ACTIVATIONS), ("absolute_positions", ABSOLUTE_POSITIONS),
-                              ("softmax_dtype", SOFTMAX_DTYPES)):
+                              ("activation", ACTIVATIONS), ("absolute_positions", ABSOLUTE_POSITIONS)):
             _choice("ArchConfig", name, getattr(self, name), allowed)
         kind = attention_kind(self.attention)
         self._normalise_attention_settings(kind)

@@ -17,7 +17,6 @@ PLACEMENT_NAMES = {"pre": "pre-norm", "post": "post-norm", "sandwich": "sandwich
 
 POSITION_NAMES = {"learned": "learned", "sinusoidal": "sinusoidal (sin/cos interleaved)",
                   "sinusoidal_fairseq": "sinusoidal (fairseq: sin half, cos half)"}
-SOFTMAX_NAMES = {"activation": "activation dtype", "fp32_for_fp16": "activation dtype (fp32 for fp16)"}
 
 
 def _norm(n: NormConfig) -> str:
@@ -53,8 +52,6 @@ def variants(cfg: ArchConfig) -> list[str]:
         out.append("score scale applied to q before q.k")
     if cfg.scores_fp32:
         out.append("q.k in fp32")
-    if cfg.softmax_dtype != "fp32":
-        out.append(f"softmax dtype: {SOFTMAX_NAMES[cfg.softmax_dtype]}")
     if cfg.attn_softcap is not None:
         out.append(f"attention soft-cap: {cfg.attn_softcap:g}")
     if cfg.residual_scale != 1.0:

@@ -4,10 +4,10 @@ Same as gpt_neo, except: q, k and v are one `Conv1D` `attn.c_attn` (weight store
 output q | k | v), and `attn.c_proj`, `mlp.c_fc`, `mlp.c_proj` are `Conv1D`s too, all with biases
 (the tensor table transposes them and cuts c_attn into its three pieces; export joins them back);
 every layer is global; scores are scaled by head_dim ** -0.5 when `scale_attn_weights` (default
-true), further divided by layer index + 1 when `scale_attn_by_inverse_layer_idx`; the softmax runs in
-the scores' dtype (bf16 in a bf16 model), except that `reorder_and_upcast_attn` computes q.k from
-fp32 copies (eager only: transformers' SDPA path ignores it); the keys are `n_embd`, `n_layer`,
-`n_head`, `n_positions`, `n_inner` (null: 4 * n_embd), also read as hidden_size,
+true), further divided by layer index + 1 when `scale_attn_by_inverse_layer_idx`; `reorder_and_upcast_attn`
+computes q.k from fp32 copies as one baddbmm with the scale inside (eager only: transformers' SDPA
+path ignores it); the softmax runs in the scores' dtype, which rounds as fp32 cast back; the keys
+are `n_embd`, `n_layer`, `n_head`, `n_positions`, `n_inner` (null: 4 * n_embd), also read as hidden_size,
 num_hidden_layers, num_attention_heads, max_position_embeddings (GPT2Config's attribute_map);
 dropouts `embd_pdrop`, `resid_pdrop`, `attn_pdrop` (training only). The original checkpoints'
 names without `transformer.`, and their stored causal-mask buffers (`attn.bias`,
@@ -75,7 +75,8 @@ CONFIG = ConfigTable((
     plain("vocab_size", "vocab_size", int, 50257),
     aliased("n_embd", "hidden_size", "d_model", int, 768),
     Entry("n_inner", (Key("n_inner", int, None, nullable=True),),
-          lambda hf, fields: {"d_ff": hf.get("n_inner") or 4 * fields["d_model"]}, lambda cfg: {"n_inner": None if cfg.d_ff == 4 * cfg.d_model else cfg.d_ff}),
+          lambda hf, fields: {"d_ff": hf.get("n_inner") or 4 * fields["d_model"]},
+          lambda cfg: {"n_inner": None if cfg.d_ff == 4 * cfg.d_model else cfg.d_ff}),
     aliased("n_layer", "num_hidden_layers", "n_layers", int, 12),
     aliased("n_head", "num_attention_heads", "n_heads", int, 12),
     aliased("n_positions", "max_position_embeddings", "max_positions", int, 1024),
@@ -92,7 +93,7 @@ CONFIG = ConfigTable((
     plain("attn_pdrop", "attn_dropout", float, 0.1, bound="probability"),
     unsupported("add_cross_attention", bool, False, "cross attention to an encoder", "GPT-2"),
     fixed("GPT-2 layers", gated=False, q_bias=True, k_bias=True, v_bias=True, o_bias=True, mlp_bias=True,
-          softmax_dtype="activation"),
+          ),
     Entry("positions", (), lambda hf, fields: learned_positions(fields["n_layers"], 0), lambda cfg: {}),
 ))
 

@@ -4,7 +4,8 @@ Same as opt, except: always pre-norm with a final `layer_norm`, LayerNorms alway
 projection biased; positions are not learned but fairseq's sinusoidal table (sin of every frequency,
 then cos of every frequency, frequencies exp(-i log(10000) / (d/2 - 1))) indexed from 2; the token
 embeddings are multiplied by sqrt(d_model) as a Python float (`scale_embedding`, default true), not
-rounded to the weight dtype first; the softmax runs in the scores' own dtype (fp32 only for fp16);
+rounded to the weight dtype first; the softmax runs in the scores' own dtype (fp32 for fp16), which
+rounds as fp32 cast back;
 `dropout` drops the embeddings and each sublayer's output, `activation_dropout` the MLP activations
 (training only, checked, not kept); `d_model`, `num_layers` and `attention_heads` are also read as
 `hidden_size`, `num_hidden_layers` and `num_attention_heads` (XGLMConfig's attribute_map). The
@@ -23,8 +24,8 @@ from .config_table import DEFAULT, ConfigTable, Entry, fixed, plain
 from .family import Family
 from .hf_alias import aliased
 from .hf_config import HfConfig, Key
-from .opt import POSITION_OFFSET, fairseq_layer_rules
 from .llama import activation
+from .opt import POSITION_OFFSET, fairseq_layer_rules
 from .table import Rule, TensorTable
 
 TENSORS = TensorTable((
@@ -74,7 +75,7 @@ CONFIG = ConfigTable((
                             Key("layerdrop", float, 0.0, bound="probability")),
           lambda hf, _: {}, lambda cfg: {"activation_dropout": DEFAULT, "layerdrop": DEFAULT}),
     fixed("XGLM layers", norm=NormConfig(kind="layer", eps=1e-5, bias=True, dtype_order="scale_then_cast"),
-          gated=False, scale_query=True, softmax_dtype="fp32_for_fp16", q_bias=True, k_bias=True, v_bias=True,
+          gated=False, scale_query=True, q_bias=True, k_bias=True, v_bias=True,
           o_bias=True, mlp_bias=True),
     Entry("positions", (), positions, lambda cfg: {}),
 ))
