@@ -17,6 +17,7 @@ from __future__ import annotations
 import math
 import subprocess
 import sys
+from dataclasses import replace
 from fractions import Fraction
 
 import gguf
@@ -31,7 +32,7 @@ from lmconvert.mappings.gguf import ARCHS, BY_NAME, GgufArch
 from lmconvert.mappings.meta import TENSORS as META_TENSORS
 from lmconvert.mappings.meta import Layout
 from lmconvert.mappings.table import IDENTITY, TensorTable
-from lmconvert.mappings.transforms import Chain, Fuse, Offset, Permute, PiecesDiffer, Trim
+from lmconvert.mappings.transforms import Chain, Fuse, Offset, Permute, Piece, PiecesDiffer, Trim
 
 SETTINGS = settings(max_examples=150, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow])
 DTYPES = (torch.float32, torch.float16, torch.bfloat16, torch.float64, torch.int8, torch.int32)
@@ -289,7 +290,8 @@ def test_meta_layout_round_trips_every_tensor(layout: Layout, dtype: torch.dtype
        half=st.integers(1, 3), pad=st.integers(0, 3), seed=seeds)
 def test_gguf_table_round_trips_what_it_can(arch: str, kv: int, group: int, half: int, pad: int, seed: int) -> None:
     """Each GGUF rule bound to a file's sizes: permutations both ways for any bits; the vocabulary
-    trim back from zero padding; Gemma's norm offset for norm weights the file stores in [0.5, 2]."""
+    trim back from zero padding; Gemma's norm offset for norm weights the file stores in [0.5, 2];
+    a fused tensor's pieces (GPT-2's attn_qkv) joined back from all of them, for any bits."""
     entry, heads, vocab = GGUF_ARCHS[arch], kv * group, 5
     sizes = {"vocab": vocab, "heads": heads, "kv_heads": kv}
     rows = {"attn_q": heads * 2 * half, "attn_k": kv * 2 * half, "token_embd": vocab + pad, "output": vocab + pad}
@@ -305,6 +307,11 @@ def test_gguf_table_round_trips_what_it_can(arch: str, kv: int, group: int, half
             x = 0.5 + 1.5 * torch.rand(x.shape, generator=torch.Generator().manual_seed(seed))
         if isinstance(rule.transform, Trim):
             x[vocab:] = 0
+        if isinstance(rule.transform, Piece):
+            x = random_bits((3 * half, 3) if stored.endswith("weight") else (3 * half,), torch.float32, seed)
+            pieces = [replace(rule.transform, index=i).bind(sizes).forward(x) for i in range(rule.transform.count)]
+            assert same_bits(t.inverse(pieces), x), stored
+            continue
         assert same_bits(t.inverse(t.forward(x)), x), stored
 
 
