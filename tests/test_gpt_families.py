@@ -27,7 +27,7 @@ from lmconvert.arch import ArchConfig, ConfigError, Decoder
 from lmconvert.arch.activations import ACTIVATIONS
 from lmconvert.arch.positions import sinusoidal, sinusoidal_fairseq
 from lmconvert.convert import to_canonical, to_hf
-from lmconvert.mappings import FAMILIES
+from lmconvert.mappings import FAMILIES, MappingError
 from lmconvert.mappings.transforms import Chain, Piece, Transpose
 
 
@@ -180,6 +180,29 @@ def test_gpt2_original_checkpoint_names_are_read(checkpoint: Callable[..., Path]
     ref = reference(src, torch.float32)
     assert torch.equal(reference(old, torch.float32), ref)  # transformers reads them too
     assert torch.equal(ours(old, torch.float32), ref)
+
+
+def test_opt_model_checkpoint_names_are_read(checkpoint: Callable[..., Path], tmp_path: Path) -> None:
+    """Checkpoints saved from OPTModel hold `decoder.*` (the original facebook/opt uploads)."""
+    src = checkpoint("opt", torch.float32, **SPECS["opt"].kwargs)
+    old = tmp_path / "old"
+    old.mkdir()
+    (old / "config.json").write_text((src / "config.json").read_text())
+    save_file({n.removeprefix("model."): t.contiguous() for n, t in tensors_of(src).items()},
+              str(old / "model.safetensors"), metadata={"format": "pt"})
+    ref = reference(src, torch.float32)
+    assert torch.equal(reference(old, torch.float32), ref)  # transformers reads them too
+    assert torch.equal(ours(old, torch.float32), ref)
+
+
+def test_xglm_pad_id_that_blanks_a_position_is_refused() -> None:
+    """transformers zeroes the table row at pad_token_id: from 2 on, that is a position's row."""
+    xglm = FAMILIES["xglm"]
+    assert xglm.arch_config({"model_type": "xglm", "pad_token_id": 1}) == xglm.arch_config({"model_type": "xglm"})
+    table = XGLMSinusoidalPositionalEmbedding.get_embedding(10, 8, padding_idx=5)
+    assert not table[5].any() and table[4].any()  # what the refusal is about
+    with pytest.raises(MappingError, match="pad_token_id=5: XGLM zeroes row 5"):
+        xglm.arch_config({"model_type": "xglm", "pad_token_id": 5})
 
 
 # ------------------------------------------------------------------------------------------------ transforms

@@ -12,7 +12,8 @@ is multiplied by head_dim ** -0.5 right after its projection and the scores are 
 them and the model width when that differs from hidden_size (opt-350m: 512 and 1024). `dropout`
 drops each sublayer's output and `attention_dropout` the attention probabilities (training only);
 `layerdrop` (training only) is checked, not kept. Positions follow `cumsum(attention_mask)`, the
-same as arange for the unpadded batches lmconvert runs.
+same as arange for the unpadded batches lmconvert runs. Checkpoints saved from OPTModel (names
+under `decoder.`, not `model.decoder.`) are read too; export writes OPTForCausalLM's names.
 """
 
 from __future__ import annotations
@@ -45,16 +46,22 @@ def fairseq_layer_rules(prefix: str) -> tuple[Rule, ...]:
         for p in ("weight", "bias"))
 
 
-TENSORS = TensorTable((
-    Rule("model.decoder.embed_tokens.weight", "embed.weight"),
-    Rule("model.decoder.project_in.weight", "project_in.weight"),
-    Rule("model.decoder.embed_positions.weight", "pos_embed.weight"),
-    *fairseq_layer_rules("model.decoder.layers.{}"),
-    Rule("model.decoder.final_layer_norm.weight", "final_norm.weight"),
-    Rule("model.decoder.final_layer_norm.bias", "final_norm.bias"),
-    Rule("model.decoder.project_out.weight", "project_out.weight"),
-    Rule("lm_head.weight", "lm_head.weight"),
-))
+def _decoder_rules(prefix: str) -> tuple[Rule, ...]:
+    """The decoder's tensors under `prefix`: "model.decoder." as OPTForCausalLM saves them,
+    "decoder." as checkpoints saved from OPTModel (the original uploads) hold them."""
+    return (
+        Rule(f"{prefix}embed_tokens.weight", "embed.weight"),
+        Rule(f"{prefix}project_in.weight", "project_in.weight"),
+        Rule(f"{prefix}embed_positions.weight", "pos_embed.weight"),
+        *fairseq_layer_rules(f"{prefix}layers.{{}}"),
+        Rule(f"{prefix}final_layer_norm.weight", "final_norm.weight"),
+        Rule(f"{prefix}final_layer_norm.bias", "final_norm.bias"),
+        Rule(f"{prefix}project_out.weight", "project_out.weight"),
+    )
+
+
+TENSORS = TensorTable(_decoder_rules("model.decoder.") + (Rule("lm_head.weight", "lm_head.weight"),)
+                      + _decoder_rules("decoder."))
 
 BIASES = ("q_bias", "k_bias", "v_bias", "o_bias", "mlp_bias")
 

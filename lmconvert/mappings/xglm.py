@@ -10,7 +10,7 @@ rounds as fp32 cast back;
 (training only, checked, not kept); `d_model`, `num_layers` and `attention_heads` are also read as
 `hidden_size`, `num_hidden_layers` and `num_attention_heads` (XGLMConfig's attribute_map). The
 table row at `pad_token_id` is zeroed in transformers; the default pad id 1 lies below the offset,
-so no position reaches it.
+so no position reaches it, and a pad id of 2 or more (which would blank one position) is refused.
 """
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ from typing import Any
 from lmconvert.arch import ArchConfig, NormConfig
 
 from .config_table import DEFAULT, ConfigTable, Entry, fixed, plain
+from .errors import MappingError
 from .family import Family
 from .hf_alias import aliased
 from .hf_config import HfConfig, Key
@@ -49,6 +50,11 @@ def embed_scale_to_hf(cfg: ArchConfig) -> dict[str, Any]:
 
 
 def positions(hf: HfConfig, fields: dict[str, Any]) -> dict[str, Any]:
+    pad = hf.data.get("pad_token_id")  # a token id, checked by the passthrough; here only its table row matters
+    if isinstance(pad, int) and not isinstance(pad, bool) and pad >= POSITION_OFFSET:
+        raise MappingError(f"config.json: pad_token_id={pad}: XGLM zeroes row {pad} of its sinusoidal table, so "
+                           f"position {pad - POSITION_OFFSET} gets no position embedding, which lmconvert does not "
+                           "express; only pad ids below 2 (XGLM's own is 1) are supported")
     return {"absolute_positions": "sinusoidal_fairseq", "position_offset": POSITION_OFFSET,
             "layer_positions": ("none",) * fields["n_layers"]}
 
