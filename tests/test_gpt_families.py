@@ -3,12 +3,15 @@ fairseq's sinusoidal table, the position offset, and the operation orders that m
 (q scaled before q.k, fp32 scores, an unrounded embedding scale). Each order is
 shown to matter: with the family's value our bf16 logits are transformers' bit for bit, with the
 other value they are not. Then the layouts family_specs does not hold: OPT pre-norm (with and
-without the final norm, affine or not), GPT-2's `reorder_and_upcast_attn` and unscaled scores, and
-GPT-2's original checkpoint names."""
+without the final norm, affine or not), GPT-2's `reorder_and_upcast_attn` and unscaled scores,
+GPT-2's and OPT's original checkpoint names. Last, each family's decoder with a hand-written
+ArchConfig and hand-renamed weights (no lmconvert.mappings) against transformers."""
 
 from __future__ import annotations
 
 import dataclasses
+import math
+import re
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -23,7 +26,7 @@ from transformers.activations import NewGELUActivation
 from transformers.models.xglm.modeling_xglm import XGLMSinusoidalPositionalEmbedding
 
 import lmconvert
-from lmconvert.arch import ArchConfig, ConfigError, Decoder
+from lmconvert.arch import ArchConfig, ConfigError, Decoder, NormConfig
 from lmconvert.arch.activations import ACTIVATIONS
 from lmconvert.arch.positions import sinusoidal, sinusoidal_fairseq
 from lmconvert.convert import to_canonical, to_hf
@@ -230,3 +233,90 @@ def test_embed_dim_shapes_the_embedding_and_head() -> None:
     assert shapes["embed.weight"] == (cfg.vocab_size, 24) and shapes["lm_head.weight"] == (cfg.vocab_size, 24)
     assert shapes["project_in.weight"] == (cfg.d_model, 24) and shapes["project_out.weight"] == (24, cfg.d_model)
     assert "project_in.weight" not in Decoder(tiny()).state_dict()
+
+
+# ------------------------------------------------------------------------------------------------ by hand
+# Each family's ArchConfig written out by hand and its weights renamed here, independent of
+# lmconvert.mappings: the decoder alone against transformers.
+LN = NormConfig(kind="layer", eps=1e-5, bias=True, dtype_order="scale_then_cast")
+BIASES = dict(q_bias=True, k_bias=True, v_bias=True, o_bias=True, mlp_bias=True)
+NONE3 = ("none",) * 3
+BY_HAND: dict[str, ArchConfig] = {
+    "opt": ArchConfig(vocab_size=128, d_model=80, n_layers=3, n_heads=4, d_ff=96, max_positions=128, norm=LN,
+                      norm_placement="post", final_norm=False, **BIASES, activation="relu", gated=False,
+                      absolute_positions="learned", position_offset=2, layer_positions=NONE3, scale_query=True,
+                      tie_embeddings=True, embed_dim=48),
+    "xglm": ArchConfig(vocab_size=128, d_model=48, n_layers=3, n_heads=4, d_ff=96, max_positions=128, norm=LN,
+                       **BIASES, activation="gelu", gated=False, absolute_positions="sinusoidal_fairseq",
+                       position_offset=2, layer_positions=NONE3, scale_query=True, tie_embeddings=True,
+                       embed_scale=math.sqrt(48), embed_scale_unrounded=True),
+    "gpt_neo": ArchConfig(vocab_size=128, d_model=64, n_layers=3, n_heads=4, d_ff=96, max_positions=128, norm=LN,
+                          o_bias=True, mlp_bias=True, activation="gelu_new", gated=False,
+                          absolute_positions="learned", layer_positions=NONE3, layer_kinds=("global", "local", "local"),
+                          sliding_window=4, attn_scale=1.0, scores_fp32=True, tie_embeddings=True),
+    "gpt2": ArchConfig(vocab_size=128, d_model=64, n_layers=3, n_heads=4, d_ff=96, max_positions=128, norm=LN,
+                       **BIASES, activation="gelu_new", gated=False, absolute_positions="learned",
+                       layer_positions=NONE3, scale_by_inverse_layer=True, tie_embeddings=True),
+}
+# \1 is the layer index, matched by the prefix each family puts in front
+FAIRSEQ_LAYER = [(r"self_attn\.(q|k|v)_proj\.", r"attn.\2."), (r"self_attn\.out_proj\.", "attn.o."),
+                 (r"self_attn_layer_norm\.", "attn_norm."), (r"fc1\.", "mlp.up."), (r"fc2\.", "mlp.down."),
+                 (r"final_layer_norm\.", "mlp_norm.")]
+RENAMES: dict[str, list[tuple[str, str]]] = {
+    "opt": [(r"model\.decoder\.embed_tokens\.", "embed."), (r"model\.decoder\.embed_positions\.", "pos_embed."),
+            (r"model\.decoder\.project_(in|out)\.", r"project_\1."),
+            *((rf"model\.decoder\.layers\.(\d+)\.{p}", rf"layers.\1.{r}") for p, r in FAIRSEQ_LAYER)],
+    "xglm": [(r"model\.embed_tokens\.", "embed."), (r"model\.layer_norm\.", "final_norm."),
+             *((rf"model\.layers\.(\d+)\.{p}", rf"layers.\1.{r}") for p, r in FAIRSEQ_LAYER)],
+    "gpt_neo": [(r"transformer\.wte\.", "embed."), (r"transformer\.wpe\.", "pos_embed."),
+                (r"transformer\.ln_f\.", "final_norm."), (r"transformer\.h\.(\d+)\.ln_1\.", r"layers.\1.attn_norm."),
+                (r"transformer\.h\.(\d+)\.ln_2\.", r"layers.\1.mlp_norm."),
+                (r"transformer\.h\.(\d+)\.attn\.attention\.(q|k|v)_proj\.", r"layers.\1.attn.\2."),
+                (r"transformer\.h\.(\d+)\.attn\.attention\.out_proj\.", r"layers.\1.attn.o."),
+                (r"transformer\.h\.(\d+)\.mlp\.c_fc\.", r"layers.\1.mlp.up."),
+                (r"transformer\.h\.(\d+)\.mlp\.c_proj\.", r"layers.\1.mlp.down.")],
+}
+
+
+def by_hand_state(family: str, hf: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """transformers' state dict under our names, the tied head left out; GPT-2's Conv1D weights
+    transposed by hand and c_attn cut into thirds."""
+    state: dict[str, torch.Tensor] = {}
+    for name, t in hf.items():
+        if name == "lm_head.weight":
+            continue
+        if family == "gpt2":
+            name = name.removeprefix("transformer.")
+            simple = {"wte.": "embed.", "wpe.": "pos_embed.", "ln_f.": "final_norm."}
+            if name.split(".")[0] + "." in simple:
+                state[simple[name.split(".")[0] + "."] + name.split(".", 1)[1]] = t
+                continue
+            _, layer, *module, kind = name.split(".")
+            module = ".".join(module)
+            if module == "attn.c_attn":
+                for c, piece in zip("qkv", (t.t() if kind == "weight" else t).chunk(3, 0), strict=True):
+                    state[f"layers.{layer}.attn.{c}.{kind}"] = piece.contiguous()
+                continue
+            ours = {"ln_1": "attn_norm", "ln_2": "mlp_norm", "attn.c_proj": "attn.o", "mlp.c_fc": "mlp.up",
+                    "mlp.c_proj": "mlp.down"}[module]
+            conv = kind == "weight" and "." in module
+            state[f"layers.{layer}.{ours}.{kind}"] = t.t().contiguous() if conv else t
+            continue
+        pattern, repl = next((p, r) for p, r in RENAMES[family] if re.match(p, name))
+        state[re.sub(pattern, repl, name)] = t
+    return state
+
+
+@pytest.mark.parametrize("family", list(BY_HAND))
+def test_decoder_by_hand_is_transformers_in_fp32_and_bf16(family: str, checkpoint: Callable[..., Path]) -> None:
+    for dtype in (torch.float32, torch.bfloat16):
+        src = checkpoint(family, dtype, **SPECS[family].kwargs)
+        hf = load_reference(src, dtype)
+        model = Decoder(BY_HAND[family])
+        model.load_state_dict(by_hand_state(family, hf.state_dict()), strict=True)
+        model = model.to(dtype).set_attention("eager").eval()
+        with torch.no_grad():
+            got, ref = model(IDS).float(), hf(IDS).logits.float()
+        if dtype == torch.float32:
+            assert float((got - ref).abs().max()) <= FP32_TOL
+        assert torch.equal(got, ref), (family, dtype, float((got - ref).abs().max()))
