@@ -32,6 +32,8 @@ from lmconvert.arch.positions import sinusoidal, sinusoidal_fairseq
 from lmconvert.convert import to_canonical, to_hf
 from lmconvert.mappings import FAMILIES, MappingError
 from lmconvert.mappings.transforms import Chain, Piece, Transpose
+from lmconvert.runtime.streamed import _stage_of, streamed
+from lmconvert.verify.trace import our_trace
 
 
 @pytest.fixture(scope="module")
@@ -320,3 +322,16 @@ def test_decoder_by_hand_is_transformers_in_fp32_and_bf16(family: str, checkpoin
         if dtype == torch.float32:
             assert float((got - ref).abs().max()) <= FP32_TOL
         assert torch.equal(got, ref), (family, dtype, float((got - ref).abs().max()))
+
+
+@pytest.mark.parametrize("family", ["opt", "xglm"])
+def test_streamed_forward_is_bit_identical(family: str, checkpoint: Callable[..., Path]) -> None:
+    """One stage at a time: OPT-350m's project_in loads with the embedding, project_out with the head."""
+    src = checkpoint(family, torch.float32, **SPECS[family].kwargs)
+    model = lmconvert.load(src, attention="eager")
+    with streamed(src, torch.float32) as stream:
+        assert torch.equal(stream(IDS), model(IDS))
+        ours, reference = our_trace(stream.model, stream, IDS), our_trace(model, model, IDS)
+        assert all(torch.equal(ours.points[k], reference.points[k]) for k in reference.points)
+        assert all(p.is_meta for p in stream.model.parameters())
+    assert _stage_of("project_in.weight", True) == ("embed",) and _stage_of("project_out.weight", True) == ("head",)
