@@ -26,6 +26,9 @@ class Spec:
     old_drop: tuple[str, ...] = ()  # further keys a transformers 4 file lacks (derived by transformers)
     layer_types: tuple[list[str], tuple[str, ...]] | None = None  # a non-default layer_types, the kinds it means
     not_on_card: tuple[str, ...] = ()  # what it must not say
+    sdpa: bool = True  # transformers runs it with SDPA (GPT-Neo and XGLM have only their own attention)
+    rope: bool = True  # config.json states rope_parameters (the families with RoPE)
+    bf16_exact: bool = False  # our bf16 logits are transformers' bf16 logits bit for bit (eager, CPU)
 
 
 S, F = "sliding_attention", "full_attention"
@@ -155,6 +158,39 @@ SPECS: dict[str, Spec] = {
               "logit scale: 0.25", "embeddings: tied"),
         not_on_card=("QK norm",),
         layer_types=([F, S, S, F], ("global", "local", "local", "global"))),
+    "gpt2": Spec(
+        "gpt2", dict(num_hidden_layers=3, n_inner=96, scale_attn_by_inverse_layer_idx=True),
+        old_style={"hidden_size": 64, "num_hidden_layers": 3, "num_attention_heads": 4, "max_position_embeddings": 128},
+        old_drop=("n_embd", "n_layer", "n_head", "n_positions"), rope=False, bf16_exact=True,
+        card=("LayerNorm, eps=1e-05, bias, weight in fp32", "pre-norm", "FFN: GeLU (tanh, written out), d_ff 96",
+              "absolute positions: learned", "positions: none (all layers)", "score scale divided by layer index + 1",
+              "biases: q, k, v, o, mlp", "embeddings: tied"),
+        not_on_card=("index offset", "q.k in fp32")),
+    "gpt_neo": Spec(
+        "gpt_neo", dict(num_hidden_layers=3, attention_types=[[["global", "local"], 1], [["local"], 1]],
+                        window_size=WINDOW, intermediate_size=96),
+        old_style={"num_hidden_layers": 3, "num_attention_heads": 4}, old_drop=("num_layers", "num_heads"),
+        sdpa=False, rope=False, bf16_exact=True,
+        card=("LayerNorm, eps=1e-05, bias, weight in fp32", "sliding window 4 on local layers; pattern GLL",
+              "score scale: 1", "q.k in fp32", "FFN: GeLU (tanh, written out), d_ff 96", "absolute positions: learned",
+              "biases: o, mlp", "embeddings: tied"),
+        not_on_card=("score scale applied to q",)),
+    "opt": Spec(  # the opt-350m layout: post-norm, 48-wide embeddings projected in and out; head_dim 20, whose
+        # scale is no power of two, so scaling q rather than q.k bites in bf16
+        "opt", dict(hidden_size=80, num_hidden_layers=3, ffn_dim=96, do_layer_norm_before=False,
+                    word_embed_proj_dim=48),
+        old_style={}, rope=False, bf16_exact=True,
+        card=("LayerNorm, eps=1e-05, bias, weight in fp32", "post-norm", "score scale applied to q before q.k",
+              "absolute positions: learned, index offset 2", "embedding width 48, projected in and out of d_model 80",
+              "FFN: ReLU, d_ff 96", "biases: q, k, v, o, mlp", "embeddings: tied")),
+    "xglm": Spec(  # sqrt(48) is not a bf16 number: the unrounded embedding scale bites
+        "xglm", dict(hidden_size=48, num_hidden_layers=3, ffn_dim=96),
+        old_style={"hidden_size": 48, "num_hidden_layers": 3, "num_attention_heads": 4},
+        old_drop=("d_model", "num_layers", "attention_heads"), sdpa=False, rope=False, bf16_exact=True,
+        card=("LayerNorm, eps=1e-05, bias, weight in fp32", "pre-norm",
+              "absolute positions: sinusoidal (fairseq: sin half, cos half), index offset 2",
+              "embedding scale: 6.9282 (a float multiply)",
+              "score scale applied to q before q.k", "FFN: GeLU (erf), d_ff 96", "biases: q, k, v, o, mlp")),
 }
 NAMES = list(SPECS)
 TEXT = dict(vocab_size=128, hidden_size=64, intermediate_size=96, num_hidden_layers=3, num_attention_heads=4,

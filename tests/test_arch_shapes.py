@@ -134,10 +134,14 @@ def arch_configs(draw: st.DrawFn) -> ArchConfig:
         relative_buckets=buckets, relative_max_distance=draw(st.integers(buckets // 2 + 1, 64)),
         attention=draw(st.sampled_from(sorted(attention_kinds.KINDS))),
         layer_kinds=layer_kinds, sliding_window=8 if "local" in layer_kinds else None,
-        tie_embeddings=tie,
+        tie_embeddings=tie, embed_dim=draw(st.sampled_from([None, 1, 6])),  # OPT-350m's narrower embeddings
     )
     if fields["qk_norm"] == "head" and draw(st.booleans()):  # Cohere's weights, one per head
         fields["qk_norm_weight"] = "per_head"
+    if fields["absolute_positions"] == "none":  # an offset needs a table to offset
+        fields["position_offset"] = 0
+    if fields["absolute_positions"] == "sinusoidal_fairseq" and d_model < 4:  # fairseq's table needs d/2 - 1 > 0
+        fields["absolute_positions"] = "sinusoidal"
     if fields["attention"] == "latent":  # what MLA has: RoPE on every layer, one kv head per head, no window
         fields.update(
             n_kv_heads=None, head_dim=draw(st.sampled_from([4, 8])), rope=RopeConfig(), rope_local=None,

@@ -76,6 +76,19 @@ VARIANTS: dict[str, list[dict[str, Any]]] = {
                                    rope_parameters={**YARN, "mscale": 0.8, "mscale_all_dim": 0.7})],
     "deepseek_v2": [DEEPSEEK, dict(DEEPSEEK, q_lora_rank=None, attention_bias=True, mlp_bias=True, kv_lora_rank=16,
                                    qk_nope_head_dim=12, qk_rope_head_dim=8, v_head_dim=10, rope_parameters=YARN)],
+    "gpt2": [{}, dict(n_inner=96, scale_attn_weights=False, scale_attn_by_inverse_layer_idx=True,
+                      reorder_and_upcast_attn=True, activation_function="gelu", layer_norm_epsilon=1e-6,
+                      tie_word_embeddings=False, resid_pdrop=0.0, embd_pdrop=0.2, attn_pdrop=0.05)],
+    "gpt_neo": [dict(num_hidden_layers=24),  # transformers' default attention_types covers 24 layers
+                dict(num_hidden_layers=3, attention_types=[[["global", "local", "local"], 1]], window_size=4,
+                     intermediate_size=96, activation_function="gelu", layer_norm_epsilon=1e-6,
+                     tie_word_embeddings=False, embed_dropout=0.1, resid_dropout=0.2, attention_dropout=0.05)],
+    "opt": [{}, dict(ffn_dim=96, do_layer_norm_before=False, word_embed_proj_dim=48, enable_bias=False,
+                     layer_norm_elementwise_affine=False, activation_function="gelu", tie_word_embeddings=False,
+                     dropout=0.0, attention_dropout=0.1),
+            dict(_remove_final_layer_norm=True)],
+    "xglm": [{}, dict(ffn_dim=96, scale_embedding=False, activation_function="relu", tie_word_embeddings=False,
+                      dropout=0.0, attention_dropout=0.2)],
 }
 # configs with keys that have no effect, as Hub files have them: same ArchConfig, not the same keys
 INERT: dict[str, list[dict[str, Any]]] = {
@@ -84,6 +97,9 @@ INERT: dict[str, list[dict[str, Any]]] = {
     "mistral": [dict(sliding_window=4, layer_types=[S, S])],  # the pattern without layer_types
     "deepseek_v3": [dict(num_key_value_heads=4)],  # first_k_dense_replace=3 past the two layers
     "deepseek_v2": [dict(DEEPSEEK, first_k_dense_replace=5)],  # past the two layers
+    "gpt_neo": [dict(attention_types=[[["global"], 2]], window_size=8)],  # a window no layer uses
+    "opt": [dict(do_layer_norm_before=False, _remove_final_layer_norm=True, layerdrop=0.1)],  # post-norm: none
+    "xglm": [dict(activation_dropout=0.1, layerdrop=0.2)],  # training only
 }
 CASES = [(t, v) for t, variants in VARIANTS.items() for v in variants]
 ALL_CASES = CASES + [(t, v) for t, variants in INERT.items() for v in variants]
@@ -128,7 +144,8 @@ def test_from_hf_of_to_hf_is_the_identity(model_type: str, variant: dict[str, An
 @pytest.mark.parametrize("model_type", VARIANTS)
 def test_defaults_and_nulls_are_transformers_own(model_type: str) -> None:
     """For every key transformers' config class declares: the same default, and null accepted
-    exactly where transformers accepts it."""
+    exactly where transformers accepts it (in the family's first variant, a model transformers
+    can build)."""
     config_class = type(AutoConfig.for_model(model_type))
     theirs = {f.name: f for f in dataclasses.fields(config_class)}
     checked = []
@@ -139,7 +156,7 @@ def test_defaults_and_nulls_are_transformers_own(model_type: str) -> None:
         if theirs[name].default is not dataclasses.MISSING:
             assert key.default == theirs[name].default, name
         try:
-            AutoConfig.for_model(model_type, **{**TINY, name: None})
+            AutoConfig.for_model(model_type, **{**TINY, **VARIANTS[model_type][0], name: None})
             takes_null = True
         except Exception:  # noqa: BLE001 - transformers' strict validation raises its own types
             takes_null = False
@@ -182,12 +199,21 @@ BAD_VALUES = [
 ]
 
 
-# a family without one of those keys: OlmoLayerNorm's eps is fixed at 1e-5
-NOT_A_KEY = {("olmo", "rms_norm_eps")}
+# a family without one of those keys: OlmoLayerNorm's eps is fixed at 1e-5; the GPT-2-era families have
+# neither RoPE nor GQA nor a free head_dim, OPT's and XGLM's LayerNorm eps is torch's default
+NOT_A_KEY = {("olmo", "rms_norm_eps"),
+             *((t, k) for t in ("gpt2", "gpt_neo", "opt", "xglm") for k in ("num_key_value_heads", "head_dim",
+                                                                           "rope_parameters")),
+             ("gpt2", "intermediate_size"), ("opt", "rms_norm_eps"), ("xglm", "rms_norm_eps")}
+# a key transformers takes null for (its default), where the others refuse it
+NULL_IS_DEFAULT = {("gpt_neo", "intermediate_size")}
 # a family that spells one of those keys its own way
 OWN_SPELLING = {("starcoder2", "rms_norm_eps"): "norm_epsilon", ("nemotron", "rms_norm_eps"): "norm_eps",
                 ("stablelm", "rms_norm_eps"): "layer_norm_eps", ("cohere", "rms_norm_eps"): "layer_norm_eps",
-                ("cohere2", "rms_norm_eps"): "layer_norm_eps"}
+                ("cohere2", "rms_norm_eps"): "layer_norm_eps",
+                ("gpt2", "rms_norm_eps"): "layer_norm_epsilon", ("gpt2", "attention_dropout"): "attn_pdrop",
+                ("gpt_neo", "rms_norm_eps"): "layer_norm_epsilon", ("opt", "intermediate_size"): "ffn_dim",
+                ("xglm", "intermediate_size"): "ffn_dim"}
 
 
 @pytest.mark.parametrize("model_type", VARIANTS)
@@ -198,6 +224,11 @@ def test_bad_values_are_refused_naming_the_key(model_type: str, key: str, value:
     if (model_type, key) in NOT_A_KEY:  # transformers never reads it, so neither value matters
         family = family_for(model_type)
         assert key not in family.config.keys
+        assert family.arch_config(config) == family.arch_config({"model_type": model_type})
+        return
+    if (model_type, key) in NULL_IS_DEFAULT and value is None:
+        family = family_for(model_type)
+        assert key in family.config.keys and family.config.keys[key].nullable
         assert family.arch_config(config) == family.arch_config({"model_type": model_type})
         return
     with pytest.raises(MappingError) as caught:
@@ -242,6 +273,15 @@ def test_bad_values_are_refused_naming_the_key(model_type: str, key: str, value:
     ("gemma3_text", "rope_parameters", {F: {"rope_type": "default", "rope_theta": -1.0}},
      "rope_parameters.full_attention.rope_theta=-1.0"),
     ("gemma3", "tie_word_embeddings", "yes", "true or false"),
+    ("gpt2", "n_inner", 0, "positive integer"), ("gpt2", "scale_attn_weights", "yes", "boolean"),
+    ("gpt2", "add_cross_attention", True, "add_cross_attention=true"), ("gpt2", "n_embd", 64.0, "integer"),
+    ("gpt_neo", "attention_types", [[["global", "sliding"], 12]], "attention_types="),
+    ("gpt_neo", "attention_types", [[["global", "local"], 1]], "covers 2 layers but num_layers is 24"),
+    ("gpt_neo", "window_size", 0, "positive integer"), ("gpt_neo", "num_layers", 0, "positive integer"),
+    ("opt", "word_embed_proj_dim", 0, "positive integer"), ("opt", "do_layer_norm_before", "no", "boolean"),
+    ("opt", "layerdrop", 1.0, "in [0, 1)"), ("opt", "enable_bias", 1, "boolean"),
+    ("xglm", "scale_embedding", 1, "boolean"), ("xglm", "d_model", 64.0, "integer"),
+    ("xglm", "activation_dropout", 1.5, "in [0, 1)"), ("xglm", "attention_heads", 0, "positive integer"),
     ("gemma3", "text_config", {"num_key_value_heads": 0}, "num_key_value_heads=0"),
 ])
 def test_family_keys_are_checked(model_type: str, key: str, value: Any, fragment: str) -> None:

@@ -1,5 +1,5 @@
 """The families against transformers: llama, mistral, gemma, gemma2, gemma3, olmo2, qwen2, qwen3,
-smollm3, starcoder2, nemotron, stablelm, granite, olmo, phi3, cohere, cohere2.
+smollm3, starcoder2, nemotron, stablelm, granite, olmo, phi3, cohere, cohere2, gpt2, gpt_neo, opt, xglm.
 
 Every family is a tiny transformers model with every parameter perturbed, run on sequences several
 times longer than its sliding window, with soft-caps small enough to bite. For each family:
@@ -137,6 +137,15 @@ def test_bf16_faithfulness(name: str, checkpoint: Callable[..., Path]) -> None:
     assert ours_error <= FAITHFULNESS * reference_error, (ours_error, reference_error)
 
 
+@pytest.mark.parametrize("name", [n for n in NAMES if SPECS[n].bf16_exact])
+def test_bf16_logits_are_transformers_bit_for_bit(name: str, checkpoint: Callable[..., Path]) -> None:
+    """Where every operation follows the reference's order and dtype, bf16 rounds the same way:
+    our eager bf16 logits equal transformers' eager bf16 logits exactly (CPU)."""
+    src = checkpoint(name, torch.bfloat16)
+    ours, ref = our_logits(src, torch.bfloat16), hf_logits(src, torch.bfloat16)
+    assert torch.equal(ours, ref), max_abs(ours, ref)
+
+
 @pytest.mark.parametrize("name", NAMES)
 def test_round_trip_is_bit_exact(name: str, checkpoint: Callable[..., Path], tmp_path: Path) -> None:
     src = checkpoint(name, torch.bfloat16)
@@ -150,7 +159,7 @@ def test_sdpa_matches_transformers_sdpa(name: str, checkpoint: Callable[..., Pat
     """Our default backend against transformers' default one (soft-capped layers run eager on
     both sides: transformers refuses SDPA for Gemma 2)."""
     src = checkpoint(name)
-    implementation = "eager" if name == "gemma2" else "sdpa"
+    implementation = "eager" if name == "gemma2" or not SPECS[name].sdpa else "sdpa"
     with torch.no_grad():
         ref = AutoModelForCausalLM.from_pretrained(src, attn_implementation=implementation)(IDS).logits
     assert max_abs(our_logits(src, attention="sdpa"), ref) <= FP32_TOL
@@ -164,7 +173,7 @@ def test_cached_decoding_equals_full_forward(name: str, attention: str, checkpoi
     cached decoding by ~1e-5 on both sides (transformers' own too), so that equality is checked in
     float64, where rounding cannot hide a wrong position or mask."""
     src = checkpoint(name)
-    implementation = "eager" if name == "gemma2" else attention
+    implementation = "eager" if name == "gemma2" or not SPECS[name].sdpa else attention
     check_cached_decoding(src, IDS, 6, attention, implementation, FP32_TOL)
 
 
@@ -187,7 +196,7 @@ def test_both_config_styles(name: str, checkpoint: Callable[..., Path], tmp_path
     new = checkpoint(name)
     old = edited_copy(new, tmp_path / "old", transformers4_style(spec))
     new_config, old_config = (json.loads((d / "config.json").read_text()) for d in (new, old))
-    assert "rope_parameters" in new_config and "rope_parameters" not in old_config
+    assert ("rope_parameters" in new_config) == spec.rope and "rope_parameters" not in old_config
     family = family_for(new_config["model_type"])
     assert family.arch_config(old_config) == family.arch_config(new_config)
     ref = hf_logits(old)
@@ -632,6 +641,203 @@ for _source, _phi3 in {
     "cohere": "QK-norm weights per head", "cohere2": "this per-layer position pattern",
 }.items():
     MATRIX[_source]["phi3"] = _phi3
+MATRIX.update({
+    # the GPT-2-era families: absolute positions and no RoPE, so no exact pair with another family
+    "gpt2": {
+        "llama": "llama cannot express this norm's kind and bias and dtype_order, absolute position embeddings",
+        "mistral": "mistral cannot express this norm's kind and bias and dtype_order, a q bias",
+        "gemma": "gemma cannot express this norm's kind and bias and weight_offset, MLP biases",
+        "gemma2": "gemma2 cannot express this norm's kind and bias and weight_offset, this norm placement",
+        "gemma3": "gemma3 cannot express this norm's kind and bias and weight_offset, this norm placement",
+        "olmo2": "olmo2 cannot express this norm's kind and bias, this norm placement",
+        "qwen2": "qwen2 cannot express this norm's kind and bias and dtype_order, an output-projection bias",
+        "qwen3": "qwen3 cannot express this norm's kind and bias and dtype_order, MLP biases",
+        "smollm3": "smollm3 cannot express this norm's kind and bias and dtype_order, absolute position embeddings",
+        "starcoder2": 'starcoder2 cannot express absolute position embeddings, this per-layer position pattern',
+        "nemotron": "nemotron cannot express this norm's weight_offset, absolute position embeddings",
+        "stablelm": 'stablelm cannot express an output-projection bias, MLP biases',
+        "granite": "granite cannot express this norm's kind and bias and dtype_order, absolute position embeddings",
+        "olmo": "olmo cannot express this norm's weight and bias and dtype_order, MLP biases",
+        "opt": 'opt cannot express per-layer score scaling (1/(layer+1)), embedding dropout (gpt2)',
+        "xglm": 'xglm cannot express absolute position embeddings, per-layer score scaling (1/(layer+1))',
+        "gpt_neo": 'gpt_neo cannot express a q bias, a k bias',
+        "gpt2": OK,
+    },
+    "gpt_neo": {
+        "llama": "llama cannot express this norm's kind and bias and dtype_order, an output-projection bias",
+        "mistral": "mistral cannot express this norm's kind and bias and dtype_order, an output-projection bias",
+        "gemma": "gemma cannot express this norm's kind and bias and weight_offset, an output-projection bias",
+        "gemma2": "gemma2 cannot express this norm's kind and bias and weight_offset, this norm placement",
+        "gemma3": "gemma3 cannot express this norm's kind and bias and weight_offset, this norm placement",
+        "olmo2": "olmo2 cannot express this norm's kind and bias, this norm placement",
+        "qwen2": "qwen2 cannot express this norm's kind and bias and dtype_order, an output-projection bias",
+        "qwen3": "qwen3 cannot express this norm's kind and bias and dtype_order, an output-projection bias",
+        "smollm3": "smollm3 cannot express this norm's kind and bias and dtype_order, an output-projection bias",
+        "starcoder2": 'starcoder2 cannot express an output-projection bias, MLP biases',
+        "nemotron": "nemotron cannot express this norm's weight_offset, an output-projection bias",
+        "stablelm": 'stablelm cannot express an output-projection bias, MLP biases',
+        "granite": "granite cannot express this norm's kind and bias and dtype_order, an output-projection bias",
+        "olmo": "olmo cannot express this norm's weight and bias and dtype_order, an output-projection bias",
+        "opt": 'opt cannot express an output-projection bias, MLP biases',
+        "xglm": 'xglm cannot express absolute position embeddings, this local/global layer pattern',
+        "gpt_neo": OK,
+        "gpt2": 'gpt2 cannot express this local/global layer pattern, a sliding window',
+    },
+    "opt": {
+        "llama": "llama cannot express this norm's kind and bias and dtype_order, this norm placement",
+        "mistral": "mistral cannot express this norm's kind and bias and dtype_order, this norm placement",
+        "gemma": "gemma cannot express this norm's kind and bias and weight_offset, this norm placement",
+        "gemma2": "gemma2 cannot express this norm's kind and bias and weight_offset, this norm placement",
+        "gemma3": "gemma3 cannot express this norm's kind and bias and weight_offset, this norm placement",
+        "olmo2": "olmo2 cannot express this norm's kind and bias, this norm placement",
+        "qwen2": "qwen2 cannot express this norm's kind and bias and dtype_order, this norm placement",
+        "qwen3": "qwen3 cannot express this norm's kind and bias and dtype_order, this norm placement",
+        "smollm3": "smollm3 cannot express this norm's kind and bias and dtype_order, this norm placement",
+        "starcoder2": 'starcoder2 cannot express this norm placement, absolute position embeddings',
+        "nemotron": "nemotron cannot express this norm's weight_offset, this norm placement",
+        "stablelm": 'stablelm cannot express this norm placement, an output-projection bias',
+        "granite": "granite cannot express this norm's kind and bias and dtype_order, this norm placement",
+        "olmo": "olmo cannot express this norm's weight and bias and dtype_order, this norm placement",
+        "opt": OK,
+        "xglm": 'xglm cannot express this norm placement, absolute position embeddings',
+        "gpt_neo": 'gpt_neo cannot express this norm placement, a q bias',
+        "gpt2": 'gpt2 cannot express this norm placement, a position offset',
+    },
+    "xglm": {
+        "llama": "llama cannot express this norm's kind and bias and dtype_order, absolute position embeddings",
+        "mistral": "mistral cannot express this norm's kind and bias and dtype_order, a q bias",
+        "gemma": "gemma cannot express this norm's kind and bias and weight_offset, MLP biases",
+        "gemma2": "gemma2 cannot express this norm's kind and bias and weight_offset, this norm placement",
+        "gemma3": "gemma3 cannot express this norm's kind and bias and weight_offset, this norm placement",
+        "olmo2": "olmo2 cannot express this norm's kind and bias, this norm placement",
+        "qwen2": "qwen2 cannot express this norm's kind and bias and dtype_order, an output-projection bias",
+        "qwen3": "qwen3 cannot express this norm's kind and bias and dtype_order, MLP biases",
+        "smollm3": "smollm3 cannot express this norm's kind and bias and dtype_order, absolute position embeddings",
+        "starcoder2": 'starcoder2 cannot express absolute position embeddings, a position offset',
+        "nemotron": "nemotron cannot express this norm's weight_offset, absolute position embeddings",
+        "stablelm": 'stablelm cannot express an output-projection bias, MLP biases',
+        "granite": "granite cannot express this norm's kind and bias and dtype_order, absolute position embeddings",
+        "olmo": "olmo cannot express this norm's weight and bias and dtype_order, MLP biases",
+        "opt": 'opt cannot express absolute position embeddings, embedding scaling',
+        "xglm": OK,
+        "gpt_neo": 'gpt_neo cannot express a q bias, a k bias',
+        "gpt2": 'gpt2 cannot express absolute position embeddings, a position offset',
+    },
+})
+# the GPT-2-era families as targets: each always has absolute positions, which a RoPE model lacks
+for _source, _row in {
+    "llama": {
+        "gpt2": "gpt2 cannot express this number of KV heads, this norm's kind and bias and dtype_order",
+        "gpt_neo": "gpt_neo cannot express this number of KV heads, this norm's kind and bias and dtype_order",
+        "opt": "opt cannot express this number of KV heads, this norm's kind and eps and bias and dtype_order",
+        "xglm": "xglm cannot express this number of KV heads, this norm's kind and eps and bias and dtype_order",
+    },
+    "mistral": {
+        "gpt2": 'gpt2 cannot express this number of KV heads, this head_dim',
+        "gpt_neo": 'gpt_neo cannot express this number of KV heads, this head_dim',
+        "opt": 'opt cannot express this number of KV heads, this head_dim',
+        "xglm": 'xglm cannot express this number of KV heads, this head_dim',
+    },
+    "gemma": {
+        "gpt2": "gpt2 cannot express this number of KV heads, this norm's kind and bias and weight_offset",
+        "gpt_neo": "gpt_neo cannot express this number of KV heads, this norm's kind and bias and weight_offset",
+        "opt": "opt cannot express this number of KV heads, this norm's kind and eps and bias and weight_offset",
+        "xglm": "xglm cannot express this number of KV heads, this norm's kind and eps and bias and weight_offset",
+    },
+    "gemma2": {
+        "gpt2": "gpt2 cannot express this number of KV heads, this norm's kind and bias and weight_offset",
+        "gpt_neo": "gpt_neo cannot express this number of KV heads, this norm's kind and bias and weight_offset",
+        "opt": "opt cannot express this number of KV heads, this norm's kind and eps and bias and weight_offset",
+        "xglm": "xglm cannot express this number of KV heads, this norm's kind and eps and bias and weight_offset",
+    },
+    "gemma3": {
+        "gpt2": "gpt2 cannot express this number of KV heads, this norm's kind and bias and weight_offset",
+        "gpt_neo": "gpt_neo cannot express this number of KV heads, this norm's kind and bias and weight_offset",
+        "opt": "opt cannot express this number of KV heads, this norm's kind and eps and bias and weight_offset",
+        "xglm": "xglm cannot express this number of KV heads, this norm's kind and eps and bias and weight_offset",
+    },
+    "olmo2": {
+        "gpt2": "gpt2 cannot express this number of KV heads, this norm's kind and bias",
+        "gpt_neo": "gpt_neo cannot express this number of KV heads, this norm's kind and bias",
+        "opt": "opt cannot express this number of KV heads, this norm's kind and bias",
+        "xglm": "xglm cannot express this number of KV heads, this norm's kind and bias",
+    },
+    "qwen2": {
+        "gpt2": "gpt2 cannot express this number of KV heads, this norm's kind and bias and dtype_order",
+        "gpt_neo": "gpt_neo cannot express this number of KV heads, this norm's kind and bias and dtype_order",
+        "opt": "opt cannot express this number of KV heads, this norm's kind and eps and bias and dtype_order",
+        "xglm": "xglm cannot express this number of KV heads, this norm's kind and eps and bias and dtype_order",
+    },
+    "qwen3": {
+        "gpt2": "gpt2 cannot express this number of KV heads, this norm's kind and bias and dtype_order",
+        "gpt_neo": "gpt_neo cannot express this number of KV heads, this norm's kind and bias and dtype_order",
+        "opt": "opt cannot express this number of KV heads, this norm's kind and eps and bias and dtype_order",
+        "xglm": "xglm cannot express this number of KV heads, this norm's kind and eps and bias and dtype_order",
+    },
+    "smollm3": {
+        "gpt2": "gpt2 cannot express this number of KV heads, this norm's kind and bias and dtype_order",
+        "gpt_neo": "gpt_neo cannot express this number of KV heads, this norm's kind and bias and dtype_order",
+        "opt": "opt cannot express this number of KV heads, this norm's kind and eps and bias and dtype_order",
+        "xglm": "xglm cannot express this number of KV heads, this norm's kind and eps and bias and dtype_order",
+    },
+    "starcoder2": {
+        "gpt2": 'gpt2 cannot express this number of KV heads, this per-layer position pattern',
+        "gpt_neo": 'gpt_neo cannot express this number of KV heads, a q bias',
+        "opt": 'opt cannot express this number of KV heads, this per-layer position pattern',
+        "xglm": 'xglm cannot express this number of KV heads, this per-layer position pattern',
+    },
+    "nemotron": {
+        "gpt2": "gpt2 cannot express this number of KV heads, this norm's weight_offset",
+        "gpt_neo": "gpt_neo cannot express this number of KV heads, this norm's weight_offset",
+        "opt": "opt cannot express this number of KV heads, this norm's weight_offset",
+        "xglm": "xglm cannot express this number of KV heads, this norm's weight_offset",
+    },
+    "stablelm": {
+        "gpt2": 'gpt2 cannot express this number of KV heads, this norm placement',
+        "gpt_neo": 'gpt_neo cannot express this number of KV heads, this norm placement',
+        "opt": 'opt cannot express this number of KV heads, this norm placement',
+        "xglm": 'xglm cannot express this number of KV heads, this norm placement',
+    },
+    "granite": {
+        "gpt2": "gpt2 cannot express this number of KV heads, this norm's kind and bias and dtype_order",
+        "gpt_neo": "gpt_neo cannot express this number of KV heads, this norm's kind and bias and dtype_order",
+        "opt": "opt cannot express this number of KV heads, this norm's kind and eps and bias and dtype_order",
+        "xglm": "xglm cannot express this number of KV heads, this norm's kind and eps and bias and dtype_order",
+    },
+    "olmo": {
+        "gpt2": "gpt2 cannot express this number of KV heads, this norm's weight and bias and dtype_order",
+        "gpt_neo": "gpt_neo cannot express this number of KV heads, this norm's weight and bias and dtype_order",
+        "opt": "opt cannot express this number of KV heads, this norm's dtype_order",
+        "xglm": "xglm cannot express this number of KV heads, this norm's weight and bias and dtype_order",
+    },
+    "llama-plain": {
+        "gpt2": "gpt2 cannot express this number of KV heads, this norm's kind and bias and dtype_order",
+        "gpt_neo": "gpt_neo cannot express this number of KV heads, this norm's kind and bias and dtype_order",
+        "opt": "opt cannot express this number of KV heads, this norm's kind and eps and bias and dtype_order",
+        "xglm": "xglm cannot express this number of KV heads, this norm's kind and eps and bias and dtype_order",
+    },
+    "mistral-nowindow": {
+        "gpt2": "gpt2 cannot express this number of KV heads, this norm's kind and bias and dtype_order",
+        "gpt_neo": "gpt_neo cannot express this number of KV heads, this norm's kind and bias and dtype_order",
+        "opt": "opt cannot express this number of KV heads, this norm's kind and eps and bias and dtype_order",
+        "xglm": "xglm cannot express this number of KV heads, this norm's kind and eps and bias and dtype_order",
+    },
+    "stablelm-sequential": {
+        "gpt2": 'gpt2 cannot express this number of KV heads, this FFN gating',
+        "gpt_neo": 'gpt_neo cannot express this number of KV heads, this FFN gating',
+        "opt": 'opt cannot express this number of KV heads, this FFN gating',
+        "xglm": 'xglm cannot express this number of KV heads, this FFN gating',
+    },
+}.items():
+    MATRIX[_source].update(_row)
+NEW_ROPE, NEW_GPT = ("phi3", "cohere", "cohere2"), ("gpt2", "gpt_neo", "opt", "xglm")
+# pairs between the two batches of families added together (GPT-era with Phi-3, Cohere, Cohere 2):
+# none can hold the other exactly; each must be refused (exit 2, nothing written)
+REFUSED = "export to the source family instead"
+for _source, _targets in {"gpt2": NEW_ROPE, "gpt_neo": NEW_ROPE, "opt": NEW_ROPE, "xglm": NEW_ROPE,
+                          "phi3": NEW_GPT, "cohere": NEW_GPT, "cohere2": NEW_GPT}.items():
+    for _target in _targets:
+        MATRIX[_source].setdefault(_target, REFUSED)
 # every source above has standard attention, which the latent-attention families cannot hold
 for _row in MATRIX.values():
     for _target in ("deepseek_v2", "deepseek_v3"):

@@ -30,7 +30,7 @@ from lmconvert.mappings.gguf_metadata import llama3_factors
 FP32_MAX_ABS = 1e-5
 # transformers model_type -> llama.cpp architecture, as convert_hf_to_gguf.py registers them
 LLAMA_CPP_ARCH = {"llama": "llama", "mistral": "llama", "qwen2": "qwen2", "qwen3": "qwen3", "gemma2": "gemma2",
-                  "gemma3_text": "gemma3", "olmo2": "olmo2", "phi3": "phi3"}
+                  "gemma3_text": "gemma3", "olmo2": "olmo2", "phi3": "phi3", "gpt2": "gpt2"}
 # tiny configs whose every variant llama.cpp can state: Gemma's score scale is head_dim (llama.cpp's
 # rule below 27B), Gemma 3's local RoPE base is llama.cpp's hard-coded 10000
 FAMILIES: dict[str, dict[str, Any]] = {
@@ -45,11 +45,17 @@ FAMILIES: dict[str, dict[str, Any]] = {
                             "sliding_attention": {"rope_type": "default", "rope_theta": 1e4}}),
     "olmo2": dict(),
     "phi3": dict(bos_token_id=2, eos_token_id=1),  # fused attn_qkv and ffn_up, as transformers' qkv/gate_up
+    # llama.cpp states d_ff as 4 * n_embd; transformers' GGUF loader keeps GPT-2's default 1024 positions
+    "gpt2": dict(intermediate_size=256, num_key_value_heads=4, max_position_embeddings=1024),
 }
+# what llama.cpp's file says differently from the model's config: it writes GPT-2's `output` even when tied
+METADATA_DIFFERS: dict[str, dict[str, Any]] = {"gpt2": {"tie_word_embeddings": False}}
+# config keys a family spells its own way: GPT-2's d_ff is n_inner (the tiny model's is 4 * n_embd)
+OWN_SPELLING: dict[str, dict[str, str]] = {"gpt2": {"intermediate_size": "n_inner"}}
 # transformers' GGUF loader builds these; what its metadata reading misses is kept out of the
 # comparisons with it: it reads no attention_bias for llama (it drops the biases) and no
 # attention.key_length for qwen3 (it assumes the default head_dim, 128)
-TRANSFORMERS_LOADS = ("llama", "mistral", "qwen2", "qwen3", "gemma2", "gemma3_text", "phi3")
+TRANSFORMERS_LOADS = ("llama", "mistral", "qwen2", "qwen3", "gemma2", "gemma3_text", "phi3", "gpt2")
 TRANSFORMERS_OVERRIDES = {"llama": dict(attention_bias=False), "qwen3": dict(head_dim=128)}
 TEXT = ("The capital of France is Paris. 北京是中国的首都。 def f(x):\n    return x ** 2  # 🚀✨ "
         "Ünïcödé — naïve café, 東京タワー, emoji 👩‍💻 and numbers 12345.")
@@ -80,6 +86,8 @@ def write_gguf(model: torch.nn.Module, path: Path, *, quant: str | None = None, 
     `raw_types` stores the named GGUF tensors as zero blocks of another type."""
     cfg = model.config
     arch = LLAMA_CPP_ARCH[cfg.model_type]
+    if arch == "gpt2":
+        return write_gpt2_gguf(model, path, quant=quant, name=name)
     writer = gguf.GGUFWriter(str(path), arch)
     writer.add_name(name)
     writer.add_context_length(cfg.max_position_embeddings)
@@ -152,6 +160,42 @@ def write_gguf(model: torch.nn.Module, path: Path, *, quant: str | None = None, 
             writer.add_tensor(gguf_name, data)
     if rope_freqs is not None:
         writer.add_tensor("rope_freqs.weight", rope_freqs)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return path
+
+
+def write_gpt2_gguf(model: torch.nn.Module, path: Path, *, quant: str | None = None, name: str = "tiny") -> Path:
+    """llama.cpp's GPT2Model (convert_hf_to_gguf.py): its metadata (d_ff stated as 4 * n_embd), the
+    Conv1D weights transposed to [out, in], and `output` written as the (tied) embedding's copy."""
+    cfg = model.config
+    writer = gguf.GGUFWriter(str(path), "gpt2")
+    writer.add_name(name)
+    writer.add_block_count(cfg.n_layer)
+    writer.add_context_length(cfg.n_positions)
+    writer.add_embedding_length(cfg.n_embd)
+    writer.add_feed_forward_length(4 * cfg.n_embd)
+    writer.add_head_count(cfg.n_head)
+    writer.add_layer_norm_eps(cfg.layer_norm_epsilon)
+    # transformers' GGUF loader reads GPT-2's vocabulary size from the token list only
+    add_tokenizer(writer, {"model": "gpt2", "tokens": [f"<{i}>" for i in range(cfg.vocab_size)],
+                           "types": [1] * cfg.vocab_size, "merges": [], "bos": 0, "eos": 1})
+    writer.add_file_type(gguf.LlamaFileType.MOSTLY_Q8_0 if quant == "Q8_0" else gguf.LlamaFileType.ALL_F32)
+    names = gguf.get_tensor_name_map(gguf.MODEL_ARCH.GPT2, cfg.n_layer)
+    for hf_name, t in model.state_dict().items():
+        base, _, suffix = hf_name.rpartition(".")
+        gguf_name = f"{names.get_name(base)}.{suffix}"
+        t = t.detach().float().clone()
+        if hf_name.endswith((".attn.c_attn.weight", ".attn.c_proj.weight", ".mlp.c_fc.weight", ".mlp.c_proj.weight")):
+            t = t.t().contiguous()
+        data = t.numpy()
+        if quant is not None and data.ndim == 2:
+            kind = gguf.GGMLQuantizationType[quant]
+            writer.add_tensor(gguf_name, gguf.quants.quantize(data, kind), raw_dtype=kind)
+        else:
+            writer.add_tensor(gguf_name, data)
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()
@@ -239,7 +283,8 @@ def test_config_is_what_the_metadata_says(model_type: str, tmp_path: Path) -> No
     assert source.format == "gguf" and source.config["model_type"] == model_type
     for key in ("hidden_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads", "vocab_size",
                 "intermediate_size", "max_position_embeddings", "tie_word_embeddings"):
-        assert source.config[key] == getattr(cfg, key), key
+        spelled = OWN_SPELLING.get(model_type, {}).get(key, key)
+        assert source.config[spelled] == METADATA_DIFFERS.get(model_type, {}).get(key, getattr(cfg, key)), key
     assert source.info["gguf_architecture"] == LLAMA_CPP_ARCH[model_type]
 
 

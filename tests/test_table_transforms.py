@@ -269,7 +269,8 @@ TABLES: dict[str, TensorTable] = {**{f"family {n}": f.tensors for n, f in FAMILI
 def test_names_invert(name: str, layer: int) -> None:
     """Rename, the transform every rule has: canonical -> stored -> canonical is the identity,
     and a rule's own stored name is the one export writes (or, for a second spelling such as
-    gemma3's multimodal one, reads to the same canonical name)."""
+    gemma3's multimodal one, reads to the same canonical name). A fused stored tensor (GPT-2's
+    c_attn) reads to each of its pieces."""
     table = TABLES[name]
     for rule in table.rules:
         if rule.canonical is None:
@@ -277,7 +278,7 @@ def test_names_invert(name: str, layer: int) -> None:
             continue
         canonical, stored = (p.replace("{}", str(layer)) for p in (rule.canonical, rule.stored))
         written, _ = table.to_stored_name(canonical)
-        pieces = len(rule.transform.pieces) if isinstance(rule.transform, Piece) else 1  # Phi-3's fused tensors
+        pieces = sum(r.stored == rule.stored for r in table.rules)  # a fused tensor's (Phi-3, GPT-2)
         for name in (written, stored):
             held = [c for c, _ in table.to_canonical_names(name)]
             assert len(held) == pieces and canonical in held
@@ -313,7 +314,8 @@ def test_meta_layout_round_trips_every_tensor(layout: Layout, dtype: torch.dtype
        half=st.integers(1, 3), pad=st.integers(0, 3), seed=seeds)
 def test_gguf_table_round_trips_what_it_can(arch: str, kv: int, group: int, half: int, pad: int, seed: int) -> None:
     """Each GGUF rule bound to a file's sizes: permutations both ways for any bits; the vocabulary
-    trim back from zero padding; Gemma's norm offset for norm weights the file stores in [0.5, 2]."""
+    trim back from zero padding; Gemma's norm offset for norm weights the file stores in [0.5, 2];
+    a fused tensor's pieces (GPT-2's attn_qkv) joined back from all of them, for any bits."""
     entry, heads, vocab = GGUF_ARCHS[arch], kv * group, 5
     sizes = {"vocab": vocab, "heads": heads, "kv_heads": kv, "q": heads * 2 * half, "kv": kv * 2 * half, "ffn": 4}
     rows = {"attn_q": heads * 2 * half, "attn_k": kv * 2 * half, "token_embd": vocab + pad, "output": vocab + pad,
@@ -328,9 +330,11 @@ def test_gguf_table_round_trips_what_it_can(arch: str, kv: int, group: int, half
         t = rule.transform.bind({**sizes, "rows": rows.get(base, 4)})
         x = random_bits((rows.get(base, 4), 3) if stored.endswith("weight") else (rows.get(base, 4),), torch.float32,
                         seed)
-        if isinstance(rule.transform, Piece):  # Phi-3's fused tensors: every piece of x, joined, is x
+        if isinstance(rule.transform, Piece):  # fused tensors (Phi-3, GPT-2): every piece of x, joined, is x
+            whole = sum(sizes[name] for name in rule.transform.pieces)
+            x = random_bits((whole, 3) if stored.endswith("weight") else (whole,), torch.float32, seed)
             pieces = [r.transform.bind(sizes).forward(x) for r in entry.tensors.rules if r.stored == rule.stored]
-            assert same_bits(t.inverse(pieces), x), stored
+            assert same_bits(rule.transform.bind(sizes).inverse(pieces), x), stored
             continue
         if isinstance(rule.transform, Offset):
             x = 0.5 + 1.5 * torch.rand(x.shape, generator=torch.Generator().manual_seed(seed))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 
 import torch
@@ -12,10 +13,17 @@ def _relu2(x: torch.Tensor) -> torch.Tensor:
     return torch.square(F.relu(x))
 
 
+def _gelu_new(x: torch.Tensor) -> torch.Tensor:
+    """GPT-2's tanh GELU written out (transformers' NewGELUActivation), each op rounded to x's dtype:
+    in bf16 it differs from F.gelu(approximate="tanh"), which computes the whole formula in fp32."""
+    return 0.5 * x * (1.0 + torch.tanh(math.sqrt(2.0 / math.pi) * (x + 0.044715 * torch.pow(x, 3.0))))
+
+
 ACTIVATIONS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
     "relu": F.relu,
     "gelu": F.gelu,  # exact (erf)
     "gelu_tanh": lambda x: F.gelu(x, approximate="tanh"),
     "silu": F.silu,
     "relu2": _relu2,  # squared ReLU (Primer, Nemotron)
+    "gelu_new": _gelu_new,  # tanh GELU op by op (GPT-2, GPT-Neo, GPT-J)
 }

@@ -5,7 +5,8 @@ Two backends mirror transformers' two attention implementations op for op, so ea
 its counterpart bit for bit in fp32: "eager" scores (q @ k^T) * scale, soft-caps, adds the mask
 and takes the softmax in fp32; "sdpa" calls `scaled_dot_product_attention` (faster; the default,
 as in transformers). The backend is a runtime choice, not part of the architecture; soft-capped
-layers always run eager, since SDPA cannot cap.
+layers always run eager, since SDPA cannot cap, and so do layers whose q.k is computed in fp32
+(GPT-Neo), since SDPA cannot upcast inside.
 """
 
 from __future__ import annotations
@@ -23,18 +24,35 @@ from .positions import RelativeBias, alibi_bias
 from .rope import Rotary, apply_rotary
 
 
+def _fp32_scores(q: torch.Tensor, k: torch.Tensor, scale: float) -> torch.Tensor:
+    """q.k^T * scale in fp32 as one `baddbmm` (GPT-2's `_upcast_and_reordered_attn`): the scale
+    rides inside the product, which rounds differently from a separate multiply."""
+    B, H, T, D = q.shape
+    S = k.shape[2]
+    w = torch.empty(B * H, T, S, dtype=torch.float32, device=q.device)
+    w = torch.baddbmm(w, q.reshape(-1, T, D).float(), k.transpose(-1, -2).reshape(-1, D, S).float(),
+                      beta=0, alpha=scale)
+    return w.reshape(B, H, T, S)
+
+
 def _eager(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float, softcap: float | None,
-           bias: torch.Tensor | None, allowed: torch.Tensor | None, dropout: float) -> torch.Tensor:
+           bias: torch.Tensor | None, allowed: torch.Tensor | None, dropout: float,
+           scores_fp32: bool = False) -> torch.Tensor:
     groups = q.shape[1] // k.shape[1]
     k, v = k.repeat_interleave(groups, dim=1), v.repeat_interleave(groups, dim=1)  # (B, H, S, D)
-    w = torch.matmul(q, k.transpose(-1, -2)) * scale  # (B, H, T, S)
+    if scores_fp32:  # GPT-Neo, GPT-2's reorder_and_upcast_attn: q.k from fp32 copies, scaled inside the
+        w = _fp32_scores(q, k, scale)  # product as GPT-2's baddbmm does (alpha 1.0 is GPT-Neo's plain matmul)
+    else:
+        w = torch.matmul(q, k.transpose(-1, -2)) * scale  # (B, H, T, S)
     if softcap is not None:
         w = torch.tanh(w / softcap) * softcap
     if bias is not None:
         w = w + bias.to(w.dtype)
     if allowed is not None:
         w = w + torch.zeros_like(allowed, dtype=w.dtype).masked_fill(~allowed, torch.finfo(w.dtype).min)
-    p = F.softmax(w, dim=-1, dtype=torch.float32).to(q.dtype)
+    # in fp32, cast back: GPT-2's and XGLM's softmax in the scores' own bf16 computes in fp32 inside
+    # the kernel and rounds once, the same numbers
+    p = F.softmax(w, dim=-1, dtype=torch.float32).to(v.dtype)
     p = F.dropout(p, p=dropout, training=dropout > 0)
     return torch.matmul(p, v)
 
@@ -69,6 +87,7 @@ class Attention(nn.Module):
         # count over it would count it once per layer), so it is held as a plain reference.
         object.__setattr__(self, "relative", relative if self.position == "relative" else None)
         self.window = cfg.window_for(layer)
+        self.scale = cfg.score_scale_for(layer)
         self.backend = "sdpa"
 
     def forward(self, x: torch.Tensor, ctx: Context, cache: KVCache | None = None) -> torch.Tensor:
@@ -77,6 +96,9 @@ class Attention(nn.Module):
         q, k, v = self.q(x), self.k(x), self.v(x)  # (B, T, H*D), (B, T, KV*D) x2
         if cfg.clip_qkv is not None:  # OLMo's clamp_, on the projections as they come out
             q, k, v = (t.clamp(-cfg.clip_qkv, cfg.clip_qkv) for t in (q, k, v))
+        scale = self.scale
+        if cfg.scale_query:  # OPT, XGLM: q_proj(x) * scaling, then unscaled scores
+            q, scale = q * scale, 1.0
         if cfg.qk_norm == "projection":
             q, k = self.q_norm(q), self.k_norm(k)
         q = q.view(B, T, cfg.n_heads, cfg.head_dim)
@@ -95,10 +117,10 @@ class Attention(nn.Module):
         bias = self._position_bias(ctx)
         allowed = ctx.allowed(self.window)
         dropout = cfg.attn_dropout if self.training else 0.0
-        if cfg.attn_softcap is not None or self.backend == "eager":
-            out = _eager(q, k, v, cfg.score_scale, cfg.attn_softcap, bias, allowed, dropout)
+        if cfg.attn_softcap is not None or cfg.scores_fp32 or self.backend == "eager":
+            out = _eager(q, k, v, scale, cfg.attn_softcap, bias, allowed, dropout, cfg.scores_fp32)
         else:
-            out = _sdpa(q, k, v, cfg.score_scale, bias, allowed, ctx.is_plain_causal(self.window), dropout)
+            out = _sdpa(q, k, v, scale, bias, allowed, ctx.is_plain_causal(self.window), dropout)
         out = out.transpose(1, 2).reshape(B, T, cfg.q_dim)  # (B, T, H*D)
         return self.o(out)
 

@@ -19,10 +19,10 @@ from .errors import ConfigError
 
 NORM_KINDS = ("rms", "layer")
 NORM_PLACEMENTS = ("pre", "post", "sandwich", "output", "parallel_shared", "parallel_separate")
-ACTIVATIONS = ("relu", "gelu", "gelu_tanh", "silu", "relu2")
+ACTIVATIONS = ("relu", "gelu", "gelu_tanh", "silu", "relu2", "gelu_new")
 ROPE_LAYOUTS = ("half", "interleaved")
 ROPE_SCALINGS = ("none", "linear", "dynamic", "yarn", "llama3", "longrope")
-ABSOLUTE_POSITIONS = ("none", "sinusoidal", "learned")
+ABSOLUTE_POSITIONS = ("none", "sinusoidal", "learned", "sinusoidal_fairseq")
 LAYER_POSITIONS = ("rope", "alibi", "relative", "none")
 LAYER_KINDS = ("global", "local")
 QK_NORMS = ("none", "head", "projection")
@@ -200,11 +200,19 @@ class ArchConfig:
     attn_softcap: float | None = None
     residual_scale: float = 1.0  # each sublayer's output is multiplied by this before the residual add (Granite)
     clip_qkv: float | None = None  # q, k and v clamped to [-clip_qkv, clip_qkv] after projection (OLMo)
+    scale_query: bool = False  # the score scale multiplies q after its projection, not q.k (OPT, XGLM)
+    scale_by_inverse_layer: bool = False  # layer i's score scale is further divided by i + 1 (GPT-2)
+    scores_fp32: bool = False  # q.k computed from fp32 copies of q and k, then softmax in fp32 (GPT-Neo, GPT-2's
+    #   reorder_and_upcast_attn)
     # output
     tie_embeddings: bool = False
     embed_scale: float | None = None
     final_softcap: float | None = None
     logit_scale: float = 1.0
+    embed_dim: int | None = None  # None: d_model; else the embedding (and tied LM head) width, projected in and
+    #   out of d_model by bias-free linears (OPT-350m's project_in / project_out)
+    embed_scale_unrounded: bool = False  # embed_scale multiplies as a Python float, rounded once (XGLM); False:
+    #   rounded to the weight dtype before the multiply (Gemma). Always False without an embed_scale
     # training
     embed_dropout: float = 0.0
     attn_dropout: float = 0.0
@@ -264,6 +272,17 @@ class ArchConfig:
         if isinstance(self.position_offset, bool) or not isinstance(self.position_offset, int) \
                 or self.position_offset < 0:
             _fail("ArchConfig", "position_offset", self.position_offset, "must be an integer >= 0")
+        if self.position_offset and self.absolute_positions == "none":
+            _fail("ArchConfig", "position_offset", self.position_offset,
+                  "offsets an absolute position table, and absolute_positions='none' has none; leave it 0")
+        if self.absolute_positions == "sinusoidal_fairseq" and self.d_model < 4:
+            _fail("ArchConfig", "d_model", self.d_model, "fairseq's sinusoidal table divides by d_model / 2 - 1; "
+                  "it needs d_model >= 4")
+        if self.embed_scale is None:  # nothing to round: one spelling of "no embedding scale"
+            object.__setattr__(self, "embed_scale_unrounded", False)
+        if self.embed_dim is None:
+            object.__setattr__(self, "embed_dim", self.d_model)
+        _integer("ArchConfig", "embed_dim", self.embed_dim)
         # T5 bucketing divides by log(max_distance / (buckets // 2)): anything else yields
         # out-of-range bucket indices (or a ZeroDivisionError) at the first forward, not here.
         _integer("ArchConfig", "relative_buckets", self.relative_buckets)
@@ -314,6 +333,14 @@ class ArchConfig:
     @property
     def score_scale(self) -> float:
         return self.attn_scale if self.attn_scale is not None else self.head_dim ** -0.5
+
+    def score_scale_for(self, layer: int) -> float:
+        """The score scale of one layer: GPT-2's `scaling /= float(layer_idx + 1)`, in its order."""
+        return self.score_scale / float(layer + 1) if self.scale_by_inverse_layer else self.score_scale
+
+    @property
+    def projects_embeddings(self) -> bool:
+        return self.embed_dim != self.d_model
 
     def rope_for(self, layer: int) -> RopeConfig | None:
         if self.layer_positions[layer] != "rope":

@@ -17,7 +17,7 @@ from .config import ArchConfig
 from .context import Context
 from .errors import ConfigError
 from .norms import Norm
-from .positions import RelativeBias, sinusoidal
+from .positions import POSITION_TABLES, RelativeBias
 from .rope import Rotary
 
 
@@ -27,7 +27,9 @@ class Decoder(nn.Module):
         self.cfg = cfg
         # N(0, 1) as nn.Embedding's own init, but as a factory call: on the meta device (how loaders
         # build a Decoder) normal_ takes a slow first-call decomposition path, randn does not
-        self.embed = nn.Embedding(cfg.vocab_size, cfg.d_model, _weight=torch.randn(cfg.vocab_size, cfg.d_model))
+        self.embed = nn.Embedding(cfg.vocab_size, cfg.embed_dim, _weight=torch.randn(cfg.vocab_size, cfg.embed_dim))
+        # OPT-350m: embeddings (and the tied head) narrower than the model, bias-free linears between
+        self.project_in = nn.Linear(cfg.embed_dim, cfg.d_model, bias=False) if cfg.projects_embeddings else None
         self.pos_embed = (nn.Embedding(cfg.max_positions + cfg.position_offset, cfg.d_model)
                           if cfg.absolute_positions == "learned" else None)
         self.rel_bias = (RelativeBias(cfg.relative_buckets, cfg.relative_max_distance, cfg.n_heads)
@@ -43,7 +45,8 @@ class Decoder(nn.Module):
                 rotary = rotaries[id(rope)]
             self.layers.append(Block(cfg, i, rotary, self.rel_bias))
         self.final_norm = Norm(cfg.d_model, cfg.norm) if cfg.final_norm else nn.Identity()
-        self.lm_head = None if cfg.tie_embeddings else nn.Linear(cfg.d_model, cfg.vocab_size, bias=cfg.lm_head_bias)
+        self.project_out = nn.Linear(cfg.d_model, cfg.embed_dim, bias=False) if cfg.projects_embeddings else None
+        self.lm_head = None if cfg.tie_embeddings else nn.Linear(cfg.embed_dim, cfg.vocab_size, bias=cfg.lm_head_bias)
         self.drop = nn.Dropout(cfg.embed_dropout)
 
     def set_attention(self, backend: str) -> Decoder:
@@ -60,12 +63,17 @@ class Decoder(nn.Module):
     def embed_tokens(self, ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         cfg = self.cfg
         h = self.embed(ids)
-        if cfg.embed_scale is not None:  # Gemma rounds sqrt(d) to the weight dtype first
-            h = h * torch.tensor(cfg.embed_scale, dtype=torch.float32).to(h.dtype)
-        if cfg.absolute_positions == "learned":
-            h = h + self.pos_embed(positions + cfg.position_offset)
-        elif cfg.absolute_positions == "sinusoidal":
-            h = h + sinusoidal(positions, cfg.d_model, h.dtype)
+        if cfg.embed_scale is not None:  # Gemma rounds sqrt(d) to the weight dtype first; XGLM does not
+            scale = torch.tensor(cfg.embed_scale, dtype=torch.float32).to(h.dtype) if not cfg.embed_scale_unrounded \
+                else cfg.embed_scale
+            h = h * scale
+        if self.project_in is not None:
+            h = self.project_in(h)
+        index = positions + cfg.position_offset  # OPT and XGLM start their tables at 2
+        if self.pos_embed is not None:
+            h = h + self.pos_embed(index)
+        elif cfg.absolute_positions in POSITION_TABLES:
+            h = h + POSITION_TABLES[cfg.absolute_positions](index, cfg.d_model, h.dtype)
         return self.drop(h)
 
     def states(self, ids: torch.Tensor, cache: KVCache | None = None) -> Iterator[torch.Tensor]:
@@ -91,6 +99,8 @@ class Decoder(nn.Module):
     def logits(self, h: torch.Tensor) -> torch.Tensor:
         cfg = self.cfg
         h = self.final_norm(h)
+        if self.project_out is not None:
+            h = self.project_out(h)
         logits = self.lm_head(h) if self.lm_head is not None else F.linear(h, self.embed.weight)
         if cfg.logit_scale != 1.0:
             logits = logits * cfg.logit_scale

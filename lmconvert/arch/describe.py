@@ -6,12 +6,17 @@ from .attention_kinds import attention_kind
 from .config import ArchConfig, NormConfig, RopeConfig
 
 ACTIVATION_NAMES = {"relu": "ReLU", "gelu": "GeLU (erf)", "gelu_tanh": "GeLU (tanh)", "silu": "SiLU",
-                    "relu2": "squared ReLU"}
+                    "relu2": "squared ReLU",
+                    "gelu_new": "GeLU (tanh, written out)"}
 GATED_NAMES = {"relu": "ReGLU", "gelu": "GeGLU (erf)", "gelu_tanh": "GeGLU (tanh)", "silu": "SwiGLU",
-               "relu2": "gated squared ReLU"}
+               "relu2": "gated squared ReLU",
+               "gelu_new": "GeGLU (tanh, written out)"}
 PLACEMENT_NAMES = {"pre": "pre-norm", "post": "post-norm", "sandwich": "sandwich norm (pre + post)",
                    "output": "norm on sublayer output only", "parallel_shared": "parallel attn+MLP, shared norm",
                    "parallel_separate": "parallel attn+MLP, separate norms"}
+
+POSITION_NAMES = {"learned": "learned", "sinusoidal": "sinusoidal (sin/cos interleaved)",
+                  "sinusoidal_fairseq": "sinusoidal (fairseq: sin half, cos half)"}
 
 
 def _norm(n: NormConfig) -> str:
@@ -48,6 +53,12 @@ def variants(cfg: ArchConfig) -> list[str]:
            *attention_kind(cfg.attention).describe(cfg)]
     if cfg.attn_scale is not None:
         out.append(f"score scale: {cfg.attn_scale:g}")
+    if cfg.scale_by_inverse_layer:
+        out.append("score scale divided by layer index + 1")
+    if cfg.scale_query:
+        out.append("score scale applied to q before q.k")
+    if cfg.scores_fp32:
+        out.append("q.k in fp32")
     if cfg.attn_softcap is not None:
         out.append(f"attention soft-cap: {cfg.attn_softcap:g}")
     if cfg.clip_qkv is not None:
@@ -70,13 +81,17 @@ def variants(cfg: ArchConfig) -> list[str]:
         else:
             out.append(f"positions: {kind} ({where})")
     if cfg.absolute_positions != "none":
-        out.append(f"absolute positions: {cfg.absolute_positions}")
+        offset = f", index offset {cfg.position_offset}" if cfg.position_offset else ""
+        out.append(f"absolute positions: {POSITION_NAMES[cfg.absolute_positions]}{offset}")
     out.append(f"FFN: {(GATED_NAMES if cfg.gated else ACTIVATION_NAMES)[cfg.activation]}, d_ff {cfg.d_ff}")
     biases = [n for n in ("q", "k", "v", "o", "mlp", "lm_head") if getattr(cfg, f"{n}_bias")]
     out.append(f"biases: {', '.join(biases) if biases else 'none'}")
     out.append("embeddings: tied" if cfg.tie_embeddings else "embeddings: untied")
     if cfg.embed_scale is not None:
-        out.append(f"embedding scale: {cfg.embed_scale:g} (rounded to weight dtype)")
+        rounding = "a float multiply" if cfg.embed_scale_unrounded else "rounded to weight dtype"
+        out.append(f"embedding scale: {cfg.embed_scale:g} ({rounding})")
+    if cfg.projects_embeddings:
+        out.append(f"embedding width {cfg.embed_dim}, projected in and out of d_model {cfg.d_model}")
     if cfg.final_softcap is not None:
         out.append(f"final-logit soft-cap: {cfg.final_softcap:g}")
     if cfg.logit_scale != 1.0:

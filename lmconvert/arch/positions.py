@@ -21,6 +21,24 @@ def sinusoidal(positions: torch.Tensor, dim: int, dtype: torch.dtype) -> torch.T
     return table.to(dtype)
 
 
+def sinusoidal_fairseq(positions: torch.Tensor, dim: int, dtype: torch.dtype) -> torch.Tensor:
+    """fairseq's table (XGLM): sin of every frequency, then cos of every frequency, frequencies
+    exp(-i * log(10000) / (dim/2 - 1)), and a zero column when dim is odd: [T, dim]. Computed in
+    fp32 op by op as transformers' XGLMSinusoidalPositionalEmbedding.get_embedding does."""
+    half = dim // 2
+    step = math.log(10000) / (half - 1)
+    freqs = torch.exp(torch.arange(half, dtype=torch.int64, device=positions.device).float() * -step)
+    angles = positions.float()[:, None] * freqs[None, :]
+    table = torch.cat((angles.sin(), angles.cos()), dim=1)
+    if dim % 2:
+        table = torch.cat((table, table.new_zeros(len(positions), 1)), dim=1)
+    return table.to(dtype)
+
+
+# absolute_positions -> its fixed table (positions, dim, dtype) -> [T, dim]; "learned" is a parameter
+POSITION_TABLES = {"sinusoidal": sinusoidal, "sinusoidal_fairseq": sinusoidal_fairseq}
+
+
 def alibi_slopes(n_heads: int) -> torch.Tensor:
     """Press et al.'s geometric slopes, with interleaved extras when n_heads is no power of 2."""
     closest = 2 ** math.floor(math.log2(n_heads))

@@ -59,7 +59,9 @@ def parameter_shapes(cfg: ArchConfig) -> dict[str, tuple[int, ...]]:
     The Decoder has no buffers (RoPE tables are plain attributes), and the shared T5 relative-bias
     table is registered once, as `rel_bias`, not under each layer that uses it.
     """
-    shapes: Shapes = {"embed.weight": (cfg.vocab_size, cfg.d_model)}
+    shapes: Shapes = {"embed.weight": (cfg.vocab_size, cfg.embed_dim)}
+    if cfg.projects_embeddings:
+        shapes.update(LinearPart(cfg.embed_dim, cfg.d_model).shapes("project_in"))
     if cfg.absolute_positions == "learned":
         shapes["pos_embed.weight"] = (cfg.max_positions + cfg.position_offset, cfg.d_model)
     if "relative" in cfg.layer_positions:
@@ -68,6 +70,8 @@ def parameter_shapes(cfg: ArchConfig) -> dict[str, tuple[int, ...]]:
         shapes.update(_block(cfg, f"layers.{i}"))
     if cfg.final_norm:
         shapes.update(NormPart(cfg.d_model, cfg.norm).shapes("final_norm"))
+    if cfg.projects_embeddings:
+        shapes.update(LinearPart(cfg.d_model, cfg.embed_dim).shapes("project_out"))
     if not cfg.tie_embeddings:
-        shapes.update(LinearPart(cfg.d_model, cfg.vocab_size, cfg.lm_head_bias).shapes("lm_head"))
+        shapes.update(LinearPart(cfg.embed_dim, cfg.vocab_size, cfg.lm_head_bias).shapes("lm_head"))
     return shapes

@@ -56,7 +56,8 @@ ARCH_TYPES: dict[str, schema.Spec] = {  # `{arch}.` keys
         "attention.head_count_kv", "attention.key_length", "attention.value_length", "rope.dimension_count",
         "vocab_size", "attention.sliding_window", "rope.scaling.original_context_length")},
     **{key: schema.POSITIVE for key in (
-        "attention.layer_norm_rms_epsilon", "rope.freq_base", "rope.freq_base_swa", "attn_logit_softcapping",
+        "attention.layer_norm_rms_epsilon", "attention.layer_norm_epsilon", "rope.freq_base", "rope.freq_base_swa",
+        "attn_logit_softcapping",
         "final_logit_softcapping", "rope.scaling.factor", "rope.scale_linear", "rope.scaling.attn_factor",
         "rope.scaling.yarn_beta_fast", "rope.scaling.yarn_beta_slow")},
     "attention.scale": schema.Number(minimum=0),  # 0: not stated
@@ -235,8 +236,9 @@ def tensor_plans(file: GgufFile, config: dict[str, Any], entry: GgufArch) -> dic
     try:
         family = family_for(config["model_type"])
         arch = family.arch_config(config)
-        exported = family.tensors.plan_export(parameter_shapes(arch), family_tensor_sizes(arch))
-        hf_of = {canonical: hf for hf, (canonical, _) in exported.items()}  # a fused tensor: its pieces, in order
+        # canonical name (a tuple for a fused tensor's pieces) -> the HF name and its HF-table transform
+        hf_of = {canonical: (hf, step) for hf, (canonical, step)
+                 in family.tensors.plan_export(parameter_shapes(arch), family_tensor_sizes(arch)).items()}
     except MappingError as exc:
         raise InputError(f"{file.path}: {str(exc).removeprefix('config.json: ')}") from None
     table, sizes = entry.tensors, tensor_sizes(config)
@@ -245,19 +247,31 @@ def tensor_plans(file: GgufFile, config: dict[str, Any], entry: GgufArch) -> dic
         if table.drops(name):  # rope_freqs: read into the config (llama3 RoPE scaling)
             continue
         try:
-            held = table.to_canonical_names(name)
+            pieces = table.to_canonical_names(name)
         except MappingError:
-            held = [(None, IDENTITY)]
-        canonical, step = held[0]
-        if len(held) > 1:  # stored as pieces here and in the family's layout alike (Phi-3): unchanged
-            canonical, step = tuple(c for c, _ in held), IDENTITY
+            pieces = []
+        canonical = tuple(c for c, _ in pieces) if len(pieces) > 1 else pieces[0][0] if pieces else None
         if canonical not in hf_of:
             raise InputError(f"{file.path}: tensor {name!r} has no counterpart in {config['model_type']} as this "
                              "metadata describes it; the file holds something lmconvert does not convert")
         shape = file.shape(name)
-        transform = step.bind({**sizes, "rows": shape[0]})
-        plans[hf_of[canonical]] = TensorPlan(name, out_shape(transform.forward, shape), transform)
+        hf, hf_step = hf_of[canonical]
+        transform = _to_hf([step.bind({**sizes, "rows": shape[0]}) for _, step in pieces], hf_step)
+        plans[hf] = TensorPlan(name, out_shape(transform.forward, shape), transform)
     return plans
+
+
+def _to_hf(steps: list[Transform], hf_step: Transform) -> Transform:
+    """GGUF -> canonical (one step, or one per piece of a fused tensor), then canonical -> the HF
+    layout the family's table stores (GPT-2's Conv1D is transposed; for the others, as is)."""
+    if len(steps) == 1 and hf_step is IDENTITY:
+        return steps[0]
+
+    def forward(t: torch.Tensor) -> torch.Tensor:
+        canonical = [s.forward(t) for s in steps]
+        return hf_step.inverse(canonical if len(steps) > 1 else canonical[0])
+
+    return Transform(" then ".join(s.name for s in (*steps, hf_step)), forward)
 
 
 # ---------------------------------------------------------------------------------------------

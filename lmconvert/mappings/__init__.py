@@ -10,18 +10,22 @@ from . import (
     gemma,
     gemma2,
     gemma3,
+    gpt2,
+    gpt_neo,
     granite,
     llama,
     mistral,
     nemotron,
     olmo,
     olmo2,
+    opt,
     phi3,
     qwen2,
     qwen3,
     smollm3,
     stablelm,
     starcoder2,
+    xglm,
 )
 from .errors import Inexpressible, MappingError
 from .family import Family
@@ -30,7 +34,8 @@ FAMILIES: dict[str, Family] = {f.name: f for f in (llama.FAMILY, mistral.FAMILY,
                                                    gemma3.FAMILY, olmo2.FAMILY, qwen2.FAMILY, qwen3.FAMILY,
                                                    smollm3.FAMILY, starcoder2.FAMILY, nemotron.FAMILY, stablelm.FAMILY,
                                                    granite.FAMILY, olmo.FAMILY, deepseek_v2.FAMILY, deepseek_v3.FAMILY,
-                                                   phi3.FAMILY, cohere.FAMILY, cohere2.FAMILY)}
+                                                   phi3.FAMILY, cohere.FAMILY, cohere2.FAMILY, opt.FAMILY,
+                                                   xglm.FAMILY, gpt_neo.FAMILY, gpt2.FAMILY)}
 BY_MODEL_TYPE: dict[str, Family] = {t: f for f in FAMILIES.values() for t in f.model_types}
 
 

@@ -33,6 +33,11 @@ VARIANT_NAMES = {
     "tie_embeddings": "this embedding tying", "embed_scale": "embedding scaling",
     "final_softcap": "final-logit soft-capping", "logit_scale": "a logit scale",
     "head_dim": "this head_dim", "n_kv_heads": "this number of KV heads",
+    "scale_query": "the score scale applied to q", "scale_by_inverse_layer": "per-layer score scaling (1/(layer+1))",
+    "scores_fp32": "q.k in fp32",
+    "embed_dim": "an embedding width other than d_model (project_in/out)",
+    "embed_scale_unrounded": "an unrounded embedding scale", "embed_dropout": "embedding dropout",
+    "resid_dropout": "residual dropout", "attn_dropout": "attention dropout",
 }
 
 def tensor_sizes(arch: ArchConfig) -> dict[str, int]:

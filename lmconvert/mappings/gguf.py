@@ -40,11 +40,15 @@ class GgufArch:
     swa_pattern: int | None = None  # llama.cpp's hard-coded sliding pattern: every n-th layer is full
     big_layers: int | None = None  # Gemma: the layer count llama.cpp treats as 27B (score scale hidden/heads)
     fused: bool = False  # q, k, v in one `attn_qkv`, gate and up in one `ffn_up` (Phi-3), as in HF
+    norm_eps: str = "attention.layer_norm_rms_epsilon"  # the required key holding the norm eps (GPT-2's is
+    #   attention.layer_norm_epsilon)
+    table: TensorTable | None = None  # a table of its own (GPT-2: fused qkv, positions, norm biases)
 
     @property
     def tensors(self) -> TensorTable:
         """llama.cpp's tensor names <-> canonical names, with this architecture's transforms."""
-        return tensor_table(self.permute_qk, self.norm_offset, self.output, self.fused)
+        return self.table if self.table is not None else tensor_table(self.permute_qk, self.norm_offset, self.output,
+                                                                      self.fused)
 
 
 ATTENTION_BIAS = {"attention_bias": "blk.0.attn_q.bias"}
@@ -132,6 +136,33 @@ def tensor_table(permute_qk: bool, norm_offset: float, output: bool, fused: bool
 def tensor_sizes(config: Mapping[str, Any]) -> dict[str, int]:
     """The sizes the table's transforms are written in, from the HF config; the reader adds each
     tensor's stored `rows`."""
-    heads, kv_heads, head_dim = config["num_attention_heads"], config["num_key_value_heads"], config["head_dim"]
+    heads = config["num_attention_heads"]
+    kv_heads = config.get("num_key_value_heads") or heads
+    head_dim = config.get("head_dim") or config["hidden_size"] // heads
+    ffn = config.get("intermediate_size") or config.get("n_inner") or 4 * config["hidden_size"]
     return {"vocab": config["vocab_size"], "heads": heads, "kv_heads": kv_heads, "q": heads * head_dim,
-            "kv": kv_heads * head_dim, "ffn": config["intermediate_size"]}
+            "kv": kv_heads * head_dim, "ffn": ffn}
+
+
+def _gpt2_table() -> TensorTable:
+    """llama.cpp's GPT-2 (`GPT2Model` in convert_hf_to_gguf.py): its converter transposes the Conv1D
+    weights to nn.Linear's [out, in], so c_attn is `attn_qkv`, q | k | v along its rows; norms have
+    biases; `position_embd` is the learned table; `output` is always written (a copy of
+    token_embd for the tied original)."""
+    norms = (("attn_norm", "attn_norm"), ("ffn_norm", "mlp_norm"))
+    return TensorTable((
+        Rule("token_embd.weight", "embed.weight"),
+        Rule("position_embd.weight", "pos_embed.weight"),
+        *(Rule(f"blk.{{}}.attn_qkv.{p}", f"layers.{{}}.attn.{c}.{p}", Piece(("q", "q", "q"), i))
+          for p in ("weight", "bias") for i, c in enumerate("qkv")),
+        *_weight_and_bias("attn_output", "attn.o", IDENTITY), *_weight_and_bias("ffn_up", "mlp.up", IDENTITY),
+        *_weight_and_bias("ffn_down", "mlp.down", IDENTITY),
+        *(Rule(f"blk.{{}}.{g}.{p}", f"layers.{{}}.{c}.{p}") for g, c in norms for p in ("weight", "bias")),
+        Rule("output_norm.weight", "final_norm.weight"), Rule("output_norm.bias", "final_norm.bias"),
+        Rule("output.weight", "lm_head.weight"),
+    ))
+
+
+ARCHS["gpt2"] = GgufArch("gpt2", keys={"attention.layer_norm_epsilon": "layer_norm_epsilon",
+                                       "feed_forward_length": "n_inner"},
+                         norm_eps="attention.layer_norm_epsilon", table=_gpt2_table())

@@ -35,7 +35,7 @@ SHARED_KEYS: dict[str, str] = {
     "rope.freq_base": "rope_theta",
 }
 REQUIRED_KEYS = ("context_length", "embedding_length", "block_count", "feed_forward_length",
-                 "attention.head_count", "attention.layer_norm_rms_epsilon")
+                 "attention.head_count")  # and the architecture's norm eps key (GgufArch.norm_eps)
 # values llama.cpp's runtime assumes when the file leaves a key out
 SHARED_DEFAULTS: dict[str, Any] = {"rope_theta": 10000.0}
 TOKEN_IDS = {"bos_token_id": "tokenizer.ggml.bos_token_id", "eos_token_id": "tokenizer.ggml.eos_token_id",
@@ -74,7 +74,7 @@ def hf_config(file: Metadata) -> tuple[dict[str, Any], GgufArch]:
     def key(name: str) -> Any:  # noqa: ANN401 - metadata values are of any type
         return file.meta.get(f"{arch}.{name}")
 
-    missing = [f"{arch}.{k}" for k in REQUIRED_KEYS if key(k) is None]
+    missing = [f"{arch}.{k}" for k in (*REQUIRED_KEYS, entry.norm_eps) if key(k) is None]
     if missing:
         raise MappingError(f"metadata lacks {', '.join(missing)}; the file is incomplete")
     config: dict[str, Any] = {"model_type": entry.model_type, **SHARED_DEFAULTS, **entry.defaults}

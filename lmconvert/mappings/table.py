@@ -20,9 +20,10 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
+from typing import Any
 
 from .errors import MappingError
-from .transforms import IDENTITY, Piece, Sizes, Step, TensorFn, Transform, out_shape
+from .transforms import IDENTITY, Sizes, Step, TensorFn, Transform, out_shape
 
 __all__ = ["IDENTITY", "Plan", "Rule", "TensorFn", "TensorTable", "Transform", "out_shape"]
 
@@ -138,26 +139,29 @@ class TensorTable:
         _check_sides(set(plan), set(expected), "the checkpoint")
         return plan, dropped
 
-    def plan_export(self, canonical_names: Iterable[str], sizes: Sizes | None = None) -> Plan:
-        """{stored name: (canonical name, transform)}; a tensor stored as pieces gets the tuple of
-        their canonical names, in order, and a transform whose inverse joins them."""
-        plan: Plan = {}
-        pieces: dict[str, dict[int, str]] = {}
+    def plan_export(self, canonical_names: Iterable[str],
+                    sizes: Sizes | None = None) -> dict[str, tuple[Any, Transform]]:
+        """{stored name: (canonical name, transform)}. A tensor stored as pieces (several rules
+        with one stored name: Phi-3's qkv_proj, GPT-2's c_attn) gets the tuple of its pieces'
+        canonical names, in the table's order, and the transform whose inverse joins them."""
+        found: dict[str, list[tuple[int, str, Step | Transform]]] = {}
         for name in canonical_names:
             stored, step = self.to_stored_name(name)
-            if isinstance(step, Piece):
-                pieces.setdefault(stored, {})[step.index] = name
-                plan[stored] = ((), step.bind(sizes or {}))
-            else:
-                plan[stored] = (name, step.bind(sizes or {}))
-        for stored, held in pieces.items():
-            step = self._rules_for(stored)[0][0].transform
-            count = len(step.pieces) if isinstance(step, Piece) else 0
-            if sorted(held) != list(range(count)):
+            found.setdefault(stored, []).append((self._order(name), name, step))
+        plan: dict[str, tuple[Any, Transform]] = {}
+        for stored, held in found.items():
+            held.sort(key=lambda item: item[0])
+            count = len(self._rules_for(stored))
+            if len(held) != count:
                 raise MappingError(f"tensor {stored!r} is stored as {count} pieces, but only "
-                                   f"{', '.join(held[i] for i in sorted(held))} are there")
-            plan[stored] = (tuple(held[i] for i in range(count)), plan[stored][1])
+                                   f"{', '.join(name for _, name, _ in held)} are there")
+            names = tuple(name for _, name, _ in held)
+            plan[stored] = (names if count > 1 else names[0], held[0][2].bind(sizes or {}))
         return plan
+
+    def _order(self, canonical: str) -> int:
+        """The position of the rule writing a canonical name: the order of a fused tensor's pieces."""
+        return next(i for i, (_, _, can_re) in enumerate(self._compiled) if can_re and can_re.match(canonical))
 
 
 def _check_sides(produced: set[str], expected: set[str], where: str) -> None:

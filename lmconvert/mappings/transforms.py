@@ -10,10 +10,12 @@ bit by tests/test_table_transforms.py.
 - renaming is a table rule's job (table.py); its transform is IDENTITY;
 - Permute: rotary rows from interleaved pairs to rotate-half halves, per head;
 - Fuse: the pieces model-parallel ranks hold -> one tensor (inverse: split);
-- Piece: one of several canonical tensors stored end to end in one (Phi-3's qkv_proj); the
-  table groups a stored tensor's pieces, so export concatenates them;
+- Piece: one of several canonical tensors stored end to end in one (Phi-3's qkv_proj, GPT-2's
+  c_attn); the table's rules that share a stored name are its pieces, in order, and export hands
+  the inverse all of them, which concatenates them;
 - Offset: a constant added on disk (Gemma's norms as w + 1 in GGUF);
 - Trim: padding rows past the vocabulary dropped;
+- Transpose: a matrix stored [in, out] (GPT-2's Conv1D);
 - Chain: several in order.
 
 torch is imported only inside the functions: reading a table must not load it.
@@ -238,6 +240,22 @@ def pad_rows(t: torch.Tensor, rows: int) -> torch.Tensor:
     import torch
 
     return torch.cat([t, t.new_zeros(rows - t.shape[0], *t.shape[1:])])
+
+
+# ---- Transpose: [in, out] matrices
+
+
+def _transposed(t: torch.Tensor) -> torch.Tensor:
+    return t.t().contiguous()
+
+
+@dataclass(frozen=True)
+class Transpose:
+    """A matrix stored [in, out] (GPT-2's Conv1D: `addmm(b, x, W)`) <-> nn.Linear's [out, in]. Its
+    own inverse; a permutation of elements, so exact for every dtype and bit pattern."""
+
+    def bind(self, sizes: Sizes) -> Transform:
+        return Transform("transpose", _transposed, _transposed)
 
 
 # ---- Chain

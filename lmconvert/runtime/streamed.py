@@ -62,9 +62,9 @@ def _stage_of(name: str, tied: bool) -> tuple[str, ...]:
         return (".".join(name.split(".", 2)[:2]),)
     if first == "embed":
         return ("embed", "head") if tied else ("embed",)
-    if first == "pos_embed":
+    if first in ("pos_embed", "project_in"):
         return ("embed",)
-    if first in ("final_norm", "lm_head"):
+    if first in ("final_norm", "project_out", "lm_head"):
         return ("head",)
     return ("resident",)  # shared by every layer (T5's relative bias table): kept for the whole run
 

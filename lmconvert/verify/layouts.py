@@ -13,7 +13,8 @@ not be compared: verify cannot vouch for it, so it does not pass.
 A layout names its axes in order; `*` joins axes flattened into one dimension; a last dimension
 written as segments joined by `|` is a fused output (Phi-3's qkv_proj, [q | k | v]), of which the
 bracketed segment is the point's value:
-B batch, T time, d d_model, F d_ff, H query heads, KV key/value heads, D head_dim; for latent
+B batch, T time, d d_model, E the embedding width (d_model, but for OPT-350m's projection), F d_ff,
+H query heads, KV key/value heads, D head_dim, P the pieces of a fused projection; for latent
 attention (MLA) Q q_lora_rank, C kv_lora_rank, QK a query/key head (qk_nope_head_dim + head_dim),
 CR the joint latent (C + head_dim), NV a head's expanded key and value (qk_nope_head_dim +
 v_head_dim), and `one` the single latent "head" both sides expand from.
@@ -33,12 +34,22 @@ from .trace import sublayer_of
 
 Layout = str
 
+
+@dataclass(frozen=True)
+class Piece:
+    """A point that is one piece of a fused module's output (GPT-2's c_attn): the whole output is
+    laid out as `layout`, and the point is entry `index` of its axis `axis`."""
+
+    layout: Layout
+    axis: str
+    index: int
+
 RESIDUAL: Layout = "B T d"
 
 # Our Decoder's points, by kind (`sublayer_of`): every block output, norm and projection is
 # (B, T, features); q/k/v stay flat until attention splits the heads.
 OURS: Mapping[str, Layout] = {
-    "embed": RESIDUAL, "final_norm": RESIDUAL, "output": RESIDUAL,
+    "embed": RESIDUAL, "final_norm": "B T E", "output": RESIDUAL,  # final_norm: what the LM head reads
     "attn_norm": RESIDUAL, "attn_post_norm": RESIDUAL, "mlp_norm": RESIDUAL, "mlp_post_norm": RESIDUAL,
     "attn.q": "B T H*D", "attn.k": "B T KV*D", "attn.v": "B T KV*D", "attn.o": RESIDUAL,
     "mlp.gate": "B T F", "mlp.up": "B T F", "mlp.down": RESIDUAL,
@@ -65,7 +76,7 @@ TRANSFORMERS: Mapping[str, Layout] = dict(OURS)
 
 # Keyed by the text config's model_type (`config.get_text_config().model_type`), so that
 # Gemma3ForConditionalGeneration and Gemma3ForCausalLM share an entry.
-TRANSFORMERS_BY_MODEL_TYPE: Mapping[str, Mapping[str, Layout]] = {
+TRANSFORMERS_BY_MODEL_TYPE: Mapping[str, Mapping[str, Layout | Piece]] = {
     # q_norm(q_proj(x).view(B, T, -1, D)), transposed afterwards
     "qwen3": {"attn.q_norm": "B T H D", "attn.k_norm": "B T KV D"},
     # q_proj(x).view(B, T, -1, D).transpose(1, 2), then q_norm
@@ -80,6 +91,11 @@ TRANSFORMERS_BY_MODEL_TYPE: Mapping[str, Mapping[str, Layout]] = {
     # DeepseekV2/V3Attention: kv_b_proj on the latent viewed as (B, 1, T, C) in `expand_kv`, as ours
     "deepseek_v2": LATENT,
     "deepseek_v3": LATENT,
+    # OPTDecoderLayer runs its MLP on the hidden states flattened to (B*T, d)
+    "opt": {"mlp.up": "B*T F", "mlp.down": "B*T d"},
+    # q, k and v are the three pieces of one Conv1D, `c_attn`: q | k | v along its output
+    "gpt2": {"attn.q": Piece("B T P*H*D", "P", 0), "attn.k": Piece("B T P*KV*D", "P", 1),
+             "attn.v": Piece("B T P*KV*D", "P", 2)},
 }
 
 
@@ -134,12 +150,23 @@ def convert(value: torch.Tensor, source: Layout, target: Layout, sizes: Mapping[
     return atoms.permute([axes.index(axis) for axis in wanted]).reshape(shape_of(target, sizes))
 
 
+def take_piece(value: torch.Tensor, piece: Piece, sizes: Mapping[str, int]) -> tuple[torch.Tensor, Layout]:
+    """The piece a point is, and its layout: the fused layout without the piece axis."""
+    expected = shape_of(piece.layout, sizes)
+    if tuple(value.shape) != expected:
+        raise LayoutError(f"shape {tuple(value.shape)} is not {expected}, its declared layout {piece.layout}")
+    axes = [axis for group in _groups(piece.layout) for axis in group]
+    picked = value.reshape([sizes[axis] for axis in axes]).select(axes.index(piece.axis), piece.index)
+    rest = " ".join("*".join(a for a in group if a != piece.axis) for group in _groups(piece.layout))
+    return picked.reshape(shape_of(rest, sizes)), rest
+
+
 @dataclass(frozen=True)
 class PointLayouts:
     """Both sides' declared layouts for one model and token batch, and the sizes of their axes."""
 
     ours: Mapping[str, Layout]
-    theirs: Mapping[str, Layout]
+    theirs: Mapping[str, Layout | Piece]
     sizes: Mapping[str, int]
     model_type: str
 
@@ -147,8 +174,8 @@ class PointLayouts:
     def of(cls, arch: ArchConfig, model_type: str, batch: int, seq_len: int) -> PointLayouts:
         ours = {**OURS, **OURS_QK_NORM.get(arch.qk_norm, {}), **OURS_BY_ATTENTION.get(arch.attention, {})}
         theirs = {**TRANSFORMERS, **TRANSFORMERS_BY_MODEL_TYPE.get(model_type, {})}
-        sizes = {"B": batch, "T": seq_len, "d": arch.d_model, "F": arch.d_ff, "H": arch.n_heads,
-                 "KV": arch.n_kv_heads, "D": arch.head_dim, **_latent_sizes(arch)}
+        sizes = {"B": batch, "T": seq_len, "d": arch.d_model, "E": arch.embed_dim, "F": arch.d_ff, "H": arch.n_heads,
+                 "KV": arch.n_kv_heads, "D": arch.head_dim, "P": 3, **_latent_sizes(arch)}
         return cls(ours, theirs, sizes, model_type)
 
     def to_ours(self, point: str, value: torch.Tensor) -> torch.Tensor:
@@ -161,7 +188,10 @@ class PointLayouts:
             raise LayoutError(f"{point}: no layout is declared for our {kind}; declare it in "
                               "lmconvert/verify/layouts.py")
         try:
-            return convert(value, self.theirs[kind], self.ours[kind], self.sizes)
+            theirs = self.theirs[kind]
+            if isinstance(theirs, Piece):
+                value, theirs = take_piece(value, theirs, self.sizes)
+            return convert(value, theirs, self.ours[kind], self.sizes)
         except LayoutError as exc:
             raise LayoutError(f"{point}: transformers' ({self.model_type}) output does not fit: {exc}") from None
 

@@ -110,7 +110,9 @@ def recording(model: nn.Module) -> Iterator[Recorder]:
             recorder.output_of(name, module)
         for i, block in enumerate(model.layers):
             recorder.output_of(f"layers.{i}", block)
-        recorder.output_of(FINAL, model.final_norm)
+        # what the LM head reads: after OPT-350m's project_out, where transformers' last hidden state is
+        recorder.output_of(FINAL, model.project_out if getattr(model, "project_out", None) is not None
+                           else model.final_norm)
         yield recorder
     finally:
         recorder.close()
