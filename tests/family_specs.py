@@ -26,6 +26,7 @@ class Spec:
     old_drop: tuple[str, ...] = ()  # further keys a transformers 4 file lacks (derived by transformers)
     layer_types: tuple[list[str], tuple[str, ...]] | None = None  # a non-default layer_types, the kinds it means
     not_on_card: tuple[str, ...] = ()  # what it must not say
+    bf16_exact: bool = False  # our bf16 logits equal transformers' bf16 logits bit for bit on CPU
 
 
 S, F = "sliding_attention", "full_attention"
@@ -127,6 +128,13 @@ SPECS: dict[str, Spec] = {
         "olmo", dict(attention_bias=True, eos_token_id=1, rope_parameters={"rope_type": "default", "rope_theta": 5e5}),
         old_style={"rope_theta": 5e5},
         card=("LayerNorm, eps=1e-05, no scale", "pre-norm", "SwiGLU", "biases: q, k, v, o", "embeddings: untied")),
+    # head_dim 44 with 30 rotary dims: int(44 * 30/44) would be 29 (refused as odd)
+    "gptj": Spec(
+        "gptj", dict(hidden_size=176, rotary_dim=30, n_inner=80, eos_token_id=1), old_style={},
+        card=("LayerNorm, eps=1e-05, bias, weight in fp32", "parallel attn+MLP, shared norm",
+              "parallel sum: attn+mlp+h", "RoPE interleaved, theta=10000, 30 rotary dims", "attention scores in fp32",
+              "FFN: GeLU (tanh, written out: gelu_new), d_ff 80", "biases: mlp, lm_head", "embeddings: untied"),
+        bf16_exact=True),
 }
 NAMES = list(SPECS)
 TEXT = dict(vocab_size=128, hidden_size=64, intermediate_size=96, num_hidden_layers=3, num_attention_heads=4,

@@ -61,6 +61,8 @@ VARIANTS: dict[str, list[dict[str, Any]]] = {
     "deepseek_v3": [DEEPSEEK, dict(DEEPSEEK, q_lora_rank=None, attention_bias=True, rope_interleave=False,
                                    kv_lora_rank=16, qk_nope_head_dim=12, qk_rope_head_dim=8, v_head_dim=10,
                                    rope_parameters={**YARN, "mscale": 0.8, "mscale_all_dim": 0.7})],
+    "gptj": [dict(rotary_dim=16), dict(rotary_dim=8, n_inner=80, layer_norm_epsilon=1e-6, activation_function="gelu",
+                      resid_pdrop=0.1, embd_pdrop=0.2, attn_pdrop=0.05)],
     "deepseek_v2": [DEEPSEEK, dict(DEEPSEEK, q_lora_rank=None, attention_bias=True, mlp_bias=True, kv_lora_rank=16,
                                    qk_nope_head_dim=12, qk_rope_head_dim=8, v_head_dim=10, rope_parameters=YARN)],
 }
@@ -169,11 +171,17 @@ BAD_VALUES = [
 ]
 
 
+# the GPT-2 era spelling of llama's keys (GPT-J)
+GPT2_SPELLING = {"hidden_size": "n_embd", "num_attention_heads": "n_head", "num_hidden_layers": "n_layer",
+                 "max_position_embeddings": "n_positions", "rms_norm_eps": "layer_norm_epsilon",
+                 "attention_dropout": "attn_pdrop"}
 # a family without one of those keys: OlmoLayerNorm's eps is fixed at 1e-5
-NOT_A_KEY = {("olmo", "rms_norm_eps")}
+NOT_A_KEY = {("olmo", "rms_norm_eps"), *(("gptj", k) for k in ("num_key_value_heads", "head_dim", "intermediate_size",
+                                                                 "rope_parameters"))}
 # a family that spells one of those keys its own way
 OWN_SPELLING = {("starcoder2", "rms_norm_eps"): "norm_epsilon", ("nemotron", "rms_norm_eps"): "norm_eps",
-                ("stablelm", "rms_norm_eps"): "layer_norm_eps"}
+                ("stablelm", "rms_norm_eps"): "layer_norm_eps",
+                **{("gptj", k): v for k, v in GPT2_SPELLING.items()}}
 
 
 @pytest.mark.parametrize("model_type", VARIANTS)
@@ -216,6 +224,9 @@ def test_bad_values_are_refused_naming_the_key(model_type: str, key: str, value:
     ("granite", "residual_multiplier", 0, "positive"), ("granite", "logits_scaling", "8", "number"),
     ("granite", "embedding_multiplier", None, "not allowed"),
     ("olmo", "clip_qkv", 8.0, "clip_qkv=8.0"), ("olmo", "clip_qkv", "8", "number"),
+    ("gptj", "rotary_dim", None, "not allowed"), ("gptj", "rotary_dim", 0, "positive integer"),
+    ("gptj", "n_inner", 0, "positive integer"), ("gptj", "tie_word_embeddings", True, "tie_word_embeddings=true"),
+    ("gptj", "resid_pdrop", 1.0, "in [0, 1)"), ("gptj", "activation_function", "swiglu", "not supported"),
     ("gemma3_text", "sliding_window_pattern", 0, "positive integer"),
     ("gemma3_text", "rope_parameters", {F: {"rope_type": "default", "rope_theta": -1.0}},
      "rope_parameters.full_attention.rope_theta=-1.0"),

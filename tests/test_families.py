@@ -181,7 +181,18 @@ def transformers4_style(spec: Spec) -> Callable[[dict[str, Any]], dict[str, Any]
     return edit
 
 
-@pytest.mark.parametrize("name", NAMES)
+@pytest.mark.parametrize("name", [n for n in NAMES if SPECS[n].bf16_exact])
+def test_bf16_is_bit_exact(name: str, checkpoint: Callable[..., Path]) -> None:
+    """Where our operation order is the reference's, bf16 logits are transformers' bit for bit."""
+    src = checkpoint(name, torch.bfloat16)
+    assert torch.equal(our_logits(src, torch.bfloat16), hf_logits(src, torch.bfloat16))
+
+
+# families whose config.json has no RoPE keys, so no second (transformers 4) style of them
+NO_ROPE_KEYS = ("gptj", "bloom", "mpt")
+
+
+@pytest.mark.parametrize("name", [n for n in NAMES if n not in NO_ROPE_KEYS])
 def test_both_config_styles(name: str, checkpoint: Callable[..., Path], tmp_path: Path) -> None:
     spec = SPECS[name]
     new = checkpoint(name)
@@ -530,6 +541,25 @@ MATRIX: dict[str, dict[str, str | None]] = {
         "olmo": OK,
     },
 }
+MATRIX["gptj"] = {  # parallel block with one LayerNorm, interleaved RoPE over 30 of 44 dims, LM-head bias
+    "llama": "llama cannot express this norm's kind and bias and dtype_order, this norm placement, an LM-head bias",
+    "mistral": "mistral cannot express this norm's kind and bias and dtype_order",
+    "gemma": "gemma cannot express this norm's kind and bias and weight_offset",
+    "gemma2": "gemma2 cannot express this norm's kind and bias and weight_offset",
+    "gemma3": "gemma3 cannot express this norm's kind and bias and weight_offset",
+    "olmo2": "olmo2 cannot express this norm's kind and bias", "qwen2": "this norm placement",
+    "qwen3": "attention scores in fp32", "smollm3": "this RoPE configuration's layout and rotary_dims",
+    "starcoder2": "starcoder2 cannot express this norm placement", "nemotron": "this parallel-block sum order",
+    "stablelm": "stablelm cannot express MLP biases, an LM-head bias", "granite": "an LM-head bias",
+    "olmo": "olmo cannot express this norm's weight and bias and dtype_order", "gptj": OK,
+}
+# the new families as targets: what every other source is refused for
+COLUMNS: dict[str, tuple[str, dict[str, str]]] = {  # target -> (the usual refusal, exceptions by source)
+    "gptj": ("gptj cannot express this number of KV heads", {}),  # every source has 2 KV heads for 4 heads
+}
+for _source, _row in MATRIX.items():
+    for _target, (_usual, _exceptions) in COLUMNS.items():
+        _row.setdefault(_target, _exceptions.get(_source, _usual))
 # every source above has standard attention, which the latent-attention families cannot hold
 for _row in MATRIX.values():
     for _target in ("deepseek_v2", "deepseek_v3"):

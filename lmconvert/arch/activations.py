@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 
 import torch
@@ -12,10 +13,17 @@ def _relu2(x: torch.Tensor) -> torch.Tensor:
     return torch.square(F.relu(x))
 
 
+def _gelu_new(x: torch.Tensor) -> torch.Tensor:
+    """transformers' NewGELUActivation (GPT-2, GPT-J, Phi): the tanh formula written out, each op
+    rounded in the activation dtype, which F.gelu(approximate="tanh") does not do in bf16."""
+    return 0.5 * x * (1.0 + torch.tanh(math.sqrt(2.0 / math.pi) * (x + 0.044715 * torch.pow(x, 3.0))))
+
+
 ACTIVATIONS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
     "relu": F.relu,
     "gelu": F.gelu,  # exact (erf)
     "gelu_tanh": lambda x: F.gelu(x, approximate="tanh"),
     "silu": F.silu,
     "relu2": _relu2,  # squared ReLU (Primer, Nemotron)
+    "gelu_new": _gelu_new,  # the written-out tanh GeLU (GPT-2, GPT-J, Phi)
 }

@@ -24,9 +24,13 @@ from .rope import Rotary, apply_rotary
 
 
 def _eager(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float, softcap: float | None,
-           bias: torch.Tensor | None, allowed: torch.Tensor | None, dropout: float) -> torch.Tensor:
+           bias: torch.Tensor | None, allowed: torch.Tensor | None, dropout: float,
+           scores_fp32: bool = False) -> torch.Tensor:
     groups = q.shape[1] // k.shape[1]
     k, v = k.repeat_interleave(groups, dim=1), v.repeat_interleave(groups, dim=1)  # (B, H, S, D)
+    if scores_fp32:  # GPT-J: q @ k^T and everything up to the softmax in (at least) fp32
+        wide = torch.promote_types(q.dtype, torch.float32)
+        q, k = q.to(wide), k.to(wide)
     w = torch.matmul(q, k.transpose(-1, -2)) * scale  # (B, H, T, S)
     if softcap is not None:
         w = torch.tanh(w / softcap) * softcap
@@ -34,7 +38,7 @@ def _eager(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float, soft
         w = w + bias.to(w.dtype)
     if allowed is not None:
         w = w + torch.zeros_like(allowed, dtype=w.dtype).masked_fill(~allowed, torch.finfo(w.dtype).min)
-    p = F.softmax(w, dim=-1, dtype=torch.float32).to(q.dtype)
+    p = F.softmax(w, dim=-1, dtype=torch.float32).to(v.dtype)
     p = F.dropout(p, p=dropout, training=dropout > 0)
     return torch.matmul(p, v)
 
@@ -93,7 +97,7 @@ class Attention(nn.Module):
         allowed = ctx.allowed(self.window)
         dropout = cfg.attn_dropout if self.training else 0.0
         if cfg.attn_softcap is not None or self.backend == "eager":
-            out = _eager(q, k, v, cfg.score_scale, cfg.attn_softcap, bias, allowed, dropout)
+            out = _eager(q, k, v, cfg.score_scale, cfg.attn_softcap, bias, allowed, dropout, cfg.scores_fp32)
         else:
             out = _sdpa(q, k, v, cfg.score_scale, bias, allowed, ctx.is_plain_causal(self.window), dropout)
         out = out.transpose(1, 2).reshape(B, T, cfg.q_dim)  # (B, T, H*D)

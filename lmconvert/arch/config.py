@@ -19,7 +19,7 @@ from .errors import ConfigError
 
 NORM_KINDS = ("rms", "layer")
 NORM_PLACEMENTS = ("pre", "post", "sandwich", "output", "parallel_shared", "parallel_separate")
-ACTIVATIONS = ("relu", "gelu", "gelu_tanh", "silu", "relu2")
+ACTIVATIONS = ("relu", "gelu", "gelu_tanh", "silu", "relu2", "gelu_new")
 ROPE_LAYOUTS = ("half", "interleaved")
 ROPE_SCALINGS = ("none", "linear", "dynamic", "yarn", "llama3")
 ABSOLUTE_POSITIONS = ("none", "sinusoidal", "learned")
@@ -27,6 +27,8 @@ LAYER_POSITIONS = ("rope", "alibi", "relative", "none")
 LAYER_KINDS = ("global", "local")
 QK_NORMS = ("none", "head", "projection")
 DTYPE_ORDERS = ("cast_then_scale", "scale_then_cast")
+PARALLEL_SUMS = ("h+attn+mlp", "mlp+attn+h", "attn+mlp+h")  # left to right: the order a parallel block adds
+ALIBI_KINDS = ("press", "mpt")  # whose slopes: Press et al.'s (BLOOM, Falcon-RW) or MPT's alibi_bias_max form
 
 
 def _fail(owner: str, name: str, value: Any, why: str) -> None:
@@ -95,6 +97,7 @@ class RopeConfig:
     mscale_all_dim: float | None = None
     truncate: bool = True
     fp32_tables: bool = False  # OLMo keeps cos/sin in fp32 and rotates in fp32
+    rotary_dims: int | None = None  # an absolute rotary width (GPT-J's rotary_dim); None: head_dim * fraction
 
     def __post_init__(self) -> None:
         _positive("rope", "theta", self.theta)
@@ -108,9 +111,14 @@ class RopeConfig:
             _fail("rope", "original_max_positions", None, f"required by scaling={self.scaling!r}")
         if self.scaling == "llama3" and self.high_freq_factor == self.low_freq_factor:
             _fail("rope", "high_freq_factor", self.high_freq_factor, "must differ from low_freq_factor")
+        _integer("rope", "rotary_dims", self.rotary_dims, allow_none=True)
+        if self.rotary_dims is not None and self.fraction != 1:
+            _fail("rope", "rotary_dims", self.rotary_dims, "give the rotary width once: rotary_dims or fraction")
 
     def rotary_dim(self, head_dim: int) -> int:
-        return int(head_dim * self.fraction)
+        """The rotated width. An absolute width is kept as given: `int(head_dim * fraction)`
+        truncates (head_dim 44 with 30 rotary dims would become 29)."""
+        return self.rotary_dims if self.rotary_dims is not None else int(head_dim * self.fraction)
 
 
 @dataclass(frozen=True)
@@ -130,6 +138,9 @@ class ArchConfig:
     norm_placement: str = "pre"
     final_norm: bool = True
     qk_norm: str = "none"
+    embed_norm: bool = False  # a norm on the embeddings, before the first block (BLOOM's word_embeddings_layernorm)
+    residual_after_norm: bool = False  # pre-norm blocks take the residual after the norm (BLOOM's
+    # apply_residual_connection_post_layernorm)
     # biases
     q_bias: bool = False
     k_bias: bool = False
@@ -148,6 +159,10 @@ class ArchConfig:
     rope_local: RopeConfig | None = None  # None: local layers use `rope`
     relative_buckets: int = 32
     relative_max_distance: int = 128
+    alibi: str = "press"  # ALIBI_KINDS: how ALiBi layers' slopes are made
+    alibi_max: float = 8.0  # MPT's alibi_bias_max: the largest slope exponent
+    alibi_bf16_slopes: bool = False  # Falcon-RW: slopes rounded to bf16, bias added as a separate op, scaled
+    # by the score scale with the scores (its ALiBi is applied before the 1/sqrt(d) scaling)
     # attention
     attention: str = "standard"  # a kind declared in attention_kinds
     attention_settings: Any = None  # that kind's own fields (its `settings` dataclass); None: it has none
@@ -156,6 +171,8 @@ class ArchConfig:
     attn_scale: float | None = None  # None: head_dim ** -0.5
     attn_softcap: float | None = None
     residual_scale: float = 1.0  # each sublayer's output is multiplied by this before the residual add (Granite)
+    parallel_sum: str = "h+attn+mlp"  # PARALLEL_SUMS: the order a parallel block adds (bf16 rounds differently)
+    scores_fp32: bool = False  # q and k upcast to fp32 before q @ k^T (GPT-J, GPT-Neo); eager backend
     # output
     tie_embeddings: bool = False
     embed_scale: float | None = None
@@ -183,7 +200,8 @@ class ArchConfig:
             _fail("ArchConfig", "n_kv_heads", self.n_kv_heads,
                   f"n_heads={self.n_heads} must be a multiple of n_kv_heads={self.n_kv_heads}")
         for name, allowed in (("norm_placement", NORM_PLACEMENTS), ("qk_norm", QK_NORMS),
-                              ("activation", ACTIVATIONS), ("absolute_positions", ABSOLUTE_POSITIONS)):
+                              ("activation", ACTIVATIONS), ("absolute_positions", ABSOLUTE_POSITIONS),
+                              ("parallel_sum", PARALLEL_SUMS), ("alibi", ALIBI_KINDS)):
             _choice("ArchConfig", name, getattr(self, name), allowed)
         kind = attention_kind(self.attention)
         self._normalise_attention_settings(kind)
@@ -197,6 +215,9 @@ class ArchConfig:
             if rope is not None and rope.rotary_dim(self.head_dim) % 2:
                 _fail("ArchConfig", "head_dim", self.head_dim,
                       f"rotary dims {rope.rotary_dim(self.head_dim)} must be even")
+            if rope is not None and rope.rotary_dim(self.head_dim) > self.head_dim:
+                _fail("ArchConfig", "head_dim", self.head_dim,
+                      f"is smaller than the rotary dims {rope.rotary_dim(self.head_dim)}")
         _integer("ArchConfig", "sliding_window", self.sliding_window, allow_none=True)
         if "local" in self.layer_kinds and self.sliding_window is None:
             _fail("ArchConfig", "sliding_window", None, "local layers need a sliding window")
@@ -204,6 +225,11 @@ class ArchConfig:
             _positive("ArchConfig", name, getattr(self, name), allow_none=True)
         _positive("ArchConfig", "logit_scale", self.logit_scale)
         _positive("ArchConfig", "residual_scale", self.residual_scale)
+        _positive("ArchConfig", "alibi_max", self.alibi_max)
+        if self.parallel_sum != PARALLEL_SUMS[0] and not self.norm_placement.startswith("parallel"):
+            _fail("ArchConfig", "parallel_sum", self.parallel_sum, "only parallel blocks have a parallel sum")
+        if self.residual_after_norm and self.norm_placement != "pre":
+            _fail("ArchConfig", "residual_after_norm", True, "only pre-norm blocks take the residual after the norm")
         for name in ("embed_dropout", "attn_dropout", "resid_dropout"):
             if not 0 <= getattr(self, name) < 1:
                 _fail("ArchConfig", name, getattr(self, name), "must be in [0, 1)")

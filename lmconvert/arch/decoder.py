@@ -30,6 +30,7 @@ class Decoder(nn.Module):
         self.embed = nn.Embedding(cfg.vocab_size, cfg.d_model, _weight=torch.randn(cfg.vocab_size, cfg.d_model))
         self.pos_embed = (nn.Embedding(cfg.max_positions + cfg.position_offset, cfg.d_model)
                           if cfg.absolute_positions == "learned" else None)
+        self.embed_norm = Norm(cfg.d_model, cfg.norm) if cfg.embed_norm else None  # BLOOM
         self.rel_bias = (RelativeBias(cfg.relative_buckets, cfg.relative_max_distance, cfg.n_heads)
                          if "relative" in cfg.layer_positions else None)
         rotaries: dict[int, Rotary] = {}  # one table per distinct RopeConfig, shared by its layers
@@ -66,6 +67,8 @@ class Decoder(nn.Module):
             h = h + self.pos_embed(positions + cfg.position_offset)
         elif cfg.absolute_positions == "sinusoidal":
             h = h + sinusoidal(positions, cfg.d_model, h.dtype)
+        if self.embed_norm is not None:
+            h = self.embed_norm(h)
         return self.drop(h)
 
     def states(self, ids: torch.Tensor, cache: KVCache | None = None) -> Iterator[torch.Tensor]:

@@ -6,9 +6,9 @@ from .attention_kinds import attention_kind
 from .config import ArchConfig, NormConfig, RopeConfig
 
 ACTIVATION_NAMES = {"relu": "ReLU", "gelu": "GeLU (erf)", "gelu_tanh": "GeLU (tanh)", "silu": "SiLU",
-                    "relu2": "squared ReLU"}
+                    "relu2": "squared ReLU", "gelu_new": "GeLU (tanh, written out: gelu_new)"}
 GATED_NAMES = {"relu": "ReGLU", "gelu": "GeGLU (erf)", "gelu_tanh": "GeGLU (tanh)", "silu": "SwiGLU",
-               "relu2": "gated squared ReLU"}
+               "relu2": "gated squared ReLU", "gelu_new": "GeGLU (gelu_new)"}
 PLACEMENT_NAMES = {"pre": "pre-norm", "post": "post-norm", "sandwich": "sandwich norm (pre + post)",
                    "output": "norm on sublayer output only", "parallel_shared": "parallel attn+MLP, shared norm",
                    "parallel_separate": "parallel attn+MLP, separate norms"}
@@ -31,6 +31,8 @@ def _rope(r: RopeConfig) -> str:
     text = f"RoPE {r.layout}, theta={r.theta:g}"
     if r.fraction != 1:
         text += f", {r.fraction:g} of head_dim"
+    if r.rotary_dims is not None:
+        text += f", {r.rotary_dims} rotary dims"
     if r.scaling != "none":
         text += f", {r.scaling} x{r.factor:g}"
     return text
@@ -43,6 +45,14 @@ def variants(cfg: ArchConfig) -> list[str]:
         out.append(f"score scale: {cfg.attn_scale:g}")
     if cfg.attn_softcap is not None:
         out.append(f"attention soft-cap: {cfg.attn_softcap:g}")
+    if cfg.norm_placement.startswith("parallel"):
+        out.append(f"parallel sum: {cfg.parallel_sum}")
+    if cfg.residual_after_norm:
+        out.append("residual taken after the norm")
+    if cfg.embed_norm:
+        out.append("embedding norm")
+    if cfg.scores_fp32:
+        out.append("attention scores in fp32")
     if cfg.residual_scale != 1.0:
         out.append(f"residual scale: {cfg.residual_scale:g} (each sublayer's output)")
     kinds = cfg.layer_kinds
@@ -58,6 +68,10 @@ def variants(cfg: ArchConfig) -> list[str]:
             if cfg.rope_local is not None:
                 text += f"; local layers: {_rope(cfg.rope_local)}"
             out.append(f"positions: {text} ({where})")
+        elif kind == "alibi":
+            slopes = "MPT's slopes, alibi_bias_max " + f"{cfg.alibi_max:g}" if cfg.alibi == "mpt" else "Press's slopes"
+            bf16 = ", slopes rounded to bf16, added before scaling" if cfg.alibi_bf16_slopes else ""
+            out.append(f"positions: ALiBi, {slopes}{bf16} ({where})")
         else:
             out.append(f"positions: {kind} ({where})")
     if cfg.absolute_positions != "none":

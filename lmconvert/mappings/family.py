@@ -32,6 +32,10 @@ VARIANT_NAMES = {
     "tie_embeddings": "this embedding tying", "embed_scale": "embedding scaling",
     "final_softcap": "final-logit soft-capping", "logit_scale": "a logit scale",
     "head_dim": "this head_dim", "n_kv_heads": "this number of KV heads",
+    "embed_norm": "an embedding norm", "residual_after_norm": "the residual taken after the norm",
+    "parallel_sum": "this parallel-block sum order", "scores_fp32": "attention scores in fp32",
+    "alibi": "this kind of ALiBi slopes", "alibi_max": "this ALiBi slope range",
+    "alibi_bf16_slopes": "ALiBi slopes rounded to bf16",
 }
 
 # config.json keys that are not architecture but should travel with the checkpoint

@@ -46,9 +46,9 @@ TENSORS = TensorTable(EDGE_RULES + ATTENTION_RULES + MLP_RULES + PRE_NORM_RULES)
 
 
 ACTIVATIONS_FROM_HF = {"silu": "silu", "swish": "silu", "gelu": "gelu", "gelu_pytorch_tanh": "gelu_tanh",
-                       "relu": "relu", "relu2": "relu2"}
+                       "relu": "relu", "relu2": "relu2", "gelu_new": "gelu_new"}
 ACTIVATIONS_TO_HF = {"silu": "silu", "gelu": "gelu", "gelu_tanh": "gelu_pytorch_tanh", "relu": "relu",
-                     "relu2": "relu2"}
+                     "relu2": "relu2", "gelu_new": "gelu_new"}
 
 
 def activation(key: str, default: str) -> Entry:
