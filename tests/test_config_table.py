@@ -63,6 +63,8 @@ VARIANTS: dict[str, list[dict[str, Any]]] = {
                                    rope_parameters={**YARN, "mscale": 0.8, "mscale_all_dim": 0.7})],
     "gptj": [dict(rotary_dim=16), dict(rotary_dim=8, n_inner=80, layer_norm_epsilon=1e-6, activation_function="gelu",
                       resid_pdrop=0.1, embd_pdrop=0.2, attn_pdrop=0.05)],
+    "phi": [{}, dict(qk_layernorm=True, layer_norm_eps=1e-6, hidden_act="gelu", resid_pdrop=0.1, embd_pdrop=0.2,
+                     rope_parameters={**LINEAR, "partial_rotary_factor": 0.75})],
     "deepseek_v2": [DEEPSEEK, dict(DEEPSEEK, q_lora_rank=None, attention_bias=True, mlp_bias=True, kv_lora_rank=16,
                                    qk_nope_head_dim=12, qk_rope_head_dim=8, v_head_dim=10, rope_parameters=YARN)],
 }
@@ -180,7 +182,7 @@ NOT_A_KEY = {("olmo", "rms_norm_eps"), *(("gptj", k) for k in ("num_key_value_he
                                                                  "rope_parameters"))}
 # a family that spells one of those keys its own way
 OWN_SPELLING = {("starcoder2", "rms_norm_eps"): "norm_epsilon", ("nemotron", "rms_norm_eps"): "norm_eps",
-                ("stablelm", "rms_norm_eps"): "layer_norm_eps",
+                ("stablelm", "rms_norm_eps"): "layer_norm_eps", ("phi", "rms_norm_eps"): "layer_norm_eps",
                 **{("gptj", k): v for k, v in GPT2_SPELLING.items()}}
 
 
@@ -226,6 +228,8 @@ def test_bad_values_are_refused_naming_the_key(model_type: str, key: str, value:
     ("olmo", "clip_qkv", 8.0, "clip_qkv=8.0"), ("olmo", "clip_qkv", "8", "number"),
     ("gptj", "rotary_dim", None, "not allowed"), ("gptj", "rotary_dim", 0, "positive integer"),
     ("gptj", "n_inner", 0, "positive integer"), ("gptj", "tie_word_embeddings", True, "tie_word_embeddings=true"),
+    ("phi", "qk_layernorm", "yes", "boolean"), ("phi", "tie_word_embeddings", True, "tie_word_embeddings=true"),
+    ("phi", "partial_rotary_factor", 1.5, "partial_rotary"), ("phi", "embd_pdrop", 1.0, "in [0, 1)"),
     ("gptj", "resid_pdrop", 1.0, "in [0, 1)"), ("gptj", "activation_function", "swiglu", "not supported"),
     ("gemma3_text", "sliding_window_pattern", 0, "positive integer"),
     ("gemma3_text", "rope_parameters", {F: {"rope_type": "default", "rope_theta": -1.0}},

@@ -68,6 +68,8 @@ TRANSFORMERS_BY_MODEL_TYPE: Mapping[str, Mapping[str, Layout]] = {
     "qwen3": {"attn.q_norm": "B T H D", "attn.k_norm": "B T KV D"},
     # q_proj(x).view(B, T, -1, D).transpose(1, 2), then q_norm
     "gemma3_text": {"attn.q_norm": "B H T D", "attn.k_norm": "B KV T D"},
+    # PhiAttention: q_proj(x).view(B, T, -1, D).transpose(1, 2), then q_layernorm
+    "phi": {"attn.q_norm": "B H T D", "attn.k_norm": "B KV T D"},
     # q_norm(q_proj(x)) over the whole projection, viewed afterwards
     "olmo2": {"attn.q_norm": "B T H*D", "attn.k_norm": "B T KV*D"},
     # DeepseekV2/V3Attention: kv_b_proj on the latent viewed as (B, 1, T, C) in `expand_kv`, as ours
