@@ -143,6 +143,14 @@ SPECS: dict[str, Spec] = {
               "parallel sum: attn+mlp+h", "QK norm: per head", "RoPE half, theta=20000, 0.5 of head_dim",
               "FFN: GeLU (tanh, written out: gelu_new), d_ff 96", "biases: q, k, v, o, mlp, lm_head"),
         bf16_exact=True),
+    "gpt_neox": Spec(
+        "gpt_neox", dict(eos_token_id=1, rope_parameters={"rope_type": "default", "rope_theta": 2e4,
+                                                          "partial_rotary_factor": 0.5}),
+        old_style={"rotary_emb_base": 2e4, "rotary_pct": 0.5},
+        card=("LayerNorm, eps=1e-05, bias, weight in fp32", "parallel attn+MLP, separate norms",
+              "parallel sum: mlp+attn+h", "RoPE half, theta=20000, 0.5 of head_dim", "FFN: GeLU (erf), d_ff 96",
+              "biases: q, k, v, o, mlp", "attention: MHA, 4 heads"),
+        bf16_exact=True),
 }
 NAMES = list(SPECS)
 TEXT = dict(vocab_size=128, hidden_size=64, intermediate_size=96, num_hidden_layers=3, num_attention_heads=4,

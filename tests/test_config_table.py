@@ -65,6 +65,9 @@ VARIANTS: dict[str, list[dict[str, Any]]] = {
                       resid_pdrop=0.1, embd_pdrop=0.2, attn_pdrop=0.05)],
     "phi": [{}, dict(qk_layernorm=True, layer_norm_eps=1e-6, hidden_act="gelu", resid_pdrop=0.1, embd_pdrop=0.2,
                      rope_parameters={**LINEAR, "partial_rotary_factor": 0.75})],
+    "gpt_neox": [{}, dict(use_parallel_residual=False, attention_bias=False, layer_norm_eps=1e-6, hidden_act="relu",
+                          hidden_dropout=0.1, tie_word_embeddings=True,
+                          rope_parameters={**LINEAR, "partial_rotary_factor": 0.5})],
     "deepseek_v2": [DEEPSEEK, dict(DEEPSEEK, q_lora_rank=None, attention_bias=True, mlp_bias=True, kv_lora_rank=16,
                                    qk_nope_head_dim=12, qk_rope_head_dim=8, v_head_dim=10, rope_parameters=YARN)],
 }
@@ -177,12 +180,14 @@ BAD_VALUES = [
 GPT2_SPELLING = {"hidden_size": "n_embd", "num_attention_heads": "n_head", "num_hidden_layers": "n_layer",
                  "max_position_embeddings": "n_positions", "rms_norm_eps": "layer_norm_epsilon",
                  "attention_dropout": "attn_pdrop"}
-# a family without one of those keys: OlmoLayerNorm's eps is fixed at 1e-5
-NOT_A_KEY = {("olmo", "rms_norm_eps"), *(("gptj", k) for k in ("num_key_value_heads", "head_dim", "intermediate_size",
-                                                                 "rope_parameters"))}
+# a family without one of those keys: OlmoLayerNorm's eps is fixed at 1e-5; GPT-NeoX and GPT-J have no KV
+# grouping and no head_dim key, GPT-J no intermediate_size (n_inner) or rope_parameters
+NOT_A_KEY = {("olmo", "rms_norm_eps"), ("gpt_neox", "num_key_value_heads"), ("gpt_neox", "head_dim"),
+             *(("gptj", k) for k in ("num_key_value_heads", "head_dim", "intermediate_size", "rope_parameters"))}
 # a family that spells one of those keys its own way
 OWN_SPELLING = {("starcoder2", "rms_norm_eps"): "norm_epsilon", ("nemotron", "rms_norm_eps"): "norm_eps",
                 ("stablelm", "rms_norm_eps"): "layer_norm_eps", ("phi", "rms_norm_eps"): "layer_norm_eps",
+                ("gpt_neox", "rms_norm_eps"): "layer_norm_eps",
                 **{("gptj", k): v for k, v in GPT2_SPELLING.items()}}
 
 
@@ -230,6 +235,8 @@ def test_bad_values_are_refused_naming_the_key(model_type: str, key: str, value:
     ("gptj", "n_inner", 0, "positive integer"), ("gptj", "tie_word_embeddings", True, "tie_word_embeddings=true"),
     ("phi", "qk_layernorm", "yes", "boolean"), ("phi", "tie_word_embeddings", True, "tie_word_embeddings=true"),
     ("phi", "partial_rotary_factor", 1.5, "partial_rotary"), ("phi", "embd_pdrop", 1.0, "in [0, 1)"),
+    ("gpt_neox", "use_parallel_residual", "no", "boolean"), ("gpt_neox", "rotary_pct", 0, "rotary_pct=0"),
+    ("gpt_neox", "rotary_emb_base", -1.0, "positive number"), ("gpt_neox", "hidden_dropout", 1.0, "in [0, 1)"),
     ("gptj", "resid_pdrop", 1.0, "in [0, 1)"), ("gptj", "activation_function", "swiglu", "not supported"),
     ("gemma3_text", "sliding_window_pattern", 0, "positive integer"),
     ("gemma3_text", "rope_parameters", {F: {"rope_type": "default", "rope_theta": -1.0}},

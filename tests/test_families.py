@@ -553,6 +553,7 @@ MATRIX["gptj"] = {  # parallel block with one LayerNorm, interleaved RoPE over 3
     "stablelm": "stablelm cannot express MLP biases, an LM-head bias", "granite": "an LM-head bias",
     "olmo": "olmo cannot express this norm's weight and bias and dtype_order", "gptj": OK,
     "phi": "phi cannot express this RoPE configuration's layout and rotary_dims",
+    "gpt_neox": "gpt_neox cannot express this norm placement",
 }
 MATRIX["phi"] = {  # GPT-J's block with biases everywhere, half-rotation RoPE over half the head, QK LayerNorm
     "llama": "llama cannot express this norm's kind and bias and dtype_order",
@@ -566,10 +567,27 @@ MATRIX["phi"] = {  # GPT-J's block with biases everywhere, half-rotation RoPE ov
     "weight_offset", "stablelm": "stablelm cannot express QK norm", "granite": "an LM-head bias",
     "olmo": "olmo cannot express this norm's weight and bias and dtype_order",
     "gptj": "gptj cannot express this number of KV heads", "phi": OK,
+    "gpt_neox": "gpt_neox cannot express this number of KV heads",
+}
+MATRIX["gpt_neox"] = {  # parallel block with two LayerNorms, a quarter of the head rotated, fused qkv, MHA
+    "llama": "llama cannot express this norm's kind and bias and dtype_order",
+    "mistral": "mistral cannot express this norm's kind and bias and dtype_order",
+    "gemma": "gemma cannot express this norm's kind and bias and weight_offset",
+    "gemma2": "gemma2 cannot express this norm's kind and bias and weight_offset",
+    "gemma3": "gemma3 cannot express this norm's kind and bias and weight_offset",
+    "olmo2": "olmo2 cannot express this norm's kind and bias", "qwen2": "this parallel-block sum order",
+    "qwen3": "qwen3 cannot express this norm's kind and bias and dtype_order", "smollm3": "this norm placement",
+    "starcoder2": "starcoder2 cannot express this norm placement", "nemotron": "nemotron cannot express this norm's "
+    "weight_offset", "stablelm": "stablelm cannot express this norm placement",
+    "granite": "granite cannot express this norm's kind and bias and dtype_order",
+    "olmo": "olmo cannot express this norm's weight and bias and dtype_order",
+    "gptj": "gptj cannot express this norm placement", "phi": "phi cannot express this norm placement",
+    "gpt_neox": OK,
 }
 # the new families as targets: what every other source is refused for
 COLUMNS: dict[str, tuple[str, dict[str, str]]] = {  # target -> (the usual refusal, exceptions by source)
     "gptj": ("gptj cannot express this number of KV heads", {}),  # every source has 2 KV heads for 4 heads
+    "gpt_neox": ("gpt_neox cannot express this number of KV heads", {}),  # every other source has 2 KV heads
     "phi": ("phi cannot express this norm's kind and bias",
             {"gemma": "phi cannot express this norm's kind and bias and weight_offset",
              "nemotron": "phi cannot express this norm's weight_offset", "starcoder2": "phi cannot express this norm "

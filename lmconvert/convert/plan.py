@@ -8,9 +8,10 @@ from typing import TYPE_CHECKING
 
 from lmconvert.formats.digest import HASH, DigestCheck, FiniteCheck, check_tensor
 from lmconvert.formats.dtypes import BY_TORCH_NAME, torch_dtype
+from lmconvert.formats.errors import InputError
 from lmconvert.formats.shards import Planned, RawBytes
 from lmconvert.formats.source import TensorReader, dtype_name
-from lmconvert.mappings.table import IDENTITY, TensorFn, out_shape
+from lmconvert.mappings.table import GROUP, IDENTITY, TensorFn, members, out_shape
 
 if TYPE_CHECKING:
     import torch
@@ -34,23 +35,37 @@ def plan_tensors(reader: TensorReader, items: Iterable[tuple[str, str, TensorFn]
 
     target = None if cast is None else BY_TORCH_NAME[cast].name
 
+    def read(src: str) -> torch.Tensor:
+        raw = reader.get(src)
+        check_tensor(raw, None if allow_nonfinite else FiniteCheck(src, reader.where(src)), expected(src))
+        return raw
+
     def producer(src: str, fn: TensorFn) -> Callable[[], torch.Tensor]:
         def produce() -> torch.Tensor:
-            raw = reader.get(src)
-            check_tensor(raw, None if allow_nonfinite else FiniteCheck(src, reader.where(src)), expected(src))
-            t = fn(raw)
+            if GROUP in src:  # several source tensors that one output holds (a fused qkv): concatenated
+                import torch
+
+                t = fn(torch.cat([read(name) for name in members(src)]))
+            else:
+                t = fn(read(src))
             return t if target is None else t.to(torch_dtype(target))
         return produce
 
     raw_location = getattr(reader, "raw_location", None)
     planned = []
     for out, src, fn in items:
-        source = dtype_name(reader, src)
+        first, *rest = members(src)
+        source = dtype_name(reader, first)
+        if any(dtype_name(reader, name) != source for name in rest):
+            raise InputError(f"{reader.where(first)}: the tensors {src.replace(GROUP, ', ')} that {out!r} holds "
+                             "differ in dtype; convert with --dtype")
         dtype = target or source
         raw = None
-        if fn is IDENTITY.forward and dtype == source and raw_location is not None:
+        if fn is IDENTITY.forward and dtype == source and raw_location is not None and not rest:
             raw = RawBytes(*raw_location(src))
         check = None if raw is None or allow_nonfinite else FiniteCheck(src, reader.where(src))
-        planned.append(Planned(out, out_shape(fn, reader.shape(src)), dtype, producer(src, fn), raw, check,
+        shapes = [reader.shape(name) for name in (first, *rest)]
+        shape = (sum(s[0] for s in shapes), *shapes[0][1:])
+        planned.append(Planned(out, out_shape(fn, shape), dtype, producer(src, fn), raw, check,
                                None if raw is None else expected(src)))
     return planned

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 from lmconvert.arch import ArchConfig
 from lmconvert.arch.shapes import parameter_shapes
 from lmconvert.mappings import Family, MappingError, family_for, family_named
-from lmconvert.mappings.table import IDENTITY, Transform, out_shape
+from lmconvert.mappings.table import IDENTITY, Transform, arch_sizes, out_shape
 
 from .canonical import META_FILE, CanonicalMeta, copy_sidecars, is_canonical, read_meta
 from .claims import check_layer_claim
@@ -192,7 +192,7 @@ def _map(source: Source) -> Checkpoint:
         dropped: list[str] = []
     else:
         try:
-            plan, dropped = family.tensors.plan_import(names, shapes)
+            plan, dropped = family.tensors.plan_import(names, shapes, arch_sizes(arch))
         except MappingError as exc:
             raise InputError(f"{source.path}: {exc}") from None
     checkpoint = Checkpoint(source, family, arch, plan, dropped)

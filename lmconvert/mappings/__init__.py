@@ -8,6 +8,7 @@ from . import (
     gemma,
     gemma2,
     gemma3,
+    gpt_neox,
     gptj,
     granite,
     llama,
@@ -29,7 +30,7 @@ FAMILIES: dict[str, Family] = {f.name: f for f in (llama.FAMILY, mistral.FAMILY,
                                                    gemma3.FAMILY, olmo2.FAMILY, qwen2.FAMILY, qwen3.FAMILY,
                                                    smollm3.FAMILY, starcoder2.FAMILY, nemotron.FAMILY, stablelm.FAMILY,
                                                    granite.FAMILY, olmo.FAMILY, deepseek_v2.FAMILY, deepseek_v3.FAMILY,
-                                                   gptj.FAMILY, phi.FAMILY)}
+                                                   gptj.FAMILY, phi.FAMILY, gpt_neox.FAMILY)}
 BY_MODEL_TYPE: dict[str, Family] = {t: f for f in FAMILIES.values() for t in f.model_types}
 
 

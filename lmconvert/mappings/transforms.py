@@ -12,7 +12,8 @@ bit by tests/test_table_transforms.py.
 - Fuse: the pieces model-parallel ranks hold -> one tensor (inverse: split);
 - Offset: a constant added on disk (Gemma's norms as w + 1 in GGUF);
 - Trim: padding rows past the vocabulary dropped;
-- Chain: several in order.
+- Chain: several in order;
+- QkvGroups: a fused qkv projection laid out per KV group -> q, k, v concatenated (a group rule's).
 
 torch is imported only inside the functions: reading a table must not load it.
 """
@@ -206,6 +207,42 @@ def pad_rows(t: torch.Tensor, rows: int) -> torch.Tensor:
     import torch
 
     return torch.cat([t, t.new_zeros(rows - t.shape[0], *t.shape[1:])])
+
+
+# ---- QkvGroups: fused qkv projections
+
+
+@dataclass(frozen=True)
+class QkvGroups:
+    """Rows of a fused qkv projection stored per KV group, each group its q heads then its k and
+    v head, `head_dim` rows each (GPT-NeoX and BLOOM: one q head per group; Falcon's grouped and
+    multi-query layouts) -> all q rows, then all k, then all v (the concatenation a group rule
+    names). Weights and biases alike; a permutation of rows, exact both ways. With one KV head per
+    q head it is NeoX's per-head [q_h; k_h; v_h]; with one group, Falcon-7B's [q...; k; v]."""
+
+    def bind(self, sizes: Sizes) -> Transform:
+        heads, kv, dim = _size(sizes, "heads"), _size(sizes, "kv_heads"), _size(sizes, "head_dim")
+        return Transform(f"qkv per group ({kv} groups of {heads // kv} q heads)",
+                         lambda t: groups_to_qkv(t, heads, kv, dim), lambda t: qkv_to_groups(t, heads, kv, dim))
+
+
+def groups_to_qkv(t: torch.Tensor, heads: int, kv: int, dim: int) -> torch.Tensor:
+    import torch
+
+    grouped = t.reshape(kv, heads // kv + 2, dim, *t.shape[1:])
+    q, k, v = grouped[:, :-2], grouped[:, -2], grouped[:, -1]
+    return torch.cat([q.reshape(heads * dim, *t.shape[1:]), k.reshape(kv * dim, *t.shape[1:]),
+                      v.reshape(kv * dim, *t.shape[1:])])
+
+
+def qkv_to_groups(t: torch.Tensor, heads: int, kv: int, dim: int) -> torch.Tensor:
+    import torch
+
+    rest = t.shape[1:]
+    q = t[:heads * dim].reshape(kv, heads // kv, dim, *rest)
+    k = t[heads * dim:(heads + kv) * dim].reshape(kv, 1, dim, *rest)
+    v = t[(heads + kv) * dim:].reshape(kv, 1, dim, *rest)
+    return torch.cat([q, k, v], dim=1).reshape(t.shape)
 
 
 # ---- Chain

@@ -150,6 +150,8 @@ def hf_point_modules(root: nn.Module, arch: ArchConfig, table: TensorTable) -> d
     found: dict[str, str] = {}
     by_layer: dict[int, list[str]] = {}
     for point, weight in point_modules(arch).items():
+        if table.group_of(weight) is not None:  # one of a fused projection: no transformers module computes it alone
+            continue
         try:
             hf_weight, _ = table.to_hf_name(weight)
         except MappingError:  # a tensor this family does not name is simply not a point
