@@ -151,6 +151,13 @@ SPECS: dict[str, Spec] = {
               "parallel sum: mlp+attn+h", "RoPE half, theta=20000, 0.5 of head_dim", "FFN: GeLU (erf), d_ff 96",
               "biases: q, k, v, o, mlp", "attention: MHA, 4 heads"),
         bf16_exact=True),
+    "bloom": Spec(  # six heads: ALiBi's interleaved extra slopes
+        "bloom", dict(hidden_size=72, num_attention_heads=6, apply_residual_connection_post_layernorm=True,
+                      eos_token_id=1), old_style={},
+        card=("LayerNorm, eps=1e-05, bias, weight in fp32", "pre-norm", "residual taken after the norm",
+              "embedding norm", "positions: ALiBi (BLOOM's: slope x k, inside the score matmul) (all layers)",
+              "FFN: GeLU (tanh, BLOOM's constants), d_ff 288", "biases: q, k, v, o, mlp", "embeddings: tied"),
+        not_on_card=("RoPE",), bf16_exact=True),
 }
 NAMES = list(SPECS)
 TEXT = dict(vocab_size=128, hidden_size=64, intermediate_size=96, num_hidden_layers=3, num_attention_heads=4,

@@ -68,11 +68,14 @@ VARIANTS: dict[str, list[dict[str, Any]]] = {
     "gpt_neox": [{}, dict(use_parallel_residual=False, attention_bias=False, layer_norm_eps=1e-6, hidden_act="relu",
                           hidden_dropout=0.1, tie_word_embeddings=True,
                           rope_parameters={**LINEAR, "partial_rotary_factor": 0.5})],
+    "bloom": [{}, dict(apply_residual_connection_post_layernorm=True, layer_norm_epsilon=1e-6, hidden_dropout=0.1,
+                       attention_dropout=0.2, tie_word_embeddings=False)],
     "deepseek_v2": [DEEPSEEK, dict(DEEPSEEK, q_lora_rank=None, attention_bias=True, mlp_bias=True, kv_lora_rank=16,
                                    qk_nope_head_dim=12, qk_rope_head_dim=8, v_head_dim=10, rope_parameters=YARN)],
 }
 # configs with keys that have no effect, as Hub files have them: same ArchConfig, not the same keys
 INERT: dict[str, list[dict[str, Any]]] = {
+    "bloom": [dict(pretraining_tp=4)],  # without slow_but_exact the slices are never used
     "qwen2": [dict(use_sliding_window=False, sliding_window=4, max_window_layers=1)],
     "gemma3_text": [{}],  # two layers, both sliding: the full-attention RoPE is unused
     "mistral": [dict(sliding_window=4, layer_types=[S, S])],  # the pattern without layer_types
@@ -108,7 +111,7 @@ def test_to_hf_gives_back_every_declared_key(model_type: str, variant: dict[str,
     declared = written_keys(model_type)
     assert set(out) <= set(declared)
     stated = [k for k in declared if k in config]
-    assert len(stated) >= 12, stated
+    assert len(stated) >= min(12, len(declared)), stated  # BLOOM's config has only 11 keys
     assert {k: out.get(k, "<absent>") for k in stated} == {k: config[k] for k in stated}
 
 
@@ -183,12 +186,16 @@ GPT2_SPELLING = {"hidden_size": "n_embd", "num_attention_heads": "n_head", "num_
 # a family without one of those keys: OlmoLayerNorm's eps is fixed at 1e-5; GPT-NeoX and GPT-J have no KV
 # grouping and no head_dim key, GPT-J no intermediate_size (n_inner) or rope_parameters
 NOT_A_KEY = {("olmo", "rms_norm_eps"), ("gpt_neox", "num_key_value_heads"), ("gpt_neox", "head_dim"),
-             *(("gptj", k) for k in ("num_key_value_heads", "head_dim", "intermediate_size", "rope_parameters"))}
+             *(("gptj", k) for k in ("num_key_value_heads", "head_dim", "intermediate_size", "rope_parameters")),
+             *(("bloom", k) for k in ("num_key_value_heads", "head_dim", "intermediate_size", "rope_parameters",
+                                      "max_position_embeddings"))}
 # a family that spells one of those keys its own way
 OWN_SPELLING = {("starcoder2", "rms_norm_eps"): "norm_epsilon", ("nemotron", "rms_norm_eps"): "norm_eps",
                 ("stablelm", "rms_norm_eps"): "layer_norm_eps", ("phi", "rms_norm_eps"): "layer_norm_eps",
                 ("gpt_neox", "rms_norm_eps"): "layer_norm_eps",
-                **{("gptj", k): v for k, v in GPT2_SPELLING.items()}}
+                **{("gptj", k): v for k, v in GPT2_SPELLING.items()},
+                ("bloom", "num_attention_heads"): "n_head", ("bloom", "num_hidden_layers"): "n_layer",
+                ("bloom", "rms_norm_eps"): "layer_norm_epsilon"}
 
 
 @pytest.mark.parametrize("model_type", VARIANTS)
@@ -237,6 +244,9 @@ def test_bad_values_are_refused_naming_the_key(model_type: str, key: str, value:
     ("phi", "partial_rotary_factor", 1.5, "partial_rotary"), ("phi", "embd_pdrop", 1.0, "in [0, 1)"),
     ("gpt_neox", "use_parallel_residual", "no", "boolean"), ("gpt_neox", "rotary_pct", 0, "rotary_pct=0"),
     ("gpt_neox", "rotary_emb_base", -1.0, "positive number"), ("gpt_neox", "hidden_dropout", 1.0, "in [0, 1)"),
+    ("bloom", "pretraining_tp", 0, "positive integer"), ("bloom", "apply_residual_connection_post_layernorm", 1,
+                                                          "boolean"),
+    ("bloom", "n_embed", 0, "positive integer"),
     ("gptj", "resid_pdrop", 1.0, "in [0, 1)"), ("gptj", "activation_function", "swiglu", "not supported"),
     ("gemma3_text", "sliding_window_pattern", 0, "positive integer"),
     ("gemma3_text", "rope_parameters", {F: {"rope_type": "default", "rope_theta": -1.0}},

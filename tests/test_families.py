@@ -62,6 +62,10 @@ SOURCES: dict[str, Spec] = {
 }
 
 
+# transformers runs these eagerly only: it refuses SDPA for Gemma 2 (soft-caps), BLOOM and MPT
+EAGER_ONLY = ("gemma2", "bloom", "mpt")
+
+
 # ------------------------------------------------------------------------------------------------ helpers
 @pytest.fixture(scope="module")
 def checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Callable[..., Path]:
@@ -148,9 +152,9 @@ def test_round_trip_is_bit_exact(name: str, checkpoint: Callable[..., Path], tmp
 @pytest.mark.parametrize("name", NAMES)
 def test_sdpa_matches_transformers_sdpa(name: str, checkpoint: Callable[..., Path]) -> None:
     """Our default backend against transformers' default one (soft-capped layers run eager on
-    both sides: transformers refuses SDPA for Gemma 2)."""
+    both sides: transformers refuses SDPA for Gemma 2), and eager where transformers has no SDPA (EAGER_ONLY)."""
     src = checkpoint(name)
-    implementation = "eager" if name == "gemma2" else "sdpa"
+    implementation = "eager" if name in EAGER_ONLY else "sdpa"
     with torch.no_grad():
         ref = AutoModelForCausalLM.from_pretrained(src, attn_implementation=implementation)(IDS).logits
     assert max_abs(our_logits(src, attention="sdpa"), ref) <= FP32_TOL
@@ -164,7 +168,7 @@ def test_cached_decoding_equals_full_forward(name: str, attention: str, checkpoi
     cached decoding by ~1e-5 on both sides (transformers' own too), so that equality is checked in
     float64, where rounding cannot hide a wrong position or mask."""
     src = checkpoint(name)
-    implementation = "eager" if name == "gemma2" else attention
+    implementation = "eager" if name in EAGER_ONLY else attention
     check_cached_decoding(src, IDS, 6, attention, implementation, FP32_TOL)
 
 
@@ -582,12 +586,28 @@ MATRIX["gpt_neox"] = {  # parallel block with two LayerNorms, a quarter of the h
     "granite": "granite cannot express this norm's kind and bias and dtype_order",
     "olmo": "olmo cannot express this norm's weight and bias and dtype_order",
     "gptj": "gptj cannot express this norm placement", "phi": "phi cannot express this norm placement",
-    "gpt_neox": OK,
+    "gpt_neox": OK, "bloom": "bloom cannot express this FFN width",
+}
+MATRIX["bloom"] = {  # ALiBi over six heads, embedding LayerNorm, residual after the norm, fused qkv
+    "llama": "llama cannot express this norm's kind and bias and dtype_order",
+    "mistral": "mistral cannot express this norm's kind and bias and dtype_order",
+    "gemma": "gemma cannot express this norm's kind and bias and weight_offset",
+    "gemma2": "gemma2 cannot express this norm's kind and bias and weight_offset",
+    "gemma3": "gemma3 cannot express this norm's kind and bias and weight_offset",
+    "olmo2": "olmo2 cannot express this norm's kind and bias", "qwen2": "the residual taken after the norm",
+    "qwen3": "this kind of ALiBi", "smollm3": "this per-layer position pattern",
+    "starcoder2": "starcoder2 cannot express an embedding norm", "nemotron": "nemotron cannot express this norm's "
+    "weight_offset", "stablelm": "stablelm cannot express an embedding norm",
+    "granite": "granite cannot express this norm's kind and bias and dtype_order",
+    "olmo": "olmo cannot express this norm's weight and bias and dtype_order",
+    "gptj": "gptj cannot express this norm placement", "phi": "phi cannot express this norm placement",
+    "gpt_neox": "gpt_neox cannot express an embedding norm", "bloom": OK,
 }
 # the new families as targets: what every other source is refused for
 COLUMNS: dict[str, tuple[str, dict[str, str]]] = {  # target -> (the usual refusal, exceptions by source)
     "gptj": ("gptj cannot express this number of KV heads", {}),  # every source has 2 KV heads for 4 heads
     "gpt_neox": ("gpt_neox cannot express this number of KV heads", {}),  # every other source has 2 KV heads
+    "bloom": ("bloom cannot express this FFN width", {}),  # always 4 x hidden; no other source has that
     "phi": ("phi cannot express this norm's kind and bias",
             {"gemma": "phi cannot express this norm's kind and bias and weight_offset",
              "nemotron": "phi cannot express this norm's weight_offset", "starcoder2": "phi cannot express this norm "

@@ -19,6 +19,12 @@ def _gelu_new(x: torch.Tensor) -> torch.Tensor:
     return 0.5 * x * (1.0 + torch.tanh(math.sqrt(2.0 / math.pi) * (x + 0.044715 * torch.pow(x, 3.0))))
 
 
+def _gelu_bloom(x: torch.Tensor) -> torch.Tensor:
+    """BLOOM's own tanh GeLU (`bloom_gelu_forward`, from Megatron-DeepSpeed): its constants and
+    order, which round differently from gelu_new's in bf16."""
+    return x * 0.5 * (1.0 + torch.tanh(0.79788456 * x * (1 + 0.044715 * x * x)))
+
+
 ACTIVATIONS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
     "relu": F.relu,
     "gelu": F.gelu,  # exact (erf)
@@ -26,4 +32,5 @@ ACTIVATIONS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
     "silu": F.silu,
     "relu2": _relu2,  # squared ReLU (Primer, Nemotron)
     "gelu_new": _gelu_new,  # the written-out tanh GeLU (GPT-2, GPT-J, Phi)
+    "gelu_bloom": _gelu_bloom,  # BLOOM's tanh GeLU
 }

@@ -19,23 +19,35 @@ from .cache import KVCache
 from .config import ArchConfig
 from .context import Context
 from .parts import Part
-from .positions import RelativeBias, alibi_bias
+from .positions import ALIBI_KINDS, RelativeBias, alibi_bias
 from .rope import Rotary, apply_rotary
+
+
+def _scores(q: torch.Tensor, k: torch.Tensor, scale: float, bias: torch.Tensor) -> torch.Tensor:
+    """BLOOM's `baddbmm(bias, q, k^T, alpha=scale)`: the bias added inside the matmul, rounded once."""
+    B, H, T, D = q.shape
+    S = k.shape[2]
+    bias = bias.to(q.dtype).expand(B, H, T, S).reshape(B * H, T, S)
+    return torch.baddbmm(bias, q.reshape(B * H, T, D), k.transpose(-1, -2).reshape(B * H, D, S),
+                         alpha=scale).view(B, H, T, S)
 
 
 def _eager(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float, softcap: float | None,
            bias: torch.Tensor | None, allowed: torch.Tensor | None, dropout: float,
-           scores_fp32: bool = False) -> torch.Tensor:
+           scores_fp32: bool = False, bias_add: str = "rounded") -> torch.Tensor:
     groups = q.shape[1] // k.shape[1]
     k, v = k.repeat_interleave(groups, dim=1), v.repeat_interleave(groups, dim=1)  # (B, H, S, D)
     if scores_fp32:  # GPT-J: q @ k^T and everything up to the softmax in (at least) fp32
         wide = torch.promote_types(q.dtype, torch.float32)
         q, k = q.to(wide), k.to(wide)
-    w = torch.matmul(q, k.transpose(-1, -2)) * scale  # (B, H, T, S)
+    if bias is not None and bias_add == "matmul":
+        w, bias = _scores(q, k, scale, bias), None
+    else:
+        w = torch.matmul(q, k.transpose(-1, -2)) * scale  # (B, H, T, S)
     if softcap is not None:
         w = torch.tanh(w / softcap) * softcap
-    if bias is not None:
-        w = w + bias.to(w.dtype)
+    if bias is not None:  # "fp32": an fp32 bias promotes the scores, as MPT's fp32 table does
+        w = w + (bias if bias_add == "fp32" else bias.to(w.dtype))
     if allowed is not None:
         w = w + torch.zeros_like(allowed, dtype=w.dtype).masked_fill(~allowed, torch.finfo(w.dtype).min)
     p = F.softmax(w, dim=-1, dtype=torch.float32).to(v.dtype)
@@ -97,7 +109,8 @@ class Attention(nn.Module):
         allowed = ctx.allowed(self.window)
         dropout = cfg.attn_dropout if self.training else 0.0
         if cfg.attn_softcap is not None or self.backend == "eager":
-            out = _eager(q, k, v, cfg.score_scale, cfg.attn_softcap, bias, allowed, dropout, cfg.scores_fp32)
+            out = _eager(q, k, v, cfg.score_scale, cfg.attn_softcap, bias, allowed, dropout, cfg.scores_fp32,
+                         ALIBI_KINDS[cfg.alibi].add)
         else:
             out = _sdpa(q, k, v, cfg.score_scale, bias, allowed, ctx.is_plain_causal(self.window), dropout)
         out = out.transpose(1, 2).reshape(B, T, cfg.q_dim)  # (B, T, H*D)
@@ -105,7 +118,7 @@ class Attention(nn.Module):
 
     def _position_bias(self, ctx: Context) -> torch.Tensor | None:
         if self.position == "alibi":
-            return alibi_bias(self.cfg.n_heads, ctx.q_pos, ctx.k_pos)
+            return alibi_bias(self.cfg.n_heads, ctx.q_pos, ctx.k_pos, self.cfg.alibi, self.cfg.alibi_max)
         if self.relative is not None:
             return self.relative(ctx.q_pos, ctx.k_pos)
         return None

@@ -19,7 +19,7 @@ from .errors import ConfigError
 
 NORM_KINDS = ("rms", "layer")
 NORM_PLACEMENTS = ("pre", "post", "sandwich", "output", "parallel_shared", "parallel_separate")
-ACTIVATIONS = ("relu", "gelu", "gelu_tanh", "silu", "relu2", "gelu_new")
+ACTIVATIONS = ("relu", "gelu", "gelu_tanh", "silu", "relu2", "gelu_new", "gelu_bloom")
 ROPE_LAYOUTS = ("half", "interleaved")
 ROPE_SCALINGS = ("none", "linear", "dynamic", "yarn", "llama3")
 ABSOLUTE_POSITIONS = ("none", "sinusoidal", "learned")
@@ -28,7 +28,7 @@ LAYER_KINDS = ("global", "local")
 QK_NORMS = ("none", "head", "projection")
 DTYPE_ORDERS = ("cast_then_scale", "scale_then_cast")
 PARALLEL_SUMS = ("h+attn+mlp", "mlp+attn+h", "attn+mlp+h")  # left to right: the order a parallel block adds
-ALIBI_KINDS = ("press", "mpt")  # whose slopes: Press et al.'s (BLOOM, Falcon-RW) or MPT's alibi_bias_max form
+ALIBI_KINDS = ("distance", "bloom", "mpt")  # how ALiBi is built and added: see positions.ALIBI_KINDS
 
 
 def _fail(owner: str, name: str, value: Any, why: str) -> None:
@@ -159,10 +159,8 @@ class ArchConfig:
     rope_local: RopeConfig | None = None  # None: local layers use `rope`
     relative_buckets: int = 32
     relative_max_distance: int = 128
-    alibi: str = "press"  # ALIBI_KINDS: how ALiBi layers' slopes are made
-    alibi_max: float = 8.0  # MPT's alibi_bias_max: the largest slope exponent
-    alibi_bf16_slopes: bool = False  # Falcon-RW: slopes rounded to bf16, bias added as a separate op, scaled
-    # by the score scale with the scores (its ALiBi is applied before the 1/sqrt(d) scaling)
+    alibi: str = "distance"  # ALIBI_KINDS: how ALiBi layers build their bias and add it (BLOOM's, MPT's)
+    alibi_max: float = 8.0  # MPT's alibi_bias_max: the largest slope exponent of alibi="mpt"
     # attention
     attention: str = "standard"  # a kind declared in attention_kinds
     attention_settings: Any = None  # that kind's own fields (its `settings` dataclass); None: it has none

@@ -6,9 +6,13 @@ from .attention_kinds import attention_kind
 from .config import ArchConfig, NormConfig, RopeConfig
 
 ACTIVATION_NAMES = {"relu": "ReLU", "gelu": "GeLU (erf)", "gelu_tanh": "GeLU (tanh)", "silu": "SiLU",
-                    "relu2": "squared ReLU", "gelu_new": "GeLU (tanh, written out: gelu_new)"}
+                    "relu2": "squared ReLU", "gelu_new": "GeLU (tanh, written out: gelu_new)",
+                    "gelu_bloom": "GeLU (tanh, BLOOM's constants)"}
 GATED_NAMES = {"relu": "ReGLU", "gelu": "GeGLU (erf)", "gelu_tanh": "GeGLU (tanh)", "silu": "SwiGLU",
-               "relu2": "gated squared ReLU", "gelu_new": "GeGLU (gelu_new)"}
+               "relu2": "gated squared ReLU", "gelu_new": "GeGLU (gelu_new)",
+               "gelu_bloom": "GeGLU (BLOOM's tanh)"}
+ALIBI_NAMES = {"distance": "slope x (k - q)", "bloom": "BLOOM's: slope x k, inside the score matmul",
+               "mpt": "MPT's slopes, slope x (k - last k), in fp32"}
 PLACEMENT_NAMES = {"pre": "pre-norm", "post": "post-norm", "sandwich": "sandwich norm (pre + post)",
                    "output": "norm on sublayer output only", "parallel_shared": "parallel attn+MLP, shared norm",
                    "parallel_separate": "parallel attn+MLP, separate norms"}
@@ -69,9 +73,8 @@ def variants(cfg: ArchConfig) -> list[str]:
                 text += f"; local layers: {_rope(cfg.rope_local)}"
             out.append(f"positions: {text} ({where})")
         elif kind == "alibi":
-            slopes = "MPT's slopes, alibi_bias_max " + f"{cfg.alibi_max:g}" if cfg.alibi == "mpt" else "Press's slopes"
-            bf16 = ", slopes rounded to bf16, added before scaling" if cfg.alibi_bf16_slopes else ""
-            out.append(f"positions: ALiBi, {slopes}{bf16} ({where})")
+            slopes = f", alibi_bias_max {cfg.alibi_max:g}" if cfg.alibi == "mpt" else ""
+            out.append(f"positions: ALiBi ({ALIBI_NAMES[cfg.alibi]}{slopes}) ({where})")
         else:
             out.append(f"positions: {kind} ({where})")
     if cfg.absolute_positions != "none":

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from . import (
+    bloom,
     deepseek_v2,
     deepseek_v3,
     gemma,
@@ -30,7 +31,8 @@ FAMILIES: dict[str, Family] = {f.name: f for f in (llama.FAMILY, mistral.FAMILY,
                                                    gemma3.FAMILY, olmo2.FAMILY, qwen2.FAMILY, qwen3.FAMILY,
                                                    smollm3.FAMILY, starcoder2.FAMILY, nemotron.FAMILY, stablelm.FAMILY,
                                                    granite.FAMILY, olmo.FAMILY, deepseek_v2.FAMILY, deepseek_v3.FAMILY,
-                                                   gptj.FAMILY, phi.FAMILY, gpt_neox.FAMILY)}
+                                                   gptj.FAMILY, phi.FAMILY, gpt_neox.FAMILY,
+                                                   bloom.FAMILY)}
 BY_MODEL_TYPE: dict[str, Family] = {t: f for f in FAMILIES.values() for t in f.model_types}
 
 
