@@ -158,6 +158,13 @@ SPECS: dict[str, Spec] = {
               "embedding norm", "positions: ALiBi (BLOOM's: slope x k, inside the score matmul) (all layers)",
               "FFN: GeLU (tanh, BLOOM's constants), d_ff 288", "biases: q, k, v, o, mlp", "embeddings: tied"),
         not_on_card=("RoPE",), bf16_exact=True),
+    "mpt": Spec(  # six heads: MPT's slopes over eight, odd-numbered first
+        "mpt", dict(hidden_size=72, num_attention_heads=6, attn_config={"softmax_scale": 0.2}, eos_token_id=1),
+        old_style={},
+        card=("LayerNorm, eps=1e-05, weight in fp32", "pre-norm", "score scale: 0.2",
+              "positions: ALiBi (MPT's slopes, slope x (k - last k), in fp32) (all layers)",
+              "FFN: GeLU (erf), d_ff 288", "biases: none", "embeddings: tied"),
+        not_on_card=("RoPE", "embedding norm"), bf16_exact=True),
 }
 NAMES = list(SPECS)
 TEXT = dict(vocab_size=128, hidden_size=64, intermediate_size=96, num_hidden_layers=3, num_attention_heads=4,

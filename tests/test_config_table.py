@@ -70,12 +70,16 @@ VARIANTS: dict[str, list[dict[str, Any]]] = {
                           rope_parameters={**LINEAR, "partial_rotary_factor": 0.5})],
     "bloom": [{}, dict(apply_residual_connection_post_layernorm=True, layer_norm_epsilon=1e-6, hidden_dropout=0.1,
                        attention_dropout=0.2, tie_word_embeddings=False)],
+    "mpt": [{}, dict(layer_norm_epsilon=1e-6, tie_word_embeddings=False, max_seq_len=64,
+                     attn_config={"softmax_scale": 0.2, "attn_pdrop": 0})],  # attn_pdrop: an int in transformers
     "deepseek_v2": [DEEPSEEK, dict(DEEPSEEK, q_lora_rank=None, attention_bias=True, mlp_bias=True, kv_lora_rank=16,
                                    qk_nope_head_dim=12, qk_rope_head_dim=8, v_head_dim=10, rope_parameters=YARN)],
 }
 # configs with keys that have no effect, as Hub files have them: same ArchConfig, not the same keys
 INERT: dict[str, list[dict[str, Any]]] = {
     "bloom": [dict(pretraining_tp=4)],  # without slow_but_exact the slices are never used
+    "mpt": [dict(expansion_ratio=2, no_bias=False, learned_pos_emb=False, logit_scale=2.0, emb_pdrop=0.1,
+                 resid_pdrop=0.1, attn_config={"alibi_bias_max": 16, "qk_ln": True})],  # MptModel never reads them
     "qwen2": [dict(use_sliding_window=False, sliding_window=4, max_window_layers=1)],
     "gemma3_text": [{}],  # two layers, both sliding: the full-attention RoPE is unused
     "mistral": [dict(sliding_window=4, layer_types=[S, S])],  # the pattern without layer_types
@@ -112,7 +116,15 @@ def test_to_hf_gives_back_every_declared_key(model_type: str, variant: dict[str,
     assert set(out) <= set(declared)
     stated = [k for k in declared if k in config]
     assert len(stated) >= min(12, len(declared)), stated  # BLOOM's config has only 11 keys
-    assert {k: out.get(k, "<absent>") for k in stated} == {k: config[k] for k in stated}
+    assert {k: out.get(k, "<absent>") for k in stated} == {k: sub_config(config[k], out.get(k)) for k in stated}
+
+
+def sub_config(theirs: Any, ours: Any) -> Any:
+    """A nested config class (MPT's attn_config) serialises with every PretrainedConfig attribute
+    besides its own keys: those of its keys we write are compared, and we must write them all."""
+    if isinstance(theirs, dict) and "architectures" in theirs and isinstance(ours, dict):
+        return {k: theirs[k] for k in ours}
+    return theirs
 
 
 @pytest.mark.parametrize(("model_type", "variant"), ALL_CASES, ids=case_id)
@@ -187,15 +199,18 @@ GPT2_SPELLING = {"hidden_size": "n_embd", "num_attention_heads": "n_head", "num_
 # grouping and no head_dim key, GPT-J no intermediate_size (n_inner) or rope_parameters
 NOT_A_KEY = {("olmo", "rms_norm_eps"), ("gpt_neox", "num_key_value_heads"), ("gpt_neox", "head_dim"),
              *(("gptj", k) for k in ("num_key_value_heads", "head_dim", "intermediate_size", "rope_parameters")),
-             *(("bloom", k) for k in ("num_key_value_heads", "head_dim", "intermediate_size", "rope_parameters",
-                                      "max_position_embeddings"))}
+             *((f, k) for f in ("bloom", "mpt") for k in ("num_key_value_heads", "head_dim", "intermediate_size",
+                                                          "rope_parameters")), ("bloom", "max_position_embeddings"),
+             ("mpt", "attention_dropout")}
 # a family that spells one of those keys its own way
 OWN_SPELLING = {("starcoder2", "rms_norm_eps"): "norm_epsilon", ("nemotron", "rms_norm_eps"): "norm_eps",
                 ("stablelm", "rms_norm_eps"): "layer_norm_eps", ("phi", "rms_norm_eps"): "layer_norm_eps",
                 ("gpt_neox", "rms_norm_eps"): "layer_norm_eps",
                 **{("gptj", k): v for k, v in GPT2_SPELLING.items()},
                 ("bloom", "num_attention_heads"): "n_head", ("bloom", "num_hidden_layers"): "n_layer",
-                ("bloom", "rms_norm_eps"): "layer_norm_epsilon"}
+                ("bloom", "rms_norm_eps"): "layer_norm_epsilon", ("mpt", "hidden_size"): "d_model",
+                ("mpt", "num_attention_heads"): "n_heads", ("mpt", "num_hidden_layers"): "n_layers",
+                ("mpt", "max_position_embeddings"): "max_seq_len", ("mpt", "rms_norm_eps"): "layer_norm_epsilon"}
 
 
 @pytest.mark.parametrize("model_type", VARIANTS)
@@ -247,6 +262,8 @@ def test_bad_values_are_refused_naming_the_key(model_type: str, key: str, value:
     ("bloom", "pretraining_tp", 0, "positive integer"), ("bloom", "apply_residual_connection_post_layernorm", 1,
                                                           "boolean"),
     ("bloom", "n_embed", 0, "positive integer"),
+    ("mpt", "attn_config", {"clip_qkv": 8.0}, "clip_qkv=8.0"), ("mpt", "attn_config", {"attn_pdrop": 1.0}, "[0, 1)"),
+    ("mpt", "attn_config", {"softmax_scale": 0}, "positive"),
     ("gptj", "resid_pdrop", 1.0, "in [0, 1)"), ("gptj", "activation_function", "swiglu", "not supported"),
     ("gemma3_text", "sliding_window_pattern", 0, "positive integer"),
     ("gemma3_text", "rope_parameters", {F: {"rope_type": "default", "rope_theta": -1.0}},

@@ -601,13 +601,29 @@ MATRIX["bloom"] = {  # ALiBi over six heads, embedding LayerNorm, residual after
     "granite": "granite cannot express this norm's kind and bias and dtype_order",
     "olmo": "olmo cannot express this norm's weight and bias and dtype_order",
     "gptj": "gptj cannot express this norm placement", "phi": "phi cannot express this norm placement",
-    "gpt_neox": "gpt_neox cannot express an embedding norm", "bloom": OK,
+    "gpt_neox": "gpt_neox cannot express an embedding norm", "bloom": OK, "mpt": "mpt cannot express this norm's bias",
+}
+MATRIX["mpt"] = {  # MPT's ALiBi over six heads, LayerNorm without bias, no biases, fused qkv, a score scale
+    "llama": "llama cannot express this norm's kind and dtype_order",
+    "mistral": "mistral cannot express this norm's kind and dtype_order",
+    "gemma": "gemma cannot express this norm's kind and weight_offset",
+    "gemma2": "gemma2 cannot express this norm's kind and weight_offset",
+    "gemma3": "gemma3 cannot express this norm's kind and weight_offset",
+    "olmo2": "olmo2 cannot express this norm's kind", "qwen2": "this kind of ALiBi",
+    "qwen3": "qwen3 cannot express this norm's kind and dtype_order", "smollm3": "a custom attention score scale",
+    "starcoder2": "starcoder2 cannot express this norm's bias", "nemotron": "nemotron cannot express this norm's "
+    "bias and weight_offset", "stablelm": "stablelm cannot express this norm's bias",
+    "granite": "granite cannot express this norm's kind and dtype_order",
+    "olmo": "olmo cannot express this norm's weight and dtype_order", "gptj": "gptj cannot express this norm's bias",
+    "phi": "phi cannot express this norm's bias", "gpt_neox": "gpt_neox cannot express this norm's bias",
+    "bloom": "bloom cannot express this norm's bias", "mpt": OK,
 }
 # the new families as targets: what every other source is refused for
 COLUMNS: dict[str, tuple[str, dict[str, str]]] = {  # target -> (the usual refusal, exceptions by source)
     "gptj": ("gptj cannot express this number of KV heads", {}),  # every source has 2 KV heads for 4 heads
     "gpt_neox": ("gpt_neox cannot express this number of KV heads", {}),  # every other source has 2 KV heads
     "bloom": ("bloom cannot express this FFN width", {}),  # always 4 x hidden; no other source has that
+    "mpt": ("mpt cannot express this FFN width", {}),  # the same
     "phi": ("phi cannot express this norm's kind and bias",
             {"gemma": "phi cannot express this norm's kind and bias and weight_offset",
              "nemotron": "phi cannot express this norm's weight_offset", "starcoder2": "phi cannot express this norm "

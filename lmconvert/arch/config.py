@@ -160,7 +160,6 @@ class ArchConfig:
     relative_buckets: int = 32
     relative_max_distance: int = 128
     alibi: str = "distance"  # ALIBI_KINDS: how ALiBi layers build their bias and add it (BLOOM's, MPT's)
-    alibi_max: float = 8.0  # MPT's alibi_bias_max: the largest slope exponent of alibi="mpt"
     # attention
     attention: str = "standard"  # a kind declared in attention_kinds
     attention_settings: Any = None  # that kind's own fields (its `settings` dataclass); None: it has none
@@ -223,7 +222,6 @@ class ArchConfig:
             _positive("ArchConfig", name, getattr(self, name), allow_none=True)
         _positive("ArchConfig", "logit_scale", self.logit_scale)
         _positive("ArchConfig", "residual_scale", self.residual_scale)
-        _positive("ArchConfig", "alibi_max", self.alibi_max)
         if self.parallel_sum != PARALLEL_SUMS[0] and not self.norm_placement.startswith("parallel"):
             _fail("ArchConfig", "parallel_sum", self.parallel_sum, "only parallel blocks have a parallel sum")
         if self.residual_after_norm and self.norm_placement != "pre":

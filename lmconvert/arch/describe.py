@@ -73,8 +73,7 @@ def variants(cfg: ArchConfig) -> list[str]:
                 text += f"; local layers: {_rope(cfg.rope_local)}"
             out.append(f"positions: {text} ({where})")
         elif kind == "alibi":
-            slopes = f", alibi_bias_max {cfg.alibi_max:g}" if cfg.alibi == "mpt" else ""
-            out.append(f"positions: ALiBi ({ALIBI_NAMES[cfg.alibi]}{slopes}) ({where})")
+            out.append(f"positions: ALiBi ({ALIBI_NAMES[cfg.alibi]}) ({where})")
         else:
             out.append(f"positions: {kind} ({where})")
     if cfg.absolute_positions != "none":

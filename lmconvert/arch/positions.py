@@ -36,9 +36,10 @@ def alibi_slopes(n_heads: int) -> torch.Tensor:
     return slopes
 
 
-def mpt_alibi_slopes(n_heads: int, bias_max: float) -> torch.Tensor:
+def mpt_alibi_slopes(n_heads: int, bias_max: float = 8.0) -> torch.Tensor:
     """MPT's slopes (`build_mpt_alibi_tensor`): 2^-(i * bias_max / n) over the next power of two n,
-    odd-numbered ones first when n_heads falls short of it."""
+    odd-numbered ones first when n_heads falls short of it. transformers always uses bias_max 8
+    (it never passes `alibi_bias_max` on)."""
     n = 2 ** math.ceil(math.log2(n_heads))
     slopes = 1.0 / torch.pow(2, torch.arange(1, n + 1, dtype=torch.int64).float() * (bias_max / n))
     if n != n_heads:
@@ -58,24 +59,23 @@ class AlibiKind:
     scores (MPT's fp32 table); "matmul" cast to the activation dtype and added inside the score
     matmul, `baddbmm(bias, q, k^T, alpha=scale)` (BLOOM)."""
 
-    slopes: Callable[[int, float], torch.Tensor]  # (n_heads, alibi_max) -> [H]
+    slopes: Callable[[int], torch.Tensor]  # n_heads -> [H]
     origin: str
     add: str
 
 
 ALIBI_KINDS: dict[str, AlibiKind] = {
-    "distance": AlibiKind(lambda n, _: alibi_slopes(n), "query", "rounded"),
-    "bloom": AlibiKind(lambda n, _: alibi_slopes(n), "start", "matmul"),
+    "distance": AlibiKind(alibi_slopes, "query", "rounded"),
+    "bloom": AlibiKind(alibi_slopes, "start", "matmul"),
     "mpt": AlibiKind(mpt_alibi_slopes, "end", "fp32"),
 }
 
 
-def alibi_bias(n_heads: int, q_pos: torch.Tensor, k_pos: torch.Tensor, kind: str = "distance",
-               bias_max: float = 8.0) -> torch.Tensor:
+def alibi_bias(n_heads: int, q_pos: torch.Tensor, k_pos: torch.Tensor, kind: str = "distance") -> torch.Tensor:
     """slope * (key position from the kind's origin), in fp32: [H, Tq, Tk] (Tq is 1 where it does
     not depend on the query)."""
     alibi = ALIBI_KINDS[kind]
-    slopes = alibi.slopes(n_heads, bias_max).to(q_pos.device)[:, None, None]
+    slopes = alibi.slopes(n_heads).to(q_pos.device)[:, None, None]
     if alibi.origin == "query":
         return slopes * (k_pos[None, :] - q_pos[:, None]).float()[None]
     origin = k_pos[-1] if alibi.origin == "end" else 0

@@ -34,7 +34,7 @@ VARIANT_NAMES = {
     "head_dim": "this head_dim", "n_kv_heads": "this number of KV heads",
     "embed_norm": "an embedding norm", "residual_after_norm": "the residual taken after the norm",
     "parallel_sum": "this parallel-block sum order", "scores_fp32": "attention scores in fp32",
-    "d_ff": "this FFN width", "alibi": "this kind of ALiBi", "alibi_max": "this ALiBi slope range",
+    "d_ff": "this FFN width", "alibi": "this kind of ALiBi",
 }
 
 # config.json keys that are not architecture but should travel with the checkpoint
