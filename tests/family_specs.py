@@ -165,6 +165,14 @@ SPECS: dict[str, Spec] = {
               "positions: ALiBi (MPT's slopes, slope x (k - last k), in fp32) (all layers)",
               "FFN: GeLU (erf), d_ff 288", "biases: none", "embeddings: tied"),
         not_on_card=("RoPE", "embedding norm"), bf16_exact=True),
+    "falcon": Spec(  # Falcon-40B/180B's layout; the 7B, RW and sequential ones are in test_parallel_alibi.py
+        "falcon", dict(new_decoder_architecture=True, num_kv_heads=2, eos_token_id=1,
+                       rope_parameters={"rope_type": "default", "rope_theta": 2e4}),
+        old_style={"rope_theta": 2e4},
+        card=("LayerNorm, eps=1e-05, bias, weight in fp32", "parallel attn+MLP, separate norms",
+              "parallel sum: mlp+attn+h", "GQA (2 q heads per kv head)", "RoPE half, theta=20000",
+              "FFN: GeLU (erf), d_ff 256", "biases: none", "embeddings: tied"),
+        bf16_exact=True),
 }
 NAMES = list(SPECS)
 TEXT = dict(vocab_size=128, hidden_size=64, intermediate_size=96, num_hidden_layers=3, num_attention_heads=4,

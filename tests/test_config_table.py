@@ -72,6 +72,10 @@ VARIANTS: dict[str, list[dict[str, Any]]] = {
                        attention_dropout=0.2, tie_word_embeddings=False)],
     "mpt": [{}, dict(layer_norm_epsilon=1e-6, tie_word_embeddings=False, max_seq_len=64,
                      attn_config={"softmax_scale": 0.2, "attn_pdrop": 0})],  # attn_pdrop: an int in transformers
+    "falcon": [{}, dict(new_decoder_architecture=True, num_kv_heads=2, num_ln_in_parallel_attn=1, bias=True,
+                        ffn_hidden_size=96, layer_norm_epsilon=1e-6, activation="relu", hidden_dropout=0.1,
+                        attention_dropout=0.2, tie_word_embeddings=False, rope_parameters=LINEAR),
+               dict(parallel_attn=False, multi_query=False, bias=True, alibi=True)],
     "deepseek_v2": [DEEPSEEK, dict(DEEPSEEK, q_lora_rank=None, attention_bias=True, mlp_bias=True, kv_lora_rank=16,
                                    qk_nope_head_dim=12, qk_rope_head_dim=8, v_head_dim=10, rope_parameters=YARN)],
 }
@@ -201,6 +205,7 @@ NOT_A_KEY = {("olmo", "rms_norm_eps"), ("gpt_neox", "num_key_value_heads"), ("gp
              *(("gptj", k) for k in ("num_key_value_heads", "head_dim", "intermediate_size", "rope_parameters")),
              *((f, k) for f in ("bloom", "mpt") for k in ("num_key_value_heads", "head_dim", "intermediate_size",
                                                           "rope_parameters")), ("bloom", "max_position_embeddings"),
+             ("falcon", "num_key_value_heads"), ("falcon", "head_dim"), ("falcon", "intermediate_size"),
              ("mpt", "attention_dropout")}
 # a family that spells one of those keys its own way
 OWN_SPELLING = {("starcoder2", "rms_norm_eps"): "norm_epsilon", ("nemotron", "rms_norm_eps"): "norm_eps",
@@ -210,7 +215,8 @@ OWN_SPELLING = {("starcoder2", "rms_norm_eps"): "norm_epsilon", ("nemotron", "rm
                 ("bloom", "num_attention_heads"): "n_head", ("bloom", "num_hidden_layers"): "n_layer",
                 ("bloom", "rms_norm_eps"): "layer_norm_epsilon", ("mpt", "hidden_size"): "d_model",
                 ("mpt", "num_attention_heads"): "n_heads", ("mpt", "num_hidden_layers"): "n_layers",
-                ("mpt", "max_position_embeddings"): "max_seq_len", ("mpt", "rms_norm_eps"): "layer_norm_epsilon"}
+                ("mpt", "max_position_embeddings"): "max_seq_len", ("mpt", "rms_norm_eps"): "layer_norm_epsilon",
+                ("falcon", "rms_norm_eps"): "layer_norm_epsilon"}
 
 
 @pytest.mark.parametrize("model_type", VARIANTS)
@@ -264,6 +270,9 @@ def test_bad_values_are_refused_naming_the_key(model_type: str, key: str, value:
     ("bloom", "n_embed", 0, "positive integer"),
     ("mpt", "attn_config", {"clip_qkv": 8.0}, "clip_qkv=8.0"), ("mpt", "attn_config", {"attn_pdrop": 1.0}, "[0, 1)"),
     ("mpt", "attn_config", {"softmax_scale": 0}, "positive"),
+    ("falcon", "num_ln_in_parallel_attn", 0, "positive integer"),
+    ("falcon", "new_decoder_architecture", "yes", "boolean"),
+    ("falcon", "ffn_hidden_size", 0, "positive integer"), ("falcon", "activation", None, "activation=null"),
     ("gptj", "resid_pdrop", 1.0, "in [0, 1)"), ("gptj", "activation_function", "swiglu", "not supported"),
     ("gemma3_text", "sliding_window_pattern", 0, "positive integer"),
     ("gemma3_text", "rope_parameters", {F: {"rope_type": "default", "rope_theta": -1.0}},

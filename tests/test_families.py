@@ -616,7 +616,23 @@ MATRIX["mpt"] = {  # MPT's ALiBi over six heads, LayerNorm without bias, no bias
     "granite": "granite cannot express this norm's kind and dtype_order",
     "olmo": "olmo cannot express this norm's weight and dtype_order", "gptj": "gptj cannot express this norm's bias",
     "phi": "phi cannot express this norm's bias", "gpt_neox": "gpt_neox cannot express this norm's bias",
-    "bloom": "bloom cannot express this norm's bias", "mpt": OK,
+    "bloom": "bloom cannot express this norm's bias", "mpt": OK, "falcon": "falcon cannot express this norm's bias",
+}
+MATRIX["falcon"] = {  # Falcon-40B's layout: parallel with two LayerNorms, GQA, fused grouped qkv
+    "llama": "llama cannot express this norm's kind and bias and dtype_order",
+    "mistral": "mistral cannot express this norm's kind and bias and dtype_order",
+    "gemma": "gemma cannot express this norm's kind and bias and weight_offset",
+    "gemma2": "gemma2 cannot express this norm's kind and bias and weight_offset",
+    "gemma3": "gemma3 cannot express this norm's kind and bias and weight_offset",
+    "olmo2": "olmo2 cannot express this norm's kind and bias", "qwen2": "this parallel-block sum order",
+    "qwen3": "qwen3 cannot express this norm's kind and bias and dtype_order", "smollm3": "this norm placement",
+    "starcoder2": "starcoder2 cannot express this norm placement", "nemotron": "nemotron cannot express this norm's "
+    "weight_offset", "stablelm": "stablelm cannot express this norm placement",
+    "granite": "granite cannot express this norm's kind and bias and dtype_order",
+    "olmo": "olmo cannot express this norm's weight and bias and dtype_order",
+    "gptj": "gptj cannot express this number of KV heads", "phi": "phi cannot express this norm placement",
+    "gpt_neox": "gpt_neox cannot express this number of KV heads", "bloom": "bloom cannot express this number of KV "
+    "heads", "mpt": "mpt cannot express this number of KV heads", "falcon": OK,
 }
 # the new families as targets: what every other source is refused for
 COLUMNS: dict[str, tuple[str, dict[str, str]]] = {  # target -> (the usual refusal, exceptions by source)
@@ -624,6 +640,14 @@ COLUMNS: dict[str, tuple[str, dict[str, str]]] = {  # target -> (the usual refus
     "gpt_neox": ("gpt_neox cannot express this number of KV heads", {}),  # every other source has 2 KV heads
     "bloom": ("bloom cannot express this FFN width", {}),  # always 4 x hidden; no other source has that
     "mpt": ("mpt cannot express this FFN width", {}),  # the same
+    "falcon": ("falcon cannot express this number of KV heads",  # 2 KV heads, sequential: reads back as 4
+               {"gemma2": "falcon cannot express this norm's kind and bias and weight_offset",
+                "gemma3": "falcon cannot express this norm's kind and bias and weight_offset",
+                "olmo2": "falcon cannot express this norm's kind and bias",
+                "stablelm": "falcon cannot express a q bias",
+                "gptj": "falcon cannot express MLP biases", "phi": "falcon cannot express QK norm",
+                "gpt_neox": "falcon cannot express this RoPE configuration's fraction",
+                "bloom": "falcon cannot express an embedding norm", "mpt": "falcon cannot express this norm's bias"}),
     "phi": ("phi cannot express this norm's kind and bias",
             {"gemma": "phi cannot express this norm's kind and bias and weight_offset",
              "nemotron": "phi cannot express this norm's weight_offset", "starcoder2": "phi cannot express this norm "

@@ -10,6 +10,8 @@ layers always run eager, since SDPA cannot cap.
 
 from __future__ import annotations
 
+import math
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -40,26 +42,35 @@ def _eager(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float, soft
     if scores_fp32:  # GPT-J: q @ k^T and everything up to the softmax in (at least) fp32
         wide = torch.promote_types(q.dtype, torch.float32)
         q, k = q.to(wide), k.to(wide)
+    dtype = v.dtype
     if bias is not None and bias_add == "matmul":
         w, bias = _scores(q, k, scale, bias), None
+    elif bias is not None and bias_add == "falcon":
+        bias = bias.to(dtype)
+        w = (torch.matmul(q, k.transpose(-1, -2)).to(torch.promote_types(dtype, torch.float32)) + bias) * scale
+        bias = bias / math.sqrt(q.shape[-1])  # Falcon's mask carries the bias a second time
     else:
         w = torch.matmul(q, k.transpose(-1, -2)) * scale  # (B, H, T, S)
     if softcap is not None:
         w = torch.tanh(w / softcap) * softcap
-    if bias is not None:  # "fp32": an fp32 bias promotes the scores, as MPT's fp32 table does
-        w = w + (bias if bias_add == "fp32" else bias.to(w.dtype))
+    if bias is not None:  # "fp32" (and Falcon's): the bias promotes the scores, as MPT's fp32 table does
+        w = w + (bias if bias_add in ("fp32", "falcon") else bias.to(w.dtype))
     if allowed is not None:
         w = w + torch.zeros_like(allowed, dtype=w.dtype).masked_fill(~allowed, torch.finfo(w.dtype).min)
-    p = F.softmax(w, dim=-1, dtype=torch.float32).to(v.dtype)
+    if bias_add == "falcon":  # the softmax of the logits rounded to the activation dtype
+        w = w.to(dtype)
+    p = F.softmax(w, dim=-1, dtype=torch.float32).to(dtype)
     p = F.dropout(p, p=dropout, training=dropout > 0)
     return torch.matmul(p, v)
 
 
 def _sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float, bias: torch.Tensor | None,
-          allowed: torch.Tensor | None, causal: bool, dropout: float) -> torch.Tensor:
+          allowed: torch.Tensor | None, causal: bool, dropout: float, bias_add: str = "rounded") -> torch.Tensor:
     mask = allowed
     if bias is not None:
         mask = bias.to(q.dtype)
+        if bias_add == "falcon":  # only the mask's copy, divided by sqrt(head_dim)
+            mask = mask / math.sqrt(q.shape[-1])
         if allowed is not None:
             mask = mask.masked_fill(~allowed, float("-inf"))
         causal = False
@@ -112,7 +123,8 @@ class Attention(nn.Module):
             out = _eager(q, k, v, cfg.score_scale, cfg.attn_softcap, bias, allowed, dropout, cfg.scores_fp32,
                          ALIBI_KINDS[cfg.alibi].add)
         else:
-            out = _sdpa(q, k, v, cfg.score_scale, bias, allowed, ctx.is_plain_causal(self.window), dropout)
+            out = _sdpa(q, k, v, cfg.score_scale, bias, allowed, ctx.is_plain_causal(self.window), dropout,
+                        ALIBI_KINDS[cfg.alibi].add)
         out = out.transpose(1, 2).reshape(B, T, cfg.q_dim)  # (B, T, H*D)
         return self.o(out)
 

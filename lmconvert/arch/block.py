@@ -52,6 +52,15 @@ WIRING = {"pre": _sequential, "sandwich": _sequential, "output": _sequential, "p
           "parallel_shared": _parallel, "parallel_separate": _parallel}
 
 
+class SeparateBias(nn.Linear):
+    """A linear layer whose bias is added after the matmul (`x @ W.T + b`), as Falcon's
+    FalconLinear does; `nn.Linear` fuses the two, which rounds once in bf16 instead of twice."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out = x @ self.weight.T
+        return out if self.bias is None else out + self.bias
+
+
 class Block(nn.Module):
     def __init__(self, cfg: ArchConfig, layer: int, rotary: Rotary | None, relative: RelativeBias | None) -> None:
         super().__init__()
@@ -64,6 +73,10 @@ class Block(nn.Module):
         self.residual_scale = cfg.residual_scale
         self.parallel_sum, self.residual_after_norm = cfg.parallel_sum, cfg.residual_after_norm
         self.wiring = WIRING[cfg.norm_placement]
+        if cfg.bias_separate:  # the same parameters, another forward
+            for module in self.modules():
+                if type(module) is nn.Linear:
+                    module.__class__ = SeparateBias
 
     def scaled(self, out: torch.Tensor) -> torch.Tensor:
         """A sublayer's output as it joins the residual: dropped out, then multiplied by a Python

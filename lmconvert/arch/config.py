@@ -28,7 +28,7 @@ LAYER_KINDS = ("global", "local")
 QK_NORMS = ("none", "head", "projection")
 DTYPE_ORDERS = ("cast_then_scale", "scale_then_cast")
 PARALLEL_SUMS = ("h+attn+mlp", "mlp+attn+h", "attn+mlp+h")  # left to right: the order a parallel block adds
-ALIBI_KINDS = ("distance", "bloom", "mpt")  # how ALiBi is built and added: see positions.ALIBI_KINDS
+ALIBI_KINDS = ("distance", "bloom", "mpt", "falcon")  # how ALiBi is built and added: see positions.ALIBI_KINDS
 
 
 def _fail(owner: str, name: str, value: Any, why: str) -> None:
@@ -170,6 +170,8 @@ class ArchConfig:
     residual_scale: float = 1.0  # each sublayer's output is multiplied by this before the residual add (Granite)
     parallel_sum: str = "h+attn+mlp"  # PARALLEL_SUMS: the order a parallel block adds (bf16 rounds differently)
     scores_fp32: bool = False  # q and k upcast to fp32 before q @ k^T (GPT-J, GPT-Neo); eager backend
+    bias_separate: bool = False  # a block's linear biases added after the matmul, not fused in it (Falcon's
+    # FalconLinear: `x @ W.T + b`, rounded twice in bf16)
     # output
     tie_embeddings: bool = False
     embed_scale: float | None = None

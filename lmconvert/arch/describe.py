@@ -12,7 +12,8 @@ GATED_NAMES = {"relu": "ReGLU", "gelu": "GeGLU (erf)", "gelu_tanh": "GeGLU (tanh
                "relu2": "gated squared ReLU", "gelu_new": "GeGLU (gelu_new)",
                "gelu_bloom": "GeGLU (BLOOM's tanh)"}
 ALIBI_NAMES = {"distance": "slope x (k - q)", "bloom": "BLOOM's: slope x k, inside the score matmul",
-               "mpt": "MPT's slopes, slope x (k - last k), in fp32"}
+               "mpt": "MPT's slopes, slope x (k - last k), in fp32",
+               "falcon": "Falcon's: bf16 slope x k, added before the scaling and again with the mask"}
 PLACEMENT_NAMES = {"pre": "pre-norm", "post": "post-norm", "sandwich": "sandwich norm (pre + post)",
                    "output": "norm on sublayer output only", "parallel_shared": "parallel attn+MLP, shared norm",
                    "parallel_separate": "parallel attn+MLP, separate norms"}
@@ -57,6 +58,8 @@ def variants(cfg: ArchConfig) -> list[str]:
         out.append("embedding norm")
     if cfg.scores_fp32:
         out.append("attention scores in fp32")
+    if cfg.bias_separate:
+        out.append("linear biases added after the matmul")
     if cfg.residual_scale != 1.0:
         out.append(f"residual scale: {cfg.residual_scale:g} (each sublayer's output)")
     kinds = cfg.layer_kinds

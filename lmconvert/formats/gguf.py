@@ -233,7 +233,8 @@ def tensor_plans(file: GgufFile, config: dict[str, Any], entry: GgufArch) -> dic
     try:
         family = family_for(config["model_type"])
         arch = family.arch_config(config)
-        hf_of = {canonical: hf for hf, (canonical, _) in family.tensors.plan_export(parameter_shapes(arch)).items()}
+        plan = family.tensors_for(arch).plan_export(parameter_shapes(arch))
+        hf_of = {canonical: hf for hf, (canonical, _) in plan.items()}
     except MappingError as exc:
         raise InputError(f"{file.path}: {str(exc).removeprefix('config.json: ')}") from None
     table, sizes = entry.tensors, tensor_sizes(config)

@@ -6,6 +6,7 @@ from . import (
     bloom,
     deepseek_v2,
     deepseek_v3,
+    falcon,
     gemma,
     gemma2,
     gemma3,
@@ -33,7 +34,7 @@ FAMILIES: dict[str, Family] = {f.name: f for f in (llama.FAMILY, mistral.FAMILY,
                                                    smollm3.FAMILY, starcoder2.FAMILY, nemotron.FAMILY, stablelm.FAMILY,
                                                    granite.FAMILY, olmo.FAMILY, deepseek_v2.FAMILY, deepseek_v3.FAMILY,
                                                    gptj.FAMILY, phi.FAMILY, gpt_neox.FAMILY,
-                                                   bloom.FAMILY, mpt.FAMILY)}
+                                                   bloom.FAMILY, mpt.FAMILY, falcon.FAMILY)}
 BY_MODEL_TYPE: dict[str, Family] = {t: f for f in FAMILIES.values() for t in f.model_types}
 
 

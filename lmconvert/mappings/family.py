@@ -7,6 +7,7 @@ variant the family cannot express, and the error names it.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, fields, is_dataclass
 from typing import Any
 
@@ -34,7 +35,7 @@ VARIANT_NAMES = {
     "head_dim": "this head_dim", "n_kv_heads": "this number of KV heads",
     "embed_norm": "an embedding norm", "residual_after_norm": "the residual taken after the norm",
     "parallel_sum": "this parallel-block sum order", "scores_fp32": "attention scores in fp32",
-    "d_ff": "this FFN width", "alibi": "this kind of ALiBi",
+    "d_ff": "this FFN width", "alibi": "this kind of ALiBi", "bias_separate": "biases added after the matmul",
 }
 
 # config.json keys that are not architecture but should travel with the checkpoint
@@ -49,6 +50,12 @@ class Family:
     tensors: TensorTable
     config: ConfigTable
     note: str = ""  # said to the user on import, e.g. what is left out
+    layout: Callable[[ArchConfig], TensorTable] | None = None  # the table for one config, where names depend on it
+
+    def tensors_for(self, arch: ArchConfig) -> TensorTable:
+        """The tensor table for this config: `tensors`, unless the stored names depend on the layout
+        (Falcon's norms are `ln_attn`/`ln_mlp` in one layout, `input_layernorm` in the others)."""
+        return self.layout(arch) if self.layout is not None else self.tensors
 
     def from_hf(self, data: dict[str, Any]) -> ArchConfig:
         return self.config.from_hf(data)

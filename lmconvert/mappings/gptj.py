@@ -18,19 +18,23 @@ from lmconvert.arch import ArchConfig, NormConfig, RopeConfig
 
 from . import llama
 from .config_table import ConfigTable, Entry, fixed, plain, unsupported
+from .errors import MappingError
 from .family import Family
 from .hf_config import HfConfig, Key
 from .table import Rule, TensorTable
 
 
-def layer_norm(key: str, eps: float, **constants: Any) -> Entry:
+def layer_norm(key: str, eps: float, nullable: bool = False, **constants: Any) -> Entry:
     """`key` <-> norm.eps of torch's LayerNorm with a bias (weight and bias applied in fp32 by the
-    kernel); `constants` are further NormConfig fields the family fixes."""
+    kernel); `constants` are further NormConfig fields the family fixes. `nullable`: the config
+    class accepts null (Falcon), which no LayerNorm can run with, so it is refused here."""
     def read(hf: HfConfig, _: dict[str, Any]) -> dict[str, Any]:
+        if hf.get(key) is None:
+            raise MappingError(f"config.json: {key}=null gives the LayerNorms no epsilon; state it (default {eps:g})")
         values = {"kind": "layer", "bias": True, "dtype_order": "scale_then_cast", **constants}
         return {"norm": NormConfig(eps=hf.get(key), **values)}
 
-    return Entry("norm", (Key(key, float, eps),), read, lambda cfg: {key: cfg.norm.eps})
+    return Entry("norm", (Key(key, float, eps, nullable=nullable),), read, lambda cfg: {key: cfg.norm.eps})
 
 
 def inner_from_hf(key: str) -> Entry:
