@@ -159,9 +159,10 @@ SPECS: dict[str, Spec] = {
               "FFN: GeLU (tanh, BLOOM's constants), d_ff 288", "biases: q, k, v, o, mlp", "embeddings: tied"),
         not_on_card=("RoPE",), bf16_exact=True),
     "mpt": Spec(  # six heads: MPT's slopes over eight, odd-numbered first
-        "mpt", dict(hidden_size=72, num_attention_heads=6, attn_config={"softmax_scale": 0.2}, eos_token_id=1),
+        "mpt", dict(hidden_size=72, num_attention_heads=6, attn_config={"softmax_scale": 0.2, "clip_qkv": 1.5},
+                    eos_token_id=1),
         old_style={},
-        card=("LayerNorm, eps=1e-05, weight in fp32", "pre-norm", "score scale: 0.2",
+        card=("LayerNorm, eps=1e-05, weight in fp32", "pre-norm", "score scale: 0.2", "q, k, v clamped to +-1.5",
               "positions: ALiBi (MPT's slopes, slope x (k - last k), in fp32) (all layers)",
               "FFN: GeLU (erf), d_ff 288", "biases: none", "embeddings: tied"),
         not_on_card=("RoPE", "embedding norm"), bf16_exact=True),

@@ -71,7 +71,7 @@ VARIANTS: dict[str, list[dict[str, Any]]] = {
     "bloom": [{}, dict(apply_residual_connection_post_layernorm=True, layer_norm_epsilon=1e-6, hidden_dropout=0.1,
                        attention_dropout=0.2, tie_word_embeddings=False)],
     "mpt": [{}, dict(layer_norm_epsilon=1e-6, tie_word_embeddings=False, max_seq_len=64,
-                     attn_config={"softmax_scale": 0.2, "attn_pdrop": 0})],  # attn_pdrop: an int in transformers
+                     attn_config={"softmax_scale": 0.2, "attn_pdrop": 0, "clip_qkv": 6.0})],  # attn_pdrop: an int
     "falcon": [{}, dict(new_decoder_architecture=True, num_kv_heads=2, num_ln_in_parallel_attn=1, bias=True,
                         ffn_hidden_size=96, layer_norm_epsilon=1e-6, activation="relu", hidden_dropout=0.1,
                         attention_dropout=0.2, tie_word_embeddings=False, rope_parameters=LINEAR),
@@ -268,7 +268,7 @@ def test_bad_values_are_refused_naming_the_key(model_type: str, key: str, value:
     ("bloom", "pretraining_tp", 0, "positive integer"), ("bloom", "apply_residual_connection_post_layernorm", 1,
                                                           "boolean"),
     ("bloom", "n_embed", 0, "positive integer"),
-    ("mpt", "attn_config", {"clip_qkv": 8.0}, "clip_qkv=8.0"), ("mpt", "attn_config", {"attn_pdrop": 1.0}, "[0, 1)"),
+    ("mpt", "attn_config", {"clip_qkv": -1.0}, "positive"), ("mpt", "attn_config", {"attn_pdrop": 1.0}, "[0, 1)"),
     ("mpt", "attn_config", {"softmax_scale": 0}, "positive"),
     ("falcon", "num_ln_in_parallel_attn", 0, "positive integer"),
     ("falcon", "new_decoder_architecture", "yes", "boolean"),

@@ -127,6 +127,18 @@ def test_falcon_biases_are_added_after_the_matmul(checkpoint: Callable[..., Path
     assert not torch.equal(ours(model), ref)
 
 
+def test_mpt_clip_qkv_bites(checkpoint: Callable[..., Path]) -> None:
+    """The spec's clip_qkv clamps real values: without it, ours no longer matches transformers."""
+    src = checkpoint("mpt")
+    model = lmconvert.load(src, attention="eager")
+    assert model.cfg.clip_qkv == 1.5
+    ref = theirs(src)
+    assert float((ours(model) - ref).abs().max()) <= FP32_TOL
+    for block in model.layers:
+        block.attn.cfg = dataclasses.replace(block.attn.cfg, clip_qkv=None)
+    assert float((ours(model) - ref).abs().max()) > 1e-3
+
+
 # ------------------------------------------------------------------------------------------------ activations
 def test_gelu_new_and_bloom_gelu_are_transformers_own() -> None:
     from transformers.activations import NewGELUActivation

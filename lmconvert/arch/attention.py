@@ -102,6 +102,8 @@ class Attention(nn.Module):
         cfg = self.cfg
         B, T, _ = x.shape
         q, k, v = self.q(x), self.k(x), self.v(x)  # (B, T, H*D), (B, T, KV*D) x2
+        if cfg.clip_qkv is not None:  # MPT clamps its fused projection: the same, element by element
+            q, k, v = (t.clamp(min=-cfg.clip_qkv, max=cfg.clip_qkv) for t in (q, k, v))
         if cfg.qk_norm == "projection":
             q, k = self.q_norm(q), self.k_norm(k)
         q = q.view(B, T, cfg.n_heads, cfg.head_dim)

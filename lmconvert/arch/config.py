@@ -172,6 +172,7 @@ class ArchConfig:
     scores_fp32: bool = False  # q and k upcast to fp32 before q @ k^T (GPT-J, GPT-Neo); eager backend
     bias_separate: bool = False  # a block's linear biases added after the matmul, not fused in it (Falcon's
     # FalconLinear: `x @ W.T + b`, rounded twice in bf16)
+    clip_qkv: float | None = None  # q, k and v clamped to [-clip, clip] after their projections (MPT, OLMo)
     # output
     tie_embeddings: bool = False
     embed_scale: float | None = None
@@ -220,7 +221,7 @@ class ArchConfig:
         _integer("ArchConfig", "sliding_window", self.sliding_window, allow_none=True)
         if "local" in self.layer_kinds and self.sliding_window is None:
             _fail("ArchConfig", "sliding_window", None, "local layers need a sliding window")
-        for name in ("attn_scale", "attn_softcap", "embed_scale", "final_softcap"):
+        for name in ("attn_scale", "attn_softcap", "embed_scale", "final_softcap", "clip_qkv"):
             _positive("ArchConfig", name, getattr(self, name), allow_none=True)
         _positive("ArchConfig", "logit_scale", self.logit_scale)
         _positive("ArchConfig", "residual_scale", self.residual_scale)

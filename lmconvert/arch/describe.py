@@ -60,6 +60,8 @@ def variants(cfg: ArchConfig) -> list[str]:
         out.append("attention scores in fp32")
     if cfg.bias_separate:
         out.append("linear biases added after the matmul")
+    if cfg.clip_qkv is not None:
+        out.append(f"q, k, v clamped to +-{cfg.clip_qkv:g}")
     if cfg.residual_scale != 1.0:
         out.append(f"residual scale: {cfg.residual_scale:g} (each sublayer's output)")
     kinds = cfg.layer_kinds

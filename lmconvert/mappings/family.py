@@ -36,6 +36,7 @@ VARIANT_NAMES = {
     "embed_norm": "an embedding norm", "residual_after_norm": "the residual taken after the norm",
     "parallel_sum": "this parallel-block sum order", "scores_fp32": "attention scores in fp32",
     "d_ff": "this FFN width", "alibi": "this kind of ALiBi", "bias_separate": "biases added after the matmul",
+    "clip_qkv": "clamping q, k and v",
 }
 
 # config.json keys that are not architecture but should travel with the checkpoint

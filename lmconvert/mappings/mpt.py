@@ -9,19 +9,16 @@ projection (`Wqkv`) holding all q rows, then k, then v; the MLP is 4 x d_model w
 drops attention weights and each sublayer's output (training only); tied by default.
 transformers ignores `expansion_ratio`, `no_bias`, `learned_pos_emb`, `logit_scale`,
 `norm_type`, `emb_pdrop`, `resid_pdrop`, `embedding_fraction`, `alibi`, `alibi_bias_max`, `attn_type`, `qk_ln`
-and `prefix_lm`, so they are read and change nothing; `attn_config.clip_qkv` (clamping q, k and
-v) is refused: the decoder does not clamp yet.
+and `prefix_lm`, so they are read and change nothing; `attn_config.clip_qkv` clamps q, k and v.
 """
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 from lmconvert.arch import ArchConfig, NormConfig
 
 from .config_table import DEFAULT, ConfigTable, Entry, fixed, plain
-from .errors import MappingError
 from .family import Family
 from .gpt_neox import qkv
 from .hf_config import HfConfig, Key
@@ -52,11 +49,9 @@ def attn_config(hf: HfConfig) -> HfConfig:
 
 def attention_from_hf(hf: HfConfig, fields: dict[str, Any]) -> dict[str, Any]:
     attn = attn_config(hf)
-    if attn.get("clip_qkv") is not None:
-        raise MappingError(f"config.json: attn_config.clip_qkv={json.dumps(attn.get('clip_qkv'))} (clamping q, k and "
-                           "v) is not supported; only MPT checkpoints with clip_qkv=null are")
     p = attn.get("attn_pdrop")
     return {"attn_scale": attn.get("softmax_scale"), "attn_dropout": p, "resid_dropout": p,
+            "clip_qkv": attn.get("clip_qkv"),
             "layer_positions": ("alibi",) * fields["n_layers"]}
 
 
@@ -65,7 +60,7 @@ def attention_to_hf(cfg: ArchConfig) -> dict[str, Any]:
     # MptAttentionConfig declares attn_pdrop an int, so 0 is written as one
     p = cfg.attn_dropout
     attn = {name: key.default for name, key in ATTN_KEYS.items()}
-    attn.update(attn_pdrop=int(p) if p == int(p) else p, softmax_scale=cfg.attn_scale)
+    attn.update(attn_pdrop=int(p) if p == int(p) else p, softmax_scale=cfg.attn_scale, clip_qkv=cfg.clip_qkv)
     return {"attn_config": attn}
 
 
