@@ -1,9 +1,10 @@
 """The families against transformers: llama, mistral, gemma, gemma2, gemma3, olmo2, qwen2, qwen3,
-smollm3, starcoder2, nemotron, stablelm, granite, olmo.
+smollm3, starcoder2, nemotron, stablelm, granite, olmo, gptj, phi, gpt_neox, bloom, mpt, falcon.
 
 Every family is a tiny transformers model with every parameter perturbed, run on sequences several
 times longer than its sliding window, with soft-caps small enough to bite. For each family:
-fp32 parity (straight from the HF directory and through a canonical one), bf16 faithfulness,
+fp32 parity (straight from the HF directory and through a canonical one), bf16 faithfulness and
+bit-exactness,
 a bit-exact HF -> canonical -> HF round trip, cached decoding, both config.json styles, honoured
 `layer_types`, and the architecture card. Then the cross-family export matrix and the
 Gemma3ForConditionalGeneration text path.

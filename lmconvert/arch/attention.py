@@ -121,12 +121,11 @@ class Attention(nn.Module):
         bias = self._position_bias(ctx)
         allowed = ctx.allowed(self.window)
         dropout = cfg.attn_dropout if self.training else 0.0
+        add = ALIBI_KINDS[cfg.alibi].add if self.position == "alibi" else "rounded"  # how the bias joins
         if cfg.attn_softcap is not None or self.backend == "eager":
-            out = _eager(q, k, v, cfg.score_scale, cfg.attn_softcap, bias, allowed, dropout, cfg.scores_fp32,
-                         ALIBI_KINDS[cfg.alibi].add)
+            out = _eager(q, k, v, cfg.score_scale, cfg.attn_softcap, bias, allowed, dropout, cfg.scores_fp32, add)
         else:
-            out = _sdpa(q, k, v, cfg.score_scale, bias, allowed, ctx.is_plain_causal(self.window), dropout,
-                        ALIBI_KINDS[cfg.alibi].add)
+            out = _sdpa(q, k, v, cfg.score_scale, bias, allowed, ctx.is_plain_causal(self.window), dropout, add)
         out = out.transpose(1, 2).reshape(B, T, cfg.q_dim)  # (B, T, H*D)
         return self.o(out)
 
