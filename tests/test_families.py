@@ -4,9 +4,8 @@ smollm3, starcoder2, nemotron, stablelm, granite, olmo, gptj, phi, gpt_neox, blo
 Every family is a tiny transformers model with every parameter perturbed, run on sequences several
 times longer than its sliding window, with soft-caps small enough to bite. For each family:
 fp32 parity (straight from the HF directory and through a canonical one), bf16 faithfulness and
-bit-exactness,
-a bit-exact HF -> canonical -> HF round trip, cached decoding, both config.json styles, honoured
-`layer_types`, and the architecture card. Then the cross-family export matrix and the
+bit-exactness, a bit-exact HF -> canonical -> HF round trip, cached decoding, both config.json
+styles, honoured `layer_types`, and the architecture card. Then the cross-family export matrix and the
 Gemma3ForConditionalGeneration text path.
 """
 
