@@ -263,3 +263,17 @@ def test_falcon_rw_alibi_is_scaled_twice_eagerly_once_through_sdpa(checkpoint: C
     assert float((ours(lmconvert.load(src, attention="sdpa")) - sdpa).abs().max()) <= FP32_TOL
     assert math.isclose(float((ours(lmconvert.load(src, attention="eager")) - eager).abs().max()), 0.0,
                         abs_tol=FP32_TOL)
+
+
+# ------------------------------------------------------------------------------------------------ older keys
+@pytest.mark.parametrize("model_type", ["bloom", "falcon"])
+def test_n_embed_is_read_as_transformers_reads_it(model_type: str) -> None:
+    """Older BLOOM and Falcon files name the width `n_embed`; transformers takes it over
+    hidden_size, so does the mapping, and export writes hidden_size."""
+    family = FAMILIES[model_type]
+    theirs_ = AutoConfig.for_model(model_type, n_embed=72, num_attention_heads=6)
+    ours_ = family.arch_config({"model_type": model_type, "n_embed": 72, "num_attention_heads": 6, "n_head": 6})
+    assert ours_.d_model == theirs_.hidden_size == 72
+    assert "n_embed" not in family.to_hf(ours_) and family.to_hf(ours_)["hidden_size"] == 72
+    both = {"model_type": model_type, "n_embed": 72, "hidden_size": 48, "num_attention_heads": 6, "n_head": 6}
+    assert family.arch_config(both).d_model == AutoConfig.for_model(**both).hidden_size == 72

@@ -41,7 +41,7 @@ TENSORS = TensorTable((
 
 
 def hidden_from_hf(hf: HfConfig, _: dict[str, Any]) -> dict[str, Any]:
-    d = hf.get("n_embed") if hf.stated("n_embed") and not hf.stated("hidden_size") else hf.get("hidden_size")
+    d = hf.get("n_embed") if hf.stated("n_embed") else hf.get("hidden_size")
     return {"d_model": d, "d_ff": 4 * d}
 
 

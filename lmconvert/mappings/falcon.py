@@ -114,6 +114,12 @@ def activation_from_hf(hf: HfConfig, _: dict[str, Any]) -> dict[str, Any]:
     return {"activation": llama.ACTIVATIONS_FROM_HF[name]}
 
 
+def widths_from_hf(hf: HfConfig, _: dict[str, Any]) -> dict[str, Any]:
+    """hidden_size (`n_embed` in older files, which wins, as in transformers) and the MLP width."""
+    d = hf.get("n_embed") if hf.stated("n_embed") else hf.get("hidden_size")
+    return {"d_model": d, "d_ff": hf.get("ffn_hidden_size") or 4 * d}
+
+
 def dropout(hf: HfConfig, key: str) -> float:
     return hf.get(key) or 0.0  # null: no dropout
 
@@ -121,9 +127,7 @@ def dropout(hf: HfConfig, key: str) -> float:
 CONFIG = ConfigTable((
     plain("vocab_size", "vocab_size", int, 65024),
     Entry("hidden_size", (Key("hidden_size", int, 4544), Key("n_embed", int, None, legacy=True),
-                          Key("ffn_hidden_size", int, None, nullable=True)),
-          lambda hf, _: {"d_model": (d := hf.get("n_embed") if hf.stated("n_embed") and not hf.stated("hidden_size")
-                                     else hf.get("hidden_size")), "d_ff": hf.get("ffn_hidden_size") or 4 * d},
+                          Key("ffn_hidden_size", int, None, nullable=True)), widths_from_hf,
           lambda cfg: {"hidden_size": cfg.d_model, "ffn_hidden_size": cfg.d_ff}),
     plain("num_hidden_layers", "n_layers", int, 32),
     plain("num_attention_heads", "n_heads", int, 71),
