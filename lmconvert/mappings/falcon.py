@@ -22,7 +22,7 @@ from typing import Any
 from lmconvert.arch import ArchConfig
 
 from . import gptj, llama
-from .config_table import ConfigTable, Entry, plain
+from .config_table import ConfigTable, Entry, fixed, plain
 from .errors import MappingError
 from .family import Family
 from .gpt_neox import qkv
@@ -147,7 +147,7 @@ CONFIG = ConfigTable((
           lambda hf, _: {"resid_dropout": dropout(hf, "hidden_dropout"),
                          "attn_dropout": dropout(hf, "attention_dropout")},
           lambda cfg: {"hidden_dropout": cfg.resid_dropout, "attention_dropout": cfg.attn_dropout}),
-    Entry("plain MLP", (), lambda hf, _: {"gated": False}, lambda cfg: {}),
+    fixed("plain MLP", gated=False),
 ))
 
 FAMILY = Family("falcon", ("falcon",), "FalconForCausalLM", TENSORS, CONFIG, layout=layout_table)
