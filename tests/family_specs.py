@@ -28,7 +28,7 @@ class Spec:
     not_on_card: tuple[str, ...] = ()  # what it must not say
     sdpa: bool = True  # transformers runs it with SDPA (GPT-Neo and XGLM have only their own attention)
     rope: bool = True  # config.json states rope_parameters (the families with RoPE)
-    bf16_exact: bool = False  # our bf16 logits are transformers' bf16 logits bit for bit (eager, CPU)
+    bf16_exact: bool = True  # our bf16 logits equal transformers' bf16 logits bit for bit on CPU (False: say why)
 
 
 S, F = "sliding_attention", "full_attention"
@@ -191,6 +191,48 @@ SPECS: dict[str, Spec] = {
               "absolute positions: sinusoidal (fairseq: sin half, cos half), index offset 2",
               "embedding scale: 6.9282 (a float multiply)",
               "score scale applied to q before q.k", "FFN: GeLU (erf), d_ff 96", "biases: q, k, v, o, mlp")),
+    # head_dim 44 with 30 rotary dims: int(44 * 30/44) would be 29 (refused as odd)
+    "gptj": Spec(  # q.k in fp32: our layers run eager under either backend, so compared with transformers' eager
+        "gptj", dict(hidden_size=176, rotary_dim=30, n_inner=80, eos_token_id=1), old_style={}, sdpa=False,
+        card=("LayerNorm, eps=1e-05, bias, weight in fp32", "parallel attn+MLP, shared norm",
+              "parallel sum: attn+mlp+h", "RoPE interleaved, theta=10000, 30 rotary dims", "q.k in fp32",
+              "FFN: GeLU (tanh, written out), d_ff 80", "biases: mlp, lm_head", "embeddings: untied")),
+    "phi": Spec(
+        "phi", dict(qk_layernorm=True, eos_token_id=1, rope_parameters={"rope_type": "default", "rope_theta": 2e4,
+                                                                        "partial_rotary_factor": 0.5}),
+        old_style={"rope_theta": 2e4, "partial_rotary_factor": 0.5},
+        card=("LayerNorm, eps=1e-05, bias, weight in fp32", "parallel attn+MLP, shared norm",
+              "parallel sum: attn+mlp+h", "QK norm: per head", "RoPE half, theta=20000, 0.5 of head_dim",
+              "FFN: GeLU (tanh, written out), d_ff 96", "biases: q, k, v, o, mlp, lm_head")),
+    "gpt_neox": Spec(
+        "gpt_neox", dict(eos_token_id=1, rope_parameters={"rope_type": "default", "rope_theta": 2e4,
+                                                          "partial_rotary_factor": 0.5}),
+        old_style={"rotary_emb_base": 2e4, "rotary_pct": 0.5},
+        card=("LayerNorm, eps=1e-05, bias, weight in fp32", "parallel attn+MLP, separate norms",
+              "parallel sum: mlp+attn+h", "RoPE half, theta=20000, 0.5 of head_dim", "FFN: GeLU (erf), d_ff 96",
+              "biases: q, k, v, o, mlp", "attention: MHA, 4 heads")),
+    "bloom": Spec(  # six heads: ALiBi's interleaved extra slopes
+        "bloom", dict(hidden_size=72, num_attention_heads=6, apply_residual_connection_post_layernorm=True,
+                      eos_token_id=1), old_style={},
+        card=("LayerNorm, eps=1e-05, bias, weight in fp32", "pre-norm", "residual taken after the norm",
+              "embedding norm", "positions: ALiBi (BLOOM's: slope x k, inside the score matmul) (all layers)",
+              "FFN: GeLU (tanh, BLOOM's constants), d_ff 288", "biases: q, k, v, o, mlp", "embeddings: tied"),
+        not_on_card=("RoPE",)),
+    "mpt": Spec(  # six heads: MPT's slopes over eight, odd-numbered first
+        "mpt", dict(hidden_size=72, num_attention_heads=6, attn_config={"softmax_scale": 0.2, "clip_qkv": 1.5},
+                    eos_token_id=1),
+        old_style={},
+        card=("LayerNorm, eps=1e-05, weight in fp32", "pre-norm", "score scale: 0.2", "q, k, v clamped to +-1.5",
+              "positions: ALiBi (MPT's slopes, slope x (k - last k), in fp32) (all layers)",
+              "FFN: GeLU (erf), d_ff 288", "biases: none", "embeddings: tied"),
+        not_on_card=("RoPE", "embedding norm")),
+    "falcon": Spec(  # Falcon-40B/180B's layout; the 7B, RW and sequential ones are in test_parallel_alibi.py
+        "falcon", dict(new_decoder_architecture=True, num_kv_heads=2, eos_token_id=1,
+                       rope_parameters={"rope_type": "default", "rope_theta": 2e4}),
+        old_style={"rope_theta": 2e4},
+        card=("LayerNorm, eps=1e-05, bias, weight in fp32", "parallel attn+MLP, separate norms",
+              "parallel sum: mlp+attn+h", "GQA (2 q heads per kv head)", "RoPE half, theta=20000",
+              "FFN: GeLU (erf), d_ff 256", "biases: none", "embeddings: tied")),
 }
 NAMES = list(SPECS)
 TEXT = dict(vocab_size=128, hidden_size=64, intermediate_size=96, num_hidden_layers=3, num_attention_heads=4,

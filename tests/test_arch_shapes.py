@@ -78,6 +78,11 @@ CASES: dict[str, dict[str, Any]] = {
     "opt_like": dict(norm=NormConfig(kind="layer", bias=True), gated=False, activation="relu",
                      absolute_positions="learned", position_offset=2, layer_positions=("none", "none"),
                      q_bias=True, k_bias=True, v_bias=True, o_bias=True, mlp_bias=True),
+    "bloom_like": dict(norm=NormConfig(kind="layer", bias=True), embed_norm=True, residual_after_norm=True,
+                       layer_positions=("alibi", "alibi"), alibi="bloom", gated=False, activation="gelu_bloom"),
+    "falcon_like": dict(norm=NormConfig(kind="layer", bias=True), norm_placement="parallel_separate",
+                        parallel_sum="mlp+attn+h", q_bias=True, k_bias=True, v_bias=True, o_bias=True,
+                        mlp_bias=True, bias_separate=True, gated=False),
     "rich": dict(
         vocab_size=100, d_model=48, n_layers=3, n_heads=6, d_ff=37, n_kv_heads=2, head_dim=12, max_positions=96,
         norm=NormConfig(kind="layer", eps=1e-5, weight=True, bias=True, dtype_order="scale_then_cast"),
@@ -135,6 +140,7 @@ def arch_configs(draw: st.DrawFn) -> ArchConfig:
         attention=draw(st.sampled_from(sorted(attention_kinds.KINDS))),
         layer_kinds=layer_kinds, sliding_window=8 if "local" in layer_kinds else None,
         tie_embeddings=tie, embed_dim=draw(st.sampled_from([None, 1, 6])),  # OPT-350m's narrower embeddings
+        embed_norm=draw(st.booleans()),
     )
     if fields["qk_norm"] == "head" and draw(st.booleans()):  # Cohere's weights, one per head
         fields["qk_norm_weight"] = "per_head"

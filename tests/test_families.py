@@ -1,11 +1,12 @@
 """The families against transformers: llama, mistral, gemma, gemma2, gemma3, olmo2, qwen2, qwen3,
-smollm3, starcoder2, nemotron, stablelm, granite, olmo, phi3, cohere, cohere2, gpt2, gpt_neo, opt, xglm.
+smollm3, starcoder2, nemotron, stablelm, granite, olmo, phi3, cohere, cohere2, gpt2, gpt_neo, opt, xglm,
+gptj, phi, gpt_neox, bloom, mpt, falcon.
 
 Every family is a tiny transformers model with every parameter perturbed, run on sequences several
 times longer than its sliding window, with soft-caps small enough to bite. For each family:
-fp32 parity (straight from the HF directory and through a canonical one), bf16 faithfulness,
-a bit-exact HF -> canonical -> HF round trip, cached decoding, both config.json styles, honoured
-`layer_types`, and the architecture card. Then the cross-family export matrix and the
+fp32 parity (straight from the HF directory and through a canonical one), bf16 faithfulness and
+bit-exactness, a bit-exact HF -> canonical -> HF round trip, cached decoding, both config.json
+styles, honoured `layer_types`, and the architecture card. Then the cross-family export matrix and the
 Gemma3ForConditionalGeneration text path.
 """
 
@@ -60,6 +61,10 @@ SOURCES: dict[str, Spec] = {
     "mistral-nowindow": Spec("mistral", dict(sliding_window=None), {}, ()),
     "stablelm-sequential": Spec("stablelm", dict(eos_token_id=1, partial_rotary_factor=0.5), {}, ()),
 }
+
+
+# transformers runs these eagerly only: it refuses SDPA for Gemma 2 (soft-caps), BLOOM and MPT
+EAGER_ONLY = ("gemma2", "bloom", "mpt")
 
 
 # ------------------------------------------------------------------------------------------------ helpers
@@ -157,9 +162,9 @@ def test_round_trip_is_bit_exact(name: str, checkpoint: Callable[..., Path], tmp
 @pytest.mark.parametrize("name", NAMES)
 def test_sdpa_matches_transformers_sdpa(name: str, checkpoint: Callable[..., Path]) -> None:
     """Our default backend against transformers' default one (soft-capped layers run eager on
-    both sides: transformers refuses SDPA for Gemma 2)."""
+    both sides: transformers refuses SDPA for Gemma 2), and eager where transformers has no SDPA (EAGER_ONLY)."""
     src = checkpoint(name)
-    implementation = "eager" if name == "gemma2" or not SPECS[name].sdpa else "sdpa"
+    implementation = "eager" if name in EAGER_ONLY or not SPECS[name].sdpa else "sdpa"
     with torch.no_grad():
         ref = AutoModelForCausalLM.from_pretrained(src, attn_implementation=implementation)(IDS).logits
     assert max_abs(our_logits(src, attention="sdpa"), ref) <= FP32_TOL
@@ -173,7 +178,7 @@ def test_cached_decoding_equals_full_forward(name: str, attention: str, checkpoi
     cached decoding by ~1e-5 on both sides (transformers' own too), so that equality is checked in
     float64, where rounding cannot hide a wrong position or mask."""
     src = checkpoint(name)
-    implementation = "eager" if name == "gemma2" or not SPECS[name].sdpa else attention
+    implementation = "eager" if name in EAGER_ONLY or not SPECS[name].sdpa else attention
     check_cached_decoding(src, IDS, 6, attention, implementation, FP32_TOL)
 
 
@@ -190,7 +195,18 @@ def transformers4_style(spec: Spec) -> Callable[[dict[str, Any]], dict[str, Any]
     return edit
 
 
-@pytest.mark.parametrize("name", NAMES)
+@pytest.mark.parametrize("name", [n for n in NAMES if SPECS[n].bf16_exact])
+def test_bf16_is_bit_exact(name: str, checkpoint: Callable[..., Path]) -> None:
+    """Where our operation order is the reference's, bf16 logits are transformers' bit for bit."""
+    src = checkpoint(name, torch.bfloat16)
+    assert torch.equal(our_logits(src, torch.bfloat16), hf_logits(src, torch.bfloat16))
+
+
+# families whose config.json has no RoPE keys, so no second (transformers 4) style of them
+NO_ROPE_KEYS = ("gptj", "bloom", "mpt")
+
+
+@pytest.mark.parametrize("name", [n for n in NAMES if n not in NO_ROPE_KEYS])
 def test_both_config_styles(name: str, checkpoint: Callable[..., Path], tmp_path: Path) -> None:
     spec = SPECS[name]
     new = checkpoint(name)
@@ -830,14 +846,129 @@ for _source, _row in {
     },
 }.items():
     MATRIX[_source].update(_row)
+MATRIX["gptj"] = {  # parallel block with one LayerNorm, interleaved RoPE over 30 of 44 dims, LM-head bias
+    "llama": "llama cannot express this norm's kind and bias and dtype_order, this norm placement, an LM-head bias",
+    "mistral": "mistral cannot express this norm's kind and bias and dtype_order",
+    "gemma": "gemma cannot express this norm's kind and bias and weight_offset",
+    "gemma2": "gemma2 cannot express this norm's kind and bias and weight_offset",
+    "gemma3": "gemma3 cannot express this norm's kind and bias and weight_offset",
+    "olmo2": "olmo2 cannot express this norm's kind and bias", "qwen2": "this norm placement",
+    "qwen3": "q.k in fp32", "smollm3": "this RoPE configuration's layout and rotary_dims",
+    "starcoder2": "starcoder2 cannot express this norm placement", "nemotron": "this parallel-block sum order",
+    "stablelm": "stablelm cannot express MLP biases, an LM-head bias", "granite": "an LM-head bias",
+    "olmo": "olmo cannot express this norm's weight and bias and dtype_order", "gptj": OK,
+    "phi": "phi cannot express this RoPE configuration's layout and rotary_dims",
+    "gpt_neox": "gpt_neox cannot express this norm placement",
+}
+MATRIX["phi"] = {  # GPT-J's block with biases everywhere, half-rotation RoPE over half the head, QK LayerNorm
+    "llama": "llama cannot express this norm's kind and bias and dtype_order",
+    "mistral": "mistral cannot express this norm's kind and bias and dtype_order",
+    "gemma": "gemma cannot express this norm's kind and bias and weight_offset",
+    "gemma2": "gemma2 cannot express this norm's kind and bias and weight_offset",
+    "gemma3": "gemma3 cannot express this norm's kind and bias and weight_offset",
+    "olmo2": "olmo2 cannot express this norm's kind and bias", "qwen2": "this norm placement",
+    "qwen3": "qwen3 cannot express this norm's kind and bias and dtype_order", "smollm3": "QK norm",
+    "starcoder2": "starcoder2 cannot express this norm placement", "nemotron": "nemotron cannot express this norm's "
+    "weight_offset", "stablelm": "stablelm cannot express QK norm", "granite": "an LM-head bias",
+    "olmo": "olmo cannot express this norm's weight and bias and dtype_order",
+    "gptj": "gptj cannot express this number of KV heads", "phi": OK,
+    "gpt_neox": "gpt_neox cannot express this number of KV heads",
+}
+MATRIX["gpt_neox"] = {  # parallel block with two LayerNorms, a quarter of the head rotated, fused qkv, MHA
+    "llama": "llama cannot express this norm's kind and bias and dtype_order",
+    "mistral": "mistral cannot express this norm's kind and bias and dtype_order",
+    "gemma": "gemma cannot express this norm's kind and bias and weight_offset",
+    "gemma2": "gemma2 cannot express this norm's kind and bias and weight_offset",
+    "gemma3": "gemma3 cannot express this norm's kind and bias and weight_offset",
+    "olmo2": "olmo2 cannot express this norm's kind and bias", "qwen2": "this parallel-block sum order",
+    "qwen3": "qwen3 cannot express this norm's kind and bias and dtype_order", "smollm3": "this norm placement",
+    "starcoder2": "starcoder2 cannot express this norm placement", "nemotron": "nemotron cannot express this norm's "
+    "weight_offset", "stablelm": "stablelm cannot express this norm placement",
+    "granite": "granite cannot express this norm's kind and bias and dtype_order",
+    "olmo": "olmo cannot express this norm's weight and bias and dtype_order",
+    "gptj": "gptj cannot express this norm placement", "phi": "phi cannot express this norm placement",
+    "gpt_neox": OK, "bloom": "bloom cannot express this FFN width",
+}
+MATRIX["bloom"] = {  # ALiBi over six heads, embedding LayerNorm, residual after the norm, fused qkv
+    "llama": "llama cannot express this norm's kind and bias and dtype_order",
+    "mistral": "mistral cannot express this norm's kind and bias and dtype_order",
+    "gemma": "gemma cannot express this norm's kind and bias and weight_offset",
+    "gemma2": "gemma2 cannot express this norm's kind and bias and weight_offset",
+    "gemma3": "gemma3 cannot express this norm's kind and bias and weight_offset",
+    "olmo2": "olmo2 cannot express this norm's kind and bias", "qwen2": "the residual taken after the norm",
+    "qwen3": "this kind of ALiBi", "smollm3": "this per-layer position pattern",
+    "starcoder2": "starcoder2 cannot express an embedding norm", "nemotron": "nemotron cannot express this norm's "
+    "weight_offset", "stablelm": "stablelm cannot express an embedding norm",
+    "granite": "granite cannot express this norm's kind and bias and dtype_order",
+    "olmo": "olmo cannot express this norm's weight and bias and dtype_order",
+    "gptj": "gptj cannot express this norm placement", "phi": "phi cannot express this norm placement",
+    "gpt_neox": "gpt_neox cannot express an embedding norm", "bloom": OK, "mpt": "mpt cannot express this norm's bias",
+}
+MATRIX["mpt"] = {  # MPT's ALiBi over six heads, LayerNorm without bias, no biases, fused qkv, a score scale
+    "llama": "llama cannot express this norm's kind and dtype_order",
+    "mistral": "mistral cannot express this norm's kind and dtype_order",
+    "gemma": "gemma cannot express this norm's kind and weight_offset",
+    "gemma2": "gemma2 cannot express this norm's kind and weight_offset",
+    "gemma3": "gemma3 cannot express this norm's kind and weight_offset",
+    "olmo2": "olmo2 cannot express this norm's kind", "qwen2": "this kind of ALiBi",
+    "qwen3": "qwen3 cannot express this norm's kind and dtype_order", "smollm3": "a custom attention score scale",
+    "starcoder2": "starcoder2 cannot express this norm's bias", "nemotron": "nemotron cannot express this norm's "
+    "bias and weight_offset", "stablelm": "stablelm cannot express this norm's bias",
+    "granite": "granite cannot express this norm's kind and dtype_order",
+    "olmo": "olmo cannot express this norm's weight and dtype_order", "gptj": "gptj cannot express this norm's bias",
+    "phi": "phi cannot express this norm's bias", "gpt_neox": "gpt_neox cannot express this norm's bias",
+    "bloom": "bloom cannot express this norm's bias", "mpt": OK, "falcon": "falcon cannot express this norm's bias",
+}
+MATRIX["falcon"] = {  # Falcon-40B's layout: parallel with two LayerNorms, GQA, fused grouped qkv
+    "llama": "llama cannot express this norm's kind and bias and dtype_order",
+    "mistral": "mistral cannot express this norm's kind and bias and dtype_order",
+    "gemma": "gemma cannot express this norm's kind and bias and weight_offset",
+    "gemma2": "gemma2 cannot express this norm's kind and bias and weight_offset",
+    "gemma3": "gemma3 cannot express this norm's kind and bias and weight_offset",
+    "olmo2": "olmo2 cannot express this norm's kind and bias", "qwen2": "this parallel-block sum order",
+    "qwen3": "qwen3 cannot express this norm's kind and bias and dtype_order", "smollm3": "this norm placement",
+    "starcoder2": "starcoder2 cannot express this norm placement", "nemotron": "nemotron cannot express this norm's "
+    "weight_offset", "stablelm": "stablelm cannot express this norm placement",
+    "granite": "granite cannot express this norm's kind and bias and dtype_order",
+    "olmo": "olmo cannot express this norm's weight and bias and dtype_order",
+    "gptj": "gptj cannot express this number of KV heads", "phi": "phi cannot express this norm placement",
+    "gpt_neox": "gpt_neox cannot express this number of KV heads", "bloom": "bloom cannot express this number of KV "
+    "heads", "mpt": "mpt cannot express this number of KV heads", "falcon": OK,
+}
+# the new families as targets: what every other source is refused for
+COLUMNS: dict[str, tuple[str, dict[str, str]]] = {  # target -> (the usual refusal, exceptions by source)
+    "gptj": ("gptj cannot express this number of KV heads", {}),  # every source has 2 KV heads for 4 heads
+    "gpt_neox": ("gpt_neox cannot express this number of KV heads", {}),  # every other source has 2 KV heads
+    "bloom": ("bloom cannot express this FFN width", {}),  # always 4 x hidden; no other source has that
+    "mpt": ("mpt cannot express this FFN width", {}),  # the same
+    "falcon": ("falcon cannot express this number of KV heads",  # 2 KV heads, sequential: reads back as 4
+               {"gemma2": "falcon cannot express this norm's kind and bias and weight_offset",
+                "gemma3": "falcon cannot express this norm's kind and bias and weight_offset",
+                "olmo2": "falcon cannot express this norm's kind and bias",
+                "stablelm": "falcon cannot express a q bias",
+                "gptj": "falcon cannot express MLP biases", "phi": "falcon cannot express QK norm",
+                "gpt_neox": "falcon cannot express this RoPE configuration's fraction",
+                "bloom": "falcon cannot express an embedding norm", "mpt": "falcon cannot express this norm's bias"}),
+    "phi": ("phi cannot express this norm's kind and bias",
+            {"gemma": "phi cannot express this norm's kind and bias and weight_offset",
+             "nemotron": "phi cannot express this norm's weight_offset", "starcoder2": "phi cannot express this norm "
+             "placement", "stablelm": "phi cannot express this FFN gating", "olmo": "phi cannot express this norm's "
+             "weight and bias", "stablelm-sequential": "phi cannot express this norm placement"}),
+}
 NEW_ROPE, NEW_GPT = ("phi3", "cohere", "cohere2"), ("gpt2", "gpt_neo", "opt", "xglm")
-# pairs between the two batches of families added together (GPT-era with Phi-3, Cohere, Cohere 2):
+NEW_ALIBI = ("gptj", "phi", "gpt_neox", "bloom", "mpt", "falcon")
+# pairs between the three batches of families added together (GPT-era; Phi-3, Cohere, Cohere 2;
+# the parallel and ALiBi families):
 # none can hold the other exactly; each must be refused (exit 2, nothing written)
 REFUSED = "export to the source family instead"
-for _source, _targets in {"gpt2": NEW_ROPE, "gpt_neo": NEW_ROPE, "opt": NEW_ROPE, "xglm": NEW_ROPE,
-                          "phi3": NEW_GPT, "cohere": NEW_GPT, "cohere2": NEW_GPT}.items():
-    for _target in _targets:
-        MATRIX[_source].setdefault(_target, REFUSED)
+for _batch, _others in ((NEW_ROPE, NEW_GPT + NEW_ALIBI), (NEW_GPT, NEW_ROPE + NEW_ALIBI),
+                        (NEW_ALIBI, NEW_ROPE + NEW_GPT)):
+    for _source in _batch:
+        for _target in _others:
+            MATRIX[_source].setdefault(_target, REFUSED)
+for _source, _row in MATRIX.items():
+    for _target, (_usual, _exceptions) in COLUMNS.items():
+        _row.setdefault(_target, _exceptions.get(_source, _usual))
 # every source above has standard attention, which the latent-attention families cannot hold
 for _row in MATRIX.values():
     for _target in ("deepseek_v2", "deepseek_v3"):

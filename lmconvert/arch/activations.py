@@ -14,9 +14,15 @@ def _relu2(x: torch.Tensor) -> torch.Tensor:
 
 
 def _gelu_new(x: torch.Tensor) -> torch.Tensor:
-    """GPT-2's tanh GELU written out (transformers' NewGELUActivation), each op rounded to x's dtype:
-    in bf16 it differs from F.gelu(approximate="tanh"), which computes the whole formula in fp32."""
+    """transformers' NewGELUActivation (GPT-2, GPT-J, Phi): the tanh formula written out, each op
+    rounded in the activation dtype, which F.gelu(approximate="tanh") does not do in bf16."""
     return 0.5 * x * (1.0 + torch.tanh(math.sqrt(2.0 / math.pi) * (x + 0.044715 * torch.pow(x, 3.0))))
+
+
+def _gelu_bloom(x: torch.Tensor) -> torch.Tensor:
+    """BLOOM's own tanh GeLU (`bloom_gelu_forward`, from Megatron-DeepSpeed): its constants and
+    order, which round differently from gelu_new's in bf16."""
+    return x * 0.5 * (1.0 + torch.tanh(0.79788456 * x * (1 + 0.044715 * x * x)))
 
 
 ACTIVATIONS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
@@ -25,5 +31,6 @@ ACTIVATIONS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
     "gelu_tanh": lambda x: F.gelu(x, approximate="tanh"),
     "silu": F.silu,
     "relu2": _relu2,  # squared ReLU (Primer, Nemotron)
-    "gelu_new": _gelu_new,  # tanh GELU op by op (GPT-2, GPT-Neo, GPT-J)
+    "gelu_new": _gelu_new,  # the written-out tanh GeLU (GPT-2, GPT-Neo, GPT-J, Phi)
+    "gelu_bloom": _gelu_bloom,  # BLOOM's tanh GeLU
 }

@@ -11,6 +11,8 @@ layers always run eager, since SDPA cannot cap, and so do layers whose q.k is co
 
 from __future__ import annotations
 
+import math
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -20,48 +22,65 @@ from .cache import KVCache
 from .config import ArchConfig
 from .context import Context
 from .parts import Part
-from .positions import RelativeBias, alibi_bias
+from .positions import ALIBI_KINDS, RelativeBias, alibi_bias
 from .rope import Rotary, apply_rotary
 
 
-def _fp32_scores(q: torch.Tensor, k: torch.Tensor, scale: float) -> torch.Tensor:
-    """q.k^T * scale in fp32 as one `baddbmm` (GPT-2's `_upcast_and_reordered_attn`): the scale
-    rides inside the product, which rounds differently from a separate multiply."""
+def _scores(q: torch.Tensor, k: torch.Tensor, scale: float, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """`baddbmm(bias, q, k^T, alpha=scale)`: the scale (and BLOOM's bias) inside the product, rounded
+    once; without a bias GPT-2's `_upcast_and_reordered_attn` (beta 0). Not the same bits as
+    q @ k^T then * scale."""
     B, H, T, D = q.shape
     S = k.shape[2]
-    w = torch.empty(B * H, T, S, dtype=torch.float32, device=q.device)
-    w = torch.baddbmm(w, q.reshape(-1, T, D).float(), k.transpose(-1, -2).reshape(-1, D, S).float(),
-                      beta=0, alpha=scale)
-    return w.reshape(B, H, T, S)
+    if bias is None:
+        start, beta = torch.empty(B * H, T, S, dtype=q.dtype, device=q.device), 0
+    else:
+        start, beta = bias.to(q.dtype).expand(B, H, T, S).reshape(B * H, T, S), 1
+    return torch.baddbmm(start, q.reshape(B * H, T, D), k.transpose(-1, -2).reshape(B * H, D, S),
+                         beta=beta, alpha=scale).view(B, H, T, S)
 
 
 def _eager(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float, softcap: float | None,
            bias: torch.Tensor | None, allowed: torch.Tensor | None, dropout: float,
-           scores_fp32: bool = False) -> torch.Tensor:
+           scores_fp32: bool = False, bias_add: str = "rounded", scale_in_product: bool = False) -> torch.Tensor:
     groups = q.shape[1] // k.shape[1]
     k, v = k.repeat_interleave(groups, dim=1), v.repeat_interleave(groups, dim=1)  # (B, H, S, D)
-    if scores_fp32:  # GPT-Neo, GPT-2's reorder_and_upcast_attn: q.k from fp32 copies, scaled inside the
-        w = _fp32_scores(q, k, scale)  # product as GPT-2's baddbmm does (alpha 1.0 is GPT-Neo's plain matmul)
+    if scores_fp32:  # GPT-J, GPT-Neo, GPT-2's reorder_and_upcast_attn: q @ k^T up to the softmax in fp32
+        wide = torch.promote_types(q.dtype, torch.float32)
+        q, k = q.to(wide), k.to(wide)
+    dtype = v.dtype
+    if bias is not None and bias_add == "matmul":
+        w, bias = _scores(q, k, scale, bias), None
+    elif bias is not None and bias_add == "falcon":
+        bias = bias.to(dtype)
+        w = (torch.matmul(q, k.transpose(-1, -2)).to(torch.promote_types(dtype, torch.float32)) + bias) * scale
+        bias = bias / math.sqrt(q.shape[-1])  # Falcon's mask carries the bias a second time
+    elif scale_in_product:
+        w = _scores(q, k, scale)
     else:
         w = torch.matmul(q, k.transpose(-1, -2)) * scale  # (B, H, T, S)
     if softcap is not None:
         w = torch.tanh(w / softcap) * softcap
-    if bias is not None:
-        w = w + bias.to(w.dtype)
+    if bias is not None:  # "fp32" (and Falcon's): the bias promotes the scores, as MPT's fp32 table does
+        w = w + (bias if bias_add in ("fp32", "falcon") else bias.to(w.dtype))
     if allowed is not None:
         w = w + torch.zeros_like(allowed, dtype=w.dtype).masked_fill(~allowed, torch.finfo(w.dtype).min)
+    if bias_add == "falcon":  # the softmax of the logits rounded to the activation dtype
+        w = w.to(dtype)
     # in fp32, cast back: GPT-2's and XGLM's softmax in the scores' own bf16 computes in fp32 inside
     # the kernel and rounds once, the same numbers
-    p = F.softmax(w, dim=-1, dtype=torch.float32).to(v.dtype)
+    p = F.softmax(w, dim=-1, dtype=torch.float32).to(dtype)
     p = F.dropout(p, p=dropout, training=dropout > 0)
     return torch.matmul(p, v)
 
 
 def _sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float, bias: torch.Tensor | None,
-          allowed: torch.Tensor | None, causal: bool, dropout: float) -> torch.Tensor:
+          allowed: torch.Tensor | None, causal: bool, dropout: float, bias_add: str = "rounded") -> torch.Tensor:
     mask = allowed
     if bias is not None:
         mask = bias.to(q.dtype)
+        if bias_add == "falcon":  # only the mask's copy, divided by sqrt(head_dim)
+            mask = mask / math.sqrt(q.shape[-1])
         if allowed is not None:
             mask = mask.masked_fill(~allowed, float("-inf"))
         causal = False
@@ -117,16 +136,18 @@ class Attention(nn.Module):
         bias = self._position_bias(ctx)
         allowed = ctx.allowed(self.window)
         dropout = cfg.attn_dropout if self.training else 0.0
-        if cfg.attn_softcap is not None or cfg.scores_fp32 or self.backend == "eager":
-            out = _eager(q, k, v, scale, cfg.attn_softcap, bias, allowed, dropout, cfg.scores_fp32)
+        add = ALIBI_KINDS[cfg.alibi].add if self.position == "alibi" else "rounded"  # how the bias joins
+        if cfg.attn_softcap is not None or cfg.scores_fp32 or cfg.scale_in_product or self.backend == "eager":
+            out = _eager(q, k, v, scale, cfg.attn_softcap, bias, allowed, dropout, cfg.scores_fp32, add,
+                         cfg.scale_in_product)
         else:
-            out = _sdpa(q, k, v, scale, bias, allowed, ctx.is_plain_causal(self.window), dropout)
+            out = _sdpa(q, k, v, scale, bias, allowed, ctx.is_plain_causal(self.window), dropout, add)
         out = out.transpose(1, 2).reshape(B, T, cfg.q_dim)  # (B, T, H*D)
         return self.o(out)
 
     def _position_bias(self, ctx: Context) -> torch.Tensor | None:
         if self.position == "alibi":
-            return alibi_bias(self.cfg.n_heads, ctx.q_pos, ctx.k_pos)
+            return alibi_bias(self.cfg.n_heads, ctx.q_pos, ctx.k_pos, self.cfg.alibi)
         if self.relative is not None:
             return self.relative(ctx.q_pos, ctx.k_pos)
         return None

@@ -20,6 +20,11 @@ from .shapes import NORM_SLOTS, SLOTS  # placement -> the norm slots it fills (t
 
 
 def _sequential(b: Block, h: torch.Tensor, attend: Callable[[torch.Tensor], torch.Tensor]) -> torch.Tensor:
+    if b.residual_after_norm:  # BLOOM: the residual is the normed input
+        x = b.attn_norm(h)
+        h = x + b.scaled(attend(x))
+        x = b.mlp_norm(h)
+        return x + b.scaled(b.mlp(x))
     h = h + b.scaled(b.attn_post_norm(attend(b.attn_norm(h))))
     return h + b.scaled(b.mlp_post_norm(b.mlp(b.mlp_norm(h))))
 
@@ -32,11 +37,28 @@ def _post(b: Block, h: torch.Tensor, attend: Callable[[torch.Tensor], torch.Tens
 def _parallel(b: Block, h: torch.Tensor, attend: Callable[[torch.Tensor], torch.Tensor]) -> torch.Tensor:
     x = b.attn_norm(h)
     y = x if isinstance(b.mlp_norm, nn.Identity) else b.mlp_norm(h)
-    return h + b.scaled(attend(x)) + b.scaled(b.mlp(y))
+    return PARALLEL_SUMS[b.parallel_sum](h, b.scaled(attend(x)), b.scaled(b.mlp(y)))
+
+
+# ArchConfig.parallel_sum -> the sum, in the order the family's reference adds (bf16 rounds each add)
+PARALLEL_SUMS: dict[str, Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]] = {
+    "h+attn+mlp": lambda h, attn, mlp: h + attn + mlp,
+    "mlp+attn+h": lambda h, attn, mlp: mlp + attn + h,  # GPT-NeoX, Falcon
+    "attn+mlp+h": lambda h, attn, mlp: attn + mlp + h,  # GPT-J, Phi
+}
 
 
 WIRING = {"pre": _sequential, "sandwich": _sequential, "output": _sequential, "post": _post,
           "parallel_shared": _parallel, "parallel_separate": _parallel}
+
+
+class SeparateBias(nn.Linear):
+    """A linear layer whose bias is added after the matmul (`x @ W.T + b`), as Falcon's
+    FalconLinear does; `nn.Linear` fuses the two, which rounds once in bf16 instead of twice."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out = x @ self.weight.T
+        return out if self.bias is None else out + self.bias
 
 
 class Block(nn.Module):
@@ -49,7 +71,12 @@ class Block(nn.Module):
         self.mlp = MLP(cfg)
         self.drop = nn.Dropout(cfg.resid_dropout)
         self.residual_scale = cfg.residual_scale
+        self.parallel_sum, self.residual_after_norm = cfg.parallel_sum, cfg.residual_after_norm
         self.wiring = WIRING[cfg.norm_placement]
+        if cfg.bias_separate:  # the same parameters, another forward
+            for module in self.modules():
+                if type(module) is nn.Linear:
+                    module.__class__ = SeparateBias
 
     def scaled(self, out: torch.Tensor) -> torch.Tensor:
         """A sublayer's output as it joins the residual: dropped out, then multiplied by a Python

@@ -19,7 +19,7 @@ from .errors import ConfigError
 
 NORM_KINDS = ("rms", "layer")
 NORM_PLACEMENTS = ("pre", "post", "sandwich", "output", "parallel_shared", "parallel_separate")
-ACTIVATIONS = ("relu", "gelu", "gelu_tanh", "silu", "relu2", "gelu_new")
+ACTIVATIONS = ("relu", "gelu", "gelu_tanh", "silu", "relu2", "gelu_new", "gelu_bloom")
 ROPE_LAYOUTS = ("half", "interleaved")
 ROPE_SCALINGS = ("none", "linear", "dynamic", "yarn", "llama3", "longrope")
 ABSOLUTE_POSITIONS = ("none", "sinusoidal", "learned", "sinusoidal_fairseq")
@@ -28,6 +28,8 @@ LAYER_KINDS = ("global", "local")
 QK_NORMS = ("none", "head", "projection")
 QK_NORM_WEIGHTS = ("shared", "per_head")
 DTYPE_ORDERS = ("cast_then_scale", "scale_then_cast")
+PARALLEL_SUMS = ("h+attn+mlp", "mlp+attn+h", "attn+mlp+h")  # left to right: the order a parallel block adds
+ALIBI_KINDS = ("distance", "bloom", "mpt", "falcon")  # how ALiBi is built and added: see positions.ALIBI_KINDS
 
 
 def _fail(owner: str, name: str, value: Any, why: str) -> None:
@@ -104,6 +106,7 @@ class RopeConfig:
     short_factor: tuple[float, ...] | None = None
     long_factor: tuple[float, ...] | None = None
     fp32_rotation: bool = False  # Cohere: q and k rotate in fp32 with cos/sin already rounded to their dtype
+    rotary_dims: int | None = None  # an absolute rotary width (GPT-J's rotary_dim); None: head_dim * fraction
 
     def __post_init__(self) -> None:
         for name in ("short_factor", "long_factor"):
@@ -122,6 +125,9 @@ class RopeConfig:
         if self.scaling == "llama3" and self.high_freq_factor == self.low_freq_factor:
             _fail("rope", "high_freq_factor", self.high_freq_factor, "must differ from low_freq_factor")
         _positive("rope", "attention_factor", self.attention_factor, allow_none=True)
+        _integer("rope", "rotary_dims", self.rotary_dims, allow_none=True)
+        if self.rotary_dims is not None and self.fraction != 1:
+            _fail("rope", "rotary_dims", self.rotary_dims, "give the rotary width once: rotary_dims or fraction")
         self._check_longrope()
 
     def _check_longrope(self) -> None:
@@ -143,7 +149,9 @@ class RopeConfig:
             _fail("rope", "long_factor", self.long_factor, "must have as many entries as short_factor")
 
     def rotary_dim(self, head_dim: int) -> int:
-        return int(head_dim * self.fraction)
+        """The rotated width. An absolute width is kept as given: `int(head_dim * fraction)`
+        truncates (head_dim 44 with 30 rotary dims would become 29)."""
+        return self.rotary_dims if self.rotary_dims is not None else int(head_dim * self.fraction)
 
     def longrope_attention_factor(self) -> float:
         """transformers' longrope default (in Python floats): sqrt(1 + ln(factor) / ln(original))
@@ -173,6 +181,9 @@ class ArchConfig:
     final_norm: bool = True
     qk_norm: str = "none"
     qk_norm_weight: str = "shared"  # "per_head": a QK-norm weight per head, [heads, head_dim] (Cohere)
+    embed_norm: bool = False  # a norm on the embeddings, before the first block (BLOOM's word_embeddings_layernorm)
+    residual_after_norm: bool = False  # pre-norm blocks take the residual after the norm (BLOOM's
+    # apply_residual_connection_post_layernorm)
     # biases
     q_bias: bool = False
     k_bias: bool = False
@@ -191,6 +202,7 @@ class ArchConfig:
     rope_local: RopeConfig | None = None  # None: local layers use `rope`
     relative_buckets: int = 32
     relative_max_distance: int = 128
+    alibi: str = "distance"  # ALIBI_KINDS: how ALiBi layers build their bias and add it (BLOOM's, MPT's)
     # attention
     attention: str = "standard"  # a kind declared in attention_kinds
     attention_settings: Any = None  # that kind's own fields (its `settings` dataclass); None: it has none
@@ -199,11 +211,16 @@ class ArchConfig:
     attn_scale: float | None = None  # None: head_dim ** -0.5
     attn_softcap: float | None = None
     residual_scale: float = 1.0  # each sublayer's output is multiplied by this before the residual add (Granite)
-    clip_qkv: float | None = None  # q, k and v clamped to [-clip_qkv, clip_qkv] after projection (OLMo)
+    clip_qkv: float | None = None  # q, k and v clamped to [-clip_qkv, clip_qkv] after projection (OLMo, MPT)
     scale_query: bool = False  # the score scale multiplies q after its projection, not q.k (OPT, XGLM)
     scale_by_inverse_layer: bool = False  # layer i's score scale is further divided by i + 1 (GPT-2)
-    scores_fp32: bool = False  # q.k computed from fp32 copies of q and k, then softmax in fp32 (GPT-Neo, GPT-2's
-    #   reorder_and_upcast_attn)
+    scores_fp32: bool = False  # q.k from fp32 copies of q and k, up to the softmax (GPT-J, GPT-Neo, GPT-2's
+    #   reorder_and_upcast_attn); such layers run eager
+    scale_in_product: bool = False  # the score scale inside q.k's product, a baddbmm's alpha (GPT-2's
+    #   reorder_and_upcast_attn), which rounds otherwise than q @ k^T * scale; eager
+    parallel_sum: str = "h+attn+mlp"  # PARALLEL_SUMS: the order a parallel block adds (bf16 rounds differently)
+    bias_separate: bool = False  # a block's linear biases added after the matmul, not fused in it (Falcon's
+    # FalconLinear: `x @ W.T + b`, rounded twice in bf16)
     # output
     tie_embeddings: bool = False
     embed_scale: float | None = None
@@ -236,7 +253,8 @@ class ArchConfig:
                   f"n_heads={self.n_heads} must be a multiple of n_kv_heads={self.n_kv_heads}")
         for name, allowed in (("norm_placement", NORM_PLACEMENTS), ("qk_norm", QK_NORMS),
                               ("qk_norm_weight", QK_NORM_WEIGHTS),
-                              ("activation", ACTIVATIONS), ("absolute_positions", ABSOLUTE_POSITIONS)):
+                              ("activation", ACTIVATIONS), ("absolute_positions", ABSOLUTE_POSITIONS),
+                              ("parallel_sum", PARALLEL_SUMS), ("alibi", ALIBI_KINDS)):
             _choice("ArchConfig", name, getattr(self, name), allowed)
         kind = attention_kind(self.attention)
         self._normalise_attention_settings(kind)
@@ -254,16 +272,23 @@ class ArchConfig:
                     and len(rope.short_factor) != rope.rotary_dim(self.head_dim) // 2:
                 _fail("ArchConfig", "rope.short_factor", rope.short_factor,
                       f"needs one entry per rotary frequency ({rope.rotary_dim(self.head_dim) // 2})")
+            if rope is not None and rope.rotary_dim(self.head_dim) > self.head_dim:
+                _fail("ArchConfig", "head_dim", self.head_dim,
+                      f"is smaller than the rotary dims {rope.rotary_dim(self.head_dim)}")
         _integer("ArchConfig", "sliding_window", self.sliding_window, allow_none=True)
         if "local" in self.layer_kinds and self.sliding_window is None:
             _fail("ArchConfig", "sliding_window", None, "local layers need a sliding window")
-        for name in ("attn_scale", "attn_softcap", "embed_scale", "final_softcap"):
+        for name in ("attn_scale", "attn_softcap", "embed_scale", "final_softcap", "clip_qkv"):
             _positive("ArchConfig", name, getattr(self, name), allow_none=True)
         _positive("ArchConfig", "logit_scale", self.logit_scale)
         _positive("ArchConfig", "clip_qkv", self.clip_qkv, allow_none=True)
         if self.qk_norm_weight == "per_head" and self.qk_norm != "head":
             _fail("ArchConfig", "qk_norm_weight", self.qk_norm_weight, "a weight per head needs qk_norm='head'")
         _positive("ArchConfig", "residual_scale", self.residual_scale)
+        if self.parallel_sum != PARALLEL_SUMS[0] and not self.norm_placement.startswith("parallel"):
+            _fail("ArchConfig", "parallel_sum", self.parallel_sum, "only parallel blocks have a parallel sum")
+        if self.residual_after_norm and self.norm_placement != "pre":
+            _fail("ArchConfig", "residual_after_norm", True, "only pre-norm blocks take the residual after the norm")
         for name in ("embed_dropout", "attn_dropout", "resid_dropout"):
             if not 0 <= getattr(self, name) < 1:
                 _fail("ArchConfig", name, getattr(self, name), "must be in [0, 1)")

@@ -32,6 +32,7 @@ class Decoder(nn.Module):
         self.project_in = nn.Linear(cfg.embed_dim, cfg.d_model, bias=False) if cfg.projects_embeddings else None
         self.pos_embed = (nn.Embedding(cfg.max_positions + cfg.position_offset, cfg.d_model)
                           if cfg.absolute_positions == "learned" else None)
+        self.embed_norm = Norm(cfg.d_model, cfg.norm) if cfg.embed_norm else None  # BLOOM
         self.rel_bias = (RelativeBias(cfg.relative_buckets, cfg.relative_max_distance, cfg.n_heads)
                          if "relative" in cfg.layer_positions else None)
         rotaries: dict[int, Rotary] = {}  # one table per distinct RopeConfig, shared by its layers
@@ -74,6 +75,8 @@ class Decoder(nn.Module):
             h = h + self.pos_embed(index)
         elif cfg.absolute_positions in POSITION_TABLES:
             h = h + POSITION_TABLES[cfg.absolute_positions](index, cfg.d_model, h.dtype)
+        if self.embed_norm is not None:
+            h = self.embed_norm(h)
         return self.drop(h)
 
     def states(self, ids: torch.Tensor, cache: KVCache | None = None) -> Iterator[torch.Tensor]:

@@ -6,11 +6,14 @@ from .attention_kinds import attention_kind
 from .config import ArchConfig, NormConfig, RopeConfig
 
 ACTIVATION_NAMES = {"relu": "ReLU", "gelu": "GeLU (erf)", "gelu_tanh": "GeLU (tanh)", "silu": "SiLU",
-                    "relu2": "squared ReLU",
-                    "gelu_new": "GeLU (tanh, written out)"}
+                    "relu2": "squared ReLU", "gelu_new": "GeLU (tanh, written out)",
+                    "gelu_bloom": "GeLU (tanh, BLOOM's constants)"}
 GATED_NAMES = {"relu": "ReGLU", "gelu": "GeGLU (erf)", "gelu_tanh": "GeGLU (tanh)", "silu": "SwiGLU",
-               "relu2": "gated squared ReLU",
-               "gelu_new": "GeGLU (tanh, written out)"}
+               "relu2": "gated squared ReLU", "gelu_new": "GeGLU (tanh, written out)",
+               "gelu_bloom": "GeGLU (BLOOM's tanh)"}
+ALIBI_NAMES = {"distance": "slope x (k - q)", "bloom": "BLOOM's: slope x k, inside the score matmul",
+               "mpt": "MPT's slopes, slope x (k - last k), in fp32",
+               "falcon": "Falcon's: bf16 slope x k, added before the scaling and again with the mask"}
 PLACEMENT_NAMES = {"pre": "pre-norm", "post": "post-norm", "sandwich": "sandwich norm (pre + post)",
                    "output": "norm on sublayer output only", "parallel_shared": "parallel attn+MLP, shared norm",
                    "parallel_separate": "parallel attn+MLP, separate norms"}
@@ -38,6 +41,8 @@ def _rope(r: RopeConfig) -> str:
     text = f"RoPE {r.layout}, theta={r.theta:g}"
     if r.fraction != 1:
         text += f", {r.fraction:g} of head_dim"
+    if r.rotary_dims is not None:
+        text += f", {r.rotary_dims} rotary dims"
     if r.scaling != "none":
         text += f", {r.scaling} x{r.factor:g}"
     if r.scaling == "longrope":
@@ -59,8 +64,18 @@ def variants(cfg: ArchConfig) -> list[str]:
         out.append("score scale applied to q before q.k")
     if cfg.scores_fp32:
         out.append("q.k in fp32")
+    if cfg.scale_in_product:
+        out.append("score scale inside q.k's product (baddbmm)")
     if cfg.attn_softcap is not None:
         out.append(f"attention soft-cap: {cfg.attn_softcap:g}")
+    if cfg.norm_placement.startswith("parallel"):
+        out.append(f"parallel sum: {cfg.parallel_sum}")
+    if cfg.residual_after_norm:
+        out.append("residual taken after the norm")
+    if cfg.embed_norm:
+        out.append("embedding norm")
+    if cfg.bias_separate:
+        out.append("linear biases added after the matmul")
     if cfg.clip_qkv is not None:
         out.append(f"q, k, v clamped to +-{cfg.clip_qkv:g}")
     if cfg.residual_scale != 1.0:
@@ -78,6 +93,8 @@ def variants(cfg: ArchConfig) -> list[str]:
             if cfg.rope_local is not None:
                 text += f"; local layers: {_rope(cfg.rope_local)}"
             out.append(f"positions: {text} ({where})")
+        elif kind == "alibi":
+            out.append(f"positions: ALiBi ({ALIBI_NAMES[cfg.alibi]}) ({where})")
         else:
             out.append(f"positions: {kind} ({where})")
     if cfg.absolute_positions != "none":

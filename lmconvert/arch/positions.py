@@ -8,6 +8,8 @@ work unchanged with a KV cache.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
+from dataclasses import dataclass
 
 import torch
 from torch import nn
@@ -52,10 +54,58 @@ def alibi_slopes(n_heads: int) -> torch.Tensor:
     return slopes
 
 
-def alibi_bias(n_heads: int, q_pos: torch.Tensor, k_pos: torch.Tensor) -> torch.Tensor:
-    """-slope * distance, so every head prefers near keys: [H, Tq, Tk]."""
-    distance = (k_pos[None, :] - q_pos[:, None]).float()
-    return alibi_slopes(n_heads).to(q_pos.device)[:, None, None] * distance[None]
+def mpt_alibi_slopes(n_heads: int, bias_max: float = 8.0) -> torch.Tensor:
+    """MPT's slopes (`build_mpt_alibi_tensor`): 2^-(i * bias_max / n) over the next power of two n,
+    odd-numbered ones first when n_heads falls short of it. transformers always uses bias_max 8
+    (it never passes `alibi_bias_max` on)."""
+    n = 2 ** math.ceil(math.log2(n_heads))
+    slopes = 1.0 / torch.pow(2, torch.arange(1, n + 1, dtype=torch.int64).float() * (bias_max / n))
+    if n != n_heads:
+        slopes = torch.cat((slopes[1::2], slopes[::2]))[:n_heads]
+    return slopes
+
+
+@dataclass(frozen=True)
+class AlibiKind:
+    """How one family builds and adds ALiBi (ArchConfig.alibi). Softmax ignores a per-row constant,
+    so where the distance is counted from changes nothing in exact arithmetic, but each reference's
+    own choice rounds its own way in bf16.
+
+    `origin` says what the bias multiplies: "query" the distance k - q, "start" the key position k
+    (BLOOM, Falcon), "end" the distance to the last key (MPT). `add` says how it joins the scores:
+    "rounded" cast to the scores' dtype and added after the scaling; "fp32" added in fp32, promoting
+    the scores (MPT's fp32 table); "matmul" cast to the activation dtype and added inside the score
+    matmul, `baddbmm(bias, q, k^T, alpha=scale)` (BLOOM); "falcon" as transformers' Falcon (RW)
+    runs it: eagerly, the bias is added to the fp32 scores before the scaling and again, divided
+    by sqrt(head_dim), with the mask, and the softmax runs in the activation dtype; through SDPA,
+    only the second (`attention.py`). `bf16` rounds the slopes and their products to bf16
+    (Falcon), whatever the model's dtype."""
+
+    slopes: Callable[[int], torch.Tensor]  # n_heads -> [H]
+    origin: str
+    add: str
+    bf16: bool = False
+
+
+ALIBI_KINDS: dict[str, AlibiKind] = {
+    "distance": AlibiKind(alibi_slopes, "query", "rounded"),
+    "bloom": AlibiKind(alibi_slopes, "start", "matmul"),
+    "mpt": AlibiKind(mpt_alibi_slopes, "end", "fp32"),
+    "falcon": AlibiKind(alibi_slopes, "start", "falcon", bf16=True),
+}
+
+
+def alibi_bias(n_heads: int, q_pos: torch.Tensor, k_pos: torch.Tensor, kind: str = "distance") -> torch.Tensor:
+    """slope * (key position from the kind's origin), in fp32 (bf16 for a `bf16` kind): [H, Tq, Tk]
+    (Tq is 1 where it does not depend on the query)."""
+    alibi = ALIBI_KINDS[kind]
+    slopes = alibi.slopes(n_heads).to(q_pos.device)[:, None, None]
+    if alibi.origin == "query":
+        return slopes * (k_pos[None, :] - q_pos[:, None]).float()[None]
+    origin = k_pos[-1] if alibi.origin == "end" else 0
+    if alibi.bf16:
+        slopes = slopes.bfloat16()
+    return slopes * (k_pos - origin)[None, None, :]
 
 
 def relative_buckets(distance: torch.Tensor, n_buckets: int, max_distance: int) -> torch.Tensor:

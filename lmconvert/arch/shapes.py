@@ -64,6 +64,8 @@ def parameter_shapes(cfg: ArchConfig) -> dict[str, tuple[int, ...]]:
         shapes.update(LinearPart(cfg.embed_dim, cfg.d_model).shapes("project_in"))
     if cfg.absolute_positions == "learned":
         shapes["pos_embed.weight"] = (cfg.max_positions + cfg.position_offset, cfg.d_model)
+    if cfg.embed_norm:
+        shapes.update(NormPart(cfg.d_model, cfg.norm).shapes("embed_norm"))
     if "relative" in cfg.layer_positions:
         shapes["rel_bias.weight"] = (cfg.relative_buckets, cfg.n_heads)
     for i in range(cfg.n_layers):

@@ -35,7 +35,7 @@ def to_hf(src: Path | Checkpoint, out: Path, family: str | None = None, dtype: s
         config["dtype"] = dtype or meta.dtype
         source = ckpt.source.tensors
         try:  # in the order the shards hold them: sequential reads
-            plan = target.tensors.plan_export(source.names(), tensor_sizes(meta.arch))
+            plan = target.tensors_for(meta.arch).plan_export(source.names(), tensor_sizes(meta.arch))
         except MappingError as exc:
             raise InputError(f"--family {target.name}: {exc}") from None
         items = [(hf_name, canonical, t.inverse) for hf_name, (canonical, t) in plan.items()]

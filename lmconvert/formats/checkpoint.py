@@ -193,7 +193,7 @@ def _map(source: Source) -> Checkpoint:
         dropped: list[str] = []
     else:
         try:
-            plan, dropped = family.tensors.plan_import(names, shapes, tensor_sizes(arch))
+            plan, dropped = family.tensors_for(arch).plan_import(names, shapes, tensor_sizes(arch))
         except MappingError as exc:
             raise InputError(f"{source.path}: {exc}") from None
     checkpoint = Checkpoint(source, family, arch, plan, dropped)

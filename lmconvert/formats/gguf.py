@@ -238,7 +238,7 @@ def tensor_plans(file: GgufFile, config: dict[str, Any], entry: GgufArch) -> dic
         arch = family.arch_config(config)
         # canonical name (a tuple for a fused tensor's pieces) -> the HF name and its HF-table transform
         hf_of = {canonical: (hf, step) for hf, (canonical, step)
-                 in family.tensors.plan_export(parameter_shapes(arch), family_tensor_sizes(arch)).items()}
+                 in family.tensors_for(arch).plan_export(parameter_shapes(arch), family_tensor_sizes(arch)).items()}
     except MappingError as exc:
         raise InputError(f"{file.path}: {str(exc).removeprefix('config.json: ')}") from None
     table, sizes = entry.tensors, tensor_sizes(config)

@@ -3,22 +3,28 @@
 from __future__ import annotations
 
 from . import (
+    bloom,
     cohere,
     cohere2,
     deepseek_v2,
     deepseek_v3,
+    falcon,
     gemma,
     gemma2,
     gemma3,
     gpt2,
     gpt_neo,
+    gpt_neox,
+    gptj,
     granite,
     llama,
     mistral,
+    mpt,
     nemotron,
     olmo,
     olmo2,
     opt,
+    phi,
     phi3,
     qwen2,
     qwen3,
@@ -35,7 +41,8 @@ FAMILIES: dict[str, Family] = {f.name: f for f in (llama.FAMILY, mistral.FAMILY,
                                                    smollm3.FAMILY, starcoder2.FAMILY, nemotron.FAMILY, stablelm.FAMILY,
                                                    granite.FAMILY, olmo.FAMILY, deepseek_v2.FAMILY, deepseek_v3.FAMILY,
                                                    phi3.FAMILY, cohere.FAMILY, cohere2.FAMILY, opt.FAMILY,
-                                                   xglm.FAMILY, gpt_neo.FAMILY, gpt2.FAMILY)}
+                                                   xglm.FAMILY, gpt_neo.FAMILY, gpt2.FAMILY, gptj.FAMILY, phi.FAMILY,
+                                                   gpt_neox.FAMILY, bloom.FAMILY, mpt.FAMILY, falcon.FAMILY)}
 BY_MODEL_TYPE: dict[str, Family] = {t: f for f in FAMILIES.values() for t in f.model_types}
 
 

@@ -7,6 +7,7 @@ variant the family cannot express, and the error names it.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, fields, is_dataclass
 from typing import Any
 
@@ -38,12 +39,15 @@ VARIANT_NAMES = {
     "embed_dim": "an embedding width other than d_model (project_in/out)",
     "embed_scale_unrounded": "an unrounded embedding scale", "embed_dropout": "embedding dropout",
     "resid_dropout": "residual dropout", "attn_dropout": "attention dropout",
+    "embed_norm": "an embedding norm", "residual_after_norm": "the residual taken after the norm",
+    "parallel_sum": "this parallel-block sum order", "scale_in_product": "the score scale inside q.k's product",
+    "d_ff": "this FFN width", "alibi": "this kind of ALiBi", "bias_separate": "biases added after the matmul",
 }
 
 def tensor_sizes(arch: ArchConfig) -> dict[str, int]:
-    """The sizes an HF family's tensor-table transforms are written in (Phi-3's fused pieces)."""
+    """The sizes an HF family's tensor-table transforms are written in (fused pieces, per-group qkv)."""
     return {"q": arch.q_dim, "kv": arch.kv_dim, "ffn": arch.d_ff, "heads": arch.n_heads,
-            "kv_heads": arch.n_kv_heads, "vocab": arch.vocab_size, "dim": arch.d_model}
+            "kv_heads": arch.n_kv_heads, "head_dim": arch.head_dim, "vocab": arch.vocab_size, "dim": arch.d_model}
 
 
 # config.json keys that are not architecture but should travel with the checkpoint
@@ -58,6 +62,12 @@ class Family:
     tensors: TensorTable
     config: ConfigTable
     note: str = ""  # said to the user on import, e.g. what is left out
+    layout: Callable[[ArchConfig], TensorTable] | None = None  # the table for one config, where names depend on it
+
+    def tensors_for(self, arch: ArchConfig) -> TensorTable:
+        """The tensor table for this config: `tensors`, unless the stored names depend on the layout
+        (Falcon's norms are `ln_attn`/`ln_mlp` in one layout, `input_layernorm` in the others)."""
+        return self.layout(arch) if self.layout is not None else self.tensors
 
     def from_hf(self, data: dict[str, Any]) -> ArchConfig:
         return self.config.from_hf(data)

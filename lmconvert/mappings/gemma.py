@@ -23,7 +23,7 @@ CONFIG = gemma2.CONFIG.but(
           "final_logit_softcapping"),
     add=(plain("hidden_act", "activation", str, "gelu_pytorch_tanh", name="activation",
                choices=ACTIVATIONS_FROM_HF, read=ACTIVATIONS_FROM_HF.__getitem__,
-               write=llama.ACTIVATIONS_TO_HF.__getitem__),),
+               write=llama.activation_to_hf),),
     defaults={"hidden_size": 3072, "intermediate_size": 24576, "num_hidden_layers": 28, "num_attention_heads": 16,
               "num_key_value_heads": 16},
     nullable={"attention_dropout": False},

@@ -64,13 +64,13 @@ TENSORS = TensorTable(_rules("transformer.") + (Rule("lm_head.weight", "lm_head.
 def attention_from_hf(hf: HfConfig, fields: dict[str, Any]) -> dict[str, Any]:
     return {"attn_scale": None if hf.get("scale_attn_weights") else 1.0,
             "scale_by_inverse_layer": hf.get("scale_attn_by_inverse_layer_idx"),
-            "scores_fp32": hf.get("reorder_and_upcast_attn")}
+            "scores_fp32": hf.get("reorder_and_upcast_attn"), "scale_in_product": hf.get("reorder_and_upcast_attn")}
 
 
 def attention_to_hf(cfg: ArchConfig) -> dict[str, Any]:
     # another custom scale reads back as head_dim's own, so export refuses it by name
     return {"scale_attn_weights": cfg.attn_scale != 1.0, "scale_attn_by_inverse_layer_idx": cfg.scale_by_inverse_layer,
-            "reorder_and_upcast_attn": cfg.scores_fp32}
+            "reorder_and_upcast_attn": cfg.scores_fp32 and cfg.scale_in_product}
 
 
 CONFIG = ConfigTable((

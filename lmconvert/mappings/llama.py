@@ -14,7 +14,7 @@ from typing import Any
 
 from lmconvert.arch import ArchConfig, NormConfig
 
-from .config_table import ConfigTable, Entry, plain
+from .config_table import DEFAULT, ConfigTable, Entry, plain
 from .family import Family
 from .hf_config import Key
 from .hf_rope import rope
@@ -54,7 +54,13 @@ ACTIVATIONS_TO_HF = {"silu": "silu", "gelu": "gelu", "gelu_tanh": "gelu_pytorch_
 def activation(key: str, default: str) -> Entry:
     """The MLP activation, under the key the family reads it from."""
     return plain(key, "activation", str, default, name="activation", choices=ACTIVATIONS_FROM_HF,
-                 read=ACTIVATIONS_FROM_HF.__getitem__, write=ACTIVATIONS_TO_HF.__getitem__)
+                 read=ACTIVATIONS_FROM_HF.__getitem__, write=activation_to_hf)
+
+
+def activation_to_hf(activation: str) -> Any:
+    """The `hidden_act` name; one transformers has no name for (BLOOM's own GeLU) is written as the
+    family's default, so export refuses it by name."""
+    return ACTIVATIONS_TO_HF.get(activation, DEFAULT)
 
 
 def norm(eps: float, **constants: Any) -> Entry:

@@ -16,6 +16,7 @@ bit by tests/test_table_transforms.py.
 - Offset: a constant added on disk (Gemma's norms as w + 1 in GGUF);
 - Trim: padding rows past the vocabulary dropped;
 - Transpose: a matrix stored [in, out] (GPT-2's Conv1D);
+- QkvGroups: a fused qkv projection laid out per KV group -> q, k, v concatenated (NeoX, BLOOM, Falcon);
 - Chain: several in order.
 
 torch is imported only inside the functions: reading a table must not load it.
@@ -25,7 +26,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
 from .errors import MappingError
 
@@ -258,12 +259,54 @@ class Transpose:
         return Transform("transpose", _transposed, _transposed)
 
 
+# ---- QkvGroups: fused qkv projections
+
+
+@dataclass(frozen=True)
+class QkvGroups:
+    """Rows of a fused qkv projection stored per KV group, each group its q heads then its k and
+    v head, `head_dim` rows each (GPT-NeoX and BLOOM: one q head per group; Falcon's grouped and
+    multi-query layouts) -> all q rows, then all k, then all v (the concatenation a group rule
+    names). Weights and biases alike; a permutation of rows, exact both ways. With one KV head per
+    q head it is NeoX's per-head [q_h; k_h; v_h]; with one group, Falcon-7B's [q...; k; v]."""
+
+    interleaves: ClassVar[bool] = True  # no slice of the stored tensor (or its module's output) is q, k or v
+
+    def bind(self, sizes: Sizes) -> Transform:
+        heads, kv, dim = _size(sizes, "heads"), _size(sizes, "kv_heads"), _size(sizes, "head_dim")
+        return Transform(f"qkv per group ({kv} groups of {heads // kv} q heads)",
+                         lambda t: groups_to_qkv(t, heads, kv, dim), lambda t: qkv_to_groups(t, heads, kv, dim))
+
+
+def groups_to_qkv(t: torch.Tensor, heads: int, kv: int, dim: int) -> torch.Tensor:
+    import torch
+
+    grouped = t.reshape(kv, heads // kv + 2, dim, *t.shape[1:])
+    q, k, v = grouped[:, :-2], grouped[:, -2], grouped[:, -1]
+    return torch.cat([q.reshape(heads * dim, *t.shape[1:]), k.reshape(kv * dim, *t.shape[1:]),
+                      v.reshape(kv * dim, *t.shape[1:])])
+
+
+def qkv_to_groups(t: torch.Tensor, heads: int, kv: int, dim: int) -> torch.Tensor:
+    import torch
+
+    rest = t.shape[1:]
+    q = t[:heads * dim].reshape(kv, heads // kv, dim, *rest)
+    k = t[heads * dim:(heads + kv) * dim].reshape(kv, 1, dim, *rest)
+    v = t[(heads + kv) * dim:].reshape(kv, 1, dim, *rest)
+    return torch.cat([q, k, v], dim=1).reshape(t.shape)
+
+
 # ---- Chain
 
 
 @dataclass(frozen=True)
 class Chain:
     """Steps in order: forward runs them first to last, inverse undoes them last to first."""
+
+    @property
+    def interleaves(self) -> bool:
+        return any(getattr(step, "interleaves", False) for step in self.steps)
 
     steps: tuple[Step | Transform, ...]
 

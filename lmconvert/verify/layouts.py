@@ -76,18 +76,21 @@ TRANSFORMERS: Mapping[str, Layout] = dict(OURS)
 
 # Keyed by the text config's model_type (`config.get_text_config().model_type`), so that
 # Gemma3ForConditionalGeneration and Gemma3ForCausalLM share an entry.
+FUSED_QKV = {"attn.q": "B T [H*D]|KV*D|KV*D", "attn.k": "B T H*D|[KV*D]|KV*D", "attn.v": "B T H*D|KV*D|[KV*D]"}
 TRANSFORMERS_BY_MODEL_TYPE: Mapping[str, Mapping[str, Layout | Piece]] = {
     # q_norm(q_proj(x).view(B, T, -1, D)), transposed afterwards
     "qwen3": {"attn.q_norm": "B T H D", "attn.k_norm": "B T KV D"},
     # q_proj(x).view(B, T, -1, D).transpose(1, 2), then q_norm
     "gemma3_text": {"attn.q_norm": "B H T D", "attn.k_norm": "B KV T D"},
+    # PhiAttention: q_proj(x).view(B, T, -1, D).transpose(1, 2), then q_layernorm
+    "phi": {"attn.q_norm": "B H T D", "attn.k_norm": "B KV T D"},
     # q_norm(q_proj(x)) over the whole projection, viewed afterwards
     "olmo2": {"attn.q_norm": "B T H*D", "attn.k_norm": "B T KV*D"},
     # q_norm(q_proj(x).view(B, T, -1, D)), a weight per head, transposed afterwards
     "cohere": {"attn.q_norm": "B T H D", "attn.k_norm": "B T KV D"},
     # one qkv_proj output [q | k | v] and one gate_up_proj output [gate | up]
-    "phi3": {"attn.q": "B T [H*D]|KV*D|KV*D", "attn.k": "B T H*D|[KV*D]|KV*D", "attn.v": "B T H*D|KV*D|[KV*D]",
-             "mlp.gate": "B T [F]|F", "mlp.up": "B T F|[F]"},
+    "phi3": {**FUSED_QKV, "mlp.gate": "B T [F]|F", "mlp.up": "B T F|[F]"},
+    "mpt": FUSED_QKV,  # Wqkv: [q; k; v] along its output
     # DeepseekV2/V3Attention: kv_b_proj on the latent viewed as (B, 1, T, C) in `expand_kv`, as ours
     "deepseek_v2": LATENT,
     "deepseek_v3": LATENT,

@@ -127,7 +127,7 @@ def record_reference(checkpoint: Path | Checkpoint, reference: Path | None = Non
         where, family = reference_side(ckpt, reference)
         tokenizers = [ckpt.tokenizer, where if where.kwargs else directory_tokenizer(where.where)]
         ids, tokens = token_batch(tokenizers, arch.vocab_size, batch, seq_len, seed)
-        return record(where, arch, family_named(family).tensors, ids, dtype or "float32", device, max_memory,
+        return record(where, arch, family_named(family).tensors_for(arch), ids, dtype or "float32", device, max_memory,
                       generate, info={"tokens": tokens, "checkpoint": str(ckpt.path)})
 
 

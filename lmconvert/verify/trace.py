@@ -153,9 +153,11 @@ def hf_point_modules(root: nn.Module, arch: ArchConfig, table: TensorTable) -> d
     by_layer: dict[int, list[str]] = {}
     for point, weight in point_modules(arch).items():
         try:
-            hf_weight, _ = table.to_hf_name(weight)
+            hf_weight, step = table.to_hf_name(weight)
         except MappingError:  # a tensor this family does not name is simply not a point
             continue
+        if getattr(step, "interleaves", False):  # q, k or v of a projection fused per KV group (NeoX, BLOOM,
+            continue  # Falcon): no transformers module computes it, nor a slice of one
         path = resolve(names, _module_path(hf_weight), table)
         if path is not None:
             found[point] = path
