@@ -27,6 +27,8 @@ LAYER_POSITIONS = ("rope", "alibi", "relative", "none")
 LAYER_KINDS = ("global", "local")
 QK_NORMS = ("none", "head", "projection")
 DTYPE_ORDERS = ("cast_then_scale", "scale_then_cast")
+ROUTERS = ("softmax",)
+SHARED_EXPERTS = ("none", "gated", "plain")
 
 
 def _fail(owner: str, name: str, value: Any, why: str) -> None:
@@ -114,6 +116,48 @@ class RopeConfig:
 
 
 @dataclass(frozen=True)
+class MoeConfig:
+    """A mixture-of-experts FFN (arch/moe.py): a router scores every expert, each token goes to its
+    `top_k` best, and their gated FFNs (width `d_expert`, the model's activation) are summed with
+    the router's weights. `router="softmax"`: softmax over all experts in fp32, then top-k
+    (Mixtral, Qwen-MoE, OLMoE). `norm_topk`: the chosen weights are renormalised to sum to 1.
+    `weights_fp32`: they stay fp32, so each expert's output is weighted in fp32 before the cast
+    back (Mixtral); else they are cast to the activation dtype first (Qwen-MoE, OLMoE).
+    `shared`: no shared expert, one whose output is scaled by sigmoid(a learned gate) (Qwen2-MoE),
+    or one added as it is (DeepSeek's n_shared_experts, as one FFN of their summed width
+    `d_shared`). `dense_layers`: the layers that keep the dense FFN of width d_ff."""
+
+    n_experts: int
+    top_k: int
+    d_expert: int
+    router: str = "softmax"
+    norm_topk: bool = True
+    weights_fp32: bool = False
+    shared: str = "none"
+    d_shared: int | None = None  # None: no shared expert
+    dense_layers: tuple[int, ...] = ()
+
+    def __post_init__(self) -> None:
+        for name in ("n_experts", "top_k", "d_expert"):
+            _integer("moe", name, getattr(self, name))
+        _choice("moe", "router", self.router, ROUTERS)
+        _choice("moe", "shared", self.shared, SHARED_EXPERTS)
+        if self.top_k > self.n_experts:
+            _fail("moe", "top_k", self.top_k, f"cannot exceed n_experts={self.n_experts}")
+        _integer("moe", "d_shared", self.d_shared, allow_none=True)
+        if (self.shared == "none") != (self.d_shared is None):
+            _fail("moe", "d_shared", self.d_shared, f"is set exactly when shared={self.shared!r} is not 'none'")
+        layers = self.dense_layers
+        if not isinstance(layers, (list, tuple)) or any(isinstance(i, bool) or not isinstance(i, int) or i < 0
+                                                        for i in layers):
+            _fail("moe", "dense_layers", layers, "must be a list of layer indices")
+        object.__setattr__(self, "dense_layers", tuple(sorted(set(layers))))
+
+    def sparse(self, layer: int) -> bool:
+        return layer not in self.dense_layers
+
+
+@dataclass(frozen=True)
 class ArchConfig:
     """The canonical description of a decoder-only transformer."""
 
@@ -140,6 +184,7 @@ class ArchConfig:
     # feed-forward
     activation: str = "silu"
     gated: bool = True
+    moe: MoeConfig | None = None  # a mixture of experts in place of the dense FFN (on its sparse layers)
     # positions
     absolute_positions: str = "none"
     position_offset: int = 0
@@ -189,10 +234,13 @@ class ArchConfig:
         self._normalise_attention_settings(kind)
         self._normalise_layers("layer_positions", "rope", LAYER_POSITIONS)
         self._normalise_layers("layer_kinds", "global", LAYER_KINDS)
-        for name in ("rope", "rope_local", "norm"):
+        for name, sub in (("rope", RopeConfig), ("rope_local", RopeConfig), ("norm", NormConfig),
+                          ("moe", MoeConfig)):
             value = getattr(self, name)
             if isinstance(value, dict):
-                object.__setattr__(self, name, (NormConfig if name == "norm" else RopeConfig)(**value))
+                object.__setattr__(self, name, sub(**value))
+        if self.moe is not None:
+            self._check_moe(self.moe)
         for rope in (self.rope, self.rope_local):
             if rope is not None and rope.rotary_dim(self.head_dim) % 2:
                 _fail("ArchConfig", "head_dim", self.head_dim,
@@ -227,6 +275,15 @@ class ArchConfig:
             _fail("ArchConfig", "final_norm", True, "post-norm blocks already end in a norm")
         if kind.check is not None:
             kind.check(self)
+
+    def _check_moe(self, moe: MoeConfig) -> None:
+        if not self.gated:
+            _fail("ArchConfig", "gated", False, "experts are gated FFNs; a mixture of experts needs gated=True")
+        if self.mlp_bias:
+            _fail("ArchConfig", "mlp_bias", True, "experts have no biases; a mixture of experts needs mlp_bias=False")
+        if moe.dense_layers and moe.dense_layers[-1] >= self.n_layers:
+            _fail("ArchConfig", "moe.dense_layers", list(moe.dense_layers),
+                  f"names a layer >= n_layers={self.n_layers}")
 
     def _normalise_attention_settings(self, kind: AttentionKind) -> None:
         """None or a JSON object becomes the kind's settings (defaults where None)."""
@@ -278,11 +335,12 @@ class ArchConfig:
 
     # ----------------------------------------------------------------------------- JSON
     def to_dict(self) -> dict[str, Any]:
-        """Every field; `attention_settings` only where the kind has settings, so the lmconvert.json
-        of a kind without them reads as it did before settings existed."""
+        """Every field; `attention_settings` only where the kind has settings and `moe` only for a
+        mixture of experts, so the lmconvert.json of other models reads as it did before."""
         data = dataclasses.asdict(self)
-        if data["attention_settings"] is None:
-            del data["attention_settings"]
+        for name in ("attention_settings", "moe"):  # as files written before these fields read
+            if data[name] is None:
+                del data[name]
         return data
 
     def to_json(self) -> str:
@@ -299,6 +357,8 @@ class ArchConfig:
         data["rope"] = _sub(RopeConfig, data.get("rope"), "rope")
         if data.get("rope_local") is not None:
             data["rope_local"] = _sub(RopeConfig, data["rope_local"], "rope_local")
+        if data.get("moe") is not None:
+            data["moe"] = _sub(MoeConfig, data["moe"], "moe")
         try:
             return cls(**data)
         except TypeError as exc:  # missing required fields

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+from math import prod
+
 from .attention_kinds import attention_kind
-from .config import ArchConfig, NormConfig, RopeConfig
+from .config import ArchConfig, MoeConfig, NormConfig, RopeConfig
+from .shapes import parameter_shapes
 
 ACTIVATION_NAMES = {"relu": "ReLU", "gelu": "GeLU (erf)", "gelu_tanh": "GeLU (tanh)", "silu": "SiLU",
                     "relu2": "squared ReLU"}
@@ -36,6 +39,35 @@ def _rope(r: RopeConfig) -> str:
     return text
 
 
+ROUTER_NAMES = {"softmax": "softmax then top-k"}
+SHARED_NAMES = {"gated": "one shared expert, sigmoid-gated", "plain": "shared experts, ungated"}
+
+
+def _moe(cfg: ArchConfig, moe: MoeConfig) -> list[str]:
+    sparse = [i for i in range(cfg.n_layers) if moe.sparse(i)]
+    where = "all layers" if len(sparse) == cfg.n_layers else f"layers {sparse}"
+    router = ROUTER_NAMES[moe.router] + (", renormalised" if moe.norm_topk else ", not renormalised")
+    router += ", weights in fp32" if moe.weights_fp32 else ", weights in activation dtype"
+    lines = [f"mixture of experts: {moe.n_experts} experts, top-{moe.top_k}, d_expert {moe.d_expert} ({where})",
+             f"router: {router}"]
+    if moe.d_shared is not None:
+        lines.append(f"{SHARED_NAMES[moe.shared]}, width {moe.d_shared}")
+    total, active = parameter_counts(cfg)
+    lines.append(f"parameters: {total:,} total, {active:,} active per token")
+    return lines
+
+
+def parameter_counts(cfg: ArchConfig) -> tuple[int, int]:
+    """All parameters, and those one token uses: each sparse layer's unchosen experts left out."""
+    total = sum(prod(shape) for shape in parameter_shapes(cfg).values())
+    moe = cfg.moe
+    if moe is None:
+        return total, total
+    per_expert = (3 if cfg.gated else 2) * cfg.d_model * moe.d_expert
+    sparse = sum(moe.sparse(i) for i in range(cfg.n_layers))
+    return total, total - sparse * (moe.n_experts - moe.top_k) * per_expert
+
+
 def variants(cfg: ArchConfig) -> list[str]:
     out = [f"norm: {_norm(cfg.norm)}", f"placement: {PLACEMENT_NAMES[cfg.norm_placement]}",
            *attention_kind(cfg.attention).describe(cfg)]
@@ -63,6 +95,8 @@ def variants(cfg: ArchConfig) -> list[str]:
     if cfg.absolute_positions != "none":
         out.append(f"absolute positions: {cfg.absolute_positions}")
     out.append(f"FFN: {(GATED_NAMES if cfg.gated else ACTIVATION_NAMES)[cfg.activation]}, d_ff {cfg.d_ff}")
+    if cfg.moe is not None:
+        out.extend(_moe(cfg, cfg.moe))
     biases = [n for n in ("q", "k", "v", "o", "mlp", "lm_head") if getattr(cfg, f"{n}_bias")]
     out.append(f"biases: {', '.join(biases) if biases else 'none'}")
     out.append("embeddings: tied" if cfg.tie_embeddings else "embeddings: untied")

@@ -11,11 +11,15 @@ from . import (
     granite,
     llama,
     mistral,
+    mixtral,
     nemotron,
     olmo,
     olmo2,
+    olmoe,
     qwen2,
+    qwen2_moe,
     qwen3,
+    qwen3_moe,
     smollm3,
     stablelm,
     starcoder2,
@@ -26,7 +30,8 @@ from .family import Family
 FAMILIES: dict[str, Family] = {f.name: f for f in (llama.FAMILY, mistral.FAMILY, gemma.FAMILY, gemma2.FAMILY,
                                                    gemma3.FAMILY, olmo2.FAMILY, qwen2.FAMILY, qwen3.FAMILY,
                                                    smollm3.FAMILY, starcoder2.FAMILY, nemotron.FAMILY, stablelm.FAMILY,
-                                                   granite.FAMILY, olmo.FAMILY, deepseek_v2.FAMILY, deepseek_v3.FAMILY)}
+                                                   granite.FAMILY, olmo.FAMILY, deepseek_v2.FAMILY, deepseek_v3.FAMILY,
+                                                   mixtral.FAMILY, qwen2_moe.FAMILY, qwen3_moe.FAMILY, olmoe.FAMILY)}
 BY_MODEL_TYPE: dict[str, Family] = {t: f for f in FAMILIES.values() for t in f.model_types}
 
 

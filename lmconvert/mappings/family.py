@@ -31,7 +31,7 @@ VARIANT_NAMES = {
     "residual_scale": "residual scaling",
     "tie_embeddings": "this embedding tying", "embed_scale": "embedding scaling",
     "final_softcap": "final-logit soft-capping", "logit_scale": "a logit scale",
-    "head_dim": "this head_dim", "n_kv_heads": "this number of KV heads",
+    "head_dim": "this head_dim", "n_kv_heads": "this number of KV heads", "moe": "this mixture of experts",
 }
 
 # config.json keys that are not architecture but should travel with the checkpoint

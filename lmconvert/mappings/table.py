@@ -4,11 +4,14 @@ written twice. Every tensor table is one of these: each HF family's (HF names <-
 Meta's layout (Meta names <-> HF names, mappings/meta.py) and llama.cpp's GGUF names (GGUF names
 <-> canonical, mappings/gguf.py).
 
-A pattern's `{}` stands for the layer index. A rule whose canonical side is None drops the
-tensor on import (and says so); its stored pattern may end in `*` to drop a whole subtree (a
-vision tower, say). Both directions check that every input tensor is consumed and every expected
-output tensor is produced; leftovers are errors that name the tensors. A transform declared with
-symbolic sizes is bound by the `sizes` a plan is given.
+A pattern's `{}` stands for the layer index; a second `{}` for an expert's. A rule whose canonical
+side has one `{}` more than its stored side expands: one stored tensor (transformers 5's fused
+experts) gives one canonical tensor per expert the config expects, its transform bound to that
+expert (`sizes["index"]`); such rules come after the per-expert ones, which export writes. A rule
+whose canonical side is None drops the tensor on import (and says so); its stored pattern may end
+in `*` to drop a whole subtree (a vision tower, say). Both directions check that every input
+tensor is consumed and every expected output tensor is produced; leftovers are errors that name
+the tensors. A transform declared with symbolic sizes is bound by the `sizes` a plan is given.
 """
 
 from __future__ import annotations
@@ -35,7 +38,14 @@ Plan = dict[str, tuple[str, Transform]]  # target name -> (source name, bound tr
 
 
 def _fill(pattern: str, match: re.Match[str]) -> str:
-    return pattern.replace("{}", match.group(1)) if match.groups() else pattern
+    """The pattern's `{}`s filled with the match's numbers in order; any left over stay `{}`."""
+    for number in match.groups():
+        pattern = pattern.replace("{}", number, 1)
+    return pattern
+
+
+def _expands(rule: Rule) -> bool:
+    return rule.canonical is not None and rule.canonical.count("{}") > rule.stored.count("{}")
 
 
 def _compile(pattern: str) -> re.Pattern[str]:
@@ -73,7 +83,8 @@ class TensorTable:
         raise MappingError(f"tensor {stored!r} matches no rule of this family's table")
 
     def to_canonical_name(self, stored: str) -> tuple[str | None, Step | Transform]:
-        """The canonical name for a stored tensor (None: dropped on purpose); raises if unknown."""
+        """The canonical name for a stored tensor (None: dropped on purpose); raises if unknown.
+        For a fused tensor, a pattern: its expert's `{}` is left in."""
         rule, match = self._rule_for(stored)
         return (None if rule.canonical is None else _fill(rule.canonical, match)), rule.transform
 
@@ -114,16 +125,40 @@ class TensorTable:
         """{canonical: (stored name, transform)} and the dropped stored names; checks both sides."""
         plan: Plan = {}
         dropped: list[str] = []
+        expected = set(expected)
         for stored in stored_names:
             canonical, step = self.to_canonical_name(stored)
-            if canonical is None:
+            if canonical is not None and "{}" in canonical:
+                self._plan_expanding(stored, expected, plan, sizes or {})
+            elif canonical is None:
                 dropped.append(stored)
             elif canonical in plan:
                 raise MappingError(f"tensors {plan[canonical][0]!r} and {stored!r} both map to {canonical!r}")
             else:
                 plan[canonical] = (stored, step.bind(sizes or {}))
-        _check_sides(set(plan), set(expected), "the checkpoint")
+        _check_sides(set(plan), expected, "the checkpoint")
         return plan, dropped
+
+    def _plan_expanding(self, stored: str, expected: set[str], plan: Plan, sizes: Sizes) -> None:
+        """Every canonical tensor of `expected` that the fused `stored` holds, by each expanding
+        rule that reads it (gate and up both come out of gate_up_proj)."""
+        name, found_any = self._normalise(stored), False
+        for rule, stored_re, _ in self._compiled:
+            match = stored_re.match(name)
+            if not match or not _expands(rule):
+                continue
+            wanted = _compile(_fill(rule.canonical, match))  # type: ignore[arg-type]
+            for canonical in sorted(expected):
+                found = wanted.match(canonical)
+                if found is None:
+                    continue
+                if canonical in plan:
+                    raise MappingError(f"tensors {plan[canonical][0]!r} and {stored!r} both map to {canonical!r}")
+                plan[canonical] = (stored, rule.transform.bind({**sizes, "index": int(found.group(1))}))
+                found_any = True
+        if not found_any:
+            raise MappingError(f"the checkpoint has tensor(s) the config does not use: {stored}; "
+                               "check that config.json matches the weights")
 
     def plan_export(self, canonical_names: Iterable[str], sizes: Sizes | None = None) -> Plan:
         """{stored name: (canonical name, transform)}."""

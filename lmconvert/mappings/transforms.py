@@ -12,6 +12,7 @@ bit by tests/test_table_transforms.py.
 - Fuse: the pieces model-parallel ranks hold -> one tensor (inverse: split);
 - Offset: a constant added on disk (Gemma's norms as w + 1 in GGUF);
 - Trim: padding rows past the vocabulary dropped;
+- Unstack: one expert's matrix out of a fused 3-D experts tensor (inverse: stack them all);
 - Chain: several in order.
 
 torch is imported only inside the functions: reading a table must not load it.
@@ -206,6 +207,34 @@ def pad_rows(t: torch.Tensor, rows: int) -> torch.Tensor:
     import torch
 
     return torch.cat([t, t.new_zeros(rows - t.shape[0], *t.shape[1:])])
+
+
+# ---- Unstack: fused experts
+
+
+@dataclass(frozen=True)
+class Unstack:
+    """Expert `sizes["index"]`'s matrix out of a fused [experts, rows, cols] tensor (transformers
+    5's `experts.gate_up_proj` / `experts.down_proj`), and of its rows the `part`-th of `parts`
+    equal blocks (gate rows, then up rows). Forward returns a copy, so that holding one expert
+    never holds the fused tensor. Inverse: the whole fused tensor from every expert's blocks, a
+    list (one per part) of lists (one per expert, in order); `stack`. Exact both ways: forward of
+    each (expert, part) of `stack(pieces)` is that piece, and stacking every forward of t is t."""
+
+    part: int = 0
+    parts: int = 1
+
+    def bind(self, sizes: Sizes) -> Transform:
+        e, part, parts = _size(sizes, "index"), self.part, self.parts
+        where = f" (part {part + 1} of {parts})" if parts > 1 else ""
+        return Transform(f"expert {e} of a fused tensor{where}", lambda t: t[e].chunk(parts, 0)[part].clone(),
+                         stack)
+
+
+def stack(pieces: Sequence[Sequence[torch.Tensor]]) -> torch.Tensor:
+    import torch
+
+    return torch.cat([torch.stack(list(experts)) for experts in pieces], dim=1)
 
 
 # ---- Chain

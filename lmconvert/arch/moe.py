@@ -1,0 +1,75 @@
+"""The mixture-of-experts FFN: a router, `n_experts` gated FFNs, and an optional shared expert.
+
+Op for op as transformers 5's eager experts (`MixtralExperts.forward`, `Qwen2MoeExperts.forward`,
+...), so that bf16 results are theirs bit for bit: the router's logits in the activation dtype,
+softmax in fp32, top-k, the optional renormalisation in fp32, then (unless `weights_fp32`) the
+weights cast back to the activation dtype; experts in increasing index order, each on the tokens
+routed to it, weighted, cast to the activation dtype and `index_add_`-ed into a zero tensor (the
+order of those adds is the rounding order in bf16). The shared expert's output, gated by a sigmoid
+where `shared="gated"`, is added last, as Qwen2-MoE adds it.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from .config import ArchConfig, MoeConfig
+from .mlp import MLP
+
+
+class Router(nn.Linear):
+    """Scores -> (top-k weights, top-k expert indices), per token of a flat [tokens, d_model]."""
+
+    def __init__(self, cfg: ArchConfig, moe: MoeConfig) -> None:
+        super().__init__(cfg.d_model, moe.n_experts, bias=False)
+        self.moe = moe
+
+    def forward(self, h: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:  # type: ignore[override]
+        logits = super().forward(h)
+        probs = torch.softmax(logits, dim=-1, dtype=torch.float)
+        weights, chosen = torch.topk(probs, self.moe.top_k, dim=-1)
+        if self.moe.norm_topk:
+            weights /= weights.sum(dim=-1, keepdim=True)
+        if not self.moe.weights_fp32:
+            weights = weights.to(logits.dtype)
+        return weights, chosen
+
+
+class MoE(nn.Module):
+    """Registered as `router`, `experts.{e}` (each an MLP of width d_expert), then `shared` and
+    `shared_gate`: the canonical tensors `layers.{i}.mlp.experts.{e}.gate.weight` and so on, one
+    tensor per expert so that conversion streams one expert at a time."""
+
+    def __init__(self, cfg: ArchConfig) -> None:
+        super().__init__()
+        moe = cfg.moe
+        assert moe is not None
+        self.n_experts = moe.n_experts
+        self.router = Router(cfg, moe)
+        self.experts = nn.ModuleList(MLP(cfg, moe.d_expert) for _ in range(moe.n_experts))
+        self.shared = MLP(cfg, moe.d_shared) if moe.d_shared is not None else None
+        self.shared_gate = nn.Linear(cfg.d_model, 1, bias=False) if moe.shared == "gated" else None
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = x.reshape(-1, x.shape[-1])
+        weights, chosen = self.router(h)
+        out = torch.zeros_like(h)
+        with torch.no_grad():  # [expert, top-k slot, token]
+            mask = nn.functional.one_hot(chosen, num_classes=self.n_experts).permute(2, 1, 0)
+            hit = torch.greater(mask.sum(dim=(-1, -2)), 0).nonzero()
+        for e in hit[:, 0].tolist():
+            slot, token = torch.where(mask[e])
+            y = self.experts[e](h[token]) * weights[token, slot, None]
+            out.index_add_(0, token, y.to(out.dtype))
+        if self.shared is not None:
+            shared = self.shared(h)
+            if self.shared_gate is not None:
+                shared = torch.sigmoid(self.shared_gate(h)) * shared
+            out = out + shared
+        return out.reshape(x.shape)
+
+
+def ffn(cfg: ArchConfig, layer: int) -> nn.Module:
+    """The FFN of one layer: the mixture of experts on its sparse layers, else the dense MLP."""
+    return MoE(cfg) if cfg.moe is not None and cfg.moe.sparse(layer) else MLP(cfg)
