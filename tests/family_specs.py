@@ -127,6 +127,38 @@ SPECS: dict[str, Spec] = {
         "olmo", dict(attention_bias=True, eos_token_id=1, rope_parameters={"rope_type": "default", "rope_theta": 5e5}),
         old_style={"rope_theta": 5e5},
         card=("LayerNorm, eps=1e-05, no scale", "pre-norm", "SwiGLU", "biases: q, k, v, o", "embeddings: untied")),
+    # mixtures of experts: more experts than chosen per token, each chosen somewhere in IDS
+    # (tests/test_moe.py checks that), top-3 where the family allows it so the order of the adds shows
+    "mixtral": Spec(
+        "mixtral", dict(num_local_experts=4, num_experts_per_tok=2, sliding_window=WINDOW,
+                        rope_parameters={"rope_type": "default", "rope_theta": 1e6}),
+        old_style={"rope_theta": 1e6},
+        card=("mixture of experts: 4 experts, top-2, d_expert 96 (all layers)",
+              "router: softmax then top-k, renormalised, weights in fp32", "sliding window 4 on local layers",
+              "active per token")),
+    "qwen2_moe": Spec(
+        "qwen2_moe", dict(num_hidden_layers=3, num_experts=6, num_experts_per_tok=3, moe_intermediate_size=32,
+                          shared_expert_intermediate_size=48, norm_topk_prob=True, mlp_only_layers=[1],
+                          use_sliding_window=True, sliding_window=WINDOW, max_window_layers=2,
+                          rope_parameters={"rope_type": "default", "rope_theta": 1e6}),
+        old_style={"rope_theta": 1e6}, old_drop=("layer_types",),
+        card=("mixture of experts: 6 experts, top-3, d_expert 32 (layers [0, 2])", "FFN: SwiGLU, d_ff 96",
+              "renormalised, weights in activation dtype", "one shared expert, sigmoid-gated, width 48",
+              "biases: q, k, v", "sliding window 4 on local layers; pattern LGG"),
+        layer_types=([F, S, S], ("global", "local", "local"))),
+    "qwen3_moe": Spec(
+        "qwen3_moe", dict(num_hidden_layers=4, num_experts=6, num_experts_per_tok=3, moe_intermediate_size=32,
+                          decoder_sparse_step=2, head_dim=16, attention_bias=True, use_sliding_window=True,
+                          sliding_window=WINDOW, rope_parameters={"rope_type": "default", "rope_theta": 1e6}),
+        old_style={"rope_theta": 1e6},
+        card=("mixture of experts: 6 experts, top-3, d_expert 32 (layers [1, 3])", "not renormalised",
+              "QK norm: per head", "biases: q, k, v, o", "sliding window 4 on local layers; pattern LLLL")),
+    "olmoe": Spec(
+        "olmoe", dict(num_experts=6, num_experts_per_tok=3, norm_topk_prob=True, attention_bias=True, eos_token_id=1,
+                      rope_parameters={"rope_type": "default", "rope_theta": 5e5}),
+        old_style={"rope_theta": 5e5},
+        card=("mixture of experts: 6 experts, top-3, d_expert 96 (all layers)", "QK norm: over the whole projection",
+              "renormalised, weights in activation dtype", "eps=1e-05", "biases: q, k, v, o")),
 }
 NAMES = list(SPECS)
 TEXT = dict(vocab_size=128, hidden_size=64, intermediate_size=96, num_hidden_layers=3, num_attention_heads=4,

@@ -63,6 +63,16 @@ VARIANTS: dict[str, list[dict[str, Any]]] = {
                                    rope_parameters={**YARN, "mscale": 0.8, "mscale_all_dim": 0.7})],
     "deepseek_v2": [DEEPSEEK, dict(DEEPSEEK, q_lora_rank=None, attention_bias=True, mlp_bias=True, kv_lora_rank=16,
                                    qk_nope_head_dim=12, qk_rope_head_dim=8, v_head_dim=10, rope_parameters=YARN)],
+    "mixtral": [{}, dict(num_local_experts=4, num_experts_per_tok=3, sliding_window=4, head_dim=32,
+                         rope_parameters=LINEAR)],
+    "qwen2_moe": [{}, dict(QWEN_WINDOW, num_experts=6, num_experts_per_tok=3, moe_intermediate_size=32,
+                           shared_expert_intermediate_size=48, norm_topk_prob=True, mlp_only_layers=[1],
+                           qkv_bias=False, rope_parameters=YARN)],
+    "qwen3_moe": [{}, dict(num_hidden_layers=4, num_experts=6, num_experts_per_tok=3, moe_intermediate_size=32,
+                           norm_topk_prob=True, decoder_sparse_step=2, mlp_only_layers=[3], head_dim=16,
+                           attention_bias=True, use_sliding_window=True, sliding_window=4, rope_parameters=LINEAR)],
+    "olmoe": [{}, dict(num_experts=6, num_experts_per_tok=3, norm_topk_prob=True, attention_bias=True,
+                       rms_norm_eps=1e-6, rope_parameters=LINEAR)],
 }
 # configs with keys that have no effect, as Hub files have them: same ArchConfig, not the same keys
 INERT: dict[str, list[dict[str, Any]]] = {
@@ -71,6 +81,8 @@ INERT: dict[str, list[dict[str, Any]]] = {
     "mistral": [dict(sliding_window=4, layer_types=[S, S])],  # the pattern without layer_types
     "deepseek_v3": [dict(num_key_value_heads=4)],  # first_k_dense_replace=3 past the two layers
     "deepseek_v2": [dict(DEEPSEEK, first_k_dense_replace=5)],  # past the two layers
+    "qwen2_moe": [dict(use_sliding_window=False, sliding_window=4, max_window_layers=1)],
+    "qwen3_moe": [dict(use_sliding_window=False, sliding_window=4), dict(mlp_only_layers=[1, 7])],  # 7: no such layer
 }
 CASES = [(t, v) for t, variants in VARIANTS.items() for v in variants]
 ALL_CASES = CASES + [(t, v) for t, variants in INERT.items() for v in variants]

@@ -530,10 +530,33 @@ MATRIX: dict[str, dict[str, str | None]] = {
         "olmo": OK,
     },
 }
-# every source above has standard attention, which the latent-attention families cannot hold
-for _row in MATRIX.values():
+MOE = ("mixtral", "qwen2_moe", "qwen3_moe", "olmoe")
+# a mixture of experts exports only to its own family, and to another MoE family only as far as the
+# experts agree: Mixtral's weights stay fp32, Qwen2-MoE has a shared expert, the QK norms differ
+MATRIX.update({
+    "mixtral": {"mixtral": OK, "qwen2_moe": "qwen2_moe cannot express this mixture of experts (mixtral)",
+                "qwen3_moe": "qwen3_moe cannot express this mixture of experts (mixtral); qwen3_moe always has QK norm",
+                "olmoe": "olmoe cannot express this mixture of experts"},
+    "qwen2_moe": {"qwen2_moe": OK, "mixtral": "mixtral cannot express a q bias, a k bias, a v bias, this mixture of "
+                                              "experts (qwen2_moe)",
+                  "qwen3_moe": "this mixture of experts", "olmoe": "this mixture of experts"},
+    "qwen3_moe": {"qwen3_moe": OK, "mixtral": "this mixture of experts",
+                  "qwen2_moe": "qwen2_moe cannot express QK norm, an output-projection bias, this mixture of experts",
+                  "olmoe": "olmoe cannot express QK norm, this mixture of experts"},
+    "olmoe": {"olmoe": OK, "qwen3_moe": "qwen3_moe cannot express QK norm (olmoe)",
+              "mixtral": "this mixture of experts",
+              "qwen2_moe": "qwen2_moe cannot express QK norm, an output-projection bias, this mixture of experts"},
+})
+# every source above has standard attention, which the latent-attention families cannot hold; a dense
+# model is no mixture of experts, and a dense family holds none
+for _name, _row in MATRIX.items():
     for _target in ("deepseek_v2", "deepseek_v3"):
         _row.setdefault(_target, f"{_target} always has latent attention (MLA)")
+    for _target in FAMILIES:
+        if _name in MOE:
+            _row.setdefault(_target, "this mixture of experts")  # with what else the target lacks
+        elif _target in MOE:
+            _row.setdefault(_target, "this mixture of experts, which this model")  # "... always has ..., this"
 EXPORTS = [(source, target, refusal) for source, row in MATRIX.items() for target, refusal in row.items()]
 
 

@@ -66,14 +66,28 @@ def experts(count: Key, top_k: Key, *, width: Key | None = None, norm_key: Key |
         if norm_key is not None:
             out[norm_key.name] = moe.norm_topk
         if shared_width is not None:
-            out[shared_width.name] = moe.d_shared
+            out[shared_width.name] = DEFAULT if moe.d_shared is None else moe.d_shared
         if sparse_step is not None:
-            out[sparse_step.name] = 1
+            step = sparse_step_of(moe.dense_layers, cfg.n_layers)
+            out[sparse_step.name] = step
+            listed = [i for i in moe.dense_layers if (i + 1) % step == 0]
+        else:
+            listed = list(moe.dense_layers)
         if dense_list is not None:
-            out[dense_list.name] = list(moe.dense_layers)
+            out[dense_list.name] = listed
         return out
 
     return Entry("experts", keys, read, write)
+
+
+def sparse_step_of(dense: tuple[int, ...], n_layers: int) -> int:
+    """The `decoder_sparse_step` that explains most of the dense layers (the rest are listed in
+    `mlp_only_layers`), so that a file written with a step is written back with it."""
+    def explained(step: int) -> set[int]:
+        return {i for i in range(n_layers) if (i + 1) % step}
+
+    fitting = [s for s in range(1, n_layers + 1) if explained(s) <= set(dense)]
+    return max(fitting, key=lambda s: (len(explained(s)), -s))
 
 
 def expert_rules(prefix: str, names: tuple[str, str, str], router: str) -> tuple[Rule, ...]:

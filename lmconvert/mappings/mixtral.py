@@ -12,6 +12,7 @@ back); `rms_norm_eps` defaults to 1e-5, `rope_theta` to 1e6 and `sliding_window`
 from __future__ import annotations
 
 from . import llama, mistral
+from .config_table import Entry
 from .family import Family
 from .hf_config import Key
 from .hf_moe import expert_rules, experts
@@ -20,8 +21,13 @@ from .table import TensorTable
 TENSORS = TensorTable(llama.EDGE_RULES + llama.ATTENTION_RULES + llama.PRE_NORM_RULES
                       + expert_rules("block_sparse_moe", ("w1", "w3", "w2"), "gate"))
 
+# MixtralConfig keeps a null head_dim (hidden / heads) as null
+HEAD_DIM = Entry("head_dim", (Key("head_dim", int, None, nullable=True),),
+                 lambda hf, fields: {"head_dim": hf.get("head_dim")},
+                 lambda cfg: {"head_dim": None if cfg.head_dim * cfg.n_heads == cfg.d_model else cfg.head_dim})
+
 CONFIG = mistral.CONFIG.but(
-    add=(llama.norm(1e-5),
+    add=(llama.norm(1e-5), HEAD_DIM,
          experts(Key("num_local_experts", int, 8), Key("num_experts_per_tok", int, 2), norm_topk=True,
                  weights_fp32=True)),
     defaults={"sliding_window": None, "rope_theta": 1e6},

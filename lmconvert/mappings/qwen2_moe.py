@@ -43,9 +43,9 @@ def sliding_from_hf(hf: HfConfig, fields: dict[str, Any]) -> dict[str, Any]:
 
 
 def sliding_to_hf(cfg: ArchConfig) -> dict[str, Any]:
-    local = "local" in cfg.layer_kinds
-    return {"use_sliding_window": local, "sliding_window": cfg.sliding_window if local else 0,
-            "max_window_layers": DEFAULT, "layer_types": layer_types_to_hf(cfg.layer_kinds)}
+    local = [i for i, kind in enumerate(cfg.layer_kinds) if kind == "local"]
+    return {"use_sliding_window": bool(local), "sliding_window": cfg.sliding_window if local else 0,
+            "max_window_layers": local[-1] + 1 if local else DEFAULT, "layer_types": layer_types_to_hf(cfg.layer_kinds)}
 
 
 SLIDING = Entry("layer kinds", (Key("use_sliding_window", bool, False),

@@ -16,7 +16,7 @@ from typing import Any
 from lmconvert.arch import ArchConfig
 
 from . import qwen3
-from .config_table import DEFAULT, Entry
+from .config_table import Entry
 from .family import Family
 from .hf_config import HfConfig, Key
 from .hf_layers import SLIDING_WINDOW_KEY, window_fields
@@ -37,7 +37,7 @@ def window_from_hf(hf: HfConfig, fields: dict[str, Any]) -> dict[str, Any]:
 
 
 def window_to_hf(cfg: ArchConfig) -> dict[str, Any]:
-    return {"use_sliding_window": cfg.sliding_window is not None, "sliding_window": cfg.sliding_window or DEFAULT}
+    return {"use_sliding_window": cfg.sliding_window is not None, "sliding_window": cfg.sliding_window}
 
 
 CONFIG = qwen3.CONFIG.but(
@@ -48,7 +48,7 @@ CONFIG = qwen3.CONFIG.but(
                  dense_list=MLP_ONLY_LAYERS, count_legacy=Key("num_experts", int, 128, legacy=True))),
     defaults={"head_dim": None, "intermediate_size": 6144, "num_key_value_heads": 4, "num_attention_heads": 32,
               "hidden_size": 2048, "num_hidden_layers": 24},
-    nullable={"head_dim": True},
+    nullable={"head_dim": True, "num_key_value_heads": False},
 )
 
 FAMILY = Family("qwen3_moe", ("qwen3_moe",), "Qwen3MoeForCausalLM", TENSORS, CONFIG)

@@ -139,34 +139,33 @@ class TensorTable:
         _check_sides(set(plan), expected, "the checkpoint")
         return plan, dropped
 
-    def _plan_expanding(self, stored: str, expected: set[str], plan: Plan, sizes: Sizes) -> None:
-        """Every canonical tensor of `expected` that the fused `stored` holds, by each expanding
-        rule that reads it (gate and up both come out of gate_up_proj)."""
-        name, found_any = self._normalise(stored), False
+    def expanding(self, stored: str) -> list[tuple[str, Step | Transform]]:
+        """(canonical pattern with the expert's `{}` left in, transform) of every expanding rule that
+        reads `stored` (gate and up both come out of gate_up_proj)."""
+        name = self._normalise(stored)
+        found = []
         for rule, stored_re, _ in self._compiled:
             match = stored_re.match(name)
-            if not match or not _expands(rule):
-                continue
-            wanted = _compile(_fill(rule.canonical, match))  # type: ignore[arg-type]
+            if match and _expands(rule):
+                found.append((_fill(rule.canonical, match), rule.transform))  # type: ignore[arg-type]
+        return found
+
+    def _plan_expanding(self, stored: str, expected: set[str], plan: Plan, sizes: Sizes) -> None:
+        """Every canonical tensor of `expected` that the fused `stored` holds, one per expert."""
+        found_any = False
+        for pattern, step in self.expanding(stored):
+            wanted = _compile(pattern)
             for canonical in sorted(expected):
                 found = wanted.match(canonical)
                 if found is None:
                     continue
                 if canonical in plan:
                     raise MappingError(f"tensors {plan[canonical][0]!r} and {stored!r} both map to {canonical!r}")
-                plan[canonical] = (stored, rule.transform.bind({**sizes, "index": int(found.group(1))}))
+                plan[canonical] = (stored, step.bind({**sizes, "index": int(found.group(1))}))
                 found_any = True
         if not found_any:
             raise MappingError(f"the checkpoint has tensor(s) the config does not use: {stored}; "
                                "check that config.json matches the weights")
-
-    def plan_export(self, canonical_names: Iterable[str], sizes: Sizes | None = None) -> Plan:
-        """{stored name: (canonical name, transform)}."""
-        plan = {}
-        for name in canonical_names:
-            stored, step = self.to_stored_name(name)
-            plan[stored] = (name, step.bind(sizes or {}))
-        return plan
 
 
 def _check_sides(produced: set[str], expected: set[str], where: str) -> None:
