@@ -25,7 +25,9 @@ class Router(nn.Linear):
         super().__init__(cfg.d_model, moe.n_experts, bias=False)
         self.moe = moe
 
-    def forward(self, h: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:  # type: ignore[override]
+    def forward(self, h: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:  # type: ignore[override]
+        """(logits, top-k weights, top-k experts): the logits first, as transformers' routers
+        return them, so that verify compares the router's own output."""
         logits = super().forward(h)
         probs = torch.softmax(logits, dim=-1, dtype=torch.float)
         weights, chosen = torch.topk(probs, self.moe.top_k, dim=-1)
@@ -33,7 +35,25 @@ class Router(nn.Linear):
             weights /= weights.sum(dim=-1, keepdim=True)
         if not self.moe.weights_fp32:
             weights = weights.to(logits.dtype)
-        return weights, chosen
+        return logits, weights, chosen
+
+
+class Experts(nn.ModuleList):
+    """The routed experts, each an MLP run on the tokens routed to it; their weighted sum is one
+    point for verify (`one_point`), as transformers 5 computes all experts in one module."""
+
+    one_point = True
+
+    def forward(self, h: torch.Tensor, weights: torch.Tensor, chosen: torch.Tensor) -> torch.Tensor:  # type: ignore[override]
+        out = torch.zeros_like(h)
+        with torch.no_grad():  # [expert, top-k slot, token]
+            mask = nn.functional.one_hot(chosen, num_classes=len(self)).permute(2, 1, 0)
+            hit = torch.greater(mask.sum(dim=(-1, -2)), 0).nonzero()
+        for e in hit[:, 0].tolist():
+            slot, token = torch.where(mask[e])
+            y = self[e](h[token]) * weights[token, slot, None]
+            out.index_add_(0, token, y.to(out.dtype))
+        return out
 
 
 class MoE(nn.Module):
@@ -45,23 +65,15 @@ class MoE(nn.Module):
         super().__init__()
         moe = cfg.moe
         assert moe is not None
-        self.n_experts = moe.n_experts
         self.router = Router(cfg, moe)
-        self.experts = nn.ModuleList(MLP(cfg, moe.d_expert) for _ in range(moe.n_experts))
+        self.experts = Experts(MLP(cfg, moe.d_expert) for _ in range(moe.n_experts))
         self.shared = MLP(cfg, moe.d_shared) if moe.d_shared is not None else None
         self.shared_gate = nn.Linear(cfg.d_model, 1, bias=False) if moe.shared == "gated" else None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         h = x.reshape(-1, x.shape[-1])
-        weights, chosen = self.router(h)
-        out = torch.zeros_like(h)
-        with torch.no_grad():  # [expert, top-k slot, token]
-            mask = nn.functional.one_hot(chosen, num_classes=self.n_experts).permute(2, 1, 0)
-            hit = torch.greater(mask.sum(dim=(-1, -2)), 0).nonzero()
-        for e in hit[:, 0].tolist():
-            slot, token = torch.where(mask[e])
-            y = self.experts[e](h[token]) * weights[token, slot, None]
-            out.index_add_(0, token, y.to(out.dtype))
+        _, weights, chosen = self.router(h)
+        out = self.experts(h, weights, chosen)
         if self.shared is not None:
             shared = self.shared(h)
             if self.shared_gate is not None:

@@ -104,6 +104,16 @@ class TensorTable:
 
     to_hf_name = to_stored_name  # a family's stored names are HF's
 
+    def stored_names(self, canonical: str) -> list[str]:
+        """Every stored name a canonical tensor is read from, the one export writes first (a fused
+        experts tensor for each expert's weights; Mixtral's router under both its names)."""
+        names = []
+        for rule, _, can_re in self._compiled:
+            match = can_re.match(canonical) if can_re else None
+            if match:
+                names.append(_fill(rule.stored, match))
+        return names
+
     def expand(self, n_layers: int) -> Iterator[tuple[str, str, Rule]]:
         """(stored, canonical, rule) of every tensor a model with `n_layers` layers has, in the
         table's order, per-layer rules taking their place as one block per layer (Meta's module

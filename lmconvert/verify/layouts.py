@@ -33,13 +33,21 @@ Layout = str
 
 RESIDUAL: Layout = "B T d"
 
+# A mixture of experts (arch/moe.py) runs on the tokens flattened, as transformers' does: the
+# router's logits over the E experts, the routed experts' weighted sum, the shared expert (width S)
+# and its one-column gate. The same on both sides.
+MOE: Mapping[str, Layout] = {
+    "mlp.router": "B*T E", "mlp.experts": "B*T d", "mlp.shared.gate": "B*T S", "mlp.shared.up": "B*T S",
+    "mlp.shared.down": "B*T d", "mlp.shared_gate": "B*T one",
+}
+
 # Our Decoder's points, by kind (`sublayer_of`): every block output, norm and projection is
 # (B, T, features); q/k/v stay flat until attention splits the heads.
 OURS: Mapping[str, Layout] = {
     "embed": RESIDUAL, "final_norm": RESIDUAL, "output": RESIDUAL,
     "attn_norm": RESIDUAL, "attn_post_norm": RESIDUAL, "mlp_norm": RESIDUAL, "mlp_post_norm": RESIDUAL,
     "attn.q": "B T H*D", "attn.k": "B T KV*D", "attn.v": "B T KV*D", "attn.o": RESIDUAL,
-    "mlp.gate": "B T F", "mlp.up": "B T F", "mlp.down": RESIDUAL,
+    "mlp.gate": "B T F", "mlp.up": "B T F", "mlp.down": RESIDUAL, **MOE,
 }
 
 # Our QK norms, by ArchConfig.qk_norm: per head on the (B, T, H, D) view, or over the whole
@@ -70,6 +78,8 @@ TRANSFORMERS_BY_MODEL_TYPE: Mapping[str, Mapping[str, Layout]] = {
     "gemma3_text": {"attn.q_norm": "B H T D", "attn.k_norm": "B KV T D"},
     # q_norm(q_proj(x)) over the whole projection, viewed afterwards
     "olmo2": {"attn.q_norm": "B T H*D", "attn.k_norm": "B T KV*D"},
+    "olmoe": {"attn.q_norm": "B T H*D", "attn.k_norm": "B T KV*D"},
+    "qwen3_moe": {"attn.q_norm": "B T H D", "attn.k_norm": "B T KV D"},  # as qwen3
     # DeepseekV2/V3Attention: kv_b_proj on the latent viewed as (B, 1, T, C) in `expand_kv`, as ours
     "deepseek_v2": LATENT,
     "deepseek_v3": LATENT,
@@ -85,6 +95,11 @@ def _latent_sizes(arch: ArchConfig) -> dict[str, int]:
     if s.q_lora_rank is not None:
         sizes["Q"] = s.q_lora_rank
     return sizes
+
+
+def _moe_sizes(arch: ArchConfig) -> dict[str, int]:
+    moe = arch.moe
+    return {} if moe is None else {"E": moe.n_experts, "S": moe.d_shared or 0, "one": 1}
 
 
 class LayoutError(ValueError):
@@ -127,7 +142,7 @@ class PointLayouts:
         ours = {**OURS, **OURS_QK_NORM.get(arch.qk_norm, {}), **OURS_BY_ATTENTION.get(arch.attention, {})}
         theirs = {**TRANSFORMERS, **TRANSFORMERS_BY_MODEL_TYPE.get(model_type, {})}
         sizes = {"B": batch, "T": seq_len, "d": arch.d_model, "F": arch.d_ff, "H": arch.n_heads,
-                 "KV": arch.n_kv_heads, "D": arch.head_dim, **_latent_sizes(arch)}
+                 "KV": arch.n_kv_heads, "D": arch.head_dim, **_latent_sizes(arch), **_moe_sizes(arch)}
         return cls(ours, theirs, sizes, model_type)
 
     def to_ours(self, point: str, value: torch.Tensor) -> torch.Tensor:

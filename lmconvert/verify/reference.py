@@ -61,7 +61,7 @@ def offload_map(reference: Loadable, dtype: torch.dtype, device: str, max_memory
 @contextmanager
 def reference_model(reference: Loadable, dtype: torch.dtype, device: str,
                     max_memory: int | None = None) -> Iterator[torch.nn.Module]:
-    """transformers' own model with eager attention: the ground truth for parity, loaded as the
+    """transformers' own model with eager attention (and eager experts): the ground truth for parity, loaded as the
     checkpoint's format says (a GGUF file with `gguf_file=`, dequantized by transformers).
     With `max_memory` (bytes), accelerate places what fits and offloads the rest to a temporary
     folder, loading each offloaded module onto `device` only while it runs."""
@@ -80,8 +80,10 @@ def load_reference(reference: Loadable, dtype: torch.dtype, device: str, max_mem
     try:
         extra = {} if max_memory is None else {
             "device_map": offload_map(reference, dtype, device, max_memory), "offload_folder": offload}
+        # eager experts too: a mixture of experts summed expert by expert (index_add_), as ours, where
+        # transformers' default (grouped_mm) sums each token's top-k in another order
         model = AutoModelForCausalLM.from_pretrained(str(reference.where), dtype=dtype, attn_implementation="eager",
-                                                     **reference.kwargs, **extra)
+                                                     experts_implementation="eager", **reference.kwargs, **extra)
     except ImportError as exc:  # device_map needs accelerate
         raise InputError(f"--max-memory: transformers cannot offload ({exc}); pip install accelerate") from None
     except (OSError, ValueError) as exc:

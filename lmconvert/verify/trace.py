@@ -19,7 +19,6 @@ import torch
 from torch import nn
 
 from lmconvert.arch import ArchConfig, Decoder
-from lmconvert.mappings import MappingError
 from lmconvert.mappings.table import TensorTable
 
 EMBED, FINAL = "embed", "final_norm"
@@ -37,17 +36,25 @@ class Trace:
 
 def block_modules(model: nn.Module) -> list[tuple[str, nn.Module]]:
     """(canonical name, module) for every weight-owning module inside the blocks, in the order a
-    block declares them (the recorder keeps the order they actually run in)."""
-    return [(name, module) for name, module in model.named_modules()
-            if name.startswith("layers.") and any(True for _ in module.parameters(recurse=False))]
+    block declares them (the recorder keeps the order they actually run in). A module marked
+    `one_point` (a mixture's experts, which transformers computes as one module) is one point, and
+    the modules inside it are none."""
+    found: list[tuple[str, nn.Module]] = []
+    for name, module in model.named_modules():
+        if not name.startswith("layers.") or any(name.startswith(f"{whole}.") for whole, m in found
+                                                 if getattr(m, "one_point", False)):
+            continue
+        if getattr(module, "one_point", False) or any(True for _ in module.parameters(recurse=False)):
+            found.append((name, module))
+    return found
 
 
 def point_modules(arch: ArchConfig) -> dict[str, str]:
-    """{point name: the canonical weight name that identifies its module}, without allocating."""
+    """{point name: the canonical weight name that identifies its module (its first own, else its
+    first part's)}, without allocating."""
     with torch.device("meta"):
         model = Decoder(arch)
-    return {name: f"{name}.{next(iter(dict(module.named_parameters(recurse=False))))}"
-            for name, module in block_modules(model)}
+    return {name: f"{name}.{next(iter(dict(module.named_parameters())))}" for name, module in block_modules(model)}
 
 
 def layer_of(point: str) -> int | None:
@@ -150,11 +157,9 @@ def hf_point_modules(root: nn.Module, arch: ArchConfig, table: TensorTable) -> d
     found: dict[str, str] = {}
     by_layer: dict[int, list[str]] = {}
     for point, weight in point_modules(arch).items():
-        try:
-            hf_weight, _ = table.to_hf_name(weight)
-        except MappingError:  # a tensor this family does not name is simply not a point
-            continue
-        path = resolve(names, _module_path(hf_weight), table)
+        # the name export writes, then any other the table reads (transformers 5's fused experts)
+        paths = (resolve(names, _module_path(hf_weight), table) for hf_weight in table.stored_names(weight))
+        path = next((p for p in paths if p is not None), None)
         if path is not None:
             found[point] = path
             by_layer.setdefault(layer_of(point), []).append(path)
