@@ -177,6 +177,14 @@ class TensorTable:
             raise MappingError(f"the checkpoint has tensor(s) the config does not use: {stored}; "
                                "check that config.json matches the weights")
 
+    def plan_export(self, canonical_names: Iterable[str], sizes: Sizes | None = None) -> Plan:
+        """{stored name: (canonical name, transform)}."""
+        plan = {}
+        for name in canonical_names:
+            stored, step = self.to_stored_name(name)
+            plan[stored] = (name, step.bind(sizes or {}))
+        return plan
+
 
 def _check_sides(produced: set[str], expected: set[str], where: str) -> None:
     missing, extra = sorted(expected - produced), sorted(produced - expected)

@@ -1,0 +1,314 @@
+"""Mixtures of experts (arch/moe.py) and the MoE families (Mixtral, Qwen2-MoE, Qwen3-MoE, OLMoE).
+
+The family specs (tests/family_specs.py) already run parity, bf16, cache, round trip and cards for
+each family; here: that the test batch reaches every expert (else a wrong expert could hide), the
+MoE block alone against transformers' own blocks for each router setting in fp32 and bf16, bit for
+bit; transformers 5's fused expert layout read and written back as the Hub's; bf16 logits equal to
+transformers' eager experts bit for bit; the fused-tensor transform's inverse; the card's total
+and active parameter counts against transformers' own modules; and config validation.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+import torch
+from family_specs import FP32_TOL, IDS, SPECS
+from hf_models import build_model, raw_bytes, save_checkpoint, tensors_of
+from transformers import AutoConfig, AutoModelForCausalLM
+
+import lmconvert
+from lmconvert.arch import ArchConfig, ConfigError, Decoder, MoeConfig
+from lmconvert.arch.describe import parameter_counts, variants
+from lmconvert.arch.moe import MoE, Router
+from lmconvert.arch.shapes import parameter_shapes
+from lmconvert.convert import to_canonical, to_hf
+from lmconvert.mappings import FAMILIES
+from lmconvert.mappings.transforms import Unstack, same_bits, stack
+
+MOE_FAMILIES = [name for name in SPECS if FAMILIES[name].config.from_hf(
+    {"model_type": SPECS[name].model_type}).moe is not None]
+
+
+def test_the_moe_families_are_the_four() -> None:
+    assert sorted(MOE_FAMILIES) == ["mixtral", "olmoe", "qwen2_moe", "qwen3_moe"]
+
+
+@pytest.fixture(scope="module")
+def saved(tmp_path_factory: pytest.TempPathFactory) -> Callable[..., Path]:
+    """A family's spec model saved by transformers: the Hub layout (per expert), or with
+    `fused=True` transformers 5's own (save_original_format=False)."""
+    made: dict[tuple[str, torch.dtype, bool], Path] = {}
+
+    def get(name: str, dtype: torch.dtype = torch.float32, fused: bool = False) -> Path:
+        if (name, dtype, fused) not in made:
+            spec = SPECS[name]
+            directory = tmp_path_factory.mktemp(f"{name}-{'fused' if fused else 'hub'}")
+            made[name, dtype, fused] = save_checkpoint(build_model(spec.model_type, **spec.kwargs), directory, dtype,
+                                                       save_original_format=not fused)
+        return made[name, dtype, fused]
+
+    return get
+
+
+def eager_experts(directory: Path, dtype: torch.dtype = torch.float32) -> torch.nn.Module:
+    """transformers with eager attention and eager experts (expert by expert, index_add_)."""
+    return AutoModelForCausalLM.from_pretrained(directory, dtype=dtype, attn_implementation="eager",
+                                                experts_implementation="eager").eval()
+
+
+# ------------------------------------------------------------------------------------------------ the test batch
+@pytest.mark.parametrize("name", MOE_FAMILIES)
+def test_every_expert_is_chosen_in_the_test_batch(name: str, saved: Callable[..., Path]) -> None:
+    """The perturbed routers send IDS to every expert of every sparse layer, so each expert's
+    weights reach the logits the family tests compare."""
+    model = lmconvert.load(saved(name), attention="eager")
+    chosen: dict[str, set[int]] = {}
+    routers = {n: m for n, m in model.named_modules() if isinstance(m, Router)}
+    handles = [m.register_forward_hook(lambda _m, _a, out, n=n: chosen.setdefault(n, set()).update(
+        out[2].flatten().tolist())) for n, m in routers.items()]
+    with torch.no_grad():
+        model(IDS)
+    for handle in handles:
+        handle.remove()
+    moe = model.cfg.moe
+    assert len(routers) == sum(moe.sparse(i) for i in range(model.cfg.n_layers)) > 0
+    assert all(chosen[n] == set(range(moe.n_experts)) for n in routers), chosen
+    assert moe.top_k < moe.n_experts
+
+
+# ------------------------------------------------------------------------------------------------ the block alone
+def _qwen2_moe_block(norm_topk: bool) -> torch.nn.Module:
+    from transformers.models.qwen2_moe.modeling_qwen2_moe import Qwen2MoeSparseMoeBlock
+
+    config = AutoConfig.for_model("qwen2_moe", hidden_size=16, num_experts=5, num_experts_per_tok=3,
+                                  moe_intermediate_size=12, shared_expert_intermediate_size=20,
+                                  norm_topk_prob=norm_topk)
+    config._experts_implementation = "eager"
+    return Qwen2MoeSparseMoeBlock(config)
+
+
+def _mixtral_block(norm_topk: bool) -> torch.nn.Module:
+    from transformers.models.mixtral.modeling_mixtral import MixtralSparseMoeBlock
+
+    config = AutoConfig.for_model("mixtral", hidden_size=16, num_local_experts=5, num_experts_per_tok=3,
+                                  intermediate_size=12)
+    config._experts_implementation = "eager"
+    return MixtralSparseMoeBlock(config)
+
+
+# (transformers' block, our MoeConfig, and whether transformers' class can express it)
+BLOCKS = {
+    "qwen2_moe": (_qwen2_moe_block, dict(shared="gated", d_shared=20)),
+    "qwen2_moe_renormalised": (lambda _: _qwen2_moe_block(True), dict(shared="gated", d_shared=20, norm_topk=True)),
+    "mixtral": (_mixtral_block, dict(weights_fp32=True, norm_topk=True)),
+}
+
+
+def _ours_from(theirs: torch.nn.Module, settings: dict) -> MoE:
+    moe = MoeConfig(**{"n_experts": 5, "top_k": 3, "d_expert": 12, "norm_topk": False, **settings})
+    cfg = ArchConfig(vocab_size=8, d_model=16, n_layers=1, n_heads=2, d_ff=4, moe=moe)
+    ours = MoE(cfg)
+    state = {"router.weight": theirs.gate.weight}
+    for e in range(moe.n_experts):
+        gate, up = theirs.experts.gate_up_proj[e].chunk(2)
+        state.update({f"experts.{e}.gate.weight": gate, f"experts.{e}.up.weight": up,
+                      f"experts.{e}.down.weight": theirs.experts.down_proj[e]})
+    if moe.d_shared is not None:
+        state.update({f"shared.{n}.weight": getattr(theirs.shared_expert, f"{n}_proj").weight
+                      for n in ("gate", "up", "down")})
+        state["shared_gate.weight"] = theirs.shared_expert_gate.weight
+    ours.load_state_dict(state)
+    return ours
+
+
+@pytest.mark.parametrize("block", list(BLOCKS))
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_block_equals_transformers_block_bit_for_bit(block: str, dtype: torch.dtype) -> None:
+    """Mixtral's router (renormalised, weights kept fp32) and Qwen2-MoE's (renormalised or not,
+    weights cast back; a sigmoid-gated shared expert), top-3 of 5, so that the order in which the
+    experts' outputs are added shows in bf16."""
+    make, settings = BLOCKS[block]
+    torch.manual_seed(0)
+    theirs = make(settings.get("norm_topk", False))
+    with torch.no_grad():
+        for p in theirs.parameters():
+            p.normal_(0, 0.5)
+    ours = _ours_from(theirs, settings).to(dtype)
+    theirs = theirs.to(dtype)
+    x = torch.randn(3, 7, 16, generator=torch.Generator().manual_seed(1)).to(dtype)
+    with torch.no_grad():
+        assert torch.equal(ours(x), theirs(x))
+
+
+def test_router_settings_bite() -> None:
+    """Each router setting changes the output: renormalising, and keeping the weights in fp32 (in
+    bf16), so a family read with the wrong one fails its parity test."""
+    torch.manual_seed(0)
+    theirs = _qwen2_moe_block(False)
+    with torch.no_grad():
+        for p in theirs.parameters():
+            p.normal_(0, 0.5)
+    x = torch.randn(3, 7, 16, generator=torch.Generator().manual_seed(1))
+    base = dict(shared="gated", d_shared=20)
+    with torch.no_grad():
+        plain = _ours_from(theirs, base)(x)
+        assert not torch.allclose(plain, _ours_from(theirs, {**base, "norm_topk": True})(x))
+        half = x.bfloat16()
+        cast = _ours_from(theirs, base).bfloat16()(half)
+        assert not torch.equal(cast, _ours_from(theirs, {**base, "weights_fp32": True}).bfloat16()(half))
+        no_gate = _ours_from(theirs, base)
+        no_gate.shared_gate = None
+        assert not torch.allclose(plain, no_gate(x))
+
+
+def test_ungated_shared_experts_are_added_as_they_are() -> None:
+    """shared="plain" (DeepSeek's n_shared_experts): routed experts' sum plus the shared FFN's
+    output, written out by hand."""
+    cfg = ArchConfig(vocab_size=8, d_model=16, n_layers=1, n_heads=2, d_ff=4,
+                     moe=MoeConfig(n_experts=4, top_k=2, d_expert=6, shared="plain", d_shared=10))
+    torch.manual_seed(0)
+    block = MoE(cfg)
+    x = torch.randn(2, 5, 16)
+    with torch.no_grad():
+        h = x.reshape(-1, 16)
+        probs = torch.softmax(block.router.weight @ h.T, dim=0).T
+        top, idx = probs.topk(2)
+        top = top / top.sum(-1, keepdim=True)
+        routed = torch.stack([sum(top[t, k] * block.experts[int(idx[t, k])](h[t]) for k in range(2))
+                              for t in range(h.shape[0])])
+        expected = (routed + block.shared(h)).reshape(x.shape)
+        assert float((block(x) - expected).abs().max()) < 1e-5
+
+
+# ------------------------------------------------------------------------------------------------ layouts
+@pytest.mark.parametrize("name", MOE_FAMILIES)
+def test_transformers_fused_layout_is_read_and_written_back_as_the_hubs(name: str, saved: Callable[..., Path],
+                                                                        tmp_path: Path) -> None:
+    """transformers 5's own layout (one gate_up_proj and one down_proj per layer) gives the same
+    canonical tensors as the Hub's per-expert files, and converts back to exactly those files."""
+    fused, hub = saved(name, torch.bfloat16, fused=True), saved(name, torch.bfloat16)
+    fused_names = set(tensors_of(fused))
+    assert any(n.endswith("mlp.experts.gate_up_proj") for n in fused_names)
+    assert not any(".experts.0." in n for n in fused_names)
+    to_canonical(fused, tmp_path / "from-fused")
+    to_canonical(hub, tmp_path / "from-hub")
+    a, b = tensors_of(tmp_path / "from-fused"), tensors_of(tmp_path / "from-hub")
+    assert sorted(a) == sorted(b) and any(".experts.3.down.weight" in n for n in a)
+    assert all(torch.equal(raw_bytes(a[n]), raw_bytes(b[n])) for n in a)
+    to_hf(tmp_path / "from-fused", tmp_path / "back")
+    written, original = tensors_of(tmp_path / "back"), tensors_of(hub)
+    assert sorted(written) == sorted(original)
+    assert all(torch.equal(raw_bytes(written[n]), raw_bytes(original[n])) for n in original)
+
+
+@pytest.mark.parametrize("name", MOE_FAMILIES)
+def test_fused_layout_parity(name: str, saved: Callable[..., Path]) -> None:
+    src = saved(name, fused=True)
+    with torch.no_grad():
+        reference = eager_experts(src)(IDS).logits
+        ours = lmconvert.load(src, attention="eager")(IDS)
+    assert float((ours - reference).abs().max()) <= FP32_TOL
+
+
+@pytest.mark.parametrize("name", MOE_FAMILIES)
+def test_bf16_logits_are_transformers_eager_experts_bit_for_bit(name: str, saved: Callable[..., Path]) -> None:
+    """Same op order as transformers' eager experts: routing weights cast where it casts them,
+    experts added in index order with index_add_ in bf16. (Its default on CPU and GPU, grouped_mm,
+    sums each token's top-k in fp32 instead: equal for top-2 with weights in bf16, not for
+    Mixtral's fp32 weights.)"""
+    src = saved(name, torch.bfloat16)
+    with torch.no_grad():
+        reference = eager_experts(src, torch.bfloat16)(IDS).logits
+        ours = lmconvert.load(src, dtype=torch.bfloat16, attention="eager")(IDS)
+    assert torch.equal(ours, reference)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+def test_unstack_and_stack_are_exact_inverses(dtype: torch.dtype) -> None:
+    """Every bit pattern (NaNs and -0.0 included) comes back: each expert's gate, up and down
+    out of the fused tensors, and the fused tensors stacked back from them."""
+    experts, width, hidden = 5, 3, 4
+    bits = torch.randint(-2**15, 2**15, (experts, 2 * width, hidden), generator=torch.Generator().manual_seed(0))
+    gate_up = bits.to(torch.int16).view(dtype) if dtype != torch.float32 else \
+        torch.randint(-2**31, 2**31 - 1, (experts, 2 * width, hidden), dtype=torch.int32).view(dtype)
+    parts = [[Unstack(part, 2).bind({"index": e}).forward(gate_up) for e in range(experts)] for part in (0, 1)]
+    assert all(p.shape == (width, hidden) for pieces in parts for p in pieces)
+    assert same_bits(stack(parts), gate_up)
+    assert same_bits(Unstack().bind({"index": 2}).forward(gate_up), gate_up[2])
+    assert same_bits(Unstack(part=1, parts=2).bind({"index": 0}).inverse(parts), gate_up)
+
+
+# ------------------------------------------------------------------------------------------------ the card
+@pytest.mark.parametrize("name", MOE_FAMILIES)
+def test_card_counts_total_and_active_parameters(name: str, saved: Callable[..., Path]) -> None:
+    """Total: every parameter of transformers' model. Active: less, in each sparse layer, the
+    experts a token does not use, counted from transformers' own fused expert tensors."""
+    spec = SPECS[name]
+    theirs = build_model(spec.model_type, **spec.kwargs)
+    total = sum(p.numel() for p in theirs.parameters())
+    k, n = theirs.config.num_experts_per_tok, theirs.config.num_experts
+    unused = sum((m.gate_up_proj.numel() + m.down_proj.numel()) * (n - k) // n
+                 for name_, m in theirs.named_modules() if name_.endswith("mlp.experts"))
+    cfg = lmconvert.load(saved(name)).cfg
+    assert parameter_counts(cfg) == (total, total - unused)
+    assert f"parameters: {total:,} total, {total - unused:,} active per token" in variants(cfg)
+
+
+# ------------------------------------------------------------------------------------------------ config
+CFG = dict(vocab_size=8, d_model=16, n_layers=3, n_heads=2, d_ff=4)
+
+
+@pytest.mark.parametrize(("moe", "fragment"), [
+    (dict(n_experts=4, top_k=5, d_expert=4), "cannot exceed n_experts=4"),
+    (dict(n_experts=4, top_k=2, d_expert=0), "moe.d_expert=0"),
+    (dict(n_experts=4, top_k=2, d_expert=4, router="sigmoid"), "router"),
+    (dict(n_experts=4, top_k=2, d_expert=4, shared="gated"), "d_shared=None"),
+    (dict(n_experts=4, top_k=2, d_expert=4, d_shared=8), "d_shared=8"),
+    (dict(n_experts=4, top_k=2, d_expert=4, shared="eh", d_shared=8), "shared"),
+    (dict(n_experts=4, top_k=2, d_expert=4, dense_layers=[3]), "n_layers=3"),
+    (dict(n_experts=4, top_k=2, d_expert=4, dense_layers=["0"]), "layer indices"),
+])
+def test_bad_moe_settings_are_refused(moe: dict, fragment: str) -> None:
+    with pytest.raises(ConfigError, match="moe") as caught:
+        ArchConfig(**CFG, moe=moe)
+    assert fragment in str(caught.value)
+
+
+def test_moe_needs_gated_unbiased_ffns() -> None:
+    moe = dict(n_experts=4, top_k=2, d_expert=4)
+    with pytest.raises(ConfigError, match="gated=True"):
+        ArchConfig(**CFG, moe=moe, gated=False)
+    with pytest.raises(ConfigError, match="mlp_bias=False"):
+        ArchConfig(**CFG, moe=moe, mlp_bias=True)
+
+
+def test_moe_config_survives_json_and_dense_json_is_unchanged() -> None:
+    cfg = ArchConfig(**CFG, moe=dict(n_experts=4, top_k=2, d_expert=4, shared="gated", d_shared=6,
+                                     dense_layers=[2, 0]))
+    assert cfg.moe.dense_layers == (0, 2)
+    assert ArchConfig.from_json(cfg.to_json()) == cfg
+    dense = ArchConfig(**CFG)
+    assert "moe" not in json.loads(dense.to_json())  # lmconvert.json of a dense model reads as before
+
+
+@pytest.mark.parametrize("settings", [
+    dict(n_experts=3, top_k=1, d_expert=5),
+    dict(n_experts=4, top_k=2, d_expert=6, shared="gated", d_shared=7, dense_layers=(1,)),
+    dict(n_experts=2, top_k=2, d_expert=3, shared="plain", d_shared=9, dense_layers=(0, 2)),
+])
+def test_shapes_list_every_expert_as_the_decoder_holds_it(settings: dict) -> None:
+    cfg = ArchConfig(**CFG, moe=settings)
+    with torch.device("meta"):
+        model = Decoder(cfg)
+    assert list(parameter_shapes(cfg).items()) == [(n, tuple(t.shape)) for n, t in model.state_dict().items()]
+    names = parameter_shapes(cfg)
+    sparse = [i for i in range(3) if i not in settings.get("dense_layers", ())]
+    for i in sparse:
+        assert f"layers.{i}.mlp.router.weight" in names
+        assert all(f"layers.{i}.mlp.experts.{e}.{p}.weight" in names
+                   for e in range(settings["n_experts"]) for p in ("gate", "up", "down"))
+    assert all(f"layers.{i}.mlp.gate.weight" in names for i in settings.get("dense_layers", ()))
