@@ -312,3 +312,22 @@ def test_shapes_list_every_expert_as_the_decoder_holds_it(settings: dict) -> Non
         assert all(f"layers.{i}.mlp.experts.{e}.{p}.weight" in names
                    for e in range(settings["n_experts"]) for p in ("gate", "up", "down"))
     assert all(f"layers.{i}.mlp.gate.weight" in names for i in settings.get("dense_layers", ()))
+
+
+@pytest.mark.parametrize("name", MOE_FAMILIES)
+def test_a_fused_tensor_is_read_once_not_once_per_expert(name: str, saved: Callable[..., Path]) -> None:
+    """Streaming stays bounded and linear: each stored tensor is read once, however many experts
+    it holds, and memory holds one stored tensor beyond the one being written."""
+    from lmconvert.formats.checkpoint import open_checkpoint
+
+    with open_checkpoint(saved(name, fused=True)) as ckpt:
+        reads: list[str] = []
+        source = ckpt.source.tensors
+        original = source.get
+        source.get = lambda n: reads.append(n) or original(n)  # type: ignore[method-assign]
+        produced = dict(ckpt.tensors())
+    moe, sparse = ckpt.arch.moe, sum(ckpt.arch.moe.sparse(i) for i in range(ckpt.arch.n_layers))
+    sources = [stored for stored, _ in ckpt.plan.values()]
+    assert sum(s.endswith(".experts.gate_up_proj") for s in sources) == 2 * moe.n_experts * sparse
+    assert len(reads) == len(set(sources)) and sorted(reads) == sorted(set(sources))
+    assert len(produced) == len(ckpt.plan)
