@@ -28,6 +28,8 @@ LINEAR = {"rope_type": "linear", "factor": 2.0, "rope_theta": 1e6}
 QWEN_WINDOW = dict(num_hidden_layers=3, use_sliding_window=True, sliding_window=4, max_window_layers=1)
 GEMMA = dict(head_dim=16, sliding_window=4, query_pre_attn_scalar=24)
 DEEPSEEK = dict(num_key_value_heads=4, first_k_dense_replace=2)  # every layer dense; MLA has one kv head per head
+DEEPSEEK_MOE = dict(num_key_value_heads=4, first_k_dense_replace=1, n_routed_experts=8, num_experts_per_tok=3,
+                    moe_intermediate_size=24, n_shared_experts=2, routed_scaling_factor=1.5, n_group=4, topk_group=2)
 
 # model_type -> variants in which every stated key takes effect
 VARIANTS: dict[str, list[dict[str, Any]]] = {
@@ -60,9 +62,12 @@ VARIANTS: dict[str, list[dict[str, Any]]] = {
     "olmo2": [{}, dict(attention_bias=True, rope_parameters={"rope_type": "default", "rope_theta": 5e5})],
     "deepseek_v3": [DEEPSEEK, dict(DEEPSEEK, q_lora_rank=None, attention_bias=True, rope_interleave=False,
                                    kv_lora_rank=16, qk_nope_head_dim=12, qk_rope_head_dim=8, v_head_dim=10,
-                                   rope_parameters={**YARN, "mscale": 0.8, "mscale_all_dim": 0.7})],
+                                   rope_parameters={**YARN, "mscale": 0.8, "mscale_all_dim": 0.7}),
+                    dict(DEEPSEEK_MOE, norm_topk_prob=False)],
     "deepseek_v2": [DEEPSEEK, dict(DEEPSEEK, q_lora_rank=None, attention_bias=True, mlp_bias=True, kv_lora_rank=16,
-                                   qk_nope_head_dim=12, qk_rope_head_dim=8, v_head_dim=10, rope_parameters=YARN)],
+                                   qk_nope_head_dim=12, qk_rope_head_dim=8, v_head_dim=10, rope_parameters=YARN),
+                    dict(DEEPSEEK_MOE, topk_method="group_limited_greedy"),
+                    dict(DEEPSEEK_MOE, first_k_dense_replace=0, n_group=None, topk_group=None)],
     "mixtral": [{}, dict(num_local_experts=4, num_experts_per_tok=3, sliding_window=4, head_dim=32,
                          rope_parameters=LINEAR)],
     "qwen2_moe": [{}, dict(QWEN_WINDOW, num_experts=6, num_experts_per_tok=3, moe_intermediate_size=32,

@@ -265,7 +265,12 @@ CFG = dict(vocab_size=8, d_model=16, n_layers=3, n_heads=2, d_ff=4)
 @pytest.mark.parametrize(("moe", "fragment"), [
     (dict(n_experts=4, top_k=5, d_expert=4), "cannot exceed n_experts=4"),
     (dict(n_experts=4, top_k=2, d_expert=0), "moe.d_expert=0"),
-    (dict(n_experts=4, top_k=2, d_expert=4, router="sigmoid"), "router"),
+    (dict(n_experts=4, top_k=2, d_expert=4, router="relu"), "router"),
+    (dict(n_experts=6, top_k=2, d_expert=4, n_group=4), "must divide n_experts=6"),
+    (dict(n_experts=8, top_k=2, d_expert=4, n_group=4, topk_group=5), "cannot exceed n_group=4"),
+    (dict(n_experts=8, top_k=2, d_expert=4, router="sigmoid", n_group=8), "each group needs two"),
+    (dict(n_experts=8, top_k=2, d_expert=4, selection_bias=True), "use router='sigmoid'"),
+    (dict(n_experts=8, top_k=2, d_expert=4, scale=0.0), "moe.scale=0.0"),
     (dict(n_experts=4, top_k=2, d_expert=4, shared="gated"), "d_shared=None"),
     (dict(n_experts=4, top_k=2, d_expert=4, d_shared=8), "d_shared=8"),
     (dict(n_experts=4, top_k=2, d_expert=4, shared="eh", d_shared=8), "shared"),
@@ -331,3 +336,150 @@ def test_a_fused_tensor_is_read_once_not_once_per_expert(name: str, saved: Calla
     assert sum(s.endswith(".experts.gate_up_proj") for s in sources) == 2 * moe.n_experts * sparse
     assert len(reads) == len(set(sources)) and sorted(reads) == sorted(set(sources))
     assert len(produced) == len(ckpt.plan)
+
+
+# ------------------------------------------------------------------------------------------------ DeepSeek
+MLA = dict(num_key_value_heads=4, q_lora_rank=24, kv_lora_rank=16, qk_nope_head_dim=12, qk_rope_head_dim=8,
+           v_head_dim=10)
+DEEPSEEK: dict[str, tuple[str, dict]] = {
+    # sigmoid router, selection bias, best 2 of 4 groups, renormalised, scaled; layer 0 dense
+    "v3": ("deepseek_v3", dict(MLA, num_hidden_layers=3, first_k_dense_replace=1, n_routed_experts=8,
+                               num_experts_per_tok=3, moe_intermediate_size=24, n_shared_experts=2,
+                               routed_scaling_factor=2.5, n_group=4, topk_group=2, norm_topk_prob=True)),
+    # softmax router, best 2 of 4 groups (group_limited_greedy), scaled, never renormalised
+    "v2_grouped": ("deepseek_v2", dict(MLA, num_hidden_layers=3, first_k_dense_replace=1, n_routed_experts=8,
+                                       num_experts_per_tok=3, moe_intermediate_size=24, n_shared_experts=2,
+                                       routed_scaling_factor=1.5, topk_method="group_limited_greedy", n_group=4,
+                                       topk_group=2)),
+    "v2_greedy": ("deepseek_v2", dict(MLA, num_hidden_layers=2, first_k_dense_replace=0, n_routed_experts=6,
+                                      num_experts_per_tok=2, moe_intermediate_size=24, n_shared_experts=1)),
+}
+
+
+@pytest.fixture(scope="module")
+def deepseek(tmp_path_factory: pytest.TempPathFactory) -> Callable[..., Path]:
+    made: dict[tuple[str, torch.dtype, bool], Path] = {}
+
+    def get(name: str, dtype: torch.dtype = torch.float32, fused: bool = False) -> Path:
+        if (name, dtype, fused) not in made:
+            model_type, kwargs = DEEPSEEK[name]
+            model = build_model(model_type, **kwargs)
+            generator = torch.Generator().manual_seed(2)
+            with torch.no_grad():  # a buffer, which build_model's perturbation of parameters leaves at 0
+                for buffer_name, buffer in model.named_buffers():
+                    if buffer_name.endswith("e_score_correction_bias"):
+                        buffer.add_(torch.randn(buffer.shape, generator=generator) * 0.3)
+            directory = tmp_path_factory.mktemp(f"{name}-{'fused' if fused else 'hub'}")
+            made[name, dtype, fused] = save_checkpoint(model, directory, dtype, save_original_format=not fused)
+        return made[name, dtype, fused]
+
+    return get
+
+
+def chosen_experts(model: torch.nn.Module) -> dict[str, set[int]]:
+    chosen: dict[str, set[int]] = {}
+    routers = {n: m for n, m in model.named_modules() if isinstance(m, Router)}
+    handles = [m.register_forward_hook(lambda _m, _a, out, n=n: chosen.setdefault(n, set()).update(
+        out[2].flatten().tolist())) for n, m in routers.items()]
+    with torch.no_grad():
+        model(IDS)
+    for handle in handles:
+        handle.remove()
+    return chosen
+
+
+@pytest.mark.parametrize("name", list(DEEPSEEK))
+@pytest.mark.parametrize("fused", [False, True], ids=["hub", "fused"])
+def test_deepseek_moe_parity(name: str, fused: bool, deepseek: Callable[..., Path]) -> None:
+    """Against transformers' eager experts, from the Hub's per-expert files and from transformers
+    5's fused ones; the batch reaches every expert of every MoE layer, and layer 0 of the grouped
+    ones stays dense."""
+    src = deepseek(name, fused=fused)
+    ours = lmconvert.load(src, attention="eager")
+    with torch.no_grad():
+        assert float((ours(IDS) - eager_experts(src)(IDS).logits).abs().max()) <= FP32_TOL
+    moe = ours.cfg.moe
+    chosen = chosen_experts(ours)
+    assert len(chosen) == sum(moe.sparse(i) for i in range(ours.cfg.n_layers))
+    assert all(c == set(range(moe.n_experts)) for c in chosen.values()), chosen
+    assert moe.shared == "plain" and moe.router_fp32 and moe.weights_fp32
+
+
+def test_deepseek_v3_router_settings_bite(deepseek: Callable[..., Path]) -> None:
+    """Each V3 router setting reaches the logits: without the group limit, the selection bias,
+    the renormalisation or the scaling factor they differ from transformers'."""
+    import dataclasses
+
+    src = deepseek("v3")
+    model = lmconvert.load(src, attention="eager")
+    with torch.no_grad():
+        reference = eager_experts(src)(IDS).logits
+    state, moe = model.state_dict(), model.cfg.moe
+    for change in (dict(n_group=1, topk_group=1), dict(topk_group=4), dict(norm_topk=False), dict(scale=1.0)):
+        cfg = dataclasses.replace(model.cfg, moe=dataclasses.replace(moe, **change))
+        other = Decoder(cfg).eval()
+        other.load_state_dict(state)
+        with torch.no_grad():
+            assert float((other(IDS) - reference).abs().max()) > 1e-3, change
+    assert all(bool(v.abs().min() > 0) for k, v in state.items() if k.endswith("selection_bias"))
+    unbiased = {k: torch.zeros_like(v) if k.endswith("selection_bias") else v for k, v in state.items()}
+    model.load_state_dict(unbiased)
+    with torch.no_grad():
+        assert float((model(IDS) - reference).abs().max()) > 1e-3
+
+
+def test_deepseek_v3_bf16_is_transformers_eager_experts_bit_for_bit(deepseek: Callable[..., Path]) -> None:
+    src = deepseek("v3", torch.bfloat16)
+    with torch.no_grad():
+        reference = eager_experts(src, torch.bfloat16)(IDS).logits
+        ours = lmconvert.load(src, dtype=torch.bfloat16, attention="eager")(IDS)
+    assert torch.equal(ours, reference)
+
+
+@pytest.mark.parametrize("name", list(DEEPSEEK))
+def test_deepseek_moe_bf16_faithfulness(name: str, deepseek: Callable[..., Path]) -> None:
+    from family_specs import FAITHFULNESS
+
+    src = deepseek(name, torch.bfloat16)
+    with torch.no_grad():
+        exact = eager_experts(src, torch.float32)(IDS).logits
+        reference_error = float((eager_experts(src, torch.bfloat16)(IDS).logits.float() - exact).abs().mean())
+        ours_error = float((lmconvert.load(src, dtype=torch.bfloat16, attention="eager")(IDS).float() - exact)
+                           .abs().mean())
+    assert 0 < reference_error and ours_error <= FAITHFULNESS * reference_error, (ours_error, reference_error)
+
+
+@pytest.mark.parametrize("name", list(DEEPSEEK))
+def test_deepseek_moe_round_trip_and_cache(name: str, deepseek: Callable[..., Path], tmp_path: Path) -> None:
+    from hf_models import check_cached_decoding, check_round_trip
+
+    model_type = DEEPSEEK[name][0]
+    config = check_round_trip(deepseek(name, torch.bfloat16), tmp_path, FAMILIES[model_type].architecture)
+    assert config["n_routed_experts"] == DEEPSEEK[name][1]["n_routed_experts"]
+    check_cached_decoding(deepseek(name), IDS, 6, "eager", tol=FP32_TOL)
+
+
+def test_deepseek_v3_every_point_is_compared(deepseek: Callable[..., Path]) -> None:
+    """verify finds transformers' module behind the router, the routed experts (fused), the
+    shared experts, and agrees exactly at each."""
+    from lmconvert.verify.run import verify
+    from lmconvert.verify.trace import point_modules
+
+    src = deepseek("v3")
+    report = verify(src, seq_len=20, generate=4)
+    cfg = lmconvert.load(src).cfg
+    expected = set(point_modules(cfg)) | {"embed", "final_norm"} | {f"layers.{i}" for i in range(cfg.n_layers)}
+    assert {p.name for p in report.points} == expected
+    assert {"layers.1.mlp.router", "layers.1.mlp.experts", "layers.1.mlp.shared.down"} <= expected
+    assert report.passed and all(p.max_abs == 0.0 for p in report.points)
+
+
+def test_deepseek_card() -> None:
+    cfg = FAMILIES["deepseek_v3"].arch_config({"model_type": "deepseek_v3"})  # DeepSeek-V3's own sizes
+    lines = variants(cfg)
+    assert "mixture of experts: 256 experts, top-8, d_expert 2048 (layers [3, 4, 5" in "\n".join(lines)
+    assert ("router: sigmoid then top-k, renormalised, weights in fp32, best 4 of 8 groups, selection bias, "
+            "scaled x2.5, logits in fp32") in lines
+    assert "shared experts, ungated, width 2048" in lines
+    total, active = parameter_counts(cfg)
+    assert 6.6e11 < total < 6.8e11 and 3.6e10 < active < 3.9e10  # 671B total, 37B active, as DeepSeek says

@@ -27,7 +27,7 @@ LAYER_POSITIONS = ("rope", "alibi", "relative", "none")
 LAYER_KINDS = ("global", "local")
 QK_NORMS = ("none", "head", "projection")
 DTYPE_ORDERS = ("cast_then_scale", "scale_then_cast")
-ROUTERS = ("softmax",)
+ROUTERS = ("softmax", "sigmoid")
 SHARED_EXPERTS = ("none", "gated", "plain")
 
 
@@ -125,7 +125,14 @@ class MoeConfig:
     back (Mixtral); else they are cast to the activation dtype first (Qwen-MoE, OLMoE).
     `shared`: no shared expert, one whose output is scaled by sigmoid(a learned gate) (Qwen2-MoE),
     or one added as it is (DeepSeek's n_shared_experts, as one FFN of their summed width
-    `d_shared`). `dense_layers`: the layers that keep the dense FFN of width d_ff."""
+    `d_shared`). `dense_layers`: the layers that keep the dense FFN of width d_ff.
+
+    DeepSeek's routers: `router="sigmoid"` scores each expert with a sigmoid (V3); `n_group` /
+    `topk_group` limit the choice to the best `topk_group` of `n_group` equal groups of experts
+    (a group scored by its best score under softmax, V2, by its best two under sigmoid, V3);
+    `selection_bias` adds a learned per-expert bias to the scores for choosing only (V3's
+    e_score_correction_bias); `scale` multiplies the chosen weights (routed_scaling_factor);
+    `router_fp32` computes the logits from fp32 input and weight."""
 
     n_experts: int
     top_k: int
@@ -136,10 +143,25 @@ class MoeConfig:
     shared: str = "none"
     d_shared: int | None = None  # None: no shared expert
     dense_layers: tuple[int, ...] = ()
+    n_group: int = 1  # group-limited routing (DeepSeek): experts in n_group groups, the best topk_group considered
+    topk_group: int = 1
+    selection_bias: bool = False  # a learned per-expert bias on the scores, for choosing only (DeepSeek-V3)
+    scale: float = 1.0  # the chosen weights multiplied by it (routed_scaling_factor)
+    router_fp32: bool = False  # the router's logits from fp32 input and weight (DeepSeek)
 
     def __post_init__(self) -> None:
-        for name in ("n_experts", "top_k", "d_expert"):
+        for name in ("n_experts", "top_k", "d_expert", "n_group", "topk_group"):
             _integer("moe", name, getattr(self, name))
+        _positive("moe", "scale", self.scale)
+        if self.n_experts % self.n_group:
+            _fail("moe", "n_group", self.n_group, f"must divide n_experts={self.n_experts}")
+        if self.topk_group > self.n_group:
+            _fail("moe", "topk_group", self.topk_group, f"cannot exceed n_group={self.n_group}")
+        if self.router == "sigmoid" and self.n_group > 1 and self.n_experts // self.n_group < 2:
+            _fail("moe", "n_group", self.n_group, "sigmoid routing scores a group by its best two experts; "
+                                                   "each group needs two")
+        if self.selection_bias and self.router != "sigmoid":
+            _fail("moe", "selection_bias", True, "is a sigmoid router's (DeepSeek-V3's); use router='sigmoid'")
         _choice("moe", "router", self.router, ROUTERS)
         _choice("moe", "shared", self.shared, SHARED_EXPERTS)
         if self.top_k > self.n_experts:

@@ -39,7 +39,7 @@ def _rope(r: RopeConfig) -> str:
     return text
 
 
-ROUTER_NAMES = {"softmax": "softmax then top-k"}
+ROUTER_NAMES = {"softmax": "softmax then top-k", "sigmoid": "sigmoid then top-k"}
 SHARED_NAMES = {"gated": "one shared expert, sigmoid-gated", "plain": "shared experts, ungated"}
 
 
@@ -48,6 +48,14 @@ def _moe(cfg: ArchConfig, moe: MoeConfig) -> list[str]:
     where = "all layers" if len(sparse) == cfg.n_layers else f"layers {sparse}"
     router = ROUTER_NAMES[moe.router] + (", renormalised" if moe.norm_topk else ", not renormalised")
     router += ", weights in fp32" if moe.weights_fp32 else ", weights in activation dtype"
+    if moe.n_group > 1:
+        router += f", best {moe.topk_group} of {moe.n_group} groups"
+    if moe.selection_bias:
+        router += ", selection bias"
+    if moe.scale != 1.0:
+        router += f", scaled x{moe.scale:g}"
+    if moe.router_fp32:
+        router += ", logits in fp32"
     lines = [f"mixture of experts: {moe.n_experts} experts, top-{moe.top_k}, d_expert {moe.d_expert} ({where})",
              f"router: {router}"]
     if moe.d_shared is not None:

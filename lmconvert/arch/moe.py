@@ -6,7 +6,9 @@ softmax in fp32, top-k, the optional renormalisation in fp32, then (unless `weig
 weights cast back to the activation dtype; experts in increasing index order, each on the tokens
 routed to it, weighted, cast to the activation dtype and `index_add_`-ed into a zero tensor (the
 order of those adds is the rounding order in bf16). The shared expert's output, gated by a sigmoid
-where `shared="gated"`, is added last, as Qwen2-MoE adds it.
+where `shared="gated"`, is added last, as Qwen2-MoE and DeepSeek add it. DeepSeek's routers
+(sigmoid scores, a selection bias, group-limited choice, a scaling factor, fp32 logits) follow
+`DeepseekV3TopkRouter` and `DeepseekV2TopkRouter` op for op.
 """
 
 from __future__ import annotations
@@ -19,23 +21,61 @@ from .mlp import MLP
 
 
 class Router(nn.Linear):
-    """Scores -> (top-k weights, top-k expert indices), per token of a flat [tokens, d_model]."""
+    """Scores -> (logits, top-k weights, top-k expert indices), per token of a flat [tokens, d_model]."""
 
     def __init__(self, cfg: ArchConfig, moe: MoeConfig) -> None:
         super().__init__(cfg.d_model, moe.n_experts, bias=False)
         self.moe = moe
+        self.selection_bias = nn.Parameter(torch.zeros(moe.n_experts)) if moe.selection_bias else None
 
     def forward(self, h: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:  # type: ignore[override]
-        """(logits, top-k weights, top-k experts): the logits first, as transformers' routers
-        return them, so that verify compares the router's own output."""
-        logits = super().forward(h)
-        probs = torch.softmax(logits, dim=-1, dtype=torch.float)
-        weights, chosen = torch.topk(probs, self.moe.top_k, dim=-1)
-        if self.moe.norm_topk:
-            weights /= weights.sum(dim=-1, keepdim=True)
-        if not self.moe.weights_fp32:
+        """The logits first, as transformers' routers return them, so that verify compares the
+        router's own output."""
+        moe = self.moe
+        logits = nn.functional.linear(h.float(), self.weight.float()) if moe.router_fp32 else super().forward(h)
+        weights, chosen = SCORES[moe.router](self, logits)
+        if moe.norm_topk:
+            weights /= weights.sum(dim=-1, keepdim=True) + EPS[moe.router]
+        if moe.scale != 1.0:
+            weights = weights * moe.scale
+        if not moe.weights_fp32:
             weights = weights.to(logits.dtype)
         return logits, weights, chosen
+
+
+def _softmax(router: Router, logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Mixtral, Qwen-MoE, OLMoE; DeepSeek-V2, whose groups are scored by their best expert and
+    whose experts outside the best groups score 0 (`group_limited_greedy`)."""
+    probs = torch.softmax(logits, dim=-1, dtype=torch.float)
+    if router.moe.n_group > 1:
+        groups = probs.view(-1, router.moe.n_group, router.moe.n_experts // router.moe.n_group).max(dim=-1).values
+        probs = probs.masked_fill(~_group_mask(router.moe, groups), 0.0)
+    return torch.topk(probs, router.moe.top_k, dim=-1, sorted=router.moe.n_group == 1)
+
+
+def _sigmoid(router: Router, logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """DeepSeek-V3: experts chosen on sigmoid scores plus the selection bias, within the groups
+    whose best two such scores sum highest; weighted by the unbiased scores."""
+    moe = router.moe
+    scores = logits.sigmoid()
+    choice = scores if router.selection_bias is None else scores + router.selection_bias
+    if moe.n_group > 1:
+        groups = choice.view(-1, moe.n_group, moe.n_experts // moe.n_group).topk(2, dim=-1)[0].sum(dim=-1)
+        choice = choice.masked_fill(~_group_mask(moe, groups), float("-inf"))
+    chosen = torch.topk(choice, moe.top_k, dim=-1, sorted=False)[1]
+    return scores.gather(1, chosen), chosen
+
+
+def _group_mask(moe: MoeConfig, groups: torch.Tensor) -> torch.Tensor:
+    """[tokens, experts]: True for the experts of each token's best `topk_group` groups."""
+    best = torch.topk(groups, k=moe.topk_group, dim=-1, sorted=False)[1]
+    mask = torch.zeros_like(groups).scatter_(1, best, 1)
+    size = moe.n_experts // moe.n_group
+    return mask.unsqueeze(-1).expand(-1, moe.n_group, size).reshape(-1, moe.n_experts).bool()
+
+
+SCORES = {"softmax": _softmax, "sigmoid": _sigmoid}
+EPS = {"softmax": 0.0, "sigmoid": 1e-20}  # DeepSeek-V3 guards its renormalisation; the others do not
 
 
 class Expert(MLP):

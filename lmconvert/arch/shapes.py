@@ -49,6 +49,8 @@ def _ffn(cfg: ArchConfig, layer: int, name: str) -> Shapes:
     if moe is None or not moe.sparse(layer):
         return _mlp(cfg, name)
     shapes = LinearPart(cfg.d_model, moe.n_experts).shapes(f"{name}.router")
+    if moe.selection_bias:
+        shapes[f"{name}.router.selection_bias"] = (moe.n_experts,)
     for e in range(moe.n_experts):
         shapes.update(_mlp(cfg, f"{name}.experts.{e}", moe.d_expert))
     if moe.d_shared is not None:

@@ -80,9 +80,10 @@ TRANSFORMERS_BY_MODEL_TYPE: Mapping[str, Mapping[str, Layout]] = {
     "olmo2": {"attn.q_norm": "B T H*D", "attn.k_norm": "B T KV*D"},
     "olmoe": {"attn.q_norm": "B T H*D", "attn.k_norm": "B T KV*D"},
     "qwen3_moe": {"attn.q_norm": "B T H D", "attn.k_norm": "B T KV D"},  # as qwen3
-    # DeepseekV2/V3Attention: kv_b_proj on the latent viewed as (B, 1, T, C) in `expand_kv`, as ours
-    "deepseek_v2": LATENT,
-    "deepseek_v3": LATENT,
+    # DeepseekV2/V3Attention: kv_b_proj on the latent viewed as (B, 1, T, C) in `expand_kv`, as ours;
+    # DeepseekV2Moe/V3MoE run the shared experts on the unflattened input
+    "deepseek_v2": {**LATENT, "mlp.shared.gate": "B T S", "mlp.shared.up": "B T S", "mlp.shared.down": RESIDUAL},
+    "deepseek_v3": {**LATENT, "mlp.shared.gate": "B T S", "mlp.shared.up": "B T S", "mlp.shared.down": RESIDUAL},
 }
 
 
