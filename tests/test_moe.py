@@ -483,3 +483,25 @@ def test_deepseek_card() -> None:
     assert "shared experts, ungated, width 2048" in lines
     total, active = parameter_counts(cfg)
     assert 6.6e11 < total < 6.8e11 and 3.6e10 < active < 3.9e10  # 671B total, 37B active, as DeepSeek says
+
+
+# ------------------------------------------------------------------------------------------------ training loss
+@pytest.mark.parametrize("name", MOE_FAMILIES)
+def test_load_balancing_loss_is_transformers(name: str, tmp_path: Path) -> None:
+    """With output_router_logits, transformers' training loss adds router_aux_loss_coef times
+    the load-balancing loss; ours adds moe.aux_loss times the same, read from those keys. Off (and
+    the loss plain cross-entropy) by default."""
+    spec = SPECS[name]
+    theirs = build_model(spec.model_type, **spec.kwargs, output_router_logits=True, router_aux_loss_coef=0.05)
+    src = save_checkpoint(theirs, tmp_path / "hf")
+    ours = lmconvert.load(src, attention="eager")
+    assert ours.cfg.moe.aux_loss == 0.05
+    with torch.no_grad():
+        reference = theirs(IDS, labels=IDS).loss
+        _, loss = ours(IDS, labels=IDS)
+        plain = lmconvert.load(saved_plain := save_checkpoint(build_model(spec.model_type, **spec.kwargs),
+                                                              tmp_path / "plain"), attention="eager")
+        _, without = plain(IDS, labels=IDS)
+    assert float((loss - reference).abs()) <= FP32_TOL
+    assert plain.cfg.moe.aux_loss == 0.0 and float(loss - without) > 0.01  # the same weights, the term on
+    assert json.loads((saved_plain / "config.json").read_text())["output_router_logits"] is False

@@ -148,11 +148,15 @@ class MoeConfig:
     selection_bias: bool = False  # a learned per-expert bias on the scores, for choosing only (DeepSeek-V3)
     scale: float = 1.0  # the chosen weights multiplied by it (routed_scaling_factor)
     router_fp32: bool = False  # the router's logits from fp32 input and weight (DeepSeek)
+    aux_loss: float = 0.0  # the load-balancing loss's weight in the training loss (moe.balance_loss); 0: off
 
     def __post_init__(self) -> None:
         for name in ("n_experts", "top_k", "d_expert", "n_group", "topk_group"):
             _integer("moe", name, getattr(self, name))
         _positive("moe", "scale", self.scale)
+        if isinstance(self.aux_loss, bool) or not isinstance(self.aux_loss, (int, float)) or not \
+                0 <= self.aux_loss < math.inf:
+            _fail("moe", "aux_loss", self.aux_loss, "must be a finite number >= 0")
         if self.n_experts % self.n_group:
             _fail("moe", "n_group", self.n_group, f"must divide n_experts={self.n_experts}")
         if self.topk_group > self.n_group:

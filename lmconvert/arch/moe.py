@@ -122,10 +122,12 @@ class MoE(nn.Module):
         self.experts = Experts(Expert(cfg, moe.d_expert) for _ in range(moe.n_experts))
         self.shared = MLP(cfg, moe.d_shared) if moe.d_shared is not None else None
         self.shared_gate = nn.Linear(cfg.d_model, 1, bias=False) if moe.shared == "gated" else None
+        self.router_logits: torch.Tensor | None = None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         h = x.reshape(-1, x.shape[-1])
-        _, weights, chosen = self.router(h)
+        logits, weights, chosen = self.router(h)
+        self.router_logits = logits if self.router.moe.aux_loss else None  # for balance_loss
         out = self.experts(h, weights, chosen)
         if self.shared is not None:
             shared = self.shared(h)
@@ -133,6 +135,23 @@ class MoE(nn.Module):
                 shared = torch.sigmoid(self.shared_gate(h)) * shared
             out = out + shared
         return out.reshape(x.shape)
+
+
+def balance_loss(model: nn.Module, moe: MoeConfig) -> torch.Tensor:
+    """The Switch Transformer load-balancing loss over every sparse layer's router logits of the
+    last forward pass, as transformers' `load_balancing_loss_func` computes it (no attention mask):
+    n_experts * sum over experts of (the share of top-k choices it got) * (its mean probability)."""
+    logits = [m.router_logits for m in model.modules() if isinstance(m, MoE) and m.router_logits is not None]
+    chosen = torch.zeros(moe.n_experts, dtype=torch.float32, device=logits[0].device)
+    probs = torch.zeros(moe.n_experts, dtype=torch.float32, device=logits[0].device)
+    rows = 0.0
+    for layer in logits:
+        p = torch.softmax(layer, dim=-1)
+        top = torch.topk(p, moe.top_k, dim=-1)[1]
+        chosen = chosen + torch.histc(top.reshape(-1).float(), bins=moe.n_experts, min=0, max=moe.n_experts)
+        probs = probs + p.float().sum(dim=0)
+        rows = rows + p.shape[0]
+    return torch.sum((chosen / rows) * (probs / rows).unsqueeze(0)) * moe.n_experts
 
 
 def ffn(cfg: ArchConfig, layer: int) -> nn.Module:

@@ -34,10 +34,14 @@ def plan_tensors(reader: TensorReader, items: Iterable[tuple[str, str, TensorFn]
 
     target = None if cast is None else BY_TORCH_NAME[cast].name
 
+    checked: set[str] = set()  # a source several outputs come from (fused experts) is checked once
+
     def producer(src: str, fn: TensorFn) -> Callable[[], torch.Tensor]:
         def produce() -> torch.Tensor:
             raw = reader.get(src)
-            check_tensor(raw, None if allow_nonfinite else FiniteCheck(src, reader.where(src)), expected(src))
+            if src not in checked:
+                check_tensor(raw, None if allow_nonfinite else FiniteCheck(src, reader.where(src)), expected(src))
+                checked.add(src)
             t = fn(raw)
             return t if target is None else t.to(torch_dtype(target))
         return produce

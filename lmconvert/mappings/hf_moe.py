@@ -24,14 +24,18 @@ from .transforms import Unstack
 
 def experts(count: Key, top_k: Key, *, width: Key | None = None, norm_key: Key | None = None,
             shared_width: Key | None = None, sparse_step: Key | None = None, dense_list: Key | None = None,
-            count_legacy: Key | None = None, **fixed: Any) -> Entry:
+            count_legacy: Key | None = None, aux_default: float | None = None, **fixed: Any) -> Entry:
     """One row: the experts' count, top-k and width (`width`, or the dense d_ff when the family's
     experts are as wide as its FFN, as in Mixtral and OLMoE), the renormalisation switch, the shared
     expert's width, and which layers stay dense (`decoder_sparse_step`, `mlp_only_layers`);
     `count_legacy`: another spelling of the count, read when the count's own is absent
-    (Qwen3-MoE's Hub files say num_experts; transformers writes num_local_experts). `fixed` are the
-    MoeConfig fields the family hard-codes."""
-    keys = tuple(k for k in (count, top_k, width, norm_key, shared_width, sparse_step, dense_list, count_legacy)
+    (Qwen3-MoE's Hub files say num_experts; transformers writes num_local_experts). `aux_default`:
+    the family's default `router_aux_loss_coef`, which its training loss adds times the
+    load-balancing loss when `output_router_logits` is true. `fixed` are the MoeConfig fields the
+    family hard-codes."""
+    aux = (Key("output_router_logits", bool, False), Key("router_aux_loss_coef", float, aux_default,
+                                                           bound="non_negative")) if aux_default is not None else ()
+    keys = tuple(k for k in (count, top_k, width, norm_key, shared_width, sparse_step, dense_list, count_legacy, *aux)
                  if k is not None)
 
     def n_experts(hf: HfConfig) -> int:
@@ -51,6 +55,8 @@ def experts(count: Key, top_k: Key, *, width: Key | None = None, norm_key: Key |
             settings["norm_topk"] = hf.get(norm_key.name)
         if shared_width is not None:
             settings["d_shared"] = hf.get(shared_width.name)
+        if aux and hf.get("output_router_logits"):
+            settings["aux_loss"] = hf.get("router_aux_loss_coef")
         moe = MoeConfig(n_experts=n_experts(hf), top_k=hf.get(top_k.name),
                         d_expert=hf.get(width.name) if width else fields["d_ff"], dense_layers=tuple(dense),
                         **settings)
@@ -67,6 +73,8 @@ def experts(count: Key, top_k: Key, *, width: Key | None = None, norm_key: Key |
             out[norm_key.name] = moe.norm_topk
         if shared_width is not None:
             out[shared_width.name] = DEFAULT if moe.d_shared is None else moe.d_shared
+        if aux:
+            out.update(output_router_logits=bool(moe.aux_loss), router_aux_loss_coef=moe.aux_loss or DEFAULT)
         if sparse_step is not None:
             step = sparse_step_of(moe.dense_layers, cfg.n_layers)
             out[sparse_step.name] = step

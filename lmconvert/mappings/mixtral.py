@@ -29,7 +29,7 @@ HEAD_DIM = Entry("head_dim", (Key("head_dim", int, None, nullable=True),),
 CONFIG = mistral.CONFIG.but(
     add=(llama.norm(1e-5), HEAD_DIM,
          experts(Key("num_local_experts", int, 8), Key("num_experts_per_tok", int, 2), norm_topk=True,
-                 weights_fp32=True)),
+                 weights_fp32=True, aux_default=0.001)),
     defaults={"sliding_window": None, "rope_theta": 1e6},
 )
 

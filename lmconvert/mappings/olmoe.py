@@ -26,7 +26,8 @@ CONFIG = llama.CONFIG.but(
     add=(llama.norm(1e-5), fixed("QK norm", qk_norm="projection"),
          unsupported("clip_qkv", float, None, "clamping q, k and v", "OLMoE", nullable=True),
          experts(Key("num_experts", int, 64), Key("num_experts_per_tok", int, 8), norm_key=Key("norm_topk_prob", bool,
-                                                                                                 False))),
+                                                                                                 False),
+                 aux_default=0.01)),
     defaults={"vocab_size": 50304, "intermediate_size": 2048, "max_position_embeddings": 4096,
               "hidden_size": 2048, "num_hidden_layers": 16, "num_attention_heads": 16},
     nullable={"head_dim": False, "attention_dropout": False},  # head_dim: not an OlmoeConfig key, read if stated

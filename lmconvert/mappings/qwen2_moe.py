@@ -62,7 +62,7 @@ CONFIG = qwen2.CONFIG.but(
          experts(Key("num_experts", int, 60), Key("num_experts_per_tok", int, 4),
                  width=Key("moe_intermediate_size", int, 1408), norm_key=NORM_TOPK,
                  shared_width=Key("shared_expert_intermediate_size", int, 5632), sparse_step=SPARSE_STEP,
-                 dense_list=MLP_ONLY_LAYERS, shared="gated")),
+                 dense_list=MLP_ONLY_LAYERS, shared="gated", aux_default=0.001)),
     defaults={"intermediate_size": 5632, "num_key_value_heads": 16, "hidden_size": 2048, "num_hidden_layers": 24,
               "num_attention_heads": 16},
 )
