@@ -505,3 +505,30 @@ def test_load_balancing_loss_is_transformers(name: str, tmp_path: Path) -> None:
     assert float((loss - reference).abs()) <= FP32_TOL
     assert plain.cfg.moe.aux_loss == 0.0 and float(loss - without) > 0.01  # the same weights, the term on
     assert json.loads((saved_plain / "config.json").read_text())["output_router_logits"] is False
+
+
+# ------------------------------------------------------------------------------------------------ verify
+@pytest.mark.parametrize(("break_it", "where"), [
+    (lambda t: t["layers.1.mlp.experts.2.down.weight"].mul_(1.5), "layers.1.mlp.experts"),
+    (lambda t: t["layers.1.mlp.router.weight"].add_(0.5), "layers.1.mlp.router"),
+])
+def test_verify_locates_a_broken_expert_or_router(break_it: Callable, where: str, saved: Callable[..., Path],
+                                                  tmp_path: Path) -> None:
+    """One expert's weights, or the router's, wrong in a converted checkpoint: verify's first
+    failure is that layer's experts (after its router agreed) or its router."""
+    from safetensors.torch import load_file, save_file
+
+    from lmconvert.verify.run import verify
+
+    hf = saved("qwen3_moe")
+    to_canonical(hf, tmp_path / "canon")
+    tensors = load_file(tmp_path / "canon" / "model.safetensors")
+    break_it(tensors)
+    save_file(tensors, tmp_path / "canon" / "model.safetensors", metadata={"format": "pt"})
+    report = verify(tmp_path / "canon", hf, seq_len=20, generate=0)
+    failure = report.first_failure
+    assert not report.passed and failure is not None and failure.name == where
+    by_name = {p.name: p for p in report.points}
+    assert all(p.passed for p in report.points if p.layer == 0)
+    if where.endswith("experts"):
+        assert by_name["layers.1.mlp.router"].passed
