@@ -532,3 +532,38 @@ def test_verify_locates_a_broken_expert_or_router(break_it: Callable, where: str
     assert all(p.passed for p in report.points if p.layer == 0)
     if where.endswith("experts"):
         assert by_name["layers.1.mlp.router"].passed
+
+
+# ------------------------------------------------------------------------------------------------ streamed
+@pytest.mark.parametrize(("name", "fused"), [("qwen2_moe", False), ("mixtral", True), ("olmoe", False)])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_streamed_forward_is_bit_identical(name: str, fused: bool, dtype: torch.dtype,
+                                           saved: Callable[..., Path]) -> None:
+    """One block at a time (verify --max-memory's side), from per-expert files or fused ones: the
+    same logits and points as the whole model, and nothing left loaded."""
+    from lmconvert.runtime.streamed import streamed
+    from lmconvert.verify.trace import our_trace
+
+    path = saved(name, fused=fused)
+    model = lmconvert.load(path, dtype=dtype, attention="eager")
+    with streamed(path, dtype) as stream:
+        assert torch.equal(stream(IDS), model(IDS))
+        ours, whole = our_trace(stream.model, stream, IDS), our_trace(model, model, IDS)
+        assert list(ours.points) == list(whole.points) and any(p.endswith("mlp.experts") for p in ours.points)
+        assert all(torch.equal(ours.points[k], whole.points[k]) for k in ours.points)
+        assert all(p.is_meta for p in stream.model.parameters())
+
+
+def test_verify_max_memory_streams_moe_blocks(saved: Callable[..., Path], tmp_path: Path) -> None:
+    from click.testing import CliRunner
+
+    from lmconvert.cli import main
+
+    result = CliRunner().invoke(main, ["verify", str(saved("qwen2_moe")), "--max-memory", "20KB", "--seq-len", "16",
+                                       "--generate", "4", "--json", str(tmp_path / "r.json")])
+    assert result.exit_code == 0, result.output
+    report = json.loads((tmp_path / "r.json").read_text())
+    assert report["streamed"] and report["max_abs"] == 0.0
+    assert all(p["max_abs"] == 0.0 for p in report["points"])
+    assert {"layers.0.mlp.router", "layers.0.mlp.experts", "layers.0.mlp.shared_gate"} <= {p["name"]
+                                                                                          for p in report["points"]}
