@@ -61,11 +61,7 @@ def eager_experts(directory: Path, dtype: torch.dtype = torch.float32) -> torch.
 
 
 # ------------------------------------------------------------------------------------------------ the test batch
-@pytest.mark.parametrize("name", MOE_FAMILIES)
-def test_every_expert_is_chosen_in_the_test_batch(name: str, saved: Callable[..., Path]) -> None:
-    """The perturbed routers send IDS to every expert of every sparse layer, so each expert's
-    weights reach the logits the family tests compare."""
-    model = lmconvert.load(saved(name), attention="eager")
+def chosen_experts(model: torch.nn.Module) -> dict[str, set[int]]:
     chosen: dict[str, set[int]] = {}
     routers = {n: m for n, m in model.named_modules() if isinstance(m, Router)}
     handles = [m.register_forward_hook(lambda _m, _a, out, n=n: chosen.setdefault(n, set()).update(
@@ -74,9 +70,18 @@ def test_every_expert_is_chosen_in_the_test_batch(name: str, saved: Callable[...
         model(IDS)
     for handle in handles:
         handle.remove()
+    return chosen
+
+
+@pytest.mark.parametrize("name", MOE_FAMILIES)
+def test_every_expert_is_chosen_in_the_test_batch(name: str, saved: Callable[..., Path]) -> None:
+    """The perturbed routers send IDS to every expert of every sparse layer, so each expert's
+    weights reach the logits the family tests compare."""
+    model = lmconvert.load(saved(name), attention="eager")
+    chosen = chosen_experts(model)
     moe = model.cfg.moe
-    assert len(routers) == sum(moe.sparse(i) for i in range(model.cfg.n_layers)) > 0
-    assert all(chosen[n] == set(range(moe.n_experts)) for n in routers), chosen
+    assert len(chosen) == sum(moe.sparse(i) for i in range(model.cfg.n_layers)) > 0
+    assert all(c == set(range(moe.n_experts)) for c in chosen.values()), chosen
     assert moe.top_k < moe.n_experts
 
 
@@ -374,18 +379,6 @@ def deepseek(tmp_path_factory: pytest.TempPathFactory) -> Callable[..., Path]:
         return made[name, dtype, fused]
 
     return get
-
-
-def chosen_experts(model: torch.nn.Module) -> dict[str, set[int]]:
-    chosen: dict[str, set[int]] = {}
-    routers = {n: m for n, m in model.named_modules() if isinstance(m, Router)}
-    handles = [m.register_forward_hook(lambda _m, _a, out, n=n: chosen.setdefault(n, set()).update(
-        out[2].flatten().tolist())) for n, m in routers.items()]
-    with torch.no_grad():
-        model(IDS)
-    for handle in handles:
-        handle.remove()
-    return chosen
 
 
 @pytest.mark.parametrize("name", list(DEEPSEEK))
