@@ -462,8 +462,10 @@ def test_deepseek_v3_every_point_is_compared(deepseek: Callable[..., Path]) -> N
     report = verify(src, seq_len=20, generate=4)
     cfg = lmconvert.load(src).cfg
     expected = set(point_modules(cfg)) | {"embed", "final_norm"} | {f"layers.{i}" for i in range(cfg.n_layers)}
+    expected |= {f"layers.{i}.mlp.experts.{e}" for i in (1, 2) for e in range(cfg.moe.n_experts)}
     assert {p.name for p in report.points} == expected
-    assert {"layers.1.mlp.router", "layers.1.mlp.experts", "layers.1.mlp.shared.down"} <= expected
+    assert {"layers.1.mlp.router", "layers.1.mlp.experts", "layers.1.mlp.experts.7",
+            "layers.1.mlp.shared.down"} <= expected
     assert report.passed and all(p.max_abs == 0.0 for p in report.points)
 
 
@@ -502,13 +504,15 @@ def test_load_balancing_loss_is_transformers(name: str, tmp_path: Path) -> None:
 
 # ------------------------------------------------------------------------------------------------ verify
 @pytest.mark.parametrize(("break_it", "where"), [
-    (lambda t: t["layers.1.mlp.experts.2.down.weight"].mul_(1.5), "layers.1.mlp.experts"),
+    (lambda t: t["layers.1.mlp.experts.2.down.weight"].mul_(1.5), "layers.1.mlp.experts.2"),
     (lambda t: t["layers.1.mlp.router.weight"].add_(0.5), "layers.1.mlp.router"),
 ])
 def test_verify_locates_a_broken_expert_or_router(break_it: Callable, where: str, saved: Callable[..., Path],
                                                   tmp_path: Path) -> None:
     """One expert's weights, or the router's, wrong in a converted checkpoint: verify's first
-    failure is that layer's experts (after its router agreed) or its router."""
+    failure is that expert, named (each expert is compared alone on every token, against
+    transformers' experts module routing every token to it), after the layer's router and the
+    other experts agreed; or the router."""
     from safetensors.torch import load_file, save_file
 
     from lmconvert.verify.run import verify
@@ -523,8 +527,11 @@ def test_verify_locates_a_broken_expert_or_router(break_it: Callable, where: str
     assert not report.passed and failure is not None and failure.name == where
     by_name = {p.name: p for p in report.points}
     assert all(p.passed for p in report.points if p.layer == 0)
-    if where.endswith("experts"):
+    if where.endswith("experts.2"):
         assert by_name["layers.1.mlp.router"].passed
+        assert all(by_name[f"layers.1.mlp.experts.{e}"].passed for e in (0, 1, 3, 4, 5))
+        assert not by_name["layers.1.mlp.experts"].passed
+        assert "layer 1, mlp.experts.2" in report.table()
 
 
 # ------------------------------------------------------------------------------------------------ streamed

@@ -20,6 +20,7 @@ v_head_dim), and `one` the single latent "head" both sides expand from.
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 
@@ -32,13 +33,15 @@ from .trace import sublayer_of
 Layout = str
 
 RESIDUAL: Layout = "B T d"
+EXPERT = re.compile(r"^mlp\.experts\.\d+$")
 
 # A mixture of experts (arch/moe.py) runs on the tokens flattened, as transformers' does: the
-# router's logits over the E experts, the routed experts' weighted sum, the shared expert (width S)
-# and its one-column gate. The same on both sides.
+# router's logits over the E experts, the routed experts' weighted sum (and each expert alone on
+# every token, `mlp.experts.{e}`, of kind "mlp.expert"), the shared expert (width S) and its
+# one-column gate. The same on both sides.
 MOE: Mapping[str, Layout] = {
-    "mlp.router": "B*T E", "mlp.experts": "B*T d", "mlp.shared.gate": "B*T S", "mlp.shared.up": "B*T S",
-    "mlp.shared.down": "B*T d", "mlp.shared_gate": "B*T one",
+    "mlp.router": "B*T E", "mlp.experts": "B*T d", "mlp.expert": "B*T d", "mlp.shared.gate": "B*T S",
+    "mlp.shared.up": "B*T S", "mlp.shared.down": "B*T d", "mlp.shared_gate": "B*T one",
 }
 
 # Our Decoder's points, by kind (`sublayer_of`): every block output, norm and projection is
@@ -148,7 +151,7 @@ class PointLayouts:
 
     def to_ours(self, point: str, value: torch.Tensor) -> torch.Tensor:
         """transformers' value at `point`, in our layout."""
-        kind = sublayer_of(point)
+        kind = EXPERT.sub("mlp.expert", sublayer_of(point))  # every expert's point is of one kind
         if kind not in self.theirs:
             raise LayoutError(f"{point}: no layout is declared for transformers' {self.model_type} {kind}; "
                               "declare it in lmconvert/verify/layouts.py")

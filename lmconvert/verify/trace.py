@@ -96,6 +96,17 @@ class Recorder:
             self.keep(name, args[0])
         self._handles.append(module.register_forward_pre_hook(hook))
 
+    def experts_alone(self, name: str, module: nn.Module, alone: Callable[[nn.Module, tuple, int], torch.Tensor],
+                      n_experts: int) -> None:
+        """Before a mixture's experts run, each expert's own output on every token of their input,
+        as `{name}.{e}`: `alone(module, args, e)` computes it (each side calls its own module its
+        own way). Recorded ahead of the experts' sum, so that one broken expert is the first
+        failure and is named."""
+        def hook(_module: nn.Module, args: tuple) -> None:
+            for e in range(n_experts):
+                self.keep(f"{name}.{e}", alone(module, args, e))
+        self._handles.append(module.register_forward_pre_hook(hook))
+
     def result(self) -> dict[str, torch.Tensor]:
         return {k: v for k, v in self.points.items() if k not in self.repeated}
 
@@ -114,6 +125,8 @@ def recording(model: nn.Module) -> Iterator[Recorder]:
         if len(model.layers):
             recorder.input_of(EMBED, model.layers[0])
         for name, module in block_modules(model):
+            if getattr(module, "one_point", False):  # a mixture's experts: also each one alone
+                recorder.experts_alone(name, module, lambda m, args, e: m[e](args[0]), len(module))
             recorder.output_of(name, module)
         for i, block in enumerate(model.layers):
             recorder.output_of(f"layers.{i}", block)
