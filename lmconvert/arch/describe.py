@@ -104,8 +104,11 @@ def variants(cfg: ArchConfig) -> list[str]:
             out.append(f"positions: {kind} ({where})")
     if cfg.absolute_positions != "none":
         out.append(f"absolute positions: {cfg.absolute_positions}")
-    out.append(f"FFN: {(GATED_NAMES if cfg.gated else ACTIVATION_NAMES)[cfg.activation]}, d_ff {cfg.d_ff}")
-    if cfg.moe is not None:
+    ffn = f"FFN: {(GATED_NAMES if cfg.gated else ACTIVATION_NAMES)[cfg.activation]}"
+    if cfg.moe is None:
+        out.append(f"{ffn}, d_ff {cfg.d_ff}")
+    else:  # d_ff is the dense layers' width, and means nothing where every layer is a mixture
+        out.append(f"{ffn}, d_ff {cfg.d_ff} on dense layers" if cfg.moe.dense_layers else f"{ffn} experts")
         out.extend(_moe(cfg, cfg.moe))
     biases = [n for n in ("q", "k", "v", "o", "mlp", "lm_head") if getattr(cfg, f"{n}_bias")]
     out.append(f"biases: {', '.join(biases) if biases else 'none'}")
