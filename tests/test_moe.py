@@ -567,3 +567,36 @@ def test_verify_max_memory_streams_moe_blocks(saved: Callable[..., Path], tmp_pa
     assert all(p["max_abs"] == 0.0 for p in report["points"])
     assert {"layers.0.mlp.router", "layers.0.mlp.experts", "layers.0.mlp.shared_gate"} <= {p["name"]
                                                                                           for p in report["points"]}
+
+
+@pytest.mark.parametrize("streamed_load", [False, True], ids=["whole", "streamed"])
+def test_deepseek_router_stays_fp32_in_a_bf16_load(streamed_load: bool, deepseek: Callable[..., Path],
+                                                   tmp_path: Path) -> None:
+    """A file with the router's weight and selection bias in fp32 and the rest in bf16 (as
+    DeepSeek-V3's keeps its e_score_correction_bias): loaded in bf16, the router keeps them fp32,
+    as transformers does, and the logits are transformers' bit for bit."""
+    import shutil
+
+    from safetensors.torch import load_file, save_file
+
+    from lmconvert.runtime.streamed import streamed
+
+    src = tmp_path / "mixed"
+    shutil.copytree(deepseek("v3"), src)
+    tensors = load_file(src / "model.safetensors")
+    kept = (".mlp.gate.weight", ".e_score_correction_bias")
+    mixed = {n: t if n.endswith(kept) else t.bfloat16() for n, t in tensors.items()}
+    fp32 = [n for n in mixed if n.endswith(kept)]
+    assert len(fp32) == 4 and all(mixed[n].dtype == torch.float32 for n in fp32)
+    assert not any(tensors[n].bfloat16().float().equal(tensors[n]) for n in fp32)  # bits bf16 would lose
+    save_file(mixed, src / "model.safetensors", metadata={"format": "pt"})
+    with torch.no_grad():
+        reference = eager_experts(src, torch.bfloat16)(IDS).logits
+        if streamed_load:
+            with streamed(src, torch.bfloat16) as stream:
+                ours = stream(IDS)
+        else:
+            model = lmconvert.load(src, dtype=torch.bfloat16, attention="eager")
+            assert model.layers[1].mlp.router.selection_bias.dtype == torch.float32
+            ours = model(IDS)
+    assert torch.equal(ours, reference)

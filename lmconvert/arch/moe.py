@@ -27,6 +27,9 @@ class Router(nn.Linear):
         super().__init__(cfg.d_model, moe.n_experts, bias=False)
         self.moe = moe
         self.selection_bias = nn.Parameter(torch.zeros(moe.n_experts)) if moe.selection_bias else None
+        # DeepSeek's router computes in fp32 from fp32 parameters: transformers keeps them fp32 in
+        # any dtype (`_keep_in_fp32_modules_strict`), and so do the loaders (`kept_in_fp32`)
+        self.fp32_parameters = ("weight", "selection_bias")[:1 + moe.selection_bias] if moe.router_fp32 else ()
 
     def forward(self, h: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:  # type: ignore[override]
         """The logits first, as transformers' routers return them, so that verify compares the
@@ -152,6 +155,13 @@ def balance_loss(model: nn.Module, moe: MoeConfig) -> torch.Tensor:
         probs = probs + p.float().sum(dim=0)
         rows = rows + p.shape[0]
     return torch.sum((chosen / rows) * (probs / rows).unsqueeze(0)) * moe.n_experts
+
+
+def kept_in_fp32(model: nn.Module) -> set[str]:
+    """The parameters a model keeps in fp32 whatever dtype it is loaded in (a loader casts all
+    others): DeepSeek's router weight and selection bias. A file storing them in fp32 (as
+    DeepSeek-V3's does the bias) keeps every bit, which choosing the experts needs."""
+    return {f"{name}.{p}" for name, m in model.named_modules() for p in getattr(m, "fp32_parameters", ())}
 
 
 def ffn(cfg: ArchConfig, layer: int) -> nn.Module:
