@@ -600,3 +600,104 @@ def test_deepseek_router_stays_fp32_in_a_bf16_load(streamed_load: bool, deepseek
             assert model.layers[1].mlp.router.selection_bias.dtype == torch.float32
             ours = model(IDS)
     assert torch.equal(ours, reference)
+
+
+# ------------------------------------------------------------------------------------------------ GGUF
+GGUF_ARCH = {"qwen2_moe": "qwen2moe", "qwen3_moe": "qwen3moe"}
+# transformers' GGUF loader reads no expert widths (it keeps its config class's defaults), so the
+# models it is compared with have those widths
+GGUF_MODELS = {
+    "qwen2_moe": dict(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=1408,
+                      shared_expert_intermediate_size=5632, norm_topk_prob=False),
+    "qwen3_moe": dict(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=768, head_dim=16,
+                      norm_topk_prob=True),
+}
+
+
+def write_moe_gguf(model: torch.nn.Module, path: Path, quant: str | None = None) -> Path:
+    """What llama.cpp's converter writes for a Qwen MoE model: its metadata, the experts of each
+    layer and projection stacked (`ffn_gate_exps` [experts, width, hidden]), the shared-expert
+    gate as a vector; 2-D and 3-D weights quantized to `quant` if given."""
+    import gguf
+
+    cfg = model.config
+    arch = GGUF_ARCH[cfg.model_type]
+    writer = gguf.GGUFWriter(str(path), arch)
+    head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+    writer.add_name("tiny")
+    for add, value in ((writer.add_context_length, cfg.max_position_embeddings),
+                       (writer.add_embedding_length, cfg.hidden_size), (writer.add_block_count, cfg.num_hidden_layers),
+                       (writer.add_feed_forward_length, cfg.intermediate_size),
+                       (writer.add_head_count, cfg.num_attention_heads),
+                       (writer.add_head_count_kv, cfg.num_key_value_heads),
+                       (writer.add_layer_norm_rms_eps, cfg.rms_norm_eps), (writer.add_key_length, head_dim),
+                       (writer.add_value_length, head_dim),
+                       (writer.add_rope_freq_base, cfg.rope_parameters["rope_theta"]),
+                       (writer.add_expert_count, cfg.num_experts),
+                       (writer.add_expert_used_count, cfg.num_experts_per_tok),
+                       (writer.add_expert_feed_forward_length, cfg.moe_intermediate_size),
+                       (writer.add_vocab_size, cfg.vocab_size)):
+        add(value)
+    if arch == "qwen2moe":
+        writer.add_expert_shared_feed_forward_length(cfg.shared_expert_intermediate_size)
+    writer.add_file_type(gguf.LlamaFileType.MOSTLY_Q8_0 if quant else gguf.LlamaFileType.ALL_F32)
+    key = next(k for k, v in gguf.MODEL_ARCH_NAMES.items() if v == arch)
+    names = gguf.get_tensor_name_map(key, cfg.num_hidden_layers)
+    tensors: dict[str, torch.Tensor] = {}
+    for hf_name, t in model.state_dict().items():
+        t, layer = t.detach().float().clone(), hf_name.split(".")[2] if ".layers." in hf_name else ""
+        if hf_name.endswith("experts.gate_up_proj"):
+            gate, up = t.chunk(2, dim=1)
+            tensors |= {f"blk.{layer}.ffn_gate_exps.weight": gate, f"blk.{layer}.ffn_up_exps.weight": up}
+        elif hf_name.endswith("experts.down_proj"):
+            tensors[f"blk.{layer}.ffn_down_exps.weight"] = t
+        else:
+            base, _, suffix = hf_name.rpartition(".")
+            tensors[f"{names.get_name(base)}.{suffix}"] = t.squeeze(0) if "shared_expert_gate" in base else t
+    for name, t in tensors.items():
+        data = t.contiguous().numpy()
+        if quant is not None and data.ndim >= 2:
+            kind = gguf.GGMLQuantizationType[quant]
+            writer.add_tensor(name, gguf.quants.quantize(data, kind), raw_dtype=kind)
+        else:
+            writer.add_tensor(name, data)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return path
+
+
+@pytest.mark.parametrize("name", list(GGUF_ARCH))
+def test_gguf_import_equals_the_original_model(name: str, tmp_path: Path) -> None:
+    """llama.cpp's stacked experts read one expert at a time: F32 logits equal the model's.
+    (llama.cpp's qwen2moe / qwen3moe have no dense layers and no window, and hard-code whether the
+    top-k weights are renormalised: never for qwen2moe, always for qwen3moe.)"""
+    spec = SPECS[name]
+    model = build_model(spec.model_type, **{**spec.kwargs, "use_sliding_window": False, "decoder_sparse_step": 1,
+                                            "mlp_only_layers": [], "norm_topk_prob": name == "qwen3_moe"})
+    path = write_moe_gguf(model, tmp_path / f"{name}.gguf")
+    ours = lmconvert.load(path, attention="eager")
+    assert ours.cfg.moe == lmconvert.load(saved_hf := save_checkpoint(model, tmp_path / "hf")).cfg.moe
+    with torch.no_grad():
+        assert float((ours(IDS) - eager_experts(saved_hf)(IDS).logits).abs().max()) <= FP32_TOL
+
+
+@pytest.mark.parametrize("name", list(GGUF_ARCH))
+@pytest.mark.parametrize("quant", [None, "Q8_0"])
+def test_gguf_experts_equal_transformers_gguf_loader(name: str, quant: str | None, tmp_path: Path) -> None:
+    """Every expert's dequantized weights are the ones transformers' own GGUF loader stacks, bit
+    for bit, and the logits agree."""
+    path = write_moe_gguf(build_model(name, **GGUF_MODELS[name]), tmp_path / f"{name}.gguf", quant)
+    theirs = AutoModelForCausalLM.from_pretrained(str(tmp_path), gguf_file=path.name, dtype=torch.float32,
+                                                  attn_implementation="eager", experts_implementation="eager").eval()
+    ours = lmconvert.load(path, attention="eager")
+    state = theirs.state_dict()
+    for i in range(ours.cfg.n_layers):
+        experts = ours.layers[i].mlp.experts
+        gate_up = torch.stack([torch.cat([x.gate.weight, x.up.weight]) for x in experts])
+        assert torch.equal(gate_up, state[f"model.layers.{i}.mlp.experts.gate_up_proj"])
+        assert torch.equal(torch.stack([x.down.weight for x in experts]),
+                           state[f"model.layers.{i}.mlp.experts.down_proj"])
+    with torch.no_grad():
+        assert float((ours(IDS) - theirs(IDS).logits).abs().max()) <= FP32_TOL

@@ -13,6 +13,7 @@ bit by tests/test_table_transforms.py.
 - Offset: a constant added on disk (Gemma's norms as w + 1 in GGUF);
 - Trim: padding rows past the vocabulary dropped;
 - Unstack: one expert's matrix out of a fused 3-D experts tensor (inverse: stack them all);
+- Unsqueeze: a leading dimension of size 1 the file leaves out;
 - Chain: several in order.
 
 torch is imported only inside the functions: reading a table must not load it.
@@ -235,6 +236,18 @@ def stack(pieces: Sequence[Sequence[torch.Tensor]]) -> torch.Tensor:
     import torch
 
     return torch.cat([torch.stack(list(experts)) for experts in pieces], dim=1)
+
+
+# ---- Unsqueeze
+
+
+@dataclass(frozen=True)
+class Unsqueeze:
+    """A leading dimension of size 1 that the file leaves out (llama.cpp stores Qwen2-MoE's
+    shared-expert gate, a [1, hidden] matrix, as a vector). Exact both ways."""
+
+    def bind(self, sizes: Sizes) -> Transform:
+        return Transform("a leading dimension of 1", lambda t: t.unsqueeze(0), lambda t: t.squeeze(0))
 
 
 # ---- Chain
