@@ -233,6 +233,46 @@ SPECS: dict[str, Spec] = {
         card=("LayerNorm, eps=1e-05, bias, weight in fp32", "parallel attn+MLP, separate norms",
               "parallel sum: mlp+attn+h", "GQA (2 q heads per kv head)", "RoPE half, theta=20000",
               "FFN: GeLU (erf), d_ff 256", "biases: none", "embeddings: tied")),
+    # mixtures of experts: more experts than chosen per token, each chosen somewhere in IDS
+    # (tests/test_moe.py checks that), top-3 where the family allows it so the order of the adds shows
+    "mixtral": Spec(  # bf16: bit-exact with transformers' eager experts (test_moe.py), not its default grouped_mm,
+        # which sums each token's top-k in fp32
+        "mixtral", bf16_exact=False,
+        kwargs=dict(num_local_experts=4, num_experts_per_tok=2, sliding_window=WINDOW,
+                        rope_parameters={"rope_type": "default", "rope_theta": 1e6}),
+        old_style={"rope_theta": 1e6},
+        card=("mixture of experts: 4 experts, top-2, d_expert 96 (all layers)",
+              "router: softmax then top-k, renormalised, weights in fp32", "sliding window 4 on local layers",
+              "active per token")),
+    "qwen2_moe": Spec(  # bf16: bit-exact with transformers' eager experts (test_moe.py), not its default grouped_mm,
+        # which sums each token's top-k in fp32
+        "qwen2_moe", bf16_exact=False,
+        kwargs=dict(num_hidden_layers=3, num_experts=6, num_experts_per_tok=3, moe_intermediate_size=32,
+                          shared_expert_intermediate_size=48, norm_topk_prob=True, mlp_only_layers=[1],
+                          use_sliding_window=True, sliding_window=WINDOW, max_window_layers=2,
+                          rope_parameters={"rope_type": "default", "rope_theta": 1e6}),
+        old_style={"rope_theta": 1e6}, old_drop=("layer_types",),
+        card=("mixture of experts: 6 experts, top-3, d_expert 32 (layers [0, 2])", "FFN: SwiGLU, d_ff 96",
+              "renormalised, weights in activation dtype", "one shared expert, sigmoid-gated, width 48",
+              "biases: q, k, v", "sliding window 4 on local layers; pattern LGG"),
+        layer_types=([F, S, S], ("global", "local", "local"))),
+    "qwen3_moe": Spec(  # bf16: bit-exact with transformers' eager experts (test_moe.py), not its default grouped_mm,
+        # which sums each token's top-k in fp32
+        "qwen3_moe", bf16_exact=False,
+        kwargs=dict(num_hidden_layers=4, num_experts=6, num_experts_per_tok=3, moe_intermediate_size=32,
+                          decoder_sparse_step=2, head_dim=16, attention_bias=True, use_sliding_window=True,
+                          sliding_window=WINDOW, rope_parameters={"rope_type": "default", "rope_theta": 1e6}),
+        old_style={"rope_theta": 1e6},
+        card=("mixture of experts: 6 experts, top-3, d_expert 32 (layers [1, 3])", "not renormalised",
+              "QK norm: per head", "biases: q, k, v, o", "sliding window 4 on local layers; pattern LLLL")),
+    "olmoe": Spec(  # bf16: bit-exact with transformers' eager experts (test_moe.py), not its default grouped_mm,
+        # which sums each token's top-k in fp32
+        "olmoe", bf16_exact=False,
+        kwargs=dict(num_experts=6, num_experts_per_tok=3, norm_topk_prob=True, attention_bias=True, eos_token_id=1,
+                      rope_parameters={"rope_type": "default", "rope_theta": 5e5}),
+        old_style={"rope_theta": 5e5},
+        card=("mixture of experts: 6 experts, top-3, d_expert 96 (all layers)", "QK norm: over the whole projection",
+              "renormalised, weights in activation dtype", "eps=1e-05", "biases: q, k, v, o")),
 }
 NAMES = list(SPECS)
 TEXT = dict(vocab_size=128, hidden_size=64, intermediate_size=96, num_hidden_layers=3, num_attention_heads=4,

@@ -17,7 +17,7 @@ from arch_helpers import tiny
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from lmconvert.arch import ArchConfig, Decoder, NormConfig, RopeConfig, attention_kinds
+from lmconvert.arch import ArchConfig, Decoder, MoeConfig, NormConfig, RopeConfig, attention_kinds
 from lmconvert.arch import config as config_module
 from lmconvert.arch import shapes as shapes_module
 from lmconvert.arch.shapes import parameter_shapes
@@ -157,6 +157,14 @@ def arch_configs(draw: st.DrawFn) -> ArchConfig:
                                     v_head_dim=draw(st.integers(1, 8)), bias=draw(st.booleans()),
                                     q_lora_rank=draw(st.sampled_from([None, 3, 10])),
                                     norm_eps=draw(st.sampled_from([1e-6, 1e-5]))))
+    if fields["gated"] and not fields["mlp_bias"] and draw(st.booleans()):  # a mixture of experts
+        n_experts, shared = draw(st.integers(1, 4)), draw(st.sampled_from(config_module.SHARED_EXPERTS))
+        sigmoid = draw(st.booleans())
+        fields["moe"] = MoeConfig(
+            n_experts=n_experts, top_k=draw(st.integers(1, n_experts)), d_expert=draw(st.integers(1, 12)),
+            router="sigmoid" if sigmoid else "softmax", selection_bias=sigmoid and draw(st.booleans()),
+            shared=shared, d_shared=None if shared == "none" else draw(st.integers(1, 12)),
+            dense_layers=tuple(draw(st.sets(st.integers(0, n_layers - 1)))))
     return ArchConfig(**fields)
 
 

@@ -31,6 +31,8 @@ PHI3_LONGROPE = {"rope_type": "longrope", "rope_theta": 1e4, "short_factor": [1.
 QWEN_WINDOW = dict(num_hidden_layers=3, use_sliding_window=True, sliding_window=4, max_window_layers=1)
 GEMMA = dict(head_dim=16, sliding_window=4, query_pre_attn_scalar=24)
 DEEPSEEK = dict(num_key_value_heads=4, first_k_dense_replace=2)  # every layer dense; MLA has one kv head per head
+DEEPSEEK_MOE = dict(num_key_value_heads=4, first_k_dense_replace=1, n_routed_experts=8, num_experts_per_tok=3,
+                    moe_intermediate_size=24, n_shared_experts=2, routed_scaling_factor=1.5, n_group=4, topk_group=2)
 
 # model_type -> variants in which every stated key takes effect
 VARIANTS: dict[str, list[dict[str, Any]]] = {
@@ -73,7 +75,22 @@ VARIANTS: dict[str, list[dict[str, Any]]] = {
     "olmo2": [{}, dict(attention_bias=True, rope_parameters={"rope_type": "default", "rope_theta": 5e5})],
     "deepseek_v3": [DEEPSEEK, dict(DEEPSEEK, q_lora_rank=None, attention_bias=True, rope_interleave=False,
                                    kv_lora_rank=16, qk_nope_head_dim=12, qk_rope_head_dim=8, v_head_dim=10,
-                                   rope_parameters={**YARN, "mscale": 0.8, "mscale_all_dim": 0.7})],
+                                   rope_parameters={**YARN, "mscale": 0.8, "mscale_all_dim": 0.7}),
+                    dict(DEEPSEEK_MOE, norm_topk_prob=False)],
+    "deepseek_v2": [DEEPSEEK, dict(DEEPSEEK, q_lora_rank=None, attention_bias=True, mlp_bias=True, kv_lora_rank=16,
+                                   qk_nope_head_dim=12, qk_rope_head_dim=8, v_head_dim=10, rope_parameters=YARN),
+                    dict(DEEPSEEK_MOE, topk_method="group_limited_greedy"),
+                    dict(DEEPSEEK_MOE, first_k_dense_replace=0, n_group=None, topk_group=None)],
+    "mixtral": [{}, dict(num_local_experts=4, num_experts_per_tok=3, sliding_window=4, head_dim=32,
+                         rope_parameters=LINEAR)],
+    "qwen2_moe": [{}, dict(QWEN_WINDOW, num_experts=6, num_experts_per_tok=3, moe_intermediate_size=32,
+                           shared_expert_intermediate_size=48, norm_topk_prob=True, mlp_only_layers=[1],
+                           qkv_bias=False, rope_parameters=YARN)],
+    "qwen3_moe": [{}, dict(num_hidden_layers=4, num_experts=6, num_experts_per_tok=3, moe_intermediate_size=32,
+                           norm_topk_prob=True, decoder_sparse_step=2, mlp_only_layers=[3], head_dim=16,
+                           attention_bias=True, use_sliding_window=True, sliding_window=4, rope_parameters=LINEAR)],
+    "olmoe": [{}, dict(num_experts=6, num_experts_per_tok=3, norm_topk_prob=True, attention_bias=True,
+                       rms_norm_eps=1e-6, rope_parameters=LINEAR)],
     "gptj": [dict(rotary_dim=16), dict(rotary_dim=8, n_inner=80, layer_norm_epsilon=1e-6, activation_function="gelu",
                       resid_pdrop=0.1, embd_pdrop=0.2, attn_pdrop=0.05)],
     "phi": [{}, dict(qk_layernorm=True, layer_norm_eps=1e-6, hidden_act="gelu", resid_pdrop=0.1, embd_pdrop=0.2,
@@ -89,8 +106,6 @@ VARIANTS: dict[str, list[dict[str, Any]]] = {
                         ffn_hidden_size=96, layer_norm_epsilon=1e-6, activation="relu", hidden_dropout=0.1,
                         attention_dropout=0.2, tie_word_embeddings=False, rope_parameters=LINEAR),
                dict(parallel_attn=False, multi_query=False, bias=True, alibi=True)],
-    "deepseek_v2": [DEEPSEEK, dict(DEEPSEEK, q_lora_rank=None, attention_bias=True, mlp_bias=True, kv_lora_rank=16,
-                                   qk_nope_head_dim=12, qk_rope_head_dim=8, v_head_dim=10, rope_parameters=YARN)],
     "gpt2": [{}, dict(n_inner=96, scale_attn_weights=False, scale_attn_by_inverse_layer_idx=True,
                       reorder_and_upcast_attn=True, activation_function="gelu", layer_norm_epsilon=1e-6,
                       tie_word_embeddings=False, resid_pdrop=0.0, embd_pdrop=0.2, attn_pdrop=0.05)],
@@ -118,6 +133,8 @@ INERT: dict[str, list[dict[str, Any]]] = {
     "gpt_neo": [dict(attention_types=[[["global"], 2]], window_size=8)],  # a window no layer uses
     "opt": [dict(do_layer_norm_before=False, _remove_final_layer_norm=True, layerdrop=0.1)],  # post-norm: none
     "xglm": [dict(activation_dropout=0.1, layerdrop=0.2)],  # training only
+    "qwen2_moe": [dict(use_sliding_window=False, sliding_window=4, max_window_layers=1)],
+    "qwen3_moe": [dict(use_sliding_window=False, sliding_window=4), dict(mlp_only_layers=[1, 7])],  # 7: no such layer
 }
 CASES = [(t, v) for t, variants in VARIANTS.items() for v in variants]
 ALL_CASES = CASES + [(t, v) for t, variants in INERT.items() for v in variants]

@@ -3,7 +3,7 @@ transformers' DeepseekV3ForCausalLM / DeepseekV2ForCausalLM: tiny models with ev
 perturbed, with and without the q LoRA, every RoPE layout (V3's interleaved written de-interleaved,
 V3's half, V2's pairs rotated in place), YaRN with `mscale_all_dim`, and biases. fp32 parity (eager and SDPA),
 cached decoding over the latent cache, the bit-exact HF -> canonical -> HF round trip, the card's
-latent cache size, and the refusal of mixture-of-experts layers."""
+latent cache size, and the refusal of mixture-of-experts layers transformers cannot build."""
 
 from __future__ import annotations
 
@@ -164,22 +164,26 @@ def test_inspect_of_a_deepseek_v3_shaped_config() -> None:
     assert cfg.kv_cache_bytes_per_token(2) == 61 * 576 * 2
 
 
-@pytest.mark.parametrize(("model_type", "first", "needle"), [
-    ("deepseek_v3", 1, "first_k_dense_replace=1 makes layers 1 of 2 mixture-of-experts layers"),
-    ("deepseek_v3", 0, "first_k_dense_replace=0 makes layers 0-1 of 2 mixture-of-experts layers"),
-    ("deepseek_v3", None, "first_k_dense_replace=null"),
-    ("deepseek_v2", 1, "first_k_dense_replace=1 makes layers 1 of 2 mixture-of-experts layers"),
-    ("deepseek_v2", "absent", "first_k_dense_replace=0 makes layers 0-1 of 2"),  # V2's default
+@pytest.mark.parametrize(("model_type", "stated", "needle"), [
+    ("deepseek_v3", {"first_k_dense_replace": None}, "first_k_dense_replace=null"),
+    ("deepseek_v3", {"first_k_dense_replace": 1, "n_group": None},
+     "n_group=null, but first_k_dense_replace=1 makes layers 1 mixture-of-experts layers"),
+    ("deepseek_v3", {"first_k_dense_replace": 0, "num_experts_per_tok": None},
+     "num_experts_per_tok=null, but first_k_dense_replace=0 makes layers 0-1 mixture-of-experts layers"),
+    ("deepseek_v2", {}, "num_experts_per_tok=null, but first_k_dense_replace=0 makes layers 0-1"),  # V2's defaults
+    ("deepseek_v2", {"num_experts_per_tok": 2, "topk_method": "group_limited_greedy"}, "n_group=null"),
+    ("deepseek_v2", {"num_experts_per_tok": 2, "mlp_bias": True}, "mlp_bias=true with mixture-of-experts layers"),
 ])
-def test_moe_layers_are_refused_naming_them(model_type: str, first: int | str | None, needle: str) -> None:
+def test_moe_layers_transformers_cannot_build_are_refused_naming_them(model_type: str, stated: dict,
+                                                                      needle: str) -> None:
+    """MoE layers themselves are read (tests/test_moe.py); what transformers' config class lets
+    through but its model cannot build, or what the decoder cannot hold, is refused in one line."""
     config = {"model_type": model_type, "num_hidden_layers": 2, "num_attention_heads": 4,
-              "num_key_value_heads": 4}
-    if first != "absent":
-        config["first_k_dense_replace"] = first
+              "num_key_value_heads": 4, "n_routed_experts": 8, "moe_intermediate_size": 8, **stated}
     with pytest.raises(MappingError) as caught:
         family_for(model_type).arch_config(config)
     message = str(caught.value)
-    assert message.startswith("config.json: ") and needle in message and "\n" not in message
+    assert message.startswith("config.json: ") and needle in message and "\n" not in message, message
 
 
 # ----------------------------------------------------------------------------- the kind on its own

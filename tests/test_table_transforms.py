@@ -15,6 +15,7 @@ What each transform restores, exactly as its docstring (mappings/transforms.py) 
 from __future__ import annotations
 
 import math
+import re
 import subprocess
 import sys
 from fractions import Fraction
@@ -31,7 +32,7 @@ from lmconvert.mappings.gguf import ARCHS, BY_NAME, GgufArch
 from lmconvert.mappings.meta import TENSORS as META_TENSORS
 from lmconvert.mappings.meta import Layout
 from lmconvert.mappings.table import IDENTITY, TensorTable
-from lmconvert.mappings.transforms import Chain, Fuse, Offset, Permute, Piece, PiecesDiffer, Trim
+from lmconvert.mappings.transforms import Chain, Fuse, Offset, Permute, Piece, PiecesDiffer, Trim, Unstack
 
 SETTINGS = settings(max_examples=150, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow])
 DTYPES = (torch.float32, torch.float16, torch.bfloat16, torch.float64, torch.int8, torch.int32)
@@ -269,8 +270,8 @@ TABLES: dict[str, TensorTable] = {**{f"family {n}": f.tensors for n, f in FAMILI
 def test_names_invert(name: str, layer: int) -> None:
     """Rename, the transform every rule has: canonical -> stored -> canonical is the identity,
     and a rule's own stored name is the one export writes (or, for a second spelling such as
-    gemma3's multimodal one, reads to the same canonical name). A fused stored tensor (GPT-2's
-    c_attn) reads to each of its pieces."""
+    gemma3's multimodal one, reads to the same canonical name; for a fused experts tensor, to each
+    expert's). A fused stored tensor (GPT-2's c_attn) reads to each of its pieces."""
     table = TABLES[name]
     for rule in table.rules:
         if rule.canonical is None:
@@ -278,6 +279,9 @@ def test_names_invert(name: str, layer: int) -> None:
             continue
         canonical, stored = (p.replace("{}", str(layer)) for p in (rule.canonical, rule.stored))
         written, _ = table.to_stored_name(canonical)
+        if rule.canonical.count("{}") > rule.stored.count("{}"):  # fused experts: one per expert, here expert `layer`
+            assert canonical in {p.replace("{}", str(layer)) for p, _ in table.expanding(stored)}
+            continue
         pieces = sum(r.stored == rule.stored for r in table.rules)  # a fused tensor's (Phi-3, GPT-2)
         for name in (written, stored):
             held = [c for c, _ in table.to_canonical_names(name)]
@@ -317,7 +321,8 @@ def test_gguf_table_round_trips_what_it_can(arch: str, kv: int, group: int, half
     trim back from zero padding; Gemma's norm offset for norm weights the file stores in [0.5, 2];
     a fused tensor's pieces (GPT-2's attn_qkv) joined back from all of them, for any bits."""
     entry, heads, vocab = GGUF_ARCHS[arch], kv * group, 5
-    sizes = {"vocab": vocab, "heads": heads, "kv_heads": kv, "q": heads * 2 * half, "kv": kv * 2 * half, "ffn": 4}
+    sizes = {"vocab": vocab, "heads": heads, "kv_heads": kv, "q": heads * 2 * half, "kv": kv * 2 * half, "ffn": 4,
+             "index": 0}
     rows = {"attn_q": heads * 2 * half, "attn_k": kv * 2 * half, "token_embd": vocab + pad, "output": vocab + pad,
             "attn_qkv": (heads + 2 * kv) * 2 * half}
     if entry.fused:
@@ -340,6 +345,10 @@ def test_gguf_table_round_trips_what_it_can(arch: str, kv: int, group: int, half
             x = 0.5 + 1.5 * torch.rand(x.shape, generator=torch.Generator().manual_seed(seed))
         if isinstance(rule.transform, Trim):
             x[vocab:] = 0
+        if isinstance(rule.transform, Unstack):  # the one expert of a stack of one, and the stack again
+            x = x.unsqueeze(0)
+            assert same_bits(t.inverse([[t.forward(x)]]), x), stored
+            continue
         assert same_bits(t.inverse(t.forward(x)), x), stored
 
 
@@ -357,7 +366,8 @@ def test_gguf_names_are_llama_cpps(arch: str) -> None:
     for canonical in sorted(canonicals):
         hf_name, _ = family.tensors.to_hf_name(canonical)
         base, _, suffix = hf_name.rpartition(".")
-        theirs = name_map.get_name(base)
+        # one expert's: llama.cpp names the stack of every expert's (its merged HF name)
+        theirs = name_map.get_name(re.sub(r"\.experts\.\d+\.", ".experts.", base))
         try:
             ours: str | None = entry.tensors.to_stored_name(canonical)[0]
         except MappingError:
@@ -374,9 +384,8 @@ def test_reading_the_tables_imports_no_torch() -> None:
               "from lmconvert.mappings.gguf_metadata import hf_config\n"
               "from lmconvert.mappings.meta import Layout\n"
               "from lmconvert.mappings.meta_params import params_for\n"
-              "for a in ARCHS.values(): [r.transform.bind({'heads': 2, 'kv_heads': 1, 'vocab': 4, 'rows': 6, "
-              "'q': 4, 'kv': 2, 'ffn': 3})"
-              " for r in a.tensors.rules]\n"
+              "sizes = {'heads': 2, 'kv_heads': 1, 'vocab': 4, 'rows': 6, 'index': 0, 'q': 4, 'kv': 2, 'ffn': 3}\n"
+              "for a in ARCHS.values(): [r.transform.bind(sizes) for r in a.tensors.rules]\n"
               "layout = Layout(8, 2, 2, 1, 16, 32, 2)\n"
               "[layout.transform(rule) for _, _, rule in layout.entries()]\n"
               "print('torch' in sys.modules)")

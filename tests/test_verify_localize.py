@@ -146,6 +146,9 @@ def test_every_point_of_every_family_is_compared(name: str, tmp_path: Path) -> N
     expected = {p for p, weight in point_modules(lmconvert.load(hf).cfg).items() if not interleaved(table, weight)}
     expected |= {"embed", "final_norm"}
     expected |= {f"layers.{i}" for i in range(lmconvert.load(hf).cfg.n_layers)}
+    moe = lmconvert.load(hf).cfg.moe  # a mixture's experts are compared together and each alone
+    if moe is not None:
+        expected |= {f"{p}.{e}" for p in expected if p.endswith("mlp.experts") for e in range(moe.n_experts)}
     assert {p.name for p in report.points} == expected
     assert report.passed and all(p.max_abs == 0.0 for p in report.points)
     assert report.generation is not None and report.generation.first_difference is None

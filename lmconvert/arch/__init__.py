@@ -8,14 +8,14 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from .config import ArchConfig, NormConfig, RopeConfig
+from .config import ArchConfig, MoeConfig, NormConfig, RopeConfig
 from .errors import ConfigError
 
 if TYPE_CHECKING:
     from .cache import KVCache
     from .decoder import Decoder
 
-__all__ = ["ArchConfig", "ConfigError", "Decoder", "KVCache", "NormConfig", "RopeConfig"]
+__all__ = ["ArchConfig", "ConfigError", "Decoder", "KVCache", "MoeConfig", "NormConfig", "RopeConfig"]
 _MODULES = {"Decoder": "decoder", "KVCache": "cache"}
 
 

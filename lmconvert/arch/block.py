@@ -12,7 +12,7 @@ from .attention_kinds import attention_kind
 from .cache import KVCache
 from .config import ArchConfig
 from .context import Context
-from .mlp import MLP
+from .moe import ffn
 from .norms import Norm
 from .positions import RelativeBias
 from .rope import Rotary
@@ -68,7 +68,7 @@ class Block(nn.Module):
         for slot in SLOTS:
             setattr(self, slot, Norm(cfg.d_model, cfg.norm) if slot in slots else nn.Identity())
         self.attn = attention_kind(cfg.attention).build(cfg, layer, rotary, relative)
-        self.mlp = MLP(cfg)
+        self.mlp = ffn(cfg, layer)  # dense, or a mixture of experts (moe.py)
         self.drop = nn.Dropout(cfg.resid_dropout)
         self.residual_scale = cfg.residual_scale
         self.parallel_sum, self.residual_after_norm = cfg.parallel_sum, cfg.residual_after_norm

@@ -30,6 +30,8 @@ QK_NORM_WEIGHTS = ("shared", "per_head")
 DTYPE_ORDERS = ("cast_then_scale", "scale_then_cast")
 PARALLEL_SUMS = ("h+attn+mlp", "mlp+attn+h", "attn+mlp+h")  # left to right: the order a parallel block adds
 ALIBI_KINDS = ("distance", "bloom", "mpt", "falcon")  # how ALiBi is built and added: see positions.ALIBI_KINDS
+ROUTERS = ("softmax", "sigmoid")
+SHARED_EXPERTS = ("none", "gated", "plain")
 
 
 def _fail(owner: str, name: str, value: Any, why: str) -> None:
@@ -164,6 +166,74 @@ class RopeConfig:
 
 
 @dataclass(frozen=True)
+class MoeConfig:
+    """A mixture-of-experts FFN (arch/moe.py): a router scores every expert, each token goes to its
+    `top_k` best, and their gated FFNs (width `d_expert`, the model's activation) are summed with
+    the router's weights. `router="softmax"`: softmax over all experts in fp32, then top-k
+    (Mixtral, Qwen-MoE, OLMoE). `norm_topk`: the chosen weights are renormalised to sum to 1.
+    `weights_fp32`: they stay fp32, so each expert's output is weighted in fp32 before the cast
+    back (Mixtral); else they are cast to the activation dtype first (Qwen-MoE, OLMoE).
+    `shared`: no shared expert, one whose output is scaled by sigmoid(a learned gate) (Qwen2-MoE),
+    or one added as it is (DeepSeek's n_shared_experts, as one FFN of their summed width
+    `d_shared`). `dense_layers`: the layers that keep the dense FFN of width d_ff.
+
+    DeepSeek's routers: `router="sigmoid"` scores each expert with a sigmoid (V3); `n_group` /
+    `topk_group` limit the choice to the best `topk_group` of `n_group` equal groups of experts
+    (a group scored by its best score under softmax, V2, by its best two under sigmoid, V3);
+    `selection_bias` adds a learned per-expert bias to the scores for choosing only (V3's
+    e_score_correction_bias); `scale` multiplies the chosen weights (routed_scaling_factor);
+    `router_fp32` computes the logits from fp32 input and weight."""
+
+    n_experts: int
+    top_k: int
+    d_expert: int
+    router: str = "softmax"
+    norm_topk: bool = True
+    weights_fp32: bool = False
+    shared: str = "none"
+    d_shared: int | None = None  # None: no shared expert
+    dense_layers: tuple[int, ...] = ()
+    n_group: int = 1  # group-limited routing (DeepSeek): experts in n_group groups, the best topk_group considered
+    topk_group: int = 1
+    selection_bias: bool = False  # a learned per-expert bias on the scores, for choosing only (DeepSeek-V3)
+    scale: float = 1.0  # the chosen weights multiplied by it (routed_scaling_factor)
+    router_fp32: bool = False  # the router's logits from fp32 input and weight (DeepSeek)
+    aux_loss: float = 0.0  # the load-balancing loss's weight in the training loss (moe.balance_loss); 0: off
+
+    def __post_init__(self) -> None:
+        for name in ("n_experts", "top_k", "d_expert", "n_group", "topk_group"):
+            _integer("moe", name, getattr(self, name))
+        _positive("moe", "scale", self.scale)
+        if isinstance(self.aux_loss, bool) or not isinstance(self.aux_loss, (int, float)) or not \
+                0 <= self.aux_loss < math.inf:
+            _fail("moe", "aux_loss", self.aux_loss, "must be a finite number >= 0")
+        if self.n_experts % self.n_group:
+            _fail("moe", "n_group", self.n_group, f"must divide n_experts={self.n_experts}")
+        if self.topk_group > self.n_group:
+            _fail("moe", "topk_group", self.topk_group, f"cannot exceed n_group={self.n_group}")
+        if self.router == "sigmoid" and self.n_group > 1 and self.n_experts // self.n_group < 2:
+            _fail("moe", "n_group", self.n_group, "sigmoid routing scores a group by its best two experts; "
+                                                   "each group needs two")
+        if self.selection_bias and self.router != "sigmoid":
+            _fail("moe", "selection_bias", True, "is a sigmoid router's (DeepSeek-V3's); use router='sigmoid'")
+        _choice("moe", "router", self.router, ROUTERS)
+        _choice("moe", "shared", self.shared, SHARED_EXPERTS)
+        if self.top_k > self.n_experts:
+            _fail("moe", "top_k", self.top_k, f"cannot exceed n_experts={self.n_experts}")
+        _integer("moe", "d_shared", self.d_shared, allow_none=True)
+        if (self.shared == "none") != (self.d_shared is None):
+            _fail("moe", "d_shared", self.d_shared, f"is set exactly when shared={self.shared!r} is not 'none'")
+        layers = self.dense_layers
+        if not isinstance(layers, (list, tuple)) or any(isinstance(i, bool) or not isinstance(i, int) or i < 0
+                                                        for i in layers):
+            _fail("moe", "dense_layers", layers, "must be a list of layer indices")
+        object.__setattr__(self, "dense_layers", tuple(sorted(set(layers))))
+
+    def sparse(self, layer: int) -> bool:
+        return layer not in self.dense_layers
+
+
+@dataclass(frozen=True)
 class ArchConfig:
     """The canonical description of a decoder-only transformer."""
 
@@ -194,6 +264,7 @@ class ArchConfig:
     # feed-forward
     activation: str = "silu"
     gated: bool = True
+    moe: MoeConfig | None = None  # a mixture of experts in place of the dense FFN (on its sparse layers)
     # positions
     absolute_positions: str = "none"
     position_offset: int = 0
@@ -260,10 +331,13 @@ class ArchConfig:
         self._normalise_attention_settings(kind)
         self._normalise_layers("layer_positions", "rope", LAYER_POSITIONS)
         self._normalise_layers("layer_kinds", "global", LAYER_KINDS)
-        for name in ("rope", "rope_local", "norm"):
+        for name, sub in (("rope", RopeConfig), ("rope_local", RopeConfig), ("norm", NormConfig),
+                          ("moe", MoeConfig)):
             value = getattr(self, name)
             if isinstance(value, dict):
-                object.__setattr__(self, name, (NormConfig if name == "norm" else RopeConfig)(**value))
+                object.__setattr__(self, name, sub(**value))
+        if self.moe is not None:
+            self._check_moe(self.moe)
         for rope in (self.rope, self.rope_local):
             if rope is not None and rope.rotary_dim(self.head_dim) % 2:
                 _fail("ArchConfig", "head_dim", self.head_dim,
@@ -324,6 +398,15 @@ class ArchConfig:
         if kind.check is not None:
             kind.check(self)
 
+    def _check_moe(self, moe: MoeConfig) -> None:
+        if not self.gated:
+            _fail("ArchConfig", "gated", False, "experts are gated FFNs; a mixture of experts needs gated=True")
+        if self.mlp_bias:
+            _fail("ArchConfig", "mlp_bias", True, "experts have no biases; a mixture of experts needs mlp_bias=False")
+        if moe.dense_layers and moe.dense_layers[-1] >= self.n_layers:
+            _fail("ArchConfig", "moe.dense_layers", list(moe.dense_layers),
+                  f"names a layer >= n_layers={self.n_layers}")
+
     def _normalise_attention_settings(self, kind: AttentionKind) -> None:
         """None or a JSON object becomes the kind's settings (defaults where None)."""
         value = self.attention_settings
@@ -382,11 +465,12 @@ class ArchConfig:
 
     # ----------------------------------------------------------------------------- JSON
     def to_dict(self) -> dict[str, Any]:
-        """Every field; `attention_settings` only where the kind has settings, so the lmconvert.json
-        of a kind without them reads as it did before settings existed."""
+        """Every field; `attention_settings` only where the kind has settings and `moe` only for a
+        mixture of experts, so the lmconvert.json of other models reads as it did before."""
         data = dataclasses.asdict(self)
-        if data["attention_settings"] is None:
-            del data["attention_settings"]
+        for name in ("attention_settings", "moe"):  # as files written before these fields read
+            if data[name] is None:
+                del data[name]
         return data
 
     def to_json(self) -> str:
@@ -403,6 +487,8 @@ class ArchConfig:
         data["rope"] = _sub(RopeConfig, data.get("rope"), "rope")
         if data.get("rope_local") is not None:
             data["rope_local"] = _sub(RopeConfig, data["rope_local"], "rope_local")
+        if data.get("moe") is not None:
+            data["moe"] = _sub(MoeConfig, data["moe"], "moe")
         try:
             return cls(**data)
         except TypeError as exc:  # missing required fields

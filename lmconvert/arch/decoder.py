@@ -16,6 +16,7 @@ from .cache import KVCache
 from .config import ArchConfig
 from .context import Context
 from .errors import ConfigError
+from .moe import balance_loss
 from .norms import Norm
 from .positions import POSITION_TABLES, RelativeBias
 from .rope import Rotary
@@ -122,7 +123,8 @@ class Decoder(nn.Module):
 
     def loss(self, logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
         """Cross-entropy of position t predicting labels[t+1] (-100 ignored), plus z-loss
-        alpha * logsumexp^2 that keeps the softmax normaliser near 1 (PaLM)."""
+        alpha * logsumexp^2 that keeps the softmax normaliser near 1 (PaLM), plus a mixture of experts'
+        load-balancing loss times `moe.aux_loss` (off by default) over the forward pass just run."""
         logits = logits[:, :-1].float().flatten(0, 1)
         target = labels[:, 1:].flatten()
         keep = target != -100
@@ -130,6 +132,8 @@ class Decoder(nn.Module):
         if self.cfg.z_loss:
             z = torch.logsumexp(logits[keep], dim=-1)
             loss = loss + self.cfg.z_loss * (z ** 2).mean()
+        if self.cfg.moe is not None and self.cfg.moe.aux_loss:  # the experts' load balance (moe.py)
+            loss = loss + self.cfg.moe.aux_loss * balance_loss(self, self.cfg.moe)
         return loss
 
     @torch.no_grad()

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+from math import prod
+
 from .attention_kinds import attention_kind
-from .config import ArchConfig, NormConfig, RopeConfig
+from .config import ArchConfig, MoeConfig, NormConfig, RopeConfig
+from .shapes import parameter_shapes
 
 ACTIVATION_NAMES = {"relu": "ReLU", "gelu": "GeLU (erf)", "gelu_tanh": "GeLU (tanh)", "silu": "SiLU",
                     "relu2": "squared ReLU", "gelu_new": "GeLU (tanh, written out)",
@@ -53,6 +56,45 @@ def _rope(r: RopeConfig) -> str:
     return text
 
 
+ROUTER_NAMES = {"softmax": "softmax then top-k", "sigmoid": "sigmoid then top-k"}
+SHARED_NAMES = {"gated": "one shared expert, sigmoid-gated", "plain": "shared experts, ungated"}
+
+
+def _moe(cfg: ArchConfig, moe: MoeConfig) -> list[str]:
+    sparse = [i for i in range(cfg.n_layers) if moe.sparse(i)]
+    where = "all layers" if len(sparse) == cfg.n_layers else f"layers {sparse}"
+    router = ROUTER_NAMES[moe.router] + (", renormalised" if moe.norm_topk else ", not renormalised")
+    router += ", weights in fp32" if moe.weights_fp32 else ", weights in activation dtype"
+    if moe.n_group > 1:
+        router += f", best {moe.topk_group} of {moe.n_group} groups"
+    if moe.selection_bias:
+        router += ", selection bias"
+    if moe.scale != 1.0:
+        router += f", scaled x{moe.scale:g}"
+    if moe.router_fp32:
+        router += ", logits in fp32"
+    lines = [f"mixture of experts: {moe.n_experts} experts, top-{moe.top_k}, d_expert {moe.d_expert} ({where})",
+             f"router: {router}"]
+    if moe.d_shared is not None:
+        lines.append(f"{SHARED_NAMES[moe.shared]}, width {moe.d_shared}")
+    if moe.aux_loss:
+        lines.append(f"load-balancing loss x{moe.aux_loss:g} in the training loss")
+    total, active = parameter_counts(cfg)
+    lines.append(f"parameters: {total:,} total, {active:,} active per token")
+    return lines
+
+
+def parameter_counts(cfg: ArchConfig) -> tuple[int, int]:
+    """All parameters, and those one token uses: each sparse layer's unchosen experts left out."""
+    total = sum(prod(shape) for shape in parameter_shapes(cfg).values())
+    moe = cfg.moe
+    if moe is None:
+        return total, total
+    per_expert = (3 if cfg.gated else 2) * cfg.d_model * moe.d_expert
+    sparse = sum(moe.sparse(i) for i in range(cfg.n_layers))
+    return total, total - sparse * (moe.n_experts - moe.top_k) * per_expert
+
+
 def variants(cfg: ArchConfig) -> list[str]:
     out = [f"norm: {_norm(cfg.norm)}", f"placement: {PLACEMENT_NAMES[cfg.norm_placement]}",
            *attention_kind(cfg.attention).describe(cfg)]
@@ -100,7 +142,12 @@ def variants(cfg: ArchConfig) -> list[str]:
     if cfg.absolute_positions != "none":
         offset = f", index offset {cfg.position_offset}" if cfg.position_offset else ""
         out.append(f"absolute positions: {POSITION_NAMES[cfg.absolute_positions]}{offset}")
-    out.append(f"FFN: {(GATED_NAMES if cfg.gated else ACTIVATION_NAMES)[cfg.activation]}, d_ff {cfg.d_ff}")
+    ffn = f"FFN: {(GATED_NAMES if cfg.gated else ACTIVATION_NAMES)[cfg.activation]}"
+    if cfg.moe is None:
+        out.append(f"{ffn}, d_ff {cfg.d_ff}")
+    else:  # d_ff is the dense layers' width, and means nothing where every layer is a mixture
+        out.append(f"{ffn}, d_ff {cfg.d_ff} on dense layers" if cfg.moe.dense_layers else f"{ffn} experts")
+        out.extend(_moe(cfg, cfg.moe))
     biases = [n for n in ("q", "k", "v", "o", "mlp", "lm_head") if getattr(cfg, f"{n}_bias")]
     out.append(f"biases: {', '.join(biases) if biases else 'none'}")
     out.append("embeddings: tied" if cfg.tie_embeddings else "embeddings: untied")

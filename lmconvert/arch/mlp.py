@@ -10,12 +10,14 @@ from .config import ArchConfig
 
 
 class MLP(nn.Module):
-    def __init__(self, cfg: ArchConfig) -> None:
+    def __init__(self, cfg: ArchConfig, width: int | None = None) -> None:
+        """`width`: the hidden width when it is not d_ff (an expert's, a shared expert's)."""
         super().__init__()
+        d_ff = cfg.d_ff if width is None else width
         self.act = ACTIVATIONS[cfg.activation]
-        self.gate = nn.Linear(cfg.d_model, cfg.d_ff, bias=cfg.mlp_bias) if cfg.gated else None
-        self.up = nn.Linear(cfg.d_model, cfg.d_ff, bias=cfg.mlp_bias)
-        self.down = nn.Linear(cfg.d_ff, cfg.d_model, bias=cfg.mlp_bias)
+        self.gate = nn.Linear(cfg.d_model, d_ff, bias=cfg.mlp_bias) if cfg.gated else None
+        self.up = nn.Linear(cfg.d_model, d_ff, bias=cfg.mlp_bias)
+        self.down = nn.Linear(d_ff, cfg.d_model, bias=cfg.mlp_bias)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.gate is None:

@@ -32,16 +32,35 @@ NORM_SLOTS: dict[str, tuple[str, ...]] = {
 }
 
 
-def _mlp(cfg: ArchConfig, name: str) -> Shapes:
-    """Optional gate, then up and down; one bias switch for all three."""
-    up, down = LinearPart(cfg.d_model, cfg.d_ff, cfg.mlp_bias), LinearPart(cfg.d_ff, cfg.d_model, cfg.mlp_bias)
+def _mlp(cfg: ArchConfig, name: str, width: int | None = None) -> Shapes:
+    """Optional gate, then up and down; one bias switch for all three. `width`: an expert's."""
+    d_ff = cfg.d_ff if width is None else width
+    up, down = LinearPart(cfg.d_model, d_ff, cfg.mlp_bias), LinearPart(d_ff, cfg.d_model, cfg.mlp_bias)
     shapes = up.shapes(f"{name}.gate") if cfg.gated else {}
     shapes.update(up.shapes(f"{name}.up"))
     shapes.update(down.shapes(f"{name}.down"))
     return shapes
 
 
-def _block(cfg: ArchConfig, name: str) -> Shapes:
+def _ffn(cfg: ArchConfig, layer: int, name: str) -> Shapes:
+    """The dense MLP, or on a sparse layer the mixture of experts (arch/moe.py): the router, each
+    expert one at a time (so conversion streams them), then the shared expert and its gate."""
+    moe = cfg.moe
+    if moe is None or not moe.sparse(layer):
+        return _mlp(cfg, name)
+    shapes = LinearPart(cfg.d_model, moe.n_experts).shapes(f"{name}.router")
+    if moe.selection_bias:
+        shapes[f"{name}.router.selection_bias"] = (moe.n_experts,)
+    for e in range(moe.n_experts):
+        shapes.update(_mlp(cfg, f"{name}.experts.{e}", moe.d_expert))
+    if moe.d_shared is not None:
+        shapes.update(_mlp(cfg, f"{name}.shared", moe.d_shared))
+    if moe.shared == "gated":
+        shapes.update(LinearPart(cfg.d_model, 1).shapes(f"{name}.shared_gate"))
+    return shapes
+
+
+def _block(cfg: ArchConfig, layer: int, name: str) -> Shapes:
     attention = attention_kind(cfg.attention)  # its parts, the very ones its module attaches
     filled, norm = NORM_SLOTS[cfg.norm_placement], NormPart(cfg.d_model, cfg.norm)
     shapes: Shapes = {}
@@ -49,7 +68,7 @@ def _block(cfg: ArchConfig, name: str) -> Shapes:
         if slot in filled:
             shapes.update(norm.shapes(f"{name}.{slot}"))
     shapes.update(part_shapes(attention.parts(cfg), f"{name}.attn"))
-    shapes.update(_mlp(cfg, f"{name}.mlp"))
+    shapes.update(_ffn(cfg, layer, f"{name}.mlp"))
     return shapes
 
 
@@ -69,7 +88,7 @@ def parameter_shapes(cfg: ArchConfig) -> dict[str, tuple[int, ...]]:
     if "relative" in cfg.layer_positions:
         shapes["rel_bias.weight"] = (cfg.relative_buckets, cfg.n_heads)
     for i in range(cfg.n_layers):
-        shapes.update(_block(cfg, f"layers.{i}"))
+        shapes.update(_block(cfg, i, f"layers.{i}"))
     if cfg.final_norm:
         shapes.update(NormPart(cfg.d_model, cfg.norm).shapes("final_norm"))
     if cfg.projects_embeddings:

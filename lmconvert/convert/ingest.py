@@ -30,7 +30,7 @@ def to_canonical(src: Path | Checkpoint, out: Path, dtype: str | None = None, ma
         check_output(out, force, (ckpt.path,))
         with atomic_directory(out, force) as tmp:
             items = [(canonical, name, t.forward) for canonical, (name, t) in ckpt.plan.items()]
-            planned = plan_tensors(ckpt.source.tensors, items, dtype, allow_nonfinite)
+            planned = plan_tensors(ckpt.reader, items, dtype, allow_nonfinite)
             written = write_shards(planned, tmp, max_shard_bytes, progress=progress)
             ckpt.write_sidecars(tmp)
             extras = {k: ckpt.config[k] for k in PASSTHROUGH_KEYS if k in ckpt.config}

@@ -35,9 +35,13 @@ def plan_tensors(reader: TensorReader, items: Iterable[tuple[str, str | tuple[st
 
     target = None if cast is None else BY_TORCH_NAME[cast].name
 
+    once: set[str] = set()  # a source several outputs come from (fused experts) is checked once
+
     def checked(src: str) -> torch.Tensor:
         raw = reader.get(src)
-        check_tensor(raw, None if allow_nonfinite else FiniteCheck(src, reader.where(src)), expected(src))
+        if src not in once:
+            check_tensor(raw, None if allow_nonfinite else FiniteCheck(src, reader.where(src)), expected(src))
+            once.add(src)
         return raw
 
     def producer(src: str | tuple[str, ...], fn: TensorFn) -> Callable[[], torch.Tensor]:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import partial
 from importlib import import_module
 from math import prod
@@ -28,7 +28,7 @@ from .dtypes import DTYPES, dominant
 from .errors import InputError
 from .hf import is_hf_safetensors, open_hf_safetensors
 from .safetensors_dir import TensorSource
-from .source import CANNOT_LOAD_META, Loadable, Source, dtype_name
+from .source import CANNOT_LOAD_META, LastRead, Loadable, Source, TensorReader, dtype_name
 
 if TYPE_CHECKING:
     import torch
@@ -79,6 +79,7 @@ class Checkpoint:
     arch: ArchConfig
     plan: dict[str, tuple[str, Transform]]  # canonical name -> (name in the source, transform)
     dropped: list[str]  # source tensors the family does not use (rotary caches and the like)
+    _shared: LastRead | None = field(default=None, repr=False)
 
     @property
     def path(self) -> Path:
@@ -97,10 +98,22 @@ class Checkpoint:
         """lmconvert.json, for a canonical checkpoint."""
         return self.source.canonical
 
+    @property
+    def reader(self) -> TensorReader:
+        """The source's tensors, read through a one-tensor memory when the plan reads some stored
+        tensor more than once (fused experts), so that each is read once, not once per expert."""
+        sources = [name for name, _ in self.plan.values()]
+        if len(set(sources)) == len(sources):
+            return self.source.tensors
+        if self._shared is None:
+            self._shared = LastRead(self.source.tensors)
+        return self._shared
+
     def tensors(self, dtype: torch.dtype | None = None) -> Iterator[tuple[str, torch.Tensor]]:
         """Canonical (name, tensor) pairs, one at a time, in the source's order."""
+        reader = self.reader
         for canonical, (name, transform) in self.plan.items():
-            t = transform.forward(self.source.tensors.get(name))
+            t = transform.forward(reader.get(name))
             yield canonical, t if dtype is None else t.to(dtype)
 
     def weights(self) -> dict[str, Callable[[], torch.Tensor]]:
@@ -108,7 +121,7 @@ class Checkpoint:
         return {c: partial(self._read, name, t.forward) for c, (name, t) in self.plan.items()}
 
     def _read(self, name: str, forward: Callable[[torch.Tensor], torch.Tensor]) -> torch.Tensor:
-        return forward(self.source.tensors.get(name))
+        return forward(self.reader.get(name))
 
     def dtype(self) -> str:
         """The model's dtype (torch's name), as config.json means it: recorded for a canonical

@@ -16,6 +16,7 @@ Tensors are read lazily from the reader's memory map, one at a time.
 from __future__ import annotations
 
 import json
+import threading
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -30,7 +31,7 @@ from lmconvert.mappings import MappingError, family_for
 from lmconvert.mappings.family import tensor_sizes as family_tensor_sizes
 from lmconvert.mappings.gguf import GgufArch, arch_entry, tensor_sizes
 from lmconvert.mappings.gguf_metadata import LLAMA3_STATED, TOKEN_IDS, hf_config
-from lmconvert.mappings.table import IDENTITY, Transform, out_shape
+from lmconvert.mappings.table import IDENTITY, TensorTable, Transform, out_shape
 
 from . import schema
 from .checkpoint_files import within
@@ -54,7 +55,8 @@ ARCH_TYPES: dict[str, schema.Spec] = {  # `{arch}.` keys
     **{key: schema.POSITIVE_INT for key in (
         "context_length", "embedding_length", "block_count", "feed_forward_length", "attention.head_count",
         "attention.head_count_kv", "attention.key_length", "attention.value_length", "rope.dimension_count",
-        "vocab_size", "attention.sliding_window", "rope.scaling.original_context_length")},
+        "vocab_size", "attention.sliding_window", "rope.scaling.original_context_length", "expert_count",
+        "expert_used_count", "expert_feed_forward_length", "expert_shared_feed_forward_length")},
     **{key: schema.POSITIVE for key in (
         "attention.layer_norm_rms_epsilon", "attention.layer_norm_epsilon", "rope.freq_base", "rope.freq_base_swa",
         "attn_logit_softcapping",
@@ -207,6 +209,8 @@ class GgufTensors:
 
     def __init__(self, file: GgufFile, plans: dict[str, TensorPlan], dtype: torch.dtype) -> None:
         self.file, self.plans, self._dtype = file, plans, dtype
+        self._last: tuple[str | None, Any] = (None, None)  # a stacked experts tensor, dequantized once
+        self._lock = threading.Lock()
 
     def names(self) -> list[str]:
         return list(self.plans)
@@ -224,7 +228,16 @@ class GgufTensors:
         """Dequantized, transformed (an offset computes in float32, as transformers does), then
         cast to the file's one dtype."""
         plan = self.plans[name]
-        return plan.transform.forward(self.file.read(plan.gguf_name)).to(self._dtype).contiguous()
+        return plan.transform.forward(self._read(plan.gguf_name)).to(self._dtype).contiguous()
+
+    def _read(self, gguf_name: str) -> torch.Tensor:
+        """The dequantized GGUF tensor; the last one is kept, because every expert of a stacked
+        tensor is read from it in turn."""
+        with self._lock:
+            if self._last[0] != gguf_name:
+                self._last = (None, None)
+                self._last = (gguf_name, self.file.read(gguf_name))
+            return self._last[1]
 
     def close(self) -> None:
         self.file.close()
@@ -251,6 +264,9 @@ def tensor_plans(file: GgufFile, config: dict[str, Any], entry: GgufArch) -> dic
         except MappingError:
             pieces = []
         canonical = tuple(c for c, _ in pieces) if len(pieces) > 1 else pieces[0][0] if pieces else None
+        if isinstance(canonical, str) and "{}" in canonical:  # a mixture's stacked experts: one plan per expert
+            plans.update(expert_plans(file, name, table, hf_of, sizes))
+            continue
         if canonical not in hf_of:
             raise InputError(f"{file.path}: tensor {name!r} has no counterpart in {config['model_type']} as this "
                              "metadata describes it; the file holds something lmconvert does not convert")
@@ -272,6 +288,23 @@ def _to_hf(steps: list[Transform], hf_step: Transform) -> Transform:
         return hf_step.inverse(canonical if len(steps) > 1 else canonical[0])
 
     return Transform(" then ".join(s.name for s in (*steps, hf_step)), forward)
+
+
+def expert_plans(file: GgufFile, name: str, table: TensorTable, hf_of: dict[Any, tuple[str, Transform]],
+                 sizes: dict[str, int]) -> dict[str, TensorPlan]:
+    """{HF name: plan} for each expert a stacked GGUF tensor holds, as many as its first dimension."""
+    (pattern, step), = table.expanding(name)
+    shape = file.shape(name)
+    plans = {}
+    for e in range(shape[0]):
+        canonical = pattern.replace("{}", str(e))
+        if canonical not in hf_of:
+            raise InputError(f"{file.path}: tensor {name!r} holds {shape[0]} experts, but the metadata describes "
+                             f"fewer; the file holds something lmconvert does not convert")
+        hf, hf_step = hf_of[canonical]
+        transform = _to_hf([step.bind({**sizes, "index": e})], hf_step)
+        plans[hf] = TensorPlan(name, out_shape(transform.forward, shape), transform)
+    return plans
 
 
 # ---------------------------------------------------------------------------------------------

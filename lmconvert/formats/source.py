@@ -41,6 +41,30 @@ class TensorReader(Protocol):
     def close(self) -> None: ...
 
 
+class LastRead:
+    """A reader that keeps the last tensor it read, for plans that read one stored tensor several
+    times (transformers 5's fused experts give every expert's weights): each is read once while its
+    readers follow one another, and memory holds one stored tensor more, never more. Reads go one
+    at a time (threads wanting the same tensor wait for it rather than read it again)."""
+
+    def __init__(self, reader: TensorReader) -> None:
+        import threading
+
+        self.reader = reader
+        self._lock = threading.Lock()
+        self._last: tuple[str | None, Any] = (None, None)
+
+    def get(self, name: str) -> torch.Tensor:
+        with self._lock:
+            if self._last[0] != name:
+                self._last = (None, None)  # let the previous one go before reading the next
+                self._last = (name, self.reader.get(name))
+            return self._last[1]
+
+    def __getattr__(self, attr: str) -> Any:  # names, shape, where, raw_location... are the reader's
+        return getattr(self.reader, attr)
+
+
 @dataclass(frozen=True)
 class Loadable:
     """How transformers' `from_pretrained` loads some files: a directory and keyword arguments

@@ -19,15 +19,19 @@ from . import (
     granite,
     llama,
     mistral,
+    mixtral,
     mpt,
     nemotron,
     olmo,
     olmo2,
+    olmoe,
     opt,
     phi,
     phi3,
     qwen2,
+    qwen2_moe,
     qwen3,
+    qwen3_moe,
     smollm3,
     stablelm,
     starcoder2,
@@ -42,7 +46,8 @@ FAMILIES: dict[str, Family] = {f.name: f for f in (llama.FAMILY, mistral.FAMILY,
                                                    granite.FAMILY, olmo.FAMILY, deepseek_v2.FAMILY, deepseek_v3.FAMILY,
                                                    phi3.FAMILY, cohere.FAMILY, cohere2.FAMILY, opt.FAMILY,
                                                    xglm.FAMILY, gpt_neo.FAMILY, gpt2.FAMILY, gptj.FAMILY, phi.FAMILY,
-                                                   gpt_neox.FAMILY, bloom.FAMILY, mpt.FAMILY, falcon.FAMILY)}
+                                                   gpt_neox.FAMILY, bloom.FAMILY, mpt.FAMILY, falcon.FAMILY,
+                                                   mixtral.FAMILY, qwen2_moe.FAMILY, qwen3_moe.FAMILY, olmoe.FAMILY)}
 BY_MODEL_TYPE: dict[str, Family] = {t: f for f in FAMILIES.values() for t in f.model_types}
 
 

@@ -1,4 +1,4 @@
-"""DeepSeek-V3, dense layers only.
+"""DeepSeek-V3.
 
 Same as llama, except: attention is multi-head latent attention (the "latent" kind), with
 `q_lora_rank` (null: a plain `q_proj`), `kv_lora_rank`, `qk_nope_head_dim`, `qk_rope_head_dim` (what
@@ -6,22 +6,28 @@ transformers also calls `head_dim`) and `v_head_dim`; `attention_bias` switches 
 `q_a_proj`, `kv_a_proj_with_mqa` and `o_proj` only; the MLA-internal RMSNorms use eps 1e-6
 whatever `rms_norm_eps` says; `rope_interleave` (default true) reads the rotary dims in pairs; under
 scaled RoPE with `mscale_all_dim` the score scale is multiplied by mscale squared; there is no
-`mlp_bias`. Layers from `first_k_dense_replace` on are mixture-of-experts layers, which the canonical
-decoder does not have yet: a checkpoint with any is refused, naming them.
+`mlp_bias`. Layers from `first_k_dense_replace` on are mixtures of `n_routed_experts` experts
+(`moe_intermediate_size` wide) with `n_shared_experts` ungated shared experts; the router
+(`mlp.gate`, kept in fp32 by transformers) scores experts by a sigmoid of fp32 logits, chooses
+`num_experts_per_tok` of them on those scores plus `e_score_correction_bias` within the best
+`topk_group` of `n_group` groups, renormalises the chosen scores when `norm_topk_prob` and scales
+them by `routed_scaling_factor` (in fp32).
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
-from lmconvert.arch import ArchConfig
+from lmconvert.arch import ArchConfig, MoeConfig
 from lmconvert.arch.attention_kinds import LatentSettings
 
 from . import llama
-from .config_table import Entry
+from .config_table import DEFAULT, Entry
 from .errors import Inexpressible, MappingError
 from .family import Family
 from .hf_config import HfConfig, Key
+from .hf_moe import FUSED_RULES
 from .hf_rope import KEYS as ROPE_KEYS
 from .hf_rope import rope_from_hf, rope_parameters, rope_to_hf
 from .table import Rule, TensorTable
@@ -40,8 +46,6 @@ MLA_RULES = tuple(
     )
     for p in params
 )
-TENSORS = TensorTable(llama.EDGE_RULES + MLA_RULES + llama.MLP_RULES + llama.PRE_NORM_RULES)
-
 
 def latent_keys(v_head_dim_nullable: bool) -> tuple[Key, ...]:
     return (
@@ -96,25 +100,86 @@ def rope_to_deepseek(cfg: ArchConfig) -> dict[str, Any]:
     return {"rope_parameters": rope_to_hf(cfg.rope), "rope_interleave": cfg.rope.layout == "interleaved"}
 
 
-def dense_only(default: int, nullable: bool) -> Entry:
+def first_dense(hf: HfConfig, fields: dict[str, Any]) -> int | None:
     """`first_k_dense_replace`: transformers makes layer i a mixture-of-experts layer when
-    i >= first_k_dense_replace; refused until the decoder has them. Export writes the layer count."""
+    i >= first_k_dense_replace; None when every layer is dense."""
+    first, n = hf.get("first_k_dense_replace"), fields["n_layers"]
+    if first is None:  # transformers' config class accepts it; building the model then fails
+        raise MappingError("config.json: first_k_dense_replace=null: transformers cannot build this model; "
+                           "set it to num_hidden_layers for a dense model")
+    return None if first >= n else first
+
+
+def required(hf: HfConfig, names: tuple[str, ...], first: int, n: int) -> None:
+    """Keys a mixture-of-experts layer needs, which the config class lets be null (transformers
+    then fails building the model)."""
+    for name in names:
+        if hf.get(name) is None:
+            layers = str(first) if first == n - 1 else f"{first}-{n - 1}"
+            raise MappingError(f"config.json: {name}=null, but first_k_dense_replace={first} makes layers {layers} "
+                               f"mixture-of-experts layers, which need it; state it from the model card")
+
+
+def shared_count(moe: MoeConfig) -> Any:
+    """n_shared_experts, which transformers multiplies by moe_intermediate_size."""
+    if moe.d_shared is None or moe.d_shared % moe.d_expert:
+        return DEFAULT  # read back, a different model: reported as this mixture of experts
+    return moe.d_shared // moe.d_expert
+
+
+def experts_row(name: str, first: Key, keys: tuple[Key, ...], read_moe: Callable[[HfConfig, int, int], MoeConfig],
+                write_moe: Callable[[MoeConfig], dict[str, Any]]) -> Entry:
+    """The MoE row of both DeepSeek families: a dense model (every layer below
+    first_k_dense_replace) has no MoeConfig; export writes first_k_dense_replace as the number of
+    dense layers and the other keys as the family's (their defaults for a dense model)."""
 
     def read(hf: HfConfig, fields: dict[str, Any]) -> dict[str, Any]:
-        first, n = hf.get("first_k_dense_replace"), fields["n_layers"]
-        if first is None:  # transformers' config class accepts it; building the model then fails
-            raise MappingError("config.json: first_k_dense_replace=null: transformers cannot build this model; "
-                               "set it to num_hidden_layers for a dense model")
-        if first < n:
-            layers = str(first) if first == n - 1 else f"{first}-{n - 1}"
-            raise MappingError(f"config.json: first_k_dense_replace={first} makes layers {layers} of {n} "
-                               f"mixture-of-experts layers, which lmconvert cannot convert yet; only DeepSeek "
-                               f"checkpoints whose every layer is dense (first_k_dense_replace >= "
-                               f"num_hidden_layers) are supported")
-        return {}
+        first, n = first_dense(hf, fields), fields["n_layers"]
+        return {} if first is None else {"moe": read_moe(hf, first, n)}
 
-    key = Key("first_k_dense_replace", int, default, nullable=nullable, bound="non_negative")
-    return Entry("dense layers", (key,), read, lambda cfg: {"first_k_dense_replace": cfg.n_layers})
+    def write(cfg: ArchConfig) -> dict[str, Any]:
+        if cfg.moe is None:
+            return {"first_k_dense_replace": cfg.n_layers, **{k.name: DEFAULT for k in keys}}
+        return {"first_k_dense_replace": len(cfg.moe.dense_layers), **write_moe(cfg.moe)}
+
+    return Entry(name, (first, *keys), read, write)
+
+
+FIRST_DENSE = Key("first_k_dense_replace", int, 3, nullable=True, bound="non_negative")
+V3_KEYS = (Key("n_routed_experts", int, 256), Key("num_experts_per_tok", int, 8, nullable=True),
+           Key("moe_intermediate_size", int, 2048), Key("n_shared_experts", int, 1),
+           Key("routed_scaling_factor", float, 2.5), Key("n_group", int, 8, nullable=True),
+           Key("topk_group", int, 4, nullable=True), Key("norm_topk_prob", bool, True, nullable=True))
+
+
+def v3_moe(hf: HfConfig, first: int, n: int) -> MoeConfig:
+    """DeepseekV3TopkRouter: sigmoid scores, e_score_correction_bias for choosing, the best
+    topk_group of n_group groups, renormalised when norm_topk_prob, times routed_scaling_factor;
+    n_shared_experts ungated shared experts as one FFN."""
+    required(hf, ("num_experts_per_tok", "n_group", "topk_group"), first, n)
+    width = hf.get("moe_intermediate_size")
+    return MoeConfig(n_experts=hf.get("n_routed_experts"), top_k=hf.get("num_experts_per_tok"), d_expert=width,
+                     router="sigmoid", norm_topk=bool(hf.get("norm_topk_prob")), weights_fp32=True, shared="plain",
+                     d_shared=hf.get("n_shared_experts") * width, dense_layers=tuple(range(first)),
+                     n_group=hf.get("n_group"), topk_group=hf.get("topk_group"), selection_bias=True,
+                     scale=hf.get("routed_scaling_factor"), router_fp32=True)
+
+
+def v3_to_hf(moe: MoeConfig) -> dict[str, Any]:
+    return {"n_routed_experts": moe.n_experts, "num_experts_per_tok": moe.top_k, "moe_intermediate_size": moe.d_expert,
+            "n_shared_experts": shared_count(moe), "routed_scaling_factor": moe.scale, "n_group": moe.n_group,
+            "topk_group": moe.topk_group, "norm_topk_prob": moe.norm_topk}
+
+
+MOE_RULES = (
+    Rule("model.layers.{}.mlp.gate.weight", "layers.{}.mlp.router.weight"),
+    Rule("model.layers.{}.mlp.gate.e_score_correction_bias", "layers.{}.mlp.router.selection_bias"),
+    *(Rule(f"model.layers.{{}}.mlp.experts.{{}}.{n}_proj.weight", f"layers.{{}}.mlp.experts.{{}}.{n}.weight")
+      for n in ("gate", "up", "down")),
+    *(Rule(f"model.layers.{{}}.mlp.shared_experts.{n}_proj.{p}", f"layers.{{}}.mlp.shared.{n}.{p}")
+      for n in ("gate", "up", "down") for p in ("weight", "bias")),
+    *FUSED_RULES,
+)
 
 
 CONFIG = llama.CONFIG.but(
@@ -122,10 +187,12 @@ CONFIG = llama.CONFIG.but(
     add=(
         Entry("rope", (*ROPE_KEYS, INTERLEAVE), rope_from_deepseek, rope_to_deepseek),
         latent("deepseek_v3", deinterleave=True, v_head_dim_nullable=True),
-        dense_only(3, nullable=True),
+        experts_row("experts", FIRST_DENSE, V3_KEYS, v3_moe, v3_to_hf),
     ),
     defaults={"vocab_size": 129280, "hidden_size": 7168, "intermediate_size": 18432, "num_hidden_layers": 61,
               "num_attention_heads": 128, "num_key_value_heads": 128, "max_position_embeddings": 4096},
 )
+
+TENSORS = TensorTable(llama.EDGE_RULES + MLA_RULES + llama.MLP_RULES + llama.PRE_NORM_RULES + MOE_RULES)
 
 FAMILY = Family("deepseek_v3", ("deepseek_v3",), "DeepseekV3ForCausalLM", TENSORS, CONFIG)

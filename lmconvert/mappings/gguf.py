@@ -12,6 +12,9 @@ What llama.cpp's converter changes, each undone by the table the way transformer
 - Gemma 2 and 3 norm weights are stored as `w + 1` (q/k norms too): Offset subtracts 1 in float32;
 - embedding / output rows past the vocabulary are padding: Trim drops them;
 - Phi-3's fused `attn_qkv` and `ffn_up` are HF's qkv_proj and gate_up_proj unchanged: pieces.
+- a mixture's experts are stacked per layer and projection (`ffn_gate_exps` [experts, width,
+  hidden]): Unstack gives each expert's matrix; Qwen2-MoE's shared-expert gate is stored as a
+  vector: Unsqueeze restores its row.
 """
 
 from __future__ import annotations
@@ -23,7 +26,7 @@ from typing import Any
 
 from .errors import MappingError
 from .table import Rule, TensorTable
-from .transforms import IDENTITY, Offset, Permute, Piece, Step, Transform, Trim
+from .transforms import IDENTITY, Offset, Permute, Piece, Step, Transform, Trim, Unsqueeze, Unstack
 
 
 @dataclass(frozen=True)
@@ -43,15 +46,20 @@ class GgufArch:
     norm_eps: str = "attention.layer_norm_rms_epsilon"  # the required key holding the norm eps (GPT-2's is
     #   attention.layer_norm_epsilon)
     table: TensorTable | None = None  # a table of its own (GPT-2: fused qkv, positions, norm biases)
+    experts: bool = False  # a mixture of experts on every layer (stacked experts), no dense FFN
 
     @property
     def tensors(self) -> TensorTable:
         """llama.cpp's tensor names <-> canonical names, with this architecture's transforms."""
         return self.table if self.table is not None else tensor_table(self.permute_qk, self.norm_offset, self.output,
-                                                                      self.fused)
+                                                                      self.fused, self.experts)
 
 
 ATTENTION_BIAS = {"attention_bias": "blk.0.attn_q.bias"}
+# llama.cpp's qwen2moe / qwen3moe graphs (no dense layers, no window) hard-code whether the top-k
+# weights are renormalised: never for qwen2moe, always for qwen3moe
+QWEN_MOE_KEYS = {"expert_count": "num_experts", "expert_used_count": "num_experts_per_tok",
+                 "expert_feed_forward_length": "moe_intermediate_size"}
 GEMMA_KEYS = {"attention.sliding_window": "sliding_window", "final_logit_softcapping": "final_logit_softcapping"}
 ARCHS: dict[str, GgufArch] = {
     "llama": GgufArch("llama", defaults={"hidden_act": "silu"},
@@ -59,6 +67,13 @@ ARCHS: dict[str, GgufArch] = {
     "qwen2": GgufArch("qwen2", defaults={"hidden_act": "silu", "use_sliding_window": False}),
     "qwen3": GgufArch("qwen3", defaults={"hidden_act": "silu", "use_sliding_window": False}, bias_flags=ATTENTION_BIAS),
     "olmo2": GgufArch("olmo2", defaults={"hidden_act": "silu"}, bias_flags=ATTENTION_BIAS),
+    "qwen2moe": GgufArch("qwen2_moe", keys={**QWEN_MOE_KEYS,
+                                            "expert_shared_feed_forward_length": "shared_expert_intermediate_size"},
+                         defaults={"hidden_act": "silu", "use_sliding_window": False, "norm_topk_prob": False},
+                         bias_flags={"qkv_bias": "blk.0.attn_q.bias"}, experts=True),
+    "qwen3moe": GgufArch("qwen3_moe", keys=QWEN_MOE_KEYS,
+                         defaults={"hidden_act": "silu", "use_sliding_window": False, "norm_topk_prob": True},
+                         bias_flags=ATTENTION_BIAS, experts=True),
     "gemma2": GgufArch("gemma2", keys={**GEMMA_KEYS, "attn_logit_softcapping": "attn_logit_softcapping"},
                        defaults={"hidden_activation": "gelu_pytorch_tanh", "attn_logit_softcapping": 50.0,
                                  "final_logit_softcapping": 30.0},
@@ -111,7 +126,8 @@ def _fused() -> tuple[Rule, ...]:
 
 
 @cache
-def tensor_table(permute_qk: bool, norm_offset: float, output: bool, fused: bool = False) -> TensorTable:
+def tensor_table(permute_qk: bool, norm_offset: float, output: bool, fused: bool = False,
+                 experts: bool = False) -> TensorTable:
     """The GGUF table for an architecture with these facts."""
     q = Permute("heads") if permute_qk else IDENTITY
     k = Permute("kv_heads") if permute_qk else IDENTITY
@@ -119,18 +135,28 @@ def tensor_table(permute_qk: bool, norm_offset: float, output: bool, fused: bool
     layer_norms = (("attn_norm", "attn_norm"), ("ffn_norm", "mlp_norm"), ("post_attention_norm", "attn_post_norm"),
                    ("post_ffw_norm", "mlp_post_norm"), ("attn_q_norm", "attn.q_norm"), ("attn_k_norm", "attn.k_norm"))
     separate = (*_weight_and_bias("attn_q", "attn.q", q), *_weight_and_bias("attn_k", "attn.k", k),
-                *_weight_and_bias("attn_v", "attn.v", IDENTITY), *_weight_and_bias("ffn_gate", "mlp.gate", IDENTITY),
-                *_weight_and_bias("ffn_up", "mlp.up", IDENTITY))
+                *_weight_and_bias("attn_v", "attn.v", IDENTITY),
+                *(() if experts else (*_weight_and_bias("ffn_gate", "mlp.gate", IDENTITY),
+                                      *_weight_and_bias("ffn_up", "mlp.up", IDENTITY))))
     return TensorTable((
         Rule("token_embd.weight", "embed.weight", PADDED),
         *((Rule("output.weight", "lm_head.weight", PADDED),) if output else ()),
         Rule("output_norm.weight", "final_norm.weight", norm),
         *(_fused() if fused else separate),
         *_weight_and_bias("attn_output", "attn.o", IDENTITY),
-        *_weight_and_bias("ffn_down", "mlp.down", IDENTITY),
+        *(MOE_RULES if experts else _weight_and_bias("ffn_down", "mlp.down", IDENTITY)),
         *(Rule(f"blk.{{}}.{g}.weight", f"layers.{{}}.{c}.weight", norm) for g, c in layer_norms),
         Rule("rope_freqs.weight", None),  # Llama 3's RoPE scaling factors: read into the config
     ))
+
+
+MOE_RULES = (
+    Rule("blk.{}.ffn_gate_inp.weight", "layers.{}.mlp.router.weight"),
+    *(Rule(f"blk.{{}}.ffn_{n}_exps.weight", f"layers.{{}}.mlp.experts.{{}}.{n}.weight", Unstack())
+      for n in ("gate", "up", "down")),
+    *(Rule(f"blk.{{}}.ffn_{n}_shexp.weight", f"layers.{{}}.mlp.shared.{n}.weight") for n in ("gate", "up", "down")),
+    Rule("blk.{}.ffn_gate_inp_shexp.weight", "layers.{}.mlp.shared_gate.weight", Unsqueeze()),
+)
 
 
 def tensor_sizes(config: Mapping[str, Any]) -> dict[str, int]:

@@ -8,10 +8,14 @@ Several canonical tensors may be stored end to end in one (Phi-3's fused qkv_pro
 rule of its own with the same stored pattern and a `Piece` transform; import takes each piece,
 export names the pieces in order and concatenates them.
 
-A pattern's `{}` stands for the layer index. A rule whose canonical side is None drops the
-tensor on import (and says so); its stored pattern may end in `*` to drop a whole subtree (a
-vision tower, say). Both directions check that every input tensor is consumed and every expected
-output tensor is produced; leftovers are errors that name the tensors. A transform declared with
+A pattern's `{}` stands for the layer index; a second `{}` for an expert's. A rule whose canonical
+side has one `{}` more than its stored side expands: one stored tensor (transformers 5's fused
+experts) gives one canonical tensor per expert the config expects, its transform bound to that
+expert (`sizes["index"]`); such rules come after the per-expert ones, which export writes. A
+rule whose canonical side is None drops the tensor on import (and says so); its stored pattern may
+end in `*` to drop a whole subtree (a vision tower, say). Both directions check that every input
+tensor is consumed and every expected output tensor is produced; leftovers are errors that name
+the tensors. A transform declared with
 symbolic sizes is bound by the `sizes` a plan is given.
 """
 
@@ -41,7 +45,14 @@ Plan = dict[str, tuple[str | tuple[str, ...], Transform]]
 
 
 def _fill(pattern: str, match: re.Match[str]) -> str:
-    return pattern.replace("{}", match.group(1)) if match.groups() else pattern
+    """The pattern's `{}`s filled with the match's numbers in order; any left over stay `{}`."""
+    for number in match.groups():
+        pattern = pattern.replace("{}", number, 1)
+    return pattern
+
+
+def _expands(rule: Rule) -> bool:
+    return rule.canonical is not None and rule.canonical.count("{}") > rule.stored.count("{}")
 
 
 def _compile(pattern: str) -> re.Pattern[str]:
@@ -128,7 +139,11 @@ class TensorTable:
         """{canonical: (stored name, transform)} and the dropped stored names; checks both sides."""
         plan: Plan = {}
         dropped: list[str] = []
+        expected = set(expected)
         for stored in stored_names:
+            if self.expanding(stored):
+                self._plan_expanding(stored, expected, plan, sizes or {})
+                continue
             for canonical, step in self.to_canonical_names(stored):
                 if canonical is None:
                     dropped.append(stored)
@@ -138,6 +153,44 @@ class TensorTable:
                     plan[canonical] = (stored, step.bind(sizes or {}))
         _check_sides(set(plan), set(expected), "the checkpoint")
         return plan, dropped
+
+    def stored_names(self, canonical: str) -> list[str]:
+        """Every stored name a canonical tensor is read from, the one export writes first (a fused
+        experts tensor for each expert's weights; Mixtral's router under both its names)."""
+        names = []
+        for rule, _, can_re in self._compiled:
+            match = can_re.match(canonical) if can_re else None
+            if match:
+                names.append(_fill(rule.stored, match))
+        return names
+
+    def expanding(self, stored: str) -> list[tuple[str, Step | Transform]]:
+        """(canonical pattern with the expert's `{}` left in, transform) of every expanding rule that
+        reads `stored` (gate and up both come out of gate_up_proj)."""
+        name = self._normalise(stored)
+        found = []
+        for rule, stored_re, _ in self._compiled:
+            match = stored_re.match(name)
+            if match and _expands(rule):
+                found.append((_fill(rule.canonical, match), rule.transform))  # type: ignore[arg-type]
+        return found
+
+    def _plan_expanding(self, stored: str, expected: set[str], plan: Plan, sizes: Sizes) -> None:
+        """Every canonical tensor of `expected` that the fused `stored` holds, one per expert."""
+        found_any = False
+        for pattern, step in self.expanding(stored):
+            wanted = _compile(pattern)
+            for canonical in sorted(expected):
+                found = wanted.match(canonical)
+                if found is None:
+                    continue
+                if canonical in plan:
+                    raise MappingError(f"tensors {plan[canonical][0]!r} and {stored!r} both map to {canonical!r}")
+                plan[canonical] = (stored, step.bind({**sizes, "index": int(found.group(1))}))
+                found_any = True
+        if not found_any:
+            raise MappingError(f"the checkpoint has tensor(s) the config does not use: {stored}; "
+                               "check that config.json matches the weights")
 
     def plan_export(self, canonical_names: Iterable[str],
                     sizes: Sizes | None = None) -> dict[str, tuple[Any, Transform]]:

@@ -17,6 +17,8 @@ bit by tests/test_table_transforms.py.
 - Trim: padding rows past the vocabulary dropped;
 - Transpose: a matrix stored [in, out] (GPT-2's Conv1D);
 - QkvGroups: a fused qkv projection laid out per KV group -> q, k, v concatenated (NeoX, BLOOM, Falcon);
+- Unstack: one expert's matrix out of a fused 3-D experts tensor (inverse: stack them all);
+- Unsqueeze: a leading dimension of size 1 the file leaves out;
 - Chain: several in order.
 
 torch is imported only inside the functions: reading a table must not load it.
@@ -88,14 +90,23 @@ def pairs_to_halves(t: torch.Tensor, heads: int) -> torch.Tensor:
     """Per head, rows (0, 1), (2, 3), ... (Meta's complex pairs, llama.cpp's `LlamaModel.permute`
     output) -> rows 0..d/2-1 then d/2..d-1 (transformers' rotate-half). transformers'
     `convert_llama_weights_to_hf.py` `permute` and its GGUF loader's `_reverse_permute_weights`."""
-    dim = t.shape[0] // heads // 2
+    dim = _half_head(t, heads)
     return t.reshape(heads, dim, 2, *t.shape[1:]).swapaxes(1, 2).reshape(t.shape)
 
 
 def halves_to_pairs(t: torch.Tensor, heads: int) -> torch.Tensor:
     """The inverse of pairs_to_halves: llama.cpp's `LlamaModel.permute` (convert_hf_to_gguf.py)."""
-    dim = t.shape[0] // heads // 2
+    dim = _half_head(t, heads)
     return t.reshape(heads, 2, dim, *t.shape[1:]).swapaxes(1, 2).reshape(t.shape)
+
+
+def _half_head(t: torch.Tensor, heads: int) -> int:
+    """Half a head's rows: a head count the rows do not split into rotary pairs is refused by name
+    (a config that contradicts its tensors), not met as a reshape error."""
+    if heads <= 0 or t.shape[0] % (2 * heads):
+        raise MappingError(f"{t.shape[0]} rows do not split into {heads} heads of rotary pairs; the head "
+                           "count contradicts the tensors")
+    return t.shape[0] // heads // 2
 
 
 @dataclass(frozen=True)
@@ -295,6 +306,46 @@ def qkv_to_groups(t: torch.Tensor, heads: int, kv: int, dim: int) -> torch.Tenso
     k = t[heads * dim:(heads + kv) * dim].reshape(kv, 1, dim, *rest)
     v = t[(heads + kv) * dim:].reshape(kv, 1, dim, *rest)
     return torch.cat([q, k, v], dim=1).reshape(t.shape)
+
+
+# ---- Unstack: fused experts
+
+
+@dataclass(frozen=True)
+class Unstack:
+    """Expert `sizes["index"]`'s matrix out of a fused [experts, rows, cols] tensor (transformers
+    5's `experts.gate_up_proj` / `experts.down_proj`), and of its rows the `part`-th of `parts`
+    equal blocks (gate rows, then up rows). Forward returns a copy, so that holding one expert
+    never holds the fused tensor. Inverse: the whole fused tensor from every expert's blocks, a
+    list (one per part) of lists (one per expert, in order); `stack`. Exact both ways: forward of
+    each (expert, part) of `stack(pieces)` is that piece, and stacking every forward of t is t."""
+
+    part: int = 0
+    parts: int = 1
+
+    def bind(self, sizes: Sizes) -> Transform:
+        e, part, parts = _size(sizes, "index"), self.part, self.parts
+        where = f" (part {part + 1} of {parts})" if parts > 1 else ""
+        return Transform(f"expert {e} of a fused tensor{where}", lambda t: t[e].chunk(parts, 0)[part].clone(),
+                         stack)
+
+
+def stack(pieces: Sequence[Sequence[torch.Tensor]]) -> torch.Tensor:
+    import torch
+
+    return torch.cat([torch.stack(list(experts)) for experts in pieces], dim=1)
+
+
+# ---- Unsqueeze
+
+
+@dataclass(frozen=True)
+class Unsqueeze:
+    """A leading dimension of size 1 that the file leaves out (llama.cpp stores Qwen2-MoE's
+    shared-expert gate, a [1, hidden] matrix, as a vector). Exact both ways."""
+
+    def bind(self, sizes: Sizes) -> Transform:
+        return Transform("a leading dimension of 1", lambda t: t.unsqueeze(0), lambda t: t.squeeze(0))
 
 
 # ---- Chain

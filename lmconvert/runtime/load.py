@@ -8,6 +8,7 @@ from pathlib import Path
 import torch
 
 from lmconvert.arch import ArchConfig, Decoder
+from lmconvert.arch.moe import kept_in_fp32
 from lmconvert.arch.shapes import parameter_shapes
 from lmconvert.formats.checkpoint import Checkpoint, open_checkpoint
 from lmconvert.formats.dtypes import parse_dtype
@@ -18,7 +19,9 @@ def build(arch: ArchConfig, tensors: Iterable[tuple[str, torch.Tensor]], dtype: 
           device: str | torch.device, attention: str = "sdpa") -> Decoder:
     with torch.device("meta"):
         model = Decoder(arch)
-    state = {name: t.to(device=device, dtype=dtype or t.dtype) for name, t in tensors}
+    fp32 = kept_in_fp32(model)
+    state = {name: t.to(device=device, dtype=torch.float32 if name in fp32 else dtype or t.dtype)
+             for name, t in tensors}
     missing = sorted(set(parameter_shapes(arch)) - set(state))
     if missing:
         raise InputError(f"checkpoint lacks tensor(s): {', '.join(missing[:5])}")

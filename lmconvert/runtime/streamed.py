@@ -22,6 +22,7 @@ from torch import nn
 
 from lmconvert.arch import ArchConfig, Decoder, KVCache
 from lmconvert.arch.context import Context
+from lmconvert.arch.moe import kept_in_fp32
 from lmconvert.arch.shapes import parameter_shapes
 from lmconvert.formats.checkpoint import Checkpoint, open_checkpoint, opened
 from lmconvert.formats.errors import InputError
@@ -82,6 +83,7 @@ class StreamedDecoder:
             self.model = Decoder(arch)
         self.model.set_attention(attention).eval()
         self.weights, self.dtype, self.device = weights, dtype, torch.device(device)
+        self.fp32 = kept_in_fp32(self.model)
         self.stages: dict[str, list[str]] = {}
         for name in weights:
             for stage in _stage_of(name, arch.tie_embeddings):
@@ -99,7 +101,8 @@ class StreamedDecoder:
     def _load(self, names: list[str]) -> None:
         for name in names:
             t = self.weights[name]()
-            self._assign(name, t.to(device=self.device, dtype=self.dtype or t.dtype))
+            dtype = torch.float32 if name in self.fp32 else self.dtype or t.dtype
+            self._assign(name, t.to(device=self.device, dtype=dtype))
 
     def _unload(self, names: list[str]) -> None:
         for name in names:

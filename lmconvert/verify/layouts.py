@@ -14,7 +14,8 @@ A layout names its axes in order; `*` joins axes flattened into one dimension; a
 written as segments joined by `|` is a fused output (Phi-3's qkv_proj, [q | k | v]), of which the
 bracketed segment is the point's value:
 B batch, T time, d d_model, E the embedding width (d_model, but for OPT-350m's projection), F d_ff,
-H query heads, KV key/value heads, D head_dim, P the pieces of a fused projection; for latent
+H query heads, KV key/value heads, D head_dim, P the pieces of a fused projection, X experts, S a shared
+expert's width; for latent
 attention (MLA) Q q_lora_rank, C kv_lora_rank, QK a query/key head (qk_nope_head_dim + head_dim),
 CR the joint latent (C + head_dim), NV a head's expanded key and value (qk_nope_head_dim +
 v_head_dim), and `one` the single latent "head" both sides expand from.
@@ -23,6 +24,7 @@ v_head_dim), and `one` the single latent "head" both sides expand from.
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 
@@ -45,6 +47,16 @@ class Piece:
     index: int
 
 RESIDUAL: Layout = "B T d"
+EXPERT = re.compile(r"^mlp\.experts\.\d+$")
+
+# A mixture of experts (arch/moe.py) runs on the tokens flattened, as transformers' does: the
+# router's logits over the X experts, the routed experts' weighted sum (and each expert alone on
+# every token, `mlp.experts.{e}`, of kind "mlp.expert"), the shared expert (width S) and its
+# one-column gate. The same on both sides.
+MOE: Mapping[str, Layout] = {
+    "mlp.router": "B*T X", "mlp.experts": "B*T d", "mlp.expert": "B*T d", "mlp.shared.gate": "B*T S",
+    "mlp.shared.up": "B*T S", "mlp.shared.down": "B*T d", "mlp.shared_gate": "B*T one",
+}
 
 # Our Decoder's points, by kind (`sublayer_of`): every block output, norm and projection is
 # (B, T, features); q/k/v stay flat until attention splits the heads.
@@ -52,7 +64,7 @@ OURS: Mapping[str, Layout] = {
     "embed": RESIDUAL, "final_norm": "B T E", "output": RESIDUAL,  # final_norm: what the LM head reads
     "attn_norm": RESIDUAL, "attn_post_norm": RESIDUAL, "mlp_norm": RESIDUAL, "mlp_post_norm": RESIDUAL,
     "attn.q": "B T H*D", "attn.k": "B T KV*D", "attn.v": "B T KV*D", "attn.o": RESIDUAL,
-    "mlp.gate": "B T F", "mlp.up": "B T F", "mlp.down": RESIDUAL,
+    "mlp.gate": "B T F", "mlp.up": "B T F", "mlp.down": RESIDUAL, **MOE,
 }
 
 # Our QK norms, by ArchConfig.qk_norm: per head on the (B, T, H, D) view, or over the whole
@@ -91,14 +103,17 @@ TRANSFORMERS_BY_MODEL_TYPE: Mapping[str, Mapping[str, Layout | Piece]] = {
     # one qkv_proj output [q | k | v] and one gate_up_proj output [gate | up]
     "phi3": {**FUSED_QKV, "mlp.gate": "B T [F]|F", "mlp.up": "B T F|[F]"},
     "mpt": FUSED_QKV,  # Wqkv: [q; k; v] along its output
-    # DeepseekV2/V3Attention: kv_b_proj on the latent viewed as (B, 1, T, C) in `expand_kv`, as ours
-    "deepseek_v2": LATENT,
-    "deepseek_v3": LATENT,
     # OPTDecoderLayer runs its MLP on the hidden states flattened to (B*T, d)
     "opt": {"mlp.up": "B*T F", "mlp.down": "B*T d"},
     # q, k and v are the three pieces of one Conv1D, `c_attn`: q | k | v along its output
     "gpt2": {"attn.q": Piece("B T P*H*D", "P", 0), "attn.k": Piece("B T P*KV*D", "P", 1),
              "attn.v": Piece("B T P*KV*D", "P", 2)},
+    "olmoe": {"attn.q_norm": "B T H*D", "attn.k_norm": "B T KV*D"},
+    "qwen3_moe": {"attn.q_norm": "B T H D", "attn.k_norm": "B T KV D"},  # as qwen3
+    # DeepseekV2/V3Attention: kv_b_proj on the latent viewed as (B, 1, T, C) in `expand_kv`, as ours;
+    # DeepseekV2Moe/V3MoE run the shared experts on the unflattened input
+    "deepseek_v2": {**LATENT, "mlp.shared.gate": "B T S", "mlp.shared.up": "B T S", "mlp.shared.down": RESIDUAL},
+    "deepseek_v3": {**LATENT, "mlp.shared.gate": "B T S", "mlp.shared.up": "B T S", "mlp.shared.down": RESIDUAL},
 }
 
 
@@ -111,6 +126,11 @@ def _latent_sizes(arch: ArchConfig) -> dict[str, int]:
     if s.q_lora_rank is not None:
         sizes["Q"] = s.q_lora_rank
     return sizes
+
+
+def _moe_sizes(arch: ArchConfig) -> dict[str, int]:
+    moe = arch.moe
+    return {} if moe is None else {"X": moe.n_experts, "S": moe.d_shared or 0, "one": 1}
 
 
 class LayoutError(ValueError):
@@ -178,12 +198,12 @@ class PointLayouts:
         ours = {**OURS, **OURS_QK_NORM.get(arch.qk_norm, {}), **OURS_BY_ATTENTION.get(arch.attention, {})}
         theirs = {**TRANSFORMERS, **TRANSFORMERS_BY_MODEL_TYPE.get(model_type, {})}
         sizes = {"B": batch, "T": seq_len, "d": arch.d_model, "E": arch.embed_dim, "F": arch.d_ff, "H": arch.n_heads,
-                 "KV": arch.n_kv_heads, "D": arch.head_dim, "P": 3, **_latent_sizes(arch)}
+                 "KV": arch.n_kv_heads, "D": arch.head_dim, "P": 3, **_latent_sizes(arch), **_moe_sizes(arch)}
         return cls(ours, theirs, sizes, model_type)
 
     def to_ours(self, point: str, value: torch.Tensor) -> torch.Tensor:
         """transformers' value at `point`, in our layout."""
-        kind = sublayer_of(point)
+        kind = EXPERT.sub("mlp.expert", sublayer_of(point))  # every expert's point is of one kind
         if kind not in self.theirs:
             raise LayoutError(f"{point}: no layout is declared for transformers' {self.model_type} {kind}; "
                               "declare it in lmconvert/verify/layouts.py")

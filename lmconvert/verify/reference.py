@@ -16,7 +16,7 @@ from lmconvert.formats.source import Loadable
 from lmconvert.mappings.table import TensorTable
 
 from .layouts import PointLayouts
-from .trace import EMBED, FINAL, Recorder, Trace, hf_point_modules
+from .trace import EMBED, FINAL, Recorder, Trace, hf_point_modules, sublayer_of
 
 
 def accelerate_device(device: str) -> int | str:
@@ -61,7 +61,7 @@ def offload_map(reference: Loadable, dtype: torch.dtype, device: str, max_memory
 @contextmanager
 def reference_model(reference: Loadable, dtype: torch.dtype, device: str,
                     max_memory: int | None = None) -> Iterator[torch.nn.Module]:
-    """transformers' own model with eager attention: the ground truth for parity, loaded as the
+    """transformers' own model with eager attention (and eager experts): the ground truth for parity, loaded as the
     checkpoint's format says (a GGUF file with `gguf_file=`, dequantized by transformers).
     With `max_memory` (bytes), accelerate places what fits and offloads the rest to a temporary
     folder, loading each offloaded module onto `device` only while it runs."""
@@ -80,8 +80,10 @@ def load_reference(reference: Loadable, dtype: torch.dtype, device: str, max_mem
     try:
         extra = {} if max_memory is None else {
             "device_map": offload_map(reference, dtype, device, max_memory), "offload_folder": offload}
+        # eager experts too: a mixture of experts summed expert by expert (index_add_), as ours, where
+        # transformers' default (grouped_mm) sums each token's top-k in another order
         model = AutoModelForCausalLM.from_pretrained(str(reference.where), dtype=dtype, attn_implementation="eager",
-                                                     **reference.kwargs, **extra)
+                                                     experts_implementation="eager", **reference.kwargs, **extra)
     except ImportError as exc:  # device_map needs accelerate
         raise InputError(f"--max-memory: transformers cannot offload ({exc}); pip install accelerate") from None
     except (OSError, ValueError) as exc:
@@ -109,6 +111,8 @@ def reference_trace(model: torch.nn.Module, ids: torch.Tensor, arch: ArchConfig,
     modules = dict(model.named_modules())
     recorder = Recorder()
     for point, path in paths.items():
+        if arch.moe is not None and sublayer_of(point) == "mlp.experts":
+            recorder.experts_alone(point, modules[path], expert_alone, arch.moe.n_experts)
         recorder.output_of(point, modules[path])
     try:
         out = model(ids, output_hidden_states=True, use_cache=False)
@@ -123,6 +127,17 @@ def reference_trace(model: torch.nn.Module, ids: torch.Tensor, arch: ArchConfig,
         points[FINAL] = states[-1].detach().to("cpu", copy=True)
     layouts = PointLayouts.of(arch, model_type(model), *ids.shape)
     return Trace(out.logits, *layouts.all_to_ours(points))
+
+
+def expert_alone(experts: torch.nn.Module, args: tuple, e: int) -> torch.Tensor:
+    """transformers' experts module (`MixtralExperts`, `Qwen2MoeExperts`, ...: hidden states,
+    top-k indices, top-k weights) with every token routed to expert `e` alone at weight 1: that
+    expert's own output, by transformers' own code. `forward` is called, not the module, so that
+    the hooks on it do not run again."""
+    h = args[0]
+    tokens = h.shape[0]
+    return experts.forward(h, torch.full((tokens, 1), e, dtype=torch.long, device=h.device),
+                           torch.ones((tokens, 1), dtype=h.dtype, device=h.device))
 
 
 def model_type(model: torch.nn.Module) -> str:

@@ -19,7 +19,7 @@ import torch
 from torch import nn
 
 from lmconvert.arch import ArchConfig, Decoder
-from lmconvert.mappings import MappingError
+from lmconvert.mappings.errors import MappingError
 from lmconvert.mappings.table import TensorTable
 
 EMBED, FINAL = "embed", "final_norm"
@@ -37,17 +37,25 @@ class Trace:
 
 def block_modules(model: nn.Module) -> list[tuple[str, nn.Module]]:
     """(canonical name, module) for every weight-owning module inside the blocks, in the order a
-    block declares them (the recorder keeps the order they actually run in)."""
-    return [(name, module) for name, module in model.named_modules()
-            if name.startswith("layers.") and any(True for _ in module.parameters(recurse=False))]
+    block declares them (the recorder keeps the order they actually run in). A module marked
+    `one_point` (a mixture's experts, which transformers computes as one module) is one point, and
+    the modules inside it are none."""
+    found: list[tuple[str, nn.Module]] = []
+    for name, module in model.named_modules():
+        if not name.startswith("layers.") or any(name.startswith(f"{whole}.") for whole, m in found
+                                                 if getattr(m, "one_point", False)):
+            continue
+        if getattr(module, "one_point", False) or any(True for _ in module.parameters(recurse=False)):
+            found.append((name, module))
+    return found
 
 
 def point_modules(arch: ArchConfig) -> dict[str, str]:
-    """{point name: the canonical weight name that identifies its module}, without allocating."""
+    """{point name: the canonical weight name that identifies its module (its first own, else its
+    first part's)}, without allocating."""
     with torch.device("meta"):
         model = Decoder(arch)
-    return {name: f"{name}.{next(iter(dict(module.named_parameters(recurse=False))))}"
-            for name, module in block_modules(model)}
+    return {name: f"{name}.{next(iter(dict(module.named_parameters())))}" for name, module in block_modules(model)}
 
 
 def layer_of(point: str) -> int | None:
@@ -89,6 +97,17 @@ class Recorder:
             self.keep(name, args[0])
         self._handles.append(module.register_forward_pre_hook(hook))
 
+    def experts_alone(self, name: str, module: nn.Module, alone: Callable[[nn.Module, tuple, int], torch.Tensor],
+                      n_experts: int) -> None:
+        """Before a mixture's experts run, each expert's own output on every token of their input,
+        as `{name}.{e}`: `alone(module, args, e)` computes it (each side calls its own module its
+        own way). Recorded ahead of the experts' sum, so that one broken expert is the first
+        failure and is named."""
+        def hook(_module: nn.Module, args: tuple) -> None:
+            for e in range(n_experts):
+                self.keep(f"{name}.{e}", alone(module, args, e))
+        self._handles.append(module.register_forward_pre_hook(hook))
+
     def result(self) -> dict[str, torch.Tensor]:
         return {k: v for k, v in self.points.items() if k not in self.repeated}
 
@@ -107,6 +126,8 @@ def recording(model: nn.Module) -> Iterator[Recorder]:
         if len(model.layers):
             recorder.input_of(EMBED, model.layers[0])
         for name, module in block_modules(model):
+            if getattr(module, "one_point", False):  # a mixture's experts: also each one alone
+                recorder.experts_alone(name, module, lambda m, args, e: m[e](args[0]), len(module))
             recorder.output_of(name, module)
         for i, block in enumerate(model.layers):
             recorder.output_of(f"layers.{i}", block)
@@ -153,12 +174,14 @@ def hf_point_modules(root: nn.Module, arch: ArchConfig, table: TensorTable) -> d
     by_layer: dict[int, list[str]] = {}
     for point, weight in point_modules(arch).items():
         try:
-            hf_weight, step = table.to_hf_name(weight)
+            _, step = table.to_hf_name(weight)
         except MappingError:  # a tensor this family does not name is simply not a point
             continue
         if getattr(step, "interleaves", False):  # q, k or v of a projection fused per KV group (NeoX, BLOOM,
             continue  # Falcon): no transformers module computes it, nor a slice of one
-        path = resolve(names, _module_path(hf_weight), table)
+        # the name export writes, then any other the table reads (transformers 5's fused experts)
+        paths = (resolve(names, _module_path(hf_weight), table) for hf_weight in table.stored_names(weight))
+        path = next((p for p in paths if p is not None), None)
         if path is not None:
             found[point] = path
             by_layer.setdefault(layer_of(point), []).append(path)

@@ -1,0 +1,139 @@
+"""Mixture-of-experts conversion: time and peak RSS against `cp -r`, as the expert count doubles.
+
+Generates random bf16 Qwen3-MoE-shaped checkpoints (hidden 1024, experts 256 wide, 32000-token
+vocabulary) with E and 2E experts per layer, in the Hub's layout (one tensor per expert and
+projection) and in transformers 5's fused layout (one [experts, 2 * width, hidden] gate_up_proj and
+one down_proj per layer), then times, each in its own process with its input in the page cache:
+cp -r, lmconvert HF -> canonical, lmconvert canonical -> HF. Streaming holds one tensor at a time
+(a fused tensor is read once for all its experts), so peak RSS follows the largest tensor, not the
+checkpoint: flat for the Hub's layout when the experts double, and growing by the fused tensor's
+growth for the fused one.
+
+    python bench/moe_convert.py [--work DIR] [--experts 64] [--layers 8] [--repeat 3]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+from common import Measured, dir_bytes, measure, prepare, table
+
+HIDDEN, WIDTH, VOCAB, HEADS, KV, HEAD_DIM = 1024, 256, 32000, 16, 4, 64
+
+
+def config(layers: int, experts: int) -> dict:
+    return {"model_type": "qwen3_moe", "architectures": ["Qwen3MoeForCausalLM"], "vocab_size": VOCAB,
+            "hidden_size": HIDDEN, "intermediate_size": 4 * HIDDEN, "moe_intermediate_size": WIDTH,
+            "num_hidden_layers": layers, "num_attention_heads": HEADS, "num_key_value_heads": KV,
+            "head_dim": HEAD_DIM, "num_experts": experts, "num_experts_per_tok": 8, "norm_topk_prob": True,
+            "max_position_embeddings": 4096, "tie_word_embeddings": False, "dtype": "bfloat16",
+            "rope_parameters": {"rope_type": "default", "rope_theta": 1e6}}
+
+
+def shapes(layers: int, experts: int, fused: bool) -> dict[str, tuple[int, ...]]:
+    out: dict[str, tuple[int, ...]] = {"model.embed_tokens.weight": (VOCAB, HIDDEN)}
+    for i in range(layers):
+        p = f"model.layers.{i}"
+        out.update({f"{p}.input_layernorm.weight": (HIDDEN,), f"{p}.post_attention_layernorm.weight": (HIDDEN,),
+                    f"{p}.self_attn.q_proj.weight": (HEADS * HEAD_DIM, HIDDEN),
+                    f"{p}.self_attn.k_proj.weight": (KV * HEAD_DIM, HIDDEN),
+                    f"{p}.self_attn.v_proj.weight": (KV * HEAD_DIM, HIDDEN),
+                    f"{p}.self_attn.o_proj.weight": (HIDDEN, HEADS * HEAD_DIM),
+                    f"{p}.self_attn.q_norm.weight": (HEAD_DIM,), f"{p}.self_attn.k_norm.weight": (HEAD_DIM,),
+                    f"{p}.mlp.gate.weight": (experts, HIDDEN)})
+        if fused:
+            out[f"{p}.mlp.experts.gate_up_proj"] = (experts, 2 * WIDTH, HIDDEN)
+            out[f"{p}.mlp.experts.down_proj"] = (experts, HIDDEN, WIDTH)
+        else:
+            for e in range(experts):
+                out.update({f"{p}.mlp.experts.{e}.gate_proj.weight": (WIDTH, HIDDEN),
+                            f"{p}.mlp.experts.{e}.up_proj.weight": (WIDTH, HIDDEN),
+                            f"{p}.mlp.experts.{e}.down_proj.weight": (HIDDEN, WIDTH)})
+    out.update({"model.norm.weight": (HIDDEN,), "lm_head.weight": (VOCAB, HIDDEN)})
+    return out
+
+
+def write(directory: Path, layers: int, experts: int, fused: bool) -> None:
+    """In a child process, so that this one never holds the weights: shards of about 1 GB."""
+    code = (f"import sys; sys.path.insert(0, {str(Path(__file__).parent)!r}); from moe_convert import _write; "
+            f"_write({str(directory)!r}, {layers}, {experts}, {fused})")
+    subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def _write(directory: str, layers: int, experts: int, fused: bool) -> None:
+    import torch
+    from safetensors.torch import save_file
+
+    root = Path(directory)
+    root.mkdir(parents=True)
+    generator = torch.Generator().manual_seed(0)
+    groups: list[dict[str, tuple[int, ...]]] = [{}]
+    size = 0
+    for name, shape in shapes(layers, experts, fused).items():
+        if size > 10**9:
+            groups.append({})
+            size = 0
+        groups[-1][name] = shape
+        size += torch.Size(shape).numel() * 2
+    weight_map, total = {}, 0
+    for i, group in enumerate(groups, start=1):
+        file = f"model-{i:05d}-of-{len(groups):05d}.safetensors"
+        tensors = {n: (torch.randn(s, generator=generator) * 0.02).to(torch.bfloat16) for n, s in group.items()}
+        save_file(tensors, str(root / file), metadata={"format": "pt"})
+        total += sum(t.numel() * 2 for t in tensors.values())
+        weight_map.update(dict.fromkeys(group, file))
+        del tensors
+    (root / "model.safetensors.index.json").write_text(json.dumps({"metadata": {"total_size": total},
+                                                                   "weight_map": weight_map}, indent=2))
+    (root / "config.json").write_text(json.dumps(config(layers, experts), indent=2))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--work", type=Path, default=None)
+    parser.add_argument("--experts", type=int, default=64)
+    parser.add_argument("--layers", type=int, default=8)
+    parser.add_argument("--repeat", type=int, default=3)
+    args = parser.parse_args()
+    py = sys.executable
+    work = Path(tempfile.mkdtemp(dir=args.work, prefix="lmconvert-moe-bench-"))
+    rows = [["layout", "experts", "size", "step", "median s", "x cp", "peak RSS MB"]]
+    try:
+        for fused in (False, True):
+            for experts in (args.experts, 2 * args.experts):
+                src = work / "src"
+                write(src, args.layers, experts, fused)
+                steps = [("cp -r", ["cp", "-r", str(src), str(work / "copy")], src, work / "copy"),
+                         ("HF -> canonical", [py, "-m", "lmconvert.cli", "convert", str(src), str(work / "canon")],
+                          src, work / "canon"),
+                         ("canonical -> HF", [py, "-m", "lmconvert.cli", "convert", str(work / "canon"),
+                                              str(work / "back"), "--to", "hf"], work / "canon", work / "back")]
+                runs: dict[str, list[Measured]] = {label: [] for label, *_ in steps}
+                for _ in range(args.repeat):
+                    for label, argv, source, output in steps:
+                        prepare(source, True)
+                        runs[label].append(measure(label, argv))
+                        if label != "HF -> canonical":
+                            shutil.rmtree(output)
+                    shutil.rmtree(work / "canon")
+                cp = statistics.median(r.seconds for r in runs["cp -r"])
+                for label, measured in runs.items():
+                    seconds = statistics.median(r.seconds for r in measured)
+                    rows.append(["fused" if fused else "hub", str(experts), f"{dir_bytes(src) / 1e9:.2f} GB", label,
+                                 f"{seconds:.2f}", f"{seconds / cp:.1f}",
+                                 f"{max(r.peak_rss for r in measured) / 1e6:.0f}"])
+                shutil.rmtree(src)
+        print(table(rows))
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,169 @@
+"""The mixture-of-experts FFN: a router, `n_experts` gated FFNs, and an optional shared expert.
+
+Op for op as transformers 5's eager experts (`MixtralExperts.forward`, `Qwen2MoeExperts.forward`,
+...), so that bf16 results are theirs bit for bit: the router's logits in the activation dtype,
+softmax in fp32, top-k, the optional renormalisation in fp32, then (unless `weights_fp32`) the
+weights cast back to the activation dtype; experts in increasing index order, each on the tokens
+routed to it, weighted, cast to the activation dtype and `index_add_`-ed into a zero tensor (the
+order of those adds is the rounding order in bf16). The shared expert's output, gated by a sigmoid
+where `shared="gated"`, is added last, as Qwen2-MoE and DeepSeek add it. DeepSeek's routers
+(sigmoid scores, a selection bias, group-limited choice, a scaling factor, fp32 logits) follow
+`DeepseekV3TopkRouter` and `DeepseekV2TopkRouter` op for op.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from .config import ArchConfig, MoeConfig
+from .mlp import MLP
+
+
+class Router(nn.Linear):
+    """Scores -> (logits, top-k weights, top-k expert indices), per token of a flat [tokens, d_model]."""
+
+    def __init__(self, cfg: ArchConfig, moe: MoeConfig) -> None:
+        super().__init__(cfg.d_model, moe.n_experts, bias=False)
+        self.moe = moe
+        self.selection_bias = nn.Parameter(torch.zeros(moe.n_experts)) if moe.selection_bias else None
+        # DeepSeek's router computes in fp32 from fp32 parameters: transformers keeps them fp32 in
+        # any dtype (`_keep_in_fp32_modules_strict`), and so do the loaders (`kept_in_fp32`)
+        self.fp32_parameters = ("weight", "selection_bias")[:1 + moe.selection_bias] if moe.router_fp32 else ()
+
+    def forward(self, h: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:  # type: ignore[override]
+        """The logits first, as transformers' routers return them, so that verify compares the
+        router's own output."""
+        moe = self.moe
+        logits = nn.functional.linear(h.float(), self.weight.float()) if moe.router_fp32 else super().forward(h)
+        weights, chosen = SCORES[moe.router](self, logits)
+        if moe.norm_topk:
+            weights /= weights.sum(dim=-1, keepdim=True) + EPS[moe.router]
+        if moe.scale != 1.0:
+            weights = weights * moe.scale
+        if not moe.weights_fp32:
+            weights = weights.to(logits.dtype)
+        return logits, weights, chosen
+
+
+def _softmax(router: Router, logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Mixtral, Qwen-MoE, OLMoE; DeepSeek-V2, whose groups are scored by their best expert and
+    whose experts outside the best groups score 0 (`group_limited_greedy`)."""
+    probs = torch.softmax(logits, dim=-1, dtype=torch.float)
+    if router.moe.n_group > 1:
+        groups = probs.view(-1, router.moe.n_group, router.moe.n_experts // router.moe.n_group).max(dim=-1).values
+        probs = probs.masked_fill(~_group_mask(router.moe, groups), 0.0)
+    return torch.topk(probs, router.moe.top_k, dim=-1, sorted=router.moe.n_group == 1)
+
+
+def _sigmoid(router: Router, logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """DeepSeek-V3: experts chosen on sigmoid scores plus the selection bias, within the groups
+    whose best two such scores sum highest; weighted by the unbiased scores."""
+    moe = router.moe
+    scores = logits.sigmoid()
+    choice = scores if router.selection_bias is None else scores + router.selection_bias
+    if moe.n_group > 1:
+        groups = choice.view(-1, moe.n_group, moe.n_experts // moe.n_group).topk(2, dim=-1)[0].sum(dim=-1)
+        choice = choice.masked_fill(~_group_mask(moe, groups), float("-inf"))
+    chosen = torch.topk(choice, moe.top_k, dim=-1, sorted=False)[1]
+    return scores.gather(1, chosen), chosen
+
+
+def _group_mask(moe: MoeConfig, groups: torch.Tensor) -> torch.Tensor:
+    """[tokens, experts]: True for the experts of each token's best `topk_group` groups."""
+    best = torch.topk(groups, k=moe.topk_group, dim=-1, sorted=False)[1]
+    mask = torch.zeros_like(groups).scatter_(1, best, 1)
+    size = moe.n_experts // moe.n_group
+    return mask.unsqueeze(-1).expand(-1, moe.n_group, size).reshape(-1, moe.n_experts).bool()
+
+
+SCORES = {"softmax": _softmax, "sigmoid": _sigmoid}
+EPS = {"softmax": 0.0, "sigmoid": 1e-20}  # DeepSeek-V3 guards its renormalisation; the others do not
+
+
+class Expert(MLP):
+    """A gated FFN computed as transformers 5's experts compute it: gate and up side by side in one
+    [tokens, 2 * width] tensor, the activation on its gate half. The values are the two
+    projections' own; the layout matters because the activation of a strided half rounds
+    differently in its last bit from that of a contiguous tensor (torch's vectorised loop covers
+    other elements), so a contiguous gate would be 1 ulp off transformers in fp32."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        assert self.gate is not None  # experts are gated (ArchConfig checks it)
+        gate, up = torch.cat([self.gate(x), self.up(x)], dim=-1).chunk(2, dim=-1)
+        return self.down(self.act(gate) * up)
+
+
+class Experts(nn.ModuleList):
+    """The routed experts, each an MLP run on the tokens routed to it; their weighted sum is one
+    point for verify (`one_point`), as transformers 5 computes all experts in one module."""
+
+    one_point = True
+
+    def forward(self, h: torch.Tensor, weights: torch.Tensor, chosen: torch.Tensor) -> torch.Tensor:  # type: ignore[override]
+        out = torch.zeros_like(h)
+        with torch.no_grad():  # [expert, top-k slot, token]
+            mask = nn.functional.one_hot(chosen, num_classes=len(self)).permute(2, 1, 0)
+            hit = torch.greater(mask.sum(dim=(-1, -2)), 0).nonzero()
+        for e in hit[:, 0].tolist():
+            slot, token = torch.where(mask[e])
+            y = self[e](h[token]) * weights[token, slot, None]
+            out.index_add_(0, token, y.to(out.dtype))
+        return out
+
+
+class MoE(nn.Module):
+    """Registered as `router`, `experts.{e}` (each an MLP of width d_expert), then `shared` and
+    `shared_gate`: the canonical tensors `layers.{i}.mlp.experts.{e}.gate.weight` and so on, one
+    tensor per expert so that conversion streams one expert at a time."""
+
+    def __init__(self, cfg: ArchConfig) -> None:
+        super().__init__()
+        moe = cfg.moe
+        assert moe is not None
+        self.router = Router(cfg, moe)
+        self.experts = Experts(Expert(cfg, moe.d_expert) for _ in range(moe.n_experts))
+        self.shared = MLP(cfg, moe.d_shared) if moe.d_shared is not None else None
+        self.shared_gate = nn.Linear(cfg.d_model, 1, bias=False) if moe.shared == "gated" else None
+        self.router_logits: torch.Tensor | None = None
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = x.reshape(-1, x.shape[-1])
+        logits, weights, chosen = self.router(h)
+        self.router_logits = logits if self.router.moe.aux_loss else None  # for balance_loss
+        out = self.experts(h, weights, chosen)
+        if self.shared is not None:
+            shared = self.shared(h)
+            if self.shared_gate is not None:
+                shared = torch.sigmoid(self.shared_gate(h)) * shared
+            out = out + shared
+        return out.reshape(x.shape)
+
+
+def balance_loss(model: nn.Module, moe: MoeConfig) -> torch.Tensor:
+    """The Switch Transformer load-balancing loss over every sparse layer's router logits of the
+    last forward pass, as transformers' `load_balancing_loss_func` computes it (no attention mask):
+    n_experts * sum over experts of (the share of top-k choices it got) * (its mean probability)."""
+    logits = [m.router_logits for m in model.modules() if isinstance(m, MoE) and m.router_logits is not None]
+    chosen = torch.zeros(moe.n_experts, dtype=torch.float32, device=logits[0].device)
+    probs = torch.zeros(moe.n_experts, dtype=torch.float32, device=logits[0].device)
+    rows = 0.0
+    for layer in logits:
+        p = torch.softmax(layer, dim=-1)
+        top = torch.topk(p, moe.top_k, dim=-1)[1]
+        chosen = chosen + torch.histc(top.reshape(-1).float(), bins=moe.n_experts, min=0, max=moe.n_experts)
+        probs = probs + p.float().sum(dim=0)
+        rows = rows + p.shape[0]
+    return torch.sum((chosen / rows) * (probs / rows).unsqueeze(0)) * moe.n_experts
+
+
+def kept_in_fp32(model: nn.Module) -> set[str]:
+    """The parameters a model keeps in fp32 whatever dtype it is loaded in (a loader casts all
+    others): DeepSeek's router weight and selection bias. A file storing them in fp32 (as
+    DeepSeek-V3's does the bias) keeps every bit, which choosing the experts needs."""
+    return {f"{name}.{p}" for name, m in model.named_modules() for p in getattr(m, "fp32_parameters", ())}
+
+
+def ffn(cfg: ArchConfig, layer: int) -> nn.Module:
+    """The FFN of one layer: the mixture of experts on its sparse layers, else the dense MLP."""
+    return MoE(cfg) if cfg.moe is not None and cfg.moe.sparse(layer) else MLP(cfg)

@@ -1,0 +1,703 @@
+"""Mixtures of experts (arch/moe.py) and the MoE families (Mixtral, Qwen2-MoE, Qwen3-MoE, OLMoE).
+
+The family specs (tests/family_specs.py) already run parity, bf16, cache, round trip and cards for
+each family; here: that the test batch reaches every expert (else a wrong expert could hide), the
+MoE block alone against transformers' own blocks for each router setting in fp32 and bf16, bit for
+bit; transformers 5's fused expert layout read and written back as the Hub's; bf16 logits equal to
+transformers' eager experts bit for bit; the fused-tensor transform's inverse; the card's total
+and active parameter counts against transformers' own modules; and config validation.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+import torch
+from family_specs import FP32_TOL, IDS, SPECS
+from hf_models import build_model, raw_bytes, save_checkpoint, tensors_of
+from transformers import AutoConfig, AutoModelForCausalLM
+
+import lmconvert
+from lmconvert.arch import ArchConfig, ConfigError, Decoder, MoeConfig
+from lmconvert.arch.describe import parameter_counts, variants
+from lmconvert.arch.moe import MoE, Router
+from lmconvert.arch.shapes import parameter_shapes
+from lmconvert.convert import to_canonical, to_hf
+from lmconvert.mappings import FAMILIES
+from lmconvert.mappings.transforms import Unstack, same_bits, stack
+
+MOE_FAMILIES = [name for name in SPECS if FAMILIES[name].config.from_hf(
+    {"model_type": SPECS[name].model_type}).moe is not None]
+
+
+def test_the_moe_families_are_the_four() -> None:
+    assert sorted(MOE_FAMILIES) == ["mixtral", "olmoe", "qwen2_moe", "qwen3_moe"]
+
+
+@pytest.fixture(scope="module")
+def saved(tmp_path_factory: pytest.TempPathFactory) -> Callable[..., Path]:
+    """A family's spec model saved by transformers: the Hub layout (per expert), or with
+    `fused=True` transformers 5's own (save_original_format=False)."""
+    made: dict[tuple[str, torch.dtype, bool], Path] = {}
+
+    def get(name: str, dtype: torch.dtype = torch.float32, fused: bool = False) -> Path:
+        if (name, dtype, fused) not in made:
+            spec = SPECS[name]
+            directory = tmp_path_factory.mktemp(f"{name}-{'fused' if fused else 'hub'}")
+            made[name, dtype, fused] = save_checkpoint(build_model(spec.model_type, **spec.kwargs), directory, dtype,
+                                                       save_original_format=not fused)
+        return made[name, dtype, fused]
+
+    return get
+
+
+def eager_experts(directory: Path, dtype: torch.dtype = torch.float32) -> torch.nn.Module:
+    """transformers with eager attention and eager experts (expert by expert, index_add_)."""
+    return AutoModelForCausalLM.from_pretrained(directory, dtype=dtype, attn_implementation="eager",
+                                                experts_implementation="eager").eval()
+
+
+# ------------------------------------------------------------------------------------------------ the test batch
+def chosen_experts(model: torch.nn.Module) -> dict[str, set[int]]:
+    chosen: dict[str, set[int]] = {}
+    routers = {n: m for n, m in model.named_modules() if isinstance(m, Router)}
+    handles = [m.register_forward_hook(lambda _m, _a, out, n=n: chosen.setdefault(n, set()).update(
+        out[2].flatten().tolist())) for n, m in routers.items()]
+    with torch.no_grad():
+        model(IDS)
+    for handle in handles:
+        handle.remove()
+    return chosen
+
+
+@pytest.mark.parametrize("name", MOE_FAMILIES)
+def test_every_expert_is_chosen_in_the_test_batch(name: str, saved: Callable[..., Path]) -> None:
+    """The perturbed routers send IDS to every expert of every sparse layer, so each expert's
+    weights reach the logits the family tests compare."""
+    model = lmconvert.load(saved(name), attention="eager")
+    chosen = chosen_experts(model)
+    moe = model.cfg.moe
+    assert len(chosen) == sum(moe.sparse(i) for i in range(model.cfg.n_layers)) > 0
+    assert all(c == set(range(moe.n_experts)) for c in chosen.values()), chosen
+    assert moe.top_k < moe.n_experts
+
+
+# ------------------------------------------------------------------------------------------------ the block alone
+def _qwen2_moe_block(norm_topk: bool) -> torch.nn.Module:
+    from transformers.models.qwen2_moe.modeling_qwen2_moe import Qwen2MoeSparseMoeBlock
+
+    config = AutoConfig.for_model("qwen2_moe", hidden_size=16, num_experts=5, num_experts_per_tok=3,
+                                  moe_intermediate_size=12, shared_expert_intermediate_size=20,
+                                  norm_topk_prob=norm_topk)
+    config._experts_implementation = "eager"
+    return Qwen2MoeSparseMoeBlock(config)
+
+
+def _mixtral_block(norm_topk: bool) -> torch.nn.Module:
+    from transformers.models.mixtral.modeling_mixtral import MixtralSparseMoeBlock
+
+    config = AutoConfig.for_model("mixtral", hidden_size=16, num_local_experts=5, num_experts_per_tok=3,
+                                  intermediate_size=12)
+    config._experts_implementation = "eager"
+    return MixtralSparseMoeBlock(config)
+
+
+# (transformers' block, our MoeConfig, and whether transformers' class can express it)
+BLOCKS = {
+    "qwen2_moe": (_qwen2_moe_block, dict(shared="gated", d_shared=20)),
+    "qwen2_moe_renormalised": (lambda _: _qwen2_moe_block(True), dict(shared="gated", d_shared=20, norm_topk=True)),
+    "mixtral": (_mixtral_block, dict(weights_fp32=True, norm_topk=True)),
+}
+
+
+def _ours_from(theirs: torch.nn.Module, settings: dict) -> MoE:
+    moe = MoeConfig(**{"n_experts": 5, "top_k": 3, "d_expert": 12, "norm_topk": False, **settings})
+    cfg = ArchConfig(vocab_size=8, d_model=16, n_layers=1, n_heads=2, d_ff=4, moe=moe)
+    ours = MoE(cfg)
+    state = {"router.weight": theirs.gate.weight}
+    for e in range(moe.n_experts):
+        gate, up = theirs.experts.gate_up_proj[e].chunk(2)
+        state.update({f"experts.{e}.gate.weight": gate, f"experts.{e}.up.weight": up,
+                      f"experts.{e}.down.weight": theirs.experts.down_proj[e]})
+    if moe.d_shared is not None:
+        state.update({f"shared.{n}.weight": getattr(theirs.shared_expert, f"{n}_proj").weight
+                      for n in ("gate", "up", "down")})
+        state["shared_gate.weight"] = theirs.shared_expert_gate.weight
+    ours.load_state_dict(state)
+    return ours
+
+
+@pytest.mark.parametrize("block", list(BLOCKS))
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_block_equals_transformers_block_bit_for_bit(block: str, dtype: torch.dtype) -> None:
+    """Mixtral's router (renormalised, weights kept fp32) and Qwen2-MoE's (renormalised or not,
+    weights cast back; a sigmoid-gated shared expert), top-3 of 5, so that the order in which the
+    experts' outputs are added shows in bf16."""
+    make, settings = BLOCKS[block]
+    torch.manual_seed(0)
+    theirs = make(settings.get("norm_topk", False))
+    with torch.no_grad():
+        for p in theirs.parameters():
+            p.normal_(0, 0.5)
+    ours = _ours_from(theirs, settings).to(dtype)
+    theirs = theirs.to(dtype)
+    x = torch.randn(3, 7, 16, generator=torch.Generator().manual_seed(1)).to(dtype)
+    with torch.no_grad():
+        assert torch.equal(ours(x), theirs(x))
+
+
+def test_router_settings_bite() -> None:
+    """Each router setting changes the output: renormalising, and keeping the weights in fp32 (in
+    bf16), so a family read with the wrong one fails its parity test."""
+    torch.manual_seed(0)
+    theirs = _qwen2_moe_block(False)
+    with torch.no_grad():
+        for p in theirs.parameters():
+            p.normal_(0, 0.5)
+    x = torch.randn(3, 7, 16, generator=torch.Generator().manual_seed(1))
+    base = dict(shared="gated", d_shared=20)
+    with torch.no_grad():
+        plain = _ours_from(theirs, base)(x)
+        assert not torch.allclose(plain, _ours_from(theirs, {**base, "norm_topk": True})(x))
+        half = x.bfloat16()
+        cast = _ours_from(theirs, base).bfloat16()(half)
+        assert not torch.equal(cast, _ours_from(theirs, {**base, "weights_fp32": True}).bfloat16()(half))
+        no_gate = _ours_from(theirs, base)
+        no_gate.shared_gate = None
+        assert not torch.allclose(plain, no_gate(x))
+
+
+def test_ungated_shared_experts_are_added_as_they_are() -> None:
+    """shared="plain" (DeepSeek's n_shared_experts): routed experts' sum plus the shared FFN's
+    output, written out by hand."""
+    cfg = ArchConfig(vocab_size=8, d_model=16, n_layers=1, n_heads=2, d_ff=4,
+                     moe=MoeConfig(n_experts=4, top_k=2, d_expert=6, shared="plain", d_shared=10))
+    torch.manual_seed(0)
+    block = MoE(cfg)
+    x = torch.randn(2, 5, 16)
+    with torch.no_grad():
+        h = x.reshape(-1, 16)
+        probs = torch.softmax(block.router.weight @ h.T, dim=0).T
+        top, idx = probs.topk(2)
+        top = top / top.sum(-1, keepdim=True)
+        routed = torch.stack([sum(top[t, k] * block.experts[int(idx[t, k])](h[t]) for k in range(2))
+                              for t in range(h.shape[0])])
+        expected = (routed + block.shared(h)).reshape(x.shape)
+        assert float((block(x) - expected).abs().max()) < 1e-5
+
+
+# ------------------------------------------------------------------------------------------------ layouts
+@pytest.mark.parametrize("name", MOE_FAMILIES)
+def test_transformers_fused_layout_is_read_and_written_back_as_the_hubs(name: str, saved: Callable[..., Path],
+                                                                        tmp_path: Path) -> None:
+    """transformers 5's own layout (one gate_up_proj and one down_proj per layer) gives the same
+    canonical tensors as the Hub's per-expert files, and converts back to exactly those files."""
+    fused, hub = saved(name, torch.bfloat16, fused=True), saved(name, torch.bfloat16)
+    fused_names = set(tensors_of(fused))
+    assert any(n.endswith("mlp.experts.gate_up_proj") for n in fused_names)
+    assert not any(".experts.0." in n for n in fused_names)
+    to_canonical(fused, tmp_path / "from-fused")
+    to_canonical(hub, tmp_path / "from-hub")
+    a, b = tensors_of(tmp_path / "from-fused"), tensors_of(tmp_path / "from-hub")
+    assert sorted(a) == sorted(b) and any(".experts.3.down.weight" in n for n in a)
+    assert all(torch.equal(raw_bytes(a[n]), raw_bytes(b[n])) for n in a)
+    to_hf(tmp_path / "from-fused", tmp_path / "back")
+    written, original = tensors_of(tmp_path / "back"), tensors_of(hub)
+    assert sorted(written) == sorted(original)
+    assert all(torch.equal(raw_bytes(written[n]), raw_bytes(original[n])) for n in original)
+
+
+@pytest.mark.parametrize("name", MOE_FAMILIES)
+def test_fused_layout_parity(name: str, saved: Callable[..., Path]) -> None:
+    src = saved(name, fused=True)
+    with torch.no_grad():
+        reference = eager_experts(src)(IDS).logits
+        ours = lmconvert.load(src, attention="eager")(IDS)
+    assert float((ours - reference).abs().max()) <= FP32_TOL
+
+
+@pytest.mark.parametrize("name", MOE_FAMILIES)
+def test_bf16_logits_are_transformers_eager_experts_bit_for_bit(name: str, saved: Callable[..., Path]) -> None:
+    """Same op order as transformers' eager experts: routing weights cast where it casts them,
+    experts added in index order with index_add_ in bf16. (Its default on CPU and GPU, grouped_mm,
+    sums each token's top-k in fp32 instead: equal for top-2 with weights in bf16, not for
+    Mixtral's fp32 weights.)"""
+    src = saved(name, torch.bfloat16)
+    with torch.no_grad():
+        reference = eager_experts(src, torch.bfloat16)(IDS).logits
+        ours = lmconvert.load(src, dtype=torch.bfloat16, attention="eager")(IDS)
+    assert torch.equal(ours, reference)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+def test_unstack_and_stack_are_exact_inverses(dtype: torch.dtype) -> None:
+    """Every bit pattern (NaNs and -0.0 included) comes back: each expert's gate, up and down
+    out of the fused tensors, and the fused tensors stacked back from them."""
+    experts, width, hidden = 5, 3, 4
+    bits = torch.randint(-2**15, 2**15, (experts, 2 * width, hidden), generator=torch.Generator().manual_seed(0))
+    gate_up = bits.to(torch.int16).view(dtype) if dtype != torch.float32 else \
+        torch.randint(-2**31, 2**31 - 1, (experts, 2 * width, hidden), dtype=torch.int32).view(dtype)
+    parts = [[Unstack(part, 2).bind({"index": e}).forward(gate_up) for e in range(experts)] for part in (0, 1)]
+    assert all(p.shape == (width, hidden) for pieces in parts for p in pieces)
+    assert same_bits(stack(parts), gate_up)
+    assert same_bits(Unstack().bind({"index": 2}).forward(gate_up), gate_up[2])
+    assert same_bits(Unstack(part=1, parts=2).bind({"index": 0}).inverse(parts), gate_up)
+
+
+# ------------------------------------------------------------------------------------------------ the card
+@pytest.mark.parametrize("name", MOE_FAMILIES)
+def test_card_counts_total_and_active_parameters(name: str, saved: Callable[..., Path]) -> None:
+    """Total: every parameter of transformers' model. Active: less, in each sparse layer, the
+    experts a token does not use, counted from transformers' own fused expert tensors."""
+    spec = SPECS[name]
+    theirs = build_model(spec.model_type, **spec.kwargs)
+    total = sum(p.numel() for p in theirs.parameters())
+    k, n = theirs.config.num_experts_per_tok, theirs.config.num_experts
+    unused = sum((m.gate_up_proj.numel() + m.down_proj.numel()) * (n - k) // n
+                 for name_, m in theirs.named_modules() if name_.endswith("mlp.experts"))
+    cfg = lmconvert.load(saved(name)).cfg
+    assert parameter_counts(cfg) == (total, total - unused)
+    assert f"parameters: {total:,} total, {total - unused:,} active per token" in variants(cfg)
+
+
+# ------------------------------------------------------------------------------------------------ config
+CFG = dict(vocab_size=8, d_model=16, n_layers=3, n_heads=2, d_ff=4)
+
+
+@pytest.mark.parametrize(("moe", "fragment"), [
+    (dict(n_experts=4, top_k=5, d_expert=4), "cannot exceed n_experts=4"),
+    (dict(n_experts=4, top_k=2, d_expert=0), "moe.d_expert=0"),
+    (dict(n_experts=4, top_k=2, d_expert=4, router="relu"), "router"),
+    (dict(n_experts=6, top_k=2, d_expert=4, n_group=4), "must divide n_experts=6"),
+    (dict(n_experts=8, top_k=2, d_expert=4, n_group=4, topk_group=5), "cannot exceed n_group=4"),
+    (dict(n_experts=8, top_k=2, d_expert=4, router="sigmoid", n_group=8), "each group needs two"),
+    (dict(n_experts=8, top_k=2, d_expert=4, selection_bias=True), "use router='sigmoid'"),
+    (dict(n_experts=8, top_k=2, d_expert=4, scale=0.0), "moe.scale=0.0"),
+    (dict(n_experts=4, top_k=2, d_expert=4, shared="gated"), "d_shared=None"),
+    (dict(n_experts=4, top_k=2, d_expert=4, d_shared=8), "d_shared=8"),
+    (dict(n_experts=4, top_k=2, d_expert=4, shared="eh", d_shared=8), "shared"),
+    (dict(n_experts=4, top_k=2, d_expert=4, dense_layers=[3]), "n_layers=3"),
+    (dict(n_experts=4, top_k=2, d_expert=4, dense_layers=["0"]), "layer indices"),
+])
+def test_bad_moe_settings_are_refused(moe: dict, fragment: str) -> None:
+    with pytest.raises(ConfigError, match="moe") as caught:
+        ArchConfig(**CFG, moe=moe)
+    assert fragment in str(caught.value)
+
+
+def test_moe_needs_gated_unbiased_ffns() -> None:
+    moe = dict(n_experts=4, top_k=2, d_expert=4)
+    with pytest.raises(ConfigError, match="gated=True"):
+        ArchConfig(**CFG, moe=moe, gated=False)
+    with pytest.raises(ConfigError, match="mlp_bias=False"):
+        ArchConfig(**CFG, moe=moe, mlp_bias=True)
+
+
+def test_moe_config_survives_json_and_dense_json_is_unchanged() -> None:
+    cfg = ArchConfig(**CFG, moe=dict(n_experts=4, top_k=2, d_expert=4, shared="gated", d_shared=6,
+                                     dense_layers=[2, 0]))
+    assert cfg.moe.dense_layers == (0, 2)
+    assert ArchConfig.from_json(cfg.to_json()) == cfg
+    dense = ArchConfig(**CFG)
+    assert "moe" not in json.loads(dense.to_json())  # lmconvert.json of a dense model reads as before
+
+
+@pytest.mark.parametrize("settings", [
+    dict(n_experts=3, top_k=1, d_expert=5),
+    dict(n_experts=4, top_k=2, d_expert=6, shared="gated", d_shared=7, dense_layers=(1,)),
+    dict(n_experts=2, top_k=2, d_expert=3, shared="plain", d_shared=9, dense_layers=(0, 2)),
+])
+def test_shapes_list_every_expert_as_the_decoder_holds_it(settings: dict) -> None:
+    cfg = ArchConfig(**CFG, moe=settings)
+    with torch.device("meta"):
+        model = Decoder(cfg)
+    assert list(parameter_shapes(cfg).items()) == [(n, tuple(t.shape)) for n, t in model.state_dict().items()]
+    names = parameter_shapes(cfg)
+    sparse = [i for i in range(3) if i not in settings.get("dense_layers", ())]
+    for i in sparse:
+        assert f"layers.{i}.mlp.router.weight" in names
+        assert all(f"layers.{i}.mlp.experts.{e}.{p}.weight" in names
+                   for e in range(settings["n_experts"]) for p in ("gate", "up", "down"))
+    assert all(f"layers.{i}.mlp.gate.weight" in names for i in settings.get("dense_layers", ()))
+
+
+@pytest.mark.parametrize("name", MOE_FAMILIES)
+def test_a_fused_tensor_is_read_once_not_once_per_expert(name: str, saved: Callable[..., Path]) -> None:
+    """Streaming stays bounded and linear: each stored tensor is read once, however many experts
+    it holds, and memory holds one stored tensor beyond the one being written."""
+    from lmconvert.formats.checkpoint import open_checkpoint
+
+    with open_checkpoint(saved(name, fused=True)) as ckpt:
+        reads: list[str] = []
+        source = ckpt.source.tensors
+        original = source.get
+        source.get = lambda n: reads.append(n) or original(n)  # type: ignore[method-assign]
+        produced = dict(ckpt.tensors())
+    moe, sparse = ckpt.arch.moe, sum(ckpt.arch.moe.sparse(i) for i in range(ckpt.arch.n_layers))
+    sources = [stored for stored, _ in ckpt.plan.values()]
+    assert sum(s.endswith(".experts.gate_up_proj") for s in sources) == 2 * moe.n_experts * sparse
+    assert len(reads) == len(set(sources)) and sorted(reads) == sorted(set(sources))
+    assert len(produced) == len(ckpt.plan)
+
+
+# ------------------------------------------------------------------------------------------------ DeepSeek
+MLA = dict(num_key_value_heads=4, q_lora_rank=24, kv_lora_rank=16, qk_nope_head_dim=12, qk_rope_head_dim=8,
+           v_head_dim=10)
+DEEPSEEK: dict[str, tuple[str, dict]] = {
+    # sigmoid router, selection bias, best 2 of 4 groups, renormalised, scaled; layer 0 dense
+    "v3": ("deepseek_v3", dict(MLA, num_hidden_layers=3, first_k_dense_replace=1, n_routed_experts=8,
+                               num_experts_per_tok=3, moe_intermediate_size=24, n_shared_experts=2,
+                               routed_scaling_factor=2.5, n_group=4, topk_group=2, norm_topk_prob=True)),
+    # softmax router, best 2 of 4 groups (group_limited_greedy), scaled, never renormalised
+    "v2_grouped": ("deepseek_v2", dict(MLA, num_hidden_layers=3, first_k_dense_replace=1, n_routed_experts=8,
+                                       num_experts_per_tok=3, moe_intermediate_size=24, n_shared_experts=2,
+                                       routed_scaling_factor=1.5, topk_method="group_limited_greedy", n_group=4,
+                                       topk_group=2)),
+    "v2_greedy": ("deepseek_v2", dict(MLA, num_hidden_layers=2, first_k_dense_replace=0, n_routed_experts=6,
+                                      num_experts_per_tok=2, moe_intermediate_size=24, n_shared_experts=1)),
+}
+
+
+@pytest.fixture(scope="module")
+def deepseek(tmp_path_factory: pytest.TempPathFactory) -> Callable[..., Path]:
+    made: dict[tuple[str, torch.dtype, bool], Path] = {}
+
+    def get(name: str, dtype: torch.dtype = torch.float32, fused: bool = False) -> Path:
+        if (name, dtype, fused) not in made:
+            model_type, kwargs = DEEPSEEK[name]
+            model = build_model(model_type, **kwargs)
+            generator = torch.Generator().manual_seed(2)
+            with torch.no_grad():  # a buffer, which build_model's perturbation of parameters leaves at 0
+                for buffer_name, buffer in model.named_buffers():
+                    if buffer_name.endswith("e_score_correction_bias"):
+                        buffer.add_(torch.randn(buffer.shape, generator=generator) * 0.3)
+            directory = tmp_path_factory.mktemp(f"{name}-{'fused' if fused else 'hub'}")
+            made[name, dtype, fused] = save_checkpoint(model, directory, dtype, save_original_format=not fused)
+        return made[name, dtype, fused]
+
+    return get
+
+
+@pytest.mark.parametrize("name", list(DEEPSEEK))
+@pytest.mark.parametrize("fused", [False, True], ids=["hub", "fused"])
+def test_deepseek_moe_parity(name: str, fused: bool, deepseek: Callable[..., Path]) -> None:
+    """Against transformers' eager experts, from the Hub's per-expert files and from transformers
+    5's fused ones; the batch reaches every expert of every MoE layer, and layer 0 of the grouped
+    ones stays dense."""
+    src = deepseek(name, fused=fused)
+    ours = lmconvert.load(src, attention="eager")
+    with torch.no_grad():
+        assert float((ours(IDS) - eager_experts(src)(IDS).logits).abs().max()) <= FP32_TOL
+    moe = ours.cfg.moe
+    chosen = chosen_experts(ours)
+    assert len(chosen) == sum(moe.sparse(i) for i in range(ours.cfg.n_layers))
+    assert all(c == set(range(moe.n_experts)) for c in chosen.values()), chosen
+    assert moe.shared == "plain" and moe.router_fp32 and moe.weights_fp32
+
+
+def test_deepseek_v3_router_settings_bite(deepseek: Callable[..., Path]) -> None:
+    """Each V3 router setting reaches the logits: without the group limit, the selection bias,
+    the renormalisation or the scaling factor they differ from transformers'."""
+    import dataclasses
+
+    src = deepseek("v3")
+    model = lmconvert.load(src, attention="eager")
+    with torch.no_grad():
+        reference = eager_experts(src)(IDS).logits
+    state, moe = model.state_dict(), model.cfg.moe
+    for change in (dict(n_group=1, topk_group=1), dict(topk_group=4), dict(norm_topk=False), dict(scale=1.0)):
+        cfg = dataclasses.replace(model.cfg, moe=dataclasses.replace(moe, **change))
+        other = Decoder(cfg).eval()
+        other.load_state_dict(state)
+        with torch.no_grad():
+            assert float((other(IDS) - reference).abs().max()) > 1e-3, change
+    assert all(bool(v.abs().min() > 0) for k, v in state.items() if k.endswith("selection_bias"))
+    unbiased = {k: torch.zeros_like(v) if k.endswith("selection_bias") else v for k, v in state.items()}
+    model.load_state_dict(unbiased)
+    with torch.no_grad():
+        assert float((model(IDS) - reference).abs().max()) > 1e-3
+
+
+def test_deepseek_v3_bf16_is_transformers_eager_experts_bit_for_bit(deepseek: Callable[..., Path]) -> None:
+    src = deepseek("v3", torch.bfloat16)
+    with torch.no_grad():
+        reference = eager_experts(src, torch.bfloat16)(IDS).logits
+        ours = lmconvert.load(src, dtype=torch.bfloat16, attention="eager")(IDS)
+    assert torch.equal(ours, reference)
+
+
+@pytest.mark.parametrize("name", list(DEEPSEEK))
+def test_deepseek_moe_bf16_faithfulness(name: str, deepseek: Callable[..., Path]) -> None:
+    from family_specs import FAITHFULNESS
+
+    src = deepseek(name, torch.bfloat16)
+    with torch.no_grad():
+        exact = eager_experts(src, torch.float32)(IDS).logits
+        reference_error = float((eager_experts(src, torch.bfloat16)(IDS).logits.float() - exact).abs().mean())
+        ours_error = float((lmconvert.load(src, dtype=torch.bfloat16, attention="eager")(IDS).float() - exact)
+                           .abs().mean())
+    assert 0 < reference_error and ours_error <= FAITHFULNESS * reference_error, (ours_error, reference_error)
+
+
+@pytest.mark.parametrize("name", list(DEEPSEEK))
+def test_deepseek_moe_round_trip_and_cache(name: str, deepseek: Callable[..., Path], tmp_path: Path) -> None:
+    from hf_models import check_cached_decoding, check_round_trip
+
+    model_type = DEEPSEEK[name][0]
+    config = check_round_trip(deepseek(name, torch.bfloat16), tmp_path, FAMILIES[model_type].architecture)
+    assert config["n_routed_experts"] == DEEPSEEK[name][1]["n_routed_experts"]
+    check_cached_decoding(deepseek(name), IDS, 6, "eager", tol=FP32_TOL)
+
+
+def test_deepseek_v3_every_point_is_compared(deepseek: Callable[..., Path]) -> None:
+    """verify finds transformers' module behind the router, the routed experts (fused), the
+    shared experts, and agrees exactly at each."""
+    from lmconvert.verify.run import verify
+    from lmconvert.verify.trace import point_modules
+
+    src = deepseek("v3")
+    report = verify(src, seq_len=20, generate=4)
+    cfg = lmconvert.load(src).cfg
+    expected = set(point_modules(cfg)) | {"embed", "final_norm"} | {f"layers.{i}" for i in range(cfg.n_layers)}
+    expected |= {f"layers.{i}.mlp.experts.{e}" for i in (1, 2) for e in range(cfg.moe.n_experts)}
+    assert {p.name for p in report.points} == expected
+    assert {"layers.1.mlp.router", "layers.1.mlp.experts", "layers.1.mlp.experts.7",
+            "layers.1.mlp.shared.down"} <= expected
+    assert report.passed and all(p.max_abs == 0.0 for p in report.points)
+
+
+def test_deepseek_card() -> None:
+    cfg = FAMILIES["deepseek_v3"].arch_config({"model_type": "deepseek_v3"})  # DeepSeek-V3's own sizes
+    lines = variants(cfg)
+    assert "mixture of experts: 256 experts, top-8, d_expert 2048 (layers [3, 4, 5" in "\n".join(lines)
+    assert ("router: sigmoid then top-k, renormalised, weights in fp32, best 4 of 8 groups, selection bias, "
+            "scaled x2.5, logits in fp32") in lines
+    assert "shared experts, ungated, width 2048" in lines
+    total, active = parameter_counts(cfg)
+    assert 6.6e11 < total < 6.8e11 and 3.6e10 < active < 3.9e10  # 671B total, 37B active, as DeepSeek says
+
+
+# ------------------------------------------------------------------------------------------------ training loss
+@pytest.mark.parametrize("name", MOE_FAMILIES)
+def test_load_balancing_loss_is_transformers(name: str, tmp_path: Path) -> None:
+    """With output_router_logits, transformers' training loss adds router_aux_loss_coef times
+    the load-balancing loss; ours adds moe.aux_loss times the same, read from those keys. Off (and
+    the loss plain cross-entropy) by default."""
+    spec = SPECS[name]
+    theirs = build_model(spec.model_type, **spec.kwargs, output_router_logits=True, router_aux_loss_coef=0.05)
+    src = save_checkpoint(theirs, tmp_path / "hf")
+    ours = lmconvert.load(src, attention="eager")
+    assert ours.cfg.moe.aux_loss == 0.05
+    with torch.no_grad():
+        reference = theirs(IDS, labels=IDS).loss
+        _, loss = ours(IDS, labels=IDS)
+        plain = lmconvert.load(saved_plain := save_checkpoint(build_model(spec.model_type, **spec.kwargs),
+                                                              tmp_path / "plain"), attention="eager")
+        _, without = plain(IDS, labels=IDS)
+    assert float((loss - reference).abs()) <= FP32_TOL
+    assert plain.cfg.moe.aux_loss == 0.0 and float(loss - without) > 0.01  # the same weights, the term on
+    assert json.loads((saved_plain / "config.json").read_text())["output_router_logits"] is False
+
+
+# ------------------------------------------------------------------------------------------------ verify
+@pytest.mark.parametrize(("break_it", "where"), [
+    (lambda t: t["layers.1.mlp.experts.2.down.weight"].mul_(1.5), "layers.1.mlp.experts.2"),
+    (lambda t: t["layers.1.mlp.router.weight"].add_(0.5), "layers.1.mlp.router"),
+])
+def test_verify_locates_a_broken_expert_or_router(break_it: Callable, where: str, saved: Callable[..., Path],
+                                                  tmp_path: Path) -> None:
+    """One expert's weights, or the router's, wrong in a converted checkpoint: verify's first
+    failure is that expert, named (each expert is compared alone on every token, against
+    transformers' experts module routing every token to it), after the layer's router and the
+    other experts agreed; or the router."""
+    from safetensors.torch import load_file, save_file
+
+    from lmconvert.verify.run import verify
+
+    hf = saved("qwen3_moe")
+    to_canonical(hf, tmp_path / "canon")
+    tensors = load_file(tmp_path / "canon" / "model.safetensors")
+    break_it(tensors)
+    save_file(tensors, tmp_path / "canon" / "model.safetensors", metadata={"format": "pt"})
+    report = verify(tmp_path / "canon", hf, seq_len=20, generate=0)
+    failure = report.first_failure
+    assert not report.passed and failure is not None and failure.name == where
+    by_name = {p.name: p for p in report.points}
+    assert all(p.passed for p in report.points if p.layer == 0)
+    if where.endswith("experts.2"):
+        assert by_name["layers.1.mlp.router"].passed
+        assert all(by_name[f"layers.1.mlp.experts.{e}"].passed for e in (0, 1, 3, 4, 5))
+        assert not by_name["layers.1.mlp.experts"].passed
+        assert "layer 1, mlp.experts.2" in report.table()
+
+
+# ------------------------------------------------------------------------------------------------ streamed
+@pytest.mark.parametrize(("name", "fused"), [("qwen2_moe", False), ("mixtral", True), ("olmoe", False)])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_streamed_forward_is_bit_identical(name: str, fused: bool, dtype: torch.dtype,
+                                           saved: Callable[..., Path]) -> None:
+    """One block at a time (verify --max-memory's side), from per-expert files or fused ones: the
+    same logits and points as the whole model, and nothing left loaded."""
+    from lmconvert.runtime.streamed import streamed
+    from lmconvert.verify.trace import our_trace
+
+    path = saved(name, fused=fused)
+    model = lmconvert.load(path, dtype=dtype, attention="eager")
+    with streamed(path, dtype) as stream:
+        assert torch.equal(stream(IDS), model(IDS))
+        ours, whole = our_trace(stream.model, stream, IDS), our_trace(model, model, IDS)
+        assert list(ours.points) == list(whole.points) and any(p.endswith("mlp.experts") for p in ours.points)
+        assert all(torch.equal(ours.points[k], whole.points[k]) for k in ours.points)
+        assert all(p.is_meta for p in stream.model.parameters())
+
+
+def test_verify_max_memory_streams_moe_blocks(saved: Callable[..., Path], tmp_path: Path) -> None:
+    from click.testing import CliRunner
+
+    from lmconvert.cli import main
+
+    result = CliRunner().invoke(main, ["verify", str(saved("qwen2_moe")), "--max-memory", "20KB", "--seq-len", "16",
+                                       "--generate", "4", "--json", str(tmp_path / "r.json")])
+    assert result.exit_code == 0, result.output
+    report = json.loads((tmp_path / "r.json").read_text())
+    assert report["streamed"] and report["max_abs"] == 0.0
+    assert all(p["max_abs"] == 0.0 for p in report["points"])
+    assert {"layers.0.mlp.router", "layers.0.mlp.experts", "layers.0.mlp.shared_gate"} <= {p["name"]
+                                                                                          for p in report["points"]}
+
+
+@pytest.mark.parametrize("streamed_load", [False, True], ids=["whole", "streamed"])
+def test_deepseek_router_stays_fp32_in_a_bf16_load(streamed_load: bool, deepseek: Callable[..., Path],
+                                                   tmp_path: Path) -> None:
+    """A file with the router's weight and selection bias in fp32 and the rest in bf16 (as
+    DeepSeek-V3's keeps its e_score_correction_bias): loaded in bf16, the router keeps them fp32,
+    as transformers does, and the logits are transformers' bit for bit."""
+    import shutil
+
+    from safetensors.torch import load_file, save_file
+
+    from lmconvert.runtime.streamed import streamed
+
+    src = tmp_path / "mixed"
+    shutil.copytree(deepseek("v3"), src)
+    tensors = load_file(src / "model.safetensors")
+    kept = (".mlp.gate.weight", ".e_score_correction_bias")
+    mixed = {n: t if n.endswith(kept) else t.bfloat16() for n, t in tensors.items()}
+    fp32 = [n for n in mixed if n.endswith(kept)]
+    assert len(fp32) == 4 and all(mixed[n].dtype == torch.float32 for n in fp32)
+    assert not any(tensors[n].bfloat16().float().equal(tensors[n]) for n in fp32)  # bits bf16 would lose
+    save_file(mixed, src / "model.safetensors", metadata={"format": "pt"})
+    with torch.no_grad():
+        reference = eager_experts(src, torch.bfloat16)(IDS).logits
+        if streamed_load:
+            with streamed(src, torch.bfloat16) as stream:
+                ours = stream(IDS)
+        else:
+            model = lmconvert.load(src, dtype=torch.bfloat16, attention="eager")
+            assert model.layers[1].mlp.router.selection_bias.dtype == torch.float32
+            ours = model(IDS)
+    assert torch.equal(ours, reference)
+
+
+# ------------------------------------------------------------------------------------------------ GGUF
+GGUF_ARCH = {"qwen2_moe": "qwen2moe", "qwen3_moe": "qwen3moe"}
+# transformers' GGUF loader reads no expert widths (it keeps its config class's defaults), so the
+# models it is compared with have those widths
+GGUF_MODELS = {
+    "qwen2_moe": dict(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=1408,
+                      shared_expert_intermediate_size=5632, norm_topk_prob=False),
+    "qwen3_moe": dict(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=768, head_dim=16,
+                      norm_topk_prob=True),
+}
+
+
+def write_moe_gguf(model: torch.nn.Module, path: Path, quant: str | None = None) -> Path:
+    """What llama.cpp's converter writes for a Qwen MoE model: its metadata, the experts of each
+    layer and projection stacked (`ffn_gate_exps` [experts, width, hidden]), the shared-expert
+    gate as a vector; 2-D and 3-D weights quantized to `quant` if given."""
+    import gguf
+
+    cfg = model.config
+    arch = GGUF_ARCH[cfg.model_type]
+    writer = gguf.GGUFWriter(str(path), arch)
+    head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+    writer.add_name("tiny")
+    for add, value in ((writer.add_context_length, cfg.max_position_embeddings),
+                       (writer.add_embedding_length, cfg.hidden_size), (writer.add_block_count, cfg.num_hidden_layers),
+                       (writer.add_feed_forward_length, cfg.intermediate_size),
+                       (writer.add_head_count, cfg.num_attention_heads),
+                       (writer.add_head_count_kv, cfg.num_key_value_heads),
+                       (writer.add_layer_norm_rms_eps, cfg.rms_norm_eps), (writer.add_key_length, head_dim),
+                       (writer.add_value_length, head_dim),
+                       (writer.add_rope_freq_base, cfg.rope_parameters["rope_theta"]),
+                       (writer.add_expert_count, cfg.num_experts),
+                       (writer.add_expert_used_count, cfg.num_experts_per_tok),
+                       (writer.add_expert_feed_forward_length, cfg.moe_intermediate_size),
+                       (writer.add_vocab_size, cfg.vocab_size)):
+        add(value)
+    if arch == "qwen2moe":
+        writer.add_expert_shared_feed_forward_length(cfg.shared_expert_intermediate_size)
+    writer.add_file_type(gguf.LlamaFileType.MOSTLY_Q8_0 if quant else gguf.LlamaFileType.ALL_F32)
+    key = next(k for k, v in gguf.MODEL_ARCH_NAMES.items() if v == arch)
+    names = gguf.get_tensor_name_map(key, cfg.num_hidden_layers)
+    tensors: dict[str, torch.Tensor] = {}
+    for hf_name, t in model.state_dict().items():
+        t, layer = t.detach().float().clone(), hf_name.split(".")[2] if ".layers." in hf_name else ""
+        if hf_name.endswith("experts.gate_up_proj"):
+            gate, up = t.chunk(2, dim=1)
+            tensors |= {f"blk.{layer}.ffn_gate_exps.weight": gate, f"blk.{layer}.ffn_up_exps.weight": up}
+        elif hf_name.endswith("experts.down_proj"):
+            tensors[f"blk.{layer}.ffn_down_exps.weight"] = t
+        else:
+            base, _, suffix = hf_name.rpartition(".")
+            tensors[f"{names.get_name(base)}.{suffix}"] = t.squeeze(0) if "shared_expert_gate" in base else t
+    for name, t in tensors.items():
+        data = t.contiguous().numpy()
+        if quant is not None and data.ndim >= 2:
+            kind = gguf.GGMLQuantizationType[quant]
+            writer.add_tensor(name, gguf.quants.quantize(data, kind), raw_dtype=kind)
+        else:
+            writer.add_tensor(name, data)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return path
+
+
+@pytest.mark.parametrize("name", list(GGUF_ARCH))
+def test_gguf_import_equals_the_original_model(name: str, tmp_path: Path) -> None:
+    """llama.cpp's stacked experts read one expert at a time: F32 logits equal the model's.
+    (llama.cpp's qwen2moe / qwen3moe have no dense layers and no window, and hard-code whether the
+    top-k weights are renormalised: never for qwen2moe, always for qwen3moe.)"""
+    spec = SPECS[name]
+    model = build_model(spec.model_type, **{**spec.kwargs, "use_sliding_window": False, "decoder_sparse_step": 1,
+                                            "mlp_only_layers": [], "norm_topk_prob": name == "qwen3_moe"})
+    path = write_moe_gguf(model, tmp_path / f"{name}.gguf")
+    ours = lmconvert.load(path, attention="eager")
+    assert ours.cfg.moe == lmconvert.load(saved_hf := save_checkpoint(model, tmp_path / "hf")).cfg.moe
+    with torch.no_grad():
+        assert float((ours(IDS) - eager_experts(saved_hf)(IDS).logits).abs().max()) <= FP32_TOL
+
+
+@pytest.mark.parametrize("name", list(GGUF_ARCH))
+@pytest.mark.parametrize("quant", [None, "Q8_0"])
+def test_gguf_experts_equal_transformers_gguf_loader(name: str, quant: str | None, tmp_path: Path) -> None:
+    """Every expert's dequantized weights are the ones transformers' own GGUF loader stacks, bit
+    for bit, and the logits agree."""
+    path = write_moe_gguf(build_model(name, **GGUF_MODELS[name]), tmp_path / f"{name}.gguf", quant)
+    theirs = AutoModelForCausalLM.from_pretrained(str(tmp_path), gguf_file=path.name, dtype=torch.float32,
+                                                  attn_implementation="eager", experts_implementation="eager").eval()
+    ours = lmconvert.load(path, attention="eager")
+    state = theirs.state_dict()
+    for i in range(ours.cfg.n_layers):
+        experts = ours.layers[i].mlp.experts
+        gate_up = torch.stack([torch.cat([x.gate.weight, x.up.weight]) for x in experts])
+        assert torch.equal(gate_up, state[f"model.layers.{i}.mlp.experts.gate_up_proj"])
+        assert torch.equal(torch.stack([x.down.weight for x in experts]),
+                           state[f"model.layers.{i}.mlp.experts.down_proj"])
+    with torch.no_grad():
+        assert float((ours(IDS) - theirs(IDS).logits).abs().max()) <= FP32_TOL
