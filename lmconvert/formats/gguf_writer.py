@@ -26,6 +26,7 @@ if TYPE_CHECKING:
 QUANTS = {"f32": "F32", "f16": "F16", "bf16": "BF16", "q8_0": "Q8_0", "q4_0": "Q4_0", "q4_1": "Q4_1",
           "q5_0": "Q5_0", "q5_1": "Q5_1", "tq1_0": "TQ1_0", "tq2_0": "TQ2_0", "mxfp4": "MXFP4"}
 DEFAULT_QUANT = "q8_0"  # for sharing; f16/bf16 are lossless for half-precision weights, f32 for any
+CHUNK_BYTES = 64 << 20  # float32 rows encoded at a time
 WRITTEN_BY = "lmconvert.written_by"  # metadata key that marks a file lmconvert wrote (--force replaces only those)
 FILE_TYPES = {"F32": 0, "F16": 1, "Q4_0": 2, "Q4_1": 3, "Q8_0": 7, "Q5_0": 8, "Q5_1": 9, "BF16": 32,
               "TQ1_0": 36, "TQ2_0": 37, "MXFP4": 38}  # llama.cpp's `general.file_type` (LlamaFileType)
@@ -124,12 +125,28 @@ def write_gguf(path: Path, arch: str, values: Mapping[str, Any], tensors: Sequen
         writer.write_header_to_file(path)
         writer.write_kv_data_to_file()
         writer.write_ti_data_to_file()
+        fout = writer.fout[0]
         for done, t in enumerate(tensors, 1):
-            writer.write_tensor_data(_encode(t.produce(), t.type))
+            _write_tensor(writer, fout, t.produce(), t.type)
             if progress is not None:
                 progress(done, len(tensors))
     finally:
         writer.close()
+
+
+def _write_tensor(writer: Any, fout: Any, tensor: torch.Tensor, kind: str) -> None:  # noqa: ANN401 - gguf's
+    """One tensor's data, aligned as gguf's writer aligns it, encoded a band of rows at a time:
+    GGML's blocks lie within a row, so each band encodes to exactly its bytes of the whole, and
+    the float32 copy and the quantizer's temporaries stay within CHUNK_BYTES."""
+    writer.write_padding(fout, fout.tell())
+    rows = tensor.reshape(-1, tensor.shape[-1]) if tensor.dim() > 1 else tensor.reshape(1, -1)
+    band = max(1, CHUNK_BYTES // (rows.shape[1] * 4))
+    written = 0
+    for start in range(0, rows.shape[0], band):
+        data = _encode(rows[start:start + band], kind)
+        data.tofile(fout)
+        written += data.nbytes
+    writer.write_padding(fout, written)
 
 
 def written_by_lmconvert(path: Path) -> bool:
