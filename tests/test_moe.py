@@ -146,7 +146,19 @@ def test_block_equals_transformers_block_bit_for_bit(block: str, dtype: torch.dt
     theirs = theirs.to(dtype)
     x = torch.randn(3, 7, 16, generator=torch.Generator().manual_seed(1)).to(dtype)
     with torch.no_grad():
-        assert torch.equal(ours(x), theirs(x))
+        if dtype == torch.bfloat16:
+            assert torch.equal(ours(x), theirs(x))
+            return
+        # fp32: torch's CPU matmul splits a strided weight's (transformers' fused experts) sums over
+        # threads otherwise than a contiguous one's: one ulp apart with 2 threads, bit for bit with one
+        ref = theirs(x)
+        assert float((ours(x) - ref).abs().max()) <= 1e-5 * max(1.0, float(ref.abs().max()))
+        threads = torch.get_num_threads()
+        torch.set_num_threads(1)
+        try:
+            assert torch.equal(ours(x), theirs(x))
+        finally:
+            torch.set_num_threads(threads)
 
 
 def test_router_settings_bite() -> None:
