@@ -9,7 +9,10 @@ in mappings/; this module knows only the file.
 
 from __future__ import annotations
 
+import os
+from collections import deque
 from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from math import prod
 from pathlib import Path
@@ -26,7 +29,8 @@ if TYPE_CHECKING:
 QUANTS = {"f32": "F32", "f16": "F16", "bf16": "BF16", "q8_0": "Q8_0", "q4_0": "Q4_0", "q4_1": "Q4_1",
           "q5_0": "Q5_0", "q5_1": "Q5_1", "tq1_0": "TQ1_0", "tq2_0": "TQ2_0", "mxfp4": "MXFP4"}
 DEFAULT_QUANT = "q8_0"  # for sharing; f16/bf16 are lossless for half-precision weights, f32 for any
-CHUNK_BYTES = 64 << 20  # float32 rows encoded at a time
+CHUNK_BYTES = 32 << 20  # float32 rows encoded at a time, by each of ENCODERS threads
+ENCODERS = max(1, min(4, os.cpu_count() or 1))
 WRITTEN_BY = "lmconvert.written_by"  # metadata key that marks a file lmconvert wrote (--force replaces only those)
 FILE_TYPES = {"F32": 0, "F16": 1, "Q4_0": 2, "Q4_1": 3, "Q8_0": 7, "Q5_0": 8, "Q5_1": 9, "BF16": 32,
               "TQ1_0": 36, "TQ2_0": 37, "MXFP4": 38}  # llama.cpp's `general.file_type` (LlamaFileType)
@@ -141,12 +145,22 @@ def _write_tensor(writer: Any, fout: Any, tensor: torch.Tensor, kind: str) -> No
     writer.write_padding(fout, fout.tell())
     rows = tensor.reshape(-1, tensor.shape[-1]) if tensor.dim() > 1 else tensor.reshape(1, -1)
     band = max(1, CHUNK_BYTES // (rows.shape[1] * 4))
-    written = 0
-    for start in range(0, rows.shape[0], band):
-        data = _encode(rows[start:start + band], kind)
-        data.tofile(fout)
-        written += data.nbytes
+    written, pending = 0, deque()
+    # numpy's quantizer and torch's casts release the GIL: ENCODERS bands encode at once, in order,
+    # no more than that many held
+    with ThreadPoolExecutor(max_workers=ENCODERS) as pool:
+        for start in range(0, rows.shape[0], band):
+            pending.append(pool.submit(_encode, rows[start:start + band], kind))
+            if len(pending) == ENCODERS:
+                written += _write(pending.popleft().result(), fout)
+        while pending:
+            written += _write(pending.popleft().result(), fout)
     writer.write_padding(fout, written)
+
+
+def _write(data: np.ndarray, fout: Any) -> int:  # noqa: ANN401 - a file gguf's writer opened
+    data.tofile(fout)
+    return data.nbytes
 
 
 def written_by_lmconvert(path: Path) -> bool:
