@@ -172,7 +172,7 @@ def test_cli_writes_q8_0_by_default(llama_canonical: Path, tmp_path: Path) -> No
 @pytest.mark.parametrize(("args", "fragment"), [
     (["--quant", "q3_k"], "--quant 'q3_k'"),
     (["--dtype", "float16"], "--dtype does not apply with --to gguf"),
-    (["--max-shard-size", "1GB"], "--max-shard-size does not apply"),
+    (["--max-shard-size", "lots"], "--max-shard-size 'lots'"),
 ])
 def test_cli_argument_errors(llama_canonical: Path, tmp_path: Path, args: list[str], fragment: str) -> None:
     code, _, err = cli("convert", llama_canonical, tmp_path / "m.gguf", "--to", "gguf", *args)
@@ -310,3 +310,28 @@ def test_gpt2_is_read_but_not_yet_written(tmp_path: Path) -> None:
     canonical = canonical_of(build_model("gpt2", **FAMILIES["gpt2"]), tmp_path)
     code, _, err = cli("convert", canonical, tmp_path / "m.gguf", "--to", "gguf")
     assert code == 2 and "gpt2 has no llama.cpp architecture lmconvert writes" in err, err
+
+
+def test_split_files_as_llama_cpp_writes_them(llama_canonical: Path, tmp_path: Path) -> None:
+    """--max-shard-size: OUT is a directory of `OUT-0000i-of-0000N.gguf`, each with its split keys,
+    holding between them exactly the one file's tensors (llama.cpp's test is in test_llamacpp.py)."""
+    whole = exported(llama_canonical, tmp_path / "one.gguf", "q8_0")
+    code, _, err = cli("convert", llama_canonical, tmp_path / "parts", "--to", "gguf", "--max-shard-size", "40KB")
+    assert code == 0, err
+    files = sorted(p.name for p in (tmp_path / "parts").glob("*.gguf"))
+    n = len(files)
+    assert n > 1 and files == [f"parts-{i:05d}-of-{n:05d}.gguf" for i in range(1, n + 1)]
+    expected = {t.name: bytes(t.data) for t in gguf.GGUFReader(whole).tensors}
+    found = {}
+    for i, name in enumerate(files):
+        reader = gguf.GGUFReader(tmp_path / "parts" / name)
+        assert reader.fields["split.no"].contents() == i and reader.fields["split.count"].contents() == n
+        assert reader.fields["split.tensors.count"].contents() == len(expected)
+        found.update({t.name: bytes(t.data) for t in reader.tensors})
+    assert found == expected
+    assert gguf.GGUFReader(tmp_path / "parts" / files[0]).fields["general.architecture"].contents() == "llama"
+    code, _, err = cli("convert", llama_canonical, tmp_path / "parts", "--to", "gguf", "--max-shard-size", "40KB")
+    assert code == 2 and "already exists" in err
+    assert cli("convert", llama_canonical, tmp_path / "parts", "--to", "gguf", "--max-shard-size", "80KB",
+               "--force")[0] == 0
+    assert len(list((tmp_path / "parts").glob("*.gguf"))) < n

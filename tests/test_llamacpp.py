@@ -195,3 +195,13 @@ def test_sentencepiece_tokenizer(tmp_path: Path) -> None:
     source, llm = AutoTokenizer.from_pretrained(str(hf)), llama(tmp_path / "m.gguf")
     for text in TEXTS:
         assert llm.tokenize(text.encode(), add_bos=True, special=True) == source(text)["input_ids"], text
+
+
+def test_split_files_load_as_the_one_file(exported: Any, tmp_path: Path) -> None:  # noqa: ANN401
+    """llama.cpp finds the other parts from the first one's name and `split.*` keys."""
+    canonical, whole = exported("llama", "f32")
+    convert(canonical, tmp_path / "parts", "gguf", quant="f32", max_shard_bytes=40_000)
+    first = sorted((tmp_path / "parts").glob("*.gguf"))
+    assert len(first) > 1
+    ids = token_batch(seq=24)[0].tolist()
+    assert torch.equal(llama_logits(llama(first[0]), ids), llama_logits(llama(whole), ids))

@@ -126,7 +126,8 @@ def main(debug: bool) -> None:
 @click.option("--shards", type=click.IntRange(min=1), help="With --to meta: model-parallel ranks [default: 1].")
 @click.option("--dtype", type=CAST, default="keep",
               show_default=True, help="Cast tensors on the way.")
-@click.option("--max-shard-size", help="Largest output shard [default: 5GB].")
+@click.option("--max-shard-size", help="Largest output shard [default: 5GB; --to gguf: one file unless given, "
+                                       "then OUT is a directory of llama.cpp's split files].")
 @click.option("--force", is_flag=True, help="Replace OUT if it exists.")
 @click.option("--allow-nonfinite", is_flag=True, help="Convert even if weights hold NaN or Inf.")
 @handled
@@ -141,15 +142,15 @@ def convert(src: Path, out: Path, to: str, family: str | None, quant: str | None
         raise InputError("--quant only applies with --to gguf; use --dtype to cast other outputs")
     if gguf_pre is not None and to != "gguf":
         raise InputError("--gguf-pre only applies with --to gguf")
-    if to == "gguf" and (dtype != "keep" or max_shard_size is not None):
-        raise InputError(f"--{'dtype' if dtype != 'keep' else 'max-shard-size'} does not apply with --to gguf: "
-                         "choose the tensor type with --quant; lmconvert writes one GGUF file")
+    if to == "gguf" and dtype != "keep":
+        raise InputError("--dtype does not apply with --to gguf: choose the tensor type with --quant")
     kwargs: dict[str, Any] = {"dtype": parse_cast(dtype), "max_shard_bytes": parse_size(max_shard_size or "5GB"),
                               "force": force, "allow_nonfinite": allow_nonfinite}
     if to in ("hf", "gguf"):
         kwargs["family"] = family
-    if to == "gguf":
-        kwargs.update({"gguf_pre": gguf_pre} | ({"quant": quant} if quant is not None else {}))
+    if to == "gguf":  # one file, unless split: then OUT is a directory of llama.cpp's split files
+        kwargs.update({"gguf_pre": gguf_pre, "max_shard_bytes": parse_size(max_shard_size) if max_shard_size else None}
+                      | ({"quant": quant} if quant is not None else {}))
     if shards is not None and to != "meta":
         raise InputError("--shards only applies with --to meta")
     if to == "meta":

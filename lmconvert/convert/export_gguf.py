@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from lmconvert.arch.shapes import parameter_shapes
-from lmconvert.formats.atomic import atomic_file, check_output
+from lmconvert.formats.atomic import atomic_directory, atomic_file, check_output
 from lmconvert.formats.checkpoint import Checkpoint, opened
 from lmconvert.formats.errors import InputError
 from lmconvert.formats.gguf_tokenizer import tokenizer_values
@@ -51,10 +51,11 @@ def _checked_metadata(config: dict[str, Any], name: str, ckpt: Checkpoint,
 
 def to_gguf(src: Path | Checkpoint, out: Path, family: str | None = None, quant: str = DEFAULT_QUANT,
             gguf_pre: str | None = None, force: bool = False, progress: Progress | None = None,
-            allow_nonfinite: bool = False, **_: Any) -> dict[str, Any]:
+            allow_nonfinite: bool = False, max_shard_bytes: int | None = None, **_: Any) -> dict[str, Any]:
     """Write a canonical checkpoint as one GGUF file, its tokenizer in the metadata; returns the
     metadata written. `gguf_pre` names llama.cpp's pre-tokenizer for a BPE tokenizer it does
-    not recognise."""
+    not recognise. With `max_shard_bytes`, OUT is a directory of llama.cpp's split files
+    (`OUT/NAME-00001-of-0000N.gguf`, NAME being OUT's), appearing whole as every output does."""
     kind = parse_quant(quant)
     with opened(src) as ckpt:
         meta = canonical_meta(ckpt, "gguf")
@@ -75,7 +76,7 @@ def to_gguf(src: Path | Checkpoint, out: Path, family: str | None = None, quant:
             model = _checked_metadata(config, name, ckpt, shapes)
         except MappingError as exc:
             raise InputError(f"--to gguf: {exc}") from None
-        check_output(out, force, (ckpt.path,), ours=written_by_lmconvert)
+        check_output(out, force, (ckpt.path,), ours=None if max_shard_bytes else written_by_lmconvert)
         tokenizer = tokenizer_values(ckpt.tokenizer.where if ckpt.tokenizer else None, meta.arch.vocab_size, gguf_pre)
         items = [(name, src_name, t.inverse) for name, (src_name, t) in plan.items()]
         planned = plan_tensors(ckpt.source.tensors, items, None, allow_nonfinite, meta.tensors, meta.hash)
@@ -85,6 +86,10 @@ def to_gguf(src: Path | Checkpoint, out: Path, family: str | None = None, quant:
                   "general.quantization_version": 2, WRITTEN_BY: "lmconvert"}
         if meta.source.get("path"):
             values["lmconvert.source"] = str(meta.source["path"])
-        with atomic_file(out, force, written_by_lmconvert) as tmp:
-            write_gguf(tmp, model.arch, values, tensors, progress)
+        if max_shard_bytes:
+            with atomic_directory(out, force) as tmp:
+                write_gguf(tmp / f"{out.name}.gguf", model.arch, values, tensors, progress, max_shard_bytes)
+        else:
+            with atomic_file(out, force, written_by_lmconvert) as tmp:
+                write_gguf(tmp, model.arch, values, tensors, progress)
     return values

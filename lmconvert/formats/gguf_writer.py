@@ -109,11 +109,14 @@ def _add_value(writer: Any, key: str, value: Any) -> None:  # noqa: ANN401 - ggu
 
 
 def write_gguf(path: Path, arch: str, values: Mapping[str, Any], tensors: Sequence[GgufTensor],
-               progress: Callable[[int, int], None] | None = None) -> None:
-    """Header, metadata and tensor table first, then each tensor as it is produced."""
+               progress: Callable[[int, int], None] | None = None, max_shard_bytes: int = 0) -> list[Path]:
+    """Header, metadata and tensor table first, then each tensor as it is produced. With
+    `max_shard_bytes`, llama.cpp's split format (gguf's writer: `NAME-00001-of-00003.gguf` beside
+    `path`, each with its `split.*` keys), as llama.cpp's own converter writes it. Returns the
+    files written."""
     import gguf
 
-    writer = gguf.GGUFWriter(None, arch)
+    writer = gguf.GGUFWriter(None, arch, split_max_size=max_shard_bytes)
     for key, value in values.items():
         if key != "general.architecture":
             _add_value(writer, key, value)
@@ -125,17 +128,19 @@ def write_gguf(path: Path, arch: str, values: Mapping[str, Any], tensors: Sequen
         else:
             byte_shape = gguf.quant_shape_to_byte_shape(t.shape, qtype)
             writer.add_tensor_info(t.name, byte_shape, np.dtype(np.uint8), _nbytes(t.shape, t.type), raw_dtype=qtype)
+    shard_of = {name: i for i, shard in enumerate(writer.tensors) for name in shard}
+    files = writer.format_shard_names(path)
     try:
         writer.write_header_to_file(path)
         writer.write_kv_data_to_file()
         writer.write_ti_data_to_file()
-        fout = writer.fout[0]
         for done, t in enumerate(tensors, 1):
-            _write_tensor(writer, fout, t.produce(), t.type)
+            _write_tensor(writer, writer.fout[shard_of[t.name]], t.produce(), t.type)
             if progress is not None:
                 progress(done, len(tensors))
     finally:
         writer.close()
+    return files
 
 
 def _write_tensor(writer: Any, fout: Any, tensor: torch.Tensor, kind: str) -> None:  # noqa: ANN401 - gguf's
