@@ -147,7 +147,7 @@ class Attention(nn.Module):
 
     def _position_bias(self, ctx: Context) -> torch.Tensor | None:
         if self.position == "alibi":
-            return alibi_bias(self.cfg.n_heads, ctx.q_pos, ctx.k_pos, self.cfg.alibi)
+            return alibi_bias(self.cfg.n_heads, ctx.q_pos, ctx.k_pos, self.cfg.alibi, ctx.key_numbers())
         if self.relative is not None:
             return self.relative(ctx.q_pos, ctx.k_pos)
         return None
