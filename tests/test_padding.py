@@ -1,0 +1,142 @@
+"""Left-padded batches against transformers, one real family per position scheme: rows of different
+lengths padded on the left (pad id 0) with an attention mask, through the forward pass, the KV cache
+and greedy `generate`. Padding interacts with each scheme its own way: RoPE and absolute positions
+are numbered from each row's first token by generate (and by OPT's forward), BLOOM and Falcon-RW
+count ALiBi keys from it, MPT's ALiBi is a distance, NoPE layers only mask.
+
+Padding query positions attend to no key at all; transformers' outputs there mean nothing (eager:
+a uniform average, SDPA: zeros), so logits are compared at the real tokens only."""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+import torch
+from family_specs import FP32_TOL, SPECS
+from hf_models import build_model, load_reference, save_checkpoint
+from transformers import AutoModelForCausalLM
+
+import lmconvert
+from lmconvert.arch.context import mask_positions
+
+# name -> (model_type, kwargs): the scheme each one stands for
+CASES: dict[str, tuple[str, dict]] = {
+    "llama": (SPECS["llama"].model_type, SPECS["llama"].kwargs),  # RoPE (llama3 scaling)
+    "mistral": (SPECS["mistral"].model_type, SPECS["mistral"].kwargs),  # RoPE, sliding window
+    "smollm3": (SPECS["smollm3"].model_type, SPECS["smollm3"].kwargs),  # NoPE every other layer
+    "cohere2": (SPECS["cohere2"].model_type, SPECS["cohere2"].kwargs),  # sliding RoPE, global NoPE
+    "falcon": (SPECS["falcon"].model_type, SPECS["falcon"].kwargs),  # RoPE
+    "gpt2": (SPECS["gpt2"].model_type, SPECS["gpt2"].kwargs),  # learned
+    "opt": (SPECS["opt"].model_type, SPECS["opt"].kwargs),  # learned, numbered from the mask
+    "xglm": (SPECS["xglm"].model_type, SPECS["xglm"].kwargs),  # sinusoidal (fairseq)
+    "bloom": (SPECS["bloom"].model_type, SPECS["bloom"].kwargs),  # ALiBi from the mask
+    "mpt": (SPECS["mpt"].model_type, SPECS["mpt"].kwargs),  # ALiBi as a distance
+    "falcon-rw": ("falcon", dict(num_attention_heads=6, hidden_size=72, parallel_attn=False, multi_query=False,
+                                 bias=True, alibi=True, eos_token_id=1)),  # ALiBi from the mask, bf16 slopes
+}
+SEQ, LENGTHS, NEW = 28, (28, 19, 11), 8  # every row longer than the windows (4)
+
+
+def padded_batch(vocab: int = 128) -> tuple[torch.Tensor, torch.Tensor]:
+    """Three rows of LENGTHS tokens (ids >= 3, clear of pad/bos/eos), left-padded with 0 to SEQ."""
+    ids = torch.randint(3, vocab, (len(LENGTHS), SEQ), generator=torch.Generator().manual_seed(3))
+    mask = torch.zeros(len(LENGTHS), SEQ, dtype=torch.long)
+    for row, n in enumerate(LENGTHS):
+        mask[row, SEQ - n:] = 1
+    return ids.masked_fill(mask == 0, 0), mask
+
+
+IDS, MASK = padded_batch()
+REAL = MASK.bool()
+
+
+@pytest.fixture(scope="module")
+def checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Callable[[str], Path]:
+    made: dict[str, Path] = {}
+
+    def get(name: str) -> Path:
+        if name not in made:
+            model_type, kwargs = CASES[name]
+            made[name] = save_checkpoint(build_model(model_type, **kwargs), tmp_path_factory.mktemp(name))
+        return made[name]
+
+    return get
+
+
+def reference(path: Path, attention: str) -> torch.nn.Module:
+    """transformers' model with the same attention implementation, where it has one: Falcon-RW's
+    eager path adds ALiBi twice and its SDPA path once (`attention.py`), so each is compared with
+    its own. BLOOM, MPT, GPT-Neo and XGLM have only their own (eager) attention."""
+    model = load_reference(path)
+    if attention == "eager" or not model._supports_sdpa:
+        return model
+    return AutoModelForCausalLM.from_pretrained(path, attn_implementation=attention).eval()
+
+
+def max_abs_real(a: torch.Tensor, b: torch.Tensor) -> float:
+    return float((a.float() - b.float())[REAL].abs().max())
+
+
+@pytest.mark.parametrize("name", CASES)
+@torch.no_grad()
+def test_padded_forward(name: str, checkpoint: Callable[[str], Path]) -> None:
+    """`model(ids, attention_mask=mask)` as transformers computes it, eager and SDPA; the same ids
+    without the mask are far off, so the mask is what makes them agree."""
+    path = checkpoint(name)
+    for attention in ("eager", "sdpa"):
+        theirs = reference(path, attention)(IDS, attention_mask=MASK).logits
+        ours = lmconvert.load(path, attention=attention)
+        assert max_abs_real(ours(IDS, attention_mask=MASK), theirs) <= FP32_TOL
+    assert max_abs_real(ours(IDS), theirs) > 1e-2
+
+
+POSITIONED = [name for name in CASES if name not in ("bloom", "mpt")]  # whose forward takes position_ids
+
+
+@pytest.mark.parametrize("name", POSITIONED)
+@torch.no_grad()
+def test_padded_forward_with_positions(name: str, checkpoint: Callable[[str], Path]) -> None:
+    """Positions numbered from each row's first token, as generate passes them (`position_ids`)."""
+    path = checkpoint(name)
+    reference = load_reference(path)
+    assert "position_ids" in inspect.signature(reference.forward).parameters
+    positions = mask_positions(MASK)
+    theirs = reference(IDS, attention_mask=MASK, position_ids=positions).logits
+    ours = lmconvert.load(path, attention="eager")
+    assert max_abs_real(ours(IDS, attention_mask=MASK, positions=positions), theirs) <= FP32_TOL
+
+
+@pytest.mark.parametrize("name", CASES)
+@torch.no_grad()
+def test_padded_cache(name: str, checkpoint: Callable[[str], Path]) -> None:
+    """A padded prefill, then one token at a time with the mask grown to cover the cache: every
+    step's logits equal transformers' full forward over the padded batch."""
+    path = checkpoint(name)
+    theirs = load_reference(path)(IDS, attention_mask=MASK).logits
+    ours = lmconvert.load(path, attention="eager")
+    cache = ours.new_cache()
+    prefill = 20
+    steps = [ours(IDS[:, :prefill], cache=cache, attention_mask=MASK[:, :prefill])]
+    for t in range(prefill, SEQ):
+        steps.append(ours(IDS[:, t:t + 1], cache=cache, attention_mask=MASK[:, :t + 1]))
+    assert max_abs_real(torch.cat(steps, dim=1), theirs) <= FP32_TOL
+
+
+@pytest.mark.parametrize("name", CASES)
+@torch.no_grad()
+def test_padded_generate(name: str, checkpoint: Callable[[str], Path]) -> None:
+    """Greedy continuations of a left-padded batch equal transformers' generate token for token;
+    without the mask they do not (except Mistral's: with a 4-token window on every layer, the last
+    token's receptive field in two layers never reaches the padding)."""
+    path = checkpoint(name)
+    reference = load_reference(path)
+    eos = reference.generation_config.eos_token_id
+    theirs = reference.generate(IDS, attention_mask=MASK, max_new_tokens=NEW, do_sample=False, pad_token_id=0,
+                                eos_token_id=eos)
+    ours = lmconvert.load(path, attention="eager")
+    assert torch.equal(ours.generate(IDS, NEW, eos_token_id=eos, pad_token_id=0, attention_mask=MASK), theirs)
+    if name != "mistral":
+        assert not torch.equal(ours.generate(IDS, NEW, eos_token_id=eos, pad_token_id=0), theirs)
