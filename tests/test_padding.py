@@ -11,16 +11,23 @@ from __future__ import annotations
 
 import inspect
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 import torch
 from family_specs import FP32_TOL, SPECS
-from hf_models import build_model, load_reference, save_checkpoint
-from transformers import AutoModelForCausalLM
+from hf_models import build_model, load_reference, save_checkpoint, save_tiny_tokenizer
+from transformers import AutoModelForCausalLM, AutoTokenizer
 
 import lmconvert
 from lmconvert.arch.context import mask_positions
+from lmconvert.formats.checkpoint import open_checkpoint
+from lmconvert.formats.errors import InputError
+from lmconvert.formats.source import Loadable
+from lmconvert.verify import golden as golden_file
+from lmconvert.verify.prompts import padded_lengths, prompt_batch
+from lmconvert.verify.run import judge, record_reference, run_ours, verify
 
 # name -> (model_type, kwargs): the scheme each one stands for
 CASES: dict[str, tuple[str, dict]] = {
@@ -154,3 +161,47 @@ def test_padded_bf16_bit_exact(name: str, tmp_path: Path) -> None:
     theirs = load_reference(path, torch.bfloat16)(IDS, attention_mask=MASK).logits
     ours = lmconvert.load(path, dtype=torch.bfloat16, attention="eager")(IDS, attention_mask=MASK)
     assert torch.equal(ours[REAL], theirs[REAL])
+
+
+# ------------------------------------------------------------------------------------------------ verify --padded
+@pytest.mark.parametrize("name", ["llama", "opt", "bloom"])
+def test_verify_padded(name: str, checkpoint: Callable[[str], Path]) -> None:
+    """`verify --padded` runs both sides on left-padded rows of different lengths under the mask and
+    agrees to the bit in fp32; our side run without the mask on the same record fails the logits."""
+    path = checkpoint(name)
+    report = verify(path, padded=True, seq_len=24, batch=3, generate=4)
+    assert report.passed and report.logits["max_abs"] <= FP32_TOL
+    assert "left-padded rows of 24, 18, 12 tokens" in report.tokens
+    expected = record_reference(path, seq_len=24, batch=3, generate=0, padded=True)
+    assert expected.attention_mask is not None and expected.attention_mask.sum(1).tolist() == [24, 18, 12]
+    unmasked = replace(expected, attention_mask=None)
+    with open_checkpoint(path) as ckpt:
+        trace, _ = run_ours(ckpt, unmasked, "cpu", stream=False)
+    assert not judge(path, expected, trace, None, "cpu", False, None, None).logits_passed
+
+
+def test_verify_padded_golden_and_streamed(checkpoint: Callable[[str], Path], tmp_path: Path) -> None:
+    """The mask travels in the golden file (checked without transformers) and through the streamed
+    decoder (--max-memory); a golden file brings its own batch, so --padded beside it is refused."""
+    path = checkpoint("falcon-rw")
+    golden = tmp_path / "padded.golden"
+    assert verify(path, padded=True, seq_len=20, batch=2, generate=2, save_golden=golden).passed
+    assert golden_file.load(golden).attention_mask.sum(1).tolist() == [20, 10]
+    assert verify(path, golden=golden).passed
+    streamed = verify(path, padded=True, seq_len=20, batch=2, generate=2, max_memory=10 ** 9)
+    assert streamed.passed and streamed.logits["max_abs"] <= FP32_TOL
+    with pytest.raises(InputError, match="--padded"):
+        verify(path, golden=golden, padded=True)
+
+
+def test_padded_prompts_start_each_row_with_bos(tmp_path: Path) -> None:
+    """Real text rows, each left-padded with 0 and starting with the tokenizer's BOS where its
+    real tokens begin; the unpadded batch is unchanged by the option."""
+    vocab = save_tiny_tokenizer(tmp_path)
+    ids, mask = prompt_batch(Loadable(tmp_path), vocab, 3, 16, padded_lengths(3, 16))
+    assert mask.sum(1).tolist() == [16, 12, 8]
+    bos = AutoTokenizer.from_pretrained(tmp_path).bos_token_id
+    for row, n in zip(ids.tolist(), (16, 12, 8), strict=True):
+        assert row[:16 - n] == [0] * (16 - n) and row[16 - n] == bos
+    plain, none = prompt_batch(Loadable(tmp_path), vocab, 3, 16)
+    assert none is None and plain[:, 0].tolist() == [bos] * 3

@@ -93,17 +93,24 @@ class Decoder(nn.Module):
         `generate` passes positions numbered from each row's first token, as transformers' does.
         Padding query rows attend to nothing: their outputs mean nothing, as in transformers."""
         past = cache.length if cache is not None else 0
-        T = ids.shape[1]
         if positions is None:
-            positions = torch.arange(past, past + T, device=ids.device)
-            if attention_mask is not None and self.cfg.positions_from_mask:  # OPT: pads get -1
-                positions = (attention_mask.long().cumsum(-1) * attention_mask.long() - 1)[:, past:]
+            positions = self.default_positions(ids, past, attention_mask)
         h = self.embed_tokens(ids, positions)
-        ctx = Context.build(past, T, h.dtype, ids.device, positions, attention_mask)
+        ctx = Context.build(past, ids.shape[1], h.dtype, ids.device, positions, attention_mask)
         yield h
         for block in self.layers:
             h = block(h, ctx, cache)
             yield h
+
+    def default_positions(self, ids: torch.Tensor, past: int,
+                          attention_mask: torch.Tensor | None = None) -> torch.Tensor:
+        """The positions transformers' forward gives T new tokens after `past` cached ones when it is
+        passed none: from the sequence start (T,), or for `positions_from_mask` (OPT) each row's
+        count of real tokens so far minus one, -1 on padding (B, T)."""
+        if attention_mask is not None and self.cfg.positions_from_mask:
+            mask = attention_mask.long()
+            return (mask.cumsum(-1) * mask - 1)[:, past:]
+        return torch.arange(past, past + ids.shape[1], device=ids.device)
 
     def hidden_states(self, ids: torch.Tensor, cache: KVCache | None = None,
                       until: int | None = None, attention_mask: torch.Tensor | None = None,
