@@ -212,3 +212,14 @@ def test_padded_prompts_start_each_row_with_bos(tmp_path: Path) -> None:
         assert row[:16 - n] == [0] * (16 - n) and row[16 - n] == bos
     plain, none = prompt_batch(Loadable(tmp_path), vocab, 3, 16)
     assert none is None and plain[:, 0].tolist() == [bos] * 3
+
+
+def test_mask_and_positions_of_the_wrong_shape_are_refused(checkpoint: Callable[[str], Path]) -> None:
+    """A mask must cover the cached tokens too, as transformers' does; saying so beats a broadcast error."""
+    model = lmconvert.load(checkpoint("llama"))
+    cache = model.new_cache()
+    model(IDS[:, :20], cache=cache, attention_mask=MASK[:, :20])
+    with pytest.raises(ValueError, match=r"attention_mask has shape \[3, 1\].*\[3, 21\]"):
+        model(IDS[:, 20:21], cache=cache, attention_mask=MASK[:, 20:21])
+    with pytest.raises(ValueError, match=r"positions has shape \[3, 20\]"):
+        model(IDS[:, :10], positions=mask_positions(MASK)[:, :20])

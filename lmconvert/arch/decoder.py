@@ -93,10 +93,17 @@ class Decoder(nn.Module):
         `generate` passes positions numbered from each row's first token, as transformers' does.
         Padding query rows attend to nothing: their outputs mean nothing, as in transformers."""
         past = cache.length if cache is not None else 0
+        B, T = ids.shape
+        if attention_mask is not None and tuple(attention_mask.shape) != (B, past + T):
+            raise ValueError(f"attention_mask has shape {list(attention_mask.shape)}; it covers the cached tokens "
+                             f"and the new ones: pass one of shape [{B}, {past + T}]")
+        if positions is not None and positions.shape[-1] != T:
+            raise ValueError(f"positions has shape {list(positions.shape)}; pass one position per new token: "
+                             f"[{B}, {T}] or [{T}]")
         if positions is None:
             positions = self.default_positions(ids, past, attention_mask)
         h = self.embed_tokens(ids, positions)
-        ctx = Context.build(past, ids.shape[1], h.dtype, ids.device, positions, attention_mask)
+        ctx = Context.build(past, T, h.dtype, ids.device, positions, attention_mask)
         yield h
         for block in self.layers:
             h = block(h, ctx, cache)
