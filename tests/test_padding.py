@@ -223,3 +223,22 @@ def test_mask_and_positions_of_the_wrong_shape_are_refused(checkpoint: Callable[
         model(IDS[:, 20:21], cache=cache, attention_mask=MASK[:, 20:21])
     with pytest.raises(ValueError, match=r"positions has shape \[3, 20\]"):
         model(IDS[:, :10], positions=mask_positions(MASK)[:, :20])
+
+
+OTHERS = [name for name in SPECS if name not in CASES]  # every other family: the same, in brief
+
+
+@pytest.mark.parametrize("name", OTHERS)
+@torch.no_grad()
+def test_padded_forward_and_generate_of_every_other_family(name: str, tmp_path: Path) -> None:
+    """Each family's own variants (soft-caps, QK norms, longrope, parallel blocks, experts) under the
+    same padded batch: forward at the real tokens and greedy generate, against transformers."""
+    spec = SPECS[name]
+    path = save_checkpoint(build_model(spec.model_type, **spec.kwargs), tmp_path / name)
+    reference = load_reference(path)
+    ours = lmconvert.load(path, attention="eager")
+    assert max_abs_real(ours(IDS, attention_mask=MASK), reference(IDS, attention_mask=MASK).logits) <= FP32_TOL
+    eos = reference.generation_config.eos_token_id
+    theirs = reference.generate(IDS, attention_mask=MASK, max_new_tokens=NEW, do_sample=False, pad_token_id=0,
+                                eos_token_id=eos)
+    assert torch.equal(ours.generate(IDS, NEW, eos_token_id=eos, pad_token_id=0, attention_mask=MASK), theirs)
