@@ -63,8 +63,9 @@ def _eager(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float, soft
         w = torch.tanh(w / softcap) * softcap
     if bias is not None:  # "fp32" (and Falcon's): the bias promotes the scores, as MPT's fp32 table does
         w = w + (bias if bias_add in ("fp32", "falcon") else bias.to(w.dtype))
-    if allowed is not None:
-        w = w + torch.zeros_like(allowed, dtype=w.dtype).masked_fill(~allowed, torch.finfo(w.dtype).min)
+    if allowed is not None:  # the activation dtype's min, as transformers' masks: fp32's would overflow to -inf
+        # once Falcon's logits are rounded to bf16, and a padding query that sees no key would turn to NaN
+        w = w + torch.zeros_like(allowed, dtype=w.dtype).masked_fill(~allowed, torch.finfo(dtype).min)
     if bias_add == "falcon":  # the softmax of the logits rounded to the activation dtype
         w = w.to(dtype)
     # in fp32, cast back: GPT-2's and XGLM's softmax in the scores' own bf16 computes in fp32 inside
@@ -147,7 +148,7 @@ class Attention(nn.Module):
 
     def _position_bias(self, ctx: Context) -> torch.Tensor | None:
         if self.position == "alibi":
-            return alibi_bias(self.cfg.n_heads, ctx.q_pos, ctx.k_pos, self.cfg.alibi)
+            return alibi_bias(self.cfg.n_heads, ctx.q_pos, ctx.k_pos, self.cfg.alibi, ctx.key_numbers())
         if self.relative is not None:
             return self.relative(ctx.q_pos, ctx.k_pos)
         return None

@@ -274,6 +274,8 @@ class ArchConfig:
     relative_buckets: int = 32
     relative_max_distance: int = 128
     alibi: str = "distance"  # ALIBI_KINDS: how ALiBi layers build their bias and add it (BLOOM's, MPT's)
+    positions_from_mask: bool = False  # given an attention mask and no positions, the forward numbers each row
+    # from its first real token, padding -1 (OPT's embed_positions); else from the sequence start
     # attention
     attention: str = "standard"  # a kind declared in attention_kinds
     attention_settings: Any = None  # that kind's own fields (its `settings` dataclass); None: it has none
@@ -371,6 +373,8 @@ class ArchConfig:
         if isinstance(self.position_offset, bool) or not isinstance(self.position_offset, int) \
                 or self.position_offset < 0:
             _fail("ArchConfig", "position_offset", self.position_offset, "must be an integer >= 0")
+        if not isinstance(self.positions_from_mask, bool):
+            _fail("ArchConfig", "positions_from_mask", self.positions_from_mask, "must be true or false")
         if self.position_offset and self.absolute_positions == "none":
             _fail("ArchConfig", "position_offset", self.position_offset,
                   "offsets an absolute position table, and absolute_positions='none' has none; leave it 0")

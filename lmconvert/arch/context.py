@@ -9,33 +9,66 @@ import torch
 from .rope import Rotary
 
 
+def mask_positions(attention_mask: torch.Tensor) -> torch.Tensor:
+    """Each token's position counted from its row's first real token, 0 on (left) padding: (B, S).
+    transformers' generate numbers RoPE and absolute positions this way (`cumsum - 1`, pads 0), and
+    BLOOM and Falcon build ALiBi from the same numbers (`(cumsum - 1) * mask`)."""
+    mask = attention_mask.long()
+    return (mask.cumsum(-1) - 1) * mask
+
+
 @dataclass
 class Context:
-    q_pos: torch.Tensor  # (T,) absolute positions of the new tokens
-    k_pos: torch.Tensor  # (S,) absolute positions of every key, cached ones first
+    q_pos: torch.Tensor  # (T,) index of the new tokens in the sequence (the cache's numbering)
+    k_pos: torch.Tensor  # (S,) index of every key, cached ones first
     dtype: torch.dtype
+    positions: torch.Tensor | None = None  # (T,) or (B, T) the tokens' positions (RoPE); None: q_pos
+    keys: torch.Tensor | None = None  # (B, S) bool, False on padding keys; None: no padding
     _memo: dict = field(default_factory=dict)
 
+    @classmethod
+    def build(cls, past: int, T: int, dtype: torch.dtype, device: torch.device,
+              positions: torch.Tensor | None = None, attention_mask: torch.Tensor | None = None) -> Context:
+        """The context of T new tokens after `past` cached ones. `attention_mask` (B, past + T), 1 on
+        real tokens and 0 on padding, as transformers takes it."""
+        keys = None if attention_mask is None else attention_mask.to(device=device, dtype=torch.bool)
+        if keys is not None and bool(keys.all()):  # no padding: the plain causal mask (and SDPA's is_causal)
+            keys = None
+        return cls(torch.arange(past, past + T, device=device), torch.arange(past + T, device=device), dtype,
+                   positions, keys)
+
     def rotary(self, rotary: Rotary) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos, sin: (T, dim), or (B, 1, T, dim) for per-row positions (broadcast over heads)."""
         key = ("rope", id(rotary))
         if key not in self._memo:
-            self._memo[key] = rotary.tables(self.q_pos, self.dtype)
+            positions = self.q_pos if self.positions is None else self.positions
+            cos, sin = rotary.tables(positions, self.dtype)
+            if positions.dim() == 2:
+                cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)
+            self._memo[key] = cos, sin
         return self._memo[key]
 
+    def key_numbers(self) -> torch.Tensor | None:
+        """Key positions counted from each row's first real token (B, S); None without padding."""
+        return None if self.keys is None else mask_positions(self.keys)
+
     def allowed(self, window: int | None) -> torch.Tensor | None:
-        """Bool (T, S): causal, and within `window` keys counting the query itself, as
-        transformers' masks define it (kv > q - window). None when every key is visible."""
+        """Bool (T, S), or (B, 1, T, S) with padding: causal, within `window` keys counting the query
+        itself, as transformers' masks define it (kv > q - window), and not a padding key. None when
+        every key is visible."""
         key = ("mask", window)
         if key not in self._memo:
             q, k = self.q_pos[:, None], self.k_pos[None, :]
             allowed = k <= q
             if window is not None:
                 allowed = allowed & (k > q - window)
+            if self.keys is not None:
+                allowed = allowed & self.keys[:, None, None, :]
             self._memo[key] = None if bool(allowed.all()) else allowed
         return self._memo[key]
 
     def is_plain_causal(self, window: int | None) -> bool:
         """True when the mask is exactly lower-triangular, so SDPA can take is_causal."""
-        if len(self.q_pos) != len(self.k_pos) or len(self.q_pos) == 1:
+        if len(self.q_pos) != len(self.k_pos) or len(self.q_pos) == 1 or self.keys is not None:
             return False
         return window is None or window >= len(self.q_pos)

@@ -14,7 +14,7 @@ from .attention import BACKENDS
 from .block import Block
 from .cache import KVCache
 from .config import ArchConfig
-from .context import Context
+from .context import Context, mask_positions
 from .errors import ConfigError
 from .moe import balance_loss
 from .norms import Norm
@@ -80,25 +80,51 @@ class Decoder(nn.Module):
             h = self.embed_norm(h)
         return self.drop(h)
 
-    def states(self, ids: torch.Tensor, cache: KVCache | None = None) -> Iterator[torch.Tensor]:
+    def states(self, ids: torch.Tensor, cache: KVCache | None = None, attention_mask: torch.Tensor | None = None,
+               positions: torch.Tensor | None = None) -> Iterator[torch.Tensor]:
         """Hidden state after the embedding and after each block (transformers' layout, without
         the final norm), one at a time. A forward pass holds only the current one, so the
         allocator hands each block the memory the one before freed: holding all of them made
-        SmolLM2-shaped prefill take fresh pages from the kernel for every block."""
+        SmolLM2-shaped prefill take fresh pages from the kernel for every block.
+
+        `attention_mask` (B, cached + T), 1 on tokens and 0 on (left) padding, hides the padding
+        keys; `positions` (B, T) numbers each row's tokens. Without them, positions count from the
+        sequence start as transformers' forward does (OPT's from the mask: `positions_from_mask`);
+        `generate` passes positions numbered from each row's first token, as transformers' does.
+        Padding query rows attend to nothing: their outputs mean nothing, as in transformers."""
         past = cache.length if cache is not None else 0
-        T = ids.shape[1]
-        positions = torch.arange(past, past + T, device=ids.device)
+        B, T = ids.shape
+        if attention_mask is not None and tuple(attention_mask.shape) != (B, past + T):
+            raise ValueError(f"attention_mask has shape {list(attention_mask.shape)}; it covers the cached tokens "
+                             f"and the new ones: pass one of shape [{B}, {past + T}]")
+        if positions is not None and positions.shape[-1] != T:
+            raise ValueError(f"positions has shape {list(positions.shape)}; pass one position per new token: "
+                             f"[{B}, {T}] or [{T}]")
+        if positions is None:
+            positions = self.default_positions(ids, past, attention_mask)
         h = self.embed_tokens(ids, positions)
-        ctx = Context(positions, torch.arange(past + T, device=ids.device), h.dtype)
+        ctx = Context.build(past, T, h.dtype, ids.device, positions, attention_mask)
         yield h
         for block in self.layers:
             h = block(h, ctx, cache)
             yield h
 
+    def default_positions(self, ids: torch.Tensor, past: int,
+                          attention_mask: torch.Tensor | None = None) -> torch.Tensor:
+        """The positions transformers' forward gives T new tokens after `past` cached ones when it is
+        passed none: from the sequence start (T,), or for `positions_from_mask` (OPT) each row's
+        count of real tokens so far minus one, -1 on padding (B, T)."""
+        if attention_mask is not None and self.cfg.positions_from_mask:
+            mask = attention_mask.long()
+            return (mask.cumsum(-1) * mask - 1)[:, past:]
+        return torch.arange(past, past + ids.shape[1], device=ids.device)
+
     def hidden_states(self, ids: torch.Tensor, cache: KVCache | None = None,
-                      until: int | None = None) -> list[torch.Tensor]:
+                      until: int | None = None, attention_mask: torch.Tensor | None = None,
+                      positions: torch.Tensor | None = None) -> list[torch.Tensor]:
         """All of `states`; `until` stops after that many blocks."""
-        return list(islice(self.states(ids, cache), None if until is None else until + 1))
+        states = self.states(ids, cache, attention_mask, positions)
+        return list(islice(states, None if until is None else until + 1))
 
     def logits(self, h: torch.Tensor) -> torch.Tensor:
         cfg = self.cfg
@@ -112,10 +138,13 @@ class Decoder(nn.Module):
             logits = torch.tanh(logits / cfg.final_softcap) * cfg.final_softcap
         return logits
 
-    def forward(self, ids: torch.Tensor, cache: KVCache | None = None,
-                labels: torch.Tensor | None = None) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
-        """Logits (B, T, vocab) for token ids (B, T); with labels, also the mean next-token loss."""
-        (last,) = deque(self.states(ids, cache), maxlen=1)  # each state dropped as the next is made
+    def forward(self, ids: torch.Tensor, cache: KVCache | None = None, labels: torch.Tensor | None = None,
+                attention_mask: torch.Tensor | None = None,
+                positions: torch.Tensor | None = None) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+        """Logits (B, T, vocab) for token ids (B, T); with labels, also the mean next-token loss.
+        `attention_mask` and `positions` as in `states` (left padding)."""
+        # each state dropped as the next is made
+        (last,) = deque(self.states(ids, cache, attention_mask, positions), maxlen=1)
         logits = self.logits(last)
         if labels is None:
             return logits
@@ -138,16 +167,22 @@ class Decoder(nn.Module):
 
     @torch.no_grad()
     def generate(self, ids: torch.Tensor, max_new_tokens: int, eos_token_id: int | Sequence[int] | None = None,
-                 pad_token_id: int | None = None) -> torch.Tensor:
+                 pad_token_id: int | None = None, attention_mask: torch.Tensor | None = None) -> torch.Tensor:
         """Greedy decoding with the KV cache; returns prompt and continuation. As transformers'
         generate: a row that has emitted any of the EOS ids is finished and continues with the
-        pad id (the first EOS id when there is none) until every row is finished."""
+        pad id (the first EOS id when there is none) until every row is finished. With an
+        `attention_mask` (B, T) of left-padded rows, each row is numbered from its first token
+        (`cumsum(mask) - 1`, padding 0) and the mask grows by a 1 per generated token."""
         eos = torch.tensor([eos_token_id] if isinstance(eos_token_id, int) else list(eos_token_id or ()),
                            dtype=torch.long, device=ids.device)
         pad = pad_token_id if pad_token_id is not None else (int(eos[0]) if len(eos) else None)
         finished = torch.zeros(ids.shape[0], 1, dtype=torch.bool, device=ids.device)
         cache = self.new_cache()
-        logits = self(ids, cache=cache)
+        mask = positions = None
+        if attention_mask is not None:
+            mask = attention_mask.to(device=ids.device, dtype=torch.long)
+            positions = mask_positions(mask)
+        logits = self(ids, cache=cache, attention_mask=mask, positions=positions)
         out = ids
         for _ in range(max_new_tokens):
             token = logits[:, -1].argmax(-1, keepdim=True)
@@ -157,5 +192,8 @@ class Decoder(nn.Module):
             finished |= torch.isin(token, eos)
             if bool(finished.all()) or out.shape[1] - ids.shape[1] == max_new_tokens:
                 break
-            logits = self(token, cache=cache)
+            if mask is not None:
+                mask = torch.cat((mask, mask.new_ones(mask.shape[0], 1)), dim=1)
+                positions = positions[:, -1:] + 1
+            logits = self(token, cache=cache, attention_mask=mask, positions=positions)
         return out

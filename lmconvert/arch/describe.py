@@ -141,6 +141,7 @@ def variants(cfg: ArchConfig) -> list[str]:
             out.append(f"positions: {kind} ({where})")
     if cfg.absolute_positions != "none":
         offset = f", index offset {cfg.position_offset}" if cfg.position_offset else ""
+        offset += ", numbered from the attention mask" if cfg.positions_from_mask else ""
         out.append(f"absolute positions: {POSITION_NAMES[cfg.absolute_positions]}{offset}")
     ffn = f"FFN: {(GATED_NAMES if cfg.gated else ACTIVATION_NAMES)[cfg.activation]}"
     if cfg.moe is None:

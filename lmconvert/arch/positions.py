@@ -16,28 +16,28 @@ from torch import nn
 
 
 def sinusoidal(positions: torch.Tensor, dim: int, dtype: torch.dtype) -> torch.Tensor:
-    """The original Transformer's table, sin on even and cos on odd dims: [T, dim]."""
+    """The original Transformer's table, sin on even and cos on odd dims: [..., T, dim]."""
     inv = 1.0 / (10000.0 ** (torch.arange(0, dim, 2, dtype=torch.float32, device=positions.device) / dim))
-    angles = positions.float()[:, None] * inv[None, :]
-    table = torch.stack((angles.sin(), angles.cos()), dim=-1).flatten(-2)[:, :dim]
+    angles = positions.float()[..., None] * inv
+    table = torch.stack((angles.sin(), angles.cos()), dim=-1).flatten(-2)[..., :dim]
     return table.to(dtype)
 
 
 def sinusoidal_fairseq(positions: torch.Tensor, dim: int, dtype: torch.dtype) -> torch.Tensor:
     """fairseq's table (XGLM): sin of every frequency, then cos of every frequency, frequencies
-    exp(-i * log(10000) / (dim/2 - 1)), and a zero column when dim is odd: [T, dim]. Computed in
+    exp(-i * log(10000) / (dim/2 - 1)), and a zero column when dim is odd: [..., T, dim]. Computed in
     fp32 op by op as transformers' XGLMSinusoidalPositionalEmbedding.get_embedding does."""
     half = dim // 2
     step = math.log(10000) / (half - 1)
     freqs = torch.exp(torch.arange(half, dtype=torch.int64, device=positions.device).float() * -step)
-    angles = positions.float()[:, None] * freqs[None, :]
-    table = torch.cat((angles.sin(), angles.cos()), dim=1)
+    angles = positions.float()[..., None] * freqs
+    table = torch.cat((angles.sin(), angles.cos()), dim=-1)
     if dim % 2:
-        table = torch.cat((table, table.new_zeros(len(positions), 1)), dim=1)
+        table = torch.cat((table, table.new_zeros(*positions.shape, 1)), dim=-1)
     return table.to(dtype)
 
 
-# absolute_positions -> its fixed table (positions, dim, dtype) -> [T, dim]; "learned" is a parameter
+# absolute_positions -> its fixed table (positions, dim, dtype) -> [..., T, dim]; "learned" is a parameter
 POSITION_TABLES = {"sinusoidal": sinusoidal, "sinusoidal_fairseq": sinusoidal_fairseq}
 
 
@@ -95,16 +95,21 @@ ALIBI_KINDS: dict[str, AlibiKind] = {
 }
 
 
-def alibi_bias(n_heads: int, q_pos: torch.Tensor, k_pos: torch.Tensor, kind: str = "distance") -> torch.Tensor:
+def alibi_bias(n_heads: int, q_pos: torch.Tensor, k_pos: torch.Tensor, kind: str = "distance",
+               k_numbers: torch.Tensor | None = None) -> torch.Tensor:
     """slope * (key position from the kind's origin), in fp32 (bf16 for a `bf16` kind): [H, Tq, Tk]
-    (Tq is 1 where it does not depend on the query)."""
+    (Tq is 1 where it does not depend on the query). A "start" kind counts keys by `k_numbers`
+    when given, (B, Tk) numbered from each row's first real token as BLOOM and Falcon build ALiBi
+    from the attention mask: [B, H, 1, Tk]. The other origins are distances, which padding does not shift."""
     alibi = ALIBI_KINDS[kind]
     slopes = alibi.slopes(n_heads).to(q_pos.device)[:, None, None]
     if alibi.origin == "query":
         return slopes * (k_pos[None, :] - q_pos[:, None]).float()[None]
-    origin = k_pos[-1] if alibi.origin == "end" else 0
     if alibi.bf16:
         slopes = slopes.bfloat16()
+    if alibi.origin == "start" and k_numbers is not None:
+        return slopes * k_numbers[:, None, None, :]  # (B, H, 1, Tk)
+    origin = k_pos[-1] if alibi.origin == "end" else 0
     return slopes * (k_pos - origin)[None, None, :]
 
 

@@ -123,14 +123,14 @@ class Rotary:
             self.inv_freq, self.scaling = SCALINGS[cfg.scaling](cfg, self.dim, within, max_positions)
 
     def tables(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
-        """cos, sin of shape [T, rotary_dim] for integer positions [T]."""
+        """cos, sin of shape [..., T, rotary_dim] for integer positions [..., T]."""
         inv_freq = self.inv_freq
         if self.cfg.scaling in PER_CALL:  # stateless form of transformers' dynamic_rope_update
             seq_len = int(positions.max()) + 1
             if seq_len > _grown(self.cfg, self.max_positions):
                 with torch.device("cpu"):
                     inv_freq, _ = SCALINGS[self.cfg.scaling](self.cfg, self.dim, seq_len, self.max_positions)
-        freqs = positions.float()[:, None] * inv_freq.to(positions.device)[None, :]
+        freqs = positions.float()[..., None] * inv_freq.to(positions.device)
         if self.cfg.layout == "half":
             emb = torch.cat((freqs, freqs), dim=-1)
         else:

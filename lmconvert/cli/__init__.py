@@ -170,6 +170,8 @@ def convert(src: Path, out: Path, to: str, family: str | None, quant: str | None
 @click.option("--batch", type=click.IntRange(min=1), default=2, show_default=True,
               help="Sequences; a batch whose logits and hidden states need more memory than is available "
                    "is refused before anything is allocated.")
+@click.option("--padded", is_flag=True,
+              help="Rows of different lengths, left-padded under an attention mask (batched inference's shape).")
 @click.option("--generate", "new_tokens", type=click.IntRange(min=0), default=16, show_default=True,
               help="Greedy tokens both sides generate from the first row (0: skip); at most max_positions, "
                    "fewer when the prompt leaves less room.")
@@ -185,7 +187,7 @@ def convert(src: Path, out: Path, to: str, family: str | None, quant: str | None
               help="Only re-hash a canonical checkpoint's files and tensors against lmconvert.json.")
 @handled
 def verify(checkpoint: Path, reference: Path | None, dtype: str | None, device: str, seq_len: int | None, batch: int,
-           new_tokens: int, max_memory: str | None, golden: Path | None, save_golden: Path | None,
+           padded: bool, new_tokens: int, max_memory: str | None, golden: Path | None, save_golden: Path | None,
            json_out: Path | None, files_only: bool) -> None:
     """Compare CHECKPOINT with transformers layer by layer, logit by logit and through greedy
     generation. Exit 1 when parity fails."""
@@ -203,7 +205,8 @@ def verify(checkpoint: Path, reference: Path | None, dtype: str | None, device: 
     from lmconvert.verify.run import verify as run
 
     report = run(checkpoint, reference, dtype=dtype, device=check_device(device), seq_len=seq_len, batch=batch,
-                 generate=new_tokens, max_memory=parse_memory(max_memory), golden=golden, save_golden=save_golden)
+                 generate=new_tokens, max_memory=parse_memory(max_memory), golden=golden, save_golden=save_golden,
+                 padded=padded)
     if json_out is not None:
         text = json.dumps(report.to_dict(), indent=2)
         if str(json_out) == "-":

@@ -11,9 +11,10 @@ is multiplied by head_dim ** -0.5 right after its projection and the scores are 
 (tied) head are `word_embed_proj_dim` wide, with bias-free `project_in` / `project_out` between
 them and the model width when that differs from hidden_size (opt-350m: 512 and 1024). `dropout`
 drops each sublayer's output and `attention_dropout` the attention probabilities (training only);
-`layerdrop` (training only) is checked, not kept. Positions follow `cumsum(attention_mask)`, the
-same as arange for the unpadded batches lmconvert runs. Checkpoints saved from OPTModel (names
-under `decoder.`, not `model.decoder.`) are read too; export writes OPTForCausalLM's names.
+`layerdrop` (training only) is checked, not kept. Positions follow `cumsum(attention_mask)`
+(`positions_from_mask`), so a left-padded row is numbered from its first token. Checkpoints saved
+from OPTModel (names under `decoder.`, not `model.decoder.`) are read too; export writes
+OPTForCausalLM's names.
 """
 
 from __future__ import annotations
@@ -123,6 +124,7 @@ CONFIG = ConfigTable((
     Entry("layerdrop", (Key("layerdrop", float, 0.0, bound="probability"),), lambda hf, _: {},
           lambda cfg: {"layerdrop": DEFAULT}),
     fixed("OPT attention", gated=False, scale_query=True),
+    fixed("OPT positions", positions_from_mask=True),
     Entry("positions", (), lambda hf, fields: learned_positions(fields["n_layers"], POSITION_OFFSET),
           lambda cfg: {}),
 ))

@@ -124,15 +124,15 @@ class StreamedDecoder:
         return self.model.new_cache()
 
     @torch.no_grad()
-    def __call__(self, ids: torch.Tensor, cache: KVCache | None = None) -> torch.Tensor:
+    def __call__(self, ids: torch.Tensor, cache: KVCache | None = None,
+                 attention_mask: torch.Tensor | None = None) -> torch.Tensor:
         """Logits (B, T, vocab): `Decoder.forward`'s steps, each stage loaded only while it runs."""
         model = self.model
         past = cache.length if cache is not None else 0
-        T = ids.shape[1]
-        positions = torch.arange(past, past + T, device=ids.device)
+        positions = model.default_positions(ids, past, attention_mask)
         with self.stage("embed"):
             h = model.embed_tokens(ids, positions)
-        ctx = Context(positions, torch.arange(past + T, device=ids.device), h.dtype)
+        ctx = Context.build(past, ids.shape[1], h.dtype, ids.device, positions, attention_mask)
         for i, block in enumerate(model.layers):
             with self.stage(f"layers.{i}"):
                 h = block(h, ctx, cache)

@@ -47,6 +47,7 @@ class Expected:
     generation: tuple[torch.Tensor, torch.Tensor] | None = None  # (prompt + tokens, step logits)
     prompt_tokens: int = 0
     info: dict[str, Any] = field(default_factory=dict)  # reference, tokens, versions, layout_problems, ...
+    attention_mask: torch.Tensor | None = None  # (B, T) 1/0: rows left-padded (`verify --padded`); None: unpadded
 
 
 def generation_plan(arch: ArchConfig, seq_len: int, new_tokens: int) -> tuple[int, int]:
@@ -58,26 +59,30 @@ def generation_plan(arch: ArchConfig, seq_len: int, new_tokens: int) -> tuple[in
 
 @torch.no_grad()
 def record(reference: Loadable, arch: ArchConfig, table: TensorTable, ids: torch.Tensor, dtype: str, device: str,
-           max_memory: int | None = None, new_tokens: int = 16, info: dict[str, Any] | None = None) -> Expected:
-    """Run transformers on `ids` in `dtype` (and in fp32 too when that is lower precision), with
-    every point recorded, and greedy generation from the first row."""
+           max_memory: int | None = None, new_tokens: int = 16, info: dict[str, Any] | None = None,
+           attention_mask: torch.Tensor | None = None) -> Expected:
+    """Run transformers on `ids` (under `attention_mask`, for left-padded rows) in `dtype` (and in
+    fp32 too when that is lower precision), with every point recorded, and greedy generation from
+    the first row (never padded)."""
     tolerance = Tolerance.for_dtype(dtype)
     prompt_len, new_tokens = generation_plan(arch, ids.shape[1], new_tokens)
     on_device = ids.to(device)
+    mask = None if attention_mask is None else attention_mask.to(device)
     with reference_model(reference, torch_dtype(dtype), device, max_memory) as model:
-        trace = reference_trace(model, on_device, arch, table)
+        trace = reference_trace(model, on_device, arch, table, mask)
         generation = reference_greedy(model, on_device[:1, :prompt_len], new_tokens) if new_tokens else None
     del model  # before the fp32 run loads: never two models at once
     gc.collect()
     generation = tuple(t.cpu() for t in generation) if generation else None
     base = dict(ids=ids.cpu(), logits=trace.logits.cpu(), dtype=dtype, device=device, tolerance=tolerance,
                 generation=generation, prompt_tokens=prompt_len,
+                attention_mask=None if attention_mask is None else attention_mask.cpu(),
                 info={"reference": str(reference), "versions": versions(), "layout_problems": trace.problems,
                       **(info or {})})
     if tolerance.exact:
         return Expected(points=trace.points, **base)
     with reference_model(reference, torch.float32, device, max_memory) as model:
-        exact = reference_trace(model, on_device, arch, table)
+        exact = reference_trace(model, on_device, arch, table, mask)
     exact_logits = exact.logits.cpu()
     return Expected(points=exact.points, exact_logits=exact_logits, own=own_errors(trace.points, exact.points),
                     reference_error=float((trace.logits.cpu().float() - exact_logits.float()).abs().mean()), **base)

@@ -4,7 +4,8 @@ regression-tested (in CI, say) without transformers installed.
 Tensors: `ids`, `logits` (transformers in the compute dtype), `points.<name>` (the hidden states
 after the embedding, each attention and MLP sublayer (`attn.o`, `mlp.down`), each block and the
 final norm), `generation.sequences` / `generation.logits` (greedy decoding); in bf16/fp16 also
-`logits.fp32`, and `points.*` are then the fp32 run's. Metadata (strings, JSON where structured):
+`logits.fp32`, and `points.*` are then the fp32 run's; for left-padded rows (`--padded`),
+`attention_mask` (B, T) of 1 and 0. Metadata (strings, JSON where structured):
 format, format_version, dtype, device, tolerance, versions, own_errors and reference_error
 (transformers' own errors in low precision), prompt_tokens, info.
 """
@@ -44,6 +45,8 @@ def save(expected: Expected, file: Path) -> None:
     tensors.update({f"points.{name}": t for name, t in expected.points.items() if kept(name)})
     if expected.exact_logits is not None:
         tensors["logits.fp32"] = expected.exact_logits
+    if expected.attention_mask is not None:
+        tensors["attention_mask"] = expected.attention_mask
     if expected.generation is not None:
         tensors["generation.sequences"], tensors["generation.logits"] = expected.generation
     metadata = {
@@ -96,7 +99,7 @@ def _check_tensors(file: Path, tensors: dict[str, torch.Tensor], prompt_tokens: 
 
     ids, logits = tensors["ids"], tensors["logits"]
     for name, t in tensors.items():
-        integer = name in ("ids", "generation.sequences")
+        integer = name in ("ids", "generation.sequences", "attention_mask")
         if t.dtype.is_floating_point == integer or t.dtype == torch.bool:
             raise bad(f"tensor {name!r} is {str(t.dtype).removeprefix('torch.')}, not "
                       f"{'integer token ids' if integer else 'floating point'}")
@@ -107,6 +110,10 @@ def _check_tensors(file: Path, tensors: dict[str, torch.Tensor], prompt_tokens: 
             raise bad(f"{name} holds the negative token id {int(tensors[name].min())}")
     if logits.dim() != 3 or tuple(logits.shape[:2]) != tuple(ids.shape) or logits.shape[2] == 0:
         raise bad(f"logits has shape {list(logits.shape)}, not (batch, tokens, vocab) for ids {list(ids.shape)}")
+    mask = tensors.get("attention_mask")
+    if mask is not None and (mask.shape != ids.shape or not bool(((mask == 0) | (mask == 1)).all())):
+        raise bad(f"attention_mask of shape {list(mask.shape)} is not (batch, tokens) of 1 and 0 for ids "
+                  f"{list(ids.shape)}")
     if "logits.fp32" in tensors and tensors["logits.fp32"].shape != logits.shape:
         raise bad(f"logits.fp32 has shape {list(tensors['logits.fp32'].shape)}, not logits' {list(logits.shape)}")
     if ("generation.sequences" in tensors) != ("generation.logits" in tensors):
@@ -153,4 +160,5 @@ def load(file: Path) -> Expected:
     return Expected(ids=tensors["ids"], logits=tensors["logits"], points=points, dtype=meta["dtype"],
                     device=meta.get("device", "cpu"), tolerance=tolerance, exact_logits=tensors.get("logits.fp32"),
                     reference_error=reference_error, own=own or None, generation=generation,
-                    prompt_tokens=prompt_tokens, info=meta.get("info", {}))
+                    prompt_tokens=prompt_tokens, info=meta.get("info", {}),
+                    attention_mask=tensors.get("attention_mask"))

@@ -99,7 +99,8 @@ def reference_logits(model: torch.nn.Module, ids: torch.Tensor) -> torch.Tensor:
 
 
 @torch.no_grad()
-def reference_trace(model: torch.nn.Module, ids: torch.Tensor, arch: ArchConfig, table: TensorTable) -> Trace:
+def reference_trace(model: torch.nn.Module, ids: torch.Tensor, arch: ArchConfig, table: TensorTable,
+                    attention_mask: torch.Tensor | None = None) -> Trace:
     """Logits and points from transformers. `output_hidden_states` gives the embedding output
     (entry 0) and the blocks' outputs; in transformers 5 its last entry is the final norm's
     output (`last_hidden_state`), so the last block's own output comes from a forward hook on
@@ -115,7 +116,7 @@ def reference_trace(model: torch.nn.Module, ids: torch.Tensor, arch: ArchConfig,
             recorder.experts_alone(point, modules[path], expert_alone, arch.moe.n_experts)
         recorder.output_of(point, modules[path])
     try:
-        out = model(ids, output_hidden_states=True, use_cache=False)
+        out = model(ids, attention_mask=attention_mask, output_hidden_states=True, use_cache=False)
     finally:
         recorder.close()
     points = recorder.result()

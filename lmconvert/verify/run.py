@@ -71,11 +71,12 @@ def run_ours(checkpoint: Checkpoint, expected: Expected, device: str,
     """Our trace on the expected token batch, and our greedy generation from the same prompt."""
     dtype = torch_dtype(expected.dtype)
     ids = expected.ids.to(device)
+    mask = None if expected.attention_mask is None else expected.attention_mask.to(device)
     context = streamed(checkpoint, dtype, device) if stream else nullcontext(
         load_checkpoint(checkpoint, dtype=dtype, device=device, attention="eager"))
     with context as model:
         root = model.model if stream else model
-        trace = our_trace(root, model, ids)
+        trace = our_trace(root, lambda x: model(x, attention_mask=mask), ids)
         generation = None
         if expected.generation is not None:
             new = expected.generation[0].shape[1] - expected.prompt_tokens
@@ -117,18 +118,19 @@ def judge(checkpoint: Path, expected: Expected, trace: Trace, generation: tuple[
 
 def record_reference(checkpoint: Path | Checkpoint, reference: Path | None = None, dtype: str | None = None,
                      device: str = "cpu", seq_len: int | None = None, batch: int = 2, seed: int = 0,
-                     generate: int = 16, max_memory: int | None = None) -> Expected:
+                     generate: int = 16, max_memory: int | None = None, padded: bool = False) -> Expected:
     """The transformers half of `verify`: pick the token batch (real prompts when the checkpoint
-    has a tokenizer) and record what transformers computes on it."""
+    has a tokenizer; with `padded`, rows of different lengths left-padded under an attention mask)
+    and record what transformers computes on it."""
     with opened(checkpoint) as ckpt:
         arch = ckpt.arch
         seq_len = seq_len or default_seq_len(arch)
         check_request(arch, batch, seq_len, generate, device)  # before anything is allocated for them
         where, family = reference_side(ckpt, reference)
         tokenizers = [ckpt.tokenizer, where if where.kwargs else directory_tokenizer(where.where)]
-        ids, tokens = token_batch(tokenizers, arch.vocab_size, batch, seq_len, seed)
+        ids, mask, tokens = token_batch(tokenizers, arch.vocab_size, batch, seq_len, seed, padded)
         return record(where, arch, family_named(family).tensors_for(arch), ids, dtype or "float32", device, max_memory,
-                      generate, info={"tokens": tokens, "checkpoint": str(ckpt.path)})
+                      generate, info={"tokens": tokens, "checkpoint": str(ckpt.path)}, attention_mask=mask)
 
 
 def check_golden(checkpoint: Checkpoint, golden: Path, dtype: str | None = None, device: str = "cpu") -> Expected:
@@ -151,17 +153,20 @@ def check_golden(checkpoint: Checkpoint, golden: Path, dtype: str | None = None,
 def verify(checkpoint: Path, reference: Path | None = None, dtype: str | None = None, device: str = "cpu",
            seq_len: int | None = None, batch: int = 2, seed: int = 0, generate: int = 16,
            max_memory: int | None = None, golden: Path | None = None,
-           save_golden: Path | None = None) -> Report:
+           save_golden: Path | None = None, padded: bool = False) -> Report:
     """Verify `checkpoint` against transformers (or against a golden file), and optionally store
     what transformers computed as a golden file. With `max_memory` (bytes) our side streams one
-    block at a time and transformers offloads through accelerate. The checkpoint is opened once."""
-    if golden is not None and (reference is not None or save_golden is not None):
-        raise InputError("--golden checks against a recorded file; drop --reference and --save-golden")
+    block at a time and transformers offloads through accelerate. `padded`: rows of different
+    lengths, left-padded under an attention mask. The checkpoint is opened once."""
+    if golden is not None and (reference is not None or save_golden is not None or padded):
+        raise InputError("--golden checks against a recorded file (its own batch); drop --reference, --save-golden "
+                         "and --padded")
     with open_checkpoint(checkpoint) as ckpt:
         if golden is not None:
             expected = check_golden(ckpt, golden, dtype, device)
         else:
-            expected = record_reference(ckpt, reference, dtype, device, seq_len, batch, seed, generate, max_memory)
+            expected = record_reference(ckpt, reference, dtype, device, seq_len, batch, seed, generate, max_memory,
+                                        padded)
             if save_golden is not None:
                 golden_file.save(expected, save_golden)
         stream = max_memory is not None
