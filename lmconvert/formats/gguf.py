@@ -16,9 +16,11 @@ Tensors are read lazily from the reader's memory map, one at a time.
 from __future__ import annotations
 
 import json
+import os
 import threading
 from collections import Counter
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -95,6 +97,28 @@ def is_gguf(path: Path) -> bool:
     return gguf_file_of(path) is not None
 
 
+DEQUANTIZE_BAND = 32 << 20  # float32 bytes of rows dequantized at a time, by each of up to 4 threads
+
+
+def _dequantized(data: np.ndarray, kind: Any) -> np.ndarray:  # noqa: ANN401 - gguf's type enum
+    """`gguf.quants.dequantize`, a band of rows at a time into one float32 array: GGML's blocks
+    lie within a row, so the bands are the whole's bytes, and the quantizer's float temporaries
+    stay within the bands (numpy releases the GIL, so bands go in parallel)."""
+    import gguf
+
+    rows = data.reshape(-1, data.shape[-1])
+    block, size = gguf.GGML_QUANT_SIZES[kind]
+    out = np.empty((rows.shape[0], rows.shape[1] // size * block), dtype=np.float32)
+    band = max(1, DEQUANTIZE_BAND // (out.shape[1] * 4))
+
+    def fill(start: int) -> None:
+        out[start:start + band] = gguf.quants.dequantize(rows[start:start + band], kind)
+
+    with ThreadPoolExecutor(max_workers=max(1, min(4, os.cpu_count() or 1))) as pool:
+        list(pool.map(fill, range(0, rows.shape[0], band)))
+    return out.reshape(*data.shape[:-1], out.shape[-1])
+
+
 class GgufFile:
     """The parsed file: metadata as Python values and the tensor table over the memory map."""
 
@@ -152,7 +176,7 @@ class GgufFile:
             if kind == Q.BF16:
                 raw = np.array(t.data, dtype=np.uint8).view(np.int16)
                 return torch.from_numpy(raw).view(torch.bfloat16).reshape(shape)
-            return torch.from_numpy(np.ascontiguousarray(gguf.quants.dequantize(t.data, kind))).reshape(shape)
+            return torch.from_numpy(_dequantized(t.data, kind)).reshape(shape)
         except (ValueError, RuntimeError, OSError) as exc:
             raise InputError(f"{self.path}: tensor {name!r} ({kind.name}) cannot be read ({_one_line(exc)}); "
                              "the file may be truncated") from None
