@@ -14,6 +14,12 @@ ACTIVATION_NAMES = {"relu": "ReLU", "gelu": "GeLU (erf)", "gelu_tanh": "GeLU (ta
 GATED_NAMES = {"relu": "ReGLU", "gelu": "GeGLU (erf)", "gelu_tanh": "GeGLU (tanh)", "silu": "SwiGLU",
                "relu2": "gated squared ReLU", "gelu_new": "GeGLU (tanh, written out)",
                "gelu_bloom": "GeGLU (BLOOM's tanh)"}
+# boolean ArchConfig values and the card line each gives when set
+ORDER_FLAGS = (("scale_by_inverse_layer", "score scale divided by layer index + 1"),
+               ("scale_query", "score scale applied to q before q.k"), ("scores_fp32", "q.k in fp32"),
+               ("scale_in_product", "score scale inside q.k's product (baddbmm)"))
+BLOCK_FLAGS = (("residual_after_norm", "residual taken after the norm"), ("embed_norm", "embedding norm"),
+               ("bias_separate", "linear biases added after the matmul"))
 ALIBI_NAMES = {"distance": "slope x (k - q)", "bloom": "BLOOM's: slope x k, inside the score matmul",
                "mpt": "MPT's slopes, slope x (k - last k), in fp32",
                "falcon": "Falcon's: bf16 slope x k, added before the scaling and again with the mask"}
@@ -100,24 +106,12 @@ def variants(cfg: ArchConfig) -> list[str]:
            *attention_kind(cfg.attention).describe(cfg)]
     if cfg.attn_scale is not None:
         out.append(f"score scale: {cfg.attn_scale:g}")
-    if cfg.scale_by_inverse_layer:
-        out.append("score scale divided by layer index + 1")
-    if cfg.scale_query:
-        out.append("score scale applied to q before q.k")
-    if cfg.scores_fp32:
-        out.append("q.k in fp32")
-    if cfg.scale_in_product:
-        out.append("score scale inside q.k's product (baddbmm)")
+    out.extend(line for flag, line in ORDER_FLAGS if getattr(cfg, flag))
     if cfg.attn_softcap is not None:
         out.append(f"attention soft-cap: {cfg.attn_softcap:g}")
     if cfg.norm_placement.startswith("parallel"):
         out.append(f"parallel sum: {cfg.parallel_sum}")
-    if cfg.residual_after_norm:
-        out.append("residual taken after the norm")
-    if cfg.embed_norm:
-        out.append("embedding norm")
-    if cfg.bias_separate:
-        out.append("linear biases added after the matmul")
+    out.extend(line for flag, line in BLOCK_FLAGS if getattr(cfg, flag))
     if cfg.clip_qkv is not None:
         out.append(f"q, k, v clamped to +-{cfg.clip_qkv:g}")
     if cfg.residual_scale != 1.0:

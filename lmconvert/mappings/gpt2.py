@@ -73,6 +73,12 @@ def attention_to_hf(cfg: ArchConfig) -> dict[str, Any]:
             "reorder_and_upcast_attn": cfg.scores_fp32 and cfg.scale_in_product}
 
 
+# GPT-2's LayerNorm (weight and bias, torch's kernel), GPT-Neo's too
+LAYER_NORM = Entry("norm", (Key("layer_norm_epsilon", float, 1e-5),),
+                   lambda hf, _: {"norm": NormConfig(kind="layer", bias=True, eps=hf.get("layer_norm_epsilon"),
+                                                     dtype_order="scale_then_cast")},
+                   lambda cfg: {"layer_norm_epsilon": cfg.norm.eps})
+
 CONFIG = ConfigTable((
     plain("vocab_size", "vocab_size", int, 50257),
     aliased("n_embd", "hidden_size", "d_model", int, 768),
@@ -83,10 +89,7 @@ CONFIG = ConfigTable((
     aliased("n_head", "num_attention_heads", "n_heads", int, 12),
     aliased("n_positions", "max_position_embeddings", "max_positions", int, 1024),
     plain("tie_word_embeddings", "tie_embeddings", bool, True),
-    Entry("norm", (Key("layer_norm_epsilon", float, 1e-5),),
-          lambda hf, _: {"norm": NormConfig(kind="layer", bias=True, eps=hf.get("layer_norm_epsilon"),
-                                            dtype_order="scale_then_cast")},
-          lambda cfg: {"layer_norm_epsilon": cfg.norm.eps}),
+    LAYER_NORM,
     activation("activation_function", "gelu_new"),
     Entry("attention", (Key("scale_attn_weights", bool, True), Key("scale_attn_by_inverse_layer_idx", bool, False),
                         Key("reorder_and_upcast_attn", bool, False)), attention_from_hf, attention_to_hf),

@@ -15,11 +15,12 @@ from __future__ import annotations
 
 from typing import Any
 
-from lmconvert.arch import ArchConfig, NormConfig
+from lmconvert.arch import ArchConfig
 
 from .config_table import DEFAULT, ConfigTable, Entry, fixed, plain
 from .errors import MappingError
 from .family import Family
+from .gpt2 import LAYER_NORM
 from .hf_alias import aliased
 from .hf_config import HfConfig, Key, show
 from .hf_layers import window_fields
@@ -91,10 +92,7 @@ CONFIG = ConfigTable((
     aliased("num_heads", "num_attention_heads", "n_heads", int, 16),
     plain("max_position_embeddings", "max_positions", int, 2048),
     plain("tie_word_embeddings", "tie_embeddings", bool, True),
-    Entry("norm", (Key("layer_norm_epsilon", float, 1e-5),),
-          lambda hf, _: {"norm": NormConfig(kind="layer", bias=True, eps=hf.get("layer_norm_epsilon"),
-                                            dtype_order="scale_then_cast")},
-          lambda cfg: {"layer_norm_epsilon": cfg.norm.eps}),
+    LAYER_NORM,
     activation("activation_function", "gelu_new"),
     Entry("layer kinds", (Key("attention_types", list, None, nullable=True), Key("attention_layers", list, None),
                           Key("window_size", int, 256)), layers_from_hf, layers_to_hf),
