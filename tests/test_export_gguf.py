@@ -306,10 +306,13 @@ def test_no_tokenizer_files_means_llama_cpp_s_no_vocabulary(llama_canonical: Pat
     assert open_source(out).tokenizer is None
 
 
-def test_gpt2_is_read_but_not_yet_written(tmp_path: Path) -> None:
-    canonical = canonical_of(build_model("gpt2", **FAMILIES["gpt2"]), tmp_path)
+@pytest.mark.parametrize(("model_type", "kwargs"), [("gpt2", FAMILIES["gpt2"]),
+                                                     ("qwen2_moe", SPECS["qwen2_moe"].kwargs)])
+def test_read_but_not_yet_written(model_type: str, kwargs: dict[str, Any], tmp_path: Path) -> None:
+    canonical = canonical_of(build_model(model_type, **kwargs), tmp_path)
     code, _, err = cli("convert", canonical, tmp_path / "m.gguf", "--to", "gguf")
-    assert code == 2 and "gpt2 has no llama.cpp architecture lmconvert writes" in err, err
+    assert code == 2 and f"{model_type} has no llama.cpp architecture lmconvert writes" in err, err
+    assert not (tmp_path / "m.gguf").exists()
 
 
 def test_split_files_as_llama_cpp_writes_them(llama_canonical: Path, tmp_path: Path) -> None:

@@ -25,9 +25,9 @@ from .gguf_metadata import LLAMA3_STATED, ROPE_KEYS, SHARED_KEYS, TOKEN_IDS, hf_
 
 # transformers model_type -> (llama.cpp architecture, its table entry)
 EXPORTS: dict[str, tuple[str, GgufArch]] = {
-    **{entry.model_type: (arch, entry) for arch, entry in ARCHS.items() if entry.table is None},
+    **{entry.model_type: (arch, entry) for arch, entry in ARCHS.items() if entry.table is None and not entry.experts},
     **{entry.model_type: (arch, entry) for arch, _, entry in BY_NAME},
-}  # not yet GPT-2, whose table and metadata are its own (read, not written)
+}  # not yet GPT-2, whose table and metadata are its own, nor the mixtures' expert keys (read, not written)
 ROPE_TYPES_OUT = {"linear": "linear", "yarn": "yarn"}  # HF rope_type -> `{arch}.rope.scaling.type`
 
 
