@@ -30,7 +30,8 @@ from lmconvert.mappings.gguf_metadata import llama3_factors
 FP32_MAX_ABS = 1e-5
 # transformers model_type -> llama.cpp architecture, as convert_hf_to_gguf.py registers them
 LLAMA_CPP_ARCH = {"llama": "llama", "mistral": "llama", "qwen2": "qwen2", "qwen3": "qwen3", "gemma2": "gemma2",
-                  "gemma3_text": "gemma3", "olmo2": "olmo2", "phi3": "phi3", "gpt2": "gpt2"}
+                  "gemma3_text": "gemma3", "olmo2": "olmo2", "phi3": "phi3", "gpt2": "gpt2",
+                  "starcoder2": "starcoder2"}
 # tiny configs whose every variant llama.cpp can state: Gemma's score scale is head_dim (llama.cpp's
 # rule below 27B), Gemma 3's local RoPE base is llama.cpp's hard-coded 10000
 FAMILIES: dict[str, dict[str, Any]] = {
@@ -47,6 +48,10 @@ FAMILIES: dict[str, dict[str, Any]] = {
     "phi3": dict(bos_token_id=2, eos_token_id=1),  # fused attn_qkv and ffn_up, as transformers' qkv/gate_up
     # llama.cpp states d_ff as 4 * n_embd; transformers' GGUF loader keeps GPT-2's default 1024 positions
     "gpt2": dict(intermediate_size=256, num_key_value_heads=4, max_position_embeddings=1024),
+    # LayerNorm and linear biases, a plain MLP; the window is llama.cpp's none and transformers' default
+    # RoPE base, since its GGUF loader reads neither
+    "starcoder2": dict(sliding_window=None, rope_parameters={"rope_type": "default", "rope_theta": 10000.0},
+                       vocab_size=49152),  # nor the vocabulary size: its default
 }
 # what llama.cpp's file says differently from the model's config: it writes GPT-2's `output` even when tied
 METADATA_DIFFERS: dict[str, dict[str, Any]] = {"gpt2": {"tie_word_embeddings": False}}
@@ -55,7 +60,7 @@ OWN_SPELLING: dict[str, dict[str, str]] = {"gpt2": {"intermediate_size": "n_inne
 # transformers' GGUF loader builds these; what its metadata reading misses is kept out of the
 # comparisons with it: it reads no attention_bias for llama (it drops the biases) and no
 # attention.key_length for qwen3 (it assumes the default head_dim, 128)
-TRANSFORMERS_LOADS = ("llama", "mistral", "qwen2", "qwen3", "gemma2", "gemma3_text", "phi3", "gpt2")
+TRANSFORMERS_LOADS = ("llama", "mistral", "qwen2", "qwen3", "gemma2", "gemma3_text", "phi3", "gpt2", "starcoder2")
 TRANSFORMERS_OVERRIDES = {"llama": dict(attention_bias=False), "qwen3": dict(head_dim=128)}
 TEXT = ("The capital of France is Paris. 北京是中国的首都。 def f(x):\n    return x ** 2  # 🚀✨ "
         "Ünïcödé — naïve café, 東京タワー, emoji 👩‍💻 and numbers 12345.")
@@ -96,7 +101,10 @@ def write_gguf(model: torch.nn.Module, path: Path, *, quant: str | None = None, 
     writer.add_feed_forward_length(cfg.intermediate_size)
     writer.add_head_count(cfg.num_attention_heads)
     writer.add_head_count_kv(cfg.num_key_value_heads)
-    writer.add_layer_norm_rms_eps(cfg.rms_norm_eps)
+    if arch == "starcoder2":  # a LayerNorm's eps (StarCoder2Model)
+        writer.add_layer_norm_eps(cfg.norm_epsilon)
+    else:
+        writer.add_layer_norm_rms_eps(cfg.rms_norm_eps)
     head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
     writer.add_key_length(head_dim)
     writer.add_value_length(head_dim)

@@ -192,3 +192,26 @@ def _gpt2_table() -> TensorTable:
 ARCHS["gpt2"] = GgufArch("gpt2", keys={"attention.layer_norm_epsilon": "layer_norm_epsilon",
                                        "feed_forward_length": "n_inner"},
                          norm_eps="attention.layer_norm_epsilon", table=_gpt2_table())
+
+
+def _starcoder2_table() -> TensorTable:
+    """llama.cpp's StarCoder2 (`StarCoder2Model`): LayerNorms with biases, every linear with a bias,
+    a plain MLP (`ffn_up`, `ffn_down`), q/k unpermuted; `output` only when untied."""
+    norms = (("attn_norm", "attn_norm"), ("ffn_norm", "mlp_norm"))
+    return TensorTable((
+        Rule("token_embd.weight", "embed.weight", PADDED),
+        Rule("output.weight", "lm_head.weight", PADDED),
+        Rule("output_norm.weight", "final_norm.weight"), Rule("output_norm.bias", "final_norm.bias"),
+        *(Rule(f"blk.{{}}.{g}.{p}", f"layers.{{}}.{c}.{p}") for g, c in norms for p in ("weight", "bias")),
+        *(rule for g, c in (("attn_q", "attn.q"), ("attn_k", "attn.k"), ("attn_v", "attn.v"),
+                            ("attn_output", "attn.o"), ("ffn_up", "mlp.up"), ("ffn_down", "mlp.down"))
+          for rule in _weight_and_bias(g, c, IDENTITY)),
+    ))
+
+
+# transformers' GGUF loader reads no RoPE base for StarCoder2 (its default, 10000, if the file has
+# another: our reader takes the file's) and no window (llama.cpp's StarCoder2 has none either)
+ARCHS["starcoder2"] = GgufArch("starcoder2", keys={"attention.layer_norm_epsilon": "norm_epsilon"},
+                               defaults={"hidden_act": "gelu_pytorch_tanh", "sliding_window": None},
+                               bias_flags={"use_bias": "blk.0.attn_q.bias"},
+                               norm_eps="attention.layer_norm_epsilon", table=_starcoder2_table())
