@@ -31,7 +31,7 @@ FP32_MAX_ABS = 1e-5
 # transformers model_type -> llama.cpp architecture, as convert_hf_to_gguf.py registers them
 LLAMA_CPP_ARCH = {"llama": "llama", "mistral": "llama", "qwen2": "qwen2", "qwen3": "qwen3", "gemma2": "gemma2",
                   "gemma3_text": "gemma3", "olmo2": "olmo2", "phi3": "phi3", "gpt2": "gpt2",
-                  "starcoder2": "starcoder2"}
+                  "starcoder2": "starcoder2", "stablelm": "stablelm"}
 # tiny configs whose every variant llama.cpp can state: Gemma's score scale is head_dim (llama.cpp's
 # rule below 27B), Gemma 3's local RoPE base is llama.cpp's hard-coded 10000
 FAMILIES: dict[str, dict[str, Any]] = {
@@ -52,6 +52,9 @@ FAMILIES: dict[str, dict[str, Any]] = {
     # RoPE base, since its GGUF loader reads neither
     "starcoder2": dict(sliding_window=None, rope_parameters={"rope_type": "default", "rope_theta": 10000.0},
                        vocab_size=49152),  # nor the vocabulary size: its default
+    # sequential blocks and a quarter of each head rotated: what transformers' GGUF loader assumes
+    "stablelm": dict(use_qkv_bias=True, use_parallel_residual=False,
+                     rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.25}),
 }
 # what llama.cpp's file says differently from the model's config: it writes GPT-2's `output` even when tied
 METADATA_DIFFERS: dict[str, dict[str, Any]] = {"gpt2": {"tie_word_embeddings": False}}
@@ -60,7 +63,8 @@ OWN_SPELLING: dict[str, dict[str, str]] = {"gpt2": {"intermediate_size": "n_inne
 # transformers' GGUF loader builds these; what its metadata reading misses is kept out of the
 # comparisons with it: it reads no attention_bias for llama (it drops the biases) and no
 # attention.key_length for qwen3 (it assumes the default head_dim, 128)
-TRANSFORMERS_LOADS = ("llama", "mistral", "qwen2", "qwen3", "gemma2", "gemma3_text", "phi3", "gpt2", "starcoder2")
+TRANSFORMERS_LOADS = ("llama", "mistral", "qwen2", "qwen3", "gemma2", "gemma3_text", "phi3", "gpt2", "starcoder2",
+                      "stablelm")
 TRANSFORMERS_OVERRIDES = {"llama": dict(attention_bias=False), "qwen3": dict(head_dim=128)}
 TEXT = ("The capital of France is Paris. 北京是中国的首都。 def f(x):\n    return x ** 2  # 🚀✨ "
         "Ünïcödé — naïve café, 東京タワー, emoji 👩‍💻 and numbers 12345.")
@@ -103,6 +107,8 @@ def write_gguf(model: torch.nn.Module, path: Path, *, quant: str | None = None, 
     writer.add_head_count_kv(cfg.num_key_value_heads)
     if arch == "starcoder2":  # a LayerNorm's eps (StarCoder2Model)
         writer.add_layer_norm_eps(cfg.norm_epsilon)
+    elif arch == "stablelm":  # StableLMModel: a LayerNorm's eps
+        writer.add_layer_norm_eps(cfg.layer_norm_eps)
     else:
         writer.add_layer_norm_rms_eps(cfg.rms_norm_eps)
     head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
@@ -111,6 +117,9 @@ def write_gguf(model: torch.nn.Module, path: Path, *, quant: str | None = None, 
     writer.add_rope_freq_base(rope_theta(cfg))
     if arch == "llama":
         writer.add_rope_dimension_count(head_dim)
+    if arch == "stablelm":  # StableLMModel: the rotated part of a head, the block kind
+        writer.add_rope_dimension_count(int(head_dim * cfg.rope_parameters.get("partial_rotary_factor", 0.25)))
+        writer.add_parallel_residual(cfg.use_parallel_residual)
     if arch == "phi3":  # Phi3MiniModel: the rotated part of a head
         writer.add_rope_dimension_count(int(head_dim * cfg.rope_parameters.get("partial_rotary_factor", 1.0)))
     if arch == "phi3" and cfg.sliding_window is not None:
@@ -563,3 +572,12 @@ def test_reading_is_lazy(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Non
     finally:
         source.close()
     assert opened <= 1  # at most the one-block probe of the quant type
+
+
+def test_stablelm_parallel_residual_is_read(tmp_path: Path) -> None:
+    """`stablelm.use_parallel_residual`, which llama.cpp's converter writes and transformers' GGUF
+    loader does not read: ours does, so a parallel StableLM imports as itself."""
+    model, path = gguf_of("stablelm", tmp_path, overrides={"use_parallel_residual": True})
+    assert open_source(path).config["use_parallel_residual"] is True
+    ids = token_batch(seq=40)
+    assert (logits_of(lmconvert.load(path, attention="eager"), ids) - logits_of(model, ids)).abs().max() == 0.0

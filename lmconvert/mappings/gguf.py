@@ -47,6 +47,7 @@ class GgufArch:
     #   attention.layer_norm_epsilon)
     table: TensorTable | None = None  # a table of its own (GPT-2: fused qkv, positions, norm biases)
     experts: bool = False  # a mixture of experts on every layer (stacked experts), no dense FFN
+    partial_rotary: bool = False  # `rope.dimension_count` rotates part of each head (StableLM)
 
     @property
     def tensors(self) -> TensorTable:
@@ -215,3 +216,26 @@ ARCHS["starcoder2"] = GgufArch("starcoder2", keys={"attention.layer_norm_epsilon
                                defaults={"hidden_act": "gelu_pytorch_tanh", "sliding_window": None},
                                bias_flags={"use_bias": "blk.0.attn_q.bias"},
                                norm_eps="attention.layer_norm_epsilon", table=_starcoder2_table())
+
+
+def _stablelm_table() -> TensorTable:
+    """llama.cpp's StableLM (`StableLMModel`): LayerNorms with biases, optional q/k/v biases (the
+    config says which; the o and MLP bias rules are gguf's names, which StableLM never fills),
+    SwiGLU, q/k unpermuted (NeoX-style rotation); `output` always written."""
+    norms = (("attn_norm", "attn_norm"), ("ffn_norm", "mlp_norm"))
+    return TensorTable((
+        Rule("token_embd.weight", "embed.weight", PADDED),
+        Rule("output.weight", "lm_head.weight", PADDED),
+        Rule("output_norm.weight", "final_norm.weight"), Rule("output_norm.bias", "final_norm.bias"),
+        *(Rule(f"blk.{{}}.{g}.{p}", f"layers.{{}}.{c}.{p}") for g, c in norms for p in ("weight", "bias")),
+        *(rule for g, c in (("attn_q", "attn.q"), ("attn_k", "attn.k"), ("attn_v", "attn.v"),
+                            ("attn_output", "attn.o"), ("ffn_gate", "mlp.gate"), ("ffn_up", "mlp.up"),
+                            ("ffn_down", "mlp.down"))
+          for rule in _weight_and_bias(g, c, IDENTITY)),
+    ))
+
+
+ARCHS["stablelm"] = GgufArch("stablelm", keys={"attention.layer_norm_epsilon": "layer_norm_eps",
+                                               "use_parallel_residual": "use_parallel_residual"},
+                             defaults={"hidden_act": "silu"}, bias_flags={"use_qkv_bias": "blk.0.attn_q.bias"},
+                             norm_eps="attention.layer_norm_epsilon", partial_rotary=True, table=_stablelm_table())

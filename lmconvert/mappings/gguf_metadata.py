@@ -89,7 +89,12 @@ def hf_config(file: Metadata) -> tuple[dict[str, Any], GgufArch]:
                                f"{hidden} is not a multiple of head_count {heads}")
         config["head_dim"] = hidden // heads
     head_dim = config["head_dim"]
+    rotated = key("rope.dimension_count")
+    if entry.partial_rotary and rotated is not None:  # StableLM: the rotated part of a head
+        config["partial_rotary_factor"] = rotated / head_dim
     for name, expected in (("attention.value_length", head_dim), ("rope.dimension_count", head_dim)):
+        if name == "rope.dimension_count" and entry.partial_rotary:
+            continue
         if key(name) is not None and key(name) != expected:
             raise MappingError(f"{arch}.{name}={key(name)} differs from the head size {expected}; "
                                f"{entry.model_type} has no such variant")
