@@ -31,7 +31,7 @@ FP32_MAX_ABS = 1e-5
 # transformers model_type -> llama.cpp architecture, as convert_hf_to_gguf.py registers them
 LLAMA_CPP_ARCH = {"llama": "llama", "mistral": "llama", "qwen2": "qwen2", "qwen3": "qwen3", "gemma2": "gemma2",
                   "gemma3_text": "gemma3", "olmo2": "olmo2", "phi3": "phi3", "gpt2": "gpt2",
-                  "starcoder2": "starcoder2", "stablelm": "stablelm"}
+                  "starcoder2": "starcoder2", "stablelm": "stablelm", "nemotron": "nemotron"}
 # tiny configs whose every variant llama.cpp can state: Gemma's score scale is head_dim (llama.cpp's
 # rule below 27B), Gemma 3's local RoPE base is llama.cpp's hard-coded 10000
 FAMILIES: dict[str, dict[str, Any]] = {
@@ -53,6 +53,9 @@ FAMILIES: dict[str, dict[str, Any]] = {
     "starcoder2": dict(sliding_window=None, rope_parameters={"rope_type": "default", "rope_theta": 10000.0},
                        vocab_size=49152),  # nor the vocabulary size: its default
     # sequential blocks and a quarter of each head rotated: what transformers' GGUF loader assumes
+    # half of each head rotated and eps 1e-5: what transformers' GGUF loader assumes
+    "nemotron": dict(attention_bias=True, mlp_bias=True,
+                     rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.5}),
     "stablelm": dict(use_qkv_bias=True, use_parallel_residual=False,
                      rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.25}),
 }
@@ -62,10 +65,11 @@ METADATA_DIFFERS: dict[str, dict[str, Any]] = {"gpt2": {"tie_word_embeddings": F
 OWN_SPELLING: dict[str, dict[str, str]] = {"gpt2": {"intermediate_size": "n_inner"}}
 # transformers' GGUF loader builds these; what its metadata reading misses is kept out of the
 # comparisons with it: it reads no attention_bias for llama (it drops the biases) and no
-# attention.key_length for qwen3 (it assumes the default head_dim, 128)
+# attention.key_length for qwen3 (it assumes the default head_dim, 128), nor nemotron's biases
 TRANSFORMERS_LOADS = ("llama", "mistral", "qwen2", "qwen3", "gemma2", "gemma3_text", "phi3", "gpt2", "starcoder2",
-                      "stablelm")
-TRANSFORMERS_OVERRIDES = {"llama": dict(attention_bias=False), "qwen3": dict(head_dim=128)}
+                      "stablelm", "nemotron")
+TRANSFORMERS_OVERRIDES = {"llama": dict(attention_bias=False), "qwen3": dict(head_dim=128),
+                          "nemotron": dict(attention_bias=False, mlp_bias=False)}
 TEXT = ("The capital of France is Paris. 北京是中国的首都。 def f(x):\n    return x ** 2  # 🚀✨ "
         "Ünïcödé — naïve café, 東京タワー, emoji 👩‍💻 and numbers 12345.")
 
@@ -109,6 +113,8 @@ def write_gguf(model: torch.nn.Module, path: Path, *, quant: str | None = None, 
         writer.add_layer_norm_eps(cfg.norm_epsilon)
     elif arch == "stablelm":  # StableLMModel: a LayerNorm's eps
         writer.add_layer_norm_eps(cfg.layer_norm_eps)
+    elif arch == "nemotron":  # NemotronModel: a LayerNorm's eps
+        writer.add_layer_norm_eps(cfg.norm_eps)
     else:
         writer.add_layer_norm_rms_eps(cfg.rms_norm_eps)
     head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
@@ -117,6 +123,9 @@ def write_gguf(model: torch.nn.Module, path: Path, *, quant: str | None = None, 
     writer.add_rope_freq_base(rope_theta(cfg))
     if arch == "llama":
         writer.add_rope_dimension_count(head_dim)
+    if arch == "nemotron":  # NemotronModel: the rotated part of a head, as int(rot_pct * n_embd) // n_head
+        writer.add_rope_dimension_count(int(cfg.rope_parameters["partial_rotary_factor"] * cfg.hidden_size)
+                                        // cfg.num_attention_heads)
     if arch == "stablelm":  # StableLMModel: the rotated part of a head, the block kind
         writer.add_rope_dimension_count(int(head_dim * cfg.rope_parameters.get("partial_rotary_factor", 0.25)))
         writer.add_parallel_residual(cfg.use_parallel_residual)
@@ -158,7 +167,7 @@ def write_gguf(model: torch.nn.Module, path: Path, *, quant: str | None = None, 
             t = permute(t, cfg.num_attention_heads, cfg.num_attention_heads)
         elif arch == "llama" and ".attn_k." in gguf_name:
             t = permute(t, cfg.num_attention_heads, cfg.num_key_value_heads)
-        if arch in ("gemma2", "gemma3") and gguf_name.endswith("norm.weight"):
+        if arch in ("gemma2", "gemma3", "nemotron") and gguf_name.endswith("norm.weight"):
             t = t + 1
         if pad_rows and gguf_name in ("token_embd.weight", "output.weight"):
             t = torch.cat([t, torch.randn(pad_rows, t.shape[1], generator=generator)])

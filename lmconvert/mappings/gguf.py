@@ -239,3 +239,26 @@ ARCHS["stablelm"] = GgufArch("stablelm", keys={"attention.layer_norm_epsilon": "
                                                "use_parallel_residual": "use_parallel_residual"},
                              defaults={"hidden_act": "silu"}, bias_flags={"use_qkv_bias": "blk.0.attn_q.bias"},
                              norm_eps="attention.layer_norm_epsilon", partial_rotary=True, table=_stablelm_table())
+
+
+def _nemotron_table() -> TensorTable:
+    """llama.cpp's Nemotron (`NemotronModel`): LayerNorm1P stored as `w + 1` with biases, optional
+    attention and MLP biases, a plain squared-ReLU MLP (`ffn_up`, `ffn_down`)."""
+    norms = (("attn_norm", "attn_norm"), ("ffn_norm", "mlp_norm"))
+    plus_one = Offset(1.0)
+    return TensorTable((
+        Rule("token_embd.weight", "embed.weight", PADDED),
+        Rule("output.weight", "lm_head.weight", PADDED),
+        Rule("output_norm.weight", "final_norm.weight", plus_one), Rule("output_norm.bias", "final_norm.bias"),
+        *(Rule(f"blk.{{}}.{g}.weight", f"layers.{{}}.{c}.weight", plus_one) for g, c in norms),
+        *(Rule(f"blk.{{}}.{g}.bias", f"layers.{{}}.{c}.bias") for g, c in norms),
+        *(rule for g, c in (("attn_q", "attn.q"), ("attn_k", "attn.k"), ("attn_v", "attn.v"),
+                            ("attn_output", "attn.o"), ("ffn_up", "mlp.up"), ("ffn_down", "mlp.down"))
+          for rule in _weight_and_bias(g, c, IDENTITY)),
+    ))
+
+
+ARCHS["nemotron"] = GgufArch("nemotron", keys={"attention.layer_norm_epsilon": "norm_eps"},
+                             defaults={"hidden_act": "relu2"},
+                             bias_flags={"attention_bias": "blk.0.attn_q.bias", "mlp_bias": "blk.0.ffn_up.bias"},
+                             norm_eps="attention.layer_norm_epsilon", partial_rotary=True, table=_nemotron_table())
