@@ -209,6 +209,7 @@ def write_gpt2_gguf(model: torch.nn.Module, path: Path, *, quant: str | None = N
     add_tokenizer(writer, {"model": "gpt2", "tokens": [f"<{i}>" for i in range(cfg.vocab_size)],
                            "types": [1] * cfg.vocab_size, "merges": [], "bos": 0, "eos": 1})
     writer.add_file_type(gguf.LlamaFileType.MOSTLY_Q8_0 if quant == "Q8_0" else gguf.LlamaFileType.ALL_F32)
+    tensors: dict[str, torch.Tensor] = {}
     names = gguf.get_tensor_name_map(gguf.MODEL_ARCH.GPT2, cfg.n_layer)
     for hf_name, t in model.state_dict().items():
         base, _, suffix = hf_name.rpartition(".")
@@ -216,12 +217,20 @@ def write_gpt2_gguf(model: torch.nn.Module, path: Path, *, quant: str | None = N
         t = t.detach().float().clone()
         if hf_name.endswith((".attn.c_attn.weight", ".attn.c_proj.weight", ".mlp.c_fc.weight", ".mlp.c_proj.weight")):
             t = t.t().contiguous()
-        data = t.numpy()
-        if quant is not None and data.ndim == 2:
+        tensors[gguf_name] = t
+    return write_tensors(writer, tensors, quant, path)
+
+
+def write_tensors(writer: gguf.GGUFWriter, tensors: dict[str, torch.Tensor], quant: str | None, path: Path) -> Path:
+    """Each tensor stored as llama.cpp's converter stores it: matrices (and stacks of them) as
+    `quant` when given, vectors as F32; then the file."""
+    for name, t in tensors.items():
+        data = t.contiguous().numpy()
+        if quant is not None and data.ndim >= 2:
             kind = gguf.GGMLQuantizationType[quant]
-            writer.add_tensor(gguf_name, gguf.quants.quantize(data, kind), raw_dtype=kind)
+            writer.add_tensor(name, gguf.quants.quantize(data, kind), raw_dtype=kind)
         else:
-            writer.add_tensor(gguf_name, data)
+            writer.add_tensor(name, data)
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()

@@ -18,6 +18,7 @@ import pytest
 import torch
 from family_specs import FP32_TOL, IDS, SPECS
 from hf_models import build_model, raw_bytes, save_checkpoint, tensors_of
+from test_formats_gguf import write_tensors
 from transformers import AutoConfig, AutoModelForCausalLM
 
 import lmconvert
@@ -666,18 +667,7 @@ def write_moe_gguf(model: torch.nn.Module, path: Path, quant: str | None = None)
         else:
             base, _, suffix = hf_name.rpartition(".")
             tensors[f"{names.get_name(base)}.{suffix}"] = t.squeeze(0) if "shared_expert_gate" in base else t
-    for name, t in tensors.items():
-        data = t.contiguous().numpy()
-        if quant is not None and data.ndim >= 2:
-            kind = gguf.GGMLQuantizationType[quant]
-            writer.add_tensor(name, gguf.quants.quantize(data, kind), raw_dtype=kind)
-        else:
-            writer.add_tensor(name, data)
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
-    return path
+    return write_tensors(writer, tensors, quant, path)
 
 
 @pytest.mark.parametrize("name", list(GGUF_ARCH))

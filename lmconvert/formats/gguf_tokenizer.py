@@ -86,12 +86,9 @@ def _sentencepiece(directory: Path, vocab_size: int) -> tuple[list[str], list[fl
     return tokens, scores, types
 
 
-def _byte_level_bpe(directory: Path, vocab_size: int) -> tuple[list[str], list[int], str]:
+def _byte_level_bpe(tokenizer: Any, vocab_size: int) -> tuple[list[str], list[int], str]:  # noqa: ANN401
     """llama.cpp's `get_vocab_base`: the vocabulary as transformers' tokenizer lists it."""
     from gguf import TokenType
-    from transformers import AutoTokenizer
-
-    tokenizer = AutoTokenizer.from_pretrained(str(directory))
     digest = hashlib.sha256(str(tokenizer.encode(CHECK_TEXT)).encode()).hexdigest()
     pre = PRE_TOKENIZERS.get(digest)
     by_id = {i: text for text, i in tokenizer.get_vocab().items()}
@@ -116,12 +113,15 @@ def _byte_level_bpe(directory: Path, vocab_size: int) -> tuple[list[str], list[i
     return tokens, types, pre or digest
 
 
-def _adds(directory: Path) -> tuple[bool, bool]:
-    """Whether transformers' tokenizer adds BOS and EOS around a text: stated to llama.cpp, whose
-    defaults differ by tokenizer kind and pre-tokenizer."""
+def _loaded(directory: Path) -> Any:  # noqa: ANN401 - transformers' tokenizer classes
     from transformers import AutoTokenizer
 
-    tokenizer = AutoTokenizer.from_pretrained(str(directory))
+    return AutoTokenizer.from_pretrained(str(directory))
+
+
+def _adds(tokenizer: Any) -> tuple[bool, bool]:  # noqa: ANN401
+    """Whether transformers' tokenizer adds BOS and EOS around a text: stated to llama.cpp, whose
+    defaults differ by tokenizer kind and pre-tokenizer."""
     ids = tokenizer("a")["input_ids"]
     bos, eos = tokenizer.bos_token_id, tokenizer.eos_token_id
     return bos is not None and ids[:1] == [bos], eos is not None and ids[-1:] == [eos] and len(ids) > 1
@@ -133,10 +133,10 @@ def _bpe_kind(directory: Path) -> str | None:
     return model.get("type") if isinstance(model, dict) else None
 
 
-def _values(directory: Path, model: str, pre: str, tokens: list[str], types: list[int],
+def _values(directory: Path, tokenizer: Any, model: str, pre: str, tokens: list[str], types: list[int],  # noqa: ANN401
             scores: list[float] | None, merges: bool) -> dict[str, Any]:
     special = _special(directory, len(tokens), merges=merges)
-    add_bos, add_eos = _adds(directory)
+    add_bos, add_eos = _adds(tokenizer)
 
     def fill(w: Any) -> None:  # noqa: ANN401 - gguf's writer
         w.add_tokenizer_model(model)
@@ -158,7 +158,7 @@ def tokenizer_values(directory: Path | None, vocab_size: int, pre: str | None = 
         return _typed(lambda w: w.add_tokenizer_model("none"))
     if (directory / SPM).is_file():
         tokens, scores, types = _sentencepiece(directory, vocab_size)
-        return _values(directory, "llama", "default", tokens, types, scores, merges=False)
+        return _values(directory, _loaded(directory), "llama", "default", tokens, types, scores, merges=False)
     kind = _bpe_kind(directory)
     if kind != "BPE":
         raise InputError(f"{directory / BPE}: a {kind} tokenizer; lmconvert writes SentencePiece and byte-level "
@@ -167,8 +167,9 @@ def tokenizer_values(directory: Path | None, vocab_size: int, pre: str | None = 
     if pre is not None and pre not in known:
         raise InputError(f"--gguf-pre {pre!r}: not a pre-tokenizer llama.cpp knows; choose one of "
                          f"{', '.join(sorted(known))}")
-    tokens, types, found = _byte_level_bpe(directory, vocab_size)
+    tokenizer = _loaded(directory)
+    tokens, types, found = _byte_level_bpe(tokenizer, vocab_size)
     if pre is None and found not in PRE_TOKENIZERS.values():
         raise InputError(f"{directory / BPE}: its pre-tokenizer is not one llama.cpp knows (hash {found[:16]}...); "
                          "name llama.cpp's pre-tokenizer with --gguf-pre (e.g. --gguf-pre gpt-2) if you know it")
-    return _values(directory, "gpt2", pre or found, tokens, types, None, merges=True)
+    return _values(directory, tokenizer, "gpt2", pre or found, tokens, types, None, merges=True)
