@@ -1,6 +1,6 @@
 """The families against transformers: llama, mistral, gemma, gemma2, gemma3, olmo2, qwen2, qwen3,
 smollm3, starcoder2, nemotron, stablelm, granite, olmo, phi3, cohere, cohere2, gpt2, gpt_neo, opt, xglm,
-gptj, phi, gpt_neox, bloom, mpt, falcon.
+gptj, phi, gpt_neox, bloom, mpt, falcon, the mixtures of experts, minicpm3.
 
 Every family is a tiny transformers model with every parameter perturbed, run on sequences several
 times longer than its sliding window, with soft-caps small enough to bite. For each family:
@@ -991,6 +991,12 @@ for _name, _row in MATRIX.items():
             _row.setdefault(_target, "this mixture of experts")  # with what else the target lacks
         elif _target in MOE:
             _row.setdefault(_target, "this mixture of experts, which this model")  # "... always has ..., this"
+# MiniCPM3 (latent attention, scaled embeddings, residuals and LM-head input) exports only to itself, and
+# no source above has its latent attention
+MATRIX["minicpm3"] = {_target: OK if _target == "minicpm3" else REFUSED for _target in FAMILIES}
+for _name, _row in MATRIX.items():  # said before any mixture of experts the source has
+    if _name != "minicpm3":
+        _row["minicpm3"] = "minicpm3 always has latent attention (MLA)"
 EXPORTS = [(source, target, refusal) for source, row in MATRIX.items() for target, refusal in row.items()]
 
 

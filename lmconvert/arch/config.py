@@ -299,6 +299,8 @@ class ArchConfig:
     embed_scale: float | None = None
     final_softcap: float | None = None
     logit_scale: float = 1.0
+    head_divisor: float = 1.0  # the final hidden state divided by this before the LM head (MiniCPM3's
+    #   hidden_size / dim_model_base): a division of the head's input, which rounds otherwise than a logit scale
     embed_dim: int | None = None  # None: d_model; else the embedding (and tied LM head) width, projected in and
     #   out of d_model by bias-free linears (OPT-350m's project_in / project_out)
     embed_scale_unrounded: bool = False  # embed_scale multiplies as a Python float, rounded once (XGLM); False:
@@ -357,6 +359,7 @@ class ArchConfig:
         for name in ("attn_scale", "attn_softcap", "embed_scale", "final_softcap", "clip_qkv"):
             _positive("ArchConfig", name, getattr(self, name), allow_none=True)
         _positive("ArchConfig", "logit_scale", self.logit_scale)
+        _positive("ArchConfig", "head_divisor", self.head_divisor)
         _positive("ArchConfig", "clip_qkv", self.clip_qkv, allow_none=True)
         if self.qk_norm_weight == "per_head" and self.qk_norm != "head":
             _fail("ArchConfig", "qk_norm_weight", self.qk_norm_weight, "a weight per head needs qk_norm='head'")

@@ -131,6 +131,8 @@ class Decoder(nn.Module):
         h = self.final_norm(h)
         if self.project_out is not None:
             h = self.project_out(h)
+        if cfg.head_divisor != 1.0:  # MiniCPM3: `hidden_states / logits_scaling`, a Python float
+            h = h / cfg.head_divisor
         logits = self.lm_head(h) if self.lm_head is not None else F.linear(h, self.embed.weight)
         if cfg.logit_scale != 1.0:
             logits = logits * cfg.logit_scale

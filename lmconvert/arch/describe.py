@@ -153,6 +153,8 @@ def variants(cfg: ArchConfig) -> list[str]:
         out.append(f"embedding width {cfg.embed_dim}, projected in and out of d_model {cfg.d_model}")
     if cfg.final_softcap is not None:
         out.append(f"final-logit soft-cap: {cfg.final_softcap:g}")
+    if cfg.head_divisor != 1.0:
+        out.append(f"LM-head input divided by {cfg.head_divisor:g}")
     if cfg.logit_scale != 1.0:
         out.append(f"logit scale: {cfg.logit_scale:g}")
     if cfg.z_loss:

@@ -18,6 +18,7 @@ from . import (
     gptj,
     granite,
     llama,
+    minicpm3,
     mistral,
     mixtral,
     mpt,
@@ -47,7 +48,8 @@ FAMILIES: dict[str, Family] = {f.name: f for f in (llama.FAMILY, mistral.FAMILY,
                                                    phi3.FAMILY, cohere.FAMILY, cohere2.FAMILY, opt.FAMILY,
                                                    xglm.FAMILY, gpt_neo.FAMILY, gpt2.FAMILY, gptj.FAMILY, phi.FAMILY,
                                                    gpt_neox.FAMILY, bloom.FAMILY, mpt.FAMILY, falcon.FAMILY,
-                                                   mixtral.FAMILY, qwen2_moe.FAMILY, qwen3_moe.FAMILY, olmoe.FAMILY)}
+                                                   mixtral.FAMILY, qwen2_moe.FAMILY, qwen3_moe.FAMILY, olmoe.FAMILY,
+                                                   minicpm3.FAMILY)}
 BY_MODEL_TYPE: dict[str, Family] = {t: f for f in FAMILIES.values() for t in f.model_types}
 
 

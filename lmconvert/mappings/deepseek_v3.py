@@ -61,15 +61,21 @@ def latent_keys(v_head_dim_nullable: bool) -> tuple[Key, ...]:
     )
 
 
-def latent(family: str, deinterleave: bool, v_head_dim_nullable: bool) -> Entry:
-    """The MLA sizes <-> ArchConfig's latent attention; `deinterleave` is the family's constant."""
+def latent(family: str, deinterleave: bool, v_head_dim_nullable: bool,
+           null_v_head_dim: Callable[[dict[str, Any]], int] | None = None) -> Entry:
+    """The MLA sizes <-> ArchConfig's latent attention; `deinterleave` is the family's constant;
+    `null_v_head_dim`: the value head size a null v_head_dim means (from the fields read so far),
+    where the family's config class gives it one (MiniCPM3), else a null is refused."""
 
     def read(hf: HfConfig, fields: dict[str, Any]) -> dict[str, Any]:
-        if hf.get("v_head_dim") is None:  # transformers' config class accepts it; building the model then fails
+        v_head_dim = hf.get("v_head_dim")
+        if v_head_dim is None and null_v_head_dim is not None:
+            v_head_dim = null_v_head_dim(fields)
+        if v_head_dim is None:  # transformers' config class accepts it; building the model then fails
             raise MappingError("config.json: v_head_dim=null: transformers cannot build this model; state the "
                                "value head size")
         settings = LatentSettings(kv_lora_rank=hf.get("kv_lora_rank"), qk_nope_head_dim=hf.get("qk_nope_head_dim"),
-                                  v_head_dim=hf.get("v_head_dim"), q_lora_rank=hf.get("q_lora_rank"),
+                                  v_head_dim=v_head_dim, q_lora_rank=hf.get("q_lora_rank"),
                                   bias=hf.get("attention_bias"), deinterleave=deinterleave)
         return {"attention": "latent", "attention_settings": settings, "head_dim": hf.get("qk_rope_head_dim")}
 

@@ -33,6 +33,7 @@ VARIANT_NAMES = {
     "qk_norm_weight": "QK-norm weights per head", "clip_qkv": "q/k/v clamping",
     "tie_embeddings": "this embedding tying", "embed_scale": "embedding scaling",
     "final_softcap": "final-logit soft-capping", "logit_scale": "a logit scale",
+    "head_divisor": "a divided LM-head input",
     "head_dim": "this head_dim", "n_kv_heads": "this number of KV heads", "moe": "this mixture of experts",
     "scale_query": "the score scale applied to q", "scale_by_inverse_layer": "per-layer score scaling (1/(layer+1))",
     "scores_fp32": "q.k in fp32",

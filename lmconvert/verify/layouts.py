@@ -114,6 +114,7 @@ TRANSFORMERS_BY_MODEL_TYPE: Mapping[str, Mapping[str, Layout | Piece]] = {
     # DeepseekV2Moe/V3MoE run the shared experts on the unflattened input
     "deepseek_v2": {**LATENT, "mlp.shared.gate": "B T S", "mlp.shared.up": "B T S", "mlp.shared.down": RESIDUAL},
     "deepseek_v3": {**LATENT, "mlp.shared.gate": "B T S", "mlp.shared.up": "B T S", "mlp.shared.down": RESIDUAL},
+    "minicpm3": LATENT,  # MiniCPM3Attention: DeepseekV2Attention's modules
 }
 
 
