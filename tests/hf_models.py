@@ -121,6 +121,19 @@ def check_cached_decoding(src: Path, ids: torch.Tensor, prefill: int, attention:
         assert worst(incremental(lambda chunk: exact(chunk, cache=cache), ids, prefill), exact(ids)) <= tol
 
 
+def check_parity(src: Path, ids: torch.Tensor, work: Path, attention: str, tol: float = 1e-5) -> None:
+    """Our logits equal transformers' (same attention implementation) within `tol`, straight from
+    the HF directory and through a canonical one written under `work`."""
+    import lmconvert
+    from lmconvert.convert import to_canonical
+
+    with torch.no_grad():
+        ref = AutoModelForCausalLM.from_pretrained(src, attn_implementation=attention)(ids).logits
+        assert float((lmconvert.load(src, attention=attention)(ids) - ref).abs().max()) <= tol
+        to_canonical(src, work / "canon")
+        assert float((lmconvert.load(work / "canon", attention=attention)(ids) - ref).abs().max()) <= tol
+
+
 def tensors_of(directory: Path) -> dict[str, torch.Tensor]:
     from safetensors import safe_open
 

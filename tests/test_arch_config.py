@@ -30,9 +30,10 @@ def test_bad_enum_names_field_and_value(field, value):
     assert field in message and repr(value) in message
 
 
-def test_sparse_attention_slot_is_not_built_yet():
+def test_sparse_attention_needs_its_q_lora():
+    """The "sparse" kind (DSA) is built now; its indexer reads the q LoRA, which the defaults lack."""
     message = _error(attention="sparse")
-    assert "attention" in message and "'sparse'" in message
+    assert "attention_settings.q_lora_rank=None" in message and "indexer" in message
 
 
 @pytest.mark.parametrize("field,value", [

@@ -148,15 +148,22 @@ def arch_configs(draw: st.DrawFn) -> ArchConfig:
         fields["position_offset"] = 0
     if fields["absolute_positions"] == "sinusoidal_fairseq" and d_model < 4:  # fairseq's table needs d/2 - 1 > 0
         fields["absolute_positions"] = "sinusoidal"
-    if fields["attention"] == "latent":  # what MLA has: RoPE on every layer, one kv head per head, no window
+    if fields["attention"] in ("latent", "sparse"):  # what MLA has: RoPE on every layer, one kv head per head,
+        # no window (DSA: interleaved RoPE, its q LoRA always)
+        sparse = fields["attention"] == "sparse"
         fields.update(
-            n_kv_heads=None, head_dim=draw(st.sampled_from([4, 8])), rope=RopeConfig(), rope_local=None,
+            n_kv_heads=None, head_dim=draw(st.sampled_from([4, 8])),
+            rope=RopeConfig(layout="interleaved") if sparse else RopeConfig(), rope_local=None,
             qk_norm="none", qk_norm_weight="shared", q_bias=False, k_bias=False, v_bias=False, o_bias=False,
             layer_positions=("rope",) * n_layers, layer_kinds=("global",) * n_layers, sliding_window=None,
             attention_settings=dict(kv_lora_rank=draw(st.integers(1, 12)), qk_nope_head_dim=draw(st.integers(1, 8)),
                                     v_head_dim=draw(st.integers(1, 8)), bias=draw(st.booleans()),
-                                    q_lora_rank=draw(st.sampled_from([None, 3, 10])),
+                                    q_lora_rank=draw(st.sampled_from([3, 10] if sparse else [None, 3, 10])),
                                     norm_eps=draw(st.sampled_from([1e-6, 1e-5]))))
+        if sparse:
+            fields["attention_settings"].update(index_n_heads=draw(st.integers(1, 3)),
+                                                index_head_dim=draw(st.sampled_from([8, 12])),
+                                                index_topk=draw(st.integers(1, 8)))
     if fields["gated"] and not fields["mlp_bias"] and draw(st.booleans()):  # a mixture of experts
         n_experts, shared = draw(st.integers(1, 4)), draw(st.sampled_from(config_module.SHARED_EXPERTS))
         sigmoid = draw(st.booleans())
@@ -186,6 +193,9 @@ KIND_CASES: dict[str, list[dict[str, Any]]] = {
     "latent": [dict(head_dim=8, attention_settings=dict(kv_lora_rank=6, qk_nope_head_dim=4, v_head_dim=5,
                                                          q_lora_rank=q_lora_rank, bias=bias))
                for q_lora_rank, bias in ((None, False), (7, True))],
+    "sparse": [dict(head_dim=8, rope=dict(layout="interleaved"),
+                    attention_settings=dict(kv_lora_rank=6, qk_nope_head_dim=4, v_head_dim=5, q_lora_rank=7,
+                                            bias=True, index_n_heads=3, index_head_dim=10, index_topk=2))],
 }
 
 
@@ -201,8 +211,8 @@ def test_every_attention_kind_builds_the_parts_it_declares(kind, overrides):
 
 def test_unknown_attention_kind_is_a_config_error_naming_it():
     cfg = tiny()
-    object.__setattr__(cfg, "attention", "sparse")  # what a config could say once DSA is registered there
-    with pytest.raises(config_module.ConfigError, match="'sparse'"):
+    object.__setattr__(cfg, "attention", "hybrid")  # what a config could say once another kind is registered there
+    with pytest.raises(config_module.ConfigError, match="'hybrid'"):
         parameter_shapes(cfg)
 
 

@@ -81,6 +81,10 @@ VARIANTS: dict[str, list[dict[str, Any]]] = {
                                    qk_nope_head_dim=12, qk_rope_head_dim=8, v_head_dim=10, rope_parameters=YARN),
                     dict(DEEPSEEK_MOE, topk_method="group_limited_greedy"),
                     dict(DEEPSEEK_MOE, first_k_dense_replace=0, n_group=None, topk_group=None)],
+    "deepseek_v32": [dict(DEEPSEEK, index_topk=4, index_head_dim=64, index_n_heads=2),
+                     dict(DEEPSEEK, attention_bias=True, kv_lora_rank=16, qk_nope_head_dim=12, qk_rope_head_dim=8,
+                          v_head_dim=10, rope_parameters=YARN, index_topk=8, index_head_dim=24, index_n_heads=3),
+                     dict(DEEPSEEK_MOE, mlp_layer_types=["sparse", "dense"], norm_topk_prob=False)],
     "minicpm3": [dict(num_key_value_heads=4), dict(num_key_value_heads=4, q_lora_rank=None, attention_bias=True,
                                                 mlp_bias=True, kv_lora_rank=16, qk_nope_head_dim=12,
                                                 qk_rope_head_dim=8, v_head_dim=10, scale_emb=2.5, scale_depth=1.7,
@@ -136,6 +140,7 @@ INERT: dict[str, list[dict[str, Any]]] = {
     "mistral": [dict(sliding_window=4, layer_types=[S, S])],  # the pattern without layer_types
     "deepseek_v3": [dict(num_key_value_heads=4)],  # first_k_dense_replace=3 past the two layers
     "deepseek_v2": [dict(DEEPSEEK, first_k_dense_replace=5)],  # past the two layers
+    "deepseek_v32": [dict(num_key_value_heads=4, mlp_bias=True)],  # its MLPs have no biases
     "gpt_neo": [dict(attention_types=[[["global"], 2]], window_size=8)],  # a window no layer uses
     "opt": [dict(do_layer_norm_before=False, _remove_final_layer_norm=True, layerdrop=0.1)],  # post-norm: none
     "xglm": [dict(activation_dropout=0.1, layerdrop=0.2)],  # training only

@@ -251,7 +251,8 @@ def test_rope_keys_a_type_does_not_read_change_nothing() -> None:
 
 
 # the keys that make transformers' default config one lmconvert converts (DeepSeek's defaults have MoE layers)
-CONVERTIBLE = {"deepseek_v2": {"first_k_dense_replace": 32}, "deepseek_v3": {"first_k_dense_replace": 61}}
+CONVERTIBLE = {"deepseek_v2": {"first_k_dense_replace": 32}, "deepseek_v3": {"first_k_dense_replace": 61},
+               "deepseek_v32": {"first_k_dense_replace": 61}}
 
 
 @pytest.mark.parametrize("model_type", sorted(BY_MODEL_TYPE))
@@ -997,6 +998,8 @@ MATRIX["minicpm3"] = {_target: OK if _target == "minicpm3" else REFUSED for _tar
 for _name, _row in MATRIX.items():  # said before any mixture of experts the source has
     if _name != "minicpm3":
         _row["minicpm3"] = "minicpm3 always has latent attention (MLA)"
+for _name, _row in MATRIX.items():  # DeepSeek-V3.2's sparse attention: no source above has it
+    _row["deepseek_v32"] = "deepseek_v32 always has sparse attention (DSA), which this model lacks"
 EXPORTS = [(source, target, refusal) for source, row in MATRIX.items() for target, refusal in row.items()]
 
 

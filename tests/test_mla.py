@@ -19,13 +19,13 @@ from family_specs import FAITHFULNESS, FP32_TOL
 from hf_models import (
     build_model,
     check_cached_decoding,
+    check_parity,
     check_round_trip,
     incremental,
     load_reference,
     save_checkpoint,
     token_batch,
 )
-from transformers import AutoModelForCausalLM
 
 import lmconvert
 from lmconvert.arch import ConfigError
@@ -81,12 +81,7 @@ def max_abs(a: torch.Tensor, b: torch.Tensor) -> float:
 @pytest.mark.parametrize("name", VARIANTS)
 @pytest.mark.parametrize("attention", ["eager", "sdpa"])
 def test_fp32_parity(name: str, attention: str, checkpoint: Callable[..., Path], tmp_path: Path) -> None:
-    src = checkpoint(name)
-    with torch.no_grad():
-        ref = AutoModelForCausalLM.from_pretrained(src, attn_implementation=attention)(IDS).logits
-        assert max_abs(lmconvert.load(src, attention=attention)(IDS), ref) <= FP32_TOL
-        to_canonical(src, tmp_path / "canon")
-        assert max_abs(lmconvert.load(tmp_path / "canon", attention=attention)(IDS), ref) <= FP32_TOL
+    check_parity(checkpoint(name), IDS, tmp_path, attention, FP32_TOL)
 
 
 def test_mscale_bites(checkpoint: Callable[..., Path]) -> None:

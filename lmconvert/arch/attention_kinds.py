@@ -158,9 +158,12 @@ class LatentSettings:
             value = getattr(self, name)
             if not isinstance(value, bool):
                 raise ConfigError(f"ArchConfig.attention_settings.{name}={value!r}: must be true or false")
-        eps = self.norm_eps
-        if isinstance(eps, bool) or not isinstance(eps, (int, float)) or not 0 < eps < math.inf:
-            raise ConfigError(f"ArchConfig.attention_settings.norm_eps={eps!r}: must be a positive, finite number")
+        _eps("norm_eps", self.norm_eps)
+
+
+def _eps(name: str, eps: Any) -> None:
+    if isinstance(eps, bool) or not isinstance(eps, (int, float)) or not 0 < eps < math.inf:
+        raise ConfigError(f"ArchConfig.attention_settings.{name}={eps!r}: must be a positive, finite number")
 
 
 def latent_qk_head_dim(cfg: ArchConfig) -> int:
@@ -262,4 +265,76 @@ register(AttentionKind(
     settings=LatentSettings,
     check=_latent_check,
 ))
-# "sparse" (DSA) registers here when it is built
+
+
+# ----------------------------------------------------------------------------- sparse: DSA (DeepSeek-V3.2)
+@dataclass(frozen=True)
+class SparseSettings(LatentSettings):
+    """DeepSeek Sparse Attention: latent attention (always through the q LoRA, whose normed
+    residual the indexer reads) in which a lightning indexer keeps, for each query, the
+    `index_topk` best-scored keys and masks the others. The indexer's sizes are DeepseekV32Config's:
+    `index_n_heads` query heads of `index_head_dim`, one key head of `index_head_dim` whose
+    LayerNorm (weight and bias) takes `index_norm_eps`, 1e-6 in transformers."""
+
+    index_n_heads: int = 64
+    index_head_dim: int = 128
+    index_topk: int = 2048
+    index_norm_eps: float = 1e-6
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        for name in ("index_n_heads", "index_head_dim", "index_topk"):
+            _count(name, getattr(self, name))
+        _eps("index_norm_eps", self.index_norm_eps)
+        if self.q_lora_rank is None:
+            raise ConfigError("ArchConfig.attention_settings.q_lora_rank=None: sparse attention's indexer reads the "
+                              "q LoRA's normed residual; set q_lora_rank")
+
+
+def _sparse_parts(cfg: ArchConfig) -> dict[str, Part]:
+    """The latent parts, then the indexer's in transformers' order: wq_b, wk, k_norm, weights_proj."""
+    s = cfg.attention_settings
+    key_norm = replace(cfg.norm, kind="layer", eps=s.index_norm_eps, weight=True, bias=True, weight_offset=0.0,
+                       dtype_order="scale_then_cast", written_out=False)  # nn.LayerNorm: torch's kernel
+    return {**_latent_parts(cfg),
+            "index_q": LinearPart(s.q_lora_rank, s.index_n_heads * s.index_head_dim),
+            "index_k": LinearPart(cfg.d_model, s.index_head_dim),
+            "index_k_norm": NormPart(s.index_head_dim, key_norm),
+            "index_weights": LinearPart(cfg.d_model, s.index_n_heads)}
+
+
+def _sparse_cache(cfg: ArchConfig) -> int:
+    """The latent, and the indexer's key (after its norm and RoPE) for every past token."""
+    return _latent_cache(cfg) + cfg.attention_settings.index_head_dim
+
+
+def _sparse_describe(cfg: ArchConfig) -> list[str]:
+    s = cfg.attention_settings
+    lines = [line.replace("latent (MLA)", "sparse (DSA: MLA with a lightning indexer)", 1)
+             if line.startswith("attention:") else line for line in _latent_describe(cfg)]
+    lines.append(f"DSA indexer: {s.index_n_heads} heads x {s.index_head_dim}, ReLU scores in fp32, each query keeps "
+                 f"its top {s.index_topk} keys; cached with the latent: {s.index_head_dim} more entries per token "
+                 f"and layer ({_sparse_cache(cfg)} in all)")
+    return lines
+
+
+def _sparse_check(cfg: ArchConfig) -> None:
+    _latent_check(cfg)
+    s = cfg.attention_settings
+    if s.index_head_dim < cfg.head_dim:
+        raise ConfigError(f"ArchConfig.attention_settings.index_head_dim={s.index_head_dim}: the indexer rotates "
+                          f"its first head_dim={cfg.head_dim} dims; it must be at least that")
+    if cfg.rope.layout != "interleaved" or not s.deinterleave:
+        raise ConfigError(f"ArchConfig.rope.layout={cfg.rope.layout!r}: sparse attention is DeepSeek-V3.2's, whose "
+                          "MLA RoPE is interleaved and written de-interleaved (attention_settings.deinterleave)")
+
+
+register(AttentionKind(
+    name="sparse",
+    module=f"{__package__}.sparse_attention:SparseAttention",
+    parts=_sparse_parts,
+    describe=_sparse_describe,
+    cache_elements=_sparse_cache,
+    settings=SparseSettings,
+    check=_sparse_check,
+))

@@ -3,6 +3,7 @@
 Standard attention stores keys and values after RoPE, (B, KV, S, D) each. Latent attention (MLA)
 stores its latent instead, in the same two slots: `keys` the normed c_kv (B, 1, S, kv_lora_rank),
 `values` the rotated shared key k_rot (B, 1, S, qk_rope_head_dim); it expands them at each step.
+Sparse attention (DSA) also keeps its indexer's keys, (B, S, index_head_dim), in `index_keys`.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ class KVCache:
     def __init__(self, n_layers: int) -> None:
         self.keys: list[torch.Tensor | None] = [None] * n_layers
         self.values: list[torch.Tensor | None] = [None] * n_layers
+        self.index_keys: list[torch.Tensor | None] = [None] * n_layers
 
     @property
     def length(self) -> int:
@@ -27,3 +29,10 @@ class KVCache:
             v = torch.cat((self.values[layer], v), dim=-2)
         self.keys[layer], self.values[layer] = k, v
         return k, v
+
+    def update_index(self, layer: int, k: torch.Tensor) -> torch.Tensor:
+        """Append DSA's indexer keys (B, T, index_head_dim); return all seen so far (B, S, index_head_dim)."""
+        if self.index_keys[layer] is not None:
+            k = torch.cat((self.index_keys[layer], k), dim=-2)
+        self.index_keys[layer] = k
+        return k

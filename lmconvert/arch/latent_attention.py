@@ -59,10 +59,17 @@ class LatentAttention(nn.Module):
         self.absorbed = False  # set by `absorb`: attend in latent space instead of expanding K and V
 
     def forward(self, x: torch.Tensor, ctx: Context, cache: KVCache | None = None) -> torch.Tensor:
+        q_nope, q_rot, c_kv, k_rot, _ = self._latent(x, ctx, cache)
+        return self._attend(q_nope, q_rot, c_kv, k_rot, ctx.allowed(None), ctx.is_plain_causal(None))
+
+    def _latent(self, x: torch.Tensor, ctx: Context, cache: KVCache | None) -> tuple[torch.Tensor, ...]:
+        """Every head's rotated query parts and the latent of all tokens so far (cached first); also
+        the q LoRA's normed residual (None with a plain q projection), which DSA's indexer reads."""
         cfg, s = self.cfg, self.settings
         B, T, _ = x.shape
-        H, N, R, V, C = cfg.n_heads, s.qk_nope_head_dim, cfg.head_dim, s.v_head_dim, s.kv_lora_rank
-        q = self.q(x) if self.q is not None else self.q_b(self.q_a_norm(self.q_a(x)))  # (B, T, H*(N+R))
+        H, N, R, C = cfg.n_heads, s.qk_nope_head_dim, cfg.head_dim, s.kv_lora_rank
+        q_resid = None if self.q is not None else self.q_a_norm(self.q_a(x))  # (B, T, q_lora_rank)
+        q = self.q(x) if q_resid is None else self.q_b(q_resid)  # (B, T, H*(N+R))
         q = q.view(B, T, H, N + R).transpose(1, 2)  # (B, H, T, N+R)
         q_nope, q_rot = torch.split(q, [N, R], dim=-1)  # (B, H, T, N), (B, H, T, R)
         c_kv, k_rot = torch.split(self.kv_a(x), [C, R], dim=-1)  # (B, T, C), (B, T, R)
@@ -71,8 +78,15 @@ class LatentAttention(nn.Module):
         q_rot, k_rot = self._rotate(q_rot, k_rot, ctx)
         if cache is not None:
             c_kv, k_rot = cache.update(self.layer, c_kv, k_rot)  # (B, 1, S, C), (B, 1, S, R)
-        allowed = ctx.allowed(None)
-        dropout = cfg.attn_dropout if self.training else 0.0
+        return q_nope, q_rot, c_kv, k_rot, q_resid
+
+    def _attend(self, q_nope: torch.Tensor, q_rot: torch.Tensor, c_kv: torch.Tensor, k_rot: torch.Tensor,
+                allowed: torch.Tensor | None, plain_causal: bool) -> torch.Tensor:
+        """Attention over the latent (expanded, or absorbed), keys where `allowed` (bool (T, S) or
+        (B, 1, T, S); None: all), then the output projection."""
+        B, H, T, _ = q_nope.shape
+        V = self.settings.v_head_dim
+        dropout = self.cfg.attn_dropout if self.training else 0.0
         if self.absorbed:
             return self.o(self._absorbed(q_nope, q_rot, c_kv, k_rot, allowed, dropout))
         q = torch.cat((q_nope, q_rot), dim=-1)  # (B, H, T, N+R)
@@ -80,7 +94,7 @@ class LatentAttention(nn.Module):
         if self.backend == "eager":
             out = _eager(q, k, v, self.scale, None, None, allowed, dropout)
         else:
-            out = _sdpa(q, k, v, self.scale, None, allowed, ctx.is_plain_causal(None), dropout)
+            out = _sdpa(q, k, v, self.scale, None, allowed, plain_causal, dropout)
         out = out.transpose(1, 2).reshape(B, T, H * V)  # (B, H, T, V) -> (B, T, H*V)
         return self.o(out)
 
@@ -120,8 +134,6 @@ class LatentAttention(nn.Module):
         k_nope, v = torch.split(kv, [N, s.v_head_dim], dim=-1)  # (B, H, S, N), (B, H, S, V)
         k_rot = k_rot.expand(-1, cfg.n_heads, -1, -1)  # (B, 1, S, R) -> (B, H, S, R), no copy
         return torch.cat((k_nope, k_rot), dim=-1), v  # (B, H, S, N+R), (B, H, S, V)
-
-
 
 
 def absorb(model: nn.Module, on: bool = True) -> nn.Module:

@@ -8,6 +8,7 @@ from . import (
     cohere2,
     deepseek_v2,
     deepseek_v3,
+    deepseek_v32,
     falcon,
     gemma,
     gemma2,
@@ -49,7 +50,7 @@ FAMILIES: dict[str, Family] = {f.name: f for f in (llama.FAMILY, mistral.FAMILY,
                                                    xglm.FAMILY, gpt_neo.FAMILY, gpt2.FAMILY, gptj.FAMILY, phi.FAMILY,
                                                    gpt_neox.FAMILY, bloom.FAMILY, mpt.FAMILY, falcon.FAMILY,
                                                    mixtral.FAMILY, qwen2_moe.FAMILY, qwen3_moe.FAMILY, olmoe.FAMILY,
-                                                   minicpm3.FAMILY)}
+                                                   minicpm3.FAMILY, deepseek_v32.FAMILY)}
 BY_MODEL_TYPE: dict[str, Family] = {t: f for f in FAMILIES.values() for t in f.model_types}
 
 

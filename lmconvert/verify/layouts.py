@@ -80,7 +80,11 @@ LATENT: Mapping[str, Layout] = {
     "attn.q": "B T H*QK", "attn.q_a": "B T Q", "attn.q_a_norm": "B T Q", "attn.q_b": "B T H*QK",
     "attn.kv_a": "B T CR", "attn.kv_a_norm": "B T C", "attn.kv_b": "B one T H*NV",
 }
-OURS_BY_ATTENTION: Mapping[str, Mapping[str, Layout]] = {"latent": LATENT}
+# DSA's indexer (the "sparse" kind, MLA besides): its query projection per index head, its one key
+# head before and after its norm, and the per-head weights
+SPARSE: Mapping[str, Layout] = {**LATENT, "attn.index_q": "B T IH*ID", "attn.index_k": "B T ID",
+                                "attn.index_k_norm": "B T ID", "attn.index_weights": "B T IH"}
+OURS_BY_ATTENTION: Mapping[str, Mapping[str, Layout]] = {"latent": LATENT, "sparse": SPARSE}
 
 # transformers' llama-style decoders: hidden states, norms and nn.Linear projections are
 # (B, T, features), as ours. QK norms have no default: each model type that has them says where.
@@ -115,17 +119,21 @@ TRANSFORMERS_BY_MODEL_TYPE: Mapping[str, Mapping[str, Layout | Piece]] = {
     "deepseek_v2": {**LATENT, "mlp.shared.gate": "B T S", "mlp.shared.up": "B T S", "mlp.shared.down": RESIDUAL},
     "deepseek_v3": {**LATENT, "mlp.shared.gate": "B T S", "mlp.shared.up": "B T S", "mlp.shared.down": RESIDUAL},
     "minicpm3": LATENT,  # MiniCPM3Attention: DeepseekV2Attention's modules
+    # DeepseekV32Attention: V3's, and its Indexer's wq_b, wk, k_norm and weights_proj on (B, T, features)
+    "deepseek_v32": {**SPARSE, "mlp.shared.gate": "B T S", "mlp.shared.up": "B T S", "mlp.shared.down": RESIDUAL},
 }
 
 
 def _latent_sizes(arch: ArchConfig) -> dict[str, int]:
-    if arch.attention != "latent":
+    if arch.attention not in ("latent", "sparse"):
         return {}
     s = arch.attention_settings
     sizes = {"C": s.kv_lora_rank, "QK": s.qk_nope_head_dim + arch.head_dim, "CR": s.kv_lora_rank + arch.head_dim,
              "NV": s.qk_nope_head_dim + s.v_head_dim, "one": 1}
     if s.q_lora_rank is not None:
         sizes["Q"] = s.q_lora_rank
+    if arch.attention == "sparse":
+        sizes.update(IH=s.index_n_heads, ID=s.index_head_dim)
     return sizes
 
 
