@@ -24,7 +24,6 @@ from test_mla import VARIANTS as MLA
 
 import lmconvert
 
-
 # name -> (model_type, kwargs): every SPECS family, then the DeepSeek families' test models
 MODELS: dict[str, tuple[str, dict]] = {
     **{name: (spec.model_type, spec.kwargs) for name, spec in SPECS.items()},
