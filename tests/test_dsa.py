@@ -285,3 +285,14 @@ def test_streamed_forward_is_bit_identical(checkpoint: Callable[..., Path]) -> N
     model = lmconvert.load(src, attention="eager")
     with streamed(src, torch.float32) as stream, torch.no_grad():
         assert torch.equal(stream(IDS), model(IDS))
+
+
+def test_verify_with_max_memory_streams_both_sides(checkpoint: Callable[..., Path], tmp_path: Path) -> None:
+    to_canonical(checkpoint("ties"), tmp_path / "canon")
+    result = CliRunner().invoke(main, ["verify", str(tmp_path / "canon"), "--max-memory", "20KB", "--seq-len", "16",
+                                       "--generate", "4", "--json", str(tmp_path / "r.json")])
+    assert result.exit_code == 0, result.output
+    report = json.loads((tmp_path / "r.json").read_text())
+    assert report["streamed"] and report["max_abs"] == 0.0
+    assert all(p["max_abs"] == 0.0 for p in report["points"])
+    assert len(report["points"]) == 2 + 2 * 17  # embed, final norm; per layer 12 MLA, 4 indexer modules, output

@@ -169,3 +169,15 @@ def test_the_reference_really_scales(made: Callable[[str], tuple[Path, Path]]) -
     assert model.config.logits_scaling == 64 / 24 and model.model.embed_tokens.scalar_embed_scale == 12
     assert model.model.layers[0].residual_scale == 1.4 / math.sqrt(2)
 
+
+
+def test_verify_with_max_memory_streams_both_sides(made: Callable[[str], tuple[Path, Path]], tmp_path: Path) -> None:
+    """Streamed verification (one block at a time on both sides) of the canonical checkpoint."""
+    _, canonical = made("short")
+    result = CliRunner().invoke(main, ["verify", str(canonical), "--max-memory", "20KB", "--seq-len", "16",
+                                       "--generate", "4", "--json", str(tmp_path / "r.json")])
+    assert result.exit_code == 0, result.output
+    report = json.loads((tmp_path / "r.json").read_text())
+    assert report["streamed"] and report["max_abs"] == 0.0
+    assert all(p["max_abs"] == 0.0 for p in report["points"])
+    assert len(report["points"]) == 2 + 2 * 13  # embed, final norm; per layer 12 modules and the output
