@@ -134,6 +134,24 @@ def check_parity(src: Path, ids: torch.Tensor, work: Path, attention: str, tol: 
         assert float((lmconvert.load(work / "canon", attention=attention)(ids) - ref).abs().max()) <= tol
 
 
+def check_streamed_verify(canonical: Path, work: Path) -> int:
+    """`verify --max-memory 20KB` streams both sides one block at a time and agrees exactly at every
+    point; returns the number of points compared."""
+    import json
+
+    from click.testing import CliRunner
+
+    from lmconvert.cli import main
+
+    result = CliRunner().invoke(main, ["verify", str(canonical), "--max-memory", "20KB", "--seq-len", "16",
+                                       "--generate", "4", "--json", str(work / "r.json")])
+    assert result.exit_code == 0, result.output
+    report = json.loads((work / "r.json").read_text())
+    assert report["streamed"] and report["max_abs"] == 0.0
+    assert all(p["max_abs"] == 0.0 for p in report["points"])
+    return len(report["points"])
+
+
 def tensors_of(directory: Path) -> dict[str, torch.Tensor]:
     from safetensors import safe_open
 
