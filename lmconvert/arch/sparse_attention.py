@@ -13,7 +13,9 @@ Selection follows transformers op for op, in its layouts, so the scores are the 
 `torch.topk` breaks their (frequent, ReLU-made) ties the same way: in a full forward over a row of
 all S keys with the future masked, while decoding over the row of the S keys so far. torch.topk does
 not break ties alike in the two, so with ties at the cut the cached logits follow transformers'
-cached ones, not the full forward's. Sizes: B batch, T new tokens, S all tokens (cached first),
+cached ones, not the full forward's. Hidden keys score -inf (transformers' SDPA path; its eager
+path adds the float mask's finfo.min): either way below every visible key, and the parity tests
+run both. Sizes: B batch, T new tokens, S all tokens (cached first),
 Hi index_n_heads, Di index_head_dim, R head_dim (the rotary dims).
 """
 
