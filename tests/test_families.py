@@ -195,11 +195,7 @@ def transformers4_style(spec: Spec) -> Callable[[dict[str, Any]], dict[str, Any]
     return edit
 
 
-# families whose config.json has no RoPE keys, so no second (transformers 4) style of them
-NO_ROPE_KEYS = ("gptj", "bloom", "mpt")
-
-
-@pytest.mark.parametrize("name", [n for n in NAMES if n not in NO_ROPE_KEYS])
+@pytest.mark.parametrize("name", NAMES)
 def test_both_config_styles(name: str, checkpoint: Callable[..., Path], tmp_path: Path) -> None:
     spec = SPECS[name]
     new = checkpoint(name)
