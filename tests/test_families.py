@@ -4,8 +4,8 @@ gptj, phi, gpt_neox, bloom, mpt, falcon.
 
 Every family is a tiny transformers model with every parameter perturbed, run on sequences several
 times longer than its sliding window, with soft-caps small enough to bite. For each family:
-fp32 parity (straight from the HF directory and through a canonical one), bf16 faithfulness and
-bit-exactness, a bit-exact HF -> canonical -> HF round trip, cached decoding, both config.json
+fp32 parity (straight from the HF directory and through a canonical one), bf16 and fp16 faithfulness,
+bf16 bit-exactness, a bit-exact HF -> canonical -> HF round trip, cached decoding, both config.json
 styles, honoured `layer_types`, and the architecture card. Then the cross-family export matrix and the
 Gemma3ForConditionalGeneration text path.
 """
@@ -133,11 +133,14 @@ def test_fp32_parity(name: str, checkpoint: Callable[..., Path], canonical: Call
 
 
 @pytest.mark.parametrize("name", NAMES)
-def test_bf16_faithfulness(name: str, checkpoint: Callable[..., Path]) -> None:
-    src = checkpoint(name, torch.bfloat16)
-    exact = hf_logits(src, torch.float32)  # the same bf16 weights, upcast
-    reference_error = float((hf_logits(src, torch.bfloat16) - exact).abs().mean())
-    ours_error = float((our_logits(src, torch.bfloat16) - exact).abs().mean())
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
+def test_half_faithfulness(name: str, dtype: torch.dtype, checkpoint: Callable[..., Path]) -> None:
+    """In each half type, our error against the same half weights run in fp32 is at most
+    FAITHFULNESS x transformers' own error in that type."""
+    src = checkpoint(name, dtype)
+    exact = hf_logits(src, torch.float32)  # the same half weights, upcast
+    reference_error = float((hf_logits(src, dtype) - exact).abs().mean())
+    ours_error = float((our_logits(src, dtype) - exact).abs().mean())
     assert reference_error > 0
     assert ours_error <= FAITHFULNESS * reference_error, (ours_error, reference_error)
 
