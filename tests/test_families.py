@@ -1006,6 +1006,8 @@ def test_cross_family_export(source: str, target: str, refusal: str | None, chec
     if refusal is not None:
         assert result.exit_code == 2, result.output
         assert refusal in result.output, result.output
+        # every refusal names what the target lacks, or what it always has that the model lacks
+        assert f"{target} cannot express" in result.output or f"{target} always has" in result.output, result.output
         assert "export to the source family instead" in result.output
         assert not out.exists()
         return
