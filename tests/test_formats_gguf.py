@@ -526,8 +526,9 @@ def test_llama3_factors_match_transformers_inv_freq() -> None:
     assert ((factors > 1) & (factors < 8)).any()  # the smooth band is exercised
 
 
-def test_cli_convert_verify_export(tmp_path: Path) -> None:
-    model, path = gguf_of("llama", tmp_path, quant="Q8_0", overrides=TRANSFORMERS_OVERRIDES["llama"])
+@pytest.mark.parametrize("model_type", ["llama", "bloom", "falcon"])
+def test_cli_convert_verify_export(model_type: str, tmp_path: Path) -> None:
+    _, path = gguf_of(model_type, tmp_path, quant="Q8_0", overrides=TRANSFORMERS_OVERRIDES.get(model_type))
     code, _, err = cli("convert", path, tmp_path / "canonical")
     assert code == 0, err
     meta = json.loads((tmp_path / "canonical" / "lmconvert.json").read_text())
