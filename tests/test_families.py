@@ -1018,6 +1018,20 @@ def test_cross_family_export(source: str, target: str, refusal: str | None, chec
     assert max_abs(hf_logits(out), hf_logits(checkpoint(source))) <= FP32_TOL
 
 
+def test_smollm3_rotating_every_layer_exports_as_llama(tmp_path: Path) -> None:
+    """#14's example of an exact pair outside the matrix's sources: a SmolLM3 whose every layer uses
+    RoPE (`no_rope_layers` all 1) and no window is a LLaMA, written as one with equal logits."""
+    model = build_model("smollm3", num_hidden_layers=4, no_rope_layers=[1, 1, 1, 1], eos_token_id=1,
+                        rope_parameters={"rope_type": "default", "rope_theta": 1e6})
+    src = save_checkpoint(model, tmp_path / "hf")
+    to_canonical(src, tmp_path / "canonical")
+    result = CliRunner().invoke(main, ["convert", str(tmp_path / "canonical"), str(tmp_path / "llama"), "--to", "hf",
+                                       "--family", "llama"])
+    assert result.exit_code == 0, result.output
+    assert json.loads((tmp_path / "llama" / "config.json").read_text())["model_type"] == "llama"
+    assert max_abs(hf_logits(tmp_path / "llama"), hf_logits(src)) <= FP32_TOL
+
+
 # ------------------------------------------------------------------------------------------------ Gemma3 + vision
 @pytest.fixture(scope="module")
 def multimodal(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, torch.Tensor]:
