@@ -21,7 +21,9 @@ ATTN_CAP, FINAL_CAP = 2.0, 3.0
 class Spec:
     model_type: str
     kwargs: dict[str, Any]
-    old_style: dict[str, Any]  # transformers 4 keys that replace rope_parameters in a hand-written config.json
+    # transformers 4 keys that replace rope_parameters in a hand-written config.json, or the llama-era names
+    # a GPT-2-era config class also reads (its attribute_map)
+    old_style: dict[str, Any]
     card: tuple[str, ...]  # what `lmconvert inspect` must say
     old_drop: tuple[str, ...] = ()  # further keys a transformers 4 file lacks (derived by transformers)
     layer_types: tuple[list[str], tuple[str, ...]] | None = None  # a non-default layer_types, the kinds it means
@@ -193,7 +195,10 @@ SPECS: dict[str, Spec] = {
               "score scale applied to q before q.k", "FFN: GeLU (erf), d_ff 96", "biases: q, k, v, o, mlp")),
     # head_dim 44 with 30 rotary dims: int(44 * 30/44) would be 29 (refused as odd)
     "gptj": Spec(  # q.k in fp32: our layers run eager under either backend, so compared with transformers' eager
-        "gptj", dict(hidden_size=176, rotary_dim=30, n_inner=80, eos_token_id=1), old_style={}, sdpa=False,
+        "gptj", dict(hidden_size=176, rotary_dim=30, n_inner=80, eos_token_id=1), sdpa=False, rope=False,
+        old_style={"hidden_size": 176, "num_hidden_layers": 2, "num_attention_heads": 4,
+                   "max_position_embeddings": 128},
+        old_drop=("n_embd", "n_layer", "n_head", "n_positions"),
         card=("LayerNorm, eps=1e-05, bias, weight in fp32", "parallel attn+MLP, shared norm",
               "parallel sum: attn+mlp+h", "RoPE interleaved, theta=10000, 30 rotary dims", "q.k in fp32",
               "FFN: GeLU (tanh, written out), d_ff 80", "biases: mlp, lm_head", "embeddings: untied")),
@@ -213,15 +218,17 @@ SPECS: dict[str, Spec] = {
               "biases: q, k, v, o, mlp", "attention: MHA, 4 heads")),
     "bloom": Spec(  # six heads: ALiBi's interleaved extra slopes
         "bloom", dict(hidden_size=72, num_attention_heads=6, apply_residual_connection_post_layernorm=True,
-                      eos_token_id=1), old_style={},
+                      eos_token_id=1), rope=False,
+        old_style={"num_hidden_layers": 2, "num_attention_heads": 6}, old_drop=("n_layer", "n_head"),
         card=("LayerNorm, eps=1e-05, bias, weight in fp32", "pre-norm", "residual taken after the norm",
               "embedding norm", "positions: ALiBi (BLOOM's: slope x k, inside the score matmul) (all layers)",
               "FFN: GeLU (tanh, BLOOM's constants), d_ff 288", "biases: q, k, v, o, mlp", "embeddings: tied"),
         not_on_card=("RoPE",)),
     "mpt": Spec(  # six heads: MPT's slopes over eight, odd-numbered first
         "mpt", dict(hidden_size=72, num_attention_heads=6, attn_config={"softmax_scale": 0.2, "clip_qkv": 1.5},
-                    eos_token_id=1),
-        old_style={},
+                    eos_token_id=1), rope=False,
+        old_style={"hidden_size": 72, "num_hidden_layers": 2, "num_attention_heads": 6},
+        old_drop=("d_model", "n_layers", "n_heads"),
         card=("LayerNorm, eps=1e-05, weight in fp32", "pre-norm", "score scale: 0.2", "q, k, v clamped to +-1.5",
               "positions: ALiBi (MPT's slopes, slope x (k - last k), in fp32) (all layers)",
               "FFN: GeLU (erf), d_ff 288", "biases: none", "embeddings: tied"),

@@ -4,8 +4,8 @@ gptj, phi, gpt_neox, bloom, mpt, falcon, the mixtures of experts, minicpm3.
 
 Every family is a tiny transformers model with every parameter perturbed, run on sequences several
 times longer than its sliding window, with soft-caps small enough to bite. For each family:
-fp32 parity (straight from the HF directory and through a canonical one), bf16 faithfulness and
-bit-exactness, a bit-exact HF -> canonical -> HF round trip, cached decoding, both config.json
+fp32 parity (straight from the HF directory and through a canonical one), bf16 and fp16 faithfulness,
+bf16 bit-exactness, a bit-exact HF -> canonical -> HF round trip, cached decoding, both config.json
 styles, honoured `layer_types`, and the architecture card. Then the cross-family export matrix and the
 Gemma3ForConditionalGeneration text path.
 """
@@ -133,11 +133,14 @@ def test_fp32_parity(name: str, checkpoint: Callable[..., Path], canonical: Call
 
 
 @pytest.mark.parametrize("name", NAMES)
-def test_bf16_faithfulness(name: str, checkpoint: Callable[..., Path]) -> None:
-    src = checkpoint(name, torch.bfloat16)
-    exact = hf_logits(src, torch.float32)  # the same bf16 weights, upcast
-    reference_error = float((hf_logits(src, torch.bfloat16) - exact).abs().mean())
-    ours_error = float((our_logits(src, torch.bfloat16) - exact).abs().mean())
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
+def test_half_faithfulness(name: str, dtype: torch.dtype, checkpoint: Callable[..., Path]) -> None:
+    """In each half type, our error against the same half weights run in fp32 is at most
+    FAITHFULNESS x transformers' own error in that type."""
+    src = checkpoint(name, dtype)
+    exact = hf_logits(src, torch.float32)  # the same half weights, upcast
+    reference_error = float((hf_logits(src, dtype) - exact).abs().mean())
+    ours_error = float((our_logits(src, dtype) - exact).abs().mean())
     assert reference_error > 0
     assert ours_error <= FAITHFULNESS * reference_error, (ours_error, reference_error)
 
@@ -195,11 +198,7 @@ def transformers4_style(spec: Spec) -> Callable[[dict[str, Any]], dict[str, Any]
     return edit
 
 
-# families whose config.json has no RoPE keys, so no second (transformers 4) style of them
-NO_ROPE_KEYS = ("gptj", "bloom", "mpt")
-
-
-@pytest.mark.parametrize("name", [n for n in NAMES if n not in NO_ROPE_KEYS])
+@pytest.mark.parametrize("name", NAMES)
 def test_both_config_styles(name: str, checkpoint: Callable[..., Path], tmp_path: Path) -> None:
     spec = SPECS[name]
     new = checkpoint(name)
@@ -1016,6 +1015,8 @@ def test_cross_family_export(source: str, target: str, refusal: str | None, chec
     if refusal is not None:
         assert result.exit_code == 2, result.output
         assert refusal in result.output, result.output
+        # every refusal names what the target lacks, or what it always has that the model lacks
+        assert f"{target} cannot express" in result.output or f"{target} always has" in result.output, result.output
         assert "export to the source family instead" in result.output
         assert not out.exists()
         return
@@ -1024,6 +1025,20 @@ def test_cross_family_export(source: str, target: str, refusal: str | None, chec
     assert config["model_type"] == FAMILIES[target].model_types[0]
     assert config["architectures"] == [FAMILIES[target].architecture]
     assert max_abs(hf_logits(out), hf_logits(checkpoint(source))) <= FP32_TOL
+
+
+def test_smollm3_rotating_every_layer_exports_as_llama(tmp_path: Path) -> None:
+    """#14's example of an exact pair outside the matrix's sources: a SmolLM3 whose every layer uses
+    RoPE (`no_rope_layers` all 1) and no window is a LLaMA, written as one with equal logits."""
+    model = build_model("smollm3", num_hidden_layers=4, no_rope_layers=[1, 1, 1, 1], eos_token_id=1,
+                        rope_parameters={"rope_type": "default", "rope_theta": 1e6})
+    src = save_checkpoint(model, tmp_path / "hf")
+    to_canonical(src, tmp_path / "canonical")
+    result = CliRunner().invoke(main, ["convert", str(tmp_path / "canonical"), str(tmp_path / "llama"), "--to", "hf",
+                                       "--family", "llama"])
+    assert result.exit_code == 0, result.output
+    assert json.loads((tmp_path / "llama" / "config.json").read_text())["model_type"] == "llama"
+    assert max_abs(hf_logits(tmp_path / "llama"), hf_logits(src)) <= FP32_TOL
 
 
 # ------------------------------------------------------------------------------------------------ Gemma3 + vision

@@ -31,7 +31,8 @@ FP32_MAX_ABS = 1e-5
 # transformers model_type -> llama.cpp architecture, as convert_hf_to_gguf.py registers them
 LLAMA_CPP_ARCH = {"llama": "llama", "mistral": "llama", "qwen2": "qwen2", "qwen3": "qwen3", "gemma2": "gemma2",
                   "gemma3_text": "gemma3", "olmo2": "olmo2", "phi3": "phi3", "gpt2": "gpt2",
-                  "starcoder2": "starcoder2", "stablelm": "stablelm", "nemotron": "nemotron"}
+                  "starcoder2": "starcoder2", "stablelm": "stablelm", "nemotron": "nemotron", "bloom": "bloom",
+                  "falcon": "falcon"}
 # tiny configs whose every variant llama.cpp can state: Gemma's score scale is head_dim (llama.cpp's
 # rule below 27B), Gemma 3's local RoPE base is llama.cpp's hard-coded 10000
 FAMILIES: dict[str, dict[str, Any]] = {
@@ -58,16 +59,27 @@ FAMILIES: dict[str, dict[str, Any]] = {
                      rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.5}),
     "stablelm": dict(use_qkv_bias=True, use_parallel_residual=False,
                      rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.25}),
+    # six heads (ALiBi's interleaved extra slopes) and an eps of its own, which transformers' GGUF loader
+    # reads; the keys BLOOM has not are what llama.cpp states (4 x hidden, one KV head per head)
+    "bloom": dict(hidden_size=96, num_attention_heads=6, layer_norm_epsilon=1e-4, num_key_value_heads=6,
+                  intermediate_size=384),
+    # Falcon-7B's layout (parallel, one norm, one KV head), the one transformers' GGUF loader assumes,
+    # with its eps (it reads none); llama.cpp states 2048 positions and d_ff as 4 x hidden, Falcon's
+    # default; the other layouts: FALCON_LAYOUTS
+    "falcon": dict(num_key_value_heads=1, intermediate_size=256, max_position_embeddings=2048),
 }
 # what llama.cpp's file says differently from the model's config: it writes GPT-2's `output` even when tied
-METADATA_DIFFERS: dict[str, dict[str, Any]] = {"gpt2": {"tie_word_embeddings": False}}
+# and BLOOM's context length as n_embed (it has no position limit)
+METADATA_DIFFERS: dict[str, dict[str, Any]] = {"gpt2": {"tie_word_embeddings": False},
+                                               "bloom": {"max_position_embeddings": 96}}
 # config keys a family spells its own way: GPT-2's d_ff is n_inner (the tiny model's is 4 * n_embd)
-OWN_SPELLING: dict[str, dict[str, str]] = {"gpt2": {"intermediate_size": "n_inner"}}
+OWN_SPELLING: dict[str, dict[str, str]] = {"gpt2": {"intermediate_size": "n_inner"},
+                                           "falcon": {"intermediate_size": "ffn_hidden_size"}}
 # transformers' GGUF loader builds these; what its metadata reading misses is kept out of the
 # comparisons with it: it reads no attention_bias for llama (it drops the biases) and no
 # attention.key_length for qwen3 (it assumes the default head_dim, 128), nor nemotron's biases
 TRANSFORMERS_LOADS = ("llama", "mistral", "qwen2", "qwen3", "gemma2", "gemma3_text", "phi3", "gpt2", "starcoder2",
-                      "stablelm", "nemotron")
+                      "stablelm", "nemotron", "bloom", "falcon")
 TRANSFORMERS_OVERRIDES = {"llama": dict(attention_bias=False), "qwen3": dict(head_dim=128),
                           "nemotron": dict(attention_bias=False, mlp_bias=False)}
 TEXT = ("The capital of France is Paris. 北京是中国的首都。 def f(x):\n    return x ** 2  # 🚀✨ "
@@ -99,8 +111,8 @@ def write_gguf(model: torch.nn.Module, path: Path, *, quant: str | None = None, 
     `raw_types` stores the named GGUF tensors as zero blocks of another type."""
     cfg = model.config
     arch = LLAMA_CPP_ARCH[cfg.model_type]
-    if arch == "gpt2":
-        return write_gpt2_gguf(model, path, quant=quant, name=name)
+    if arch in OWN_WRITERS:
+        return OWN_WRITERS[arch](model, path, quant=quant, name=name)
     writer = gguf.GGUFWriter(str(path), arch)
     writer.add_name(name)
     writer.add_context_length(cfg.max_position_embeddings)
@@ -205,9 +217,7 @@ def write_gpt2_gguf(model: torch.nn.Module, path: Path, *, quant: str | None = N
     writer.add_feed_forward_length(4 * cfg.n_embd)
     writer.add_head_count(cfg.n_head)
     writer.add_layer_norm_eps(cfg.layer_norm_epsilon)
-    # transformers' GGUF loader reads GPT-2's vocabulary size from the token list only
-    add_tokenizer(writer, {"model": "gpt2", "tokens": [f"<{i}>" for i in range(cfg.vocab_size)],
-                           "types": [1] * cfg.vocab_size, "merges": [], "bos": 0, "eos": 1})
+    add_tokenizer(writer, numbered_vocabulary(cfg.vocab_size))
     writer.add_file_type(gguf.LlamaFileType.MOSTLY_Q8_0 if quant == "Q8_0" else gguf.LlamaFileType.ALL_F32)
     tensors: dict[str, torch.Tensor] = {}
     names = gguf.get_tensor_name_map(gguf.MODEL_ARCH.GPT2, cfg.n_layer)
@@ -219,6 +229,92 @@ def write_gpt2_gguf(model: torch.nn.Module, path: Path, *, quant: str | None = N
             t = t.t().contiguous()
         tensors[gguf_name] = t
     return write_tensors(writer, tensors, quant, path)
+
+
+def layer_norm_model_writer(path: Path, arch: str, cfg: Any, name: str, context: int, kv_heads: int,
+                            quant: str | None) -> gguf.GGUFWriter:
+    """The metadata llama.cpp's BloomModel and FalconModel both write: d_ff stated as 4 x hidden
+    whatever config.json says, a LayerNorm eps, and (for transformers' GGUF loader, which reads the
+    vocabulary size from it) a token list."""
+    writer = gguf.GGUFWriter(str(path), arch)
+    writer.add_name(name)
+    writer.add_context_length(context)
+    writer.add_embedding_length(cfg.hidden_size)
+    writer.add_feed_forward_length(4 * cfg.hidden_size)
+    writer.add_block_count(cfg.num_hidden_layers)
+    writer.add_head_count(cfg.num_attention_heads)
+    writer.add_head_count_kv(kv_heads)
+    writer.add_layer_norm_eps(cfg.layer_norm_epsilon)
+    add_tokenizer(writer, numbered_vocabulary(cfg.vocab_size))
+    writer.add_file_type(gguf.LlamaFileType.MOSTLY_Q8_0 if quant == "Q8_0" else gguf.LlamaFileType.ALL_F32)
+    return writer
+
+
+def write_bloom_gguf(model: torch.nn.Module, path: Path, *, quant: str | None = None, name: str = "tiny") -> Path:
+    """llama.cpp's BloomModel (convert_hf_to_gguf.py): the context length stated as n_embed when
+    config.json has no seq_length, the per-head fused qkv
+    ([q_h; k_h; v_h] for each head) reordered to [q | k | v] rows, weight and bias alike."""
+    cfg = model.config
+    n_head, n_embed = cfg.n_head, cfg.hidden_size
+    writer = layer_norm_model_writer(path, "bloom", cfg, name, getattr(cfg, "seq_length", n_embed), n_head, quant)
+    names = gguf.get_tensor_name_map(gguf.MODEL_ARCH.BLOOM, cfg.n_layer)
+    tensors: dict[str, torch.Tensor] = {}
+    for hf_name, t in model.state_dict().items():
+        if hf_name == "lm_head.weight" and cfg.tie_word_embeddings:  # not in a tied checkpoint's files
+            continue
+        base, _, suffix = hf_name.removeprefix("transformer.").rpartition(".")
+        t = t.detach().float().clone()
+        if base.endswith("query_key_value"):
+            per_head = t.reshape(n_head, 3, n_embed // n_head, *t.shape[1:])
+            t = torch.cat([per_head[:, i].reshape(n_embed, *t.shape[1:]) for i in range(3)])
+        tensors[f"{names.get_name(base)}.{suffix}"] = t
+    return write_tensors(writer, tensors, quant, path)
+
+
+def falcon_kv_heads(cfg: Any) -> int:
+    """The KV head count llama.cpp's converter finds in the original config.json: num_kv_heads where
+    the layout uses it, else none stated (Falcon-7B's hub config), so 1; a multi-head file states
+    num_kv_heads = the head count, as transformers saves it."""
+    if cfg.new_decoder_architecture or not cfg.multi_query:
+        return cfg.num_kv_heads
+    return 1
+
+
+def write_falcon_gguf(model: torch.nn.Module, path: Path, *, quant: str | None = None, name: str = "tiny",
+                      extra: dict[str, torch.Tensor] | None = None) -> Path:
+    """llama.cpp's FalconModel (convert_hf_to_gguf.py): 2048 positions whatever config.json says, no
+    RoPE keys, the fused qkv reordered from Falcon's per-KV-group layout ([q heads of the group; k;
+    v] per group) to [q | k | v] rows. `extra`: tensors a file might also hold, which llama.cpp's
+    falcon does not run."""
+    cfg = model.config
+    n_head, hidden, n_kv = cfg.num_attention_heads, cfg.hidden_size, falcon_kv_heads(cfg)
+    head_dim = hidden // n_head
+    writer = layer_norm_model_writer(path, "falcon", cfg, name, 2048, n_kv, quant)
+    writer.add_tensor_data_layout("jploski")
+    names = gguf.get_tensor_name_map(gguf.MODEL_ARCH.FALCON, cfg.num_hidden_layers)
+    tensors: dict[str, torch.Tensor] = {}
+    for hf_name, t in model.state_dict().items():
+        if hf_name == "lm_head.weight" and cfg.tie_word_embeddings:
+            continue
+        base, _, suffix = hf_name.rpartition(".")
+        t = t.detach().float().clone()
+        if base.endswith("query_key_value"):
+            qkv = t.view(n_kv, n_head // n_kv + 2, head_dim, hidden)
+            kv_rows = n_kv * head_dim
+            t = torch.cat((qkv[:, :-2].reshape(n_head * head_dim, hidden), qkv[:, [-2]].reshape(kv_rows, hidden),
+                           qkv[:, [-1]].reshape(kv_rows, hidden)))
+        tensors[f"{names.get_name(base)}.{suffix}"] = t
+    return write_tensors(writer, {**tensors, **(extra or {})}, quant, path)
+
+
+OWN_WRITERS = {"gpt2": write_gpt2_gguf, "bloom": write_bloom_gguf, "falcon": write_falcon_gguf}
+
+
+def numbered_vocabulary(size: int) -> dict[str, Any]:
+    """A token list of the model's size: transformers' GGUF loader reads GPT-2's, BLOOM's and Falcon's
+    vocabulary size from it only."""
+    return {"model": "gpt2", "tokens": [f"<{i}>" for i in range(size)], "types": [1] * size, "merges": [],
+            "bos": 0, "eos": 1}
 
 
 def write_tensors(writer: gguf.GGUFWriter, tensors: dict[str, torch.Tensor], quant: str | None, path: Path) -> Path:
@@ -430,8 +526,9 @@ def test_llama3_factors_match_transformers_inv_freq() -> None:
     assert ((factors > 1) & (factors < 8)).any()  # the smooth band is exercised
 
 
-def test_cli_convert_verify_export(tmp_path: Path) -> None:
-    model, path = gguf_of("llama", tmp_path, quant="Q8_0", overrides=TRANSFORMERS_OVERRIDES["llama"])
+@pytest.mark.parametrize("model_type", ["llama", "bloom", "falcon"])
+def test_cli_convert_verify_export(model_type: str, tmp_path: Path) -> None:
+    _, path = gguf_of(model_type, tmp_path, quant="Q8_0", overrides=TRANSFORMERS_OVERRIDES.get(model_type))
     code, _, err = cli("convert", path, tmp_path / "canonical")
     assert code == 0, err
     meta = json.loads((tmp_path / "canonical" / "lmconvert.json").read_text())
@@ -599,3 +696,40 @@ def test_stablelm_parallel_residual_is_read(tmp_path: Path) -> None:
     assert open_source(path).config["use_parallel_residual"] is True
     ids = token_batch(seq=40)
     assert (logits_of(lmconvert.load(path, attention="eager"), ids) - logits_of(model, ids)).abs().max() == 0.0
+
+
+# Falcon's layouts llama.cpp's falcon runs (every one parallel): transformers' GGUF loader reads each
+# file as Falcon-7B's, so these are checked against the original model
+FALCON_LAYOUTS: dict[str, tuple[dict[str, Any], str, int]] = {  # overrides, norm placement, KV heads
+    "7b": ({}, "parallel_shared", 1),
+    "40b": (dict(new_decoder_architecture=True, num_kv_heads=2, num_ln_in_parallel_attn=2, tie_word_embeddings=False),
+            "parallel_separate", 2),
+    "11b": (dict(new_decoder_architecture=True, num_kv_heads=2, num_ln_in_parallel_attn=1), "parallel_shared", 2),
+    "multi-head": (dict(multi_query=False, num_kv_heads=4), "parallel_shared", 4),
+}
+
+
+@pytest.mark.parametrize("layout", list(FALCON_LAYOUTS))
+def test_falcon_layouts_import_as_themselves(layout: str, tmp_path: Path) -> None:
+    overrides, placement, kv_heads = FALCON_LAYOUTS[layout]
+    model, path = gguf_of("falcon", tmp_path, overrides=overrides)
+    ours = lmconvert.load(path, attention="eager")
+    assert (ours.cfg.norm_placement, ours.cfg.n_kv_heads) == (placement, kv_heads)
+    assert ours.cfg.tie_embeddings == model.config.tie_word_embeddings
+    ids = token_batch(seq=40)
+    assert (logits_of(ours, ids) - logits_of(model, ids)).abs().max().item() == 0.0
+
+
+@pytest.mark.parametrize(("extra", "fragment"), [
+    ("blk.0.attn_qkv.bias", "linear biases, Falcon's bias=true"),
+    ("blk.0.ffn_norm.weight", "a sequential block, Falcon's parallel_attn=false"),
+])
+def test_falcon_layouts_llama_cpp_does_not_run_are_refused_by_name(extra: str, fragment: str, tmp_path: Path) -> None:
+    """Falcon-RW's sequential blocks and linear biases: llama.cpp's falcon has neither (nor ALiBi,
+    which no GGUF key can state), so a file holding their tensors is refused, naming them."""
+    model = build_model("falcon", **FAMILIES["falcon"])
+    rows = model.transformer.h[0].self_attention.query_key_value.out_features
+    tensor = torch.zeros(rows if "qkv" in extra else model.config.hidden_size)
+    path = write_falcon_gguf(model, tmp_path / "rw.gguf", extra={extra: tensor})
+    line = one_line_error(path, tmp_path / "out")
+    assert f"holds {extra}: {fragment}" in line and str(path) in line

@@ -135,6 +135,21 @@ def test_each_operation_order_decides_bf16_bits(family: str, field: str, other: 
     assert not torch.equal(ours(src, torch.bfloat16, **{field: other}), ref), (family, field)
 
 
+@pytest.mark.parametrize("family", ["opt", "xglm", "gpt_neox"])
+def test_layernorm_weight_order_decides_bf16_bits(family: str, checkpoint: Callable[..., Path]) -> None:
+    """torch's LayerNorm kernel applies weight and bias in fp32 before the one cast back: in that
+    order these families are transformers' bit for bit in bf16, with the weight applied after the
+    cast they are not."""
+    spec = SPECS[family]
+    src = checkpoint(spec.model_type, torch.bfloat16, **spec.kwargs)
+    ref = reference(src, torch.bfloat16)
+    norm = lmconvert.load(src).cfg.norm
+    assert norm.dtype_order == "scale_then_cast"
+    assert torch.equal(ours(src, torch.bfloat16), ref)
+    wrong = dataclasses.replace(norm, dtype_order="cast_then_scale")
+    assert not torch.equal(ours(src, torch.bfloat16, norm=wrong), ref), family
+
+
 def test_per_layer_score_scale_bites(checkpoint: Callable[..., Path]) -> None:
     src = checkpoint("gpt2", torch.float32, **SPECS["gpt2"].kwargs)
     ref = reference(src, torch.float32)

@@ -1,6 +1,7 @@
 """Per-family figures against transformers on CPU, for the family table: fp32 max |Δlogit| (eager on
 both sides), the bf16 faithfulness ratio (our mean error over transformers' own, both against the
-same bf16 weights run in fp32) and whether our bf16 logits equal transformers' bit for bit.
+same bf16 weights run in fp32), whether our bf16 logits equal transformers' bit for bit, and the
+fp16 faithfulness ratio.
 
 The models are the tiny perturbed ones of tests/family_specs.py (SPECS), then those of the latent-
 and sparse-attention families' own tests (tests/test_mla.py, tests/test_dsa.py: DeepSeek-V3.2 with
@@ -33,25 +34,35 @@ MODELS: dict[str, tuple[str, dict]] = {
 
 
 @torch.no_grad()
-def figures(name: str, root: Path) -> tuple[float, float, bool]:
+def half(model: torch.nn.Module, root: Path, dtype: torch.dtype) -> tuple[float, bool]:
+    """Our mean error over transformers' own in `dtype`, both against the same half weights run in
+    fp32, and whether our logits equal transformers' bit for bit."""
+    path = save_checkpoint(model, root, dtype)
+    exact = load_reference(path)(IDS).logits.float()
+    theirs = load_reference(path, dtype)(IDS).logits
+    ours = lmconvert.load(path, dtype=dtype, attention="eager")(IDS)
+    return float((ours.float() - exact).abs().mean() / (theirs.float() - exact).abs().mean()), torch.equal(ours, theirs)
+
+
+@torch.no_grad()
+def figures(name: str, root: Path) -> tuple[float, float, bool, float]:
     model_type, kwargs = MODELS[name]
+    stem = name.replace(" ", "-")
     model = build_model(model_type, **kwargs)
-    fp32 = save_checkpoint(model, root / f"{name.replace(' ', '-')}-fp32")
-    bf16 = save_checkpoint(model, root / f"{name.replace(' ', '-')}-bf16", torch.bfloat16)
+    fp32 = save_checkpoint(model, root / f"{stem}-fp32")
     delta = float((lmconvert.load(fp32, attention="eager")(IDS) - load_reference(fp32)(IDS).logits).abs().max())
-    exact = load_reference(bf16)(IDS).logits.float()
-    theirs = load_reference(bf16, torch.bfloat16)(IDS).logits
-    ours = lmconvert.load(bf16, dtype=torch.bfloat16, attention="eager")(IDS)
-    ratio = float((ours.float() - exact).abs().mean() / (theirs.float() - exact).abs().mean())
-    return delta, ratio, torch.equal(ours, theirs)
+    ratio, same = half(model, root / f"{stem}-bf16", torch.bfloat16)
+    # a fresh model: saving rounds the one in hand (save_checkpoint casts it back to fp32)
+    fp16_ratio, _ = half(build_model(model_type, **kwargs), root / f"{stem}-fp16", torch.float16)
+    return delta, ratio, same, fp16_ratio
 
 
 def main(names: list[str]) -> None:
-    print(f"{'family':<16} {'fp32 max |d|':>13} {'bf16 ratio':>11}  bf16 bit-exact")
+    print(f"{'family':<16} {'fp32 max |d|':>13} {'bf16 ratio':>11}  bf16 bit-exact  {'fp16 ratio':>10}")
     with tempfile.TemporaryDirectory() as tmp:
         for name in names or list(MODELS):
-            delta, ratio, same = figures(name, Path(tmp))
-            print(f"{name:<16} {delta:>13.3g} {ratio:>11.4f}  {'yes' if same else 'no'}")
+            delta, ratio, same, fp16_ratio = figures(name, Path(tmp))
+            print(f"{name:<16} {delta:>13.3g} {ratio:>11.4f}  {'yes' if same else 'no':<14}  {fp16_ratio:>10.4f}")
 
 
 if __name__ == "__main__":

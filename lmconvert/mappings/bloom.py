@@ -5,7 +5,8 @@ the interleaved extras for a head count that is no power of two); a LayerNorm on
 (`word_embeddings_layernorm`); `apply_residual_connection_post_layernorm` takes each sublayer's
 residual after its norm; the MLP is 4 x hidden with BLOOM's own tanh GeLU; q, k, v, o and the MLP
 always have biases; tied embeddings by default (`tie_word_embeddings`); GPT-2 style names for the
-layer and head counts (`n_layer`, `n_head`; `n_embed` in older files); no position limit (ALiBi);
+layer and head counts (`n_layer`, `n_head`, also read as `num_hidden_layers`, `num_attention_heads`,
+BloomConfig's attribute_map; `n_embed` in older files); no position limit (ALiBi);
 `pretraining_tp` > 1 with `slow_but_exact` splits the output projections into slices summed in
 order, which is refused; `hidden_dropout` (training only).
 """
@@ -21,6 +22,7 @@ from .config_table import ConfigTable, Entry, fixed, plain
 from .errors import MappingError
 from .family import Family
 from .gpt_neox import fused_qkv
+from .hf_alias import aliased
 from .hf_config import HfConfig, Key
 from .table import Rule, TensorTable
 
@@ -59,8 +61,8 @@ CONFIG = ConfigTable((
     plain("vocab_size", "vocab_size", int, 250880),
     Entry("hidden_size", (Key("hidden_size", int, 64), Key("n_embed", int, None, legacy=True)), hidden_from_hf,
           lambda cfg: {"hidden_size": cfg.d_model}),
-    plain("n_layer", "n_layers", int, 2),
-    plain("n_head", "n_heads", int, 8),
+    aliased("n_layer", "num_hidden_layers", "n_layers", int, 2),
+    aliased("n_head", "num_attention_heads", "n_heads", int, 8),
     plain("tie_word_embeddings", "tie_embeddings", bool, True),
     gptj.layer_norm("layer_norm_epsilon", 1e-5),
     Entry("apply_residual_connection_post_layernorm",

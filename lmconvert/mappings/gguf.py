@@ -19,8 +19,8 @@ What llama.cpp's converter changes, each undone by the table the way transformer
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from dataclasses import dataclass, field
+from collections.abc import Callable, Collection, Mapping
+from dataclasses import dataclass, field, replace
 from functools import cache
 from typing import Any
 
@@ -48,6 +48,14 @@ class GgufArch:
     table: TensorTable | None = None  # a table of its own (GPT-2: fused qkv, positions, norm biases)
     experts: bool = False  # a mixture of experts on every layer (stacked experts), no dense FFN
     partial_rotary: bool = False  # `rope.dimension_count` rotates part of each head (StableLM)
+    # (tensor, entry): a file holding that tensor is read as that entry instead (Falcon-40B's second norm)
+    variants: tuple[tuple[str, GgufArch], ...] = ()
+    derived: Callable[[Mapping[str, Any]], dict[str, Any]] | None = None  # HF keys computed from the others
+    refused: Mapping[str, str] = field(default_factory=dict)  # tensor -> the layout it means, which is refused
+
+    def holding(self, tensors: Collection[str]) -> GgufArch:
+        """The entry for a file holding these tensors: a variant's, if it holds the variant's tensor."""
+        return next((variant for tensor, variant in self.variants if tensor in tensors), self)
 
     @property
     def tensors(self) -> TensorTable:
@@ -262,3 +270,73 @@ ARCHS["nemotron"] = GgufArch("nemotron", keys={"attention.layer_norm_epsilon": "
                              defaults={"hidden_act": "relu2"},
                              bias_flags={"attention_bias": "blk.0.attn_q.bias", "mlp_bias": "blk.0.ffn_up.bias"},
                              norm_eps="attention.layer_norm_epsilon", partial_rotary=True, table=_nemotron_table())
+
+
+def _bloom_table() -> TensorTable:
+    """llama.cpp's BLOOM (`BloomModel`): its converter reorders the per-head fused qkv
+    ([q_h; k_h; v_h] for each head) to GPT-2's [q | k | v] rows, weight and bias alike; the
+    embedding LayerNorm is `token_embd_norm`; every norm and linear has a bias; `output` only when
+    the checkpoint stores an lm_head."""
+    norms = (("attn_norm", "attn_norm"), ("ffn_norm", "mlp_norm"))
+    return TensorTable((
+        Rule("token_embd.weight", "embed.weight", PADDED),
+        *(Rule(f"token_embd_norm.{p}", f"embed_norm.{p}") for p in ("weight", "bias")),
+        *(Rule(f"blk.{{}}.attn_qkv.{p}", f"layers.{{}}.attn.{c}.{p}", Piece(("q", "q", "q"), i))
+          for p in ("weight", "bias") for i, c in enumerate("qkv")),
+        *(Rule(f"blk.{{}}.{g}.{p}", f"layers.{{}}.{c}.{p}") for g, c in norms for p in ("weight", "bias")),
+        *(rule for g, c in (("attn_output", "attn.o"), ("ffn_up", "mlp.up"), ("ffn_down", "mlp.down"))
+          for rule in _weight_and_bias(g, c, IDENTITY)),
+        Rule("output_norm.weight", "final_norm.weight"), Rule("output_norm.bias", "final_norm.bias"),
+        Rule("output.weight", "lm_head.weight", PADDED),
+    ))
+
+
+# llama.cpp's BLOOM graph adds each sublayer to its un-normed input: a model with
+# apply_residual_connection_post_layernorm has no GGUF form, and the file cannot say so
+ARCHS["bloom"] = GgufArch("bloom", keys={"attention.layer_norm_epsilon": "layer_norm_epsilon"},
+                          norm_eps="attention.layer_norm_epsilon", table=_bloom_table())
+
+
+def _falcon_table(norms: tuple[tuple[str, str], ...]) -> TensorTable:
+    """llama.cpp's Falcon (`FalconModel`): its converter reorders the fused qkv from Falcon's per-KV
+    group layout to [q | k | v] rows; LayerNorms with biases, no linear biases, a plain MLP."""
+    return TensorTable((
+        Rule("token_embd.weight", "embed.weight", PADDED),
+        Rule("output.weight", "lm_head.weight", PADDED),
+        Rule("output_norm.weight", "final_norm.weight"), Rule("output_norm.bias", "final_norm.bias"),
+        *(Rule(f"blk.{{}}.{g}.{p}", f"layers.{{}}.{c}.{p}") for g, c in norms for p in ("weight", "bias")),
+        *(Rule("blk.{}.attn_qkv.weight", f"layers.{{}}.attn.{c}.weight", Piece(("q", "kv", "kv"), i))
+          for i, c in enumerate("qkv")),
+        *(Rule(f"blk.{{}}.{g}.weight", f"layers.{{}}.{c}.weight")
+          for g, c in (("attn_output", "attn.o"), ("ffn_up", "mlp.up"), ("ffn_down", "mlp.down"))),
+    ))
+
+
+def _falcon_layout(config: Mapping[str, Any]) -> dict[str, Any]:
+    """llama.cpp runs every Falcon as a parallel block: one KV head and one norm is Falcon-7B's layout
+    (what transformers' GGUF loader assumes for every file), anything else new_decoder_architecture's
+    with the file's KV heads and norms (Falcon-40B/180B: two; Falcon2-11B: one)."""
+    if config["num_key_value_heads"] == 1 and config["num_ln_in_parallel_attn"] == 1:
+        return {"new_decoder_architecture": False, "multi_query": True, "parallel_attn": True}
+    return {"new_decoder_architecture": True, "parallel_attn": True, "num_kv_heads": config["num_key_value_heads"]}
+
+
+# what llama.cpp's falcon cannot run (its converter may still write them): Falcon-RW's layout
+FALCON_REFUSED = {**dict.fromkeys((f"blk.0.{t}.bias" for t in ("attn_qkv", "attn_output", "ffn_up", "ffn_down")),
+                                   "linear biases, Falcon's bias=true"),
+                  "blk.0.ffn_norm.weight": "a sequential block, Falcon's parallel_attn=false"}
+
+
+def _falcon(norms: int, table: TensorTable) -> GgufArch:
+    return GgufArch("falcon", keys={"attention.layer_norm_epsilon": "layer_norm_epsilon",
+                                    "feed_forward_length": "ffn_hidden_size"},
+                    defaults={"activation": "gelu", "bias": False, "alibi": False, "num_ln_in_parallel_attn": norms},
+                    norm_eps="attention.layer_norm_epsilon", table=table, derived=_falcon_layout,
+                    refused=FALCON_REFUSED)
+
+
+# Falcon-40B's second norm (`ln_attn`, `attn_norm_2`) feeds attention, its first (`ln_mlp`) the MLP;
+# Falcon-RW's ALiBi has no GGUF form (llama.cpp's falcon always rotates)
+FALCON_TWO_NORMS = _falcon(2, _falcon_table((("attn_norm_2", "attn_norm"), ("attn_norm", "mlp_norm"))))
+ARCHS["falcon"] = replace(_falcon(1, _falcon_table((("attn_norm", "attn_norm"),))),
+                          variants=(("blk.0.attn_norm_2.weight", FALCON_TWO_NORMS),))

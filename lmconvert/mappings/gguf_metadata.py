@@ -69,7 +69,11 @@ class Metadata(Protocol):
 def hf_config(file: Metadata) -> tuple[dict[str, Any], GgufArch]:
     """The transformers config dict the metadata describes, and the architecture's table entry."""
     arch = str(file.meta["general.architecture"])
-    entry = arch_entry(arch, str(file.meta.get("general.name") or ""))
+    entry = arch_entry(arch, str(file.meta.get("general.name") or "")).holding(file.tensors)
+    for tensor, layout in entry.refused.items():
+        if tensor in file.tensors:
+            raise MappingError(f"holds {tensor}: {layout}, which llama.cpp's {arch} architecture does not run "
+                               "and lmconvert does not read from GGUF; convert the original checkpoint instead")
 
     def key(name: str) -> Any:  # noqa: ANN401 - metadata values are of any type
         return file.meta.get(f"{arch}.{name}")
@@ -107,6 +111,8 @@ def hf_config(file: Metadata) -> tuple[dict[str, Any], GgufArch]:
         config["layer_types"] = _layer_types(file, arch, entry, config["num_hidden_layers"])
     if entry.big_layers is not None:
         config["query_pre_attn_scalar"] = _query_pre_attn_scalar(file, arch, entry, config)
+    if entry.derived is not None:
+        config.update(entry.derived(config))
     for hf_key, gguf_key in TOKEN_IDS.items():
         if file.meta.get(gguf_key) is not None:
             config[hf_key] = int(file.meta[gguf_key])

@@ -6,8 +6,10 @@ parallel and are summed `(attn + mlp) + h`; interleaved RoPE (rotate every two) 
 `rotary_dim` (default 64) of each head, theta fixed at 10000, cos/sin tables in fp32 cast to the
 activation dtype; q and k upcast to fp32 before the scores; no attention biases; a plain MLP with
 biases (`fc_in`, `activation_function` (gelu_new), `fc_out`); an LM head with a bias (so never
-tied); GPT-2 style keys (`n_embd`, `n_layer`, `n_head`, `n_positions`, `n_inner`: None means 4 x
-n_embd) and dropouts (`resid_pdrop`, `embd_pdrop`, `attn_pdrop`, training only); no KV grouping.
+tied); GPT-2 style keys (`n_embd`, `n_layer`, `n_head`, `n_positions`, also read as hidden_size,
+num_hidden_layers, num_attention_heads, max_position_embeddings, GPTJConfig's attribute_map;
+`n_inner`: None means 4 x n_embd) and dropouts (`resid_pdrop`, `embd_pdrop`, `attn_pdrop`,
+training only); no KV grouping.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from . import llama
 from .config_table import ConfigTable, Entry, fixed, plain, unsupported
 from .errors import MappingError
 from .family import Family
+from .hf_alias import aliased
 from .hf_config import HfConfig, Key
 from .table import Rule, TensorTable
 
@@ -69,11 +72,11 @@ TENSORS = TensorTable((
 
 CONFIG = ConfigTable((
     plain("vocab_size", "vocab_size", int, 50400),
-    plain("n_embd", "d_model", int, 4096),
-    plain("n_layer", "n_layers", int, 28),
-    plain("n_head", "n_heads", int, 16),
+    aliased("n_embd", "hidden_size", "d_model", int, 4096),
+    aliased("n_layer", "num_hidden_layers", "n_layers", int, 28),
+    aliased("n_head", "num_attention_heads", "n_heads", int, 16),
     inner_from_hf("n_inner"),
-    plain("n_positions", "max_positions", int, 2048),
+    aliased("n_positions", "max_position_embeddings", "max_positions", int, 2048),
     layer_norm("layer_norm_epsilon", 1e-5),
     llama.activation("activation_function", "gelu_new"),
     Entry("rope", (Key("rotary_dim", int, 64),), rotary_from_hf, rotary_to_hf),

@@ -6,7 +6,9 @@ distance to the last key, kept in fp32 and added after the scaling; no embedding
 before the norm; LayerNorms with a weight and no bias; no biases at all; q, k, v one fused
 projection (`Wqkv`) holding all q rows, then k, then v; the MLP is 4 x d_model with exact GeLU;
 `attn_config.softmax_scale` (None: 1/sqrt(head_dim)) scales the scores; `attn_config.attn_pdrop`
-drops attention weights and each sublayer's output (training only); tied by default.
+drops attention weights and each sublayer's output (training only); tied by default; `d_model`,
+`n_heads`, `n_layers` also read as hidden_size, num_attention_heads, num_hidden_layers (MptConfig's
+attribute_map).
 transformers ignores `expansion_ratio`, `no_bias`, `learned_pos_emb`, `logit_scale`,
 `norm_type`, `emb_pdrop`, `resid_pdrop`, `embedding_fraction`, `alibi`, `alibi_bias_max`, `attn_type`, `qk_ln`
 and `prefix_lm`, so they are read and change nothing; `attn_config.clip_qkv` clamps q, k and v.
@@ -21,6 +23,7 @@ from lmconvert.arch import ArchConfig, NormConfig
 from .config_table import DEFAULT, ConfigTable, Entry, fixed, plain
 from .family import Family
 from .gpt_neox import fused_qkv
+from .hf_alias import aliased
 from .hf_config import HfConfig, Key
 from .table import Rule, TensorTable
 
@@ -65,7 +68,7 @@ def attention_to_hf(cfg: ArchConfig) -> dict[str, Any]:
 
 
 def model_from_hf(hf: HfConfig, _: dict[str, Any]) -> dict[str, Any]:
-    d = hf.get("d_model")
+    d = hf.get("d_model") if hf.stated("d_model") else hf.get("hidden_size")
     return {"d_model": d, "d_ff": 4 * d}  # transformers' MptMLP is 4 x d_model whatever expansion_ratio says
 
 
@@ -77,9 +80,10 @@ IGNORED = (Key("expansion_ratio", int, 4), Key("no_bias", bool, True), Key("lear
 
 CONFIG = ConfigTable((
     plain("vocab_size", "vocab_size", int, 50368),
-    Entry("d_model", (Key("d_model", int, 2048),), model_from_hf, lambda cfg: {"d_model": cfg.d_model}),
-    plain("n_heads", "n_heads", int, 16),
-    plain("n_layers", "n_layers", int, 24),
+    Entry("d_model", (Key("d_model", int, 2048), Key("hidden_size", int, 2048, legacy=True)), model_from_hf,
+          lambda cfg: {"d_model": cfg.d_model}),
+    aliased("n_heads", "num_attention_heads", "n_heads", int, 16),
+    aliased("n_layers", "num_hidden_layers", "n_layers", int, 24),
     plain("max_seq_len", "max_positions", int, 2048),
     plain("tie_word_embeddings", "tie_embeddings", bool, True),
     Entry("norm", (Key("layer_norm_epsilon", float, 1e-5),),
