@@ -31,6 +31,7 @@ class Spec:
     sdpa: bool = True  # transformers runs it with SDPA (GPT-Neo and XGLM have only their own attention)
     rope: bool = True  # config.json states rope_parameters (the families with RoPE)
     bf16_exact: bool = True  # our bf16 logits equal transformers' bf16 logits bit for bit on CPU (False: say why)
+    family: str = ""  # the lmconvert family, where the entry is a second model of one (stablelm_qk); "": its name
 
 
 S, F = "sliding_attention", "full_attention"
@@ -122,6 +123,13 @@ SPECS: dict[str, Spec] = {
         old_style={"rope_theta": 2e4, "partial_rotary_factor": 0.25},
         card=("LayerNorm, eps=1e-05, bias, weight in fp32", "parallel attn+MLP, shared norm", "SwiGLU",
               "RoPE half, theta=20000, 0.25 of head_dim", "biases: q, k, v", "embeddings: untied")),
+    "stablelm_qk": Spec(  # qk_layernorm: one bias-free LayerNorm per head, stored one tensor per head
+        "stablelm", dict(qk_layernorm=True, use_qkv_bias=True, eos_token_id=1,
+                         rope_parameters={"rope_type": "default", "rope_theta": 2e4}),
+        old_style={"rope_theta": 2e4, "partial_rotary_factor": 0.25},
+        card=("LayerNorm, eps=1e-05, bias, weight in fp32", "pre-norm", "QK norm: per head, a weight for each head, "
+              "no bias", "RoPE half, theta=20000, 0.25 of head_dim", "biases: q, k, v", "embeddings: untied"),
+        not_on_card=("parallel",), family="stablelm"),
     "granite": Spec(
         "granite", dict(embedding_multiplier=12.0, attention_multiplier=0.0625, residual_multiplier=0.22,
                         logits_scaling=8.0, attention_bias=True, mlp_bias=True,
@@ -300,6 +308,11 @@ SPECS: dict[str, Spec] = {
               "renormalised, weights in activation dtype", "eps=1e-05", "biases: q, k, v, o")),
 }
 NAMES = list(SPECS)
+
+
+def family_of(name: str) -> str:
+    """The lmconvert family of a SPECS entry."""
+    return SPECS[name].family or name
 TEXT = dict(vocab_size=128, hidden_size=64, intermediate_size=96, num_hidden_layers=3, num_attention_heads=4,
             num_key_value_heads=2, max_position_embeddings=128, head_dim=16, sliding_window=WINDOW,
             query_pre_attn_scalar=24, sliding_window_pattern=2, pad_token_id=0,

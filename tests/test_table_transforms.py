@@ -8,6 +8,7 @@ What each transform restores, exactly as its docstring (mappings/transforms.py) 
   (Fuse's forward refuses pieces whose copies differ, so "every input" is every input it accepts);
 - Trim: forward(inverse(y)) == y always; inverse(forward(x)) == x only when x's padding rows are
   zero: other padding is lost, shown below;
+- Row: stacking the rows and taking each back are exact both ways, for every input;
 - Offset (float32 arithmetic): inverse(forward(x)) == x whenever the float32 subtraction is exact
   and x is not -0.0, so for every x in [c/2, 2c]; not for all x, shown below.
 """
@@ -31,8 +32,8 @@ from lmconvert.mappings.errors import MappingError
 from lmconvert.mappings.gguf import ARCHS, BY_NAME, GgufArch
 from lmconvert.mappings.meta import TENSORS as META_TENSORS
 from lmconvert.mappings.meta import Layout
-from lmconvert.mappings.table import IDENTITY, TensorTable
-from lmconvert.mappings.transforms import Chain, Fuse, Offset, Permute, Piece, PiecesDiffer, Trim, Unstack
+from lmconvert.mappings.table import IDENTITY, Rule, TensorTable
+from lmconvert.mappings.transforms import Chain, Fuse, Offset, Permute, Piece, PiecesDiffer, Row, Trim, Unstack
 
 SETTINGS = settings(max_examples=150, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow])
 DTYPES = (torch.float32, torch.float16, torch.bfloat16, torch.float64, torch.int8, torch.int32)
@@ -243,6 +244,64 @@ def test_pieces_split_and_join_bit_for_bit(q: int, kv: int, cols: int, dim: int,
         assert all(same_bits(s.forward(joined), p) for s, p in zip(steps, pieces, strict=True))
 
 
+# -- Row --------------------------------------------------------------------------------------------
+
+@SETTINGS
+@given(heads=st.integers(1, 6), rest=st.lists(st.integers(1, 4), min_size=1, max_size=2).map(tuple), dtype=dtypes,
+       seed=seeds)
+def test_rows_join_and_split_bit_for_bit(heads: int, rest: tuple[int, ...], dtype: torch.dtype, seed: int) -> None:
+    """StableLM's per-head LayerNorm weights: the rows stack into the canonical tensor, row h of
+    it is stored tensor h, and each row's inverse gives back every bit of it."""
+    canonical = random_bits((heads, *rest), dtype, seed)
+    exports = [Row("heads").bind({"heads": heads, "index": h}) for h in range(heads)]
+    rows = [t.inverse(canonical) for t in exports]
+    assert all(same_bits(row, canonical[h]) for h, row in enumerate(rows))
+    assert rows[0].untyped_storage().data_ptr() != canonical.untyped_storage().data_ptr()  # a copy, not a view
+    joined = Row("heads").bind({"heads": heads}).forward(rows)
+    assert same_bits(joined, canonical)
+    with pytest.raises(MappingError, match=f"{heads + 1} tensors are stored for {heads} rows"):
+        Row("heads").bind({"heads": heads}).forward([*rows, rows[0]])
+
+
+ROWS = TensorTable((Rule("layers.{}.norm.weight", "layers.{}.norm.weight"),
+                    Rule("layers.{}.q.norms.{}.weight", "layers.{}.q_norm.weight", Row("heads"))))
+
+
+def test_a_joining_rule_reads_every_row_in_order_and_writes_each_back() -> None:
+    """Import gathers the rows of each layer, in row order whatever the stored order, into one
+    canonical tensor; export names every row, each bound to its own; the two invert."""
+    sizes = {"heads": 3}
+    stored = ["layers.1.q.norms.2.weight", "layers.0.norm.weight", "layers.0.q.norms.1.weight",
+              "layers.0.q.norms.0.weight", "layers.1.q.norms.0.weight", "layers.0.q.norms.2.weight",
+              "layers.1.norm.weight", "layers.1.q.norms.1.weight"]
+    canonical = [f"layers.{i}.{n}.weight" for i in range(2) for n in ("norm", "q_norm")]
+    plan, dropped = ROWS.plan_import(stored, canonical, sizes)
+    assert dropped == [] and set(plan) == set(canonical)
+    assert plan["layers.1.q_norm.weight"][0] == tuple(f"layers.1.q.norms.{h}.weight" for h in range(3))
+    rows = {name: torch.randn(4) for name in stored}
+    name, t = plan["layers.0.q_norm.weight"]
+    joined = t.forward([rows[n] for n in name])
+    assert torch.equal(joined, torch.stack([rows[f"layers.0.q.norms.{h}.weight"] for h in range(3)]))
+    written = ROWS.plan_export(canonical, sizes)
+    assert set(written) == set(stored)
+    for h in range(3):
+        source, back = written[f"layers.0.q.norms.{h}.weight"]
+        assert source == "layers.0.q_norm.weight"
+        assert torch.equal(back.inverse(joined), rows[f"layers.0.q.norms.{h}.weight"])
+
+
+@pytest.mark.parametrize(("rows", "fragment"), [
+    ((0, 2), "lacks row(s) 1 of 'layers.0.q_norm.weight', which config.json says has 3"),
+    ((0, 1, 2, 3), "has row(s) 3 the config does not use"),
+    ((1, 2, 3), "lacks row(s) 0"),
+])
+def test_a_joined_tensor_with_a_row_missing_or_too_many_is_refused_by_name(rows: tuple[int, ...],
+                                                                            fragment: str) -> None:
+    stored = ["layers.0.norm.weight", *(f"layers.0.q.norms.{h}.weight" for h in rows)]
+    with pytest.raises(MappingError, match=re.escape(fragment)):
+        ROWS.plan_import(stored, ["layers.0.norm.weight", "layers.0.q_norm.weight"], {"heads": 3})
+
+
 # -- Chain ----------------------------------------------------------------------------------------
 
 
@@ -287,6 +346,10 @@ def test_names_invert(name: str, layer: int) -> None:
         written, _ = table.to_stored_name(canonical)
         if rule.canonical.count("{}") > rule.stored.count("{}"):  # fused experts: one per expert, here expert `layer`
             assert canonical in {p.replace("{}", str(layer)) for p, _ in table.expanding(stored)}
+            continue
+        if rule.stored.count("{}") > rule.canonical.count("{}"):  # one stored tensor per row, here row `layer`
+            assert written == rule.stored.replace("{}", str(layer), 1)  # the rows' name, the row's `{}` left
+            assert [c for c, _ in table.to_canonical_names(stored)] == [canonical]
             continue
         pieces = sum(r.stored == rule.stored for r in table.rules)  # a fused tensor's (Phi-3, GPT-2)
         for name in (written, stored):

@@ -92,8 +92,9 @@ def _standard_parts(cfg: ArchConfig) -> dict[str, Part]:
     if cfg.qk_norm_weight == "per_head":  # Cohere: each head its own weight, still normalised over head_dim
         norm_dims = ((cfg.n_heads, cfg.head_dim), (cfg.n_kv_heads, cfg.head_dim))
     if norm_dims:
-        parts["q_norm"] = NormPart(norm_dims[0], cfg.norm)
-        parts["k_norm"] = NormPart(norm_dims[1], cfg.norm)
+        norm = replace(cfg.norm, bias=cfg.qk_norm_bias)  # the block norms' settings, but for the bias
+        parts["q_norm"] = NormPart(norm_dims[0], norm)
+        parts["k_norm"] = NormPart(norm_dims[1], norm)
     return parts
 
 
@@ -107,7 +108,9 @@ def _standard_describe(cfg: ArchConfig) -> list[str]:
     lines = [f"attention: {kind}, {cfg.n_heads} heads / {cfg.n_kv_heads} kv heads, head_dim {cfg.head_dim}"]
     if cfg.qk_norm != "none":
         lines.append(f"QK norm: {'per head' if cfg.qk_norm == 'head' else 'over the whole projection'}"
-                     + (", a weight for each head" if cfg.qk_norm_weight == "per_head" else ""))
+                     + (", a weight for each head" if cfg.qk_norm_weight == "per_head" else "")
+                     + ("" if cfg.qk_norm_bias == cfg.norm.bias else ", with a bias" if cfg.qk_norm_bias
+                        else ", no bias"))
     return lines
 
 

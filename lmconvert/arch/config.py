@@ -251,6 +251,8 @@ class ArchConfig:
     final_norm: bool = True
     qk_norm: str = "none"
     qk_norm_weight: str = "shared"  # "per_head": a QK-norm weight per head, [heads, head_dim] (Cohere)
+    qk_norm_bias: bool | None = None  # whether the QK norms have a bias; None: as the block norms (`norm.bias`).
+    #   False where they have one: StableLM's per-head LayerNorms. Always False without a QK norm
     embed_norm: bool = False  # a norm on the embeddings, before the first block (BLOOM's word_embeddings_layernorm)
     residual_after_norm: bool = False  # pre-norm blocks take the residual after the norm (BLOOM's
     # apply_residual_connection_post_layernorm)
@@ -363,6 +365,7 @@ class ArchConfig:
         _positive("ArchConfig", "clip_qkv", self.clip_qkv, allow_none=True)
         if self.qk_norm_weight == "per_head" and self.qk_norm != "head":
             _fail("ArchConfig", "qk_norm_weight", self.qk_norm_weight, "a weight per head needs qk_norm='head'")
+        self._normalise_qk_norm_bias()
         _positive("ArchConfig", "residual_scale", self.residual_scale)
         if self.parallel_sum != PARALLEL_SUMS[0] and not self.norm_placement.startswith("parallel"):
             _fail("ArchConfig", "parallel_sum", self.parallel_sum, "only parallel blocks have a parallel sum")
@@ -413,6 +416,16 @@ class ArchConfig:
         if moe.dense_layers and moe.dense_layers[-1] >= self.n_layers:
             _fail("ArchConfig", "moe.dense_layers", list(moe.dense_layers),
                   f"names a layer >= n_layers={self.n_layers}")
+
+    def _normalise_qk_norm_bias(self) -> None:
+        """One spelling per model: the block norms' bias where unset, False where there is no QK norm."""
+        value = self.norm.bias if self.qk_norm_bias is None else self.qk_norm_bias
+        if not isinstance(value, bool):
+            _fail("ArchConfig", "qk_norm_bias", value, "must be true, false or null")
+        if value and self.norm.kind != "layer":
+            _fail("ArchConfig", "qk_norm_bias", value,
+                  "an RMSNorm has no bias; QK norms with one need norm.kind='layer'")
+        object.__setattr__(self, "qk_norm_bias", value and self.qk_norm != "none")
 
     def _normalise_attention_settings(self, kind: AttentionKind) -> None:
         """None or a JSON object becomes the kind's settings (defaults where None)."""

@@ -35,6 +35,10 @@ def _fp32(t: torch.Tensor | None) -> torch.Tensor | None:
     return None if t is None else t.float()
 
 
+def _row(t: torch.Tensor | None, index: int) -> torch.Tensor | None:
+    return None if t is None else t[index]
+
+
 class Norm(nn.Module):
     def __init__(self, dim: int | tuple[int, ...], cfg: NormConfig) -> None:
         super().__init__()
@@ -44,8 +48,10 @@ class Norm(nn.Module):
         shape = (dim,) if isinstance(dim, int) else tuple(dim)  # a tuple: weights per leading index
         self.weight = nn.Parameter(torch.full(shape, init)) if cfg.weight else None
         self.bias = nn.Parameter(torch.zeros(shape)) if cfg.bias else None
-        # torch's LayerNorm kernel takes only a weight over the normalised axis
-        self.kernel = len(shape) == 1 and not cfg.written_out
+        # torch's LayerNorm kernel takes only a weight over the normalised axis: weights per head
+        # (StableLM's one nn.LayerNorm per head) go through it one head at a time
+        self.kernel = not cfg.written_out
+        self.per_head = len(shape) > 1
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         dtype = x.dtype
@@ -55,9 +61,10 @@ class Norm(nn.Module):
             # kernel fed fp32 copies of bf16 inputs. An offset is added in the weight's dtype first,
             # as Nemotron's LayerNorm1P does (`weight + 1.0`).
             weight = None if self.weight is None else self._scale(self.weight)
-            if all(t is None or t.dtype == dtype for t in (weight, self.bias)):
-                return F.layer_norm(x, x.shape[-1:], weight, self.bias, self.cfg.eps)
-            return F.layer_norm(x.float(), x.shape[-1:], _fp32(weight), _fp32(self.bias), self.cfg.eps).to(dtype)
+            if not self.per_head:
+                return self._kernel(x, weight, self.bias)
+            return torch.stack([self._kernel(x[..., h, :], _row(weight, h), _row(self.bias, h))
+                                for h in range(x.shape[-2])], dim=-2)
         h = self.normalise(x.float(), self.cfg.eps)
         if self.cfg.dtype_order == "cast_then_scale":
             h = h.to(dtype)
@@ -69,6 +76,11 @@ class Norm(nn.Module):
         if self.bias is not None:
             h = h + self.bias.float()
         return h.to(dtype)
+
+    def _kernel(self, x: torch.Tensor, weight: torch.Tensor | None, bias: torch.Tensor | None) -> torch.Tensor:
+        if all(t is None or t.dtype == x.dtype for t in (weight, bias)):
+            return F.layer_norm(x, x.shape[-1:], weight, bias, self.cfg.eps)
+        return F.layer_norm(x.float(), x.shape[-1:], _fp32(weight), _fp32(bias), self.cfg.eps).to(x.dtype)
 
     def _scale(self, weight: torch.Tensor) -> torch.Tensor:
         return weight + self.cfg.weight_offset if self.cfg.weight_offset else weight

@@ -33,6 +33,8 @@ from .source import CANNOT_LOAD_META, LastRead, Loadable, Source, TensorReader, 
 if TYPE_CHECKING:
     import torch
 
+Source_ = str | tuple[str, ...]  # a stored name, or the rows of one joined tensor
+
 
 def _late(module: str, name: str) -> Callable[[Path], Any]:
     """A format module's function, imported on first call: those modules load torch (or gguf),
@@ -77,7 +79,8 @@ class Checkpoint:
     source: Source
     family: Family
     arch: ArchConfig
-    plan: dict[str, tuple[str, Transform]]  # canonical name -> (name in the source, transform)
+    plan: dict[str, tuple[Source_, Transform]]  # canonical name -> (name in the source, transform); a tuple
+    #   of names: one tensor stored as one per row (StableLM's per-head LayerNorms), the transform stacks them
     dropped: list[str]  # source tensors the family does not use (rotary caches and the like)
     _shared: LastRead | None = field(default=None, repr=False)
 
@@ -102,7 +105,7 @@ class Checkpoint:
     def reader(self) -> TensorReader:
         """The source's tensors, read through a one-tensor memory when the plan reads some stored
         tensor more than once (fused experts), so that each is read once, not once per expert."""
-        sources = [name for name, _ in self.plan.values()]
+        sources = [name for name, _ in self.plan.values()]  # rows of a joined tensor: each read once anyway
         if len(set(sources)) == len(sources):
             return self.source.tensors
         if self._shared is None:
@@ -113,7 +116,7 @@ class Checkpoint:
         """Canonical (name, tensor) pairs, one at a time, in the source's order."""
         reader = self.reader
         for canonical, (name, transform) in self.plan.items():
-            t = transform.forward(reader.get(name))
+            t = transform.forward(_get(reader, name))
             yield canonical, t if dtype is None else t.to(dtype)
 
     def weights(self) -> dict[str, Callable[[], torch.Tensor]]:
@@ -121,7 +124,7 @@ class Checkpoint:
         return {c: partial(self._read, name, t.forward) for c, (name, t) in self.plan.items()}
 
     def _read(self, name: str, forward: Callable[[torch.Tensor], torch.Tensor]) -> torch.Tensor:
-        return forward(self.reader.get(name))
+        return forward(_get(self.reader, name))
 
     def dtype(self) -> str:
         """The model's dtype (torch's name), as config.json means it: recorded for a canonical
@@ -131,8 +134,9 @@ class Checkpoint:
             return self.meta.dtype
         sized = []
         for name, _ in self.plan.values():
-            stored = dtype_name(self.source.tensors, name)
-            sized.append((stored, prod(self.source.tensors.shape(name)) * DTYPES[stored].itemsize))
+            for one in _names(name):
+                stored = dtype_name(self.source.tensors, one)
+                sized.append((stored, prod(self.source.tensors.shape(one)) * DTYPES[stored].itemsize))
         return DTYPES[dominant(sized)].torch_name
 
     def reference(self) -> Loadable:
@@ -222,17 +226,34 @@ PARAMETER_DTYPES = ("F64", "F32", "F16", "BF16")
 def _check_shapes(checkpoint: Checkpoint, shapes: dict[str, tuple[int, ...]]) -> None:
     """Every tensor the decoder reads, in the shape the config implies and a float dtype."""
     tensors = checkpoint.source.tensors
-    for canonical, (name, transform) in checkpoint.plan.items():
-        stored = dtype_name(tensors, name)
-        if stored not in PARAMETER_DTYPES:
-            raise InputError(f"{tensors.where(name)}: tensor {name!r} is {DTYPES[stored].torch_name}, but the decoder "
-                             "uses it as a float parameter; re-export the checkpoint with float16, bfloat16, float32 "
-                             "or float64 weights")
-        shape = tensors.shape(name)
+    for canonical, (names, transform) in checkpoint.plan.items():
+        for name in _names(names):
+            stored = dtype_name(tensors, name)
+            if stored not in PARAMETER_DTYPES:
+                raise InputError(f"{tensors.where(name)}: tensor {name!r} is {DTYPES[stored].torch_name}, but the "
+                                 "decoder uses it as a float parameter; re-export the checkpoint with float16, "
+                                 "bfloat16, float32 or float64 weights")
+        first = _names(names)[0]
+        shape = [tensors.shape(name) for name in names] if isinstance(names, tuple) else tensors.shape(names)
+        if isinstance(names, tuple) and len(set(shape)) > 1:  # rows that torch.stack cannot join
+            odd = next(name for name, one in zip(names, shape, strict=True) if one != shape[0])
+            raise InputError(f"{tensors.where(odd)}: tensor {odd!r} has shape {list(tensors.shape(odd))}, but "
+                             f"{first!r}, another row of {canonical}, has {list(shape[0])}; the checkpoint is "
+                             "inconsistent")
         got = out_shape(transform.forward, shape)
         if canonical in shapes and got != shapes[canonical]:
-            raise InputError(f"{tensors.where(name)}: tensor {name!r} has shape {list(shape)}, "
+            what = f"(and {len(names) - 1} more rows of {canonical}) " if isinstance(names, tuple) else ""
+            raise InputError(f"{tensors.where(first)}: tensor {first!r} {what}has shape {list(tensors.shape(first))}, "
                              f"but config.json implies {list(shapes[canonical])}; check that they match")
+
+
+def _names(name: Source_) -> tuple[str, ...]:
+    return name if isinstance(name, tuple) else (name,)
+
+
+def _get(reader: TensorReader, name: Source_) -> torch.Tensor | list[torch.Tensor]:
+    """The stored tensor, or the rows of a joined one, in order."""
+    return [reader.get(one) for one in name] if isinstance(name, tuple) else reader.get(name)
 
 
 @contextmanager

@@ -6,9 +6,11 @@ each head, also for the default rope type; `use_qkv_bias` switches the q, k and 
 MLP never have one); `use_parallel_residual` makes the block parallel with one shared norm
 (`h + attn(ln(h)) + mlp(ln(h))`, no `post_attention_layernorm`); head_dim is always hidden/heads
 (attention ignores a `head_dim` key while the RoPE tables read it, so one that differs is
-refused). `qk_layernorm` (a separate LayerNorm per head, weights [heads, head_dim]) is refused:
-one per-head weight shared by all heads cannot hold it. `hidden_dropout` drops the MLP output
-only, in training, which no ArchConfig field means: it is checked, not kept.
+refused). `qk_layernorm` adds a LayerNorm per head on q and on k (eps `layer_norm_eps`, torch's
+kernel, a weight and no bias, unlike the block norms), each head its own module, so its weights are
+stored one tensor per head (`q_layernorm.norms.{h}.weight`) and joined into the canonical
+[heads, head_dim] (`k_layernorm` over the KV heads). `hidden_dropout` drops the MLP output only, in
+training, which no ArchConfig field means: it is checked, not kept.
 """
 
 from __future__ import annotations
@@ -18,15 +20,21 @@ from typing import Any
 from lmconvert.arch import ArchConfig, NormConfig
 
 from . import llama, starcoder2
-from .config_table import DEFAULT, Entry, unsupported
+from .config_table import DEFAULT, Entry
 from .errors import MappingError
 from .family import Family
 from .hf_config import HfConfig, Key
 from .hf_rope import rope
 from .table import Rule, TensorTable
+from .transforms import Row
 
+# StableLmLayerNormPerHead: one nn.LayerNorm per head, rows of the canonical [heads, head_dim] weight
+QK_NORM_RULES = (Rule("model.layers.{}.self_attn.q_layernorm.norms.{}.weight", "layers.{}.attn.q_norm.weight",
+                      Row("heads")),
+                 Rule("model.layers.{}.self_attn.k_layernorm.norms.{}.weight", "layers.{}.attn.k_norm.weight",
+                      Row("kv_heads")))
 TENSORS = TensorTable(llama.EDGE_RULES + (Rule("model.norm.bias", "final_norm.bias"),) + llama.ATTENTION_RULES
-                      + llama.MLP_RULES + starcoder2.NORM_RULES)
+                      + llama.MLP_RULES + starcoder2.NORM_RULES + QK_NORM_RULES)
 
 PLACEMENTS = {False: "pre", True: "parallel_shared"}
 
@@ -43,6 +51,17 @@ def head_dim_from_hf(hf: HfConfig, fields: dict[str, Any]) -> dict[str, Any]:
         raise MappingError(f"config.json: head_dim={hf.get('head_dim')} differs from hidden_size / num_attention_heads "
                            f"= {derived}: StableLM's attention ignores it while its RoPE reads it; remove the key")
     return {}
+
+
+def qk_layernorm_from_hf(hf: HfConfig, _: dict[str, Any]) -> dict[str, Any]:
+    if hf.get("qk_layernorm"):
+        return {"qk_norm": "head", "qk_norm_weight": "per_head", "qk_norm_bias": False}
+    return {}
+
+
+def qk_layernorm_to_hf(cfg: ArchConfig) -> dict[str, Any]:
+    # any other QK norm reads back as none or as this one, so export refuses it by name
+    return {"qk_layernorm": cfg.qk_norm == "head" and cfg.qk_norm_weight == "per_head" and not cfg.qk_norm_bias}
 
 
 def parallel_to_hf(cfg: ArchConfig) -> dict[str, Any]:
@@ -62,7 +81,7 @@ CONFIG = llama.CONFIG.but(
                lambda hf, _: dict.fromkeys(("q_bias", "k_bias", "v_bias"), hf.get("use_qkv_bias")), qkv_bias_to_hf),
          Entry("use_parallel_residual", (Key("use_parallel_residual", bool, False),),
                lambda hf, _: {"norm_placement": PLACEMENTS[hf.get("use_parallel_residual")]}, parallel_to_hf),
-         unsupported("qk_layernorm", bool, False, "a separate LayerNorm for each head", "StableLM"),
+         Entry("qk_layernorm", (Key("qk_layernorm", bool, False),), qk_layernorm_from_hf, qk_layernorm_to_hf),
          Entry("hidden_dropout", (Key("hidden_dropout", float, 0.0, bound="probability"),), lambda hf, _: {},
                lambda cfg: {"hidden_dropout": DEFAULT})),
     defaults={"vocab_size": 50304, "intermediate_size": 6912, "hidden_size": 2560, "num_key_value_heads": 32,

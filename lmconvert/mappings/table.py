@@ -12,6 +12,9 @@ A pattern's `{}` stands for the layer index; a second `{}` for an expert's. A ru
 side has one `{}` more than its stored side expands: one stored tensor (transformers 5's fused
 experts) gives one canonical tensor per expert the config expects, its transform bound to that
 expert (`sizes["index"]`); such rules come after the per-expert ones, which export writes. A
+rule whose stored side has one `{}` more, the last, joins: one canonical tensor stored as one tensor
+per row (StableLM's per-head LayerNorms, a `Row` transform); import hands its transform every row in
+order, and export writes one stored tensor per row, the transform bound to that row. A
 rule whose canonical side is None drops the tensor on import (and says so); its stored pattern may
 end in `*` to drop a whole subtree (a vision tower, say). Both directions check that every input
 tensor is consumed and every expected output tensor is produced; leftovers are errors that name
@@ -55,6 +58,10 @@ def _expands(rule: Rule) -> bool:
     return rule.canonical is not None and rule.canonical.count("{}") > rule.stored.count("{}")
 
 
+def _joins(rule: Rule) -> bool:
+    return rule.canonical is not None and rule.stored.count("{}") > rule.canonical.count("{}")
+
+
 def _compile(pattern: str) -> re.Pattern[str]:
     regex = re.escape(pattern).replace(r"\{\}", r"(\d+)")
     if regex.endswith(r"\*"):
@@ -67,6 +74,7 @@ class TensorTable:
     rules: tuple[Rule, ...]
     hf_prefixes: tuple[str, ...] = ()  # alternative HF prefixes read as "model." (multimodal wrappers)
     _compiled: list = field(default_factory=list, compare=False, repr=False)
+    _joining: list = field(default_factory=list, compare=False, repr=False)  # (rule, stored regex) that join
 
     def __post_init__(self) -> None:
         for rule in self.rules:
@@ -74,6 +82,8 @@ class TensorTable:
                 raise ValueError(f"rule {rule.stored!r}: only a drop rule (canonical None) may end in '*'")
             self._compiled.append((rule, _compile(rule.stored),
                                    _compile(rule.canonical) if rule.canonical else None))
+            if _joins(rule):
+                self._joining.append((rule, self._compiled[-1][1]))
 
     def _normalise(self, name: str) -> str:
         for prefix in self.hf_prefixes:
@@ -110,6 +120,8 @@ class TensorTable:
             return False
 
     def to_stored_name(self, canonical: str) -> tuple[str, Step | Transform]:
+        """The stored name export writes (for a tensor stored one per row, the rows' name with the
+        row's `{}` left in) and the rule's transform; raises if the family has none."""
         for rule, _, can_re in self._compiled:
             match = can_re.match(canonical) if can_re else None
             if match:
@@ -140,7 +152,10 @@ class TensorTable:
         plan: Plan = {}
         dropped: list[str] = []
         expected = set(expected)
+        rows: dict[str, tuple[Step | Transform, dict[int, str]]] = {}  # joined: canonical -> (step, {row: stored})
         for stored in stored_names:
+            if self._plan_row(stored, rows):
+                continue
             if self.expanding(stored):
                 self._plan_expanding(stored, expected, plan, sizes or {})
                 continue
@@ -151,8 +166,22 @@ class TensorTable:
                     raise MappingError(f"tensors {plan[canonical][0]!r} and {stored!r} both map to {canonical!r}")
                 else:
                     plan[canonical] = (stored, step.bind(sizes or {}))
+        for canonical, (step, held) in rows.items():
+            plan[canonical] = (_rows_in_order(canonical, held, step.rows(sizes or {})),  # type: ignore[union-attr]
+                                step.bind(sizes or {}))
         _check_sides(set(plan), set(expected), "the checkpoint")
         return plan, dropped
+
+    def _plan_row(self, stored: str, rows: dict[str, tuple[Step | Transform, dict[int, str]]]) -> bool:
+        """Whether `stored` is one row of a joined tensor; if so, kept in `rows` under its canonical name."""
+        name = self._normalise(stored)
+        for rule, stored_re in self._joining:
+            match = stored_re.match(name)
+            if match:
+                held = rows.setdefault(_fill(rule.canonical, match), (rule.transform, {}))[1]
+                held[int(match.groups()[-1])] = stored
+                return True
+        return False
 
     def stored_names(self, canonical: str) -> list[str]:
         """Every stored name a canonical tensor is read from, the one export writes first (a fused
@@ -203,6 +232,11 @@ class TensorTable:
             found.setdefault(stored, []).append((self._order(name), name, step))
         plan: dict[str, tuple[Any, Transform]] = {}
         for stored, held in found.items():
+            if "{}" in stored:  # a joining rule's: one stored tensor per row
+                (_, name, step), = held
+                for row in range(step.rows(sizes or {})):  # type: ignore[union-attr]
+                    plan[stored.replace("{}", str(row))] = (name, step.bind({**(sizes or {}), "index": row}))
+                continue
             held.sort(key=lambda item: item[0])
             count = len(self._rules_for(stored))
             if len(held) != count:
@@ -215,6 +249,18 @@ class TensorTable:
     def _order(self, canonical: str) -> int:
         """The position of the rule writing a canonical name: the order of a fused tensor's pieces."""
         return next(i for i, (_, _, can_re) in enumerate(self._compiled) if can_re and can_re.match(canonical))
+
+
+def _rows_in_order(canonical: str, held: dict[int, str], count: int) -> tuple[str, ...]:
+    """The `count` stored rows of a joined tensor, row 0 first; refuses a row missing or one too many."""
+    example = next(iter(held.values()))
+    missing, extra = sorted(set(range(count)) - set(held)), sorted(set(held) - set(range(count)))
+    if missing or extra:
+        which = f"lacks row(s) {_names([str(r) for r in missing])}" if missing else \
+            f"has row(s) {_names([str(r) for r in extra])} the config does not use"
+        raise MappingError(f"the checkpoint {which} of {canonical!r}, which config.json says has {count} (stored one "
+                           f"tensor per row, as {example!r}); check that config.json matches the weights")
+    return tuple(held[row] for row in range(count))
 
 
 def _check_sides(produced: set[str], expected: set[str], where: str) -> None:

@@ -13,6 +13,8 @@ bit by tests/test_table_transforms.py.
 - Piece: one of several canonical tensors stored end to end in one (Phi-3's qkv_proj, GPT-2's
   c_attn); the table's rules that share a stored name are its pieces, in order, and export hands
   the inverse all of them, which concatenates them;
+- Row: the reverse, one canonical tensor stored as one tensor per row (StableLM's per-head
+  LayerNorms); import hands forward all of them, which stacks them, export writes each row;
 - Offset: a constant added on disk (Gemma's norms as w + 1 in GGUF);
 - Trim: padding rows past the vocabulary dropped;
 - Transpose: a matrix stored [in, out] (GPT-2's Conv1D);
@@ -207,6 +209,39 @@ def join(pieces: Sequence[torch.Tensor], dim: int) -> torch.Tensor:
     import torch
 
     return torch.cat(list(pieces), dim)
+
+
+# ---- Row: one canonical tensor stored as one tensor per row
+
+
+@dataclass(frozen=True)
+class Row:
+    """One of `count` (the name of a size) stored tensors that are the rows of one canonical
+    [count, ...] tensor: StableLM's per-head LayerNorms, `q_layernorm.norms.{h}.weight` each [head_dim],
+    are the canonical [heads, head_dim] weight. The table's joining rule (its stored side has one `{}`
+    more, the row's) hands forward every row in order, which stacks them; the inverse is row
+    `sizes["index"]` (a copy, so that one row written never holds the whole). Exact both ways:
+    stacking and selecting copy bits."""
+
+    count: str
+
+    def rows(self, sizes: Sizes) -> int:
+        """How many stored tensors one canonical tensor is: the table names each on export."""
+        return _size(sizes, self.count)
+
+    def bind(self, sizes: Sizes) -> Transform:
+        count, index = self.rows(sizes), sizes.get("index")
+        where = f"row {index} of {count}" if index is not None else f"{count} rows"
+        return Transform(f"{where} stored one per tensor", lambda rows: stack_rows(rows, count),
+                         lambda t: t[index].clone())
+
+
+def stack_rows(rows: Sequence[torch.Tensor], count: int) -> torch.Tensor:
+    import torch
+
+    if len(rows) != count:
+        raise MappingError(f"{len(rows)} tensors are stored for {count} rows; the config contradicts the tensors")
+    return torch.stack(list(rows))
 
 
 # ---- Offset: a constant added on disk

@@ -104,6 +104,8 @@ TRANSFORMERS_BY_MODEL_TYPE: Mapping[str, Mapping[str, Layout | Piece]] = {
     "olmo2": {"attn.q_norm": "B T H*D", "attn.k_norm": "B T KV*D"},
     # q_norm(q_proj(x).view(B, T, -1, D)), a weight per head, transposed afterwards
     "cohere": {"attn.q_norm": "B T H D", "attn.k_norm": "B T KV D"},
+    # StableLmAttention: q_proj(x).view(B, T, -1, D).transpose(1, 2), then q_layernorm, a LayerNorm per head
+    "stablelm": {"attn.q_norm": "B H T D", "attn.k_norm": "B KV T D"},
     # one qkv_proj output [q | k | v] and one gate_up_proj output [gate | up]
     "phi3": {**FUSED_QKV, "mlp.gate": "B T [F]|F", "mlp.up": "B T F|[F]"},
     "mpt": FUSED_QKV,  # Wqkv: [q; k; v] along its output

@@ -148,6 +148,11 @@ def our_trace(model: nn.Module, forward: Callable[[torch.Tensor], torch.Tensor],
 
 
 def _module_path(weight: str) -> str:
+    """The module holding a weight; for a tensor stored one per row (StableLM's
+    `q_layernorm.norms.{}.weight`, a `{}` left in its name) the module that runs the rows' modules,
+    the one above the list holding them, whose output is the whole value."""
+    if ".{}." in weight:
+        return weight.split(".{}.")[0].rsplit(".", 1)[0]
     return weight.rsplit(".", 1)[0]
 
 
