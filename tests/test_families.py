@@ -573,9 +573,8 @@ MATRIX: dict[str, dict[str, str | None]] = {
                  "weights per head",
         "smollm3": "QK norm, QK-norm weights per head",
         "starcoder2": "this FFN gating", "nemotron": "this norm's bias and weight_offset and written_out",
-        "stablelm": "stablelm cannot express this norm's bias and written_out, QK norm, QK-norm weights per head, an "
-                    "output-projection bias, this RoPE configuration's layout and fp32_rotation, a logit scale "
-                    "(cohere)",
+        "stablelm": "stablelm cannot express this norm's bias and written_out, an output-projection bias, this RoPE "
+                    "configuration's layout and fp32_rotation, a logit scale (cohere)",  # its QK norms: yes
         "granite": "granite cannot express this norm's kind and dtype_order and written_out, this norm placement, QK "
                    "norm, QK-norm weights per head, this RoPE configuration's layout and fp32_rotation (cohere)",
         "olmo": "this norm's weight and dtype_order and written_out", "cohere": OK,
@@ -929,6 +928,13 @@ MATRIX["falcon"] = {  # Falcon-40B's layout: parallel with two LayerNorms, GQA, 
     "gpt_neox": "gpt_neox cannot express this number of KV heads", "bloom": "bloom cannot express this number of KV "
     "heads", "mpt": "mpt cannot express this number of KV heads", "falcon": OK,
 }
+# StableLM with qk_layernorm: its bias-free LayerNorms per head, each head its own weight, are what
+# every other family lacks; Cohere's QK norms are the same, its block norms and placement are not
+MATRIX["stablelm_qk"] = {_target: {
+    "stablelm": OK, "phi": "phi always has a QK-norm bias",
+    "cohere": "cohere cannot express this norm's bias and written_out, this norm placement, a q bias",
+}.get(_target, "QK-norm weights per head") for _target in FAMILIES
+    if _target not in ("deepseek_v2", "deepseek_v3", "minicpm3", "deepseek_v32")}  # latent: as every source below
 # the new families as targets: what every other source is refused for
 COLUMNS: dict[str, tuple[str, dict[str, str]]] = {  # target -> (the usual refusal, exceptions by source)
     "gptj": ("gptj cannot express this number of KV heads", {}),  # every source has 2 KV heads for 4 heads

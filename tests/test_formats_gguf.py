@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import gguf
@@ -696,6 +697,26 @@ def test_stablelm_parallel_residual_is_read(tmp_path: Path) -> None:
     assert open_source(path).config["use_parallel_residual"] is True
     ids = token_batch(seq=40)
     assert (logits_of(lmconvert.load(path, attention="eager"), ids) - logits_of(model, ids)).abs().max() == 0.0
+
+
+def test_stablelm_qk_layernorm_is_refused_by_name(tmp_path: Path) -> None:
+    """llama.cpp's StableLMModel stacks each layer's per-head QK LayerNorms into `attn_q_norm` /
+    `attn_k_norm` ([heads, head_dim]) and runs them; transformers' GGUF loader neither sets
+    `qk_layernorm` nor maps those tensors, so it loads the model without them. With nothing to
+    check an import against, lmconvert refuses such a file, naming the tensor."""
+    model = build_model("stablelm", **{**FAMILIES["stablelm"], "qk_layernorm": True})
+    stacked = {name: t for name, t in model.state_dict().items() if "layernorm.norms." not in name}
+    for i, layer in enumerate(model.model.layers):
+        for which in ("q_layernorm", "k_layernorm"):  # convert_hf_to_gguf.py's StableLMModel._stack_qk_norm
+            norms = getattr(layer.self_attn, which).norms
+            stacked[f"model.layers.{i}.self_attn.{which}.weight"] = torch.stack([n.weight for n in norms])
+    path = write_gguf(SimpleNamespace(config=model.config, state_dict=lambda: stacked), tmp_path / "qk.gguf")
+    written = {t.name for t in gguf.GGUFReader(str(path)).tensors}
+    assert {"blk.0.attn_q_norm.weight", "blk.0.attn_k_norm.weight"} <= written
+    assert transformers_gguf(path).config.qk_layernorm is False  # the loader's model has no QK norms
+    line = one_line_error(path, tmp_path / "out")
+    assert "holds blk.0.attn_q_norm.weight: per-head QK LayerNorms, StableLM's qk_layernorm=true" in line
+    assert "transformers' GGUF loader does not read" in line and str(path) in line
 
 
 # Falcon's layouts llama.cpp's falcon runs (every one parallel): transformers' GGUF loader reads each

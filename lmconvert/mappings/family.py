@@ -30,7 +30,7 @@ VARIANT_NAMES = {
     "layer_kinds": "this local/global layer pattern", "sliding_window": "a sliding window",
     "attn_scale": "a custom attention score scale", "attn_softcap": "attention soft-capping",
     "residual_scale": "residual scaling",
-    "qk_norm_weight": "QK-norm weights per head", "qk_norm_bias": "this QK-norm bias setting",
+    "qk_norm_weight": "QK-norm weights per head", "qk_norm_bias": "a QK-norm bias",
     "clip_qkv": "q/k/v clamping",
     "tie_embeddings": "this embedding tying", "embed_scale": "embedding scaling",
     "final_softcap": "final-logit soft-capping", "logit_scale": "a logit scale",

@@ -52,6 +52,9 @@ class GgufArch:
     variants: tuple[tuple[str, GgufArch], ...] = ()
     derived: Callable[[Mapping[str, Any]], dict[str, Any]] | None = None  # HF keys computed from the others
     refused: Mapping[str, str] = field(default_factory=dict)  # tensor -> the layout it means, which is refused
+    # tensor -> what it holds, which llama.cpp runs but transformers' GGUF loader does not read (it loads
+    # the model without it), so no import could be checked against it: refused too
+    unread: Mapping[str, str] = field(default_factory=dict)
 
     def holding(self, tensors: Collection[str]) -> GgufArch:
         """The entry for a file holding these tensors: a variant's, if it holds the variant's tensor."""
@@ -246,7 +249,9 @@ def _stablelm_table() -> TensorTable:
 ARCHS["stablelm"] = GgufArch("stablelm", keys={"attention.layer_norm_epsilon": "layer_norm_eps",
                                                "use_parallel_residual": "use_parallel_residual"},
                              defaults={"hidden_act": "silu"}, bias_flags={"use_qkv_bias": "blk.0.attn_q.bias"},
-                             norm_eps="attention.layer_norm_epsilon", partial_rotary=True, table=_stablelm_table())
+                             norm_eps="attention.layer_norm_epsilon", partial_rotary=True, table=_stablelm_table(),
+                             unread={"blk.0.attn_q_norm.weight":
+                                     "per-head QK LayerNorms, StableLM's qk_layernorm=true"})
 
 
 def _nemotron_table() -> TensorTable:

@@ -74,6 +74,11 @@ def hf_config(file: Metadata) -> tuple[dict[str, Any], GgufArch]:
         if tensor in file.tensors:
             raise MappingError(f"holds {tensor}: {layout}, which llama.cpp's {arch} architecture does not run "
                                "and lmconvert does not read from GGUF; convert the original checkpoint instead")
+    for tensor, what in entry.unread.items():
+        if tensor in file.tensors:
+            raise MappingError(f"holds {tensor}: {what}, which transformers' GGUF loader does not read (it loads the "
+                               "model without them), so lmconvert cannot check an import against it and does not "
+                               "import them; convert the original checkpoint instead")
 
     def key(name: str) -> Any:  # noqa: ANN401 - metadata values are of any type
         return file.meta.get(f"{arch}.{name}")
