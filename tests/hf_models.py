@@ -6,6 +6,7 @@ swapped tensor changes the logits.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -36,6 +37,19 @@ def save_checkpoint(model: torch.nn.Module, directory: Path, dtype: torch.dtype 
     model.to(dtype).save_pretrained(directory, **save_kwargs)
     model.to(torch.float32)
     return directory
+
+
+def edited_weights(src: Path, dst: Path, edit: Callable[[dict[str, torch.Tensor]], None]) -> Path:
+    """A copy of a checkpoint directory whose one model.safetensors went through `edit` (in place)."""
+    import shutil
+
+    from safetensors.torch import load_file, save_file
+
+    shutil.copytree(src, dst)
+    tensors = load_file(dst / "model.safetensors")
+    edit(tensors)
+    save_file(tensors, dst / "model.safetensors", metadata={"format": "pt"})
+    return dst
 
 
 def make_checkpoint(directory: Path, model_type: str = "llama", dtype: torch.dtype = torch.float32, seed: int = 0,

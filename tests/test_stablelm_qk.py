@@ -8,7 +8,6 @@ joined in the wrong order."""
 from __future__ import annotations
 
 import json
-import shutil
 from collections.abc import Callable
 from pathlib import Path
 
@@ -16,8 +15,15 @@ import pytest
 import torch
 from click.testing import CliRunner
 from family_specs import SPECS
-from hf_models import build_model, check_streamed_verify, load_reference, module_outputs, save_checkpoint
-from safetensors.torch import load_file, save_file
+from hf_models import (
+    build_model,
+    check_streamed_verify,
+    edited_weights,
+    load_reference,
+    module_outputs,
+    save_checkpoint,
+)
+from safetensors.torch import load_file
 
 import lmconvert
 from lmconvert.cli import main
@@ -41,14 +47,6 @@ def made(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
     hf = save_checkpoint(build_model(SPEC.model_type, **SPEC.kwargs), root / "hf")
     to_canonical(hf, root / "canonical")
     return hf, root / "canonical"
-
-
-def edited(src: Path, dst: Path, edit: Callable[[dict[str, torch.Tensor]], None]) -> Path:
-    shutil.copytree(src, dst)
-    tensors = load_file(dst / "model.safetensors")
-    edit(tensors)
-    save_file(tensors, dst / "model.safetensors", metadata={"format": "pt"})
-    return dst
 
 
 def test_the_heads_become_the_rows_of_one_canonical_tensor(made: tuple[Path, Path]) -> None:
@@ -103,7 +101,7 @@ def test_bad_head_tensors_are_refused_in_one_line(made: tuple[Path, Path], tmp_p
                                                   edit: Callable[[dict[str, torch.Tensor]], None],
                                                   fragment: str) -> None:
     hf, _ = made
-    broken = edited(hf, tmp_path / "broken", edit)
+    broken = edited_weights(hf, tmp_path / "broken", edit)
     code, _, err = cli("convert", broken, tmp_path / "out")
     assert code == 2, err
     lines = err.strip().splitlines()
@@ -119,7 +117,7 @@ def swap_query_heads(tensors: dict[str, torch.Tensor]) -> None:
 
 def test_heads_joined_out_of_order_are_located(made: tuple[Path, Path], tmp_path: Path) -> None:
     hf, canonical = made
-    broken = edited(canonical, tmp_path / "broken", swap_query_heads)
+    broken = edited_weights(canonical, tmp_path / "broken", swap_query_heads)
     report = verify(broken, hf, seq_len=24, generate=0)
     failure = report.first_failure
     assert not report.passed and failure is not None

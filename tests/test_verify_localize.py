@@ -5,7 +5,6 @@ transformers' own modules give; every family's points are all found from its ten
 from __future__ import annotations
 
 import json
-import shutil
 from collections.abc import Callable
 from pathlib import Path
 
@@ -14,7 +13,7 @@ import torch
 from click.testing import CliRunner
 from family_specs import SPECS
 from hf_models import build_model, load_reference, module_outputs, perturb, save_checkpoint
-from safetensors.torch import load_file, save_file
+from hf_models import edited_weights as broken_copy
 
 import lmconvert
 from lmconvert.cli import main
@@ -49,14 +48,6 @@ def made(tmp_path_factory: pytest.TempPathFactory) -> Callable[[str], tuple[Path
         return cache[name]
 
     return get
-
-
-def broken_copy(canonical: Path, dst: Path, edit: Callable[[dict[str, torch.Tensor]], None]) -> Path:
-    shutil.copytree(canonical, dst)
-    tensors = load_file(dst / "model.safetensors")
-    edit(tensors)
-    save_file(tensors, dst / "model.safetensors", metadata={"format": "pt"})
-    return dst
 
 
 def drop_norm_offset(tensors: dict[str, torch.Tensor]) -> None:
