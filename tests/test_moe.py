@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from family_specs import FP32_TOL, IDS, SPECS
+from family_specs import FP32_TOL, IDS, SPECS, family_of
 from hf_models import build_model, raw_bytes, save_checkpoint, tensors_of
 from test_formats_gguf import write_tensors
 from transformers import AutoConfig, AutoModelForCausalLM
@@ -30,7 +30,7 @@ from lmconvert.convert import to_canonical, to_hf
 from lmconvert.mappings import FAMILIES
 from lmconvert.mappings.transforms import Unstack, same_bits, stack
 
-MOE_FAMILIES = [name for name in SPECS if FAMILIES[name].config.from_hf(
+MOE_FAMILIES = [name for name in SPECS if FAMILIES[family_of(name)].config.from_hf(
     {"model_type": SPECS[name].model_type}).moe is not None]
 
 
