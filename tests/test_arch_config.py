@@ -181,3 +181,25 @@ def test_rope_and_window_per_layer():
 
 def test_kv_cache_bytes():
     assert tiny(n_kv_heads=2).kv_cache_bytes_per_token() == 2 * 2 * 2 * 8 * 2
+
+
+def test_qk_norm_bias_has_one_spelling_per_model():
+    """Unset, the QK norms follow the block norms' bias; without a QK norm it is False whatever was
+    asked, so two configs that compute the same function compare equal (and export compares them)."""
+    layer = NormConfig(kind="layer", bias=True)
+    assert tiny(norm=layer, qk_norm="head").qk_norm_bias is True
+    assert tiny(norm=layer, qk_norm="head", qk_norm_bias=False).qk_norm_bias is False
+    unset = tiny(norm=layer)
+    assert tiny(norm=layer, qk_norm="none", qk_norm_bias=True) == unset == tiny(norm=layer, qk_norm_bias=False)
+    assert tiny(qk_norm="head").qk_norm_bias is False  # RMSNorm blocks: no bias
+    cfg = tiny(norm=layer, qk_norm="head", qk_norm_weight="per_head", qk_norm_bias=False)
+    assert ArchConfig.from_json(cfg.to_json()) == cfg
+
+
+@pytest.mark.parametrize("overrides,fragment", [
+    (dict(qk_norm="head", qk_norm_bias=True), "an RMSNorm has no bias"),
+    (dict(qk_norm="head", qk_norm_bias="no"), "must be true, false or null"),
+])
+def test_qk_norm_bias_refusals_name_field_and_value(overrides, fragment):
+    message = _error(**overrides)
+    assert "qk_norm_bias" in message and repr(overrides["qk_norm_bias"]) in message and fragment in message

@@ -174,6 +174,8 @@ class TensorTable:
 
     def _plan_row(self, stored: str, rows: dict[str, tuple[Step | Transform, dict[int, str]]]) -> bool:
         """Whether `stored` is one row of a joined tensor; if so, kept in `rows` under its canonical name."""
+        if not self._joining:  # almost every table
+            return False
         name = self._normalise(stored)
         for rule, stored_re in self._joining:
             match = stored_re.match(name)
