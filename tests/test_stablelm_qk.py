@@ -1,13 +1,14 @@
 """StableLM's per-head QK LayerNorms beyond what every family gets in test_families.py (its SPECS
 entry, "stablelm_qk": fp32 and half parity, bf16 bit-exactness, round trip, cache, both config
 styles, card): the weights transformers stores one tensor per head, joined into one canonical
-[heads, head_dim] tensor, read from an HF directory by every path (whole, streamed), refused in one
+[heads, head_dim] tensor, read from an HF directory by every path (whole, streamed, .bin shards), refused in one
 line when a head's tensor is missing, extra or misshapen, and located by verify when the heads are
 joined in the wrong order."""
 
 from __future__ import annotations
 
 import json
+import shutil
 from collections.abc import Callable
 from pathlib import Path
 
@@ -64,6 +65,26 @@ def test_streamed_verify_reads_the_heads_from_the_hf_directory(made: tuple[Path,
     """`--max-memory` reads one block's tensors at a time, the joined ones from their rows."""
     hf, _ = made
     assert check_streamed_verify(hf, tmp_path) > 0
+
+
+def test_heads_spread_over_bin_shards_join_the_same(made: tuple[Path, Path], tmp_path: Path) -> None:
+    """A torch .bin checkpoint in three shards, the heads of each layer dealt round them: the rows
+    are gathered across files into the same canonical tensors, bit for bit."""
+    hf, canonical = made
+    state = load_file(hf / "model.safetensors")
+    (tmp_path / "bin").mkdir()
+    shutil.copy2(hf / "config.json", tmp_path / "bin" / "config.json")
+    names, weight_map = sorted(state), {}
+    for i in range(3):
+        file = f"pytorch_model-{i + 1:05d}-of-00003.bin"
+        torch.save({n: state[n] for n in names[i::3]}, tmp_path / "bin" / file)
+        weight_map.update(dict.fromkeys(names[i::3], file))
+    assert len({weight_map[Q.format(h)] for h in range(HEADS)}) == 3
+    (tmp_path / "bin" / "pytorch_model.bin.index.json").write_text(json.dumps({"metadata": {},
+                                                                              "weight_map": weight_map}))
+    to_canonical(tmp_path / "bin", tmp_path / "canonical")
+    ours, expected = load_file(tmp_path / "canonical" / "model.safetensors"), load_file(canonical / "model.safetensors")
+    assert ours.keys() == expected.keys() and all(torch.equal(ours[n], expected[n]) for n in expected)
 
 
 def drop(name: str) -> Callable[[dict[str, torch.Tensor]], None]:
