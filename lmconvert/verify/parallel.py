@@ -1,0 +1,73 @@
+"""`verify` under `torchrun`: our side tensor-parallel over the launched ranks, the reference on rank 0.
+
+Rank 0 records the reference (transformers on `--device`, or a golden file) and hands the record to
+every rank; each rank loads its slices of the model (`runtime/tensor_parallel.py`) and runs the same
+trace and greedy generation; the points that each rank computed a slice of (q, k, v, gate, up) are
+gathered whole. Rank 0 judges and returns the report, with `tensor_parallel` set to the rank count;
+the other ranks return None and print nothing. An error on rank 0 while recording is raised on every
+rank, so none waits for a record that will not come.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import TypeVar
+
+import torch
+import torch.distributed as dist
+
+from lmconvert.formats.checkpoint import open_checkpoint
+from lmconvert.formats.dtypes import torch_dtype
+from lmconvert.formats.errors import InputError
+from lmconvert.runtime.tensor_parallel import device_mesh, gather_points, load_parallel
+
+from . import golden as golden_file
+from .report import Report
+from .run import check_golden, judge, record_reference, run_model
+
+T = TypeVar("T")
+
+
+def from_rank0(make: Callable[[], T]) -> T:
+    """`make()` run on rank 0 and its result (or its exception) handed to every rank."""
+    box: list[object] = [None]
+    if dist.get_rank() == 0:
+        try:
+            box[0] = ("ok", make())
+        except Exception as exc:  # noqa: BLE001 - raised again on every rank below
+            box[0] = ("error", exc)
+    dist.broadcast_object_list(box, src=0)
+    kind, value = box[0]
+    if kind == "error":
+        raise value
+    return value
+
+
+def verify_parallel(checkpoint: Path, reference: Path | None, dtype: str | None, device: str, seq_len: int | None,
+                    batch: int, seed: int, generate: int, max_memory: int | None, golden: Path | None,
+                    save_golden: Path | None, padded: bool) -> Report | None:
+    if max_memory is not None:
+        raise InputError("--max-memory streams our side through one process; under torchrun each rank already "
+                         "holds 1/N of the model: drop --max-memory")
+    mesh = device_mesh()
+    with open_checkpoint(checkpoint) as ckpt:
+        def record() -> object:
+            if golden is not None:
+                return check_golden(ckpt, golden, dtype, device)
+            expected = record_reference(ckpt, reference, dtype, device, seq_len, batch, seed, generate, None, padded)
+            if save_golden is not None:
+                golden_file.save(expected, save_golden)
+            return expected
+
+        expected = from_rank0(record)
+        model = load_parallel(ckpt, mesh, torch_dtype(expected.dtype), attention="eager")
+        ours = torch.device("cpu") if mesh.device_type == "cpu" else torch.device("cuda", torch.cuda.current_device())
+        trace, generation = run_model(model, model, expected, ours)
+        trace.points = gather_points(model, trace.points)
+    if dist.get_rank() != 0:
+        return None
+    expected.tolerance = expected.tolerance.split()
+    report = judge(checkpoint, expected, trace, generation, mesh.device_type, False, None, golden)
+    report.tensor_parallel = mesh.size()
+    return report
