@@ -203,7 +203,7 @@ def verify(checkpoint: Path, reference: Path | None, dtype: str | None, device: 
                                  "or added since conversion (see above)")
         return
 
-    from lmconvert.verify.run import verify as run
+    from lmconvert.verify.parallel import verify as run  # tensor-parallel under torchrun
 
     report = run(checkpoint, reference, dtype=dtype, device=check_device(device), seq_len=seq_len, batch=batch,
                  generate=new_tokens, max_memory=parse_memory(max_memory), golden=golden, save_golden=save_golden,

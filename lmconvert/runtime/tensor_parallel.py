@@ -158,9 +158,9 @@ def backend() -> str:
 
 
 def launched() -> bool:
-    """Whether this process was started by `torchrun` (or anything that sets its variables) for
-    more than one rank."""
-    return int(os.environ.get("WORLD_SIZE", "1")) > 1 and "RANK" in os.environ
+    """Whether this process was started by `torchrun` (or anything that sets its rendezvous
+    variables), with any number of ranks: one rank is a mesh of one, which runs the same code."""
+    return all(name in os.environ for name in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"))
 
 
 def device_mesh(size: int | None = None) -> DeviceMesh:

@@ -20,11 +20,12 @@ import torch.distributed as dist
 from lmconvert.formats.checkpoint import open_checkpoint
 from lmconvert.formats.dtypes import torch_dtype
 from lmconvert.formats.errors import InputError
-from lmconvert.runtime.tensor_parallel import device_mesh, gather_points, load_parallel
+from lmconvert.runtime.tensor_parallel import device_mesh, gather_points, launched, load_parallel
 
 from . import golden as golden_file
 from .report import Report
 from .run import check_golden, judge, record_reference, run_model
+from .run import verify as verify_single
 
 T = TypeVar("T")
 
@@ -71,3 +72,15 @@ def verify_parallel(checkpoint: Path, reference: Path | None, dtype: str | None,
     report = judge(checkpoint, expected, trace, generation, mesh.device_type, False, None, golden)
     report.tensor_parallel = mesh.size()
     return report
+
+
+def verify(checkpoint: Path, reference: Path | None = None, dtype: str | None = None, device: str = "cpu",
+           seq_len: int | None = None, batch: int = 2, seed: int = 0, generate: int = 16,
+           max_memory: int | None = None, golden: Path | None = None,
+           save_golden: Path | None = None, padded: bool = False) -> Report | None:
+    """`run.verify`, or under torchrun with more than one rank `verify_parallel` (None on ranks other than 0)."""
+    if launched():
+        return verify_parallel(checkpoint, reference, dtype, device, seq_len, batch, seed, generate, max_memory,
+                               golden, save_golden, padded)
+    return verify_single(checkpoint, reference, dtype, device, seq_len, batch, seed, generate, max_memory, golden,
+                         save_golden, padded)

@@ -26,7 +26,6 @@ from lmconvert.formats.source import Loadable, directory_tokenizer
 from lmconvert.mappings import MappingError, family_named
 from lmconvert.runtime.load import load_checkpoint
 from lmconvert.runtime.streamed import streamed
-from lmconvert.runtime.tensor_parallel import launched
 
 from . import golden as golden_file
 from .agreement import Steppable, compare_generation, greedy, logit_stats
@@ -160,21 +159,15 @@ def check_golden(checkpoint: Checkpoint, golden: Path, dtype: str | None = None,
 def verify(checkpoint: Path, reference: Path | None = None, dtype: str | None = None, device: str = "cpu",
            seq_len: int | None = None, batch: int = 2, seed: int = 0, generate: int = 16,
            max_memory: int | None = None, golden: Path | None = None,
-           save_golden: Path | None = None, padded: bool = False) -> Report | None:
+           save_golden: Path | None = None, padded: bool = False) -> Report:
     """Verify `checkpoint` against transformers (or against a golden file), and optionally store
     what transformers computed as a golden file. With `max_memory` (bytes) our side streams one
     block at a time and transformers offloads through accelerate. `padded`: rows of different
-    lengths, left-padded under an attention mask. The checkpoint is opened once. Under `torchrun`
-    with more than one rank, our side runs tensor-parallel and only rank 0 gets the report (the
-    others None)."""
+    lengths, left-padded under an attention mask. The checkpoint is opened once. (`parallel.verify`
+    is the same under torchrun.)"""
     if golden is not None and (reference is not None or save_golden is not None or padded):
         raise InputError("--golden checks against a recorded file (its own batch); drop --reference, --save-golden "
                          "and --padded")
-    if launched():  # under torchrun: our side tensor-parallel over the ranks (parallel.py)
-        from .parallel import verify_parallel
-
-        return verify_parallel(checkpoint, reference, dtype, device, seq_len, batch, seed, generate, max_memory,
-                               golden, save_golden, padded)
     with open_checkpoint(checkpoint) as ckpt:
         if golden is not None:
             expected = check_golden(ckpt, golden, dtype, device)
