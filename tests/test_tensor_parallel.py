@@ -1,6 +1,7 @@
 """Tensor parallelism on CPU with gloo: 2 and 4 ranks spawned here, on perturbed tiny checkpoints of a GQA
-family (LLaMA, with biases: KV heads split over 2 ranks, one KV head shared by two ranks over 4), an MQA
-family (Falcon-7B's layout: its one KV head kept by every rank) and an MLA family (DeepSeek-V3, dense).
+family (LLaMA, with biases: KV heads split; and with 4 ranks on 2 KV heads, each shared by two ranks), an
+MQA family (Falcon-7B's layout: its one KV head kept by every rank) and an MLA family (DeepSeek-V3, dense,
+and with a layer of experts).
 Each rank's logits, from a full forward and from cached decoding, equal the single-process logits; each
 rank holds about 1/N of the weights, and reads no tensor larger than its slice (both measured on the
 rank). One spawn per rank count runs every model, since starting the processes costs more than the
@@ -38,6 +39,10 @@ MODELS: dict[str, tuple[str, dict[str, Any]]] = {
     "llama-tied": ("llama", dict(tie_word_embeddings=True)),
     "falcon-7b-mqa": ("falcon", dict(eos_token_id=1)),  # multi_query: one KV head
     "deepseek_v3-mla": ("deepseek_v3", MLA),  # first_k_dense_replace covers both layers: dense
+    # a layer of experts after a dense one: each expert split like the MLP, sigmoid router over groups
+    "deepseek_v3-moe": ("deepseek_v3", dict(MLA, first_k_dense_replace=1, n_routed_experts=8, num_experts_per_tok=3,
+                                            moe_intermediate_size=24, n_shared_experts=2, routed_scaling_factor=2.5,
+                                            n_group=4, topk_group=2, norm_topk_prob=True)),
 }
 
 
@@ -147,7 +152,8 @@ def test_a_transformed_layout_is_read_whole_and_says_so(tmp_path: Path) -> None:
     ("llama", dict(num_attention_heads=4, num_key_value_heads=2), 8, "n_heads=4 does not divide by 8 ranks"),
     ("falcon", dict(num_attention_heads=6, hidden_size=72, parallel_attn=False, multi_query=False, alibi=True),
      2, "ALiBi's per-head slopes"),
-    ("mixtral", dict(num_local_experts=4, num_experts_per_tok=2), 2, "a mixture of experts"),
+    ("qwen2_moe", dict(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=30,
+                       shared_expert_intermediate_size=64), 4, "the experts' width 30 does not divide by 4 ranks"),
     ("olmo2", {}, 2, "QK norm over the whole projection"),
 ])
 def test_what_cannot_be_split_is_refused_in_one_line(model_type: str, overrides: dict, size: int, needle: str,

@@ -17,8 +17,12 @@ The plan is Megatron's, stated per module and applied with `parallelize_module`:
 Each rank reads only its slice of each weight (`formats.slices`), so none holds a whole sharded
 weight; the replicated ones above are whole on every rank. What a plan cannot split exactly is
 refused with one line (`refusals`): per-head ALiBi slopes and T5 relative biases (their head
-index is global), QK norm over the whole projection (its statistics span every head), a
-mixture of experts (no expert parallelism yet), a head count the ranks do not divide.
+index is global), QK norm over the whole projection (its statistics span every head), per-head
+QK norm weights (Cohere), a head count or hidden width the ranks do not divide.
+
+A mixture of experts splits each expert's MLP like the dense one (its hidden width over the ranks,
+two collectives per expert that runs) and replicates the router, so every rank picks the same
+experts. Expert parallelism (whole experts per rank, fewer collectives) is not built.
 
 Attention modules are told their local head counts through a per-rank copy of the ArchConfig
 (`n_heads / N`), so the arch code runs unchanged and knows nothing of the ranks.
@@ -84,7 +88,10 @@ def refusals(arch: ArchConfig, size: int) -> list[str]:
         (arch.n_kv_heads % size != 0 and size % arch.n_kv_heads != 0,
          f"n_kv_heads={arch.n_kv_heads} neither divides by {size} ranks nor divides them"),
         (arch.d_ff % size != 0, f"d_ff={arch.d_ff} does not divide by {size} ranks"),
-        (arch.moe is not None, "a mixture of experts has no tensor-parallel plan (no expert parallelism yet)"),
+        (arch.moe is not None and arch.moe.d_expert % size != 0,
+         f"the experts' width {arch.moe and arch.moe.d_expert} does not divide by {size} ranks"),
+        (arch.moe is not None and (arch.moe.d_shared or 0) % size != 0,
+         f"the shared expert's width {arch.moe and arch.moe.d_shared} does not divide by {size} ranks"),
         ("alibi" in arch.layer_positions, "ALiBi's per-head slopes are indexed by the global head"),
         ("relative" in arch.layer_positions, "the relative position bias is indexed by the global head"),
         (arch.qk_norm == "projection", "QK norm over the whole projection needs every head's values"),
@@ -140,16 +147,25 @@ def make_plan(arch: ArchConfig, size: int, rank: int) -> Plan:
     if sharded_vocab:
         plan.styles["embed"] = "vocab"
         plan.styles["lm_head"] = "head"
-    everyone = tuple(range(size))
     for i in range(arch.n_layers):
         ATTENTION_PLANS[arch.attention](arch, plan, f"layers.{i}.attn")
-        mlp = f"layers.{i}.mlp"
-        plan.styles.update({f"{mlp}.up": "col", f"{mlp}.down": "row"})
-        plan.points[f"{mlp}.up"] = (-1, everyone)
-        if arch.gated:
-            plan.styles[f"{mlp}.gate"] = "col"
-            plan.points[f"{mlp}.gate"] = (-1, everyone)
+        mlp, moe = f"layers.{i}.mlp", arch.moe
+        if moe is None or not moe.sparse(i):
+            _mlp(arch, plan, mlp)
+            continue
+        for e in range(moe.n_experts):  # every expert split like a dense MLP; the router whole
+            _mlp(arch, plan, f"{mlp}.experts.{e}")
+        if moe.d_shared is not None:
+            _mlp(arch, plan, f"{mlp}.shared")
     return plan
+
+
+def _mlp(arch: ArchConfig, plan: Plan, prefix: str) -> None:
+    everyone = tuple(range(plan.size))
+    for name in ("gate", "up") if arch.gated else ("up",):
+        plan.styles[f"{prefix}.{name}"] = "col"
+        plan.points[f"{prefix}.{name}"] = (-1, everyone)
+    plan.styles[f"{prefix}.down"] = "row"
 
 
 def backend() -> str:
