@@ -1,9 +1,10 @@
 """`verify` under `torchrun`: our side tensor-parallel over the launched ranks, the reference on rank 0.
 
-Rank 0 records the reference (transformers on `--device`, or a golden file) and hands the record to
-every rank; each rank loads its slices of the model (`runtime/tensor_parallel.py`) and runs the same
-trace and greedy generation; the points that each rank computed a slice of (q, k, v, gate, up) are
-gathered whole. Rank 0 judges and returns the report, with `tensor_parallel` set to the rank count;
+Rank 0 records the reference (transformers on `--device`, offloading through accelerate beyond
+`--max-memory` as on one process, or a golden file) before any rank loads its slices, so the
+reference has the devices to itself, and hands the record to every rank. Each rank then loads its
+slices of the model (`runtime/tensor_parallel.py`) and runs the same trace and greedy generation;
+the points that each rank computed a slice of (q, k, v, gate, up) are gathered whole. Rank 0 judges and returns the report, with `tensor_parallel` set to the rank count;
 the other ranks return None and print nothing. An error on rank 0 while recording is raised on every
 rank, so none waits for a record that will not come.
 """
@@ -19,7 +20,6 @@ import torch.distributed as dist
 
 from lmconvert.formats.checkpoint import open_checkpoint
 from lmconvert.formats.dtypes import torch_dtype
-from lmconvert.formats.errors import InputError
 from lmconvert.runtime.tensor_parallel import device_mesh, gather_points, launched, load_parallel
 
 from . import golden as golden_file
@@ -48,20 +48,20 @@ def from_rank0(make: Callable[[], T]) -> T:
 def verify_parallel(checkpoint: Path, reference: Path | None, dtype: str | None, device: str, seq_len: int | None,
                     batch: int, seed: int, generate: int, max_memory: int | None, golden: Path | None,
                     save_golden: Path | None, padded: bool) -> Report | None:
-    if max_memory is not None:
-        raise InputError("--max-memory streams our side through one process; under torchrun each rank already "
-                         "holds 1/N of the model: drop --max-memory")
     mesh = device_mesh()
     with open_checkpoint(checkpoint) as ckpt:
         def record() -> object:
             if golden is not None:
                 return check_golden(ckpt, golden, dtype, device)
-            expected = record_reference(ckpt, reference, dtype, device, seq_len, batch, seed, generate, None, padded)
+            expected = record_reference(ckpt, reference, dtype, device, seq_len, batch, seed, generate, max_memory,
+                                        padded)
             if save_golden is not None:
                 golden_file.save(expected, save_golden)
             return expected
 
         expected = from_rank0(record)
+        if torch.cuda.is_available():  # the reference's blocks, freed, back to the device for our slices
+            torch.cuda.empty_cache()
         model = load_parallel(ckpt, mesh, torch_dtype(expected.dtype), attention="eager")
         ours = torch.device("cpu") if mesh.device_type == "cpu" else torch.device("cuda", torch.cuda.current_device())
         trace, generation = run_model(model, model, expected, ours)
@@ -69,7 +69,7 @@ def verify_parallel(checkpoint: Path, reference: Path | None, dtype: str | None,
     if dist.get_rank() != 0:
         return None
     expected.tolerance = expected.tolerance.split()
-    report = judge(checkpoint, expected, trace, generation, mesh.device_type, False, None, golden)
+    report = judge(checkpoint, expected, trace, generation, mesh.device_type, False, max_memory, golden)
     report.tensor_parallel = mesh.size()
     return report
 
