@@ -2,7 +2,8 @@
 family (LLaMA, with biases: KV heads split; and with 4 ranks on 2 KV heads, each shared by two ranks), an
 MQA family (Falcon-7B's layout: its one KV head kept by every rank) and an MLA family (DeepSeek-V3, dense,
 and with a layer of experts).
-Each rank's logits, from a full forward and from cached decoding, equal the single-process logits; each
+Each rank's logits, from a full forward and from cached decoding, and every point verify traces (the ones
+computed in slices gathered whole) equal the single-process ones; each
 rank holds about 1/N of the weights, and reads no tensor larger than its slice (both measured on the
 rank). One spawn per rank count runs every model, since starting the processes costs more than the
 models."""
@@ -19,6 +20,7 @@ import pytest
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
+from family_specs import SPECS
 from hf_models import build_model, save_checkpoint, token_batch
 from tp_ranks import incremental, run_ranks
 
@@ -27,6 +29,7 @@ from lmconvert.arch import ConfigError
 from lmconvert.convert.ingest import to_canonical
 from lmconvert.formats.checkpoint import open_checkpoint
 from lmconvert.runtime.tensor_parallel import local_bytes, make_plan
+from lmconvert.verify.trace import our_trace
 
 IDS = token_batch(seq=20)
 PREFILL = 12
@@ -37,6 +40,7 @@ MODELS: dict[str, tuple[str, dict[str, Any]]] = {
     "llama-gqa": ("llama", dict(attention_bias=True, mlp_bias=True, num_attention_heads=8, num_key_value_heads=4,
                                 head_dim=8, tie_word_embeddings=False)),
     "llama-tied": ("llama", dict(tie_word_embeddings=True)),
+    "qwen3-qk-norm": ("qwen3", SPECS["qwen3"].kwargs),  # each head's q and k RMS-normed, a sliding window
     "falcon-7b-mqa": ("falcon", dict(eos_token_id=1)),  # multi_query: one KV head
     "deepseek_v3-mla": ("deepseek_v3", MLA),  # first_k_dense_replace covers both layers: dense
     # a layer of experts after a dense one: each expert split like the MLP, sigmoid router over groups
@@ -117,6 +121,11 @@ def test_tensor_parallel_logits_equal_single_process(size: int, checkpoints: dic
         assert float((got["full"] - full).abs().max()) <= TOL, name
         assert float((got["cached"] - full).abs().max()) <= TOL, name
         assert float((got["cached"] - cached).abs().max()) <= TOL, name
+        mine = our_trace(single, single, IDS).points
+        assert list(got["points"]) == list(mine), name  # every point verify compares, in the same order
+        for point, value in mine.items():
+            assert float((got["points"][point] - value).abs().max()) <= TOL * max(1.0, float(value.abs().max())), \
+                (name, point)
 
 
 @pytest.mark.parametrize("size", [2, 4])

@@ -1,6 +1,7 @@
 """What each spawned rank runs for test_tensor_parallel.py, in a module of its own: a spawned process
 imports the module its function lives in, and this one needs only torch and lmconvert (not
-transformers, whose import would cost every rank seconds)."""
+transformers, whose import would cost every rank seconds; verify's tracer does not import it).
+Each rank also records verify's trace points and gathers the ones it computed in slices."""
 
 from __future__ import annotations
 
@@ -14,7 +15,8 @@ from torch.distributed.device_mesh import DeviceMesh
 
 import lmconvert
 from lmconvert.formats.checkpoint import open_checkpoint
-from lmconvert.runtime.tensor_parallel import load_parallel, local_bytes
+from lmconvert.runtime.tensor_parallel import gather_points, load_parallel, local_bytes
+from lmconvert.verify.trace import our_trace
 
 
 def incremental(model: torch.nn.Module, ids: torch.Tensor, prefill: int) -> torch.Tensor:
@@ -30,7 +32,8 @@ def _run(model: torch.nn.Module, ids: torch.Tensor, prefill: int, group: Any) ->
     mine = {"bytes": local_bytes(model), "largest_read": info.largest_read, "whole_reads": info.whole_reads}
     every: list[Any] = [None] * info.plan.size
     dist.all_gather_object(every, mine, group=group)
-    return {"full": model(ids), "cached": incremental(model, ids, prefill), "ranks": every}
+    points = gather_points(model, our_trace(model, model, ids).points)  # what verify compares, made whole
+    return {"full": model(ids), "cached": incremental(model, ids, prefill), "ranks": every, "points": points}
 
 
 def run_ranks(rank: int, world: int, rendezvous: str, paths: dict[str, Path], ids: torch.Tensor, prefill: int,

@@ -63,4 +63,5 @@ class Tolerance:
         return self.faithfulness * (reference_error or 0.0)
 
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        """`logits_rtol` only where it is set (under torchrun), so one-process reports keep their keys."""
+        return {k: v for k, v in asdict(self).items() if k != "logits_rtol" or v is not None}
