@@ -41,6 +41,7 @@ MODELS: dict[str, tuple[str, dict[str, Any]]] = {
                                 head_dim=8, tie_word_embeddings=False)),
     "llama-tied": ("llama", dict(tie_word_embeddings=True)),
     "qwen3-qk-norm": ("qwen3", SPECS["qwen3"].kwargs),  # each head's q and k RMS-normed, a sliding window
+    "cohere-per-head-norm": ("cohere", SPECS["cohere"].kwargs),  # a QK-norm weight row per head: split with them
     "falcon-7b-mqa": ("falcon", dict(eos_token_id=1)),  # multi_query: one KV head
     "deepseek_v3-mla": ("deepseek_v3", MLA),  # first_k_dense_replace covers both layers: dense
     # a layer of experts after a dense one: each expert split like the MLP, sigmoid router over groups

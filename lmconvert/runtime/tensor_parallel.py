@@ -17,8 +17,8 @@ The plan is Megatron's, stated per module and applied with `parallelize_module`:
 Each rank reads only its slice of each weight (`formats.slices`), so none holds a whole sharded
 weight; the replicated ones above are whole on every rank. What a plan cannot split exactly is
 refused with one line (`refusals`): per-head ALiBi slopes and T5 relative biases (their head
-index is global), QK norm over the whole projection (its statistics span every head), per-head
-QK norm weights (Cohere), a head count or hidden width the ranks do not divide.
+index is global), QK norm over the whole projection (its statistics span every head), a head
+count or hidden width the ranks do not divide. Per-head QK norm weights (Cohere) go with their heads.
 
 A mixture of experts splits each expert's MLP like the dense one (its hidden width over the ranks,
 two collectives per expert that runs) and replicates the router, so every rank picks the same
@@ -67,7 +67,8 @@ STYLES: dict[str, Style] = {
 @dataclass
 class Plan:
     """One rank's plan. `styles`: module path -> STYLES key. `groups`: module path -> the rows of
-    its weight (and bias) this rank keeps as plain tensors (one KV head shared by several ranks).
+    its weight (and bias) this rank keeps as plain tensors (one KV head shared by several ranks; the
+    rows of per-head QK norm weights).
     `points`: module path -> (dim of its output that is split, the ranks whose pieces make the whole
     output, in order), for modules whose output is a slice per rank (verify gathers them)."""
 
@@ -95,7 +96,6 @@ def refusals(arch: ArchConfig, size: int) -> list[str]:
         ("alibi" in arch.layer_positions, "ALiBi's per-head slopes are indexed by the global head"),
         ("relative" in arch.layer_positions, "the relative position bias is indexed by the global head"),
         (arch.qk_norm == "projection", "QK norm over the whole projection needs every head's values"),
-        (arch.qk_norm_weight == "per_head", "per-head QK norm weights have no tensor-parallel plan yet"),
     ]
     return [why for wrong, why in checks if wrong]
 
@@ -113,15 +113,19 @@ def _standard(arch: ArchConfig, plan: Plan, prefix: str) -> None:
     if arch.n_kv_heads % size == 0:
         plan.styles.update({f"{prefix}.k": "col", f"{prefix}.v": "col"})
         kv_ranks = everyone
+        kv_heads = _rows(arch.n_kv_heads, size, rank)
     else:  # the ranks divide by the KV heads: each keeps the one its query heads read
         share = size // arch.n_kv_heads
         head = rank // share
         for name in ("k", "v"):
             plan.groups[f"{prefix}.{name}"] = (head * arch.head_dim, (head + 1) * arch.head_dim)
-        kv_ranks = tuple(range(0, size, share))
+        kv_ranks, kv_heads = tuple(range(0, size, share)), (head, head + 1)
     plan.points.update({f"{prefix}.k": (-1, kv_ranks), f"{prefix}.v": (-1, kv_ranks)})
-    if arch.qk_norm == "head":  # one weight for every head: replicated; its output (B, T, heads, D)
+    if arch.qk_norm == "head":  # its output is (B, T, heads, D): the rank's heads
         plan.points.update({f"{prefix}.q_norm": (-2, everyone), f"{prefix}.k_norm": (-2, kv_ranks)})
+    if arch.qk_norm_weight == "per_head":  # Cohere: a weight row per head, the rank's heads' rows
+        plan.groups[f"{prefix}.q_norm"] = _rows(arch.n_heads, size, rank)
+        plan.groups[f"{prefix}.k_norm"] = kv_heads
 
 
 def _latent(arch: ArchConfig, plan: Plan, prefix: str) -> None:
@@ -245,7 +249,8 @@ def load_parallel(checkpoint: Checkpoint, mesh: DeviceMesh, dtype: torch.dtype |
                     value = _placed(reader, name, param.shape, placement, mesh, rank, cast)
                 elif path in plan.groups:
                     value = cast(reader.read(name, 0, *plan.groups[path]))
-                    module.out_features = value.shape[0]
+                    if isinstance(module, nn.Linear):
+                        module.out_features = value.shape[0]
                 else:
                     value = cast(reader.read(name))
                 module.register_parameter(pname, nn.Parameter(value, requires_grad=False))
