@@ -4,9 +4,10 @@ Rank 0 records the reference (transformers on `--device`, offloading through acc
 `--max-memory` as on one process, or a golden file) before any rank loads its slices, so the
 reference has the devices to itself, and hands the record to every rank. Each rank then loads its
 slices of the model (`runtime/tensor_parallel.py`) and runs the same trace and greedy generation;
-the points that each rank computed a slice of (q, k, v, gate, up) are gathered whole. Rank 0 judges and returns the report, with `tensor_parallel` set to the rank count;
-the other ranks return None and print nothing. An error on rank 0 while recording is raised on every
-rank, so none waits for a record that will not come.
+the points that each rank computed a slice of (q, k, v, gate, up) are gathered whole. Rank 0
+judges and returns the report, with `tensor_parallel` set to the rank count; the other ranks return
+None and print nothing. An error on rank 0 while recording is raised on every rank, so none waits
+for a record that will not come.
 """
 
 from __future__ import annotations
