@@ -172,3 +172,11 @@ def test_what_cannot_be_split_is_refused_in_one_line(model_type: str, overrides:
     with open_checkpoint(hf) as checkpoint, pytest.raises(ConfigError, match=needle) as info:
         make_plan(checkpoint.arch, size, 0)
     assert "\n" not in str(info.value)
+
+
+def test_tp_outside_a_launch_says_how_to_start_one(checkpoints: dict[str, Path],
+                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    for name in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):
+        monkeypatch.delenv(name, raising=False)
+    with pytest.raises(ConfigError, match="start this program with torchrun --nproc-per-node N"):
+        lmconvert.load(checkpoints["llama-tied"], tp=2)

@@ -187,6 +187,9 @@ def device_mesh(size: int | None = None) -> DeviceMesh:
     """A one-dimensional mesh over every rank, starting the process group from torchrun's
     environment if nobody has. On GPUs each rank takes the device of its local rank."""
     if not dist.is_initialized():
+        if not launched():
+            raise ConfigError(f"tp={size if size is not None else True}: tensor parallelism runs one process per "
+                              "rank; start this program with torchrun --nproc-per-node N (or init the process group)")
         dist.init_process_group(backend())
     world = dist.get_world_size()
     if size is not None and size != world:
