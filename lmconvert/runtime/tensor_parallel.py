@@ -46,6 +46,8 @@ from lmconvert.arch.moe import kept_in_fp32
 from lmconvert.formats.checkpoint import Checkpoint
 from lmconvert.formats.slices import SliceReader
 
+from .launch import backend, launched
+
 
 @dataclass(frozen=True)
 class Style:
@@ -170,17 +172,6 @@ def _mlp(arch: ArchConfig, plan: Plan, prefix: str) -> None:
         plan.styles[f"{prefix}.{name}"] = "col"
         plan.points[f"{prefix}.{name}"] = (-1, everyone)
     plan.styles[f"{prefix}.down"] = "row"
-
-
-def backend() -> str:
-    """NCCL where there are GPUs, gloo on CPUs."""
-    return "nccl" if torch.cuda.is_available() else "gloo"
-
-
-def launched() -> bool:
-    """Whether this process was started by `torchrun` (or anything that sets its rendezvous
-    variables), with any number of ranks: one rank is a mesh of one, which runs the same code."""
-    return all(name in os.environ for name in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"))
 
 
 def device_mesh(size: int | None = None) -> DeviceMesh:

@@ -17,11 +17,10 @@ from pathlib import Path
 from typing import TypeVar
 
 import torch
-import torch.distributed as dist
 
 from lmconvert.formats.checkpoint import open_checkpoint
 from lmconvert.formats.dtypes import torch_dtype
-from lmconvert.runtime.tensor_parallel import device_mesh, gather_points, launched, load_parallel
+from lmconvert.runtime.launch import launched
 
 from . import golden as golden_file
 from .report import Report
@@ -33,6 +32,8 @@ T = TypeVar("T")
 
 def from_rank0(make: Callable[[], T]) -> T:
     """`make()` run on rank 0 and its result (or its exception) handed to every rank."""
+    import torch.distributed as dist
+
     box: list[object] = [None]
     if dist.get_rank() == 0:
         try:
@@ -49,6 +50,10 @@ def from_rank0(make: Callable[[], T]) -> T:
 def verify_parallel(checkpoint: Path, reference: Path | None, dtype: str | None, device: str, seq_len: int | None,
                     batch: int, seed: int, generate: int, max_memory: int | None, golden: Path | None,
                     save_golden: Path | None, padded: bool) -> Report | None:
+    import torch.distributed as dist
+
+    from lmconvert.runtime.tensor_parallel import device_mesh, gather_points, load_parallel
+
     mesh = device_mesh()
     with open_checkpoint(checkpoint) as ckpt:
         def record() -> object:
