@@ -20,8 +20,9 @@ from safetensors.torch import load_file, save_file
 
 from lmconvert.convert.ingest import to_canonical
 
-pytestmark = pytest.mark.skipif(not (dist.is_available() and dist.is_gloo_available()),
-                                reason="torch.distributed with gloo is unavailable")
+pytestmark = [pytest.mark.slow,  # two torchrun launches of 2 ranks: ~25 s
+              pytest.mark.skipif(not (dist.is_available() and dist.is_gloo_available()),
+                                 reason="torch.distributed with gloo is unavailable")]
 TORCHRUN = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--standalone",
             "-m", "lmconvert"]
 
