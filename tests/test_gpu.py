@@ -73,3 +73,41 @@ def test_offloaded_reference_computes_on_the_gpu(name: str, canonical: Callable[
                 (out[0] if isinstance(out, tuple) else out).device.type))
         model(torch.zeros(1, 4, dtype=torch.long, device="cuda"))
     assert seen == ["cuda"] * len(model.model.layers)
+
+
+def test_pipeline_across_the_cpu_and_a_gpu(canonical: Callable[[str], Path]) -> None:
+    """Blocks split between the CPU and the GPU: the logits equal the all-GPU ones to fp32 rounding."""
+    from tp_ranks import incremental
+
+    import lmconvert
+    from lmconvert.runtime.pipeline import place
+
+    ids = build_ids()
+    whole = lmconvert.load(canonical("llama"), device="cuda", attention="eager")
+    split = place(lmconvert.load(canonical("llama"), attention="eager"), ["cpu", "cuda"])
+    with torch.no_grad():
+        assert float((split(ids.cpu()).cuda() - whole(ids)).abs().max()) <= 1e-4
+        assert float((incremental(split, ids.cpu(), 12).cuda() - incremental(whole, ids, 12)).abs().max()) <= 1e-4
+
+
+def test_tensor_parallel_with_nccl_on_the_gpus_present(canonical: Callable[[str], Path], tmp_path: Path) -> None:
+    """`torchrun -m lmconvert verify` with one rank per GPU (NCCL): PASS, with tensor_parallel set."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    ranks = torch.cuda.device_count()
+    argv = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(ranks),
+            "-m", "lmconvert", "verify", str(canonical("llama")), "--json", str(tmp_path / "r.json")]
+    run = subprocess.run(argv, capture_output=True, text=True, timeout=600,
+                         env={**os.environ, "PYTHONPATH": str(Path(__file__).parents[1])})
+    assert run.returncode == 0, run.stderr[-3000:]
+    report = json.loads((tmp_path / "r.json").read_text())
+    assert report["verdict"] == "PASS" and report["tensor_parallel"] == ranks
+
+
+def build_ids() -> torch.Tensor:
+    from hf_models import token_batch
+
+    return token_batch(seq=SEQ).cuda()

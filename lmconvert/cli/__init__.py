@@ -43,7 +43,8 @@ Exit codes:
 def _fail(message: str, code: int) -> None:
     """One line, whatever a file name in the message holds: control characters are escaped."""
     line = "".join(c if c.isprintable() else repr(c)[1:-1] for c in message)
-    click.echo(f"lmconvert: error: {line}", err=True)
+    if os.environ.get("RANK", "0") == "0":  # under torchrun, rank 0 speaks for every rank
+        click.echo(f"lmconvert: error: {line}", err=True)
     sys.exit(code)
 
 
@@ -202,11 +203,13 @@ def verify(checkpoint: Path, reference: Path | None, dtype: str | None, device: 
                                  "or added since conversion (see above)")
         return
 
-    from lmconvert.verify.run import verify as run
+    from lmconvert.verify.parallel import verify as run  # tensor-parallel under torchrun
 
     report = run(checkpoint, reference, dtype=dtype, device=check_device(device), seq_len=seq_len, batch=batch,
                  generate=new_tokens, max_memory=parse_memory(max_memory), golden=golden, save_golden=save_golden,
                  padded=padded)
+    if report is None:  # a rank other than 0 under torchrun: rank 0 reports
+        return
     if json_out is not None:
         text = json.dumps(report.to_dict(), indent=2)
         if str(json_out) == "-":

@@ -41,10 +41,20 @@ def load_checkpoint(checkpoint: Checkpoint, dtype: torch.dtype | None = None, de
 
 
 def load(path: str | Path, dtype: torch.dtype | str | None = None, device: str | torch.device = "cpu",
-         attention: str = "sdpa") -> Decoder:
+         attention: str = "sdpa", tp: int | bool | None = None) -> Decoder:
     """The canonical Decoder for a checkpoint in any format (an HF directory is converted in
-    memory). `attention` is "sdpa" (fast, transformers' default) or "eager" (transformers' eager order)."""
+    memory). `attention` is "sdpa" (fast, transformers' default) or "eager" (transformers' eager order).
+
+    `tp`: this rank's share of the model split tensor-parallel over every rank of the launch
+    (`torchrun --nproc-per-node N`; True, or N to check the count), each rank reading only its
+    slices (`runtime/tensor_parallel.py`). Every rank calls it; the device is the rank's GPU, or the
+    CPU with gloo, and `device` is not used."""
     if isinstance(dtype, str):
         dtype = parse_dtype(dtype)
     with open_checkpoint(Path(path)) as checkpoint:
+        if tp:
+            from .tensor_parallel import device_mesh, load_parallel
+
+            mesh = device_mesh(None if tp is True else int(tp))
+            return load_parallel(checkpoint, mesh, dtype, attention)
         return load_checkpoint(checkpoint, dtype, device, attention)

@@ -36,6 +36,7 @@ class Report:
     reference_error: float | None = None  # low precision: mean |transformers - fp32 reference|
     vs_fp32: dict[str, dict[str, float]] | None = None  # low precision: each side's logit stats vs fp32
     notes: list[str] = field(default_factory=list)
+    tensor_parallel: int | None = None  # our side ran split over this many ranks (torchrun)
 
     @property
     def first_failure(self) -> PointError | None:
@@ -72,6 +73,7 @@ class Report:
             "criterion": self.criterion, "checkpoint": self.checkpoint, "reference": self.reference,
             "golden": self.golden, "dtype": self.dtype, "device": self.device, "batch": self.batch,
             "seq_len": self.seq_len, "tokens": self.tokens, "streamed": self.streamed, "max_memory": self.max_memory,
+            "tensor_parallel": self.tensor_parallel,
             **self.logits, "ours_error": self.ours_error, "reference_error": self.reference_error,
             "ratio": self.ratio, "logits_passed": self.logits_passed, "vs_fp32": self.vs_fp32,
             "first_failure": failure.to_dict() if failure else None,
@@ -91,7 +93,8 @@ def _rows(rows: list[tuple[str, str]]) -> str:
 
 
 def _summary(r: Report) -> str:
-    ours = r.checkpoint + ("  (streamed block by block)" if r.streamed else "")
+    ours = r.checkpoint + ("  (streamed block by block)" if r.streamed else "") + \
+        (f"  (tensor-parallel over {r.tensor_parallel} ranks)" if r.tensor_parallel else "")
     if r.golden:
         recorded = r.versions.get("reference", {}).get("transformers")
         against = f"golden file {r.golden} (transformers {recorded or '?'})"

@@ -28,7 +28,7 @@ from lmconvert.runtime.load import load_checkpoint
 from lmconvert.runtime.streamed import streamed
 
 from . import golden as golden_file
-from .agreement import compare_generation, greedy, logit_stats
+from .agreement import Steppable, compare_generation, greedy, logit_stats
 from .budget import check_request
 from .expected import Expected, record, versions
 from .localize import compare_points
@@ -70,17 +70,23 @@ def run_ours(checkpoint: Checkpoint, expected: Expected, device: str,
              stream: bool) -> tuple[Trace, tuple[torch.Tensor, torch.Tensor] | None]:
     """Our trace on the expected token batch, and our greedy generation from the same prompt."""
     dtype = torch_dtype(expected.dtype)
-    ids = expected.ids.to(device)
-    mask = None if expected.attention_mask is None else expected.attention_mask.to(device)
     context = streamed(checkpoint, dtype, device) if stream else nullcontext(
         load_checkpoint(checkpoint, dtype=dtype, device=device, attention="eager"))
     with context as model:
-        root = model.model if stream else model
-        trace = our_trace(root, lambda x: model(x, attention_mask=mask), ids)
-        generation = None
-        if expected.generation is not None:
-            new = expected.generation[0].shape[1] - expected.prompt_tokens
-            generation = greedy(model, ids[:1, :expected.prompt_tokens], new)
+        return run_model(model, model.model if stream else model, expected, device)
+
+
+@torch.no_grad()
+def run_model(model: Steppable, root: torch.nn.Module, expected: Expected,
+              device: str | torch.device) -> tuple[Trace, tuple[torch.Tensor, torch.Tensor] | None]:
+    """`model`'s trace (its modules are `root`'s) and greedy generation on the expected batch."""
+    ids = expected.ids.to(device)
+    mask = None if expected.attention_mask is None else expected.attention_mask.to(device)
+    trace = our_trace(root, lambda x: model(x, attention_mask=mask), ids)
+    generation = None
+    if expected.generation is not None:
+        new = expected.generation[0].shape[1] - expected.prompt_tokens
+        generation = greedy(model, ids[:1, :expected.prompt_tokens], new)
     return trace, generation
 
 
@@ -104,7 +110,7 @@ def judge(checkpoint: Path, expected: Expected, trace: Trace, generation: tuple[
     if generation is not None and expected.generation is not None:
         report.generation = compare_generation(generation, expected.generation, expected.prompt_tokens, tolerance)
     if tolerance.exact:
-        report.logits_passed = stats["max_abs"] <= tolerance.logits_max_abs
+        report.logits_passed = stats["max_abs"] <= tolerance.logits_limit(float(expected.logits.abs().max()))
     else:
         exact = expected.exact_logits.float()
         report.ours_error = float((ours.float() - exact).abs().mean())
@@ -157,7 +163,8 @@ def verify(checkpoint: Path, reference: Path | None = None, dtype: str | None = 
     """Verify `checkpoint` against transformers (or against a golden file), and optionally store
     what transformers computed as a golden file. With `max_memory` (bytes) our side streams one
     block at a time and transformers offloads through accelerate. `padded`: rows of different
-    lengths, left-padded under an attention mask. The checkpoint is opened once."""
+    lengths, left-padded under an attention mask. The checkpoint is opened once. (`parallel.verify`
+    is the same under torchrun.)"""
     if golden is not None and (reference is not None or save_golden is not None or padded):
         raise InputError("--golden checks against a recorded file (its own batch); drop --reference, --save-golden "
                          "and --padded")

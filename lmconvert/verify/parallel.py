@@ -1,0 +1,92 @@
+"""`verify` under `torchrun`: our side tensor-parallel over the launched ranks, the reference on rank 0.
+
+Rank 0 records the reference (transformers on `--device`, offloading through accelerate beyond
+`--max-memory` as on one process, or a golden file) before any rank loads its slices, so the
+reference has the devices to itself, and hands the record to every rank. Each rank then loads its
+slices of the model (`runtime/tensor_parallel.py`) and runs the same trace and greedy generation;
+the points that each rank computed a slice of (q, k, v, gate, up) are gathered whole. Rank 0
+judges and returns the report, with `tensor_parallel` set to the rank count; the other ranks return
+None and print nothing. An error on rank 0 while recording is raised on every rank, so none waits
+for a record that will not come.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import TypeVar
+
+import torch
+
+from lmconvert.formats.checkpoint import open_checkpoint
+from lmconvert.formats.dtypes import torch_dtype
+from lmconvert.runtime.launch import launched
+
+from . import golden as golden_file
+from .report import Report
+from .run import check_golden, judge, record_reference, run_model
+from .run import verify as verify_single
+
+T = TypeVar("T")
+
+
+def from_rank0(make: Callable[[], T]) -> T:
+    """`make()` run on rank 0 and its result (or its exception) handed to every rank."""
+    import torch.distributed as dist
+
+    box: list[object] = [None]
+    if dist.get_rank() == 0:
+        try:
+            box[0] = ("ok", make())
+        except Exception as exc:  # noqa: BLE001 - raised again on every rank below
+            box[0] = ("error", exc)
+    dist.broadcast_object_list(box, src=0)
+    kind, value = box[0]
+    if kind == "error":
+        raise value
+    return value
+
+
+def verify_parallel(checkpoint: Path, reference: Path | None, dtype: str | None, device: str, seq_len: int | None,
+                    batch: int, seed: int, generate: int, max_memory: int | None, golden: Path | None,
+                    save_golden: Path | None, padded: bool) -> Report | None:
+    import torch.distributed as dist
+
+    from lmconvert.runtime.tensor_parallel import device_mesh, gather_points, load_parallel
+
+    mesh = device_mesh()
+    with open_checkpoint(checkpoint) as ckpt:
+        def record() -> object:
+            if golden is not None:
+                return check_golden(ckpt, golden, dtype, device)
+            expected = record_reference(ckpt, reference, dtype, device, seq_len, batch, seed, generate, max_memory,
+                                        padded)
+            if save_golden is not None:
+                golden_file.save(expected, save_golden)
+            return expected
+
+        expected = from_rank0(record)
+        if torch.cuda.is_available():  # the reference's blocks, freed, back to the device for our slices
+            torch.cuda.empty_cache()
+        model = load_parallel(ckpt, mesh, torch_dtype(expected.dtype), attention="eager")
+        ours = torch.device("cpu") if mesh.device_type == "cpu" else torch.device("cuda", torch.cuda.current_device())
+        trace, generation = run_model(model, model, expected, ours)
+        trace.points = gather_points(model, trace.points)
+    if dist.get_rank() != 0:
+        return None
+    expected.tolerance = expected.tolerance.split()
+    report = judge(checkpoint, expected, trace, generation, mesh.device_type, False, max_memory, golden)
+    report.tensor_parallel = mesh.size()
+    return report
+
+
+def verify(checkpoint: Path, reference: Path | None = None, dtype: str | None = None, device: str = "cpu",
+           seq_len: int | None = None, batch: int = 2, seed: int = 0, generate: int = 16,
+           max_memory: int | None = None, golden: Path | None = None,
+           save_golden: Path | None = None, padded: bool = False) -> Report | None:
+    """`run.verify`, or under torchrun with more than one rank `verify_parallel` (None on ranks other than 0)."""
+    if launched():
+        return verify_parallel(checkpoint, reference, dtype, device, seq_len, batch, seed, generate, max_memory,
+                               golden, save_golden, padded)
+    return verify_single(checkpoint, reference, dtype, device, seq_len, batch, seed, generate, max_memory, golden,
+                         save_golden, padded)
