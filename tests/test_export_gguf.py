@@ -30,6 +30,7 @@ from test_formats_gguf import (
     transformers_gguf,
     write_gguf,
 )
+from transformers import AutoModelForCausalLM
 
 import lmconvert
 from lmconvert.convert import convert, to_canonical
@@ -110,7 +111,13 @@ def test_same_tensors_and_config_as_the_llama_cpp_converter_emulation(model_type
     assert set(ours_t) == set(theirs_t)
     for tensor_name, data in theirs_t.items():
         assert np.array_equal(ours_t[tensor_name], data), tensor_name
-    ids = {"bos_token_id", "eos_token_id", "pad_token_id"}  # the tokenizer's business: compared where stated
+    assert_same_config(ours, theirs)
+
+
+def assert_same_config(ours: Path, theirs: Path) -> None:
+    """The configs our reader makes of both files: equal, the token ids (the tokenizer's
+    business) where both state them."""
+    ids = {"bos_token_id", "eos_token_id", "pad_token_id"}
     ours_config, theirs_config = open_source(ours).config, open_source(theirs).config
     assert {k: v for k, v in ours_config.items() if k not in ids} == {
         k: v for k, v in theirs_config.items() if k not in ids}
@@ -306,8 +313,73 @@ def test_no_tokenizer_files_means_llama_cpp_s_no_vocabulary(llama_canonical: Pat
     assert open_source(out).tokenizer is None
 
 
-@pytest.mark.parametrize(("model_type", "kwargs"), [("gpt2", FAMILIES["gpt2"]),
-                                                     ("qwen2_moe", SPECS["qwen2_moe"].kwargs)])
+# -- mixtures of experts: every expert of a layer and projection stacked -----------------------
+
+# what llama.cpp's qwen2moe / qwen3moe / llama graphs hold: an expert FFN on every layer, no window,
+# the top-k weights renormalised never (qwen2moe) or always (qwen3moe, Mixtral)
+MOE = {"qwen2_moe": dict(SPECS["qwen2_moe"].kwargs, use_sliding_window=False, mlp_only_layers=[],
+                         norm_topk_prob=False),
+       "qwen3_moe": dict(SPECS["qwen3_moe"].kwargs, use_sliding_window=False, decoder_sparse_step=1,
+                         norm_topk_prob=True),
+       "mixtral": dict(SPECS["mixtral"].kwargs, sliding_window=None)}
+
+
+@pytest.mark.parametrize("quant", ["f32", "bf16"])
+@pytest.mark.parametrize("name", list(MOE))
+def test_mixtures_read_back_bit_for_bit(name: str, quant: str, tmp_path: Path) -> None:
+    """Each expert's matrices stacked on export and unstacked on import: every canonical tensor
+    back bit for bit at the file's type, and at f32 the same logits."""
+    canonical = canonical_of(build_model(name, **MOE[name]), tmp_path)
+    out = exported(canonical, tmp_path / "m.gguf", quant)
+    ours, source = lmconvert.load(out, attention="eager"), lmconvert.load(canonical, attention="eager")
+    assert ours.cfg.moe == source.cfg.moe
+    theirs = source.state_dict()
+    for tensor_name, tensor in ours.state_dict().items():
+        assert torch.equal(tensor.float(), theirs[tensor_name].to(FLOATS[quant]).float()), tensor_name
+    names = {t.name for t in gguf.GGUFReader(out).tensors}
+    assert "blk.0.ffn_gate_exps.weight" in names and not any(".experts." in n for n in names)
+    if quant == "f32":
+        ids = token_batch(seq=28)
+        assert torch.equal(logits_of(ours, ids), logits_of(source, ids))
+
+
+@pytest.mark.parametrize("name", list(MOE))
+def test_mixtures_are_what_the_llama_cpp_converter_writes(name: str, tmp_path: Path) -> None:
+    from test_moe import write_moe_gguf
+
+    model = build_model(name, **MOE[name])
+    ours = exported(canonical_of(model, tmp_path), tmp_path / "ours.gguf", "f32")
+    theirs = write_moe_gguf(model, tmp_path / "theirs.gguf",
+                            name="Mixtral-tiny" if name == "mixtral" else "tiny")
+    ours_t = {t.name: np.array(t.data) for t in gguf.GGUFReader(ours).tensors}
+    theirs_t = {t.name: np.array(t.data) for t in gguf.GGUFReader(theirs).tensors}
+    assert set(ours_t) == set(theirs_t)
+    for tensor_name, data in theirs_t.items():
+        assert np.array_equal(ours_t[tensor_name], data), tensor_name
+    assert_same_config(ours, theirs)
+
+
+@pytest.mark.parametrize("name", ["qwen2_moe", "qwen3_moe"])
+def test_transformers_reads_the_mixtures(name: str, tmp_path: Path) -> None:
+    """transformers' GGUF loader reads no expert widths (its config defaults: test_moe's models)."""
+    from test_moe import GGUF_MODELS
+
+    model = build_model(name, **GGUF_MODELS[name])
+    out = exported(canonical_of(model, tmp_path), tmp_path / "m.gguf", "f32")
+    theirs = AutoModelForCausalLM.from_pretrained(str(tmp_path), gguf_file=out.name, dtype=torch.float32,
+                                                  attn_implementation="eager", experts_implementation="eager").eval()
+    ids = token_batch(seq=24)
+    assert (logits_of(theirs, ids) - logits_of(lmconvert.load(out, attention="eager"), ids)).abs().max() <= FP32_MAX_ABS
+
+
+def test_a_dense_layer_in_a_mixture_is_refused_by_name(tmp_path: Path) -> None:
+    canonical = canonical_of(build_model("qwen2_moe", **{**MOE["qwen2_moe"], "mlp_only_layers": [1]}), tmp_path)
+    code, _, err = cli("convert", canonical, tmp_path / "m.gguf", "--to", "gguf")
+    assert code == 2 and "llama.cpp's qwen2moe architecture has no tensor for layers.1.mlp.down.weight" in err, err
+    assert not (tmp_path / "m.gguf").exists()
+
+
+@pytest.mark.parametrize(("model_type", "kwargs"), [("gpt2", FAMILIES["gpt2"])])
 def test_read_but_not_yet_written(model_type: str, kwargs: dict[str, Any], tmp_path: Path) -> None:
     canonical = canonical_of(build_model(model_type, **kwargs), tmp_path)
     code, _, err = cli("convert", canonical, tmp_path / "m.gguf", "--to", "gguf")

@@ -70,6 +70,11 @@ def to_gguf(src: Path | Checkpoint, out: Path, family: str | None = None, quant:
             sizes = {**tensor_sizes({**config, "num_key_value_heads": arch.n_kv_heads, "head_dim": arch.head_dim,
                                      "intermediate_size": arch.d_ff}),
                      "rows": meta.arch.vocab_size}
+            homeless = [n for n in ckpt.source.tensors.names() if not table.stored_names(n)]
+            if homeless:  # a dense layer in a mixture llama.cpp makes all experts, say
+                raise MappingError(f"llama.cpp's {model.arch} architecture has no tensor for "
+                                   f"{', '.join(homeless[:3])}{' ...' if len(homeless) > 3 else ''}; "
+                                   "export it as HF safetensors instead")
             plan = table.plan_export(ckpt.source.tensors.names(), sizes)
             shapes = {name: out_shape(t.inverse, [canonical[s] for s in src_name] if isinstance(src_name, tuple)
                                       else canonical[src_name]) for name, (src_name, t) in plan.items()}

@@ -91,6 +91,12 @@ ARCHS: dict[str, GgufArch] = {
 BY_NAME: tuple[tuple[str, str, GgufArch], ...] = (
     ("llama", "mistral", GgufArch("mistral", keys={"attention.sliding_window": "sliding_window"},
                                   defaults={"hidden_act": "silu", "sliding_window": None}, permute_qk=True)),
+    # Mixtral is llama.cpp's `llama` with stacked experts on every layer (feed_forward_length is the
+    # expert width); its graph renormalises the top-k weights and has no window
+    ("llama", "mixtral", GgufArch("mixtral", keys={"expert_count": "num_local_experts",
+                                                   "expert_used_count": "num_experts_per_tok"},
+                                  defaults={"hidden_act": "silu", "sliding_window": None}, permute_qk=True,
+                                  experts=True)),
 )
 
 

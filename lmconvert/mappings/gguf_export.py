@@ -25,9 +25,12 @@ from .gguf_metadata import LLAMA3_STATED, ROPE_KEYS, SHARED_KEYS, TOKEN_IDS, hf_
 
 # transformers model_type -> (llama.cpp architecture, its table entry)
 EXPORTS: dict[str, tuple[str, GgufArch]] = {
-    **{entry.model_type: (arch, entry) for arch, entry in ARCHS.items() if entry.table is None and not entry.experts},
+    **{entry.model_type: (arch, entry) for arch, entry in ARCHS.items() if entry.table is None},
     **{entry.model_type: (arch, entry) for arch, _, entry in BY_NAME},
-}  # not yet GPT-2, whose table and metadata are its own, nor the mixtures' expert keys (read, not written)
+}  # not yet GPT-2, whose table and metadata are its own
+# HF keys the import writes that a family's config.json may spell otherwise (transformers'
+# attribute_map): Qwen-MoE's num_experts is num_local_experts in transformers 5
+SPELLINGS = {"num_experts": "num_local_experts"}
 ROPE_TYPES_OUT = {"linear": "linear", "yarn": "yarn"}  # HF rope_type -> `{arch}.rope.scaling.type`
 
 
@@ -115,8 +118,9 @@ def metadata(config: Mapping[str, Any], name: str) -> GgufModel:
     values: dict[str, Any] = {"general.architecture": arch, "general.name": name}
     head_dim = config.get("head_dim") or config["hidden_size"] // config["num_attention_heads"]
     for gguf_key, hf_key in {**SHARED_KEYS, **entry.keys}.items():
-        if config.get(hf_key) is not None and gguf_key != "rope.freq_base":
-            values[f"{arch}.{gguf_key}"] = config[hf_key]
+        value = config.get(hf_key, config.get(SPELLINGS.get(hf_key, "")))
+        if value is not None and gguf_key != "rope.freq_base":
+            values[f"{arch}.{gguf_key}"] = value
     values[f"{arch}.attention.key_length"] = values[f"{arch}.attention.value_length"] = head_dim
     values[f"{arch}.rope.dimension_count"] = head_dim
     values[f"{arch}.vocab_size"] = config["vocab_size"]
