@@ -25,13 +25,61 @@ from .gguf_metadata import LLAMA3_STATED, ROPE_KEYS, SHARED_KEYS, TOKEN_IDS, hf_
 
 # transformers model_type -> (llama.cpp architecture, its table entry)
 EXPORTS: dict[str, tuple[str, GgufArch]] = {
-    **{entry.model_type: (arch, entry) for arch, entry in ARCHS.items() if entry.table is None},
+    **{entry.model_type: (arch, entry) for arch, entry in ARCHS.items()},
     **{entry.model_type: (arch, entry) for arch, _, entry in BY_NAME},
-}  # not yet GPT-2, whose table and metadata are its own
+}
 # HF keys the import writes that a family's config.json may spell otherwise (transformers'
-# attribute_map): Qwen-MoE's num_experts is num_local_experts in transformers 5
-SPELLINGS = {"num_experts": "num_local_experts"}
+# attribute_map): Qwen-MoE's num_experts is num_local_experts in transformers 5, GPT-2 has its own names
+SPELLINGS = {"num_experts": "num_local_experts", "hidden_size": "n_embd", "num_hidden_layers": "n_layer",
+             "num_attention_heads": "n_head", "max_position_embeddings": "n_positions"}
+
+
+# HF keys a config may leave null where llama.cpp states the value: GPT-2's d_ff is then 4 * n_embd
+IMPLIED = {"n_inner": lambda config: 4 * _get(config, "hidden_size")}
+
+
+def _get(config: Mapping[str, Any], hf_key: str) -> Any:  # noqa: ANN401 - config values are of any type
+    """A config value under the import's name, or the family's own spelling of it."""
+    value = config.get(hf_key)
+    value = config.get(SPELLINGS.get(hf_key, "")) if value is None else value
+    return IMPLIED[hf_key](config) if value is None and hf_key in IMPLIED else value
 ROPE_TYPES_OUT = {"linear": "linear", "yarn": "yarn"}  # HF rope_type -> `{arch}.rope.scaling.type`
+
+
+QKV = ("attn_q", "attn_k", "attn_v")  # llama.cpp's create_tensor_qkv loads these biases when a file has them
+NORMS = ("attn_norm", "ffn_norm", "output_norm")
+# the biases llama.cpp's loader for each architecture reads (`create_tensor(tn(..., "bias"))` in its
+# src/models/<arch>.cpp); a file holding any other is refused by llama.cpp ("wrong number of tensors")
+LOADED_BIASES: dict[str, frozenset[str]] = {arch: frozenset(names) for arch, names in {
+    "llama": (*QKV, "attn_output", "ffn_gate", "ffn_up", "ffn_down"),
+    "qwen2": (*QKV, "output"), "qwen3": QKV, "qwen2moe": QKV, "qwen3moe": QKV, "gemma2": QKV, "gemma3": QKV,
+    "olmo2": QKV, "phi3": QKV,
+    "gpt2": (*NORMS, "attn_qkv", "attn_output", "ffn_up", "ffn_down"),
+    "starcoder2": (*QKV, *NORMS, "attn_output", "ffn_up", "ffn_down"),
+    "stablelm": (*QKV, *NORMS),
+    "nemotron": (*QKV, *NORMS, "attn_output", "ffn_up", "ffn_down"),
+}.items()}
+
+
+def unloaded_biases(arch: str, names: list[str]) -> list[str]:
+    """The bias tensors among `names` (GGUF names) that llama.cpp's `arch` does not load."""
+    loaded = LOADED_BIASES.get(arch, frozenset())
+    return [n for n in names if n.endswith(".bias") and n.split(".")[-2] not in loaded]
+
+
+# tensors llama.cpp's converter stores as F32 whatever the file type (ModelBase.prepare_tensors: the
+# routers, learned positions, any norm), and those it stores as F16 rather than ternary
+ALWAYS_F32 = ("ffn_gate_inp.weight", "ffn_gate_inp_shexp.weight", "position_embd.weight", "_norm.weight")
+HALF_WHEN_TERNARY = ("token_embd.weight", "output.weight")
+
+
+def forced_type(name: str, wanted: str) -> str | None:
+    """The GGML type llama.cpp's converter gives this GGUF tensor instead of the file's, if any."""
+    if name.endswith(ALWAYS_F32):
+        return "F32"
+    if wanted in ("TQ1_0", "TQ2_0") and name in HALF_WHEN_TERNARY:
+        return "F16"
+    return None
 
 
 @dataclass
@@ -116,13 +164,15 @@ def metadata(config: Mapping[str, Any], name: str) -> GgufModel:
         if variant is entry and word not in name.lower():
             name = f"{name} ({word})"
     values: dict[str, Any] = {"general.architecture": arch, "general.name": name}
-    head_dim = config.get("head_dim") or config["hidden_size"] // config["num_attention_heads"]
+    head_dim = config.get("head_dim") or _get(config, "hidden_size") // _get(config, "num_attention_heads")
     for gguf_key, hf_key in {**SHARED_KEYS, **entry.keys}.items():
-        value = config.get(hf_key, config.get(SPELLINGS.get(hf_key, "")))
+        value = _get(config, hf_key)
         if value is not None and gguf_key != "rope.freq_base":
             values[f"{arch}.{gguf_key}"] = value
     values[f"{arch}.attention.key_length"] = values[f"{arch}.attention.value_length"] = head_dim
-    values[f"{arch}.rope.dimension_count"] = head_dim
+    params, _ = _rope(config)
+    rotated = params.get("partial_rotary_factor") or config.get("partial_rotary_factor") or 1.0
+    values[f"{arch}.rope.dimension_count"] = int(head_dim * rotated)  # the rotated part of a head
     values[f"{arch}.vocab_size"] = config["vocab_size"]
     rope, extra = _rope_metadata(arch, config, head_dim)
     values.update(rope)
@@ -166,4 +216,4 @@ def lost(ours: ArchConfig, back: ArchConfig) -> list[str]:
     return [f.name for f in fields(ArchConfig) if getattr(back, f.name) != getattr(ours, f.name)]
 
 
-__all__ = ["EXPORTS", "GgufModel", "lost", "metadata", "read_back"]
+__all__ = ["EXPORTS", "GgufModel", "forced_type", "lost", "metadata", "read_back", "unloaded_biases"]
