@@ -10,6 +10,7 @@ test_llamacpp.py (`make llamacpp-check`).
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 from typing import Any
@@ -349,8 +350,70 @@ MOE = {"qwen2_moe": dict(SPECS["qwen2_moe"].kwargs, use_sliding_window=False, ml
        "mixtral": dict(SPECS["mixtral"].kwargs, sliding_window=None)}
 
 
+# families whose GGUF lmconvert writes but transformers' GGUF loader does not read: their spec models,
+# cut to what llama.cpp's architecture holds (no o or MLP biases: its loaders read none for these;
+# SmolLM3's NoPE on every fourth layer and no window, as llama.cpp hard-codes it)
+WRITTEN_ONLY = {
+    "gemma": dict(SPECS["gemma"].kwargs, attention_bias=False),
+    "granite": dict(SPECS["granite"].kwargs),  # its four multipliers, its biases
+    "smollm3": dict(SPECS["smollm3"].kwargs, attention_bias=False, mlp_bias=False, no_rope_layer_interval=4,
+                    use_sliding_window=False),
+    "olmo": dict(SPECS["olmo"].kwargs, attention_bias=False, clip_qkv=0.4),
+}
 # every exportable family's tiny model that llama.cpp's architecture holds whole (test_llamacpp.py runs them)
-MODELS: dict[str, dict[str, Any]] = {**{t: FAMILIES[t] for t in FAMILIES if t in EXPORTS}, **MOE}
+MODELS: dict[str, dict[str, Any]] = {**{t: FAMILIES[t] for t in FAMILIES if t in EXPORTS}, **MOE, **WRITTEN_ONLY}
+
+
+@pytest.mark.parametrize("quant", ["f32", "bf16"])
+@pytest.mark.parametrize("name", list(WRITTEN_ONLY))
+def test_families_transformers_cannot_read_come_back_bit_for_bit(name: str, quant: str, tmp_path: Path) -> None:
+    """Our reader, which reads these files the way llama.cpp's loader does (tested by llama.cpp
+    itself in test_llamacpp.py), gives back the model: every tensor at the file's type, the same
+    ArchConfig but the float32 eps, and at f32 the same logits."""
+    canonical = canonical_of(build_model(name, **WRITTEN_ONLY[name]), tmp_path)
+    out = exported(canonical, tmp_path / "m.gguf", quant)
+    ours, source = lmconvert.load(out, attention="eager"), lmconvert.load(canonical, attention="eager")
+    assert as_float32(ours.cfg) == as_float32(source.cfg)
+    theirs = source.state_dict()
+    assert set(ours.state_dict()) == set(theirs)
+    for tensor_name, tensor in ours.state_dict().items():
+        if name == "gemma" and tensor_name.endswith("norm.weight"):  # stored as w + 1, in f32
+            assert torch.equal(tensor, ((theirs[tensor_name].float() + 1) - 1).to(tensor.dtype)), tensor_name
+            continue
+        assert torch.equal(tensor.float(), theirs[tensor_name].to(FLOATS[quant]).float()), tensor_name
+    if quant == "f32":
+        ids = token_batch(seq=28)
+        assert torch.equal(logits_of(ours, ids), logits_of(source, ids))
+
+
+def as_float32(value: Any) -> Any:  # noqa: ANN401 - a config, field by field
+    """A config with every real rounded to float32, as GGUF metadata stores reals."""
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return dataclasses.replace(value, **{f.name: as_float32(getattr(value, f.name))
+                                             for f in dataclasses.fields(value) if f.init})
+    if isinstance(value, float):
+        return float(np.float32(value))
+    if isinstance(value, tuple):
+        return tuple(as_float32(v) for v in value)
+    return value
+
+
+def test_granite_s_multipliers_are_llama_cpp_s_keys(tmp_path: Path) -> None:
+    kwargs = WRITTEN_ONLY["granite"]
+    out = exported(canonical_of(build_model("granite", **kwargs), tmp_path), tmp_path / "m.gguf", "f32")
+    fields = gguf.GGUFReader(out).fields
+    for key, hf_key in (("granite.attention.scale", "attention_multiplier"),
+                        ("granite.embedding_scale", "embedding_multiplier"),
+                        ("granite.residual_scale", "residual_multiplier"), ("granite.logit_scale", "logits_scaling")):
+        assert fields[key].contents() == pytest.approx(kwargs[hf_key], rel=1e-7), key
+    assert gguf.GGUFReader(tmp_path / "m.gguf").fields["general.architecture"].contents() == "granite"
+
+
+def test_smollm3_s_nope_layers_must_be_llama_cpp_s(tmp_path: Path) -> None:
+    canonical = canonical_of(build_model("smollm3", **{**WRITTEN_ONLY["smollm3"], "no_rope_layer_interval": 2}),
+                             tmp_path)
+    code, _, err = cli("convert", canonical, tmp_path / "m.gguf", "--to", "gguf")
+    assert code == 2 and "llama.cpp's smollm3 metadata cannot express this model's layer_positions" in err, err
 
 
 @pytest.mark.parametrize("quant", ["f32", "bf16"])

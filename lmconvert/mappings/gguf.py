@@ -268,3 +268,23 @@ ARCHS["nemotron"] = GgufArch("nemotron", keys={"attention.layer_norm_epsilon": "
                              defaults={"hidden_act": "relu2"},
                              bias_flags={"attention_bias": "blk.0.attn_q.bias", "mlp_bias": "blk.0.ffn_up.bias"},
                              norm_eps="attention.layer_norm_epsilon", partial_rotary=True, table=_nemotron_table())
+
+
+# -- architectures that lmconvert's GGUF export writes (and reads back the same way) ---------------
+# What each one's llama.cpp graph hard-codes instead of stating is in its defaults: Gemma's tanh GELU
+# and embeddings scaled by sqrt(hidden) (the gemma family's own), SmolLM3's NoPE on every fourth
+# layer, OLMo's LayerNorm without weights and eps 1e-5.
+ARCHS["gemma"] = GgufArch("gemma", defaults={"hidden_activation": "gelu_pytorch_tanh"}, bias_flags=ATTENTION_BIAS,
+                          norm_offset=1.0, output=False)  # llama.cpp's Gemma always ties its output
+ARCHS["granite"] = GgufArch("granite", keys={"attention.scale": "attention_multiplier",
+                                             "embedding_scale": "embedding_multiplier",
+                                             "residual_scale": "residual_multiplier", "logit_scale": "logits_scaling"},
+                            defaults={"hidden_act": "silu"},
+                            bias_flags={**ATTENTION_BIAS, "mlp_bias": "blk.0.ffn_up.bias"}, permute_qk=True)
+ARCHS["smollm3"] = GgufArch("smollm3", defaults={"hidden_act": "silu", "no_rope_layer_interval": 4,
+                                                 "use_sliding_window": False},
+                            bias_flags=ATTENTION_BIAS, permute_qk=True)
+ARCHS["olmo"] = GgufArch("olmo", keys={"attention.clamp_kqv": "clip_qkv"}, defaults={"hidden_act": "silu"},
+                         norm_eps="attention.layer_norm_epsilon", permute_qk=True,
+                         table=TensorTable(tuple(r for r in tensor_table(True, 0.0, True).rules
+                                                 if not r.stored.endswith("norm.weight"))))  # norms without weights

@@ -58,7 +58,10 @@ LOADED_BIASES: dict[str, frozenset[str]] = {arch: frozenset(names) for arch, nam
     "starcoder2": (*QKV, *NORMS, "attn_output", "ffn_up", "ffn_down"),
     "stablelm": (*QKV, *NORMS),
     "nemotron": (*QKV, *NORMS, "attn_output", "ffn_up", "ffn_down"),
+    "gemma": QKV, "granite": (*QKV, "attn_output", "ffn_gate", "ffn_up", "ffn_down"), "smollm3": QKV, "olmo": QKV,
 }.items()}
+# metadata llama.cpp's converter writes whatever the config says: OLMo's LayerNorm eps, fixed in transformers
+CONSTANTS: dict[str, dict[str, Any]] = {"olmo": {"attention.layer_norm_epsilon": 1e-5}}
 
 
 def unloaded_biases(arch: str, names: list[str]) -> list[str]:
@@ -169,6 +172,7 @@ def metadata(config: Mapping[str, Any], name: str) -> GgufModel:
         value = _get(config, hf_key)
         if value is not None and gguf_key != "rope.freq_base":
             values[f"{arch}.{gguf_key}"] = value
+    values.update({f"{arch}.{key}": value for key, value in CONSTANTS.get(arch, {}).items()})
     values[f"{arch}.attention.key_length"] = values[f"{arch}.attention.value_length"] = head_dim
     params, _ = _rope(config)
     rotated = params.get("partial_rotary_factor") or config.get("partial_rotary_factor") or 1.0
