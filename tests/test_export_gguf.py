@@ -347,7 +347,9 @@ MOE = {"qwen2_moe": dict(SPECS["qwen2_moe"].kwargs, use_sliding_window=False, ml
        "qwen3_moe": dict(SPECS["qwen3_moe"].kwargs, use_sliding_window=False, decoder_sparse_step=1,
                          norm_topk_prob=True, attention_bias=False,  # llama.cpp's qwen3moe loads no o bias
                          head_dim=32),  # as the qwen3 model's: see test_llamacpp's q8_0 note
-       "mixtral": dict(SPECS["mixtral"].kwargs, sliding_window=None)}
+       "mixtral": dict(SPECS["mixtral"].kwargs, sliding_window=None),
+       # no o bias, no grouped-query attention (llama.cpp's k norm is as wide as q's)
+       "olmoe": dict(SPECS["olmoe"].kwargs, attention_bias=False, norm_topk_prob=False, num_key_value_heads=4)}
 
 
 # families whose GGUF lmconvert writes but transformers' GGUF loader does not read: their spec models,
@@ -469,6 +471,19 @@ def test_a_bias_llama_cpp_does_not_load_is_refused_by_name(tmp_path: Path) -> No
     code, _, err = cli("convert", canonical, tmp_path / "m.gguf", "--to", "gguf")
     assert code == 2 and "llama.cpp's qwen3moe architecture loads no blk.0.attn_output.bias" in err, err
     assert not (tmp_path / "m.gguf").exists()
+
+
+def test_a_tied_output_where_llama_cpp_requires_one_is_refused(tmp_path: Path) -> None:
+    canonical = canonical_of(build_model("stablelm", **{**FAMILIES["stablelm"], "tie_word_embeddings": True}),
+                             tmp_path)
+    code, _, err = cli("convert", canonical, tmp_path / "m.gguf", "--to", "gguf")
+    assert code == 2 and "llama.cpp's stablelm architecture requires an output matrix" in err, err
+
+
+def test_olmoe_with_grouped_query_attention_is_refused(tmp_path: Path) -> None:
+    canonical = canonical_of(build_model("olmoe", **{**MOE["olmoe"], "num_key_value_heads": 2}), tmp_path)
+    code, _, err = cli("convert", canonical, tmp_path / "m.gguf", "--to", "gguf")
+    assert code == 2 and "llama.cpp's olmoe architecture normalises k over as many heads as q" in err, err
 
 
 def test_a_dense_layer_in_a_mixture_is_refused_by_name(tmp_path: Path) -> None:

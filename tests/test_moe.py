@@ -617,7 +617,8 @@ def test_deepseek_router_stays_fp32_in_a_bf16_load(streamed_load: bool, deepseek
 
 # ------------------------------------------------------------------------------------------------ GGUF
 GGUF_ARCH = {"qwen2_moe": "qwen2moe", "qwen3_moe": "qwen3moe"}
-EMULATED_ARCH = {**GGUF_ARCH, "mixtral": "llama"}  # llama.cpp writes Mixtral as `llama` with stacked experts
+# llama.cpp writes Mixtral as `llama` with stacked experts; OLMoE's feed_forward_length is its expert width
+EMULATED_ARCH = {**GGUF_ARCH, "mixtral": "llama", "olmoe": "olmoe"}
 # transformers' GGUF loader reads no expert widths (it keeps its config class's defaults), so the
 # models it is compared with have those widths
 GGUF_MODELS = {
@@ -655,7 +656,7 @@ def write_moe_gguf(model: torch.nn.Module, path: Path, quant: str | None = None,
                        (writer.add_expert_used_count, cfg.num_experts_per_tok),
                        (writer.add_vocab_size, cfg.vocab_size)):
         add(value)
-    if arch != "llama":
+    if arch in GGUF_ARCH.values():
         writer.add_expert_feed_forward_length(cfg.moe_intermediate_size)
     if arch == "qwen2moe":
         writer.add_expert_shared_feed_forward_length(cfg.shared_expert_intermediate_size)

@@ -29,7 +29,7 @@ from lmconvert.formats.gguf_writer import (
 )
 from lmconvert.mappings import MappingError, family_for, family_named
 from lmconvert.mappings.gguf import tensor_sizes
-from lmconvert.mappings.gguf_export import GgufModel, forced_type, lost, metadata, read_back, unloaded_biases
+from lmconvert.mappings.gguf_export import GgufModel, forced_type, lost, metadata, read_back, refused_tensors
 from lmconvert.mappings.table import out_shape
 
 from .exports import canonical_meta
@@ -77,12 +77,12 @@ def to_gguf(src: Path | Checkpoint, out: Path, family: str | None = None, quant:
                                    f"{', '.join(homeless[:3])}{' ...' if len(homeless) > 3 else ''}; "
                                    "export it as HF safetensors instead")
             plan = table.plan_export(ckpt.source.tensors.names(), sizes)
-            unloaded = unloaded_biases(model.arch, list(plan))
-            if unloaded:  # llama.cpp would refuse the file ("wrong number of tensors")
-                raise MappingError(f"llama.cpp's {model.arch} architecture loads no {', '.join(unloaded[:3])}"
-                                   f"{' ...' if len(unloaded) > 3 else ''}; export it as HF safetensors instead")
             shapes = {name: out_shape(t.inverse, [canonical[s] for s in src_name] if isinstance(src_name, tuple)
                                       else canonical[src_name]) for name, (src_name, t) in plan.items()}
+            refusal = refused_tensors(model.arch, shapes)
+            if refusal:
+                raise MappingError(f"llama.cpp's {model.arch} architecture {refusal}; "
+                                   "export it as HF safetensors instead")
             model = _checked_metadata(config, name, ckpt, shapes)
         except MappingError as exc:
             raise InputError(f"--to gguf: {exc}") from None

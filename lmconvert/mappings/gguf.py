@@ -288,3 +288,7 @@ ARCHS["olmo"] = GgufArch("olmo", keys={"attention.clamp_kqv": "clip_qkv"}, defau
                          norm_eps="attention.layer_norm_epsilon", permute_qk=True,
                          table=TensorTable(tuple(r for r in tensor_table(True, 0.0, True).rules
                                                  if not r.stored.endswith("norm.weight"))))  # norms without weights
+# OLMoE: llama.cpp's graph never renormalises the top-k weights; feed_forward_length is the expert width
+ARCHS["olmoe"] = GgufArch("olmoe", keys={"expert_count": "num_experts", "expert_used_count": "num_experts_per_tok"},
+                          defaults={"hidden_act": "silu", "norm_topk_prob": False}, bias_flags=ATTENTION_BIAS,
+                          experts=True)

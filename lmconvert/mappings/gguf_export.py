@@ -59,15 +59,31 @@ LOADED_BIASES: dict[str, frozenset[str]] = {arch: frozenset(names) for arch, nam
     "stablelm": (*QKV, *NORMS),
     "nemotron": (*QKV, *NORMS, "attn_output", "ffn_up", "ffn_down"),
     "gemma": QKV, "granite": (*QKV, "attn_output", "ffn_gate", "ffn_up", "ffn_down"), "smollm3": QKV, "olmo": QKV,
+    "olmoe": QKV,
 }.items()}
+# the architectures whose llama.cpp loader requires an `output` matrix (a tied model has none)
+OUTPUT_REQUIRED = frozenset({"qwen2moe", "olmo2", "stablelm", "nemotron", "olmoe"})
+
+
+# the architectures whose loader sizes the k norm as the q norm, over the whole width (no GQA)
+K_NORM_AS_Q = frozenset({"olmoe"})
+
+
+def refused_tensors(arch: str, shapes: Mapping[str, tuple[int, ...]]) -> str | None:
+    """Why llama.cpp's loader would refuse a file of `arch` holding GGUF tensors of these shapes, if
+    it would ("wrong number of tensors", "missing tensor", "wrong shape")."""
+    names = list(shapes)
+    if arch in K_NORM_AS_Q and shapes.get("blk.0.attn_k_norm.weight", ()) != shapes.get("blk.0.attn_q_norm.weight", ()):
+        return "normalises k over as many heads as q, and this model has fewer KV heads (grouped-query attention)"
+    loaded = LOADED_BIASES.get(arch, frozenset())
+    unloaded = [n for n in names if n.endswith(".bias") and n.split(".")[-2] not in loaded]
+    if unloaded:
+        return f"loads no {', '.join(unloaded[:3])}{' ...' if len(unloaded) > 3 else ''}"
+    if arch in OUTPUT_REQUIRED and "output.weight" not in names:
+        return "requires an output matrix, and this model ties its output to the embeddings"
+    return None
 # metadata llama.cpp's converter writes whatever the config says: OLMo's LayerNorm eps, fixed in transformers
 CONSTANTS: dict[str, dict[str, Any]] = {"olmo": {"attention.layer_norm_epsilon": 1e-5}}
-
-
-def unloaded_biases(arch: str, names: list[str]) -> list[str]:
-    """The bias tensors among `names` (GGUF names) that llama.cpp's `arch` does not load."""
-    loaded = LOADED_BIASES.get(arch, frozenset())
-    return [n for n in names if n.endswith(".bias") and n.split(".")[-2] not in loaded]
 
 
 # tensors llama.cpp's converter stores as F32 whatever the file type (ModelBase.prepare_tensors: the
@@ -220,4 +236,4 @@ def lost(ours: ArchConfig, back: ArchConfig) -> list[str]:
     return [f.name for f in fields(ArchConfig) if getattr(back, f.name) != getattr(ours, f.name)]
 
 
-__all__ = ["EXPORTS", "GgufModel", "forced_type", "lost", "metadata", "read_back", "unloaded_biases"]
+__all__ = ["EXPORTS", "GgufModel", "forced_type", "lost", "metadata", "read_back", "refused_tensors"]
