@@ -48,6 +48,7 @@ class GgufArch:
     table: TensorTable | None = None  # a table of its own (GPT-2: fused qkv, positions, norm biases)
     experts: bool = False  # a mixture of experts on every layer (stacked experts), no dense FFN
     partial_rotary: bool = False  # `rope.dimension_count` rotates part of each head (StableLM)
+    rotary_key: str = "partial_rotary_factor"  # the HF key the rotated fraction goes to (GPT-NeoX: rotary_pct)
 
     @property
     def tensors(self) -> TensorTable:
@@ -292,3 +293,34 @@ ARCHS["olmo"] = GgufArch("olmo", keys={"attention.clamp_kqv": "clip_qkv"}, defau
 ARCHS["olmoe"] = GgufArch("olmoe", keys={"expert_count": "num_experts", "expert_used_count": "num_experts_per_tok"},
                           defaults={"hidden_act": "silu", "norm_topk_prob": False}, bias_flags=ATTENTION_BIAS,
                           experts=True)
+
+
+def _layernorm_table(*rules: Rule, qkv: bool = False) -> TensorTable:
+    """A LayerNorm family's llama.cpp layout: norms with biases, every linear with a bias; q, k, v
+    fused into one `attn_qkv` [q | k | v] when `qkv` (GPT-NeoX: llama.cpp's converter regroups its
+    per-head layout into that), else separate; q/k unpermuted (NeoX-style rotation); and `rules`."""
+    norms = (("attn_norm", "attn_norm"), ("ffn_norm", "mlp_norm"))
+    attention = ((Rule(f"blk.{{}}.attn_qkv.{p}", f"layers.{{}}.attn.{c}.{p}", Piece(("q", "kv", "kv"), i))
+                  for p in ("weight", "bias") for i, c in enumerate("qkv")) if qkv else
+                 (r for g, c in (("attn_q", "attn.q"), ("attn_k", "attn.k"), ("attn_v", "attn.v"))
+                  for r in _weight_and_bias(g, c, IDENTITY)))
+    return TensorTable((
+        Rule("token_embd.weight", "embed.weight", PADDED),
+        Rule("output.weight", "lm_head.weight", PADDED), *rules,
+        Rule("output_norm.weight", "final_norm.weight"), Rule("output_norm.bias", "final_norm.bias"),
+        *(Rule(f"blk.{{}}.{g}.{p}", f"layers.{{}}.{c}.{p}") for g, c in norms for p in ("weight", "bias")),
+        *attention,
+        *(r for g, c in (("attn_output", "attn.o"), ("ffn_up", "mlp.up"), ("ffn_down", "mlp.down"))
+          for r in _weight_and_bias(g, c, IDENTITY)),
+    ))
+
+
+# Phi-2 (`phi`): one LayerNorm shared by the parallel attention and MLP (`attn_norm`), an output bias
+ARCHS["phi2"] = GgufArch("phi", keys={"attention.layer_norm_epsilon": "layer_norm_eps"},
+                         defaults={"hidden_act": "gelu_new"}, norm_eps="attention.layer_norm_epsilon",
+                         partial_rotary=True, table=_layernorm_table(Rule("output.bias", "lm_head.bias")))
+ARCHS["gptneox"] = GgufArch("gpt_neox", keys={"attention.layer_norm_epsilon": "layer_norm_eps",
+                                              "use_parallel_residual": "use_parallel_residual",
+                                              "rope.freq_base": "rotary_emb_base"},  # its older spellings
+                            defaults={"hidden_act": "gelu"}, norm_eps="attention.layer_norm_epsilon",
+                            partial_rotary=True, rotary_key="rotary_pct", table=_layernorm_table(qkv=True))

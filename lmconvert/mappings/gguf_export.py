@@ -59,10 +59,11 @@ LOADED_BIASES: dict[str, frozenset[str]] = {arch: frozenset(names) for arch, nam
     "stablelm": (*QKV, *NORMS),
     "nemotron": (*QKV, *NORMS, "attn_output", "ffn_up", "ffn_down"),
     "gemma": QKV, "granite": (*QKV, "attn_output", "ffn_gate", "ffn_up", "ffn_down"), "smollm3": QKV, "olmo": QKV,
-    "olmoe": QKV,
+    "olmoe": QKV, "phi2": (*QKV, *NORMS, "attn_output", "ffn_up", "ffn_down", "output"),
+    "gptneox": (*NORMS, "attn_qkv", "attn_output", "ffn_up", "ffn_down"),
 }.items()}
 # the architectures whose llama.cpp loader requires an `output` matrix (a tied model has none)
-OUTPUT_REQUIRED = frozenset({"qwen2moe", "olmo2", "stablelm", "nemotron", "olmoe"})
+OUTPUT_REQUIRED = frozenset({"qwen2moe", "olmo2", "stablelm", "nemotron", "olmoe", "phi2", "gptneox"})
 
 
 # the architectures whose loader sizes the k norm as the q norm, over the whole width (no GQA)

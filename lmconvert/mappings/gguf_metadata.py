@@ -91,7 +91,7 @@ def hf_config(file: Metadata) -> tuple[dict[str, Any], GgufArch]:
     head_dim = config["head_dim"]
     rotated = key("rope.dimension_count")
     if entry.partial_rotary and rotated is not None:  # StableLM: the rotated part of a head
-        config["partial_rotary_factor"] = rotated / head_dim
+        config[entry.rotary_key] = rotated / head_dim
     for name, expected in (("attention.value_length", head_dim), ("rope.dimension_count", head_dim)):
         if name == "rope.dimension_count" and entry.partial_rotary:
             continue
