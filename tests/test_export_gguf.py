@@ -364,6 +364,9 @@ WRITTEN_ONLY = {
     "phi": dict(SPECS["phi"].kwargs, qk_layernorm=False),  # llama.cpp's phi2 has no q/k LayerNorm
     "gpt_neox": dict(SPECS["gpt_neox"].kwargs),  # q, k, v fused as [q | k | v]; parallel residual
     "gpt_neox:sequential": dict(SPECS["gpt_neox"].kwargs, use_parallel_residual=False),  # `name:variant`
+    # logit_scale; no q/k norms: llama.cpp's command-r has them only with 64 layers or more
+    "cohere": dict(SPECS["cohere"].kwargs, attention_bias=False, use_qk_norm=False),
+    "cohere2": dict(SPECS["cohere2"].kwargs, attention_bias=False),  # every fourth layer global, without RoPE
 }
 # every exportable family's tiny model that llama.cpp's architecture holds whole (test_llamacpp.py runs them)
 MODELS: dict[str, dict[str, Any]] = {**{t: FAMILIES[t] for t in FAMILIES if t in EXPORTS}, **MOE, **WRITTEN_ONLY}
@@ -412,6 +415,12 @@ def test_granite_s_multipliers_are_llama_cpp_s_keys(tmp_path: Path) -> None:
                         ("granite.residual_scale", "residual_multiplier"), ("granite.logit_scale", "logits_scaling")):
         assert fields[key].contents() == pytest.approx(kwargs[hf_key], rel=1e-7), key
     assert gguf.GGUFReader(tmp_path / "m.gguf").fields["general.architecture"].contents() == "granite"
+
+
+def test_command_r_s_qk_norms_go_with_64_layers(tmp_path: Path) -> None:
+    canonical = canonical_of(build_model("cohere", **{**WRITTEN_ONLY["cohere"], "use_qk_norm": True}), tmp_path)
+    code, _, err = cli("convert", canonical, tmp_path / "m.gguf", "--to", "gguf")
+    assert code == 2 and "has q/k norms exactly when there are 64 layers or more" in err, err
 
 
 def test_smollm3_s_nope_layers_must_be_llama_cpp_s(tmp_path: Path) -> None:

@@ -324,3 +324,17 @@ ARCHS["gptneox"] = GgufArch("gpt_neox", keys={"attention.layer_norm_epsilon": "l
                                               "rope.freq_base": "rotary_emb_base"},  # its older spellings
                             defaults={"hidden_act": "gelu"}, norm_eps="attention.layer_norm_epsilon",
                             partial_rotary=True, rotary_key="rotary_pct", table=_layernorm_table(qkv=True))
+# Command-R (`cohere`): one LayerNorm without a bias shared by the parallel attention and MLP, q/k
+# norms per head (llama.cpp: exactly when there are 64 layers or more, as Command R+), the output
+# always tied, the logits multiplied by logit_scale
+ARCHS["command-r"] = GgufArch("cohere", keys={"logit_scale": "logit_scale",
+                                              "attention.layer_norm_epsilon": "layer_norm_eps"},
+                              defaults={"hidden_act": "silu"}, bias_flags={"use_qk_norm": "blk.0.attn_q_norm.weight"},
+                              norm_eps="attention.layer_norm_epsilon", output=False)
+# Cohere2: Command-R's block, sliding-window layers with RoPE and every fourth layer global without it
+ARCHS["cohere2"] = GgufArch("cohere2", keys={"attention.sliding_window": "sliding_window", "logit_scale": "logit_scale",
+                                             "attention.layer_norm_epsilon": "layer_norm_eps"},
+                            defaults={"hidden_act": "silu"}, norm_eps="attention.layer_norm_epsilon", output=False,
+                            swa_pattern=4, table=TensorTable(tuple(r for r in tensor_table(False, 0.0, False).rules
+                                                                   if "attn_q_norm" not in r.stored
+                                                                   and "attn_k_norm" not in r.stored)))  # none

@@ -60,7 +60,7 @@ LOADED_BIASES: dict[str, frozenset[str]] = {arch: frozenset(names) for arch, nam
     "nemotron": (*QKV, *NORMS, "attn_output", "ffn_up", "ffn_down"),
     "gemma": QKV, "granite": (*QKV, "attn_output", "ffn_gate", "ffn_up", "ffn_down"), "smollm3": QKV, "olmo": QKV,
     "olmoe": QKV, "phi2": (*QKV, *NORMS, "attn_output", "ffn_up", "ffn_down", "output"),
-    "gptneox": (*NORMS, "attn_qkv", "attn_output", "ffn_up", "ffn_down"),
+    "gptneox": (*NORMS, "attn_qkv", "attn_output", "ffn_up", "ffn_down"), "command-r": QKV, "cohere2": QKV,
 }.items()}
 # the architectures whose llama.cpp loader requires an `output` matrix (a tied model has none)
 OUTPUT_REQUIRED = frozenset({"qwen2moe", "olmo2", "stablelm", "nemotron", "olmoe", "phi2", "gptneox"})
@@ -68,6 +68,8 @@ OUTPUT_REQUIRED = frozenset({"qwen2moe", "olmo2", "stablelm", "nemotron", "olmoe
 
 # the architectures whose loader sizes the k norm as the q norm, over the whole width (no GQA)
 K_NORM_AS_Q = frozenset({"olmoe"})
+# the architectures whose loader reads q/k norms exactly when the model has at least this many layers
+QK_NORM_FROM_LAYERS = {"command-r": 64}
 
 
 def refused_tensors(arch: str, shapes: Mapping[str, tuple[int, ...]]) -> str | None:
@@ -76,6 +78,11 @@ def refused_tensors(arch: str, shapes: Mapping[str, tuple[int, ...]]) -> str | N
     names = list(shapes)
     if arch in K_NORM_AS_Q and shapes.get("blk.0.attn_k_norm.weight", ()) != shapes.get("blk.0.attn_q_norm.weight", ()):
         return "normalises k over as many heads as q, and this model has fewer KV heads (grouped-query attention)"
+    if arch in QK_NORM_FROM_LAYERS:
+        layers = len({n.split(".")[1] for n in names if n.startswith("blk.")})
+        if ("blk.0.attn_q_norm.weight" in shapes) != (layers >= QK_NORM_FROM_LAYERS[arch]):
+            return (f"has q/k norms exactly when there are {QK_NORM_FROM_LAYERS[arch]} layers or more, and this "
+                    f"model has {layers} layers {'with' if 'blk.0.attn_q_norm.weight' in shapes else 'without'} them")
     loaded = LOADED_BIASES.get(arch, frozenset())
     unloaded = [n for n in names if n.endswith(".bias") and n.split(".")[-2] not in loaded]
     if unloaded:
