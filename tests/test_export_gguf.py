@@ -177,6 +177,22 @@ def test_verify_runs_on_the_result(tmp_path: Path) -> None:
     assert open_source(out).config["query_pre_attn_scalar"] == 256  # read back from `attention.scale`
 
 
+@pytest.mark.parametrize("name", ["granite", "mixtral"])
+def test_verify_takes_the_recorded_source_where_transformers_cannot_read_the_file(name: str, tmp_path: Path) -> None:
+    """transformers' GGUF loader reads no granite (nor Mixtral, a `llama` file with experts): the
+    reference is the checkpoint the export recorded (`lmconvert.source`), else --reference."""
+    canonical = canonical_of(build_model(name, **MODELS[name]), tmp_path)
+    out = exported(canonical, tmp_path / "m.gguf", "f32")
+    assert gguf.GGUFReader(out).fields["lmconvert.source"].contents() == str((tmp_path / "hf").resolve())
+    code, stdout, err = cli("verify", out, "--seq-len", 20, "--generate", 4)
+    assert code == 0 and "PASS" in stdout, err
+    (tmp_path / "hf").rename(tmp_path / "moved")
+    code, _, err = cli("verify", out, "--seq-len", 20)
+    assert code == 2 and f"transformers' GGUF loader does not read {name}" in err and "--reference" in err, err
+    code, stdout, err = cli("verify", out, "--reference", tmp_path / "moved", "--seq-len", 20)
+    assert code == 0 and "PASS" in stdout, err
+
+
 def test_llama3_rope_travels_as_rope_freqs(tmp_path: Path) -> None:
     spec = SPECS["llama"]  # llama3 scaling over 32 original positions: not llama.cpp's usual 8192
     canonical = canonical_of(build_model(spec.model_type, **spec.kwargs), tmp_path)

@@ -20,6 +20,7 @@ from lmconvert.formats.gguf_tokenizer import tokenizer_values
 from lmconvert.formats.gguf_writer import (
     DEFAULT_QUANT,
     FILE_TYPES,
+    SOURCE_KEY,
     WRITTEN_BY,
     GgufTensor,
     parse_quant,
@@ -96,7 +97,7 @@ def to_gguf(src: Path | Checkpoint, out: Path, family: str | None = None, quant:
         values = {**model.values, **tokenizer, "general.file_type": FILE_TYPES[kind],
                   "general.quantization_version": 2, WRITTEN_BY: "lmconvert"}
         if meta.source.get("path"):
-            values["lmconvert.source"] = str(meta.source["path"])
+            values[SOURCE_KEY] = str(Path(meta.source["path"]).resolve())
         if max_shard_bytes:
             with atomic_directory(out, force) as tmp:
                 write_gguf(tmp / f"{out.name}.gguf", model.arch, values, tensors, progress, max_shard_bytes)

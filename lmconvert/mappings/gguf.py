@@ -49,6 +49,7 @@ class GgufArch:
     experts: bool = False  # a mixture of experts on every layer (stacked experts), no dense FFN
     partial_rotary: bool = False  # `rope.dimension_count` rotates part of each head (StableLM)
     rotary_key: str = "partial_rotary_factor"  # the HF key the rotated fraction goes to (GPT-NeoX: rotary_pct)
+    transformers_reads: bool = True  # transformers' GGUF loader reads it (a reference for `verify`)
 
     @property
     def tensors(self) -> TensorTable:
@@ -97,7 +98,7 @@ BY_NAME: tuple[tuple[str, str, GgufArch], ...] = (
     ("llama", "mixtral", GgufArch("mixtral", keys={"expert_count": "num_local_experts",
                                                    "expert_used_count": "num_experts_per_tok"},
                                   defaults={"hidden_act": "silu", "sliding_window": None}, permute_qk=True,
-                                  experts=True)),
+                                  experts=True, transformers_reads=False)),
 )
 
 
@@ -271,26 +272,32 @@ ARCHS["nemotron"] = GgufArch("nemotron", keys={"attention.layer_norm_epsilon": "
                              norm_eps="attention.layer_norm_epsilon", partial_rotary=True, table=_nemotron_table())
 
 
-# -- architectures that lmconvert's GGUF export writes (and reads back the same way) ---------------
+def _written(model_type: str, **facts: Any) -> GgufArch:  # noqa: ANN401 - GgufArch's fields
+    """An architecture lmconvert writes that transformers' GGUF loader does not read."""
+    return GgufArch(model_type, transformers_reads=False, **facts)
+
+
+# -- architectures that lmconvert's GGUF export writes (and reads back the same way); transformers'
+# GGUF loader reads none of them, so `verify` takes the source the file records as its reference
 # What each one's llama.cpp graph hard-codes instead of stating is in its defaults: Gemma's tanh GELU
 # and embeddings scaled by sqrt(hidden) (the gemma family's own), SmolLM3's NoPE on every fourth
 # layer, OLMo's LayerNorm without weights and eps 1e-5.
-ARCHS["gemma"] = GgufArch("gemma", defaults={"hidden_activation": "gelu_pytorch_tanh"}, bias_flags=ATTENTION_BIAS,
+ARCHS["gemma"] = _written("gemma", defaults={"hidden_activation": "gelu_pytorch_tanh"}, bias_flags=ATTENTION_BIAS,
                           norm_offset=1.0, output=False)  # llama.cpp's Gemma always ties its output
-ARCHS["granite"] = GgufArch("granite", keys={"attention.scale": "attention_multiplier",
+ARCHS["granite"] = _written("granite", keys={"attention.scale": "attention_multiplier",
                                              "embedding_scale": "embedding_multiplier",
                                              "residual_scale": "residual_multiplier", "logit_scale": "logits_scaling"},
                             defaults={"hidden_act": "silu"},
                             bias_flags={**ATTENTION_BIAS, "mlp_bias": "blk.0.ffn_up.bias"}, permute_qk=True)
-ARCHS["smollm3"] = GgufArch("smollm3", defaults={"hidden_act": "silu", "no_rope_layer_interval": 4,
+ARCHS["smollm3"] = _written("smollm3", defaults={"hidden_act": "silu", "no_rope_layer_interval": 4,
                                                  "use_sliding_window": False},
                             bias_flags=ATTENTION_BIAS, permute_qk=True)
-ARCHS["olmo"] = GgufArch("olmo", keys={"attention.clamp_kqv": "clip_qkv"}, defaults={"hidden_act": "silu"},
+ARCHS["olmo"] = _written("olmo", keys={"attention.clamp_kqv": "clip_qkv"}, defaults={"hidden_act": "silu"},
                          norm_eps="attention.layer_norm_epsilon", permute_qk=True,
                          table=TensorTable(tuple(r for r in tensor_table(True, 0.0, True).rules
                                                  if not r.stored.endswith("norm.weight"))))  # norms without weights
 # OLMoE: llama.cpp's graph never renormalises the top-k weights; feed_forward_length is the expert width
-ARCHS["olmoe"] = GgufArch("olmoe", keys={"expert_count": "num_experts", "expert_used_count": "num_experts_per_tok"},
+ARCHS["olmoe"] = _written("olmoe", keys={"expert_count": "num_experts", "expert_used_count": "num_experts_per_tok"},
                           defaults={"hidden_act": "silu", "norm_topk_prob": False}, bias_flags=ATTENTION_BIAS,
                           experts=True)
 
@@ -316,10 +323,10 @@ def _layernorm_table(*rules: Rule, qkv: bool = False) -> TensorTable:
 
 
 # Phi-2 (`phi`): one LayerNorm shared by the parallel attention and MLP (`attn_norm`), an output bias
-ARCHS["phi2"] = GgufArch("phi", keys={"attention.layer_norm_epsilon": "layer_norm_eps"},
+ARCHS["phi2"] = _written("phi", keys={"attention.layer_norm_epsilon": "layer_norm_eps"},
                          defaults={"hidden_act": "gelu_new"}, norm_eps="attention.layer_norm_epsilon",
                          partial_rotary=True, table=_layernorm_table(Rule("output.bias", "lm_head.bias")))
-ARCHS["gptneox"] = GgufArch("gpt_neox", keys={"attention.layer_norm_epsilon": "layer_norm_eps",
+ARCHS["gptneox"] = _written("gpt_neox", keys={"attention.layer_norm_epsilon": "layer_norm_eps",
                                               "use_parallel_residual": "use_parallel_residual",
                                               "rope.freq_base": "rotary_emb_base"},  # its older spellings
                             defaults={"hidden_act": "gelu"}, norm_eps="attention.layer_norm_epsilon",
@@ -327,12 +334,12 @@ ARCHS["gptneox"] = GgufArch("gpt_neox", keys={"attention.layer_norm_epsilon": "l
 # Command-R (`cohere`): one LayerNorm without a bias shared by the parallel attention and MLP, q/k
 # norms per head (llama.cpp: exactly when there are 64 layers or more, as Command R+), the output
 # always tied, the logits multiplied by logit_scale
-ARCHS["command-r"] = GgufArch("cohere", keys={"logit_scale": "logit_scale",
+ARCHS["command-r"] = _written("cohere", keys={"logit_scale": "logit_scale",
                                               "attention.layer_norm_epsilon": "layer_norm_eps"},
                               defaults={"hidden_act": "silu"}, bias_flags={"use_qk_norm": "blk.0.attn_q_norm.weight"},
                               norm_eps="attention.layer_norm_epsilon", output=False)
 # Cohere2: Command-R's block, sliding-window layers with RoPE and every fourth layer global without it
-ARCHS["cohere2"] = GgufArch("cohere2", keys={"attention.sliding_window": "sliding_window", "logit_scale": "logit_scale",
+ARCHS["cohere2"] = _written("cohere2", keys={"attention.sliding_window": "sliding_window", "logit_scale": "logit_scale",
                                              "attention.layer_norm_epsilon": "layer_norm_eps"},
                             defaults={"hidden_act": "silu"}, norm_eps="attention.layer_norm_epsilon", output=False,
                             swa_pattern=4, table=TensorTable(tuple(r for r in tensor_table(False, 0.0, False).rules
