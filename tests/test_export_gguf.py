@@ -240,6 +240,17 @@ def test_family_without_llama_cpp_architecture_is_refused(tmp_path: Path) -> Non
     assert [p.name for p in tmp_path.iterdir()] == [p.name for p in tmp_path.iterdir() if p.name != "m.gguf"]
 
 
+@pytest.mark.parametrize(("model_type", "fragment"), [
+    ("mpt", "lmconvert does not write llama.cpp's mpt architecture yet"),
+    ("gptj", "llama.cpp names a gptj architecture but has no graph that runs it"),
+])
+def test_a_llama_cpp_architecture_not_written_is_named(model_type: str, fragment: str, tmp_path: Path) -> None:
+    canonical = canonical_of(build_model(model_type, **SPECS[model_type].kwargs), tmp_path)
+    code, _, err = cli("convert", canonical, tmp_path / "m.gguf", "--to", "gguf")
+    assert code == 2 and fragment in err and len(err.strip().splitlines()) == 1, err
+    assert not (tmp_path / "m.gguf").exists()
+
+
 def test_what_llama_cpp_cannot_hold_is_named(tmp_path: Path) -> None:
     canonical = canonical_of(build_model("qwen2", use_sliding_window=True, sliding_window=4, max_window_layers=0),
                              tmp_path)

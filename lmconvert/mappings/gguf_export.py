@@ -28,6 +28,15 @@ EXPORTS: dict[str, tuple[str, GgufArch]] = {
     **{entry.model_type: (arch, entry) for arch, entry in ARCHS.items()},
     **{entry.model_type: (arch, entry) for arch, _, entry in BY_NAME},
 }
+# families with a llama.cpp architecture name that lmconvert does not write (yet), and why
+NOT_WRITTEN = {
+    "mpt": "lmconvert does not write llama.cpp's mpt architecture yet",
+    "deepseek_v2": "lmconvert does not write llama.cpp's deepseek2 architecture (latent attention) yet",
+    "deepseek_v3": "lmconvert does not write llama.cpp's deepseek2 architecture (latent attention) yet",
+    "bloom": "lmconvert does not write llama.cpp's bloom architecture yet",
+    "falcon": "lmconvert does not write llama.cpp's falcon architecture yet",
+    "gptj": "llama.cpp names a gptj architecture but has no graph that runs it",
+}
 # HF keys the import writes that a family's config.json may spell otherwise (transformers'
 # attribute_map): Qwen-MoE's num_experts is num_local_experts in transformers 5, GPT-2 has its own names
 SPELLINGS = {"num_experts": "num_local_experts", "hidden_size": "n_embd", "num_hidden_layers": "n_layer",
@@ -186,6 +195,8 @@ def metadata(config: Mapping[str, Any], name: str) -> GgufModel:
     """The metadata llama.cpp reads for this HF config; raises MappingError for a model type
     llama.cpp has no architecture for here."""
     model_type = config.get("model_type")
+    if model_type not in EXPORTS and model_type in NOT_WRITTEN:
+        raise MappingError(f"{model_type}: {NOT_WRITTEN[model_type]}; export it as HF safetensors instead")
     if model_type not in EXPORTS:
         raise MappingError(f"{model_type} has no llama.cpp architecture lmconvert writes; it writes "
                            f"{', '.join(sorted(EXPORTS))}")
