@@ -30,7 +30,8 @@ from lmconvert.formats.gguf_writer import (
 )
 from lmconvert.mappings import MappingError, family_for, family_named
 from lmconvert.mappings.gguf import tensor_sizes
-from lmconvert.mappings.gguf_export import GgufModel, forced_type, lost, metadata, read_back, refused_tensors
+from lmconvert.mappings.gguf_export import GgufModel, lost, metadata, read_back
+from lmconvert.mappings.gguf_loaders import forced_type, refused_tensors
 from lmconvert.mappings.table import out_shape
 
 from .exports import canonical_meta
