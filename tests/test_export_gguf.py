@@ -37,7 +37,8 @@ from transformers import AutoModelForCausalLM
 import lmconvert
 from lmconvert.convert import convert, to_canonical
 from lmconvert.formats.checkpoint import open_source
-from lmconvert.mappings.gguf_export import EXPORTS
+from lmconvert.mappings import MappingError
+from lmconvert.mappings.gguf_export import EXPORTS, metadata
 
 FP32_MAX_ABS = 1e-5
 FLOATS = {"f32": torch.float32, "f16": torch.float16, "bf16": torch.bfloat16}
@@ -240,15 +241,14 @@ def test_family_without_llama_cpp_architecture_is_refused(tmp_path: Path) -> Non
     assert [p.name for p in tmp_path.iterdir()] == [p.name for p in tmp_path.iterdir() if p.name != "m.gguf"]
 
 
-@pytest.mark.parametrize(("model_type", "fragment"), [
-    ("mpt", "lmconvert does not write llama.cpp's mpt architecture yet"),
-    ("gptj", "llama.cpp names a gptj architecture but has no graph that runs it"),
-])
-def test_a_llama_cpp_architecture_not_written_is_named(model_type: str, fragment: str, tmp_path: Path) -> None:
-    canonical = canonical_of(build_model(model_type, **SPECS[model_type].kwargs), tmp_path)
+def test_a_llama_cpp_architecture_not_written_is_named(tmp_path: Path) -> None:
+    canonical = canonical_of(build_model("gptj", **SPECS["gptj"].kwargs), tmp_path)
     code, _, err = cli("convert", canonical, tmp_path / "m.gguf", "--to", "gguf")
-    assert code == 2 and fragment in err and len(err.strip().splitlines()) == 1, err
-    assert not (tmp_path / "m.gguf").exists()
+    assert code == 2 and "llama.cpp names a gptj architecture but has no graph that runs it" in err, err
+    assert len(err.strip().splitlines()) == 1 and not (tmp_path / "m.gguf").exists()
+    for model_type in ("deepseek_v2", "deepseek_v3"):
+        with pytest.raises(MappingError, match="does not write llama.cpp's deepseek2 architecture"):
+            metadata({"model_type": model_type}, "tiny")
 
 
 def test_what_llama_cpp_cannot_hold_is_named(tmp_path: Path) -> None:
@@ -394,6 +394,9 @@ WRITTEN_ONLY = {
     # logit_scale; no q/k norms: llama.cpp's command-r has them only with 64 layers or more
     "cohere": dict(SPECS["cohere"].kwargs, attention_bias=False, use_qk_norm=False),
     "cohere2": dict(SPECS["cohere2"].kwargs, attention_bias=False),  # every fourth layer global, without RoPE
+    # ALiBi over six heads (MPT's slopes are ggml's), clip_qkv; scores scaled by 1/sqrt(head_dim), as
+    # llama.cpp's mpt has it
+    "mpt": dict(SPECS["mpt"].kwargs, attn_config={"clip_qkv": 1.5}),
 }
 # every exportable family's tiny model that llama.cpp's architecture holds whole (test_llamacpp.py runs them)
 MODELS: dict[str, dict[str, Any]] = {**{t: FAMILIES[t] for t in FAMILIES if t in EXPORTS}, **MOE, **WRITTEN_ONLY}
@@ -442,6 +445,12 @@ def test_granite_s_multipliers_are_llama_cpp_s_keys(tmp_path: Path) -> None:
                         ("granite.residual_scale", "residual_multiplier"), ("granite.logit_scale", "logits_scaling")):
         assert fields[key].contents() == pytest.approx(kwargs[hf_key], rel=1e-7), key
     assert gguf.GGUFReader(tmp_path / "m.gguf").fields["general.architecture"].contents() == "granite"
+
+
+def test_mpt_s_own_score_scale_is_refused(tmp_path: Path) -> None:
+    canonical = canonical_of(build_model("mpt", **SPECS["mpt"].kwargs), tmp_path)  # softmax_scale 0.2
+    code, _, err = cli("convert", canonical, tmp_path / "m.gguf", "--to", "gguf")
+    assert code == 2 and "llama.cpp's mpt metadata cannot express this model's attn_scale" in err, err
 
 
 def test_command_r_s_qk_norms_go_with_64_layers(tmp_path: Path) -> None:

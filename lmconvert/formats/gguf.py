@@ -279,7 +279,7 @@ def tensor_plans(file: GgufFile, config: dict[str, Any], entry: GgufArch) -> dic
                  in family.tensors_for(arch).plan_export(parameter_shapes(arch), family_tensor_sizes(arch)).items()}
     except MappingError as exc:
         raise InputError(f"{file.path}: {str(exc).removeprefix('config.json: ')}") from None
-    table, sizes = entry.tensors, tensor_sizes(config)
+    table, sizes = entry.tensors, tensor_sizes(config, entry.renamed)
     plans: dict[str, TensorPlan] = {}
     for name in file.tensors:
         if table.drops(name):  # rope_freqs: read into the config (llama3 RoPE scaling)

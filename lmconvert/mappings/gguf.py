@@ -50,6 +50,7 @@ class GgufArch:
     partial_rotary: bool = False  # `rope.dimension_count` rotates part of each head (StableLM)
     rotary_key: str = "partial_rotary_factor"  # the HF key the rotated fraction goes to (GPT-NeoX: rotary_pct)
     transformers_reads: bool = True  # transformers' GGUF loader reads it (a reference for `verify`)
+    renamed: Mapping[str, str] = field(default_factory=dict)  # shared HF keys -> the family's own (MPT's d_model)
 
     @property
     def tensors(self) -> TensorTable:
@@ -168,9 +169,10 @@ MOE_RULES = (
 )
 
 
-def tensor_sizes(config: Mapping[str, Any]) -> dict[str, int]:
-    """The sizes the table's transforms are written in, from the HF config; the reader adds each
-    tensor's stored `rows`."""
+def tensor_sizes(config: Mapping[str, Any], renamed: Mapping[str, str] | None = None) -> dict[str, int]:
+    """The sizes the table's transforms are written in, from the HF config (whose shared keys the
+    family may spell its own way, `renamed`); the reader adds each tensor's stored `rows`."""
+    config = {**config, **{shared: config[own] for shared, own in (renamed or {}).items() if own in config}}
     heads = config["num_attention_heads"]
     kv_heads = config.get("num_key_value_heads") or heads
     head_dim = config.get("head_dim") or config["hidden_size"] // heads
@@ -345,3 +347,27 @@ ARCHS["cohere2"] = _written("cohere2", keys={"attention.sliding_window": "slidin
                             swa_pattern=4, table=TensorTable(tuple(r for r in tensor_table(False, 0.0, False).rules
                                                                    if "attn_q_norm" not in r.stored
                                                                    and "attn_k_norm" not in r.stored)))  # none
+
+
+def _mpt_table() -> TensorTable:
+    """llama.cpp's MPT (`MPTModel`): LayerNorms with weights only, q, k, v fused as [q | k | v] (as
+    MPT's Wqkv), a plain MLP, no biases; the output tied unless the model has its own."""
+    norms = (("attn_norm", "attn_norm"), ("ffn_norm", "mlp_norm"))
+    return TensorTable((
+        Rule("token_embd.weight", "embed.weight", PADDED), Rule("output.weight", "lm_head.weight", PADDED),
+        Rule("output_norm.weight", "final_norm.weight"),
+        *(Rule(f"blk.{{}}.{g}.weight", f"layers.{{}}.{c}.weight") for g, c in norms),
+        *(Rule("blk.{}.attn_qkv.weight", f"layers.{{}}.attn.{c}.weight", Piece(("q", "kv", "kv"), i))
+          for i, c in enumerate("qkv")),
+        *(Rule(f"blk.{{}}.{g}.weight", f"layers.{{}}.{c}.weight")
+          for g, c in (("attn_output", "attn.o"), ("ffn_up", "mlp.up"), ("ffn_down", "mlp.down"))),
+    ))
+
+
+# MPT: ALiBi (llama.cpp's slopes for max bias 8, which are MPT's), scores scaled by 1/sqrt(head_dim),
+# clip_qkv as clamp_kqv, a 4 x d_model MLP; its config spells the shared keys its own way
+ARCHS["mpt"] = _written("mpt", keys={"attention.layer_norm_epsilon": "layer_norm_epsilon",
+                                     "attention.clamp_kqv": "attn_config.clip_qkv"},
+                        renamed={"hidden_size": "d_model", "num_attention_heads": "n_heads",
+                                 "num_hidden_layers": "n_layers", "max_position_embeddings": "max_seq_len"},
+                        norm_eps="attention.layer_norm_epsilon", table=_mpt_table())

@@ -30,7 +30,6 @@ EXPORTS: dict[str, tuple[str, GgufArch]] = {
 }
 # families with a llama.cpp architecture name that lmconvert does not write (yet), and why
 NOT_WRITTEN = {
-    "mpt": "lmconvert does not write llama.cpp's mpt architecture yet",
     "deepseek_v2": "lmconvert does not write llama.cpp's deepseek2 architecture (latent attention) yet",
     "deepseek_v3": "lmconvert does not write llama.cpp's deepseek2 architecture (latent attention) yet",
     "bloom": "lmconvert does not write llama.cpp's bloom architecture yet",
@@ -41,22 +40,28 @@ NOT_WRITTEN = {
 # attribute_map): Qwen-MoE's num_experts is num_local_experts in transformers 5, GPT-2 has its own names
 SPELLINGS = {"num_experts": "num_local_experts", "hidden_size": "n_embd", "num_hidden_layers": "n_layer",
              "num_attention_heads": "n_head", "max_position_embeddings": "n_positions"}
-# HF keys a config may leave null where llama.cpp states the value: GPT-2's d_ff is then 4 * n_embd
-IMPLIED = {"n_inner": lambda config: 4 * _get(config, "hidden_size")}
+# HF keys a config may leave out where llama.cpp states the value: GPT-2's d_ff (null) and MPT's (not
+# a key: transformers ignores expansion_ratio) are 4 x the width
+IMPLIED = {"n_inner": lambda config, renamed: 4 * _get(config, "hidden_size", renamed),
+           "intermediate_size": lambda config, renamed: 4 * _get(config, "hidden_size", renamed)}
 
 
-def _get(config: Mapping[str, Any], hf_key: str) -> Any:  # noqa: ANN401 - config values are of any type
-    """A config value under the import's name, or the family's own spelling of it."""
-    value = config.get(hf_key)
+def _get(config: Mapping[str, Any], hf_key: str, renamed: Mapping[str, str]) -> Any:  # noqa: ANN401 - any value
+    """A config value under the import's name, the family's own spelling of it (`renamed`, then
+    transformers' aliases), or a key of a nested dict (`attn_config.clip_qkv`)."""
+    value: Any = config
+    for part in renamed.get(hf_key, hf_key).split("."):
+        value = value.get(part) if isinstance(value, Mapping) else None
     value = config.get(SPELLINGS.get(hf_key, "")) if value is None else value
-    return IMPLIED[hf_key](config) if value is None and hf_key in IMPLIED else value
+    return IMPLIED[hf_key](config, renamed) if value is None and hf_key in IMPLIED else value
 
 
 ROPE_TYPES_OUT = {"linear": "linear", "yarn": "yarn"}  # HF rope_type -> `{arch}.rope.scaling.type`
 
 
 # metadata llama.cpp's converter writes whatever the config says: OLMo's LayerNorm eps, fixed in transformers
-CONSTANTS: dict[str, dict[str, Any]] = {"olmo": {"attention.layer_norm_epsilon": 1e-5}}
+CONSTANTS: dict[str, dict[str, Any]] = {"olmo": {"attention.layer_norm_epsilon": 1e-5},
+                                        "mpt": {"attention.max_alibi_bias": 8.0}}  # transformers' MPT: always 8
 
 
 @dataclass
@@ -143,9 +148,11 @@ def metadata(config: Mapping[str, Any], name: str) -> GgufModel:
         if variant is entry and word not in name.lower():
             name = f"{name} ({word})"
     values: dict[str, Any] = {"general.architecture": arch, "general.name": name}
-    head_dim = config.get("head_dim") or _get(config, "hidden_size") // _get(config, "num_attention_heads")
+    renamed = entry.renamed
+    head_dim = config.get("head_dim") or (_get(config, "hidden_size", renamed)
+                                          // _get(config, "num_attention_heads", renamed))
     for gguf_key, hf_key in {**SHARED_KEYS, **entry.keys}.items():
-        value = _get(config, hf_key)
+        value = _get(config, hf_key, renamed)
         if value is not None and gguf_key != "rope.freq_base":
             values[f"{arch}.{gguf_key}"] = value
     values.update({f"{arch}.{key}": value for key, value in CONSTANTS.get(arch, {}).items()})

@@ -27,6 +27,7 @@ LOADED_BIASES: dict[str, frozenset[str]] = {arch: frozenset(names) for arch, nam
     # read by GGUF import elsewhere; written once mappings/gguf.py has their entries
     "bloom": (*NORMS, "token_embd_norm", "attn_qkv", "attn_output", "ffn_up", "ffn_down"),
     "falcon": ("attn_norm", "attn_norm_2", "output_norm"),
+    "mpt": (*NORMS, "attn_qkv", "attn_output", "ffn_up", "ffn_down", "attn_q_norm", "attn_k_norm"),
 }.items()}
 # the architectures whose llama.cpp loader requires an `output` matrix (a tied model has none)
 OUTPUT_REQUIRED = frozenset({"qwen2moe", "olmo2", "stablelm", "nemotron", "olmoe", "phi2", "gptneox"})
