@@ -10,6 +10,7 @@ test_llamacpp.py (`make llamacpp-check`).
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 from typing import Any
@@ -22,6 +23,7 @@ from family_specs import SPECS
 from hf_models import build_model, save_checkpoint, save_tiny_tokenizer, token_batch
 from test_formats_gguf import (
     FAMILIES,
+    METADATA_DIFFERS,
     TRANSFORMERS_LOADS,
     TRANSFORMERS_OVERRIDES,
     cli,
@@ -30,17 +32,20 @@ from test_formats_gguf import (
     transformers_gguf,
     write_gguf,
 )
+from transformers import AutoModelForCausalLM
 
 import lmconvert
 from lmconvert.convert import convert, to_canonical
 from lmconvert.formats.checkpoint import open_source
-from lmconvert.mappings.gguf_export import EXPORTS
+from lmconvert.mappings import MappingError
+from lmconvert.mappings.gguf_export import EXPORTS, metadata
 
 FP32_MAX_ABS = 1e-5
 FLOATS = {"f32": torch.float32, "f16": torch.float16, "bf16": torch.bfloat16}
 QUANTS = {"q8_0": "Q8_0", "q4_0": "Q4_0", "q4_1": "Q4_1", "q5_0": "Q5_0", "q5_1": "Q5_1"}
 # the family tests' tiny models that llama.cpp's architectures hold whole (Qwen's sliding windows it has not)
 EXPORTABLE = ("llama", "mistral", "olmo2", "gemma2", "gemma3")
+WITHOUT = {"olmo2": dict(attention_bias=False), "gemma2": dict(attention_bias=False)}  # llama.cpp loads no o bias
 
 
 def canonical_of(model: torch.nn.Module, root: Path) -> Path:
@@ -58,7 +63,7 @@ def exported(canonical: Path, out: Path, quant: str) -> Path:
 @pytest.mark.parametrize("name", EXPORTABLE)
 def test_float_files_read_back_bit_for_bit(name: str, quant: str, tmp_path: Path) -> None:
     spec = SPECS[name]
-    canonical = canonical_of(build_model(spec.model_type, **spec.kwargs), tmp_path)
+    canonical = canonical_of(build_model(spec.model_type, **{**spec.kwargs, **WITHOUT.get(name, {})}), tmp_path)
     out = exported(canonical, tmp_path / "m.gguf", quant)
     ours, source = imported_tensors(out), imported_tensors(tmp_path / "hf")
     assert set(ours) == set(source)
@@ -107,13 +112,26 @@ def test_same_tensors_and_config_as_the_llama_cpp_converter_emulation(model_type
     ours_file, theirs_file = gguf.GGUFReader(ours), gguf.GGUFReader(theirs)
     ours_t = {t.name: np.array(t.data) for t in ours_file.tensors}
     theirs_t = {t.name: np.array(t.data) for t in theirs_file.tensors}
+    if "tie_word_embeddings" in METADATA_DIFFERS.get(model_type, {}):  # GPT-2: llama.cpp's converter copies
+        # the tied embedding into `output`; llama.cpp's loader takes token_embd when there is none
+        assert np.array_equal(theirs_t.pop("output.weight"), theirs_t["token_embd.weight"])
     assert set(ours_t) == set(theirs_t)
     for tensor_name, data in theirs_t.items():
         assert np.array_equal(ours_t[tensor_name], data), tensor_name
-    ids = {"bos_token_id", "eos_token_id", "pad_token_id"}  # the tokenizer's business: compared where stated
+    assert_same_config(ours, theirs, set(METADATA_DIFFERS.get(model_type, {})) | INVENTED_IDS.get(model_type, set()))
+
+
+# token ids the emulation invents: its GPT-2 file carries a made-up token list (0 and 1 as BOS and EOS)
+INVENTED_IDS = {"gpt2": {"bos_token_id", "eos_token_id"}}
+
+
+def assert_same_config(ours: Path, theirs: Path, differ: set[str] = frozenset()) -> None:
+    """The configs our reader makes of both files: equal but for what the emulation states
+    otherwise (`differ`), the token ids (the tokenizer's business) where both state them."""
+    ids = {"bos_token_id", "eos_token_id", "pad_token_id"} - differ
     ours_config, theirs_config = open_source(ours).config, open_source(theirs).config
-    assert {k: v for k, v in ours_config.items() if k not in ids} == {
-        k: v for k, v in theirs_config.items() if k not in ids}
+    assert {k: v for k, v in ours_config.items() if k not in ids | differ} == {
+        k: v for k, v in theirs_config.items() if k not in ids | differ}
     assert all(ours_config[k] == theirs_config[k] for k in ids if k in ours_config and k in theirs_config)
 
 
@@ -124,12 +142,27 @@ READ_BY_TRANSFORMERS = {"gemma2": dict(query_pre_attn_scalar=256),
                         "gemma3_text": dict(query_pre_attn_scalar=256, sliding_window_pattern=6, num_hidden_layers=7)}
 
 
-@pytest.mark.parametrize("model_type", [t for t in TRANSFORMERS_LOADS if t in EXPORTS])
+# transformers' GGUF loader reads GPT-2's vocabulary size from the token list only: with a tokenizer below
+@pytest.mark.parametrize("model_type", [t for t in TRANSFORMERS_LOADS if t in EXPORTS and t != "gpt2"])
 def test_transformers_reads_the_file(model_type: str, tmp_path: Path) -> None:
     overrides: dict[str, Any] = {**FAMILIES[model_type], **TRANSFORMERS_OVERRIDES.get(model_type, {}),
                                  **READ_BY_TRANSFORMERS.get(model_type, {})}
     model = build_model(model_type, **overrides)
     out = exported(canonical_of(model, tmp_path), tmp_path / "m.gguf", "f32")
+    ids = token_batch(seq=24)
+    theirs = logits_of(transformers_gguf(out), ids)
+    assert (theirs - logits_of(lmconvert.load(out), ids)).abs().max() <= FP32_MAX_ABS
+    assert (theirs - logits_of(model, ids)).abs().max() <= FP32_MAX_ABS
+
+
+def test_transformers_reads_gpt2_with_its_tokenizer(tmp_path: Path) -> None:
+    hf = tmp_path / "hf"
+    vocab = save_tiny_tokenizer(hf)
+    model = build_model("gpt2", **{**FAMILIES["gpt2"], "vocab_size": vocab})
+    save_checkpoint(model, hf)
+    to_canonical(hf, tmp_path / "canonical")
+    out = tmp_path / "m.gguf"
+    convert(tmp_path / "canonical", out, "gguf", quant="f32", gguf_pre="gpt-2")
     ids = token_batch(seq=24)
     theirs = logits_of(transformers_gguf(out), ids)
     assert (theirs - logits_of(lmconvert.load(out), ids)).abs().max() <= FP32_MAX_ABS
@@ -143,6 +176,22 @@ def test_verify_runs_on_the_result(tmp_path: Path) -> None:
     assert code == 0, err
     assert "PASS" in stdout
     assert open_source(out).config["query_pre_attn_scalar"] == 256  # read back from `attention.scale`
+
+
+@pytest.mark.parametrize("name", ["granite", "mixtral"])
+def test_verify_takes_the_recorded_source_where_transformers_cannot_read_the_file(name: str, tmp_path: Path) -> None:
+    """transformers' GGUF loader reads no granite (nor Mixtral, a `llama` file with experts): the
+    reference is the checkpoint the export recorded (`lmconvert.source`), else --reference."""
+    canonical = canonical_of(build_model(name, **MODELS[name]), tmp_path)
+    out = exported(canonical, tmp_path / "m.gguf", "f32")
+    assert gguf.GGUFReader(out).fields["lmconvert.source"].contents() == str((tmp_path / "hf").resolve())
+    code, stdout, err = cli("verify", out, "--seq-len", 20, "--generate", 4)
+    assert code == 0 and "PASS" in stdout, err
+    (tmp_path / "hf").rename(tmp_path / "moved")
+    code, _, err = cli("verify", out, "--seq-len", 20)
+    assert code == 2 and f"transformers' GGUF loader does not read {name}" in err and "--reference" in err, err
+    code, stdout, err = cli("verify", out, "--reference", tmp_path / "moved", "--seq-len", 20)
+    assert code == 0 and "PASS" in stdout, err
 
 
 def test_llama3_rope_travels_as_rope_freqs(tmp_path: Path) -> None:
@@ -186,10 +235,20 @@ def test_quant_needs_gguf(llama_canonical: Path, tmp_path: Path) -> None:
 
 
 def test_family_without_llama_cpp_architecture_is_refused(tmp_path: Path) -> None:
-    canonical = canonical_of(build_model("starcoder2"), tmp_path)
+    canonical = canonical_of(build_model("opt"), tmp_path)
     code, _, err = cli("convert", canonical, tmp_path / "m.gguf", "--to", "gguf")
-    assert code == 2 and "starcoder2 has no llama.cpp architecture" in err, err
+    assert code == 2 and "opt has no llama.cpp architecture" in err, err
     assert [p.name for p in tmp_path.iterdir()] == [p.name for p in tmp_path.iterdir() if p.name != "m.gguf"]
+
+
+def test_a_llama_cpp_architecture_not_written_is_named(tmp_path: Path) -> None:
+    canonical = canonical_of(build_model("gptj", **SPECS["gptj"].kwargs), tmp_path)
+    code, _, err = cli("convert", canonical, tmp_path / "m.gguf", "--to", "gguf")
+    assert code == 2 and "llama.cpp names a gptj architecture but has no graph that runs it" in err, err
+    assert len(err.strip().splitlines()) == 1 and not (tmp_path / "m.gguf").exists()
+    for model_type in ("deepseek_v2", "deepseek_v3"):
+        with pytest.raises(MappingError, match="does not write llama.cpp's deepseek2 architecture"):
+            metadata({"model_type": model_type}, "tiny")
 
 
 def test_what_llama_cpp_cannot_hold_is_named(tmp_path: Path) -> None:
@@ -306,12 +365,179 @@ def test_no_tokenizer_files_means_llama_cpp_s_no_vocabulary(llama_canonical: Pat
     assert open_source(out).tokenizer is None
 
 
-@pytest.mark.parametrize(("model_type", "kwargs"), [("gpt2", FAMILIES["gpt2"]),
-                                                     ("qwen2_moe", SPECS["qwen2_moe"].kwargs)])
-def test_read_but_not_yet_written(model_type: str, kwargs: dict[str, Any], tmp_path: Path) -> None:
-    canonical = canonical_of(build_model(model_type, **kwargs), tmp_path)
+# -- mixtures of experts: every expert of a layer and projection stacked -----------------------
+
+# what llama.cpp's qwen2moe / qwen3moe / llama graphs hold: an expert FFN on every layer, no window,
+# the top-k weights renormalised never (qwen2moe) or always (qwen3moe, Mixtral)
+MOE = {"qwen2_moe": dict(SPECS["qwen2_moe"].kwargs, use_sliding_window=False, mlp_only_layers=[],
+                         norm_topk_prob=False),
+       "qwen3_moe": dict(SPECS["qwen3_moe"].kwargs, use_sliding_window=False, decoder_sparse_step=1,
+                         norm_topk_prob=True, attention_bias=False,  # llama.cpp's qwen3moe loads no o bias
+                         head_dim=32),  # as the qwen3 model's: see test_llamacpp's q8_0 note
+       "mixtral": dict(SPECS["mixtral"].kwargs, sliding_window=None),
+       # no o bias, no grouped-query attention (llama.cpp's k norm is as wide as q's)
+       "olmoe": dict(SPECS["olmoe"].kwargs, attention_bias=False, norm_topk_prob=False, num_key_value_heads=4)}
+
+
+# families whose GGUF lmconvert writes but transformers' GGUF loader does not read: their spec models,
+# cut to what llama.cpp's architecture holds (no o or MLP biases: its loaders read none for these;
+# SmolLM3's NoPE on every fourth layer and no window, as llama.cpp hard-codes it)
+WRITTEN_ONLY = {
+    "gemma": dict(SPECS["gemma"].kwargs, attention_bias=False),
+    "granite": dict(SPECS["granite"].kwargs),  # its four multipliers, its biases
+    "smollm3": dict(SPECS["smollm3"].kwargs, attention_bias=False, mlp_bias=False, no_rope_layer_interval=4,
+                    use_sliding_window=False),
+    "olmo": dict(SPECS["olmo"].kwargs, attention_bias=False, clip_qkv=0.4),
+    "phi": dict(SPECS["phi"].kwargs, qk_layernorm=False),  # llama.cpp's phi2 has no q/k LayerNorm
+    "gpt_neox": dict(SPECS["gpt_neox"].kwargs),  # q, k, v fused as [q | k | v]; parallel residual
+    "gpt_neox:sequential": dict(SPECS["gpt_neox"].kwargs, use_parallel_residual=False),  # `name:variant`
+    # logit_scale; no q/k norms: llama.cpp's command-r has them only with 64 layers or more
+    "cohere": dict(SPECS["cohere"].kwargs, attention_bias=False, use_qk_norm=False),
+    "cohere2": dict(SPECS["cohere2"].kwargs, attention_bias=False),  # every fourth layer global, without RoPE
+    # ALiBi over six heads (MPT's slopes are ggml's), clip_qkv; scores scaled by 1/sqrt(head_dim), as
+    # llama.cpp's mpt has it
+    "mpt": dict(SPECS["mpt"].kwargs, attn_config={"clip_qkv": 1.5}),
+}
+# every exportable family's tiny model that llama.cpp's architecture holds whole (test_llamacpp.py runs them)
+MODELS: dict[str, dict[str, Any]] = {**{t: FAMILIES[t] for t in FAMILIES if t in EXPORTS}, **MOE, **WRITTEN_ONLY}
+
+
+@pytest.mark.parametrize("quant", ["f32", "bf16"])
+@pytest.mark.parametrize("name", list(WRITTEN_ONLY))
+def test_families_transformers_cannot_read_come_back_bit_for_bit(name: str, quant: str, tmp_path: Path) -> None:
+    """Our reader, which reads these files the way llama.cpp's loader does (tested by llama.cpp
+    itself in test_llamacpp.py), gives back the model: every tensor at the file's type, the same
+    ArchConfig but the float32 eps, and at f32 the same logits."""
+    canonical = canonical_of(build_model(name.split(":")[0], **WRITTEN_ONLY[name]), tmp_path)
+    out = exported(canonical, tmp_path / "m.gguf", quant)
+    ours, source = lmconvert.load(out, attention="eager"), lmconvert.load(canonical, attention="eager")
+    assert as_float32(ours.cfg) == as_float32(source.cfg)
+    theirs = source.state_dict()
+    assert set(ours.state_dict()) == set(theirs)
+    for tensor_name, tensor in ours.state_dict().items():
+        if name == "gemma" and tensor_name.endswith("norm.weight"):  # stored as w + 1, in f32
+            assert torch.equal(tensor, ((theirs[tensor_name].float() + 1) - 1).to(tensor.dtype)), tensor_name
+            continue
+        assert torch.equal(tensor.float(), theirs[tensor_name].to(FLOATS[quant]).float()), tensor_name
+    if quant == "f32":
+        ids = token_batch(seq=28)
+        assert torch.equal(logits_of(ours, ids), logits_of(source, ids))
+
+
+def as_float32(value: Any) -> Any:  # noqa: ANN401 - a config, field by field
+    """A config with every real rounded to float32, as GGUF metadata stores reals."""
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return dataclasses.replace(value, **{f.name: as_float32(getattr(value, f.name))
+                                             for f in dataclasses.fields(value) if f.init})
+    if isinstance(value, float):
+        return float(np.float32(value))
+    if isinstance(value, tuple):
+        return tuple(as_float32(v) for v in value)
+    return value
+
+
+def test_granite_s_multipliers_are_llama_cpp_s_keys(tmp_path: Path) -> None:
+    kwargs = WRITTEN_ONLY["granite"]
+    out = exported(canonical_of(build_model("granite", **kwargs), tmp_path), tmp_path / "m.gguf", "f32")
+    fields = gguf.GGUFReader(out).fields
+    for key, hf_key in (("granite.attention.scale", "attention_multiplier"),
+                        ("granite.embedding_scale", "embedding_multiplier"),
+                        ("granite.residual_scale", "residual_multiplier"), ("granite.logit_scale", "logits_scaling")):
+        assert fields[key].contents() == pytest.approx(kwargs[hf_key], rel=1e-7), key
+    assert gguf.GGUFReader(tmp_path / "m.gguf").fields["general.architecture"].contents() == "granite"
+
+
+def test_mpt_s_own_score_scale_is_refused(tmp_path: Path) -> None:
+    canonical = canonical_of(build_model("mpt", **SPECS["mpt"].kwargs), tmp_path)  # softmax_scale 0.2
     code, _, err = cli("convert", canonical, tmp_path / "m.gguf", "--to", "gguf")
-    assert code == 2 and f"{model_type} has no llama.cpp architecture lmconvert writes" in err, err
+    assert code == 2 and "llama.cpp's mpt metadata cannot express this model's attn_scale" in err, err
+
+
+def test_command_r_s_qk_norms_go_with_64_layers(tmp_path: Path) -> None:
+    canonical = canonical_of(build_model("cohere", **{**WRITTEN_ONLY["cohere"], "use_qk_norm": True}), tmp_path)
+    code, _, err = cli("convert", canonical, tmp_path / "m.gguf", "--to", "gguf")
+    assert code == 2 and "has q/k norms exactly when there are 64 layers or more" in err, err
+
+
+def test_smollm3_s_nope_layers_must_be_llama_cpp_s(tmp_path: Path) -> None:
+    canonical = canonical_of(build_model("smollm3", **{**WRITTEN_ONLY["smollm3"], "no_rope_layer_interval": 2}),
+                             tmp_path)
+    code, _, err = cli("convert", canonical, tmp_path / "m.gguf", "--to", "gguf")
+    assert code == 2 and "llama.cpp's smollm3 metadata cannot express this model's layer_positions" in err, err
+
+
+@pytest.mark.parametrize("quant", ["f32", "bf16"])
+@pytest.mark.parametrize("name", list(MOE))
+def test_mixtures_read_back_bit_for_bit(name: str, quant: str, tmp_path: Path) -> None:
+    """Each expert's matrices stacked on export and unstacked on import: every canonical tensor
+    back bit for bit at the file's type, and at f32 the same logits."""
+    canonical = canonical_of(build_model(name, **MOE[name]), tmp_path)
+    out = exported(canonical, tmp_path / "m.gguf", quant)
+    ours, source = lmconvert.load(out, attention="eager"), lmconvert.load(canonical, attention="eager")
+    assert ours.cfg.moe == source.cfg.moe
+    theirs = source.state_dict()
+    for tensor_name, tensor in ours.state_dict().items():
+        assert torch.equal(tensor.float(), theirs[tensor_name].to(FLOATS[quant]).float()), tensor_name
+    names = {t.name for t in gguf.GGUFReader(out).tensors}
+    assert "blk.0.ffn_gate_exps.weight" in names and not any(".experts." in n for n in names)
+    if quant == "f32":
+        ids = token_batch(seq=28)
+        assert torch.equal(logits_of(ours, ids), logits_of(source, ids))
+
+
+@pytest.mark.parametrize("name", list(MOE))
+def test_mixtures_are_what_the_llama_cpp_converter_writes(name: str, tmp_path: Path) -> None:
+    from test_moe import write_moe_gguf
+
+    model = build_model(name, **MOE[name])
+    ours = exported(canonical_of(model, tmp_path), tmp_path / "ours.gguf", "f32")
+    theirs = write_moe_gguf(model, tmp_path / "theirs.gguf",
+                            name="Mixtral-tiny" if name == "mixtral" else "tiny")
+    ours_t = {t.name: np.array(t.data) for t in gguf.GGUFReader(ours).tensors}
+    theirs_t = {t.name: np.array(t.data) for t in gguf.GGUFReader(theirs).tensors}
+    assert set(ours_t) == set(theirs_t)
+    for tensor_name, data in theirs_t.items():
+        assert np.array_equal(ours_t[tensor_name], data), tensor_name
+    assert_same_config(ours, theirs)
+
+
+@pytest.mark.parametrize("name", ["qwen2_moe", "qwen3_moe"])
+def test_transformers_reads_the_mixtures(name: str, tmp_path: Path) -> None:
+    """transformers' GGUF loader reads no expert widths (its config defaults: test_moe's models)."""
+    from test_moe import GGUF_MODELS
+
+    model = build_model(name, **GGUF_MODELS[name])
+    out = exported(canonical_of(model, tmp_path), tmp_path / "m.gguf", "f32")
+    theirs = AutoModelForCausalLM.from_pretrained(str(tmp_path), gguf_file=out.name, dtype=torch.float32,
+                                                  attn_implementation="eager", experts_implementation="eager").eval()
+    ids = token_batch(seq=24)
+    assert (logits_of(theirs, ids) - logits_of(lmconvert.load(out, attention="eager"), ids)).abs().max() <= FP32_MAX_ABS
+
+
+def test_a_bias_llama_cpp_does_not_load_is_refused_by_name(tmp_path: Path) -> None:
+    canonical = canonical_of(build_model("qwen3_moe", **{**MOE["qwen3_moe"], "attention_bias": True}), tmp_path)
+    code, _, err = cli("convert", canonical, tmp_path / "m.gguf", "--to", "gguf")
+    assert code == 2 and "llama.cpp's qwen3moe architecture loads no blk.0.attn_output.bias" in err, err
+    assert not (tmp_path / "m.gguf").exists()
+
+
+def test_a_tied_output_where_llama_cpp_requires_one_is_refused(tmp_path: Path) -> None:
+    canonical = canonical_of(build_model("stablelm", **{**FAMILIES["stablelm"], "tie_word_embeddings": True}),
+                             tmp_path)
+    code, _, err = cli("convert", canonical, tmp_path / "m.gguf", "--to", "gguf")
+    assert code == 2 and "llama.cpp's stablelm architecture requires an output matrix" in err, err
+
+
+def test_olmoe_with_grouped_query_attention_is_refused(tmp_path: Path) -> None:
+    canonical = canonical_of(build_model("olmoe", **{**MOE["olmoe"], "num_key_value_heads": 2}), tmp_path)
+    code, _, err = cli("convert", canonical, tmp_path / "m.gguf", "--to", "gguf")
+    assert code == 2 and "llama.cpp's olmoe architecture normalises k over as many heads as q" in err, err
+
+
+def test_a_dense_layer_in_a_mixture_is_refused_by_name(tmp_path: Path) -> None:
+    canonical = canonical_of(build_model("qwen2_moe", **{**MOE["qwen2_moe"], "mlp_only_layers": [1]}), tmp_path)
+    code, _, err = cli("convert", canonical, tmp_path / "m.gguf", "--to", "gguf")
+    assert code == 2 and "llama.cpp's qwen2moe architecture has no tensor for layers.1.mlp.down.weight" in err, err
     assert not (tmp_path / "m.gguf").exists()
 
 

@@ -617,6 +617,8 @@ def test_deepseek_router_stays_fp32_in_a_bf16_load(streamed_load: bool, deepseek
 
 # ------------------------------------------------------------------------------------------------ GGUF
 GGUF_ARCH = {"qwen2_moe": "qwen2moe", "qwen3_moe": "qwen3moe"}
+# llama.cpp writes Mixtral as `llama` with stacked experts; OLMoE's feed_forward_length is its expert width
+EMULATED_ARCH = {**GGUF_ARCH, "mixtral": "llama", "olmoe": "olmoe"}
 # transformers' GGUF loader reads no expert widths (it keeps its config class's defaults), so the
 # models it is compared with have those widths
 GGUF_MODELS = {
@@ -627,17 +629,21 @@ GGUF_MODELS = {
 }
 
 
-def write_moe_gguf(model: torch.nn.Module, path: Path, quant: str | None = None) -> Path:
-    """What llama.cpp's converter writes for a Qwen MoE model: its metadata, the experts of each
-    layer and projection stacked (`ffn_gate_exps` [experts, width, hidden]), the shared-expert
-    gate as a vector; 2-D and 3-D weights quantized to `quant` if given."""
+def write_moe_gguf(model: torch.nn.Module, path: Path, quant: str | None = None, name: str = "tiny") -> Path:
+    """What llama.cpp's converter writes for a Qwen MoE model (or Mixtral, as `llama`: q/k rows
+    permuted, no expert width of its own): its metadata, the experts of each layer and projection
+    stacked (`ffn_gate_exps` [experts, width, hidden]), the shared-expert gate as a vector; 2-D and
+    3-D weights quantized to `quant` if given."""
     import gguf
+    from test_formats_gguf import permute
 
     cfg = model.config
-    arch = GGUF_ARCH[cfg.model_type]
+    arch = EMULATED_ARCH[cfg.model_type]
     writer = gguf.GGUFWriter(str(path), arch)
     head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
-    writer.add_name("tiny")
+    writer.add_name(name)
+    if arch == "llama":
+        writer.add_rope_dimension_count(head_dim)
     for add, value in ((writer.add_context_length, cfg.max_position_embeddings),
                        (writer.add_embedding_length, cfg.hidden_size), (writer.add_block_count, cfg.num_hidden_layers),
                        (writer.add_feed_forward_length, cfg.intermediate_size),
@@ -648,9 +654,10 @@ def write_moe_gguf(model: torch.nn.Module, path: Path, quant: str | None = None)
                        (writer.add_rope_freq_base, cfg.rope_parameters["rope_theta"]),
                        (writer.add_expert_count, cfg.num_experts),
                        (writer.add_expert_used_count, cfg.num_experts_per_tok),
-                       (writer.add_expert_feed_forward_length, cfg.moe_intermediate_size),
                        (writer.add_vocab_size, cfg.vocab_size)):
         add(value)
+    if arch in GGUF_ARCH.values():
+        writer.add_expert_feed_forward_length(cfg.moe_intermediate_size)
     if arch == "qwen2moe":
         writer.add_expert_shared_feed_forward_length(cfg.shared_expert_intermediate_size)
     writer.add_file_type(gguf.LlamaFileType.MOSTLY_Q8_0 if quant else gguf.LlamaFileType.ALL_F32)
@@ -666,7 +673,12 @@ def write_moe_gguf(model: torch.nn.Module, path: Path, quant: str | None = None)
             tensors[f"blk.{layer}.ffn_down_exps.weight"] = t
         else:
             base, _, suffix = hf_name.rpartition(".")
-            tensors[f"{names.get_name(base)}.{suffix}"] = t.squeeze(0) if "shared_expert_gate" in base else t
+            gguf_name = f"{names.get_name(base)}.{suffix}"
+            if arch == "llama" and ".attn_q." in gguf_name:
+                t = permute(t, cfg.num_attention_heads, cfg.num_attention_heads)
+            elif arch == "llama" and ".attn_k." in gguf_name:
+                t = permute(t, cfg.num_attention_heads, cfg.num_key_value_heads)
+            tensors[gguf_name] = t.squeeze(0) if "shared_expert_gate" in base else t
     return write_tensors(writer, tensors, quant, path)
 
 

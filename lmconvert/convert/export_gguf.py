@@ -20,6 +20,7 @@ from lmconvert.formats.gguf_tokenizer import tokenizer_values
 from lmconvert.formats.gguf_writer import (
     DEFAULT_QUANT,
     FILE_TYPES,
+    SOURCE_KEY,
     WRITTEN_BY,
     GgufTensor,
     parse_quant,
@@ -30,6 +31,7 @@ from lmconvert.formats.gguf_writer import (
 from lmconvert.mappings import MappingError, family_for, family_named
 from lmconvert.mappings.gguf import tensor_sizes
 from lmconvert.mappings.gguf_export import GgufModel, lost, metadata, read_back
+from lmconvert.mappings.gguf_loaders import forced_type, refused_tensors
 from lmconvert.mappings.table import out_shape
 
 from .exports import canonical_meta
@@ -67,12 +69,22 @@ def to_gguf(src: Path | Checkpoint, out: Path, family: str | None = None, quant:
             table = model.entry.tensors
             canonical = parameter_shapes(meta.arch)
             arch = meta.arch
-            sizes = {**tensor_sizes({**config, "num_key_value_heads": arch.n_kv_heads, "head_dim": arch.head_dim,
-                                     "intermediate_size": arch.d_ff}),
+            sizes = {**tensor_sizes({"num_attention_heads": arch.n_heads, "num_key_value_heads": arch.n_kv_heads,
+                                     "head_dim": arch.head_dim, "hidden_size": arch.d_model,
+                                     "intermediate_size": arch.d_ff, "vocab_size": arch.vocab_size}),
                      "rows": meta.arch.vocab_size}
+            homeless = [n for n in ckpt.source.tensors.names() if not table.stored_names(n)]
+            if homeless:  # a dense layer in a mixture llama.cpp makes all experts, say
+                raise MappingError(f"llama.cpp's {model.arch} architecture has no tensor for "
+                                   f"{', '.join(homeless[:3])}{' ...' if len(homeless) > 3 else ''}; "
+                                   "export it as HF safetensors instead")
             plan = table.plan_export(ckpt.source.tensors.names(), sizes)
             shapes = {name: out_shape(t.inverse, [canonical[s] for s in src_name] if isinstance(src_name, tuple)
                                       else canonical[src_name]) for name, (src_name, t) in plan.items()}
+            refusal = refused_tensors(model.arch, shapes)
+            if refusal:
+                raise MappingError(f"llama.cpp's {model.arch} architecture {refusal}; "
+                                   "export it as HF safetensors instead")
             model = _checked_metadata(config, name, ckpt, shapes)
         except MappingError as exc:
             raise InputError(f"--to gguf: {exc}") from None
@@ -80,12 +92,13 @@ def to_gguf(src: Path | Checkpoint, out: Path, family: str | None = None, quant:
         tokenizer = tokenizer_values(ckpt.tokenizer.where if ckpt.tokenizer else None, meta.arch.vocab_size, gguf_pre)
         items = [(name, src_name, t.inverse) for name, (src_name, t) in plan.items()]
         planned = plan_tensors(ckpt.source.tensors, items, None, allow_nonfinite, meta.tensors, meta.hash)
-        tensors = [GgufTensor(p.name, p.shape, tensor_type(p.shape, kind), p.produce) for p in planned]
+        tensors = [GgufTensor(p.name, p.shape, tensor_type(p.shape, forced_type(p.name, kind) or kind), p.produce)
+                   for p in planned]
         tensors += [GgufTensor(name, tuple(t.shape), "F32", lambda t=t: t) for name, t in model.extra.items()]
         values = {**model.values, **tokenizer, "general.file_type": FILE_TYPES[kind],
                   "general.quantization_version": 2, WRITTEN_BY: "lmconvert"}
         if meta.source.get("path"):
-            values["lmconvert.source"] = str(meta.source["path"])
+            values[SOURCE_KEY] = str(Path(meta.source["path"]).resolve())
         if max_shard_bytes:
             with atomic_directory(out, force) as tmp:
                 write_gguf(tmp / f"{out.name}.gguf", model.arch, values, tensors, progress, max_shard_bytes)

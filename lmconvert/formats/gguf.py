@@ -39,6 +39,7 @@ from . import schema
 from .checkpoint_files import within
 from .claims import check_layer_claim
 from .errors import InputError
+from .gguf_writer import SOURCE_KEY
 from .source import Loadable, Source
 
 SUFFIX = ".gguf"
@@ -278,7 +279,7 @@ def tensor_plans(file: GgufFile, config: dict[str, Any], entry: GgufArch) -> dic
                  in family.tensors_for(arch).plan_export(parameter_shapes(arch), family_tensor_sizes(arch)).items()}
     except MappingError as exc:
         raise InputError(f"{file.path}: {str(exc).removeprefix('config.json: ')}") from None
-    table, sizes = entry.tensors, tensor_sizes(config)
+    table, sizes = entry.tensors, tensor_sizes(config, entry.renamed)
     plans: dict[str, TensorPlan] = {}
     for name in file.tensors:
         if table.drops(name):  # rope_freqs: read into the config (llama3 RoPE scaling)
@@ -385,6 +386,22 @@ def check_metadata(file: GgufFile) -> None:
                       f"{arch}.block_count")
 
 
+def recorded_reference(file: GgufFile, entry: GgufArch) -> Loadable:
+    """For an architecture transformers' GGUF loader does not read: the source lmconvert's export
+    recorded in the file (`lmconvert.source`), as transformers loads it, if it is still there."""
+    recorded = file.meta.get(SOURCE_KEY)
+    why = f"{file.path}: transformers' GGUF loader does not read {entry.model_type}"
+    if not isinstance(recorded, str) or not recorded:
+        return Loadable(None, refusal=f"{why}, and the file records no source; pass --reference SRC")
+    source = Path(recorded)
+    if source.is_dir():
+        return Loadable(source)
+    if source.is_file() and source.suffix == ".gguf":
+        return Loadable(source.parent, {"gguf_file": source.name}, origin=source)
+    return Loadable(None, refusal=f"{why}, and the source it records, {recorded!r}, is not available; "
+                                  "pass --reference SRC")
+
+
 def open_gguf(path: Path) -> Source:
     target = gguf_file_of(path)
     if target is None:
@@ -410,7 +427,8 @@ def open_gguf(path: Path) -> Source:
         loadable = Loadable(target.parent, {"gguf_file": target.name}, origin=target)  # transformers dequantizes it
         tokenizer = loadable if has_vocabulary(file) else None
         return Source(target, "gguf", config, tensors, info=info, sidecars=sidecar_writer(file, info),
-                      reference=loadable, tokenizer=tokenizer)
+                      reference=loadable if entry.transformers_reads else recorded_reference(file, entry),
+                      tokenizer=tokenizer)
     except BaseException:
         file.close()
         raise

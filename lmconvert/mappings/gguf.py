@@ -48,6 +48,9 @@ class GgufArch:
     table: TensorTable | None = None  # a table of its own (GPT-2: fused qkv, positions, norm biases)
     experts: bool = False  # a mixture of experts on every layer (stacked experts), no dense FFN
     partial_rotary: bool = False  # `rope.dimension_count` rotates part of each head (StableLM)
+    rotary_key: str = "partial_rotary_factor"  # the HF key the rotated fraction goes to (GPT-NeoX: rotary_pct)
+    transformers_reads: bool = True  # transformers' GGUF loader reads it (a reference for `verify`)
+    renamed: Mapping[str, str] = field(default_factory=dict)  # shared HF keys -> the family's own (MPT's d_model)
     # (tensor, entry): a file holding that tensor is read as that entry instead (Falcon-40B's second norm)
     variants: tuple[tuple[str, GgufArch], ...] = ()
     derived: Callable[[Mapping[str, Any]], dict[str, Any]] | None = None  # HF keys computed from the others
@@ -102,6 +105,12 @@ ARCHS: dict[str, GgufArch] = {
 BY_NAME: tuple[tuple[str, str, GgufArch], ...] = (
     ("llama", "mistral", GgufArch("mistral", keys={"attention.sliding_window": "sliding_window"},
                                   defaults={"hidden_act": "silu", "sliding_window": None}, permute_qk=True)),
+    # Mixtral is llama.cpp's `llama` with stacked experts on every layer (feed_forward_length is the
+    # expert width); its graph renormalises the top-k weights and has no window
+    ("llama", "mixtral", GgufArch("mixtral", keys={"expert_count": "num_local_experts",
+                                                   "expert_used_count": "num_experts_per_tok"},
+                                  defaults={"hidden_act": "silu", "sliding_window": None}, permute_qk=True,
+                                  experts=True, transformers_reads=False)),
 )
 
 
@@ -171,9 +180,10 @@ MOE_RULES = (
 )
 
 
-def tensor_sizes(config: Mapping[str, Any]) -> dict[str, int]:
-    """The sizes the table's transforms are written in, from the HF config; the reader adds each
-    tensor's stored `rows`."""
+def tensor_sizes(config: Mapping[str, Any], renamed: Mapping[str, str] | None = None) -> dict[str, int]:
+    """The sizes the table's transforms are written in, from the HF config (whose shared keys the
+    family may spell its own way, `renamed`); the reader adds each tensor's stored `rows`."""
+    config = {**config, **{shared: config[own] for shared, own in (renamed or {}).items() if own in config}}
     heads = config["num_attention_heads"]
     kv_heads = config.get("num_key_value_heads") or heads
     head_dim = config.get("head_dim") or config["hidden_size"] // heads
@@ -275,6 +285,105 @@ ARCHS["nemotron"] = GgufArch("nemotron", keys={"attention.layer_norm_epsilon": "
                              defaults={"hidden_act": "relu2"},
                              bias_flags={"attention_bias": "blk.0.attn_q.bias", "mlp_bias": "blk.0.ffn_up.bias"},
                              norm_eps="attention.layer_norm_epsilon", partial_rotary=True, table=_nemotron_table())
+
+
+def _written(model_type: str, **facts: Any) -> GgufArch:  # noqa: ANN401 - GgufArch's fields
+    """An architecture lmconvert writes that transformers' GGUF loader does not read."""
+    return GgufArch(model_type, transformers_reads=False, **facts)
+
+
+# -- architectures that lmconvert's GGUF export writes (and reads back the same way); transformers'
+# GGUF loader reads none of them, so `verify` takes the source the file records as its reference
+# What each one's llama.cpp graph hard-codes instead of stating is in its defaults: Gemma's tanh GELU
+# and embeddings scaled by sqrt(hidden) (the gemma family's own), SmolLM3's NoPE on every fourth
+# layer, OLMo's LayerNorm without weights and eps 1e-5.
+ARCHS["gemma"] = _written("gemma", defaults={"hidden_activation": "gelu_pytorch_tanh"}, bias_flags=ATTENTION_BIAS,
+                          norm_offset=1.0, output=False)  # llama.cpp's Gemma always ties its output
+ARCHS["granite"] = _written("granite", keys={"attention.scale": "attention_multiplier",
+                                             "embedding_scale": "embedding_multiplier",
+                                             "residual_scale": "residual_multiplier", "logit_scale": "logits_scaling"},
+                            defaults={"hidden_act": "silu"},
+                            bias_flags={**ATTENTION_BIAS, "mlp_bias": "blk.0.ffn_up.bias"}, permute_qk=True)
+ARCHS["smollm3"] = _written("smollm3", defaults={"hidden_act": "silu", "no_rope_layer_interval": 4,
+                                                 "use_sliding_window": False},
+                            bias_flags=ATTENTION_BIAS, permute_qk=True)
+ARCHS["olmo"] = _written("olmo", keys={"attention.clamp_kqv": "clip_qkv"}, defaults={"hidden_act": "silu"},
+                         norm_eps="attention.layer_norm_epsilon", permute_qk=True,
+                         table=TensorTable(tuple(r for r in tensor_table(True, 0.0, True).rules
+                                                 if not r.stored.endswith("norm.weight"))))  # norms without weights
+# OLMoE: llama.cpp's graph never renormalises the top-k weights; feed_forward_length is the expert width
+ARCHS["olmoe"] = _written("olmoe", keys={"expert_count": "num_experts", "expert_used_count": "num_experts_per_tok"},
+                          defaults={"hidden_act": "silu", "norm_topk_prob": False}, bias_flags=ATTENTION_BIAS,
+                          experts=True)
+
+
+def _layernorm_table(*rules: Rule, qkv: bool = False) -> TensorTable:
+    """A LayerNorm family's llama.cpp layout: norms with biases, every linear with a bias; q, k, v
+    fused into one `attn_qkv` [q | k | v] when `qkv` (GPT-NeoX: llama.cpp's converter regroups its
+    per-head layout into that), else separate; q/k unpermuted (NeoX-style rotation); and `rules`."""
+    norms = (("attn_norm", "attn_norm"), ("ffn_norm", "mlp_norm"))
+    attention = ((Rule(f"blk.{{}}.attn_qkv.{p}", f"layers.{{}}.attn.{c}.{p}", Piece(("q", "kv", "kv"), i))
+                  for p in ("weight", "bias") for i, c in enumerate("qkv")) if qkv else
+                 (r for g, c in (("attn_q", "attn.q"), ("attn_k", "attn.k"), ("attn_v", "attn.v"))
+                  for r in _weight_and_bias(g, c, IDENTITY)))
+    return TensorTable((
+        Rule("token_embd.weight", "embed.weight", PADDED),
+        Rule("output.weight", "lm_head.weight", PADDED), *rules,
+        Rule("output_norm.weight", "final_norm.weight"), Rule("output_norm.bias", "final_norm.bias"),
+        *(Rule(f"blk.{{}}.{g}.{p}", f"layers.{{}}.{c}.{p}") for g, c in norms for p in ("weight", "bias")),
+        *attention,
+        *(r for g, c in (("attn_output", "attn.o"), ("ffn_up", "mlp.up"), ("ffn_down", "mlp.down"))
+          for r in _weight_and_bias(g, c, IDENTITY)),
+    ))
+
+
+# Phi-2 (`phi`): one LayerNorm shared by the parallel attention and MLP (`attn_norm`), an output bias
+ARCHS["phi2"] = _written("phi", keys={"attention.layer_norm_epsilon": "layer_norm_eps"},
+                         defaults={"hidden_act": "gelu_new"}, norm_eps="attention.layer_norm_epsilon",
+                         partial_rotary=True, table=_layernorm_table(Rule("output.bias", "lm_head.bias")))
+ARCHS["gptneox"] = _written("gpt_neox", keys={"attention.layer_norm_epsilon": "layer_norm_eps",
+                                              "use_parallel_residual": "use_parallel_residual",
+                                              "rope.freq_base": "rotary_emb_base"},  # its older spellings
+                            defaults={"hidden_act": "gelu"}, norm_eps="attention.layer_norm_epsilon",
+                            partial_rotary=True, rotary_key="rotary_pct", table=_layernorm_table(qkv=True))
+# Command-R (`cohere`): one LayerNorm without a bias shared by the parallel attention and MLP, q/k
+# norms per head (llama.cpp: exactly when there are 64 layers or more, as Command R+), the output
+# always tied, the logits multiplied by logit_scale
+ARCHS["command-r"] = _written("cohere", keys={"logit_scale": "logit_scale",
+                                              "attention.layer_norm_epsilon": "layer_norm_eps"},
+                              defaults={"hidden_act": "silu"}, bias_flags={"use_qk_norm": "blk.0.attn_q_norm.weight"},
+                              norm_eps="attention.layer_norm_epsilon", output=False)
+# Cohere2: Command-R's block, sliding-window layers with RoPE and every fourth layer global without it
+ARCHS["cohere2"] = _written("cohere2", keys={"attention.sliding_window": "sliding_window", "logit_scale": "logit_scale",
+                                             "attention.layer_norm_epsilon": "layer_norm_eps"},
+                            defaults={"hidden_act": "silu"}, norm_eps="attention.layer_norm_epsilon", output=False,
+                            swa_pattern=4, table=TensorTable(tuple(r for r in tensor_table(False, 0.0, False).rules
+                                                                   if "attn_q_norm" not in r.stored
+                                                                   and "attn_k_norm" not in r.stored)))  # none
+
+
+def _mpt_table() -> TensorTable:
+    """llama.cpp's MPT (`MPTModel`): LayerNorms with weights only, q, k, v fused as [q | k | v] (as
+    MPT's Wqkv), a plain MLP, no biases; the output tied unless the model has its own."""
+    norms = (("attn_norm", "attn_norm"), ("ffn_norm", "mlp_norm"))
+    return TensorTable((
+        Rule("token_embd.weight", "embed.weight", PADDED), Rule("output.weight", "lm_head.weight", PADDED),
+        Rule("output_norm.weight", "final_norm.weight"),
+        *(Rule(f"blk.{{}}.{g}.weight", f"layers.{{}}.{c}.weight") for g, c in norms),
+        *(Rule("blk.{}.attn_qkv.weight", f"layers.{{}}.attn.{c}.weight", Piece(("q", "kv", "kv"), i))
+          for i, c in enumerate("qkv")),
+        *(Rule(f"blk.{{}}.{g}.weight", f"layers.{{}}.{c}.weight")
+          for g, c in (("attn_output", "attn.o"), ("ffn_up", "mlp.up"), ("ffn_down", "mlp.down"))),
+    ))
+
+
+# MPT: ALiBi (llama.cpp's slopes for max bias 8, which are MPT's), scores scaled by 1/sqrt(head_dim),
+# clip_qkv as clamp_kqv, a 4 x d_model MLP; its config spells the shared keys its own way
+ARCHS["mpt"] = _written("mpt", keys={"attention.layer_norm_epsilon": "layer_norm_epsilon",
+                                     "attention.clamp_kqv": "attn_config.clip_qkv"},
+                        renamed={"hidden_size": "d_model", "num_attention_heads": "n_heads",
+                                 "num_hidden_layers": "n_layers", "max_position_embeddings": "max_seq_len"},
+                        norm_eps="attention.layer_norm_epsilon", table=_mpt_table())
 
 
 def _bloom_table() -> TensorTable:

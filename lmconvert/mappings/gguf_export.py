@@ -23,12 +23,45 @@ from .errors import MappingError
 from .gguf import ARCHS, BY_NAME, GgufArch
 from .gguf_metadata import LLAMA3_STATED, ROPE_KEYS, SHARED_KEYS, TOKEN_IDS, hf_config, llama3_factors
 
+# families with a llama.cpp architecture name that lmconvert does not write (yet), and why
+NOT_WRITTEN = {
+    "deepseek_v2": "lmconvert does not write llama.cpp's deepseek2 architecture (latent attention) yet",
+    "deepseek_v3": "lmconvert does not write llama.cpp's deepseek2 architecture (latent attention) yet",
+    "bloom": "lmconvert does not write llama.cpp's bloom architecture yet",
+    "falcon": "lmconvert does not write llama.cpp's falcon architecture yet",
+    "gptj": "llama.cpp names a gptj architecture but has no graph that runs it",
+}
 # transformers model_type -> (llama.cpp architecture, its table entry)
 EXPORTS: dict[str, tuple[str, GgufArch]] = {
-    **{entry.model_type: (arch, entry) for arch, entry in ARCHS.items() if entry.table is None and not entry.experts},
+    **{entry.model_type: (arch, entry) for arch, entry in ARCHS.items() if entry.model_type not in NOT_WRITTEN},
     **{entry.model_type: (arch, entry) for arch, _, entry in BY_NAME},
-}  # not yet GPT-2, whose table and metadata are its own, nor the mixtures' expert keys (read, not written)
+}
+# HF keys the import writes that a family's config.json may spell otherwise (transformers'
+# attribute_map): Qwen-MoE's num_experts is num_local_experts in transformers 5, GPT-2 has its own names
+SPELLINGS = {"num_experts": "num_local_experts", "hidden_size": "n_embd", "num_hidden_layers": "n_layer",
+             "num_attention_heads": "n_head", "max_position_embeddings": "n_positions"}
+# HF keys a config may leave out where llama.cpp states the value: GPT-2's d_ff (null) and MPT's (not
+# a key: transformers ignores expansion_ratio) are 4 x the width
+IMPLIED = {"n_inner": lambda config, renamed: 4 * _get(config, "hidden_size", renamed),
+           "intermediate_size": lambda config, renamed: 4 * _get(config, "hidden_size", renamed)}
+
+
+def _get(config: Mapping[str, Any], hf_key: str, renamed: Mapping[str, str]) -> Any:  # noqa: ANN401 - any value
+    """A config value under the import's name, the family's own spelling of it (`renamed`, then
+    transformers' aliases), or a key of a nested dict (`attn_config.clip_qkv`)."""
+    value: Any = config
+    for part in renamed.get(hf_key, hf_key).split("."):
+        value = value.get(part) if isinstance(value, Mapping) else None
+    value = config.get(SPELLINGS.get(hf_key, "")) if value is None else value
+    return IMPLIED[hf_key](config, renamed) if value is None and hf_key in IMPLIED else value
+
+
 ROPE_TYPES_OUT = {"linear": "linear", "yarn": "yarn"}  # HF rope_type -> `{arch}.rope.scaling.type`
+
+
+# metadata llama.cpp's converter writes whatever the config says: OLMo's LayerNorm eps, fixed in transformers
+CONSTANTS: dict[str, dict[str, Any]] = {"olmo": {"attention.layer_norm_epsilon": 1e-5},
+                                        "mpt": {"attention.max_alibi_bias": 8.0}}  # transformers' MPT: always 8
 
 
 @dataclass
@@ -105,6 +138,8 @@ def metadata(config: Mapping[str, Any], name: str) -> GgufModel:
     """The metadata llama.cpp reads for this HF config; raises MappingError for a model type
     llama.cpp has no architecture for here."""
     model_type = config.get("model_type")
+    if model_type not in EXPORTS and model_type in NOT_WRITTEN:
+        raise MappingError(f"{model_type}: {NOT_WRITTEN[model_type]}; export it as HF safetensors instead")
     if model_type not in EXPORTS:
         raise MappingError(f"{model_type} has no llama.cpp architecture lmconvert writes; it writes "
                            f"{', '.join(sorted(EXPORTS))}")
@@ -113,12 +148,18 @@ def metadata(config: Mapping[str, Any], name: str) -> GgufModel:
         if variant is entry and word not in name.lower():
             name = f"{name} ({word})"
     values: dict[str, Any] = {"general.architecture": arch, "general.name": name}
-    head_dim = config.get("head_dim") or config["hidden_size"] // config["num_attention_heads"]
+    renamed = entry.renamed
+    head_dim = config.get("head_dim") or (_get(config, "hidden_size", renamed)
+                                          // _get(config, "num_attention_heads", renamed))
     for gguf_key, hf_key in {**SHARED_KEYS, **entry.keys}.items():
-        if config.get(hf_key) is not None and gguf_key != "rope.freq_base":
-            values[f"{arch}.{gguf_key}"] = config[hf_key]
+        value = _get(config, hf_key, renamed)
+        if value is not None and gguf_key != "rope.freq_base":
+            values[f"{arch}.{gguf_key}"] = value
+    values.update({f"{arch}.{key}": value for key, value in CONSTANTS.get(arch, {}).items()})
     values[f"{arch}.attention.key_length"] = values[f"{arch}.attention.value_length"] = head_dim
-    values[f"{arch}.rope.dimension_count"] = head_dim
+    params, _ = _rope(config)
+    rotated = params.get("partial_rotary_factor") or config.get("partial_rotary_factor") or 1.0
+    values[f"{arch}.rope.dimension_count"] = int(head_dim * rotated)  # the rotated part of a head
     values[f"{arch}.vocab_size"] = config["vocab_size"]
     rope, extra = _rope_metadata(arch, config, head_dim)
     values.update(rope)

@@ -89,7 +89,11 @@ def hf_config(file: Metadata) -> tuple[dict[str, Any], GgufArch]:
     config: dict[str, Any] = {"model_type": entry.model_type, **SHARED_DEFAULTS, **entry.defaults}
     for gguf_key, hf_key in {**SHARED_KEYS, **entry.keys}.items():
         if key(gguf_key) is not None:
-            config[hf_key] = key(gguf_key)
+            *outer, last = hf_key.split(".")  # `attn_config.clip_qkv`: a key of a nested dict (MPT)
+            nested = config
+            for part in outer:
+                nested = nested.setdefault(part, {})
+            nested[last] = key(gguf_key)
     hidden, heads = config["hidden_size"], config["num_attention_heads"]
     config.setdefault("num_key_value_heads", heads)
     if "head_dim" not in config:
@@ -100,7 +104,7 @@ def hf_config(file: Metadata) -> tuple[dict[str, Any], GgufArch]:
     head_dim = config["head_dim"]
     rotated = key("rope.dimension_count")
     if entry.partial_rotary and rotated is not None:  # StableLM: the rotated part of a head
-        config["partial_rotary_factor"] = rotated / head_dim
+        config[entry.rotary_key] = rotated / head_dim
     for name, expected in (("attention.value_length", head_dim), ("rope.dimension_count", head_dim)):
         if name == "rope.dimension_count" and entry.partial_rotary:
             continue
@@ -121,6 +125,9 @@ def hf_config(file: Metadata) -> tuple[dict[str, Any], GgufArch]:
     for hf_key, gguf_key in TOKEN_IDS.items():
         if file.meta.get(gguf_key) is not None:
             config[hf_key] = int(file.meta[gguf_key])
+    for hf_key, own in entry.renamed.items():  # the family's own spelling of a shared key (MPT's d_model)
+        if hf_key in config:
+            config[own] = config.pop(hf_key)
     return config, entry
 
 

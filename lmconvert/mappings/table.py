@@ -239,6 +239,9 @@ class TensorTable:
                 for row in range(step.rows(sizes or {})):  # type: ignore[union-attr]
                     plan[stored.replace("{}", str(row))] = (name, step.bind({**(sizes or {}), "index": row}))
                 continue
+            if self.expanding(stored):  # a stacking rule's: every expert's piece in one tensor
+                plan[stored] = self._stacked(stored, held, sizes or {})
+                continue
             held.sort(key=lambda item: item[0])
             count = len(self._rules_for(stored))
             if len(held) != count:
@@ -247,6 +250,26 @@ class TensorTable:
             names = tuple(name for _, name, _ in held)
             plan[stored] = (names if count > 1 else names[0], held[0][2].bind(sizes or {}))
         return plan
+
+    def _stacked(self, stored: str, held: list[tuple[int, str, Step | Transform]],
+                 sizes: Sizes) -> tuple[tuple[str, ...], Transform]:
+        """A fused experts tensor on export (llama.cpp's `ffn_gate_exps`): every expert's piece,
+        by part (gate, then up) and expert index, and the inverse that stacks them; each expert
+        must be there for every part."""
+        parts = len(self.expanding(stored))
+        index = re.compile(r"\.(\d+)\.[^.]+\.[^.]+$")  # the expert's number in `...experts.{e}.gate.weight`
+        ordered = sorted(held, key=lambda item: (item[0], int(index.search(item[1]).group(1))))  # type: ignore[union-attr]
+        experts = len(ordered) // parts
+        if experts * parts != len(ordered) or any(
+                int(index.search(name).group(1)) != i % experts for i, (_, name, _) in enumerate(ordered)):  # type: ignore[union-attr]
+            raise MappingError(f"tensor {stored!r} stacks every expert, but the checkpoint has "
+                               f"{_names([name for _, name, _ in ordered])}")
+        inverse = ordered[0][2].bind({**sizes, "index": 0}).inverse
+
+        def stack(flat: list[Any]) -> Any:  # noqa: ANN401 - tensors
+            return inverse([flat[p * experts:(p + 1) * experts] for p in range(parts)])
+
+        return tuple(name for _, name, _ in ordered), Transform(f"{experts} experts stacked", inverse=stack)
 
     def _order(self, canonical: str) -> int:
         """The position of the rule writing a canonical name: the order of a fused tensor's pieces."""

@@ -1,0 +1,77 @@
+"""What llama.cpp's loaders and converter expect of a GGUF file beyond its metadata, as data: the
+tensors each architecture's loader reads (`src/models/<arch>.cpp` in llama.cpp), and the types its
+converter (`convert_hf_to_gguf.py`, ModelBase.prepare_tensors) gives some tensors whatever the file
+type. GGUF export (convert/export_gguf.py) refuses by name a file llama.cpp would refuse to load,
+before writing it. No file I/O.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+QKV = ("attn_q", "attn_k", "attn_v")  # llama.cpp's create_tensor_qkv loads these biases when a file has them
+NORMS = ("attn_norm", "ffn_norm", "output_norm")
+# the biases llama.cpp's loader for each architecture reads (`create_tensor(tn(..., "bias"))` in its
+# src/models/<arch>.cpp); a file holding any other is refused by llama.cpp ("wrong number of tensors")
+LOADED_BIASES: dict[str, frozenset[str]] = {arch: frozenset(names) for arch, names in {
+    "llama": (*QKV, "attn_output", "ffn_gate", "ffn_up", "ffn_down"),
+    "qwen2": (*QKV, "output"), "qwen3": QKV, "qwen2moe": QKV, "qwen3moe": QKV, "gemma2": QKV, "gemma3": QKV,
+    "olmo2": QKV, "phi3": QKV,
+    "gpt2": (*NORMS, "attn_qkv", "attn_output", "ffn_up", "ffn_down"),
+    "starcoder2": (*QKV, *NORMS, "attn_output", "ffn_up", "ffn_down"),
+    "stablelm": (*QKV, *NORMS),
+    "nemotron": (*QKV, *NORMS, "attn_output", "ffn_up", "ffn_down"),
+    "gemma": QKV, "granite": (*QKV, "attn_output", "ffn_gate", "ffn_up", "ffn_down"), "smollm3": QKV, "olmo": QKV,
+    "olmoe": QKV, "phi2": (*QKV, *NORMS, "attn_output", "ffn_up", "ffn_down", "output"),
+    "gptneox": (*NORMS, "attn_qkv", "attn_output", "ffn_up", "ffn_down"), "command-r": QKV, "cohere2": QKV,
+    # read by GGUF import elsewhere; written once mappings/gguf.py has their entries
+    "bloom": (*NORMS, "token_embd_norm", "attn_qkv", "attn_output", "ffn_up", "ffn_down"),
+    "falcon": ("attn_norm", "attn_norm_2", "output_norm"),
+    "mpt": (*NORMS, "attn_qkv", "attn_output", "ffn_up", "ffn_down", "attn_q_norm", "attn_k_norm"),
+}.items()}
+# the architectures whose llama.cpp loader requires an `output` matrix (a tied model has none)
+OUTPUT_REQUIRED = frozenset({"qwen2moe", "olmo2", "stablelm", "nemotron", "olmoe", "phi2", "gptneox"})
+
+
+# the architectures whose loader sizes the k norm as the q norm, over the whole width (no GQA)
+K_NORM_AS_Q = frozenset({"olmoe"})
+# the architectures whose loader reads q/k norms exactly when the model has at least this many layers
+QK_NORM_FROM_LAYERS = {"command-r": 64}
+
+
+def refused_tensors(arch: str, shapes: Mapping[str, tuple[int, ...]]) -> str | None:
+    """Why llama.cpp's loader would refuse a file of `arch` holding GGUF tensors of these shapes, if
+    it would ("wrong number of tensors", "missing tensor", "wrong shape")."""
+    names = list(shapes)
+    if arch in K_NORM_AS_Q and shapes.get("blk.0.attn_k_norm.weight", ()) != shapes.get("blk.0.attn_q_norm.weight", ()):
+        return "normalises k over as many heads as q, and this model has fewer KV heads (grouped-query attention)"
+    if arch in QK_NORM_FROM_LAYERS:
+        layers = len({n.split(".")[1] for n in names if n.startswith("blk.")})
+        if ("blk.0.attn_q_norm.weight" in shapes) != (layers >= QK_NORM_FROM_LAYERS[arch]):
+            return (f"has q/k norms exactly when there are {QK_NORM_FROM_LAYERS[arch]} layers or more, and this "
+                    f"model has {layers} layers {'with' if 'blk.0.attn_q_norm.weight' in shapes else 'without'} them")
+    loaded = LOADED_BIASES.get(arch, frozenset())
+    unloaded = [n for n in names if n.endswith(".bias") and n.split(".")[-2] not in loaded]
+    if unloaded:
+        return f"loads no {', '.join(unloaded[:3])}{' ...' if len(unloaded) > 3 else ''}"
+    if arch in OUTPUT_REQUIRED and "output.weight" not in names:
+        return "requires an output matrix, and this model ties its output to the embeddings"
+    return None
+
+
+# tensors llama.cpp's converter stores as F32 whatever the file type (ModelBase.prepare_tensors: the
+# routers, learned positions, any norm), and those it stores as F16 rather than ternary
+ALWAYS_F32 = ("ffn_gate_inp.weight", "ffn_gate_inp_shexp.weight", "position_embd.weight", "_norm.weight")
+HALF_WHEN_TERNARY = ("token_embd.weight", "output.weight")
+
+
+def forced_type(name: str, wanted: str) -> str | None:
+    """The GGML type llama.cpp's converter gives this GGUF tensor instead of the file's, if any."""
+    if name.endswith(ALWAYS_F32):
+        return "F32"
+    if wanted in ("TQ1_0", "TQ2_0") and name in HALF_WHEN_TERNARY:
+        return "F16"
+    return None
+
+
+__all__ = ["LOADED_BIASES", "forced_type", "refused_tensors"]
