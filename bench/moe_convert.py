@@ -68,12 +68,12 @@ def write(directory: Path, layers: int, experts: int, fused: bool) -> None:
 
 
 def _write(directory: str, layers: int, experts: int, fused: bool) -> None:
-    import torch
+    import numpy as np
     from safetensors.torch import save_file
 
     root = Path(directory)
     root.mkdir(parents=True)
-    generator = torch.Generator().manual_seed(0)
+    generator = np.random.default_rng(0)
     groups: list[dict[str, tuple[int, ...]]] = [{}]
     size = 0
     for name, shape in shapes(layers, experts, fused).items():
@@ -81,11 +81,11 @@ def _write(directory: str, layers: int, experts: int, fused: bool) -> None:
             groups.append({})
             size = 0
         groups[-1][name] = shape
-        size += torch.Size(shape).numel() * 2
+        size += int(np.prod(shape)) * 2
     weight_map, total = {}, 0
     for i, group in enumerate(groups, start=1):
         file = f"model-{i:05d}-of-{len(groups):05d}.safetensors"
-        tensors = {n: (torch.randn(s, generator=generator) * 0.02).to(torch.bfloat16) for n, s in group.items()}
+        tensors = {n: _random_bf16(generator, s) for n, s in group.items()}
         save_file(tensors, str(root / file), metadata={"format": "pt"})
         total += sum(t.numel() * 2 for t in tensors.values())
         weight_map.update(dict.fromkeys(group, file))
@@ -93,6 +93,18 @@ def _write(directory: str, layers: int, experts: int, fused: bool) -> None:
     (root / "model.safetensors.index.json").write_text(json.dumps({"metadata": {"total_size": total},
                                                                    "weight_map": weight_map}, indent=2))
     (root / "config.json").write_text(json.dumps(config(layers, experts), indent=2))
+
+
+def _random_bf16(generator, shape: tuple[int, ...]):  # noqa: ANN001, ANN202 - numpy/torch, imported in the child
+    """Random finite bf16 values, |x| < 2: random bits with the exponent's top bit cleared. A
+    conversion that copies bytes does not care what they mean, and this is 4-5x faster than
+    torch.randn, which decides how long a 6 GB checkpoint takes to make."""
+    import numpy as np
+    import torch
+
+    bits = generator.integers(0, 1 << 16, size=shape, dtype=np.uint16)
+    bits &= 0xBFFF
+    return torch.from_numpy(bits.view(np.int16)).view(torch.bfloat16)
 
 
 def main() -> None:
