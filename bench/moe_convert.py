@@ -4,10 +4,10 @@ Generates random bf16 Qwen3-MoE-shaped checkpoints (hidden 1024, experts 256 wid
 vocabulary) with E and 2E experts per layer, in the Hub's layout (one tensor per expert and
 projection) and in transformers 5's fused layout (one [experts, 2 * width, hidden] gate_up_proj and
 one down_proj per layer), then times, each in its own process with its input in the page cache:
-cp -r, lmconvert HF -> canonical, lmconvert canonical -> HF. Streaming holds one tensor at a time
-(a fused tensor is read once for all its experts), so peak RSS follows the largest tensor, not the
-checkpoint: flat for the Hub's layout when the experts double, and growing by the fused tensor's
-growth for the fused one.
+cp -r, lmconvert HF -> canonical, lmconvert canonical -> HF. Tensors are copied as raw runs of
+bytes (an expert's rows of a fused tensor are one run too), a chunk per worker thread at a time,
+so peak RSS follows neither the checkpoint nor the expert count: flat when the experts double, in
+both layouts.
 
     python bench/moe_convert.py [--work DIR] [--experts 64] [--layers 8] [--repeat 3]
 """
