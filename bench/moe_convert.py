@@ -116,7 +116,7 @@ def main() -> None:
     args = parser.parse_args()
     py = sys.executable
     work = Path(tempfile.mkdtemp(dir=args.work, prefix="lmconvert-moe-bench-"))
-    rows = [["layout", "experts", "size", "step", "median s", "x cp", "peak RSS MB"]]
+    rows = [["layout", "experts", "size", "step", "median s", "min-max s", "CPU s", "x cp", "peak RSS MB"]]
     try:
         for fused in (False, True):
             for experts in (args.experts, 2 * args.experts):
@@ -138,9 +138,11 @@ def main() -> None:
                 cp = statistics.median(r.seconds for r in runs["cp -r"])
                 for label, measured in runs.items():
                     seconds = statistics.median(r.seconds for r in measured)
+                    spread = f"{min(r.seconds for r in measured):.2f}-{max(r.seconds for r in measured):.2f}"
                     rows.append(["fused" if fused else "hub", str(experts), f"{dir_bytes(src) / 1e9:.2f} GB", label,
-                                 f"{seconds:.2f}", f"{seconds / cp:.1f}",
-                                 f"{max(r.peak_rss for r in measured) / 1e6:.0f}"])
+                                 f"{seconds:.2f}", spread, f"{statistics.median(r.cpu_seconds for r in measured):.2f}",
+                                 f"{seconds / cp:.2f}", f"{max(r.peak_rss for r in measured) / 1e6:.0f}"])
+                print(table(rows), flush=True)  # so far, in case a later configuration fails
                 shutil.rmtree(src)
         print(table(rows))
     finally:

@@ -109,13 +109,19 @@ class TensorTable:
                 raise ValueError(f"rule {rule.stored!r}: only a drop rule (canonical None) may end in '*'")
             self._compiled.append((rule, _compile(rule.stored),
                                    _compile(rule.canonical) if rule.canonical else None))
-        same: dict[str, list[int]] = {}
-        for i, rule in enumerate(self.rules):
-            same.setdefault(rule.stored, []).append(i)
-        self._index.update(
-            stored=_FirstMatch.of(list(enumerate(r.stored for r in self.rules))),
-            canonical=_FirstMatch.of([(i, r.canonical) for i, r in enumerate(self.rules) if r.canonical]),
-            same=same, expanding=[(r, stored_re) for r, stored_re, _ in self._compiled if _expands(r)])
+
+    def _indexed(self, key: str) -> Any:  # noqa: ANN401 - one of the lookups below
+        """The lookups by name, built when the table is first used (every family's table is made at
+        import, and compiling these for all of them would slow down every start)."""
+        if not self._index:
+            same: dict[str, list[int]] = {}
+            for i, rule in enumerate(self.rules):
+                same.setdefault(rule.stored, []).append(i)
+            self._index.update(
+                stored=_FirstMatch.of(list(enumerate(r.stored for r in self.rules))),
+                canonical=_FirstMatch.of([(i, r.canonical) for i, r in enumerate(self.rules) if r.canonical]),
+                same=same, expanding=[(r, stored_re) for r, stored_re, _ in self._compiled if _expands(r)])
+        return self._index[key]
 
     def _normalise(self, name: str) -> str:
         for prefix in self.hf_prefixes:
@@ -126,11 +132,11 @@ class TensorTable:
     def _rules_for(self, stored: str) -> list[tuple[Rule, tuple[str, ...]]]:
         """The first rule whose pattern matches, and after it every other rule with that same
         pattern (the pieces of a fused tensor)."""
-        found = self._index["stored"](self._normalise(stored))
+        found = self._indexed("stored")(self._normalise(stored))
         if found is None:
             raise MappingError(f"tensor {stored!r} matches no rule of this family's table")
         first, numbers = found
-        return [(self.rules[i], numbers) for i in self._index["same"][self.rules[first].stored]]
+        return [(self.rules[i], numbers) for i in self._indexed("same")[self.rules[first].stored]]
 
     def to_canonical_name(self, stored: str) -> tuple[str | None, Step | Transform]:
         """The canonical name for a stored tensor (None: dropped on purpose); raises if unknown. A
@@ -150,7 +156,8 @@ class TensorTable:
             return False
 
     def to_stored_name(self, canonical: str) -> tuple[str, Step | Transform]:
-        rule, numbers = self.rules[self._order(canonical)], self._index["canonical"](canonical)[1]
+        position, numbers = self._canonical_rule(canonical)
+        rule = self.rules[position]
         return _fill(rule.stored, numbers), rule.transform
 
     to_hf_name = to_stored_name  # a family's stored names are HF's
@@ -207,7 +214,7 @@ class TensorTable:
         reads `stored` (gate and up both come out of gate_up_proj)."""
         name = self._normalise(stored)
         found = []
-        for rule, stored_re in self._index["expanding"]:
+        for rule, stored_re in self._indexed("expanding"):
             match = stored_re.match(name)
             if match:
                 found.append((_fill(rule.canonical, match), rule.transform))  # type: ignore[arg-type]
@@ -255,10 +262,14 @@ class TensorTable:
 
     def _order(self, canonical: str) -> int:
         """The position of the rule writing a canonical name: the order of a fused tensor's pieces."""
-        found = self._index["canonical"](canonical)
+        return self._canonical_rule(canonical)[0]
+
+    def _canonical_rule(self, canonical: str) -> tuple[int, tuple[str, ...]]:
+        """(position, numbers) of the first rule whose canonical pattern matches."""
+        found = self._indexed("canonical")(canonical)
         if found is None:
             raise MappingError(f"canonical tensor {canonical!r} has no HF name in this family")
-        return found[0]
+        return found
 
 
 def _check_sides(produced: set[str], expected: set[str], where: str) -> None:
