@@ -10,11 +10,14 @@ so peak RSS follows neither the checkpoint nor the expert count: flat when the e
 both layouts.
 
     python bench/moe_convert.py [--work DIR] [--experts 64] [--layers 8] [--repeat 3]
+
+Shards of 1 GB, in and out, as bench/convert.py writes them, so that its ratios to cp compare.
 """
 
 from __future__ import annotations
 
 import argparse
+import compileall
 import json
 import shutil
 import statistics
@@ -26,6 +29,7 @@ from pathlib import Path
 from common import Measured, dir_bytes, measure, prepare, table
 
 HIDDEN, WIDTH, VOCAB, HEADS, KV, HEAD_DIM = 1024, 256, 32000, 16, 4, 64
+SHARDS = ["--max-shard-size", "1GB"]  # as bench/convert.py writes, so that the ratios compare
 
 
 def config(layers: int, experts: int) -> dict:
@@ -115,6 +119,7 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=3)
     args = parser.parse_args()
     py = sys.executable
+    compileall.compile_dir(Path(__file__).resolve().parents[1] / "lmconvert", quiet=1)  # as bench/convert.py does
     work = Path(tempfile.mkdtemp(dir=args.work, prefix="lmconvert-moe-bench-"))
     rows = [["layout", "experts", "size", "step", "median s", "min-max s", "CPU s", "x cp", "peak RSS MB"]]
     try:
@@ -123,10 +128,11 @@ def main() -> None:
                 src = work / "src"
                 write(src, args.layers, experts, fused)
                 steps = [("cp -r", ["cp", "-r", str(src), str(work / "copy")], src, work / "copy"),
-                         ("HF -> canonical", [py, "-m", "lmconvert.cli", "convert", str(src), str(work / "canon")],
-                          src, work / "canon"),
+                         ("HF -> canonical", [py, "-m", "lmconvert.cli", "convert", str(src), str(work / "canon"),
+                                              *SHARDS], src, work / "canon"),
                          ("canonical -> HF", [py, "-m", "lmconvert.cli", "convert", str(work / "canon"),
-                                              str(work / "back"), "--to", "hf"], work / "canon", work / "back")]
+                                              str(work / "back"), "--to", "hf", *SHARDS], work / "canon",
+                          work / "back")]
                 runs: dict[str, list[Measured]] = {label: [] for label, *_ in steps}
                 for _ in range(args.repeat):
                     for label, argv, source, output in steps:
