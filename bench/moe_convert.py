@@ -136,7 +136,7 @@ def main() -> None:
                 runs: dict[str, list[Measured]] = {label: [] for label, *_ in steps}
                 for _ in range(args.repeat):
                     for label, argv, source, output in steps:
-                        prepare(source, True)
+                        prepare(source, True, evict=tuple({src, work / "canon"} - {source}))
                         runs[label].append(measure(label, argv))
                         if label != "HF -> canonical":
                             shutil.rmtree(output)

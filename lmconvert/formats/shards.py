@@ -3,9 +3,11 @@
 The safetensors library has no incremental writer, so the header is written first from the
 planned shapes and dtypes (the format is an 8-byte length, a JSON header and the raw bytes) and
 each tensor's bytes follow as it is produced. Tests read every output back through safetensors.
-Peak memory is the largest produced tensor, not the shard.
+Peak memory is the largest produced tensor (or PRODUCED_IN_FLIGHT of smaller ones, queued), not
+the shard.
 
-A tensor that passes through unchanged is moved by worker threads, several tensors at once: each
+A tensor that passes through unchanged (or one expert's run of a fused experts tensor's bytes)
+is moved by worker threads, several tensors at once: each
 reads it in 1 MiB chunks from the source, hashes and checks a chunk while it is in cache, and
 writes it at the tensor's known place in the output. That is cheaper than copy_file_range plus a
 separate read to hash (1.1 against 1.5 CPU-seconds for 2.47 GB), and it holds one chunk per thread,
