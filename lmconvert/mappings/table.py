@@ -112,8 +112,9 @@ class TensorTable:
 
     def _indexed(self, key: str) -> Any:  # noqa: ANN401 - one of the lookups below
         """The lookups by name, built when the table is first used (every family's table is made at
-        import, and compiling these for all of them would slow down every start)."""
-        if not self._index:
+        import, and compiling these for all of them would slow down every start). "expanding" goes
+        in last: a thread that sees it sees the others."""
+        if "expanding" not in self._index:
             same: dict[str, list[int]] = {}
             for i, rule in enumerate(self.rules):
                 same.setdefault(rule.stored, []).append(i)
