@@ -115,7 +115,16 @@ def measure(label: str, argv: list[str], env: dict[str, str] | None = None) -> M
 REPORTING_DELAY = 2.5
 
 
-def prepare(directory: Path, cached: bool = True) -> None:
+def drop(directory: Path) -> None:
+    """Take a directory's files out of the page cache (posix_fadvise DONTNEED, which needs no
+    privileges; dirty pages must have been written back first, by `sync`)."""
+    for p in directory.rglob("*"):
+        if p.is_file():
+            with open(p, "rb") as f:
+                os.posix_fadvise(f.fileno(), 0, 0, os.POSIX_FADV_DONTNEED)
+
+
+def prepare(directory: Path, cached: bool = True, evict: tuple[Path, ...] = ()) -> None:
     """Bring every contender to the same start: earlier steps' dirty pages flushed, memory freed by
     earlier steps already handed back to the host, the memory this step's output will fill
     recently used, and its input either in the page cache (`cached`) or only on disk.
@@ -124,20 +133,25 @@ def prepare(directory: Path, cached: bool = True) -> None:
     host has taken back costs a fault on the host per page, which made the same `cp -r` take 0.6 s
     or 3.5 s. So a copy of the input is written and deleted right before each step, whatever the
     step. An input that is not `cached` is then dropped from the page cache (posix_fadvise
-    DONTNEED, which needs no privileges), so that the step reads it from the disk."""
+    DONTNEED, which needs no privileges), so that the step reads it from the disk. Directories in
+    `evict` (other steps' inputs) leave the page cache first, so that a step over several gigabytes
+    does not start with the cache full of them, to be reclaimed while it writes."""
     subprocess.run(["sync"], check=True)
+    for other in evict:
+        if other.exists():
+            drop(other)
     time.sleep(REPORTING_DELAY)
     scratch = directory.parent / f".{directory.name}.scratch"
     shutil.copytree(directory, scratch)
     shutil.rmtree(scratch)
+    if not cached:
+        drop(directory)
+        return
     for p in directory.rglob("*"):
         if p.is_file():
             with open(p, "rb") as f:
-                if cached:
-                    while f.read(1 << 24):
-                        pass
-                else:
-                    os.posix_fadvise(f.fileno(), 0, 0, os.POSIX_FADV_DONTNEED)
+                while f.read(1 << 24):
+                    pass
 
 
 def table(rows: list[list[str]]) -> str:

@@ -11,6 +11,7 @@ and active parameter counts against transformers' own modules; and config valida
 from __future__ import annotations
 
 import json
+import shutil
 from collections.abc import Callable
 from pathlib import Path
 
@@ -354,6 +355,62 @@ def test_a_fused_tensor_is_read_once_not_once_per_expert(name: str, saved: Calla
     assert sum(s.endswith(".experts.gate_up_proj") for s in sources) == 2 * moe.n_experts * sparse
     assert len(reads) == len(set(sources)) and sorted(reads) == sorted(set(sources))
     assert len(produced) == len(ckpt.plan)
+
+
+@pytest.mark.parametrize("shape", [(5, 6, 4), (3, 7, 2), (2, 4, 3, 2)])
+def test_an_experts_rows_are_the_run_of_bytes_its_span_names(shape: tuple[int, ...]) -> None:
+    """What lets a conversion copy an expert out of a fused tensor byte for byte: forward's result
+    is exactly the elements [start, stop) of its input, and out_shape is forward's shape, for
+    gate/up halves, whole experts, rows `chunk` cuts unevenly (7 into 4 + 3) and a 4-D tensor."""
+    from lmconvert.mappings.transforms import out_shape
+
+    fused = torch.arange(torch.Size(shape).numel(), dtype=torch.int32).reshape(shape)
+    for parts in (1, 2):
+        for part in range(parts):
+            for e in range(shape[0]):
+                forward = Unstack(part, parts).bind({"index": e}).forward
+                start, stop = forward.span(shape)
+                assert torch.equal(forward(fused).flatten(), fused.flatten()[start:stop])
+                assert out_shape(forward, shape) == tuple(forward(fused).shape)
+
+
+@pytest.mark.parametrize("cast", [None, "float32"])
+def test_fused_experts_are_copied_as_runs_of_bytes_never_read_whole(cast: str | None, saved: Callable[..., Path],
+                                                                    tmp_path: Path) -> None:
+    """Each expert's rows are copied from the file as a raw run of bytes, so a fused tensor is never
+    read into memory (the memory and speed of a conversion from transformers' layout are then
+    those of the Hub's); a cast reads and splits it as before. Both give the Hub layout's tensors."""
+    from lmconvert.formats.checkpoint import open_checkpoint
+
+    fused, hub = saved("qwen3_moe", torch.bfloat16, fused=True), saved("qwen3_moe", torch.bfloat16)
+    with open_checkpoint(fused) as ckpt:
+        reads: list[str] = []
+        original = ckpt.source.tensors.get
+        ckpt.source.tensors.get = lambda n: reads.append(n) or original(n)  # type: ignore[method-assign]
+        to_canonical(ckpt, tmp_path / "from-fused", dtype=cast)
+    assert any(n.endswith(".experts.gate_up_proj") for n in reads) == (cast is not None)
+    to_canonical(hub, tmp_path / "from-hub", dtype=cast)
+    a, b = tensors_of(tmp_path / "from-fused"), tensors_of(tmp_path / "from-hub")
+    assert sorted(a) == sorted(b) and all(torch.equal(raw_bytes(a[n]), raw_bytes(b[n])) for n in a)
+
+
+def test_a_nan_in_a_fused_experts_tensor_is_refused_by_its_name(saved: Callable[..., Path], tmp_path: Path) -> None:
+    """The finite check of a fused tensor copied piece by piece still covers every expert, and
+    names the fused tensor the user has, not the canonical piece."""
+    from safetensors.torch import load_file, save_file
+
+    from lmconvert.formats.errors import InputError
+
+    src = tmp_path / "nan"
+    shutil.copytree(saved("qwen3_moe", torch.bfloat16, fused=True), src)
+    file = next(src.glob("*.safetensors"))
+    tensors = load_file(file)
+    name = "model.layers.1.mlp.experts.down_proj"
+    tensors[name][-1, 3, 2] = float("nan")  # the last expert's down rows
+    save_file(tensors, file, metadata={"format": "pt"})
+    with pytest.raises(InputError, match=f"{name}.*1 NaN/Inf"):
+        to_canonical(src, tmp_path / "out")
+    to_canonical(src, tmp_path / "allowed", allow_nonfinite=True)
 
 
 # ------------------------------------------------------------------------------------------------ DeepSeek

@@ -157,8 +157,8 @@ def test_rename_only_conversions_never_import_torch(tmp_path: Path) -> None:
 
 
 def test_progress_counts_each_tensor_once_in_order(tmp_path: Path) -> None:
-    """Raw tensors are moved by worker threads, produced ones in the caller's thread; progress is
-    still reported from the caller's thread, once per tensor, as each is done."""
+    """Tensors are moved (raw) or written (produced) by worker threads; progress is still
+    reported from the caller's thread, once per tensor, as each is done."""
     import threading
 
     tensors = _tensors()
@@ -182,3 +182,28 @@ def test_a_model_dtype_is_a_float_type_when_it_has_one() -> None:
     assert dominant([("F32", 40), ("BF16", 100), ("F32", 40)]) == "BF16"
     assert dominant([("I64", 10**6), ("F16", 8)]) == "F16"  # a large integer buffer is not the model's dtype
     assert dominant([("I64", 8), ("U8", 16)]) == "U8"
+
+
+def test_produced_tensors_queue_up_to_their_budget_or_one_tensor(tmp_path: Path,
+                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    """Produced tensors are written by the workers while the next is produced, but no more of
+    their bytes wait at once than PRODUCED_IN_FLIGHT, or one tensor larger than it; what is
+    written is what was produced, in its place."""
+    from lmconvert.formats import shards
+
+    monkeypatch.setattr(shards, "PRODUCED_IN_FLIGHT", 1000)
+    tensors = {f"t{i}": torch.full((size,), float(i)) for i, size in enumerate([100, 50, 300, 20, 100, 80, 5, 200])}
+    held: list[int] = []
+    produced = shards._Writer.produced
+
+    def watched(self: shards._Writer, p: Planned, fd: int, offset: int) -> None:
+        produced(self, p, fd, offset)
+        held.append(self._held)
+        assert self._held <= max(shards.PRODUCED_IN_FLIGHT, p.nbytes)
+
+    monkeypatch.setattr(shards._Writer, "produced", watched)
+    write_shards(_plan(tensors), tmp_path, 10**9)
+    # bytes queued after each: several at once; the oldest written first to make room, the whole
+    # budget for the 1200-byte tensor alone
+    assert held == [400, 600, 1200, 80, 480, 800, 820, 820]
+    assert all(torch.equal(load_file(tmp_path / "model.safetensors")[n], t) for n, t in tensors.items())

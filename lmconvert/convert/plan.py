@@ -7,7 +7,7 @@ from collections.abc import Callable, Iterable, Mapping
 from typing import TYPE_CHECKING
 
 from lmconvert.formats.digest import HASH, DigestCheck, FiniteCheck, check_tensor
-from lmconvert.formats.dtypes import BY_TORCH_NAME, torch_dtype
+from lmconvert.formats.dtypes import BY_TORCH_NAME, DTYPES, torch_dtype
 from lmconvert.formats.shards import Planned, RawBytes
 from lmconvert.formats.source import TensorReader, dtype_name
 from lmconvert.mappings.table import IDENTITY, TensorFn, out_shape
@@ -27,7 +27,10 @@ def plan_tensors(reader: TensorReader, items: Iterable[tuple[str, str | tuple[st
     from a safetensors file is planned as a raw byte copy, and planning it needs no torch.
     With `digests` ({source name: digest} under `algorithm`, as lmconvert.json records them),
     every source tensor's bytes are checked against theirs as they are read: a raw copy's by the
-    worker that moves it, a transformed one's before it is transformed. A tuple of source names is
+    worker that moves it, a transformed one's before it is transformed. One expert's rows of a fused
+    experts tensor (a forward with a `span`) are a raw copy of their run of the file too, and the
+    fused tensor's check is then made piece by piece, so it is never read whole; with `digests`,
+    which are of whole source tensors, it is read and split instead. A tuple of source names is
     one output stored as pieces (Phi-3's fused qkv_proj): `fn` gets the list of them."""
 
     def expected(src: str) -> DigestCheck | None:
@@ -60,8 +63,14 @@ def plan_tensors(reader: TensorReader, items: Iterable[tuple[str, str | tuple[st
         source = dtype_name(reader, src)
         dtype = target or source
         raw = None
+        span = getattr(fn, "span", None)  # one expert's rows of a fused experts tensor: a run of its bytes
         if fn is IDENTITY.forward and dtype == source and raw_location is not None:
             raw = RawBytes(*raw_location(src))
+        elif span is not None and dtype == source and raw_location is not None and digests is None:
+            path, start, _ = raw_location(src)
+            first, stop = span(reader.shape(src))
+            size = DTYPES[source].itemsize
+            raw = RawBytes(path, start + first * size, start + stop * size)
         check = None if raw is None or allow_nonfinite else FiniteCheck(src, reader.where(src))
         planned.append(Planned(out, out_shape(fn, reader.shape(src)), dtype, producer(src, fn), raw, check,
                                None if raw is None else expected(src)))

@@ -77,10 +77,12 @@ class DigestCheck:
                                  "re-convert")
 
 
-def file_chunks(path: Path, start: int, end: int) -> Iterator[memoryview]:
+def file_chunks(path: Path, start: int, end: int, buffer: memoryview | None = None) -> Iterator[memoryview]:
     """The bytes [start, end) of a file, chunk by chunk, in one reused buffer: each chunk is valid
-    until the next is asked for."""
-    buffer = memoryview(bytearray(min(CHUNK, max(end - start, 0))))
+    until the next is asked for. A caller that reads thousands of small tensors (MoE experts)
+    passes its own `buffer` (at least CHUNK bytes), rather than have a fresh one zeroed for each."""
+    if buffer is None:
+        buffer = memoryview(bytearray(min(CHUNK, max(end - start, 0))))
     fd = os.open(path, os.O_RDONLY)
     try:
         position = start
@@ -100,21 +102,25 @@ def memory_chunks(data: memoryview) -> Iterator[memoryview]:
 
 
 def scan(chunks: Iterable[memoryview], dtype: str, algorithm: str | None = HASH, checked: bool = True,
-         sink: Callable[[memoryview], None] | None = None) -> Scan:
+         sink: Callable[[memoryview], None] | None = None, scratch: memoryview | None = None) -> Scan:
     """One pass: the digest of the bytes (unless algorithm is None) and the count of NaN/Inf
     values (if checked and the dtype is a float type); each chunk then goes to `sink`, if any,
-    while it is still in cache."""
+    while it is still in cache. `scratch` (CHUNK bytes, reused) holds the check's masked bits."""
     kind = DTYPES[dtype]
     mask = kind.nonfinite if checked else None
     h = HASHES[algorithm]() if algorithm is not None else None
-    scratch = np.empty(CHUNK // kind.itemsize, dtype=_UINT[kind.itemsize]) if mask is not None else None
+    masked_bits = None
+    if mask is not None:
+        bits_type = _UINT[kind.itemsize]
+        masked_bits = (np.empty(CHUNK // kind.itemsize, dtype=bits_type) if scratch is None
+                       else np.frombuffer(scratch, dtype=bits_type))
     bad = 0
     for chunk in chunks:
         if h is not None:
             h.update(chunk)
-        if scratch is not None:
-            bits = np.frombuffer(chunk, dtype=scratch.dtype)
-            masked = np.bitwise_and(bits, mask, out=scratch[:len(bits)])
+        if masked_bits is not None:
+            bits = np.frombuffer(chunk, dtype=bits_type)
+            masked = np.bitwise_and(bits, mask, out=masked_bits[:len(bits)])
             if len(masked) and masked.max() == mask:  # (x & mask) <= mask, equal only when all are set
                 bad += int(np.count_nonzero(masked == mask))
         if sink is not None:

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import stat
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -30,11 +31,11 @@ MAX_BYTES = 100_000_000
 
 
 def _no_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
-    keys = [k for k, _ in pairs]
-    repeated = sorted({k for k in keys if keys.count(k) > 1})
-    if repeated:
+    found = dict(pairs)
+    if len(found) < len(pairs):  # linear, not quadratic: an index names thousands of tensors (MoE)
+        repeated = sorted(k for k, n in Counter(k for k, _ in pairs).items() if n > 1)
         raise ValueError(f"key(s) listed twice: {', '.join(repeated[:5])}")
-    return dict(pairs)
+    return found
 
 
 def _reason(exc: BaseException) -> str:
@@ -96,9 +97,12 @@ def read_weight_map(index: Path) -> dict[str, str]:
 def shard_files(index: Path) -> dict[str, Path]:
     """{tensor name: existing shard path} for an index on disk."""
     out = {}
+    shards: dict[str, Path] = {}  # each file checked once, not once per tensor (MoE: thousands)
     for name, file in read_weight_map(index).items():
-        shard = inside(index.parent, index.parent / file)
-        if not shard.is_file():
-            raise InputError(f"{index}: tensor {name!r} is listed in {file}, which does not exist")
-        out[name] = shard
+        if file not in shards:
+            shard = inside(index.parent, index.parent / file)
+            if not shard.is_file():
+                raise InputError(f"{index}: tensor {name!r} is listed in {file}, which does not exist")
+            shards[file] = shard
+        out[name] = shards[file]
     return out

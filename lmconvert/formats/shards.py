@@ -3,9 +3,11 @@
 The safetensors library has no incremental writer, so the header is written first from the
 planned shapes and dtypes (the format is an 8-byte length, a JSON header and the raw bytes) and
 each tensor's bytes follow as it is produced. Tests read every output back through safetensors.
-Peak memory is the largest produced tensor, not the shard.
+Peak memory is the largest produced tensor (or PRODUCED_IN_FLIGHT of smaller ones, queued), not
+the shard.
 
-A tensor that passes through unchanged is moved by worker threads, several tensors at once: each
+A tensor that passes through unchanged (or one expert's run of a fused experts tensor's bytes)
+is moved by worker threads, several tensors at once: each
 reads it in 1 MiB chunks from the source, hashes and checks a chunk while it is in cache, and
 writes it at the tensor's known place in the output. That is cheaper than copy_file_range plus a
 separate read to hash (1.1 against 1.5 CPU-seconds for 2.47 GB), and it holds one chunk per thread,
@@ -27,7 +29,18 @@ from math import prod
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from .digest import HASH, DigestCheck, FiniteCheck, Scan, digest_of, file_chunks, memory_chunks, scan, tensor_bytes
+from .digest import (
+    CHUNK,
+    HASH,
+    DigestCheck,
+    FiniteCheck,
+    Scan,
+    digest_of,
+    file_chunks,
+    memory_chunks,
+    scan,
+    tensor_bytes,
+)
 from .dtypes import DTYPES, of_torch
 
 if TYPE_CHECKING:
@@ -103,15 +116,36 @@ def _write_at(fd: int, data: memoryview | bytes, offset: int) -> None:
                 done += os.pwrite(fd, rest, offset + done)
 
 
-def _move(raw: RawBytes, fd: int, offset: int, dtype: str, algorithm: str | None, checked: bool) -> Scan:
-    """Copy a tensor's bytes to `offset` of the output, hashing and checking each chunk on the way."""
+_buffers = threading.local()  # each worker's read buffer and check scratch, reused for every tensor it moves
+
+# Bytes of produced tensors (transformed, cast, or split out of a fused experts tensor) queued for
+# the workers to hash and write while the next are produced. Beyond it, the next tensor waits for
+# the oldest to be written: memory holds this much, or one tensor larger than it.
+PRODUCED_IN_FLIGHT = 64 << 20
+
+
+def _sink(fd: int, offset: int) -> Callable[[memoryview], None]:
+    """Writes successive chunks to `fd` from `offset` on."""
     written = [offset]
 
     def sink(chunk: memoryview) -> None:
         _write_at(fd, chunk, written[0])
         written[0] += len(chunk)
 
-    return scan(file_chunks(raw.path, raw.start, raw.end), dtype, algorithm, checked, sink)
+    return sink
+
+
+def _move(raw: RawBytes, fd: int, offset: int, dtype: str, algorithm: str | None, checked: bool) -> Scan:
+    """Copy a tensor's bytes to `offset` of the output, hashing and checking each chunk on the way."""
+    if not hasattr(_buffers, "read"):
+        _buffers.read, _buffers.scratch = memoryview(bytearray(CHUNK)), memoryview(bytearray(CHUNK))
+    return scan(file_chunks(raw.path, raw.start, raw.end, _buffers.read), dtype, algorithm, checked,
+                _sink(fd, offset), _buffers.scratch)
+
+
+def _store(data: memoryview, fd: int, offset: int, dtype: str, algorithm: str | None) -> Scan:
+    """Write a produced tensor's bytes to `offset` of the output, hashing each chunk on the way."""
+    return scan(memory_chunks(data), dtype, algorithm, False, _sink(fd, offset))
 
 
 def _produced(p: Planned) -> memoryview:
@@ -190,6 +224,7 @@ class Movers:
                     job.done.set_exception(e)
             with self._ready:
                 self._busy[job.file] -= 1
+            job = None  # noqa: PLW2901 - its bytes (a produced tensor's) go now, not when the next job comes
 
     def close(self) -> None:
         """Cancel what has not started and wait for what has."""
@@ -206,7 +241,9 @@ class Movers:
 class _Writer:
     """The shard files being written, and the worker threads that move, hash and check tensors.
     A raw tensor's job holds no memory until it runs, so those queue freely, across shard
-    boundaries too; a produced tensor is written and hashed before the next is produced."""
+    boundaries too. A produced tensor's job holds its bytes, so those queue up to
+    PRODUCED_IN_FLIGHT: the workers write and hash them while this thread produces the next
+    (a fused experts tensor gives hundreds of small ones, which one at a time left a core idle)."""
 
     def __init__(self, hashed: bool, progress: Callable[[], None]) -> None:
         self.algorithm = HASH if hashed else None
@@ -214,7 +251,8 @@ class _Writer:
         self.written = Written()
         self._files = ExitStack()
         self._movers = Movers(WORKERS)
-        self._pending: list[tuple[Planned, Future[Scan]]] = []
+        self._pending: deque[tuple[Planned, Future[Scan], int]] = deque()  # with the produced bytes it holds
+        self._held = 0  # bytes of produced tensors queued and not yet settled
 
     def open(self, path: Path) -> int:
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o666)
@@ -226,20 +264,25 @@ class _Writer:
         algorithm = p.expected.algorithm if p.expected is not None else self.algorithm
         job = self._movers.submit(lambda: _move(raw, fd, offset, p.dtype, algorithm, checked), fd, p.nbytes)
         # queued in order, settled in order: progress, and the first NaN is the first reported
-        self._pending.append((p, job))
+        self._pending.append((p, job, 0))
         while self._pending and self._pending[0][1].done():  # fail early on a NaN found so far
-            self._settle(*self._pending.pop(0))
+            self._settle_oldest()
 
     def produced(self, p: Planned, fd: int, offset: int) -> None:
+        while self._held and self._held + p.nbytes > PRODUCED_IN_FLIGHT:
+            self._settle_oldest()
         data = _produced(p)
         algorithm = self.algorithm
-        job = (self._movers.submit(lambda: scan(memory_chunks(data), p.dtype, algorithm, False), None, len(data))
-               if algorithm else None)
-        _write_at(fd, data, offset)
-        if job is not None:
+        job = self._movers.submit(lambda: _store(data, fd, offset, p.dtype, algorithm), fd, len(data))
+        self._pending.append((p, job, len(data)))
+        self._held += len(data)
+
+    def _settle_oldest(self) -> None:
+        p, job, held = self._pending.popleft()
+        try:
             self._settle(p, job)
-        else:
-            self._progress()
+        finally:
+            self._held -= held
 
     def _settle(self, p: Planned, job: Future[Scan]) -> None:
         result = job.result()
@@ -253,9 +296,8 @@ class _Writer:
             self.written.tensors[p.name] = result.digest
 
     def finish(self) -> Written:
-        for p, job in self._pending:
-            self._settle(p, job)
-        self._pending.clear()
+        while self._pending:
+            self._settle_oldest()
         return self.written
 
     def close(self) -> None:

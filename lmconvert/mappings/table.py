@@ -25,8 +25,10 @@ symbolic sizes is bound by the `sizes` a plan is given.
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable, Iterator
+from bisect import bisect_left
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
+from itertools import islice, takewhile
 from typing import Any
 
 from .errors import MappingError
@@ -47,9 +49,9 @@ class Rule:
 Plan = dict[str, tuple[str | tuple[str, ...], Transform]]
 
 
-def _fill(pattern: str, match: re.Match[str]) -> str:
+def _fill(pattern: str, match: re.Match[str] | Sequence[str]) -> str:
     """The pattern's `{}`s filled with the match's numbers in order; any left over stay `{}`."""
-    for number in match.groups():
+    for number in match.groups() if isinstance(match, re.Match) else match:
         pattern = pattern.replace("{}", number, 1)
     return pattern
 
@@ -62,11 +64,43 @@ def _joins(rule: Rule) -> bool:
     return rule.canonical is not None and rule.stored.count("{}") > rule.canonical.count("{}")
 
 
-def _compile(pattern: str) -> re.Pattern[str]:
+def _regex(pattern: str) -> str:
     regex = re.escape(pattern).replace(r"\{\}", r"(\d+)")
-    if regex.endswith(r"\*"):
-        regex = regex[:-2] + ".*"
-    return re.compile("^" + regex + "$")
+    return regex[:-2] + ".*" if regex.endswith(r"\*") else regex
+
+
+def _compile(pattern: str) -> re.Pattern[str]:
+    return re.compile("^" + _regex(pattern) + "$")
+
+
+@dataclass(frozen=True)
+class _FirstMatch:
+    """Which of several patterns is the first to match a name, in one regex match: the patterns as
+    alternatives of one regex, which tries them in order. A MoE checkpoint has thousands of tensors
+    and a table dozens of rules; trying each rule's own regex in Python in turn took about as long
+    as copying the tensors' bytes."""
+
+    regex: re.Pattern[str]
+    which: dict[int, tuple[int, int]]  # outer group number -> (the pattern's position, its `{}` count)
+
+    @classmethod
+    def of(cls, patterns: Sequence[tuple[int, str]]) -> _FirstMatch:
+        parts, which, group = [], {}, 1
+        for position, pattern in patterns:
+            parts.append(f"({_regex(pattern)})")
+            which[group] = (position, pattern.count("{}"))
+            group += 1 + pattern.count("{}")
+        return cls(re.compile("^(?:" + "|".join(parts) + ")$" if parts else "(?!)"), which)
+
+    def __call__(self, name: str) -> tuple[int, tuple[str, ...]] | None:
+        """(position, the numbers the `{}`s matched) of the first pattern that matches, or None."""
+        match = self.regex.match(name)
+        if match is None:
+            return None
+        group = match.lastindex
+        assert group is not None
+        position, count = self.which[group]
+        return position, match.groups()[group:group + count]
 
 
 @dataclass(frozen=True)
@@ -75,6 +109,7 @@ class TensorTable:
     hf_prefixes: tuple[str, ...] = ()  # alternative HF prefixes read as "model." (multimodal wrappers)
     _compiled: list = field(default_factory=list, compare=False, repr=False)
     _joining: list = field(default_factory=list, compare=False, repr=False)  # (rule, stored regex) that join
+    _index: dict = field(default_factory=dict, compare=False, repr=False)
 
     def __post_init__(self) -> None:
         for rule in self.rules:
@@ -85,22 +120,34 @@ class TensorTable:
             if _joins(rule):
                 self._joining.append((rule, self._compiled[-1][1]))
 
+    def _indexed(self, key: str) -> Any:  # noqa: ANN401 - one of the lookups below
+        """The lookups by name, built when the table is first used (every family's table is made at
+        import, and compiling these for all of them would slow down every start). "expanding" goes
+        in last: a thread that sees it sees the others."""
+        if "expanding" not in self._index:
+            same: dict[str, list[int]] = {}
+            for i, rule in enumerate(self.rules):
+                same.setdefault(rule.stored, []).append(i)
+            self._index.update(
+                stored=_FirstMatch.of(list(enumerate(r.stored for r in self.rules))),
+                canonical=_FirstMatch.of([(i, r.canonical) for i, r in enumerate(self.rules) if r.canonical]),
+                same=same, expanding=[(r, stored_re) for r, stored_re, _ in self._compiled if _expands(r)])
+        return self._index[key]
+
     def _normalise(self, name: str) -> str:
         for prefix in self.hf_prefixes:
             if name.startswith(prefix):
                 return "model." + name[len(prefix):]
         return name
 
-    def _rules_for(self, stored: str) -> list[tuple[Rule, re.Match[str]]]:
+    def _rules_for(self, stored: str) -> list[tuple[Rule, tuple[str, ...]]]:
         """The first rule whose pattern matches, and after it every other rule with that same
         pattern (the pieces of a fused tensor)."""
-        name = self._normalise(stored)
-        for rule, stored_re, _ in self._compiled:
-            match = stored_re.match(name)
-            if match:
-                return [(r, m) for r, r_re, _ in self._compiled if r.stored == rule.stored
-                        for m in [r_re.match(name)] if m]
-        raise MappingError(f"tensor {stored!r} matches no rule of this family's table")
+        found = self._indexed("stored")(self._normalise(stored))
+        if found is None:
+            raise MappingError(f"tensor {stored!r} matches no rule of this family's table")
+        first, numbers = found
+        return [(self.rules[i], numbers) for i in self._indexed("same")[self.rules[first].stored]]
 
     def to_canonical_name(self, stored: str) -> tuple[str | None, Step | Transform]:
         """The canonical name for a stored tensor (None: dropped on purpose); raises if unknown. A
@@ -122,11 +169,9 @@ class TensorTable:
     def to_stored_name(self, canonical: str) -> tuple[str, Step | Transform]:
         """The stored name export writes (for a tensor stored one per row, the rows' name with the
         row's `{}` left in) and the rule's transform; raises if the family has none."""
-        for rule, _, can_re in self._compiled:
-            match = can_re.match(canonical) if can_re else None
-            if match:
-                return _fill(rule.stored, match), rule.transform
-        raise MappingError(f"canonical tensor {canonical!r} has no HF name in this family")
+        position, numbers = self._canonical_rule(canonical)
+        rule = self.rules[position]
+        return _fill(rule.stored, numbers), rule.transform
 
     to_hf_name = to_stored_name  # a family's stored names are HF's
 
@@ -153,11 +198,12 @@ class TensorTable:
         dropped: list[str] = []
         expected = set(expected)
         rows: dict[str, tuple[Step | Transform, dict[int, str]]] = {}  # joined: canonical -> (step, {row: stored})
+        in_order = sorted(expected)
         for stored in stored_names:
             if self._plan_row(stored, rows):
                 continue
             if self.expanding(stored):
-                self._plan_expanding(stored, expected, plan, sizes or {})
+                self._plan_expanding(stored, in_order, plan, sizes or {})
                 continue
             for canonical, step in self.to_canonical_names(stored):
                 if canonical is None:
@@ -200,18 +246,21 @@ class TensorTable:
         reads `stored` (gate and up both come out of gate_up_proj)."""
         name = self._normalise(stored)
         found = []
-        for rule, stored_re, _ in self._compiled:
+        for rule, stored_re in self._indexed("expanding"):
             match = stored_re.match(name)
-            if match and _expands(rule):
+            if match:
                 found.append((_fill(rule.canonical, match), rule.transform))  # type: ignore[arg-type]
         return found
 
-    def _plan_expanding(self, stored: str, expected: set[str], plan: Plan, sizes: Sizes) -> None:
-        """Every canonical tensor of `expected` that the fused `stored` holds, one per expert."""
+    def _plan_expanding(self, stored: str, expected: list[str], plan: Plan, sizes: Sizes) -> None:
+        """Every canonical tensor of `expected` (sorted) that the fused `stored` holds, one per
+        expert: of the names that begin as the pattern does, found by bisection, not by trying
+        every name (thousands, for each of a MoE model's fused tensors)."""
         found_any = False
         for pattern, step in self.expanding(stored):
-            wanted = _compile(pattern)
-            for canonical in sorted(expected):
+            wanted, prefix = _compile(pattern), pattern.split("{}")[0]
+            start = bisect_left(expected, prefix)
+            for canonical in takewhile(lambda n, p=prefix: n.startswith(p), islice(expected, start, None)):
                 found = wanted.match(canonical)
                 if found is None:
                     continue
@@ -273,7 +322,14 @@ class TensorTable:
 
     def _order(self, canonical: str) -> int:
         """The position of the rule writing a canonical name: the order of a fused tensor's pieces."""
-        return next(i for i, (_, _, can_re) in enumerate(self._compiled) if can_re and can_re.match(canonical))
+        return self._canonical_rule(canonical)[0]
+
+    def _canonical_rule(self, canonical: str) -> tuple[int, tuple[str, ...]]:
+        """(position, numbers) of the first rule whose canonical pattern matches."""
+        found = self._indexed("canonical")(canonical)
+        if found is None:
+            raise MappingError(f"canonical tensor {canonical!r} has no HF name in this family")
+        return found
 
 
 def _rows_in_order(canonical: str, held: dict[int, str], count: int) -> tuple[str, ...]:

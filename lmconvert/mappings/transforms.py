@@ -30,6 +30,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from math import prod
 from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
 from .errors import MappingError
@@ -72,6 +73,8 @@ def out_shape(fn: TensorFn, shape: tuple[int, ...] | list[tuple[int, ...]]) -> t
     rename-only conversion never loads it). Transforms other than Offset keep the dtype."""
     if fn is _identity:
         return tuple(shape)  # type: ignore[arg-type]
+    if isinstance(fn, ExpertRows) and not isinstance(shape, list):
+        return fn.out_shape(shape)
     import torch
 
     if isinstance(shape, list):
@@ -361,8 +364,43 @@ class Unstack:
     def bind(self, sizes: Sizes) -> Transform:
         e, part, parts = _size(sizes, "index"), self.part, self.parts
         where = f" (part {part + 1} of {parts})" if parts > 1 else ""
-        return Transform(f"expert {e} of a fused tensor{where}", lambda t: t[e].chunk(parts, 0)[part].clone(),
-                         stack)
+        return Transform(f"expert {e} of a fused tensor{where}", ExpertRows(e, part, parts), stack)
+
+
+@dataclass(frozen=True)
+class ExpertRows:
+    """Unstack's forward, which also says where its result lies in its input: one expert's block
+    of rows is one run of the fused tensor's elements, so a conversion copies it byte for byte
+    from the file (`span`), as it does an unchanged tensor, instead of reading the whole fused
+    tensor and splitting it in memory."""
+
+    expert: int
+    part: int
+    parts: int
+
+    def __call__(self, t: torch.Tensor) -> torch.Tensor:
+        return t[self.expert].chunk(self.parts, 0)[self.part].clone()
+
+    def _rows(self, shape: tuple[int, ...]) -> tuple[int, int]:
+        """(first row, row count) of the block within its expert, as `chunk` cuts them."""
+        if len(shape) < 2 or not 0 <= self.expert < shape[0]:
+            raise MappingError(f"expert {self.expert} of a fused tensor of shape {list(shape)}: no such expert")
+        per = -(-shape[1] // self.parts)
+        first = self.part * per
+        if first >= shape[1]:
+            raise MappingError(f"part {self.part + 1} of {self.parts} of a fused tensor of shape {list(shape)}: "
+                               "no such rows")
+        return first, min(per, shape[1] - first)
+
+    def out_shape(self, shape: tuple[int, ...]) -> tuple[int, ...]:
+        return (self._rows(shape)[1], *shape[2:])
+
+    def span(self, shape: tuple[int, ...]) -> tuple[int, int]:
+        """[start, stop) of the elements, in the input's C order, that forward returns."""
+        first, count = self._rows(shape)
+        inner = prod(shape[2:])
+        start = (self.expert * shape[1] + first) * inner
+        return start, start + count * inner
 
 
 def stack(pieces: Sequence[Sequence[torch.Tensor]]) -> torch.Tensor:
