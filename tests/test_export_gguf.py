@@ -121,8 +121,9 @@ def test_same_tensors_and_config_as_the_llama_cpp_converter_emulation(model_type
     assert_same_config(ours, theirs, set(METADATA_DIFFERS.get(model_type, {})) | INVENTED_IDS.get(model_type, set()))
 
 
-# token ids the emulation invents: its GPT-2 file carries a made-up token list (0 and 1 as BOS and EOS)
-INVENTED_IDS = {"gpt2": {"bos_token_id", "eos_token_id"}}
+# token ids the emulation invents: its GPT-2, BLOOM and Falcon files carry a made-up token list (0 and 1
+# as BOS and EOS)
+INVENTED_IDS = dict.fromkeys(("gpt2", "bloom", "falcon"), {"bos_token_id", "eos_token_id"})
 
 
 def assert_same_config(ours: Path, theirs: Path, differ: set[str] = frozenset()) -> None:
@@ -451,6 +452,15 @@ def test_mpt_s_own_score_scale_is_refused(tmp_path: Path) -> None:
     canonical = canonical_of(build_model("mpt", **SPECS["mpt"].kwargs), tmp_path)  # softmax_scale 0.2
     code, _, err = cli("convert", canonical, tmp_path / "m.gguf", "--to", "gguf")
     assert code == 2 and "llama.cpp's mpt metadata cannot express this model's attn_scale" in err, err
+
+
+def test_bloom_s_residual_after_the_norm_is_refused(tmp_path: Path) -> None:
+    """llama.cpp's bloom graph adds each sublayer to its un-normed input, and no key says otherwise."""
+    canonical = canonical_of(build_model("bloom", **{**FAMILIES["bloom"],
+                                                     "apply_residual_connection_post_layernorm": True}), tmp_path)
+    code, _, err = cli("convert", canonical, tmp_path / "m.gguf", "--to", "gguf")
+    assert code == 2 and "llama.cpp's bloom metadata cannot express this model's residual_after_norm" in err, err
+    assert not (tmp_path / "m.gguf").exists()
 
 
 def test_command_r_s_qk_norms_go_with_64_layers(tmp_path: Path) -> None:

@@ -4,8 +4,8 @@ from source on CPU in minutes), so it runs in `make llamacpp-check`, not in `mak
 
 The bars, measured and stated (llama.cpp's kernels are not ours):
 - f32 files: logits within 1e-5 x the logits' scale (F32 KV cache; measured <= 5e-6 x scale). ggml's
-  CPU tanh GELU (GPT-2, StarCoder2, Phi-2, Gemma; and GPT-NeoX and MPT, whose exact erf GELU
-  llama.cpp's graphs compute as that tanh GELU) is an f16 table: x rounded to f16, its GELU rounded to f16
+  CPU tanh GELU (GPT-2, StarCoder2, Phi-2, Gemma, BLOOM; and GPT-NeoX, MPT and Falcon, whose exact erf
+  GELU llama.cpp's graphs compute as that tanh GELU) is an f16 table: x rounded to f16, its GELU rounded to f16
   (vec.h, GGML_GELU_FP16), which puts our own decoder 1.6e-4 to 5.6e-4 x scale away. Our
   decoder with that table in place of its GELU comes within 2e-4 x scale (measured 1e-6 to 1.1e-4:
   an f16 rounding flips where our x and ggml's differ in the last bits) and at least 4x closer on
@@ -116,9 +116,9 @@ def ggml_activations(monkeypatch: pytest.MonkeyPatch) -> None:
     """Our decoders built while this holds compute the tanh GELUs as ggml's CPU backend does."""
     from lmconvert.arch import activations
 
-    # the exact (erf) GELU too: llama.cpp's gptneox and mpt graphs compute it as their tanh GELU
-    # (LLM_FFN_GELU), the families here that have it
-    for name in ("gelu_tanh", "gelu_new", "gelu"):
+    # the exact (erf) GELU too: llama.cpp's gptneox, mpt and falcon graphs compute it as their tanh GELU
+    # (LLM_FFN_GELU), the families here that have it; BLOOM's own tanh GELU as well
+    for name in ("gelu_tanh", "gelu_new", "gelu", "gelu_bloom"):
         monkeypatch.setitem(activations.ACTIVATIONS, name, ggml_gelu)
 
 

@@ -27,7 +27,6 @@ from .gguf_metadata import LLAMA3_STATED, ROPE_KEYS, SHARED_KEYS, TOKEN_IDS, hf_
 NOT_WRITTEN = {
     "deepseek_v2": "lmconvert does not write llama.cpp's deepseek2 architecture (latent attention) yet",
     "deepseek_v3": "lmconvert does not write llama.cpp's deepseek2 architecture (latent attention) yet",
-    "bloom": "lmconvert does not write llama.cpp's bloom architecture yet",
     "falcon": "lmconvert does not write llama.cpp's falcon architecture yet",
     "gptj": "llama.cpp names a gptj architecture but has no graph that runs it",
 }
@@ -44,6 +43,9 @@ SPELLINGS = {"num_experts": "num_local_experts", "hidden_size": "n_embd", "num_h
 # a key: transformers ignores expansion_ratio) are 4 x the width
 IMPLIED = {"n_inner": lambda config, renamed: 4 * _get(config, "hidden_size", renamed),
            "intermediate_size": lambda config, renamed: 4 * _get(config, "hidden_size", renamed)}
+# required keys an architecture's config has no value for, and what llama.cpp's converter states
+# instead: BLOOM (ALiBi, no position limit) its seq_length, else its width
+UNSTATED = {"bloom": {"max_position_embeddings": lambda config: config.get("seq_length") or config["hidden_size"]}}
 
 
 def _get(config: Mapping[str, Any], hf_key: str, renamed: Mapping[str, str]) -> Any:  # noqa: ANN401 - any value
@@ -153,6 +155,8 @@ def metadata(config: Mapping[str, Any], name: str) -> GgufModel:
                                           // _get(config, "num_attention_heads", renamed))
     for gguf_key, hf_key in {**SHARED_KEYS, **entry.keys}.items():
         value = _get(config, hf_key, renamed)
+        if value is None and hf_key in UNSTATED.get(arch, {}):
+            value = UNSTATED[arch][hf_key](config)
         if value is not None and gguf_key != "rope.freq_base":
             values[f"{arch}.{gguf_key}"] = value
     values.update({f"{arch}.{key}": value for key, value in CONSTANTS.get(arch, {}).items()})
