@@ -22,6 +22,7 @@ import torch
 from family_specs import SPECS
 from hf_models import build_model, save_checkpoint, save_tiny_tokenizer, token_batch
 from test_formats_gguf import (
+    FALCON_LAYOUTS,
     FAMILIES,
     METADATA_DIFFERS,
     TRANSFORMERS_LOADS,
@@ -30,6 +31,7 @@ from test_formats_gguf import (
     imported_tensors,
     logits_of,
     transformers_gguf,
+    write_falcon_gguf,
     write_gguf,
 )
 from transformers import AutoModelForCausalLM
@@ -399,17 +401,26 @@ WRITTEN_ONLY = {
     # llama.cpp's mpt has it
     "mpt": dict(SPECS["mpt"].kwargs, attn_config={"clip_qkv": 1.5}),
 }
+# Falcon's layouts beyond Falcon-7B's (FAMILIES["falcon"]) that llama.cpp's falcon runs: Falcon-40B's two
+# norms, Falcon2-11B's one with grouped KV heads, multi-head attention; transformers' GGUF loader reads
+# each as Falcon-7B's, so our reader and llama.cpp are their proof
+FALCONS = {f"falcon:{layout}": {**FAMILIES["falcon"], **overrides}
+           for layout, (overrides, _, _) in FALCON_LAYOUTS.items() if layout != "7b"}
 # every exportable family's tiny model that llama.cpp's architecture holds whole (test_llamacpp.py runs them)
-MODELS: dict[str, dict[str, Any]] = {**{t: FAMILIES[t] for t in FAMILIES if t in EXPORTS}, **MOE, **WRITTEN_ONLY}
+MODELS: dict[str, dict[str, Any]] = {**{t: FAMILIES[t] for t in FAMILIES if t in EXPORTS}, **MOE, **WRITTEN_ONLY,
+                                     **FALCONS}
+# what our reader must give back bit for bit: the families transformers cannot read, and the LayerNorm
+# families whose every layout transformers' GGUF loader does not tell apart
+READ_BACK = {**WRITTEN_ONLY, "bloom": FAMILIES["bloom"], "falcon": FAMILIES["falcon"], **FALCONS}
 
 
 @pytest.mark.parametrize("quant", ["f32", "bf16"])
-@pytest.mark.parametrize("name", list(WRITTEN_ONLY))
+@pytest.mark.parametrize("name", list(READ_BACK))
 def test_families_transformers_cannot_read_come_back_bit_for_bit(name: str, quant: str, tmp_path: Path) -> None:
     """Our reader, which reads these files the way llama.cpp's loader does (tested by llama.cpp
     itself in test_llamacpp.py), gives back the model: every tensor at the file's type, the same
     ArchConfig but the float32 eps, and at f32 the same logits."""
-    canonical = canonical_of(build_model(name.split(":")[0], **WRITTEN_ONLY[name]), tmp_path)
+    canonical = canonical_of(build_model(name.split(":")[0], **READ_BACK[name]), tmp_path)
     out = exported(canonical, tmp_path / "m.gguf", quant)
     ours, source = lmconvert.load(out, attention="eager"), lmconvert.load(canonical, attention="eager")
     assert as_float32(ours.cfg) == as_float32(source.cfg)
@@ -435,6 +446,19 @@ def as_float32(value: Any) -> Any:  # noqa: ANN401 - a config, field by field
     if isinstance(value, tuple):
         return tuple(as_float32(v) for v in value)
     return value
+
+
+@pytest.mark.parametrize("name", list(FALCONS))
+def test_falcon_layouts_are_what_the_llama_cpp_converter_writes(name: str, tmp_path: Path) -> None:
+    model = build_model("falcon", **FALCONS[name])
+    ours = exported(canonical_of(model, tmp_path), tmp_path / "ours.gguf", "f32")
+    theirs = write_falcon_gguf(model, tmp_path / "theirs.gguf")
+    ours_t = {t.name: np.array(t.data) for t in gguf.GGUFReader(ours).tensors}
+    theirs_t = {t.name: np.array(t.data) for t in gguf.GGUFReader(theirs).tensors}
+    assert set(ours_t) == set(theirs_t)
+    for tensor_name, data in theirs_t.items():
+        assert np.array_equal(ours_t[tensor_name], data), tensor_name
+    assert_same_config(ours, theirs, INVENTED_IDS["falcon"])
 
 
 def test_granite_s_multipliers_are_llama_cpp_s_keys(tmp_path: Path) -> None:

@@ -11,7 +11,9 @@ The bars, measured and stated (llama.cpp's kernels are not ours):
   an f16 rounding flips where our x and ggml's differ in the last bits) and at least 4x closer on
   average;
 - greedy decoding: 32 tokens equal for f32 and f16 files, up to a near-tie: the first differing
-  step must be one where our two candidates are closer than llama.cpp's logit error there;
+  step must be one where our two candidates are closer than llama.cpp's logit error there. For f32
+  files all 32 equal, with our decoder computing ggml's GELU table where its own GELU flipped a
+  near-tie (Falcon's tiny model: 20 of 32 with the exact erf GELU);
 - q8_0: llama.cpp also quantizes the activations to 8 bits for its Q8_0 dot products, so its
   mean error against the fp32 model is larger than ours on the same dequantized weights: at most
   2x (measured 1.1x to 1.6x; top-1 agreement with the fp32 model is printed). Not understood: the
@@ -161,10 +163,15 @@ def test_f32_logits(model_type: str, exported: Any, request: pytest.FixtureReque
 
 @pytest.mark.parametrize("quant", ["f32", "f16"])
 @pytest.mark.parametrize("model_type", list(MODELS))
-def test_greedy_tokens(model_type: str, quant: str, exported: Any) -> None:  # noqa: ANN401
+def test_greedy_tokens(model_type: str, quant: str, exported: Any, request: pytest.FixtureRequest) -> None:  # noqa: ANN401
     _, path = exported(model_type, quant)
-    same = check_greedy(path, token_batch(seq=8)[0].tolist())
+    ids = token_batch(seq=8)[0].tolist()
+    same = check_greedy(path, ids)
     print(f"{model_type} {quant}: {same}/32 greedy tokens equal")
+    if quant == "f32" and same < 32:  # a near-tie the GELU's difference flipped: ours computing ggml's table
+        request.getfixturevalue("ggml_activations")
+        same = check_greedy(path, ids)
+        print(f"{model_type} {quant}: {same}/32 greedy tokens equal with ggml's GELU")
     if quant == "f32":
         assert same == 32
 

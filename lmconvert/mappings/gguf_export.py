@@ -11,8 +11,8 @@ writes the file).
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from dataclasses import dataclass, field, fields
+from collections.abc import Collection, Mapping
+from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
 import torch
@@ -27,7 +27,6 @@ from .gguf_metadata import LLAMA3_STATED, ROPE_KEYS, SHARED_KEYS, TOKEN_IDS, hf_
 NOT_WRITTEN = {
     "deepseek_v2": "lmconvert does not write llama.cpp's deepseek2 architecture (latent attention) yet",
     "deepseek_v3": "lmconvert does not write llama.cpp's deepseek2 architecture (latent attention) yet",
-    "falcon": "lmconvert does not write llama.cpp's falcon architecture yet",
     "gptj": "llama.cpp names a gptj architecture but has no graph that runs it",
 }
 # transformers model_type -> (llama.cpp architecture, its table entry)
@@ -43,9 +42,21 @@ SPELLINGS = {"num_experts": "num_local_experts", "hidden_size": "n_embd", "num_h
 # a key: transformers ignores expansion_ratio) are 4 x the width
 IMPLIED = {"n_inner": lambda config, renamed: 4 * _get(config, "hidden_size", renamed),
            "intermediate_size": lambda config, renamed: 4 * _get(config, "hidden_size", renamed)}
-# required keys an architecture's config has no value for, and what llama.cpp's converter states
-# instead: BLOOM (ALiBi, no position limit) its seq_length, else its width
-UNSTATED = {"bloom": {"max_position_embeddings": lambda config: config.get("seq_length") or config["hidden_size"]}}
+
+
+def _falcon_kv_heads(config: Mapping[str, Any]) -> int:
+    """Falcon's KV heads from its layout flags: num_kv_heads counts only with new_decoder_architecture
+    (Falcon-7B's re-saved config states its head count there; llama.cpp's converter would write that)."""
+    if not config.get("new_decoder_architecture") and config.get("multi_query"):
+        return 1
+    return config.get("num_kv_heads") or config["num_attention_heads"]
+
+
+# required keys an architecture's config has no value for: what the model has (Falcon's KV heads,
+# from its layout), or what llama.cpp's converter states (BLOOM, ALiBi without a position limit: its
+# seq_length, else its width)
+UNSTATED = {"bloom": {"max_position_embeddings": lambda config: config.get("seq_length") or config["hidden_size"]},
+            "falcon": {"num_key_value_heads": _falcon_kv_heads}}
 
 
 def _get(config: Mapping[str, Any], hf_key: str, renamed: Mapping[str, str]) -> Any:  # noqa: ANN401 - any value
@@ -63,7 +74,8 @@ ROPE_TYPES_OUT = {"linear": "linear", "yarn": "yarn"}  # HF rope_type -> `{arch}
 
 # metadata llama.cpp's converter writes whatever the config says: OLMo's LayerNorm eps, fixed in transformers
 CONSTANTS: dict[str, dict[str, Any]] = {"olmo": {"attention.layer_norm_epsilon": 1e-5},
-                                        "mpt": {"attention.max_alibi_bias": 8.0}}  # transformers' MPT: always 8
+                                        "mpt": {"attention.max_alibi_bias": 8.0},  # transformers' MPT: always 8
+                                        "falcon": {"tensor_data_layout": "jploski"}}  # its qkv as [q | k | v]
 
 
 @dataclass
@@ -175,6 +187,15 @@ def metadata(config: Mapping[str, Any], name: str) -> GgufModel:
     return GgufModel(arch, entry, values, extra)
 
 
+def for_tensors(model: GgufModel, names: Collection[str]) -> GgufModel:
+    """The model with the entry, or the variant (Falcon-40B's two norms), whose table stores every one
+    of these canonical tensors; the entry itself when none does (the caller names what has no home)."""
+    for entry in (model.entry, *(variant for _, variant in model.entry.variants)):
+        if all(entry.tensors.stored_names(name) for name in names):
+            return replace(model, entry=entry)
+    return model
+
+
 @dataclass
 class _Described:
     """The file as the import reads it, before it exists."""
@@ -207,4 +228,4 @@ def lost(ours: ArchConfig, back: ArchConfig) -> list[str]:
     return [f.name for f in fields(ArchConfig) if getattr(back, f.name) != getattr(ours, f.name)]
 
 
-__all__ = ["EXPORTS", "GgufModel", "lost", "metadata", "read_back"]
+__all__ = ["EXPORTS", "GgufModel", "for_tensors", "lost", "metadata", "read_back"]

@@ -24,7 +24,6 @@ LOADED_BIASES: dict[str, frozenset[str]] = {arch: frozenset(names) for arch, nam
     "gemma": QKV, "granite": (*QKV, "attn_output", "ffn_gate", "ffn_up", "ffn_down"), "smollm3": QKV, "olmo": QKV,
     "olmoe": QKV, "phi2": (*QKV, *NORMS, "attn_output", "ffn_up", "ffn_down", "output"),
     "gptneox": (*NORMS, "attn_qkv", "attn_output", "ffn_up", "ffn_down"), "command-r": QKV, "cohere2": QKV,
-    # read by GGUF import elsewhere; written once mappings/gguf.py has their entries
     "bloom": (*NORMS, "token_embd_norm", "attn_qkv", "attn_output", "ffn_up", "ffn_down"),
     "falcon": ("attn_norm", "attn_norm_2", "output_norm"),
     "mpt": (*NORMS, "attn_qkv", "attn_output", "ffn_up", "ffn_down", "attn_q_norm", "attn_k_norm"),
