@@ -249,9 +249,8 @@ def test_a_llama_cpp_architecture_not_written_is_named(tmp_path: Path) -> None:
     code, _, err = cli("convert", canonical, tmp_path / "m.gguf", "--to", "gguf")
     assert code == 2 and "llama.cpp names a gptj architecture but has no graph that runs it" in err, err
     assert len(err.strip().splitlines()) == 1 and not (tmp_path / "m.gguf").exists()
-    for model_type in ("deepseek_v2", "deepseek_v3"):
-        with pytest.raises(MappingError, match="does not write llama.cpp's deepseek2 architecture"):
-            metadata({"model_type": model_type}, "tiny")
+    with pytest.raises(MappingError, match="writes llama.cpp's deepseek2 architecture for DeepSeek-V3 only"):
+        metadata({"model_type": "deepseek_v2"}, "tiny")
 
 
 def test_what_llama_cpp_cannot_hold_is_named(tmp_path: Path) -> None:
@@ -382,6 +381,8 @@ MOE = {"qwen2_moe": dict(SPECS["qwen2_moe"].kwargs, use_sliding_window=False, ml
        "olmoe": dict(SPECS["olmoe"].kwargs, attention_bias=False, norm_topk_prob=False, num_key_value_heads=4)}
 
 
+MLA = dict(num_key_value_heads=4, q_lora_rank=24, kv_lora_rank=16, qk_nope_head_dim=12, qk_rope_head_dim=8,
+           v_head_dim=10)
 # families whose GGUF lmconvert writes but transformers' GGUF loader does not read: their spec models,
 # cut to what llama.cpp's architecture holds (no o or MLP biases: its loaders read none for these;
 # SmolLM3's NoPE on every fourth layer and no window, as llama.cpp hard-codes it)
@@ -400,6 +401,12 @@ WRITTEN_ONLY = {
     # ALiBi over six heads (MPT's slopes are ggml's), clip_qkv; scores scaled by 1/sqrt(head_dim), as
     # llama.cpp's mpt has it
     "mpt": dict(SPECS["mpt"].kwargs, attn_config={"clip_qkv": 1.5}),
+    # DeepSeek-V3's MLA with a q LoRA (llama.cpp reads a plain q only for its lite layer counts), dense, and
+    # with grouped sigmoid-routed experts (a perturbed selection bias: `built`) after a dense layer
+    "deepseek_v3": dict(MLA, first_k_dense_replace=2),
+    "deepseek_v3:moe": dict(MLA, first_k_dense_replace=1, n_routed_experts=8, num_experts_per_tok=3,
+                            moe_intermediate_size=24, n_shared_experts=2, routed_scaling_factor=1.5, n_group=4,
+                            topk_group=2),
 }
 # Falcon's layouts beyond Falcon-7B's (FAMILIES["falcon"]) that llama.cpp's falcon runs: Falcon-40B's two
 # norms, Falcon2-11B's one with grouped KV heads, multi-head attention; transformers' GGUF loader reads
@@ -414,13 +421,25 @@ MODELS: dict[str, dict[str, Any]] = {**{t: FAMILIES[t] for t in FAMILIES if t in
 READ_BACK = {**WRITTEN_ONLY, "bloom": FAMILIES["bloom"], "falcon": FAMILIES["falcon"], **FALCONS}
 
 
+def built(name: str, kwargs: dict[str, Any]) -> torch.nn.Module:
+    """The tiny model `name` (`family:variant`), DeepSeek-V3's selection bias perturbed too (a buffer,
+    which build_model's perturbation of parameters leaves at 0)."""
+    model = build_model(name.split(":")[0], **kwargs)
+    generator = torch.Generator().manual_seed(2)
+    with torch.no_grad():
+        for buffer_name, buffer in model.named_buffers():
+            if buffer_name.endswith("e_score_correction_bias"):
+                buffer.add_(torch.randn(buffer.shape, generator=generator) * 0.3)
+    return model
+
+
 @pytest.mark.parametrize("quant", ["f32", "bf16"])
 @pytest.mark.parametrize("name", list(READ_BACK))
 def test_families_transformers_cannot_read_come_back_bit_for_bit(name: str, quant: str, tmp_path: Path) -> None:
     """Our reader, which reads these files the way llama.cpp's loader does (tested by llama.cpp
     itself in test_llamacpp.py), gives back the model: every tensor at the file's type, the same
     ArchConfig but the float32 eps, and at f32 the same logits."""
-    canonical = canonical_of(build_model(name.split(":")[0], **READ_BACK[name]), tmp_path)
+    canonical = canonical_of(built(name, READ_BACK[name]), tmp_path)
     out = exported(canonical, tmp_path / "m.gguf", quant)
     ours, source = lmconvert.load(out, attention="eager"), lmconvert.load(canonical, attention="eager")
     assert as_float32(ours.cfg) == as_float32(source.cfg)
@@ -484,6 +503,20 @@ def test_bloom_s_residual_after_the_norm_is_refused(tmp_path: Path) -> None:
                                                      "apply_residual_connection_post_layernorm": True}), tmp_path)
     code, _, err = cli("convert", canonical, tmp_path / "m.gguf", "--to", "gguf")
     assert code == 2 and "llama.cpp's bloom metadata cannot express this model's residual_after_norm" in err, err
+    assert not (tmp_path / "m.gguf").exists()
+
+
+@pytest.mark.parametrize(("overrides", "fragment"), [
+    (dict(rms_norm_eps=1e-5), "llama.cpp's deepseek2 normalises the latent q and kv with rms_norm_eps (1e-05)"),
+    (dict(q_lora_rank=None), "reads a plain q projection (q_lora_rank null) exactly for its lite shapes"),
+    (dict(rope_interleave=False), "cannot express this model's rope"),
+    (dict(attention_bias=True), "llama.cpp's deepseek2 architecture loads no blk.0.attn_kv_a_mqa.bias"),
+])
+def test_deepseek_v3_s_layouts_llama_cpp_lacks_are_refused(overrides: dict[str, Any], fragment: str,
+                                                           tmp_path: Path) -> None:
+    canonical = canonical_of(build_model("deepseek_v3", **{**WRITTEN_ONLY["deepseek_v3"], **overrides}), tmp_path)
+    code, _, err = cli("convert", canonical, tmp_path / "m.gguf", "--to", "gguf")
+    assert code == 2 and fragment in err and len(err.strip().splitlines()) == 1, err
     assert not (tmp_path / "m.gguf").exists()
 
 

@@ -33,8 +33,8 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
-from hf_models import build_model, save_checkpoint, token_batch
-from test_export_gguf import MODELS
+from hf_models import save_checkpoint, token_batch
+from test_export_gguf import MODELS, built
 from transformers import AutoTokenizer
 
 import lmconvert
@@ -131,7 +131,7 @@ def exported(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
     def get(model_type: str, quant: str) -> tuple[Path, Path]:
         if (model_type, quant) not in made:
             root = tmp_path_factory.mktemp(f"{model_type.replace(':', '-')}-{quant}")
-            save_checkpoint(build_model(model_type.split(":")[0], **MODELS[model_type]), root / "hf")
+            save_checkpoint(built(model_type, MODELS[model_type]), root / "hf")
             to_canonical(root / "hf", root / "canonical")
             convert(root / "canonical", root / "m.gguf", "gguf", quant=quant)
             made[model_type, quant] = root / "canonical", root / "m.gguf"

@@ -25,8 +25,8 @@ from .gguf_metadata import LLAMA3_STATED, ROPE_KEYS, SHARED_KEYS, TOKEN_IDS, hf_
 
 # families with a llama.cpp architecture name that lmconvert does not write (yet), and why
 NOT_WRITTEN = {
-    "deepseek_v2": "lmconvert does not write llama.cpp's deepseek2 architecture (latent attention) yet",
-    "deepseek_v3": "lmconvert does not write llama.cpp's deepseek2 architecture (latent attention) yet",
+    "deepseek_v2": "lmconvert writes llama.cpp's deepseek2 architecture for DeepSeek-V3 only (V2's softmax "
+                   "router and its group scores by the best expert are not written yet)",
     "gptj": "llama.cpp names a gptj architecture but has no graph that runs it",
 }
 # transformers model_type -> (llama.cpp architecture, its table entry)
@@ -56,7 +56,26 @@ def _falcon_kv_heads(config: Mapping[str, Any]) -> int:
 # from its layout), or what llama.cpp's converter states (BLOOM, ALiBi without a position limit: its
 # seq_length, else its width)
 UNSTATED = {"bloom": {"max_position_embeddings": lambda config: config.get("seq_length") or config["hidden_size"]},
-            "falcon": {"num_key_value_heads": _falcon_kv_heads}}
+            "falcon": {"num_key_value_heads": _falcon_kv_heads},
+            # llama.cpp's deepseek2 loader requires the expert keys of a dense model too (its converter: the
+            # dense width, no shared experts)
+            "deepseek2": {"moe_intermediate_size": lambda config: config["intermediate_size"],
+                          "n_shared_experts": lambda config: 0}}
+# the eps DeepSeek's MLA norms (q_a, kv_a) use whatever rms_norm_eps says; llama.cpp's deepseek2 uses the
+# model's for them
+LATENT_NORM_EPS = 1e-6
+
+
+def _latent_sizes(arch: str, config: Mapping[str, Any]) -> dict[str, Any]:
+    """MLA in llama.cpp's layout without absorption: every head a key of the no-RoPE part and the
+    rotary width, a value of v_head_dim, as many KV heads as heads (kv_b decompresses them)."""
+    if config.get("rms_norm_eps") != LATENT_NORM_EPS:
+        raise MappingError(f"llama.cpp's {arch} normalises the latent q and kv with rms_norm_eps "
+                           f"({config.get('rms_norm_eps')}), DeepSeek with {LATENT_NORM_EPS}")
+    rotary = config["qk_rope_head_dim"]
+    return {f"{arch}.attention.key_length": config["qk_nope_head_dim"] + rotary,
+            f"{arch}.attention.value_length": config["v_head_dim"], f"{arch}.rope.dimension_count": rotary,
+            f"{arch}.attention.head_count_kv": config["num_attention_heads"]}
 
 
 def _get(config: Mapping[str, Any], hf_key: str, renamed: Mapping[str, str]) -> Any:  # noqa: ANN401 - any value
@@ -75,7 +94,8 @@ ROPE_TYPES_OUT = {"linear": "linear", "yarn": "yarn"}  # HF rope_type -> `{arch}
 # metadata llama.cpp's converter writes whatever the config says: OLMo's LayerNorm eps, fixed in transformers
 CONSTANTS: dict[str, dict[str, Any]] = {"olmo": {"attention.layer_norm_epsilon": 1e-5},
                                         "mpt": {"attention.max_alibi_bias": 8.0},  # transformers' MPT: always 8
-                                        "falcon": {"tensor_data_layout": "jploski"}}  # its qkv as [q | k | v]
+                                        "falcon": {"tensor_data_layout": "jploski"},  # its qkv as [q | k | v]
+                                        "deepseek2": {"expert_gating_func": 2}}  # sigmoid: DeepSeek-V3's router
 
 
 @dataclass
@@ -177,6 +197,8 @@ def metadata(config: Mapping[str, Any], name: str) -> GgufModel:
     rotated = params.get("partial_rotary_factor") or config.get("partial_rotary_factor") or 1.0
     values[f"{arch}.rope.dimension_count"] = int(head_dim * rotated)  # the rotated part of a head
     values[f"{arch}.vocab_size"] = config["vocab_size"]
+    if entry.latent:
+        values.update(_latent_sizes(arch, config))
     rope, extra = _rope_metadata(arch, config, head_dim)
     values.update(rope)
     values.update(_layer_pattern(arch, entry, config))
