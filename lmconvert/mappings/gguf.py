@@ -59,6 +59,13 @@ class GgufArch:
     # the model without it), so no import could be checked against it: refused too
     unread: Mapping[str, str] = field(default_factory=dict)
     latent: bool = False  # MLA: key/value lengths and the rotated width are the latent attention's (`derived`)
+    # the configs transformers' GGUF loader builds as the file holds them, where it reads only some (Falcon:
+    # it builds every file as Falcon-7B's layout); None: all
+    transformers_layout: Callable[[Mapping[str, Any]], bool] | None = None
+
+    def read_by_transformers(self, config: Mapping[str, Any]) -> bool:
+        """Whether transformers' GGUF loader builds this file's model (a reference for `verify`)."""
+        return self.transformers_reads and (self.transformers_layout is None or self.transformers_layout(config))
 
     def holding(self, tensors: Collection[str]) -> GgufArch:
         """The entry for a file holding these tensors: a variant's, if it holds the variant's tensor."""
@@ -447,7 +454,7 @@ def _falcon(norms: int, table: TensorTable) -> GgufArch:
                                     "feed_forward_length": "ffn_hidden_size"},
                     defaults={"activation": "gelu", "bias": False, "alibi": False, "num_ln_in_parallel_attn": norms},
                     norm_eps="attention.layer_norm_epsilon", table=table, derived=_falcon_layout,
-                    refused=FALCON_REFUSED)
+                    refused=FALCON_REFUSED, transformers_layout=lambda config: not config["new_decoder_architecture"])
 
 
 # Falcon-40B's second norm (`ln_attn`, `attn_norm_2`) feeds attention, its first (`ln_mlp`) the MLP;
