@@ -22,6 +22,7 @@ import torch
 from family_specs import SPECS
 from hf_models import build_model, save_checkpoint, save_tiny_tokenizer, token_batch
 from test_formats_gguf import (
+    FALCON_LAYOUTS,
     FAMILIES,
     METADATA_DIFFERS,
     TRANSFORMERS_LOADS,
@@ -30,6 +31,7 @@ from test_formats_gguf import (
     imported_tensors,
     logits_of,
     transformers_gguf,
+    write_falcon_gguf,
     write_gguf,
 )
 from transformers import AutoModelForCausalLM
@@ -121,8 +123,9 @@ def test_same_tensors_and_config_as_the_llama_cpp_converter_emulation(model_type
     assert_same_config(ours, theirs, set(METADATA_DIFFERS.get(model_type, {})) | INVENTED_IDS.get(model_type, set()))
 
 
-# token ids the emulation invents: its GPT-2 file carries a made-up token list (0 and 1 as BOS and EOS)
-INVENTED_IDS = {"gpt2": {"bos_token_id", "eos_token_id"}}
+# token ids the emulation invents: its GPT-2, BLOOM and Falcon files carry a made-up token list (0 and 1
+# as BOS and EOS)
+INVENTED_IDS = dict.fromkeys(("gpt2", "bloom", "falcon"), {"bos_token_id", "eos_token_id"})
 
 
 def assert_same_config(ours: Path, theirs: Path, differ: set[str] = frozenset()) -> None:
@@ -178,18 +181,24 @@ def test_verify_runs_on_the_result(tmp_path: Path) -> None:
     assert open_source(out).config["query_pre_attn_scalar"] == 256  # read back from `attention.scale`
 
 
-@pytest.mark.parametrize("name", ["granite", "mixtral"])
+# what transformers' GGUF loader does not read, as verify names it
+UNREAD = {"granite": "granite", "mixtral": "mixtral", "deepseek_v3:moe": "deepseek_v3",
+          "falcon:40b": "falcon in this file's layout"}
+
+
+@pytest.mark.parametrize("name", list(UNREAD))
 def test_verify_takes_the_recorded_source_where_transformers_cannot_read_the_file(name: str, tmp_path: Path) -> None:
-    """transformers' GGUF loader reads no granite (nor Mixtral, a `llama` file with experts): the
-    reference is the checkpoint the export recorded (`lmconvert.source`), else --reference."""
-    canonical = canonical_of(build_model(name, **MODELS[name]), tmp_path)
+    """transformers' GGUF loader reads no granite (nor Mixtral, a `llama` file with experts, nor
+    DeepSeek-V3), and builds every Falcon as Falcon-7B's layout: the reference is the checkpoint the
+    export recorded (`lmconvert.source`), else --reference."""
+    canonical = canonical_of(built(name, MODELS[name]), tmp_path)
     out = exported(canonical, tmp_path / "m.gguf", "f32")
     assert gguf.GGUFReader(out).fields["lmconvert.source"].contents() == str((tmp_path / "hf").resolve())
     code, stdout, err = cli("verify", out, "--seq-len", 20, "--generate", 4)
     assert code == 0 and "PASS" in stdout, err
     (tmp_path / "hf").rename(tmp_path / "moved")
     code, _, err = cli("verify", out, "--seq-len", 20)
-    assert code == 2 and f"transformers' GGUF loader does not read {name}" in err and "--reference" in err, err
+    assert code == 2 and f"transformers' GGUF loader does not read {UNREAD[name]}" in err and "--reference" in err, err
     code, stdout, err = cli("verify", out, "--reference", tmp_path / "moved", "--seq-len", 20)
     assert code == 0 and "PASS" in stdout, err
 
@@ -246,9 +255,8 @@ def test_a_llama_cpp_architecture_not_written_is_named(tmp_path: Path) -> None:
     code, _, err = cli("convert", canonical, tmp_path / "m.gguf", "--to", "gguf")
     assert code == 2 and "llama.cpp names a gptj architecture but has no graph that runs it" in err, err
     assert len(err.strip().splitlines()) == 1 and not (tmp_path / "m.gguf").exists()
-    for model_type in ("deepseek_v2", "deepseek_v3"):
-        with pytest.raises(MappingError, match="does not write llama.cpp's deepseek2 architecture"):
-            metadata({"model_type": model_type}, "tiny")
+    with pytest.raises(MappingError, match="writes llama.cpp's deepseek2 architecture for DeepSeek-V3 only"):
+        metadata({"model_type": "deepseek_v2"}, "tiny")
 
 
 def test_what_llama_cpp_cannot_hold_is_named(tmp_path: Path) -> None:
@@ -379,6 +387,8 @@ MOE = {"qwen2_moe": dict(SPECS["qwen2_moe"].kwargs, use_sliding_window=False, ml
        "olmoe": dict(SPECS["olmoe"].kwargs, attention_bias=False, norm_topk_prob=False, num_key_value_heads=4)}
 
 
+MLA = dict(num_key_value_heads=4, q_lora_rank=24, kv_lora_rank=16, qk_nope_head_dim=12, qk_rope_head_dim=8,
+           v_head_dim=10)
 # families whose GGUF lmconvert writes but transformers' GGUF loader does not read: their spec models,
 # cut to what llama.cpp's architecture holds (no o or MLP biases: its loaders read none for these;
 # SmolLM3's NoPE on every fourth layer and no window, as llama.cpp hard-codes it)
@@ -397,18 +407,45 @@ WRITTEN_ONLY = {
     # ALiBi over six heads (MPT's slopes are ggml's), clip_qkv; scores scaled by 1/sqrt(head_dim), as
     # llama.cpp's mpt has it
     "mpt": dict(SPECS["mpt"].kwargs, attn_config={"clip_qkv": 1.5}),
+    # DeepSeek-V3's MLA with a q LoRA (llama.cpp reads a plain q only for its lite layer counts), dense, and
+    # with grouped sigmoid-routed experts (a perturbed selection bias: `built`) after a dense layer
+    "deepseek_v3": dict(MLA, first_k_dense_replace=2),
+    "deepseek_v3:moe": dict(MLA, first_k_dense_replace=1, n_routed_experts=8, num_experts_per_tok=3,
+                            moe_intermediate_size=24, n_shared_experts=2, routed_scaling_factor=1.5, n_group=4,
+                            topk_group=2),
 }
+# Falcon's layouts beyond Falcon-7B's (FAMILIES["falcon"]) that llama.cpp's falcon runs: Falcon-40B's two
+# norms, Falcon2-11B's one with grouped KV heads, multi-head attention; transformers' GGUF loader reads
+# each as Falcon-7B's, so our reader and llama.cpp are their proof
+FALCONS = {f"falcon:{layout}": {**FAMILIES["falcon"], **overrides}
+           for layout, (overrides, _, _) in FALCON_LAYOUTS.items() if layout != "7b"}
 # every exportable family's tiny model that llama.cpp's architecture holds whole (test_llamacpp.py runs them)
-MODELS: dict[str, dict[str, Any]] = {**{t: FAMILIES[t] for t in FAMILIES if t in EXPORTS}, **MOE, **WRITTEN_ONLY}
+MODELS: dict[str, dict[str, Any]] = {**{t: FAMILIES[t] for t in FAMILIES if t in EXPORTS}, **MOE, **WRITTEN_ONLY,
+                                     **FALCONS}
+# what our reader must give back bit for bit: the families transformers cannot read, and the LayerNorm
+# families whose every layout transformers' GGUF loader does not tell apart
+READ_BACK = {**WRITTEN_ONLY, "bloom": FAMILIES["bloom"], "falcon": FAMILIES["falcon"], **FALCONS}
+
+
+def built(name: str, kwargs: dict[str, Any]) -> torch.nn.Module:
+    """The tiny model `name` (`family:variant`), DeepSeek-V3's selection bias perturbed too (a buffer,
+    which build_model's perturbation of parameters leaves at 0)."""
+    model = build_model(name.split(":")[0], **kwargs)
+    generator = torch.Generator().manual_seed(2)
+    with torch.no_grad():
+        for buffer_name, buffer in model.named_buffers():
+            if buffer_name.endswith("e_score_correction_bias"):
+                buffer.add_(torch.randn(buffer.shape, generator=generator) * 0.3)
+    return model
 
 
 @pytest.mark.parametrize("quant", ["f32", "bf16"])
-@pytest.mark.parametrize("name", list(WRITTEN_ONLY))
+@pytest.mark.parametrize("name", list(READ_BACK))
 def test_families_transformers_cannot_read_come_back_bit_for_bit(name: str, quant: str, tmp_path: Path) -> None:
     """Our reader, which reads these files the way llama.cpp's loader does (tested by llama.cpp
     itself in test_llamacpp.py), gives back the model: every tensor at the file's type, the same
     ArchConfig but the float32 eps, and at f32 the same logits."""
-    canonical = canonical_of(build_model(name.split(":")[0], **WRITTEN_ONLY[name]), tmp_path)
+    canonical = canonical_of(built(name, READ_BACK[name]), tmp_path)
     out = exported(canonical, tmp_path / "m.gguf", quant)
     ours, source = lmconvert.load(out, attention="eager"), lmconvert.load(canonical, attention="eager")
     assert as_float32(ours.cfg) == as_float32(source.cfg)
@@ -436,6 +473,19 @@ def as_float32(value: Any) -> Any:  # noqa: ANN401 - a config, field by field
     return value
 
 
+@pytest.mark.parametrize("name", list(FALCONS))
+def test_falcon_layouts_are_what_the_llama_cpp_converter_writes(name: str, tmp_path: Path) -> None:
+    model = build_model("falcon", **FALCONS[name])
+    ours = exported(canonical_of(model, tmp_path), tmp_path / "ours.gguf", "f32")
+    theirs = write_falcon_gguf(model, tmp_path / "theirs.gguf")
+    ours_t = {t.name: np.array(t.data) for t in gguf.GGUFReader(ours).tensors}
+    theirs_t = {t.name: np.array(t.data) for t in gguf.GGUFReader(theirs).tensors}
+    assert set(ours_t) == set(theirs_t)
+    for tensor_name, data in theirs_t.items():
+        assert np.array_equal(ours_t[tensor_name], data), tensor_name
+    assert_same_config(ours, theirs, INVENTED_IDS["falcon"])
+
+
 def test_granite_s_multipliers_are_llama_cpp_s_keys(tmp_path: Path) -> None:
     kwargs = WRITTEN_ONLY["granite"]
     out = exported(canonical_of(build_model("granite", **kwargs), tmp_path), tmp_path / "m.gguf", "f32")
@@ -451,6 +501,29 @@ def test_mpt_s_own_score_scale_is_refused(tmp_path: Path) -> None:
     canonical = canonical_of(build_model("mpt", **SPECS["mpt"].kwargs), tmp_path)  # softmax_scale 0.2
     code, _, err = cli("convert", canonical, tmp_path / "m.gguf", "--to", "gguf")
     assert code == 2 and "llama.cpp's mpt metadata cannot express this model's attn_scale" in err, err
+
+
+def test_bloom_s_residual_after_the_norm_is_refused(tmp_path: Path) -> None:
+    """llama.cpp's bloom graph adds each sublayer to its un-normed input, and no key says otherwise."""
+    canonical = canonical_of(build_model("bloom", **{**FAMILIES["bloom"],
+                                                     "apply_residual_connection_post_layernorm": True}), tmp_path)
+    code, _, err = cli("convert", canonical, tmp_path / "m.gguf", "--to", "gguf")
+    assert code == 2 and "llama.cpp's bloom metadata cannot express this model's residual_after_norm" in err, err
+    assert not (tmp_path / "m.gguf").exists()
+
+
+@pytest.mark.parametrize(("overrides", "fragment"), [
+    (dict(rms_norm_eps=1e-5), "llama.cpp's deepseek2 normalises the latent q and kv with rms_norm_eps (1e-05)"),
+    (dict(q_lora_rank=None), "reads a plain q projection (q_lora_rank null) exactly for its lite shapes"),
+    (dict(rope_interleave=False), "cannot express this model's rope"),
+    (dict(attention_bias=True), "llama.cpp's deepseek2 architecture loads no blk.0.attn_kv_a_mqa.bias"),
+])
+def test_deepseek_v3_s_layouts_llama_cpp_lacks_are_refused(overrides: dict[str, Any], fragment: str,
+                                                           tmp_path: Path) -> None:
+    canonical = canonical_of(build_model("deepseek_v3", **{**WRITTEN_ONLY["deepseek_v3"], **overrides}), tmp_path)
+    code, _, err = cli("convert", canonical, tmp_path / "m.gguf", "--to", "gguf")
+    assert code == 2 and fragment in err and len(err.strip().splitlines()) == 1, err
+    assert not (tmp_path / "m.gguf").exists()
 
 
 def test_command_r_s_qk_norms_go_with_64_layers(tmp_path: Path) -> None:

@@ -741,6 +741,15 @@ def test_falcon_layouts_import_as_themselves(layout: str, tmp_path: Path) -> Non
     assert (logits_of(ours, ids) - logits_of(model, ids)).abs().max().item() == 0.0
 
 
+def test_verify_of_a_falcon_layout_transformers_misreads_asks_for_the_reference(tmp_path: Path) -> None:
+    """transformers' GGUF loader builds every Falcon file as Falcon-7B's layout: for the others,
+    verify needs the original (--reference), as for the architectures it does not read."""
+    _, path = gguf_of("falcon", tmp_path, overrides=FALCON_LAYOUTS["40b"][0])
+    code, _, err = cli("verify", path, "--seq-len", 20)
+    assert code == 2 and "transformers' GGUF loader does not read falcon in this file's layout" in err, err
+    assert "records no source; pass --reference SRC" in err and len(err.strip().splitlines()) == 1, err
+
+
 @pytest.mark.parametrize(("extra", "fragment"), [
     ("blk.0.attn_qkv.bias", "linear biases, Falcon's bias=true"),
     ("blk.0.ffn_norm.weight", "a sequential block, Falcon's parallel_attn=false"),

@@ -4,14 +4,16 @@ from source on CPU in minutes), so it runs in `make llamacpp-check`, not in `mak
 
 The bars, measured and stated (llama.cpp's kernels are not ours):
 - f32 files: logits within 1e-5 x the logits' scale (F32 KV cache; measured <= 5e-6 x scale). ggml's
-  CPU tanh GELU (GPT-2, StarCoder2, Phi-2, Gemma; and GPT-NeoX and MPT, whose exact erf GELU
-  llama.cpp's graphs compute as that tanh GELU) is an f16 table: x rounded to f16, its GELU rounded to f16
+  CPU tanh GELU (GPT-2, StarCoder2, Phi-2, Gemma, BLOOM; and GPT-NeoX, MPT and Falcon, whose exact erf
+  GELU llama.cpp's graphs compute as that tanh GELU) is an f16 table: x rounded to f16, its GELU rounded to f16
   (vec.h, GGML_GELU_FP16), which puts our own decoder 1.6e-4 to 5.6e-4 x scale away. Our
   decoder with that table in place of its GELU comes within 2e-4 x scale (measured 1e-6 to 1.1e-4:
   an f16 rounding flips where our x and ggml's differ in the last bits) and at least 4x closer on
   average;
 - greedy decoding: 32 tokens equal for f32 and f16 files, up to a near-tie: the first differing
-  step must be one where our two candidates are closer than llama.cpp's logit error there;
+  step must be one where our two candidates are closer than llama.cpp's logit error there. For f32
+  files all 32 equal, with our decoder computing ggml's GELU table where its own GELU flipped a
+  near-tie (Falcon's tiny model: 20 of 32 with the exact erf GELU);
 - q8_0: llama.cpp also quantizes the activations to 8 bits for its Q8_0 dot products, so its
   mean error against the fp32 model is larger than ours on the same dequantized weights: at most
   2x (measured 1.1x to 1.6x; top-1 agreement with the fp32 model is printed). Not understood: the
@@ -31,8 +33,8 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
-from hf_models import build_model, save_checkpoint, token_batch
-from test_export_gguf import MODELS
+from hf_models import save_checkpoint, token_batch
+from test_export_gguf import MODELS, built
 from transformers import AutoTokenizer
 
 import lmconvert
@@ -116,9 +118,9 @@ def ggml_activations(monkeypatch: pytest.MonkeyPatch) -> None:
     """Our decoders built while this holds compute the tanh GELUs as ggml's CPU backend does."""
     from lmconvert.arch import activations
 
-    # the exact (erf) GELU too: llama.cpp's gptneox and mpt graphs compute it as their tanh GELU
-    # (LLM_FFN_GELU), the families here that have it
-    for name in ("gelu_tanh", "gelu_new", "gelu"):
+    # the exact (erf) GELU too: llama.cpp's gptneox, mpt and falcon graphs compute it as their tanh GELU
+    # (LLM_FFN_GELU), the families here that have it; BLOOM's own tanh GELU as well
+    for name in ("gelu_tanh", "gelu_new", "gelu", "gelu_bloom"):
         monkeypatch.setitem(activations.ACTIVATIONS, name, ggml_gelu)
 
 
@@ -129,7 +131,7 @@ def exported(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
     def get(model_type: str, quant: str) -> tuple[Path, Path]:
         if (model_type, quant) not in made:
             root = tmp_path_factory.mktemp(f"{model_type.replace(':', '-')}-{quant}")
-            save_checkpoint(build_model(model_type.split(":")[0], **MODELS[model_type]), root / "hf")
+            save_checkpoint(built(model_type, MODELS[model_type]), root / "hf")
             to_canonical(root / "hf", root / "canonical")
             convert(root / "canonical", root / "m.gguf", "gguf", quant=quant)
             made[model_type, quant] = root / "canonical", root / "m.gguf"
@@ -161,10 +163,15 @@ def test_f32_logits(model_type: str, exported: Any, request: pytest.FixtureReque
 
 @pytest.mark.parametrize("quant", ["f32", "f16"])
 @pytest.mark.parametrize("model_type", list(MODELS))
-def test_greedy_tokens(model_type: str, quant: str, exported: Any) -> None:  # noqa: ANN401
+def test_greedy_tokens(model_type: str, quant: str, exported: Any, request: pytest.FixtureRequest) -> None:  # noqa: ANN401
     _, path = exported(model_type, quant)
-    same = check_greedy(path, token_batch(seq=8)[0].tolist())
+    ids = token_batch(seq=8)[0].tolist()
+    same = check_greedy(path, ids)
     print(f"{model_type} {quant}: {same}/32 greedy tokens equal")
+    if quant == "f32" and same < 32:  # a near-tie the GELU's difference flipped: ours computing ggml's table
+        request.getfixturevalue("ggml_activations")
+        same = check_greedy(path, ids)
+        print(f"{model_type} {quant}: {same}/32 greedy tokens equal with ggml's GELU")
     if quant == "f32":
         assert same == 32
 

@@ -437,6 +437,8 @@ def test_gguf_names_are_llama_cpps(arch: str) -> None:
     for canonical in sorted(canonicals):
         hf_name, _ = table.to_hf_name(canonical)
         base, _, suffix = hf_name.removeprefix(STRIPPED.get(llama_cpp_arch, "")).rpartition(".")
+        if suffix.endswith("_bias"):  # DeepSeek-V3's `gate.e_score_correction_bias`: gguf maps its stem
+            base, suffix = f"{base}.{suffix.removesuffix('_bias')}", "bias"
         # one expert's: llama.cpp names the stack of every expert's (its merged HF name)
         theirs = name_map.get_name(re.sub(r"\.experts\.\d+\.", ".experts.", base))
         if theirs and f"{theirs}.{suffix}".replace("blk.1.", "blk.0.") in entry.refused:

@@ -30,7 +30,7 @@ from lmconvert.formats.gguf_writer import (
 )
 from lmconvert.mappings import MappingError, family_for, family_named
 from lmconvert.mappings.gguf import tensor_sizes
-from lmconvert.mappings.gguf_export import GgufModel, lost, metadata, read_back
+from lmconvert.mappings.gguf_export import GgufModel, for_tensors, lost, metadata, read_back
 from lmconvert.mappings.gguf_loaders import forced_type, refused_tensors
 from lmconvert.mappings.table import out_shape
 
@@ -38,10 +38,8 @@ from .exports import canonical_meta
 from .plan import Progress, plan_tensors
 
 
-def _checked_metadata(config: dict[str, Any], name: str, ckpt: Checkpoint,
-                      shapes: dict[str, tuple[int, ...]]) -> GgufModel:
+def _checked_metadata(model: GgufModel, ckpt: Checkpoint, shapes: dict[str, tuple[int, ...]]) -> GgufModel:
     """The metadata, once import reads it back as this very model."""
-    model = metadata(config, name)
     back_config, _ = read_back(model, shapes)
     back = family_for(back_config["model_type"]).arch_config(back_config)
     missing = lost(ckpt.arch, back)
@@ -65,7 +63,7 @@ def to_gguf(src: Path | Checkpoint, out: Path, family: str | None = None, quant:
         try:
             config = target.hf_config(meta.arch, meta.family, meta.hf_extras)
             name = Path(meta.source.get("path") or ckpt.path).name
-            model = metadata(config, name)
+            model = for_tensors(metadata(config, name), ckpt.source.tensors.names())
             table = model.entry.tensors
             canonical = parameter_shapes(meta.arch)
             arch = meta.arch
@@ -85,7 +83,7 @@ def to_gguf(src: Path | Checkpoint, out: Path, family: str | None = None, quant:
             if refusal:
                 raise MappingError(f"llama.cpp's {model.arch} architecture {refusal}; "
                                    "export it as HF safetensors instead")
-            model = _checked_metadata(config, name, ckpt, shapes)
+            model = _checked_metadata(model, ckpt, shapes)
         except MappingError as exc:
             raise InputError(f"--to gguf: {exc}") from None
         check_output(out, force, (ckpt.path,), ours=None if max_shard_bytes else written_by_lmconvert)

@@ -390,7 +390,8 @@ def recorded_reference(file: GgufFile, entry: GgufArch) -> Loadable:
     """For an architecture transformers' GGUF loader does not read: the source lmconvert's export
     recorded in the file (`lmconvert.source`), as transformers loads it, if it is still there."""
     recorded = file.meta.get(SOURCE_KEY)
-    why = f"{file.path}: transformers' GGUF loader does not read {entry.model_type}"
+    layout = " in this file's layout" if entry.transformers_reads else ""  # Falcon-40B's, say
+    why = f"{file.path}: transformers' GGUF loader does not read {entry.model_type}{layout}"
     if not isinstance(recorded, str) or not recorded:
         return Loadable(None, refusal=f"{why}, and the file records no source; pass --reference SRC")
     source = Path(recorded)
@@ -427,7 +428,7 @@ def open_gguf(path: Path) -> Source:
         loadable = Loadable(target.parent, {"gguf_file": target.name}, origin=target)  # transformers dequantizes it
         tokenizer = loadable if has_vocabulary(file) else None
         return Source(target, "gguf", config, tensors, info=info, sidecars=sidecar_writer(file, info),
-                      reference=loadable if entry.transformers_reads else recorded_reference(file, entry),
+                      reference=loadable if entry.read_by_transformers(config) else recorded_reference(file, entry),
                       tokenizer=tokenizer)
     except BaseException:
         file.close()

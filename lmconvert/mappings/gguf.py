@@ -58,6 +58,14 @@ class GgufArch:
     # tensor -> what it holds, which llama.cpp runs but transformers' GGUF loader does not read (it loads
     # the model without it), so no import could be checked against it: refused too
     unread: Mapping[str, str] = field(default_factory=dict)
+    latent: bool = False  # MLA: key/value lengths and the rotated width are the latent attention's (`derived`)
+    # the configs transformers' GGUF loader builds as the file holds them, where it reads only some (Falcon:
+    # it builds every file as Falcon-7B's layout); None: all
+    transformers_layout: Callable[[Mapping[str, Any]], bool] | None = None
+
+    def read_by_transformers(self, config: Mapping[str, Any]) -> bool:
+        """Whether transformers' GGUF loader builds this file's model (a reference for `verify`)."""
+        return self.transformers_reads and (self.transformers_layout is None or self.transformers_layout(config))
 
     def holding(self, tensors: Collection[str]) -> GgufArch:
         """The entry for a file holding these tensors: a variant's, if it holds the variant's tensor."""
@@ -446,7 +454,7 @@ def _falcon(norms: int, table: TensorTable) -> GgufArch:
                                     "feed_forward_length": "ffn_hidden_size"},
                     defaults={"activation": "gelu", "bias": False, "alibi": False, "num_ln_in_parallel_attn": norms},
                     norm_eps="attention.layer_norm_epsilon", table=table, derived=_falcon_layout,
-                    refused=FALCON_REFUSED)
+                    refused=FALCON_REFUSED, transformers_layout=lambda config: not config["new_decoder_architecture"])
 
 
 # Falcon-40B's second norm (`ln_attn`, `attn_norm_2`) feeds attention, its first (`ln_mlp`) the MLP;
@@ -454,3 +462,52 @@ def _falcon(norms: int, table: TensorTable) -> GgufArch:
 FALCON_TWO_NORMS = _falcon(2, _falcon_table((("attn_norm_2", "attn_norm"), ("attn_norm", "mlp_norm"))))
 ARCHS["falcon"] = replace(_falcon(1, _falcon_table((("attn_norm", "attn_norm"),))),
                           variants=(("blk.0.attn_norm_2.weight", FALCON_TWO_NORMS),))
+
+
+def _deepseek2_table() -> TensorTable:
+    """llama.cpp's DeepSeek-V2/V3 (`DeepseekV2Model`) in the layout its loader reads without MLA
+    (`attn_kv_b` whole; the converter's newer files split it into `attn_k_b` and `attn_v_b` for the
+    absorbed latent path): q (or q's low-rank pair with its norm), kv_a with the rotary key,
+    kv_a's norm, kv_b; dense SwiGLU layers first, then stacked experts with shared ones and the
+    selection bias (`exp_probs_b`)."""
+    attention = (("attn_q", "attn.q"), ("attn_q_a", "attn.q_a"), ("attn_q_a_norm", "attn.q_a_norm"),
+                 ("attn_q_b", "attn.q_b"), ("attn_kv_a_mqa", "attn.kv_a"), ("attn_kv_a_norm", "attn.kv_a_norm"),
+                 ("attn_kv_b", "attn.kv_b"), ("attn_output", "attn.o"), ("attn_norm", "attn_norm"),
+                 ("ffn_norm", "mlp_norm"), ("ffn_gate", "mlp.gate"), ("ffn_up", "mlp.up"), ("ffn_down", "mlp.down"))
+    biased = (("attn_q_a", "attn.q_a"), ("attn_kv_a_mqa", "attn.kv_a"), ("attn_output", "attn.o"),
+              *((f"ffn_{n}{e}", f"mlp.{s}{n}") for n in ("gate", "up", "down") for e, s in (("", ""),
+                                                                                              ("_shexp", "shared."))))
+    return TensorTable((
+        Rule("token_embd.weight", "embed.weight", PADDED), Rule("output.weight", "lm_head.weight", PADDED),
+        Rule("output_norm.weight", "final_norm.weight"),
+        *(Rule(f"blk.{{}}.{g}.weight", f"layers.{{}}.{c}.weight") for g, c in attention),
+        *(Rule(f"blk.{{}}.{g}.bias", f"layers.{{}}.{c}.bias") for g, c in biased),  # llama.cpp loads none: refused
+        Rule("blk.{}.exp_probs_b.bias", "layers.{}.mlp.router.selection_bias"),
+        *MOE_RULES,
+    ))
+
+
+def _deepseek2_sizes(config: Mapping[str, Any]) -> dict[str, Any]:
+    """DeepSeek-V3's MLA sizes from llama.cpp's: the key length is the no-RoPE part plus the rotary
+    width (`rope.dimension_count`), the value length v_head_dim; transformers' head_dim is the rotary
+    width. llama.cpp's deepseek2 graph scores experts by sigmoid (`expert_gating_func` 2) or softmax
+    (1, DeepSeek-V2's, which this entry does not read)."""
+    if config.get("expert_gating_func", 2) != 2:
+        raise MappingError(f"deepseek2.expert_gating_func={config['expert_gating_func']}: only DeepSeek-V3's sigmoid "
+                           "router (2) is read")
+    rotary = config["qk_rope_head_dim"]
+    return {"qk_nope_head_dim": config["head_dim"] - rotary, "head_dim": rotary}
+
+
+# DeepSeek-V3 (dense or MoE), interleaved RoPE (llama.cpp's rope type for deepseek2), MLA in llama.cpp's
+# layout without absorption; the MoE keys are llama.cpp's
+ARCHS["deepseek2"] = _written("deepseek_v3", keys={
+    "attention.q_lora_rank": "q_lora_rank", "attention.kv_lora_rank": "kv_lora_rank",
+    "attention.value_length": "v_head_dim", "rope.dimension_count": "qk_rope_head_dim",
+    "leading_dense_block_count": "first_k_dense_replace", "expert_count": "n_routed_experts",
+    "expert_used_count": "num_experts_per_tok", "expert_feed_forward_length": "moe_intermediate_size",
+    "expert_shared_count": "n_shared_experts", "expert_weights_scale": "routed_scaling_factor",
+    "expert_weights_norm": "norm_topk_prob", "expert_group_count": "n_group", "expert_group_used_count": "topk_group",
+    "expert_gating_func": "expert_gating_func"},
+    defaults={"hidden_act": "silu", "rope_interleave": True, "q_lora_rank": None, "norm_topk_prob": False,
+              "n_group": 1, "topk_group": 1}, latent=True, table=_deepseek2_table(), derived=_deepseek2_sizes)

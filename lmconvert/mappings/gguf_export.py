@@ -11,8 +11,8 @@ writes the file).
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from dataclasses import dataclass, field, fields
+from collections.abc import Collection, Mapping
+from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
 import torch
@@ -25,10 +25,8 @@ from .gguf_metadata import LLAMA3_STATED, ROPE_KEYS, SHARED_KEYS, TOKEN_IDS, hf_
 
 # families with a llama.cpp architecture name that lmconvert does not write (yet), and why
 NOT_WRITTEN = {
-    "deepseek_v2": "lmconvert does not write llama.cpp's deepseek2 architecture (latent attention) yet",
-    "deepseek_v3": "lmconvert does not write llama.cpp's deepseek2 architecture (latent attention) yet",
-    "bloom": "lmconvert does not write llama.cpp's bloom architecture yet",
-    "falcon": "lmconvert does not write llama.cpp's falcon architecture yet",
+    "deepseek_v2": "lmconvert writes llama.cpp's deepseek2 architecture for DeepSeek-V3 only (V2's softmax "
+                   "router and its group scores by the best expert are not written yet)",
     "gptj": "llama.cpp names a gptj architecture but has no graph that runs it",
 }
 # transformers model_type -> (llama.cpp architecture, its table entry)
@@ -46,6 +44,40 @@ IMPLIED = {"n_inner": lambda config, renamed: 4 * _get(config, "hidden_size", re
            "intermediate_size": lambda config, renamed: 4 * _get(config, "hidden_size", renamed)}
 
 
+def _falcon_kv_heads(config: Mapping[str, Any]) -> int:
+    """Falcon's KV heads from its layout flags: num_kv_heads counts only with new_decoder_architecture
+    (Falcon-7B's re-saved config states its head count there; llama.cpp's converter would write that)."""
+    if not config.get("new_decoder_architecture") and config.get("multi_query"):
+        return 1
+    return config.get("num_kv_heads") or config["num_attention_heads"]
+
+
+# required keys an architecture's config has no value for: what the model has (Falcon's KV heads,
+# from its layout), or what llama.cpp's converter states (BLOOM, ALiBi without a position limit: its
+# seq_length, else its width)
+UNSTATED = {"bloom": {"max_position_embeddings": lambda config: config.get("seq_length") or config["hidden_size"]},
+            "falcon": {"num_key_value_heads": _falcon_kv_heads},
+            # llama.cpp's deepseek2 loader requires the expert keys of a dense model too (its converter: the
+            # dense width, no shared experts)
+            "deepseek2": {"moe_intermediate_size": lambda config: config["intermediate_size"],
+                          "n_shared_experts": lambda config: 0}}
+# the eps DeepSeek's MLA norms (q_a, kv_a) use whatever rms_norm_eps says; llama.cpp's deepseek2 uses the
+# model's for them
+LATENT_NORM_EPS = 1e-6
+
+
+def _latent_sizes(arch: str, config: Mapping[str, Any]) -> dict[str, Any]:
+    """MLA in llama.cpp's layout without absorption: every head a key of the no-RoPE part and the
+    rotary width, a value of v_head_dim, as many KV heads as heads (kv_b decompresses them)."""
+    if config.get("rms_norm_eps") != LATENT_NORM_EPS:
+        raise MappingError(f"llama.cpp's {arch} normalises the latent q and kv with rms_norm_eps "
+                           f"({config.get('rms_norm_eps')}), DeepSeek with {LATENT_NORM_EPS}")
+    rotary = config["qk_rope_head_dim"]
+    return {f"{arch}.attention.key_length": config["qk_nope_head_dim"] + rotary,
+            f"{arch}.attention.value_length": config["v_head_dim"], f"{arch}.rope.dimension_count": rotary,
+            f"{arch}.attention.head_count_kv": config["num_attention_heads"]}
+
+
 def _get(config: Mapping[str, Any], hf_key: str, renamed: Mapping[str, str]) -> Any:  # noqa: ANN401 - any value
     """A config value under the import's name, the family's own spelling of it (`renamed`, then
     transformers' aliases), or a key of a nested dict (`attn_config.clip_qkv`)."""
@@ -61,7 +93,9 @@ ROPE_TYPES_OUT = {"linear": "linear", "yarn": "yarn"}  # HF rope_type -> `{arch}
 
 # metadata llama.cpp's converter writes whatever the config says: OLMo's LayerNorm eps, fixed in transformers
 CONSTANTS: dict[str, dict[str, Any]] = {"olmo": {"attention.layer_norm_epsilon": 1e-5},
-                                        "mpt": {"attention.max_alibi_bias": 8.0}}  # transformers' MPT: always 8
+                                        "mpt": {"attention.max_alibi_bias": 8.0},  # transformers' MPT: always 8
+                                        "falcon": {"tensor_data_layout": "jploski"},  # its qkv as [q | k | v]
+                                        "deepseek2": {"expert_gating_func": 2}}  # sigmoid: DeepSeek-V3's router
 
 
 @dataclass
@@ -153,6 +187,8 @@ def metadata(config: Mapping[str, Any], name: str) -> GgufModel:
                                           // _get(config, "num_attention_heads", renamed))
     for gguf_key, hf_key in {**SHARED_KEYS, **entry.keys}.items():
         value = _get(config, hf_key, renamed)
+        if value is None and hf_key in UNSTATED.get(arch, {}):
+            value = UNSTATED[arch][hf_key](config)
         if value is not None and gguf_key != "rope.freq_base":
             values[f"{arch}.{gguf_key}"] = value
     values.update({f"{arch}.{key}": value for key, value in CONSTANTS.get(arch, {}).items()})
@@ -161,6 +197,8 @@ def metadata(config: Mapping[str, Any], name: str) -> GgufModel:
     rotated = params.get("partial_rotary_factor") or config.get("partial_rotary_factor") or 1.0
     values[f"{arch}.rope.dimension_count"] = int(head_dim * rotated)  # the rotated part of a head
     values[f"{arch}.vocab_size"] = config["vocab_size"]
+    if entry.latent:
+        values.update(_latent_sizes(arch, config))
     rope, extra = _rope_metadata(arch, config, head_dim)
     values.update(rope)
     values.update(_layer_pattern(arch, entry, config))
@@ -169,6 +207,15 @@ def metadata(config: Mapping[str, Any], name: str) -> GgufModel:
         if isinstance(config.get(hf_key), int):
             values[gguf_key] = config[hf_key]
     return GgufModel(arch, entry, values, extra)
+
+
+def for_tensors(model: GgufModel, names: Collection[str]) -> GgufModel:
+    """The model with the entry, or the variant (Falcon-40B's two norms), whose table stores every one
+    of these canonical tensors; the entry itself when none does (the caller names what has no home)."""
+    for entry in (model.entry, *(variant for _, variant in model.entry.variants)):
+        if all(entry.tensors.stored_names(name) for name in names):
+            return replace(model, entry=entry)
+    return model
 
 
 @dataclass
@@ -203,4 +250,4 @@ def lost(ours: ArchConfig, back: ArchConfig) -> list[str]:
     return [f.name for f in fields(ArchConfig) if getattr(back, f.name) != getattr(ours, f.name)]
 
 
-__all__ = ["EXPORTS", "GgufModel", "lost", "metadata", "read_back"]
+__all__ = ["EXPORTS", "GgufModel", "for_tensors", "lost", "metadata", "read_back"]

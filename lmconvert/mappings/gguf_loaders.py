@@ -24,10 +24,10 @@ LOADED_BIASES: dict[str, frozenset[str]] = {arch: frozenset(names) for arch, nam
     "gemma": QKV, "granite": (*QKV, "attn_output", "ffn_gate", "ffn_up", "ffn_down"), "smollm3": QKV, "olmo": QKV,
     "olmoe": QKV, "phi2": (*QKV, *NORMS, "attn_output", "ffn_up", "ffn_down", "output"),
     "gptneox": (*NORMS, "attn_qkv", "attn_output", "ffn_up", "ffn_down"), "command-r": QKV, "cohere2": QKV,
-    # read by GGUF import elsewhere; written once mappings/gguf.py has their entries
     "bloom": (*NORMS, "token_embd_norm", "attn_qkv", "attn_output", "ffn_up", "ffn_down"),
     "falcon": ("attn_norm", "attn_norm_2", "output_norm"),
     "mpt": (*NORMS, "attn_qkv", "attn_output", "ffn_up", "ffn_down", "attn_q_norm", "attn_k_norm"),
+    "deepseek2": ("exp_probs_b",),  # the experts' selection bias, stored as a bias
 }.items()}
 # the architectures whose llama.cpp loader requires an `output` matrix (a tied model has none)
 OUTPUT_REQUIRED = frozenset({"qwen2moe", "olmo2", "stablelm", "nemotron", "olmoe", "phi2", "gptneox"})
@@ -39,14 +39,29 @@ K_NORM_AS_Q = frozenset({"olmoe"})
 QK_NORM_FROM_LAYERS = {"command-r": 64}
 
 
+# the architectures whose loader reads a plain q (no q LoRA) exactly for these (layers, vocabulary) shapes,
+# its "lite" models (DeepSeek-V2-Lite: 27 layers), and q's low-rank pair for every other
+PLAIN_Q_WHEN = {"deepseek2": lambda layers, vocab: layers in (26, 27) or (layers == 48 and vocab == 128256)}
+
+
+def _layers(names: list[str]) -> int:
+    return len({n.split(".")[1] for n in names if n.startswith("blk.")})
+
+
 def refused_tensors(arch: str, shapes: Mapping[str, tuple[int, ...]]) -> str | None:
     """Why llama.cpp's loader would refuse a file of `arch` holding GGUF tensors of these shapes, if
     it would ("wrong number of tensors", "missing tensor", "wrong shape")."""
     names = list(shapes)
+    if arch in PLAIN_Q_WHEN:
+        layers, vocab = _layers(names), shapes["token_embd.weight"][0]
+        if ("blk.0.attn_q.weight" in shapes) != PLAIN_Q_WHEN[arch](layers, vocab):
+            return ("reads a plain q projection (q_lora_rank null) exactly for its lite shapes (26 or 27 layers, or 48 "
+                    f"with 128256 tokens), and this model has {layers} layers and "
+                    f"{'a plain q' if 'blk.0.attn_q.weight' in shapes else 'a q LoRA'}")
     if arch in K_NORM_AS_Q and shapes.get("blk.0.attn_k_norm.weight", ()) != shapes.get("blk.0.attn_q_norm.weight", ()):
         return "normalises k over as many heads as q, and this model has fewer KV heads (grouped-query attention)"
     if arch in QK_NORM_FROM_LAYERS:
-        layers = len({n.split(".")[1] for n in names if n.startswith("blk.")})
+        layers = _layers(names)
         if ("blk.0.attn_q_norm.weight" in shapes) != (layers >= QK_NORM_FROM_LAYERS[arch]):
             return (f"has q/k norms exactly when there are {QK_NORM_FROM_LAYERS[arch]} layers or more, and this "
                     f"model has {layers} layers {'with' if 'blk.0.attn_q_norm.weight' in shapes else 'without'} them")

@@ -106,7 +106,7 @@ def hf_config(file: Metadata) -> tuple[dict[str, Any], GgufArch]:
     if entry.partial_rotary and rotated is not None:  # StableLM: the rotated part of a head
         config[entry.rotary_key] = rotated / head_dim
     for name, expected in (("attention.value_length", head_dim), ("rope.dimension_count", head_dim)):
-        if name == "rope.dimension_count" and entry.partial_rotary:
+        if entry.latent or (name == "rope.dimension_count" and entry.partial_rotary):
             continue
         if key(name) is not None and key(name) != expected:
             raise MappingError(f"{arch}.{name}={key(name)} differs from the head size {expected}; "
