@@ -75,6 +75,37 @@ def test_offloaded_reference_computes_on_the_gpu(name: str, canonical: Callable[
     assert seen == ["cuda"] * len(model.model.layers)
 
 
+def test_reference_spreads_over_every_visible_gpu(canonical: Callable[[str], Path]) -> None:
+    """A bare `cuda` with several GPUs visible: transformers' reference (`reference_model`, as
+    `verify` and rank 0 under torchrun load it) has decoder layers on every GPU, each layer
+    computes on the GPU it was placed on, and the logits equal the reference pinned to one GPU."""
+    from lmconvert.formats.checkpoint import open_checkpoint
+    from lmconvert.formats.errors import InputError
+    from lmconvert.verify.reference import reference_model
+
+    gpus = torch.cuda.device_count()
+    if gpus < 2:
+        pytest.skip(f"{gpus} CUDA device visible: spreading the reference needs at least 2")
+    with open_checkpoint(canonical("llama")) as ckpt:
+        where = ckpt.reference()
+    ids = build_ids()
+    with reference_model(where, torch.float32, "cuda:0") as pinned, torch.no_grad():
+        alone = pinned(ids).logits
+    seen: list[tuple[int, int | None]] = []
+    with reference_model(where, torch.float32, "cuda") as model, torch.no_grad():
+        placed = {model.hf_device_map[f"model.layers.{i}"] for i in range(len(model.model.layers))}
+        assert placed == set(range(gpus)), model.hf_device_map
+        for layer in model.model.layers:
+            layer.register_forward_hook(lambda module, args, out: seen.append(
+                (next(module.parameters()).device.index, (out[0] if isinstance(out, tuple) else out).device.index)))
+        spread = model(ids).logits
+    assert {device for device, _ in seen} == set(range(gpus)) and all(w == o for w, o in seen), seen
+    assert float((spread.to(alone.device) - alone).abs().max()) <= 1e-5
+    with pytest.raises(InputError, match="does not fit"), reference_model(where, torch.float32, "cuda",
+                                                                         reserve=torch.cuda.mem_get_info(0)[1]):
+        pass
+
+
 def test_pipeline_across_the_cpu_and_a_gpu(canonical: Callable[[str], Path]) -> None:
     """Blocks split between the CPU and the GPU: the logits equal the all-GPU ones to fp32 rounding."""
     from tp_ranks import incremental

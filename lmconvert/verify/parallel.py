@@ -1,8 +1,9 @@
 """`verify` under `torchrun`: our side tensor-parallel over the launched ranks, the reference on rank 0.
 
-Rank 0 records the reference (transformers on `--device`, offloading through accelerate beyond
-`--max-memory` as on one process, or a golden file) before any rank loads its slices, so the
-reference has the devices to itself, and hands the record to every rank. Each rank then loads its
+Rank 0 records the reference (transformers where the ranks run: on GPUs spread by accelerate over
+every GPU of its node, on CPUs the CPU; offloading beyond `--max-memory` as on one process; or a
+golden file) before any rank loads its slices, so the reference has the devices to itself (no room
+is kept for the slices: they load after it is freed), and hands the record to every rank. Each rank then loads its
 slices of the model (`runtime/tensor_parallel.py`) and runs the same trace and greedy generation;
 the points that each rank computed a slice of (q, k, v, gate, up) are gathered whole. Rank 0
 judges and returns the report, with `tensor_parallel` set to the rank count; the other ranks return
@@ -12,6 +13,7 @@ for a record that will not come.
 
 from __future__ import annotations
 
+import gc
 from collections.abc import Callable
 from pathlib import Path
 from typing import TypeVar
@@ -20,7 +22,8 @@ import torch
 
 from lmconvert.formats.checkpoint import open_checkpoint
 from lmconvert.formats.dtypes import torch_dtype
-from lmconvert.runtime.launch import launched
+from lmconvert.formats.errors import InputError
+from lmconvert.runtime.launch import backend, launched
 
 from . import golden as golden_file
 from .report import Report
@@ -66,7 +69,8 @@ def verify_parallel(checkpoint: Path, reference: Path | None, dtype: str | None,
             return expected
 
         expected = from_rank0(record)
-        if torch.cuda.is_available():  # the reference's blocks, freed, back to the device for our slices
+        if torch.cuda.is_available():  # the reference's blocks, freed (cycles too), back to every GPU for our slices
+            gc.collect()
             torch.cuda.empty_cache()
         model = load_parallel(ckpt, mesh, torch_dtype(expected.dtype), attention="eager")
         ours = torch.device("cpu") if mesh.device_type == "cpu" else torch.device("cuda", torch.cuda.current_device())
@@ -80,13 +84,29 @@ def verify_parallel(checkpoint: Path, reference: Path | None, dtype: str | None,
     return report
 
 
-def verify(checkpoint: Path, reference: Path | None = None, dtype: str | None = None, device: str = "cpu",
+def ranks_device(device: str | None) -> str:
+    """The reference's device under torchrun: where the ranks run unless told. On GPUs (NCCL) a bare
+    `cuda`, which spreads transformers over the node's GPUs (`reference.spread_map`); on CPUs (gloo)
+    the CPU. A reference on the CPU beside ranks on GPUs is refused: fp32 on the two differs by
+    rounding alone (2.6e-5 on an H200), which the bar would count against us."""
+    ranks = "cuda" if backend() == "nccl" else "cpu"
+    if device is None:
+        return ranks
+    if torch.device(device).type != ranks:
+        raise InputError(f"--device {device}: under torchrun the ranks run on {ranks} ({backend()}), and the reference "
+                         "runs beside them; drop --device, or hide the GPUs "
+                         "(CUDA_VISIBLE_DEVICES=) to run every rank on the CPU")
+    return device
+
+
+def verify(checkpoint: Path, reference: Path | None = None, dtype: str | None = None, device: str | None = None,
            seq_len: int | None = None, batch: int = 2, seed: int = 0, generate: int = 16,
            max_memory: int | None = None, golden: Path | None = None,
            save_golden: Path | None = None, padded: bool = False) -> Report | None:
-    """`run.verify`, or under torchrun with more than one rank `verify_parallel` (None on ranks other than 0)."""
+    """`run.verify` (on `device`, the CPU by default), or under torchrun `verify_parallel` (None on ranks
+    other than 0), its reference on the ranks' device unless `device` names one of its kind."""
     if launched():
-        return verify_parallel(checkpoint, reference, dtype, device, seq_len, batch, seed, generate, max_memory,
-                               golden, save_golden, padded)
-    return verify_single(checkpoint, reference, dtype, device, seq_len, batch, seed, generate, max_memory, golden,
-                         save_golden, padded)
+        return verify_parallel(checkpoint, reference, dtype, ranks_device(device), seq_len, batch, seed, generate,
+                               max_memory, golden, save_golden, padded)
+    return verify_single(checkpoint, reference, dtype, device or "cpu", seq_len, batch, seed, generate, max_memory,
+                         golden, save_golden, padded)
