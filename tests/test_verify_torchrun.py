@@ -14,15 +14,14 @@ from pathlib import Path
 
 import pytest
 import torch
-import torch.distributed as dist
 from hf_models import build_model, save_checkpoint
 from safetensors.torch import load_file, save_file
+from tp_ranks import cannot_spawn
 
 from lmconvert.convert.ingest import to_canonical
 
 pytestmark = [pytest.mark.slow,  # two torchrun launches of 2 ranks: ~25 s
-              pytest.mark.skipif(not (dist.is_available() and dist.is_gloo_available()),
-                                 reason="torch.distributed with gloo is unavailable")]
+              pytest.mark.skipif(cannot_spawn() is not None, reason=str(cannot_spawn()))]
 TORCHRUN = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--standalone",
             "-m", "lmconvert"]
 
