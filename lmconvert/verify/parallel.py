@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import gc
 from collections.abc import Callable
+from datetime import timedelta
 from pathlib import Path
 from typing import TypeVar
 
@@ -31,19 +32,26 @@ from .run import check_golden, judge, record_reference, run_model
 from .run import verify as verify_single
 
 T = TypeVar("T")
+RECORD_WAIT = timedelta(hours=24)  # past this, record a golden file first (--save-golden) and verify against it
 
 
 def from_rank0(make: Callable[[], T]) -> T:
-    """`make()` run on rank 0 and its result (or its exception) handed to every rank."""
+    """`make()` run on rank 0 and its result (or its exception) handed to every rank. The others wait
+    for it in a gloo group of their own, on the CPU, for up to RECORD_WAIT: under NCCL they would wait
+    inside a collective on their GPUs, spinning on the GPUs the spread reference computes on, and
+    NCCL's watchdog ends a collective after 10 minutes (gloo's default: 30), less than a large
+    reference takes to record; the record (every point, GBs for a large model) also crosses in host
+    memory instead of being copied onto every GPU."""
     import torch.distributed as dist
 
+    group = dist.new_group(backend="gloo", timeout=RECORD_WAIT)
     box: list[object] = [None]
     if dist.get_rank() == 0:
         try:
             box[0] = ("ok", make())
         except Exception as exc:  # noqa: BLE001 - raised again on every rank below
             box[0] = ("error", exc)
-    dist.broadcast_object_list(box, src=0)
+    dist.broadcast_object_list(box, src=0, group=group)
     kind, value = box[0]
     if kind == "error":
         raise value
