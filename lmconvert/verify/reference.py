@@ -154,6 +154,8 @@ def load_reference(reference: Loadable, dtype: torch.dtype, device: str, max_mem
     except ImportError as exc:  # device_map needs accelerate
         what = "--max-memory" if max_memory is not None else f"--device {device} over {spread_gpus(device)} GPUs"
         raise InputError(f"{what}: transformers cannot place the reference ({exc}); pip install accelerate") from None
+    except InputError:  # ours, already one line (a spread that does not fit)
+        raise
     except (OSError, ValueError) as exc:
         raise InputError(f"{reference}: transformers cannot load this reference ({exc})") from None
     if placed is None:
