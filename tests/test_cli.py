@@ -49,6 +49,21 @@ def test_console_script_runs() -> None:
     assert proc.returncode == 0 and "convert" in proc.stdout
 
 
+def test_python_m_lmconvert_is_the_lmconvert_command(canonical: Path, tmp_path: Path) -> None:
+    """`python -m lmconvert` (what torchrun launches) against the installed console script's entry
+    point, called the way the script calls it: the same output, errors and exit codes, but for
+    the program name click prints."""
+    script = ("import sys; from importlib.metadata import entry_points; sys.argv[0] = 'lmconvert'; "
+              "(main,) = entry_points(group='console_scripts', name='lmconvert'); sys.exit(main.load()())")
+    for args in (["--help"], ["verify", "--help"], ["verify", str(tmp_path / "missing")], ["inspect", str(canonical)]):
+        module, command = (subprocess.run([sys.executable, *how, *args], capture_output=True, text=True, cwd=tmp_path)
+                           for how in (["-m", "lmconvert"], ["-c", script]))
+        assert module.returncode == command.returncode, args
+        assert module.stdout.replace("python -m lmconvert", "lmconvert") == command.stdout, args
+        assert module.stderr.replace("python -m lmconvert", "lmconvert") == command.stderr, args
+        assert module.stdout or module.stderr
+
+
 def test_canonical_layout(canonical: Path, hf_dir: Path) -> None:
     meta = json.loads((canonical / "lmconvert.json").read_text())
     assert meta["family"] == "llama" and meta["arch"]["q_bias"] is True

@@ -75,6 +75,39 @@ def test_offloaded_reference_computes_on_the_gpu(name: str, canonical: Callable[
     assert seen == ["cuda"] * len(model.model.layers)
 
 
+def test_reference_spreads_over_every_visible_gpu(tmp_path: Path) -> None:
+    """A bare `cuda` with several GPUs visible: transformers' reference (`reference_model`, as
+    `verify` and rank 0 under torchrun load it; two layers per GPU) has decoder layers on every GPU,
+    each layer computes on the GPU it was placed on, and the logits equal the reference pinned to
+    one GPU; a reserve no GPU can give is refused in one line."""
+    from lmconvert.formats.errors import InputError
+    from lmconvert.formats.source import Loadable
+    from lmconvert.verify.reference import reference_model
+
+    gpus = torch.cuda.device_count()
+    if gpus < 2:
+        pytest.skip(f"{gpus} CUDA device visible: spreading the reference needs at least 2")
+    where = Loadable(save_checkpoint(build_model("llama", num_hidden_layers=2 * gpus), tmp_path / "hf"))
+    ids = build_ids()
+    with reference_model(where, torch.float32, "cuda:0") as pinned, torch.no_grad():
+        alone = pinned(ids).logits
+    seen: list[tuple[int, int | None]] = []
+    with reference_model(where, torch.float32, "cuda") as model, torch.no_grad():
+        placed = {model.hf_device_map[f"model.layers.{i}"] for i in range(len(model.model.layers))}
+        assert placed == set(range(gpus)), model.hf_device_map
+        for layer in model.model.layers:
+            layer.register_forward_hook(lambda module, args, out: seen.append(
+                (next(module.parameters()).device.index, (out[0] if isinstance(out, tuple) else out).device.index)))
+        spread = model(ids).logits
+    assert {device for device, _ in seen} == set(range(gpus)) and all(w == o for w, o in seen), seen
+    assert float((spread.to(alone.device) - alone).abs().max()) <= 1e-5
+    reserve = max(torch.cuda.mem_get_info(i)[1] for i in range(gpus))  # more than any GPU has
+    with pytest.raises(InputError, match=rf"GiB of weights\) does not fit the {gpus} GPUs'") as refused, \
+            reference_model(where, torch.float32, "cuda", reserve=reserve):
+        pass
+    assert "cannot load" not in str(refused.value)  # one line of ours, not wrapped in transformers' loading error
+
+
 def test_pipeline_across_the_cpu_and_a_gpu(canonical: Callable[[str], Path]) -> None:
     """Blocks split between the CPU and the GPU: the logits equal the all-GPU ones to fp32 rounding."""
     from tp_ranks import incremental

@@ -12,17 +12,15 @@ from __future__ import annotations
 
 import os
 import pickle
-import socket
 from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
-import torch.distributed as dist
 import torch.multiprocessing as mp
 from family_specs import SPECS
 from hf_models import build_model, save_checkpoint, token_batch
-from tp_ranks import incremental, run_ranks
+from tp_ranks import cannot_spawn, incremental, run_ranks
 
 import lmconvert
 from lmconvert.arch import ConfigError
@@ -58,15 +56,7 @@ MODELS: dict[str, tuple[str, dict[str, Any]]] = {
 }
 
 
-def _can_spawn() -> str | None:
-    try:
-        socket.socket().close()
-    except OSError as exc:
-        return f"no sockets for gloo: {exc}"
-    return None if dist.is_available() and dist.is_gloo_available() else "torch.distributed with gloo is unavailable"
-
-
-pytestmark = pytest.mark.skipif(_can_spawn() is not None, reason=str(_can_spawn()))
+pytestmark = pytest.mark.skipif(cannot_spawn() is not None, reason=str(cannot_spawn()))
 
 
 @pytest.fixture(scope="module")

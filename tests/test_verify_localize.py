@@ -172,6 +172,7 @@ def test_json_schema(made: Callable[[str], tuple[Path, Path]]) -> None:
         assert key in report
     assert report["tolerances"] == {"dtype": "float32", "logits_max_abs": 1e-5, "point_rtol": 1e-5,
                                     "faithfulness": None}
+    assert report["tensor_parallel"] is None  # one process: the absolute bar above, no logits_rtol
     assert report["versions"]["transformers"] and report["versions"]["torch"]
     assert report["layers"][0]["layer"] == "embed" and report["layers"][-1]["layer"] == "final_norm"
     assert report["generation"]["new_tokens"] == 4 and report["generation"]["passed"] is True

@@ -14,15 +14,14 @@ from pathlib import Path
 
 import pytest
 import torch
-import torch.distributed as dist
 from hf_models import build_model, save_checkpoint
 from safetensors.torch import load_file, save_file
+from tp_ranks import cannot_spawn
 
 from lmconvert.convert.ingest import to_canonical
 
 pytestmark = [pytest.mark.slow,  # two torchrun launches of 2 ranks: ~25 s
-              pytest.mark.skipif(not (dist.is_available() and dist.is_gloo_available()),
-                                 reason="torch.distributed with gloo is unavailable")]
+              pytest.mark.skipif(cannot_spawn() is not None, reason=str(cannot_spawn()))]
 TORCHRUN = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--standalone",
             "-m", "lmconvert"]
 
@@ -46,7 +45,9 @@ def test_verify_under_torchrun_reports_once_from_rank_0(canonical: Path, tmp_pat
     assert run.returncode == 0, run.stderr[-3000:]
     report = json.loads((tmp_path / "report.json").read_text())
     assert report["verdict"] == "PASS" and report["tensor_parallel"] == 2
-    assert report["reference"].endswith("hf")
+    assert report["reference"].endswith("hf") and report["device"] == "cpu"  # gloo: the reference on the CPU too
+    tolerances = report["tolerances"]  # the logits' bar relative under torchrun (one process keeps 1e-5 absolute)
+    assert tolerances["logits_rtol"] == 1e-5 and tolerances["logits_max_abs"] is None
     names = {p["name"] for p in report["points"]}
     assert {"layers.0.attn.q", "layers.0.attn.k", "layers.1.mlp.gate", "layers.1.mlp.down"} <= names
     assert run.stdout.count("verdict") == 1  # rank 1 printed nothing

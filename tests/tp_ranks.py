@@ -19,6 +19,18 @@ from lmconvert.runtime.tensor_parallel import gather_points, load_parallel, loca
 from lmconvert.verify.trace import our_trace
 
 
+def cannot_spawn() -> str | None:
+    """Why this platform cannot run ranks in processes of their own (None when it can): the only
+    reason the distributed tests skip."""
+    import socket
+
+    try:
+        socket.socket().close()
+    except OSError as exc:
+        return f"no sockets for gloo: {exc}"
+    return None if dist.is_available() and dist.is_gloo_available() else "torch.distributed with gloo is unavailable"
+
+
 def incremental(model: torch.nn.Module, ids: torch.Tensor, prefill: int) -> torch.Tensor:
     """Logits from a prefill of `prefill` tokens, then one token at a time through the KV cache."""
     cache = model.new_cache()

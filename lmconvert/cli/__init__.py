@@ -165,7 +165,8 @@ def convert(src: Path, out: Path, to: str, family: str | None, quant: str | None
 @click.argument("checkpoint", type=CHECKPOINT)
 @click.option("--reference", type=CHECKPOINT, help="HF directory to compare with (default: the recorded source).")
 @click.option("--dtype", type=DTYPE, help="Compute dtype [default: float32, or the golden file's].")
-@click.option("--device", default="cpu", show_default=True, help="cpu, cuda or cuda:N; both sides run there.")
+@click.option("--device", help="cpu, cuda or cuda:N; both sides run there; a bare cuda spreads transformers over "
+                                "every visible GPU [default: cpu; under torchrun, where the ranks run].")
 @click.option("--seq-len", type=click.IntRange(min=1),
               help="Tokens per sequence (default: past any window); at most the model's max_positions.")
 @click.option("--batch", type=click.IntRange(min=1), default=2, show_default=True,
@@ -205,7 +206,8 @@ def verify(checkpoint: Path, reference: Path | None, dtype: str | None, device: 
 
     from lmconvert.verify.parallel import verify as run  # tensor-parallel under torchrun
 
-    report = run(checkpoint, reference, dtype=dtype, device=check_device(device), seq_len=seq_len, batch=batch,
+    report = run(checkpoint, reference, dtype=dtype, device=device and check_device(device), seq_len=seq_len,
+                 batch=batch,
                  generate=new_tokens, max_memory=parse_memory(max_memory), golden=golden, save_golden=save_golden,
                  padded=padded)
     if report is None:  # a rank other than 0 under torchrun: rank 0 reports

@@ -15,6 +15,7 @@ from lmconvert.formats.dtypes import torch_dtype
 from lmconvert.formats.source import Loadable
 from lmconvert.mappings.table import TensorTable
 
+from .budget import needed
 from .localize import OwnErrors, own_errors
 from .reference import reference_greedy, reference_model, reference_trace
 from .tolerance import Tolerance
@@ -68,7 +69,8 @@ def record(reference: Loadable, arch: ArchConfig, table: TensorTable, ids: torch
     prompt_len, new_tokens = generation_plan(arch, ids.shape[1], new_tokens)
     on_device = ids.to(device)
     mask = None if attention_mask is None else attention_mask.to(device)
-    with reference_model(reference, torch_dtype(dtype), device, max_memory) as model:
+    reserve = needed(arch, *ids.shape, new_tokens)[1]  # on each GPU a spread reference uses
+    with reference_model(reference, torch_dtype(dtype), device, max_memory, reserve) as model:
         trace = reference_trace(model, on_device, arch, table, mask)
         generation = reference_greedy(model, on_device[:1, :prompt_len], new_tokens) if new_tokens else None
     del model  # before the fp32 run loads: never two models at once
@@ -81,7 +83,7 @@ def record(reference: Loadable, arch: ArchConfig, table: TensorTable, ids: torch
                       **(info or {})})
     if tolerance.exact:
         return Expected(points=trace.points, **base)
-    with reference_model(reference, torch.float32, device, max_memory) as model:
+    with reference_model(reference, torch.float32, device, max_memory, reserve) as model:
         exact = reference_trace(model, on_device, arch, table, mask)
     exact_logits = exact.logits.cpu()
     return Expected(points=exact.points, exact_logits=exact_logits, own=own_errors(trace.points, exact.points),

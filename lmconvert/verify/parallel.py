@@ -1,8 +1,9 @@
 """`verify` under `torchrun`: our side tensor-parallel over the launched ranks, the reference on rank 0.
 
-Rank 0 records the reference (transformers on `--device`, offloading through accelerate beyond
-`--max-memory` as on one process, or a golden file) before any rank loads its slices, so the
-reference has the devices to itself, and hands the record to every rank. Each rank then loads its
+Rank 0 records the reference (transformers where the ranks run: on GPUs spread by accelerate over
+every GPU of its node, on CPUs the CPU; offloading beyond `--max-memory` as on one process; or a
+golden file) before any rank loads its slices, so the reference has the devices to itself (no room
+is kept for the slices: they load after it is freed), and hands the record to every rank. Each rank then loads its
 slices of the model (`runtime/tensor_parallel.py`) and runs the same trace and greedy generation;
 the points that each rank computed a slice of (q, k, v, gate, up) are gathered whole. Rank 0
 judges and returns the report, with `tensor_parallel` set to the rank count; the other ranks return
@@ -12,7 +13,9 @@ for a record that will not come.
 
 from __future__ import annotations
 
+import gc
 from collections.abc import Callable
+from datetime import timedelta
 from pathlib import Path
 from typing import TypeVar
 
@@ -20,7 +23,8 @@ import torch
 
 from lmconvert.formats.checkpoint import open_checkpoint
 from lmconvert.formats.dtypes import torch_dtype
-from lmconvert.runtime.launch import launched
+from lmconvert.formats.errors import InputError
+from lmconvert.runtime.launch import backend, launched
 
 from . import golden as golden_file
 from .report import Report
@@ -28,19 +32,26 @@ from .run import check_golden, judge, record_reference, run_model
 from .run import verify as verify_single
 
 T = TypeVar("T")
+RECORD_WAIT = timedelta(hours=24)  # past this, record a golden file first (--save-golden) and verify against it
 
 
 def from_rank0(make: Callable[[], T]) -> T:
-    """`make()` run on rank 0 and its result (or its exception) handed to every rank."""
+    """`make()` run on rank 0 and its result (or its exception) handed to every rank. The others wait
+    for it in a gloo group of their own, on the CPU, for up to RECORD_WAIT: under NCCL they would wait
+    inside a collective on their GPUs, spinning on the GPUs the spread reference computes on, and
+    NCCL's watchdog ends a collective after 10 minutes (gloo's default: 30), less than a large
+    reference takes to record; the record (every point, GBs for a large model) also crosses in host
+    memory instead of being copied onto every GPU."""
     import torch.distributed as dist
 
+    group = dist.new_group(backend="gloo", timeout=RECORD_WAIT)
     box: list[object] = [None]
     if dist.get_rank() == 0:
         try:
             box[0] = ("ok", make())
         except Exception as exc:  # noqa: BLE001 - raised again on every rank below
             box[0] = ("error", exc)
-    dist.broadcast_object_list(box, src=0)
+    dist.broadcast_object_list(box, src=0, group=group)
     kind, value = box[0]
     if kind == "error":
         raise value
@@ -66,7 +77,8 @@ def verify_parallel(checkpoint: Path, reference: Path | None, dtype: str | None,
             return expected
 
         expected = from_rank0(record)
-        if torch.cuda.is_available():  # the reference's blocks, freed, back to the device for our slices
+        if torch.cuda.is_available():  # the reference's blocks, freed (cycles too), back to every GPU for our slices
+            gc.collect()
             torch.cuda.empty_cache()
         model = load_parallel(ckpt, mesh, torch_dtype(expected.dtype), attention="eager")
         ours = torch.device("cpu") if mesh.device_type == "cpu" else torch.device("cuda", torch.cuda.current_device())
@@ -80,13 +92,29 @@ def verify_parallel(checkpoint: Path, reference: Path | None, dtype: str | None,
     return report
 
 
-def verify(checkpoint: Path, reference: Path | None = None, dtype: str | None = None, device: str = "cpu",
+def ranks_device(device: str | None) -> str:
+    """The reference's device under torchrun: where the ranks run unless told. On GPUs (NCCL) a bare
+    `cuda`, which spreads transformers over the node's GPUs (`reference.spread_map`); on CPUs (gloo)
+    the CPU. A reference on the CPU beside ranks on GPUs is refused: fp32 on the two differs by
+    rounding alone (2.6e-5 on an H200), which the bar would count against us."""
+    ranks = "cuda" if backend() == "nccl" else "cpu"
+    if device is None:
+        return ranks
+    if torch.device(device).type != ranks:
+        raise InputError(f"--device {device}: under torchrun the ranks run on {ranks} ({backend()}), and the reference "
+                         "runs beside them; drop --device, or hide the GPUs "
+                         "(CUDA_VISIBLE_DEVICES=) to run every rank on the CPU")
+    return device
+
+
+def verify(checkpoint: Path, reference: Path | None = None, dtype: str | None = None, device: str | None = None,
            seq_len: int | None = None, batch: int = 2, seed: int = 0, generate: int = 16,
            max_memory: int | None = None, golden: Path | None = None,
            save_golden: Path | None = None, padded: bool = False) -> Report | None:
-    """`run.verify`, or under torchrun with more than one rank `verify_parallel` (None on ranks other than 0)."""
+    """`run.verify` (on `device`, the CPU by default), or under torchrun `verify_parallel` (None on ranks
+    other than 0), its reference on the ranks' device unless `device` names one of its kind."""
     if launched():
-        return verify_parallel(checkpoint, reference, dtype, device, seq_len, batch, seed, generate, max_memory,
-                               golden, save_golden, padded)
-    return verify_single(checkpoint, reference, dtype, device, seq_len, batch, seed, generate, max_memory, golden,
-                         save_golden, padded)
+        return verify_parallel(checkpoint, reference, dtype, ranks_device(device), seq_len, batch, seed, generate,
+                               max_memory, golden, save_golden, padded)
+    return verify_single(checkpoint, reference, dtype, device or "cpu", seq_len, batch, seed, generate, max_memory,
+                         golden, save_golden, padded)

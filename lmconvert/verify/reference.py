@@ -16,6 +16,7 @@ from lmconvert.formats.source import Loadable
 from lmconvert.mappings.table import TensorTable
 
 from .layouts import PointLayouts
+from .spread import spread_memory
 from .trace import EMBED, FINAL, Recorder, Trace, hf_point_modules, sublayer_of
 
 
@@ -34,22 +35,33 @@ def memory_map(device: str, max_memory: int) -> dict[int | str, int]:
     return {compute: max_memory, "cpu": max_memory} if compute != "cpu" else {"cpu": max_memory}
 
 
-def offload_map(reference: Loadable, dtype: torch.dtype, device: str, max_memory: int) -> dict[str, int | str]:
-    """Where each module of transformers' model lives under the budget. accelerate runs every
-    offloaded module on the first device of the map that is neither the CPU nor disk, and on the
-    CPU when there is none: with a budget too small for any module on the GPU, `verify --device
-    cuda` compared our GPU run with a CPU reference (2.6e-5 apart in fp32 on an H200). So when
-    the map puts nothing on the GPU, its smallest entry goes there, and the GPU computes every
-    block, with the block's weights brought in while it runs, as on our side."""
+def meta_model(reference: Loadable, dtype: torch.dtype) -> torch.nn.Module:
+    """transformers' model for `reference` on the meta device: its modules and sizes, no weights."""
     from transformers import AutoConfig, AutoModelForCausalLM
-    from transformers.integrations.accelerate import compute_module_sizes, get_max_memory, infer_auto_device_map
 
     config = AutoConfig.from_pretrained(str(reference.where), **reference.kwargs)
     with torch.device("meta"):
-        model = AutoModelForCausalLM.from_config(config, dtype=dtype, attn_implementation="eager")
+        return AutoModelForCausalLM.from_config(config, dtype=dtype, attn_implementation="eager")
+
+
+def offload_map(reference: Loadable, dtype: torch.dtype, device: str, max_memory: int) -> dict[str, int | str]:
+    """Where each module of transformers' model lives under the budget, on one compute device."""
+    from transformers.integrations.accelerate import get_max_memory, infer_auto_device_map
+
+    model = meta_model(reference, dtype)
     placed = infer_auto_device_map(model, max_memory=get_max_memory(memory_map(device, max_memory)),
                                    no_split_module_classes=model._no_split_modules, clean_result=False)
-    compute = accelerate_device(device)
+    return computing_on(placed, model, accelerate_device(device))
+
+
+def computing_on(placed: dict[str, int | str], model: torch.nn.Module, compute: int | str) -> dict[str, int | str]:
+    """accelerate runs every offloaded module on the first device of the map that is neither the
+    CPU nor disk, and on the CPU when there is none: with a budget too small for any module on the
+    GPU, `verify --device cuda` compared our GPU run with a CPU reference (2.6e-5 apart in fp32 on
+    an H200). So when the map puts nothing on the compute GPU, its smallest entry goes there, and
+    the GPU computes every block, with the block's weights brought in while it runs, as on our side."""
+    from transformers.integrations.accelerate import compute_module_sizes
+
     if compute != "cpu" and compute not in placed.values():
         sizes, _ = compute_module_sizes(model)
         tied = {f"{name}." for pair in model.all_tied_weights_keys.items() for name in pair}
@@ -58,19 +70,74 @@ def offload_map(reference: Loadable, dtype: torch.dtype, device: str, max_memory
     return placed
 
 
+def spread_gpus(device: str) -> int:
+    """How many GPUs the reference is spread over: every visible one for a bare `cuda` (the
+    CLI's `--device cuda`, and under torchrun rank 0's) when there are several; `cuda:N` pins it
+    to that one GPU, and the CPU is the CPU."""
+    target = torch.device(device)
+    if target.type != "cuda" or target.index is not None:
+        return 1
+    return torch.cuda.device_count()
+
+
+def gpu_free(index: int) -> int:
+    """Bytes free on a GPU for the reference, counting what torch's allocator caches but does not
+    use (a reference recorded just before, in another dtype, leaves its blocks cached)."""
+    return torch.cuda.mem_get_info(index)[0] + torch.cuda.memory_reserved(index) - torch.cuda.memory_allocated(index)
+
+
+def indivisible(model: torch.nn.Module) -> list[str]:
+    """The modules accelerate never splits: the model's own no-split classes (its decoder layers)
+    and the leaves (an embedding, the head)."""
+    keep = set(model._no_split_modules or ())
+    return [name for name, module in model.named_modules()
+            if name and (type(module).__name__ in keep or next(module.children(), None) is None)]
+
+
+def spread_map(reference: Loadable, dtype: torch.dtype, gpus: int, max_memory: int | None,
+               reserve: int) -> dict[str, int | str]:
+    """Where each module of transformers' model lives across `gpus` GPUs (`spread.py` sets each
+    one's budget), and beyond them, with `max_memory`, in CPU RAM and on disk. Without
+    `max_memory` a reference that does not fit the GPUs is refused, as it would not fit one."""
+    from transformers.integrations.accelerate import compute_module_sizes, infer_auto_device_map
+
+    model = meta_model(reference, dtype)
+    sizes, _ = compute_module_sizes(model)
+    budgets = spread_memory([gpu_free(i) for i in range(gpus)], sizes, indivisible(model), reserve, max_memory)
+    placed = infer_auto_device_map(model, max_memory=budgets, no_split_module_classes=model._no_split_modules,
+                                   clean_result=False)
+    if max_memory is None and {"cpu", "disk"} & set(placed.values()):
+        room = sum(budget for key, budget in budgets.items() if key != "cpu")
+        raise InputError(f"{reference}: transformers' reference ({sizes[''] / 2**30:.1f} GiB of weights) does not fit "
+                         f"the {gpus} GPUs' {room / 2**30:.1f} GiB free; pass --max-memory SIZE to offload the rest "
+                         "to CPU RAM and disk")
+    return computing_on(placed, model, 0)
+
+
 @contextmanager
-def reference_model(reference: Loadable, dtype: torch.dtype, device: str,
-                    max_memory: int | None = None) -> Iterator[torch.nn.Module]:
+def reference_model(reference: Loadable, dtype: torch.dtype, device: str, max_memory: int | None = None,
+                    reserve: int = 0) -> Iterator[torch.nn.Module]:
     """transformers' own model with eager attention (and eager experts): the ground truth for parity, loaded as the
     checkpoint's format says (a GGUF file with `gguf_file=`, dequantized by transformers).
     With `max_memory` (bytes), accelerate places what fits and offloads the rest to a temporary
-    folder, loading each offloaded module onto `device` only while it runs."""
+    folder, loading each offloaded module onto `device` only while it runs. A bare `cuda` with
+    several GPUs visible spreads it over all of them (`spread_map`), each keeping `reserve` bytes
+    free for the activations."""
     with tempfile.TemporaryDirectory(prefix="lmconvert-offload-") as offload:
-        yield load_reference(reference, dtype, device, max_memory, offload)
+        yield load_reference(reference, dtype, device, max_memory, offload, reserve)
+
+
+def placement(reference: Loadable, dtype: torch.dtype, device: str, max_memory: int | None,
+              reserve: int) -> dict[str, int | str] | None:
+    """accelerate's `device_map` for the reference, or None for the whole model on `device`."""
+    gpus = spread_gpus(device)
+    if gpus > 1:
+        return spread_map(reference, dtype, gpus, max_memory, reserve)
+    return None if max_memory is None else offload_map(reference, dtype, device, max_memory)
 
 
 def load_reference(reference: Loadable, dtype: torch.dtype, device: str, max_memory: int | None = None,
-                   offload: str | None = None) -> torch.nn.Module:
+                   offload: str | None = None, reserve: int = 0) -> torch.nn.Module:
     from transformers import AutoModelForCausalLM
     from transformers.utils import logging
 
@@ -78,17 +145,20 @@ def load_reference(reference: Loadable, dtype: torch.dtype, device: str, max_mem
     if reference.refusal is not None:
         raise InputError(reference.refusal)
     try:
-        extra = {} if max_memory is None else {
-            "device_map": offload_map(reference, dtype, device, max_memory), "offload_folder": offload}
+        placed = placement(reference, dtype, device, max_memory, reserve)
+        extra = {} if placed is None else {"device_map": placed, "offload_folder": offload}
         # eager experts too: a mixture of experts summed expert by expert (index_add_), as ours, where
         # transformers' default (grouped_mm) sums each token's top-k in another order
         model = AutoModelForCausalLM.from_pretrained(str(reference.where), dtype=dtype, attn_implementation="eager",
                                                      experts_implementation="eager", **reference.kwargs, **extra)
     except ImportError as exc:  # device_map needs accelerate
-        raise InputError(f"--max-memory: transformers cannot offload ({exc}); pip install accelerate") from None
+        what = "--max-memory" if max_memory is not None else f"--device {device} over {spread_gpus(device)} GPUs"
+        raise InputError(f"{what}: transformers cannot place the reference ({exc}); pip install accelerate") from None
+    except InputError:  # ours, already one line (a spread that does not fit)
+        raise
     except (OSError, ValueError) as exc:
         raise InputError(f"{reference}: transformers cannot load this reference ({exc})") from None
-    if max_memory is None:
+    if placed is None:
         model = model.to(device)
     return model.eval()
 
