@@ -13,7 +13,16 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 
-from lmconvert.formats.digest import CHUNK, FiniteCheck, memory_chunks, scan, tensor_bytes, tensor_digest
+from lmconvert.formats import shards
+from lmconvert.formats.digest import (
+    CHUNK,
+    FiniteCheck,
+    memory_chunks,
+    scan,
+    scan_run,
+    tensor_bytes,
+    tensor_digest,
+)
 from lmconvert.formats.dtypes import dominant, of_torch
 from lmconvert.formats.errors import InputError
 from lmconvert.formats.safetensors_dir import TensorSource
@@ -207,3 +216,55 @@ def test_produced_tensors_queue_up_to_their_budget_or_one_tensor(tmp_path: Path,
     # budget for the 1200-byte tensor alone
     assert held == [400, 600, 1200, 80, 480, 800, 820, 820]
     assert all(torch.equal(load_file(tmp_path / "model.safetensors")[n], t) for n, t in tensors.items())
+
+
+@pytest.mark.parametrize("lengths", [[0, 5, 0, CHUNK // 2, CHUNK // 2 + 3, 0, 1, 3 * CHUNK // 4, 0], [CHUNK // 2],
+                                     [0, 0], [7]], ids=["mixed", "one-chunk", "empty", "tiny"])
+def test_a_run_scans_each_tensor_as_scanning_it_alone_would(lengths: list[int]) -> None:
+    """Tensors back to back, read in chunks that cross their boundaries: each gets its own digest and
+    NaN/Inf count, the same as scanning its bytes alone, and every byte reaches the sink once."""
+    g = torch.Generator().manual_seed(3)
+    pieces = [torch.randn(n, generator=g).to(torch.bfloat16) for n in lengths]
+    pieces[1 if len(pieces) > 1 else 0].view(-1)[:1] = float("nan")
+    sizes = [t.numel() * 2 for t in pieces]
+    data = b"".join(t.view(torch.int16).numpy().tobytes() for t in pieces)
+    sunk = bytearray()
+    scans = scan_run(memory_chunks(memoryview(data)), sizes, "BF16", sink=sunk.extend)
+    assert bytes(sunk) == data
+    assert scans == [scan(memory_chunks(memoryview(t.view(torch.int16).numpy().tobytes())), "BF16") for t in pieces]
+    assert [s.nonfinite for s in scans] == [int(t.isnan().sum()) for t in pieces]
+
+
+def test_a_run_given_more_or_fewer_bytes_than_its_tensors_is_an_error() -> None:
+    with pytest.raises(ValueError, match="given more"):
+        scan_run(memory_chunks(memoryview(b"x" * 10)), [4, 4], "U8")
+    with pytest.raises(ValueError, match="ended early"):
+        scan_run(memory_chunks(memoryview(b"x" * 6)), [4, 4], "U8")
+
+
+def test_small_tensors_back_to_back_move_as_few_runs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Mixture-of-experts checkpoints hold thousands of small tensors: those that lie back to back in
+    a source file, with one dtype and one check, are moved by one job of at most RUN_BYTES, and each
+    still gets its own digest."""
+    tensors = {f"e{i:03d}": torch.full((1000,), float(i)) for i in range(300)}  # 4 kB each, 1.2 MB in all
+    tensors["z.half"] = torch.ones(8, dtype=torch.float16)  # another dtype: a run of its own
+    save_file(tensors, str(tmp_path / "model.safetensors"))
+    monkeypatch.setattr(shards, "RUN_BYTES", 100 * 4000)
+    jobs: list[int] = []
+    submit = shards.Movers.submit
+
+    def counted(self: shards.Movers, work, file, nbytes):  # noqa: ANN001, ANN202
+        jobs.append(nbytes)
+        return submit(self, work, file, nbytes)
+
+    monkeypatch.setattr(shards.Movers, "submit", counted)
+    with TensorSource(tmp_path) as source:
+        raw = [Planned(n, tuple(t.shape), source.dtype_name(n), lambda: pytest.fail("not decoded"),
+                       RawBytes(*source.raw_location(n)), FiniteCheck(n, source.where(n))) for n, t in tensors.items()]
+        (tmp_path / "out").mkdir()
+        written = write_shards(raw, tmp_path / "out", 10**9)
+    assert jobs == [400000, 400000, 400000, 16]
+    loaded = load_file(tmp_path / "out" / "model.safetensors")
+    for name, t in tensors.items():
+        assert torch.equal(loaded[name], t)
+        assert written.tensors[name] == blake3.blake3(t.numpy().tobytes()).hexdigest()

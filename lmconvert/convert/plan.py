@@ -4,6 +4,7 @@ shard writer can lay out files up front and copy unchanged tensors as raw bytes.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from lmconvert.formats.digest import HASH, DigestCheck, FiniteCheck, check_tensor
@@ -54,24 +55,34 @@ def plan_tensors(reader: TensorReader, items: Iterable[tuple[str, str | tuple[st
         return produce
 
     raw_location = getattr(reader, "raw_location", None)
+
+    def position(src: str, first: int = 0) -> tuple[Path, int] | None:
+        """Where the tensor's bytes start in the source, for the writer's order."""
+        if raw_location is None:
+            return None
+        path, start, _ = raw_location(src)
+        return path, start + first
+
     planned = []
     for out, src, fn in items:
         if isinstance(src, tuple):  # pieces joined: never a raw copy
             shape = out_shape(fn, [reader.shape(s) for s in src])
-            planned.append(Planned(out, shape, target or dtype_name(reader, src[0]), producer(src, fn)))
+            planned.append(Planned(out, shape, target or dtype_name(reader, src[0]), producer(src, fn),
+                                   position=position(src[0])))
             continue
         source = dtype_name(reader, src)
         dtype = target or source
         raw = None
         span = getattr(fn, "span", None)  # one expert's rows of a fused experts tensor: a run of its bytes
+        size = DTYPES[source].itemsize
+        first = 0 if span is None else span(reader.shape(src))[0] * size
         if fn is IDENTITY.forward and dtype == source and raw_location is not None:
             raw = RawBytes(*raw_location(src))
         elif span is not None and dtype == source and raw_location is not None and digests is None:
             path, start, _ = raw_location(src)
-            first, stop = span(reader.shape(src))
-            size = DTYPES[source].itemsize
-            raw = RawBytes(path, start + first * size, start + stop * size)
+            stop = span(reader.shape(src))[1]
+            raw = RawBytes(path, start + first, start + stop * size)
         check = None if raw is None or allow_nonfinite else FiniteCheck(src, reader.where(src))
         planned.append(Planned(out, out_shape(fn, reader.shape(src)), dtype, producer(src, fn), raw, check,
-                               None if raw is None else expected(src)))
+                               None if raw is None else expected(src), position(src, first)))
     return planned

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import hashlib
 import os
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -101,31 +101,80 @@ def memory_chunks(data: memoryview) -> Iterator[memoryview]:
         yield data[i:i + CHUNK]
 
 
+class _Scanner:
+    """The digest and NaN/Inf count of one tensor's bytes, fed piece by piece."""
+
+    def __init__(self, dtype: str, algorithm: str | None, checked: bool, scratch: memoryview | None) -> None:
+        kind = DTYPES[dtype]
+        self.mask = kind.nonfinite if checked else None
+        self.hash = HASHES[algorithm]() if algorithm is not None else None
+        self.bad = 0
+        if self.mask is not None:
+            self.bits_type = _UINT[kind.itemsize]
+            self.masked_bits = (np.empty(CHUNK // kind.itemsize, dtype=self.bits_type) if scratch is None
+                                else np.frombuffer(scratch, dtype=self.bits_type))
+
+    def update(self, piece: memoryview) -> None:
+        if self.hash is not None:
+            self.hash.update(piece)
+        if self.mask is not None:
+            bits = np.frombuffer(piece, dtype=self.bits_type)
+            masked = np.bitwise_and(bits, self.mask, out=self.masked_bits[:len(bits)])
+            if len(masked) and masked.max() == self.mask:  # (x & mask) <= mask, equal only when all are set
+                self.bad += int(np.count_nonzero(masked == self.mask))
+
+    def result(self) -> Scan:
+        return Scan(self.hash.hexdigest() if self.hash is not None else None, self.bad)
+
+
 def scan(chunks: Iterable[memoryview], dtype: str, algorithm: str | None = HASH, checked: bool = True,
          sink: Callable[[memoryview], None] | None = None, scratch: memoryview | None = None) -> Scan:
     """One pass: the digest of the bytes (unless algorithm is None) and the count of NaN/Inf
     values (if checked and the dtype is a float type); each chunk then goes to `sink`, if any,
     while it is still in cache. `scratch` (CHUNK bytes, reused) holds the check's masked bits."""
-    kind = DTYPES[dtype]
-    mask = kind.nonfinite if checked else None
-    h = HASHES[algorithm]() if algorithm is not None else None
-    masked_bits = None
-    if mask is not None:
-        bits_type = _UINT[kind.itemsize]
-        masked_bits = (np.empty(CHUNK // kind.itemsize, dtype=bits_type) if scratch is None
-                       else np.frombuffer(scratch, dtype=bits_type))
-    bad = 0
+    scanner = _Scanner(dtype, algorithm, checked, scratch)
     for chunk in chunks:
-        if h is not None:
-            h.update(chunk)
-        if masked_bits is not None:
-            bits = np.frombuffer(chunk, dtype=bits_type)
-            masked = np.bitwise_and(bits, mask, out=masked_bits[:len(bits)])
-            if len(masked) and masked.max() == mask:  # (x & mask) <= mask, equal only when all are set
-                bad += int(np.count_nonzero(masked == mask))
+        scanner.update(chunk)
         if sink is not None:
             sink(chunk)
-    return Scan(h.hexdigest() if h is not None else None, bad)
+    return scanner.result()
+
+
+def scan_run(chunks: Iterable[memoryview], sizes: Sequence[int], dtype: str, algorithm: str | None = HASH,
+             checked: bool = True, sink: Callable[[memoryview], None] | None = None,
+             scratch: memoryview | None = None) -> list[Scan]:
+    """`scan` over tensors that lie back to back (`sizes` bytes each), read as one run of chunks: a
+    scan per tensor, while each chunk is read, written and cached once whatever the tensors' size.
+    Thousands of small expert tensors moved one by one cost a job, a file opening and a thread
+    hand-off each; as runs they cost what a dense checkpoint's few large tensors do."""
+    scans: list[Scan] = []
+    scanner = _Scanner(dtype, algorithm, checked, scratch)
+    left = sizes[0] if sizes else 0
+
+    def close_finished() -> None:  # the tensors the bytes so far complete (empty ones too)
+        nonlocal scanner, left
+        while left == 0 and len(scans) < len(sizes):
+            scans.append(scanner.result())
+            scanner = _Scanner(dtype, algorithm, checked, scratch)
+            left = sizes[len(scans)] if len(scans) < len(sizes) else 0
+
+    close_finished()
+    for chunk in chunks:
+        done = 0
+        while done < len(chunk):
+            if len(scans) == len(sizes):
+                raise ValueError(f"a run of {sum(sizes)} bytes was given more")
+            take = min(left, len(chunk) - done)
+            with chunk[done:done + take] as piece:
+                scanner.update(piece)
+            done += take
+            left -= take
+            close_finished()
+        if sink is not None:
+            sink(chunk)
+    if len(scans) < len(sizes):
+        raise ValueError(f"a run of {sum(sizes)} bytes ended early")
+    return scans
 
 
 def tensor_bytes(t: torch.Tensor) -> memoryview:

@@ -39,6 +39,7 @@ from .digest import (
     file_chunks,
     memory_chunks,
     scan,
+    scan_run,
     tensor_bytes,
 )
 from .dtypes import DTYPES, of_torch
@@ -73,6 +74,7 @@ class Planned:
     raw: RawBytes | None = None
     check: FiniteCheck | None = None
     expected: DigestCheck | None = None
+    position: tuple[Path, int] | None = None  # where its source bytes start (file, offset), if in a file
 
     @property
     def nbytes(self) -> int:
@@ -135,17 +137,20 @@ def _sink(fd: int, offset: int) -> Callable[[memoryview], None]:
     return sink
 
 
-def _move(raw: RawBytes, fd: int, offset: int, dtype: str, algorithm: str | None, checked: bool) -> Scan:
-    """Copy a tensor's bytes to `offset` of the output, hashing and checking each chunk on the way."""
+def _move(run: Sequence[RawBytes], fd: int, offset: int, dtype: str, algorithm: str | None,
+          checked: bool) -> list[Scan]:
+    """Copy tensors lying back to back in a file to `offset` of the output, hashing and checking
+    each chunk on the way, each tensor's bytes on their own."""
     if not hasattr(_buffers, "read"):
         _buffers.read, _buffers.scratch = memoryview(bytearray(CHUNK)), memoryview(bytearray(CHUNK))
-    return scan(file_chunks(raw.path, raw.start, raw.end, _buffers.read), dtype, algorithm, checked,
-                _sink(fd, offset), _buffers.scratch)
+    chunks = file_chunks(run[0].path, run[0].start, run[-1].end, _buffers.read)
+    return scan_run(chunks, [raw.end - raw.start for raw in run], dtype, algorithm, checked, _sink(fd, offset),
+                    _buffers.scratch)
 
 
-def _store(data: memoryview, fd: int, offset: int, dtype: str, algorithm: str | None) -> Scan:
+def _store(data: memoryview, fd: int, offset: int, dtype: str, algorithm: str | None) -> list[Scan]:
     """Write a produced tensor's bytes to `offset` of the output, hashing each chunk on the way."""
-    return scan(memory_chunks(data), dtype, algorithm, False, _sink(fd, offset))
+    return [scan(memory_chunks(data), dtype, algorithm, False, _sink(fd, offset))]
 
 
 def _produced(p: Planned) -> memoryview:
@@ -157,10 +162,10 @@ def _produced(p: Planned) -> memoryview:
 
 @dataclass
 class _Job:
-    work: Callable[[], Scan]
+    work: Callable[[], list[Scan]]  # a scan for each tensor it moves
     file: int | None  # the output file it writes into; None for a hash of bytes in memory
     nbytes: int
-    done: Future[Scan] = field(default_factory=Future)
+    done: Future[list[Scan]] = field(default_factory=Future)
 
 
 def next_file(waiting: Sequence[int | None], writers: dict[int | None, int], left: dict[int | None, int]) -> int | None:
@@ -191,7 +196,7 @@ class Movers:
         for t in self._threads:
             t.start()
 
-    def submit(self, work: Callable[[], Scan], file: int | None, nbytes: int) -> Future[Scan]:
+    def submit(self, work: Callable[[], list[Scan]], file: int | None, nbytes: int) -> Future[list[Scan]]:
         job = _Job(work, file, nbytes)
         with self._ready:
             if self._closed:
@@ -251,7 +256,8 @@ class _Writer:
         self.written = Written()
         self._files = ExitStack()
         self._movers = Movers(WORKERS)
-        self._pending: deque[tuple[Planned, Future[Scan], int]] = deque()  # with the produced bytes it holds
+        # tensors and their job, with the produced bytes it holds
+        self._pending: deque[tuple[Sequence[Planned], Future[list[Scan]], int]] = deque()
         self._held = 0  # bytes of produced tensors queued and not yet settled
 
     def open(self, path: Path) -> int:
@@ -259,12 +265,16 @@ class _Writer:
         self._files.callback(os.close, fd)
         return fd
 
-    def raw(self, p: Planned, raw: RawBytes, fd: int, offset: int) -> None:
-        checked = p.check is not None
-        algorithm = p.expected.algorithm if p.expected is not None else self.algorithm
-        job = self._movers.submit(lambda: _move(raw, fd, offset, p.dtype, algorithm, checked), fd, p.nbytes)
+    def raw(self, run: Sequence[Planned], fd: int, offset: int) -> None:
+        """Tensors lying back to back in one source file (`run_of`), moved by one job."""
+        first = run[0]
+        checked = first.check is not None
+        algorithm = first.expected.algorithm if first.expected is not None else self.algorithm
+        raws = [p.raw for p in run if p.raw is not None]
+        job = self._movers.submit(lambda: _move(raws, fd, offset, first.dtype, algorithm, checked), fd,
+                                  raws[-1].end - raws[0].start)
         # queued in order, settled in order: progress, and the first NaN is the first reported
-        self._pending.append((p, job, 0))
+        self._pending.append((run, job, 0))
         while self._pending and self._pending[0][1].done():  # fail early on a NaN found so far
             self._settle_oldest()
 
@@ -274,18 +284,18 @@ class _Writer:
         data = _produced(p)
         algorithm = self.algorithm
         job = self._movers.submit(lambda: _store(data, fd, offset, p.dtype, algorithm), fd, len(data))
-        self._pending.append((p, job, len(data)))
+        self._pending.append(([p], job, len(data)))
         self._held += len(data)
 
     def _settle_oldest(self) -> None:
-        p, job, held = self._pending.popleft()
+        run, job, held = self._pending.popleft()
         try:
-            self._settle(p, job)
+            for p, result in zip(run, job.result(), strict=True):
+                self._settle(p, result)
         finally:
             self._held -= held
 
-    def _settle(self, p: Planned, job: Future[Scan]) -> None:
-        result = job.result()
+    def _settle(self, p: Planned, result: Scan) -> None:
         self._progress()
         if p.check is not None:
             p.check.require(result.nonfinite)
@@ -305,19 +315,46 @@ class _Writer:
         self._files.close()
 
 
+# The most bytes one job moves as a run: enough to make thousands of small tensors a few jobs, few
+# enough that a shard is still many jobs for the workers to share.
+RUN_BYTES = 64 << 20
+
+
+def _joins(run: Sequence[Planned], run_bytes: int, p: Planned) -> bool:
+    """Whether `p` continues `run` (of `run_bytes`): its bytes follow the run's in the same file,
+    and it is moved, checked and hashed the same way."""
+    last = run[-1]
+    return (p.raw is not None and last.raw is not None and p.raw.path == last.raw.path
+            and p.raw.start == last.raw.end and p.dtype == last.dtype
+            and (p.check is None) == (last.check is None)
+            and (None if p.expected is None else p.expected.algorithm)
+            == (None if last.expected is None else last.expected.algorithm)
+            and run_bytes + p.nbytes <= RUN_BYTES)
+
+
 def write_safetensors(path: Path, planned: Sequence[Planned], writer: _Writer,
                       metadata: dict[str, str] | None = None) -> None:
-    """One safetensors file: the header, then each tensor at its place, moved by a worker or produced."""
+    """One safetensors file: the header, then each tensor at its place, moved by a worker (tensors
+    back to back in the source as one run) or produced."""
     head = _header(planned, metadata)
     fd = writer.open(path)
     _write_at(fd, head, 0)
     offset = len(head)
-    for p in planned:
+    run: list[Planned] = []
+    run_bytes = 0
+    for p in [*planned, None]:
+        if run and (p is None or not _joins(run, run_bytes, p)):
+            writer.raw(run, fd, offset)
+            offset += run_bytes
+            run, run_bytes = [], 0
+        if p is None:
+            break
         if p.raw is not None:
-            writer.raw(p, p.raw, fd, offset)
+            run.append(p)
+            run_bytes += p.nbytes
         else:
             writer.produced(p, fd, offset)
-        offset += p.nbytes
+            offset += p.nbytes
     if writer.algorithm is not None:
         writer.written.shards[path.name] = {"header": digest_of(head), "bytes": offset}
 
@@ -326,7 +363,14 @@ def write_shards(planned: Sequence[Planned], directory: Path, max_shard_bytes: i
                  progress: Callable[[int, int], None] | None = None, hashed: bool = True) -> Written:
     """Shards of at most max_shard_bytes (a larger tensor gets a shard of its own), named and
     indexed as transformers names them. `hashed=False` records no digests (HF exports record
-    none; they check those their source recorded, through each tensor's `expected`)."""
+    none; they check those their source recorded, through each tensor's `expected`).
+
+    Tensors are laid out in the order their source bytes lie, when every one says where
+    (`position`): a source's index may list them in any order (a layer's experts by number, the
+    file by name), and its fused experts expand in name order, but in source order tensors stored
+    back to back are moved as one run and every file is read from start to end."""
+    if all(p.position is not None for p in planned):
+        planned = sorted(planned, key=lambda p: (str(p.position[0]), p.position[1]))  # type: ignore[index]
     groups = _group(planned, max_shard_bytes)
     done = [0]
 
