@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from functools import wraps
@@ -50,12 +51,17 @@ def _fail(message: str, code: int) -> None:
 
 @contextmanager
 def progress_bar(label: str) -> Iterator[Callable[[int, int], None]]:
-    """A progress bar on stderr, shown only on a terminal, driven by (done, total) callbacks."""
-    state: dict[str, Any] = {}
+    """A progress bar on stderr, shown only on a terminal, driven by (done, total) callbacks. It is
+    redrawn at most every 0.1 s: a mixture of experts' 11 000 tensors drawn one by one cost more
+    than moving their bytes."""
+    state: dict[str, Any] = {"shown": 0.0}
+    terminal = sys.stderr.isatty()
 
     def update(done: int, total: int) -> None:
-        if not sys.stderr.isatty():
+        now = time.monotonic()
+        if not terminal or (now - state["shown"] < 0.1 and done < total):
             return
+        state["shown"] = now
         if "bar" not in state:
             state["bar"] = click.progressbar(length=total, label=label, file=sys.stderr).__enter__()
         state["bar"].update(done - state["bar"].pos)

@@ -87,10 +87,14 @@ def read_weight_map(index: Path) -> dict[str, str]:
     weight_map = read_json_object(index, "index").get("weight_map")
     if not isinstance(weight_map, dict):
         raise InputError(f"{index}: has no 'weight_map' object")
+    plain: set[str] = set()  # each file name checked once, not once per tensor (MoE: thousands)
     for name, file in weight_map.items():
+        if isinstance(file, str) and file in plain:
+            continue
         if not plain_name(file):
             raise InputError(f"{index}: weight_map entry {name!r} -> {file!r} is not a plain file name; "
                              "refusing to follow it")
+        plain.add(file)
     return weight_map
 
 

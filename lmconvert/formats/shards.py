@@ -11,7 +11,10 @@ is moved by worker threads, several tensors at once: each
 reads it in 1 MiB chunks from the source, hashes and checks a chunk while it is in cache, and
 writes it at the tensor's known place in the output. That is cheaper than copy_file_range plus a
 separate read to hash (1.1 against 1.5 CPU-seconds for 2.47 GB), and it holds one chunk per thread,
-whatever the tensor's size. Which tensor a worker takes next is decided by `Movers`.
+whatever the tensor's size. Tensors whose bytes follow each other in the source move as one run
+(up to RUN_BYTES), each still hashed and checked on its own: a mixture of experts' thousands of
+half-megabyte tensors then cost the jobs a dense checkpoint's few large ones do. Which run a
+worker takes next is decided by `Movers`.
 """
 
 from __future__ import annotations
