@@ -26,7 +26,7 @@ from typing import Any
 
 from .errors import MappingError
 from .table import Rule, TensorTable
-from .transforms import IDENTITY, Offset, Permute, Piece, Step, Transform, Trim, Unsqueeze, Unstack
+from .transforms import IDENTITY, HeadPart, Offset, Permute, Piece, Step, Transform, Trim, Unsqueeze, Unstack
 
 
 @dataclass(frozen=True)
@@ -204,8 +204,9 @@ def tensor_sizes(config: Mapping[str, Any], renamed: Mapping[str, str] | None = 
     kv_heads = config.get("num_key_value_heads") or heads
     head_dim = config.get("head_dim") or config["hidden_size"] // heads
     ffn = config.get("intermediate_size") or config.get("n_inner") or 4 * config["hidden_size"]
+    latent = {"k_nope": config["qk_nope_head_dim"], "v_head": config["v_head_dim"]} if "v_head_dim" in config else {}
     return {"vocab": config["vocab_size"], "heads": heads, "kv_heads": kv_heads, "q": heads * head_dim,
-            "kv": kv_heads * head_dim, "ffn": ffn}
+            "kv": kv_heads * head_dim, "ffn": ffn, **latent}  # MLA: the per-head parts of DeepSeek's kv_b
 
 
 def _gpt2_table() -> TensorTable:
@@ -472,12 +473,15 @@ ARCHS["falcon"] = replace(_falcon(1, _falcon_table((("attn_norm", "attn_norm"),)
                           variants=(("blk.0.attn_norm_2.weight", FALCON_TWO_NORMS),))
 
 
+KV_B_PARTS = ("k_nope", "v_head")  # each head's rows of DeepSeek's kv_b: its no-RoPE key, then its value
+
+
 def _deepseek2_table() -> TensorTable:
     """llama.cpp's DeepSeek-V2/V3 (`DeepseekV2Model`) in the layout its loader reads without MLA
-    (`attn_kv_b` whole; the converter's newer files split it into `attn_k_b` and `attn_v_b` for the
-    absorbed latent path): q (or q's low-rank pair with its norm), kv_a with the rotary key,
-    kv_a's norm, kv_b; dense SwiGLU layers first, then stacked experts with shared ones and the
-    selection bias (`exp_probs_b`)."""
+    absorption (`attn_kv_b` whole, which export writes), or with it (its converter's files: kv_b as
+    `attn_k_b`, each head's k rows transposed, and `attn_v_b`, gathered back on import): q (or q's
+    low-rank pair with its norm), kv_a with the rotary key, kv_a's norm, kv_b; dense SwiGLU layers
+    first, then stacked experts with shared ones and the selection bias (`exp_probs_b`)."""
     attention = (("attn_q", "attn.q"), ("attn_q_a", "attn.q_a"), ("attn_q_a_norm", "attn.q_a_norm"),
                  ("attn_q_b", "attn.q_b"), ("attn_kv_a_mqa", "attn.kv_a"), ("attn_kv_a_norm", "attn.kv_a_norm"),
                  ("attn_kv_b", "attn.kv_b"), ("attn_output", "attn.o"), ("attn_norm", "attn_norm"),
@@ -489,6 +493,8 @@ def _deepseek2_table() -> TensorTable:
         Rule("token_embd.weight", "embed.weight", PADDED), Rule("output.weight", "lm_head.weight", PADDED),
         Rule("output_norm.weight", "final_norm.weight"),
         *(Rule(f"blk.{{}}.{g}.weight", f"layers.{{}}.{c}.weight") for g, c in attention),
+        *(Rule(f"blk.{{}}.attn_{n}_b.weight", "layers.{}.attn.kv_b.weight", HeadPart(KV_B_PARTS, (True, False), i))
+          for i, n in enumerate("kv")),
         *(Rule(f"blk.{{}}.{g}.bias", f"layers.{{}}.{c}.bias") for g, c in biased),  # llama.cpp loads none: refused
         Rule("blk.{}.exp_probs_b.bias", "layers.{}.mlp.router.selection_bias"),
         *MOE_RULES,
