@@ -418,6 +418,7 @@ WRITTEN_ONLY = {
     "deepseek_v2": dict(MLA, first_k_dense_replace=2, num_hidden_layers=4, n_routed_experts=8,
                         num_experts_per_tok=3, moe_intermediate_size=24, n_shared_experts=2,
                         routed_scaling_factor=1.5),
+    "deepseek_v2:dense": dict(MLA, first_k_dense_replace=2),  # no num_experts_per_tok: llama.cpp wants one
 }
 # Falcon's layouts beyond Falcon-7B's (FAMILIES["falcon"]) that llama.cpp's falcon runs: Falcon-40B's two
 # norms, Falcon2-11B's one with grouped KV heads, multi-head attention; transformers' GGUF loader reads
@@ -522,6 +523,9 @@ def test_bloom_s_residual_after_the_norm_is_refused(tmp_path: Path) -> None:
     (dict(q_lora_rank=None), "reads a plain q projection (q_lora_rank null) exactly for its lite shapes"),
     (dict(rope_interleave=False), "cannot express this model's rope"),
     (dict(attention_bias=True), "llama.cpp's deepseek2 architecture loads no blk.0.attn_kv_a_mqa.bias"),
+    (dict(WRITTEN_ONLY["deepseek_v3:moe"], topk_group=4),  # every group kept: llama.cpp's loader aborts
+     "llama.cpp's deepseek2 loader requires expert_group_used_count below expert_group_count (it aborts otherwise), "
+     "and this model uses 4 of 4 expert groups"),
 ])
 def test_deepseek_v3_s_layouts_llama_cpp_lacks_are_refused(overrides: dict[str, Any], fragment: str,
                                                            tmp_path: Path) -> None:
@@ -550,25 +554,25 @@ def test_deepseek_v2_and_v3_are_told_apart_by_llama_cpp_s_gating_function(tmp_pa
     assert read_back(v3, shapes)[0]["model_type"] == "deepseek_v3"
     unstated = dataclasses.replace(v2, values={k: v for k, v in v2.values.items() if "gating" not in k})
     assert read_back(unstated, shapes)[0]["model_type"] == "deepseek_v2"
+    # llama.cpp scales the chosen experts' weights only by a stated scale other than 0
+    unscaled = {k: v for k, v in v2.values.items() if not k.endswith("expert_weights_scale")}
+    for values in (unscaled, {**unscaled, "deepseek2.expert_weights_scale": 0.0}):
+        assert read_back(dataclasses.replace(v2, values=values), shapes)[0]["routed_scaling_factor"] == 1.0
     for values, fragment in (({"deepseek2.expert_gating_func": 3}, "expert_gating_func=3: lmconvert reads"),
                              ({"deepseek2.expert_weights_norm": True}, "DeepSeek-V2 never renormalises")):
         with pytest.raises(MappingError, match=fragment):
             read_back(dataclasses.replace(v2, values={**v2.values, **values}), shapes)
 
 
-@pytest.mark.parametrize("quant", ["f16", "bf16"])
-def test_deepseek_v2_with_every_group_kept_reads_back(quant: str, tmp_path: Path) -> None:
-    """group_limited_greedy keeping every group chooses as greedy does, and as llama.cpp's groups do
-    (f16 here; f32 and bf16 of the greedy model in test_families_transformers_cannot_read_come_back...)."""
-    kwargs = {**WRITTEN_ONLY["deepseek_v2"], **(dict(topk_method="group_limited_greedy", n_group=2, topk_group=2)
-                                               if quant == "bf16" else {})}
-    canonical = canonical_of(built("deepseek_v2", kwargs), tmp_path)
-    out = exported(canonical, tmp_path / "m.gguf", quant)
+def test_deepseek_v2_f16_reads_back_bit_for_bit(tmp_path: Path) -> None:
+    """f16 (f32 and bf16: test_families_transformers_cannot_read_come_back_bit_for_bit)."""
+    canonical = canonical_of(built("deepseek_v2", WRITTEN_ONLY["deepseek_v2"]), tmp_path)
+    out = exported(canonical, tmp_path / "m.gguf", "f16")
     ours, source = lmconvert.load(out, attention="eager"), lmconvert.load(canonical, attention="eager")
     assert as_float32(ours.cfg) == as_float32(source.cfg)
     theirs = source.state_dict()
     for tensor_name, tensor in ours.state_dict().items():
-        assert torch.equal(tensor, theirs[tensor_name].to(FLOATS[quant])), tensor_name
+        assert torch.equal(tensor, theirs[tensor_name].to(torch.float16)), tensor_name
 
 
 @pytest.mark.parametrize("quant", ["q8_0", "q4_0"])
@@ -595,6 +599,8 @@ def test_deepseek_v2_quantized_is_gguf_quants_round_trip(quant: str, tmp_path: P
 @pytest.mark.parametrize(("overrides", "fragment"), [
     (dict(topk_method="group_limited_greedy", n_group=4, topk_group=2),
      "limited to 2 of 4 expert groups: llama.cpp's deepseek2 scores a group by the sum of its two best"),
+    (dict(topk_method="group_limited_greedy", n_group=2, topk_group=2),  # greedy, but llama.cpp aborts
+     "llama.cpp's deepseek2 loader requires expert_group_used_count below expert_group_count"),
     (dict(rope_parameters={"rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0,
                            "original_max_position_embeddings": 32, "mscale": 0.707, "mscale_all_dim": 0.707}),
      "derives the attention scale of scaled RoPE (yarn) its own way"),

@@ -60,7 +60,8 @@ ARCH_TYPES: dict[str, schema.Spec] = {  # `{arch}.` keys
         "context_length", "embedding_length", "block_count", "feed_forward_length", "attention.head_count",
         "attention.head_count_kv", "attention.key_length", "attention.value_length", "rope.dimension_count",
         "vocab_size", "attention.sliding_window", "rope.scaling.original_context_length", "expert_count",
-        "expert_used_count", "expert_feed_forward_length", "expert_shared_feed_forward_length")},
+        "expert_used_count", "expert_feed_forward_length", "expert_shared_feed_forward_length",
+        "attention.key_length_mla", "attention.value_length_mla")},
     **{key: schema.POSITIVE for key in (
         "attention.layer_norm_rms_epsilon", "attention.layer_norm_epsilon", "rope.freq_base", "rope.freq_base_swa",
         "attn_logit_softcapping",

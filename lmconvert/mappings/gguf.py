@@ -501,7 +501,7 @@ def _deepseek2_table() -> TensorTable:
     ))
 
 
-def _latent_sizes(config: Mapping[str, Any]) -> dict[str, Any]:
+def _mla_sizes(config: Mapping[str, Any]) -> dict[str, Any]:
     """DeepSeek's MLA sizes from llama.cpp's. In the layout without absorption (lmconvert's files,
     `attn_kv_b` whole) the key length is the no-RoPE part plus the rotary width
     (`rope.dimension_count`) and the value length v_head_dim; in the layout of llama.cpp's converter
@@ -524,31 +524,40 @@ def _latent_sizes(config: Mapping[str, Any]) -> dict[str, Any]:
     return sizes
 
 
+def _groups(config: Mapping[str, Any]) -> tuple[int, Any]:
+    """(expert groups, groups used), refused where llama.cpp's loader asserts: it takes grouping
+    to keep fewer groups than there are."""
+    groups, used = config.get("n_group") or 1, config.get("topk_group")
+    if groups > 1 and used is not None and used >= groups:
+        raise MappingError(f"llama.cpp's deepseek2 loader requires expert_group_used_count below expert_group_count "
+                           f"(it aborts otherwise), and this model uses {used} of {groups} expert groups")
+    return groups, used
+
+
 def _deepseek_v3(config: Mapping[str, Any]) -> dict[str, Any]:
     """DeepSeek-V3's router: llama.cpp's sigmoid scores (`expert_gating_func` 2), with the selection
     bias and groups scored by their two best experts, as DeepseekV3TopkRouter."""
     if config.get("expert_gating_func") != 2:
         raise MappingError(f"deepseek2.expert_gating_func={config.get('expert_gating_func')}: lmconvert reads "
                            "llama.cpp's softmax router (1, DeepSeek-V2's) and its sigmoid one (2, DeepSeek-V3's)")
-    return _latent_sizes(config)
+    _groups(config)
+    return _mla_sizes(config)
 
 
 def _deepseek_v2(config: Mapping[str, Any]) -> dict[str, Any]:
     """DeepSeek-V2's router: llama.cpp's softmax scores (`expert_gating_func` 1, or none stated),
     the top k taken unrenormalised and scaled, as DeepseekV2TopkRouter's `greedy`. Its
     `group_limited_greedy` scores a group by its best expert, llama.cpp by its two best experts'
-    sum: the same only when every group is kept."""
+    sum: the same only when every group is kept, which llama.cpp's loader does not take."""
     if config.get("norm_topk_prob"):
         raise MappingError("deepseek2.expert_weights_norm=true with softmax routing (expert_gating_func 1): "
                            "DeepSeek-V2 never renormalises the chosen experts' weights")
-    groups, used = config.get("n_group") or 1, config.get("topk_group")
-    if groups > 1 and used != groups:
+    groups, used = _groups(config)
+    if groups > 1:
         raise MappingError(f"softmax routing limited to {used} of {groups} expert groups: llama.cpp's deepseek2 "
                            "scores a group by the sum of its two best experts, DeepSeek-V2's group_limited_greedy by "
                            "its best one, so they choose different experts")
-    grouped = {"topk_method": "group_limited_greedy", "n_group": groups, "topk_group": groups}
-    return {**_latent_sizes(config), **(grouped if groups > 1 else {"topk_method": "greedy", "n_group": None,
-                                                                     "topk_group": None})}
+    return {**_mla_sizes(config), "topk_method": "greedy", "n_group": None, "topk_group": None}
 
 
 # the `{arch}.` keys of llama.cpp's deepseek2 (MLA, and its MoE keys)

@@ -57,9 +57,10 @@ def _falcon_kv_heads(config: Mapping[str, Any]) -> int:
 UNSTATED = {"bloom": {"max_position_embeddings": lambda config: config.get("seq_length") or config["hidden_size"]},
             "falcon": {"num_key_value_heads": _falcon_kv_heads},
             # llama.cpp's deepseek2 loader requires the expert keys of a dense model too (its converter: the
-            # dense width, no shared experts)
+            # dense width, no shared experts), and with experts stated, at least one used (dense DeepSeek-V2
+            # states none)
             "deepseek2": {"moe_intermediate_size": lambda config: config["intermediate_size"],
-                          "n_shared_experts": lambda config: 0}}
+                          "n_shared_experts": lambda config: 0, "num_experts_per_tok": lambda config: 1}}
 # the eps DeepSeek's MLA norms (q_a, kv_a) use whatever rms_norm_eps says; llama.cpp's deepseek2 uses the
 # model's for them
 LATENT_NORM_EPS = 1e-6
