@@ -103,6 +103,8 @@ def test_kv_b_beside_its_parts_is_read_when_they_agree(ours: Path, tmp_path: Pat
                                       "and they differ"),
     (dict(without="v_b"), "tensor 'blk.0.attn_k_b.weight' is one part of layers.0.attn.kv_b.weight, stored as "
                           "blk.0.attn_k_b.weight, blk.0.attn_v_b.weight, and the file lacks blk.0.attn_v_b.weight"),
+    (dict(without="k_b"), "and the file lacks blk.0.attn_k_b.weight"),
+    (dict(whole=True, without="k_b"), "and the file lacks blk.0.attn_k_b.weight"),
 ])
 def test_parts_that_disagree_or_are_missing_are_refused(ours: Path, tmp_path: Path, change: dict,
                                                          fragment: str) -> None:

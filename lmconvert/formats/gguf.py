@@ -299,8 +299,8 @@ def tensor_plans(file: GgufFile, config: dict[str, Any], entry: GgufArch) -> dic
         if table.drops(name):  # rope_freqs: read into the config (llama3 RoPE scaling)
             continue
         parts = table.gathered(name)
-        if parts is not None:  # one part of a tensor stored as several: planned once, from all of them
-            gathered.update(gathered_plan(file, parts, hf_of, sizes) if name == parts[1][0][0] else {})
+        if parts is not None:  # one part of a tensor stored as several: planned from all of them
+            gathered.update(gathered_plan(file, parts, hf_of, sizes))
             continue
         try:
             pieces = table.to_canonical_names(name)
