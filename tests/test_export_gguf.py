@@ -39,8 +39,8 @@ from transformers import AutoModelForCausalLM
 import lmconvert
 from lmconvert.convert import convert, to_canonical
 from lmconvert.formats.checkpoint import open_source
-from lmconvert.mappings import MappingError
-from lmconvert.mappings.gguf_export import EXPORTS, metadata
+from lmconvert.mappings import MappingError, family_named
+from lmconvert.mappings.gguf_export import EXPORTS, metadata, read_back
 
 FP32_MAX_ABS = 1e-5
 FLOATS = {"f32": torch.float32, "f16": torch.float16, "bf16": torch.bfloat16}
@@ -182,7 +182,7 @@ def test_verify_runs_on_the_result(tmp_path: Path) -> None:
 
 
 # what transformers' GGUF loader does not read, as verify names it
-UNREAD = {"granite": "granite", "mixtral": "mixtral", "deepseek_v3:moe": "deepseek_v3",
+UNREAD = {"granite": "granite", "mixtral": "mixtral", "deepseek_v3:moe": "deepseek_v3", "deepseek_v2": "deepseek_v2",
           "falcon:40b": "falcon in this file's layout"}
 
 
@@ -255,8 +255,8 @@ def test_a_llama_cpp_architecture_not_written_is_named(tmp_path: Path) -> None:
     code, _, err = cli("convert", canonical, tmp_path / "m.gguf", "--to", "gguf")
     assert code == 2 and "llama.cpp names a gptj architecture but has no graph that runs it" in err, err
     assert len(err.strip().splitlines()) == 1 and not (tmp_path / "m.gguf").exists()
-    with pytest.raises(MappingError, match="writes llama.cpp's deepseek2 architecture for DeepSeek-V3 only"):
-        metadata({"model_type": "deepseek_v2"}, "tiny")
+    with pytest.raises(MappingError, match="llama.cpp names a gptj architecture"):
+        metadata({"model_type": "gptj"}, "tiny")
 
 
 def test_what_llama_cpp_cannot_hold_is_named(tmp_path: Path) -> None:
@@ -413,6 +413,12 @@ WRITTEN_ONLY = {
     "deepseek_v3:moe": dict(MLA, first_k_dense_replace=1, n_routed_experts=8, num_experts_per_tok=3,
                             moe_intermediate_size=24, n_shared_experts=2, routed_scaling_factor=1.5, n_group=4,
                             topk_group=2),
+    # DeepSeek-V2: softmax-routed experts, unrenormalised, scaled, without groups (V2-Lite's greedy), after
+    # two dense layers; every expert chosen somewhere in the test sequences
+    "deepseek_v2": dict(MLA, first_k_dense_replace=2, num_hidden_layers=4, n_routed_experts=8,
+                        num_experts_per_tok=3, moe_intermediate_size=24, n_shared_experts=2,
+                        routed_scaling_factor=1.5),
+    "deepseek_v2:dense": dict(MLA, first_k_dense_replace=2),  # no num_experts_per_tok: llama.cpp wants one
 }
 # Falcon's layouts beyond Falcon-7B's (FAMILIES["falcon"]) that llama.cpp's falcon runs: Falcon-40B's two
 # norms, Falcon2-11B's one with grouped KV heads, multi-head attention; transformers' GGUF loader reads
@@ -517,10 +523,92 @@ def test_bloom_s_residual_after_the_norm_is_refused(tmp_path: Path) -> None:
     (dict(q_lora_rank=None), "reads a plain q projection (q_lora_rank null) exactly for its lite shapes"),
     (dict(rope_interleave=False), "cannot express this model's rope"),
     (dict(attention_bias=True), "llama.cpp's deepseek2 architecture loads no blk.0.attn_kv_a_mqa.bias"),
+    (dict(WRITTEN_ONLY["deepseek_v3:moe"], topk_group=4),  # every group kept: llama.cpp's loader aborts
+     "llama.cpp's deepseek2 loader requires expert_group_used_count below expert_group_count (it aborts otherwise), "
+     "and this model uses 4 of 4 expert groups"),
 ])
 def test_deepseek_v3_s_layouts_llama_cpp_lacks_are_refused(overrides: dict[str, Any], fragment: str,
                                                            tmp_path: Path) -> None:
     canonical = canonical_of(build_model("deepseek_v3", **{**WRITTEN_ONLY["deepseek_v3"], **overrides}), tmp_path)
+    code, _, err = cli("convert", canonical, tmp_path / "m.gguf", "--to", "gguf")
+    assert code == 2 and fragment in err and len(err.strip().splitlines()) == 1, err
+    assert not (tmp_path / "m.gguf").exists()
+
+
+def hf_config_of(name: str, root: Path) -> dict[str, Any]:
+    """The config.json GGUF export starts from for the tiny model `name` (`family:variant`)."""
+    family = name.split(":")[0]
+    return family_named(family).hf_config(lmconvert.load(canonical_of(built(name, WRITTEN_ONLY[name]), root)).cfg)
+
+
+def test_deepseek_v2_and_v3_are_told_apart_by_llama_cpp_s_gating_function(tmp_path: Path) -> None:
+    """llama.cpp's deepseek2 is both: softmax scores (`expert_gating_func` 1, and no key at all, which
+    llama.cpp's loader takes as softmax) read as DeepSeek-V2, sigmoid (2) as DeepSeek-V3, anything
+    else refused; V2 with renormalised weights (which it never has) refused."""
+    v2 = metadata(hf_config_of("deepseek_v2", tmp_path / "v2"), "t")
+    v3 = metadata(hf_config_of("deepseek_v3:moe", tmp_path / "v3"), "t")
+    shapes = {"token_embd.weight": (128, 64)}
+    assert v2.values["deepseek2.expert_gating_func"] == 1 and v3.values["deepseek2.expert_gating_func"] == 2
+    config, _ = read_back(v2, shapes)
+    assert (config["model_type"], config["topk_method"], config["n_group"]) == ("deepseek_v2", "greedy", None)
+    assert read_back(v3, shapes)[0]["model_type"] == "deepseek_v3"
+    unstated = dataclasses.replace(v2, values={k: v for k, v in v2.values.items() if "gating" not in k})
+    assert read_back(unstated, shapes)[0]["model_type"] == "deepseek_v2"
+    # llama.cpp scales the chosen experts' weights only by a stated scale other than 0
+    unscaled = {k: v for k, v in v2.values.items() if not k.endswith("expert_weights_scale")}
+    for values in (unscaled, {**unscaled, "deepseek2.expert_weights_scale": 0.0}):
+        assert read_back(dataclasses.replace(v2, values=values), shapes)[0]["routed_scaling_factor"] == 1.0
+    for values, fragment in (({"deepseek2.expert_gating_func": 3}, "expert_gating_func=3: lmconvert reads"),
+                             ({"deepseek2.expert_weights_norm": True}, "DeepSeek-V2 never renormalises")):
+        with pytest.raises(MappingError, match=fragment):
+            read_back(dataclasses.replace(v2, values={**v2.values, **values}), shapes)
+
+
+def test_deepseek_v2_f16_reads_back_bit_for_bit(tmp_path: Path) -> None:
+    """f16 (f32 and bf16: test_families_transformers_cannot_read_come_back_bit_for_bit)."""
+    canonical = canonical_of(built("deepseek_v2", WRITTEN_ONLY["deepseek_v2"]), tmp_path)
+    out = exported(canonical, tmp_path / "m.gguf", "f16")
+    ours, source = lmconvert.load(out, attention="eager"), lmconvert.load(canonical, attention="eager")
+    assert as_float32(ours.cfg) == as_float32(source.cfg)
+    theirs = source.state_dict()
+    for tensor_name, tensor in ours.state_dict().items():
+        assert torch.equal(tensor, theirs[tensor_name].to(torch.float16)), tensor_name
+
+
+@pytest.mark.parametrize("quant", ["q8_0", "q4_0"])
+def test_deepseek_v2_quantized_is_gguf_quants_round_trip(quant: str, tmp_path: Path) -> None:
+    """Each tensor of a quantized file is gguf.quants' quantization of the f32 file's (itself the
+    model bit for bit), or that tensor unchanged where llama.cpp keeps it f32 (norms, the router)."""
+    canonical = canonical_of(built("deepseek_v2", WRITTEN_ONLY["deepseek_v2"]), tmp_path)
+    f32 = exported(canonical, tmp_path / "f32.gguf", "f32")
+    exact = {t.name: np.array(t.data) for t in gguf.GGUFReader(f32).tensors}
+    quantized = 0
+    for t in gguf.GGUFReader(exported(canonical, tmp_path / "q.gguf", quant)).tensors:
+        kind = t.tensor_type
+        if kind == gguf.GGMLQuantizationType.F32:
+            assert np.array_equal(np.array(t.data), exact[t.name]), t.name
+            continue
+        expected = gguf.quants.dequantize(gguf.quants.quantize(exact[t.name], kind), kind)
+        assert np.array_equal(gguf.quants.dequantize(t.data, kind), expected), t.name
+        quantized += kind.name == QUANTS[quant]
+    assert quantized >= 10
+    assert torch.equal(imported_tensors(tmp_path / "q.gguf")["model.layers.2.mlp.gate.weight"],
+                       imported_tensors(tmp_path / "f32.gguf")["model.layers.2.mlp.gate.weight"])
+
+
+@pytest.mark.parametrize(("overrides", "fragment"), [
+    (dict(topk_method="group_limited_greedy", n_group=4, topk_group=2),
+     "limited to 2 of 4 expert groups: llama.cpp's deepseek2 scores a group by the sum of its two best"),
+    (dict(topk_method="group_limited_greedy", n_group=2, topk_group=2),  # greedy, but llama.cpp aborts
+     "llama.cpp's deepseek2 loader requires expert_group_used_count below expert_group_count"),
+    (dict(rope_parameters={"rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0,
+                           "original_max_position_embeddings": 32, "mscale": 0.707, "mscale_all_dim": 0.707}),
+     "derives the attention scale of scaled RoPE (yarn) its own way"),
+    (dict(q_lora_rank=None), "reads a plain q projection (q_lora_rank null) exactly for its lite shapes"),
+])
+def test_deepseek_v2_s_layouts_llama_cpp_computes_otherwise_are_refused(overrides: dict[str, Any], fragment: str,
+                                                                       tmp_path: Path) -> None:
+    canonical = canonical_of(built("deepseek_v2", {**WRITTEN_ONLY["deepseek_v2"], **overrides}), tmp_path)
     code, _, err = cli("convert", canonical, tmp_path / "m.gguf", "--to", "gguf")
     assert code == 2 and fragment in err and len(err.strip().splitlines()) == 1, err
     assert not (tmp_path / "m.gguf").exists()

@@ -26,16 +26,21 @@ The bars, measured and stated (llama.cpp's kernels are not ours):
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import gguf
 import numpy as np
 import pytest
 import torch
 from hf_models import save_checkpoint, token_batch
-from test_export_gguf import MODELS, built
-from transformers import AutoTokenizer
+from test_export_gguf import FP32_MAX_ABS, MODELS, built
+from transformers import AutoModelForCausalLM, AutoTokenizer
 
 import lmconvert
 from lmconvert.convert import convert, to_canonical
@@ -246,3 +251,57 @@ def test_split_files_load_as_the_one_file(exported: Any, tmp_path: Path) -> None
     assert len(first) > 1
     ids = token_batch(seq=24)[0].tolist()
     assert torch.equal(llama_logits(llama(first[0]), ids), llama_logits(llama(whole), ids))
+
+
+# -- llama.cpp's own converter: DeepSeek's kv_b split for absorbed MLA -----------------------------
+
+
+@pytest.fixture(scope="module")
+def converter(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """llama.cpp's convert_hf_to_gguf.py as the binding's sdist vendors it (fetched as
+    bench/gguf_export.py fetches it), or in the llama.cpp tree LLAMA_CPP_SOURCE names."""
+    if os.environ.get("LLAMA_CPP_SOURCE"):
+        return Path(os.environ["LLAMA_CPP_SOURCE"]) / "convert_hf_to_gguf.py"
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
+    from gguf_export import llama_cpp_source
+
+    return llama_cpp_source(tmp_path_factory.mktemp("sdist")) / "convert_hf_to_gguf.py"
+
+
+@pytest.mark.parametrize("name", ["deepseek_v2", "deepseek_v3:moe"])
+def test_deepseek_as_llama_cpp_s_converter_writes_it(name: str, converter: Path, tmp_path: Path) -> None:
+    """llama.cpp's converter stores kv_b as `attn_k_b` and `attn_v_b` (absorbed MLA, its loader's
+    layout for new files): our reader gives back the checkpoint's tensors bit for bit, so our logits
+    are transformers', and llama.cpp's own logits and greedy tokens on that file are ours. The
+    converter wants a BPE tokenizer it knows: SmolLM2's; DeepSeek-V3's config.json states its sigmoid
+    scores (`scoring_func`) as the real one does, which transformers' config class does not keep."""
+    gguf_file = smollm2_path()
+    tokenizer = AutoTokenizer.from_pretrained(str(gguf_file.parent), gguf_file=gguf_file.name)
+    hf, path = tmp_path / "hf", tmp_path / "converted.gguf"
+    save_checkpoint(built(name, {**MODELS[name], "vocab_size": len(tokenizer)}), hf)
+    tokenizer.save_pretrained(hf)
+    if name.startswith("deepseek_v3"):
+        config = json.loads((hf / "config.json").read_text())
+        (hf / "config.json").write_text(json.dumps({**config, "scoring_func": "sigmoid"}))
+    run = subprocess.run([sys.executable, str(converter), str(hf), "--outfile", str(path), "--outtype", "f32"],
+                         capture_output=True, text=True)
+    assert run.returncode == 0, run.stderr[-2000:]
+    names = {t.name for t in gguf.GGUFReader(path).tensors}
+    assert {"blk.0.attn_k_b.weight", "blk.0.attn_v_b.weight"} <= names and "blk.0.attn_kv_b.weight" not in names
+    ours, source = (lmconvert.load(p, dtype=torch.float32, attention="eager") for p in (path, hf))
+    expected = source.state_dict()
+    assert set(ours.state_dict()) == set(expected)
+    for tensor_name, tensor in ours.state_dict().items():
+        assert torch.equal(tensor, expected[tensor_name]), tensor_name
+    ids = token_batch(seq=48)[0].tolist()
+    reference = AutoModelForCausalLM.from_pretrained(str(hf), dtype=torch.float32, attn_implementation="eager",
+                                                     experts_implementation="eager").eval()
+    with torch.no_grad():
+        logits = ours(torch.tensor([ids]))[0]
+        assert (logits - reference(torch.tensor([ids])).logits[0]).abs().max() <= FP32_MAX_ABS
+    theirs = llama_logits(llama(path), ids)
+    scale, diff = float(logits.abs().max()), (theirs - logits).abs()
+    same = check_greedy(path, ids[:8])
+    print(f"{name} by llama.cpp's converter, f32: max |Δ| {diff.max() / scale:.1e} x scale, mean {diff.mean():.1e}, "
+          f"top-1 {float((theirs.argmax(-1) == logits.argmax(-1)).float().mean()):.0%}, {same}/32 greedy tokens equal")
+    assert float(diff.max()) <= 1e-5 * scale and torch.equal(theirs.argmax(-1), logits.argmax(-1)) and same == 32

@@ -33,7 +33,18 @@ from lmconvert.mappings.gguf import ARCHS, BY_NAME, GgufArch
 from lmconvert.mappings.meta import TENSORS as META_TENSORS
 from lmconvert.mappings.meta import Layout
 from lmconvert.mappings.table import IDENTITY, Rule, TensorTable
-from lmconvert.mappings.transforms import Chain, Fuse, Offset, Permute, Piece, PiecesDiffer, Row, Trim, Unstack
+from lmconvert.mappings.transforms import (
+    Chain,
+    Fuse,
+    HeadPart,
+    Offset,
+    Permute,
+    Piece,
+    PiecesDiffer,
+    Row,
+    Trim,
+    Unstack,
+)
 
 SETTINGS = settings(max_examples=150, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow])
 DTYPES = (torch.float32, torch.float16, torch.bfloat16, torch.float64, torch.int8, torch.int32)
@@ -290,6 +301,58 @@ def test_a_joining_rule_reads_every_row_in_order_and_writes_each_back() -> None:
         assert torch.equal(back.inverse(joined), rows[f"layers.0.q.norms.{h}.weight"])
 
 
+# -- HeadPart ---------------------------------------------------------------------------------------
+
+def converter_split(kv_b: torch.Tensor, heads: int, nope: int, v: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """llama.cpp's converter (conversion/deepseek.py, DeepseekV2Model.modify_tensors), line for line."""
+    kv = kv_b.view(heads, v + nope, kv_b.shape[-1])
+    k_b, v_b = torch.split(kv, [nope, v], dim=1)
+    return k_b.transpose(1, 2), v_b
+
+
+@SETTINGS
+@given(heads=st.integers(1, 5), nope=st.integers(1, 4), v=st.integers(1, 4), lora=st.integers(1, 4), dtype=dtypes,
+       seed=seeds)
+def test_head_parts_gather_and_split_bit_for_bit(heads: int, nope: int, v: int, lora: int, dtype: torch.dtype,
+                                                 seed: int) -> None:
+    """DeepSeek's kv_b as llama.cpp's converter stores it: each part's inverse is exactly what the
+    converter writes (k_b transposed per head), and gathering them gives back every bit of kv_b."""
+    sizes = {"heads": heads, "k_nope": nope, "v_head": v}
+    steps = [HeadPart(("k_nope", "v_head"), (True, False), i).bind(sizes) for i in range(2)]
+    kv_b = random_bits((heads * (nope + v), lora), dtype, seed)
+    parts = [t.inverse(kv_b) for t in steps]
+    assert all(same_bits(ours, theirs) for ours, theirs in zip(parts, converter_split(kv_b, heads, nope, v),
+                                                                strict=True))
+    assert same_bits(steps[0].forward(parts), kv_b) and same_bits(steps[1].forward(parts), kv_b)
+    with pytest.raises(MappingError, match=f"are not {heads} heads of {nope}\\+{v} rows"):
+        steps[0].forward([parts[0], torch.cat([parts[1], parts[1]])])
+
+
+PARTS = TensorTable((Rule("blk.{}.kv_b.weight", "layers.{}.kv_b.weight"),
+                     *(Rule(f"blk.{{}}.{n}_b.weight", "layers.{}.kv_b.weight",
+                            HeadPart(("k_nope", "v_head"), (True, False), i)) for i, n in enumerate("kv"))))
+
+
+def test_a_tensor_stored_as_parts_is_read_whole_and_written_as_the_first_rule_says() -> None:
+    """Import gathers k_b and v_b (in the rules' order, whatever the stored order) into kv_b; export
+    writes the first rule's layout, kv_b whole, or, in a table of the parts alone, each part; a part
+    missing, or kv_b beside its parts, is refused by name."""
+    sizes = {"heads": 2, "k_nope": 3, "v_head": 2}
+    plan, _ = PARTS.plan_import(["blk.0.v_b.weight", "blk.0.k_b.weight"], ["layers.0.kv_b.weight"], sizes)
+    names, t = plan["layers.0.kv_b.weight"]
+    assert names == ("blk.0.k_b.weight", "blk.0.v_b.weight")
+    kv_b = torch.randn(10, 4)
+    assert torch.equal(t.forward(list(converter_split(kv_b, 2, 3, 2))), kv_b)
+    assert set(PARTS.plan_export(["layers.0.kv_b.weight"], sizes)) == {"blk.0.kv_b.weight"}
+    only_parts = TensorTable(PARTS.rules[1:])
+    written = only_parts.plan_export(["layers.0.kv_b.weight"], sizes)
+    assert set(written) == {"blk.0.k_b.weight", "blk.0.v_b.weight"}
+    assert torch.equal(written["blk.0.k_b.weight"][1].inverse(kv_b), converter_split(kv_b, 2, 3, 2)[0])
+    for stored in (["blk.0.k_b.weight"], ["blk.0.kv_b.weight", "blk.0.k_b.weight", "blk.0.v_b.weight"]):
+        with pytest.raises(MappingError, match="'layers.0.kv_b.weight' is stored as blk.0.k_b.weight, blk.0.v_b"):
+            PARTS.plan_import(stored, ["layers.0.kv_b.weight"], sizes)
+
+
 @pytest.mark.parametrize(("rows", "fragment"), [
     ((0, 2), "lacks row(s) 1 of 'layers.0.q_norm.weight', which config.json says has 3"),
     ((0, 1, 2, 3), "has row(s) 3 the config does not use"),
@@ -391,7 +454,7 @@ def test_gguf_table_round_trips_what_it_can(arch: str, kv: int, group: int, half
     a fused tensor's pieces (GPT-2's attn_qkv) joined back from all of them, for any bits."""
     entry, heads, vocab = GGUF_ARCHS[arch], kv * group, 5
     sizes = {"vocab": vocab, "heads": heads, "kv_heads": kv, "q": heads * 2 * half, "kv": kv * 2 * half, "ffn": 4,
-             "index": 0}
+             "index": 0, "k_nope": 2, "v_head": 1}
     rows = {"attn_q": heads * 2 * half, "attn_k": kv * 2 * half, "token_embd": vocab + pad, "output": vocab + pad,
             "attn_qkv": (heads + 2 * kv) * 2 * half}
     if entry.fused:
@@ -409,6 +472,12 @@ def test_gguf_table_round_trips_what_it_can(arch: str, kv: int, group: int, half
             x = random_bits((whole, 3) if stored.endswith("weight") else (whole,), torch.float32, seed)
             pieces = [r.transform.bind(sizes).forward(x) for r in entry.tensors.rules if r.stored == rule.stored]
             assert same_bits(rule.transform.bind(sizes).inverse(pieces), x), stored
+            continue
+        if isinstance(rule.transform, HeadPart):  # DeepSeek's kv_b gathered from its parts: x again
+            x = random_bits((heads * 3, 3), torch.float32, seed)
+            parts = [r.transform.bind(sizes).inverse(x) for r in entry.tensors.rules
+                     if r.canonical == rule.canonical and isinstance(r.transform, HeadPart)]
+            assert len(parts) == 2 and same_bits(t.forward(parts), x), stored
             continue
         if isinstance(rule.transform, Offset):
             x = 0.5 + 1.5 * torch.rand(x.shape, generator=torch.Generator().manual_seed(seed))
@@ -459,7 +528,8 @@ def test_reading_the_tables_imports_no_torch() -> None:
               "from lmconvert.mappings.gguf_metadata import hf_config\n"
               "from lmconvert.mappings.meta import Layout\n"
               "from lmconvert.mappings.meta_params import params_for\n"
-              "sizes = {'heads': 2, 'kv_heads': 1, 'vocab': 4, 'rows': 6, 'index': 0, 'q': 4, 'kv': 2, 'ffn': 3}\n"
+              "sizes = {'heads': 2, 'kv_heads': 1, 'vocab': 4, 'rows': 6, 'index': 0, 'q': 4, 'kv': 2, 'ffn': 3,\n"
+              "         'k_nope': 2, 'v_head': 1}\n"
               "for a in ARCHS.values(): [r.transform.bind(sizes) for r in a.tensors.rules]\n"
               "layout = Layout(8, 2, 2, 1, 16, 32, 2)\n"
               "[layout.transform(rule) for _, _, rule in layout.entries()]\n"

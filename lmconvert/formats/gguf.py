@@ -21,7 +21,7 @@ import threading
 from collections import Counter
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -34,6 +34,7 @@ from lmconvert.mappings.family import tensor_sizes as family_tensor_sizes
 from lmconvert.mappings.gguf import GgufArch, arch_entry, tensor_sizes
 from lmconvert.mappings.gguf_metadata import LLAMA3_STATED, TOKEN_IDS, hf_config
 from lmconvert.mappings.table import IDENTITY, TensorTable, Transform, out_shape
+from lmconvert.mappings.transforms import same_bits
 
 from . import schema
 from .checkpoint_files import within
@@ -59,7 +60,8 @@ ARCH_TYPES: dict[str, schema.Spec] = {  # `{arch}.` keys
         "context_length", "embedding_length", "block_count", "feed_forward_length", "attention.head_count",
         "attention.head_count_kv", "attention.key_length", "attention.value_length", "rope.dimension_count",
         "vocab_size", "attention.sliding_window", "rope.scaling.original_context_length", "expert_count",
-        "expert_used_count", "expert_feed_forward_length", "expert_shared_feed_forward_length")},
+        "expert_used_count", "expert_feed_forward_length", "expert_shared_feed_forward_length",
+        "attention.key_length_mla", "attention.value_length_mla")},
     **{key: schema.POSITIVE for key in (
         "attention.layer_norm_rms_epsilon", "attention.layer_norm_epsilon", "rope.freq_base", "rope.freq_base_swa",
         "attn_logit_softcapping",
@@ -224,9 +226,11 @@ def _gguf_version() -> str:
 
 @dataclass(frozen=True)
 class TensorPlan:
-    gguf_name: str
+    gguf_name: str | tuple[str, ...]  # several: the parts of a gathered tensor (DeepSeek's k_b and v_b)
     shape: tuple[int, ...]  # the HF shape, after the transform
     transform: Transform  # the GGUF table's, bound to this file's sizes
+    # the same tensor stored a second way (kv_b whole beside its parts): read too, and bit for bit the same
+    check: TensorPlan | None = None
 
 
 class GgufTensors:
@@ -253,7 +257,16 @@ class GgufTensors:
         """Dequantized, transformed (an offset computes in float32, as transformers does), then
         cast to the file's one dtype."""
         plan = self.plans[name]
-        return plan.transform.forward(self._read(plan.gguf_name)).to(self._dtype).contiguous()
+        tensor = self._tensor(plan)
+        if plan.check is not None and not same_bits(tensor, self._tensor(plan.check)):
+            raise InputError(f"{self.file.path}: holds {name} twice, as {_stored(plan)} and as {_stored(plan.check)}, "
+                             "and they differ; the file is not one model (llama.cpp's loader reads one of them)")
+        return tensor.to(self._dtype).contiguous()
+
+    def _tensor(self, plan: TensorPlan) -> torch.Tensor:
+        if isinstance(plan.gguf_name, tuple):  # a gathered tensor's parts
+            return plan.transform.forward([self._read(part) for part in plan.gguf_name])
+        return plan.transform.forward(self._read(plan.gguf_name))
 
     def _read(self, gguf_name: str) -> torch.Tensor:
         """The dequantized GGUF tensor; the last one is kept, because every expert of a stacked
@@ -281,8 +294,13 @@ def tensor_plans(file: GgufFile, config: dict[str, Any], entry: GgufArch) -> dic
         raise InputError(f"{file.path}: {str(exc).removeprefix('config.json: ')}") from None
     table, sizes = entry.tensors, tensor_sizes(config, entry.renamed)
     plans: dict[str, TensorPlan] = {}
+    gathered: dict[str, TensorPlan] = {}
     for name in file.tensors:
         if table.drops(name):  # rope_freqs: read into the config (llama3 RoPE scaling)
+            continue
+        parts = table.gathered(name)
+        if parts is not None:  # one part of a tensor stored as several: planned from all of them
+            gathered.update(gathered_plan(file, parts, hf_of, sizes))
             continue
         try:
             pieces = table.to_canonical_names(name)
@@ -299,7 +317,33 @@ def tensor_plans(file: GgufFile, config: dict[str, Any], entry: GgufArch) -> dic
         hf, hf_step = hf_of[canonical]
         transform = _to_hf([step.bind({**sizes, "rows": shape[0]}) for _, step in pieces], hf_step)
         plans[hf] = TensorPlan(name, out_shape(transform.forward, shape), transform)
+    for hf, plan in gathered.items():  # kv_b whole beside its parts: read whole, checked against them
+        plans[hf] = replace(plans[hf], check=plan) if hf in plans else plan
     return plans
+
+
+def gathered_plan(file: GgufFile, parts: tuple[str, list[tuple[str, Any]]], hf_of: dict[Any, tuple[str, Transform]],
+                  sizes: dict[str, int]) -> dict[str, TensorPlan]:
+    """{HF name: plan} of a canonical tensor stored as several parts (DeepSeek's kv_b as llama.cpp's
+    converter stores it: `attn_k_b`, `attn_v_b`), every one of which the file must hold."""
+    canonical, stored = parts
+    names = tuple(name for name, _ in stored)
+    missing = [name for name in names if name not in file.tensors]
+    if missing or canonical not in hf_of:
+        why = f"lacks {', '.join(missing)}" if missing else "describes a model without it"
+        raise InputError(f"{file.path}: tensor {names[0]!r} is one part of {canonical}, stored as {', '.join(names)}, "
+                         f"and the file {why}; the file holds something lmconvert does not convert")
+    hf, hf_step = hf_of[canonical]
+    transform = _to_hf([stored[0][1].bind(sizes)], hf_step)
+    try:
+        shape = out_shape(transform.forward, [file.shape(name) for name in names])
+    except MappingError as exc:
+        raise InputError(f"{file.path}: {', '.join(names)}: {exc}") from None
+    return {hf: TensorPlan(names, shape, transform)}
+
+
+def _stored(plan: TensorPlan) -> str:
+    return " and ".join(plan.gguf_name) if isinstance(plan.gguf_name, tuple) else plan.gguf_name
 
 
 def _to_hf(steps: list[Transform], hf_step: Transform) -> Transform:

@@ -26,7 +26,7 @@ from typing import Any
 
 from .errors import MappingError
 from .table import Rule, TensorTable
-from .transforms import IDENTITY, Offset, Permute, Piece, Step, Transform, Trim, Unsqueeze, Unstack
+from .transforms import IDENTITY, HeadPart, Offset, Permute, Piece, Step, Transform, Trim, Unsqueeze, Unstack
 
 
 @dataclass(frozen=True)
@@ -62,10 +62,18 @@ class GgufArch:
     # the configs transformers' GGUF loader builds as the file holds them, where it reads only some (Falcon:
     # it builds every file as Falcon-7B's layout); None: all
     transformers_layout: Callable[[Mapping[str, Any]], bool] | None = None
+    # (`{arch}.` key, value, entry): a file stating that value (None: not stating the key) is that
+    # entry's model, and export writes the value for it (llama.cpp's deepseek2 router: softmax is
+    # DeepSeek-V2's, sigmoid DeepSeek-V3's); the first that matches wins
+    told_apart: tuple[tuple[str, Any, GgufArch], ...] = ()
 
     def read_by_transformers(self, config: Mapping[str, Any]) -> bool:
         """Whether transformers' GGUF loader builds this file's model (a reference for `verify`)."""
         return self.transformers_reads and (self.transformers_layout is None or self.transformers_layout(config))
+
+    def stating(self, value_of: Callable[[str], Any]) -> GgufArch:
+        """The entry for a file whose `{arch}.` keys have these values (`value_of`: key -> value or None)."""
+        return next((entry for key, value, entry in self.told_apart if value_of(key) == value), self)
 
     def holding(self, tensors: Collection[str]) -> GgufArch:
         """The entry for a file holding these tensors: a variant's, if it holds the variant's tensor."""
@@ -196,8 +204,9 @@ def tensor_sizes(config: Mapping[str, Any], renamed: Mapping[str, str] | None = 
     kv_heads = config.get("num_key_value_heads") or heads
     head_dim = config.get("head_dim") or config["hidden_size"] // heads
     ffn = config.get("intermediate_size") or config.get("n_inner") or 4 * config["hidden_size"]
+    latent = {"k_nope": config["qk_nope_head_dim"], "v_head": config["v_head_dim"]} if "v_head_dim" in config else {}
     return {"vocab": config["vocab_size"], "heads": heads, "kv_heads": kv_heads, "q": heads * head_dim,
-            "kv": kv_heads * head_dim, "ffn": ffn}
+            "kv": kv_heads * head_dim, "ffn": ffn, **latent}  # MLA: the per-head parts of DeepSeek's kv_b
 
 
 def _gpt2_table() -> TensorTable:
@@ -464,12 +473,15 @@ ARCHS["falcon"] = replace(_falcon(1, _falcon_table((("attn_norm", "attn_norm"),)
                           variants=(("blk.0.attn_norm_2.weight", FALCON_TWO_NORMS),))
 
 
+KV_B_PARTS = ("k_nope", "v_head")  # each head's rows of DeepSeek's kv_b: its no-RoPE key, then its value
+
+
 def _deepseek2_table() -> TensorTable:
     """llama.cpp's DeepSeek-V2/V3 (`DeepseekV2Model`) in the layout its loader reads without MLA
-    (`attn_kv_b` whole; the converter's newer files split it into `attn_k_b` and `attn_v_b` for the
-    absorbed latent path): q (or q's low-rank pair with its norm), kv_a with the rotary key,
-    kv_a's norm, kv_b; dense SwiGLU layers first, then stacked experts with shared ones and the
-    selection bias (`exp_probs_b`)."""
+    absorption (`attn_kv_b` whole, which export writes), or with it (its converter's files: kv_b as
+    `attn_k_b`, each head's k rows transposed, and `attn_v_b`, gathered back on import): q (or q's
+    low-rank pair with its norm), kv_a with the rotary key, kv_a's norm, kv_b; dense SwiGLU layers
+    first, then stacked experts with shared ones and the selection bias (`exp_probs_b`)."""
     attention = (("attn_q", "attn.q"), ("attn_q_a", "attn.q_a"), ("attn_q_a_norm", "attn.q_a_norm"),
                  ("attn_q_b", "attn.q_b"), ("attn_kv_a_mqa", "attn.kv_a"), ("attn_kv_a_norm", "attn.kv_a_norm"),
                  ("attn_kv_b", "attn.kv_b"), ("attn_output", "attn.o"), ("attn_norm", "attn_norm"),
@@ -481,33 +493,92 @@ def _deepseek2_table() -> TensorTable:
         Rule("token_embd.weight", "embed.weight", PADDED), Rule("output.weight", "lm_head.weight", PADDED),
         Rule("output_norm.weight", "final_norm.weight"),
         *(Rule(f"blk.{{}}.{g}.weight", f"layers.{{}}.{c}.weight") for g, c in attention),
+        *(Rule(f"blk.{{}}.attn_{n}_b.weight", "layers.{}.attn.kv_b.weight", HeadPart(KV_B_PARTS, (True, False), i))
+          for i, n in enumerate("kv")),
         *(Rule(f"blk.{{}}.{g}.bias", f"layers.{{}}.{c}.bias") for g, c in biased),  # llama.cpp loads none: refused
         Rule("blk.{}.exp_probs_b.bias", "layers.{}.mlp.router.selection_bias"),
         *MOE_RULES,
     ))
 
 
-def _deepseek2_sizes(config: Mapping[str, Any]) -> dict[str, Any]:
-    """DeepSeek-V3's MLA sizes from llama.cpp's: the key length is the no-RoPE part plus the rotary
-    width (`rope.dimension_count`), the value length v_head_dim; transformers' head_dim is the rotary
-    width. llama.cpp's deepseek2 graph scores experts by sigmoid (`expert_gating_func` 2) or softmax
-    (1, DeepSeek-V2's, which this entry does not read)."""
-    if config.get("expert_gating_func", 2) != 2:
-        raise MappingError(f"deepseek2.expert_gating_func={config['expert_gating_func']}: only DeepSeek-V3's sigmoid "
-                           "router (2) is read")
-    rotary = config["qk_rope_head_dim"]
-    return {"qk_nope_head_dim": config["head_dim"] - rotary, "head_dim": rotary}
+def _mla_sizes(config: Mapping[str, Any]) -> dict[str, Any]:
+    """DeepSeek's MLA sizes from llama.cpp's. In the layout without absorption (lmconvert's files,
+    `attn_kv_b` whole) the key length is the no-RoPE part plus the rotary width
+    (`rope.dimension_count`) and the value length v_head_dim; in the layout of llama.cpp's converter
+    (absorbed MLA: `attn_k_b`, `attn_v_b`) those are the latent's (kv_lora_rank plus the rotary width,
+    kv_lora_rank) with one KV head (its MQA cache), and the heads' own are `key_length_mla` and
+    `value_length_mla`. transformers' head_dim is the rotary width. llama.cpp scales the chosen experts'
+    weights only by an `expert_weights_scale` other than 0 (and 1)."""
+    rotary, heads = config["qk_rope_head_dim"], config["num_attention_heads"]
+    sizes: dict[str, Any] = {"qk_nope_head_dim": config["head_dim"] - rotary, "head_dim": rotary}
+    if "key_length_mla" in config or "value_length_mla" in config:
+        latent = (config.get("kv_lora_rank", 0) + rotary, config.get("kv_lora_rank"), 1)
+        if {"key_length_mla", "value_length_mla"} - set(config) or \
+                (config["head_dim"], config.get("v_head_dim"), config["num_key_value_heads"]) != latent:
+            raise MappingError("its deepseek2 MLA sizes (attention.key_length_mla, value_length_mla, key_length, "
+                               "value_length, head_count_kv) are not those llama.cpp's converter writes together")
+        sizes = {"qk_nope_head_dim": config["key_length_mla"] - rotary, "head_dim": rotary,
+                 "v_head_dim": config["value_length_mla"], "num_key_value_heads": heads}
+    if config.get("routed_scaling_factor") == 0:
+        sizes["routed_scaling_factor"] = 1.0
+    return sizes
 
 
-# DeepSeek-V3 (dense or MoE), interleaved RoPE (llama.cpp's rope type for deepseek2), MLA in llama.cpp's
-# layout without absorption; the MoE keys are llama.cpp's
-ARCHS["deepseek2"] = _written("deepseek_v3", keys={
+def _groups(config: Mapping[str, Any]) -> tuple[int, Any]:
+    """(expert groups, groups used), refused where llama.cpp's loader asserts: it takes grouping
+    to keep fewer groups than there are."""
+    groups, used = config.get("n_group") or 1, config.get("topk_group")
+    if groups > 1 and used is not None and used >= groups:
+        raise MappingError(f"llama.cpp's deepseek2 loader requires expert_group_used_count below expert_group_count "
+                           f"(it aborts otherwise), and this model uses {used} of {groups} expert groups")
+    return groups, used
+
+
+def _deepseek_v3(config: Mapping[str, Any]) -> dict[str, Any]:
+    """DeepSeek-V3's router: llama.cpp's sigmoid scores (`expert_gating_func` 2), with the selection
+    bias and groups scored by their two best experts, as DeepseekV3TopkRouter."""
+    if config.get("expert_gating_func") != 2:
+        raise MappingError(f"deepseek2.expert_gating_func={config.get('expert_gating_func')}: lmconvert reads "
+                           "llama.cpp's softmax router (1, DeepSeek-V2's) and its sigmoid one (2, DeepSeek-V3's)")
+    _groups(config)
+    return _mla_sizes(config)
+
+
+def _deepseek_v2(config: Mapping[str, Any]) -> dict[str, Any]:
+    """DeepSeek-V2's router: llama.cpp's softmax scores (`expert_gating_func` 1, or none stated),
+    the top k taken unrenormalised and scaled, as DeepseekV2TopkRouter's `greedy`. Its
+    `group_limited_greedy` scores a group by its best expert, llama.cpp by its two best experts'
+    sum: the same only when every group is kept, which llama.cpp's loader does not take."""
+    if config.get("norm_topk_prob"):
+        raise MappingError("deepseek2.expert_weights_norm=true with softmax routing (expert_gating_func 1): "
+                           "DeepSeek-V2 never renormalises the chosen experts' weights")
+    groups, used = _groups(config)
+    if groups > 1:
+        raise MappingError(f"softmax routing limited to {used} of {groups} expert groups: llama.cpp's deepseek2 "
+                           "scores a group by the sum of its two best experts, DeepSeek-V2's group_limited_greedy by "
+                           "its best one, so they choose different experts")
+    return {**_mla_sizes(config), "topk_method": "greedy", "n_group": None, "topk_group": None}
+
+
+# the `{arch}.` keys of llama.cpp's deepseek2 (MLA, and its MoE keys)
+DEEPSEEK2_KEYS = {
     "attention.q_lora_rank": "q_lora_rank", "attention.kv_lora_rank": "kv_lora_rank",
     "attention.value_length": "v_head_dim", "rope.dimension_count": "qk_rope_head_dim",
+    "attention.key_length_mla": "key_length_mla", "attention.value_length_mla": "value_length_mla",
     "leading_dense_block_count": "first_k_dense_replace", "expert_count": "n_routed_experts",
     "expert_used_count": "num_experts_per_tok", "expert_feed_forward_length": "moe_intermediate_size",
     "expert_shared_count": "n_shared_experts", "expert_weights_scale": "routed_scaling_factor",
     "expert_weights_norm": "norm_topk_prob", "expert_group_count": "n_group", "expert_group_used_count": "topk_group",
-    "expert_gating_func": "expert_gating_func"},
-    defaults={"hidden_act": "silu", "rope_interleave": True, "q_lora_rank": None, "norm_topk_prob": False,
-              "n_group": 1, "topk_group": 1}, latent=True, table=_deepseek2_table(), derived=_deepseek2_sizes)
+    "expert_gating_func": "expert_gating_func"}
+# what llama.cpp assumes when a deepseek2 file leaves a key out: no q LoRA, no renormalising, no groups, no scale
+DEEPSEEK2_DEFAULTS = {"hidden_act": "silu", "q_lora_rank": None, "norm_topk_prob": False, "n_group": 1,
+                      "topk_group": 1, "routed_scaling_factor": 1.0}
+# DeepSeek-V3 (dense or MoE), interleaved RoPE (llama.cpp's rope type for deepseek2), MLA in llama.cpp's
+# layout without absorption; DeepSeek-V2 the same with its softmax router (its RoPE always interleaved)
+DEEPSEEK_V3 = _written("deepseek_v3", keys=DEEPSEEK2_KEYS, defaults={**DEEPSEEK2_DEFAULTS, "rope_interleave": True},
+                       latent=True, table=_deepseek2_table(), derived=_deepseek_v3)
+DEEPSEEK_V2 = replace(DEEPSEEK_V3, model_type="deepseek_v2", defaults=DEEPSEEK2_DEFAULTS, derived=_deepseek_v2)
+# llama.cpp's loader takes a file stating no gating function as DeepSeek-V2's (softmax)
+ARCHS["deepseek2"] = replace(DEEPSEEK_V3, told_apart=(("expert_gating_func", 2, DEEPSEEK_V3),
+                                                      ("expert_gating_func", 1, DEEPSEEK_V2),
+                                                      ("expert_gating_func", None, DEEPSEEK_V2)))

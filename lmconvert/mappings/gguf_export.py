@@ -25,13 +25,12 @@ from .gguf_metadata import LLAMA3_STATED, ROPE_KEYS, SHARED_KEYS, TOKEN_IDS, hf_
 
 # families with a llama.cpp architecture name that lmconvert does not write (yet), and why
 NOT_WRITTEN = {
-    "deepseek_v2": "lmconvert writes llama.cpp's deepseek2 architecture for DeepSeek-V3 only (V2's softmax "
-                   "router and its group scores by the best expert are not written yet)",
     "gptj": "llama.cpp names a gptj architecture but has no graph that runs it",
 }
 # transformers model_type -> (llama.cpp architecture, its table entry)
 EXPORTS: dict[str, tuple[str, GgufArch]] = {
     **{entry.model_type: (arch, entry) for arch, entry in ARCHS.items() if entry.model_type not in NOT_WRITTEN},
+    **{told.model_type: (arch, told) for arch, entry in ARCHS.items() for _, _, told in entry.told_apart},
     **{entry.model_type: (arch, entry) for arch, _, entry in BY_NAME},
 }
 # HF keys the import writes that a family's config.json may spell otherwise (transformers'
@@ -58,9 +57,10 @@ def _falcon_kv_heads(config: Mapping[str, Any]) -> int:
 UNSTATED = {"bloom": {"max_position_embeddings": lambda config: config.get("seq_length") or config["hidden_size"]},
             "falcon": {"num_key_value_heads": _falcon_kv_heads},
             # llama.cpp's deepseek2 loader requires the expert keys of a dense model too (its converter: the
-            # dense width, no shared experts)
+            # dense width, no shared experts), and with experts stated, at least one used (dense DeepSeek-V2
+            # states none)
             "deepseek2": {"moe_intermediate_size": lambda config: config["intermediate_size"],
-                          "n_shared_experts": lambda config: 0}}
+                          "n_shared_experts": lambda config: 0, "num_experts_per_tok": lambda config: 1}}
 # the eps DeepSeek's MLA norms (q_a, kv_a) use whatever rms_norm_eps says; llama.cpp's deepseek2 uses the
 # model's for them
 LATENT_NORM_EPS = 1e-6
@@ -72,6 +72,11 @@ def _latent_sizes(arch: str, config: Mapping[str, Any]) -> dict[str, Any]:
     if config.get("rms_norm_eps") != LATENT_NORM_EPS:
         raise MappingError(f"llama.cpp's {arch} normalises the latent q and kv with rms_norm_eps "
                            f"({config.get('rms_norm_eps')}), DeepSeek with {LATENT_NORM_EPS}")
+    kind = _rope(config)[0].get("rope_type") or "default"
+    if kind != "default":
+        raise MappingError(f"llama.cpp's {arch} derives the attention scale of scaled RoPE ({kind}) its own way (from "
+                           "yarn_log_mul alone, taking mscale as 1, or as mscale_all_dim for DeepSeek-V2), not as "
+                           "transformers does; lmconvert writes it with unscaled RoPE only")
     rotary = config["qk_rope_head_dim"]
     return {f"{arch}.attention.key_length": config["qk_nope_head_dim"] + rotary,
             f"{arch}.attention.value_length": config["v_head_dim"], f"{arch}.rope.dimension_count": rotary,
@@ -94,8 +99,7 @@ ROPE_TYPES_OUT = {"linear": "linear", "yarn": "yarn"}  # HF rope_type -> `{arch}
 # metadata llama.cpp's converter writes whatever the config says: OLMo's LayerNorm eps, fixed in transformers
 CONSTANTS: dict[str, dict[str, Any]] = {"olmo": {"attention.layer_norm_epsilon": 1e-5},
                                         "mpt": {"attention.max_alibi_bias": 8.0},  # transformers' MPT: always 8
-                                        "falcon": {"tensor_data_layout": "jploski"},  # its qkv as [q | k | v]
-                                        "deepseek2": {"expert_gating_func": 2}}  # sigmoid: DeepSeek-V3's router
+                                        "falcon": {"tensor_data_layout": "jploski"}}  # its qkv as [q | k | v]
 
 
 @dataclass
@@ -106,6 +110,13 @@ class GgufModel:
     entry: GgufArch
     values: dict[str, Any]  # metadata key -> value
     extra: dict[str, torch.Tensor] = field(default_factory=dict)  # tensors llama.cpp wants beside the weights
+
+
+def _told_apart(arch: str, entry: GgufArch) -> dict[str, Any]:
+    """The `{arch}.` value that tells this entry's model apart from the architecture's others
+    (DeepSeek-V2's softmax router in llama.cpp's deepseek2), if any."""
+    told = next(((key, value) for key, value, e in ARCHS[arch].told_apart if e is entry and value is not None), None)
+    return {} if told is None else {f"{arch}.{told[0]}": told[1]}
 
 
 def _rope(config: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
@@ -192,6 +203,7 @@ def metadata(config: Mapping[str, Any], name: str) -> GgufModel:
         if value is not None and gguf_key != "rope.freq_base":
             values[f"{arch}.{gguf_key}"] = value
     values.update({f"{arch}.{key}": value for key, value in CONSTANTS.get(arch, {}).items()})
+    values.update(_told_apart(arch, entry))
     values[f"{arch}.attention.key_length"] = values[f"{arch}.attention.value_length"] = head_dim
     params, _ = _rope(config)
     rotated = params.get("partial_rotary_factor") or config.get("partial_rotary_factor") or 1.0

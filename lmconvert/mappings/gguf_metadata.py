@@ -69,7 +69,8 @@ class Metadata(Protocol):
 def hf_config(file: Metadata) -> tuple[dict[str, Any], GgufArch]:
     """The transformers config dict the metadata describes, and the architecture's table entry."""
     arch = str(file.meta["general.architecture"])
-    entry = arch_entry(arch, str(file.meta.get("general.name") or "")).holding(file.tensors)
+    entry = arch_entry(arch, str(file.meta.get("general.name") or ""))
+    entry = entry.stating(lambda name: file.meta.get(f"{arch}.{name}")).holding(file.tensors)
     for tensor, layout in entry.refused.items():
         if tensor in file.tensors:
             raise MappingError(f"holds {tensor}: {layout}, which llama.cpp's {arch} architecture does not run "

@@ -14,12 +14,14 @@ experts) gives one canonical tensor per expert the config expects, its transform
 expert (`sizes["index"]`); such rules come after the per-expert ones, which export writes. A
 rule whose stored side has one `{}` more, the last, joins: one canonical tensor stored as one tensor
 per row (StableLM's per-head LayerNorms, a `Row` transform); import hands its transform every row in
-order, and export writes one stored tensor per row, the transform bound to that row. A
-rule whose canonical side is None drops the tensor on import (and says so); its stored pattern may
-end in `*` to drop a whole subtree (a vision tower, say). Both directions check that every input
-tensor is consumed and every expected output tensor is produced; leftovers are errors that name
-the tensors. A transform declared with
-symbolic sizes is bound by the `sizes` a plan is given.
+order, and export writes one stored tensor per row, the transform bound to that row. Rules whose
+transform `gathers` (HeadPart) name one canonical tensor stored as several differently named ones
+(llama.cpp's DeepSeek k_b and v_b for kv_b): import hands the first rule's transform every part in
+the rules' order, export writes each part. A rule whose canonical side is None drops the tensor
+on import (and says so); its stored pattern may end in `*` to drop a whole subtree (a vision
+tower, say). Both directions check that every input tensor is consumed and every expected output
+tensor is produced; leftovers are errors that name the tensors. A transform declared with symbolic
+sizes is bound by the `sizes` a plan is given.
 """
 
 from __future__ import annotations
@@ -198,9 +200,15 @@ class TensorTable:
         dropped: list[str] = []
         expected = set(expected)
         rows: dict[str, tuple[Step | Transform, dict[int, str]]] = {}  # joined: canonical -> (step, {row: stored})
+        parts: dict[str, tuple[tuple[str, ...], Step | Transform, set[str]]] = {}  # gathered: canonical -> parts
         in_order = sorted(expected)
         for stored in stored_names:
             if self._plan_row(stored, rows):
+                continue
+            gathered = self.gathered(stored)
+            if gathered:
+                names = tuple(name for name, _ in gathered[1])
+                parts.setdefault(gathered[0], (names, gathered[1][0][1], set()))[2].add(stored)
                 continue
             if self.expanding(stored):
                 self._plan_expanding(stored, in_order, plan, sizes or {})
@@ -215,6 +223,12 @@ class TensorTable:
         for canonical, (step, held) in rows.items():
             plan[canonical] = (_rows_in_order(canonical, held, step.rows(sizes or {})),  # type: ignore[union-attr]
                                 step.bind(sizes or {}))
+        for canonical, (names, step, held) in parts.items():
+            if set(names) - held or canonical in plan:
+                raise MappingError(f"{canonical!r} is stored as {', '.join(names)}, and the checkpoint has "
+                                   f"{_names(sorted(held | ({plan[canonical][0]} if canonical in plan else set())))}"
+                                   "; check that the tensors are whole")
+            plan[canonical] = (names, step.bind(sizes or {}))
         _check_sides(set(plan), set(expected), "the checkpoint")
         return plan, dropped
 
@@ -230,6 +244,22 @@ class TensorTable:
                 held[int(match.groups()[-1])] = stored
                 return True
         return False
+
+    def gathered(self, stored: str) -> tuple[str, list[tuple[str, Step | Transform]]] | None:
+        """For a stored tensor that is one part of a canonical tensor stored as several (a transform
+        that `gathers`): the canonical name, and every part's stored name and transform in order."""
+        try:
+            (rule, numbers), *_ = self._rules_for(stored)
+        except MappingError:
+            return None
+        if rule.canonical is None or not getattr(rule.transform, "gathers", False):
+            return None
+        return _fill(rule.canonical, numbers), self._parts(rule.canonical, numbers)
+
+    def _parts(self, canonical: str, numbers: Sequence[str]) -> list[tuple[str, Step | Transform]]:
+        """The stored names and transforms of the parts of a gathered canonical tensor, in the table's order."""
+        return [(_fill(r.stored, numbers), r.transform) for r in self.rules
+                if r.canonical == canonical and getattr(r.transform, "gathers", False)]
 
     def stored_names(self, canonical: str) -> list[str]:
         """Every stored name a canonical tensor is read from, the one export writes first (a fused
@@ -278,10 +308,15 @@ class TensorTable:
         with one stored name: Phi-3's qkv_proj, GPT-2's c_attn) gets the tuple of its pieces'
         canonical names, in the table's order, and the transform whose inverse joins them."""
         found: dict[str, list[tuple[int, str, Step | Transform]]] = {}
+        plan: dict[str, tuple[Any, Transform]] = {}
         for name in canonical_names:
             stored, step = self.to_stored_name(name)
+            if getattr(step, "gathers", False):  # one stored tensor per part
+                position, numbers = self._canonical_rule(name)
+                for part, part_step in self._parts(self.rules[position].canonical, numbers):  # type: ignore[arg-type]
+                    plan[part] = (name, part_step.bind(sizes or {}))
+                continue
             found.setdefault(stored, []).append((self._order(name), name, step))
-        plan: dict[str, tuple[Any, Transform]] = {}
         for stored, held in found.items():
             if "{}" in stored:  # a joining rule's: one stored tensor per row
                 (_, name, step), = held

@@ -15,6 +15,9 @@ bit by tests/test_table_transforms.py.
   the inverse all of them, which concatenates them;
 - Row: the reverse, one canonical tensor stored as one tensor per row (StableLM's per-head
   LayerNorms); import hands forward all of them, which stacks them, export writes each row;
+- HeadPart: the reverse of Piece per head, one canonical tensor stored as several, each holding
+  a block of every head's rows (llama.cpp's DeepSeek k_b and v_b); import hands forward all of
+  them, export writes each;
 - Offset: a constant added on disk (Gemma's norms as w + 1 in GGUF);
 - Trim: padding rows past the vocabulary dropped;
 - Transpose: a matrix stored [in, out] (GPT-2's Conv1D);
@@ -245,6 +248,52 @@ def stack_rows(rows: Sequence[torch.Tensor], count: int) -> torch.Tensor:
     if len(rows) != count:
         raise MappingError(f"{len(rows)} tensors are stored for {count} rows; the config contradicts the tensors")
     return torch.stack(list(rows))
+
+
+# ---- HeadPart: one canonical tensor stored as several, each a block of rows of every head
+
+
+@dataclass(frozen=True)
+class HeadPart:
+    """Part `index` of a canonical [heads * (sum of the parts), cols] tensor whose every head's rows
+    are the parts' blocks in order, stored as one [heads, rows, cols] tensor per part ([heads, cols,
+    rows] for a part `transposed`): llama.cpp's converter stores DeepSeek's kv_b ([heads * (nope + v),
+    kv_lora], per head its k rows then its v rows) as `attn_k_b` [heads, kv_lora, nope] (transposed,
+    for its absorbed MLA path) and `attn_v_b` [heads, v, kv_lora]. Each part has a rule of its own
+    naming the same canonical tensor (the table gathers them); forward, given every part in order,
+    builds the canonical tensor; the inverse is this part (a copy). `parts` name the sizes of each
+    part's rows; `transposed` says it of every part. Exact both ways: transposing, slicing and
+    concatenating copy bits."""
+
+    parts: tuple[str, ...]
+    transposed: tuple[bool, ...]
+    index: int
+    gathers: ClassVar[bool] = True  # the table hands forward every part
+
+    def bind(self, sizes: Sizes) -> Transform:
+        heads, lengths = _size(sizes, "heads"), [_size(sizes, name) for name in self.parts]
+        start, length, flips = sum(lengths[:self.index]), lengths[self.index], self.transposed
+
+        def inverse(t: torch.Tensor) -> torch.Tensor:
+            part = t.reshape(heads, sum(lengths), -1).narrow(1, start, length)
+            return (part.transpose(1, 2) if flips[self.index] else part).contiguous()
+
+        return Transform(f"part {self.index} of {'|'.join(self.parts)} per head",
+                         lambda parts: join_heads(parts, flips, heads, lengths), inverse)
+
+
+def join_heads(parts: Sequence[torch.Tensor], transposed: Sequence[bool], heads: int,
+               lengths: Sequence[int]) -> torch.Tensor:
+    """Every head's blocks, one from each part, in order: [heads * sum(lengths), cols]."""
+    import torch
+
+    blocks = [p.transpose(1, 2) if flip else p for p, flip in zip(parts, transposed, strict=True)]
+    shapes = [tuple(b.shape) for b in blocks]
+    if any(len(s) != 3 or s[0] != heads or s[1] != n or s[2] != shapes[0][2] for s, n in zip(shapes, lengths,
+                                                                                            strict=True)):
+        raise MappingError(f"parts of shapes {[list(p.shape) for p in parts]} are not {heads} heads of "
+                           f"{'+'.join(map(str, lengths))} rows; the config contradicts the tensors")
+    return torch.cat(blocks, 1).reshape(heads * sum(lengths), shapes[0][2])
 
 
 # ---- Offset: a constant added on disk
