@@ -23,7 +23,7 @@ from lmconvert.mappings.family import tensor_sizes
 from lmconvert.mappings.table import IDENTITY, Transform, out_shape
 
 from .canonical import META_FILE, CanonicalMeta, copy_sidecars, is_canonical, read_meta
-from .claims import check_layer_claim
+from .claims import check_layer_claim, layers_held
 from .dtypes import DTYPES, dominant
 from .errors import InputError
 from .hf import is_hf_safetensors, open_hf_safetensors
@@ -188,6 +188,7 @@ def open_checkpoint(path: Path) -> Checkpoint:
 def _map(source: Source) -> Checkpoint:
     config_file = source.path / "config.json" if source.path.is_dir() else source.path
     names = source.tensors.names()
+    held = layers_held(names)
     described_by, key = (META_FILE, "arch.n_layers") if source.canonical is not None else \
         ("config.json", "num_hidden_layers")
     try:
@@ -196,11 +197,11 @@ def _map(source: Source) -> Checkpoint:
         else:
             family = family_for(source.config.get("model_type"))
             # before the ArchConfig, whose per-layer tables grow with what the config claims
-            check_layer_claim(source.config.get(key), names, source.path, described_by, key)
+            check_layer_claim(source.config.get(key), held, source.path, described_by, key)
             arch = family.arch_config(source.config)
     except MappingError as exc:
         raise InputError(f"{config_file}: {str(exc).removeprefix('config.json: ')}") from None
-    check_layer_claim(arch.n_layers, names, source.path, described_by, key)  # as the family read it
+    check_layer_claim(arch.n_layers, held, source.path, described_by, key)  # as the family read it
     shapes = parameter_shapes(arch)  # what the decoder needs, without building it or importing torch
     if source.canonical is not None:
         missing = sorted(set(shapes) - set(names))

@@ -34,12 +34,14 @@ def layers_held(names: Iterable[str]) -> tuple[int, bool]:
     return (highest + 1, True) if highest + 1 <= count else (count, False)
 
 
-def check_layer_claim(claimed: object, names: Iterable[str], weights: Path | str, config: str, key: str) -> None:
+def check_layer_claim(claimed: object, names: Iterable[str] | tuple[int, bool], weights: Path | str, config: str,
+                      key: str) -> None:
     """Refuse a claimed layer count the tensors in `weights` cannot hold. A claim that is not an
-    integer is left to the config reader, which names the type it wants."""
+    integer is left to the config reader, which names the type it wants. `names` may be what
+    `layers_held` found in them, for a caller that checks two claims."""
     if isinstance(claimed, bool) or not isinstance(claimed, int):
         return
-    held, exact = layers_held(names)
+    held, exact = names if isinstance(names, tuple) else layers_held(names)
     if claimed > held:
         amount = f"{held} layer{'s' if held != 1 else ''}"
         raise InputError(f"{weights}: holds {amount if exact else 'tensors for at most ' + amount}, but {config} says "

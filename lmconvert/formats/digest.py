@@ -101,30 +101,32 @@ def memory_chunks(data: memoryview) -> Iterator[memoryview]:
         yield data[i:i + CHUNK]
 
 
-class _Scanner:
-    """The digest and NaN/Inf count of one tensor's bytes, fed piece by piece."""
+class _Check:
+    """The NaN/Inf check of chunks of one dtype: each chunk's bits masked once, then counted over
+    any of its parts (the tensors it holds pieces of)."""
 
-    def __init__(self, dtype: str, algorithm: str | None, checked: bool, scratch: memoryview | None) -> None:
+    def __init__(self, dtype: str, checked: bool, scratch: memoryview | None) -> None:
         kind = DTYPES[dtype]
         self.mask = kind.nonfinite if checked else None
-        self.hash = HASHES[algorithm]() if algorithm is not None else None
-        self.bad = 0
-        if self.mask is not None:
-            self.bits_type = _UINT[kind.itemsize]
-            self.masked_bits = (np.empty(CHUNK // kind.itemsize, dtype=self.bits_type) if scratch is None
-                                else np.frombuffer(scratch, dtype=self.bits_type))
+        self.itemsize = kind.itemsize
+        self.bits_type = _UINT[kind.itemsize]
+        self.masked_bits = (np.empty(CHUNK // kind.itemsize, dtype=self.bits_type) if scratch is None
+                            else np.frombuffer(scratch, dtype=self.bits_type))
 
-    def update(self, piece: memoryview) -> None:
-        if self.hash is not None:
-            self.hash.update(piece)
-        if self.mask is not None:
-            bits = np.frombuffer(piece, dtype=self.bits_type)
-            masked = np.bitwise_and(bits, self.mask, out=self.masked_bits[:len(bits)])
-            if len(masked) and masked.max() == self.mask:  # (x & mask) <= mask, equal only when all are set
-                self.bad += int(np.count_nonzero(masked == self.mask))
+    def masked(self, chunk: memoryview) -> np.ndarray | None:
+        """The chunk's masked bits if it holds any NaN/Inf (almost never), else None."""
+        if self.mask is None:
+            return None
+        bits = np.frombuffer(chunk, dtype=self.bits_type)
+        masked = np.bitwise_and(bits, self.mask, out=self.masked_bits[:len(bits)])
+        # (x & mask) <= mask, equal only when all are set
+        return masked if len(masked) and masked.max() == self.mask else None
 
-    def result(self) -> Scan:
-        return Scan(self.hash.hexdigest() if self.hash is not None else None, self.bad)
+    def nonfinite(self, masked: np.ndarray | None, start: int, stop: int) -> int:
+        """NaN/Inf values in bytes [start, stop) of the chunk `masked` came from."""
+        if masked is None:
+            return 0
+        return int(np.count_nonzero(masked[start // self.itemsize:stop // self.itemsize] == self.mask))
 
 
 def scan(chunks: Iterable[memoryview], dtype: str, algorithm: str | None = HASH, checked: bool = True,
@@ -132,47 +134,58 @@ def scan(chunks: Iterable[memoryview], dtype: str, algorithm: str | None = HASH,
     """One pass: the digest of the bytes (unless algorithm is None) and the count of NaN/Inf
     values (if checked and the dtype is a float type); each chunk then goes to `sink`, if any,
     while it is still in cache. `scratch` (CHUNK bytes, reused) holds the check's masked bits."""
-    scanner = _Scanner(dtype, algorithm, checked, scratch)
+    check = _Check(dtype, checked, scratch)
+    h = HASHES[algorithm]() if algorithm is not None else None
+    bad = 0
     for chunk in chunks:
-        scanner.update(chunk)
+        if h is not None:
+            h.update(chunk)
+        bad += check.nonfinite(check.masked(chunk), 0, len(chunk))
         if sink is not None:
             sink(chunk)
-    return scanner.result()
+    return Scan(h.hexdigest() if h is not None else None, bad)
 
 
 def scan_run(chunks: Iterable[memoryview], sizes: Sequence[int], dtype: str, algorithm: str | None = HASH,
              checked: bool = True, sink: Callable[[memoryview], None] | None = None,
              scratch: memoryview | None = None) -> list[Scan]:
-    """`scan` over tensors that lie back to back (`sizes` bytes each), read as one run of chunks: a
-    scan per tensor, while each chunk is read, written and cached once whatever the tensors' size.
-    Thousands of small expert tensors moved one by one cost a job, a file opening and a thread
-    hand-off each; as runs they cost what a dense checkpoint's few large tensors do."""
+    """`scan` over tensors of one dtype that lie back to back (`sizes` bytes each), read as one run
+    of chunks: a scan per tensor, while each chunk is read, masked, written and cached once whatever
+    the tensors' size. Thousands of small expert tensors moved one by one cost a job, a file
+    opening and a thread hand-off each; as runs they cost what a dense checkpoint's few large
+    tensors do."""
+    check = _Check(dtype, checked, scratch)
+    new_hash = HASHES[algorithm] if algorithm is not None else None
     scans: list[Scan] = []
-    scanner = _Scanner(dtype, algorithm, checked, scratch)
-    left = sizes[0] if sizes else 0
+    index, left, bad = 0, (sizes[0] if sizes else 0), 0
+    h = new_hash() if new_hash is not None else None
 
     def close_finished() -> None:  # the tensors the bytes so far complete (empty ones too)
-        nonlocal scanner, left
-        while left == 0 and len(scans) < len(sizes):
-            scans.append(scanner.result())
-            scanner = _Scanner(dtype, algorithm, checked, scratch)
-            left = sizes[len(scans)] if len(scans) < len(sizes) else 0
+        nonlocal index, left, bad, h
+        while left == 0 and index < len(sizes):
+            scans.append(Scan(h.hexdigest() if h is not None else None, bad))
+            index += 1
+            left, bad = (sizes[index] if index < len(sizes) else 0), 0
+            h = new_hash() if new_hash is not None else None
 
     close_finished()
     for chunk in chunks:
+        masked = check.masked(chunk)
         done = 0
         while done < len(chunk):
-            if len(scans) == len(sizes):
+            if index == len(sizes):
                 raise ValueError(f"a run of {sum(sizes)} bytes was given more")
             take = min(left, len(chunk) - done)
-            with chunk[done:done + take] as piece:
-                scanner.update(piece)
+            if h is not None:
+                with chunk[done:done + take] as piece:
+                    h.update(piece)
+            bad += check.nonfinite(masked, done, done + take)
             done += take
             left -= take
             close_finished()
         if sink is not None:
             sink(chunk)
-    if len(scans) < len(sizes):
+    if index < len(sizes):
         raise ValueError(f"a run of {sum(sizes)} bytes ended early")
     return scans
 

@@ -112,6 +112,7 @@ class TensorTable:
     _compiled: list = field(default_factory=list, compare=False, repr=False)
     _joining: list = field(default_factory=list, compare=False, repr=False)  # (rule, stored regex) that join
     _index: dict = field(default_factory=dict, compare=False, repr=False)
+    _gathering: bool = field(default=False, compare=False, repr=False)  # a rule's transform `gathers` parts
 
     def __post_init__(self) -> None:
         for rule in self.rules:
@@ -121,6 +122,7 @@ class TensorTable:
                                    _compile(rule.canonical) if rule.canonical else None))
             if _joins(rule):
                 self._joining.append((rule, self._compiled[-1][1]))
+        object.__setattr__(self, "_gathering", any(getattr(r.transform, "gathers", False) for r in self.rules))
 
     def _indexed(self, key: str) -> Any:  # noqa: ANN401 - one of the lookups below
         """The lookups by name, built when the table is first used (every family's table is made at
@@ -248,6 +250,8 @@ class TensorTable:
     def gathered(self, stored: str) -> tuple[str, list[tuple[str, Step | Transform]]] | None:
         """For a stored tensor that is one part of a canonical tensor stored as several (a transform
         that `gathers`): the canonical name, and every part's stored name and transform in order."""
+        if not self._gathering:  # almost every table: no regex to try for each of thousands of names
+            return None
         try:
             (rule, numbers), *_ = self._rules_for(stored)
         except MappingError:
