@@ -86,7 +86,7 @@ def write(directory: Path, layers: int, experts: int, layout: str) -> None:
 
 def _write(directory: str, layers: int, experts: int, layout: str) -> None:
     import numpy as np
-    from safetensors.torch import save_file
+    from safetensors.torch import save
 
     root = Path(directory)
     root.mkdir(parents=True)
@@ -103,7 +103,11 @@ def _write(directory: str, layers: int, experts: int, layout: str) -> None:
     for i, group in enumerate(groups, start=1):
         file = f"model-{i:05d}-of-{len(groups):05d}.safetensors"
         tensors = {n: _random_bf16(generator, s) for n, s in group.items()}
-        save_file(tensors, str(root / file), metadata={"format": "pt"})
+        # one write of the whole file, as a download writes it: safetensors' save_file writes tensor by
+        # tensor, and this kernel's page cache then holds thousands of small tensors' files in small
+        # folios, which read back ~35% slower (cat of the 64-expert files: 0.40 s, against 0.29 s for
+        # the same bytes written at once), a cost of how the benchmark made its input, not of conversion
+        (root / file).write_bytes(save(tensors, metadata={"format": "pt"}))
         total += sum(t.numel() * 2 for t in tensors.values())
         weight_map.update(dict.fromkeys(group, file))
         del tensors
