@@ -75,13 +75,12 @@ def plan_tensors(reader: TensorReader, items: Iterable[tuple[str, str | tuple[st
         raw = None
         span = getattr(fn, "span", None)  # one expert's rows of a fused experts tensor: a run of its bytes
         size = DTYPES[source].itemsize
-        first = 0 if span is None else span(reader.shape(src))[0] * size
+        first, stop = (0, 0) if span is None else (n * size for n in span(reader.shape(src)))  # bytes
         if fn is IDENTITY.forward and dtype == source and raw_location is not None:
             raw = RawBytes(*raw_location(src))
         elif span is not None and dtype == source and raw_location is not None and digests is None:
             path, start, _ = raw_location(src)
-            stop = span(reader.shape(src))[1]
-            raw = RawBytes(path, start + first, start + stop * size)
+            raw = RawBytes(path, start + first, start + stop)
         check = None if raw is None or allow_nonfinite else FiniteCheck(src, reader.where(src))
         planned.append(Planned(out, out_shape(fn, reader.shape(src)), dtype, producer(src, fn), raw, check,
                                None if raw is None else expected(src), position(src, first)))

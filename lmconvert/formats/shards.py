@@ -269,7 +269,7 @@ class _Writer:
         return fd
 
     def raw(self, run: Sequence[Planned], fd: int, offset: int) -> None:
-        """Tensors lying back to back in one source file (`run_of`), moved by one job."""
+        """Tensors lying back to back in one source file (as `write_safetensors` groups them), moved by one job."""
         first = run[0]
         checked = first.check is not None
         algorithm = first.expected.algorithm if first.expected is not None else self.algorithm
