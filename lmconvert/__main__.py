@@ -1,5 +1,5 @@
-"""`python -m lmconvert` works as the `lmconvert` command does."""
+"""`python -m lmconvert` works as the `lmconvert` command does (what torchrun launches)."""
 
-from lmconvert.cli import main
+from lmconvert.cli import entry
 
-main()
+entry()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -62,6 +63,24 @@ def test_python_m_lmconvert_is_the_lmconvert_command(canonical: Path, tmp_path: 
         assert module.stdout.replace("python -m lmconvert", "lmconvert") == command.stdout, args
         assert module.stderr.replace("python -m lmconvert", "lmconvert") == command.stderr, args
         assert module.stdout or module.stderr
+
+
+def test_under_torchrun_a_rank_leaves_without_the_interpreters_teardown(canonical: Path, tmp_path: Path) -> None:
+    """With torchrun's variables set, the command's output and exit code are as ever, but no atexit
+    handler runs: the interpreter's teardown, where a gloo group kept by DTensor's caches can abort a
+    finished rank, is skipped. Without them it runs as usual."""
+    script = ("import atexit, sys; atexit.register(lambda: print('teardown ran', file=sys.stderr)); "
+              "sys.argv = ['lmconvert', *sys.argv[1:]]; from lmconvert.cli import entry; entry()")
+    ranks = {"RANK": "0", "WORLD_SIZE": "1", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29500"}
+    plain = {k: v for k, v in os.environ.items() if k not in ranks}
+    for args, code, said in ((["inspect", str(canonical)], 0, "llama"),
+                             (["verify", str(tmp_path / "missing")], 2, "does not exist")):
+        launched, alone = (subprocess.run([sys.executable, "-c", script, *args], capture_output=True, text=True,
+                                          env=env, cwd=tmp_path) for env in ({**plain, **ranks}, plain))
+        assert launched.returncode == alone.returncode == code, launched.stderr
+        assert said in launched.stdout + launched.stderr
+        assert launched.stdout == alone.stdout
+        assert "teardown ran" not in launched.stderr and "teardown ran" in alone.stderr
 
 
 def test_canonical_layout(canonical: Path, hf_dir: Path) -> None:

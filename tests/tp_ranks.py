@@ -5,7 +5,10 @@ Each rank also records verify's trace points and gathers the ones it computed in
 
 from __future__ import annotations
 
+import faulthandler
+import os
 import pickle
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -51,7 +54,10 @@ def _run(model: torch.nn.Module, ids: torch.Tensor, prefill: int, group: Any) ->
 def run_ranks(rank: int, world: int, rendezvous: str, paths: dict[str, Path], ids: torch.Tensor, prefill: int,
               out: str) -> None:
     """Every model over ranks 0-1 (a two-rank mesh, the others waiting), then over all ranks through
-    `lmconvert.load(path, tp=world)`; rank 0 writes what it saw and what every rank measured."""
+    `lmconvert.load(path, tp=world)`; rank 0 writes what it saw and what every rank measured. Each rank
+    then leaves as the CLI's do under torchrun, without the interpreter's teardown (`cli.entry`): DTensor's
+    caches keep the gloo groups alive into it, and freeing one there aborted a finished rank in CI."""
+    faulthandler.enable()  # a rank that dies of a signal prints where each of its threads was
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"file://{rendezvous}", rank=rank, world_size=world)
     pair = DeviceMesh("cpu", [0, 1])
@@ -69,3 +75,6 @@ def run_ranks(rank: int, world: int, rendezvous: str, paths: dict[str, Path], id
             pickle.dump(results, f)
     dist.barrier()
     dist.destroy_process_group()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)

@@ -22,6 +22,7 @@ os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 from lmconvert.arch import ConfigError
 from lmconvert.formats.errors import InputError, IntegrityError
 from lmconvert.mappings import MappingError
+from lmconvert.runtime.launch import launched
 from lmconvert.verify.errors import ParityFailure
 
 from .args import CASTS, check_device, parse_cast, parse_memory, parse_size
@@ -290,5 +291,27 @@ def pull(repo_id: str, revision: str | None, out: Path | None, check: bool, dtyp
             raise ParityFailure(f"{out}: parity check failed against {repo_id}@{snapshot.sha} ({report.criterion})")
 
 
+def entry() -> None:
+    """The `lmconvert` command: `main`. Under torchrun each rank leaves without the interpreter's
+    teardown once its output is flushed. DTensor's caches keep the process groups alive past
+    `destroy_process_group`, and a gloo group freed during the teardown can abort a rank whose work is
+    done (SIGABRT, "terminate called without an active exception": a worker thread frees a tensor
+    Python owned and dies taking the GIL; pytorch/pytorch#190489), which a CI would read as a crash."""
+    if not launched():
+        main()
+        return
+    try:
+        main()
+        code: object = 0
+    except SystemExit as exc:  # click ends every run with one, carrying the exit code
+        code = exc.code
+    if code is not None and not isinstance(code, int):
+        print(code, file=sys.stderr)  # what sys.exit("message") would have done
+        code = 1
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code or 0)
+
+
 if __name__ == "__main__":
-    main()
+    entry()

@@ -1,3 +1,3 @@
-from lmconvert.cli import main
+from lmconvert.cli import entry
 
-main()
+entry()

@@ -61,6 +61,22 @@ def from_rank0(make: Callable[[], T]) -> T:
 def verify_parallel(checkpoint: Path, reference: Path | None, dtype: str | None, device: str, seq_len: int | None,
                     batch: int, seed: int, generate: int, max_memory: int | None, golden: Path | None,
                     save_golden: Path | None, padded: bool) -> Report | None:
+    """`_verify_ranks`, and the process group ended after it when it was started here, from torchrun's
+    environment (NCCL warns at the exit of a group never destroyed)."""
+    import torch.distributed as dist
+
+    started = not dist.is_initialized()
+    try:
+        return _verify_ranks(checkpoint, reference, dtype, device, seq_len, batch, seed, generate, max_memory, golden,
+                             save_golden, padded)
+    finally:
+        if started and dist.is_initialized():
+            dist.destroy_process_group()
+
+
+def _verify_ranks(checkpoint: Path, reference: Path | None, dtype: str | None, device: str, seq_len: int | None,
+                  batch: int, seed: int, generate: int, max_memory: int | None, golden: Path | None,
+                  save_golden: Path | None, padded: bool) -> Report | None:
     import torch.distributed as dist
 
     from lmconvert.runtime.tensor_parallel import device_mesh, gather_points, load_parallel
