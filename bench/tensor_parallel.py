@@ -70,8 +70,10 @@ def rank_job(path: str, tokens: int, steps: int, repeat: int, parallel: bool) ->
         dist.all_gather_object(every, mine)
     if not parallel or dist.get_rank() == 0:
         print("RESULT " + json.dumps(every), flush=True)
-    if parallel:
+    if parallel:  # leave without the interpreter's teardown, as the CLI's ranks do (docs/scaling.md)
         dist.destroy_process_group()
+        sys.stdout.flush()
+        os._exit(0)
 
 
 def run(path: Path, ranks: int | None, args: argparse.Namespace) -> list[dict]:
