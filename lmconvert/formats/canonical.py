@@ -14,7 +14,7 @@ from lmconvert.arch import ArchConfig, ConfigError
 
 from . import schema
 from .checkpoint_files import SIDECAR_PATTERNS, checkpoint_file, inside, sidecar_files
-from .claims import check_layer_claim
+from .claims import check_layer_claim, layers_held
 from .digest import HASH, HASHES, file_digest
 from .dtypes import DTYPES
 from .errors import InputError, IntegrityError
@@ -77,7 +77,7 @@ def read_meta(path: Path) -> CanonicalMeta:
                          f"reads ({', '.join(map(str, READABLE_VERSIONS))}); upgrade lmconvert")
     schema.validate(data, DESCRIPTION, str(file), "convert the source again")
     tensors = data.get("tensors", {})
-    check_layer_claim(data["arch"]["n_layers"], tensors, path, META_FILE, "arch.n_layers")
+    check_layer_claim(data["arch"]["n_layers"], layers_held(tensors), path, META_FILE, "arch.n_layers")
     try:
         arch = ArchConfig.from_dict(data["arch"])
     except (TypeError, ConfigError) as exc:

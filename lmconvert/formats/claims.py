@@ -34,15 +34,14 @@ def layers_held(names: Iterable[str]) -> tuple[int, bool]:
     return (highest + 1, True) if highest + 1 <= count else (count, False)
 
 
-def check_layer_claim(claimed: object, names: Iterable[str] | tuple[int, bool], weights: Path | str, config: str,
-                      key: str) -> None:
+def check_layer_claim(claimed: object, held: tuple[int, bool], weights: Path | str, config: str, key: str) -> None:
     """Refuse a claimed layer count the tensors in `weights` cannot hold. A claim that is not an
-    integer is left to the config reader, which names the type it wants. `names` may be what
-    `layers_held` found in them, for a caller that checks two claims."""
+    integer is left to the config reader, which names the type it wants. `held` is what
+    `layers_held` found in the tensors' names."""
     if isinstance(claimed, bool) or not isinstance(claimed, int):
         return
-    held, exact = names if isinstance(names, tuple) else layers_held(names)
-    if claimed > held:
-        amount = f"{held} layer{'s' if held != 1 else ''}"
+    count, exact = held
+    if claimed > count:
+        amount = f"{count} layer{'s' if count != 1 else ''}"
         raise InputError(f"{weights}: holds {amount if exact else 'tensors for at most ' + amount}, but {config} says "
                          f"{key}={claimed}; check that they match")

@@ -38,7 +38,7 @@ from lmconvert.mappings.transforms import same_bits
 
 from . import schema
 from .checkpoint_files import within
-from .claims import check_layer_claim
+from .claims import check_layer_claim, layers_held
 from .errors import InputError
 from .gguf_writer import SOURCE_KEY
 from .source import Loadable, Source
@@ -426,7 +426,7 @@ def check_metadata(file: GgufFile) -> None:
     arch_entry(arch)  # an architecture lmconvert does not read is named before its keys are checked
     types = schema.Object(optional={f"{arch}.{k}": spec for k, spec in ARCH_TYPES.items()})
     schema.validate(file.meta, types, f"{file.path}: metadata", "the file is damaged or not llama.cpp's")
-    check_layer_claim(file.meta.get(f"{arch}.block_count"), file.tensors, file.path, "its metadata",
+    check_layer_claim(file.meta.get(f"{arch}.block_count"), layers_held(file.tensors), file.path, "its metadata",
                       f"{arch}.block_count")
 
 

@@ -26,7 +26,7 @@ from lmconvert.mappings.transforms import PiecesDiffer
 
 from . import schema
 from .checkpoint_files import within
-from .claims import check_layer_claim
+from .claims import check_layer_claim, layers_held
 from .errors import InputError
 from .jsonfile import read_json_object
 from .source import CANNOT_LOAD_META, Loadable, Source
@@ -174,7 +174,7 @@ def open_meta(path: Path) -> Source:
     files = shard_files(path)
     shards = [load_weights(f) for f in files]
     head = shards[0]
-    check_layer_claim(inner["n_layers"], head, files[0], PARAMS, "n_layers")  # before the per-layer tables
+    check_layer_claim(inner["n_layers"], layers_held(head), files[0], PARAMS, "n_layers")  # before the per-layer tables
     if "output.weight" not in head or "tok_embeddings.weight" not in head:
         raise InputError(f"{files[0]}: lacks output.weight or tok_embeddings.weight; not a Meta LLaMA checkpoint")
     vocab = inner.get("vocab_size")
