@@ -40,7 +40,7 @@ import lmconvert
 from lmconvert.convert import convert, to_canonical
 from lmconvert.formats.checkpoint import open_source
 from lmconvert.mappings import MappingError, family_named
-from lmconvert.mappings.gguf_export import EXPORTS, metadata, read_back
+from lmconvert.mappings.gguf.export import EXPORTS, metadata, read_back
 
 FP32_MAX_ABS = 1e-5
 FLOATS = {"f32": torch.float32, "f16": torch.float16, "bf16": torch.bfloat16}

@@ -26,7 +26,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 import lmconvert
 from lmconvert.cli import main
 from lmconvert.formats.checkpoint import open_source
-from lmconvert.mappings.gguf_metadata import llama3_factors
+from lmconvert.mappings.gguf.metadata import llama3_factors
 
 FP32_MAX_ABS = 1e-5
 # transformers model_type -> llama.cpp architecture, as convert_hf_to_gguf.py registers them

@@ -31,7 +31,7 @@ from lmconvert.arch.activations import ACTIVATIONS
 from lmconvert.arch.positions import sinusoidal, sinusoidal_fairseq
 from lmconvert.convert import to_canonical, to_hf
 from lmconvert.mappings import FAMILIES, MappingError
-from lmconvert.mappings.transforms import Chain, Piece, Transpose
+from lmconvert.mappings.tables.transforms import Chain, Piece, Transpose
 from lmconvert.runtime.streamed import _stage_of, streamed
 from lmconvert.verify.trace import our_trace
 

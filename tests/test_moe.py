@@ -29,7 +29,7 @@ from lmconvert.arch.moe import MoE, Router
 from lmconvert.arch.shapes import parameter_shapes
 from lmconvert.convert import to_canonical, to_hf
 from lmconvert.mappings import FAMILIES
-from lmconvert.mappings.transforms import Unstack, same_bits, stack
+from lmconvert.mappings.tables.transforms import Unstack, same_bits, stack
 
 MOE_FAMILIES = [name for name in SPECS if FAMILIES[family_of(name)].config.from_hf(
     {"model_type": SPECS[name].model_type}).moe is not None]
@@ -362,7 +362,7 @@ def test_an_experts_rows_are_the_run_of_bytes_its_span_names(shape: tuple[int, .
     """What lets a conversion copy an expert out of a fused tensor byte for byte: forward's result
     is exactly the elements [start, stop) of its input, and out_shape is forward's shape, for
     gate/up halves, whole experts, rows `chunk` cuts unevenly (7 into 4 + 3) and a 4-D tensor."""
-    from lmconvert.mappings.transforms import out_shape
+    from lmconvert.mappings.tables.transforms import out_shape
 
     fused = torch.arange(torch.Size(shape).numel(), dtype=torch.int32).reshape(shape)
     for parts in (1, 2):

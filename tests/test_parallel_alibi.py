@@ -26,7 +26,7 @@ from lmconvert.arch.activations import ACTIVATIONS
 from lmconvert.arch.block import SeparateBias
 from lmconvert.arch.positions import alibi_bias, alibi_slopes, mpt_alibi_slopes
 from lmconvert.mappings import FAMILIES
-from lmconvert.mappings.transforms import QkvGroups, groups_to_qkv
+from lmconvert.mappings.tables.transforms import QkvGroups, groups_to_qkv
 
 # layouts the family specs leave out
 LAYOUTS: dict[str, tuple[str, dict]] = {

@@ -29,11 +29,12 @@ from hypothesis import strategies as st
 
 from lmconvert.mappings import FAMILIES, family_for
 from lmconvert.mappings.errors import MappingError
-from lmconvert.mappings.gguf import ARCHS, BY_NAME, GgufArch
 from lmconvert.mappings.meta import TENSORS as META_TENSORS
 from lmconvert.mappings.meta import Layout
-from lmconvert.mappings.table import IDENTITY, Rule, TensorTable
-from lmconvert.mappings.transforms import (
+from lmconvert.mappings.registry import ARCHS, BY_NAME
+from lmconvert.mappings.tables.gguf import GgufArch
+from lmconvert.mappings.tables.table import IDENTITY, Rule, TensorTable
+from lmconvert.mappings.tables.transforms import (
     Chain,
     Fuse,
     HeadPart,
@@ -524,8 +525,8 @@ def test_reading_the_tables_imports_no_torch() -> None:
     loads it); only running a transform does."""
     script = ("import sys\n"
               "from lmconvert.mappings import FAMILIES\n"
-              "from lmconvert.mappings.gguf import ARCHS, tensor_sizes\n"
-              "from lmconvert.mappings.gguf_metadata import hf_config\n"
+              "from lmconvert.mappings.tables.gguf import tensor_sizes\nfrom lmconvert.mappings.registry import ARCHS\n"
+              "from lmconvert.mappings.gguf.metadata import hf_config\n"
               "from lmconvert.mappings.meta import Layout\n"
               "from lmconvert.mappings.meta_params import params_for\n"
               "sizes = {'heads': 2, 'kv_heads': 1, 'vocab': 4, 'rows': 6, 'index': 0, 'q': 4, 'kv': 2, 'ffn': 3,\n"

@@ -19,7 +19,7 @@ import lmconvert
 from lmconvert.cli import main
 from lmconvert.convert import to_canonical
 from lmconvert.mappings import MappingError, family_for
-from lmconvert.mappings.table import TensorTable
+from lmconvert.mappings.tables.table import TensorTable
 from lmconvert.verify.prompts import random_batch
 from lmconvert.verify.run import verify
 from lmconvert.verify.trace import point_modules

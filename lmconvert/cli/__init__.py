@@ -164,7 +164,9 @@ def convert(src: Path, out: Path, to: str, family: str | None, quant: str | None
     if to == "meta":
         kwargs["shards"] = shards or 1
     with progress_bar(f"converting {src.name}") as progress:
-        run(src, out, to, progress=progress, **kwargs)
+        note = run(src, out, to, progress=progress, **kwargs)
+    if note:
+        click.echo(f"note: {note}", err=True)
     click.echo(f"wrote {out}")
 
 

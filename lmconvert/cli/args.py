@@ -8,7 +8,7 @@ import re
 from lmconvert.formats.dtypes import CASTS, parse_cast
 from lmconvert.formats.errors import InputError
 
-__all__ = ["CASTS", "check_device", "compute_dtype", "parse_cast", "parse_memory", "parse_size"]
+__all__ = ["CASTS", "check_device", "parse_cast", "parse_memory", "parse_size"]
 
 _UNITS = {"B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12, "KIB": 2**10, "MIB": 2**20, "GIB": 2**30}
 
@@ -32,14 +32,6 @@ def parse_memory(text: str | None) -> int | None:
     if size <= 0:
         raise InputError(f"--max-memory {text!r}: must be more than 0")
     return size
-
-
-def compute_dtype(dtype: str | None) -> str:
-    """verify's --dtype: float32 unless asked (there is no "keep": both sides compute in it)."""
-    dtype = dtype or "float32"
-    if dtype not in CASTS:
-        raise InputError(f"--dtype {dtype!r}: choose {', '.join(CASTS[:-1])} or {CASTS[-1]}")
-    return dtype
 
 
 def check_device(device: str) -> str:

@@ -31,8 +31,9 @@ def _to_gguf(src: Any, out: Path, **kwargs: Any) -> dict[str, Any]:
 TARGETS = {"canonical": (False, to_canonical), "hf": (True, to_hf), "meta": (True, _to_meta), "gguf": (True, _to_gguf)}
 
 
-def convert(src: Path, out: Path, to: str, **kwargs: Any) -> None:
-    """`dtype` is a --dtype name ("bfloat16", ...) or None to keep the checkpoint's own."""
+def convert(src: Path, out: Path, to: str, **kwargs: Any) -> str:
+    """`dtype` is a --dtype name ("bfloat16", ...) or None to keep the checkpoint's own. Returns what
+    the family says of the source (a multimodal wrapper's towers left out), or ""."""
     needs_canonical, fn = TARGETS[to]
     with open_checkpoint(src) as checkpoint:
         if (checkpoint.meta is not None) != needs_canonical:
@@ -41,3 +42,4 @@ def convert(src: Path, out: Path, to: str, **kwargs: Any) -> None:
         if not needs_canonical:
             kwargs.pop("family", None)
         fn(checkpoint, out, **kwargs)
+        return checkpoint.note

@@ -29,10 +29,10 @@ from lmconvert.formats.gguf_writer import (
     written_by_lmconvert,
 )
 from lmconvert.mappings import MappingError, family_for, family_named
-from lmconvert.mappings.gguf import tensor_sizes
-from lmconvert.mappings.gguf_export import GgufModel, for_tensors, lost, metadata, read_back
-from lmconvert.mappings.gguf_loaders import forced_type, refused_tensors
-from lmconvert.mappings.table import out_shape
+from lmconvert.mappings.gguf.export import GgufModel, for_tensors, lost, metadata, read_back
+from lmconvert.mappings.gguf.loaders import forced_type, refused_tensors
+from lmconvert.mappings.tables.gguf import tensor_sizes
+from lmconvert.mappings.tables.table import out_shape
 
 from .exports import canonical_meta
 from .plan import Progress, plan_tensors

@@ -11,7 +11,7 @@ from lmconvert.formats.digest import HASH, DigestCheck, FiniteCheck, check_tenso
 from lmconvert.formats.dtypes import BY_TORCH_NAME, DTYPES, torch_dtype
 from lmconvert.formats.shards import Planned, RawBytes
 from lmconvert.formats.source import TensorReader, dtype_name
-from lmconvert.mappings.table import IDENTITY, TensorFn, out_shape
+from lmconvert.mappings.tables.table import IDENTITY, TensorFn, out_shape
 
 if TYPE_CHECKING:
     import torch

@@ -20,7 +20,7 @@ from lmconvert.arch import ArchConfig
 from lmconvert.arch.shapes import parameter_shapes
 from lmconvert.mappings import Family, MappingError, family_for, family_named
 from lmconvert.mappings.family import tensor_sizes
-from lmconvert.mappings.table import IDENTITY, Transform, out_shape
+from lmconvert.mappings.tables.table import IDENTITY, Transform, out_shape
 
 from .canonical import META_FILE, CanonicalMeta, copy_sidecars, is_canonical, read_meta
 from .claims import check_layer_claim, layers_held
@@ -95,6 +95,12 @@ class Checkpoint:
     @property
     def config(self) -> dict[str, Any]:
         return self.source.config
+
+    @property
+    def note(self) -> str:
+        """What the family says of a checkpoint of its source's model_type (a wrapper's towers left out)."""
+        model_type = self.meta.source.get("model_type") if self.meta is not None else self.config.get("model_type")
+        return self.family.note_for(model_type)
 
     @property
     def meta(self) -> CanonicalMeta | None:

@@ -31,10 +31,10 @@ import torch
 from lmconvert.arch.shapes import parameter_shapes
 from lmconvert.mappings import MappingError, family_for
 from lmconvert.mappings.family import tensor_sizes as family_tensor_sizes
-from lmconvert.mappings.gguf import GgufArch, arch_entry, tensor_sizes
-from lmconvert.mappings.gguf_metadata import LLAMA3_STATED, TOKEN_IDS, hf_config
-from lmconvert.mappings.table import IDENTITY, TensorTable, Transform, out_shape
-from lmconvert.mappings.transforms import same_bits
+from lmconvert.mappings.gguf.metadata import LLAMA3_STATED, TOKEN_IDS, arch_entry, hf_config
+from lmconvert.mappings.tables.gguf import GgufArch, tensor_sizes
+from lmconvert.mappings.tables.table import IDENTITY, TensorTable, Transform, out_shape
+from lmconvert.mappings.tables.transforms import same_bits
 
 from . import schema
 from .checkpoint_files import within

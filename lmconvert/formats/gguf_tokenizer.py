@@ -19,7 +19,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from lmconvert.mappings.gguf_pretokenizers import CHECK_TEXT, PRE_TOKENIZERS
+from lmconvert.mappings.gguf.pretokenizers import CHECK_TEXT, PRE_TOKENIZERS
 
 from .errors import InputError
 from .jsonfile import read_json_object

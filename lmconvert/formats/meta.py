@@ -21,8 +21,8 @@ import torch
 
 from lmconvert.mappings.meta import EMBEDDING, TENSORS, Layout, LayoutError
 from lmconvert.mappings.meta_params import hf_config, model_params
-from lmconvert.mappings.table import Rule
-from lmconvert.mappings.transforms import PiecesDiffer
+from lmconvert.mappings.tables.table import Rule
+from lmconvert.mappings.tables.transforms import PiecesDiffer
 
 from . import schema
 from .checkpoint_files import within

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 from safetensors import safe_open
 
-from lmconvert.mappings.table import IDENTITY
+from lmconvert.mappings.tables.table import IDENTITY
 
 from .safetensors_dir import TensorSource
 

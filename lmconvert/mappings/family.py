@@ -7,15 +7,16 @@ variant the family cannot express, and the error names it.
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from dataclasses import dataclass, fields, is_dataclass
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field, fields, is_dataclass
 from typing import Any
 
 from lmconvert.arch import ArchConfig, ConfigError
 
-from .config_table import ConfigTable
 from .errors import Inexpressible, MappingError
-from .table import TensorTable
+from .tables.config_table import ConfigTable
+from .tables.gguf import GgufArch
+from .tables.table import TensorTable
 
 VARIANT_NAMES = {
     "norm": "this norm", "norm_placement": "this norm placement",
@@ -43,7 +44,10 @@ VARIANT_NAMES = {
     "resid_dropout": "residual dropout", "attn_dropout": "attention dropout",
     "embed_norm": "an embedding norm", "residual_after_norm": "the residual taken after the norm",
     "parallel_sum": "this parallel-block sum order", "scale_in_product": "the score scale inside q.k's product",
-    "d_ff": "this FFN width", "alibi": "this kind of ALiBi", "bias_separate": "biases added after the matmul",
+    "d_ff": "this FFN width", "vocab_size": "this vocabulary size", "d_model": "this width (d_model)",
+    "n_layers": "this number of layers", "n_heads": "this number of heads",
+    "max_positions": "this context length (max_positions)", "positions_from_mask": "positions counted from the mask",
+    "z_loss": "a z-loss", "alibi": "this kind of ALiBi", "bias_separate": "biases added after the matmul",
 }
 
 def tensor_sizes(arch: ArchConfig) -> dict[str, int]:
@@ -63,8 +67,19 @@ class Family:
     architecture: str  # the transformers class written into config.json on export
     tensors: TensorTable
     config: ConfigTable
-    note: str = ""  # said to the user on import, e.g. what is left out
+    # model_type -> what `convert` and `inspect` say of a checkpoint of it, in one line (a multimodal
+    # wrapper: which towers are left out)
+    notes: Mapping[str, str] = field(default_factory=dict)
     layout: Callable[[ArchConfig], TensorTable] | None = None  # the table for one config, where names depend on it
+    gguf: tuple[GgufArch, ...] = ()  # its llama.cpp architectures (read, and written by `--to gguf`)
+    no_gguf: str = ""  # why it has no GGUF form, where llama.cpp names it but cannot run it
+    # verify: where transformers' modules of this family lay a point out otherwise than llama's
+    # (verify/layouts.py), by point; QK norms have no default
+    reference_layouts: Mapping[str, Any] = field(default_factory=dict)
+
+    def note_for(self, model_type: object) -> str:
+        """What is said of a checkpoint of this model_type ("" for none)."""
+        return self.notes.get(model_type, "") if isinstance(model_type, str) else ""
 
     def tensors_for(self, arch: ArchConfig) -> TensorTable:
         """The tensor table for this config: `tensors`, unless the stored names depend on the layout

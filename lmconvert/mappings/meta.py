@@ -23,8 +23,8 @@ from dataclasses import dataclass
 from functools import cache
 
 from .errors import MappingError
-from .table import Rule, TensorTable
-from .transforms import Chain, Fuse, Permute, Step, Transform
+from .tables.table import Rule, TensorTable
+from .tables.transforms import Chain, Fuse, Permute, Step, Transform
 
 
 class LayoutError(MappingError):

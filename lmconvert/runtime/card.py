@@ -15,7 +15,7 @@ from lmconvert.formats.dtypes import BY_TORCH_NAME
 def card(path: Path) -> dict[str, Any]:
     """From lmconvert.json, or from any input format without reading its weights."""
     with open_checkpoint(path) as checkpoint:
-        arch, family, dtype = checkpoint.arch, checkpoint.family.name, checkpoint.dtype()
+        arch, family, dtype, note = checkpoint.arch, checkpoint.family.name, checkpoint.dtype(), checkpoint.note
     element = BY_TORCH_NAME[dtype].itemsize
     params = sum(prod(shape) for shape in parameter_shapes(arch).values())
     return {
@@ -24,7 +24,7 @@ def card(path: Path) -> dict[str, Any]:
         "heads": arch.n_heads, "kv_heads": arch.n_kv_heads, "head_dim": arch.head_dim,
         "d_ff/d_model": round(arch.d_ff / arch.d_model, 3), "d_model/n_layers": round(arch.d_model / arch.n_layers, 3),
         "kv_cache_bytes_per_token": arch.kv_cache_bytes_per_token(element),
-        "variants": variants(arch),
+        "variants": variants(arch), "note": note,
     }
 
 
@@ -38,4 +38,5 @@ def format_card(info: dict[str, Any]) -> str:
              f"KV cache          {info['kv_cache_bytes_per_token']:,} bytes per token ({info['dtype']})",
              "variants"]
     lines += [f"  - {v}" for v in info["variants"]]
+    lines += [f"note              {info['note']}"] if info["note"] else []
     return "\n".join(lines)

@@ -13,7 +13,7 @@ import torch
 from lmconvert.arch import ArchConfig
 from lmconvert.formats.dtypes import torch_dtype
 from lmconvert.formats.source import Loadable
-from lmconvert.mappings.table import TensorTable
+from lmconvert.mappings.tables.table import TensorTable
 
 from .budget import needed
 from .localize import OwnErrors, own_errors

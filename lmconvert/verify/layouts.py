@@ -31,22 +31,11 @@ from dataclasses import dataclass
 import torch
 
 from lmconvert.arch import ArchConfig
+from lmconvert.mappings import FAMILIES
+from lmconvert.mappings.tables.points import LATENT, RESIDUAL, SPARSE, Layout, Piece
 
 from .trace import sublayer_of
 
-Layout = str
-
-
-@dataclass(frozen=True)
-class Piece:
-    """A point that is one piece of a fused module's output (GPT-2's c_attn): the whole output is
-    laid out as `layout`, and the point is entry `index` of its axis `axis`."""
-
-    layout: Layout
-    axis: str
-    index: int
-
-RESIDUAL: Layout = "B T d"
 EXPERT = re.compile(r"^mlp\.experts\.\d+$")
 
 # A mixture of experts (arch/moe.py) runs on the tokens flattened, as transformers' does: the
@@ -74,56 +63,17 @@ OURS_QK_NORM: Mapping[str, Mapping[str, Layout]] = {
     "projection": {"attn.q_norm": "B T H*D", "attn.k_norm": "B T KV*D"},
 }
 
-# Our latent attention (MLA), by attention kind: its projections and norms are (B, T, features), q
-# is a whole query head per head; kv_b runs on the latent viewed as one head, (B, 1, T, C).
-LATENT: Mapping[str, Layout] = {
-    "attn.q": "B T H*QK", "attn.q_a": "B T Q", "attn.q_a_norm": "B T Q", "attn.q_b": "B T H*QK",
-    "attn.kv_a": "B T CR", "attn.kv_a_norm": "B T C", "attn.kv_b": "B one T H*NV",
-}
-# DSA's indexer (the "sparse" kind, MLA besides): its query projection per index head, its one key
-# head before and after its norm, and the per-head weights
-SPARSE: Mapping[str, Layout] = {**LATENT, "attn.index_q": "B T IH*ID", "attn.index_k": "B T ID",
-                                "attn.index_k_norm": "B T ID", "attn.index_weights": "B T IH"}
 OURS_BY_ATTENTION: Mapping[str, Mapping[str, Layout]] = {"latent": LATENT, "sparse": SPARSE}
 
 # transformers' llama-style decoders: hidden states, norms and nn.Linear projections are
 # (B, T, features), as ours. QK norms have no default: each model type that has them says where.
 TRANSFORMERS: Mapping[str, Layout] = dict(OURS)
 
-# Keyed by the text config's model_type (`config.get_text_config().model_type`), so that
-# Gemma3ForConditionalGeneration and Gemma3ForCausalLM share an entry.
-FUSED_QKV = {"attn.q": "B T [H*D]|KV*D|KV*D", "attn.k": "B T H*D|[KV*D]|KV*D", "attn.v": "B T H*D|KV*D|[KV*D]"}
-TRANSFORMERS_BY_MODEL_TYPE: Mapping[str, Mapping[str, Layout | Piece]] = {
-    # q_norm(q_proj(x).view(B, T, -1, D)), transposed afterwards
-    "qwen3": {"attn.q_norm": "B T H D", "attn.k_norm": "B T KV D"},
-    # q_proj(x).view(B, T, -1, D).transpose(1, 2), then q_norm
-    "gemma3_text": {"attn.q_norm": "B H T D", "attn.k_norm": "B KV T D"},
-    # PhiAttention: q_proj(x).view(B, T, -1, D).transpose(1, 2), then q_layernorm
-    "phi": {"attn.q_norm": "B H T D", "attn.k_norm": "B KV T D"},
-    # q_norm(q_proj(x)) over the whole projection, viewed afterwards
-    "olmo2": {"attn.q_norm": "B T H*D", "attn.k_norm": "B T KV*D"},
-    # q_norm(q_proj(x).view(B, T, -1, D)), a weight per head, transposed afterwards
-    "cohere": {"attn.q_norm": "B T H D", "attn.k_norm": "B T KV D"},
-    # StableLmAttention: q_proj(x).view(B, T, -1, D).transpose(1, 2), then q_layernorm, a LayerNorm per head
-    "stablelm": {"attn.q_norm": "B H T D", "attn.k_norm": "B KV T D"},
-    # one qkv_proj output [q | k | v] and one gate_up_proj output [gate | up]
-    "phi3": {**FUSED_QKV, "mlp.gate": "B T [F]|F", "mlp.up": "B T F|[F]"},
-    "mpt": FUSED_QKV,  # Wqkv: [q; k; v] along its output
-    # OPTDecoderLayer runs its MLP on the hidden states flattened to (B*T, d)
-    "opt": {"mlp.up": "B*T F", "mlp.down": "B*T d"},
-    # q, k and v are the three pieces of one Conv1D, `c_attn`: q | k | v along its output
-    "gpt2": {"attn.q": Piece("B T P*H*D", "P", 0), "attn.k": Piece("B T P*KV*D", "P", 1),
-             "attn.v": Piece("B T P*KV*D", "P", 2)},
-    "olmoe": {"attn.q_norm": "B T H*D", "attn.k_norm": "B T KV*D"},
-    "qwen3_moe": {"attn.q_norm": "B T H D", "attn.k_norm": "B T KV D"},  # as qwen3
-    # DeepseekV2/V3Attention: kv_b_proj on the latent viewed as (B, 1, T, C) in `expand_kv`, as ours;
-    # DeepseekV2Moe/V3MoE run the shared experts on the unflattened input
-    "deepseek_v2": {**LATENT, "mlp.shared.gate": "B T S", "mlp.shared.up": "B T S", "mlp.shared.down": RESIDUAL},
-    "deepseek_v3": {**LATENT, "mlp.shared.gate": "B T S", "mlp.shared.up": "B T S", "mlp.shared.down": RESIDUAL},
-    "minicpm3": LATENT,  # MiniCPM3Attention: DeepseekV2Attention's modules
-    # DeepseekV32Attention: V3's, and its Indexer's wq_b, wk, k_norm and weights_proj on (B, T, features)
-    "deepseek_v32": {**SPARSE, "mlp.shared.gate": "B T S", "mlp.shared.up": "B T S", "mlp.shared.down": RESIDUAL},
-}
+# transformers' layouts where a family's modules differ from the default, keyed by the text config's
+# model_type (`config.get_text_config().model_type`), so that Gemma3ForConditionalGeneration and
+# Gemma3ForCausalLM share an entry: each family declares its own (`Family.reference_layouts`)
+TRANSFORMERS_BY_MODEL_TYPE: dict[str, Mapping[str, Layout | Piece]] = {
+    model_type: family.reference_layouts for family in FAMILIES.values() for model_type in family.model_types}
 
 
 def _latent_sizes(arch: ArchConfig) -> dict[str, int]:

@@ -13,7 +13,7 @@ import torch
 from lmconvert.arch import ArchConfig
 from lmconvert.formats.errors import InputError
 from lmconvert.formats.source import Loadable
-from lmconvert.mappings.table import TensorTable
+from lmconvert.mappings.tables.table import TensorTable
 
 from .layouts import PointLayouts
 from .spread import spread_memory

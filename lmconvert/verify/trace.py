@@ -20,7 +20,7 @@ from torch import nn
 
 from lmconvert.arch import ArchConfig, Decoder
 from lmconvert.mappings.errors import MappingError
-from lmconvert.mappings.table import TensorTable
+from lmconvert.mappings.tables.table import TensorTable
 
 EMBED, FINAL = "embed", "final_norm"
 

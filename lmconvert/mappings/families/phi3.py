@@ -1,0 +1,104 @@
+"""Phi-3 (Phi-3-mini/small/medium, Phi-3.5-mini, Phi-4-mini).
+
+Same as llama, except: q, k and v are one fused `qkv_proj` whose rows are [q | k | v], and gate and
+up one fused `gate_up_proj` whose rows are [gate | up] (both split on import, joined on export,
+bit for bit); no biases anywhere; `rms_norm_eps` defaults to 1e-5; `sliding_window` (default none)
+covers every layer; RoPE is `default` or `longrope` only (older files' "su" and "yarn" mean
+longrope), and reads `partial_rotary_factor` for both; longrope takes the top-level
+`original_max_position_embeddings` (default 4096) over the one in the rope parameters, a missing
+`factor` is max_position_embeddings / original, and its short or long factors are picked per
+forward call by the sequence length; `resid_pdrop` drops each sublayer's output before the
+residual add (training only); `embd_pdrop` is declared but never used by transformers: checked,
+not kept.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Any
+
+from lmconvert.arch import ArchConfig
+
+from ..errors import MappingError
+from ..family import Family
+from ..tables.config_table import DEFAULT, Entry, plain
+from ..tables.gguf import (
+    GgufArch,
+)
+from ..tables.hf_config import HfConfig, Key
+from ..tables.hf_layers import SLIDING_WINDOW_KEY
+from ..tables.hf_rope import KEYS, rope_from_hf, rope_parameters, rope_to_hf
+from ..tables.points import FUSED_QKV
+from ..tables.table import Rule, TensorTable
+from ..tables.transforms import Piece
+from . import llama, starcoder2
+
+QKV, GATE_UP = ("q", "kv", "kv"), ("ffn", "ffn")  # the pieces' sizes, in the order they are stored
+FUSED_RULES = (
+    *(Rule("model.layers.{}.self_attn.qkv_proj.weight", f"layers.{{}}.attn.{name}.weight", Piece(QKV, i))
+      for i, name in enumerate("qkv")),
+    Rule("model.layers.{}.self_attn.o_proj.weight", "layers.{}.attn.o.weight"),
+    *(Rule("model.layers.{}.mlp.gate_up_proj.weight", f"layers.{{}}.mlp.{name}.weight", Piece(GATE_UP, i))
+      for i, name in enumerate(("gate", "up"))),
+    Rule("model.layers.{}.mlp.down_proj.weight", "layers.{}.mlp.down.weight"),
+)
+TENSORS = TensorTable(llama.EDGE_RULES + FUSED_RULES + llama.PRE_NORM_RULES)
+
+ORIGINAL = Key("original_max_position_embeddings", int, 4096)
+LONGROPE_SPELLINGS = {"su": "longrope", "yarn": "longrope"}  # Phi3Config renames these
+PHI3_TYPES = ("default", "longrope")
+
+
+def rope_from_phi3(hf: HfConfig, _: dict[str, Any]) -> dict[str, Any]:
+    params, where = rope_parameters(hf)
+    if "su" in (params.get("rope_type"), params.get("type")) and "original_max_position_embeddings" not in params:
+        raise MappingError(f"config.json: {where}type='su' without original_max_position_embeddings is refused by "
+                           "transformers; add it to the rope parameters, or spell the type 'longrope'")
+    for key in ("rope_type", "type"):
+        if params.get(key) in LONGROPE_SPELLINGS:
+            params[key] = LONGROPE_SPELLINGS[params[key]]
+    kind = params.get("rope_type", params.get("type", "default"))
+    if kind not in PHI3_TYPES:
+        raise MappingError(f"config.json: {where}rope_type={kind!r} is not supported by Phi-3 (transformers refuses "
+                           f"it too); use one of {', '.join(PHI3_TYPES)}")
+    if kind == "longrope":  # the top-level key always wins, its default included
+        params["original_max_position_embeddings"] = hf.get(ORIGINAL.name)
+    return {"rope": rope_from_hf(hf, params, where, partial=True)}
+
+
+def rope_to_phi3(cfg: ArchConfig) -> dict[str, Any]:
+    # another scaling is written as the default type, so export names the scaling it cannot express
+    rope = cfg.rope if cfg.rope.scaling in ("none", "longrope") else replace(cfg.rope, scaling="none")
+    original = rope.original_max_positions if rope.scaling == "longrope" else DEFAULT
+    params = rope_to_hf(rope, partial=True)
+    if rope.scaling == "longrope" and rope.factor == cfg.max_positions / rope.original_max_positions:
+        params.pop("factor", None)  # what an absent factor means, as Phi-3's own files leave it
+    return {"rope_parameters": params, ORIGINAL.name: original}
+
+
+CONFIG = llama.CONFIG.but(
+    drop=("attention_bias", "mlp_bias"),
+    add=(llama.norm(1e-5),
+         Entry("rope", (*KEYS, ORIGINAL), rope_from_phi3, rope_to_phi3),
+         Entry("layer kinds", (SLIDING_WINDOW_KEY,), starcoder2.window_from_hf, starcoder2.window_to_hf),
+         plain("resid_pdrop", "resid_dropout", float, 0.0, bound="probability"),
+         Entry("embd_pdrop", (Key("embd_pdrop", float, 0.0, bound="probability"),), lambda hf, _: {},
+               lambda cfg: {"embd_pdrop": DEFAULT})),
+    defaults={"vocab_size": 32064, "hidden_size": 3072, "intermediate_size": 8192, "max_position_embeddings": 4096,
+              "rms_norm_eps": 1e-5, "sliding_window": None},
+    nullable={"head_dim": False, "attention_dropout": False},  # head_dim: not a Phi3Config key, read if stated
+)
+
+
+# -- llama.cpp (GGUF)
+# transformers' GGUF loader reads no window; llama.cpp's converter writes one when config.json has it
+GGUF_PHI3 = GgufArch("phi3", arch="phi3", keys={"attention.sliding_window": "sliding_window"},
+                     defaults={"hidden_act": "silu"},
+                        fused=True)
+
+
+# one qkv_proj output [q | k | v] and one gate_up_proj output [gate | up]
+REFERENCE_LAYOUTS = {**FUSED_QKV, "mlp.gate": "B T [F]|F", "mlp.up": "B T F|[F]"}
+
+FAMILY = Family("phi3", ("phi3",), "Phi3ForCausalLM", TENSORS, CONFIG, gguf=(GGUF_PHI3,),
+                reference_layouts=REFERENCE_LAYOUTS)

@@ -1,0 +1,121 @@
+"""The RoPE keys of config.json, in both of their styles, as config-table rows.
+
+Hub config.json files come in two styles: transformers 4's `rope_theta` + `rope_scaling`, and
+transformers 5's `rope_parameters`. Both are read here, the way transformers' own
+`convert_rope_params_to_dict` merges them; export always writes `rope_parameters`. The parameters
+inside the dict are checked like top-level keys: a zero factor or theta is refused, not defaulted.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from lmconvert.arch import RopeConfig
+
+from ..errors import MappingError
+from .config_table import Entry
+from .hf_config import HfConfig, Key
+
+ROPE_TYPES = {"default": "none", "linear": "linear", "dynamic": "dynamic", "yarn": "yarn", "llama3": "llama3",
+              "longrope": "longrope"}
+SCALED = ("yarn", "llama3", "longrope")  # the types transformers gives original_max_position_embeddings
+# rope_type -> (the RopeConfig fields it reads, those of them transformers' validation requires)
+_READS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
+    "default": ((), ()),
+    "linear": (("factor",), ("factor",)), "dynamic": (("factor",), ("factor",)),
+    "yarn": (("factor", "original_max_positions", "beta_fast", "beta_slow", "attention_factor",
+              "mscale", "mscale_all_dim", "truncate"), ("factor", "original_max_positions")),
+    "llama3": (("factor", "original_max_positions", "low_freq_factor", "high_freq_factor"),) * 2,
+    "longrope": (("factor", "original_max_positions", "attention_factor", "short_factor", "long_factor"),
+                 ("original_max_positions", "short_factor", "long_factor")),
+}
+_ROPE_KEYS = {  # rope_parameters key -> RopeConfig field
+    "factor": "factor", "original_max_position_embeddings": "original_max_positions",
+    "low_freq_factor": "low_freq_factor", "high_freq_factor": "high_freq_factor",
+    "beta_fast": "beta_fast", "beta_slow": "beta_slow", "attention_factor": "attention_factor",
+    "mscale": "mscale", "mscale_all_dim": "mscale_all_dim", "truncate": "truncate",
+    "short_factor": "short_factor", "long_factor": "long_factor",
+}
+FRACTION = Key("partial_rotary_factor", float, None, nullable=True, bound="fraction")
+# the keys of one rope parameter dict; an optional parameter may be null (transformers reads it with
+# `.get(...) or default`), a present one must be valid
+PARAMETER_KEYS: dict[str, Key] = {key.name: key for key in (
+    Key("rope_type", str, "default", choices=ROPE_TYPES), Key("type", str, "default", choices=ROPE_TYPES),
+    Key("rope_theta", float, None),
+    Key("factor", float, None, nullable=True), Key("original_max_position_embeddings", int, None, nullable=True),
+    Key("low_freq_factor", float, None, nullable=True), Key("high_freq_factor", float, None, nullable=True),
+    Key("beta_fast", float, None, nullable=True), Key("beta_slow", float, None, nullable=True),
+    Key("attention_factor", float, None, nullable=True),
+    Key("mscale", float, None, nullable=True, bound="finite"),
+    Key("mscale_all_dim", float, None, nullable=True, bound="finite"),
+    Key("truncate", bool, None, nullable=True), FRACTION,
+    Key("short_factor", list, None, nullable=True), Key("long_factor", list, None, nullable=True),
+)}
+# the top-level keys one RoPE for every layer is read from
+KEYS = (Key("rope_parameters", dict, None, nullable=True),
+        Key("rope_scaling", dict, None, nullable=True, legacy=True),
+        Key("rope_theta", float, 10000.0, legacy=True), Key(FRACTION.name, float, None, nullable=True,
+                                                            bound="fraction", legacy=True))
+
+
+def rope_parameters(hf: HfConfig) -> tuple[dict[str, Any], str]:
+    """The merged rope parameter dict, whichever style the file uses (rope_scaling wins, as in
+    transformers), and where it is in the file."""
+    if hf.get("rope_scaling"):
+        return dict(hf.get("rope_scaling")), "rope_scaling."
+    return dict(hf.get("rope_parameters") or {}), "rope_parameters."
+
+
+def rope_from_hf(hf: HfConfig, params: dict[str, Any], where: str, theta: float | None = None,
+                 partial: bool = False, **fixed: Any) -> RopeConfig:
+    """RopeConfig from one (non-nested) rope parameter dict found at `where`; `theta` is the
+    rope_theta it lacks (else the top-level key's); `partial`: the family's own default init reads
+    partial_rotary_factor too; `fixed` sets family constants."""
+    p = HfConfig(params, PARAMETER_KEYS, where)
+    kind = p.get("rope_type") if p.stated("rope_type") else p.get("type")
+    values: dict[str, Any] = {"theta": p.get("rope_theta", hf.get("rope_theta") if theta is None else theta),
+                              "scaling": ROPE_TYPES[kind]}
+    for key, name in _ROPE_KEYS.items():  # only what this type reads: a stray key changes nothing
+        if name in _READS[kind][0] and p.get(key) is not None:
+            values[name] = p.get(key)
+    max_pos = hf.get("max_position_embeddings")
+    if kind in SCALED:
+        values.setdefault("original_max_positions", max_pos)
+    fraction = p.get(FRACTION.name) if p.stated(FRACTION.name) else hf.get(FRACTION.name)
+    if fraction is not None and partial:
+        values["fraction"] = fraction
+    elif fraction not in (None, 1.0) and kind != "default":  # llama's default init ignores it
+        raise MappingError(f"config.json: partial_rotary_factor={fraction} with rope_type {kind!r}: the scaled "
+                           "tables cover part of each head but this family's attention rotates all of it, which "
+                           "transformers cannot run either; remove partial_rotary_factor")
+    try:
+        if kind in ("yarn", "longrope") and p.get("factor") is None:
+            values["factor"] = max_pos / values["original_max_positions"]
+        values.update(fixed)
+        return RopeConfig(**values)
+    except (TypeError, ValueError, ArithmeticError) as exc:
+        raise MappingError(f"config.json: {where.rstrip('.')}={params!r}: {exc}") from None
+
+
+def rope_to_hf(rope: RopeConfig, partial: bool = False) -> dict[str, Any]:
+    kind = {v: k for k, v in ROPE_TYPES.items()}[rope.scaling]
+    out: dict[str, Any] = {"rope_type": kind, "rope_theta": rope.theta}
+    defaults = RopeConfig()
+    relevant, required = _READS[kind]
+    for key, name in _ROPE_KEYS.items():
+        value = getattr(rope, name)
+        if name in relevant and (name in required or value != getattr(defaults, name)):
+            out[key] = list(value) if isinstance(value, tuple) else value  # longrope's factors: JSON lists
+    if partial or rope.fraction != 1.0:  # partial: an absent fraction means the family's default
+        out["partial_rotary_factor"] = rope.fraction
+    return out
+
+
+def rope(partial: bool = False, **fixed: Any) -> Entry:
+    """`rope_parameters` (or the older keys) <-> one RoPE for every layer; `partial`: the family's
+    default RoPE init reads `partial_rotary_factor` (Nemotron, StableLM), so it is read for every
+    rope type and always written; `fixed` sets the RopeConfig fields config.json does not state
+    (OLMo 2's fp32 tables)."""
+    return Entry("rope", KEYS,
+                 lambda hf, _: {"rope": rope_from_hf(hf, *rope_parameters(hf), partial=partial, **fixed)},
+                 lambda cfg: {"rope_parameters": rope_to_hf(cfg.rope, partial)})

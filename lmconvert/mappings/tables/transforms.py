@@ -1,0 +1,507 @@
+"""Tensor transforms, each declared with its exact inverse: the vocabulary every tensor table
+(the HF families, Meta's layout, llama.cpp's GGUF names) is written in.
+
+`forward` is always the import direction (stored layout -> what the next stage reads), `inverse`
+the export direction. A transform is declared with symbolic sizes ("heads", "vocab", ...) and
+bound to numbers with `bind(sizes)` once a config is known, giving a `Transform` (two functions).
+What each inverse restores exactly, and what it does not, is said at each kind and checked bit for
+bit by tests/test_table_transforms.py.
+
+- renaming is a table rule's job (table.py); its transform is IDENTITY;
+- Permute: rotary rows from interleaved pairs to rotate-half halves, per head;
+- Fuse: the pieces model-parallel ranks hold -> one tensor (inverse: split);
+- Piece: one of several canonical tensors stored end to end in one (Phi-3's qkv_proj, GPT-2's
+  c_attn); the table's rules that share a stored name are its pieces, in order, and export hands
+  the inverse all of them, which concatenates them;
+- Row: the reverse, one canonical tensor stored as one tensor per row (StableLM's per-head
+  LayerNorms); import hands forward all of them, which stacks them, export writes each row;
+- HeadPart: the reverse of Piece per head, one canonical tensor stored as several, each holding
+  a block of every head's rows (llama.cpp's DeepSeek k_b and v_b); import hands forward all of
+  them, export writes each;
+- Offset: a constant added on disk (Gemma's norms as w + 1 in GGUF);
+- Trim: padding rows past the vocabulary dropped;
+- Transpose: a matrix stored [in, out] (GPT-2's Conv1D);
+- QkvGroups: a fused qkv projection laid out per KV group -> q, k, v concatenated (NeoX, BLOOM, Falcon);
+- Unstack: one expert's matrix out of a fused 3-D experts tensor (inverse: stack them all);
+- Unsqueeze: a leading dimension of size 1 the file leaves out;
+- Chain: several in order.
+
+torch is imported only inside the functions: reading a table must not load it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from math import prod
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol
+
+from ..errors import MappingError
+
+if TYPE_CHECKING:
+    import torch
+
+TensorFn = Callable[[Any], Any]  # a tensor (or, for Fuse, a list of pieces) in, the same out
+Sizes = Mapping[str, int]
+
+
+def _identity(t: Any) -> Any:  # noqa: ANN401 - passes whatever it gets
+    return t
+
+
+@dataclass(frozen=True)
+class Transform:
+    """A bound transform: two functions, each the exact inverse of the other where its kind says."""
+
+    name: str
+    forward: TensorFn = _identity
+    inverse: TensorFn = _identity
+
+    def bind(self, sizes: Sizes) -> Transform:  # already bound: a table may hold either
+        return self
+
+
+IDENTITY = Transform("identity")
+
+
+class Step(Protocol):
+    """A declared transform: binds to sizes (head counts, vocabulary, shard count...)."""
+
+    def bind(self, sizes: Sizes) -> Transform: ...
+
+
+def out_shape(fn: TensorFn, shape: tuple[int, ...] | list[tuple[int, ...]]) -> tuple[int, ...]:
+    """The shape `fn` gives a tensor of `shape` (or a list of pieces of these shapes), found on the
+    meta device without reading data (and without torch at all for the identity, so that a
+    rename-only conversion never loads it). Transforms other than Offset keep the dtype."""
+    if fn is _identity:
+        return tuple(shape)  # type: ignore[arg-type]
+    if isinstance(fn, ExpertRows) and not isinstance(shape, list):
+        return fn.out_shape(shape)
+    import torch
+
+    if isinstance(shape, list):
+        return tuple(fn([torch.empty(s, device="meta") for s in shape]).shape)
+    return tuple(fn(torch.empty(shape, device="meta")).shape)
+
+
+def _size(sizes: Sizes, name: str) -> int:
+    if name not in sizes:
+        raise MappingError(f"this transform needs the size {name!r}, which the table was not given")
+    return sizes[name]
+
+
+# ---- Permute: rotary rows
+
+
+def pairs_to_halves(t: torch.Tensor, heads: int) -> torch.Tensor:
+    """Per head, rows (0, 1), (2, 3), ... (Meta's complex pairs, llama.cpp's `LlamaModel.permute`
+    output) -> rows 0..d/2-1 then d/2..d-1 (transformers' rotate-half). transformers'
+    `convert_llama_weights_to_hf.py` `permute` and its GGUF loader's `_reverse_permute_weights`."""
+    dim = _half_head(t, heads)
+    return t.reshape(heads, dim, 2, *t.shape[1:]).swapaxes(1, 2).reshape(t.shape)
+
+
+def halves_to_pairs(t: torch.Tensor, heads: int) -> torch.Tensor:
+    """The inverse of pairs_to_halves: llama.cpp's `LlamaModel.permute` (convert_hf_to_gguf.py)."""
+    dim = _half_head(t, heads)
+    return t.reshape(heads, 2, dim, *t.shape[1:]).swapaxes(1, 2).reshape(t.shape)
+
+
+def _half_head(t: torch.Tensor, heads: int) -> int:
+    """Half a head's rows: a head count the rows do not split into rotary pairs is refused by name
+    (a config that contradicts its tensors), not met as a reshape error."""
+    if heads <= 0 or t.shape[0] % (2 * heads):
+        raise MappingError(f"{t.shape[0]} rows do not split into {heads} heads of rotary pairs; the head "
+                           "count contradicts the tensors")
+    return t.shape[0] // heads // 2
+
+
+@dataclass(frozen=True)
+class Permute:
+    """q/k rows (weights or biases) from interleaved pairs to halves, per head; `heads` names the
+    head count. A permutation of rows: exact both ways, for every dtype and every bit pattern."""
+
+    heads: str
+
+    def bind(self, sizes: Sizes) -> Transform:
+        n = _size(sizes, self.heads)
+        return Transform(f"permute({n} heads)", lambda t: pairs_to_halves(t, n), lambda t: halves_to_pairs(t, n))
+
+
+# ---- Fuse: model-parallel pieces
+
+
+class PiecesDiffer(MappingError):
+    """Two holders of the same piece hold different data; the reader names the tensor and files."""
+
+    def __init__(self, piece: int, copy_of: int) -> None:
+        super().__init__(f"piece {piece} differs from piece {copy_of}, which should hold the same copy")
+        self.piece, self.copy_of = piece, copy_of
+
+
+@dataclass(frozen=True)
+class Fuse:
+    """`sizes["shards"]` pieces -> one tensor, concatenated along `dim` (a number, or the name of
+    a size that holds it); `dim` None: every holder has the whole tensor. With `copies`, each
+    distinct piece is held by that many consecutive holders (Meta's KV heads when ranks outnumber
+    them). Forward checks that copies agree bit for bit (PiecesDiffer if not); inverse splits and
+    repeats. Exact both ways: forward(inverse(t)) is t, and inverse(forward(pieces)) is pieces
+    whenever forward accepts them."""
+
+    dim: int | str | None
+    copies: str | None = None
+
+    def bind(self, sizes: Sizes) -> Transform:
+        holders = _size(sizes, "shards")
+        dim = _size(sizes, self.dim) if isinstance(self.dim, str) else self.dim
+        copies = holders if dim is None else _size(sizes, self.copies) if self.copies else 1
+        return Transform(f"fuse({holders} pieces, dim {dim})", lambda pieces: fuse(pieces, dim, copies),
+                         lambda t: split(t, dim, holders, copies))
+
+
+def fuse(pieces: Sequence[torch.Tensor], dim: int | None, copies: int) -> torch.Tensor:
+    import torch
+
+    for i, piece in enumerate(pieces):
+        if i % copies and not same_bits(piece, pieces[i - i % copies]):
+            raise PiecesDiffer(i, i - i % copies)
+    distinct = pieces[::copies]
+    return torch.cat(list(distinct), dim) if dim is not None and len(distinct) > 1 else distinct[0]
+
+
+def same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Copies agree when their bytes do: NaNs that are the same NaN agree, -0.0 and 0.0 do not
+    (torch.equal says the opposite of both), so the copy kept is every copy."""
+    import torch
+
+    if a.dtype != b.dtype or a.shape != b.shape:
+        return False
+    as_int = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}.get(a.element_size())
+    return torch.equal(a.view(as_int), b.view(as_int)) if as_int is not None else torch.equal(a, b)
+
+
+def split(t: torch.Tensor, dim: int | None, holders: int, copies: int) -> list[torch.Tensor]:
+    """Views of `t`, one per holder: clone before saving."""
+    if dim is None:
+        return [t] * holders
+    parts = t.split(t.shape[dim] // (holders // copies), dim)
+    return [p for p in parts for _ in range(copies)]
+
+
+# ---- Piece: several canonical tensors stored end to end in one
+
+
+@dataclass(frozen=True)
+class Piece:
+    """Piece `index` of a stored tensor that holds `pieces` (names of sizes) end to end along `dim`:
+    Phi-3's `qkv_proj` rows [q | k | v], its `gate_up_proj` rows [gate | up]. Every piece of one
+    stored tensor has a rule of its own; forward takes this piece (a view), and the inverse, given
+    every piece in order (the table groups them), concatenates them. Exact both ways: slicing and
+    concatenating copy bits."""
+
+    pieces: tuple[str, ...]
+    index: int
+    dim: int = 0
+
+    def bind(self, sizes: Sizes) -> Transform:
+        lengths = [_size(sizes, name) for name in self.pieces]
+        start, length, dim = sum(lengths[:self.index]), lengths[self.index], self.dim
+        return Transform(f"piece {self.index} of {'|'.join(self.pieces)}", lambda t: t.narrow(dim, start, length),
+                         lambda pieces: join(pieces, dim))
+
+
+def join(pieces: Sequence[torch.Tensor], dim: int) -> torch.Tensor:
+    import torch
+
+    return torch.cat(list(pieces), dim)
+
+
+# ---- Row: one canonical tensor stored as one tensor per row
+
+
+@dataclass(frozen=True)
+class Row:
+    """One of `count` (the name of a size) stored tensors that are the rows of one canonical
+    [count, ...] tensor: StableLM's per-head LayerNorms, `q_layernorm.norms.{h}.weight` each [head_dim],
+    are the canonical [heads, head_dim] weight. The table's joining rule (its stored side has one `{}`
+    more, the row's) hands forward every row in order, which stacks them; the inverse is row
+    `sizes["index"]` (a copy, so that one row written never holds the whole). Exact both ways:
+    stacking and selecting copy bits."""
+
+    count: str
+
+    def rows(self, sizes: Sizes) -> int:
+        """How many stored tensors one canonical tensor is: the table names each on export."""
+        return _size(sizes, self.count)
+
+    def bind(self, sizes: Sizes) -> Transform:
+        count, index = self.rows(sizes), sizes.get("index")
+        where = f"row {index} of {count}" if index is not None else f"{count} rows"
+        return Transform(f"{where} stored one per tensor", lambda rows: stack_rows(rows, count),
+                         lambda t: t[index].clone())
+
+
+def stack_rows(rows: Sequence[torch.Tensor], count: int) -> torch.Tensor:
+    import torch
+
+    if len(rows) != count:
+        raise MappingError(f"{len(rows)} tensors are stored for {count} rows; the config contradicts the tensors")
+    return torch.stack(list(rows))
+
+
+# ---- HeadPart: one canonical tensor stored as several, each a block of rows of every head
+
+
+@dataclass(frozen=True)
+class HeadPart:
+    """Part `index` of a canonical [heads * (sum of the parts), cols] tensor whose every head's rows
+    are the parts' blocks in order, stored as one [heads, rows, cols] tensor per part ([heads, cols,
+    rows] for a part `transposed`): llama.cpp's converter stores DeepSeek's kv_b ([heads * (nope + v),
+    kv_lora], per head its k rows then its v rows) as `attn_k_b` [heads, kv_lora, nope] (transposed,
+    for its absorbed MLA path) and `attn_v_b` [heads, v, kv_lora]. Each part has a rule of its own
+    naming the same canonical tensor (the table gathers them); forward, given every part in order,
+    builds the canonical tensor; the inverse is this part (a copy). `parts` name the sizes of each
+    part's rows; `transposed` says it of every part. Exact both ways: transposing, slicing and
+    concatenating copy bits."""
+
+    parts: tuple[str, ...]
+    transposed: tuple[bool, ...]
+    index: int
+    gathers: ClassVar[bool] = True  # the table hands forward every part
+
+    def bind(self, sizes: Sizes) -> Transform:
+        heads, lengths = _size(sizes, "heads"), [_size(sizes, name) for name in self.parts]
+        start, length, flips = sum(lengths[:self.index]), lengths[self.index], self.transposed
+
+        def inverse(t: torch.Tensor) -> torch.Tensor:
+            part = t.reshape(heads, sum(lengths), -1).narrow(1, start, length)
+            return (part.transpose(1, 2) if flips[self.index] else part).contiguous()
+
+        return Transform(f"part {self.index} of {'|'.join(self.parts)} per head",
+                         lambda parts: join_heads(parts, flips, heads, lengths), inverse)
+
+
+def join_heads(parts: Sequence[torch.Tensor], transposed: Sequence[bool], heads: int,
+               lengths: Sequence[int]) -> torch.Tensor:
+    """Every head's blocks, one from each part, in order: [heads * sum(lengths), cols]."""
+    import torch
+
+    blocks = [p.transpose(1, 2) if flip else p for p, flip in zip(parts, transposed, strict=True)]
+    shapes = [tuple(b.shape) for b in blocks]
+    if any(len(s) != 3 or s[0] != heads or s[1] != n or s[2] != shapes[0][2] for s, n in zip(shapes, lengths,
+                                                                                            strict=True)):
+        raise MappingError(f"parts of shapes {[list(p.shape) for p in parts]} are not {heads} heads of "
+                           f"{'+'.join(map(str, lengths))} rows; the config contradicts the tensors")
+    return torch.cat(blocks, 1).reshape(heads * sum(lengths), shapes[0][2])
+
+
+# ---- Offset: a constant added on disk
+
+
+@dataclass(frozen=True)
+class Offset:
+    """The file stores w + `value`. Both directions compute in float32 and return float32 (as
+    transformers does: rounding to a half type first would cost precision); the reader casts.
+    Exact where the float32 subtraction is: for every x other than -0.0 whose x - value is a
+    float32, inverse(forward(x)) is x bit for bit; so for all x in [value/2, 2*value] (Sterbenz).
+    With value 1, a bf16 (f16) x cast back comes back unless it is -0.0 or smaller than 2**-16
+    (2**-13) in size. Not in general: x = 1e-10 with value 1 comes back as 0."""
+
+    value: float
+
+    def bind(self, sizes: Sizes) -> Transform:
+        c = self.value
+        return Transform(f"offset({c:+g})", lambda t: t.float() - c, lambda t: t.float() + c)
+
+
+# ---- Trim: padded vocabularies
+
+
+@dataclass(frozen=True)
+class Trim:
+    """Keep the first `keep` of `stored` rows (a padded vocabulary); both name sizes. Inverse pads
+    with zero rows. forward(inverse(y)) is y always; inverse(forward(x)) is x only when x's padding
+    rows are zero: any other padding is dropped on import and not recovered. Nothing to trim
+    (stored <= keep) binds to IDENTITY."""
+
+    keep: str
+    stored: str
+
+    def bind(self, sizes: Sizes) -> Transform:
+        keep, stored = _size(sizes, self.keep), _size(sizes, self.stored)
+        if stored <= keep:
+            return IDENTITY
+        return Transform(f"trim({stored} -> {keep} rows)", lambda t: t[:keep], lambda t: pad_rows(t, stored))
+
+
+def pad_rows(t: torch.Tensor, rows: int) -> torch.Tensor:
+    import torch
+
+    return torch.cat([t, t.new_zeros(rows - t.shape[0], *t.shape[1:])])
+
+
+# ---- Transpose: [in, out] matrices
+
+
+def _transposed(t: torch.Tensor) -> torch.Tensor:
+    return t.t().contiguous()
+
+
+@dataclass(frozen=True)
+class Transpose:
+    """A matrix stored [in, out] (GPT-2's Conv1D: `addmm(b, x, W)`) <-> nn.Linear's [out, in]. Its
+    own inverse; a permutation of elements, so exact for every dtype and bit pattern."""
+
+    def bind(self, sizes: Sizes) -> Transform:
+        return Transform("transpose", _transposed, _transposed)
+
+
+# ---- QkvGroups: fused qkv projections
+
+
+@dataclass(frozen=True)
+class QkvGroups:
+    """Rows of a fused qkv projection stored per KV group, each group its q heads then its k and
+    v head, `head_dim` rows each (GPT-NeoX and BLOOM: one q head per group; Falcon's grouped and
+    multi-query layouts) -> all q rows, then all k, then all v (the concatenation a group rule
+    names). Weights and biases alike; a permutation of rows, exact both ways. With one KV head per
+    q head it is NeoX's per-head [q_h; k_h; v_h]; with one group, Falcon-7B's [q...; k; v]."""
+
+    interleaves: ClassVar[bool] = True  # no slice of the stored tensor (or its module's output) is q, k or v
+
+    def bind(self, sizes: Sizes) -> Transform:
+        heads, kv, dim = _size(sizes, "heads"), _size(sizes, "kv_heads"), _size(sizes, "head_dim")
+        return Transform(f"qkv per group ({kv} groups of {heads // kv} q heads)",
+                         lambda t: groups_to_qkv(t, heads, kv, dim), lambda t: qkv_to_groups(t, heads, kv, dim))
+
+
+def groups_to_qkv(t: torch.Tensor, heads: int, kv: int, dim: int) -> torch.Tensor:
+    import torch
+
+    grouped = t.reshape(kv, heads // kv + 2, dim, *t.shape[1:])
+    q, k, v = grouped[:, :-2], grouped[:, -2], grouped[:, -1]
+    return torch.cat([q.reshape(heads * dim, *t.shape[1:]), k.reshape(kv * dim, *t.shape[1:]),
+                      v.reshape(kv * dim, *t.shape[1:])])
+
+
+def qkv_to_groups(t: torch.Tensor, heads: int, kv: int, dim: int) -> torch.Tensor:
+    import torch
+
+    rest = t.shape[1:]
+    q = t[:heads * dim].reshape(kv, heads // kv, dim, *rest)
+    k = t[heads * dim:(heads + kv) * dim].reshape(kv, 1, dim, *rest)
+    v = t[(heads + kv) * dim:].reshape(kv, 1, dim, *rest)
+    return torch.cat([q, k, v], dim=1).reshape(t.shape)
+
+
+# ---- Unstack: fused experts
+
+
+@dataclass(frozen=True)
+class Unstack:
+    """Expert `sizes["index"]`'s matrix out of a fused [experts, rows, cols] tensor (transformers
+    5's `experts.gate_up_proj` / `experts.down_proj`), and of its rows the `part`-th of `parts`
+    equal blocks (gate rows, then up rows). Forward returns a copy, so that holding one expert
+    never holds the fused tensor. Inverse: the whole fused tensor from every expert's blocks, a
+    list (one per part) of lists (one per expert, in order); `stack`. Exact both ways: forward of
+    each (expert, part) of `stack(pieces)` is that piece, and stacking every forward of t is t."""
+
+    part: int = 0
+    parts: int = 1
+
+    def bind(self, sizes: Sizes) -> Transform:
+        e, part, parts = _size(sizes, "index"), self.part, self.parts
+        where = f" (part {part + 1} of {parts})" if parts > 1 else ""
+        return Transform(f"expert {e} of a fused tensor{where}", ExpertRows(e, part, parts), stack)
+
+
+@dataclass(frozen=True)
+class ExpertRows:
+    """Unstack's forward, which also says where its result lies in its input: one expert's block
+    of rows is one run of the fused tensor's elements, so a conversion copies it byte for byte
+    from the file (`span`), as it does an unchanged tensor, instead of reading the whole fused
+    tensor and splitting it in memory."""
+
+    expert: int
+    part: int
+    parts: int
+
+    def __call__(self, t: torch.Tensor) -> torch.Tensor:
+        return t[self.expert].chunk(self.parts, 0)[self.part].clone()
+
+    def _rows(self, shape: tuple[int, ...]) -> tuple[int, int]:
+        """(first row, row count) of the block within its expert, as `chunk` cuts them."""
+        if len(shape) < 2 or not 0 <= self.expert < shape[0]:
+            raise MappingError(f"expert {self.expert} of a fused tensor of shape {list(shape)}: no such expert")
+        per = -(-shape[1] // self.parts)
+        first = self.part * per
+        if first >= shape[1]:
+            raise MappingError(f"part {self.part + 1} of {self.parts} of a fused tensor of shape {list(shape)}: "
+                               "no such rows")
+        return first, min(per, shape[1] - first)
+
+    def out_shape(self, shape: tuple[int, ...]) -> tuple[int, ...]:
+        return (self._rows(shape)[1], *shape[2:])
+
+    def span(self, shape: tuple[int, ...]) -> tuple[int, int]:
+        """[start, stop) of the elements, in the input's C order, that forward returns."""
+        first, count = self._rows(shape)
+        inner = prod(shape[2:])
+        start = (self.expert * shape[1] + first) * inner
+        return start, start + count * inner
+
+
+def stack(pieces: Sequence[Sequence[torch.Tensor]]) -> torch.Tensor:
+    import torch
+
+    return torch.cat([torch.stack(list(experts)) for experts in pieces], dim=1)
+
+
+# ---- Unsqueeze
+
+
+@dataclass(frozen=True)
+class Unsqueeze:
+    """A leading dimension of size 1 that the file leaves out (llama.cpp stores Qwen2-MoE's
+    shared-expert gate, a [1, hidden] matrix, as a vector). Exact both ways."""
+
+    def bind(self, sizes: Sizes) -> Transform:
+        return Transform("a leading dimension of 1", lambda t: t.unsqueeze(0), lambda t: t.squeeze(0))
+
+
+# ---- Chain
+
+
+@dataclass(frozen=True)
+class Chain:
+    """Steps in order: forward runs them first to last, inverse undoes them last to first."""
+
+    @property
+    def interleaves(self) -> bool:
+        return any(getattr(step, "interleaves", False) for step in self.steps)
+
+    steps: tuple[Step | Transform, ...]
+
+    def __init__(self, *steps: Step | Transform) -> None:
+        object.__setattr__(self, "steps", steps)
+
+    def bind(self, sizes: Sizes) -> Transform:
+        bound = [s.bind(sizes) for s in self.steps]
+        bound = [b for b in bound if b is not IDENTITY]
+        if not bound:
+            return IDENTITY
+        if len(bound) == 1:
+            return bound[0]
+
+        def forward(t: Any) -> Any:  # noqa: ANN401
+            for b in bound:
+                t = b.forward(t)
+            return t
+
+        def inverse(t: Any) -> Any:  # noqa: ANN401
+            for b in reversed(bound):
+                t = b.inverse(t)
+            return t
+
+        return Transform(" then ".join(b.name for b in bound), forward, inverse)
