@@ -420,6 +420,9 @@ WRITTEN_ONLY = {
                         routed_scaling_factor=1.5),
     "deepseek_v2:dense": dict(MLA, first_k_dense_replace=2),  # no num_experts_per_tok: llama.cpp wants one
 }
+# a family added with its spec alone: its spec's model cut to what llama.cpp's architecture holds
+WRITTEN_ONLY.update({name: dict(spec.kwargs, **spec.gguf) for name, spec in SPECS.items()
+                     if spec.gguf is not None and name not in WRITTEN_ONLY})
 # Falcon's layouts beyond Falcon-7B's (FAMILIES["falcon"]) that llama.cpp's falcon runs: Falcon-40B's two
 # norms, Falcon2-11B's one with grouped KV heads, multi-head attention; transformers' GGUF loader reads
 # each as Falcon-7B's, so our reader and llama.cpp are their proof
@@ -432,6 +435,11 @@ MODELS: dict[str, dict[str, Any]] = {**{t: FAMILIES[t] for t in FAMILIES if t in
 # families whose every layout transformers' GGUF loader does not tell apart
 READ_BACK = {**WRITTEN_ONLY, "bloom": FAMILIES["bloom"], "falcon": FAMILIES["falcon"], **FALCONS}
 
+
+
+def test_every_architecture_written_has_a_test_model() -> None:
+    """A family whose GGUF entry export writes is tested by llama.cpp on a model of it (its spec's `gguf`)."""
+    assert set(EXPORTS) - {name.split(":")[0] for name in MODELS} == set()
 
 def built(name: str, kwargs: dict[str, Any]) -> torch.nn.Module:
     """The tiny model `name` (`family:variant`), DeepSeek-V3's selection bias perturbed too (a buffer,

@@ -1,7 +1,8 @@
-"""llama.cpp's GGUF conventions as data: which llama.cpp architecture is which transformers
-model_type, what its converter (`convert_hf_to_gguf.py`) does to each tensor, and the GGUF tensor
-table (llama.cpp names <-> canonical names) with the transforms that undo those changes. No file
-I/O and no `gguf` package: formats/gguf.py reads the file and calls these.
+"""llama.cpp's GGUF conventions as data: the entry (`GgufArch`) a family module declares for each
+llama.cpp architecture it is (which transformers model_type, what llama.cpp's converter,
+`convert_hf_to_gguf.py`, does to each tensor), and the GGUF tensor table (llama.cpp names <->
+canonical names) with the transforms that undo those changes. `registry.py` gathers the entries
+(`ARCHS`). No file I/O and no `gguf` package: formats/gguf.py reads the file and calls these.
 
 What llama.cpp's converter changes, each undone by the table the way transformers' own GGUF loader
 (`modeling_gguf_pytorch_utils.py`) undoes it:
