@@ -161,3 +161,29 @@ def write_tiny_meta(directory: Path, params: object = None, seed: int = 0) -> Pa
     torch.save({n: torch.randn(s, generator=generator) for n, s in shapes.items()}, directory / "consolidated.00.pth")
     (directory / "params.json").write_text(json.dumps(TINY_PARAMS if params is None else params))
     return directory
+
+
+LEAVE = """
+import os, shutil, signal, sys
+from pathlib import Path
+from lmconvert.formats.temporary import PAYLOAD, create
+out, kind, how = Path(sys.argv[1]).resolve(), sys.argv[2], sys.argv[3]
+tmp = create(out, kind, str(out))
+if how == "move":  # killed between moving OUT aside and renaming the new one in
+    os.rename(out, tmp / PAYLOAD)
+elif how == "copy":  # killed before the replaced OUT was removed
+    shutil.copytree(out, tmp / PAYLOAD)
+elif how == "file":  # killed while writing a one-file output
+    (tmp / PAYLOAD).write_bytes(b"half")
+print(tmp, flush=True)
+os.kill(os.getpid(), signal.SIGKILL)
+"""
+
+
+def left_by_a_killed_run(out: Path, kind: str, how: str) -> Path:
+    """The temporary a run of lmconvert leaves beside `out` when it is killed (SIGKILL, so nothing
+    of it cleans up): made by lmconvert's own code in a process that is then gone. `how`: move or
+    copy OUT into it, write a half file, or nothing."""
+    proc = subprocess.run([sys.executable, "-c", LEAVE, str(out), kind, how], capture_output=True, text=True)
+    assert proc.returncode == -9, proc.stderr
+    return Path(proc.stdout.strip())

@@ -19,6 +19,7 @@ import gguf
 import numpy as np
 import pytest
 import torch
+from bad_input import left_by_a_killed_run
 from family_specs import SPECS
 from hf_models import build_model, save_checkpoint, save_tiny_tokenizer, token_batch
 from test_formats_gguf import (
@@ -292,9 +293,7 @@ def test_a_failed_export_leaves_nothing(llama_canonical: Path, tmp_path: Path) -
 
 
 def test_a_killed_run_s_half_written_file_is_cleaned_up(llama_canonical: Path, tmp_path: Path) -> None:
-    dead = 2**22 + 12345  # above the kernel's default pid_max: no process has it
-    stale = tmp_path / f".m.gguf.lmconvert-writing-{dead}-0a1b2c3d"
-    stale.write_bytes(b"GGUF half")
+    stale = left_by_a_killed_run(tmp_path / "m.gguf", "writing", "file")
     other = tmp_path / ".m.gguf.notes"  # not a name lmconvert makes: left alone
     other.write_text("mine")
     assert cli("convert", llama_canonical, tmp_path / "m.gguf", "--to", "gguf")[0] == 0

@@ -98,8 +98,8 @@ def handled(fn: Callable[..., Any]) -> Callable[..., Any]:
         except OSError as exc:  # disk full, permissions: the output was rolled back
             if debug:
                 raise
-            _fail(f"{exc.filename or 'output'}: {exc.strerror or exc}; nothing was written "
-                  "(check free space and permissions)", BAD_INPUT)
+            where = f"{exc.filename}: " if exc.filename else ""  # every writer names its own file (formats.atomic)
+            _fail(f"{where}{exc.strerror or exc}; nothing was written (check free space and permissions)", BAD_INPUT)
         except Exception as exc:  # noqa: BLE001 - every other exception is a bug, said so in one line
             if debug:
                 raise
@@ -196,10 +196,12 @@ def convert(src: Path, out: Path, to: str, family: str | None, quant: str | None
               help="Also write the report as JSON to FILE ('-' for stdout).")
 @click.option("--files", "files_only", is_flag=True,
               help="Only re-hash a canonical checkpoint's files and tensors against lmconvert.json.")
+@click.option("--force", is_flag=True, help="Replace the --json or --save-golden file if it exists (only one "
+                                            "lmconvert wrote).")
 @handled
 def verify(checkpoint: Path, reference: Path | None, dtype: str | None, device: str, seq_len: int | None, batch: int,
            padded: bool, new_tokens: int, max_memory: str | None, golden: Path | None, save_golden: Path | None,
-           json_out: Path | None, files_only: bool) -> None:
+           json_out: Path | None, files_only: bool, force: bool) -> None:
     """Compare CHECKPOINT with transformers layer by layer, logit by logit and through greedy
     generation. Exit 1 when parity fails."""
     if files_only:
@@ -213,20 +215,20 @@ def verify(checkpoint: Path, reference: Path | None, dtype: str | None, device: 
                                  "or added since conversion (see above)")
         return
 
+    from lmconvert.verify.outputs import write_report
     from lmconvert.verify.parallel import verify as run  # tensor-parallel under torchrun
 
+    to_file = json_out if json_out is not None and str(json_out) != "-" else None
     report = run(checkpoint, reference, dtype=dtype, device=device and check_device(device), seq_len=seq_len,
                  batch=batch,
                  generate=new_tokens, max_memory=parse_memory(max_memory), golden=golden, save_golden=save_golden,
-                 padded=padded)
+                 padded=padded, force=force, writes={"--json": to_file})
     if report is None:  # a rank other than 0 under torchrun: rank 0 reports
         return
-    if json_out is not None:
-        text = json.dumps(report.to_dict(), indent=2)
-        if str(json_out) == "-":
-            click.echo(text)
-        else:
-            json_out.write_text(text + "\n")
+    if to_file is not None:
+        write_report(to_file, report.to_dict(), force)
+    elif json_out is not None:
+        click.echo(json.dumps(report.to_dict(), indent=2))
     if json_out is None or str(json_out) != "-":
         click.echo(report.table())
     if save_golden is not None:

@@ -166,7 +166,9 @@ def _write_tensor(writer: Any, fout: Any, tensor: torch.Tensor, kind: str) -> No
 
 
 def _write(data: np.ndarray, fout: Any) -> int:  # noqa: ANN401 - a file gguf's writer opened
-    data.tofile(fout)
+    """Through the file object, not numpy's `tofile`, whose short write on a full disk raises an
+    OSError that has lost its errno ("8192 requested and 3544 written")."""
+    fout.write(np.ascontiguousarray(data).reshape(-1).view(np.uint8).data)
     return data.nbytes
 
 

@@ -14,7 +14,7 @@ import json
 from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 import torch
 
@@ -30,6 +30,37 @@ from .digest import DigestCheck, FiniteCheck, check_tensor
 from .dtypes import torch_dtype
 from .errors import InputError
 from .meta import PARAMS, TOKENIZER
+
+
+class _Writes:
+    """A file torch.save writes through, keeping the first OSError: torch turns a failed write (a
+    full disk) into a RuntimeError that names neither the file nor the cause."""
+
+    def __init__(self, file: BinaryIO) -> None:
+        self.file, self.error = file, None
+
+    def write(self, data: bytes) -> int:
+        try:
+            return self.file.write(data)
+        except OSError as exc:
+            self.error = self.error or exc
+            raise
+
+    def flush(self) -> None:
+        self.file.flush()
+
+
+def save_pickle(state: dict[str, torch.Tensor], path: Path) -> None:
+    """torch.save, whose failed writes raise the OSError behind them (the output is then rolled
+    back and the run exits 2); any other failure stays what it is, a bug."""
+    with open(path, "wb") as file:
+        writes = _Writes(file)
+        try:
+            torch.save(state, writes)
+        except RuntimeError:
+            if writes.error is not None:
+                raise writes.error from None
+            raise
 
 
 def _describes(previous: dict[str, Any], config: dict[str, Any], llama: Family, arch: ArchConfig) -> bool:
@@ -92,7 +123,7 @@ def to_meta(checkpoint: Checkpoint, meta: CanonicalMeta, out: Path, shards: int 
                 done += 1
                 if progress is not None:
                     progress(done, total)
-            torch.save(state, tmp / f"consolidated.{rank:02d}.pth")
+            save_pickle(state, tmp / f"consolidated.{rank:02d}.pth")
             del state
         (tmp / PARAMS).write_text(json.dumps(params, indent=2) + "\n")
         if TOKENIZER in meta.files:

@@ -12,7 +12,10 @@ format, format_version, dtype, device, tolerance, versions, own_errors and refer
 
 from __future__ import annotations
 
+import errno
 import json
+import os
+import re
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +24,7 @@ from safetensors import SafetensorError, safe_open
 from safetensors.torch import save_file
 
 from lmconvert.formats import schema
+from lmconvert.formats.atomic import atomic_file
 from lmconvert.formats.dtypes import CASTS
 from lmconvert.formats.errors import InputError
 from lmconvert.formats.jsonfile import parse_json
@@ -40,7 +44,9 @@ def kept(point: str) -> bool:
     return layer_of(point) is None or sublayer_of(point) in KEPT_SUBLAYERS
 
 
-def save(expected: Expected, file: Path) -> None:
+def save(expected: Expected, file: Path, force: bool = False) -> None:
+    """Write the golden file atomically (`formats.atomic`): a full disk leaves nothing behind, and
+    an existing file is replaced only with `force`, and only if it is a golden file."""
     tensors = {"ids": expected.ids, "logits": expected.logits}
     tensors.update({f"points.{name}": t for name, t in expected.points.items() if kept(name)})
     if expected.exact_logits is not None:
@@ -56,11 +62,29 @@ def save(expected: Expected, file: Path) -> None:
         "reference_error": json.dumps(expected.reference_error), "prompt_tokens": str(expected.prompt_tokens),
         "info": json.dumps(expected.info),
     }
-    file.parent.mkdir(parents=True, exist_ok=True)
+    with atomic_file(file, force, is_golden, f"--save-golden {file}") as tmp:
+        try:
+            save_file({k: t.detach().cpu().contiguous().clone() for k, t in tensors.items()}, str(tmp), metadata)
+        except SafetensorError as exc:  # safetensors reports a failed write (a full disk) as its own error
+            raise _os_error(exc) from exc
+
+
+def _os_error(exc: SafetensorError) -> BaseException:
+    """The OSError behind safetensors' "I/O error: ... (os error N)"; anything else stays a bug."""
+    text = str(exc)
+    code = re.search(r"\(os error (\d+)\)", text)
+    if code:
+        return OSError(int(code.group(1)), os.strerror(int(code.group(1))))
+    return OSError(errno.EIO, text) if "I/O error" in text else exc
+
+
+def is_golden(file: Path) -> bool:
+    """Whether `file` is a golden file lmconvert wrote (so --force may replace it)."""
     try:
-        save_file({k: t.detach().cpu().contiguous().clone() for k, t in tensors.items()}, str(file), metadata)
-    except OSError as exc:
-        raise InputError(f"--save-golden {file}: cannot write ({exc.strerror or exc}); check the path") from None
+        with safe_open(str(file), framework="pt") as f:
+            return (f.metadata() or {}).get("format") == FORMAT
+    except (SafetensorError, OSError):
+        return False
 
 
 # The metadata load() reads back, JSON parts decoded: what save() writes, checked before use.

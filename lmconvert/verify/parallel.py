@@ -14,7 +14,7 @@ for a record that will not come.
 from __future__ import annotations
 
 import gc
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from datetime import timedelta
 from pathlib import Path
 from typing import TypeVar
@@ -28,7 +28,7 @@ from lmconvert.runtime.launch import backend, launched
 
 from . import golden as golden_file
 from .report import Report
-from .run import check_golden, judge, record_reference, run_model
+from .run import check_golden, check_written, judge, record_reference, run_model
 from .run import verify as verify_single
 
 T = TypeVar("T")
@@ -60,7 +60,8 @@ def from_rank0(make: Callable[[], T]) -> T:
 
 def verify_parallel(checkpoint: Path, reference: Path | None, dtype: str | None, device: str, seq_len: int | None,
                     batch: int, seed: int, generate: int, max_memory: int | None, golden: Path | None,
-                    save_golden: Path | None, padded: bool) -> Report | None:
+                    save_golden: Path | None, padded: bool, force: bool = False,
+                    writes: Mapping[str, Path | None] | None = None) -> Report | None:
     """`_verify_ranks`, and the process group ended after it when it was started here, from torchrun's
     environment (NCCL warns at the exit of a group never destroyed)."""
     import torch.distributed as dist
@@ -68,7 +69,7 @@ def verify_parallel(checkpoint: Path, reference: Path | None, dtype: str | None,
     started = not dist.is_initialized()
     try:
         return _verify_ranks(checkpoint, reference, dtype, device, seq_len, batch, seed, generate, max_memory, golden,
-                             save_golden, padded)
+                             save_golden, padded, force, writes)
     finally:
         if started and dist.is_initialized():
             dist.destroy_process_group()
@@ -76,7 +77,8 @@ def verify_parallel(checkpoint: Path, reference: Path | None, dtype: str | None,
 
 def _verify_ranks(checkpoint: Path, reference: Path | None, dtype: str | None, device: str, seq_len: int | None,
                   batch: int, seed: int, generate: int, max_memory: int | None, golden: Path | None,
-                  save_golden: Path | None, padded: bool) -> Report | None:
+                  save_golden: Path | None, padded: bool, force: bool,
+                  writes: Mapping[str, Path | None] | None) -> Report | None:
     import torch.distributed as dist
 
     from lmconvert.runtime.tensor_parallel import device_mesh, gather_points, load_parallel
@@ -84,12 +86,13 @@ def _verify_ranks(checkpoint: Path, reference: Path | None, dtype: str | None, d
     mesh = device_mesh()
     with open_checkpoint(checkpoint) as ckpt:
         def record() -> object:
+            side = check_written(ckpt, reference, golden, save_golden, writes, force)  # rank 0 writes them
             if golden is not None:
                 return check_golden(ckpt, golden, dtype, device)
             expected = record_reference(ckpt, reference, dtype, device, seq_len, batch, seed, generate, max_memory,
-                                        padded)
+                                        padded, side)
             if save_golden is not None:
-                golden_file.save(expected, save_golden)
+                golden_file.save(expected, save_golden, force)
             return expected
 
         expected = from_rank0(record)
@@ -126,11 +129,12 @@ def ranks_device(device: str | None) -> str:
 def verify(checkpoint: Path, reference: Path | None = None, dtype: str | None = None, device: str | None = None,
            seq_len: int | None = None, batch: int = 2, seed: int = 0, generate: int = 16,
            max_memory: int | None = None, golden: Path | None = None,
-           save_golden: Path | None = None, padded: bool = False) -> Report | None:
+           save_golden: Path | None = None, padded: bool = False, force: bool = False,
+           writes: Mapping[str, Path | None] | None = None) -> Report | None:
     """`run.verify` (on `device`, the CPU by default), or under torchrun `verify_parallel` (None on ranks
     other than 0), its reference on the ranks' device unless `device` names one of its kind."""
     if launched():
         return verify_parallel(checkpoint, reference, dtype, ranks_device(device), seq_len, batch, seed, generate,
-                               max_memory, golden, save_golden, padded)
+                               max_memory, golden, save_golden, padded, force, writes)
     return verify_single(checkpoint, reference, dtype, device or "cpu", seq_len, batch, seed, generate, max_memory,
-                         golden, save_golden, padded)
+                         golden, save_golden, padded, force, writes)

@@ -11,6 +11,7 @@ file is the same record stored on disk, so `--golden` runs our side alone, witho
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from contextlib import nullcontext
 from dataclasses import replace
 from pathlib import Path
@@ -32,6 +33,7 @@ from .agreement import Steppable, compare_generation, greedy, logit_stats
 from .budget import check_request
 from .expected import Expected, record, versions
 from .localize import compare_points
+from .outputs import check_outputs
 from .prompts import token_batch
 from .report import Report
 from .trace import Trace, our_trace
@@ -124,15 +126,16 @@ def judge(checkpoint: Path, expected: Expected, trace: Trace, generation: tuple[
 
 def record_reference(checkpoint: Path | Checkpoint, reference: Path | None = None, dtype: str | None = None,
                      device: str = "cpu", seq_len: int | None = None, batch: int = 2, seed: int = 0,
-                     generate: int = 16, max_memory: int | None = None, padded: bool = False) -> Expected:
+                     generate: int = 16, max_memory: int | None = None, padded: bool = False,
+                     side: tuple[Loadable, str] | None = None) -> Expected:
     """The transformers half of `verify`: pick the token batch (real prompts when the checkpoint
     has a tokenizer; with `padded`, rows of different lengths left-padded under an attention mask)
-    and record what transformers computes on it."""
+    and record what transformers computes on it. `side`: `reference_side`'s answer, if known."""
     with opened(checkpoint) as ckpt:
         arch = ckpt.arch
         seq_len = seq_len or default_seq_len(arch)
         check_request(arch, batch, seq_len, generate, device)  # before anything is allocated for them
-        where, family = reference_side(ckpt, reference)
+        where, family = side or reference_side(ckpt, reference)
         tokenizers = [ckpt.tokenizer, where if where.kwargs else directory_tokenizer(where.where)]
         ids, mask, tokens = token_batch(tokenizers, arch.vocab_size, batch, seq_len, seed, padded)
         return record(where, arch, family_named(family).tensors_for(arch), ids, dtype or "float32", device, max_memory,
@@ -159,23 +162,41 @@ def check_golden(checkpoint: Checkpoint, golden: Path, dtype: str | None = None,
 def verify(checkpoint: Path, reference: Path | None = None, dtype: str | None = None, device: str = "cpu",
            seq_len: int | None = None, batch: int = 2, seed: int = 0, generate: int = 16,
            max_memory: int | None = None, golden: Path | None = None,
-           save_golden: Path | None = None, padded: bool = False) -> Report:
+           save_golden: Path | None = None, padded: bool = False, force: bool = False,
+           writes: Mapping[str, Path | None] | None = None) -> Report:
     """Verify `checkpoint` against transformers (or against a golden file), and optionally store
     what transformers computed as a golden file. With `max_memory` (bytes) our side streams one
     block at a time and transformers offloads through accelerate. `padded`: rows of different
-    lengths, left-padded under an attention mask. The checkpoint is opened once. (`parallel.verify`
-    is the same under torchrun.)"""
+    lengths, left-padded under an attention mask. `writes`: files the caller writes from the report
+    (`{"--json": path}`), held with `save_golden` to the output rule (`outputs.py`; `force` replaces
+    one lmconvert wrote) before anything runs. The checkpoint is opened once. (`parallel.verify` is
+    the same under torchrun.)"""
     if golden is not None and (reference is not None or save_golden is not None or padded):
         raise InputError("--golden checks against a recorded file (its own batch); drop --reference, --save-golden "
                          "and --padded")
     with open_checkpoint(checkpoint) as ckpt:
+        side = check_written(ckpt, reference, golden, save_golden, writes, force)
         if golden is not None:
             expected = check_golden(ckpt, golden, dtype, device)
         else:
             expected = record_reference(ckpt, reference, dtype, device, seq_len, batch, seed, generate, max_memory,
-                                        padded)
+                                        padded, side)
             if save_golden is not None:
-                golden_file.save(expected, save_golden)
+                golden_file.save(expected, save_golden, force)
         stream = max_memory is not None
         trace, generation = run_ours(ckpt, expected, device, stream)
     return judge(checkpoint, expected, trace, generation, device, stream, max_memory, golden)
+
+
+def check_written(ckpt: Checkpoint, reference: Path | None, golden: Path | None, save_golden: Path | None,
+                  writes: Mapping[str, Path | None] | None, force: bool) -> tuple[Loadable, str] | None:
+    """The outputs of this run (--save-golden, and `writes`) checked against everything it reads;
+    returns the reference side found on the way (None with a golden file), so it is looked up once."""
+    outputs = {**(writes or {}), "--save-golden": save_golden}
+    if not any(path is not None for path in outputs.values()):
+        return None
+    side = None if golden is not None else reference_side(ckpt, reference)
+    loads = None if side is None else side[0].origin or side[0].where
+    read = tuple(p for p in (ckpt.path, reference, golden, loads) if p is not None)
+    check_outputs(outputs, read, force)
+    return side
