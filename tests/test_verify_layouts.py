@@ -22,7 +22,7 @@ from transformers import AutoConfig
 import lmconvert
 from lmconvert.mappings import family_for
 from lmconvert.verify import layouts, run, trace
-from lmconvert.verify.layouts import LayoutError, PointLayouts, convert
+from lmconvert.verify.layouts import PointLayoutError, PointLayouts, convert
 from lmconvert.verify.prompts import random_batch
 from lmconvert.verify.run import verify
 from lmconvert.verify.trace import point_modules, sublayer_of
@@ -138,7 +138,7 @@ def test_a_fused_output_gives_each_point_its_segment() -> None:
     assert torch.equal(convert(fused, "B T [H*D]|KV*D|KV*D", "B T H*D", sizes), fused[..., :4])
     assert torch.equal(convert(fused, "B T H*D|[KV*D]|KV*D", "B T KV*D", sizes), fused[..., 4:6])
     assert torch.equal(convert(fused, "B T H*D|KV*D|[KV*D]", "B T KV D", sizes), fused[..., 6:].reshape(2, 3, 1, 2))
-    with pytest.raises(LayoutError, match=r"does not end in 8, its declared layout B T \[H\*D\]\|KV\*D\|KV\*D"):
+    with pytest.raises(PointLayoutError, match=r"does not end in 8, its declared layout B T \[H\*D\]\|KV\*D\|KV\*D"):
         convert(fused[..., :7], "B T [H*D]|KV*D|KV*D", "B T H*D", sizes)
 
 
@@ -147,16 +147,16 @@ def test_convert_follows_the_declaration_only() -> None:
     value = torch.randn(2, 3, 3, 3)
     assert torch.equal(convert(value, "B H T D", "B T H D", sizes), value.transpose(1, 2))
     assert torch.equal(convert(value, "B T H D", "B T H*D", sizes), value.reshape(2, 3, 9))
-    with pytest.raises(LayoutError, match=r"shape \(2, 3, 9\) is not \(2, 3, 3, 3\), its declared layout B H T D"):
+    with pytest.raises(PointLayoutError, match=r"shape \(2, 3, 9\) is not \(2, 3, 3, 3\), its declared layout B H T D"):
         convert(value.reshape(2, 3, 9), "B H T D", "B T H D", sizes)
-    with pytest.raises(LayoutError, match="do not name the same axes"):
+    with pytest.raises(PointLayoutError, match="do not name the same axes"):
         convert(value, "B H T D", "B T H F", {**sizes, "F": 3})
 
 
 def test_an_undeclared_point_kind_is_an_error_not_a_guess() -> None:
     """A model type whose QK norms nobody declared (llama has none) cannot have them compared."""
     arch = family_for("qwen3").arch_config(AutoConfig.for_model("qwen3", **TINY, head_dim=16).to_dict())
-    with pytest.raises(LayoutError, match="no layout is declared for transformers' llama attn.q_norm"):
+    with pytest.raises(PointLayoutError, match="no layout is declared for transformers' llama attn.q_norm"):
         PointLayouts.of(arch, "llama", 1, 4).to_ours("layers.0.attn.q_norm", torch.zeros(1, 4, 4, 16))
     value = torch.randn(1, 4, 4, 16)
     assert torch.equal(PointLayouts.of(arch, "qwen3", 1, 4).to_ours("layers.0.attn.q_norm", value), value)

@@ -19,9 +19,8 @@ import click
 # BLAS), and its OpenBLAS thread pool would spin on the cores that a conversion copies and hashes with
 os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 
-from lmconvert.arch import ConfigError
+from lmconvert.arch.errors import LmconvertError
 from lmconvert.formats.errors import InputError, IntegrityError
-from lmconvert.mappings import MappingError
 from lmconvert.runtime.launch import launched
 from lmconvert.verify.errors import ParityFailure
 
@@ -85,14 +84,10 @@ def handled(fn: Callable[..., Any]) -> Callable[..., Any]:
             return fn(*args, **kwargs)
         except (click.ClickException, click.exceptions.Exit, click.Abort):
             raise  # click's own: usage errors exit 2
-        except (InputError, MappingError, ConfigError) as exc:
+        except LmconvertError as exc:  # ours: bad input 2, a failed check 1, anything else a bug
             if debug:
                 raise
-            _fail(str(exc), BAD_INPUT)
-        except (ParityFailure, IntegrityError) as exc:
-            if debug:
-                raise
-            _fail(str(exc), PARITY)
+            _fail(str(exc), exc.exit_code)
         except KeyboardInterrupt:
             _fail("interrupted; no output was written", 130)
         except OSError as exc:  # disk full, permissions: the output was rolled back

@@ -19,7 +19,7 @@ from typing import Any
 
 import torch
 
-from lmconvert.mappings.meta import EMBEDDING, TENSORS, Layout, LayoutError
+from lmconvert.mappings.meta import EMBEDDING, TENSORS, Layout, MetaLayoutError
 from lmconvert.mappings.meta_params import hf_config, model_params
 from lmconvert.mappings.tables.table import Rule
 from lmconvert.mappings.tables.transforms import PiecesDiffer
@@ -78,7 +78,7 @@ def _embed_split(layout: Layout, shape: tuple[int, ...]) -> int:
         try:
             if replace(layout, embed_split=split).shard_shape(EMBEDDING) == shape:
                 return split
-        except LayoutError:
+        except MetaLayoutError:
             continue
     return 0  # neither fits: the shape check names both shapes
 
@@ -185,7 +185,7 @@ def open_meta(path: Path) -> Source:
         layout = Layout(dim=config["hidden_size"], n_layers=config["num_hidden_layers"],
                         n_heads=config["num_attention_heads"], n_kv_heads=config["num_key_value_heads"],
                         vocab_size=vocab, hidden_dim=config["intermediate_size"], shards=len(files))
-    except LayoutError as exc:
+    except MetaLayoutError as exc:
         raise InputError(f"{path / PARAMS}: {str(exc).removeprefix('params.json: ')}") from None
     layout = replace(layout, embed_split=_embed_split(layout, tuple(head[EMBEDDING.stored].shape)))
     _check(path, files, shards, layout, inner)

@@ -20,7 +20,7 @@ import torch
 
 from lmconvert.arch import ArchConfig
 from lmconvert.mappings import Family, MappingError, family_named
-from lmconvert.mappings.meta import Layout, LayoutError
+from lmconvert.mappings.meta import Layout, MetaLayoutError
 from lmconvert.mappings.meta_params import hf_config, model_params, params_for
 
 from .atomic import atomic_directory, check_output
@@ -70,7 +70,7 @@ def _describes(previous: dict[str, Any], config: dict[str, Any], llama: Family, 
         cfg = hf_config(model_params(previous), config["vocab_size"])
         cfg["max_position_embeddings"] = config["max_position_embeddings"]
         return replace(llama.arch_config(cfg), tie_embeddings=arch.tie_embeddings) == arch
-    except (LayoutError, MappingError, KeyError, TypeError):
+    except (MetaLayoutError, MappingError, KeyError, TypeError):
         return False
 
 
@@ -84,7 +84,7 @@ def to_meta(checkpoint: Checkpoint, meta: CanonicalMeta, out: Path, shards: int 
     try:
         config = llama.hf_config(meta.arch, meta.family, meta.hf_extras)
         params = params_for(config)
-    except (MappingError, LayoutError) as exc:
+    except (MappingError, MetaLayoutError) as exc:
         raise InputError(f"{src}: Meta's format holds plain LLaMA models only: {exc}") from None
     from_meta = meta.source.get("format") == "meta"
     previous = meta.source.get("meta_params") if from_meta else None
@@ -95,7 +95,7 @@ def to_meta(checkpoint: Checkpoint, meta: CanonicalMeta, out: Path, shards: int 
                         n_heads=config["num_attention_heads"], n_kv_heads=config["num_key_value_heads"],
                         vocab_size=config["vocab_size"], hidden_dim=config["intermediate_size"], shards=shards,
                         embed_split=meta.source.get("meta_embedding_split", 0) if from_meta else 0)
-    except LayoutError as exc:
+    except MetaLayoutError as exc:
         raise InputError(f"--shards {shards}: {exc}; choose a shard count that divides the heads") from None
     plan = llama.tensors.plan_export(meta.tensors)  # {hf name: (canonical name, transform)}
     if meta.arch.tie_embeddings:  # Meta's code always has its own output matrix

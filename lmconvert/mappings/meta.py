@@ -27,7 +27,7 @@ from .tables.table import Rule, TensorTable
 from .tables.transforms import Chain, Fuse, Permute, Step, Transform
 
 
-class LayoutError(MappingError):
+class MetaLayoutError(MappingError):
     """A params.json or shard layout that cannot describe the model; callers add the file name."""
 
 
@@ -76,7 +76,7 @@ class Layout:
     def __post_init__(self) -> None:
         def need(ok: bool, what: str) -> None:
             if not ok:
-                raise LayoutError(what)
+                raise MetaLayoutError(what)
 
         need(self.shards >= 1, f"shards={self.shards} must be at least 1")
         need(self.dim % self.n_heads == 0, f"dim={self.dim} is not divisible by n_heads={self.n_heads}")

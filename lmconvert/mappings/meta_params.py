@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from .meta import LayoutError
+from .meta import MetaLayoutError
 
 # Meta's apply_scaling (llama-models models/llama3/model.py): use_scaled_rope means llama3 scaling
 # with these constants; later llama-models versions read the factors from params.json.
@@ -20,11 +20,11 @@ SCALED_ROPE = {"factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
 def _value(params: dict[str, Any], key: str, kind: type, default: Any = ...) -> Any:
     if key not in params or params[key] is None:
         if default is ...:
-            raise LayoutError(f"params.json lacks {key!r}")
+            raise MetaLayoutError(f"params.json lacks {key!r}")
         return default
     value = params[key]
     if isinstance(value, bool) and kind is not bool or not isinstance(value, (int, float) if kind is float else kind):
-        raise LayoutError(f"params.json: {key}={value!r} should be of type {kind.__name__}")
+        raise MetaLayoutError(f"params.json: {key}={value!r} should be of type {kind.__name__}")
     return float(value) if kind is float else value
 
 
@@ -98,21 +98,21 @@ def ffn_params(dim: int, d_ff: int) -> tuple[int, float | None]:
 
 
 def params_for(config: dict[str, Any]) -> dict[str, Any]:
-    """params.json for an HF llama config; LayoutError names what Meta's format cannot hold."""
+    """params.json for an HF llama config; MetaLayoutError names what Meta's format cannot hold."""
     dim, heads = config["hidden_size"], config["num_attention_heads"]
     if config.get("attention_bias") or config.get("mlp_bias"):
-        raise LayoutError("Meta's format has no biases, and this model has attention or MLP biases")
+        raise MetaLayoutError("Meta's format has no biases, and this model has attention or MLP biases")
     if config.get("hidden_act") != "silu":
-        raise LayoutError(f"Meta's format uses SiLU, and this model uses {config.get('hidden_act')!r}")
+        raise MetaLayoutError(f"Meta's format uses SiLU, and this model uses {config.get('hidden_act')!r}")
     if dim % heads or config.get("head_dim", dim // heads) != dim // heads:
-        raise LayoutError(f"Meta's format needs head_dim = dim / n_heads = {dim}/{heads}, and this model has "
+        raise MetaLayoutError(f"Meta's format needs head_dim = dim / n_heads = {dim}/{heads}, and this model has "
                           f"head_dim={config.get('head_dim')}")
     rope = config["rope_parameters"]
     kind = rope.get("rope_type", "default")
     fixed = {k: rope.get(k) for k in ("low_freq_factor", "original_max_position_embeddings")}
     if kind not in ("default", "llama3") or kind == "llama3" and any(
             fixed[k] != SCALED_ROPE[k] for k in fixed):
-        raise LayoutError(f"Meta's format has RoPE scaling only as use_scaled_rope (llama3 with low_freq_factor 1 "
+        raise MetaLayoutError(f"Meta's format has RoPE scaling only as use_scaled_rope (llama3 with low_freq_factor 1 "
                           f"and original_max_position_embeddings 8192), and this model uses {rope}")
     multiple_of, multiplier = ffn_params(dim, config["intermediate_size"])
     params: dict[str, Any] = {

@@ -7,7 +7,7 @@ side, per model type where its module differs from the llama-style default; the 
 value is converted to our layout by that declaration alone. Nothing is inferred from shapes: a
 guess (say, the permutation closest to ours) picks the wrong axes whenever two sizes repeat
 (T == head_dim), and then a real transposition compares equal. A value whose shape does not fit
-its declaration raises LayoutError, which the comparison reports as a failed point that could
+its declaration raises PointLayoutError, which the comparison reports as a failed point that could
 not be compared: verify cannot vouch for it, so it does not pass.
 
 A layout names its axes in order; `*` joins axes flattened into one dimension; a last dimension
@@ -94,7 +94,7 @@ def _moe_sizes(arch: ArchConfig) -> dict[str, int]:
     return {} if moe is None else {"X": moe.n_experts, "S": moe.d_shared or 0, "one": 1}
 
 
-class LayoutError(ValueError):
+class PointLayoutError(ValueError):
     """A value that does not fit its declared layout, or a point kind with none declared."""
 
 
@@ -115,7 +115,8 @@ def _segment(value: torch.Tensor, source: Layout, sizes: Mapping[str, int]) -> t
     lengths = [shape_of(s.strip("[]"), sizes)[0] for s in segments]
     chosen = next(i for i, s in enumerate(segments) if s.startswith("["))
     if value.shape[-1] != sum(lengths):
-        raise LayoutError(f"shape {tuple(value.shape)} does not end in {sum(lengths)}, its declared layout {source}")
+        raise PointLayoutError(f"shape {tuple(value.shape)} does not end in {sum(lengths)}, "
+                               f"its declared layout {source}")
     return value.narrow(-1, sum(lengths[:chosen]), lengths[chosen]), f"{head} {segments[chosen].strip('[]')}"
 
 
@@ -125,11 +126,11 @@ def convert(value: torch.Tensor, source: Layout, target: Layout, sizes: Mapping[
     value, source = _segment(value, source, sizes)
     expected = shape_of(source, sizes)
     if tuple(value.shape) != expected:
-        raise LayoutError(f"shape {tuple(value.shape)} is not {expected}, its declared layout {source}")
+        raise PointLayoutError(f"shape {tuple(value.shape)} is not {expected}, its declared layout {source}")
     axes = [axis for group in _groups(source) for axis in group]
     wanted = [axis for group in _groups(target) for axis in group]
     if sorted(axes) != sorted(wanted) or len(set(axes)) != len(axes):
-        raise LayoutError(f"the declared layouts {source} and {target} do not name the same axes once each")
+        raise PointLayoutError(f"the declared layouts {source} and {target} do not name the same axes once each")
     atoms = value.reshape([sizes[axis] for axis in axes])
     return atoms.permute([axes.index(axis) for axis in wanted]).reshape(shape_of(target, sizes))
 
@@ -138,7 +139,7 @@ def take_piece(value: torch.Tensor, piece: Piece, sizes: Mapping[str, int]) -> t
     """The piece a point is, and its layout: the fused layout without the piece axis."""
     expected = shape_of(piece.layout, sizes)
     if tuple(value.shape) != expected:
-        raise LayoutError(f"shape {tuple(value.shape)} is not {expected}, its declared layout {piece.layout}")
+        raise PointLayoutError(f"shape {tuple(value.shape)} is not {expected}, its declared layout {piece.layout}")
     axes = [axis for group in _groups(piece.layout) for axis in group]
     picked = value.reshape([sizes[axis] for axis in axes]).select(axes.index(piece.axis), piece.index)
     rest = " ".join("*".join(a for a in group if a != piece.axis) for group in _groups(piece.layout))
@@ -166,18 +167,18 @@ class PointLayouts:
         """transformers' value at `point`, in our layout."""
         kind = EXPERT.sub("mlp.expert", sublayer_of(point))  # every expert's point is of one kind
         if kind not in self.theirs:
-            raise LayoutError(f"{point}: no layout is declared for transformers' {self.model_type} {kind}; "
+            raise PointLayoutError(f"{point}: no layout is declared for transformers' {self.model_type} {kind}; "
                               "declare it in lmconvert/verify/layouts.py")
         if kind not in self.ours:
-            raise LayoutError(f"{point}: no layout is declared for our {kind}; declare it in "
+            raise PointLayoutError(f"{point}: no layout is declared for our {kind}; declare it in "
                               "lmconvert/verify/layouts.py")
         try:
             theirs = self.theirs[kind]
             if isinstance(theirs, Piece):
                 value, theirs = take_piece(value, theirs, self.sizes)
             return convert(value, theirs, self.ours[kind], self.sizes)
-        except LayoutError as exc:
-            raise LayoutError(f"{point}: transformers' ({self.model_type}) output does not fit: {exc}") from None
+        except PointLayoutError as exc:
+            raise PointLayoutError(f"{point}: transformers' ({self.model_type}) output does not fit: {exc}") from None
 
     def all_to_ours(self, points: Mapping[str, torch.Tensor]) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
         """(the points in our layout, {point: why it could not be converted})."""
@@ -185,6 +186,6 @@ class PointLayouts:
         for point, value in points.items():
             try:
                 converted[point] = self.to_ours(point, value)
-            except LayoutError as exc:
+            except PointLayoutError as exc:
                 problems[point] = str(exc)
         return converted, problems
