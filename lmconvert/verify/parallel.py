@@ -14,10 +14,11 @@ for a record that will not come.
 from __future__ import annotations
 
 import gc
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
+from dataclasses import replace
 from datetime import timedelta
 from pathlib import Path
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import torch
 
@@ -26,10 +27,9 @@ from lmconvert.formats.dtypes import torch_dtype
 from lmconvert.formats.errors import InputError
 from lmconvert.runtime.launch import backend, launched
 
-from . import golden as golden_file
 from .report import Report
-from .run import check_golden, check_written, judge, record_reference, run_model
-from .run import verify as verify_single
+from .request import Request
+from .run import expected_of, judge, run_model, verify_request
 
 T = TypeVar("T")
 RECORD_WAIT = timedelta(hours=24)  # past this, record a golden file first (--save-golden) and verify against it
@@ -58,44 +58,28 @@ def from_rank0(make: Callable[[], T]) -> T:
     return value
 
 
-def verify_parallel(checkpoint: Path, reference: Path | None, dtype: str | None, device: str, seq_len: int | None,
-                    batch: int, seed: int, generate: int, max_memory: int | None, golden: Path | None,
-                    save_golden: Path | None, padded: bool, force: bool = False,
-                    writes: Mapping[str, Path | None] | None = None) -> Report | None:
+def verify_parallel(request: Request) -> Report | None:
     """`_verify_ranks`, and the process group ended after it when it was started here, from torchrun's
     environment (NCCL warns at the exit of a group never destroyed)."""
     import torch.distributed as dist
 
     started = not dist.is_initialized()
     try:
-        return _verify_ranks(checkpoint, reference, dtype, device, seq_len, batch, seed, generate, max_memory, golden,
-                             save_golden, padded, force, writes)
+        return _verify_ranks(request)
     finally:
         if started and dist.is_initialized():
             dist.destroy_process_group()
 
 
-def _verify_ranks(checkpoint: Path, reference: Path | None, dtype: str | None, device: str, seq_len: int | None,
-                  batch: int, seed: int, generate: int, max_memory: int | None, golden: Path | None,
-                  save_golden: Path | None, padded: bool, force: bool,
-                  writes: Mapping[str, Path | None] | None) -> Report | None:
+def _verify_ranks(request: Request) -> Report | None:
     import torch.distributed as dist
 
     from lmconvert.runtime.tensor_parallel import device_mesh, gather_points, load_parallel
 
     mesh = device_mesh()
-    with open_checkpoint(checkpoint) as ckpt:
-        def record() -> object:
-            side = check_written(ckpt, reference, golden, save_golden, writes, force)  # rank 0 writes them
-            if golden is not None:
-                return check_golden(ckpt, golden, dtype, device)
-            expected = record_reference(ckpt, reference, dtype, device, seq_len, batch, seed, generate, max_memory,
-                                        padded, side)
-            if save_golden is not None:
-                golden_file.save(expected, save_golden, force)
-            return expected
-
-        expected = from_rank0(record)
+    device = request.device or "cpu"
+    with open_checkpoint(request.checkpoint) as ckpt:
+        expected = from_rank0(lambda: expected_of(ckpt, request, device))  # rank 0 records, and writes the outputs
         if torch.cuda.is_available():  # the reference's blocks, freed (cycles too), back to every GPU for our slices
             gc.collect()
             torch.cuda.empty_cache()
@@ -106,7 +90,8 @@ def _verify_ranks(checkpoint: Path, reference: Path | None, dtype: str | None, d
     if dist.get_rank() != 0:
         return None
     expected.tolerance = expected.tolerance.split()
-    report = judge(checkpoint, expected, trace, generation, mesh.device_type, False, max_memory, golden)
+    report = judge(request.checkpoint, expected, trace, generation, mesh.device_type, False, request.max_memory,
+                   request.golden)
     report.tensor_parallel = mesh.size()
     return report
 
@@ -126,15 +111,10 @@ def ranks_device(device: str | None) -> str:
     return device
 
 
-def verify(checkpoint: Path, reference: Path | None = None, dtype: str | None = None, device: str | None = None,
-           seq_len: int | None = None, batch: int = 2, seed: int = 0, generate: int = 16,
-           max_memory: int | None = None, golden: Path | None = None,
-           save_golden: Path | None = None, padded: bool = False, force: bool = False,
-           writes: Mapping[str, Path | None] | None = None) -> Report | None:
+def verify(checkpoint: Path, reference: Path | None = None, **options: Any) -> Report | None:  # noqa: ANN401
     """`run.verify` (on `device`, the CPU by default), or under torchrun `verify_parallel` (None on ranks
     other than 0), its reference on the ranks' device unless `device` names one of its kind."""
+    request = Request(checkpoint, reference, **options)
     if launched():
-        return verify_parallel(checkpoint, reference, dtype, ranks_device(device), seq_len, batch, seed, generate,
-                               max_memory, golden, save_golden, padded, force, writes)
-    return verify_single(checkpoint, reference, dtype, device or "cpu", seq_len, batch, seed, generate, max_memory,
-                         golden, save_golden, padded, force, writes)
+        return verify_parallel(replace(request, device=ranks_device(request.device)))
+    return verify_request(request)

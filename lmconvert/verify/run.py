@@ -15,6 +15,7 @@ from collections.abc import Mapping
 from contextlib import nullcontext
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -36,6 +37,7 @@ from .localize import compare_points
 from .outputs import check_outputs
 from .prompts import token_batch
 from .report import Report
+from .request import Request
 from .trace import Trace, our_trace
 
 REFERENCE_JSON = ("config.json", "generation_config.json")  # what transformers reads beside the weights
@@ -159,33 +161,36 @@ def check_golden(checkpoint: Checkpoint, golden: Path, dtype: str | None = None,
     return expected
 
 
-def verify(checkpoint: Path, reference: Path | None = None, dtype: str | None = None, device: str = "cpu",
-           seq_len: int | None = None, batch: int = 2, seed: int = 0, generate: int = 16,
-           max_memory: int | None = None, golden: Path | None = None,
-           save_golden: Path | None = None, padded: bool = False, force: bool = False,
-           writes: Mapping[str, Path | None] | None = None) -> Report:
+def verify(checkpoint: Path, reference: Path | None = None, **options: Any) -> Report:  # noqa: ANN401
     """Verify `checkpoint` against transformers (or against a golden file), and optionally store
-    what transformers computed as a golden file. With `max_memory` (bytes) our side streams one
-    block at a time and transformers offloads through accelerate. `padded`: rows of different
-    lengths, left-padded under an attention mask. `writes`: files the caller writes from the report
-    (`{"--json": path}`), held with `save_golden` to the output rule (`outputs.py`; `force` replaces
-    one lmconvert wrote) before anything runs. The checkpoint is opened once. (`parallel.verify` is
-    the same under torchrun.)"""
-    if golden is not None and (reference is not None or save_golden is not None or padded):
-        raise InputError("--golden checks against a recorded file (its own batch); drop --reference, --save-golden "
-                         "and --padded")
-    with open_checkpoint(checkpoint) as ckpt:
-        side = check_written(ckpt, reference, golden, save_golden, writes, force)
-        if golden is not None:
-            expected = check_golden(ckpt, golden, dtype, device)
-        else:
-            expected = record_reference(ckpt, reference, dtype, device, seq_len, batch, seed, generate, max_memory,
-                                        padded, side)
-            if save_golden is not None:
-                golden_file.save(expected, save_golden, force)
-        stream = max_memory is not None
-        trace, generation = run_ours(ckpt, expected, device, stream)
-    return judge(checkpoint, expected, trace, generation, device, stream, max_memory, golden)
+    what transformers computed as a golden file; `options` are `Request`'s fields. With `max_memory`
+    (bytes) our side streams one block at a time and transformers offloads through accelerate. The
+    checkpoint is opened once. (`parallel.verify` is the same under torchrun.)"""
+    return verify_request(Request(checkpoint, reference, **options))
+
+
+def verify_request(request: Request) -> Report:
+    device = request.device or "cpu"
+    with open_checkpoint(request.checkpoint) as ckpt:
+        expected = expected_of(ckpt, request, device)
+        trace, generation = run_ours(ckpt, expected, device, request.stream)
+    return judge(request.checkpoint, expected, trace, generation, device, request.stream, request.max_memory,
+                 request.golden)
+
+
+def expected_of(ckpt: Checkpoint, request: Request, device: str) -> Expected:
+    """What our side is held to: the golden file's record, or transformers' (stored as a golden file
+    with --save-golden). The run's outputs (--save-golden, `writes`) are checked against everything it
+    reads first, and held to the output rule (`outputs.py`; `force` replaces one lmconvert wrote)."""
+    side = check_written(ckpt, request.reference, request.golden, request.save_golden, request.writes,
+                         request.force)
+    if request.golden is not None:
+        return check_golden(ckpt, request.golden, request.dtype, device)
+    expected = record_reference(ckpt, request.reference, request.dtype, device, request.seq_len, request.batch,
+                                request.seed, request.generate, request.max_memory, request.padded, side)
+    if request.save_golden is not None:
+        golden_file.save(expected, request.save_golden, request.force)
+    return expected
 
 
 def check_written(ckpt: Checkpoint, reference: Path | None, golden: Path | None, save_golden: Path | None,
