@@ -43,6 +43,7 @@ BOOL, UINT32 = 7, 4
 MIN_KV = 8 + 4 + 1  # key length, type, a one-byte value
 MIN_TENSOR = 8 + 4 + 4 + 8  # name length, n_dims, type, offset
 FIX = "the file is truncated or corrupt; re-download or re-convert it"
+BROKEN = "llama.cpp refuses such a file too; re-download it or convert the model again"
 
 
 @dataclass(frozen=True)
@@ -148,7 +149,7 @@ def _value(cur: _Cursor, key: str, kind: int, decode: bool) -> tuple[Any, int]:
         return [cur.string(what, i) for i in range(count)], count
     if item not in SCALARS:
         raise InputError(f"{cur.path}: {what} is an array of value type {item}, which llama.cpp does not read (GGUF "
-                         f"arrays hold numbers, booleans or strings); {FIX}")
+                         f"arrays hold numbers, booleans or strings); {BROKEN}")
     code, name = SCALARS[item]
     raw = cur.take(count * int(code[1]), f"{what} (an array of {count} {name})")
     if not decode:
@@ -164,7 +165,8 @@ def _tensor_kind(path: Path, name: str, raw: int) -> tuple[Any, int, int]:
     try:
         kind = gguf.GGMLQuantizationType(raw)
     except ValueError:
-        raise InputError(f"{path}: tensor {name!r} has type id {raw}, which gguf does not know; {FIX}") from None
+        raise InputError(f"{path}: tensor {name!r} has type id {raw}, which gguf does not know (a newer type, or a "
+                         "corrupt file); use a file quantized to a common type (F16, Q8_0, Q4_K, ...)") from None
     block, size = gguf.GGML_QUANT_SIZES[kind]
     return kind, block, size
 
@@ -175,8 +177,8 @@ def _tensor_entry(cur: _Cursor) -> tuple[str, tuple[int, ...], int, int]:
     what = f"tensor {name!r}"
     n_dims = cur.number("u4", f"{what}'s dimension count")
     if n_dims > MAX_DIMS:
-        raise InputError(f"{cur.path}: {what} has {n_dims} dimensions; GGUF tensors have at most {MAX_DIMS} "
-                         f"(llama.cpp refuses more); {FIX}")
+        raise InputError(f"{cur.path}: {what} has {n_dims} dimensions; GGUF tensors have at most {MAX_DIMS}, "
+                         f"{BROKEN}")
     dims = tuple(cur.number("u8", f"{what}'s dimensions") for _ in range(n_dims))
     for d in dims:
         if d > ELEMENTS_PER_BYTE * cur.size:
@@ -191,7 +193,7 @@ def _alignment(path: Path, meta: dict[str, Any], kinds: dict[str, int]) -> int:
     value = meta["general.alignment"]
     if kinds["general.alignment"] != UINT32 or not 0 < value <= MAX_ALIGNMENT or value & (value - 1):
         raise InputError(f"{path}: general.alignment is {value!r}; it must be a uint32 power of two up to "
-                         f"{MAX_ALIGNMENT} (llama.cpp's default: {DEFAULT_ALIGNMENT}); {FIX}")
+                         f"{MAX_ALIGNMENT} (llama.cpp's default: {DEFAULT_ALIGNMENT}); {BROKEN}")
     return value
 
 
@@ -208,11 +210,11 @@ def _tensor(path: Path, name: str, dims: tuple[int, ...], raw: int, offset: int,
     row = dims[0] if dims else 1
     if row % block:
         raise InputError(f"{path}: tensor {name!r} ({shape}) has rows of {row} elements, not a whole number of "
-                         f"{kind.name} blocks of {block}; {FIX}")
+                         f"{kind.name} blocks of {block}; {BROKEN}")
     n_bytes = elements // block * type_size
     if offset % alignment:
         raise InputError(f"{path}: tensor {name!r} starts at byte {offset} of the data section, not a multiple of "
-                         f"the file's alignment {alignment} (llama.cpp refuses such a file); {FIX}")
+                         f"the file's alignment {alignment}; {BROKEN}")
     if offset + n_bytes > data_size:
         raise InputError(f"{path}: tensor {name!r} ({shape}) needs bytes {offset} to {offset + n_bytes} of the data "
                          f"section, which holds {data_size}; {FIX}")
@@ -225,7 +227,7 @@ def _check_overlaps(path: Path, tensors: dict[str, TensorInfo], data_offset: int
     for (start, end, name), (next_start, _, other) in zip(spans, spans[1:], strict=False):
         if next_start < end:
             raise InputError(f"{path}: tensors {name!r} (bytes {start - data_offset} to {end - data_offset} of the "
-                             f"data section) and {other!r} (from byte {next_start - data_offset}) overlap; {FIX}")
+                             f"data section) and {other!r} (from byte {next_start - data_offset}) overlap; {BROKEN}")
 
 
 def read_header(path: Path, counted: Collection[str] = ()) -> GgufHeader:
@@ -254,7 +256,7 @@ def read_header(path: Path, counted: Collection[str] = ()) -> GgufHeader:
         for _ in range(n_kv):
             key = cur.string("a metadata key")
             if key in kinds:
-                raise InputError(f"{path}: metadata {key!r} appears twice; {FIX}")
+                raise InputError(f"{path}: metadata {key!r} appears twice; {BROKEN}")
             kinds[key] = cur.number("u4", f"metadata {key!r}'s type")
             value, count = _value(cur, key, kinds[key], decode=key not in counted)
             if key in counted:
@@ -265,7 +267,7 @@ def read_header(path: Path, counted: Collection[str] = ()) -> GgufHeader:
         for _ in range(n_tensors):
             name, *entry = _tensor_entry(cur)
             if name in entries:
-                raise InputError(f"{path}: tensor {name!r} appears twice; {FIX}")
+                raise InputError(f"{path}: tensor {name!r} appears twice; {BROKEN}")
             entries[name] = tuple(entry)  # type: ignore[assignment]
         alignment = _alignment(path, meta, kinds)
         data_offset = -(-cur.pos // alignment) * alignment
