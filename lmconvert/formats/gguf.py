@@ -10,12 +10,13 @@ by the GGUF tensor table in mappings/gguf.py, the way transformers' own GGUF loa
 Quantized tensors are dequantized with `gguf.quants.dequantize`, the function transformers uses,
 into float32; F32, F16 and BF16 tensors pass through. One dtype per file, transformers' rule: the
 half type of a float file (its F32 tensors are the norms), float32 once anything is quantized.
-Tensors are read lazily from the reader's memory map, one at a time.
+Tensors are read lazily, one at a time, with os.pread (gguf_header.py reads and checks the header).
 """
 
 from __future__ import annotations
 
 import json
+import math
 import os
 import threading
 from collections import Counter
@@ -40,11 +41,11 @@ from . import schema
 from .checkpoint_files import within
 from .claims import check_layer_claim, layers_held
 from .errors import InputError
+from .gguf_header import MAGIC, TensorInfo, read_header
 from .gguf_writer import SOURCE_KEY
 from .source import Loadable, Source
 
 SUFFIX = ".gguf"
-MAGIC = b"GGUF"
 
 HUGE_ARRAYS = ("tokenizer.ggml.tokens", "tokenizer.ggml.scores", "tokenizer.ggml.token_type", "tokenizer.ggml.merges")
 # The types the metadata lmconvert reads must have (llama.cpp's gguf-py writers): a head count of 0 or
@@ -103,83 +104,92 @@ def is_gguf(path: Path) -> bool:
 DEQUANTIZE_BAND = 32 << 20  # float32 bytes of rows dequantized at a time, by each of up to 4 threads
 
 
-def _dequantized(data: np.ndarray, kind: Any) -> np.ndarray:  # noqa: ANN401 - gguf's type enum
+def _dequantized(raw: Callable[[int, int], np.ndarray], rows: int, row_bytes: int, kind: Any) -> np.ndarray:  # noqa: ANN401 - gguf's type enum
     """`gguf.quants.dequantize`, a band of rows at a time into one float32 array: GGML's blocks
-    lie within a row, so the bands are the whole's bytes, and the quantizer's float temporaries
-    stay within the bands (numpy releases the GIL, so bands go in parallel)."""
+    lie within a row, so each band's bytes are read (`raw(first row, rows)`) and dequantized on
+    their own, and neither the raw bytes nor the quantizer's float temporaries outgrow the bands
+    (numpy and the reads release the GIL, so bands go in parallel)."""
     import gguf
 
-    rows = data.reshape(-1, data.shape[-1])
     block, size = gguf.GGML_QUANT_SIZES[kind]
-    out = np.empty((rows.shape[0], rows.shape[1] // size * block), dtype=np.float32)
-    band = max(1, DEQUANTIZE_BAND // (out.shape[1] * 4))
+    out = np.empty((rows, row_bytes // size * block), dtype=np.float32)
+    band = max(1, DEQUANTIZE_BAND // max(1, out.shape[1] * 4))
 
     def fill(start: int) -> None:
-        out[start:start + band] = gguf.quants.dequantize(rows[start:start + band], kind)
+        out[start:start + band] = gguf.quants.dequantize(raw(start, min(band, rows - start)), kind)
 
     with ThreadPoolExecutor(max_workers=max(1, min(4, os.cpu_count() or 1))) as pool:
-        list(pool.map(fill, range(0, rows.shape[0], band)))
-    return out.reshape(*data.shape[:-1], out.shape[-1])
+        list(pool.map(fill, range(0, rows, band)))
+    return out
 
 
 class GgufFile:
-    """The parsed file: metadata as Python values and the tensor table over the memory map."""
+    """The parsed file: metadata as Python values and the tensor table, checked (gguf_header.py);
+    tensors are read with os.pread, not through a memory map, so a file truncated while being
+    read is a short read, named, not a SIGBUS that kills the process."""
 
     def __init__(self, path: Path) -> None:
         self.path = path
-        with open(path, "rb") as f:
-            head = f.read(4)
-        if head != MAGIC:
-            raise InputError(f"{path}: not a GGUF file (starts with {head!r}, not b'GGUF'); point at a .gguf "
-                             "model file")
-        import gguf
-
-        try:
-            self.reader = gguf.GGUFReader(path)
-        except Exception as exc:  # noqa: BLE001 - the reader raises anything from struct to numpy on a bad file
-            raise InputError(f"{path}: not a readable GGUF file ({_one_line(exc)}); it may be truncated or "
-                             "corrupt, re-download it") from None
-        self.meta: dict[str, Any] = {}
-        self.counts: dict[str, int] = {}
-        for key, entry in self.reader.fields.items():
-            if key in HUGE_ARRAYS:
-                self.counts[key] = len(entry.data)
-            elif not key.startswith("GGUF."):
-                try:
-                    self.meta[key] = entry.contents()
-                except (UnicodeDecodeError, ValueError) as exc:
-                    raise InputError(f"{path}: metadata {key!r} cannot be read ({_one_line(exc)})") from None
-        self.tensors = {t.name: t for t in self.reader.tensors}
+        header = read_header(path, counted=HUGE_ARRAYS)
+        self.meta: dict[str, Any] = header.meta
+        self.counts: dict[str, int] = header.counts
+        self.tensors: dict[str, TensorInfo] = header.tensors
+        self._order = header.order
+        self._fd: int | None = None
         if "general.architecture" not in self.meta:
             raise InputError(f"{path}: has no general.architecture metadata; not a llama.cpp model file")
         schema.validate(self.meta, GENERAL_TYPES, f"{path}: metadata", "the file is damaged or not llama.cpp's")
         if self.meta.get("split.count", 1) > 1:
             raise InputError(f"{path}: is one part of a {self.meta['split.count']}-way split GGUF; merge the parts "
                              "first (llama-gguf-split --merge)")
+        self._fd = os.open(path, os.O_RDONLY)
 
     def shape(self, name: str) -> tuple[int, ...]:
         """The tensor's shape in torch order (ggml lists dimensions fastest first)."""
-        return tuple(int(d) for d in reversed(self.tensors[name].shape.tolist()))
+        return self.tensors[name].shape
 
     def type_name(self, name: str) -> str:
-        return self.tensors[name].tensor_type.name
+        return self.tensors[name].kind.name
+
+    def _raw(self, t: TensorInfo, start: int, length: int) -> np.ndarray:
+        """`length` bytes of the tensor from byte `start`, read whole or refused by name."""
+        out = np.empty(length, dtype=np.uint8)
+        view, done = memoryview(out), 0
+        while done < length:
+            if self._fd is None:
+                raise InputError(f"{self.path}: read after it was closed")  # pragma: no cover - a bug
+            got = os.preadv(self._fd, [view[done:]], t.offset + start + done)
+            if got == 0:
+                now = os.fstat(self._fd).st_size
+                raise InputError(f"{self.path}: tensor {t.name!r} ends at byte {t.offset + t.n_bytes}, past the end of "
+                                 f"the file ({now} bytes now); it was truncated while being read, read it again "
+                                 "when it is complete")
+            done += got
+        return out
 
     def read(self, name: str) -> torch.Tensor:
         """The tensor as stored, dequantized: float32 for quantized types, else the stored float type."""
         import gguf
 
         t = self.tensors[name]
-        kind, shape = t.tensor_type, self.shape(name)
+        kind, shape = t.kind, self.shape(name)
         Q = gguf.GGMLQuantizationType
+        floats = {Q.F32: "f4", Q.F16: "f2", Q.BF16: "i2"}
         try:
-            if kind == Q.F32:
-                return torch.from_numpy(np.array(t.data, dtype=np.float32)).reshape(shape)
-            if kind == Q.F16:
-                return torch.from_numpy(np.array(t.data, dtype=np.float16)).reshape(shape)
-            if kind == Q.BF16:
-                raw = np.array(t.data, dtype=np.uint8).view(np.int16)
-                return torch.from_numpy(raw).view(torch.bfloat16).reshape(shape)
-            return torch.from_numpy(_dequantized(t.data, kind)).reshape(shape)
+            if kind in floats:
+                code = np.dtype(floats[kind])
+                data = self._raw(t, 0, t.n_bytes).view(code.newbyteorder(self._order)).astype(code, copy=False)
+                tensor = torch.from_numpy(data)
+                return (tensor.view(torch.bfloat16) if kind == Q.BF16 else tensor).reshape(shape)
+            rows = math.prod(t.dims[1:])
+            if t.n_bytes == 0:
+                return torch.empty(shape, dtype=torch.float32)
+            row_bytes = t.n_bytes // rows
+            out = _dequantized(lambda first, n: self._raw(t, first * row_bytes, n * row_bytes).reshape(n, row_bytes),
+                               rows, row_bytes, kind)
+            return torch.from_numpy(out).reshape(shape)
+        except InputError:
+            raise
         except (ValueError, RuntimeError, OSError) as exc:
             raise InputError(f"{self.path}: tensor {name!r} ({kind.name}) cannot be read ({_one_line(exc)}); "
                              "the file may be truncated") from None
@@ -189,12 +199,12 @@ class GgufFile:
         import gguf
 
         Q = gguf.GGMLQuantizationType
-        for kind in {t.tensor_type for t in self.tensors.values()} - {Q.F32, Q.F16, Q.BF16}:
+        for kind in {t.kind for t in self.tensors.values()} - {Q.F32, Q.F16, Q.BF16}:
             block, size = gguf.GGML_QUANT_SIZES[kind]
             try:
                 gguf.quants.dequantize(np.zeros(size, dtype=np.uint8), kind)
             except NotImplementedError:
-                names = [n for n, t in self.tensors.items() if t.tensor_type == kind]
+                names = [n for n, t in self.tensors.items() if t.kind == kind]
                 raise InputError(f"{self.path}: tensor {names[0]!r} is quantized as {kind.name}, which gguf "
                                  f"{_gguf_version()} cannot dequantize; use a file quantized to another type "
                                  "(F16, Q8_0, Q4_K, Q6_K, ...)") from None
@@ -208,7 +218,9 @@ class GgufFile:
 
     def close(self) -> None:
         self.tensors = {}
-        self.reader = None  # type: ignore[assignment]  # drops the memory map with the last view
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
 
 
 def _gguf_version() -> str:
