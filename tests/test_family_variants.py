@@ -30,6 +30,8 @@ from transformers import AutoConfig, AutoModelForCausalLM
 from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 from transformers.models.cohere.modeling_cohere import CohereLayerNorm
 from transformers.models.cohere.modeling_cohere import apply_rotary_pos_emb as cohere_apply_rotary
+from transformers.models.deepseek_v2.modeling_deepseek_v2 import DeepseekV2RotaryEmbedding
+from transformers.models.deepseek_v2.modeling_deepseek_v2 import apply_rotary_emb as deepseek_v2_apply_rotary
 
 import lmconvert
 import lmconvert.mappings
@@ -138,6 +140,36 @@ def test_fp32_rotation_is_coheres_bit_for_bit(dtype: torch.dtype) -> None:
     assert torch.equal(apply_rotary(k, cos, sin, "interleaved", upcast=True), ref_k)
     if dtype == torch.bfloat16:  # the value matters: rotating in bf16 rounds differently
         assert not torch.equal(apply_rotary(q, cos, sin, "interleaved"), ref_q)
+
+
+# ------------------------------------------------------------------------------------------------ DeepSeek-V2 ops
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("yarn", [False, True], ids=["default", "yarn"])
+def test_complex_product_is_deepseek_v2_s_bit_for_bit(dtype: torch.dtype, yarn: bool) -> None:
+    """Tables from torch.polar kept in fp32, pairs rotated as fp32 complex products: transformers'
+    DeepseekV2 `apply_rotary_emb` exactly, on q and k laid out as its attention slices them (each
+    head's rotary part a short run, where the CPU kernel runs scalar and fuses multiply-adds)."""
+    B, T, H, N, R, C = 2, 40, 4, 12, 8, 16
+    params = ({"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 32, "rope_theta": 1e4}
+              if yarn else {"rope_type": "default", "rope_theta": 1e4})
+    hf = AutoConfig.for_model("deepseek_v2", hidden_size=64, num_attention_heads=H, qk_nope_head_dim=N,
+                              qk_rope_head_dim=R, max_position_embeddings=64, rope_parameters=params)
+    rope = RopeConfig(layout="interleaved", complex_product=True,
+                      **(dict(scaling="yarn", factor=4.0, original_max_positions=32) if yarn else {}))
+    cos, sin = Rotary(rope, R, 64).tables(torch.arange(T), dtype)
+    freqs_cis = DeepseekV2RotaryEmbedding(hf)(torch.zeros(1), torch.arange(T)[None])
+    assert cos.dtype == sin.dtype == torch.float32
+    assert torch.equal(cos[:, ::2], freqs_cis[0].real) and torch.equal(sin[:, ::2], freqs_cis[0].imag)
+    q = _random(B, T, H, N + R, dtype=dtype).transpose(1, 2)[..., N:]  # (B, H, T, R), a slice of each head
+    k = _random(B, T, C + R, seed=1, dtype=dtype)[..., C:].view(B, 1, T, R)
+    ref_q, ref_k = deepseek_v2_apply_rotary(q, k, freqs_cis)
+    assert torch.equal(apply_rotary(q, cos, sin, "interleaved", complex_product=True), ref_q)
+    assert torch.equal(apply_rotary(k, cos, sin, "interleaved", complex_product=True), ref_k)
+
+
+def test_complex_product_rotates_interleaved_pairs_only() -> None:
+    with pytest.raises(ConfigError, match="complex_product=True: rotates pairs of adjacent dims"):
+        RopeConfig(complex_product=True)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])

@@ -212,6 +212,8 @@ def test_settings_round_trip_through_json() -> None:
     (dict(attention_settings=dict(kv_lora_rank=0)), "attention_settings.kv_lora_rank=0"),
     (dict(attention_settings=dict(q_lora_rank=True)), "attention_settings.q_lora_rank=True"),
     (dict(attention_settings=dict(norm_eps=0)), "attention_settings.norm_eps=0"),
+    (dict(rope=dict(layout="interleaved", complex_product=True)),
+     "rope.complex_product=True: a complex product rotates the pairs in place"),
 ])
 def test_what_latent_attention_cannot_compute_is_refused(overrides: dict, needle: str) -> None:
     with pytest.raises(ConfigError) as caught:
@@ -289,6 +291,17 @@ def test_bf16_faithfulness(name: str, checkpoint: Callable[..., Path]) -> None:
                            .abs().mean())
     assert reference_error > 0
     assert ours_error <= FAITHFULNESS * reference_error, (ours_error, reference_error)
+
+
+@pytest.mark.parametrize("name", ["v2", "v2_plain_q_yarn"])
+def test_v2_bf16_is_transformers_bit_for_bit(name: str, checkpoint: Callable[..., Path]) -> None:
+    """V2's RoPE as transformers computes it (`rope.complex_product`: torch.polar tables in fp32, complex
+    products): our eager bf16 logits are its eager bf16 logits exactly (CPU)."""
+    src = checkpoint(name, torch.bfloat16)
+    with torch.no_grad():
+        ours = lmconvert.load(src, dtype=torch.bfloat16, attention="eager")(IDS)
+        theirs = load_reference(src, torch.bfloat16)(IDS).logits
+    assert torch.equal(ours, theirs), max_abs(ours, theirs)
 
 
 # ----------------------------------------------------------------------------- streamed

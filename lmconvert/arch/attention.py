@@ -130,8 +130,8 @@ class Attention(nn.Module):
         if self.rotary is not None:
             cos, sin = ctx.rotary(self.rotary)
             rope = self.rotary.cfg
-            q = apply_rotary(q, cos, sin, rope.layout, rope.fp32_rotation)
-            k = apply_rotary(k, cos, sin, rope.layout, rope.fp32_rotation)
+            q = apply_rotary(q, cos, sin, rope.layout, rope.fp32_rotation, rope.complex_product)
+            k = apply_rotary(k, cos, sin, rope.layout, rope.fp32_rotation, rope.complex_product)
         if cache is not None:
             k, v = cache.update(self.layer, k, v)  # (B, KV, S, D)
         bias = self._position_bias(ctx)

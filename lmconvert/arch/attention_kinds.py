@@ -252,6 +252,8 @@ def _latent_check(cfg: ArchConfig) -> None:
     refusals.append(("attention_settings.deinterleave", False,
                      not cfg.attention_settings.deinterleave and cfg.rope.layout != "interleaved",
                      "only interleaved RoPE (rope.layout='interleaved') has a choice of output order"))
+    refusals.append(("rope.complex_product", True, cfg.rope.complex_product and cfg.attention_settings.deinterleave,
+                     "a complex product rotates the pairs in place (attention_settings.deinterleave=False)"))
     refusals += [(f"{p}_bias", True, getattr(cfg, f"{p}_bias"), "latent attention's biases are "
                   "attention_settings.bias") for p in "qkvo"]
     for name, value, wrong, why in refusals:

@@ -103,6 +103,11 @@ class RopeConfig:
     mscale_all_dim: float | None = None
     truncate: bool = True
     fp32_tables: bool = False  # OLMo keeps cos/sin in fp32 and rotates in fp32
+    # DeepSeek-V2 (transformers' `apply_rotary_emb`): each pair is a complex number multiplied by
+    # torch.polar(1, angle) in fp32. The tables are polar's (libm's scalar cosf/sinf, not Tensor.cos/sin's
+    # vectorised kernels: 1 ulp apart on some angles) and stay fp32, and the rotation is that complex product
+    # (its CPU kernel fuses multiply-adds where it runs scalar). Interleaved layout only
+    complex_product: bool = False
     # longrope (Phi-3): one rescale per rotary frequency pair, `short_factor` while the sequence fits
     # in original_max_positions, `long_factor` once it does not (chosen per forward call)
     short_factor: tuple[float, ...] | None = None
@@ -127,6 +132,8 @@ class RopeConfig:
         if self.scaling == "llama3" and self.high_freq_factor == self.low_freq_factor:
             _fail("rope", "high_freq_factor", self.high_freq_factor, "must differ from low_freq_factor")
         _positive("rope", "attention_factor", self.attention_factor, allow_none=True)
+        if self.complex_product and self.layout != "interleaved":
+            _fail("rope", "complex_product", True, "rotates pairs of adjacent dims: needs layout='interleaved'")
         _integer("rope", "rotary_dims", self.rotary_dims, allow_none=True)
         if self.rotary_dims is not None and self.fraction != 1:
             _fail("rope", "rotary_dims", self.rotary_dims, "give the rotary width once: rotary_dims or fraction")

@@ -59,6 +59,8 @@ def _rope(r: RopeConfig) -> str:
                  f"cos/sin x{r.longrope_attention_factor():.6g})")
     if r.fp32_rotation:
         text += ", q/k rotated in fp32"
+    if r.complex_product:
+        text += ", pairs rotated as fp32 complex products (torch.polar tables)"
     return text
 
 

@@ -9,9 +9,9 @@ values: `kv_lora_rank + qk_rope_head_dim` entries per token and layer.
 RoPE touches only the rotary part of each query and key. With `rope.layout == "interleaved"` the
 rotary input dims come in pairs (x0, x1), (x2, x3), ... and the rotated result is written
 de-interleaved ([evens | odds]), as transformers' `apply_rotary_pos_emb_interleave` does (V3), or
-in place when `settings.deinterleave` is False (V2's complex rotation); with "half" it is the usual
-rotate-half. Sizes: B batch, T new tokens, S all tokens (cached first),
-H heads, N qk_nope_head_dim, R qk_rope_head_dim (= head_dim), V v_head_dim, C kv_lora_rank.
+in place when `settings.deinterleave` is False (V2's, as a complex product with
+`rope.complex_product`); with "half" it is the usual rotate-half. Sizes: B batch, T new tokens,
+S all tokens (cached first), H heads, N qk_nope_head_dim, R qk_rope_head_dim (= head_dim), V v_head_dim, C kv_lora_rank.
 """
 
 from __future__ import annotations
@@ -102,7 +102,9 @@ class LatentAttention(nn.Module):
         cos, sin = ctx.rotary(self.rotary)  # (T, R)
         if self.rotation == "deinterleave":
             return _rotate_deinterleaving(q_rot, cos, sin), _rotate_deinterleaving(k_rot, cos, sin)
-        return apply_rotary(q_rot, cos, sin, self.rotation), apply_rotary(k_rot, cos, sin, self.rotation)
+        product = self.rotary.cfg.complex_product
+        return (apply_rotary(q_rot, cos, sin, self.rotation, complex_product=product),
+                apply_rotary(k_rot, cos, sin, self.rotation, complex_product=product))
 
     def _absorbed(self, q_nope: torch.Tensor, q_rot: torch.Tensor, c_kv: torch.Tensor, k_rot: torch.Tensor,
                   allowed: torch.Tensor | None, dropout: float) -> torch.Tensor:

@@ -131,12 +131,15 @@ class Rotary:
                 with torch.device("cpu"):
                     inv_freq, _ = SCALINGS[self.cfg.scaling](self.cfg, self.dim, seq_len, self.max_positions)
         freqs = positions.float()[..., None] * inv_freq.to(positions.device)
-        if self.cfg.layout == "half":
-            emb = torch.cat((freqs, freqs), dim=-1)
+        if self.cfg.complex_product:  # transformers' freqs_cis = torch.polar(1, freqs), each pair's twice
+            polar = torch.polar(torch.ones_like(freqs), freqs)
+            cos, sin = (torch.repeat_interleave(part, 2, dim=-1) for part in (polar.real, polar.imag))
         else:
-            emb = torch.repeat_interleave(freqs, 2, dim=-1)
-        cos, sin = emb.cos() * self.scaling, emb.sin() * self.scaling
-        if self.cfg.fp32_tables:
+            half = self.cfg.layout == "half"
+            emb = torch.cat((freqs, freqs), dim=-1) if half else torch.repeat_interleave(freqs, 2, dim=-1)
+            cos, sin = emb.cos(), emb.sin()
+        cos, sin = cos * self.scaling, sin * self.scaling
+        if self.cfg.fp32_tables or self.cfg.complex_product:
             return cos, sin
         return cos.to(dtype), sin.to(dtype)
 
@@ -153,12 +156,25 @@ def _rotate_pairs(x: torch.Tensor) -> torch.Tensor:
 ROTATIONS = {"half": _rotate_half, "interleaved": _rotate_pairs}
 
 
+def _complex_product(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """transformers' DeepSeek-V2 `apply_rotary_emb` on x's pairs, op for op: fp32 complex numbers times
+    cos + i sin (the polar tables' even positions), cast back. Not the real ops' sum: where the CPU
+    kernel runs scalar (a short contiguous run, as a head's rotary slice is) it fuses a multiply-add."""
+    pairs = torch.view_as_complex(x.float().reshape(*x.shape[:-1], -1, 2))
+    angles = torch.complex(cos[..., ::2].float(), sin[..., ::2].float())
+    return torch.view_as_real(pairs * angles).flatten(-2).type_as(x)
+
+
 def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, layout: str,
-                 upcast: bool = False) -> torch.Tensor:
+                 upcast: bool = False, complex_product: bool = False) -> torch.Tensor:
     """Rotate the first cos.shape[-1] dims of x [B, H, T, D]; the rest pass through. `upcast`
-    rotates in fp32 and casts back (Cohere's `q.float()`), whatever dtype cos/sin are in."""
+    rotates in fp32 and casts back (Cohere's `q.float()`), whatever dtype cos/sin are in;
+    `complex_product` (interleaved pairs only) rotates as `RopeConfig.complex_product` says."""
     dim = cos.shape[-1]
     rotated, passed = x[..., :dim], x[..., dim:]
+    if complex_product:
+        out = _complex_product(rotated, cos, sin)
+        return torch.cat((out, passed), dim=-1) if passed.shape[-1] else out
     if upcast:
         rotated = rotated.float()
     out = (rotated * cos + ROTATIONS[layout](rotated) * sin).to(x.dtype)

@@ -57,7 +57,7 @@ def v2_to_hf(moe: MoeConfig) -> dict[str, Any]:
 
 CONFIG = deepseek_v3.CONFIG.but(
     add=(
-        rope(layout="interleaved"),
+        rope(layout="interleaved", complex_product=True),
         deepseek_v3.latent("deepseek_v2", deinterleave=False, v_head_dim_nullable=False),
         deepseek_v3.experts_row("experts", FIRST_DENSE, KEYS, v2_moe, v2_to_hf),
         plain("mlp_bias", "mlp_bias", bool, False),
