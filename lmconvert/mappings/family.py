@@ -74,8 +74,8 @@ class Family:
     gguf: tuple[GgufArch, ...] = ()  # its llama.cpp architectures (read, and written by `--to gguf`)
     no_gguf: str = ""  # why it has no GGUF form, where llama.cpp names it but cannot run it
     # verify: where transformers' modules of this family lay a point out otherwise than llama's
-    # (verify/layouts.py), by point; QK norms have no default
-    reference_layouts: Mapping[str, Any] = field(default_factory=dict)
+    # (verify/layouts.py), by point, or a function of the config giving them; QK norms have no default
+    reference_layouts: Mapping[str, Any] | Callable[[ArchConfig], Mapping[str, Any]] = field(default_factory=dict)
 
     def note_for(self, model_type: object) -> str:
         """What is said of a checkpoint of this model_type ("" for none)."""

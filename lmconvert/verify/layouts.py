@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 import torch
@@ -72,8 +72,14 @@ TRANSFORMERS: Mapping[str, Layout] = dict(OURS)
 # transformers' layouts where a family's modules differ from the default, keyed by the text config's
 # model_type (`config.get_text_config().model_type`), so that Gemma3ForConditionalGeneration and
 # Gemma3ForCausalLM share an entry: each family declares its own (`Family.reference_layouts`)
-TRANSFORMERS_BY_MODEL_TYPE: dict[str, Mapping[str, Layout | Piece]] = {
+TRANSFORMERS_BY_MODEL_TYPE: dict[str, Mapping[str, Layout | Piece] | Callable[[ArchConfig], Mapping]] = {
     model_type: family.reference_layouts for family in FAMILIES.values() for model_type in family.model_types}
+
+
+def transformers_layouts(model_type: str, arch: ArchConfig) -> Mapping[str, Layout | Piece]:
+    """transformers' layouts for this model: the default, and where the family's modules differ."""
+    own = TRANSFORMERS_BY_MODEL_TYPE.get(model_type, {})
+    return {**TRANSFORMERS, **(own(arch) if callable(own) else own)}
 
 
 def _latent_sizes(arch: ArchConfig) -> dict[str, int]:
@@ -158,7 +164,7 @@ class PointLayouts:
     @classmethod
     def of(cls, arch: ArchConfig, model_type: str, batch: int, seq_len: int) -> PointLayouts:
         ours = {**OURS, **OURS_QK_NORM.get(arch.qk_norm, {}), **OURS_BY_ATTENTION.get(arch.attention, {})}
-        theirs = {**TRANSFORMERS, **TRANSFORMERS_BY_MODEL_TYPE.get(model_type, {})}
+        theirs = transformers_layouts(model_type, arch)
         sizes = {"B": batch, "T": seq_len, "d": arch.d_model, "E": arch.embed_dim, "F": arch.d_ff, "H": arch.n_heads,
                  "KV": arch.n_kv_heads, "D": arch.head_dim, "P": 3, **_latent_sizes(arch), **_moe_sizes(arch)}
         return cls(ours, theirs, sizes, model_type)

@@ -156,8 +156,10 @@ def load_reference(reference: Loadable, dtype: torch.dtype, device: str, max_mem
         raise InputError(f"{what}: transformers cannot place the reference ({exc}); pip install accelerate") from None
     except InputError:  # ours, already one line (a spread that does not fit)
         raise
-    except (OSError, ValueError) as exc:
-        raise InputError(f"{reference}: transformers cannot load this reference ({exc})") from None
+    except (OSError, ValueError, KeyError, NotImplementedError) as exc:  # files transformers cannot read: an
+        # index without its `metadata` (KeyError), a GGUF architecture its loader lacks (NotImplementedError)
+        raise InputError(f"{reference}: transformers cannot load this reference ({type(exc).__name__}: {exc}); "
+                         "pass --reference with one it loads") from None
     if placed is None:
         model = model.to(device)
     return model.eval()

@@ -131,6 +131,13 @@ CONFIG = ConfigTable((
 
 
 # OPTDecoderLayer runs its MLP on the hidden states flattened to (B*T, d)
-REFERENCE_LAYOUTS = {"mlp.up": "B*T F", "mlp.down": "B*T d"}
+def reference_layouts(cfg: ArchConfig) -> dict[str, str]:
+    """OPTDecoderLayer runs its MLP on the hidden states flattened to (B*T, d); pre-norm, its
+    `final_layer_norm` (our mlp_norm) too, which post-norm runs after the view back."""
+    flat = {"mlp.up": "B*T F", "mlp.down": "B*T d"}
+    return {**flat, "mlp_norm": "B*T d"} if cfg.norm_placement == "pre" else flat
+
+
+REFERENCE_LAYOUTS = reference_layouts
 
 FAMILY = Family("opt", ("opt",), "OPTForCausalLM", TENSORS, CONFIG, reference_layouts=REFERENCE_LAYOUTS)
