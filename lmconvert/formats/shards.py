@@ -68,7 +68,9 @@ class Planned:
     """A tensor to be written: its name, shape and dtype (as safetensors names it) up front, its
     data on demand. With `raw`, the bytes are copied straight from the source file, `check` (if
     any) refuses them when they hold NaN or Inf, and `expected` (if any) when they differ from
-    their recorded digest, both on the way; a produced tensor is checked by `produce`."""
+    their recorded digest, both on the way. A produced tensor's source is checked by `produce`;
+    its `check` (if any) refuses the bytes it is written as, in the same pass that hashes and
+    writes them: what a cast made of a finite source."""
 
     name: str
     shape: tuple[int, ...]
@@ -151,9 +153,10 @@ def _move(run: Sequence[RawBytes], fd: int, offset: int, dtype: str, algorithm: 
                     _buffers.scratch)
 
 
-def _store(data: memoryview, fd: int, offset: int, dtype: str, algorithm: str | None) -> list[Scan]:
-    """Write a produced tensor's bytes to `offset` of the output, hashing each chunk on the way."""
-    return [scan(memory_chunks(data), dtype, algorithm, False, _sink(fd, offset))]
+def _store(data: memoryview, fd: int, offset: int, dtype: str, algorithm: str | None, checked: bool) -> list[Scan]:
+    """Write a produced tensor's bytes to `offset` of the output, hashing (and if `checked`,
+    checking) each chunk on the way."""
+    return [scan(memory_chunks(data), dtype, algorithm, checked, _sink(fd, offset))]
 
 
 def _produced(p: Planned) -> memoryview:
@@ -285,8 +288,8 @@ class _Writer:
         while self._held and self._held + p.nbytes > PRODUCED_IN_FLIGHT:
             self._settle_oldest()
         data = _produced(p)
-        algorithm = self.algorithm
-        job = self._movers.submit(lambda: _store(data, fd, offset, p.dtype, algorithm), fd, len(data))
+        algorithm, checked = self.algorithm, p.check is not None
+        job = self._movers.submit(lambda: _store(data, fd, offset, p.dtype, algorithm, checked), fd, len(data))
         self._pending.append(([p], job, len(data)))
         self._held += len(data)
 

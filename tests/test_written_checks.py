@@ -1,0 +1,61 @@
+"""What is written is checked, not only what is read (issue #28, class 4): a cast or quantization
+that turns a finite weight into Inf, a tokenizer with more ids than the embedding has rows, and a
+download whose bytes are not the ones the Hub announced are refused in one line (exit 2), leaving
+no output."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+from bad_input import assert_clean_failure, lmconvert
+from hf_models import build_model, edited_weights, save_checkpoint
+from safetensors.torch import load_file
+
+from lmconvert.convert import to_canonical
+
+VICTIM = "model.layers.0.mlp.down_proj.weight"  # canonical: layers.0.mlp.down.weight
+
+
+def with_weight(root: Path, value: float) -> Path:
+    """A bf16 checkpoint one of whose weights is `value`: finite in bfloat16."""
+    save_checkpoint(build_model("llama"), root / "clean", torch.bfloat16)
+
+    def edit(tensors: dict[str, torch.Tensor]) -> None:
+        tensors[VICTIM][0, 0] = value
+
+    hf = edited_weights(root / "clean", root / "hf", edit)
+    assert torch.isfinite(load_file(hf / "model.safetensors")[VICTIM]).all()
+    return hf
+
+
+@pytest.fixture(scope="module")
+def big(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return with_weight(tmp_path_factory.mktemp("big"), 1e5)
+
+
+@pytest.fixture(scope="module")
+def big_canonical(big: Path) -> Path:
+    to_canonical(big, big.parent / "canonical")
+    return big.parent / "canonical"
+
+
+# -- a cast that overflows ------------------------------------------------------------------------
+
+def test_a_cast_to_float16_that_overflows_is_refused(big: Path, tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    assert_clean_failure(lmconvert("convert", big, out, "--dtype", "float16"), str(big / "model.safetensors"),
+                         VICTIM, "float16", "--dtype", "--allow-nonfinite", out=out)
+    assert lmconvert("convert", big, out, "--dtype", "float32").returncode == 0
+    proc = lmconvert("convert", big, tmp_path / "inf", "--dtype", "float16", "--allow-nonfinite")
+    assert proc.returncode == 0, proc.stderr
+    assert torch.isinf(load_file(tmp_path / "inf" / "model.safetensors")["layers.0.mlp.down.weight"][0, 0])
+
+
+@pytest.mark.parametrize("to", ["hf", "meta"])
+def test_exports_refuse_a_cast_that_overflows(big_canonical: Path, tmp_path: Path, to: str) -> None:
+    out = tmp_path / "out"
+    assert_clean_failure(lmconvert("convert", big_canonical, out, "--to", to, "--dtype", "float16"),
+                         "layers.0.mlp.down.weight", "float16", "--dtype", "--allow-nonfinite", out=out)
+    assert lmconvert("convert", big_canonical, out, "--to", to, "--dtype", "bfloat16").returncode == 0
