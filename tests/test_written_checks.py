@@ -7,6 +7,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import gguf
+import numpy as np
 import pytest
 import torch
 from bad_input import assert_clean_failure, lmconvert
@@ -14,6 +16,7 @@ from hf_models import build_model, edited_weights, save_checkpoint
 from safetensors.torch import load_file
 
 from lmconvert.convert import to_canonical
+from lmconvert.formats.checkpoint import open_source
 
 VICTIM = "model.layers.0.mlp.down_proj.weight"  # canonical: layers.0.mlp.down.weight
 
@@ -59,3 +62,26 @@ def test_exports_refuse_a_cast_that_overflows(big_canonical: Path, tmp_path: Pat
     assert_clean_failure(lmconvert("convert", big_canonical, out, "--to", to, "--dtype", "float16"),
                          "layers.0.mlp.down.weight", "float16", "--dtype", "--allow-nonfinite", out=out)
     assert lmconvert("convert", big_canonical, out, "--to", to, "--dtype", "bfloat16").returncode == 0
+
+
+@pytest.mark.parametrize("value, quant", [(1e5, "f16"), (1e6, "q4_0"), (1e6, "q4_1")])
+def test_gguf_refuses_what_its_type_cannot_hold(tmp_path: Path, value: float, quant: str) -> None:
+    """F16 holds nothing over 65504; Q4_0 stores each block's largest value over -8 as a float16 scale."""
+    hf = with_weight(tmp_path / "src", value)
+    to_canonical(hf, tmp_path / "canonical")
+    out = tmp_path / "m.gguf"
+    assert_clean_failure(lmconvert("convert", tmp_path / "canonical", out, "--to", "gguf", "--quant", quant),
+                         "layers.0.mlp.down.weight", quant.upper(), "--quant", "--allow-nonfinite", out=out)
+    proc = lmconvert("convert", tmp_path / "canonical", out, "--to", "gguf", "--quant", quant, "--allow-nonfinite")
+    assert proc.returncode == 0 and proc.stderr == "", proc.stderr  # on request, and without numpy's warnings
+    (down,) = [t for t in gguf.GGUFReader(out).tensors if t.name == "blk.0.ffn_down.weight"]
+    with np.errstate(invalid="ignore"):  # an Inf scale times a zero
+        assert not np.isfinite(gguf.quants.dequantize(down.data, down.tensor_type)).all()
+    for fits in ("bf16", "q8_0"):  # what holds it is written, and lmconvert's reader takes it
+        proc = lmconvert("convert", tmp_path / "canonical", out, "--to", "gguf", "--quant", fits, "--force")
+        assert proc.returncode == 0, proc.stderr
+        source = open_source(out)
+        try:
+            assert torch.isfinite(source.tensors.get(VICTIM)).all()
+        finally:
+            source.close()
