@@ -5,6 +5,7 @@ no output."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import gguf
@@ -12,7 +13,7 @@ import numpy as np
 import pytest
 import torch
 from bad_input import assert_clean_failure, lmconvert
-from hf_models import build_model, edited_weights, save_checkpoint
+from hf_models import build_model, edited_weights, save_checkpoint, save_tiny_tokenizer
 from safetensors.torch import load_file
 
 from lmconvert.convert import to_canonical
@@ -85,3 +86,67 @@ def test_gguf_refuses_what_its_type_cannot_hold(tmp_path: Path, value: float, qu
             assert torch.isfinite(source.tensors.get(VICTIM)).all()
         finally:
             source.close()
+
+
+# -- the tokenizer must fit the embedding ------------------------------------------------------------
+
+def bpe_checkpoint(root: Path, tokens: int, rows: int) -> Path:
+    """A byte-level BPE tokenizer of `tokens` ids (added tokens on top of a trained vocabulary), beside
+    a model of `rows` embedding rows, converted to canonical."""
+    from transformers import AutoTokenizer
+
+    hf = root / "hf"
+    trained = save_tiny_tokenizer(hf)
+    tokenizer = AutoTokenizer.from_pretrained(hf)
+    tokenizer.add_tokens([f"<extra_{i}>" for i in range(tokens - trained)])
+    tokenizer.save_pretrained(hf)
+    assert len(AutoTokenizer.from_pretrained(hf)) == tokens
+    save_checkpoint(build_model("llama", vocab_size=rows), hf)
+    to_canonical(hf, root / "canonical")
+    return root / "canonical"
+
+
+def spm_checkpoint(root: Path, rows: int) -> Path:
+    """A 400-piece SentencePiece tokenizer beside a model of `rows` embedding rows, converted to canonical."""
+    import sentencepiece as spm
+
+    root.mkdir()
+    lines = ["The capital of France is Paris.", "def f(x):\n    return x + 1\n", "lmconvert keeps logits equal.",
+             "The quick brown fox jumps over the lazy dog."]
+    (root / "corpus.txt").write_text("\n".join(lines * 3))
+    spm.SentencePieceTrainer.train(input=str(root / "corpus.txt"), model_prefix=str(root / "tok"), vocab_size=400,
+                                   model_type="bpe", byte_fallback=True, character_coverage=1.0, unk_id=0, bos_id=1,
+                                   eos_id=2, pad_id=-1, minloglevel=2)
+    hf = save_checkpoint(build_model("llama", vocab_size=rows), root / "hf")
+    (hf / "tokenizer.model").write_bytes((root / "tok.model").read_bytes())
+    (hf / "tokenizer_config.json").write_text(json.dumps({
+        "tokenizer_class": "LlamaTokenizer", "bos_token": "<s>", "eos_token": "</s>", "unk_token": "<unk>"}))
+    to_canonical(hf, root / "canonical")
+    return root / "canonical"
+
+
+def token_list(path: Path) -> tuple[list[str], list[int]]:
+    fields = gguf.GGUFReader(path).fields
+    return fields["tokenizer.ggml.tokens"].contents(), fields["tokenizer.ggml.token_type"].contents()
+
+
+def test_a_bpe_tokenizer_longer_than_the_embedding_is_refused_a_shorter_one_padded(tmp_path: Path) -> None:
+    """A longer one would lose ids, as llama.cpp's converter refuses to; a shorter one is padded as
+    llama.cpp's converter pads it: the rows past the vocabulary get unused `[PAD{i}]` tokens."""
+    canonical = bpe_checkpoint(tmp_path / "long", 331, 320)
+    out = tmp_path / "m.gguf"
+    assert_clean_failure(lmconvert("convert", canonical, out, "--to", "gguf", "--gguf-pre", "gpt-2"),
+                         "tokenizer.json", "330", "320 embedding rows", "320-330", out=out)
+    canonical = bpe_checkpoint(tmp_path / "short", 320, 331)
+    proc = lmconvert("convert", canonical, out, "--to", "gguf", "--gguf-pre", "gpt-2")
+    assert proc.returncode == 0, proc.stderr
+    tokens, types = token_list(out)
+    assert len(tokens) == 331 and tokens[320:] == [f"[PAD{i}]" for i in range(320, 331)]
+    assert set(types[320:]) == {int(gguf.TokenType.UNUSED)} and int(gguf.TokenType.UNUSED) not in types[:320]
+
+
+def test_a_sentencepiece_tokenizer_longer_than_the_embedding_is_refused(tmp_path: Path) -> None:
+    canonical = spm_checkpoint(tmp_path / "spm", 390)
+    out = tmp_path / "m.gguf"
+    assert_clean_failure(lmconvert("convert", canonical, out, "--to", "gguf", "--quant", "f32"),
+                         "tokenizer.model", "399", "390 embedding rows", out=out)
