@@ -5,7 +5,12 @@ no output."""
 
 from __future__ import annotations
 
+import hashlib
+import itertools
 import json
+import os
+import threading
+from collections.abc import Iterator
 from pathlib import Path
 
 import gguf
@@ -14,10 +19,15 @@ import pytest
 import torch
 from bad_input import assert_clean_failure, lmconvert
 from hf_models import build_model, edited_weights, save_checkpoint, save_tiny_tokenizer
+from hub_server import HubServer
 from safetensors.torch import load_file
+from test_pull import assert_one_line_error, files_of, hub_env
+from test_pull import lmconvert as pull_cli
 
 from lmconvert.convert import to_canonical
 from lmconvert.formats.checkpoint import open_source
+from lmconvert.formats.digest import CHUNK, file_chunks
+from lmconvert.formats.whole_file import Announced, AnnouncedMismatch, WholeFileHash
 
 VICTIM = "model.layers.0.mlp.down_proj.weight"  # canonical: layers.0.mlp.down.weight
 
@@ -150,3 +160,113 @@ def test_a_sentencepiece_tokenizer_longer_than_the_embedding_is_refused(tmp_path
     out = tmp_path / "m.gguf"
     assert_clean_failure(lmconvert("convert", canonical, out, "--to", "gguf", "--quant", "f32"),
                          "tokenizer.model", "399", "390 embedding rows", out=out)
+
+
+# -- a download must be the file the Hub announced -------------------------------------------------
+
+def altered(data: bytes) -> bytes:
+    """The same size, one low mantissa bit of the last float32 flipped: finite and valid, but not the file."""
+    out = bytearray(data)
+    out[-4] ^= 0x01
+    return bytes(out)
+
+
+@pytest.fixture(scope="module")
+def repos(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict[str, bytes]]:
+    root = tmp_path_factory.mktemp("repos")
+    vocab = save_tiny_tokenizer(root / "tokenizer")
+    tokenizer = files_of(root / "tokenizer")
+    single = files_of(save_checkpoint(build_model("llama", vocab_size=vocab), root / "single"))
+    sharded = files_of(save_checkpoint(build_model("llama", seed=1, vocab_size=vocab), root / "sharded",
+                                       max_shard_size="100KB"))
+    return {"single": {**single, **tokenizer}, "sharded": {**sharded, **tokenizer}}
+
+
+def last_shard(files: dict[str, bytes]) -> str:
+    return sorted(f for f in files if f.startswith("model-"))[-1]
+
+
+@pytest.fixture(scope="module")
+def hub(repos: dict[str, dict[str, bytes]]) -> Iterator[HubServer]:
+    single, sharded = repos["single"], repos["sharded"]
+    shard = last_shard(sharded)
+    server = HubServer()
+    server.add_repo("org/good", [single])
+    server.add_repo("org/altered", [single], tampered={"model.safetensors": altered(single["model.safetensors"])})
+    server.add_repo("org/altered-shard", [sharded], tampered={shard: altered(sharded[shard])})
+    with server:
+        yield server
+
+
+def blobs(home: Path, repo: str) -> set[str]:
+    return {p.name for p in (home / "hub" / f"models--{repo.replace('/', '--')}" / "blobs").iterdir()}
+
+
+@pytest.mark.parametrize("repo, kind", [("org/altered", "single"), ("org/altered-shard", "sharded")])
+def test_pull_refuses_a_download_that_is_not_what_the_hub_announced(hub: HubServer, repos: dict[str, dict[str, bytes]],
+                                                                     tmp_path: Path, repo: str, kind: str) -> None:
+    """huggingface_hub checks the size, which matches; the sha256 the listing and the HEAD announce does not."""
+    files = repos[kind]
+    name = "model.safetensors" if kind == "single" else last_shard(files)
+    announced = hashlib.sha256(files[name]).hexdigest()
+    out, home = tmp_path / "out", tmp_path / "hf"
+    proc = pull_cli("pull", repo, "--out", out, env=hub_env(hub.url, home))
+    line = assert_one_line_error(proc, f"{repo}@{hub.repos[repo].refs['main']}: {name}", announced,
+                                 hashlib.sha256(altered(files[name])).hexdigest(), "pull again")
+    assert "removed from the HF cache" in line
+    assert not out.exists() and not list(tmp_path.glob(".out*"))
+    assert announced not in blobs(home, repo)  # not served from the cache as that sha256 again
+    proc = pull_cli("pull", "org/good", "--out", out, env=hub_env(hub.url, home))
+    assert proc.returncode == 0, proc.stderr
+
+
+def test_pull_refuses_a_cached_file_changed_since_its_download(hub: HubServer, repos: dict[str, dict[str, bytes]],
+                                                               tmp_path: Path) -> None:
+    """From the cache, offline: the listing kept there has no sha256, the blob's name is the one announced."""
+    home, env = tmp_path / "hf", hub_env(hub.url, tmp_path / "hf")
+    assert pull_cli("pull", "org/good", "--out", tmp_path / "first", env=env).returncode == 0
+    announced = hashlib.sha256(repos["single"]["model.safetensors"]).hexdigest()
+    blob = home / "hub" / "models--org--good" / "blobs" / announced
+    blob.chmod(0o644)
+    blob.write_bytes(altered(blob.read_bytes()))
+    out = tmp_path / "out"
+    proc = pull_cli("pull", "org/good", "--out", out, env={**env, "HF_HUB_OFFLINE": "1"})
+    assert_one_line_error(proc, "org/good@", "model.safetensors", announced, "removed from the HF cache")
+    assert not out.exists() and not blob.exists()
+    proc = pull_cli("pull", "org/good", "--out", out, env=env)  # downloaded again, whole
+    assert proc.returncode == 0, proc.stderr
+    assert blob.read_bytes() == repos["single"]["model.safetensors"]
+
+
+def test_a_file_s_sha256_is_fed_in_order_by_readers_in_any_order(tmp_path: Path) -> None:
+    """Readers of a file's ranges, finishing in any order, feed its sha256 in order, re-reading what
+    came too early; the header (what nobody reads) is read on its own, and a wrong file is refused."""
+    data = os.urandom(9 * CHUNK + 12345)
+    path = tmp_path / "f.bin"
+    path.write_bytes(data)
+    cuts = [100, CHUNK + 7, 3 * CHUNK, 3 * CHUNK + 1, 6 * CHUNK + 99, len(data) - 5]  # the end is nobody's
+    ranges = list(itertools.pairwise(cuts))
+    for order in (ranges, ranges[::-1], ranges[1::2] + ranges[::2]):
+        whole = WholeFileHash(Announced(path, hashlib.sha256(data).hexdigest(), "f.bin"), ranges)
+        for start, end in order:
+            assert b"".join(bytes(c) for c in whole.fed(file_chunks(path, start, end), start)) == data[start:end]
+            whole.catch_up()
+        whole.finish()
+    started = threading.Barrier(len(ranges))
+
+    def read(start: int, end: int) -> None:
+        started.wait()
+        for _ in whole.fed(file_chunks(path, start, end), start):
+            pass
+        whole.catch_up()
+
+    whole = WholeFileHash(Announced(path, hashlib.sha256(data).hexdigest(), "f.bin"), ranges)
+    threads = [threading.Thread(target=read, args=r) for r in ranges]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    whole.finish()
+    wrong = WholeFileHash(Announced(path, hashlib.sha256(altered(data)).hexdigest(), "f.bin"), ranges)
+    with pytest.raises(AnnouncedMismatch, match="f.bin: its sha256 is"):
+        wrong.finish()
