@@ -22,7 +22,8 @@ Repos live in memory: `add_repo(name, [files of commit 1, files of commit 2, ...
 Per-repo faults: `gated_token` (downloads need `Authorization: Bearer <token>`), `unavailable` (files
 listed in the tree whose download answers 404), `cut_once` ({path: n}: the first GET of the file sends
 n bytes of the body, then drops the connection), `cut_always` (every GET of these files drops the
-connection after the headers).
+connection after the headers), `tampered` ({path: other bytes}: the tree listing and the HEAD announce the
+sha256 of the file, and the CDN serves these bytes under it, as a corrupted or altered download would be).
 Every request is logged in `requests`.
 """
 
@@ -106,12 +107,13 @@ class HubServer:
             shas.append(digest.hexdigest())
         refs = {branch: shas[i] for branch, i in (branches or {"main": len(commits) - 1}).items()}
         cut_once, cut_always = dict(faults.pop("cut_once", {})), set(faults.pop("cut_always", ()))
+        tampered = dict(faults.pop("tampered", {}))
         repo = Repo(name, dict(zip(shas, commits, strict=True)), refs, **faults)
         for files in commits:
             for path, data in files.items():
                 sha256 = hashlib.sha256(data).hexdigest()
                 if is_lfs(path):
-                    repo.blobs[sha256] = data
+                    repo.blobs[sha256] = tampered.get(path, data)
                 if path in cut_once:
                     repo.cut_once[sha256] = cut_once[path]
                 if path in cut_always:

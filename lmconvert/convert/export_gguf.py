@@ -15,6 +15,7 @@ from typing import Any
 from lmconvert.arch.shapes import parameter_shapes
 from lmconvert.formats.atomic import atomic_directory, atomic_file, check_output
 from lmconvert.formats.checkpoint import Checkpoint, opened
+from lmconvert.formats.digest import FiniteCheck
 from lmconvert.formats.errors import InputError
 from lmconvert.formats.gguf_tokenizer import tokenizer_values
 from lmconvert.formats.gguf_writer import (
@@ -90,8 +91,14 @@ def to_gguf(src: Path | Checkpoint, out: Path, family: str | None = None, quant:
         tokenizer = tokenizer_values(ckpt.tokenizer.where if ckpt.tokenizer else None, meta.arch.vocab_size, gguf_pre)
         items = [(name, src_name, t.inverse) for name, (src_name, t) in plan.items()]
         planned = plan_tensors(ckpt.source.tensors, items, None, allow_nonfinite, meta.tensors, meta.hash)
-        tensors = [GgufTensor(p.name, p.shape, tensor_type(p.shape, forced_type(p.name, kind) or kind), p.produce)
-                   for p in planned]
+        tensors = []
+        for p in planned:
+            written_as = tensor_type(p.shape, forced_type(p.name, kind) or kind)
+            src_name = plan[p.name][0]
+            first = src_name[0] if isinstance(src_name, tuple) else src_name
+            check = None if allow_nonfinite else FiniteCheck(first, ckpt.source.tensors.where(first), written_as,
+                                                                 "choose another --quant (f32, bf16)")
+            tensors.append(GgufTensor(p.name, p.shape, written_as, p.produce, check))
         tensors += [GgufTensor(name, tuple(t.shape), "F32", lambda t=t: t) for name, t in model.extra.items()]
         values = {**model.values, **tokenizer, "general.file_type": FILE_TYPES[kind],
                   "general.quantization_version": 2, WRITTEN_BY: "lmconvert"}

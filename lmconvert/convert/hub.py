@@ -5,14 +5,18 @@ a repo already fetched by either is not fetched again, and HF_HUB_OFFLINE=1 work
 Only what the conversion needs is fetched: config.json, the weights (safetensors, or
 pytorch_model*.bin when a repo has no safetensors), their index and the shards it lists, and the
 tokenizer and generation files. The resolved commit sha is recorded in lmconvert.json.
+The Hub announces each LFS file's sha256, and huggingface_hub checks only the size of what it
+downloads; the conversion hashes what it reads against the announced sha256 (whole_file.py).
 """
 
 from __future__ import annotations
 
 import glob
+import os
+import re
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from fnmatch import fnmatch
 from pathlib import Path
 from typing import Any
@@ -22,6 +26,7 @@ from lmconvert.formats.atomic import check_output
 from lmconvert.formats.checkpoint_files import SIDECAR_PATTERNS
 from lmconvert.formats.errors import InputError
 from lmconvert.formats.jsonfile import read_weight_map
+from lmconvert.formats.whole_file import Announced, AnnouncedMismatch
 
 from .ingest import to_canonical
 
@@ -29,6 +34,7 @@ CONFIG = "config.json"
 # (index, single file) per weight format, in order of preference: .bin only when there is no safetensors
 WEIGHT_FILES = (("model.safetensors.index.json", "model.safetensors"),
                 ("pytorch_model.bin.index.json", "pytorch_model.bin"))
+SHA256 = re.compile("[0-9a-f]{64}")
 
 
 @dataclass(frozen=True)
@@ -40,6 +46,19 @@ class Snapshot:
     sha: str
     ref: str  # what was asked for: a branch, tag or sha
     files: tuple[str, ...]
+    lfs: dict[str, str] = field(default_factory=dict)  # file -> the sha256 the repo listing announces
+
+    def announced(self) -> list[Announced]:
+        """Every fetched file with an announced sha256: an LFS file's, from the repo listing, or
+        from a cached listing (which keeps none) the name of its blob in the HF cache: the sha256
+        the Hub announced (X-Linked-Etag) when huggingface_hub downloaded it."""
+        files = []
+        for name in self.files:
+            blob = Path(os.path.realpath(self.path / name))
+            sha256 = self.lfs.get(name) or (blob.name if SHA256.fullmatch(blob.name) else None)
+            if sha256 is not None:
+                files.append(Announced(blob, sha256, f"{self.repo}@{self.sha}: {name}"))
+        return files
 
     def source_info(self) -> dict[str, Any]:
         info: dict[str, Any] = {"repo": self.repo, "revision": self.sha}
@@ -160,18 +179,20 @@ def _not_cached(repo_id: str, ref: str, exc: BaseException) -> str:
             "pull it once with network access")
 
 
-def _list_files(api: Any, repo_id: str, sha: str, offline: bool) -> list[str]:
-    """The repo's files at a commit: from the cached listing when there is one (a commit never changes)."""
+def _list_files(api: Any, repo_id: str, sha: str, offline: bool) -> dict[str, str | None]:
+    """The repo's files at a commit, each with the sha256 the listing announces for an LFS file:
+    from the cached listing when there is one (a commit never changes; it keeps no sha256)."""
     from huggingface_hub import get_cached_repo_tree
     from huggingface_hub.errors import CachedRepoTreeNotFoundError
     from huggingface_hub.hf_api import RepoFile
 
     try:
-        return [f.path for f in get_cached_repo_tree(repo_id, revision=sha)]
+        return dict.fromkeys(f.path for f in get_cached_repo_tree(repo_id, revision=sha))
     except CachedRepoTreeNotFoundError:
         if offline:
             raise
-    return [f.path for f in api.list_repo_tree(repo_id, revision=sha) if isinstance(f, RepoFile)]
+    return {f.path: f.lfs.sha256 if f.lfs is not None else None
+            for f in api.list_repo_tree(repo_id, revision=sha) if isinstance(f, RepoFile)}
 
 
 @contextmanager
@@ -216,7 +237,20 @@ def download(repo_id: str, revision: str | None = None, token: str | None = None
             wanted += shards
         path = snapshot_download(repo_id, revision=resolved, allow_patterns=[glob.escape(f) for f in wanted],
                                  token=token)
-    return Snapshot(Path(path), repo_id, sha, str(resolved), tuple(wanted))
+    lfs = {f: sha256 for f in wanted if (sha256 := listing.get(f)) is not None}
+    return Snapshot(Path(path), repo_id, sha, str(resolved), tuple(wanted), lfs)
+
+
+def _corrupt(exc: AnnouncedMismatch) -> InputError:
+    """The one line for a file that is not what the Hub announced. Its blob in the HF cache is named
+    by the announced sha256, so huggingface_hub would serve it as such from now on: it goes."""
+    blob = exc.announced.path
+    removed = blob.parent.name == "blobs" and blob.name == exc.announced.sha256
+    if removed:
+        blob.unlink(missing_ok=True)
+    return InputError(f"{exc.announced.label}: its sha256 is {exc.found}, not the {exc.announced.sha256} the Hub "
+                      "announces; the download is corrupt or was altered on the way"
+                      f"{' (removed from the HF cache)' if removed else ''}: pull again")
 
 
 def pull(repo_id: str, out: Path | None = None, *, revision: str | None = None, token: str | None = None,
@@ -227,6 +261,9 @@ def pull(repo_id: str, out: Path | None = None, *, revision: str | None = None, 
     out = out if out is not None else default_out(repo_id)
     check_output(out, force)  # before downloading anything
     snapshot = download(repo_id, revision, token, quiet)
-    to_canonical(snapshot.path, out, dtype=dtype, max_shard_bytes=max_shard_bytes, force=force,
-                 source_info=snapshot.source_info(), progress=progress)
+    try:
+        to_canonical(snapshot.path, out, dtype=dtype, max_shard_bytes=max_shard_bytes, force=force,
+                     source_info=snapshot.source_info(), progress=progress, announced=snapshot.announced())
+    except AnnouncedMismatch as exc:
+        raise _corrupt(exc) from None
     return snapshot, out

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -11,6 +12,7 @@ from lmconvert.formats.checkpoint import Checkpoint, opened
 from lmconvert.formats.digest import file_digest
 from lmconvert.formats.dtypes import DTYPES, dominant
 from lmconvert.formats.shards import write_shards
+from lmconvert.formats.whole_file import Announced
 from lmconvert.mappings.family import PASSTHROUGH_KEYS
 
 from .plan import Progress, plan_tensors
@@ -24,14 +26,16 @@ def _hash_files(directory: Path, shards: dict[str, dict[str, object]]) -> dict[s
 
 def to_canonical(src: Path | Checkpoint, out: Path, dtype: str | None = None, max_shard_bytes: int = 5 * 10**9,
                  force: bool = False, source_info: dict[str, Any] | None = None,
-                 progress: Progress | None = None, allow_nonfinite: bool = False) -> CanonicalMeta:
-    """`dtype` is a --dtype name ("bfloat16", ...) or None to keep the checkpoint's own."""
+                 progress: Progress | None = None, allow_nonfinite: bool = False,
+                 announced: Sequence[Announced] = ()) -> CanonicalMeta:
+    """`dtype` is a --dtype name ("bfloat16", ...) or None to keep the checkpoint's own. Each
+    `announced` source file must have the sha256 announced for it (a Hub download's)."""
     with opened(src) as ckpt:
         check_output(out, force, (ckpt.path,))
         with atomic_directory(out, force) as tmp:
             items = [(canonical, name, t.forward) for canonical, (name, t) in ckpt.plan.items()]
             planned = plan_tensors(ckpt.reader, items, dtype, allow_nonfinite)
-            written = write_shards(planned, tmp, max_shard_bytes, progress=progress)
+            written = write_shards(planned, tmp, max_shard_bytes, progress=progress, announced=announced)
             ckpt.write_sidecars(tmp)
             extras = {k: ckpt.config[k] for k in PASSTHROUGH_KEYS if k in ckpt.config}
             source = {"path": str(ckpt.path.resolve()), "format": ckpt.format,

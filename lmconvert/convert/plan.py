@@ -32,7 +32,9 @@ def plan_tensors(reader: TensorReader, items: Iterable[tuple[str, str | tuple[st
     experts tensor (a forward with a `span`) are a raw copy of their run of the file too, and the
     fused tensor's check is then made piece by piece, so it is never read whole; with `digests`,
     which are of whole source tensors, it is read and split instead. A tuple of source names is
-    one output stored as pieces (Phi-3's fused qkv_proj): `fn` gets the list of them."""
+    one output stored as pieces (Phi-3's fused qkv_proj): `fn` gets the list of them. Unless
+    `allow_nonfinite`, a source holding NaN/Inf is refused, and so is a cast one whose values its
+    new type cannot hold (checked on the bytes written)."""
 
     def expected(src: str) -> DigestCheck | None:
         return None if digests is None else DigestCheck(src, reader.where(src), digests[src], algorithm)
@@ -63,11 +65,18 @@ def plan_tensors(reader: TensorReader, items: Iterable[tuple[str, str | tuple[st
         path, start, _ = raw_location(src)
         return path, start + first
 
+    def written(src: str, source: str) -> FiniteCheck | None:
+        """A cast's bytes are checked as they are written: a finite source may not fit the type."""
+        if allow_nonfinite or target is None or target == source:
+            return None
+        return FiniteCheck(src, reader.where(src), cast, "choose --dtype float32 (or keep)")
+
     planned = []
     for out, src, fn in items:
         if isinstance(src, tuple):  # pieces joined: never a raw copy
             shape = out_shape(fn, [reader.shape(s) for s in src])
-            planned.append(Planned(out, shape, target or dtype_name(reader, src[0]), producer(src, fn),
+            source = dtype_name(reader, src[0])
+            planned.append(Planned(out, shape, target or source, producer(src, fn), check=written(src[0], source),
                                    position=position(src[0])))
             continue
         source = dtype_name(reader, src)
@@ -81,7 +90,10 @@ def plan_tensors(reader: TensorReader, items: Iterable[tuple[str, str | tuple[st
         elif span is not None and dtype == source and raw_location is not None and digests is None:
             path, start, _ = raw_location(src)
             raw = RawBytes(path, start + first, start + stop)
-        check = None if raw is None or allow_nonfinite else FiniteCheck(src, reader.where(src))
+        if raw is None:
+            check = written(src, source)
+        else:
+            check = None if allow_nonfinite else FiniteCheck(src, reader.where(src))
         planned.append(Planned(out, out_shape(fn, reader.shape(src)), dtype, producer(src, fn), raw, check,
                                None if raw is None else expected(src), position(src, first)))
     return planned

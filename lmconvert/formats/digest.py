@@ -49,15 +49,25 @@ class Scan:
 
 @dataclass(frozen=True)
 class FiniteCheck:
-    """Which source tensor a check is for, so that a failure names it and its file."""
+    """Which source tensor a check is for, so that a failure names it and its file. With
+    `written_as`, the check is of the bytes written in that type, after a cast or quantization:
+    a finite source can still overflow a narrower type (1e5 is finite in bfloat16, Inf in float16),
+    and a file lmconvert's own readers would refuse must not be written. `remedy` says which other
+    type to choose."""
 
     name: str
     where: object
+    written_as: str | None = None
+    remedy: str = "fix the checkpoint"
 
     def require(self, nonfinite: int) -> None:
-        if nonfinite:
+        if not nonfinite:
+            return
+        if self.written_as is None:
             raise InputError(f"{self.where}: tensor {self.name!r} holds {nonfinite} NaN/Inf value(s); "
-                             "fix the checkpoint or pass --allow-nonfinite")
+                             f"{self.remedy} or pass --allow-nonfinite")
+        raise InputError(f"{self.where}: tensor {self.name!r} does not fit {self.written_as}: written so, it "
+                         f"holds {nonfinite} NaN/Inf value(s); {self.remedy} or pass --allow-nonfinite")
 
 
 @dataclass(frozen=True)

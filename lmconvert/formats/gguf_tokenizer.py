@@ -55,12 +55,23 @@ def _looks_special(token: str) -> bool:
     return token in SEEM_SPECIAL or any(token.startswith(a) and token.endswith(b) for a, b in SPECIAL_SHAPES)
 
 
+def _fits(where: Path, ids: int, vocab_size: int) -> None:
+    """A token list longer than the embedding would be cut (ids past its rows have no vector):
+    llama.cpp's converter stops on it, and so does this. A shorter one is padded with `[PAD{i}]`
+    unused tokens, as llama.cpp's converter pads it (embeddings are often rounded up)."""
+    if ids > vocab_size:
+        raise InputError(f"{where}: the tokenizer has token ids up to {ids - 1}, past the model's {vocab_size} "
+                         f"embedding rows, so GGUF would lose ids {vocab_size}-{ids - 1}; convert with the "
+                         "tokenizer that belongs to this model")
+
+
 def _sentencepiece(directory: Path, vocab_size: int) -> tuple[list[str], list[float], list[int]]:
     from gguf import TokenType
     from sentencepiece import SentencePieceProcessor
 
     sp = SentencePieceProcessor()
     sp.LoadFromFile(str(directory / SPM))
+    _fits(directory / SPM, sp.vocab_size(), vocab_size)
     tokens = [f"[PAD{i}]" for i in range(vocab_size)]
     scores, types = [-10000.0] * vocab_size, [int(TokenType.UNUSED)] * vocab_size
     for i in range(min(sp.vocab_size(), vocab_size)):
@@ -70,7 +81,8 @@ def _sentencepiece(directory: Path, vocab_size: int) -> tuple[list[str], list[fl
     added = directory / "added_tokens.json"
     if added.is_file():
         for text, i in read_json_object(added, "added tokens").items():
-            if isinstance(i, int) and 0 <= i < vocab_size:
+            if isinstance(i, int) and i >= 0:
+                _fits(added, i + 1, vocab_size)
                 tokens[i], scores[i], types[i] = text, -1000.0, int(TokenType.USER_DEFINED)
     config = directory / "tokenizer_config.json"
     decoder = read_json_object(config, "tokenizer config").get("added_tokens_decoder", {}) if config.is_file() else {}
@@ -78,20 +90,21 @@ def _sentencepiece(directory: Path, vocab_size: int) -> tuple[list[str], list[fl
         if not str(key).isdigit() or not isinstance(data, dict):
             continue
         i, text = int(key), str(data.get("content", ""))
-        if i < vocab_size:
-            special = data.get("special") or _looks_special(text)
-            kind = TokenType.CONTROL if special else TokenType.USER_DEFINED
-            text = text if special else text.replace("\u2581", " ")  # user-defined spaces pre-normalized
-            tokens[i], scores[i], types[i] = text, -1000.0, int(kind)
+        _fits(config, i + 1, vocab_size)
+        special = data.get("special") or _looks_special(text)
+        kind = TokenType.CONTROL if special else TokenType.USER_DEFINED
+        text = text if special else text.replace("\u2581", " ")  # user-defined spaces pre-normalized
+        tokens[i], scores[i], types[i] = text, -1000.0, int(kind)
     return tokens, scores, types
 
 
-def _byte_level_bpe(tokenizer: Any, vocab_size: int) -> tuple[list[str], list[int], str]:  # noqa: ANN401
+def _byte_level_bpe(tokenizer: Any, vocab_size: int, where: Path) -> tuple[list[str], list[int], str]:  # noqa: ANN401
     """llama.cpp's `get_vocab_base`: the vocabulary as transformers' tokenizer lists it."""
     from gguf import TokenType
     digest = hashlib.sha256(str(tokenizer.encode(CHECK_TEXT)).encode()).hexdigest()
     pre = PRE_TOKENIZERS.get(digest)
     by_id = {i: text for text, i in tokenizer.get_vocab().items()}
+    _fits(where, max(by_id, default=-1) + 1, vocab_size)
     added, decoder = tokenizer.get_added_vocab(), tokenizer.added_tokens_decoder
     tokens, types = [], []
     for i in range(vocab_size):
@@ -168,7 +181,7 @@ def tokenizer_values(directory: Path | None, vocab_size: int, pre: str | None = 
         raise InputError(f"--gguf-pre {pre!r}: not a pre-tokenizer llama.cpp knows; choose one of "
                          f"{', '.join(sorted(known))}")
     tokenizer = _loaded(directory)
-    tokens, types, found = _byte_level_bpe(tokenizer, vocab_size)
+    tokens, types, found = _byte_level_bpe(tokenizer, vocab_size, directory / BPE)
     if pre is None and found not in PRE_TOKENIZERS.values():
         raise InputError(f"{directory / BPE}: its pre-tokenizer is not one llama.cpp knows (hash {found[:16]}...); "
                          "name llama.cpp's pre-tokenizer with --gguf-pre (e.g. --gguf-pre gpt-2) if you know it")

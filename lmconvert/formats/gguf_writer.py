@@ -20,7 +20,9 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from .digest import FiniteCheck
 from .errors import InputError
+from .ggml_floats import chunk_bytes, nonfinite
 
 if TYPE_CHECKING:
     import torch
@@ -46,12 +48,14 @@ def parse_quant(name: str) -> str:
 
 @dataclass(frozen=True)
 class GgufTensor:
-    """One tensor to write: GGUF name, shape in torch order, GGML type name, data on demand."""
+    """One tensor to write: GGUF name, shape in torch order, GGML type name, data on demand, and
+    the check (if any) its encoded bytes must pass: no NaN/Inf that the encoding made."""
 
     name: str
     shape: tuple[int, ...]
     type: str
     produce: Callable[[], torch.Tensor]
+    check: FiniteCheck | None = None
 
 
 def tensor_type(shape: Sequence[int], wanted: str) -> str:
@@ -75,7 +79,8 @@ def _encode(tensor: torch.Tensor, kind: str) -> np.ndarray:
         return tensor.to(torch.float16).contiguous().numpy()
     if kind == "BF16":  # gguf's own BF16 rounds as torch does; torch's cast is the source of truth here
         return tensor.to(torch.bfloat16).contiguous().view(torch.uint16).numpy().view(np.uint8)
-    return gguf.quants.quantize(tensor.to(torch.float32).contiguous().numpy(), gguf.GGMLQuantizationType[kind])
+    with np.errstate(over="ignore", invalid="ignore"):  # a scale float16 cannot hold: the written check says so
+        return gguf.quants.quantize(tensor.to(torch.float32).contiguous().numpy(), gguf.GGMLQuantizationType[kind])
 
 
 def _nbytes(shape: Sequence[int], kind: str) -> int:
@@ -137,7 +142,7 @@ def write_gguf(path: Path, arch: str, values: Mapping[str, Any], tensors: Sequen
         writer.write_kv_data_to_file()
         writer.write_ti_data_to_file()
         for done, t in enumerate(tensors, 1):
-            _write_tensor(writer, writer.fout[shard_of[t.name]], t.produce(), t.type)
+            _write_tensor(writer, writer.fout[shard_of[t.name]], t.produce(), t.type, t.check)
             if progress is not None:
                 progress(done, len(tensors))
     finally:
@@ -145,31 +150,48 @@ def write_gguf(path: Path, arch: str, values: Mapping[str, Any], tensors: Sequen
     return files
 
 
-def _write_tensor(writer: Any, fout: Any, tensor: torch.Tensor, kind: str) -> None:  # noqa: ANN401 - gguf's
+def _write_tensor(writer: Any, fout: Any, tensor: torch.Tensor, kind: str,  # noqa: ANN401 - gguf's
+                  check: FiniteCheck | None = None) -> None:
     """One tensor's data, aligned as gguf's writer aligns it, encoded a band of rows at a time:
     GGML's blocks lie within a row, so each band encodes to exactly its bytes of the whole, and
-    the float32 copy and the quantizer's temporaries stay within CHUNK_BYTES."""
+    the float32 copy and the quantizer's temporaries stay within CHUNK_BYTES. With `check`, the
+    encoded bytes are checked for NaN/Inf as they are written."""
     writer.write_padding(fout, fout.tell())
     rows = tensor.reshape(-1, tensor.shape[-1]) if tensor.dim() > 1 else tensor.reshape(1, -1)
     band = max(1, CHUNK_BYTES // (rows.shape[1] * 4))
-    written, pending = 0, deque()
+    written, bad, pending = 0, 0, deque()
+
+    def write(data: np.ndarray) -> None:
+        nonlocal written, bad
+        n, found = _write(data, fout, kind, check is not None)
+        written, bad = written + n, bad + found
+
     # numpy's quantizer and torch's casts release the GIL: ENCODERS bands encode at once, in order,
     # no more than that many held
     with ThreadPoolExecutor(max_workers=ENCODERS) as pool:
         for start in range(0, rows.shape[0], band):
             pending.append(pool.submit(_encode, rows[start:start + band], kind))
             if len(pending) == ENCODERS:
-                written += _write(pending.popleft().result(), fout)
+                write(pending.popleft().result())
         while pending:
-            written += _write(pending.popleft().result(), fout)
+            write(pending.popleft().result())
+    if check is not None:
+        check.require(bad)
     writer.write_padding(fout, written)
 
 
-def _write(data: np.ndarray, fout: Any) -> int:  # noqa: ANN401 - a file gguf's writer opened
-    """Through the file object, not numpy's `tofile`, whose short write on a full disk raises an
-    OSError that has lost its errno ("8192 requested and 3544 written")."""
-    fout.write(np.ascontiguousarray(data).reshape(-1).view(np.uint8).data)
-    return data.nbytes
+def _write(data: np.ndarray, fout: Any, kind: str, checked: bool) -> tuple[int, int]:  # noqa: ANN401 - gguf's file
+    """Write encoded bytes a chunk at a time, each checked (if `checked`) while in cache; returns
+    the bytes written and the NaN/Inf values found. Through the file object, not numpy's `tofile`,
+    whose short write on a full disk raises an OSError that has lost its errno."""
+    flat = memoryview(np.ascontiguousarray(data)).cast("B")
+    step, found = chunk_bytes(kind), 0
+    for start in range(0, len(flat), step):
+        chunk = flat[start:start + step]
+        if checked:
+            found += nonfinite(chunk, kind)
+        fout.write(chunk)
+    return len(flat), found
 
 
 def written_by_lmconvert(path: Path) -> bool:

@@ -118,7 +118,11 @@ def to_meta(checkpoint: Checkpoint, meta: CanonicalMeta, out: Path, shards: int 
                 finite = None if allow_nonfinite or rank > 0 else FiniteCheck(canonical, where)
                 check_tensor(raw, finite, DigestCheck(canonical, where, meta.tensors[canonical], meta.hash))
                 t = transform.inverse(raw)
-                piece = layout.transform(rule).inverse(t if dtype is None else t.to(torch_dtype(dtype)))[rank]
+                if dtype is not None:
+                    t = t.to(torch_dtype(dtype))
+                    if finite is not None:  # a finite source may not fit the type: torch.save would keep the Inf
+                        check_tensor(t, replace(finite, written_as=dtype, remedy="choose --dtype float32 (or keep)"))
+                piece = layout.transform(rule).inverse(t)[rank]
                 state[meta_name] = piece.clone(memory_format=torch.contiguous_format)  # a view would save it all
                 done += 1
                 if progress is not None:

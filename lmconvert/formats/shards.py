@@ -46,6 +46,7 @@ from .digest import (
     tensor_bytes,
 )
 from .dtypes import DTYPES, of_torch
+from .whole_file import Announced, WholeFileHash
 
 if TYPE_CHECKING:
     import torch
@@ -68,7 +69,9 @@ class Planned:
     """A tensor to be written: its name, shape and dtype (as safetensors names it) up front, its
     data on demand. With `raw`, the bytes are copied straight from the source file, `check` (if
     any) refuses them when they hold NaN or Inf, and `expected` (if any) when they differ from
-    their recorded digest, both on the way; a produced tensor is checked by `produce`."""
+    their recorded digest, both on the way. A produced tensor's source is checked by `produce`;
+    its `check` (if any) refuses the bytes it is written as, in the same pass that hashes and
+    writes them: what a cast made of a finite source."""
 
     name: str
     shape: tuple[int, ...]
@@ -141,19 +144,26 @@ def _sink(fd: int, offset: int) -> Callable[[memoryview], None]:
 
 
 def _move(run: Sequence[RawBytes], fd: int, offset: int, dtype: str, algorithm: str | None,
-          checked: bool) -> list[Scan]:
+          checked: bool, whole: WholeFileHash | None = None) -> list[Scan]:
     """Copy tensors lying back to back in a file to `offset` of the output, hashing and checking
-    each chunk on the way, each tensor's bytes on their own."""
+    each chunk on the way, each tensor's bytes on their own; with `whole`, each chunk also goes
+    to the source file's own sha256 when it comes next there."""
     if not hasattr(_buffers, "read"):
         _buffers.read, _buffers.scratch = memoryview(bytearray(CHUNK)), memoryview(bytearray(CHUNK))
     chunks = file_chunks(run[0].path, run[0].start, run[-1].end, _buffers.read)
-    return scan_run(chunks, [raw.end - raw.start for raw in run], dtype, algorithm, checked, _sink(fd, offset),
-                    _buffers.scratch)
+    if whole is not None:
+        chunks = whole.fed(chunks, run[0].start)
+    scans = scan_run(chunks, [raw.end - raw.start for raw in run], dtype, algorithm, checked, _sink(fd, offset),
+                     _buffers.scratch)
+    if whole is not None:
+        whole.catch_up(_buffers.read)
+    return scans
 
 
-def _store(data: memoryview, fd: int, offset: int, dtype: str, algorithm: str | None) -> list[Scan]:
-    """Write a produced tensor's bytes to `offset` of the output, hashing each chunk on the way."""
-    return [scan(memory_chunks(data), dtype, algorithm, False, _sink(fd, offset))]
+def _store(data: memoryview, fd: int, offset: int, dtype: str, algorithm: str | None, checked: bool) -> list[Scan]:
+    """Write a produced tensor's bytes to `offset` of the output, hashing (and if `checked`,
+    checking) each chunk on the way."""
+    return [scan(memory_chunks(data), dtype, algorithm, checked, _sink(fd, offset))]
 
 
 def _produced(p: Planned) -> memoryview:
@@ -253,9 +263,10 @@ class _Writer:
     PRODUCED_IN_FLIGHT: the workers write and hash them while this thread produces the next
     (a fused experts tensor gives hundreds of small ones, which one at a time left a core idle)."""
 
-    def __init__(self, hashed: bool, progress: Callable[[], None]) -> None:
+    def __init__(self, hashed: bool, progress: Callable[[], None], wholes: Sequence[WholeFileHash] = ()) -> None:
         self.algorithm = HASH if hashed else None
         self._progress = progress  # called as each tensor is done, from this thread
+        self._wholes = {os.path.realpath(w.announced.path): w for w in wholes}  # source files' sha256
         self.written = Written()
         self._files = ExitStack()
         self._movers = Movers(WORKERS)
@@ -274,7 +285,8 @@ class _Writer:
         checked = first.check is not None
         algorithm = first.expected.algorithm if first.expected is not None else self.algorithm
         raws = [p.raw for p in run if p.raw is not None]
-        job = self._movers.submit(lambda: _move(raws, fd, offset, first.dtype, algorithm, checked), fd,
+        whole = self._wholes.get(os.path.realpath(raws[0].path))
+        job = self._movers.submit(lambda: _move(raws, fd, offset, first.dtype, algorithm, checked, whole), fd,
                                   raws[-1].end - raws[0].start)
         # queued in order, settled in order: progress, and the first NaN is the first reported
         self._pending.append((run, job, 0))
@@ -285,8 +297,8 @@ class _Writer:
         while self._held and self._held + p.nbytes > PRODUCED_IN_FLIGHT:
             self._settle_oldest()
         data = _produced(p)
-        algorithm = self.algorithm
-        job = self._movers.submit(lambda: _store(data, fd, offset, p.dtype, algorithm), fd, len(data))
+        algorithm, checked = self.algorithm, p.check is not None
+        job = self._movers.submit(lambda: _store(data, fd, offset, p.dtype, algorithm, checked), fd, len(data))
         self._pending.append(([p], job, len(data)))
         self._held += len(data)
 
@@ -311,6 +323,9 @@ class _Writer:
     def finish(self) -> Written:
         while self._pending:
             self._settle_oldest()
+        finishing = [self._movers.submit(lambda w=w: w.finish() or [], None, w.size) for w in self._wholes.values()]
+        for job in finishing:  # what no worker could feed in order, each file on its own thread
+            job.result()
         return self.written
 
     def close(self) -> None:
@@ -363,10 +378,13 @@ def write_safetensors(path: Path, planned: Sequence[Planned], writer: _Writer,
 
 
 def write_shards(planned: Sequence[Planned], directory: Path, max_shard_bytes: int, stem: str = "model",
-                 progress: Callable[[int, int], None] | None = None, hashed: bool = True) -> Written:
+                 progress: Callable[[int, int], None] | None = None, hashed: bool = True,
+                 announced: Sequence[Announced] = ()) -> Written:
     """Shards of at most max_shard_bytes (a larger tensor gets a shard of its own), named and
     indexed as transformers names them. `hashed=False` records no digests (HF exports record
-    none; they check those their source recorded, through each tensor's `expected`).
+    none; they check those their source recorded, through each tensor's `expected`). Each of
+    the `announced` source files must have the sha256 announced for it (whole_file.py): its
+    raw copies feed it as they read.
 
     Tensors are laid out in the order their source bytes lie, when every one says where
     (`position`): a source's index may list them in any order (a layer's experts by number, the
@@ -384,7 +402,9 @@ def write_shards(planned: Sequence[Planned], directory: Path, max_shard_bytes: i
 
     names = ([f"{stem}.safetensors"] if len(groups) == 1 else
              [f"{stem}-{i:05d}-of-{len(groups):05d}.safetensors" for i in range(1, len(groups) + 1)])
-    writer = _Writer(hashed, tick)
+    wholes = [WholeFileHash(a, [(p.raw.start, p.raw.end) for p in planned if p.raw is not None
+                                and os.path.realpath(p.raw.path) == os.path.realpath(a.path)]) for a in announced]
+    writer = _Writer(hashed, tick, wholes)
     try:
         for file, group in zip(names, groups, strict=True):
             write_safetensors(directory / file, group, writer)
