@@ -16,13 +16,17 @@ from ..tables.config_table import Entry, plain
 from ..tables.hf_config import Key
 from . import llama
 
-QKV_BIAS = Entry("attention_bias", (Key("attention_bias", bool, True),),
+
+def qkv_bias(default: bool) -> Entry:
+    """`attention_bias` switching the q, k and v biases (not o's), shared with helium."""
+    return Entry("attention_bias", (Key("attention_bias", bool, default),),
                  lambda hf, _: dict.fromkeys(("q_bias", "k_bias", "v_bias"), hf.get("attention_bias")),
                  # true only when all three are there, so a partial set is reported as the biases it cannot express
                  lambda cfg: {"attention_bias": cfg.q_bias and cfg.k_bias and cfg.v_bias})
 
+
 CONFIG = llama.CONFIG.but(
-    add=(QKV_BIAS, plain("attention_out_bias", "o_bias", bool, False),
+    add=(qkv_bias(True), plain("attention_out_bias", "o_bias", bool, False),
          plain("residual_dropout", "resid_dropout", float, 0.1, bound="probability")),
     defaults={"vocab_size": 155136, "intermediate_size": 27648, "num_hidden_layers": 64, "num_attention_heads": 80,
               "num_key_value_heads": 8, "head_dim": 128, "max_position_embeddings": 524288,
