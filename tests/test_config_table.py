@@ -282,7 +282,7 @@ NULL_IS_DEFAULT = {("gpt_neo", "intermediate_size")}
 # a family that spells one of those keys its own way
 OWN_SPELLING = {("starcoder2", "rms_norm_eps"): "norm_epsilon", ("nemotron", "rms_norm_eps"): "norm_eps",
                 ("stablelm", "rms_norm_eps"): "layer_norm_eps", ("cohere", "rms_norm_eps"): "layer_norm_eps",
-                ("cohere2", "rms_norm_eps"): "layer_norm_eps",
+                ("cohere2", "rms_norm_eps"): "layer_norm_eps", ("jais2", "rms_norm_eps"): "layer_norm_eps",
                 ("gpt2", "rms_norm_eps"): "layer_norm_epsilon", ("gpt2", "attention_dropout"): "attn_pdrop",
                 ("gpt_neo", "rms_norm_eps"): "layer_norm_epsilon", ("opt", "intermediate_size"): "ffn_dim",
                 ("xglm", "intermediate_size"): "ffn_dim",
