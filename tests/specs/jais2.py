@@ -7,7 +7,8 @@ from specs import LLAMA3, Spec
 SPEC = Spec(
     "jais2", dict(head_dim=24, layer_norm_eps=1e-6, rope_parameters={**LLAMA3, "rope_theta": 5e5}),
     old_style={"rope_theta": 5e5, "rope_scaling": LLAMA3},
-    card=("LayerNorm, eps=1e-06, bias, weight in fp32", "squared ReLU", "head_dim 24", "biases: q, k, v, o, mlp", "llama3 x8"),
+    card=("LayerNorm, eps=1e-06, bias, weight in fp32", "squared ReLU", "head_dim 24", "biases: q, k, v, o, mlp",
+          "llama3 x8"),
     config_variants=({}, dict(head_dim=None, num_key_value_heads=None, attention_bias=False, mlp_bias=False,
                               layer_norm_eps=1e-6, hidden_act="gelu", tie_word_embeddings=True,
                               rope_parameters={**LLAMA3, "rope_theta": 5e5}),
