@@ -191,9 +191,14 @@ UNREAD = {"granite": "granite", "mixtral": "mixtral", "deepseek_v3:moe": "deepse
 def test_verify_takes_the_recorded_source_where_transformers_cannot_read_the_file(name: str, tmp_path: Path) -> None:
     """transformers' GGUF loader reads no granite (nor Mixtral, a `llama` file with experts, nor
     DeepSeek-V3), and builds every Falcon as Falcon-7B's layout: the reference is the checkpoint the
-    export recorded (`lmconvert.source`), else --reference."""
+    export recorded (`lmconvert.source`, a local path only with --record-source), else --reference."""
     canonical = canonical_of(built(name, MODELS[name]), tmp_path)
-    out = exported(canonical, tmp_path / "m.gguf", "f32")
+    unrecorded = exported(canonical, tmp_path / "unrecorded.gguf", "f32")  # users share these: no local path
+    assert "lmconvert.source" not in gguf.GGUFReader(unrecorded).fields
+    code, _, err = cli("verify", unrecorded, "--seq-len", 20)
+    assert code == 2 and "records no source; pass --reference SRC" in err, err
+    out = tmp_path / "m.gguf"
+    convert(canonical, out, "gguf", quant="f32", record_source=True)  # --record-source
     assert gguf.GGUFReader(out).fields["lmconvert.source"].contents() == str((tmp_path / "hf").resolve())
     code, stdout, err = cli("verify", out, "--seq-len", 20, "--generate", 4)
     assert code == 0 and "PASS" in stdout, err

@@ -326,3 +326,27 @@ def test_help_lists_pull() -> None:
     assert result.exit_code == 0
     for option in ("--revision", "--out", "--verify", "--dtype", "--device", "--token", "--force"):
         assert option in result.stdout
+
+
+def test_a_gguf_export_records_the_hub_source_not_a_local_path(pulled: tuple[Path, Path], hub: HubServer,
+                                                               tmp_path: Path) -> None:
+    """#28: users share GGUF files; one written from a pulled checkpoint names its repo and commit
+    (`hf://REPO@SHA`), nothing of this machine, and `verify` finds that source in the HF cache."""
+    import gguf
+
+    home, out = pulled
+    env = hub_env(hub.url, home, HF_HUB_OFFLINE="1")
+    sha = hub.repos[TINY].refs["main"]
+    path = tmp_path / "m.gguf"  # as granite: transformers' GGUF loader does not read it, so verify needs the source
+    proc = lmconvert("convert", out, path, "--to", "gguf", "--quant", "f32", "--family", "granite",
+                     "--gguf-pre", "gpt-2", env=env)
+    assert proc.returncode == 0, proc.stderr
+    fields = gguf.GGUFReader(path).fields
+    assert fields["lmconvert.source"].contents() == f"hf://{TINY}@{sha}"
+    strings = [str(f.contents()) for f in fields.values() if f.types and f.types[0] == gguf.GGUFValueType.STRING]
+    assert not [s for s in strings if str(tmp_path.parent) in s or str(home) in s], strings
+    proc = lmconvert("verify", path, "--seq-len", 20, "--generate", 2, env=env)
+    assert proc.returncode == 0 and "PASS" in proc.stdout, proc.stderr
+    empty = hub_env(hub.url, tmp_path / "empty-cache", HF_HUB_OFFLINE="1")
+    proc = lmconvert("verify", path, "--seq-len", 20, env=empty)
+    assert_one_line_error(proc, f"hf://{TINY}@{sha}"[5:], "not in the HF cache", "--reference")

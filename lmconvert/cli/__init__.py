@@ -133,9 +133,14 @@ def main(debug: bool) -> None:
                                        "then OUT is a directory of llama.cpp's split files].")
 @click.option("--force", is_flag=True, help="Replace OUT if it exists.")
 @click.option("--allow-nonfinite", is_flag=True, help="Convert even if weights hold NaN or Inf.")
+@click.option("--record-source", is_flag=True,
+              help="With --to gguf: record the source's local path in the file (for verify OUT.gguf). A pulled "
+                   "source is always recorded as its Hub repo and commit; a local one is not, unless asked: "
+                   "these files get shared.")
 @handled
 def convert(src: Path, out: Path, to: str, family: str | None, quant: str | None, gguf_pre: str | None,
-            shards: int | None, dtype: str, max_shard_size: str | None, force: bool, allow_nonfinite: bool) -> None:
+            shards: int | None, dtype: str, max_shard_size: str | None, force: bool, allow_nonfinite: bool,
+            record_source: bool) -> None:
     """Convert SRC into OUT. OUT appears complete or not at all."""
     from lmconvert.convert import convert as run
 
@@ -145,6 +150,8 @@ def convert(src: Path, out: Path, to: str, family: str | None, quant: str | None
         raise InputError("--quant only applies with --to gguf; use --dtype to cast other outputs")
     if gguf_pre is not None and to != "gguf":
         raise InputError("--gguf-pre only applies with --to gguf")
+    if record_source and to != "gguf":
+        raise InputError("--record-source only applies with --to gguf")
     if to == "gguf" and dtype != "keep":
         raise InputError("--dtype does not apply with --to gguf: choose the tensor type with --quant")
     kwargs: dict[str, Any] = {"dtype": parse_cast(dtype), "max_shard_bytes": parse_size(max_shard_size or "5GB"),
@@ -152,7 +159,8 @@ def convert(src: Path, out: Path, to: str, family: str | None, quant: str | None
     if to in ("hf", "gguf"):
         kwargs["family"] = family
     if to == "gguf":  # one file, unless split: then OUT is a directory of llama.cpp's split files
-        kwargs.update({"gguf_pre": gguf_pre, "max_shard_bytes": parse_size(max_shard_size) if max_shard_size else None}
+        kwargs.update({"gguf_pre": gguf_pre, "record_source": record_source,
+                       "max_shard_bytes": parse_size(max_shard_size) if max_shard_size else None}
                       | ({"quant": quant} if quant is not None else {}))
     if shards is not None and to != "meta":
         raise InputError("--shards only applies with --to meta")

@@ -21,6 +21,7 @@ from lmconvert.formats.gguf_tokenizer import tokenizer_values
 from lmconvert.formats.gguf_writer import (
     DEFAULT_QUANT,
     FILE_TYPES,
+    HUB_SCHEME,
     SOURCE_KEY,
     WRITTEN_BY,
     GgufTensor,
@@ -50,13 +51,26 @@ def _checked_metadata(model: GgufModel, ckpt: Checkpoint, shapes: dict[str, tupl
     return model
 
 
+def source_record(source: dict[str, Any], local: bool) -> str | None:
+    """What a GGUF export says of its source: `hf://REPO@SHA` for a pulled one, which names nothing
+    of this machine; the absolute local path only when asked (`--record-source`); else nothing."""
+    if isinstance(source.get("repo"), str) and isinstance(source.get("revision"), str):
+        return f"{HUB_SCHEME}{source['repo']}@{source['revision']}"
+    if local and source.get("path"):
+        return str(Path(source["path"]).resolve())
+    return None
+
+
 def to_gguf(src: Path | Checkpoint, out: Path, family: str | None = None, quant: str = DEFAULT_QUANT,
             gguf_pre: str | None = None, force: bool = False, progress: Progress | None = None,
-            allow_nonfinite: bool = False, max_shard_bytes: int | None = None, **_: Any) -> dict[str, Any]:
+            allow_nonfinite: bool = False, max_shard_bytes: int | None = None, record_source: bool = False,
+            **_: Any) -> dict[str, Any]:
     """Write a canonical checkpoint as one GGUF file, its tokenizer in the metadata; returns the
     metadata written. `gguf_pre` names llama.cpp's pre-tokenizer for a BPE tokenizer it does
     not recognise. With `max_shard_bytes`, OUT is a directory of llama.cpp's split files
-    (`OUT/NAME-00001-of-0000N.gguf`, NAME being OUT's), appearing whole as every output does."""
+    (`OUT/NAME-00001-of-0000N.gguf`, NAME being OUT's), appearing whole as every output does. The
+    source is recorded (`lmconvert.source`, for `verify OUT.gguf`) as its Hub repo and revision when
+    it was pulled; a local path only with `record_source`: users share these files."""
     kind = parse_quant(quant)
     with opened(src) as ckpt:
         meta = canonical_meta(ckpt, "gguf")
@@ -102,8 +116,9 @@ def to_gguf(src: Path | Checkpoint, out: Path, family: str | None = None, quant:
         tensors += [GgufTensor(name, tuple(t.shape), "F32", lambda t=t: t) for name, t in model.extra.items()]
         values = {**model.values, **tokenizer, "general.file_type": FILE_TYPES[kind],
                   "general.quantization_version": 2, WRITTEN_BY: "lmconvert"}
-        if meta.source.get("path"):
-            values[SOURCE_KEY] = str(Path(meta.source["path"]).resolve())
+        recorded = source_record(meta.source, record_source)
+        if recorded:
+            values[SOURCE_KEY] = recorded
         if max_shard_bytes:
             with atomic_directory(out, force) as tmp:
                 write_gguf(tmp / f"{out.name}.gguf", model.arch, values, tensors, progress, max_shard_bytes)

@@ -42,7 +42,7 @@ from .checkpoint_files import within
 from .claims import check_layer_claim, layers_held
 from .errors import InputError
 from .gguf_header import MAGIC, TensorInfo, read_header
-from .gguf_writer import SOURCE_KEY
+from .gguf_writer import HUB_SCHEME, SOURCE_KEY
 from .source import Loadable, Source
 
 SUFFIX = ".gguf"
@@ -450,6 +450,8 @@ def recorded_reference(file: GgufFile, entry: GgufArch) -> Loadable:
     why = f"{file.path}: transformers' GGUF loader does not read {entry.model_type}{layout}"
     if not isinstance(recorded, str) or not recorded:
         return Loadable(None, refusal=f"{why}, and the file records no source; pass --reference SRC")
+    if recorded.startswith(HUB_SCHEME):
+        return hub_reference(recorded.removeprefix(HUB_SCHEME), why)
     source = Path(recorded)
     if source.is_dir():
         return Loadable(source)
@@ -457,6 +459,22 @@ def recorded_reference(file: GgufFile, entry: GgufArch) -> Loadable:
         return Loadable(source.parent, {"gguf_file": source.name}, origin=source)
     return Loadable(None, refusal=f"{why}, and the source it records, {recorded!r}, is not available; "
                                   "pass --reference SRC")
+
+
+def hub_reference(repo_at_sha: str, why: str) -> Loadable:
+    """A recorded Hub source, `REPO@SHA`, from the HF cache only: verify downloads nothing."""
+    from huggingface_hub import try_to_load_from_cache
+
+    repo, _, sha = repo_at_sha.rpartition("@")
+    try:
+        config = try_to_load_from_cache(repo, "config.json", revision=sha) if repo and sha else None
+    except ValueError:  # not a repo id
+        config = None
+    if not isinstance(config, str):
+        return Loadable(None, refusal=f"{why}, and the source it records, {repo_at_sha!r}, is not in the HF "
+                                      f"cache; run `lmconvert pull {repo or repo_at_sha} --revision {sha or '?'}` "
+                                      "or pass --reference SRC")
+    return Loadable(Path(config).parent)
 
 
 def open_gguf(path: Path) -> Source:

@@ -34,6 +34,7 @@ DEFAULT_QUANT = "q8_0"  # for sharing; f16/bf16 are lossless for half-precision 
 CHUNK_BYTES = 32 << 20  # float32 rows encoded at a time, by each of ENCODERS threads
 ENCODERS = max(1, min(4, os.cpu_count() or 1))
 WRITTEN_BY = "lmconvert.written_by"  # metadata key that marks a file lmconvert wrote (--force replaces only those)
+HUB_SCHEME = "hf://"  # a recorded source on the Hub: hf://REPO@SHA
 SOURCE_KEY = "lmconvert.source"  # the checkpoint the export came from (verify's reference where transformers
 #   cannot read the GGUF)
 FILE_TYPES = {"F32": 0, "F16": 1, "Q4_0": 2, "Q4_1": 3, "Q8_0": 7, "Q5_0": 8, "Q5_1": 9, "BF16": 32,
