@@ -132,7 +132,9 @@ def launch(command: str, args: list[str], nproc: int, debug: bool) -> int:
             sys.stderr.write(_read(where / f"rank{rank}.err"))
         if speaker is None:
             missing = [str(rank) for rank, c in codes.items() if c is None]
-            what = (f"rank {', '.join(missing)} ended without an exit code (killed or crashed)" if missing else
+            started = any((where / f"rank{rank}.err").exists() for rank in range(nproc))
+            what = (f"torchrun exited {torchrun_code} before any rank started" if not started else
+                    f"rank {', '.join(missing)} ended without an exit code (killed or crashed)" if missing else
                     f"torchrun exited {torchrun_code} after every rank succeeded")
             sys.stderr.write(f"lmconvert: error: internal error ({what}); this is a bug in lmconvert: rerun with "
                              "--debug (lmconvert --debug verify --nproc ...) and report torchrun's output\n")
