@@ -79,19 +79,22 @@ def test_every_rank_refuses_the_split_before_the_group_and_the_reference(
     assert "\n" not in str(info.value)
 
 
-@pytest.mark.parametrize(("codes", "torchrun_code", "expected"), [
-    ({0: 0, 1: 0}, 0, (0, 0)),
-    ({0: 1, 1: 0}, 1, (1, 0)),  # rank 0's verdict
-    ({0: 2, 1: 2}, 1, (2, 0)),  # raised on every rank: rank 0 speaks
-    ({0: None, 1: 2}, 1, (2, 1)),  # rank 1 failed first and torchrun stopped rank 0
-    ({0: None, 1: 3, 2: 2}, 1, (3, 1)),  # the lowest rank that failed
-    ({0: 0, 1: 3}, 1, (3, 1)),  # rank 0 passed, rank 1 crashed in its own way
-    ({0: 0, 1: None}, 1, (BUG, None)),  # a rank killed by a signal left no code
-    ({0: 0, 1: 0}, 1, (BUG, None)),  # torchrun failed though every rank succeeded
+@pytest.mark.parametrize(("codes", "first", "torchrun_code", "expected"), [
+    ({0: 0, 1: 0}, None, 0, (0, 0)),
+    ({0: 1, 1: 0}, 0, 1, (1, 0)),  # rank 0's verdict
+    ({0: 2, 1: 2}, 1, 1, (2, 0)),  # raised on every rank: rank 0 speaks, whichever left first
+    ({0: None, 1: 2}, 1, 1, (2, 1)),  # rank 1 failed first and torchrun stopped rank 0
+    ({0: None, 1: 3, 2: 2}, 2, 1, (2, 2)),  # the first rank to fail
+    ({0: 0, 1: 3}, 1, 1, (3, 1)),  # rank 0 passed, rank 1 crashed in its own way
+    ({0: 3, 1: 3}, 1, 1, (3, 1)),  # rank 1 crashed first, breaking rank 0's collective: rank 1 says why
+    ({0: 3, 1: 2}, 1, 1, (2, 1)),  # rank 1 refused, and rank 0 lost its peer
+    ({0: 2, 1: 3}, 1, 1, (2, 0)),  # rank 0's own refusal speaks
+    ({0: 0, 1: None}, None, 1, (BUG, None)),  # a rank killed by a signal left no code
+    ({0: 0, 1: 0}, None, 1, (BUG, None)),  # torchrun failed though every rank succeeded
 ])
-def test_the_exit_code_that_speaks_for_the_ranks(codes: dict[int, int | None], torchrun_code: int,
-                                                 expected: tuple[int, int | None]) -> None:
-    assert outcome(codes, torchrun_code) == expected
+def test_the_exit_code_that_speaks_for_the_ranks(codes: dict[int, int | None], first: int | None,
+                                                 torchrun_code: int, expected: tuple[int, int | None]) -> None:
+    assert outcome(codes, torchrun_code, first) == expected
 
 
 @pytest.mark.slow  # three launches of 2 ranks: ~40 s

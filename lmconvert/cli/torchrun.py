@@ -52,16 +52,22 @@ def record_code(code: int) -> None:
     os.replace(partial, os.path.join(where, f"rank{rank}.code"))
 
 
-def outcome(codes: dict[int, int | None], torchrun_code: int) -> tuple[int, int | None]:
-    """The exit code of the run and the rank whose stderr explains it (None: no rank can).
+def outcome(codes: dict[int, int | None], torchrun_code: int, first: int | None = None) -> tuple[int, int | None]:
+    """The exit code of the run and the rank whose stderr explains it (None: no rank can). `first`:
+    the rank whose failure was recorded first.
 
-    Rank 0 speaks for every rank (its report, its verdict, an error raised on every rank); another
-    rank's failure counts when rank 0 had none to give (torchrun stopped it, or it passed while another
-    rank crashed), lowest rank first. A rank that left no code (killed, or dead of a signal) or a
-    torchrun that failed while every rank succeeded is an internal error."""
-    failed = [(rank, code) for rank, code in sorted(codes.items()) if code]
+    Rank 0 speaks for every rank (its report, its verdict, an error raised on every rank), unless its
+    own failure is an internal error that came after another rank's failure (a collective broken by
+    a rank that died first: "Connection closed by peer"); then, as when rank 0 had nothing to say
+    (torchrun stopped it, or it passed while another rank failed), the first rank to fail speaks. A
+    rank that left no code (killed, or dead of a signal) or a torchrun that failed while every rank
+    succeeded is an internal error."""
+    failed = [rank for rank, code in sorted(codes.items()) if code]
     if failed:
-        return failed[0][1], failed[0][0]
+        speaker = first if first in failed else failed[0]
+        if codes.get(0) and (codes[0] != BUG or speaker == 0):
+            speaker = 0
+        return codes[speaker] or BUG, speaker
     if any(code is None for code in codes.values()) or torchrun_code != 0:
         return BUG, None
     return 0, 0
@@ -121,10 +127,12 @@ def launch(command: str, args: list[str], nproc: int, debug: bool) -> int:
                 proc.wait()
                 raise
         codes = {rank: _code(where / f"rank{rank}.code") for rank in range(nproc)}
-        code, speaker = outcome(codes, torchrun_code)
+        failed = [rank for rank, c in codes.items() if c]
+        first = min(failed, key=lambda rank: (where / f"rank{rank}.code").stat().st_mtime_ns) if failed else None
+        code, speaker = outcome(codes, torchrun_code, first)
         sys.stdout.write(_read(where / "rank0.out"))
         sys.stdout.flush()
-        shown = [0] if speaker in (0, None) else [0, speaker]
+        shown = [0 if speaker is None else speaker]  # its line alone: rank 0's, if another speaks, is an echo
         if debug:  # everything: torchrun's own report and every rank's stderr
             shown = list(range(nproc))
             sys.stderr.write(_read(where / "torchrun.log"))
@@ -133,8 +141,9 @@ def launch(command: str, args: list[str], nproc: int, debug: bool) -> int:
         if speaker is None:
             missing = [str(rank) for rank, c in codes.items() if c is None]
             started = any((where / f"rank{rank}.err").exists() for rank in range(nproc))
+            ranks = f"rank{'s' * (len(missing) > 1)} {', '.join(missing)}"
             what = (f"torchrun exited {torchrun_code} before any rank started" if not started else
-                    f"rank {', '.join(missing)} ended without an exit code (killed or crashed)" if missing else
+                    f"{ranks} ended without an exit code (killed or crashed)" if missing else
                     f"torchrun exited {torchrun_code} after every rank succeeded")
             sys.stderr.write(f"lmconvert: error: internal error ({what}); this is a bug in lmconvert: rerun with "
                              "--debug (lmconvert --debug verify --nproc ...) and report torchrun's output\n")
