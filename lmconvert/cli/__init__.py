@@ -25,6 +25,7 @@ from lmconvert.runtime.launch import launched
 from lmconvert.verify.errors import ParityFailure
 
 from .args import CASTS, check_device, parse_cast, parse_memory, parse_size
+from .torchrun import RANK_DIR, command_line, launch, rank_streams, record_code
 
 # Each command imports the rooms it runs inside its function: `lmconvert --help`, `inspect` and a
 # rename-only conversion then never import torch or transformers (over a second each).
@@ -44,7 +45,8 @@ Exit codes:
 def _fail(message: str, code: int) -> None:
     """One line, whatever a file name in the message holds: control characters are escaped."""
     line = "".join(c if c.isprintable() else repr(c)[1:-1] for c in message)
-    if os.environ.get("RANK", "0") == "0":  # under torchrun, rank 0 speaks for every rank
+    if os.environ.get("RANK", "0") == "0" or RANK_DIR in os.environ:  # under torchrun, rank 0 speaks for all
+        # (under `verify --nproc` each rank writes to a file of its own, shown when that rank speaks)
         click.echo(f"lmconvert: error: {line}", err=True)
     sys.exit(code)
 
@@ -201,12 +203,26 @@ def convert(src: Path, out: Path, to: str, family: str | None, quant: str | None
               help="Only re-hash a canonical checkpoint's files and tensors against lmconvert.json.")
 @click.option("--force", is_flag=True, help="Replace the --json or --save-golden file if it exists (only one "
                                             "lmconvert wrote).")
+@click.option("--nproc", type=click.IntRange(min=1),
+              help="Run tensor-parallel over N ranks: launches torchrun (standalone, this machine) and exits "
+                   "with lmconvert's exit code, where torchrun's is 1 for any failure.")
 @handled
 def verify(checkpoint: Path, reference: Path | None, dtype: str | None, device: str, seq_len: int | None, batch: int,
            padded: bool, new_tokens: int, max_memory: str | None, golden: Path | None, save_golden: Path | None,
-           json_out: Path | None, files_only: bool, force: bool) -> None:
+           json_out: Path | None, files_only: bool, force: bool, nproc: int | None) -> None:
     """Compare CHECKPOINT with transformers layer by layer, logit by logit and through greedy
     generation. Exit 1 when parity fails."""
+    if nproc is not None:
+        if files_only:
+            raise InputError("--nproc does not apply with --files (which only re-hashes the files)")
+        if launched():
+            raise InputError("--nproc launches torchrun itself; under torchrun, drop --nproc "
+                             "(the ranks are torchrun's --nproc-per-node)")
+        from lmconvert.verify.parallel import check_ranks
+
+        check_ranks(checkpoint, nproc)  # a split that cannot be is refused here, before torchrun starts
+        ctx = click.get_current_context()
+        ctx.exit(launch("verify", command_line(ctx, "nproc"), nproc, ctx.find_root().params.get("debug", False)))
     if files_only:
         from lmconvert.formats.integrity import check_files
 
@@ -307,6 +323,7 @@ def entry() -> None:
     if not launched():
         main()
         return
+    rank_streams()  # under `verify --nproc`: into files of this rank's own
     try:
         main()
         code: object = 0
@@ -317,6 +334,7 @@ def entry() -> None:
         code = 1
     sys.stdout.flush()
     sys.stderr.flush()
+    record_code(code or 0)  # under `verify --nproc`: what torchrun's exit status cannot carry
     os._exit(code or 0)
 
 

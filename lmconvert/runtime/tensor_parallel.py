@@ -141,10 +141,22 @@ def _latent(arch: ArchConfig, plan: Plan, prefix: str) -> None:
 ATTENTION_PLANS: dict[str, Callable[[ArchConfig, Plan, str], None]] = {"standard": _standard, "latent": _latent}
 
 
-def make_plan(arch: ArchConfig, size: int, rank: int) -> Plan:
+def check_split(arch: ArchConfig, size: int) -> None:
+    """Refuse, in one line, a rank count that cannot split `arch`, naming the counts that can (up to
+    the query heads, each of which one rank at least must hold). Pure arithmetic on the config: it
+    runs before the process group, the reference or any weight."""
     problems = refusals(arch, size)
-    if problems:
-        raise ConfigError(f"tensor parallelism over {size} ranks: {problems[0]}; run with fewer ranks or on one")
+    if not problems:
+        return
+    fits = [n for n in range(2, arch.n_heads + 1) if not refusals(arch, n)]
+    counts = ", ".join(map(str, fits[:-1])) + " or " * (len(fits) > 1) + "".join(map(str, fits[-1:]))
+    instead = f"run with {counts} ranks, or on one process" if fits else \
+        "run it on one process (without torchrun)"
+    raise ConfigError(f"tensor parallelism over {size} ranks: {problems[0]}; {instead}")
+
+
+def make_plan(arch: ArchConfig, size: int, rank: int) -> Plan:
+    check_split(arch, size)
     kv = arch.n_kv_heads // size if arch.n_kv_heads % size == 0 else 1
     local = replace(arch, n_heads=arch.n_heads // size, n_kv_heads=kv if arch.attention == "standard"
                     else arch.n_heads // size)

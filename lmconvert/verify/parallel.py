@@ -8,12 +8,14 @@ slices of the model (`runtime/tensor_parallel.py`) and runs the same trace and g
 the points that each rank computed a slice of (q, k, v, gate, up) are gathered whole. Rank 0
 judges and returns the report, with `tensor_parallel` set to the rank count; the other ranks return
 None and print nothing. An error on rank 0 while recording is raised on every rank, so none waits
-for a record that will not come.
+for a record that will not come. A rank count the model cannot be split over is refused by every
+rank before anything runs (`tensor_parallel.check_split`: heads, KV heads, MLP and expert widths).
 """
 
 from __future__ import annotations
 
 import gc
+import os
 from collections.abc import Callable
 from dataclasses import replace
 from datetime import timedelta
@@ -74,11 +76,14 @@ def verify_parallel(request: Request) -> Report | None:
 def _verify_ranks(request: Request) -> Report | None:
     import torch.distributed as dist
 
-    from lmconvert.runtime.tensor_parallel import device_mesh, gather_points, load_parallel
+    from lmconvert.runtime.tensor_parallel import check_split, device_mesh, gather_points, load_parallel
 
-    mesh = device_mesh()
     device = request.device or "cpu"
     with open_checkpoint(request.checkpoint) as ckpt:
+        # every rank refuses a split that cannot be, from the config alone: before the process group,
+        # before rank 0 records the reference, before any weight is read
+        check_split(ckpt.arch, dist.get_world_size() if dist.is_initialized() else int(os.environ["WORLD_SIZE"]))
+        mesh = device_mesh()
         expected = from_rank0(lambda: expected_of(ckpt, request, device))  # rank 0 records, and writes the outputs
         if torch.cuda.is_available():  # the reference's blocks, freed (cycles too), back to every GPU for our slices
             gc.collect()
@@ -94,6 +99,15 @@ def _verify_ranks(request: Request) -> Report | None:
                    request.golden)
     report.tensor_parallel = mesh.size()
     return report
+
+
+def check_ranks(checkpoint: Path, ranks: int) -> None:
+    """Whether `checkpoint` splits over `ranks` (`verify --nproc` asks before it starts torchrun): its
+    config alone is read."""
+    from lmconvert.runtime.tensor_parallel import check_split
+
+    with open_checkpoint(checkpoint) as ckpt:
+        check_split(ckpt.arch, ranks)
 
 
 def ranks_device(device: str | None) -> str:
