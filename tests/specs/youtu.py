@@ -9,7 +9,7 @@ ROPE = {**YARN, "rope_type": "yarn", "mscale": 0.8, "mscale_all_dim": 0.7}
 MLA = dict(num_key_value_heads=4, kv_lora_rank=16, qk_nope_head_dim=12, qk_rope_head_dim=8, v_head_dim=10)
 
 SPEC = Spec(  # dense latent attention (MLA) with q LoRA, interleaved rotary dims and its biases; no pad token
-    # (YoutuConfig's default): transformers zeroes the pad token's embedding row on loading (see the family's notes)
+    # (YoutuConfig's default): transformers zeroes the pad token's embedding row on loading (the family's docstring)
     "youtu", dict(MLA, q_lora_rank=24, attention_bias=True, eos_token_id=1, bos_token_id=2, pad_token_id=None,
                   rope_parameters={**ROPE, "rope_theta": 2e4}),
     old_style={"rope_theta": 2e4, "rope_scaling": ROPE}, old_drop=("qk_head_dim",),
