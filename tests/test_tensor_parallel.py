@@ -36,6 +36,7 @@ REFUSED_FAMILIES = {
     "mpt": "n_heads=6 does not divide by 4 ranks",  # and ALiBi
     "olmo2": "QK norm over the whole projection needs every head's values",
     "olmoe": "QK norm over the whole projection needs every head's values",
+    "olmo3": "QK norm over the whole projection needs every head's values",
 }
 PREFILL = 12
 TOL = 1e-5

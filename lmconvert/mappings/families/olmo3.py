@@ -1,0 +1,88 @@
+"""OLMo 3 (Olmo3ForCausalLM: Olmo-3-7B, Olmo-3-32B and their Think/Instruct models).
+
+Same as olmo2, except: `layer_types` (default: every fourth layer full, the others sliding) picks
+the layers that attend within `sliding_window` (default 4096); RoPE is set per layer type, as
+nested `rope_parameters` {"sliding_attention": ..., "full_attention": ...} (YaRN on the full layers
+in the long-context releases), a type left out meaning the default RoPE with theta 5e5; in older
+files, `rope_theta` and `rope_scaling` set the full layers' RoPE only, the sliding layers keeping
+theta 5e5 (Olmo3Config's `default_theta`) whatever `rope_theta` says. Sliding layers use `rope_local`,
+full ones `rope`; both keep cos/sin in fp32 and rotate in fp32, as olmo2.
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+from lmconvert.arch import ArchConfig
+
+from ..errors import MappingError
+from ..family import Family
+from ..tables import hf_rope
+from ..tables.config_table import DEFAULT, Entry
+from ..tables.hf_config import HfConfig, show
+from ..tables.hf_layers import (
+    LAYER_TYPES_KEY,
+    SLIDING_WINDOW_KEY,
+    layer_kinds_from_hf,
+    layer_types_to_hf,
+    window_fields,
+)
+from . import olmo2
+
+DEFAULT_THETA = 500_000.0  # Olmo3Config.default_theta: a layer type's RoPE without its own rope_theta
+LAYER_TYPES = ("full_attention", "sliding_attention")
+
+
+def window_from_hf(hf: HfConfig, fields: dict[str, Any]) -> dict[str, Any]:
+    kinds = layer_kinds_from_hf(hf, fields["n_layers"], lambda i: (i + 1) % 4 != 0)
+    return window_fields(kinds, hf.get("sliding_window"))
+
+
+def window_to_hf(cfg: ArchConfig) -> dict[str, Any]:
+    return {"layer_types": layer_types_to_hf(cfg.layer_kinds),
+            "sliding_window": DEFAULT if cfg.sliding_window is None else cfg.sliding_window}
+
+
+def rope_by_layer_type(hf: HfConfig) -> dict[str, dict[str, Any]]:
+    """Per-layer-type rope parameter dicts, merged the way Olmo3Config does it: `rope_scaling` into
+    the full layers' dict, the top-level `rope_theta` into the full layers' only."""
+    nested, scaling = hf.get("rope_parameters") or {}, hf.get("rope_scaling")
+    params = {}
+    for kind in LAYER_TYPES:
+        value = nested.get(kind)
+        if not isinstance(value, dict | None):
+            raise MappingError(f"config.json: rope_parameters.{kind}={show(value)} should be a JSON object")
+        params[kind] = copy.deepcopy(value) or {"rope_type": "default"}
+    if scaling is not None:
+        params["full_attention"].update(scaling)
+    return params
+
+
+def rope_from_hf(hf: HfConfig, fields: dict[str, Any]) -> dict[str, Any]:
+    """Full layers use `rope`, sliding ones `rope_local` (None when it is the same)."""
+    params, kinds = rope_by_layer_type(hf), fields["layer_kinds"]
+    thetas = {"full_attention": hf.get("rope_theta") if hf.stated("rope_theta") else DEFAULT_THETA,
+              "sliding_attention": DEFAULT_THETA}
+    full, sliding = (hf_rope.rope_from_hf(hf, params[k], f"rope_parameters.{k}.", theta=thetas[k], fp32_tables=True)
+                     for k in LAYER_TYPES)
+    if "global" not in kinds:
+        full = sliding
+    return {"rope": full, "rope_local": sliding if "local" in kinds and sliding != full else None}
+
+
+def rope_to_hf(cfg: ArchConfig) -> dict[str, Any]:
+    return {"rope_parameters": {"full_attention": hf_rope.rope_to_hf(cfg.rope),
+                                "sliding_attention": hf_rope.rope_to_hf(cfg.rope_local or cfg.rope)}}
+
+
+CONFIG = olmo2.CONFIG.but(
+    drop=("rope",),
+    add=(Entry("layer kinds", (SLIDING_WINDOW_KEY, LAYER_TYPES_KEY), window_from_hf, window_to_hf),
+         Entry("rope by layer type", hf_rope.KEYS, rope_from_hf, rope_to_hf)),
+    defaults={"rope_theta": DEFAULT_THETA},
+)
+
+
+FAMILY = Family("olmo3", ("olmo3",), "Olmo3ForCausalLM", olmo2.TENSORS, CONFIG,
+                reference_layouts=olmo2.REFERENCE_LAYOUTS)
