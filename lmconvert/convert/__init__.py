@@ -16,7 +16,7 @@ __all__ = ["convert", "to_canonical", "to_hf"]
 
 
 def _to_meta(src: Any, out: Path, **kwargs: Any) -> dict[str, Any]:
-    from lmconvert.formats.meta_export import to_meta  # loads torch: Meta's files are pickles
+    from .export_meta import to_meta  # loads torch: Meta's files are pickles
 
     return to_meta(src, canonical_meta(src, "meta"), out, **kwargs)
 

@@ -1,6 +1,6 @@
 """Meta's original LLaMA layout as a tensor table: Meta names <-> HF llama names, and how
 model-parallel ranks hold each tensor. Data and pure functions; formats/meta.py reads the files
-and formats/meta_export.py writes them, both through this table.
+and convert/export_meta.py writes them (formats/meta_export.py the files), both through this table.
 
 Read from Meta's llama-models (`models/llama3/model.py`, `models/checkpoint.py`) and
 transformers' `models/llama/convert_llama_weights_to_hf.py` (in transformers' source tree; the

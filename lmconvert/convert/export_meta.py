@@ -1,0 +1,107 @@
+"""A canonical checkpoint as Meta's original LLaMA layout, planned as every export is
+(`plan_tensors`): the llama family's export plan to HF names, then the inverses of Meta's tensor
+table (mappings/meta.py), the exact inverses of the import transforms, so Meta -> canonical -> Meta
+gives back every tensor bit for bit. Ranks are written one at a time: memory holds one rank's share
+plus one whole tensor, at the cost of reading the canonical shards once per rank, each read checked
+against lmconvert.json's digests (formats/meta_export.py writes the files)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from lmconvert.arch import ArchConfig
+from lmconvert.formats.atomic import atomic_directory, check_output
+from lmconvert.formats.canonical import CanonicalMeta
+from lmconvert.formats.checkpoint import Checkpoint
+from lmconvert.formats.digest import check_tensor
+from lmconvert.formats.errors import InputError
+from lmconvert.formats.meta import TOKENIZER
+from lmconvert.formats.meta_export import write_meta_files
+from lmconvert.mappings import Family, MappingError, family_named
+from lmconvert.mappings.meta import Layout, MetaLayoutError
+from lmconvert.mappings.meta_params import hf_config, model_params, params_for
+
+from .plan import plan_tensors
+
+
+def _describes(previous: dict[str, Any], config: dict[str, Any], llama: Family, arch: ArchConfig) -> bool:
+    """Whether the source's own params.json still describes the model (tying aside: Meta's format
+    always stores output.weight), so it can be written back unchanged."""
+    try:
+        cfg = hf_config(model_params(previous), config["vocab_size"])
+        cfg["max_position_embeddings"] = config["max_position_embeddings"]
+        return replace(llama.arch_config(cfg), tie_embeddings=arch.tie_embeddings) == arch
+    except (MetaLayoutError, MappingError, KeyError, TypeError):
+        return False
+
+
+def _params_and_layout(checkpoint: Checkpoint, meta: CanonicalMeta, shards: int) -> tuple[dict[str, Any], Layout]:
+    """params.json (the source's own where it still describes the model) and Meta's tensor layout."""
+    llama = family_named("llama")
+    try:
+        config = llama.hf_config(meta.arch, meta.family, meta.hf_extras)
+        params = params_for(config)
+    except (MappingError, MetaLayoutError) as exc:
+        raise InputError(f"{checkpoint.path}: Meta's format holds plain LLaMA models only: {exc}") from None
+    from_meta = meta.source.get("format") == "meta"
+    previous = meta.source.get("meta_params") if from_meta else None
+    if isinstance(previous, dict) and _describes(previous, config, llama, meta.arch):
+        params = previous
+    try:
+        layout = Layout(dim=config["hidden_size"], n_layers=config["num_hidden_layers"],
+                        n_heads=config["num_attention_heads"], n_kv_heads=config["num_key_value_heads"],
+                        vocab_size=config["vocab_size"], hidden_dim=config["intermediate_size"], shards=shards,
+                        embed_split=meta.source.get("meta_embedding_split", 0) if from_meta else 0)
+    except MetaLayoutError as exc:
+        raise InputError(f"--shards {shards}: {exc}; choose a shard count that divides the heads") from None
+    return params, layout
+
+
+def to_meta(checkpoint: Checkpoint, meta: CanonicalMeta, out: Path, shards: int = 1, dtype: str | None = None,
+            force: bool = False, progress: Callable[[int, int], None] | None = None, max_shard_bytes: int | None = None,
+            allow_nonfinite: bool = False) -> dict[str, Any]:
+    """Write a canonical checkpoint as a Meta checkpoint with `shards` model-parallel ranks; returns params.json.
+    `max_shard_bytes` is accepted and unused: Meta's files are one per rank, whatever their size."""
+    src = checkpoint.path
+    params, layout = _params_and_layout(checkpoint, meta, shards)
+    plan = family_named("llama").tensors.plan_export(meta.tensors)  # {hf name: (canonical name, transform)}
+    if meta.arch.tie_embeddings:  # Meta's code always has its own output matrix
+        plan.setdefault("lm_head.weight", plan["model.embed_tokens.weight"])
+    entries = layout.entries()
+    wanted = {hf for _, hf, _ in entries}
+    if set(plan) != wanted:
+        odd = sorted(set(plan) ^ wanted)
+        raise InputError(f"{src}: its tensors do not fit Meta's layout ({', '.join(odd[:5])}); "
+                         "export it with --to hf instead")
+    check_output(out, force, (src,))
+    items = [(hf, canonical, transform.inverse) for hf, (canonical, transform) in plan.items()]
+    total = len(entries) * shards
+    done = 0
+
+    def ranks() -> Iterator[dict[str, torch.Tensor]]:
+        nonlocal done
+        for rank in range(shards):
+            # planned anew per rank: every read checked against lmconvert.json's digests (and for NaN/Inf)
+            planned = {p.name: p for p in plan_tensors(checkpoint.source.tensors, items, dtype, allow_nonfinite,
+                                                       meta.tensors, meta.hash)}
+            state: dict[str, torch.Tensor] = {}
+            for meta_name, hf_name, rule in entries:
+                item = planned[hf_name]
+                tensor = item.produce()  # its source checked against its digest, and for NaN/Inf
+                if item.raw is None and item.check is not None:  # a cast a finite source may not fit: pickled,
+                    check_tensor(tensor, item.check)  # the Inf would stay
+                piece = layout.transform(rule).inverse(tensor)[rank]
+                state[meta_name] = piece.clone(memory_format=torch.contiguous_format)  # a view would save it all
+                done += 1
+                if progress is not None:
+                    progress(done, total)
+            yield state
+
+    with atomic_directory(out, force) as tmp:
+        write_meta_files(tmp, params, (src, meta) if TOKENIZER in meta.files else None, ranks())
+    return params
