@@ -97,9 +97,11 @@ def file_chunks(path: Path, start: int, end: int, buffer: memoryview | None = No
     try:
         position = start
         while position < end:
-            n = os.preadv(fd, [buffer[:min(CHUNK, end - position)]], position)
-            if n == 0:
-                raise InputError(f"{path}: ends inside a tensor; re-download or re-export the file")
+            want = min(CHUNK, end - position)
+            n = os.preadv(fd, [buffer[:want]], position)
+            if n < want:  # a regular file reads short only at its end: cut, perhaps while being read
+                raise InputError(f"{path}: ends inside a tensor (shorter than its header says, or cut while being "
+                                 "read); re-download or re-export the file")
             yield buffer[:n]
             position += n
     finally:
