@@ -23,7 +23,9 @@ Per-repo faults: `gated_token` (downloads need `Authorization: Bearer <token>`),
 listed in the tree whose download answers 404), `cut_once` ({path: n}: the first GET of the file sends
 n bytes of the body, then drops the connection), `cut_always` (every GET of these files drops the
 connection after the headers), `tampered` ({path: other bytes}: the tree listing and the HEAD announce the
-sha256 of the file, and the CDN serves these bytes under it, as a corrupted or altered download would be).
+sha256 of the file, and the CDN serves these bytes under it, as a corrupted or altered download would be),
+`slow` (paths sent 64 KiB every 0.2 s, a slow link; `sent` counts what reached the client), `oversized`
+(paths whose size the Hub announces as 1 PB, more than any disk here has free).
 Every request is logged in `requests`.
 """
 
@@ -33,6 +35,7 @@ import hashlib
 import json
 import socket
 import threading
+import time
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
@@ -63,6 +66,9 @@ class Repo:
     unavailable: set[str] = field(default_factory=set)
     cut_once: dict[str, int] = field(default_factory=dict)  # by sha256 of the content (add_repo takes paths)
     cut_always: set[str] = field(default_factory=set)  # idem
+    slow: set[str] = field(default_factory=set)  # idem
+    oversized: set[str] = field(default_factory=set)  # by path
+    sent: dict[str, int] = field(default_factory=dict)  # sha256 -> bytes of a slow file that reached a client
     blobs: dict[str, bytes] = field(default_factory=dict)  # sha256 -> content, for the CDN
     _cut_done: set[str] = field(default_factory=set)
 
@@ -107,7 +113,7 @@ class HubServer:
             shas.append(digest.hexdigest())
         refs = {branch: shas[i] for branch, i in (branches or {"main": len(commits) - 1}).items()}
         cut_once, cut_always = dict(faults.pop("cut_once", {})), set(faults.pop("cut_always", ()))
-        tampered = dict(faults.pop("tampered", {}))
+        tampered, slow = dict(faults.pop("tampered", {})), set(faults.pop("slow", ()))
         repo = Repo(name, dict(zip(shas, commits, strict=True)), refs, **faults)
         for files in commits:
             for path, data in files.items():
@@ -118,6 +124,8 @@ class HubServer:
                     repo.cut_once[sha256] = cut_once[path]
                 if path in cut_always:
                     repo.cut_always.add(sha256)
+                if path in slow:
+                    repo.slow.add(sha256)
         self.repos[name] = repo
         return shas
 
@@ -236,6 +244,9 @@ class _Handler(BaseHTTPRequestHandler):
             cut = repo.cut_once[sha256]
         else:
             cut = None
+        if cut is None and repo is not None and sha256 in repo.slow:
+            self._trickle(part, repo, sha256)
+            return
         if cut is None:
             self.wfile.write(part)
             return
@@ -243,6 +254,18 @@ class _Handler(BaseHTTPRequestHandler):
         self.wfile.flush()
         self.close_connection = True
         self.connection.shutdown(socket.SHUT_RDWR)
+
+    def _trickle(self, part: bytes, repo: Repo, sha256: str) -> None:
+        """A slow link: 64 KiB every 0.2 s, until the whole body is sent or the client goes away."""
+        for start in range(0, len(part), 1 << 16):
+            try:
+                self.wfile.write(part[start:start + (1 << 16)])
+                self.wfile.flush()
+            except OSError:  # the client hung up
+                self.close_connection = True
+                return
+            repo.sent[sha256] = repo.sent.get(sha256, 0) + len(part[start:start + (1 << 16)])
+            time.sleep(0.2)
 
     # routing
 
@@ -346,7 +369,8 @@ class _Handler(BaseHTTPRequestHandler):
             sha256 = hashlib.sha256(data).hexdigest()
             self._send(302, b"", {**commit_header, "Location": f"{self.hub.cdn_url}/lfs/{name}/{sha256}",
                                   "ETag": f'"{git_blob_sha1(lfs_pointer(data))}"', "X-Linked-Etag": f'"{sha256}"',
-                                  "X-Linked-Size": str(len(data))}, head, "text/plain")
+                                  "X-Linked-Size": str(10**15 if path in repo.oversized else len(data))}, head,
+                       "text/plain")
         else:
             self._body(data, {**commit_header, "ETag": f'"{git_blob_sha1(data)}"'}, head, repo)
 

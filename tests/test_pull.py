@@ -350,3 +350,48 @@ def test_a_gguf_export_records_the_hub_source_not_a_local_path(pulled: tuple[Pat
     empty = hub_env(hub.url, tmp_path / "empty-cache", HF_HUB_OFFLINE="1")
     proc = lmconvert("verify", path, "--seq-len", 20, env=empty)
     assert_one_line_error(proc, f"hf://{TINY}@{sha}"[5:], "not in the HF cache", "--reference")
+
+
+@pytest.mark.slow
+def test_ctrl_c_during_a_download_takes_effect_at_once(commits: dict[str, dict[str, bytes]], tmp_path: Path) -> None:
+    """#28: Ctrl-C waited for huggingface_hub's download threads, so a large shard finished first (a
+    38 MB file took 16 s). Here the file trickles in for ~40 s: the run ends long before the server
+    has sent it, with our one line and exit 130, no output, and the partial download left as
+    huggingface_hub's resumable `.incomplete`."""
+    import signal
+    import time
+
+    big = commits["big"]["model.safetensors"]
+    server = HubServer()
+    server.add_repo("org/slow-llama", [commits["big"]], slow={"model.safetensors"})
+    home, out = tmp_path / "hf", tmp_path / "out"
+    with server:
+        proc = subprocess.Popen([sys.executable, "-m", "lmconvert.cli", "pull", "org/slow-llama", "--out", str(out)],
+                                env=hub_env(server.url, home), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                text=True)
+        blobs = home / "hub" / "models--org--slow-llama" / "blobs"
+        for _ in range(300):  # until the weights are coming in
+            if proc.poll() is not None or list(blobs.glob("*.incomplete")):
+                break
+            time.sleep(0.1)
+        assert proc.poll() is None, proc.communicate()
+        proc.send_signal(signal.SIGINT)
+        _, stderr = proc.communicate(timeout=60)
+        sent = server.repos["org/slow-llama"].sent.get(hashlib.sha256(big).hexdigest(), 0)
+    assert proc.returncode == 130, stderr
+    assert stderr.strip().splitlines() == ["lmconvert: error: interrupted; no output was written"], stderr
+    assert sent < len(big), "the download ran to its end before the interrupt took effect"
+    assert list(blobs.glob("*.incomplete")) and not out.exists()
+
+
+def test_library_warnings_do_not_add_lines_to_our_error(commits: dict[str, dict[str, bytes]], tmp_path: Path) -> None:
+    """#28: huggingface_hub's `warnings.warn` of a cache without the space a file needs put two lines
+    before ours. Here the Hub announces 1 PB for the weights (no disk has that free), then sends the
+    real bytes: the one line is ours, exit 2, no output."""
+    server = HubServer()
+    server.add_repo("org/huge-llama", [commits["v1"]], oversized={"model.safetensors"})
+    out = tmp_path / "out"
+    with server:
+        proc = lmconvert("pull", "org/huge-llama", "--out", out, env=hub_env(server.url, tmp_path / "hf"))
+    assert_one_line_error(proc, "org/huge-llama")
+    assert not out.exists()

@@ -42,12 +42,18 @@ Exit codes:
   {BUG}  internal error: a bug in lmconvert; rerun with --debug for the traceback"""
 
 
-def _fail(message: str, code: int) -> None:
-    """One line, whatever a file name in the message holds: control characters are escaped."""
+def _fail(message: str, code: int, now: bool = False) -> None:
+    """One line, whatever a file name in the message holds: control characters are escaped. `now`
+    (Ctrl-C) leaves without the interpreter's teardown, which joins worker threads: huggingface_hub's
+    download threads would finish a multi-GB shard first."""
     line = "".join(c if c.isprintable() else repr(c)[1:-1] for c in message)
     if os.environ.get("RANK", "0") == "0" or RANK_DIR in os.environ:  # under torchrun, rank 0 speaks for all
         # (under `verify --nproc` each rank writes to a file of its own, shown when that rank speaks)
         click.echo(f"lmconvert: error: {line}", err=True)
+    if now:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
     sys.exit(code)
 
 
@@ -90,8 +96,8 @@ def handled(fn: Callable[..., Any]) -> Callable[..., Any]:
             if debug:
                 raise
             _fail(str(exc), exc.exit_code)
-        except KeyboardInterrupt:
-            _fail("interrupted; no output was written", 130)
+        except KeyboardInterrupt:  # outputs were rolled back on the way here; nothing else is waited for
+            _fail("interrupted; no output was written", 130, now=True)
         except OSError as exc:  # disk full, permissions: the output was rolled back
             if debug:
                 raise

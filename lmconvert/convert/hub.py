@@ -14,12 +14,14 @@ from __future__ import annotations
 import glob
 import os
 import re
+import threading
+import warnings
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from fnmatch import fnmatch
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 from urllib.parse import unquote, urlsplit
 
 from lmconvert.formats.atomic import check_output
@@ -29,6 +31,8 @@ from lmconvert.formats.jsonfile import read_weight_map
 from lmconvert.formats.whole_file import Announced, AnnouncedMismatch
 
 from .ingest import to_canonical
+
+T = TypeVar("T")
 
 CONFIG = "config.json"
 # (index, single file) per weight format, in order of preference: .bin only when there is no safetensors
@@ -169,6 +173,11 @@ def hub_errors(repo_id: str, revision: str | None, token: str | None) -> Iterato
     except OSError as exc:  # a size mismatch after a download, a full disk, a read-only cache
         raise InputError(f"{repo_id}: download failed ({_first_line(exc)}); re-run to retry, after checking free "
                          f"space and permissions in the HF cache {constants.HF_HUB_CACHE}") from exc
+    except ValueError as exc:
+        if "too large to be downloaded" not in str(exc):  # huggingface_hub's refusal of a file over 50 GB over
+            raise  # plain HTTP: anything else is ours
+        raise InputError(f"{repo_id}@{ref}: the Hub announces a file over huggingface_hub's limit for plain HTTP "
+                         "downloads (50 GB); pip install hf_xet, which downloads such files, and re-run") from exc
 
 
 def _not_cached(repo_id: str, ref: str, exc: BaseException) -> str:
@@ -197,7 +206,8 @@ def _list_files(api: Any, repo_id: str, sha: str, offline: bool) -> dict[str, st
 
 @contextmanager
 def _hub_output(quiet: bool) -> Iterator[None]:
-    """With `quiet`, no progress bars and no retry warnings from huggingface_hub: an error stays one line."""
+    """With `quiet`, no progress bars, no retry messages and no warnings from huggingface_hub (its
+    `warnings.warn` of a full cache put two lines before ours): an error stays one line."""
     from huggingface_hub import constants
     from huggingface_hub.utils import disable_progress_bars
     from huggingface_hub.utils import logging as hf_logging
@@ -208,10 +218,32 @@ def _hub_output(quiet: bool) -> Iterator[None]:
     verbosity = hf_logging.get_verbosity()
     hf_logging.set_verbosity_error()
     try:
-        with disable_progress_bars():
+        with disable_progress_bars(), warnings.catch_warnings():
+            warnings.simplefilter("ignore")
             yield
     finally:
         hf_logging.set_verbosity(verbosity)
+
+
+def interruptible(fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:  # noqa: ANN401
+    """`fn` run in a daemon thread while this one waits in short steps: Ctrl-C then reaches the CLI
+    at once, which leaves without waiting for huggingface_hub's download threads (a multi-GB shard
+    would otherwise finish first); the partial file stays as its resumable `.incomplete`."""
+    box: dict[str, Any] = {}
+
+    def run() -> None:
+        try:
+            box["value"] = fn(*args, **kwargs)
+        except BaseException as exc:  # noqa: BLE001 - raised again in the waiting thread
+            box["error"] = exc
+
+    worker = threading.Thread(target=run, name="lmconvert-download", daemon=True)
+    worker.start()
+    while worker.is_alive():
+        worker.join(0.1)
+    if "error" in box:
+        raise box["error"]
+    return box["value"]
 
 
 def download(repo_id: str, revision: str | None = None, token: str | None = None, quiet: bool = False) -> Snapshot:
@@ -235,8 +267,8 @@ def download(repo_id: str, revision: str | None = None, token: str | None = None
                 raise InputError(f"{where}: {index} lists {', '.join(missing[:3])}, which the repo does not have; "
                                  "the upload is incomplete: try another --revision")
             wanted += shards
-        path = snapshot_download(repo_id, revision=resolved, allow_patterns=[glob.escape(f) for f in wanted],
-                                 token=token)
+        path = interruptible(snapshot_download, repo_id, revision=resolved,
+                             allow_patterns=[glob.escape(f) for f in wanted], token=token)
     lfs = {f: sha256 for f in wanted if (sha256 := listing.get(f)) is not None}
     return Snapshot(Path(path), repo_id, sha, str(resolved), tuple(wanted), lfs)
 
