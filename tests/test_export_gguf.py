@@ -209,6 +209,28 @@ def test_verify_takes_the_recorded_source_where_transformers_cannot_read_the_fil
     assert code == 0 and "PASS" in stdout, err
 
 
+QUANTIZED = ("q8_0", "q4_0", "q4_1", "q5_0", "q5_1", "tq1_0", "tq2_0", "mxfp4")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("name", "quant"), [("granite", q) for q in QUANTIZED]
+                         + [(n, "q8_0") for n in UNREAD if n != "granite"])
+def test_verify_of_a_quantized_file_transformers_cannot_read_holds_its_own_weights(name: str, quant: str,
+                                                                                   tmp_path: Path) -> None:
+    """#28: against the float source a quantized file of an architecture transformers' GGUF loader
+    does not read failed fp32's bar by the quantization error, blaming layers.0.attn.q. Its
+    reference is now transformers' model of the family holding the file's own weights, dequantized."""
+    wide = dict(hidden_size=256, intermediate_size=256) if quant.startswith("tq") else {}  # ternary: rows of 256
+    canonical = canonical_of(built(name, {**MODELS[name], **wide}), tmp_path)
+    out = tmp_path / "m.gguf"
+    convert(canonical, out, "gguf", quant=quant, record_source=True)
+    assert {t.tensor_type.name for t in gguf.GGUFReader(out).tensors} - {"F32", "F16", "BF16"}, "not quantized"
+    code, stdout, err = cli("verify", out, "--seq-len", 20, "--generate", 4)
+    assert code == 0 and "PASS" in stdout, (stdout, err)
+    code, stdout, _ = cli("verify", out, "--reference", tmp_path / "hf", "--seq-len", 20, "--generate", 0)
+    assert code == 1 and "FAIL" in stdout, stdout  # the float source: off by the quantization error
+
+
 def test_llama3_rope_travels_as_rope_freqs(tmp_path: Path) -> None:
     spec = SPECS["llama"]  # llama3 scaling over 32 original positions: not llama.cpp's usual 8192
     canonical = canonical_of(build_model(spec.model_type, **spec.kwargs), tmp_path)

@@ -442,6 +442,18 @@ def check_metadata(file: GgufFile) -> None:
                       f"{arch}.block_count")
 
 
+FLOAT_TYPES = frozenset({"F32", "F16", "BF16"})
+
+
+def unread_reference(file: GgufFile, entry: GgufArch, types: Counter[str]) -> Loadable:
+    """For an architecture transformers' GGUF loader does not read: a float file's recorded source;
+    a quantized file's own weights, dequantized (its float source is another model by the
+    quantization error, which fp32's bar would count against us)."""
+    if set(types) <= FLOAT_TYPES:
+        return recorded_reference(file, entry)
+    return Loadable(None, origin=file.path, dequantized=True)
+
+
 def recorded_reference(file: GgufFile, entry: GgufArch) -> Loadable:
     """For an architecture transformers' GGUF loader does not read: the source lmconvert's export
     recorded in the file (`lmconvert.source`), as transformers loads it, if it is still there."""
@@ -501,9 +513,9 @@ def open_gguf(path: Path) -> Source:
         tensors = GgufTensors(file, plans, file.dtype())
         loadable = Loadable(target.parent, {"gguf_file": target.name}, origin=target)  # transformers dequantizes it
         tokenizer = loadable if has_vocabulary(file) else None
+        reference = loadable if entry.read_by_transformers(config) else unread_reference(file, entry, types)
         return Source(target, "gguf", config, tensors, info=info, sidecars=sidecar_writer(file, info),
-                      reference=loadable if entry.read_by_transformers(config) else recorded_reference(file, entry),
-                      tokenizer=tokenizer)
+                      reference=reference, tokenizer=tokenizer)
     except BaseException:
         file.close()
         raise

@@ -73,6 +73,10 @@ class Loadable:
     kwargs: dict[str, Any] = field(default_factory=dict)
     refusal: str | None = None
     origin: Path | None = None  # the path as the user knows it (the .gguf file itself), for reports
+    # the file's own weights, dequantized, written out in the family's HF layout for transformers to
+    # load (verify builds that directory): the reference of a quantized GGUF file transformers cannot read,
+    # whose float source differs from it by the quantization error
+    dequantized: bool = False
 
     def __str__(self) -> str:
         return str(self.origin or self.where)

@@ -32,6 +32,7 @@ from lmconvert.runtime.streamed import streamed
 from . import golden as golden_file
 from .agreement import Steppable, compare_generation, greedy, logit_stats
 from .budget import check_request
+from .dequantized import materialized
 from .expected import Expected, record, versions
 from .localize import compare_points
 from .outputs import check_outputs
@@ -138,10 +139,12 @@ def record_reference(checkpoint: Path | Checkpoint, reference: Path | None = Non
         seq_len = seq_len or default_seq_len(arch)
         check_request(arch, batch, seq_len, generate, device)  # before anything is allocated for them
         where, family = side or reference_side(ckpt, reference)
-        tokenizers = [ckpt.tokenizer, where if where.kwargs else directory_tokenizer(where.where)]
-        ids, mask, tokens = token_batch(tokenizers, arch.vocab_size, batch, seq_len, seed, padded)
-        return record(where, arch, family_named(family).tensors_for(arch), ids, dtype or "float32", device, max_memory,
-                      generate, info={"tokens": tokens, "checkpoint": str(ckpt.path)}, attention_mask=mask)
+        with materialized(where, ckpt) as where:  # a quantized GGUF's own weights, where transformers cannot read it
+            tokenizers = [ckpt.tokenizer, where if where.kwargs else directory_tokenizer(where.where)]
+            ids, mask, tokens = token_batch(tokenizers, arch.vocab_size, batch, seq_len, seed, padded)
+            return record(where, arch, family_named(family).tensors_for(arch), ids, dtype or "float32", device,
+                          max_memory, generate, info={"tokens": tokens, "checkpoint": str(ckpt.path)},
+                          attention_mask=mask)
 
 
 def check_golden(checkpoint: Checkpoint, golden: Path, dtype: str | None = None, device: str = "cpu") -> Expected:
