@@ -24,9 +24,13 @@ test: env
 
 # everyday work: everything but the tests marked slow (docs/testing.md). One torch thread: the models are
 # tiny, and on a busy 2-core machine OpenMP's spinning threads made the same tests 5x slower
+# The per-family cases run for a core set of families that covers every variant, plus those the change
+# touches (tools/changed_families.py); `make test` runs every family. FAMILIES=all runs them all here too.
+FAMILIES ?= $(shell $(PYTHON) tools/changed_families.py)
 test-fast: env
 	$(BIN)/lint-imports --no-cache
-	OMP_NUM_THREADS=1 $(BIN)/python -m pytest -q -m "not slow and not llamacpp"
+	LMCONVERT_FAMILIES=$(if $(filter all,$(FAMILIES)),,$(FAMILIES)) OMP_NUM_THREADS=1 \
+		$(BIN)/python -m pytest -q -m "not slow and not llamacpp"
 
 lint: env
 	$(BIN)/ruff check lmconvert tests bench tools
