@@ -209,6 +209,20 @@ def test_verify_takes_the_recorded_source_where_transformers_cannot_read_the_fil
     assert code == 0 and "PASS" in stdout, err
 
 
+def test_a_llama_in_a_folder_named_mistral_stays_a_llama(tmp_path: Path) -> None:
+    """#28: `general.name` was the bare folder name; llama.cpp's files tell Mistral from LLaMA only by
+    that name, so a LLaMA converted from `./mistral` came back as a Mistral (ours) and transformers'
+    GGUF loader failed on it (exit 3). The word is left out of a LLaMA's name."""
+    src = save_checkpoint(build_model("llama", **TRANSFORMERS_OVERRIDES["llama"]), tmp_path / "mistral")
+    to_canonical(src, tmp_path / "canonical")
+    out = exported(tmp_path / "canonical", tmp_path / "m.gguf", "f32")
+    name = gguf.GGUFReader(out).fields["general.name"].contents()
+    assert "mistral" not in name.lower(), name
+    assert open_source(out).config["model_type"] == "llama"
+    code, stdout, err = cli("verify", out, "--seq-len", 20, "--generate", 2)
+    assert code == 0 and "PASS" in stdout, err
+
+
 QUANTIZED = ("q8_0", "q4_0", "q4_1", "q5_0", "q5_1", "tq1_0", "tq2_0", "mxfp4")
 
 

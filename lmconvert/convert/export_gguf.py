@@ -51,6 +51,14 @@ def _checked_metadata(model: GgufModel, ckpt: Checkpoint, shapes: dict[str, tupl
     return model
 
 
+def model_name(source: dict[str, Any], path: Path) -> str:
+    """`general.name`: a pulled model's repo name (its folder in the HF cache is a commit sha), else
+    the name of the folder it was converted from."""
+    if isinstance(source.get("repo"), str):
+        return source["repo"].rstrip("/").rsplit("/", 1)[-1]
+    return Path(source.get("path") or path).name
+
+
 def source_record(source: dict[str, Any], local: bool) -> str | None:
     """What a GGUF export says of its source: `hf://REPO@SHA` for a pulled one, which names nothing
     of this machine; the absolute local path only when asked (`--record-source`); else nothing."""
@@ -77,7 +85,7 @@ def to_gguf(src: Path | Checkpoint, out: Path, family: str | None = None, quant:
         target = family_named(family or meta.family)
         try:
             config = target.hf_config(meta.arch, meta.family, meta.hf_extras)
-            name = Path(meta.source.get("path") or ckpt.path).name
+            name = model_name(meta.source, ckpt.path)
             model = for_tensors(metadata(config, name), ckpt.source.tensors.names())
             table = model.entry.tensors
             canonical = parameter_shapes(meta.arch)

@@ -11,6 +11,7 @@ writes the file).
 
 from __future__ import annotations
 
+import re
 from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field, fields, replace
 from typing import Any
@@ -166,9 +167,12 @@ def metadata(config: Mapping[str, Any], name: str) -> GgufModel:
         raise MappingError(f"{model_type} has no llama.cpp architecture lmconvert writes; it writes "
                            f"{', '.join(sorted(EXPORTS))}")
     arch, entry = EXPORTS[model_type]
-    for _, word, variant in BY_NAME:  # a variant llama.cpp files tell apart only by the model's name
+    for base, word, variant in BY_NAME:  # a variant llama.cpp files tell apart only by the model's name
         if variant is entry and word not in name.lower():
             name = f"{name} ({word})"
+        elif variant is not entry and base == arch and word in name.lower():  # a LLaMA in a folder named
+            # "mistral" would be read back, by us and by transformers, as a Mistral
+            name = re.sub(re.escape(word), "", name, flags=re.IGNORECASE).strip(" -_.") or arch
     values: dict[str, Any] = {"general.architecture": arch, "general.name": name}
     renamed = entry.renamed
     head_dim = config.get("head_dim") or (_get(config, "hidden_size", renamed)
