@@ -276,7 +276,7 @@ BY_HAND: dict[str, ArchConfig] = {
                           sliding_window=4, attn_scale=1.0, scores_fp32=True, tie_embeddings=True),
     "gpt2": ArchConfig(vocab_size=128, d_model=64, n_layers=3, n_heads=4, d_ff=96, max_positions=128, norm=LN,
                        **BIASES, activation="gelu_new", gated=False, absolute_positions="learned",
-                       layer_positions=NONE3, scale_by_inverse_layer=True, tie_embeddings=True),
+                       layer_positions=NONE3, scale_by_inverse_layer=True, tie_embeddings=True, conv1d_linears=True),
 }
 # \1 is the layer index, matched by the prefix each family puts in front
 FAIRSEQ_LAYER = [(r"self_attn\.(q|k|v)_proj\.", r"attn.\2."), (r"self_attn\.out_proj\.", "attn.o."),

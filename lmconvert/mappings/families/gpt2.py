@@ -103,7 +103,7 @@ CONFIG = ConfigTable((
     plain("attn_pdrop", "attn_dropout", float, 0.1, bound="probability"),
     unsupported("add_cross_attention", bool, False, "cross attention to an encoder", "GPT-2"),
     fixed("GPT-2 layers", gated=False, q_bias=True, k_bias=True, v_bias=True, o_bias=True, mlp_bias=True,
-          ),
+          conv1d_linears=True),
     Entry("positions", (), lambda hf, fields: learned_positions(fields["n_layers"], 0), lambda cfg: {}),
 ))
 
