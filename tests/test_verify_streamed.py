@@ -46,6 +46,7 @@ def checkpoints(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
 
 @pytest.mark.parametrize("name", ["gemma2-hf", "gemma2-canonical", "llama-hf", "gpt2-hf"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.bitexact
 def test_streamed_forward_is_bit_identical(checkpoints: dict[str, Path], name: str, dtype: torch.dtype) -> None:
     path = checkpoints[name]
     model = lmconvert.load(path, dtype=dtype, attention="eager")
