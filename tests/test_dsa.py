@@ -175,6 +175,7 @@ def test_all_keys_chosen_is_deepseek_v3_with_the_same_weights(checkpoint: Callab
 
 # ----------------------------------------------------------------------------- bf16
 @pytest.mark.parametrize("name", ["ties", "moe"])
+@pytest.mark.bitexact
 def test_bf16(name: str, checkpoint: Callable[..., Path]) -> None:
     """Our bf16 logits stray from the exact ones no more than transformers' bf16 logits do, and are
     them bit for bit (eager, dense; the MoE layers' experts add in transformers' grouped_mm order)."""
@@ -281,6 +282,7 @@ def test_absorbed_decoding_equals_expanded(checkpoint: Callable[..., Path]) -> N
         assert max_abs(absorbed(IDS), expanded(IDS)) <= FP32_TOL
 
 
+@pytest.mark.bitexact
 def test_streamed_forward_is_bit_identical(checkpoint: Callable[..., Path]) -> None:
     src = checkpoint("moe")
     model = lmconvert.load(src, attention="eager")

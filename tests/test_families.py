@@ -152,6 +152,7 @@ def test_half_faithfulness(name: str, dtype: torch.dtype, checkpoint: Callable[.
 
 
 @pytest.mark.parametrize("name", [n for n in NAMES if SPECS[n].bf16_exact])
+@pytest.mark.bitexact
 def test_bf16_logits_are_transformers_bit_for_bit(name: str, checkpoint: Callable[..., Path]) -> None:
     """Where every operation follows the reference's order and dtype, bf16 rounds the same way:
     our eager bf16 logits equal transformers' eager bf16 logits exactly (CPU)."""

@@ -106,6 +106,7 @@ def test_phi3_cached_decoding_switches_to_long_factors_per_call(phi3_long: Path,
     assert float((reference - full).abs().max()) > 1e-3
 
 
+@pytest.mark.bitexact
 def test_phi3_long_bf16_logits_are_transformers_bit_for_bit(tmp_path: Path) -> None:
     kwargs = {**SPECS["phi3"].kwargs, "original_max_position_embeddings": 16}
     src = save_checkpoint(build_model("phi3", **kwargs), tmp_path / "bf16", torch.bfloat16)
@@ -130,6 +131,7 @@ def test_longrope_config_refusals() -> None:
 
 # ------------------------------------------------------------------------------------------------ Cohere ops
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.bitexact
 def test_fp32_rotation_is_coheres_bit_for_bit(dtype: torch.dtype) -> None:
     """q and k upcast for the rotation, cos/sin in the activation dtype: Cohere's order exactly."""
     rope = RopeConfig(layout="interleaved", fp32_rotation=True)
@@ -145,6 +147,7 @@ def test_fp32_rotation_is_coheres_bit_for_bit(dtype: torch.dtype) -> None:
 # ------------------------------------------------------------------------------------------------ DeepSeek-V2 ops
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("yarn", [False, True], ids=["default", "yarn"])
+@pytest.mark.bitexact
 def test_complex_product_is_deepseek_v2_s_bit_for_bit(dtype: torch.dtype, yarn: bool) -> None:
     """Tables from torch.polar kept in fp32, pairs rotated as fp32 complex products: transformers'
     DeepseekV2 `apply_rotary_emb` exactly, on q and k laid out as its attention slices them (each
@@ -173,6 +176,7 @@ def test_complex_product_rotates_interleaved_pairs_only() -> None:
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.bitexact
 def test_written_out_layernorm_is_coheres_bit_for_bit(dtype: torch.dtype) -> None:
     ours, theirs = Norm(64, COHERE_NORM), CohereLayerNorm(64, eps=1e-5)
     with torch.no_grad():
@@ -267,6 +271,7 @@ BIT_EXACT = ["phi3", "cohere", "cohere2"]
 
 
 @pytest.mark.parametrize("name", BIT_EXACT)
+@pytest.mark.bitexact
 def test_bf16_logits_are_transformers_bit_for_bit(name: str, tmp_path: Path) -> None:
     spec = SPECS[name]
     src = save_checkpoint(build_model(spec.model_type, **spec.kwargs), tmp_path / name, torch.bfloat16)
@@ -277,6 +282,7 @@ def test_bf16_logits_are_transformers_bit_for_bit(name: str, tmp_path: Path) -> 
     assert torch.equal(ours, theirs)
 
 
+@pytest.mark.bitexact
 def test_olmo_clip_bf16_logits_are_transformers_bit_for_bit(tmp_path: Path) -> None:
     model = build_model("olmo", **SPECS["olmo"].kwargs, clip_qkv=CLIP)
     src = save_checkpoint(model, tmp_path / "bf16", torch.bfloat16)

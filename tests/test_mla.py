@@ -294,6 +294,7 @@ def test_bf16_faithfulness(name: str, checkpoint: Callable[..., Path]) -> None:
 
 
 @pytest.mark.parametrize("name", ["v2", "v2_plain_q_yarn"])
+@pytest.mark.bitexact
 def test_v2_bf16_is_transformers_bit_for_bit(name: str, checkpoint: Callable[..., Path]) -> None:
     """V2's RoPE as transformers computes it (`rope.complex_product`: torch.polar tables in fp32, complex
     products): our eager bf16 logits are its eager bf16 logits exactly (CPU)."""
@@ -305,6 +306,7 @@ def test_v2_bf16_is_transformers_bit_for_bit(name: str, checkpoint: Callable[...
 
 
 # ----------------------------------------------------------------------------- streamed
+@pytest.mark.bitexact
 def test_streamed_forward_is_bit_identical(checkpoint: Callable[..., Path]) -> None:
     """One block at a time from the files, latent cache included in greedy decoding."""
     src = checkpoint("q_lora_interleaved")

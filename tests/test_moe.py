@@ -12,11 +12,13 @@ from __future__ import annotations
 
 import json
 import shutil
+import warnings
 from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 import torch
+import torch.nn.functional as F
 from family_specs import FP32_TOL, IDS, SPECS, family_of
 from hf_models import build_model, raw_bytes, save_checkpoint, tensors_of
 from test_formats_gguf import write_tensors
@@ -132,8 +134,19 @@ def _ours_from(theirs: torch.nn.Module, settings: dict) -> MoE:
     return ours
 
 
+def fused_gemm_splits_exactly(theirs: torch.nn.Module, x: torch.Tensor) -> bool:
+    """Whether this CPU's fp32 GEMM gives transformers' one product over an expert's fused `gate_up_proj`
+    the bits of ours, gate and up apart, on these shapes. MKL's AVX-512 sgemm does; its AVX2 one
+    (MKL_ENABLE_INSTRUCTIONS=AVX2, docs/testing.md: the dual-ISA run) sums 24 columns otherwise than 12 from
+    5 rows on. bf16's GEMM (oneDNN) splits exactly on both."""
+    rows, fused = x.reshape(-1, x.shape[-1]), theirs.experts.gate_up_proj[0]
+    gate, up = fused.chunk(2)
+    return torch.equal(F.linear(rows, fused), torch.cat([F.linear(rows, gate), F.linear(rows, up)], -1))
+
+
 @pytest.mark.parametrize("block", list(BLOCKS))
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.bitexact
 def test_block_equals_transformers_block_bit_for_bit(block: str, dtype: torch.dtype) -> None:
     """Mixtral's router (renormalised, weights kept fp32) and Qwen2-MoE's (renormalised or not,
     weights cast back; a sigmoid-gated shared expert), top-3 of 5, so that the order in which the
@@ -153,12 +166,17 @@ def test_block_equals_transformers_block_bit_for_bit(block: str, dtype: torch.dt
             return
         # fp32: torch's CPU matmul splits a strided weight's (transformers' fused experts) sums over
         # threads otherwise than a contiguous one's: one ulp apart with 2 threads, bit for bit with one
+        # where the GEMM splits gate | up exactly (else the 1e-5 bar alone, said as a warning)
         ref = theirs(x)
         assert float((ours(x) - ref).abs().max()) <= 1e-5 * max(1.0, float(ref.abs().max()))
         threads = torch.get_num_threads()
         torch.set_num_threads(1)
         try:
-            assert torch.equal(ours(x), theirs(x))
+            if fused_gemm_splits_exactly(theirs, x):
+                assert torch.equal(ours(x), theirs(x))
+            else:
+                warnings.warn("fp32 bits not compared: this CPU's fp32 GEMM sums the fused gate_up_proj otherwise "
+                              "than gate and up apart (MKL's AVX2 sgemm); held to the 1e-5 bar", stacklevel=1)
         finally:
             torch.set_num_threads(threads)
 
@@ -234,6 +252,7 @@ def test_fused_layout_parity(name: str, saved: Callable[..., Path]) -> None:
 
 
 @pytest.mark.parametrize("name", MOE_FAMILIES)
+@pytest.mark.bitexact
 def test_bf16_logits_are_transformers_eager_experts_bit_for_bit(name: str, saved: Callable[..., Path]) -> None:
     """Same op order as transformers' eager experts: routing weights cast where it casts them,
     experts added in index order with index_add_ in bf16. (Its default on CPU and GPU, grouped_mm,
@@ -491,6 +510,7 @@ def test_deepseek_v3_router_settings_bite(deepseek: Callable[..., Path]) -> None
         assert float((model(IDS) - reference).abs().max()) > 1e-3
 
 
+@pytest.mark.bitexact
 def test_deepseek_v3_bf16_is_transformers_eager_experts_bit_for_bit(deepseek: Callable[..., Path]) -> None:
     src = deepseek("v3", torch.bfloat16)
     with torch.no_grad():
@@ -607,6 +627,7 @@ def test_verify_locates_a_broken_expert_or_router(break_it: Callable, where: str
 # ------------------------------------------------------------------------------------------------ streamed
 @pytest.mark.parametrize(("name", "fused"), [("qwen2_moe", False), ("mixtral", True), ("olmoe", False)])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.bitexact
 def test_streamed_forward_is_bit_identical(name: str, fused: bool, dtype: torch.dtype,
                                            saved: Callable[..., Path]) -> None:
     """One block at a time (verify --max-memory's side), from per-expert files or fused ones: the

@@ -155,6 +155,7 @@ def test_padded_generate(name: str, checkpoint: Callable[[str], Path]) -> None:
 
 @pytest.mark.parametrize("name", CASES)
 @torch.no_grad()
+@pytest.mark.bitexact
 def test_padded_bf16_bit_exact(name: str, tmp_path: Path) -> None:
     """bf16 logits of the padded batch equal transformers' bit for bit at the real tokens. This is
     where each scheme's own numbering shows: softmax ignores a per-row shift of ALiBi's keys in exact

@@ -70,6 +70,7 @@ def bf16_model(path: Path) -> Decoder:
 
 # ------------------------------------------------------------------------------------------------ layouts
 @pytest.mark.parametrize("name", list(LAYOUTS))
+@pytest.mark.bitexact
 def test_layout_parity_and_bf16_bit_exactness(name: str, checkpoint: Callable[..., Path]) -> None:
     src = checkpoint(name)
     ref = theirs(src)
@@ -234,6 +235,7 @@ def test_mpt_bias_counts_from_the_last_key() -> None:
 
 
 @pytest.mark.parametrize("name", ["bloom", "mpt", "falcon-rw"])
+@pytest.mark.bitexact
 def test_each_familys_alibi_is_needed_bit_for_bit(name: str, checkpoint: Callable[..., Path]) -> None:
     """The plain ALiBi (slope x (k - q), added after the scaling) gives the same function in exact
     arithmetic for BLOOM and MPT, so fp32 agrees; bf16 rounds their own way. Falcon-RW's is another

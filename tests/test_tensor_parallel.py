@@ -49,6 +49,7 @@ MODELS: dict[str, tuple[str, dict[str, Any]]] = {
     "qwen3-qk-norm": ("qwen3", SPECS["qwen3"].kwargs),  # each head's q and k RMS-normed, a sliding window
     "cohere-per-head-norm": ("cohere", SPECS["cohere"].kwargs),  # a QK-norm weight row per head: split with them
     "falcon-7b-mqa": ("falcon", dict(eos_token_id=1)),  # multi_query: one KV head
+    "gpt2-conv1d": ("gpt2", SPECS["gpt2"].kwargs),  # Conv1D linears: addmm over each rank's [in, out] slice
     "deepseek_v3-mla": ("deepseek_v3", MLA),  # first_k_dense_replace covers both layers: dense
     # a layer of experts after a dense one: each expert split like the MLP, sigmoid router over groups
     "deepseek_v3-moe": ("deepseek_v3", dict(MLA, first_k_dense_replace=1, n_routed_experts=8, num_experts_per_tok=3,

@@ -110,6 +110,7 @@ def test_a_reference_value_that_does_not_fit_its_declaration_is_not_compared(
 
 
 @pytest.mark.parametrize("name", ["gemma3", "qwen3", "olmo2", "phi"])
+@pytest.mark.bitexact
 def test_qk_norm_families_agree_exactly_where_sizes_repeat(name: str, tmp_path: Path) -> None:
     """With T == head_dim and as many KV heads as query heads, a declaration that swapped T and D
     (or H and KV) would still fit by shape; exact agreement at every point shows each one is right."""

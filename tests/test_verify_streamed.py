@@ -31,18 +31,22 @@ def cli(*args: object) -> tuple[int, str, str]:
 
 @pytest.fixture(scope="module")
 def checkpoints(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    """gemma2 (tied, soft-capped, sandwich norms) as HF and canonical; llama untied with biases."""
+    """gemma2 (tied, soft-capped, sandwich norms) as HF and canonical; llama untied with biases; gpt2,
+    whose Conv1D linears hold their weights [in, out] once loaded and copy a streamed [out, in] one at
+    each call: the same bits either way."""
     root = tmp_path_factory.mktemp("streamed")
     spec = SPECS["gemma2"]
     out = {"gemma2-hf": save_checkpoint(build_model(spec.model_type, **spec.kwargs), root / "gemma2")}
     out["gemma2-canonical"] = root / "gemma2-canonical"
     to_canonical(out["gemma2-hf"], out["gemma2-canonical"])
     out["llama-hf"] = save_checkpoint(build_model("llama", **SPECS["llama"].kwargs), root / "llama")
+    out["gpt2-hf"] = save_checkpoint(build_model("gpt2", **SPECS["gpt2"].kwargs), root / "gpt2")
     return out
 
 
-@pytest.mark.parametrize("name", ["gemma2-hf", "gemma2-canonical", "llama-hf"])
+@pytest.mark.parametrize("name", ["gemma2-hf", "gemma2-canonical", "llama-hf", "gpt2-hf"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.bitexact
 def test_streamed_forward_is_bit_identical(checkpoints: dict[str, Path], name: str, dtype: torch.dtype) -> None:
     path = checkpoints[name]
     model = lmconvert.load(path, dtype=dtype, attention="eager")

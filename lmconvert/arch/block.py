@@ -61,6 +61,35 @@ class SeparateBias(nn.Linear):
         return out if self.bias is None else out + self.bias
 
 
+class Conv1D(nn.Linear):
+    """GPT-2's Conv1D: `addmm(bias, x2d, W)` with W laid out [in, out] in memory. The weight keeps
+    nn.Linear's name and [out, in] shape (the canonical tensor), held as the transposed view of an
+    [in, out] tensor once built or loaded. Over the canonical [out, in] layout, oneDNN's bf16 GEMM on
+    AVX2 CPUs (and fp16 GEMMs) picks another kernel, whose sums round otherwise; a weight set from
+    outside (streamed, tensor-parallel loads) is copied to that layout at each call instead."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        w = self.weight.t().contiguous()  # [in, out]: a view once held so, else a copy
+        x2d = x.reshape(-1, x.shape[-1])
+        out = torch.mm(x2d, w) if self.bias is None else torch.addmm(self.bias, x2d, w)
+        return out.view(*x.shape[:-1], w.shape[1])
+
+    def _load_from_state_dict(self, *args, **kwargs) -> None:  # noqa: ANN002, ANN003 - nn.Module's hook
+        super()._load_from_state_dict(*args, **kwargs)
+        hold_in_out(self)
+
+
+def hold_in_out(module: nn.Linear) -> None:
+    """The weight, same shape and values, laid out [in, out] in memory (a copy only if it is not yet)."""
+    w = module.weight
+    if not w.t().is_contiguous():
+        module.weight = nn.Parameter(w.detach().t().contiguous().t(), requires_grad=w.requires_grad)
+
+
+# ArchConfig flags -> the forward a block's linears take instead of nn.Linear's (the same parameters)
+LINEAR_FORWARDS = (("bias_separate", SeparateBias), ("conv1d_linears", Conv1D))
+
+
 class Block(nn.Module):
     def __init__(self, cfg: ArchConfig, layer: int, rotary: Rotary | None, relative: RelativeBias | None) -> None:
         super().__init__()
@@ -73,10 +102,13 @@ class Block(nn.Module):
         self.residual_scale = cfg.residual_scale
         self.parallel_sum, self.residual_after_norm = cfg.parallel_sum, cfg.residual_after_norm
         self.wiring = WIRING[cfg.norm_placement]
-        if cfg.bias_separate:  # the same parameters, another forward
-            for module in self.modules():
-                if type(module) is nn.Linear:
-                    module.__class__ = SeparateBias
+        for flag, linear in LINEAR_FORWARDS:  # the same parameters, another forward (one flag at most)
+            if getattr(cfg, flag):
+                for module in self.modules():
+                    if type(module) is nn.Linear:
+                        module.__class__ = linear
+                        if linear is Conv1D:
+                            hold_in_out(module)
 
     def scaled(self, out: torch.Tensor) -> torch.Tensor:
         """A sublayer's output as it joins the residual: dropped out, then multiplied by a Python

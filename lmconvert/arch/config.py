@@ -303,6 +303,9 @@ class ArchConfig:
     parallel_sum: str = "h+attn+mlp"  # PARALLEL_SUMS: the order a parallel block adds (bf16 rounds differently)
     bias_separate: bool = False  # a block's linear biases added after the matmul, not fused in it (Falcon's
     # FalconLinear: `x @ W.T + b`, rounded twice in bf16)
+    conv1d_linears: bool = False  # a block's linears computed as GPT-2's Conv1D: `addmm(bias, x2d, W)` with W held
+    #   [in, out] in memory (the canonical tensor stays [out, in]); CPU GEMM kernels (oneDNN's bf16 one on AVX2)
+    #   round otherwise over the two layouts
     # output
     tie_embeddings: bool = False
     embed_scale: float | None = None
@@ -408,6 +411,9 @@ class ArchConfig:
         if self.relative_max_distance <= self.relative_buckets // 2:
             _fail("ArchConfig", "relative_max_distance", self.relative_max_distance,
                   f"must exceed relative_buckets // 2 = {self.relative_buckets // 2}, the exactly-bucketed range")
+        if self.bias_separate and self.conv1d_linears:
+            _fail("ArchConfig", "conv1d_linears", True, "a Conv1D adds its bias inside the addmm; bias_separate "
+                  "adds it after the matmul: set one")
         if self.tie_embeddings and self.lm_head_bias:
             _fail("ArchConfig", "lm_head_bias", True, "a tied LM head has no bias; untie the embeddings")
         if self.norm_placement == "post" and self.final_norm:

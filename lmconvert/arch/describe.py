@@ -19,7 +19,8 @@ ORDER_FLAGS = (("scale_by_inverse_layer", "score scale divided by layer index + 
                ("scale_query", "score scale applied to q before q.k"), ("scores_fp32", "q.k in fp32"),
                ("scale_in_product", "score scale inside q.k's product (baddbmm)"))
 BLOCK_FLAGS = (("residual_after_norm", "residual taken after the norm"), ("embed_norm", "embedding norm"),
-               ("bias_separate", "linear biases added after the matmul"))
+               ("bias_separate", "linear biases added after the matmul"),
+               ("conv1d_linears", "linears as Conv1D (addmm over weights held [in, out])"))
 ALIBI_NAMES = {"distance": "slope x (k - q)", "bloom": "BLOOM's: slope x k, inside the score matmul",
                "mpt": "MPT's slopes, slope x (k - last k), in fp32",
                "falcon": "Falcon's: bf16 slope x k, added before the scaling and again with the mask"}

@@ -48,6 +48,7 @@ VARIANT_NAMES = {
     "n_layers": "this number of layers", "n_heads": "this number of heads",
     "max_positions": "this context length (max_positions)", "positions_from_mask": "positions counted from the mask",
     "z_loss": "a z-loss", "alibi": "this kind of ALiBi", "bias_separate": "biases added after the matmul",
+    "conv1d_linears": "Conv1D projections (addmm over weights held [in, out])",
 }
 
 def tensor_sizes(arch: ArchConfig) -> dict[str, int]:

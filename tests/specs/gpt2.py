@@ -10,5 +10,5 @@ SPEC = Spec(
     old_drop=("n_embd", "n_layer", "n_head", "n_positions"), rope=False, bf16_exact=True,
     card=("LayerNorm, eps=1e-05, bias, weight in fp32", "pre-norm", "FFN: GeLU (tanh, written out), d_ff 96",
           "absolute positions: learned", "positions: none (all layers)", "score scale divided by layer index + 1",
-          "biases: q, k, v, o, mlp", "embeddings: tied"),
+          "biases: q, k, v, o, mlp", "embeddings: tied", "linears as Conv1D (addmm over weights held [in, out])"),
     not_on_card=("index offset", "q.k in fp32"))

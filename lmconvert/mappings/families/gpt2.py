@@ -2,7 +2,9 @@
 
 Same as gpt_neo, except: q, k and v are one `Conv1D` `attn.c_attn` (weight stored [in, out], the
 output q | k | v), and `attn.c_proj`, `mlp.c_fc`, `mlp.c_proj` are `Conv1D`s too, all with biases
-(the tensor table transposes them and cuts c_attn into its three pieces; export joins them back);
+(the tensor table transposes them and cuts c_attn into its three pieces; export joins them back),
+computed as Conv1D computes them (`conv1d_linears`: addmm over the weight held [in, out], whose bf16
+and fp16 bits differ from `linear` over [out, in] on AVX2 kernels);
 every layer is global; scores are scaled by head_dim ** -0.5 when `scale_attn_weights` (default
 true), further divided by layer index + 1 when `scale_attn_by_inverse_layer_idx`; `reorder_and_upcast_attn`
 computes q.k from fp32 copies as one baddbmm with the scale inside (eager only: transformers' SDPA
@@ -103,7 +105,7 @@ CONFIG = ConfigTable((
     plain("attn_pdrop", "attn_dropout", float, 0.1, bound="probability"),
     unsupported("add_cross_attention", bool, False, "cross attention to an encoder", "GPT-2"),
     fixed("GPT-2 layers", gated=False, q_bias=True, k_bias=True, v_bias=True, o_bias=True, mlp_bias=True,
-          ),
+          conv1d_linears=True),
     Entry("positions", (), lambda hf, fields: learned_positions(fields["n_layers"], 0), lambda cfg: {}),
 ))
 
