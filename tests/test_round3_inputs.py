@@ -48,3 +48,29 @@ def test_a_source_cut_while_converted_is_bad_input_and_leaves_nothing(tmp_path: 
         else:
             raise AssertionError("a cut file converted")
     assert not out.exists() and [p.name for p in tmp_path.iterdir()] == ["hf"]
+
+
+def test_a_description_written_before_a_field_existed_takes_its_familys_value(tmp_path: Path) -> None:
+    """A GPT-2 canonical checkpoint written before `conv1d_linears` (and a DeepSeek-V2 one before
+    `rope.complex_product`) read the field's default: the old rounding, and its own family refused
+    the export. The family's config table now gives a field the file predates."""
+    import torch
+
+    import lmconvert
+    from lmconvert.convert import to_canonical
+
+    for model_type, key in (("gpt2", ("conv1d_linears",)), ("deepseek_v2", ("rope", "complex_product"))):
+        extra = dict(num_key_value_heads=4, first_k_dense_replace=2) if model_type == "deepseek_v2" else {}
+        src = save_checkpoint(build_model(model_type, **extra), tmp_path / model_type / "hf")
+        canonical = tmp_path / model_type / "canonical"
+        to_canonical(src, canonical)
+        description = canonical / "lmconvert.json"
+        data = json.loads(description.read_text())
+        now = lmconvert.load(canonical, dtype=torch.bfloat16).cfg
+        held = data["arch"] if len(key) == 1 else data["arch"][key[0]]
+        assert held.pop(key[-1]) is True  # as an older lmconvert wrote it: no such key
+        description.write_text(json.dumps(data))
+        assert lmconvert.load(canonical, dtype=torch.bfloat16).cfg == now
+        back = tmp_path / model_type / "back"
+        result = CliRunner().invoke(main, ["convert", str(canonical), str(back), "--to", "hf"])
+        assert result.exit_code == 0, result.output

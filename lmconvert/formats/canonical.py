@@ -5,12 +5,13 @@ from __future__ import annotations
 
 import json
 import shutil
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields, replace
 from fnmatch import fnmatch
 from pathlib import Path
 from typing import Any
 
-from lmconvert.arch import ArchConfig, ConfigError
+from lmconvert.arch import ArchConfig, ConfigError, RopeConfig
+from lmconvert.mappings import MappingError, family_named
 
 from . import schema
 from .checkpoint_files import SIDECAR_PATTERNS, checkpoint_file, inside, sidecar_files
@@ -79,12 +80,31 @@ def read_meta(path: Path) -> CanonicalMeta:
     tensors = data.get("tensors", {})
     check_layer_claim(data["arch"]["n_layers"], layers_held(tensors), path, META_FILE, "arch.n_layers")
     try:
-        arch = ArchConfig.from_dict(data["arch"])
+        arch = predated_fields(ArchConfig.from_dict(data["arch"]), data["arch"], data["family"])
     except (TypeError, ConfigError) as exc:
         raise InputError(f"{file}: invalid description ({exc})") from None
     return CanonicalMeta(arch=arch, family=data["family"], dtype=data["dtype"], source=data.get("source", {}),
                          hf_extras=data.get("hf_extras", {}), hash=data.get("hash", "sha256"),  # format 1: sha256
                          tensors=tensors, files=data.get("files", {}), shards=data.get("shards", {}))
+
+
+def predated_fields(arch: ArchConfig, stored: dict[str, Any], family: str) -> ArchConfig:
+    """A description written before a field existed (GPT-2's `conv1d_linears`, DeepSeek-V2's
+    `rope.complex_product`) gives it the value its family's config table gives it, not the field's
+    default: the family's own model as it is computed now, and exportable to that family again."""
+    missing = [f.name for f in fields(ArchConfig) if f.name not in stored]
+    missing_rope = [f.name for f in fields(RopeConfig) if f.name not in (stored.get("rope") or {})]
+    if not missing and not missing_rope:
+        return arch
+    try:
+        own = family_named(family)
+        current = own.from_hf(own.to_hf(arch))
+    except (MappingError, ConfigError, TypeError, ValueError, KeyError):  # not the family's model at all
+        return arch
+    changes = {name: getattr(current, name) for name in missing}
+    if missing_rope and "rope" not in changes:
+        changes["rope"] = replace(arch.rope, **{name: getattr(current.rope, name) for name in missing_rope})
+    return replace(arch, **changes)
 
 
 def listed_file(path: Path, name: object) -> Path:
