@@ -11,10 +11,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from lmconvert.arch import ArchConfig
-
 from ..family import Family
-from ..tables.config_table import DEFAULT, Entry
+from ..tables.config_table import Entry
 from ..tables.gguf import (
     tensor_table,
     written,
@@ -24,7 +22,7 @@ from ..tables.hf_layers import (
     LAYER_TYPES_KEY,
     SLIDING_WINDOW_KEY,
     layer_kinds_from_hf,
-    layer_types_to_hf,
+    layers_and_window_to_hf,
     window_fields,
 )
 from ..tables.table import TensorTable
@@ -40,14 +38,11 @@ def layers_from_hf(hf: HfConfig, fields: dict[str, Any]) -> dict[str, Any]:
     return {**window_fields(kinds, hf.get("sliding_window")), "layer_positions": tuple(POSITIONS[k] for k in kinds)}
 
 
-def layers_to_hf(cfg: ArchConfig) -> dict[str, Any]:
-    # RoPE anywhere but exactly the sliding layers reads back differently, so export refuses it by name
-    return {"layer_types": layer_types_to_hf(cfg.layer_kinds),
-            "sliding_window": DEFAULT if cfg.sliding_window is None else cfg.sliding_window}
-
-
 CONFIG = cohere.BASE.but(
-    add=(Entry("layer kinds", (SLIDING_WINDOW_KEY, LAYER_TYPES_KEY, PATTERN_KEY), layers_from_hf, layers_to_hf),),
+    # export writes the layer types alone: RoPE anywhere but exactly the sliding layers reads back otherwise,
+    # so export refuses it by name
+    add=(Entry("layer kinds", (SLIDING_WINDOW_KEY, LAYER_TYPES_KEY, PATTERN_KEY), layers_from_hf,
+               layers_and_window_to_hf),),
     defaults={"sliding_window": 4096, "rope_theta": 10000.0},
     nullable={"layer_norm_eps": False, "logit_scale": False, "attention_dropout": False},
 )

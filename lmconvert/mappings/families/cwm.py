@@ -16,16 +16,14 @@ from __future__ import annotations
 
 from typing import Any
 
-from lmconvert.arch import ArchConfig
-
 from ..family import Family
-from ..tables.config_table import DEFAULT, Entry
+from ..tables.config_table import Entry
 from ..tables.hf_config import HfConfig
 from ..tables.hf_layers import (
     LAYER_TYPES_KEY,
     SLIDING_WINDOW_KEY,
     layer_kinds_from_hf,
-    layer_types_to_hf,
+    layers_and_window_to_hf,
     window_fields,
 )
 from ..tables.hf_rope import KEYS, rope_from_hf, rope_parameters, rope_to_hf
@@ -50,16 +48,10 @@ def window_from_hf(hf: HfConfig, fields: dict[str, Any]) -> dict[str, Any]:
     return window_fields(kinds, hf.get("sliding_window"))
 
 
-def window_to_hf(cfg: ArchConfig) -> dict[str, Any]:
-    # transformers builds the sliding mask even when no layer uses it, and refuses null: write the default
-    return {"layer_types": layer_types_to_hf(cfg.layer_kinds),
-            "sliding_window": DEFAULT if cfg.sliding_window is None else cfg.sliding_window}
-
-
 CONFIG = llama.CONFIG.but(
     drop=("attention_bias",),
     add=(Entry("rope", KEYS, rope_from_cwm, lambda cfg: {"rope_parameters": rope_to_hf(cfg.rope)}),
-         Entry("layer kinds", (SLIDING_WINDOW_KEY, LAYER_TYPES_KEY), window_from_hf, window_to_hf)),
+         Entry("layer kinds", (SLIDING_WINDOW_KEY, LAYER_TYPES_KEY), window_from_hf, layers_and_window_to_hf)),
     defaults={"vocab_size": 128256, "hidden_size": 6144, "intermediate_size": 21504, "num_hidden_layers": 64,
               "num_attention_heads": 48, "num_key_value_heads": 8, "head_dim": 128,
               "max_position_embeddings": 131072, "rms_norm_eps": 1e-5, "rope_theta": 1_000_000.0,

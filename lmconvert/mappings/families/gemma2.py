@@ -16,10 +16,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from lmconvert.arch import ArchConfig
-
 from ..family import Family
-from ..tables.config_table import DEFAULT, Entry, fixed, plain, unsupported
+from ..tables.config_table import Entry, fixed, plain, unsupported
 from ..tables.gguf import (
     ATTENTION_BIAS_FLAG,
     GEMMA_KEYS,
@@ -30,7 +28,7 @@ from ..tables.hf_layers import (
     LAYER_TYPES_KEY,
     SLIDING_WINDOW_KEY,
     layer_kinds_from_hf,
-    layer_types_to_hf,
+    layers_and_window_to_hf,
     window_fields,
 )
 from ..tables.table import Rule, TensorTable
@@ -57,12 +55,6 @@ def window_from_hf(hf: HfConfig, fields: dict[str, Any]) -> dict[str, Any]:
     return window_fields(kinds, hf.get("sliding_window"))
 
 
-def window_to_hf(cfg: ArchConfig) -> dict[str, Any]:
-    # transformers builds the sliding mask even when no layer uses it, so never write null
-    return {"layer_types": layer_types_to_hf(cfg.layer_kinds),
-            "sliding_window": DEFAULT if cfg.sliding_window is None else cfg.sliding_window}
-
-
 # the Gemma rows, which gemma3 inherits
 CONFIG = llama.CONFIG.but(
     drop=("mlp_bias",),
@@ -73,7 +65,7 @@ CONFIG = llama.CONFIG.but(
         Entry("query_pre_attn_scalar", (Key("query_pre_attn_scalar", float, 256),), attn_scale_from_hf,
               lambda cfg: {"query_pre_attn_scalar": max(1, round(cfg.score_scale ** -2))}),  # an int in transformers
         Entry("embedding scale", (), lambda hf, fields: {"embed_scale": fields["d_model"] ** 0.5}, lambda cfg: {}),
-        Entry("layer kinds", (SLIDING_WINDOW_KEY, LAYER_TYPES_KEY), window_from_hf, window_to_hf),
+        Entry("layer kinds", (SLIDING_WINDOW_KEY, LAYER_TYPES_KEY), window_from_hf, layers_and_window_to_hf),
         plain("attn_logit_softcapping", "attn_softcap", float, 50.0, nullable=True),
         plain("final_logit_softcapping", "final_softcap", float, 30.0, nullable=True),
         unsupported("use_bidirectional_attention", bool, False, "an encoder-style variant", "causal Gemma",

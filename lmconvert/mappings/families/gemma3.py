@@ -21,8 +21,6 @@ from __future__ import annotations
 import copy
 from typing import Any
 
-from lmconvert.arch import ArchConfig
-
 from ..errors import MappingError
 from ..family import Family
 from ..tables import hf_rope
@@ -33,7 +31,13 @@ from ..tables.gguf import (
     GgufArch,
 )
 from ..tables.hf_config import HfConfig, Key, show
-from ..tables.hf_layers import LAYER_TYPES_KEY, SLIDING_WINDOW_KEY, layer_kinds_from_hf, window_fields
+from ..tables.hf_layers import (
+    LAYER_TYPES_KEY,
+    SLIDING_WINDOW_KEY,
+    layer_kinds_from_hf,
+    layers_and_window_to_hf,
+    window_fields,
+)
 from ..tables.points import QK_NORM_HEADS_FIRST
 from ..tables.table import Rule, TensorTable
 from . import gemma2, llama
@@ -91,14 +95,7 @@ def rope_from_hf(hf: HfConfig, fields: dict[str, Any]) -> dict[str, Any]:
     params, kinds = rope_by_layer_type(hf), fields["layer_kinds"]
     full, sliding = (hf_rope.rope_from_hf(hf, params[k], f"rope_parameters.{k}.", theta=hf.get(THETA_KEYS[k]))
                      for k in ("full_attention", "sliding_attention"))
-    if "global" not in kinds:
-        full = sliding
-    return {"rope": full, "rope_local": sliding if "local" in kinds and sliding != full else None}
-
-
-def rope_to_hf(cfg: ArchConfig) -> dict[str, Any]:
-    return {"rope_parameters": {"full_attention": hf_rope.rope_to_hf(cfg.rope),
-                                "sliding_attention": hf_rope.rope_to_hf(cfg.rope_local or cfg.rope)}}
+    return hf_rope.rope_by_kind(full, sliding, kinds)
 
 
 CONFIG = gemma2.CONFIG.but(
@@ -106,9 +103,9 @@ CONFIG = gemma2.CONFIG.but(
     add=(
         fixed("QK norm", qk_norm="head"),
         Entry("layer kinds", (SLIDING_WINDOW_KEY, LAYER_TYPES_KEY, Key("sliding_window_pattern", int, 6, legacy=True)),
-              window_from_hf, gemma2.window_to_hf),
+              window_from_hf, layers_and_window_to_hf),
         Entry("rope by layer type", (*hf_rope.KEYS, Key("rope_local_base_freq", float, 10_000.0, legacy=True)),
-              rope_from_hf, rope_to_hf),
+              rope_from_hf, hf_rope.rope_by_layer_type_to_hf),
     ),
     defaults={"vocab_size": 262_208, "max_position_embeddings": 131_072, "final_logit_softcapping": None,
               "use_bidirectional_attention": False, "rope_theta": 1_000_000.0},

@@ -14,18 +14,16 @@ from __future__ import annotations
 import copy
 from typing import Any
 
-from lmconvert.arch import ArchConfig
-
 from ..errors import MappingError
 from ..family import Family
 from ..tables import hf_rope
-from ..tables.config_table import DEFAULT, Entry
+from ..tables.config_table import Entry
 from ..tables.hf_config import HfConfig, show
 from ..tables.hf_layers import (
     LAYER_TYPES_KEY,
     SLIDING_WINDOW_KEY,
     layer_kinds_from_hf,
-    layer_types_to_hf,
+    layers_and_window_to_hf,
     window_fields,
 )
 from . import olmo2
@@ -37,11 +35,6 @@ LAYER_TYPES = ("full_attention", "sliding_attention")
 def window_from_hf(hf: HfConfig, fields: dict[str, Any]) -> dict[str, Any]:
     kinds = layer_kinds_from_hf(hf, fields["n_layers"], lambda i: (i + 1) % 4 != 0)
     return window_fields(kinds, hf.get("sliding_window"))
-
-
-def window_to_hf(cfg: ArchConfig) -> dict[str, Any]:
-    return {"layer_types": layer_types_to_hf(cfg.layer_kinds),
-            "sliding_window": DEFAULT if cfg.sliding_window is None else cfg.sliding_window}
 
 
 def rope_by_layer_type(hf: HfConfig) -> dict[str, dict[str, Any]]:
@@ -66,20 +59,13 @@ def rope_from_hf(hf: HfConfig, fields: dict[str, Any]) -> dict[str, Any]:
               "sliding_attention": DEFAULT_THETA}
     full, sliding = (hf_rope.rope_from_hf(hf, params[k], f"rope_parameters.{k}.", theta=thetas[k], fp32_tables=True)
                      for k in LAYER_TYPES)
-    if "global" not in kinds:
-        full = sliding
-    return {"rope": full, "rope_local": sliding if "local" in kinds and sliding != full else None}
-
-
-def rope_to_hf(cfg: ArchConfig) -> dict[str, Any]:
-    return {"rope_parameters": {"full_attention": hf_rope.rope_to_hf(cfg.rope),
-                                "sliding_attention": hf_rope.rope_to_hf(cfg.rope_local or cfg.rope)}}
+    return hf_rope.rope_by_kind(full, sliding, kinds)
 
 
 CONFIG = olmo2.CONFIG.but(
     drop=("rope",),
-    add=(Entry("layer kinds", (SLIDING_WINDOW_KEY, LAYER_TYPES_KEY), window_from_hf, window_to_hf),
-         Entry("rope by layer type", hf_rope.KEYS, rope_from_hf, rope_to_hf)),
+    add=(Entry("layer kinds", (SLIDING_WINDOW_KEY, LAYER_TYPES_KEY), window_from_hf, layers_and_window_to_hf),
+         Entry("rope by layer type", hf_rope.KEYS, rope_from_hf, hf_rope.rope_by_layer_type_to_hf)),
     defaults={"rope_theta": DEFAULT_THETA},
 )
 

@@ -7,7 +7,10 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from lmconvert.arch import ArchConfig
+
 from ..errors import MappingError
+from .config_table import DEFAULT
 from .hf_config import HfConfig, Key, show
 
 LAYER_TYPES_KEY = Key("layer_types", list, None, nullable=True)
@@ -43,3 +46,11 @@ def window_fields(kinds: tuple[str, ...], window: int | None) -> dict[str, Any]:
                            "(sliding_window is null, or use_sliding_window is false); transformers cannot run "
                            "this either; set sliding_window or make every layer full_attention")
     return {"layer_kinds": kinds, "sliding_window": window if "local" in kinds else None}
+
+
+def layers_and_window_to_hf(cfg: ArchConfig) -> dict[str, Any]:
+    """`layer_types` and `sliding_window`, the window never null: transformers builds the sliding mask
+    whether a layer uses it or not, and some config classes refuse null, so a window no layer uses is
+    written as the key's default."""
+    return {"layer_types": layer_types_to_hf(cfg.layer_kinds),
+            "sliding_window": DEFAULT if cfg.sliding_window is None else cfg.sliding_window}

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from lmconvert.arch import RopeConfig
+from lmconvert.arch import ArchConfig, RopeConfig
 
 from ..errors import MappingError
 from .config_table import Entry
@@ -119,3 +119,16 @@ def rope(partial: bool = False, **fixed: Any) -> Entry:
     return Entry("rope", KEYS,
                  lambda hf, _: {"rope": rope_from_hf(hf, *rope_parameters(hf), partial=partial, **fixed)},
                  lambda cfg: {"rope_parameters": rope_to_hf(cfg.rope, partial)})
+
+
+def rope_by_kind(full: RopeConfig, sliding: RopeConfig, kinds: tuple[str, ...]) -> dict[str, Any]:
+    """`rope` for full layers and `rope_local` for sliding ones (None when the same, or when no layer
+    is sliding); with no full layer, `rope` is the sliding layers'."""
+    full = full if "global" in kinds else sliding
+    return {"rope": full, "rope_local": sliding if "local" in kinds and sliding != full else None}
+
+
+def rope_by_layer_type_to_hf(cfg: ArchConfig) -> dict[str, Any]:
+    """`rope_parameters` nested by layer type (Gemma 3, OLMo 3)."""
+    return {"rope_parameters": {"full_attention": rope_to_hf(cfg.rope),
+                                "sliding_attention": rope_to_hf(cfg.rope_local or cfg.rope)}}
