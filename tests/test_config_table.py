@@ -355,6 +355,9 @@ def test_bad_values_are_refused_naming_the_key(model_type: str, key: str, value:
     ("phi3", "rope_scaling", {**PHI3_LONGROPE, "type": "su", "rope_type": "su"}, "type='su' without"),
     ("phi3", "original_max_position_embeddings", 0, "positive integer"), ("phi3", "embd_pdrop", 1.0, "in [0, 1)"),
     ("olmo", "clip_qkv", 0, "clip_qkv=0"), ("olmo", "clip_qkv", "8", "number"),  # 8.0 is read
+    ("flex_olmo", "norm_topk_prob", "yes", "boolean"), ("flex_olmo", "num_experts", 0, "positive integer"),
+    ("dots1", "n_routed_experts", None, "n_routed_experts=null"), ("dots1", "max_window_layers", None, "not allowed"),
+    ("dots1", "routed_scaling_factor", 0, "positive number"),
     ("gptj", "rotary_dim", None, "not allowed"), ("gptj", "rotary_dim", 0, "positive integer"),
     ("gptj", "n_inner", 0, "positive integer"), ("gptj", "tie_word_embeddings", True, "tie_word_embeddings=true"),
     ("phi", "qk_layernorm", "yes", "boolean"), ("phi", "tie_word_embeddings", True, "tie_word_embeddings=true"),
