@@ -358,6 +358,8 @@ def test_bad_values_are_refused_naming_the_key(model_type: str, key: str, value:
     ("flex_olmo", "norm_topk_prob", "yes", "boolean"), ("flex_olmo", "num_experts", 0, "positive integer"),
     ("dots1", "n_routed_experts", None, "n_routed_experts=null"), ("dots1", "max_window_layers", None, "not allowed"),
     ("dots1", "routed_scaling_factor", 0, "positive number"),
+    ("glm4_moe", "use_qk_norm", 1, "boolean"), ("glm4_moe", "first_k_dense_replace", None, "not allowed"),
+    ("glm4_moe", "partial_rotary_factor", 1.5, "partial_rotary"),
     ("gptj", "rotary_dim", None, "not allowed"), ("gptj", "rotary_dim", 0, "positive integer"),
     ("gptj", "n_inner", 0, "positive integer"), ("gptj", "tie_word_embeddings", True, "tie_word_embeddings=true"),
     ("phi", "qk_layernorm", "yes", "boolean"), ("phi", "tie_word_embeddings", True, "tie_word_embeddings=true"),

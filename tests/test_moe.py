@@ -38,7 +38,7 @@ MOE_FAMILIES = [name for name in SPECS if FAMILIES[family_of(name)].config.from_
 
 
 def test_the_moe_families_are_the_four() -> None:
-    assert sorted(MOE_FAMILIES) == ["dots1", "flex_olmo", "mixtral", "olmoe", "qwen2_moe", "qwen3_moe"]
+    assert sorted(MOE_FAMILIES) == ["dots1", "flex_olmo", "glm4_moe", "mixtral", "olmoe", "qwen2_moe", "qwen3_moe"]
 
 
 @pytest.fixture(scope="module")
