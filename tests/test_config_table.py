@@ -360,6 +360,8 @@ def test_bad_values_are_refused_naming_the_key(model_type: str, key: str, value:
     ("dots1", "routed_scaling_factor", 0, "positive number"),
     ("glm4_moe", "use_qk_norm", 1, "boolean"), ("glm4_moe", "first_k_dense_replace", None, "not allowed"),
     ("glm4_moe", "partial_rotary_factor", 1.5, "partial_rotary"),
+    ("glm4_moe_lite", "mlp_layer_types", ["dense"], "mlp_layer_types"),
+    ("glm4_moe_lite", "v_head_dim", None, "not allowed"), ("glm4_moe_lite", "rope_interleave", None, "not allowed"),
     ("gptj", "rotary_dim", None, "not allowed"), ("gptj", "rotary_dim", 0, "positive integer"),
     ("gptj", "n_inner", 0, "positive integer"), ("gptj", "tie_word_embeddings", True, "tie_word_embeddings=true"),
     ("phi", "qk_layernorm", "yes", "boolean"), ("phi", "tie_word_embeddings", True, "tie_word_embeddings=true"),
