@@ -364,6 +364,8 @@ def test_bad_values_are_refused_naming_the_key(model_type: str, key: str, value:
     ("glm4_moe_lite", "v_head_dim", None, "not allowed"), ("glm4_moe_lite", "rope_interleave", None, "not allowed"),
     ("sarvam_mla", "rope_scaling", {"type": "deepseek_yarn", "factor": 0}, "rope_scaling.factor=0"),
     ("sarvam_mla", "q_head_dim", 0, "positive integer"),
+    ("hy_v3", "mlp_bias", True, "mlp_bias=true"), ("hy_v3", "num_experts", None, "num_experts=null"),
+    ("hy_v3", "enable_moe_fp32_combine", "yes", "boolean"), ("hy_v3", "head_dim", None, "not allowed"),
     ("gptj", "rotary_dim", None, "not allowed"), ("gptj", "rotary_dim", 0, "positive integer"),
     ("gptj", "n_inner", 0, "positive integer"), ("gptj", "tie_word_embeddings", True, "tie_word_embeddings=true"),
     ("phi", "qk_layernorm", "yes", "boolean"), ("phi", "tie_word_embeddings", True, "tie_word_embeddings=true"),

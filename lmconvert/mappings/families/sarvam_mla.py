@@ -43,6 +43,7 @@ def rope_to_sarvam(cfg: ArchConfig) -> dict[str, Any]:
 
 CONFIG = deepseek_v3.CONFIG.but(
     add=(Entry("rope", (*ROPE_KEYS, deepseek_v3.INTERLEAVE), rope_from_sarvam, rope_to_sarvam),
+         deepseek_v3.latent("sarvam_mla", deinterleave=True, v_head_dim_nullable=True),
          # dropped by SarvamMLAConfig: checked as a count, never read, never written
          Entry("q_head_dim", (Key("q_head_dim", int, None, nullable=True, legacy=True),), lambda hf, _: {},
                lambda cfg: {})),
