@@ -1,19 +1,17 @@
 """dots.llm1 (dots.llm1.base, dots.llm1.inst).
 
-Same as qwen3_moe's attention (a per-head QK norm, llama-style RMSNorm with the weight after the
-cast, before RoPE; `attention_bias` switching the q, k, v and o biases; head_dim hidden/heads unless
-config.json states it) with deepseek_v3's mixture of experts, except: layers from
-`first_k_dense_replace` (default 0) on are mixtures of `n_routed_experts` experts
-(`moe_intermediate_size` wide) with `n_shared_experts` ungated shared experts (one FFN of their
-summed width, run on the unflattened input and added last); the router (`mlp.gate`, weight and
-`e_score_correction_bias` kept in fp32 by transformers) takes fp32 logits from the fp32 input, scores
-experts by their sigmoid, chooses `num_experts_per_tok` of them on those scores plus the correction
-bias within the best `topk_group` of `n_group` groups (default 1: no grouping), renormalises the
-chosen scores (plus 1e-20) when `norm_topk_prob`, multiplies them by `routed_scaling_factor`
-(default 1.0), all in fp32, and weights each expert's output in fp32 before the cast back. The
-expert counts have no defaults: a mixture-of-experts layer needs them stated. Without
+Same as qwen3, except: head_dim is hidden/heads unless config.json states it; without
 `layer_types`, a non-null `sliding_window` applies to the layers i >= `max_window_layers` (there is
-no `use_sliding_window`).
+no `use_sliding_window`); the MLP has no bias; and layers from `first_k_dense_replace` (default 0)
+on are deepseek_v3's mixture of experts: `n_routed_experts` experts (`moe_intermediate_size` wide)
+with `n_shared_experts` ungated shared experts (one FFN of their summed width, run on the
+unflattened input and added last); the router (`mlp.gate`, weight and `e_score_correction_bias`
+kept in fp32 by transformers) takes fp32 logits from the fp32 input, scores experts by their
+sigmoid, chooses `num_experts_per_tok` of them on those scores plus the correction bias within the
+best `topk_group` of `n_group` groups (default 1: no grouping), renormalises the chosen scores
+(plus 1e-20) when `norm_topk_prob`, multiplies them by `routed_scaling_factor` (default 1.0), all
+in fp32, and each expert's output is weighted in fp32 before the cast back. The expert counts have
+no defaults: a mixture-of-experts layer needs them stated.
 """
 
 from __future__ import annotations
