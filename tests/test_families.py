@@ -258,7 +258,9 @@ def test_rope_keys_a_type_does_not_read_change_nothing() -> None:
 
 # the keys that make transformers' default config one lmconvert converts (DeepSeek's defaults have MoE layers)
 CONVERTIBLE = {"deepseek_v2": {"first_k_dense_replace": 32}, "deepseek_v3": {"first_k_dense_replace": 61},
-               "deepseek_v32": {"first_k_dense_replace": 61}}
+               "deepseek_v32": {"first_k_dense_replace": 61},
+               "dots1": {"first_k_dense_replace": 62},  # its expert counts have no defaults
+               "glm4_moe": {"head_dim": 128}}  # 4096 // 96 = 42, of which 0.5 is 21 rotary dims: odd
 
 
 @pytest.mark.parametrize("model_type", sorted(BY_MODEL_TYPE))

@@ -34,6 +34,7 @@ IDS = token_batch(seq=20)
 REFUSED_FAMILIES = {
     "bloom": "n_heads=6 does not divide by 4 ranks",  # and ALiBi
     "mpt": "n_heads=6 does not divide by 4 ranks",  # and ALiBi
+    "flex_olmo": "QK norm over the whole projection needs every head's values",
     "olmo2": "QK norm over the whole projection needs every head's values",
     "olmoe": "QK norm over the whole projection needs every head's values",
     "olmo3": "QK norm over the whole projection needs every head's values",

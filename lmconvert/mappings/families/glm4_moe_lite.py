@@ -1,0 +1,73 @@
+"""GLM-4.7-Flash (Glm4MoeLiteForCausalLM).
+
+Same as deepseek_v3, except: `mlp_layer_types` ("dense" or "sparse" per layer; absent, the first
+layer dense and the others sparse) says which layers are mixtures of experts, and there is no
+`first_k_dense_replace`; the router is GLM-4.5's, which is DeepSeek-V3's op for op (weight and
+`e_score_correction_bias` kept in fp32, fp32 logits from the fp32 input, sigmoid scores, the choice
+on scores plus the correction bias within the best `topk_group` of `n_group` groups, renormalised
+(plus 1e-20) when `norm_topk_prob`, times `routed_scaling_factor`, all in fp32, each expert's output
+weighted in fp32 before the cast back), with the shared experts run on the unflattened input;
+`rms_norm_eps` defaults to 1e-5 (the MLA-internal norms keep 1e-6); `v_head_dim`,
+`num_experts_per_tok`, `n_group`, `topk_group`, `norm_topk_prob`, `rope_interleave` and
+`num_key_value_heads` are never null; its own size defaults. The multi-token-prediction layer,
+which transformers does not load, is not read.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Any
+
+from lmconvert.arch import ArchConfig
+
+from ..errors import MappingError
+from ..family import Family
+from ..tables.config_table import DEFAULT, Entry
+from ..tables.hf_config import HfConfig, Key
+from ..tables.points import LATENT, SHARED_UNFLATTENED
+from . import deepseek_v3, llama
+
+MLP_LAYER_TYPES = Key("mlp_layer_types", list, None, nullable=True)
+KEYS = (Key("n_routed_experts", int, 64), Key("num_experts_per_tok", int, 4), Key("moe_intermediate_size", int, 1536),
+        Key("n_shared_experts", int, 1), Key("routed_scaling_factor", float, 1.8), Key("n_group", int, 1),
+        Key("topk_group", int, 1), Key("norm_topk_prob", bool, True))
+
+
+def experts_from_hf(hf: HfConfig, fields: dict[str, Any]) -> dict[str, Any]:
+    """transformers makes layer i a mixture of experts where mlp_layer_types[i] is "sparse"."""
+    n = fields["n_layers"]
+    types = hf.get("mlp_layer_types")
+    if types is None:
+        types = ["dense"] + ["sparse"] * (n - 1)
+    if len(types) != n or not set(types) <= {"dense", "sparse"}:
+        raise MappingError(f"config.json: mlp_layer_types={types!r}: needs \"dense\" or \"sparse\" for each of the "
+                           f"num_hidden_layers={n} layers")
+    dense = tuple(i for i, kind in enumerate(types) if kind == "dense")
+    if len(dense) == n:
+        return {}
+    moe = deepseek_v3.v3_moe(hf, 0, n)
+    return {"moe": replace(moe, dense_layers=dense)}
+
+
+def experts_to_hf(cfg: ArchConfig) -> dict[str, Any]:
+    dense = range(cfg.n_layers) if cfg.moe is None else cfg.moe.dense_layers
+    types = ["dense" if i in dense else "sparse" for i in range(cfg.n_layers)]
+    keys = {k.name: DEFAULT for k in KEYS} if cfg.moe is None else deepseek_v3.v3_to_hf(cfg.moe)
+    return {"mlp_layer_types": types, **keys}
+
+
+CONFIG = deepseek_v3.CONFIG.but(
+    add=(llama.norm(1e-5), deepseek_v3.latent("glm4_moe_lite", deinterleave=True, v_head_dim_nullable=False),
+         Entry("experts", (MLP_LAYER_TYPES, *KEYS), experts_from_hf, experts_to_hf)),
+    defaults={"vocab_size": 154880, "hidden_size": 2048, "intermediate_size": 10240, "num_hidden_layers": 47,
+              "num_attention_heads": 20, "num_key_value_heads": 20, "max_position_embeddings": 202752,
+              "q_lora_rank": 768, "qk_nope_head_dim": 192, "v_head_dim": 256},
+    nullable={"num_key_value_heads": False, "attention_dropout": False, "rope_interleave": False},
+)
+
+# DeepseekV3Attention's layout: kv_b_proj on the latent viewed as (B, 1, T, C), as ours; Glm4MoeLiteMoE
+# runs the shared experts on the unflattened input
+REFERENCE_LAYOUTS = {**LATENT, **SHARED_UNFLATTENED}
+
+FAMILY = Family("glm4_moe_lite", ("glm4_moe_lite",), "Glm4MoeLiteForCausalLM", deepseek_v3.TENSORS, CONFIG,
+                reference_layouts=REFERENCE_LAYOUTS)

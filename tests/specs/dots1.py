@@ -1,0 +1,22 @@
+"""The dots1 test model (see tests/specs/__init__.py)."""
+
+from __future__ import annotations
+
+from specs import WINDOW, F, S, Spec
+
+MOE = dict(num_hidden_layers=3, first_k_dense_replace=1, n_routed_experts=8, num_experts_per_tok=3,
+           moe_intermediate_size=32, n_shared_experts=2, n_group=4, topk_group=2)
+LINEAR = {"rope_type": "linear", "factor": 2.0, "rope_theta": 1e6}
+
+SPEC = Spec(  # bf16: bit-exact with transformers' eager experts (test_moe.py), not its default grouped_mm,
+    # which sums each token's top-k in fp32
+    "dots1", bf16_exact=False,
+    kwargs=dict(MOE, norm_topk_prob=True, routed_scaling_factor=1.5, attention_bias=True, sliding_window=WINDOW,
+                max_window_layers=1, rope_parameters={"rope_type": "default", "rope_theta": 1e6}),
+    old_style={"rope_theta": 1e6}, old_drop=("layer_types",),
+    card=("mixture of experts: 8 experts, top-3, d_expert 32 (layers [1, 2])", "QK norm: per head",
+          "biases: q, k, v, o", "sliding window 4 on local layers; pattern GLL"),
+    layer_types=([S, F, S], ("local", "global", "local")),
+    config_variants=(MOE, dict(MOE, norm_topk_prob=True, routed_scaling_factor=2.5, attention_bias=True,
+                              sliding_window=4, max_window_layers=2, rope_parameters=LINEAR),
+                     dict(MOE, first_k_dense_replace=0, n_group=1, topk_group=1)))

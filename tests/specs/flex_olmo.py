@@ -1,0 +1,19 @@
+"""The flex_olmo test model (see tests/specs/__init__.py)."""
+
+from __future__ import annotations
+
+from specs import Spec
+
+LINEAR = {"rope_type": "linear", "factor": 2.0, "rope_theta": 1e6}
+
+SPEC = Spec(  # bf16: bit-exact with transformers' eager experts (test_moe.py), not its default grouped_mm,
+    # which sums each token's top-k in fp32
+    "flex_olmo", bf16_exact=False,
+    kwargs=dict(num_experts=6, num_experts_per_tok=3, norm_topk_prob=True, attention_bias=True, eos_token_id=1,
+                pad_token_id=0, rope_parameters={"rope_type": "default", "rope_theta": 1e6}),
+    old_style={"rope_theta": 1e6},
+    card=("mixture of experts: 6 experts, top-3, d_expert 96 (all layers)", "norm on sublayer output only",
+          "QK norm: over the whole projection", "renormalised, weights in activation dtype", "eps=1e-06",
+          "weight in fp32", "biases: q, k, v, o"),
+    config_variants=({}, dict(num_experts=6, num_experts_per_tok=3, norm_topk_prob=True, attention_bias=True,
+                              rms_norm_eps=1e-5, rope_parameters=LINEAR)))
