@@ -268,8 +268,8 @@ GPT2_SPELLING = {"hidden_size": "n_embd", "num_attention_heads": "n_head", "num_
 # neither RoPE nor GQA nor a free head_dim, OPT's and XGLM's LayerNorm eps is torch's default; GPT-NeoX
 # and GPT-J have no KV grouping and no head_dim key, GPT-J no intermediate_size (n_inner) or rope_parameters
 NOT_A_KEY = {("olmo", "rms_norm_eps"),
-             *((t, k) for t in ("gpt2", "gpt_neo", "opt", "xglm") for k in ("num_key_value_heads", "head_dim",
-                                                                           "rope_parameters")),
+             *((t, k) for t in ("gpt2", "gpt_neo", "opt", "xglm", "biogpt") for k in ("num_key_value_heads",
+                                                                                     "head_dim", "rope_parameters")),
              ("gpt2", "intermediate_size"), ("opt", "rms_norm_eps"), ("xglm", "rms_norm_eps"),
              ("gpt_neox", "num_key_value_heads"), ("gpt_neox", "head_dim"),
              *(("gptj", k) for k in ("num_key_value_heads", "head_dim", "intermediate_size", "rope_parameters")),
@@ -286,6 +286,8 @@ OWN_SPELLING = {("starcoder2", "rms_norm_eps"): "norm_epsilon", ("nemotron", "rm
                 ("gpt2", "rms_norm_eps"): "layer_norm_epsilon", ("gpt2", "attention_dropout"): "attn_pdrop",
                 ("gpt_neo", "rms_norm_eps"): "layer_norm_epsilon", ("opt", "intermediate_size"): "ffn_dim",
                 ("xglm", "intermediate_size"): "ffn_dim",
+                ("biogpt", "rms_norm_eps"): "layer_norm_eps",
+                ("biogpt", "attention_dropout"): "attention_probs_dropout_prob",
                 ("phi", "rms_norm_eps"): "layer_norm_eps", ("gpt_neox", "rms_norm_eps"): "layer_norm_eps",
                 **{("gptj", k): v for k, v in GPT2_SPELLING.items()},
                 ("bloom", "num_attention_heads"): "n_head", ("bloom", "num_hidden_layers"): "n_layer",
