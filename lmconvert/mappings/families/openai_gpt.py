@@ -18,10 +18,6 @@ double-heads model's classifier, not the LM. transformers runs it with its own a
 
 from __future__ import annotations
 
-from typing import Any
-
-from lmconvert.arch import ArchConfig
-
 from ..family import Family
 from ..tables.config_table import DEFAULT, ConfigTable, Entry, fixed, plain
 from ..tables.hf_alias import aliased
