@@ -100,12 +100,17 @@ def incremental(step, ids: torch.Tensor, prefill: int) -> torch.Tensor:  # noqa:
 
 @torch.no_grad()
 def cached_logits(model: torch.nn.Module, ids: torch.Tensor, prefill: int) -> torch.Tensor:
-    """transformers' own cached decoding, for comparison with ours."""
-    state: dict[str, Any] = {}
+    """transformers' own cached decoding, for comparison with ours; a model transformers keeps no
+    cache for (GPT's OpenAIGPTLMHeadModel) runs each step over the whole prefix, as its generate does."""
+    state: dict[str, Any] = {"seen": ids[:, :0]}
 
     def step(chunk: torch.Tensor) -> torch.Tensor:
+        state["seen"] = torch.cat([state["seen"], chunk], 1)
+        if state.get("uncached"):
+            return model(state["seen"]).logits[:, -chunk.shape[1]:]
         out = model(chunk, cache=state.get("cache"), use_cache=True)
-        state["cache"] = out.cache
+        state["uncached"] = not hasattr(out, "cache")
+        state["cache"] = getattr(out, "cache", None)
         return out.logits
 
     return incremental(step, ids, prefill)

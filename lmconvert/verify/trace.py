@@ -89,7 +89,7 @@ class Recorder:
 
     def output_of(self, name: str, module: nn.Module) -> None:
         def hook(_module: nn.Module, _args: tuple, output: object) -> None:
-            self.keep(name, output[0] if isinstance(output, tuple) else output)
+            self.keep(name, output[0] if isinstance(output, (tuple, list)) else output)  # GPT: lists
         self._handles.append(module.register_forward_hook(hook))
 
     def input_of(self, name: str, module: nn.Module) -> None:

@@ -395,6 +395,46 @@ def qkv_to_groups(t: torch.Tensor, heads: int, kv: int, dim: int) -> torch.Tenso
     return torch.cat([q, k, v], dim=1).reshape(t.shape)
 
 
+@dataclass(frozen=True)
+class QkvShards:
+    """Rows of a fused qkv projection stored as `shards` model-parallel shards, each its share of
+    the three projections in `order` (CodeGen's `qkv_proj`: 4 shards of [q_s | v_s | k_s], each a
+    quarter of the model width) -> all q rows, then all k, then all v. MHA only (q, k and v equally
+    wide). Weights and biases alike; a permutation of rows, exact both ways."""
+
+    shards: int = 4
+    order: tuple[str, ...] = ("q", "v", "k")
+
+    interleaves: ClassVar[bool] = True  # no slice of the stored tensor (or its module's output) is q, k or v
+
+    def bind(self, sizes: Sizes) -> Transform:
+        shards, order = self.shards, self.order
+        return Transform(f"qkv in {shards} shards of {'|'.join(order)}", lambda t: shards_to_qkv(t, shards, order),
+                         lambda t: qkv_to_shards(t, shards, order))
+
+
+def _check_shards(t: torch.Tensor, shards: int) -> None:
+    if t.shape[0] % (3 * shards):
+        raise MappingError(f"{t.shape[0]} rows of q, k and v do not split into {shards} shards of each")
+
+
+def shards_to_qkv(t: torch.Tensor, shards: int, order: tuple[str, ...]) -> torch.Tensor:
+    import torch
+
+    rest = t.shape[1:]
+    _check_shards(t, shards)
+    grouped = t.reshape(shards, 3, t.shape[0] // (3 * shards), *rest)
+    return torch.cat([grouped[:, order.index(name)].reshape(t.shape[0] // 3, *rest) for name in "qkv"])
+
+
+def qkv_to_shards(t: torch.Tensor, shards: int, order: tuple[str, ...]) -> torch.Tensor:
+    import torch
+
+    _check_shards(t, shards)
+    parts = t.reshape(3, shards, t.shape[0] // (3 * shards), *t.shape[1:])  # q, k, v, each by shard
+    return torch.stack([parts["qkv".index(name)] for name in order], dim=1).reshape(t.shape)
+
+
 # ---- Unstack: fused experts
 
 

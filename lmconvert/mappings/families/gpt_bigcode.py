@@ -1,0 +1,84 @@
+"""GPTBigCode (bigcode/santacoder, bigcode/starcoder, starcoderbase, WizardCoder and other StarCoder
+fine-tunes, gpt_bigcode-santacoder).
+
+Same as gpt2 (pre-norm LayerNorms with a bias at `layer_norm_epsilon`, learned positions from 0
+numbered from the sequence start, the `n_embd` / `n_layer` / `n_head` / `n_positions` / `n_inner`
+keys also read as hidden_size, num_hidden_layers, num_attention_heads, max_position_embeddings,
+scores scaled by head_dim ** -0.5 when `scale_attn_weights`, a plain MLP with biases, a tied LM head,
+`add_cross_attention` refused), except: `c_attn`, `c_proj`, `mlp.c_fc` and `mlp.c_proj` are
+`nn.Linear`s (weights [out, in], nothing transposed); `multi_query` (default true) gives one K/V
+head shared by every query head, `c_attn` then being q | k | v with k and v one head wide; without
+it, c_attn is laid out head by head, [q_h; k_h; v_h] (GPT-NeoX's layout), and there is no KV
+grouping; the activation defaults to gelu_pytorch_tanh; attention is transformers' shared eager
+attention (q.k * scale, the softmax in fp32 cast back) or SDPA, with no layer-index scaling or
+reordered upcast, so `attention_softmax_in_fp32` and `scale_attention_softmax_in_fp32` change
+nothing (checked, not kept); `num_key_value_heads` is derived from multi_query, never read.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from lmconvert.arch import ArchConfig
+
+from ..family import Family
+from ..tables.config_table import DEFAULT, ConfigTable, Entry, fixed, plain, unsupported
+from ..tables.hf_alias import aliased
+from ..tables.hf_config import HfConfig, Key
+from ..tables.table import Rule, TensorTable
+from .gpt2 import LAYER_NORM
+from .gpt_neox import fused_qkv
+from .llama import activation
+from .opt import learned_positions
+
+WB = ("weight", "bias")
+LAYER = "transformer.h.{}"
+TENSORS = TensorTable((
+    Rule("transformer.wte.weight", "embed.weight"),
+    Rule("transformer.wpe.weight", "pos_embed.weight"),
+    *(Rule(f"{LAYER}.{hf}.{p}", f"layers.{{}}.{c}.{p}") for hf, c in (("ln_1", "attn_norm"), ("ln_2", "mlp_norm"))
+      for p in WB),
+    # head by head, [q_h; k_h; v_h]; with one K/V head (multi_query) that is q | k | v
+    *(rule for p in WB for rule in fused_qkv(f"{LAYER}.attn.c_attn.{p}")),
+    *(Rule(f"{LAYER}.{hf}.{p}", f"layers.{{}}.{c}.{p}")
+      for hf, c in (("attn.c_proj", "attn.o"), ("mlp.c_fc", "mlp.up"), ("mlp.c_proj", "mlp.down")) for p in WB),
+    *(Rule(f"transformer.ln_f.{p}", f"final_norm.{p}") for p in WB),
+    Rule("lm_head.weight", "lm_head.weight"),
+))
+
+
+def attention_from_hf(hf: HfConfig, fields: dict[str, Any]) -> dict[str, Any]:
+    return {"attn_scale": None if hf.get("scale_attn_weights") else 1.0,
+            "n_kv_heads": 1 if hf.get("multi_query") else fields["n_heads"]}
+
+
+def attention_to_hf(cfg: ArchConfig) -> dict[str, Any]:
+    # another scale reads back as head_dim's own, other KV grouping as MHA: export refuses them by name
+    return {"scale_attn_weights": cfg.attn_scale != 1.0, "multi_query": cfg.n_kv_heads == 1 < cfg.n_heads,
+            "attention_softmax_in_fp32": DEFAULT, "scale_attention_softmax_in_fp32": DEFAULT}
+
+
+CONFIG = ConfigTable((
+    plain("vocab_size", "vocab_size", int, 50257),
+    aliased("n_embd", "hidden_size", "d_model", int, 768),
+    Entry("n_inner", (Key("n_inner", int, None, nullable=True),),
+          lambda hf, fields: {"d_ff": hf.get("n_inner") or 4 * fields["d_model"]},
+          lambda cfg: {"n_inner": None if cfg.d_ff == 4 * cfg.d_model else cfg.d_ff}),
+    aliased("n_layer", "num_hidden_layers", "n_layers", int, 12),
+    aliased("n_head", "num_attention_heads", "n_heads", int, 12),
+    aliased("n_positions", "max_position_embeddings", "max_positions", int, 1024),
+    plain("tie_word_embeddings", "tie_embeddings", bool, True),
+    LAYER_NORM,
+    activation("activation_function", "gelu_pytorch_tanh"),
+    Entry("attention", (Key("scale_attn_weights", bool, True), Key("multi_query", bool, True),
+                        Key("attention_softmax_in_fp32", bool, True),
+                        Key("scale_attention_softmax_in_fp32", bool, True)), attention_from_hf, attention_to_hf),
+    plain("embd_pdrop", "embed_dropout", float, 0.1, bound="probability"),
+    plain("resid_pdrop", "resid_dropout", float, 0.1, bound="probability"),
+    plain("attn_pdrop", "attn_dropout", float, 0.1, bound="probability"),
+    unsupported("add_cross_attention", bool, False, "cross attention to an encoder", "GPTBigCode"),
+    fixed("GPTBigCode layers", gated=False, q_bias=True, k_bias=True, v_bias=True, o_bias=True, mlp_bias=True),
+    Entry("positions", (), lambda hf, fields: learned_positions(fields["n_layers"], 0), lambda cfg: {}),
+))
+
+FAMILY = Family("gpt_bigcode", ("gpt_bigcode",), "GPTBigCodeForCausalLM", TENSORS, CONFIG)
