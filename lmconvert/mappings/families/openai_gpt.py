@@ -68,7 +68,7 @@ CONFIG = ConfigTable((
     plain("resid_pdrop", "resid_dropout", float, 0.1, bound="probability"),
     plain("attn_pdrop", "attn_dropout", float, 0.1, bound="probability"),
     fixed("GPT layers", norm_placement="post", final_norm=False, gated=False, q_bias=True, k_bias=True, v_bias=True,
-          o_bias=True, mlp_bias=True),
+          o_bias=True, mlp_bias=True, conv1d_linears=True),  # Conv1D: addmm over [in, out], as GPT-2
     Entry("positions", (), lambda hf, fields: learned_positions(fields["n_layers"], 0), lambda cfg: {}),
 ))
 
