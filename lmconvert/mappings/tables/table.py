@@ -109,6 +109,8 @@ class _FirstMatch:
 class TensorTable:
     rules: tuple[Rule, ...]
     hf_prefixes: tuple[str, ...] = ()  # alternative HF prefixes read as "model." (multimodal wrappers)
+    # (regex searched in a stored name, what such a tensor is): a variant refused by name on import
+    refused: tuple[tuple[str, str], ...] = ()
     _compiled: list = field(default_factory=list, compare=False, repr=False)
     _joining: list = field(default_factory=list, compare=False, repr=False)  # (rule, stored regex) that join
     _index: dict = field(default_factory=dict, compare=False, repr=False)
@@ -147,6 +149,9 @@ class TensorTable:
     def _rules_for(self, stored: str) -> list[tuple[Rule, tuple[str, ...]]]:
         """The first rule whose pattern matches, and after it every other rule with that same
         pattern (the pieces of a fused tensor)."""
+        for pattern, what in self.refused:
+            if re.search(pattern, stored):
+                raise MappingError(f"tensor {stored!r} is {what}")
         found = self._indexed("stored")(self._normalise(stored))
         if found is None:
             raise MappingError(f"tensor {stored!r} matches no rule of this family's table")
