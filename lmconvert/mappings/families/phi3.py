@@ -56,8 +56,8 @@ TENSORS = TensorTable(llama.EDGE_RULES + FUSED_RULES + llama.PRE_NORM_RULES)
 # Phi4MultimodalForCausalLM's image and audio embedders
 WRAPPED = TensorTable(TENSORS.rules + dropped_towers("embed_tokens_extend", legacy=False),
                       refused=((r"\.(base_layer|lora_[AB])\.", "a LoRA-wrapped projection (base_layer, lora_A, "
-                                "lora_B), which transformers' Phi4Multimodal does not load; merge or remove the "
-                                "adapters first"),))
+                                "lora_B), which transformers' Phi-3 and Phi4Multimodal models do not load; merge or "
+                                "remove the adapters first"),))
 PHI4_MULTIMODAL = {"vocab_size": 200064, "num_key_value_heads": 8, "max_position_embeddings": 131072}
 
 

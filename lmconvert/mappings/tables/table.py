@@ -19,9 +19,11 @@ transform `gathers` (HeadPart) name one canonical tensor stored as several diffe
 (llama.cpp's DeepSeek k_b and v_b for kv_b): import hands the first rule's transform every part in
 the rules' order, export writes each part. A rule whose canonical side is None drops the tensor
 on import (and says so); its stored pattern may end in `*` to drop a whole subtree (a vision
-tower, say). Both directions check that every input tensor is consumed and every expected output
-tensor is produced; leftovers are errors that name the tensors. A transform declared with symbolic
-sizes is bound by the `sizes` a plan is given.
+tower, say). A table's `refused` patterns name a variant it cannot read (a LoRA-wrapped
+projection): a tensor that matches is refused before any rule is looked for. Both directions
+check that every input tensor is consumed and every expected output tensor is produced;
+leftovers are errors that name the tensors. A transform declared with symbolic sizes is bound by
+the `sizes` a plan is given.
 """
 
 from __future__ import annotations
