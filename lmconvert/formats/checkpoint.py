@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import partial
 from importlib import import_module
 from math import prod
@@ -204,7 +204,7 @@ def _map(source: Source) -> Checkpoint:
             family = family_for(source.config.get("model_type"))
             # before the ArchConfig, whose per-layer tables grow with what the config claims
             check_layer_claim(source.config.get(key), held, source.path, described_by, key)
-            arch = family.arch_config(source.config)
+            arch = own_head(family, family.arch_config(source.config), names)
     except MappingError as exc:
         raise InputError(f"{config_file}: {str(exc).removeprefix('config.json: ')}") from None
     check_layer_claim(arch.n_layers, held, source.path, described_by, key)  # as the family read it
@@ -223,6 +223,18 @@ def _map(source: Source) -> Checkpoint:
     checkpoint = Checkpoint(source, family, arch, plan, dropped)
     _check_shapes(checkpoint, shapes)
     return checkpoint
+
+
+def own_head(family: Family, arch: ArchConfig, names: list[str]) -> ArchConfig:
+    """The config as transformers 5 loads it against these tensors: it ties the LM head to the
+    embeddings only when the file holds no head of its own, and keeps a stored head whose values
+    differ (Mistral Small 3.x as published: Mistral3Config ties by default, the file holds
+    `language_model.lm_head.weight`). So a tying config with a stored head is read untied; where
+    the two are equal, the numbers are the same either way."""
+    if not arch.tie_embeddings:
+        return arch
+    heads = set(family.tensors_for(arch).stored_names("lm_head.weight"))
+    return replace(arch, tie_embeddings=False) if heads & set(names) else arch
 
 
 # what the decoder computes with: every tensor it reads is a float parameter (embeddings, norms,

@@ -35,13 +35,26 @@ def memory_map(device: str, max_memory: int) -> dict[int | str, int]:
     return {compute: max_memory, "cpu": max_memory} if compute != "cpu" else {"cpu": max_memory}
 
 
+def auto_class(config: object) -> type:
+    """transformers' auto class that builds the whole model for a config: AutoModelForCausalLM,
+    or for a multimodal wrapper it does not list (Mistral3ForConditionalGeneration),
+    AutoModelForMultimodalLM, whose logits on a text-only input are its text decoder's."""
+    from transformers import AutoModelForCausalLM, AutoModelForMultimodalLM
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING, MODEL_FOR_MULTIMODAL_LM_MAPPING
+
+    kind = type(config)
+    if kind not in MODEL_FOR_CAUSAL_LM_MAPPING and kind in MODEL_FOR_MULTIMODAL_LM_MAPPING:
+        return AutoModelForMultimodalLM
+    return AutoModelForCausalLM
+
+
 def meta_model(reference: Loadable, dtype: torch.dtype) -> torch.nn.Module:
     """transformers' model for `reference` on the meta device: its modules and sizes, no weights."""
-    from transformers import AutoConfig, AutoModelForCausalLM
+    from transformers import AutoConfig
 
     config = AutoConfig.from_pretrained(str(reference.where), **reference.kwargs)
     with torch.device("meta"):
-        return AutoModelForCausalLM.from_config(config, dtype=dtype, attn_implementation="eager")
+        return auto_class(config).from_config(config, dtype=dtype, attn_implementation="eager")
 
 
 def offload_map(reference: Loadable, dtype: torch.dtype, device: str, max_memory: int) -> dict[str, int | str]:
@@ -138,7 +151,7 @@ def placement(reference: Loadable, dtype: torch.dtype, device: str, max_memory: 
 
 def load_reference(reference: Loadable, dtype: torch.dtype, device: str, max_memory: int | None = None,
                    offload: str | None = None, reserve: int = 0) -> torch.nn.Module:
-    from transformers import AutoModelForCausalLM
+    from transformers import AutoConfig
     from transformers.utils import logging
 
     logging.disable_progress_bar()
@@ -149,8 +162,9 @@ def load_reference(reference: Loadable, dtype: torch.dtype, device: str, max_mem
         extra = {} if placed is None else {"device_map": placed, "offload_folder": offload}
         # eager experts too: a mixture of experts summed expert by expert (index_add_), as ours, where
         # transformers' default (grouped_mm) sums each token's top-k in another order
-        model = AutoModelForCausalLM.from_pretrained(str(reference.where), dtype=dtype, attn_implementation="eager",
-                                                     experts_implementation="eager", **reference.kwargs, **extra)
+        config = AutoConfig.from_pretrained(str(reference.where), **reference.kwargs)
+        model = auto_class(config).from_pretrained(str(reference.where), dtype=dtype, attn_implementation="eager",
+                                                   experts_implementation="eager", **reference.kwargs, **extra)
     except ImportError as exc:  # device_map needs accelerate
         what = "--max-memory" if max_memory is not None else f"--device {device} over {spread_gpus(device)} GPUs"
         raise InputError(f"{what}: transformers cannot place the reference ({exc}); pip install accelerate") from None

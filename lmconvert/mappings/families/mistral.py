@@ -7,6 +7,14 @@ explicit null, as in v0.2 and later, means none) applies to every layer, unless 
 a file as Ministral, which windows only the sliding_attention layers, so the key is honoured here,
 and export writes it back for such a mixed pattern. head_dim is free of hidden/heads
 (Mistral-Nemo: 5120 / 32 heads, head_dim 128).
+
+Mistral3ForConditionalGeneration (model_type `mistral3`: Mistral Small 3.1 and 3.2) is read as its
+text decoder when that is a mistral one (`text_config.model_type`; another, as Ministral 3's `ministral3`
+or a `mistral4`, is refused by name): `text_config` (Mistral3Config's own when absent),
+tied as the top-level `tie_word_embeddings` says (default true; a stored head of its own is kept, as
+published files hold one: `hf_wrapper`); the text weights under `language_model.model.` on disk
+(`model.language_model.` in memory), the vision tower and projector dropped. Export writes the
+text-only MistralForCausalLM.
 """
 
 from __future__ import annotations
@@ -28,6 +36,7 @@ from ..tables.hf_layers import (
     layer_types_to_hf,
     window_fields,
 )
+from ..tables.hf_wrapper import nested_text_config, wrapped
 from . import llama
 
 
@@ -44,12 +53,21 @@ def window_to_hf(cfg: ArchConfig) -> dict[str, Any]:
     return out
 
 
+# Mistral3Config's text decoder when config.json has none (Mistral Small 3.1's)
+MISTRAL3_TEXT = {"attention_dropout": 0.0, "head_dim": 128, "hidden_act": "silu", "hidden_size": 5120,
+                 "intermediate_size": 32768, "max_position_embeddings": 131072, "model_type": "mistral",
+                 "num_attention_heads": 32, "num_hidden_layers": 40, "num_key_value_heads": 8, "rms_norm_eps": 1e-05,
+                 "rope_theta": 1000000000.0, "sliding_window": None, "vocab_size": 131072}
+
 CONFIG = llama.CONFIG.but(
     drop=("attention_bias", "mlp_bias"),
     add=(Entry("layer kinds", (SLIDING_WINDOW_KEY, LAYER_TYPES_KEY), window_from_hf, window_to_hf),),
     defaults={"intermediate_size": 14336, "num_key_value_heads": 8, "max_position_embeddings": 4096 * 32},
     nullable={"num_key_value_heads": False, "attention_dropout": False},
+    decoder=lambda data: nested_text_config(data, "mistral3", ("mistral",), MISTRAL3_TEXT),
 )
+# Mistral3ForConditionalGeneration's text decoder, its vision tower and projector left out
+TENSORS = wrapped(llama.TENSORS, "vision_tower", "multi_modal_projector")
 
 
 # -- llama.cpp (GGUF)
@@ -58,4 +76,6 @@ GGUF_MISTRAL = GgufArch("mistral", arch="llama", named="mistral", keys={"attenti
                             defaults={"hidden_act": "silu", "sliding_window": None}, permute_qk=True)
 
 
-FAMILY = Family("mistral", ("mistral",), "MistralForCausalLM", llama.TENSORS, CONFIG, gguf=(GGUF_MISTRAL,))
+FAMILY = Family("mistral", ("mistral", "mistral3"), "MistralForCausalLM", TENSORS, CONFIG, gguf=(GGUF_MISTRAL,),
+                notes={"mistral3": "Mistral3ForConditionalGeneration (model_type mistral3): only the text decoder "
+                                   "is read; the vision tower and multi-modal projector are left out"})

@@ -10,6 +10,15 @@ longrope), and reads `partial_rotary_factor` for both; longrope takes the top-le
 forward call by the sequence length; `resid_pdrop` drops each sublayer's output before the
 residual add (training only); `embd_pdrop` is declared but never used by transformers: checked,
 not kept.
+
+Phi4MultimodalForCausalLM (model_type `phi4_multimodal`: Phi-4-multimodal as transformers 5 loads
+it) runs this same decoder: its config.json is flat, as Phi-3's, with Phi4MultimodalConfig's own
+defaults where they differ (vocabulary 200064, 8 KV heads, 131072 positions), and its text weights
+are Phi-3's names; its image and audio embedders (`model.embed_tokens_extend.`) are dropped, and
+touch no logits of a text-only input. Its vision and speech LoRA adapters are not in these
+weights (transformers loads them, from their own folders, only on request); weights holding a
+LoRA-wrapped projection (`base_layer`, `lora_A`, `lora_B`), as the original phi4mm remote code
+saved them, are refused by name. Export writes the text-only Phi3ForCausalLM.
 """
 
 from __future__ import annotations
@@ -28,6 +37,7 @@ from ..tables.gguf import (
 from ..tables.hf_config import HfConfig, Key
 from ..tables.hf_layers import SLIDING_WINDOW_KEY
 from ..tables.hf_rope import KEYS, rope_from_hf, rope_parameters, rope_to_hf
+from ..tables.hf_wrapper import dropped_towers
 from ..tables.points import FUSED_QKV
 from ..tables.table import Rule, TensorTable
 from ..tables.transforms import Piece
@@ -43,6 +53,19 @@ FUSED_RULES = (
     Rule("model.layers.{}.mlp.down_proj.weight", "layers.{}.mlp.down.weight"),
 )
 TENSORS = TensorTable(llama.EDGE_RULES + FUSED_RULES + llama.PRE_NORM_RULES)
+# Phi4MultimodalForCausalLM's image and audio embedders
+WRAPPED = TensorTable(TENSORS.rules + dropped_towers("embed_tokens_extend", legacy=False),
+                      refused=((r"\.(base_layer|lora_[AB])\.", "a LoRA-wrapped projection (base_layer, lora_A, "
+                                "lora_B), which transformers' Phi-3 and Phi4Multimodal models do not load; merge or "
+                                "remove the adapters first"),))
+PHI4_MULTIMODAL = {"vocab_size": 200064, "num_key_value_heads": 8, "max_position_embeddings": 131072}
+
+
+def phi4_multimodal(data: dict[str, Any]) -> dict[str, Any]:
+    """A Phi4MultimodalForCausalLM config.json: Phi-3's keys, with Phi4MultimodalConfig's defaults."""
+    if data.get("model_type") != "phi4_multimodal":
+        return data
+    return {**PHI4_MULTIMODAL, **data}
 
 ORIGINAL = Key("original_max_position_embeddings", int, 4096)
 LONGROPE_SPELLINGS = {"su": "longrope", "yarn": "longrope"}  # Phi3Config renames these
@@ -87,6 +110,7 @@ CONFIG = llama.CONFIG.but(
     defaults={"vocab_size": 32064, "hidden_size": 3072, "intermediate_size": 8192, "max_position_embeddings": 4096,
               "rms_norm_eps": 1e-5, "sliding_window": None},
     nullable={"head_dim": False, "attention_dropout": False},  # head_dim: not a Phi3Config key, read if stated
+    decoder=phi4_multimodal,
 )
 
 
@@ -100,5 +124,7 @@ GGUF_PHI3 = GgufArch("phi3", arch="phi3", keys={"attention.sliding_window": "sli
 # one qkv_proj output [q | k | v] and one gate_up_proj output [gate | up]
 REFERENCE_LAYOUTS = {**FUSED_QKV, "mlp.gate": "B T [F]|F", "mlp.up": "B T F|[F]"}
 
-FAMILY = Family("phi3", ("phi3",), "Phi3ForCausalLM", TENSORS, CONFIG, gguf=(GGUF_PHI3,),
+FAMILY = Family("phi3", ("phi3", "phi4_multimodal"), "Phi3ForCausalLM", WRAPPED, CONFIG, gguf=(GGUF_PHI3,),
+                notes={"phi4_multimodal": "Phi4MultimodalForCausalLM (model_type phi4_multimodal): only the text "
+                                          "decoder is read; the image and audio embedders are left out"},
                 reference_layouts=REFERENCE_LAYOUTS)

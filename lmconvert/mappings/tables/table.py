@@ -19,9 +19,11 @@ transform `gathers` (HeadPart) name one canonical tensor stored as several diffe
 (llama.cpp's DeepSeek k_b and v_b for kv_b): import hands the first rule's transform every part in
 the rules' order, export writes each part. A rule whose canonical side is None drops the tensor
 on import (and says so); its stored pattern may end in `*` to drop a whole subtree (a vision
-tower, say). Both directions check that every input tensor is consumed and every expected output
-tensor is produced; leftovers are errors that name the tensors. A transform declared with symbolic
-sizes is bound by the `sizes` a plan is given.
+tower, say). A table's `refused` patterns name a variant it cannot read (a LoRA-wrapped
+projection): a tensor that matches is refused before any rule is looked for. Both directions
+check that every input tensor is consumed and every expected output tensor is produced;
+leftovers are errors that name the tensors. A transform declared with symbolic sizes is bound by
+the `sizes` a plan is given.
 """
 
 from __future__ import annotations
@@ -109,6 +111,8 @@ class _FirstMatch:
 class TensorTable:
     rules: tuple[Rule, ...]
     hf_prefixes: tuple[str, ...] = ()  # alternative HF prefixes read as "model." (multimodal wrappers)
+    # (regex searched in a stored name, what such a tensor is): a variant refused by name on import
+    refused: tuple[tuple[str, str], ...] = ()
     _compiled: list = field(default_factory=list, compare=False, repr=False)
     _joining: list = field(default_factory=list, compare=False, repr=False)  # (rule, stored regex) that join
     _index: dict = field(default_factory=dict, compare=False, repr=False)
@@ -147,6 +151,9 @@ class TensorTable:
     def _rules_for(self, stored: str) -> list[tuple[Rule, tuple[str, ...]]]:
         """The first rule whose pattern matches, and after it every other rule with that same
         pattern (the pieces of a fused tensor)."""
+        for pattern, what in self.refused:
+            if re.search(pattern, stored):
+                raise MappingError(f"tensor {stored!r} is {what}")
         found = self._indexed("stored")(self._normalise(stored))
         if found is None:
             raise MappingError(f"tensor {stored!r} matches no rule of this family's table")

@@ -1,0 +1,279 @@
+"""Multimodal wrappers read as their text decoder (#24): Mistral3ForConditionalGeneration (mistral),
+GotOcr2ForConditionalGeneration (qwen2), MossTranscribeDiarizeForConditionalGeneration (qwen3) and
+Phi4MultimodalForCausalLM (phi3), each a tiny transformers model with tiny towers and every
+parameter perturbed. For each: the text path's logits equal transformers' wrapper's, convert gives
+the text family's canonical checkpoint (the towers recorded as dropped) and its text-only
+CausalLM, `inspect` and `convert` say the wrapper's note once, and `verify` of the canonical
+checkpoint passes against the wrapper. Then what each refuses by name."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+import transformers
+from click.testing import CliRunner
+from family_specs import FP32_TOL, IDS, WINDOW
+from hf_models import build_model, edited_weights, load_reference, perturb, save_checkpoint, tensors_of
+
+import lmconvert
+from lmconvert.cli import main
+from lmconvert.convert import to_canonical, to_hf
+from lmconvert.formats.errors import InputError
+from lmconvert.mappings import FAMILIES, MappingError, family_for
+from lmconvert.verify.run import verify
+
+TEXT = dict(vocab_size=128, hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
+            num_key_value_heads=2, max_position_embeddings=128, pad_token_id=0)
+
+
+def mistral3(**top: Any) -> transformers.PreTrainedConfig:
+    return transformers.Mistral3Config(
+        text_config=dict(model_type="mistral", head_dim=16, sliding_window=WINDOW, **TEXT),
+        vision_config=dict(model_type="pixtral", hidden_size=16, intermediate_size=32, num_hidden_layers=1,
+                           num_attention_heads=2, head_dim=8, image_size=28, patch_size=14),
+        image_token_index=5, **top)
+
+
+def got_ocr2(**top: Any) -> transformers.PreTrainedConfig:
+    return transformers.GotOcr2Config(
+        text_config=dict(model_type="qwen2", **TEXT),
+        vision_config=dict(hidden_size=16, output_channels=8, num_hidden_layers=1, num_attention_heads=2,
+                           image_size=32, patch_size=16, mlp_dim=32, window_size=2, global_attn_indexes=[0]),
+        image_token_index=5, **top)
+
+
+def moss(**top: Any) -> transformers.PreTrainedConfig:
+    return transformers.MossTranscribeDiarizeConfig(
+        text_config=dict(model_type="qwen3", head_dim=16, attention_bias=True, **TEXT),
+        audio_config=dict(d_model=16, encoder_layers=1, encoder_attention_heads=2, encoder_ffn_dim=32,
+                          num_mel_bins=8, max_source_positions=16),
+        audio_token_id=5, **top)
+
+
+def phi4(**top: Any) -> transformers.PreTrainedConfig:
+    return transformers.Phi4MultimodalConfig(
+        **TEXT, partial_rotary_factor=0.75, bos_token_id=1, eos_token_id=2,  # Phi-4-multimodal rotates 3/4
+        vision_config=dict(hidden_size=16, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2,
+                           image_size=28, patch_size=14, crop_size=28, feature_layer=-1),
+        audio_config=dict(hidden_size=16, intermediate_size=32, num_blocks=1, num_attention_heads=2, input_size=8,
+                          nemo_conv_channels=8, chunk_size=-1, left_chunk=-1, kernel_size=3, ext_pw_out_channel=16,
+                          depthwise_seperable_out_channel=16, depthwise_multiplier=1, time_reduction=2,
+                          nemo_final_size=2, bias_max_distance=10),
+        **top)
+
+
+# wrapper model_type -> (config, transformers class, text family, its CausalLM, the towers' first names, what the
+# note says is left out)
+WRAPPERS: dict[str, tuple[Callable[..., Any], str, str, str, tuple[str, ...], str]] = {
+    "mistral3": (mistral3, "Mistral3ForConditionalGeneration", "mistral", "MistralForCausalLM",
+                 ("vision_tower.", "multi_modal_projector."), "the vision tower and multi-modal projector"),
+    "got_ocr2": (got_ocr2, "GotOcr2ForConditionalGeneration", "qwen2", "Qwen2ForCausalLM",
+                 ("vision_tower.", "multi_modal_projector."), "the vision tower and multi-modal projector"),
+    "moss_transcribe_diarize": (moss, "MossTranscribeDiarizeForConditionalGeneration", "qwen3", "Qwen3ForCausalLM",
+                                ("model.audio_tower.", "model.multi_modal_projector."),
+                                "the audio tower and multi-modal projector"),
+    "phi4_multimodal": (phi4, "Phi4MultimodalForCausalLM", "phi3", "Phi3ForCausalLM",
+                        ("model.embed_tokens_extend.image_embed.", "model.embed_tokens_extend.audio_embed."),
+                        "the image and audio embedders"),
+}
+
+
+def build(name: str, directory: Path, **top: Any) -> tuple[Path, torch.Tensor]:
+    """A tiny perturbed wrapper saved by transformers, and its logits on IDS."""
+    make, cls = WRAPPERS[name][:2]
+    torch.manual_seed(0)
+    model = getattr(transformers, cls)._from_config(make(**top), attn_implementation="eager").eval()
+    perturb(model)
+    model.save_pretrained(directory)
+    with torch.no_grad():
+        return directory, model(IDS).logits.float()
+
+
+def wrapper_logits(directory: Path) -> torch.Tensor:
+    """transformers' own wrapper, loaded from the directory as its config.json names it."""
+    cls = json.loads((directory / "config.json").read_text())["architectures"][0]
+    model = getattr(transformers, cls).from_pretrained(directory, attn_implementation="eager",
+                                                       dtype=torch.float32).eval()
+    with torch.no_grad():
+        return model(IDS).logits.float()
+
+
+@torch.no_grad()
+def our_logits(path: Path) -> torch.Tensor:
+    return lmconvert.load(path, attention="eager")(IDS).float()
+
+
+def max_abs(a: torch.Tensor, b: torch.Tensor) -> float:
+    return float((a.float() - b.float()).abs().max())
+
+
+def edited_config(src: Path, dst: Path, edit: Callable[[dict[str, Any]], None]) -> Path:
+    shutil.copytree(src, dst)
+    config = json.loads((dst / "config.json").read_text())
+    edit(config)
+    (dst / "config.json").write_text(json.dumps(config, indent=2))
+    return dst
+
+
+@pytest.fixture(scope="module", params=list(WRAPPERS))
+def wrapper(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> tuple[str, Path, torch.Tensor]:
+    name = request.param
+    directory, logits = build(name, tmp_path_factory.mktemp(name) / "hf")
+    return name, directory, logits
+
+
+def test_the_text_path_matches_transformers_wrapper(wrapper: tuple[str, Path, torch.Tensor]) -> None:
+    name, src, ref = wrapper
+    _, _, family, _, towers, _ = WRAPPERS[name]
+    assert json.loads((src / "config.json").read_text())["model_type"] == name
+    names = list(tensors_of(src))
+    assert all(any(n.startswith(tower) for n in names) for tower in towers)  # the towers are in the files
+    assert family_for(name) is FAMILIES[family]
+    assert family_for(family) is FAMILIES[family]  # the text type is still its own family's
+    assert max_abs(wrapper_logits(src), ref) <= FP32_TOL  # what was saved is what transformers loads
+    assert max_abs(our_logits(src), ref) <= FP32_TOL
+
+
+def test_convert_gives_the_text_family_and_its_causal_lm(wrapper: tuple[str, Path, torch.Tensor],
+                                                        tmp_path: Path) -> None:
+    name, src, ref = wrapper
+    _, _, family, architecture, towers, _ = WRAPPERS[name]
+    meta = to_canonical(src, tmp_path / "canon")
+    assert meta.family == family and meta.source["model_type"] == name
+    dropped = meta.source["dropped_tensors"]
+    assert dropped and all(n.startswith(towers) for n in dropped)
+    assert all(any(n.startswith(tower) for n in dropped) for tower in towers)
+    assert max_abs(our_logits(tmp_path / "canon"), ref) <= FP32_TOL
+    to_hf(tmp_path / "canon", tmp_path / "text")
+    config = json.loads((tmp_path / "text" / "config.json").read_text())
+    assert config["architectures"] == [architecture] and config["model_type"] == family
+    assert all(not n.startswith(towers) for n in tensors_of(tmp_path / "text"))
+    text = getattr(transformers, architecture).from_pretrained(tmp_path / "text", attn_implementation="eager",
+                                                               dtype=torch.float32).eval()
+    with torch.no_grad():
+        assert max_abs(text(IDS).logits, ref) <= FP32_TOL
+
+
+def test_inspect_and_convert_say_the_note_once(wrapper: tuple[str, Path, torch.Tensor], tmp_path: Path) -> None:
+    name, src, _ = wrapper
+    note = FAMILIES[WRAPPERS[name][2]].note_for(name)
+    assert note.startswith(f"{WRAPPERS[name][1]} (model_type {name}): only the text decoder is read; ")
+    assert note.endswith(f"{WRAPPERS[name][5]} are left out")
+    for args in (["inspect", str(src)], ["convert", str(src), str(tmp_path / "said")]):
+        said = CliRunner().invoke(main, args)
+        assert said.exit_code == 0, said.output
+        assert said.output.count(note) == 1, said.output
+
+
+def test_verify_of_the_canonical_checkpoint_runs_the_wrapper(wrapper: tuple[str, Path, torch.Tensor],
+                                                            tmp_path: Path) -> None:
+    name, src, _ = wrapper
+    to_canonical(src, tmp_path / "canon")
+    report = verify(tmp_path / "canon", seq_len=16, generate=2)
+    assert report.passed, report
+    assert report.reference is not None and Path(report.reference).resolve() == src.resolve()
+    names = {p.name for p in report.points}
+    assert {"embed", "layers.1", "layers.1.attn.q", "layers.1.mlp.down", "final_norm"} <= names
+
+
+# ------------------------------------------------------------------------------------------------ tying
+def test_a_wrapper_written_before_transformers_5_keeps_its_own_head(tmp_path: Path) -> None:
+    """Mistral Small 3.1 / 3.2 as published state `tie_word_embeddings` nowhere and hold their own
+    `language_model.lm_head.weight`: transformers 5, whose Mistral3Config ties by default, keeps a
+    stored head that differs from the embeddings, and so does the import."""
+    src, ref = build("mistral3", tmp_path / "untied", tie_word_embeddings=False)
+    assert "language_model.lm_head.weight" in tensors_of(src)
+
+    def published(config: dict[str, Any]) -> None:
+        del config["tie_word_embeddings"]
+        config["text_config"].pop("tie_word_embeddings", None)
+
+    old = edited_config(src, tmp_path / "published", published)
+    assert max_abs(wrapper_logits(old), ref) <= FP32_TOL
+    assert lmconvert.load(old).cfg.tie_embeddings is False
+    assert max_abs(our_logits(old), ref) <= FP32_TOL
+
+
+def test_any_tying_config_with_a_stored_head_is_read_as_transformers_5_reads_it(tmp_path: Path) -> None:
+    """Not only wrappers: transformers 5 keeps a stored LM head that differs from the embeddings
+    whatever config.json says of tying, and so does the import."""
+    src = save_checkpoint(build_model("llama", tie_word_embeddings=False), tmp_path / "untied")
+    tied = edited_config(src, tmp_path / "says-tied", lambda config: config.update(tie_word_embeddings=True))
+    with torch.no_grad():
+        ref = load_reference(src)(IDS).logits
+        assert max_abs(load_reference(tied)(IDS).logits, ref) == 0.0
+    assert lmconvert.load(tied).cfg.tie_embeddings is False
+    assert max_abs(our_logits(tied), ref) <= FP32_TOL
+
+
+@pytest.mark.parametrize("name", ["mistral3", "got_ocr2", "moss_transcribe_diarize"])
+def test_the_top_level_tying_wins(name: str) -> None:
+    """transformers 5 writes both keys and reads the wrapper's (true when absent): a tied Mistral3
+    is saved tied at the top level and untied in text_config."""
+    family = FAMILIES[WRAPPERS[name][2]]
+    config = WRAPPERS[name][0]().to_dict()
+    for top, text, tied in ((True, False, True), (False, True, False), (None, False, True)):
+        config["text_config"]["tie_word_embeddings"] = text
+        if top is None:
+            config.pop("tie_word_embeddings")
+        else:
+            config["tie_word_embeddings"] = top
+        assert family.arch_config(config).tie_embeddings is tied
+    config["tie_word_embeddings"] = None
+    with pytest.raises(MappingError, match="tie_word_embeddings=null"):
+        family.arch_config(config)
+
+
+# ------------------------------------------------------------------------------------------------ refusals
+@pytest.mark.parametrize(("name", "text_type", "says"), [
+    ("mistral3", "ministral3", "text_config.model_type=\"ministral3\": lmconvert reads mistral3 only around a "
+                               "mistral text decoder"),
+    ("mistral3", "mistral4", "reads mistral3 only around a mistral text decoder"),
+    ("got_ocr2", "llama", "reads got_ocr2 only around a qwen2 text decoder"),
+    ("moss_transcribe_diarize", "qwen2", "reads moss_transcribe_diarize only around a qwen3 text decoder"),
+])
+def test_another_text_decoder_is_refused_by_name(name: str, text_type: str, says: str) -> None:
+    family = FAMILIES[WRAPPERS[name][2]]
+    config = WRAPPERS[name][0]().to_dict()
+    config["text_config"]["model_type"] = text_type
+    with pytest.raises(MappingError, match=says.replace("(", r"\(")):
+        family.arch_config(config)
+    config["text_config"] = "qwen3"
+    with pytest.raises(MappingError, match=f"text_config=\"qwen3\" should be a JSON object \\(the {name} model's"):
+        family.arch_config(config)
+
+
+def test_phi4_multimodal_lora_weights_are_refused_by_name(tmp_path: Path) -> None:
+    """Phi-4-multimodal's vision and speech LoRA adapters live in their own folders, which
+    transformers applies only on request; a LoRA-wrapped projection in the weights themselves (the
+    original phi4mm layout) is one transformers' Phi4Multimodal does not load: refused, named."""
+    src, _ = build("phi4_multimodal", tmp_path / "hf")
+
+    def wrap(tensors: dict[str, torch.Tensor]) -> None:
+        weight = tensors.pop("model.layers.1.self_attn.qkv_proj.weight")
+        tensors["model.layers.1.self_attn.qkv_proj.base_layer.weight"] = weight
+        tensors["model.layers.1.self_attn.qkv_proj.lora_A.vision.weight"] = torch.zeros(4, weight.shape[1])
+
+    lora = edited_weights(src, tmp_path / "lora", wrap)
+    with pytest.raises(InputError, match="is a LoRA-wrapped projection .*merge or remove the adapters first"):
+        lmconvert.load(lora)
+    said = CliRunner().invoke(main, ["inspect", str(lora)])
+    assert said.exit_code != 0 and "LoRA-wrapped projection" in said.output + said.stderr
+
+
+def test_phi4_multimodal_reads_its_own_defaults() -> None:
+    """Phi4MultimodalConfig's defaults differ from Phi3Config's in three keys; a phi3 file keeps Phi-3's."""
+    phi3 = FAMILIES["phi3"]
+    minimal = {"hidden_size": 64, "intermediate_size": 96, "num_hidden_layers": 2, "num_attention_heads": 16}
+    wrapped = phi3.arch_config({"model_type": "phi4_multimodal", **minimal})
+    expected = transformers.Phi4MultimodalConfig(**minimal)
+    assert (wrapped.vocab_size, wrapped.n_kv_heads, wrapped.max_positions) == \
+        (expected.vocab_size, expected.num_key_value_heads, expected.max_position_embeddings)
+    plain = phi3.arch_config({"model_type": "phi3", **minimal})
+    assert (plain.vocab_size, plain.n_kv_heads, plain.max_positions) == (32064, 16, 4096)
