@@ -389,6 +389,7 @@ def test_every_variant_has_a_name_a_refusal_can_say() -> None:
     assert [f.name for f in dataclass_fields(ArchConfig) if f.name not in VARIANT_NAMES] == []
 
 
+@pytest.mark.slow
 def test_some_exports_across_families_are_exact() -> None:
     """The matrix is not all refusals: LLaMA's plain model is Granite's, Mistral's without a window
     is LLaMA's, and so on (each confirmed by transformers' logits in test_cross_family_export)."""

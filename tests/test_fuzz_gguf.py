@@ -17,6 +17,7 @@ from functools import cache
 from pathlib import Path
 
 import gguf
+import pytest
 from bad_input import write_tiny_gguf
 from hypothesis import event, given
 from hypothesis import strategies as st
@@ -91,6 +92,7 @@ def held(path: Path, size: int) -> None:
     assert all(end <= start for (_, end), (start, _) in zip(spans, spans[1:], strict=False)), spans
 
 
+@pytest.mark.slow
 @fuzz(300)
 @given(changes=st.lists(mutations, min_size=1, max_size=3))
 def test_gguf_reader_fails_cleanly(changes: list[tuple[str, int, int]]) -> None:

@@ -181,6 +181,7 @@ def peak(*args: object, timeout: float = 120) -> tuple[Result, int, float]:
         return Result(proc.returncode, out.read(), err.read()), usage.ru_maxrss * 1024, time.monotonic() - start
 
 
+@pytest.mark.slow
 def test_array_claiming_2_40_elements_fails_within_memory(tiny: Path, tmp_path: Path) -> None:
     """Before: gguf's reader looped at the end of the file, memory growing without bound (2 GB
     in a minute)."""
@@ -194,6 +195,7 @@ def test_array_claiming_2_40_elements_fails_within_memory(tiny: Path, tmp_path: 
     assert used < baseline + 50 * MB, (used, baseline)
 
 
+@pytest.mark.slow
 def test_two_million_element_array_reads_within_memory_and_time(tiny: Path, tmp_path: Path) -> None:
     """A 2.2 MB file that holds what it claims: before, 1.65 GB and 83 s to inspect."""
     fine, baseline, base_seconds = peak("inspect", tiny)
@@ -243,6 +245,7 @@ with open_checkpoint(path) as checkpoint:
 """
 
 
+@pytest.mark.slow
 def test_a_file_truncated_while_read_is_named_not_a_sigbus(tiny: Path) -> None:
     """Before: the memory map's pages past the new end raised SIGBUS and killed the process."""
     proc = subprocess.run([sys.executable, "-c", TRUNCATE_WHILE_READING, str(tiny)], capture_output=True, text=True,

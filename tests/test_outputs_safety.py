@@ -194,6 +194,7 @@ def test_verify_never_replaces_a_directory_holding_an_input(ck: Path, tmp_path: 
     assert tree(ck) == before
 
 
+@pytest.mark.slow
 def test_verify_outputs_follow_convert_s_force_rule(ck: Path, tmp_path: Path) -> None:
     """An existing file is kept without --force; with it, replaced only if lmconvert wrote it; one
     file is not both --json and --save-golden."""
@@ -219,6 +220,7 @@ def test_verify_outputs_follow_convert_s_force_rule(ck: Path, tmp_path: Path) ->
 
 # ---------------------------------------------------------------- 3. a full disk: exit 2, the file named
 
+@pytest.mark.slow
 def test_a_full_disk_during_verify_json_leaves_no_truncated_report(canonical: Path, tmp_path: Path) -> None:
     """The report used to be left 4096 bytes long while the message said nothing was written, and
     named "output" instead of the file."""
@@ -228,6 +230,7 @@ def test_a_full_disk_during_verify_json_leaves_no_truncated_report(canonical: Pa
     assert not report.exists() and hidden(tmp_path) == []
 
 
+@pytest.mark.slow
 def test_a_full_disk_during_save_golden_exits_2(canonical: Path, tmp_path: Path) -> None:
     """safetensors' SafetensorError used to escape as an internal error (exit 3)."""
     golden = tmp_path / "golden.safetensors"
@@ -236,6 +239,7 @@ def test_a_full_disk_during_save_golden_exits_2(canonical: Path, tmp_path: Path)
     assert not golden.exists() and hidden(tmp_path) == []
 
 
+@pytest.mark.slow
 def test_a_full_disk_during_an_export_to_meta_exits_2(canonical: Path, tmp_path: Path) -> None:
     """torch.save's RuntimeError used to escape as an internal error (exit 3)."""
     out = tmp_path / "meta"
@@ -244,6 +248,7 @@ def test_a_full_disk_during_an_export_to_meta_exits_2(canonical: Path, tmp_path:
     assert not out.exists() and hidden(tmp_path) == []
 
 
+@pytest.mark.slow
 def test_a_full_disk_during_a_gguf_export_exits_2(canonical: Path, tmp_path: Path) -> None:
     out = tmp_path / "m.gguf"
     proc = run_limited(16384, "convert", canonical, out, "--to", "gguf", "--quant", "f32")

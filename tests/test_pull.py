@@ -328,6 +328,7 @@ def test_help_lists_pull() -> None:
         assert option in result.stdout
 
 
+@pytest.mark.slow
 def test_a_gguf_export_records_the_hub_source_not_a_local_path(pulled: tuple[Path, Path], hub: HubServer,
                                                                tmp_path: Path) -> None:
     """#28: users share GGUF files; one written from a pulled checkpoint names its repo and commit
@@ -385,6 +386,7 @@ def test_ctrl_c_during_a_download_takes_effect_at_once(commits: dict[str, dict[s
     assert list(blobs.glob("*.incomplete")) and not out.exists()
 
 
+@pytest.mark.slow
 def test_library_warnings_do_not_add_lines_to_our_error(commits: dict[str, dict[str, bytes]], tmp_path: Path) -> None:
     """#28: huggingface_hub's `warnings.warn` of a cache without the space a file needs put two lines
     before ours. Here the Hub announces 1 PB for the weights (no disk has that free), then sends the

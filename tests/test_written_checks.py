@@ -202,6 +202,7 @@ def blobs(home: Path, repo: str) -> set[str]:
     return {p.name for p in (home / "hub" / f"models--{repo.replace('/', '--')}" / "blobs").iterdir()}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("repo, kind", [("org/altered", "single"), ("org/altered-shard", "sharded")])
 def test_pull_refuses_a_download_that_is_not_what_the_hub_announced(hub: HubServer, repos: dict[str, dict[str, bytes]],
                                                                      tmp_path: Path, repo: str, kind: str) -> None:
@@ -220,6 +221,7 @@ def test_pull_refuses_a_download_that_is_not_what_the_hub_announced(hub: HubServ
     assert proc.returncode == 0, proc.stderr
 
 
+@pytest.mark.slow
 def test_pull_refuses_a_cached_file_changed_since_its_download(hub: HubServer, repos: dict[str, dict[str, bytes]],
                                                                tmp_path: Path) -> None:
     """From the cache, offline: the listing kept there has no sha256, the blob's name is the one announced."""
