@@ -18,10 +18,11 @@ from typing import Any
 from lmconvert.arch import ArchConfig
 from lmconvert.arch.attention_kinds import SparseSettings
 
-from ..errors import Inexpressible, MappingError
+from ..errors import Inexpressible
 from ..family import Family
 from ..tables.config_table import DEFAULT, Entry
 from ..tables.hf_config import HfConfig, Key
+from ..tables.hf_moe import dense_layers
 from ..tables.hf_rope import rope
 from ..tables.points import SHARED_UNFLATTENED, SPARSE
 from ..tables.table import Rule, TensorTable
@@ -61,14 +62,7 @@ def experts_from_hf(hf: HfConfig, fields: dict[str, Any]) -> dict[str, Any]:
     """transformers makes layer i a mixture of experts where mlp_layer_types[i] is "sparse"; absent,
     the types are first_k_dense_replace dense layers, then sparse ones."""
     n = fields["n_layers"]
-    types = hf.get("mlp_layer_types")
-    if types is None:
-        first = min(hf.get("first_k_dense_replace"), n)
-        types = ["dense"] * first + ["sparse"] * (n - first)
-    if len(types) != n or not set(types) <= {"dense", "sparse"}:
-        raise MappingError(f"config.json: mlp_layer_types={types!r}: needs \"dense\" or \"sparse\" for each of the "
-                           f"num_hidden_layers={n} layers")
-    dense = tuple(i for i, kind in enumerate(types) if kind == "dense")
+    dense = dense_layers(hf, n, hf.get("first_k_dense_replace"))
     if len(dense) == n:
         return {}
     moe = deepseek_v3.v3_moe(hf, len(dense), n)

@@ -20,10 +20,10 @@ from typing import Any
 
 from lmconvert.arch import ArchConfig
 
-from ..errors import MappingError
 from ..family import Family
 from ..tables.config_table import DEFAULT, Entry
 from ..tables.hf_config import HfConfig, Key
+from ..tables.hf_moe import dense_layers
 from ..tables.points import LATENT, SHARED_UNFLATTENED
 from . import deepseek_v3, llama
 
@@ -36,13 +36,7 @@ KEYS = (Key("n_routed_experts", int, 64), Key("num_experts_per_tok", int, 4), Ke
 def experts_from_hf(hf: HfConfig, fields: dict[str, Any]) -> dict[str, Any]:
     """transformers makes layer i a mixture of experts where mlp_layer_types[i] is "sparse"."""
     n = fields["n_layers"]
-    types = hf.get("mlp_layer_types")
-    if types is None:
-        types = ["dense"] + ["sparse"] * (n - 1)
-    if len(types) != n or not set(types) <= {"dense", "sparse"}:
-        raise MappingError(f"config.json: mlp_layer_types={types!r}: needs \"dense\" or \"sparse\" for each of the "
-                           f"num_hidden_layers={n} layers")
-    dense = tuple(i for i, kind in enumerate(types) if kind == "dense")
+    dense = dense_layers(hf, n, 1)
     if len(dense) == n:
         return {}
     moe = deepseek_v3.v3_moe(hf, 0, n)

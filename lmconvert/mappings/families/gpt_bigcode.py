@@ -22,14 +22,12 @@ from typing import Any
 from lmconvert.arch import ArchConfig
 
 from ..family import Family
-from ..tables.config_table import DEFAULT, ConfigTable, Entry, fixed, plain, unsupported
-from ..tables.hf_alias import aliased
+from ..tables.config_table import DEFAULT, Entry, fixed, unsupported
 from ..tables.hf_config import HfConfig, Key
 from ..tables.table import Rule, TensorTable
-from .gpt2 import LAYER_NORM
+from . import gpt2
 from .gpt_neox import fused_qkv
 from .llama import activation
-from .opt import learned_positions
 
 WB = ("weight", "bias")
 LAYER = "transformer.h.{}"
@@ -58,27 +56,14 @@ def attention_to_hf(cfg: ArchConfig) -> dict[str, Any]:
             "attention_softmax_in_fp32": DEFAULT, "scale_attention_softmax_in_fp32": DEFAULT}
 
 
-CONFIG = ConfigTable((
-    plain("vocab_size", "vocab_size", int, 50257),
-    aliased("n_embd", "hidden_size", "d_model", int, 768),
-    Entry("n_inner", (Key("n_inner", int, None, nullable=True),),
-          lambda hf, fields: {"d_ff": hf.get("n_inner") or 4 * fields["d_model"]},
-          lambda cfg: {"n_inner": None if cfg.d_ff == 4 * cfg.d_model else cfg.d_ff}),
-    aliased("n_layer", "num_hidden_layers", "n_layers", int, 12),
-    aliased("n_head", "num_attention_heads", "n_heads", int, 12),
-    aliased("n_positions", "max_position_embeddings", "max_positions", int, 1024),
-    plain("tie_word_embeddings", "tie_embeddings", bool, True),
-    LAYER_NORM,
-    activation("activation_function", "gelu_pytorch_tanh"),
-    Entry("attention", (Key("scale_attn_weights", bool, True), Key("multi_query", bool, True),
-                        Key("attention_softmax_in_fp32", bool, True),
-                        Key("scale_attention_softmax_in_fp32", bool, True)), attention_from_hf, attention_to_hf),
-    plain("embd_pdrop", "embed_dropout", float, 0.1, bound="probability"),
-    plain("resid_pdrop", "resid_dropout", float, 0.1, bound="probability"),
-    plain("attn_pdrop", "attn_dropout", float, 0.1, bound="probability"),
-    unsupported("add_cross_attention", bool, False, "cross attention to an encoder", "GPTBigCode"),
-    fixed("GPTBigCode layers", gated=False, q_bias=True, k_bias=True, v_bias=True, o_bias=True, mlp_bias=True),
-    Entry("positions", (), lambda hf, fields: learned_positions(fields["n_layers"], 0), lambda cfg: {}),
-))
+CONFIG = gpt2.CONFIG.but(
+    drop=("GPT-2 layers",),
+    add=(activation("activation_function", "gelu_pytorch_tanh"),
+         Entry("attention", (Key("scale_attn_weights", bool, True), Key("multi_query", bool, True),
+                             Key("attention_softmax_in_fp32", bool, True),
+                             Key("scale_attention_softmax_in_fp32", bool, True)), attention_from_hf, attention_to_hf),
+         unsupported("add_cross_attention", bool, False, "cross attention to an encoder", "GPTBigCode"),
+         fixed("GPTBigCode layers", gated=False, q_bias=True, k_bias=True, v_bias=True, o_bias=True, mlp_bias=True)),
+)
 
 FAMILY = Family("gpt_bigcode", ("gpt_bigcode",), "GPTBigCodeForCausalLM", TENSORS, CONFIG)

@@ -28,7 +28,7 @@ from ..errors import MappingError
 from ..family import Family
 from ..tables.config_table import DEFAULT, Entry, fixed
 from ..tables.hf_config import HfConfig, Key
-from ..tables.hf_moe import FUSED_RULES
+from ..tables.hf_moe import FUSED_RULES, dense_layers
 from ..tables.points import QK_NORM_HEADS_FIRST
 from ..tables.table import Rule, TensorTable
 from . import deepseek_v3, llama
@@ -42,13 +42,7 @@ KEYS = (Key("num_experts", int, 192, nullable=True), Key("num_experts_per_tok", 
 def experts_from_hf(hf: HfConfig, fields: dict[str, Any]) -> dict[str, Any]:
     """transformers makes layer i a mixture of experts where mlp_layer_types[i] is "sparse"."""
     n = fields["n_layers"]
-    types = hf.get("mlp_layer_types")
-    if types is None:
-        types = ["dense"] * min(n, 1) + ["sparse"] * max(n - 1, 0)
-    if len(types) != n or not set(types) <= {"dense", "sparse"}:
-        raise MappingError(f"config.json: mlp_layer_types={types!r}: needs \"dense\" or \"sparse\" for each of the "
-                           f"num_hidden_layers={n} layers")
-    dense = tuple(i for i, kind in enumerate(types) if kind == "dense")
+    dense = dense_layers(hf, n, 1)
     if len(dense) == n:
         return {}
     for name in ("num_experts", "num_experts_per_tok", "num_shared_experts"):

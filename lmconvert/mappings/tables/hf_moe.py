@@ -117,3 +117,16 @@ FUSED_RULES = (
     Rule("model.layers.{}.mlp.experts.gate_up_proj", "layers.{}.mlp.experts.{}.up.weight", Unstack(part=1, parts=2)),
     Rule("model.layers.{}.mlp.experts.down_proj", "layers.{}.mlp.experts.{}.down.weight", Unstack()),
 )
+
+
+def dense_layers(hf: HfConfig, n: int, first_dense: int) -> tuple[int, ...]:
+    """The layers transformers builds dense (the others a mixture of experts): where
+    `mlp_layer_types` says "dense" (else "sparse"), or without it the first `first_dense`."""
+    types = hf.get("mlp_layer_types")
+    if types is None:
+        first = min(first_dense, n)
+        types = ["dense"] * first + ["sparse"] * (n - first)
+    if len(types) != n or not set(types) <= {"dense", "sparse"}:
+        raise MappingError(f"config.json: mlp_layer_types={types!r}: needs \"dense\" or \"sparse\" for each of the "
+                           f"num_hidden_layers={n} layers")
+    return tuple(i for i, kind in enumerate(types) if kind == "dense")
