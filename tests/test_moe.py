@@ -61,10 +61,13 @@ def saved(tmp_path_factory: pytest.TempPathFactory) -> Callable[..., Path]:
     return get
 
 
-def eager_experts(directory: Path, dtype: torch.dtype = torch.float32) -> torch.nn.Module:
-    """transformers with eager attention and eager experts (expert by expert, index_add_)."""
+EXPERTS = ("grouped_mm", "eager")  # transformers' experts implementations: its default, and expert by expert
+
+
+def their_model(directory: Path, dtype: torch.dtype = torch.float32, experts: str = "grouped_mm") -> torch.nn.Module:
+    """transformers with eager attention and the experts implementation asked (its default unless told)."""
     return AutoModelForCausalLM.from_pretrained(directory, dtype=dtype, attn_implementation="eager",
-                                                experts_implementation="eager").eval()
+                                                experts_implementation=experts).eval()
 
 
 # ------------------------------------------------------------------------------------------------ the test batch
@@ -93,35 +96,36 @@ def test_every_expert_is_chosen_in_the_test_batch(name: str, saved: Callable[...
 
 
 # ------------------------------------------------------------------------------------------------ the block alone
-def _qwen2_moe_block(norm_topk: bool) -> torch.nn.Module:
+def _qwen2_moe_block(norm_topk: bool, experts: str = "eager") -> torch.nn.Module:
     from transformers.models.qwen2_moe.modeling_qwen2_moe import Qwen2MoeSparseMoeBlock
 
     config = AutoConfig.for_model("qwen2_moe", hidden_size=16, num_experts=5, num_experts_per_tok=3,
-                                  moe_intermediate_size=12, shared_expert_intermediate_size=20,
+                                  moe_intermediate_size=16, shared_expert_intermediate_size=20,
                                   norm_topk_prob=norm_topk)
-    config._experts_implementation = "eager"
+    config._experts_implementation = experts
     return Qwen2MoeSparseMoeBlock(config)
 
 
-def _mixtral_block(norm_topk: bool) -> torch.nn.Module:
+def _mixtral_block(norm_topk: bool, experts: str = "eager") -> torch.nn.Module:
     from transformers.models.mixtral.modeling_mixtral import MixtralSparseMoeBlock
 
     config = AutoConfig.for_model("mixtral", hidden_size=16, num_local_experts=5, num_experts_per_tok=3,
-                                  intermediate_size=12)
-    config._experts_implementation = "eager"
+                                  intermediate_size=16)
+    config._experts_implementation = experts
     return MixtralSparseMoeBlock(config)
 
 
 # (transformers' block, our MoeConfig, and whether transformers' class can express it)
 BLOCKS = {
     "qwen2_moe": (_qwen2_moe_block, dict(shared="gated", d_shared=20)),
-    "qwen2_moe_renormalised": (lambda _: _qwen2_moe_block(True), dict(shared="gated", d_shared=20, norm_topk=True)),
+    "qwen2_moe_renormalised": (lambda _, experts: _qwen2_moe_block(True, experts),
+                               dict(shared="gated", d_shared=20, norm_topk=True)),
     "mixtral": (_mixtral_block, dict(weights_fp32=True, norm_topk=True)),
 }
 
 
 def _ours_from(theirs: torch.nn.Module, settings: dict) -> MoE:
-    moe = MoeConfig(**{"n_experts": 5, "top_k": 3, "d_expert": 12, "norm_topk": False, **settings})
+    moe = MoeConfig(**{"n_experts": 5, "top_k": 3, "d_expert": 16, "norm_topk": False, **settings})
     cfg = ArchConfig(vocab_size=8, d_model=16, n_layers=1, n_heads=2, d_ff=4, moe=moe)
     ours = MoE(cfg)
     state = {"router.weight": theirs.gate.weight}
@@ -137,30 +141,45 @@ def _ours_from(theirs: torch.nn.Module, settings: dict) -> MoE:
     return ours
 
 
-def fused_gemm_splits_exactly(theirs: torch.nn.Module, x: torch.Tensor) -> bool:
-    """Whether this CPU's fp32 GEMM gives transformers' one product over an expert's fused `gate_up_proj`
-    the bits of ours, gate and up apart, on these shapes. MKL's AVX-512 sgemm does; its AVX2 one
-    (MKL_ENABLE_INSTRUCTIONS=AVX2, docs/testing.md: the dual-ISA run) sums 24 columns otherwise than 12 from
-    5 rows on. bf16's GEMM (oneDNN) splits exactly on both."""
-    rows, fused = x.reshape(-1, x.shape[-1]), theirs.experts.gate_up_proj[0]
-    gate, up = fused.chunk(2)
-    return torch.equal(F.linear(rows, fused), torch.cat([F.linear(rows, gate), F.linear(rows, up)], -1))
+def their_gemms_are_ours(theirs: torch.nn.Module, x: torch.Tensor, experts: str) -> bool:
+    """Whether this CPU's fp32 GEMMs give transformers' products the bits of ours, on the rows routed to
+    each expert: its one product over the fused `gate_up_proj` against ours, gate and up apart, and (for
+    its default, grouped_mm, which multiplies by the transposed weight) its down projection against our
+    linear. MKL's AVX-512 sgemm gives them; its AVX2 one (MKL_ENABLE_INSTRUCTIONS=AVX2, docs/testing.md:
+    the dual-ISA run) sums otherwise on some shapes. bf16's GEMM (oneDNN) is exact on both."""
+    def product(rows: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+        if experts == "eager":
+            return F.linear(rows, weight)
+        return F.grouped_mm(rows, weight.t()[None], offs=torch.tensor([rows.shape[0]], dtype=torch.int32))
+
+    rows = x.reshape(-1, x.shape[-1])
+    chosen = theirs.gate(rows)[2]
+    for e, (fused, down) in enumerate(zip(theirs.experts.gate_up_proj, theirs.experts.down_proj, strict=True)):
+        mine = rows[(chosen == e).any(dim=-1)]
+        gate, up = fused.chunk(2)
+        inner = torch.randn(mine.shape[0], down.shape[1], generator=torch.Generator().manual_seed(e))
+        if not (torch.equal(product(mine, fused), torch.cat([F.linear(mine, gate), F.linear(mine, up)], -1))
+                and torch.equal(product(inner, down), F.linear(inner, down))):
+            return False
+    return True
 
 
+@pytest.mark.parametrize("experts", EXPERTS)
 @pytest.mark.parametrize("block", list(BLOCKS))
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.bitexact
-def test_block_equals_transformers_block_bit_for_bit(block: str, dtype: torch.dtype) -> None:
+def test_block_equals_transformers_block_bit_for_bit(block: str, dtype: torch.dtype, experts: str) -> None:
     """Mixtral's router (renormalised, weights kept fp32) and Qwen2-MoE's (renormalised or not,
     weights cast back; a sigmoid-gated shared expert), top-3 of 5, so that the order in which the
-    experts' outputs are added shows in bf16."""
+    experts' outputs are added shows in bf16; under each of transformers' experts implementations."""
     make, settings = BLOCKS[block]
     torch.manual_seed(0)
-    theirs = make(settings.get("norm_topk", False))
+    theirs = make(settings.get("norm_topk", False), experts)
     with torch.no_grad():
         for p in theirs.parameters():
             p.normal_(0, 0.5)
     ours = _ours_from(theirs, settings).to(dtype)
+    ours.experts.implementation = experts
     theirs = theirs.to(dtype)
     x = torch.randn(3, 7, 16, generator=torch.Generator().manual_seed(1)).to(dtype)
     with torch.no_grad():
@@ -175,7 +194,7 @@ def test_block_equals_transformers_block_bit_for_bit(block: str, dtype: torch.dt
         threads = torch.get_num_threads()
         torch.set_num_threads(1)
         try:
-            if fused_gemm_splits_exactly(theirs, x):
+            if their_gemms_are_ours(theirs, x, experts):
                 assert torch.equal(ours(x), theirs(x))
             else:
                 warnings.warn("fp32 bits not compared: this CPU's fp32 GEMM sums the fused gate_up_proj otherwise "
@@ -249,23 +268,36 @@ def test_transformers_fused_layout_is_read_and_written_back_as_the_hubs(name: st
 def test_fused_layout_parity(name: str, saved: Callable[..., Path]) -> None:
     src = saved(name, fused=True)
     with torch.no_grad():
-        reference = eager_experts(src)(IDS).logits
+        reference = their_model(src)(IDS).logits
         ours = lmconvert.load(src, attention="eager")(IDS)
     assert float((ours - reference).abs().max()) <= FP32_TOL
 
 
+@pytest.mark.parametrize("experts", EXPERTS)
 @pytest.mark.parametrize("name", MOE_FAMILIES)
 @pytest.mark.bitexact
-def test_bf16_logits_are_transformers_eager_experts_bit_for_bit(name: str, saved: Callable[..., Path]) -> None:
-    """Same op order as transformers' eager experts: routing weights cast where it casts them,
-    experts added in index order with index_add_ in bf16. (Its default on CPU and GPU, grouped_mm,
-    sums each token's top-k in fp32 instead: equal for top-2 with weights in bf16, not for
-    Mixtral's fp32 weights.)"""
+def test_bf16_logits_are_transformers_experts_bit_for_bit(name: str, experts: str,
+                                                          saved: Callable[..., Path]) -> None:
+    """Same op order as each of transformers' experts implementations: routing weights cast where
+    it casts them; its default (grouped_mm) sums each token's top-k at once in fp32, its eager
+    experts add expert after expert with index_add_ in bf16. The two differ (Mixtral's fp32
+    weights; any top-k above 2), so each is followed on its own."""
     src = saved(name, torch.bfloat16)
     with torch.no_grad():
-        reference = eager_experts(src, torch.bfloat16)(IDS).logits
-        ours = lmconvert.load(src, dtype=torch.bfloat16, attention="eager")(IDS)
+        reference = their_model(src, torch.bfloat16, experts)(IDS).logits
+        ours = lmconvert.load(src, dtype=torch.bfloat16, attention="eager").set_experts(experts)(IDS)
     assert torch.equal(ours, reference)
+
+
+def test_the_two_sums_round_differently_in_bf16(saved: Callable[..., Path]) -> None:
+    """Each order matters: on Mixtral (fp32 routing weights, top-2) transformers' two experts
+    implementations give different bf16 logits, and so do ours."""
+    src = saved("mixtral", torch.bfloat16)
+    ours = lmconvert.load(src, dtype=torch.bfloat16, attention="eager")
+    with torch.no_grad():
+        theirs = [their_model(src, torch.bfloat16, e)(IDS).logits for e in EXPERTS]
+        mine = [ours.set_experts(e)(IDS) for e in EXPERTS]
+    assert not torch.equal(*theirs) and not torch.equal(*mine)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
@@ -484,7 +516,7 @@ def test_deepseek_moe_parity(name: str, fused: bool, deepseek: Callable[..., Pat
     src = deepseek(name, fused=fused)
     ours = lmconvert.load(src, attention="eager")
     with torch.no_grad():
-        assert float((ours(IDS) - eager_experts(src)(IDS).logits).abs().max()) <= FP32_TOL
+        assert float((ours(IDS) - their_model(src)(IDS).logits).abs().max()) <= FP32_TOL
     moe = ours.cfg.moe
     chosen = chosen_experts(ours)
     assert len(chosen) == sum(moe.sparse(i) for i in range(ours.cfg.n_layers))
@@ -500,7 +532,7 @@ def test_deepseek_v3_router_settings_bite(deepseek: Callable[..., Path]) -> None
     src = deepseek("v3")
     model = lmconvert.load(src, attention="eager")
     with torch.no_grad():
-        reference = eager_experts(src)(IDS).logits
+        reference = their_model(src)(IDS).logits
     state, moe = model.state_dict(), model.cfg.moe
     for change in (dict(n_group=1, topk_group=1), dict(topk_group=4), dict(norm_topk=False), dict(scale=1.0)):
         cfg = dataclasses.replace(model.cfg, moe=dataclasses.replace(moe, **change))
@@ -515,12 +547,13 @@ def test_deepseek_v3_router_settings_bite(deepseek: Callable[..., Path]) -> None
         assert float((model(IDS) - reference).abs().max()) > 1e-3
 
 
+@pytest.mark.parametrize("experts", EXPERTS)
 @pytest.mark.bitexact
-def test_deepseek_v3_bf16_is_transformers_eager_experts_bit_for_bit(deepseek: Callable[..., Path]) -> None:
+def test_deepseek_v3_bf16_is_transformers_experts_bit_for_bit(experts: str, deepseek: Callable[..., Path]) -> None:
     src = deepseek("v3", torch.bfloat16)
     with torch.no_grad():
-        reference = eager_experts(src, torch.bfloat16)(IDS).logits
-        ours = lmconvert.load(src, dtype=torch.bfloat16, attention="eager")(IDS)
+        reference = their_model(src, torch.bfloat16, experts)(IDS).logits
+        ours = lmconvert.load(src, dtype=torch.bfloat16, attention="eager").set_experts(experts)(IDS)
     assert torch.equal(ours, reference)
 
 
@@ -530,8 +563,8 @@ def test_deepseek_moe_bf16_faithfulness(name: str, deepseek: Callable[..., Path]
 
     src = deepseek(name, torch.bfloat16)
     with torch.no_grad():
-        exact = eager_experts(src, torch.float32)(IDS).logits
-        reference_error = float((eager_experts(src, torch.bfloat16)(IDS).logits.float() - exact).abs().mean())
+        exact = their_model(src, torch.float32)(IDS).logits
+        reference_error = float((their_model(src, torch.bfloat16)(IDS).logits.float() - exact).abs().mean())
         ours_error = float((lmconvert.load(src, dtype=torch.bfloat16, attention="eager")(IDS).float() - exact)
                            .abs().mean())
     assert 0 < reference_error and ours_error <= FAITHFULNESS * reference_error, (ours_error, reference_error)
@@ -688,7 +721,7 @@ def test_deepseek_router_stays_fp32_in_a_bf16_load(streamed_load: bool, deepseek
     assert not any(tensors[n].bfloat16().float().equal(tensors[n]) for n in fp32)  # bits bf16 would lose
     save_file(mixed, src / "model.safetensors", metadata={"format": "pt"})
     with torch.no_grad():
-        reference = eager_experts(src, torch.bfloat16)(IDS).logits
+        reference = their_model(src, torch.bfloat16)(IDS).logits
         if streamed_load:
             with streamed(src, torch.bfloat16) as stream:
                 ours = stream(IDS)
@@ -778,7 +811,7 @@ def test_gguf_import_equals_the_original_model(name: str, tmp_path: Path) -> Non
     ours = lmconvert.load(path, attention="eager")
     assert ours.cfg.moe == lmconvert.load(saved_hf := save_checkpoint(model, tmp_path / "hf")).cfg.moe
     with torch.no_grad():
-        assert float((ours(IDS) - eager_experts(saved_hf)(IDS).logits).abs().max()) <= FP32_TOL
+        assert float((ours(IDS) - their_model(saved_hf)(IDS).logits).abs().max()) <= FP32_TOL
 
 
 @pytest.mark.parametrize("name", list(GGUF_ARCH))

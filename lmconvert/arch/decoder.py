@@ -16,7 +16,7 @@ from .cache import KVCache
 from .config import ArchConfig
 from .context import Context, mask_positions
 from .errors import ConfigError
-from .moe import balance_loss
+from .moe import SUMS, Experts, balance_loss
 from .norms import Norm
 from .positions import POSITION_TABLES, RelativeBias
 from .rope import Rotary
@@ -57,6 +57,16 @@ class Decoder(nn.Module):
             raise ConfigError(f"attention backend {backend!r}: choose one of {', '.join(BACKENDS)}")
         for block in self.layers:
             block.attn.backend = backend
+        return self
+
+    def set_experts(self, implementation: str) -> Decoder:
+        """Sum a mixture of experts' outputs as transformers' "grouped_mm" (its default) or "eager"
+        experts do (arch/moe.py): the two round differently in bf16 and fp16."""
+        if implementation not in SUMS:
+            raise ConfigError(f"experts implementation {implementation!r}: choose one of {', '.join(SUMS)}")
+        for module in self.modules():
+            if isinstance(module, Experts):
+                module.implementation = implementation
         return self
 
     def new_cache(self) -> KVCache:

@@ -1,17 +1,21 @@
 """The mixture-of-experts FFN: a router, `n_experts` gated FFNs, and an optional shared expert.
 
-Op for op as transformers 5's eager experts (`MixtralExperts.forward`, `Qwen2MoeExperts.forward`,
-...), so that bf16 results are theirs bit for bit: the router's logits in the activation dtype,
-softmax in fp32, top-k, the optional renormalisation in fp32, then (unless `weights_fp32`) the
-weights cast back to the activation dtype; experts in increasing index order, each on the tokens
-routed to it, weighted, cast to the activation dtype and `index_add_`-ed into a zero tensor (the
-order of those adds is the rounding order in bf16). The shared expert's output, gated by a sigmoid
+Op for op as transformers 5's experts, so that bf16 results are theirs bit for bit: the router's
+logits in the activation dtype, softmax in fp32, top-k, the optional renormalisation in fp32, then
+(unless `weights_fp32`) the weights cast back to the activation dtype; each expert on the tokens
+routed to it, weighted. How the weighted outputs are summed is transformers' `experts_implementation`,
+and both are offered (`Decoder.set_experts`): "grouped_mm", its default on CPU and GPU, sums each
+token's top-k at once (accumulated in fp32, rounded once); "eager" (`MixtralExperts.forward`, ...)
+casts each to the activation dtype and `index_add_`s them into a zero tensor in increasing expert
+order, rounding after every add. The shared expert's output, gated by a sigmoid
 where `shared="gated"`, is added last, as Qwen2-MoE and DeepSeek add it. DeepSeek's routers
 (sigmoid scores, a selection bias, group-limited choice, a scaling factor, fp32 logits) follow
 `DeepseekV3TopkRouter` and `DeepseekV2TopkRouter` op for op.
 """
 
 from __future__ import annotations
+
+import itertools
 
 import torch
 from torch import nn
@@ -99,17 +103,48 @@ class Experts(nn.ModuleList):
     point for verify (`one_point`), as transformers 5 computes all experts in one module."""
 
     one_point = True
+    implementation = "grouped_mm"  # transformers' default; Decoder.set_experts
 
     def forward(self, h: torch.Tensor, weights: torch.Tensor, chosen: torch.Tensor) -> torch.Tensor:  # type: ignore[override]
-        out = torch.zeros_like(h)
-        with torch.no_grad():  # [expert, top-k slot, token]
-            mask = nn.functional.one_hot(chosen, num_classes=len(self)).permute(2, 1, 0)
-            hit = torch.greater(mask.sum(dim=(-1, -2)), 0).nonzero()
-        for e in hit[:, 0].tolist():
-            slot, token = torch.where(mask[e])
-            y = self[e](h[token]) * weights[token, slot, None]
-            out.index_add_(0, token, y.to(out.dtype))
-        return out
+        return SUMS[self.implementation](self, h, weights, chosen)
+
+
+def _index_add(experts: Experts, h: torch.Tensor, weights: torch.Tensor, chosen: torch.Tensor) -> torch.Tensor:
+    """transformers' eager experts: in increasing expert order, each expert's weighted output
+    rounded to the activation dtype and `index_add_`-ed."""
+    out = torch.zeros_like(h)
+    with torch.no_grad():  # [expert, top-k slot, token]
+        mask = nn.functional.one_hot(chosen, num_classes=len(experts)).permute(2, 1, 0)
+        hit = torch.greater(mask.sum(dim=(-1, -2)), 0).nonzero()
+    for e in hit[:, 0].tolist():
+        slot, token = torch.where(mask[e])
+        y = experts[e](h[token]) * weights[token, slot, None]
+        out.index_add_(0, token, y.to(out.dtype))
+    return out
+
+
+def _grouped_sum(experts: Experts, h: torch.Tensor, weights: torch.Tensor, chosen: torch.Tensor) -> torch.Tensor:
+    """transformers' grouped_mm experts: the (token, slot) pairs sorted by expert as it sorts them
+    (each expert's rows one matmul, in its row order, which a GEMM's bits can depend on), each
+    weighted (in fp32 where the weights are), then each token's top-k summed at once and cast."""
+    top_k = chosen.shape[1]
+    with torch.no_grad():
+        ids, perm = torch.sort(chosen.reshape(-1))
+        counts = torch.bincount(ids, minlength=len(experts)).tolist()
+    flat = weights.reshape(-1)
+    out: torch.Tensor | None = None
+    for e, end in enumerate(itertools.accumulate(counts)):
+        if counts[e]:
+            pairs = perm[end - counts[e]:end]
+            y = experts[e](h[pairs // top_k]) * flat[pairs, None]
+            out = y.new_zeros(chosen.numel(), h.shape[1]) if out is None else out
+            out[pairs] = y
+    if out is None:
+        return torch.zeros_like(h)
+    return out.view(h.shape[0], top_k, h.shape[1]).sum(dim=1).to(h.dtype)
+
+
+SUMS = {"eager": _index_add, "grouped_mm": _grouped_sum}
 
 
 class MoE(nn.Module):

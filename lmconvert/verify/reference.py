@@ -130,8 +130,8 @@ def spread_map(reference: Loadable, dtype: torch.dtype, gpus: int, max_memory: i
 @contextmanager
 def reference_model(reference: Loadable, dtype: torch.dtype, device: str, max_memory: int | None = None,
                     reserve: int = 0) -> Iterator[torch.nn.Module]:
-    """transformers' own model with eager attention (and eager experts): the ground truth for parity, loaded as the
-    checkpoint's format says (a GGUF file with `gguf_file=`, dequantized by transformers).
+    """transformers' own model with eager attention (and its default experts): the ground truth for parity,
+    loaded as the checkpoint's format says (a GGUF file with `gguf_file=`, dequantized by transformers).
     With `max_memory` (bytes), accelerate places what fits and offloads the rest to a temporary
     folder, loading each offloaded module onto `device` only while it runs. A bare `cuda` with
     several GPUs visible spreads it over all of them (`spread_map`), each keeping `reserve` bytes
@@ -160,11 +160,10 @@ def load_reference(reference: Loadable, dtype: torch.dtype, device: str, max_mem
     try:
         placed = placement(reference, dtype, device, max_memory, reserve)
         extra = {} if placed is None else {"device_map": placed, "offload_folder": offload}
-        # eager experts too: a mixture of experts summed expert by expert (index_add_), as ours, where
-        # transformers' default (grouped_mm) sums each token's top-k in another order
+        # transformers' default experts (grouped_mm): ours sum a mixture of experts in its order by default
         config = AutoConfig.from_pretrained(str(reference.where), **reference.kwargs)
         model = auto_class(config).from_pretrained(str(reference.where), dtype=dtype, attn_implementation="eager",
-                                                   experts_implementation="eager", **reference.kwargs, **extra)
+                                                   **reference.kwargs, **extra)
     except ImportError as exc:  # device_map needs accelerate
         what = "--max-memory" if max_memory is not None else f"--device {device} over {spread_gpus(device)} GPUs"
         raise InputError(f"{what}: transformers cannot place the reference ({exc}); pip install accelerate") from None

@@ -8,9 +8,8 @@ MOE = dict(num_hidden_layers=3, first_k_dense_replace=1, n_routed_experts=8, num
            moe_intermediate_size=32, n_shared_experts=2, n_group=4, topk_group=2)
 LINEAR = {"rope_type": "linear", "factor": 2.0, "rope_theta": 1e6}
 
-SPEC = Spec(  # bf16: bit-exact with transformers' eager experts (test_moe.py), not its default grouped_mm,
-    # which sums each token's top-k in fp32
-    "dots1", bf16_exact=False,
+SPEC = Spec(  # bf16: bit-exact with transformers' default experts (grouped_mm) and its eager ones (test_moe.py)
+    "dots1",
     kwargs=dict(MOE, norm_topk_prob=True, routed_scaling_factor=1.5, attention_bias=True, sliding_window=WINDOW,
                 max_window_layers=1, rope_parameters={"rope_type": "default", "rope_theta": 1e6}),
     old_style={"rope_theta": 1e6}, old_drop=("layer_types",),

@@ -6,9 +6,8 @@ from specs import Spec
 
 LINEAR = {"rope_type": "linear", "factor": 2.0, "rope_theta": 1e6}
 
-SPEC = Spec(  # bf16: bit-exact with transformers' eager experts (test_moe.py), not its default grouped_mm,
-    # which sums each token's top-k in fp32
-    "flex_olmo", bf16_exact=False,
+SPEC = Spec(  # bf16: bit-exact with transformers' default experts (grouped_mm) and its eager ones (test_moe.py)
+    "flex_olmo",
     kwargs=dict(num_experts=6, num_experts_per_tok=3, norm_topk_prob=True, attention_bias=True, eos_token_id=1,
                 pad_token_id=0, rope_parameters={"rope_type": "default", "rope_theta": 1e6}),
     old_style={"rope_theta": 1e6},

@@ -8,9 +8,8 @@ MOE = dict(num_hidden_layers=3, first_k_dense_replace=1, n_routed_experts=8, num
            moe_intermediate_size=32, n_shared_experts=2, n_group=4, topk_group=2)
 LINEAR = {"rope_type": "linear", "factor": 2.0, "rope_theta": 1e6, "partial_rotary_factor": 0.75}
 
-SPEC = Spec(  # bf16: bit-exact with transformers' eager experts (test_moe.py), not its default grouped_mm,
-    # which sums each token's top-k in fp32
-    "glm4_moe", bf16_exact=False,
+SPEC = Spec(  # bf16: bit-exact with transformers' default experts (grouped_mm) and its eager ones (test_moe.py)
+    "glm4_moe",
     kwargs=dict(MOE, routed_scaling_factor=1.5, attention_bias=True, use_qk_norm=True, head_dim=16,
                 rope_parameters={"rope_type": "default", "rope_theta": 1e6, "partial_rotary_factor": 0.5}),
     old_style={"rope_theta": 1e6, "partial_rotary_factor": 0.5},

@@ -10,9 +10,8 @@ MLA = dict(num_key_value_heads=4, kv_lora_rank=16, qk_nope_head_dim=12, qk_rope_
 MOE = dict(num_hidden_layers=3, mlp_layer_types=["sparse", "dense", "sparse"], n_routed_experts=8,
            num_experts_per_tok=3, moe_intermediate_size=32, n_shared_experts=2, n_group=4, topk_group=2)
 
-SPEC = Spec(  # bf16: bit-exact with transformers' eager experts (test_moe.py), not its default grouped_mm,
-    # which sums each token's top-k in fp32
-    "glm4_moe_lite", bf16_exact=False,
+SPEC = Spec(  # bf16: bit-exact with transformers' default experts (grouped_mm) and its eager ones (test_moe.py)
+    "glm4_moe_lite",
     kwargs=dict(MLA, **MOE, q_lora_rank=24, attention_bias=True, norm_topk_prob=False, routed_scaling_factor=1.5,
                 rope_parameters={**ROPE, "rope_theta": 2e4}),
     old_style={"rope_theta": 2e4, "rope_scaling": ROPE}, old_drop=("qk_head_dim",),

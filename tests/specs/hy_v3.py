@@ -8,9 +8,8 @@ MOE = dict(num_hidden_layers=3, mlp_layer_types=["sparse", "dense", "sparse"], n
            moe_intermediate_size=32, num_shared_experts=2)
 LINEAR = {"rope_type": "linear", "factor": 2.0, "rope_theta": 1e6}
 
-SPEC = Spec(  # bf16: bit-exact with transformers' eager experts (test_moe.py), not its default grouped_mm,
-    # which sums each token's top-k in fp32
-    "hy_v3", bf16_exact=False,
+SPEC = Spec(  # bf16: bit-exact with transformers' default experts (grouped_mm) and its eager ones (test_moe.py)
+    "hy_v3",
     kwargs=dict(MOE, head_dim=16, router_scaling_factor=1.5, attention_bias=True,
                 rope_parameters={"rope_type": "default", "rope_theta": 1e6}),
     old_style={"rope_theta": 1e6},

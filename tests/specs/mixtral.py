@@ -6,9 +6,8 @@ from specs import WINDOW, Spec
 
 # mixtures of experts: more experts than chosen per token, each chosen somewhere in IDS
 # (tests/test_moe.py checks that), top-3 where the family allows it so the order of the adds shows
-SPEC = Spec(  # bf16: bit-exact with transformers' eager experts (test_moe.py), not its default grouped_mm,
-    # which sums each token's top-k in fp32
-    "mixtral", bf16_exact=False,
+SPEC = Spec(  # bf16: bit-exact with transformers' default experts (grouped_mm) and its eager ones (test_moe.py)
+    "mixtral",
     kwargs=dict(num_local_experts=4, num_experts_per_tok=2, sliding_window=WINDOW,
                     rope_parameters={"rope_type": "default", "rope_theta": 1e6}),
     old_style={"rope_theta": 1e6},

@@ -4,9 +4,8 @@ from __future__ import annotations
 
 from specs import Spec
 
-SPEC = Spec(  # bf16: bit-exact with transformers' eager experts (test_moe.py), not its default grouped_mm,
-    # which sums each token's top-k in fp32
-    "olmoe", bf16_exact=False,
+SPEC = Spec(  # bf16: bit-exact with transformers' default experts (grouped_mm) and its eager ones (test_moe.py)
+    "olmoe",
     kwargs=dict(num_experts=6, num_experts_per_tok=3, norm_topk_prob=True, attention_bias=True, eos_token_id=1,
                   rope_parameters={"rope_type": "default", "rope_theta": 5e5}),
     old_style={"rope_theta": 5e5},

@@ -4,9 +4,8 @@ from __future__ import annotations
 
 from specs import WINDOW, F, S, Spec
 
-SPEC = Spec(  # bf16: bit-exact with transformers' eager experts (test_moe.py), not its default grouped_mm,
-    # which sums each token's top-k in fp32
-    "qwen2_moe", bf16_exact=False,
+SPEC = Spec(  # bf16: bit-exact with transformers' default experts (grouped_mm) and its eager ones (test_moe.py)
+    "qwen2_moe",
     kwargs=dict(num_hidden_layers=3, num_experts=6, num_experts_per_tok=3, moe_intermediate_size=32,
                       shared_expert_intermediate_size=48, norm_topk_prob=True, mlp_only_layers=[1],
                       use_sliding_window=True, sliding_window=WINDOW, max_window_layers=2,

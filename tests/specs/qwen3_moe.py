@@ -4,9 +4,8 @@ from __future__ import annotations
 
 from specs import WINDOW, Spec
 
-SPEC = Spec(  # bf16: bit-exact with transformers' eager experts (test_moe.py), not its default grouped_mm,
-    # which sums each token's top-k in fp32
-    "qwen3_moe", bf16_exact=False,
+SPEC = Spec(  # bf16: bit-exact with transformers' default experts (grouped_mm) and its eager ones (test_moe.py)
+    "qwen3_moe",
     kwargs=dict(num_hidden_layers=4, num_experts=6, num_experts_per_tok=3, moe_intermediate_size=32,
                       decoder_sparse_step=2, head_dim=16, attention_bias=True, use_sliding_window=True,
                       sliding_window=WINDOW, rope_parameters={"rope_type": "default", "rope_theta": 1e6}),
