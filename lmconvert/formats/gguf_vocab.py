@@ -3,7 +3,9 @@ as llama.cpp's tokenizer reads that metadata (llama.cpp's src/llama-vocab.cpp):
 - `tokenizer.ggml.model` "llama" (SentencePiece): spaces written as U+2581, one more in front of
   the text unless `tokenizer.ggml.add_space_prefix` says false (llama.cpp's default is true), then
   the pieces merged best score first (`tokenizer.ggml.scores`), bytes for a character no piece
-  holds (`<0xXX>` tokens);
+  holds (`<0xXX>` tokens). The space in front is put as transformers' SentencePiece tokenizers put
+  it (Metaspace, prepend_scheme "first": not before a text that starts with a space, nor after a
+  special token), where llama.cpp always puts one: the HF tokenizer is the reference;
 - "gpt2" with the SentencePiece-shaped pre-tokenizers ("gemma4", "sarvam-moe") and "gemma4":
   the same spaces, the text cut at runs of newlines, then the file's own merges
   (`tokenizer.ggml.merges`) over raw UTF-8 with byte fallback. This is the layout llama.cpp's
@@ -109,10 +111,10 @@ def _backend(meta: dict[str, Any], kind: str) -> Any:  # noqa: ANN401 - tokenize
     model = models.BPE(vocab=vocab, merges=merges, unk_token=unk_token, fuse_unk=True, byte_fallback=bytes_held,
                        dropout=None)
     backend = Tokenizer(model)
-    steps = [normalizers.Replace(" ", SPACE)]
-    if prefix:  # each stretch of text between added tokens, as llama.cpp prefixes after each of them
-        steps.insert(0, normalizers.Prepend(SPACE))
-    backend.normalizer = normalizers.Sequence(steps)
+    if prefix:  # as transformers' SentencePiece tokenizers: spaces escaped, one in front of the text
+        backend.pre_tokenizer = pre_tokenizers.Metaspace(replacement=SPACE, prepend_scheme="first", split=False)
+    else:
+        backend.normalizer = normalizers.Replace(" ", SPACE)
     if kind == "spm-bpe":  # llama.cpp's "[^\n]+|[\n]+"
         backend.pre_tokenizer = pre_tokenizers.Split(Regex("\n+"), behavior="isolated")
     after = [decoders.Strip(" ", 1, 0)] if prefix else []
