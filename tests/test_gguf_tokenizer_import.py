@@ -159,14 +159,22 @@ def test_llama_as_sentencepiece(tmp_path: Path) -> None:
     assert_same_ids(hf, path, tmp_path / "out")
 
 
+TOKENS = ["<pad>", "<s>", "</s>", "\n", "a", "b", "ab", *[f"<|x{i}|>" for i in range(121)]]
+UNBUILDABLE = {  # byte-level BPE whose merges name a token its vocabulary lacks (a raw newline);
+    # SentencePiece without the scores its merges are ranked by
+    "bpe-merges": {"model": "gpt2", "pre": "gpt-2", "merges": ["a b", "\n \n"]},
+    "spm-scores": {"model": "llama"},
+}
+
+
 @pytest.mark.parametrize("command", ["convert", "generate"])
-def test_a_tokenizer_that_cannot_be_built_is_not_an_internal_error(command: str, tmp_path: Path) -> None:
-    """Byte-level BPE whose merges name a token its vocabulary lacks (a raw newline): `convert`
-    writes the weights without a tokenizer and says so in one line; `generate`, which needs it,
-    stops in one line (exit 2)."""
-    tokens = ["<pad>", "<s>", "</s>", "\n", "a", "b", "ab", *[f"<|x{i}|>" for i in range(121)]]
-    tok = {"model": "gpt2", "pre": "gpt-2", "tokens": tokens, "types": [3, 3, 3] + [1] * (len(tokens) - 3),
-           "merges": ["a b", "\n \n"], "bos": 1, "eos": 2, "pad": 0}
+@pytest.mark.parametrize("case", list(UNBUILDABLE))
+def test_a_tokenizer_that_cannot_be_built_is_not_an_internal_error(case: str, command: str, tmp_path: Path) -> None:
+    """`convert` writes the weights without a tokenizer and says so in one line; `generate`, which
+    needs it, stops in one line (exit 2)."""
+    tok = {"tokens": TOKENS, "types": [3, 3, 3] + [1] * (len(TOKENS) - 3), "bos": 1, "eos": 2, "pad": 0,
+           **UNBUILDABLE[case]}
+    tokens = TOKENS
     path = write_gguf(build_model("llama", 0, vocab_size=len(tokens)), tmp_path / "m.gguf", tokenizer=tok)
     if command == "generate":
         code, _, err = cli("generate", path, "--prompt", "ab", "--max-new-tokens", "2")

@@ -422,7 +422,9 @@ def build_tokenizer(path: Path, meta: dict[str, Any]) -> tuple[Any, str]:
         return (AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name),
                 f"built by transformers from the GGUF metadata ({kind})")
     except Exception as exc:  # noqa: BLE001 - any failure of a library's builder is the same: no tokenizer
-        raise gguf_vocab.Unbuildable("; ".join(filter(None, (why, _one_line(exc))))) from None
+        said = str(exc).strip().replace("\r", "\\r").replace("\n", "\\n").replace("\t", "\\t")[:200]
+        theirs = f"transformers' GGUF builder: {type(exc).__name__} {said}".rstrip()
+        raise gguf_vocab.Unbuildable("; ".join(filter(None, (why, theirs)))) from None
 
 
 def sidecar_writer(file: GgufFile, info: dict[str, Any]) -> Callable[[Path], list[str]]:

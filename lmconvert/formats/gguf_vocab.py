@@ -135,14 +135,21 @@ def build(meta: dict[str, Any]) -> Any:  # noqa: ANN401 - transformers' PreTrain
     if kind is None:
         raise Unbuildable(f"tokenizer.ggml.model {meta.get('tokenizer.ggml.model')!r} with pre-tokenizer "
                           f"{meta.get('tokenizer.ggml.pre', 'default')!r} is not a layout lmconvert rebuilds")
-    backend = _backend(meta, kind)
+    try:
+        backend = _backend(meta, kind)
+    except Unbuildable:
+        raise
+    except Exception as exc:  # noqa: BLE001 - what the tokenizers library refuses in the file's values
+        said = str(exc).strip().replace("\r", "\\r").replace("\n", "\\n").replace("\t", "\\t")[:200]
+        raise Unbuildable(said or type(exc).__name__) from None
     tokens = meta["tokenizer.ggml.tokens"]
     named, ids = {}, {}
     for name, key in TOKEN_KEYS.items():
         i = meta.get(f"tokenizer.ggml.{key}")
         if isinstance(i, int) and not isinstance(i, bool) and 0 <= i < len(tokens):
             named[name], ids[name] = tokens[i], i
-    add_bos = meta.get("tokenizer.ggml.add_bos_token", kind == "spm") is True and "bos_token" in named
+    # llama.cpp's defaults: BOS for SentencePiece and for the gemma4 pre-tokenizer, none for other BPE
+    add_bos = meta.get("tokenizer.ggml.add_bos_token", True) is True and "bos_token" in named
     add_eos = meta.get("tokenizer.ggml.add_eos_token", False) is True and "eos_token" in named
     single = ["$A"]
     if add_bos:
@@ -161,6 +168,10 @@ def build(meta: dict[str, Any]) -> Any:  # noqa: ANN401 - transformers' PreTrain
 
 def full_metadata(path: Path) -> dict[str, Any]:
     """Every key of the file's header, the tokenizer's arrays decoded (bounded by the file's size)."""
+    from .errors import InputError
     from .gguf_header import read_header
 
-    return read_header(path).meta
+    try:
+        return read_header(path).meta
+    except InputError as exc:  # a token that is not UTF-8, say: the weights may still convert
+        raise Unbuildable(str(exc)) from None
