@@ -305,3 +305,31 @@ def test_deepseek_as_llama_cpp_s_converter_writes_it(name: str, converter: Path,
     print(f"{name} by llama.cpp's converter, f32: max |Δ| {diff.max() / scale:.1e} x scale, mean {diff.mean():.1e}, "
           f"top-1 {float((theirs.argmax(-1) == logits.argmax(-1)).float().mean()):.0%}, {same}/32 greedy tokens equal")
     assert float(diff.max()) <= 1e-5 * scale and torch.equal(theirs.argmax(-1), logits.argmax(-1)) and same == 32
+
+
+# -- Gemma 3's tokenizer layouts: llama.cpp, transformers and the tokenizer `convert` rebuilds agree -----
+
+
+@pytest.mark.parametrize("saved_by_transformers", [True, False], ids=["bpe-gemma4", "sentencepiece"])
+def test_gemma3_tokenizer_layouts(saved_by_transformers: bool, tmp_path: Path) -> None:
+    """Both layouts llama.cpp's converter writes for Gemma 3 (`gpt2` with the `gemma4` pre-tokenizer
+    from tokenizer.json alone; `llama` from tokenizer.model, add_space_prefix false): llama.cpp's ids
+    are the HF tokenizer's, and so are those of the tokenizer `convert X.gguf OUT` rebuilds from the file."""
+    from test_gguf_tokenizer_import import TEXTS as VARIED
+    from test_gguf_tokenizer_import import exported as gemma_exported
+    from test_gguf_tokenizer_import import gemma3_checkpoint, with_key
+
+    hf = gemma3_checkpoint(tmp_path, saved_by_transformers)
+    if saved_by_transformers:
+        path = gemma_exported(hf, tmp_path / "m.gguf", gguf_pre="gemma4")
+    else:
+        path = gemma_exported(hf, tmp_path / "m.gguf")
+        if "tokenizer.ggml.add_space_prefix" not in gguf.GGUFReader(path).fields:
+            path = with_key(path, tmp_path / "as-llama-cpp.gguf", "tokenizer.ggml.add_space_prefix", False)
+    convert(path, tmp_path / "out", "canonical")
+    source, rebuilt = AutoTokenizer.from_pretrained(str(hf)), AutoTokenizer.from_pretrained(str(tmp_path / "out"))
+    llm = llama(path)
+    for text in VARIED + TEXTS:
+        ids = source(text)["input_ids"]
+        assert llm.tokenize(text.encode(), add_bos=True, special=True) == ids, text
+        assert rebuilt(text)["input_ids"] == ids, text

@@ -18,6 +18,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import sys
 import threading
 from collections import Counter
 from collections.abc import Callable
@@ -399,28 +400,56 @@ def has_vocabulary(file: GgufFile) -> bool:
     return file.meta.get("tokenizer.ggml.model", NO_VOCABULARY[0]) not in NO_VOCABULARY
 
 
+def build_tokenizer(path: Path, meta: dict[str, Any]) -> tuple[Any, str]:
+    """The tokenizer the file describes and how it was built: from the file's own metadata where
+    its layout is one gguf_vocab.py rebuilds as llama.cpp reads it (SentencePiece, and BPE over
+    SentencePiece-shaped pieces: Gemma 3's current layout), else by transformers' GGUF builder."""
+    from . import gguf_vocab
+
+    kind = meta.get("tokenizer.ggml.model")
+    if gguf_vocab.kind_of(meta) is not None:
+        try:
+            return gguf_vocab.build(gguf_vocab.full_metadata(path)), f"built from the GGUF metadata ({kind})"
+        except gguf_vocab.Unbuildable as exc:
+            why = str(exc)
+    else:
+        why = ""
+    from transformers import AutoTokenizer
+    from transformers.utils import logging
+
+    logging.disable_progress_bar()
+    try:
+        return (AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name),
+                f"built by transformers from the GGUF metadata ({kind})")
+    except Exception as exc:  # noqa: BLE001 - any failure of a library's builder is the same: no tokenizer
+        said = str(exc).strip().replace("\r", "\\r").replace("\n", "\\n").replace("\t", "\\t")[:200]
+        theirs = f"transformers' GGUF builder: {type(exc).__name__} {said}".rstrip()
+        raise gguf_vocab.Unbuildable("; ".join(filter(None, (why, theirs)))) from None
+
+
 def sidecar_writer(file: GgufFile, info: dict[str, Any]) -> Callable[[Path], list[str]]:
-    """Writes the tokenizer transformers builds from the GGUF metadata (`gguf_file=`) and a
-    generation_config.json with the file's token ids; notes in `info` what happened."""
+    """Writes the tokenizer built from the GGUF metadata and a generation_config.json with the
+    file's token ids; notes in `info` what happened. A tokenizer that cannot be built leaves the
+    weights converted without one, said in one warning line: the weights are the conversion's
+    product and are right, and the model's own tokenizer files can be put beside them."""
     path = file.path
     has_tokenizer = has_vocabulary(file)
     ids = {hf: int(file.meta[g]) for hf, g in TOKEN_IDS.items() if file.meta.get(g) is not None}
 
     def write(directory: Path) -> list[str]:
+        from .gguf_vocab import Unbuildable
+
         written: list[str] = []
         if has_tokenizer:
-            from transformers import AutoTokenizer
-            from transformers.utils import logging
-
-            logging.disable_progress_bar()
             try:
-                tokenizer = AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
-            except (OSError, ValueError, KeyError, TypeError) as exc:
-                info["tokenizer"] = f"not converted: transformers cannot build it ({_one_line(exc)})"
+                tokenizer, how = build_tokenizer(path, file.meta)
+            except Unbuildable as exc:
+                info["tokenizer"] = f"not converted: {exc}"
+                print(f"lmconvert: warning: {path}: its tokenizer cannot be rebuilt ({exc}); the output has no "
+                      "tokenizer: copy the original model's tokenizer files into it", file=sys.stderr)
             else:
                 written += [Path(p).name for p in tokenizer.save_pretrained(str(directory))]
-                kind = file.meta["tokenizer.ggml.model"]
-                info["tokenizer"] = f"built by transformers from the GGUF metadata ({kind})"
+                info["tokenizer"] = how
         else:
             info["tokenizer"] = "none in the file"
         if ids:

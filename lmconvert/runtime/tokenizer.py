@@ -47,8 +47,24 @@ def check_files(directory: Path) -> bool:
     return custom
 
 
+def gguf_tokenizer(path: Path) -> Any:  # noqa: ANN401 - transformers' tokenizer classes
+    """The tokenizer a GGUF file's metadata describes, built as `convert` builds it."""
+    from lmconvert.formats.gguf import HUGE_ARRAYS, build_tokenizer
+    from lmconvert.formats.gguf_header import read_header
+    from lmconvert.formats.gguf_vocab import Unbuildable
+
+    try:
+        return build_tokenizer(path, read_header(path, counted=HUGE_ARRAYS).meta)[0]
+    except Unbuildable as exc:
+        raise InputError(f"{path}: its tokenizer cannot be rebuilt ({exc}); convert it and put the original "
+                         "model's tokenizer files beside the output") from None
+
+
 def load_tokenizer(where: Loadable) -> Any:  # noqa: ANN401 - transformers' tokenizer classes
     from transformers import AutoTokenizer
+
+    if "gguf_file" in where.kwargs:
+        return gguf_tokenizer(Path(str(where.where)) / where.kwargs["gguf_file"])
 
     directory = Path(str(where.where))
     custom = check_files(directory) if directory.is_dir() and not where.kwargs else False
