@@ -163,9 +163,8 @@ def test_padded_bf16_bit_exact(name: str, tmp_path: Path) -> None:
     passes fp32 and fails here; and a padding query's all-masked row must stay finite in bf16."""
     model_type, kwargs = CASES[name]
     path = save_checkpoint(build_model(model_type, **kwargs), tmp_path / name, torch.bfloat16)
-    # eager experts: transformers' default grouped_mm sums a token's top-k otherwise (family_specs)
-    reference = AutoModelForCausalLM.from_pretrained(path, dtype=torch.bfloat16, attn_implementation="eager",
-                                                     experts_implementation="eager").eval()
+    # transformers' default experts (grouped_mm), whose order ours follow by default
+    reference = AutoModelForCausalLM.from_pretrained(path, dtype=torch.bfloat16, attn_implementation="eager").eval()
     theirs = reference(IDS, attention_mask=MASK).logits
     ours = lmconvert.load(path, dtype=torch.bfloat16, attention="eager")(IDS, attention_mask=MASK)
     assert torch.equal(ours[REAL], theirs[REAL])
