@@ -22,10 +22,13 @@ $(VENV)/.installed: pyproject.toml
 # AVX2 loops), whatever this machine has: bf16 bits depend on the kernel path (docs/testing.md)
 AVX2_KERNELS := ONEDNN_MAX_CPU_ISA=AVX2 MKL_ENABLE_INSTRUCTIONS=AVX2 ATEN_CPU_CAPABILITY=avx2
 
+# Both run the tests on every core (pytest-xdist's -n auto), one torch thread each: the models are tiny, and
+# one process per core beats one process with a thread per core (docs/testing.md)
+PARALLEL := -n auto --dist worksteal
 test: env
 	$(BIN)/lint-imports --no-cache
-	$(BIN)/python -m pytest -q
-	$(AVX2_KERNELS) OMP_NUM_THREADS=1 $(BIN)/python -m pytest -q -m bitexact
+	OMP_NUM_THREADS=1 $(BIN)/python -m pytest -q $(PARALLEL)
+	$(AVX2_KERNELS) OMP_NUM_THREADS=1 $(BIN)/python -m pytest -q $(PARALLEL) -m bitexact
 
 # everyday work: everything but the tests marked slow (docs/testing.md). One torch thread: the models are
 # tiny, and on a busy 2-core machine OpenMP's spinning threads made the same tests 5x slower
@@ -35,9 +38,9 @@ FAMILIES ?= $(shell $(PYTHON) tools/changed_families.py)
 test-fast: env
 	$(BIN)/lint-imports --no-cache
 	LMCONVERT_FAMILIES=$(if $(filter all,$(FAMILIES)),,$(FAMILIES)) OMP_NUM_THREADS=1 \
-		$(BIN)/python -m pytest -q -m "not slow and not llamacpp"
+		$(BIN)/python -m pytest -q $(PARALLEL) -m "not slow and not llamacpp"
 	LMCONVERT_FAMILIES=$(if $(filter all,$(FAMILIES)),,$(FAMILIES)) $(AVX2_KERNELS) OMP_NUM_THREADS=1 \
-		$(BIN)/python -m pytest -q -m "bitexact and not slow"
+		$(BIN)/python -m pytest -q $(PARALLEL) -m "bitexact and not slow"
 
 lint: env
 	$(BIN)/ruff check lmconvert tests bench tools
