@@ -294,6 +294,13 @@ class ArchConfig:
     attn_softcap: float | None = None
     residual_scale: float = 1.0  # each sublayer's output is multiplied by this before the residual add (Granite)
     clip_qkv: float | None = None  # q, k and v clamped to [-clip_qkv, clip_qkv] after projection (OLMo, MPT)
+    # attention temperature (Ministral 3's llama_4_scaling_beta): after RoPE, every query at position p is
+    # multiplied by 1 + attn_temperature * log(1 + floor(p / attn_temperature_floor)), computed in fp32 and cast
+    # to the activation dtype; p is the token's absolute position (the cache's numbering), so cached decoding
+    # scales as the full forward does. None: no temperature
+    attn_temperature: float | None = None
+    attn_temperature_floor: int | None = None  # the position period of attn_temperature (Ministral 3: YaRN's
+    #   original_max_position_embeddings); set exactly when attn_temperature is
     scale_query: bool = False  # the score scale multiplies q after its projection, not q.k (OPT, XGLM)
     scale_by_inverse_layer: bool = False  # layer i's score scale is further divided by i + 1 (GPT-2)
     scores_fp32: bool = False  # q.k from fp32 copies of q and k, up to the softmax (GPT-J, GPT-Neo, GPT-2's
@@ -373,6 +380,7 @@ class ArchConfig:
         _positive("ArchConfig", "logit_scale", self.logit_scale)
         _positive("ArchConfig", "head_divisor", self.head_divisor)
         _positive("ArchConfig", "clip_qkv", self.clip_qkv, allow_none=True)
+        self._check_temperature()
         if self.qk_norm_weight == "per_head" and self.qk_norm != "head":
             _fail("ArchConfig", "qk_norm_weight", self.qk_norm_weight, "a weight per head needs qk_norm='head'")
         self._normalise_qk_norm_bias()
@@ -429,6 +437,19 @@ class ArchConfig:
         if moe.dense_layers and moe.dense_layers[-1] >= self.n_layers:
             _fail("ArchConfig", "moe.dense_layers", list(moe.dense_layers),
                   f"names a layer >= n_layers={self.n_layers}")
+
+    def _check_temperature(self) -> None:
+        value = self.attn_temperature
+        if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))
+                                  or not math.isfinite(value)):
+            _fail("ArchConfig", "attn_temperature", value, "must be a finite number")
+        _integer("ArchConfig", "attn_temperature_floor", self.attn_temperature_floor, allow_none=True)
+        if (value is None) != (self.attn_temperature_floor is None):
+            _fail("ArchConfig", "attn_temperature_floor", self.attn_temperature_floor,
+                  "is set exactly when attn_temperature is")
+        if value is not None and self.attention != "standard":
+            _fail("ArchConfig", "attn_temperature", value, f"scales the queries of standard attention only, not "
+                  f"attention={self.attention!r}'s")
 
     def _normalise_qk_norm_bias(self) -> None:
         """One spelling per model: the block norms' bias where unset, False where there is no QK norm."""

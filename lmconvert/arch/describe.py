@@ -117,6 +117,9 @@ def variants(cfg: ArchConfig) -> list[str]:
     out.extend(line for flag, line in BLOCK_FLAGS if getattr(cfg, flag))
     if cfg.clip_qkv is not None:
         out.append(f"q, k, v clamped to +-{cfg.clip_qkv:g}")
+    if cfg.attn_temperature is not None:
+        out.append(f"attention temperature: q x (1 + {cfg.attn_temperature:g} log(1 + floor(pos / "
+                   f"{cfg.attn_temperature_floor})))")
     if cfg.residual_scale != 1.0:
         out.append(f"residual scale: {cfg.residual_scale:g} (each sublayer's output)")
     kinds = cfg.layer_kinds
