@@ -830,3 +830,39 @@ def test_experts_move_in_source_order_as_one_run_per_file(fused: bool, saved: Ca
     jobs.clear()
     to_hf(tmp_path / "canonical", tmp_path / "back")
     assert len(jobs) == 1
+
+
+def test_mellum_s_multi_token_prediction_layer_is_dropped_by_name(tmp_path: Path) -> None:
+    """Mellum's MTP layer (tensors under `mtp.`), which transformers does not load, is left out of the
+    import and recorded as dropped; the logits are transformers' (which ignores it too)."""
+    from hf_models import edited_weights
+
+    spec = SPECS["mellum"]
+    src = save_checkpoint(build_model("mellum", **spec.kwargs), tmp_path / "hf")
+
+    def add_mtp(tensors: dict[str, torch.Tensor]) -> None:
+        tensors["mtp.layers.0.input_layernorm.weight"] = torch.ones(64)
+        tensors["mtp.eh_proj.weight"] = torch.ones(64, 128)
+
+    with_mtp = edited_weights(src, tmp_path / "mtp", add_mtp)
+    meta = to_canonical(with_mtp, tmp_path / "canon")
+    assert sorted(meta.source["dropped_tensors"]) == ["mtp.eh_proj.weight", "mtp.layers.0.input_layernorm.weight"]
+    with torch.no_grad():
+        ref = AutoModelForCausalLM.from_pretrained(with_mtp, dtype=torch.float32).eval()(IDS).logits
+        ours = lmconvert.load(tmp_path / "canon", dtype=torch.float32)(IDS)
+    assert float((ours - ref).abs().max()) <= FP32_TOL
+
+
+def test_mellum_s_own_sliding_rope_is_refused_for_llama_cpp(tmp_path: Path) -> None:
+    """llama.cpp's mellum graph reads rope.freq_base_swa but rotates the sliding layers with the full
+    layers' theta: a Mellum whose sliding layers have a theta of their own (the published 1e4 beside 5e5)
+    is refused for GGUF, naming the separate RoPE, rather than written to run otherwise in llama.cpp."""
+    from lmconvert.convert import convert
+    from lmconvert.formats.errors import InputError
+
+    spec = SPECS["mellum"]
+    src = save_checkpoint(build_model("mellum", **{**spec.kwargs, **spec.gguf, "rope_parameters": None}),
+                          tmp_path / "hf")
+    to_canonical(src, tmp_path / "canon")
+    with pytest.raises(InputError, match="rope_local"):
+        convert(tmp_path / "canon", tmp_path / "m.gguf", "gguf", quant="f32")
