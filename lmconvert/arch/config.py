@@ -30,7 +30,7 @@ QK_NORM_WEIGHTS = ("shared", "per_head")
 DTYPE_ORDERS = ("cast_then_scale", "scale_then_cast")
 PARALLEL_SUMS = ("h+attn+mlp", "mlp+attn+h", "attn+mlp+h")  # left to right: the order a parallel block adds
 ALIBI_KINDS = ("distance", "bloom", "mpt", "falcon")  # how ALiBi is built and added: see positions.ALIBI_KINDS
-ROUTERS = ("softmax", "sigmoid")
+ROUTERS = ("softmax", "sigmoid", "sparsemixer")
 SHARED_EXPERTS = ("none", "gated", "plain")
 
 
@@ -206,6 +206,10 @@ class MoeConfig:
     scale: float = 1.0  # the chosen weights multiplied by it (routed_scaling_factor)
     router_fp32: bool = False  # the router's logits from fp32 input and weight (DeepSeek)
     aux_loss: float = 0.0  # the load-balancing loss's weight in the training loss (moe.balance_loss); 0: off
+    # router="sparsemixer" (Phi-3.5-MoE's SparseMixer, its inference path): top-1 then top-2, each weighted by a
+    # softmax over the experts whose scores lie within a relative 2 * sparsemixer_eps of the chosen one's (its
+    # router_jitter_noise); set exactly for that router
+    sparsemixer_eps: float | None = None
 
     def __post_init__(self) -> None:
         for name in ("n_experts", "top_k", "d_expert", "n_group", "topk_group"):
@@ -224,6 +228,7 @@ class MoeConfig:
         if self.selection_bias and self.router != "sigmoid":
             _fail("moe", "selection_bias", True, "is a sigmoid router's (DeepSeek-V3's); use router='sigmoid'")
         _choice("moe", "router", self.router, ROUTERS)
+        self._check_sparsemixer()
         _choice("moe", "shared", self.shared, SHARED_EXPERTS)
         if self.top_k > self.n_experts:
             _fail("moe", "top_k", self.top_k, f"cannot exceed n_experts={self.n_experts}")
@@ -235,6 +240,20 @@ class MoeConfig:
                                                         for i in layers):
             _fail("moe", "dense_layers", layers, "must be a list of layer indices")
         object.__setattr__(self, "dense_layers", tuple(sorted(set(layers))))
+
+    def _check_sparsemixer(self) -> None:
+        if (self.router == "sparsemixer") != (self.sparsemixer_eps is not None):
+            _fail("moe", "sparsemixer_eps", self.sparsemixer_eps, "is set exactly when router='sparsemixer'")
+        if self.router != "sparsemixer":
+            return
+        eps = self.sparsemixer_eps
+        if isinstance(eps, bool) or not isinstance(eps, (int, float)) or not 0 <= eps < math.inf:
+            _fail("moe", "sparsemixer_eps", eps, "must be a finite number >= 0")
+        for name, value, why in (("top_k", 2, "SparseMixer chooses exactly two experts"),
+                                 ("norm_topk", False, "SparseMixer's weights are not renormalised"),
+                                 ("n_group", 1, "SparseMixer has no expert groups")):
+            if getattr(self, name) != value:
+                _fail("moe", name, getattr(self, name), why)
 
     def sparse(self, layer: int) -> bool:
         return layer not in self.dense_layers
