@@ -377,3 +377,21 @@ def test_per_layer_positions():
     assert model.layers[1].attn.relative is model.rel_bias and model.layers[0].attn.relative is None
     with torch.no_grad():
         assert math.isfinite(float(model(tokens()).sum()))
+
+
+# ----------------------------------------------------------------------------- attention temperature
+
+
+@pytest.mark.parametrize("past", [0, 37])
+def test_query_temperature_is_ministral3s_bit_for_bit(past):
+    """Ministral 3's `get_llama_4_attn_scale` of the absolute positions, the cached tokens counted (past),
+    per row where the positions are (B, T): the same fp32 numbers, shaped to broadcast over heads."""
+    from transformers.models.ministral3.modeling_ministral3 import get_llama_4_attn_scale
+
+    ctx = Context.build(past, 20, torch.float32, torch.device("cpu"))
+    theirs = get_llama_4_attn_scale(torch.arange(past, past + 20)[None], 0.1, 8)  # (1, 1, T, 1)
+    assert theirs.dtype == torch.float32
+    assert torch.equal(ctx.query_temperature(0.1, 8), theirs[0, 0])
+    rows = torch.stack([torch.arange(past, past + 20), torch.arange(past + 5, past + 25)])
+    ctx = Context.build(past, 20, torch.float32, torch.device("cpu"), positions=rows)
+    assert torch.equal(ctx.query_temperature(0.1, 8), get_llama_4_attn_scale(rows, 0.1, 8))

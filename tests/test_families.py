@@ -205,7 +205,7 @@ def transformers4_style(spec: Spec) -> Callable[[dict[str, Any]], dict[str, Any]
     return edit
 
 
-@pytest.mark.parametrize("name", NAMES)
+@pytest.mark.parametrize("name", [n for n in NAMES if SPECS[n].old_styled])
 def test_both_config_styles(name: str, checkpoint: Callable[..., Path], tmp_path: Path) -> None:
     spec = SPECS[name]
     new = checkpoint(name)
@@ -260,7 +260,10 @@ def test_rope_keys_a_type_does_not_read_change_nothing() -> None:
 CONVERTIBLE = {"deepseek_v2": {"first_k_dense_replace": 32}, "deepseek_v3": {"first_k_dense_replace": 61},
                "deepseek_v32": {"first_k_dense_replace": 61},
                "dots1": {"first_k_dense_replace": 62},  # its expert counts have no defaults
-               "glm4_moe": {"head_dim": 128}}  # 4096 // 96 = 42, of which 0.5 is 21 rotary dims: odd
+               "glm4_moe": {"head_dim": 128},  # 4096 // 96 = 42, of which 0.5 is 21 rotary dims: odd
+               # no RoPE of its own: its rotary embedding needs an entry per layer type (null: none)
+               "cohere_compass_text": {"rope_parameters": {"full_attention": {"rope_type": "default",
+                                                                              "rope_theta": 1e4}}}}
 
 
 @pytest.mark.parametrize("model_type", sorted(BY_MODEL_TYPE))

@@ -40,8 +40,8 @@ MOE_FAMILIES = [name for name in SPECS if FAMILIES[family_of(name)].config.from_
 
 
 def test_the_moe_families_are_these() -> None:
-    assert sorted(MOE_FAMILIES) == ["dots1", "flex_olmo", "glm4_moe", "glm4_moe_lite", "hy_v3", "mixtral", "olmoe",
-                                    "qwen2_moe", "qwen3_moe", "sarvam_mla"]
+    assert sorted(MOE_FAMILIES) == ["dots1", "flex_olmo", "glm4_moe", "glm4_moe_lite", "hy_v3", "mellum", "mixtral",
+                                    "olmoe", "phimoe", "qwen2_moe", "qwen3_moe", "sarvam_mla"]
 
 
 @pytest.fixture(scope="module")
@@ -863,3 +863,62 @@ def test_experts_move_in_source_order_as_one_run_per_file(fused: bool, saved: Ca
     jobs.clear()
     to_hf(tmp_path / "canonical", tmp_path / "back")
     assert len(jobs) == 1
+
+
+def test_mellum_s_multi_token_prediction_layer_is_dropped_by_name(tmp_path: Path) -> None:
+    """Mellum's MTP layer (tensors under `mtp.`), which transformers does not load, is left out of the
+    import and recorded as dropped; the logits are transformers' (which ignores it too)."""
+    from hf_models import edited_weights
+
+    spec = SPECS["mellum"]
+    src = save_checkpoint(build_model("mellum", **spec.kwargs), tmp_path / "hf")
+
+    def add_mtp(tensors: dict[str, torch.Tensor]) -> None:
+        tensors["mtp.layers.0.input_layernorm.weight"] = torch.ones(64)
+        tensors["mtp.eh_proj.weight"] = torch.ones(64, 128)
+
+    with_mtp = edited_weights(src, tmp_path / "mtp", add_mtp)
+    meta = to_canonical(with_mtp, tmp_path / "canon")
+    assert sorted(meta.source["dropped_tensors"]) == ["mtp.eh_proj.weight", "mtp.layers.0.input_layernorm.weight"]
+    with torch.no_grad():
+        ref = AutoModelForCausalLM.from_pretrained(with_mtp, dtype=torch.float32).eval()(IDS).logits
+        ours = lmconvert.load(tmp_path / "canon", dtype=torch.float32)(IDS)
+    assert float((ours - ref).abs().max()) <= FP32_TOL
+
+
+def test_mellum_s_own_sliding_rope_is_refused_for_llama_cpp(tmp_path: Path) -> None:
+    """llama.cpp's mellum graph reads rope.freq_base_swa but rotates the sliding layers with the full
+    layers' theta: a Mellum whose sliding layers have a theta of their own (the published 1e4 beside 5e5)
+    is refused for GGUF, naming the separate RoPE, rather than written to run otherwise in llama.cpp."""
+    from lmconvert.convert import convert
+    from lmconvert.formats.errors import InputError
+
+    spec = SPECS["mellum"]
+    src = save_checkpoint(build_model("mellum", **{**spec.kwargs, **spec.gguf, "rope_parameters": None}),
+                          tmp_path / "hf")
+    to_canonical(src, tmp_path / "canon")
+    with pytest.raises(InputError, match="rope_local"):
+        convert(tmp_path / "canon", tmp_path / "m.gguf", "gguf", quant="f32")
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("eps", [0.0, 0.01, 0.3])
+def test_sparsemixer_router_is_phimoe_s_bit_for_bit(dtype: torch.dtype, eps: float) -> None:
+    """router="sparsemixer" gives transformers' `sparsemixer` (its inference path) weights and experts bit for
+    bit, with the relative mask cutting some experts and not others (eps 0: only the best of each step)."""
+    from transformers.models.phimoe.modeling_phimoe import sparsemixer
+
+    cfg = ArchConfig(vocab_size=8, d_model=16, n_layers=1, n_heads=2, d_ff=8,
+                     moe=MoeConfig(n_experts=8, top_k=2, d_expert=8, router="sparsemixer", norm_topk=False,
+                                   sparsemixer_eps=eps))
+    router = Router(cfg, cfg.moe).to(dtype)
+    torch.manual_seed(0)
+    h = torch.randn(64, 16, dtype=dtype)
+    with torch.no_grad():
+        router.weight.copy_(torch.randn(8, 16) * 0.3)
+        logits, weights, chosen = router(h)
+        theirs, experts = sparsemixer(logits, jitter_eps=eps, training=False)
+    assert torch.equal(chosen, experts) and torch.equal(weights, theirs)
+    assert weights.dtype == dtype and (chosen[:, 0] != chosen[:, 1]).all()
+    if eps == 0.3:  # the mask bites: some first weights are below 1, others exactly 1
+        assert (weights[:, 0] < 1).any() and (weights[:, 0] == 1).any()

@@ -491,18 +491,52 @@ def test_gguf_table_round_trips_what_it_can(arch: str, kv: int, group: int, half
         assert same_bits(t.inverse(t.forward(x)), x), stored
 
 
-@pytest.mark.parametrize("arch", list(GGUF_ARCHS))
-def test_gguf_names_are_llama_cpps(arch: str) -> None:
+def known_to_gguf(arch: str) -> bool:
+    return arch.split(":")[0] in gguf.MODEL_ARCH_NAMES.values()
+
+
+@pytest.fixture(scope="module")
+def vendored_gguf(tmp_path_factory: pytest.TempPathFactory) -> object:
+    """The gguf-py llama.cpp's tree vendors (newer than the installed gguf package, which may predate an
+    architecture llama.cpp runs: Mellum's), fetched as bench/gguf_export.py fetches it, or from LLAMA_CPP_SOURCE."""
+    import importlib
+    import os
+    from pathlib import Path
+
+    if os.environ.get("LLAMA_CPP_SOURCE"):
+        tree = Path(os.environ["LLAMA_CPP_SOURCE"])
+    else:
+        sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
+        from gguf_export import llama_cpp_source
+
+        tree = llama_cpp_source(tmp_path_factory.mktemp("sdist"))
+    saved = {name: module for name, module in sys.modules.items() if name == "gguf" or name.startswith("gguf.")}
+    for name in saved:
+        del sys.modules[name]
+    sys.path.insert(0, str(tree / "gguf-py"))
+    try:
+        return importlib.import_module("gguf")
+    finally:
+        sys.path.remove(str(tree / "gguf-py"))
+        sys.modules.update(saved)
+
+
+@pytest.mark.parametrize("arch", [a if known_to_gguf(a) else pytest.param(a, marks=pytest.mark.llamacpp)
+                                  for a in GGUF_ARCHS])
+def test_gguf_names_are_llama_cpps(arch: str, request: pytest.FixtureRequest) -> None:
     """Our GGUF table names every tensor of the family exactly as gguf's TensorNameMap (the table
     llama.cpp converts with, and transformers' GGUF loader reads with) does, and names nothing
-    TensorNameMap leaves out (Gemma 2 has no `output`), nor what it refuses (Falcon's biases)."""
+    TensorNameMap leaves out (Gemma 2 has no `output`), nor what it refuses (Falcon's biases). An
+    architecture the installed gguf package predates is checked against llama.cpp's own gguf-py (with
+    the llamacpp tests, which fetch llama.cpp's tree)."""
+    names = gguf if known_to_gguf(arch) else request.getfixturevalue("vendored_gguf")
     entry = GGUF_ARCHS[arch]
     family = family_for(entry.model_type)
     llama_cpp_arch = arch.split(":")[0]
     table = family.tensors_for(family.arch_config({"model_type": entry.model_type, **VARIANT_LAYOUTS[arch]})) \
         if arch in VARIANT_LAYOUTS else family.tensors
-    key = next(k for k, v in gguf.MODEL_ARCH_NAMES.items() if v == llama_cpp_arch)
-    name_map = gguf.get_tensor_name_map(key, 2)
+    key = next(k for k, v in names.MODEL_ARCH_NAMES.items() if v == llama_cpp_arch)  # type: ignore[attr-defined]
+    name_map = names.get_tensor_name_map(key, 2)  # type: ignore[attr-defined]
     canonicals = {r.canonical.replace("{}", "1") for r in table.rules if r.canonical}
     for canonical in sorted(canonicals):
         hf_name, _ = table.to_hf_name(canonical)

@@ -40,6 +40,19 @@ def mistral3(**top: Any) -> transformers.PreTrainedConfig:
         image_token_index=5, **top)
 
 
+def mistral3_ministral3(**top: Any) -> transformers.PreTrainedConfig:
+    """Ministral 3 as published: the wrapper around a ministral3 decoder (YaRN over 8 positions, so the query
+    scale bites on IDS)."""
+    rope = {"rope_type": "yarn", "rope_theta": 1e6, "factor": 4.0, "original_max_position_embeddings": 8,
+            "llama_4_scaling_beta": 0.1}
+    return transformers.Mistral3Config(
+        text_config=dict(model_type="ministral3", head_dim=16, rope_parameters=rope,
+                         **{**TEXT, "max_position_embeddings": 32}),
+        vision_config=dict(model_type="pixtral", hidden_size=16, intermediate_size=32, num_hidden_layers=1,
+                           num_attention_heads=2, head_dim=8, image_size=28, patch_size=14),
+        image_token_index=5, **top)
+
+
 def got_ocr2(**top: Any) -> transformers.PreTrainedConfig:
     return transformers.GotOcr2Config(
         text_config=dict(model_type="qwen2", **TEXT),
@@ -68,11 +81,15 @@ def phi4(**top: Any) -> transformers.PreTrainedConfig:
         **top)
 
 
-# wrapper model_type -> (config, transformers class, text family, its CausalLM, the towers' first names, what the
+# wrapper model_type (and ":" its text decoder's, where another family reads that one) -> (config,
+# transformers class, text family, its CausalLM, the towers' first names, what the
 # note says is left out)
 WRAPPERS: dict[str, tuple[Callable[..., Any], str, str, str, tuple[str, ...], str]] = {
     "mistral3": (mistral3, "Mistral3ForConditionalGeneration", "mistral", "MistralForCausalLM",
                  ("vision_tower.", "multi_modal_projector."), "the vision tower and multi-modal projector"),
+    "mistral3:ministral3": (mistral3_ministral3, "Mistral3ForConditionalGeneration", "ministral3",
+                            "Ministral3ForCausalLM", ("vision_tower.", "multi_modal_projector."),
+                            "the vision tower and multi-modal projector"),
     "got_ocr2": (got_ocr2, "GotOcr2ForConditionalGeneration", "qwen2", "Qwen2ForCausalLM",
                  ("vision_tower.", "multi_modal_projector."), "the vision tower and multi-modal projector"),
     "moss_transcribe_diarize": (moss, "MossTranscribeDiarizeForConditionalGeneration", "qwen3", "Qwen3ForCausalLM",
@@ -82,6 +99,10 @@ WRAPPERS: dict[str, tuple[Callable[..., Any], str, str, str, tuple[str, ...], st
                         ("model.embed_tokens_extend.image_embed.", "model.embed_tokens_extend.audio_embed."),
                         "the image and audio embedders"),
 }
+
+
+def wrapper_type(name: str) -> str:
+    return name.split(":")[0]
 
 
 def build(name: str, directory: Path, **top: Any) -> tuple[Path, torch.Tensor]:
@@ -131,10 +152,11 @@ def wrapper(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFac
 def test_the_text_path_matches_transformers_wrapper(wrapper: tuple[str, Path, torch.Tensor]) -> None:
     name, src, ref = wrapper
     _, _, family, _, towers, _ = WRAPPERS[name]
-    assert json.loads((src / "config.json").read_text())["model_type"] == name
+    config = json.loads((src / "config.json").read_text())
+    assert config["model_type"] == wrapper_type(name)
     names = list(tensors_of(src))
     assert all(any(n.startswith(tower) for n in names) for tower in towers)  # the towers are in the files
-    assert family_for(name) is FAMILIES[family]
+    assert family_for(wrapper_type(name), config) is FAMILIES[family]
     assert family_for(family) is FAMILIES[family]  # the text type is still its own family's
     assert max_abs(wrapper_logits(src), ref) <= FP32_TOL  # what was saved is what transformers loads
     assert max_abs(our_logits(src), ref) <= FP32_TOL
@@ -145,7 +167,7 @@ def test_convert_gives_the_text_family_and_its_causal_lm(wrapper: tuple[str, Pat
     name, src, ref = wrapper
     _, _, family, architecture, towers, _ = WRAPPERS[name]
     meta = to_canonical(src, tmp_path / "canon")
-    assert meta.family == family and meta.source["model_type"] == name
+    assert meta.family == family and meta.source["model_type"] == wrapper_type(name)
     dropped = meta.source["dropped_tensors"]
     assert dropped and all(n.startswith(towers) for n in dropped)
     assert all(any(n.startswith(tower) for n in dropped) for tower in towers)
@@ -162,8 +184,8 @@ def test_convert_gives_the_text_family_and_its_causal_lm(wrapper: tuple[str, Pat
 
 def test_inspect_and_convert_say_the_note_once(wrapper: tuple[str, Path, torch.Tensor], tmp_path: Path) -> None:
     name, src, _ = wrapper
-    note = FAMILIES[WRAPPERS[name][2]].note_for(name)
-    assert note.startswith(f"{WRAPPERS[name][1]} (model_type {name}): only the text decoder is read; ")
+    note = FAMILIES[WRAPPERS[name][2]].note_for(wrapper_type(name))
+    assert note.startswith(f"{WRAPPERS[name][1]} (model_type {wrapper_type(name)}): only the text decoder is read; ")
     assert note.endswith(f"{WRAPPERS[name][5]} are left out")
     for args in (["inspect", str(src)], ["convert", str(src), str(tmp_path / "said")]):
         said = CliRunner().invoke(main, args)
@@ -232,9 +254,9 @@ def test_the_top_level_tying_wins(name: str) -> None:
 
 # ------------------------------------------------------------------------------------------------ refusals
 @pytest.mark.parametrize(("name", "text_type", "says"), [
-    ("mistral3", "ministral3", "text_config.model_type=\"ministral3\": lmconvert reads mistral3 only around a "
-                               "mistral text decoder"),
-    ("mistral3", "mistral4", "reads mistral3 only around a mistral text decoder"),
+    ("mistral3", "mistral4", "text_config.model_type=\"mistral4\": lmconvert reads mistral3 only around a "
+                             "mistral text decoder"),
+    ("mistral3:ministral3", "mistral", "reads mistral3 only around a ministral3 text decoder"),
     ("got_ocr2", "llama", "reads got_ocr2 only around a qwen2 text decoder"),
     ("moss_transcribe_diarize", "qwen2", "reads moss_transcribe_diarize only around a qwen3 text decoder"),
 ])
@@ -245,7 +267,8 @@ def test_another_text_decoder_is_refused_by_name(name: str, text_type: str, says
     with pytest.raises(MappingError, match=says.replace("(", r"\(")):
         family.arch_config(config)
     config["text_config"] = "qwen3"
-    with pytest.raises(MappingError, match=f"text_config=\"qwen3\" should be a JSON object \\(the {name} model's"):
+    with pytest.raises(MappingError, match=f"text_config=\"qwen3\" should be a JSON object \\(the "
+                                           f"{wrapper_type(name)} model's"):
         family.arch_config(config)
 
 
@@ -277,3 +300,13 @@ def test_phi4_multimodal_reads_its_own_defaults() -> None:
         (expected.vocab_size, expected.num_key_value_heads, expected.max_position_embeddings)
     plain = phi3.arch_config({"model_type": "phi3", **minimal})
     assert (plain.vocab_size, plain.n_kv_heads, plain.max_positions) == (32064, 16, 4096)
+
+
+def test_mistral3_is_read_by_the_family_of_its_text_decoder() -> None:
+    """Mistral3ForConditionalGeneration wraps a mistral decoder (Mistral Small 3.1, 3.2; the class's default when
+    text_config names none) or a ministral3 one (Ministral 3): each is read by that decoder's family."""
+    config = mistral3_ministral3().to_dict()
+    assert family_for("mistral3", config) is FAMILIES["ministral3"]
+    assert family_for("mistral3", {**config, "text_config": None}) is FAMILIES["mistral"]
+    assert family_for("mistral3", mistral3().to_dict()) is FAMILIES["mistral"]
+    assert family_for("mistral3") is FAMILIES["mistral"]

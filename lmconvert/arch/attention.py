@@ -132,6 +132,8 @@ class Attention(nn.Module):
             rope = self.rotary.cfg
             q = apply_rotary(q, cos, sin, rope.layout, rope.fp32_rotation, rope.complex_product)
             k = apply_rotary(k, cos, sin, rope.layout, rope.fp32_rotation, rope.complex_product)
+        if cfg.attn_temperature is not None:  # Ministral 3: the query scaled by its position, after RoPE
+            q = q * ctx.query_temperature(cfg.attn_temperature, cfg.attn_temperature_floor).to(q.dtype)
         if cache is not None:
             k, v = cache.update(self.layer, k, v)  # (B, KV, S, D)
         bias = self._position_bias(ctx)

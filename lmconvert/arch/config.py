@@ -30,7 +30,7 @@ QK_NORM_WEIGHTS = ("shared", "per_head")
 DTYPE_ORDERS = ("cast_then_scale", "scale_then_cast")
 PARALLEL_SUMS = ("h+attn+mlp", "mlp+attn+h", "attn+mlp+h")  # left to right: the order a parallel block adds
 ALIBI_KINDS = ("distance", "bloom", "mpt", "falcon")  # how ALiBi is built and added: see positions.ALIBI_KINDS
-ROUTERS = ("softmax", "sigmoid")
+ROUTERS = ("softmax", "sigmoid", "sparsemixer")
 SHARED_EXPERTS = ("none", "gated", "plain")
 
 
@@ -206,6 +206,10 @@ class MoeConfig:
     scale: float = 1.0  # the chosen weights multiplied by it (routed_scaling_factor)
     router_fp32: bool = False  # the router's logits from fp32 input and weight (DeepSeek)
     aux_loss: float = 0.0  # the load-balancing loss's weight in the training loss (moe.balance_loss); 0: off
+    # router="sparsemixer" (Phi-3.5-MoE's SparseMixer, its inference path): top-1 then top-2, each weighted by a
+    # softmax over the experts whose scores lie within a relative 2 * sparsemixer_eps of the chosen one's (its
+    # router_jitter_noise); set exactly for that router
+    sparsemixer_eps: float | None = None
 
     def __post_init__(self) -> None:
         for name in ("n_experts", "top_k", "d_expert", "n_group", "topk_group"):
@@ -224,6 +228,7 @@ class MoeConfig:
         if self.selection_bias and self.router != "sigmoid":
             _fail("moe", "selection_bias", True, "is a sigmoid router's (DeepSeek-V3's); use router='sigmoid'")
         _choice("moe", "router", self.router, ROUTERS)
+        self._check_sparsemixer()
         _choice("moe", "shared", self.shared, SHARED_EXPERTS)
         if self.top_k > self.n_experts:
             _fail("moe", "top_k", self.top_k, f"cannot exceed n_experts={self.n_experts}")
@@ -235,6 +240,20 @@ class MoeConfig:
                                                         for i in layers):
             _fail("moe", "dense_layers", layers, "must be a list of layer indices")
         object.__setattr__(self, "dense_layers", tuple(sorted(set(layers))))
+
+    def _check_sparsemixer(self) -> None:
+        if (self.router == "sparsemixer") != (self.sparsemixer_eps is not None):
+            _fail("moe", "sparsemixer_eps", self.sparsemixer_eps, "is set exactly when router='sparsemixer'")
+        if self.router != "sparsemixer":
+            return
+        eps = self.sparsemixer_eps
+        if isinstance(eps, bool) or not isinstance(eps, (int, float)) or not 0 <= eps < math.inf:
+            _fail("moe", "sparsemixer_eps", eps, "must be a finite number >= 0")
+        for name, value, why in (("top_k", 2, "SparseMixer chooses exactly two experts"),
+                                 ("norm_topk", False, "SparseMixer's weights are not renormalised"),
+                                 ("n_group", 1, "SparseMixer has no expert groups")):
+            if getattr(self, name) != value:
+                _fail("moe", name, getattr(self, name), why)
 
     def sparse(self, layer: int) -> bool:
         return layer not in self.dense_layers
@@ -294,6 +313,13 @@ class ArchConfig:
     attn_softcap: float | None = None
     residual_scale: float = 1.0  # each sublayer's output is multiplied by this before the residual add (Granite)
     clip_qkv: float | None = None  # q, k and v clamped to [-clip_qkv, clip_qkv] after projection (OLMo, MPT)
+    # attention temperature (Ministral 3's llama_4_scaling_beta): after RoPE, every query at position p is
+    # multiplied by 1 + attn_temperature * log(1 + floor(p / attn_temperature_floor)), computed in fp32 and cast
+    # to the activation dtype; p is the token's absolute position (the cache's numbering), so cached decoding
+    # scales as the full forward does. None: no temperature
+    attn_temperature: float | None = None
+    attn_temperature_floor: int | None = None  # the position period of attn_temperature (Ministral 3: YaRN's
+    #   original_max_position_embeddings); set exactly when attn_temperature is
     scale_query: bool = False  # the score scale multiplies q after its projection, not q.k (OPT, XGLM)
     scale_by_inverse_layer: bool = False  # layer i's score scale is further divided by i + 1 (GPT-2)
     scores_fp32: bool = False  # q.k from fp32 copies of q and k, up to the softmax (GPT-J, GPT-Neo, GPT-2's
@@ -373,6 +399,7 @@ class ArchConfig:
         _positive("ArchConfig", "logit_scale", self.logit_scale)
         _positive("ArchConfig", "head_divisor", self.head_divisor)
         _positive("ArchConfig", "clip_qkv", self.clip_qkv, allow_none=True)
+        self._check_temperature()
         if self.qk_norm_weight == "per_head" and self.qk_norm != "head":
             _fail("ArchConfig", "qk_norm_weight", self.qk_norm_weight, "a weight per head needs qk_norm='head'")
         self._normalise_qk_norm_bias()
@@ -429,6 +456,19 @@ class ArchConfig:
         if moe.dense_layers and moe.dense_layers[-1] >= self.n_layers:
             _fail("ArchConfig", "moe.dense_layers", list(moe.dense_layers),
                   f"names a layer >= n_layers={self.n_layers}")
+
+    def _check_temperature(self) -> None:
+        value = self.attn_temperature
+        if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))
+                                  or not math.isfinite(value)):
+            _fail("ArchConfig", "attn_temperature", value, "must be a finite number")
+        _integer("ArchConfig", "attn_temperature_floor", self.attn_temperature_floor, allow_none=True)
+        if (value is None) != (self.attn_temperature_floor is None):
+            _fail("ArchConfig", "attn_temperature_floor", self.attn_temperature_floor,
+                  "is set exactly when attn_temperature is")
+        if value is not None and self.attention != "standard":
+            _fail("ArchConfig", "attn_temperature", value, f"scales the queries of standard attention only, not "
+                  f"attention={self.attention!r}'s")
 
     def _normalise_qk_norm_bias(self) -> None:
         """One spelling per model: the block norms' bias where unset, False where there is no QK norm."""

@@ -48,6 +48,16 @@ class Context:
             self._memo[key] = cos, sin
         return self._memo[key]
 
+    def query_temperature(self, beta: float, floor: int) -> torch.Tensor:
+        """Ministral 3's query scale (`get_llama_4_attn_scale`), fp32: 1 + beta * log(1 + floor(p / floor))
+        of each new token's position p, (T, 1), or (B, 1, T, 1) for per-row positions."""
+        key = ("temperature", beta, floor)
+        if key not in self._memo:
+            positions = self.q_pos if self.positions is None else self.positions
+            scale = 1 + beta * torch.log(1 + torch.floor(positions / floor))
+            self._memo[key] = scale[:, None, :, None] if positions.dim() == 2 else scale[:, None]
+        return self._memo[key]
+
     def key_numbers(self) -> torch.Tensor | None:
         """Key positions counted from each row's first real token (B, S); None without padding."""
         return None if self.keys is None else mask_positions(self.keys)

@@ -66,6 +66,7 @@ def _rope(r: RopeConfig) -> str:
 
 
 ROUTER_NAMES = {"softmax": "softmax then top-k", "sigmoid": "sigmoid then top-k"}
+ROUTER_NAMES["sparsemixer"] = "SparseMixer: top-1, then top-2 of the rest, each a masked softmax"
 SHARED_NAMES = {"gated": "one shared expert, sigmoid-gated", "plain": "shared experts, ungated"}
 
 
@@ -82,6 +83,8 @@ def _moe(cfg: ArchConfig, moe: MoeConfig) -> list[str]:
         router += f", scaled x{moe.scale:g}"
     if moe.router_fp32:
         router += ", logits in fp32"
+    if moe.sparsemixer_eps is not None:
+        router += f", masked beyond a relative 2 x {moe.sparsemixer_eps:g}"
     lines = [f"mixture of experts: {moe.n_experts} experts, top-{moe.top_k}, d_expert {moe.d_expert} ({where})",
              f"router: {router}"]
     if moe.d_shared is not None:
@@ -117,6 +120,9 @@ def variants(cfg: ArchConfig) -> list[str]:
     out.extend(line for flag, line in BLOCK_FLAGS if getattr(cfg, flag))
     if cfg.clip_qkv is not None:
         out.append(f"q, k, v clamped to +-{cfg.clip_qkv:g}")
+    if cfg.attn_temperature is not None:
+        out.append(f"attention temperature: q x (1 + {cfg.attn_temperature:g} log(1 + floor(pos / "
+                   f"{cfg.attn_temperature_floor})))")
     if cfg.residual_scale != 1.0:
         out.append(f"residual scale: {cfg.residual_scale:g} (each sublayer's output)")
     kinds = cfg.layer_kinds

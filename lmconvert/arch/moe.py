@@ -81,8 +81,26 @@ def _group_mask(moe: MoeConfig, groups: torch.Tensor) -> torch.Tensor:
     return mask.unsqueeze(-1).expand(-1, moe.n_group, size).reshape(-1, moe.n_experts).bool()
 
 
-SCORES = {"softmax": _softmax, "sigmoid": _sigmoid}
-EPS = {"softmax": 0.0, "sigmoid": 1e-20}  # DeepSeek-V3 guards its renormalisation; the others do not
+def _sparsemixer(router: Router, logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Phi-3.5-MoE's SparseMixer as transformers' `sparsemixer` runs it outside training: the best expert,
+    weighted by its softmax over the experts whose logits lie within a relative 2 * eps of its own (the
+    others masked to -inf), then the best of the rest, weighted the same way over the logits without the
+    first; both softmaxes in the logits' dtype."""
+    eps = router.moe.sparsemixer_eps
+
+    def best(masked: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        threshold, chosen = masked.max(dim=-1, keepdim=True)
+        far = ((threshold - logits) / logits.abs().clamp(min=threshold)) > (2 * eps)
+        return torch.softmax(masked.masked_fill(far, float("-inf")), dim=-1).gather(dim=-1, index=chosen), chosen
+
+    first, one = best(logits)
+    second, two = best(torch.scatter(logits, -1, one, float("-inf")))
+    return torch.concat((first, second), dim=-1), torch.concat((one, two), dim=-1)
+
+
+SCORES = {"softmax": _softmax, "sigmoid": _sigmoid, "sparsemixer": _sparsemixer}
+# DeepSeek-V3 guards its renormalisation; the others do not (SparseMixer does not renormalise)
+EPS = {"softmax": 0.0, "sigmoid": 1e-20, "sparsemixer": 0.0}
 
 
 class Expert(MLP):

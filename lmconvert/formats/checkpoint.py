@@ -201,7 +201,7 @@ def _map(source: Source) -> Checkpoint:
         if source.canonical is not None:
             family, arch = family_named(source.canonical.family), source.canonical.arch
         else:
-            family = family_for(source.config.get("model_type"))
+            family = family_for(source.config.get("model_type"), source.config)
             # before the ArchConfig, whose per-layer tables grow with what the config claims
             check_layer_claim(source.config.get(key), held, source.path, described_by, key)
             arch = own_head(family, family.arch_config(source.config), names)

@@ -70,6 +70,7 @@ ARCH_TYPES: dict[str, schema.Spec] = {  # `{arch}.` keys
         "final_logit_softcapping", "rope.scaling.factor", "rope.scale_linear", "rope.scaling.attn_factor",
         "rope.scaling.yarn_beta_fast", "rope.scaling.yarn_beta_slow")},
     "attention.scale": schema.Number(minimum=0),  # 0: not stated
+    "attention.temperature_scale": schema.Number(), "rope.scaling.yarn_log_multiplier": schema.Number(),
     "rope.scaling.type": schema.String(),
     # a period (0: every layer sliding), or one flag per layer
     "attention.sliding_window_pattern": schema.Either((schema.COUNT, schema.Array(schema.Boolean()))),

@@ -3,12 +3,21 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from typing import Any
+
 from .errors import Inexpressible, MappingError
 from .family import Family
-from .registry import BY_MODEL_TYPE, FAMILIES
+from .registry import BY_MODEL_TYPE, FAMILIES, WRAPPED
 
 
-def family_for(model_type: object) -> Family:
+def family_for(model_type: object, config: Mapping[str, Any] | None = None) -> Family:
+    """The family of a config.json's model_type; for a wrapper whose text decoder another family reads
+    (`Family.wraps`), the one `config`'s text_config names."""
+    text = config.get("text_config") if config is not None else None
+    kind = text.get("model_type") if isinstance(text, Mapping) else None
+    if isinstance(model_type, str) and isinstance(kind, str) and (model_type, kind) in WRAPPED:
+        return WRAPPED[model_type, kind]
     try:
         return BY_MODEL_TYPE[model_type]  # type: ignore[index]
     except (KeyError, TypeError):

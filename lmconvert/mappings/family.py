@@ -33,6 +33,8 @@ VARIANT_NAMES = {
     "residual_scale": "residual scaling",
     "qk_norm_weight": "QK-norm weights per head", "qk_norm_bias": "a QK-norm bias",
     "clip_qkv": "q/k/v clamping",
+    "attn_temperature": "a position-dependent query scale (attention temperature)",
+    "attn_temperature_floor": "this attention-temperature period",
     "tie_embeddings": "this embedding tying", "embed_scale": "embedding scaling",
     "final_softcap": "final-logit soft-capping", "logit_scale": "a logit scale",
     "head_divisor": "a divided LM-head input",
@@ -74,6 +76,9 @@ class Family:
     layout: Callable[[ArchConfig], TensorTable] | None = None  # the table for one config, where names depend on it
     gguf: tuple[GgufArch, ...] = ()  # its llama.cpp architectures (read, and written by `--to gguf`)
     no_gguf: str = ""  # why it has no GGUF form, where llama.cpp names it but cannot run it
+    # wrapper model_type -> the text model_types of it this family reads, where another family claims the wrapper
+    # (Mistral3ForConditionalGeneration around a ministral3 decoder): `family_for` chooses by `text_config`
+    wraps: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
     # verify: where transformers' modules of this family lay a point out otherwise than llama's
     # (verify/layouts.py), by point, or a function of the config giving them; QK norms have no default
     reference_layouts: Mapping[str, Any] | Callable[[ArchConfig], Mapping[str, Any]] = field(default_factory=dict)

@@ -35,6 +35,9 @@ def _unique(pairs: list[tuple[str, object]], what: str) -> dict:
 
 FAMILIES: dict[str, Family] = _scan()
 BY_MODEL_TYPE: dict[str, Family] = _unique([(t, f) for f in FAMILIES.values() for t in f.model_types], "model_type")
+# (wrapper model_type, its text_config's model_type) -> the family that reads it where it is not the wrapper's own
+WRAPPED: dict[tuple[str, str], Family] = _unique([((w, t), f) for f in FAMILIES.values() for w, texts in f.wraps.items()
+                                                  for t in texts], "wrapped text model_type")
 # llama.cpp's architecture name -> its entry; and (architecture, general.name word, entry) for the models
 # llama.cpp writes under another's architecture (Mistral and Mixtral as llama)
 ARCHS: dict[str, GgufArch] = _unique([(e.arch, e) for f in FAMILIES.values() for e in f.gguf if not e.named],

@@ -33,6 +33,9 @@ class Spec:
     not_on_card: tuple[str, ...] = ()  # what it must not say
     sdpa: bool = True  # transformers runs it with SDPA (GPT-Neo and XGLM have only their own attention)
     rope: bool = True  # config.json states rope_parameters (the families with RoPE)
+    # transformers reads an older config.json style of this model_type (False: a model_type newer than transformers
+    # 4 whose config class reads no older keys, Mellum's: there is one style, and nothing to compare it with)
+    old_styled: bool = True
     bf16_exact: bool = True  # our bf16 logits equal transformers' bf16 logits bit for bit on CPU (False: say why)
     family: str = ""  # the lmconvert family, where the entry is a second model of one (stablelm_qk); "": its name
     # transformers-written configs of this model_type in which every stated key takes effect

@@ -117,7 +117,7 @@ def hf_config(file: Metadata) -> tuple[dict[str, Any], GgufArch]:
         config[hf_key] = tensor in file.tensors
     config["tie_word_embeddings"] = "output.weight" not in file.tensors
     config["vocab_size"] = _vocab_size(file, arch)
-    config.update(_rope_scaling(file, arch, config))
+    config.update(_rope_scaling(file, arch, config, entry.keys))
     if entry.swa_pattern is not None:
         config["layer_types"] = _layer_types(file, arch, entry, config["num_hidden_layers"])
     if entry.big_layers is not None:
@@ -143,7 +143,8 @@ def _vocab_size(file: Metadata, arch: str) -> int:
     return int(stated)
 
 
-def _rope_scaling(file: Metadata, arch: str, config: dict[str, Any]) -> dict[str, Any]:
+def _rope_scaling(file: Metadata, arch: str, config: dict[str, Any], own: Mapping[str, str]) -> dict[str, Any]:
+    """`rope_scaling` from the `{arch}.rope.scaling.` keys; those in `own` (the entry's keys) are read there."""
     prefix = f"{arch}."
     kind = file.meta.get(f"{arch}.rope.scaling.type")
     legacy = file.meta.get(f"{arch}.rope.scale_linear")
@@ -164,7 +165,8 @@ def _rope_scaling(file: Metadata, arch: str, config: dict[str, Any]) -> dict[str
     params: dict[str, Any] = {"rope_type": rope_type, "factor": float(factor) if factor is not None else None}
     for name, value in file.meta.items():
         short = name.removeprefix(prefix)
-        if not name.startswith(prefix + "rope.scaling.") or short in ROPE_IGNORED or short == "rope.scaling.factor":
+        if not name.startswith(prefix + "rope.scaling.") or short in ROPE_IGNORED or short == "rope.scaling.factor" \
+                or short in own:
             continue
         if short not in ROPE_KEYS:
             raise MappingError(f"{name}={value!r} is a RoPE scaling setting lmconvert does not support")
