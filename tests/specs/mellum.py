@@ -6,8 +6,8 @@ from __future__ import annotations
 from specs import WINDOW, YARN, F, S, Spec
 
 ROPE = {F: {"rope_type": "yarn", "rope_theta": 1e6, **YARN}, S: {"rope_type": "default", "rope_theta": 1e4}}
-SPEC = Spec(  # bf16: bit-exact with transformers' eager experts, not its default grouped_mm (as qwen3_moe)
-    "mellum", bf16_exact=False,
+SPEC = Spec(  # bf16: bit-exact with transformers' default experts (grouped_mm) and its eager ones (test_moe.py)
+    "mellum",
     kwargs=dict(num_hidden_layers=4, num_local_experts=6, num_experts_per_tok=3, moe_intermediate_size=32,
                 head_dim=16, attention_bias=True, sliding_window=WINDOW, layer_types=[S, F, S, S],
                 mlp_layer_types=["dense", "sparse", "sparse", "dense"], norm_topk_prob=False, rope_parameters=ROPE),
