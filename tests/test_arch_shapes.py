@@ -56,6 +56,7 @@ CASES: dict[str, dict[str, Any]] = {
     "head_dim_independent_of_d_model": dict(d_model=40, n_heads=3, head_dim=16, n_kv_heads=1),
     "all_biases": dict(q_bias=True, k_bias=True, v_bias=True, o_bias=True, mlp_bias=True, lm_head_bias=True),
     "qkv_bias_only": dict(q_bias=True, k_bias=True, v_bias=True),
+    "o_bias_last_layer_only": dict(o_bias=True, o_bias_layers=(1,)),  # GPT-NeoX-Japanese
     "plain_mlp": dict(gated=False, activation="gelu"),
     "plain_mlp_bias": dict(gated=False, mlp_bias=True),
     "gated_mlp_bias": dict(gated=True, mlp_bias=True),
@@ -172,6 +173,8 @@ def arch_configs(draw: st.DrawFn) -> ArchConfig:
             router="sigmoid" if sigmoid else "softmax", selection_bias=sigmoid and draw(st.booleans()),
             shared=shared, d_shared=None if shared == "none" else draw(st.integers(1, 12)),
             dense_layers=tuple(draw(st.sets(st.integers(0, n_layers - 1)))))
+    if fields["o_bias"] and draw(st.booleans()):  # the o bias on some layers only (GPT-NeoX-Japanese)
+        fields["o_bias_layers"] = tuple(draw(st.sets(st.integers(0, n_layers - 1), min_size=1)))
     return ArchConfig(**fields)
 
 

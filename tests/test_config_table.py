@@ -280,7 +280,8 @@ NOT_A_KEY = {("olmo", "rms_norm_eps"),
              *((f, k) for f in ("bloom", "mpt") for k in ("num_key_value_heads", "head_dim", "intermediate_size",
                                                           "rope_parameters")), ("bloom", "max_position_embeddings"),
              ("falcon", "num_key_value_heads"), ("falcon", "head_dim"), ("falcon", "intermediate_size"),
-             ("mpt", "attention_dropout")}
+             ("mpt", "attention_dropout"),
+             ("gpt_neox_japanese", "num_key_value_heads"), ("gpt_neox_japanese", "head_dim")}
 # a key transformers takes null for (its default), where the others refuse it
 NULL_IS_DEFAULT = {("gpt_neo", "intermediate_size")}
 # a family that spells one of those keys its own way
@@ -303,7 +304,9 @@ OWN_SPELLING = {("starcoder2", "rms_norm_eps"): "norm_epsilon", ("nemotron", "rm
                 ("bloom", "rms_norm_eps"): "layer_norm_epsilon", ("mpt", "hidden_size"): "d_model",
                 ("mpt", "num_attention_heads"): "n_heads", ("mpt", "num_hidden_layers"): "n_layers",
                 ("mpt", "max_position_embeddings"): "max_seq_len", ("mpt", "rms_norm_eps"): "layer_norm_epsilon",
-                ("falcon", "rms_norm_eps"): "layer_norm_epsilon"}
+                ("falcon", "rms_norm_eps"): "layer_norm_epsilon",
+                ("gpt_neox_japanese", "rms_norm_eps"): "layer_norm_eps",
+                ("gpt_neox_japanese", "intermediate_size"): "intermediate_multiple_size"}
 
 
 @pytest.mark.parametrize("model_type", VARIANTS)

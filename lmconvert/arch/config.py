@@ -268,6 +268,9 @@ class ArchConfig:
     k_bias: bool = False
     v_bias: bool = False
     o_bias: bool = False
+    o_bias_layers: tuple[int, ...] | None = None  # the layers whose o projection has the bias o_bias switches on;
+    #   None: every layer. GPT-NeoX-Japanese gives only its last layer one (`use_bias=layer_number ==
+    #   num_hidden_layers - 1`); see `layer_config`
     mlp_bias: bool = False
     lm_head_bias: bool = False
     # feed-forward
@@ -376,6 +379,7 @@ class ArchConfig:
         if self.qk_norm_weight == "per_head" and self.qk_norm != "head":
             _fail("ArchConfig", "qk_norm_weight", self.qk_norm_weight, "a weight per head needs qk_norm='head'")
         self._normalise_qk_norm_bias()
+        self._normalise_o_bias_layers()
         _positive("ArchConfig", "residual_scale", self.residual_scale)
         if self.parallel_sum != PARALLEL_SUMS[0] and not self.norm_placement.startswith("parallel"):
             _fail("ArchConfig", "parallel_sum", self.parallel_sum, "only parallel blocks have a parallel sum")
@@ -439,6 +443,28 @@ class ArchConfig:
             _fail("ArchConfig", "qk_norm_bias", value,
                   "an RMSNorm has no bias; QK norms with one need norm.kind='layer'")
         object.__setattr__(self, "qk_norm_bias", value and self.qk_norm != "none")
+
+    def _normalise_o_bias_layers(self) -> None:
+        """One spelling: sorted layer indices, None where every layer has the o bias."""
+        layers = self.o_bias_layers
+        if layers is None:
+            return
+        if not isinstance(layers, (list, tuple)) or any(isinstance(i, bool) or not isinstance(i, int)
+                                                        or not 0 <= i < self.n_layers for i in layers):
+            _fail("ArchConfig", "o_bias_layers", layers,
+                  f"must be a list of layer indices below n_layers={self.n_layers}")
+        if not self.o_bias:
+            _fail("ArchConfig", "o_bias_layers", layers, "names the layers o_bias gives a bias; set o_bias=True")
+        layers = tuple(sorted(set(layers)))
+        object.__setattr__(self, "o_bias_layers", None if len(layers) == self.n_layers else layers)
+
+    def layer_config(self, layer: int) -> ArchConfig:
+        """The config one layer's attention is built from (its parts, so its tensors): this one, but
+        without the o bias on a layer `o_bias_layers` leaves out. `AttentionKind.build` and
+        `shapes` read a layer's attention parts through it, so the two cannot disagree."""
+        if self.o_bias_layers is None or layer in self.o_bias_layers:
+            return self
+        return dataclasses.replace(self, o_bias=False, o_bias_layers=None)
 
     def _normalise_attention_settings(self, kind: AttentionKind) -> None:
         """None or a JSON object becomes the kind's settings (defaults where None)."""

@@ -147,6 +147,8 @@ def variants(cfg: ArchConfig) -> list[str]:
         out.append(f"{ffn}, d_ff {cfg.d_ff} on dense layers" if cfg.moe.dense_layers else f"{ffn} experts")
         out.extend(_moe(cfg, cfg.moe))
     biases = [n for n in ("q", "k", "v", "o", "mlp", "lm_head") if getattr(cfg, f"{n}_bias")]
+    if cfg.o_bias_layers is not None:
+        biases[biases.index("o")] = f"o (layers {list(cfg.o_bias_layers)})"
     out.append(f"biases: {', '.join(biases) if biases else 'none'}")
     out.append("embeddings: tied" if cfg.tie_embeddings else "embeddings: untied")
     if cfg.embed_scale is not None:

@@ -67,7 +67,7 @@ def _block(cfg: ArchConfig, layer: int, name: str) -> Shapes:
     for slot in SLOTS:
         if slot in filled:
             shapes.update(norm.shapes(f"{name}.{slot}"))
-    shapes.update(part_shapes(attention.parts(cfg), f"{name}.attn"))
+    shapes.update(part_shapes(attention.parts(cfg.layer_config(layer)), f"{name}.attn"))
     shapes.update(_ffn(cfg, layer, f"{name}.mlp"))
     return shapes
 
