@@ -227,6 +227,22 @@ def test_each_bias_adds_exactly_its_parameters_and_matters(flag):
         assert max_diff(model(ids), before) > 1e-3
 
 
+@pytest.mark.parametrize(("overrides", "added"), [
+    (dict(tie_embeddings=True, lm_head_bias=True), {"lm_head.bias"}),  # CTRL: the tied head's own bias
+    (dict(o_bias=True, o_bias_layers=(1,)), {"layers.1.attn.o.bias"}),  # GPT-NeoX-Japanese: the last layer's
+])
+def test_a_bias_of_some_parts_only_adds_those_and_matters(overrides, added):
+    base = build(tiny(tie_embeddings=overrides.get("tie_embeddings", False)))
+    model = build(tiny(**overrides))
+    assert set(model.state_dict()) - set(base.state_dict()) == added
+    ids = tokens()
+    with torch.no_grad():
+        before = model(ids)
+        for name in added:
+            model.get_parameter(name).add_(0.5)
+        assert max_diff(model(ids), before) > 1e-3
+
+
 def test_key_bias_is_invisible_without_positions():
     """Softmax shift invariance: a key bias adds q.b to a whole score row. With RoPE it is rotated per
     key position and matters (test above); with no positions it must not change anything."""

@@ -61,7 +61,7 @@ def test_per_layer_bad_entry(field, value):
     (dict(relative_buckets=1), "relative_buckets"), (dict(relative_buckets=32, relative_max_distance=16),
                                                      "relative_max_distance"),
     (dict(relative_max_distance=0), "relative_max_distance"),
-    (dict(tie_embeddings=True, lm_head_bias=True), "lm_head_bias"), (dict(norm_placement="post"), "final_norm"),
+    (dict(norm_placement="post"), "final_norm"),
     (dict(head_dim=6, rope=RopeConfig(fraction=0.5)), "head_dim"),
     (dict(o_bias_layers=(1,)), "o_bias_layers"), (dict(o_bias=True, o_bias_layers=(2,)), "o_bias_layers"),
     (dict(o_bias=True, o_bias_layers=(True,)), "o_bias_layers"),

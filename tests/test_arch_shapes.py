@@ -62,6 +62,7 @@ CASES: dict[str, dict[str, Any]] = {
     "gated_mlp_bias": dict(gated=True, mlp_bias=True),
     "tied": dict(tie_embeddings=True),
     "untied_head_bias": dict(lm_head_bias=True),
+    "tied_head_bias": dict(tie_embeddings=True, lm_head_bias=True),  # CTRL
     "sinusoidal": dict(absolute_positions="sinusoidal", layer_positions=("none", "none")),
     "learned": dict(absolute_positions="learned", layer_positions=("none", "none")),
     "learned_with_offset": dict(absolute_positions="learned", position_offset=2, max_positions=50),
@@ -129,7 +130,7 @@ def arch_configs(draw: st.DrawFn) -> ArchConfig:
         norm=norm, norm_placement=placement, final_norm=placement != "post" and draw(st.booleans()),
         qk_norm=draw(st.sampled_from(config_module.QK_NORMS)),
         q_bias=draw(st.booleans()), k_bias=draw(st.booleans()), v_bias=draw(st.booleans()),
-        o_bias=draw(st.booleans()), mlp_bias=draw(st.booleans()), lm_head_bias=not tie and draw(st.booleans()),
+        o_bias=draw(st.booleans()), mlp_bias=draw(st.booleans()), lm_head_bias=draw(st.booleans()),
         activation=draw(st.sampled_from(config_module.ACTIVATIONS)), gated=draw(st.booleans()),
         absolute_positions=draw(st.sampled_from(config_module.ABSOLUTE_POSITIONS)),
         position_offset=draw(st.integers(0, 3)),

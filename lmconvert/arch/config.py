@@ -22,7 +22,7 @@ NORM_PLACEMENTS = ("pre", "post", "sandwich", "output", "parallel_shared", "para
 ACTIVATIONS = ("relu", "gelu", "gelu_tanh", "silu", "relu2", "gelu_new", "gelu_bloom")
 ROPE_LAYOUTS = ("half", "interleaved")
 ROPE_SCALINGS = ("none", "linear", "dynamic", "yarn", "llama3", "longrope")
-ABSOLUTE_POSITIONS = ("none", "sinusoidal", "learned", "sinusoidal_fairseq")
+ABSOLUTE_POSITIONS = ("none", "sinusoidal", "learned", "sinusoidal_fairseq", "sinusoidal_halves")
 LAYER_POSITIONS = ("rope", "alibi", "relative", "none")
 LAYER_KINDS = ("global", "local")
 QK_NORMS = ("none", "head", "projection")
@@ -272,7 +272,7 @@ class ArchConfig:
     #   None: every layer. GPT-NeoX-Japanese gives only its last layer one (`use_bias=layer_number ==
     #   num_hidden_layers - 1`); see `layer_config`
     mlp_bias: bool = False
-    lm_head_bias: bool = False
+    lm_head_bias: bool = False  # with tied embeddings, a bias of the head's own (CTRL, ModernBERT decoder)
     # feed-forward
     activation: str = "silu"
     gated: bool = True
@@ -418,8 +418,6 @@ class ArchConfig:
         if self.bias_separate and self.conv1d_linears:
             _fail("ArchConfig", "conv1d_linears", True, "a Conv1D adds its bias inside the addmm; bias_separate "
                   "adds it after the matmul: set one")
-        if self.tie_embeddings and self.lm_head_bias:
-            _fail("ArchConfig", "lm_head_bias", True, "a tied LM head has no bias; untie the embeddings")
         if self.norm_placement == "post" and self.final_norm:
             _fail("ArchConfig", "final_norm", True, "post-norm blocks already end in a norm")
         if kind.check is not None:

@@ -22,6 +22,21 @@ from .positions import POSITION_TABLES, RelativeBias
 from .rope import Rotary
 
 
+class TiedHead(nn.Module):
+    """The LM head of tied embeddings that keeps a bias of its own (CTRL's `lm_head`, ModernBERT
+    decoder's `decoder`: an nn.Linear whose weight transformers ties to the embedding, whose bias it
+    does not): `F.linear(h, embedding, bias)`, nn.Linear's own op. Only the bias is its parameter
+    (`lm_head.bias`); the embedding is held as a plain reference, so state_dict lists it once."""
+
+    def __init__(self, embed: nn.Embedding, vocab_size: int) -> None:
+        super().__init__()
+        object.__setattr__(self, "embed", embed)
+        self.bias = nn.Parameter(torch.zeros(vocab_size))
+
+    def forward(self, h: torch.Tensor) -> torch.Tensor:
+        return F.linear(h, self.embed.weight, self.bias)
+
+
 class Decoder(nn.Module):
     def __init__(self, cfg: ArchConfig) -> None:
         super().__init__()
@@ -48,7 +63,8 @@ class Decoder(nn.Module):
             self.layers.append(Block(cfg, i, rotary, self.rel_bias))
         self.final_norm = Norm(cfg.d_model, cfg.norm) if cfg.final_norm else nn.Identity()
         self.project_out = nn.Linear(cfg.d_model, cfg.embed_dim, bias=False) if cfg.projects_embeddings else None
-        self.lm_head = None if cfg.tie_embeddings else nn.Linear(cfg.embed_dim, cfg.vocab_size, bias=cfg.lm_head_bias)
+        self.lm_head = nn.Linear(cfg.embed_dim, cfg.vocab_size, bias=cfg.lm_head_bias) if not cfg.tie_embeddings \
+            else TiedHead(self.embed, cfg.vocab_size) if cfg.lm_head_bias else None
         self.drop = nn.Dropout(cfg.embed_dropout)
 
     def set_attention(self, backend: str) -> Decoder:

@@ -29,7 +29,8 @@ PLACEMENT_NAMES = {"pre": "pre-norm", "post": "post-norm", "sandwich": "sandwich
                    "parallel_separate": "parallel attn+MLP, separate norms"}
 
 POSITION_NAMES = {"learned": "learned", "sinusoidal": "sinusoidal (sin/cos interleaved)",
-                  "sinusoidal_fairseq": "sinusoidal (fairseq: sin half, cos half)"}
+                  "sinusoidal_fairseq": "sinusoidal (fairseq: sin half, cos half)",
+                  "sinusoidal_halves": "sinusoidal (CTRL: sin half, cos half, 10000^(-2i/d))"}
 
 
 def _norm(n: NormConfig) -> str:

@@ -95,4 +95,6 @@ def parameter_shapes(cfg: ArchConfig) -> dict[str, tuple[int, ...]]:
         shapes.update(LinearPart(cfg.d_model, cfg.embed_dim).shapes("project_out"))
     if not cfg.tie_embeddings:
         shapes.update(LinearPart(cfg.embed_dim, cfg.vocab_size, cfg.lm_head_bias).shapes("lm_head"))
+    elif cfg.lm_head_bias:  # a tied head's own bias (decoder.TiedHead)
+        shapes["lm_head.bias"] = (cfg.vocab_size,)
     return shapes

@@ -61,7 +61,7 @@ def place(model: Decoder, devices: Sequence[str | torch.device]) -> Decoder:
                           "run this model on one device")
     placed = block_devices(len(model.layers), devices)
     first = torch.device(devices[0])
-    head = first if model.lm_head is None else placed[-1] if placed else first
+    head = first if model.cfg.tie_embeddings else placed[-1] if placed else first  # a tied head: the embedding's
     for name in ("embed", "project_in", "pos_embed", "embed_norm"):
         if getattr(model, name) is not None:
             getattr(model, name).to(first)
