@@ -227,20 +227,33 @@ def test_each_bias_adds_exactly_its_parameters_and_matters(flag):
         assert max_diff(model(ids), before) > 1e-3
 
 
-@pytest.mark.parametrize(("overrides", "added"), [
-    (dict(tie_embeddings=True, lm_head_bias=True), {"lm_head.bias"}),  # CTRL: the tied head's own bias
-    (dict(o_bias=True, o_bias_layers=(1,)), {"layers.1.attn.o.bias"}),  # GPT-NeoX-Japanese: the last layer's
+@pytest.mark.parametrize(("base", "overrides", "added"), [
+    (dict(tie_embeddings=True), dict(lm_head_bias=True), {"lm_head.bias"}),  # CTRL: the tied head's own bias
+    ({}, dict(o_bias=True, o_bias_layers=(1,)), {"layers.1.attn.o.bias"}),  # GPT-NeoX-Japanese: the last layer's
+    (dict(head_transform="gelu"), dict(head_transform_bias=True), {"head_transform.dense.bias"}),  # ModernBERT dec.
 ])
-def test_a_bias_of_some_parts_only_adds_those_and_matters(overrides, added):
-    base = build(tiny(tie_embeddings=overrides.get("tie_embeddings", False)))
-    model = build(tiny(**overrides))
-    assert set(model.state_dict()) - set(base.state_dict()) == added
+def test_a_bias_of_some_parts_only_adds_those_and_matters(base, overrides, added):
+    model = build(tiny(**base, **overrides))
+    assert set(model.state_dict()) - set(build(tiny(**base)).state_dict()) == added
     ids = tokens()
     with torch.no_grad():
         before = model(ids)
         for name in added:
             model.get_parameter(name).add_(0.5)
         assert max_diff(model(ids), before) > 1e-3
+
+
+def test_an_unnormed_attention_reads_the_residual_stream():
+    """ModernBERT decoder's layer 0: its attention norm is gone, and its attention sees the raw stream."""
+    model = build(tiny(unnormed_attn_layers=(0,)))
+    assert isinstance(model.layers[0].attn_norm, torch.nn.Identity)
+    assert set(build(tiny()).state_dict()) - set(model.state_dict()) == {"layers.0.attn_norm.weight"}
+    seen = []
+    model.layers[0].attn.register_forward_pre_hook(lambda _m, args: seen.append(args[0]))
+    with torch.no_grad():
+        h = model.embed(tokens())
+        model.layers[0](h, Context.build(0, h.shape[1], h.dtype, h.device, torch.arange(h.shape[1]), None))
+    assert torch.equal(seen[0], h)
 
 
 def test_key_bias_is_invisible_without_positions():

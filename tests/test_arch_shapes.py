@@ -63,6 +63,8 @@ CASES: dict[str, dict[str, Any]] = {
     "tied": dict(tie_embeddings=True),
     "untied_head_bias": dict(lm_head_bias=True),
     "tied_head_bias": dict(tie_embeddings=True, lm_head_bias=True),  # CTRL
+    "head_transform": dict(head_transform="gelu", head_transform_bias=True, norm=NormConfig(kind="layer", bias=True)),
+    "no_first_attn_norm": dict(unnormed_attn_layers=(0,), embed_norm=True),  # ModernBERT decoder
     "sinusoidal": dict(absolute_positions="sinusoidal", layer_positions=("none", "none")),
     "learned": dict(absolute_positions="learned", layer_positions=("none", "none")),
     "learned_with_offset": dict(absolute_positions="learned", position_offset=2, max_positions=50),
@@ -143,7 +145,10 @@ def arch_configs(draw: st.DrawFn) -> ArchConfig:
         layer_kinds=layer_kinds, sliding_window=8 if "local" in layer_kinds else None,
         tie_embeddings=tie, embed_dim=draw(st.sampled_from([None, 1, 6])),  # OPT-350m's narrower embeddings
         embed_norm=draw(st.booleans()),
+        head_transform=draw(st.sampled_from([None, "gelu"])), head_transform_bias=draw(st.booleans()),
     )
+    if placement == "pre" and draw(st.booleans()):  # ModernBERT decoder: no attention norm on some layers
+        fields["unnormed_attn_layers"] = tuple(draw(st.sets(st.integers(0, n_layers - 1))))
     if fields["qk_norm"] == "head" and draw(st.booleans()):  # Cohere's weights, one per head
         fields["qk_norm_weight"] = "per_head"
     if fields["absolute_positions"] == "none":  # an offset needs a table to offset

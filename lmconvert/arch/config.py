@@ -263,6 +263,8 @@ class ArchConfig:
     embed_norm: bool = False  # a norm on the embeddings, before the first block (BLOOM's word_embeddings_layernorm)
     residual_after_norm: bool = False  # pre-norm blocks take the residual after the norm (BLOOM's
     # apply_residual_connection_post_layernorm)
+    unnormed_attn_layers: tuple[int, ...] = ()  # pre-norm layers whose attention reads the residual stream without
+    #   a norm: ModernBERT decoder's layer 0 (its attn_norm an nn.Identity; the embeddings are normed already)
     # biases
     q_bias: bool = False
     k_bias: bool = False
@@ -318,6 +320,9 @@ class ArchConfig:
     #   hidden_size / dim_model_base): a division of the head's input, which rounds otherwise than a logit scale
     embed_dim: int | None = None  # None: d_model; else the embedding (and tied LM head) width, projected in and
     #   out of d_model by bias-free linears (OPT-350m's project_in / project_out)
+    head_transform: str | None = None  # an activation: the final hidden state goes through dense + it + a norm
+    #   (the block norms') before the LM head, BERT's prediction transform (ModernBERT decoder); None: none
+    head_transform_bias: bool = False  # the transform's dense has a bias (ModernBERT's classifier_bias)
     embed_scale_unrounded: bool = False  # embed_scale multiplies as a Python float, rounded once (XGLM); False:
     #   rounded to the weight dtype before the multiply (Gemma). Always False without an embed_scale
     # training
@@ -380,6 +385,7 @@ class ArchConfig:
             _fail("ArchConfig", "qk_norm_weight", self.qk_norm_weight, "a weight per head needs qk_norm='head'")
         self._normalise_qk_norm_bias()
         self._normalise_o_bias_layers()
+        self._normalise_head_options()
         _positive("ArchConfig", "residual_scale", self.residual_scale)
         if self.parallel_sum != PARALLEL_SUMS[0] and not self.norm_placement.startswith("parallel"):
             _fail("ArchConfig", "parallel_sum", self.parallel_sum, "only parallel blocks have a parallel sum")
@@ -455,6 +461,22 @@ class ArchConfig:
             _fail("ArchConfig", "o_bias_layers", layers, "names the layers o_bias gives a bias; set o_bias=True")
         layers = tuple(sorted(set(layers)))
         object.__setattr__(self, "o_bias_layers", None if len(layers) == self.n_layers else layers)
+
+    def _normalise_head_options(self) -> None:
+        """`unnormed_attn_layers` as sorted indices of pre-norm layers; no transform bias without a transform."""
+        layers = self.unnormed_attn_layers
+        if not isinstance(layers, (list, tuple)) or any(isinstance(i, bool) or not isinstance(i, int)
+                                                        or not 0 <= i < self.n_layers for i in layers):
+            _fail("ArchConfig", "unnormed_attn_layers", layers,
+                  f"must be a list of layer indices below n_layers={self.n_layers}")
+        if layers and self.norm_placement != "pre":
+            _fail("ArchConfig", "unnormed_attn_layers", layers, "leaves out a pre-norm block's attention norm; "
+                  "needs norm_placement='pre'")
+        object.__setattr__(self, "unnormed_attn_layers", tuple(sorted(set(layers))))
+        if self.head_transform is not None:
+            _choice("ArchConfig", "head_transform", self.head_transform, ACTIVATIONS)
+        elif self.head_transform_bias:
+            object.__setattr__(self, "head_transform_bias", False)  # one spelling of "no transform"
 
     def layer_config(self, layer: int) -> ArchConfig:
         """The config one layer's attention is built from (its parts, so its tensors): this one, but

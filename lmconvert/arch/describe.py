@@ -116,6 +116,8 @@ def variants(cfg: ArchConfig) -> list[str]:
     if cfg.norm_placement.startswith("parallel"):
         out.append(f"parallel sum: {cfg.parallel_sum}")
     out.extend(line for flag, line in BLOCK_FLAGS if getattr(cfg, flag))
+    if cfg.unnormed_attn_layers:
+        out.append(f"no attention norm on layers {list(cfg.unnormed_attn_layers)}")
     if cfg.clip_qkv is not None:
         out.append(f"q, k, v clamped to +-{cfg.clip_qkv:g}")
     if cfg.residual_scale != 1.0:
@@ -159,6 +161,9 @@ def variants(cfg: ArchConfig) -> list[str]:
         out.append(f"embedding width {cfg.embed_dim}, projected in and out of d_model {cfg.d_model}")
     if cfg.final_softcap is not None:
         out.append(f"final-logit soft-cap: {cfg.final_softcap:g}")
+    if cfg.head_transform is not None:
+        bias = ", with a bias" if cfg.head_transform_bias else ""
+        out.append(f"LM-head transform: dense{bias}, {ACTIVATION_NAMES[cfg.head_transform]}, norm")
     if cfg.head_divisor != 1.0:
         out.append(f"LM-head input divided by {cfg.head_divisor:g}")
     if cfg.logit_scale != 1.0:

@@ -68,7 +68,7 @@ def place(model: Decoder, devices: Sequence[str | torch.device]) -> Decoder:
     for block, device in zip(model.layers, placed, strict=True):
         block.to(device)
         block.register_forward_pre_hook(_to_block_device)
-    for name in ("final_norm", "project_out", "lm_head"):
+    for name in ("final_norm", "head_transform", "project_out", "lm_head"):
         if getattr(model, name) is not None:
             getattr(model, name).to(head)
     model.final_norm.register_forward_pre_hook(lambda _m, args: (args[0].to(head), *args[1:]))
