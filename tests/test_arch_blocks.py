@@ -243,6 +243,29 @@ def test_a_bias_of_some_parts_only_adds_those_and_matters(base, overrides, added
         assert max_diff(model(ids), before) > 1e-3
 
 
+@pytest.mark.bitexact
+def test_a_fused_mlp_is_modernberts_bit_for_bit():
+    """ModernBERT decoder's Wi: one [input | gate] output, GeLU on its strided half, in fp32 bit for bit;
+    our unfused MLP gives the same values to an ulp, not the same bits."""
+    from transformers import ModernBertDecoderConfig
+    from transformers.models.modernbert_decoder.modeling_modernbert_decoder import ModernBertDecoderMLP
+
+    theirs = ModernBertDecoderMLP(ModernBertDecoderConfig(hidden_size=64, intermediate_size=96, mlp_bias=True))
+    perturb(theirs)
+    cfg = tiny(d_model=64, d_ff=96, activation="gelu", mlp_bias=True, mlp_fused=True)
+    ours = MLP(cfg)
+    with torch.no_grad():
+        gate, up = theirs.Wi.weight.chunk(2)
+        gate_b, up_b = theirs.Wi.bias.chunk(2)
+        ours.load_state_dict({"gate.weight": gate, "gate.bias": gate_b, "up.weight": up, "up.bias": up_b,
+                              "down.weight": theirs.Wo.weight, "down.bias": theirs.Wo.bias})
+        x = torch.randn(2, 20, 64, generator=torch.Generator().manual_seed(0))
+        assert torch.equal(ours(x), theirs(x))
+        unfused = MLP(tiny(d_model=64, d_ff=96, activation="gelu", mlp_bias=True))
+        unfused.load_state_dict(ours.state_dict())
+        torch.testing.assert_close(unfused(x), theirs(x), rtol=0, atol=1e-5)
+
+
 def test_an_unnormed_attention_reads_the_residual_stream():
     """ModernBERT decoder's layer 0: its attention norm is gone, and its attention sees the raw stream."""
     model = build(tiny(unnormed_attn_layers=(0,)))

@@ -278,6 +278,9 @@ class ArchConfig:
     # feed-forward
     activation: str = "silu"
     gated: bool = True
+    mlp_fused: bool = False  # gate and up computed side by side in one tensor and split, the activation on its
+    #   strided first half (ModernBERT decoder's Wi): the same values, but the activation of a strided tensor
+    #   rounds otherwise in its last bit than a contiguous one's (torch's vectorised loop), 1 ulp in fp32
     moe: MoeConfig | None = None  # a mixture of experts in place of the dense FFN (on its sparse layers)
     # positions
     absolute_positions: str = "none"
@@ -386,6 +389,8 @@ class ArchConfig:
         self._normalise_qk_norm_bias()
         self._normalise_o_bias_layers()
         self._normalise_head_options()
+        if self.mlp_fused and not self.gated:
+            _fail("ArchConfig", "mlp_fused", True, "fuses a gated FFN's gate and up; needs gated=True")
         _positive("ArchConfig", "residual_scale", self.residual_scale)
         if self.parallel_sum != PARALLEL_SUMS[0] and not self.norm_placement.startswith("parallel"):
             _fail("ArchConfig", "parallel_sum", self.parallel_sum, "only parallel blocks have a parallel sum")

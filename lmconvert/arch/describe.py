@@ -20,6 +20,7 @@ ORDER_FLAGS = (("scale_by_inverse_layer", "score scale divided by layer index + 
                ("scale_in_product", "score scale inside q.k's product (baddbmm)"))
 BLOCK_FLAGS = (("residual_after_norm", "residual taken after the norm"), ("embed_norm", "embedding norm"),
                ("bias_separate", "linear biases added after the matmul"),
+               ("mlp_fused", "gate and up as one fused output"),
                ("conv1d_linears", "linears as Conv1D (addmm over weights held [in, out])"))
 ALIBI_NAMES = {"distance": "slope x (k - q)", "bloom": "BLOOM's: slope x k, inside the score matmul",
                "mpt": "MPT's slopes, slope x (k - last k), in fp32",

@@ -24,6 +24,7 @@ VARIANT_NAMES = {
     "v_bias": "a v bias", "o_bias": "an output-projection bias",
     "o_bias_layers": "an output-projection bias on some layers only",
     "unnormed_attn_layers": "layers without an attention norm",
+    "mlp_fused": "gate and up computed as one fused output",
     "head_transform": "an LM-head transform (dense + activation + norm)",
     "head_transform_bias": "an LM-head transform bias", "mlp_bias": "MLP biases",
     "lm_head_bias": "an LM-head bias", "activation": "this activation", "gated": "this FFN gating",

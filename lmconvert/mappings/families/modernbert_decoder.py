@@ -5,17 +5,17 @@ Same as llama's block order, except: LayerNorms (`norm_eps`, default 1e-5; a bia
 (`embeddings.norm`) and none before layer 0's attention (its `attn_norm` is an nn.Identity:
 `unnormed_attn_layers`); q, k, v and o (`Wo`) biases with `attention_bias`; the MLP is one fused
 `Wi` whose output is [input | gate], `Wo(act(input) * gate)` with `hidden_activation` (GeGLU with
-gelu), biases with `mlp_bias`; `layer_types` of sliding and full layers (from
-`global_attn_every_n_layers`, default 3, where it is absent: layer i is full when i % n == 0), the
-sliding ones attending within `local_attention // 2` tokens; RoPE per layer type, nested
-`rope_parameters` (theta 160000 on full layers, 10000 on sliding ones; older files:
-`global_rope_theta`, `local_rope_theta`, and `rope_scaling` applied to both), q and k rotated in
-fp32 with cos/sin in their dtype; head_dim is hidden / heads; after the final norm the LM head's
-prediction transform (`lm_head`: dense with `classifier_bias`, `classifier_activation`, a LayerNorm
-as the others) and the vocabulary projection (`decoder`, tied to the embeddings by default, a bias
-of its own with `decoder_bias`, default true); `embedding_dropout` drops the embeddings in
-training, and non-zero `attention_dropout` (which also drops the attention output) and
-`mlp_dropout` are refused.
+gelu; the activation runs on the strided half: `mlp_fused`), biases with `mlp_bias`;
+`layer_types` of sliding and full layers (from `global_attn_every_n_layers`, default 3, where it
+is absent: layer i is full when i % n == 0), the sliding ones attending within
+`local_attention // 2` tokens; RoPE per layer type, nested `rope_parameters` (theta 160000 on full
+layers, 10000 on sliding ones; older files: `global_rope_theta`, `local_rope_theta`, and
+`rope_scaling` applied to both), q and k rotated in fp32 with cos/sin in their dtype; head_dim is
+hidden / heads; after the final norm the LM head's prediction transform (`lm_head`: dense with
+`classifier_bias`, `classifier_activation`, a LayerNorm as the others) and the vocabulary
+projection (`decoder`, tied to the embeddings by default, a bias of its own with `decoder_bias`,
+default true); `embedding_dropout` drops the embeddings in training, and non-zero
+`attention_dropout` (which also drops the attention output) and `mlp_dropout` are refused.
 """
 
 from __future__ import annotations
@@ -131,10 +131,15 @@ CONFIG = llama.CONFIG.but(
          unsupported("attention_dropout", float, 0.0, "dropout of the attention weights and of its output",
                      "ModernBERT decoder", bound="probability"),
          unsupported("mlp_dropout", float, 0.0, "dropout inside the MLP", "ModernBERT decoder", bound="probability"),
-         Entry("embedding norm", (), lambda hf, fields: {"embed_norm": True, "unnormed_attn_layers": (0,)},
+         Entry("embedding norm", (), lambda hf, fields: {"embed_norm": True, "unnormed_attn_layers": (0,),
+                                                               "mlp_fused": True},
                lambda cfg: {})),
     defaults={"vocab_size": 50368, "hidden_size": 768, "intermediate_size": 1152, "num_hidden_layers": 22,
               "num_attention_heads": 12, "max_position_embeddings": 8192, "tie_word_embeddings": True},
 )
 
-FAMILY = Family("modernbert_decoder", ("modernbert-decoder",), "ModernBertDecoderForCausalLM", TENSORS, CONFIG)
+# one Wi output [input | gate], as Phi-3's gate_up_proj
+REFERENCE_LAYOUTS = {"mlp.gate": "B T [F]|F", "mlp.up": "B T F|[F]"}
+
+FAMILY = Family("modernbert_decoder", ("modernbert-decoder",), "ModernBertDecoderForCausalLM", TENSORS, CONFIG,
+                reference_layouts=REFERENCE_LAYOUTS)
