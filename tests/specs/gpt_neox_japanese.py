@@ -5,7 +5,7 @@ from __future__ import annotations
 from specs import Spec
 
 SPEC = Spec(  # partial RoPE, the o bias of the last layer only, an MLP width of 2 x hidden_size
-    "gpt_neox_japanese", dict(num_hidden_layers=3, intermediate_multiple_size=2, eos_token_id=1,
+    "gpt_neox_japanese", dict(num_hidden_layers=3, intermediate_multiple_size=2, eos_token_id=1, bos_token_id=2,
                               tie_word_embeddings=False,
                               rope_parameters={"rope_type": "default", "rope_theta": 2e4,
                                                "partial_rotary_factor": 0.5}),
