@@ -1,6 +1,7 @@
 """HyperCLOVA X (HyperCLOVAX-SEED).
 
 Same as granite, except: `logits_scaling` multiplies the logits (Granite divides by it);
+`embedding_multiplier` multiplies as the Python float it is, unrounded (`embed_scale_unrounded`);
 `attention_multiplier` may be null (or absent), meaning head_dim ** -0.5; `use_post_norm` (default
 true) adds an RMSNorm on each sublayer's output before it is scaled by `residual_multiplier` and
 added to the residual (`post_norm1` after attention, `post_norm2` after the MLP: sandwich norms);
@@ -34,6 +35,11 @@ def attn_scale_from_hf(hf: HfConfig, fields: dict[str, Any]) -> dict[str, Any]:
     return granite.attn_scale_from_hf(hf, fields)
 
 
+def embed_scale_from_hf(hf: HfConfig, fields: dict[str, Any]) -> dict[str, Any]:
+    """`inputs_embeds * self.embedding_multiplier`: a Python float, multiplied unrounded."""
+    return {**granite.embed_scale_from_hf(hf, fields), "embed_scale_unrounded": True}
+
+
 def post_norm_to_hf(cfg: ArchConfig) -> dict[str, Any]:
     # another placement reads back as pre-norm, so export refuses it by name
     return {"use_post_norm": cfg.norm_placement == "sandwich"}
@@ -42,6 +48,8 @@ def post_norm_to_hf(cfg: ArchConfig) -> dict[str, Any]:
 CONFIG = granite.CONFIG.but(
     add=(Entry("attention_multiplier", (Key("attention_multiplier", float, None, nullable=True),), attn_scale_from_hf,
                lambda cfg: {"attention_multiplier": cfg.score_scale}),
+         Entry("embedding_multiplier", (Key("embedding_multiplier", float, 1.0),), embed_scale_from_hf,
+               granite.embed_scale_to_hf),
          plain("logits_scaling", "logit_scale", float, 1.0, read=float),
          Entry("use_post_norm", (Key("use_post_norm", bool, True),),
                lambda hf, _: {"norm_placement": PLACEMENTS[hf.get("use_post_norm")]}, post_norm_to_hf)),
