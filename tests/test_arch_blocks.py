@@ -227,6 +227,58 @@ def test_each_bias_adds_exactly_its_parameters_and_matters(flag):
         assert max_diff(model(ids), before) > 1e-3
 
 
+@pytest.mark.parametrize(("base", "overrides", "added"), [
+    (dict(tie_embeddings=True), dict(lm_head_bias=True), {"lm_head.bias"}),  # CTRL: the tied head's own bias
+    ({}, dict(o_bias=True, o_bias_layers=(1,)), {"layers.1.attn.o.bias"}),  # GPT-NeoX-Japanese: the last layer's
+    (dict(head_transform="gelu"), dict(head_transform_bias=True), {"head_transform.dense.bias"}),  # ModernBERT dec.
+])
+def test_a_bias_of_some_parts_only_adds_those_and_matters(base, overrides, added):
+    model = build(tiny(**base, **overrides))
+    assert set(model.state_dict()) - set(build(tiny(**base)).state_dict()) == added
+    ids = tokens()
+    with torch.no_grad():
+        before = model(ids)
+        for name in added:
+            model.get_parameter(name).add_(0.5)
+        assert max_diff(model(ids), before) > 1e-3
+
+
+@pytest.mark.bitexact
+def test_a_fused_mlp_is_modernberts_bit_for_bit():
+    """ModernBERT decoder's Wi: one [input | gate] output, GeLU on its strided half, in fp32 bit for bit;
+    our unfused MLP gives the same values to an ulp, not the same bits."""
+    from transformers import ModernBertDecoderConfig
+    from transformers.models.modernbert_decoder.modeling_modernbert_decoder import ModernBertDecoderMLP
+
+    theirs = ModernBertDecoderMLP(ModernBertDecoderConfig(hidden_size=64, intermediate_size=96, mlp_bias=True))
+    perturb(theirs)
+    cfg = tiny(d_model=64, d_ff=96, activation="gelu", mlp_bias=True, mlp_fused=True)
+    ours = MLP(cfg)
+    with torch.no_grad():
+        gate, up = theirs.Wi.weight.chunk(2)
+        gate_b, up_b = theirs.Wi.bias.chunk(2)
+        ours.load_state_dict({"gate.weight": gate, "gate.bias": gate_b, "up.weight": up, "up.bias": up_b,
+                              "down.weight": theirs.Wo.weight, "down.bias": theirs.Wo.bias})
+        x = torch.randn(2, 20, 64, generator=torch.Generator().manual_seed(0))
+        assert torch.equal(ours(x), theirs(x))
+        unfused = MLP(tiny(d_model=64, d_ff=96, activation="gelu", mlp_bias=True))
+        unfused.load_state_dict(ours.state_dict())
+        torch.testing.assert_close(unfused(x), theirs(x), rtol=0, atol=1e-5)
+
+
+def test_an_unnormed_attention_reads_the_residual_stream():
+    """ModernBERT decoder's layer 0: its attention norm is gone, and its attention sees the raw stream."""
+    model = build(tiny(unnormed_attn_layers=(0,)))
+    assert isinstance(model.layers[0].attn_norm, torch.nn.Identity)
+    assert set(build(tiny()).state_dict()) - set(model.state_dict()) == {"layers.0.attn_norm.weight"}
+    seen = []
+    model.layers[0].attn.register_forward_pre_hook(lambda _m, args: seen.append(args[0]))
+    with torch.no_grad():
+        h = model.embed(tokens())
+        model.layers[0](h, Context.build(0, h.shape[1], h.dtype, h.device, torch.arange(h.shape[1]), None))
+    assert torch.equal(seen[0], h)
+
+
 def test_key_bias_is_invisible_without_positions():
     """Softmax shift invariance: a key bias adds q.b to a whole score row. With RoPE it is rotated per
     key position and matters (test above); with no positions it must not change anything."""

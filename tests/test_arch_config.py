@@ -61,11 +61,22 @@ def test_per_layer_bad_entry(field, value):
     (dict(relative_buckets=1), "relative_buckets"), (dict(relative_buckets=32, relative_max_distance=16),
                                                      "relative_max_distance"),
     (dict(relative_max_distance=0), "relative_max_distance"),
-    (dict(tie_embeddings=True, lm_head_bias=True), "lm_head_bias"), (dict(norm_placement="post"), "final_norm"),
+    (dict(norm_placement="post"), "final_norm"),
     (dict(head_dim=6, rope=RopeConfig(fraction=0.5)), "head_dim"),
+    (dict(o_bias_layers=(1,)), "o_bias_layers"), (dict(o_bias=True, o_bias_layers=(2,)), "o_bias_layers"),
+    (dict(o_bias=True, o_bias_layers=(True,)), "o_bias_layers"),
 ])
 def test_invalid_values_name_the_field(overrides, field):
     assert f"ArchConfig.{field}=" in _error(**overrides)
+
+
+def test_o_bias_layers_have_one_spelling():
+    """Every layer listed is o_bias alone; a layer left out has no o bias in its own config."""
+    tiny = dict(vocab_size=8, d_model=16, n_layers=2, n_heads=2, d_ff=8, o_bias=True)
+    assert ArchConfig(**tiny, o_bias_layers=[1, 0, 1]) == ArchConfig(**tiny)
+    last = ArchConfig(**tiny, o_bias_layers=[1])
+    assert last.o_bias_layers == (1,) and last.layer_config(1) is last
+    assert not last.layer_config(0).o_bias
 
 
 @pytest.mark.parametrize("kind,kwargs,field", [

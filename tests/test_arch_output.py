@@ -35,6 +35,42 @@ def test_tied_embeddings_have_no_head_and_use_the_embedding():
     assert torch.equal(after[..., others], before[..., others])
 
 
+def test_a_tied_head_with_a_bias_is_ctrls_linear():
+    """CTRL's head: nn.Linear(bias=True) whose weight is the embedding; the bias is its own parameter."""
+    model = build(tiny(tie_embeddings=True, lm_head_bias=True))
+    assert [k for k in model.state_dict() if k.startswith("lm_head")] == ["lm_head.bias"]
+    with torch.no_grad():
+        model.lm_head.bias.normal_()
+        h = torch.randn(2, 5, model.cfg.d_model)
+        linear = torch.nn.Linear(model.cfg.d_model, model.cfg.vocab_size)
+        linear.weight, linear.bias = model.embed.weight, model.lm_head.bias
+        assert torch.equal(model.logits(h), linear(model.final_norm(h)))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.bitexact
+def test_head_transform_is_modernberts_prediction_head_bit_for_bit(dtype):
+    from transformers import ModernBertDecoderConfig
+    from transformers.models.modernbert_decoder.modeling_modernbert_decoder import ModernBertDecoderPredictionHead
+
+    from lmconvert.arch import NormConfig
+    from lmconvert.arch.decoder import HeadTransform
+
+    config = ModernBertDecoderConfig(hidden_size=32, classifier_bias=True, norm_bias=True, norm_eps=1e-5)
+    theirs = ModernBertDecoderPredictionHead(config)
+    ours = HeadTransform(tiny(d_model=32, head_transform="gelu", head_transform_bias=True,
+                              norm=NormConfig(kind="layer", bias=True, eps=1e-5, dtype_order="scale_then_cast")))
+    torch.manual_seed(0)
+    with torch.no_grad():
+        for p in theirs.parameters():
+            p.normal_()
+        ours.load_state_dict(theirs.state_dict())
+        theirs.to(dtype)
+        ours.to(dtype)
+        h = torch.randn(2, 7, 32, dtype=dtype)
+        assert torch.equal(ours(h), theirs(h))
+
+
 def variant_untied(tied: Decoder) -> Decoder:
     untied = Decoder(tiny(tie_embeddings=False))
     state = dict(tied.state_dict())

@@ -56,11 +56,15 @@ CASES: dict[str, dict[str, Any]] = {
     "head_dim_independent_of_d_model": dict(d_model=40, n_heads=3, head_dim=16, n_kv_heads=1),
     "all_biases": dict(q_bias=True, k_bias=True, v_bias=True, o_bias=True, mlp_bias=True, lm_head_bias=True),
     "qkv_bias_only": dict(q_bias=True, k_bias=True, v_bias=True),
+    "o_bias_last_layer_only": dict(o_bias=True, o_bias_layers=(1,)),  # GPT-NeoX-Japanese
     "plain_mlp": dict(gated=False, activation="gelu"),
     "plain_mlp_bias": dict(gated=False, mlp_bias=True),
     "gated_mlp_bias": dict(gated=True, mlp_bias=True),
     "tied": dict(tie_embeddings=True),
     "untied_head_bias": dict(lm_head_bias=True),
+    "tied_head_bias": dict(tie_embeddings=True, lm_head_bias=True),  # CTRL
+    "head_transform": dict(head_transform="gelu", head_transform_bias=True, norm=NormConfig(kind="layer", bias=True)),
+    "no_first_attn_norm": dict(unnormed_attn_layers=(0,), embed_norm=True),  # ModernBERT decoder
     "sinusoidal": dict(absolute_positions="sinusoidal", layer_positions=("none", "none")),
     "learned": dict(absolute_positions="learned", layer_positions=("none", "none")),
     "learned_with_offset": dict(absolute_positions="learned", position_offset=2, max_positions=50),
@@ -128,7 +132,7 @@ def arch_configs(draw: st.DrawFn) -> ArchConfig:
         norm=norm, norm_placement=placement, final_norm=placement != "post" and draw(st.booleans()),
         qk_norm=draw(st.sampled_from(config_module.QK_NORMS)),
         q_bias=draw(st.booleans()), k_bias=draw(st.booleans()), v_bias=draw(st.booleans()),
-        o_bias=draw(st.booleans()), mlp_bias=draw(st.booleans()), lm_head_bias=not tie and draw(st.booleans()),
+        o_bias=draw(st.booleans()), mlp_bias=draw(st.booleans()), lm_head_bias=draw(st.booleans()),
         activation=draw(st.sampled_from(config_module.ACTIVATIONS)), gated=draw(st.booleans()),
         absolute_positions=draw(st.sampled_from(config_module.ABSOLUTE_POSITIONS)),
         position_offset=draw(st.integers(0, 3)),
@@ -141,7 +145,10 @@ def arch_configs(draw: st.DrawFn) -> ArchConfig:
         layer_kinds=layer_kinds, sliding_window=8 if "local" in layer_kinds else None,
         tie_embeddings=tie, embed_dim=draw(st.sampled_from([None, 1, 6])),  # OPT-350m's narrower embeddings
         embed_norm=draw(st.booleans()),
+        head_transform=draw(st.sampled_from([None, "gelu"])), head_transform_bias=draw(st.booleans()),
     )
+    if placement == "pre" and draw(st.booleans()):  # ModernBERT decoder: no attention norm on some layers
+        fields["unnormed_attn_layers"] = tuple(draw(st.sets(st.integers(0, n_layers - 1))))
     if fields["qk_norm"] == "head" and draw(st.booleans()):  # Cohere's weights, one per head
         fields["qk_norm_weight"] = "per_head"
     if fields["absolute_positions"] == "none":  # an offset needs a table to offset
@@ -172,6 +179,8 @@ def arch_configs(draw: st.DrawFn) -> ArchConfig:
             router="sigmoid" if sigmoid else "softmax", selection_bias=sigmoid and draw(st.booleans()),
             shared=shared, d_shared=None if shared == "none" else draw(st.integers(1, 12)),
             dense_layers=tuple(draw(st.sets(st.integers(0, n_layers - 1)))))
+    if fields["o_bias"] and draw(st.booleans()):  # the o bias on some layers only (GPT-NeoX-Japanese)
+        fields["o_bias_layers"] = tuple(draw(st.sets(st.integers(0, n_layers - 1), min_size=1)))
     return ArchConfig(**fields)
 
 

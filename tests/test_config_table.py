@@ -280,7 +280,10 @@ NOT_A_KEY = {("olmo", "rms_norm_eps"),
              *((f, k) for f in ("bloom", "mpt") for k in ("num_key_value_heads", "head_dim", "intermediate_size",
                                                           "rope_parameters")), ("bloom", "max_position_embeddings"),
              ("falcon", "num_key_value_heads"), ("falcon", "head_dim"), ("falcon", "intermediate_size"),
-             ("mpt", "attention_dropout")}
+             ("mpt", "attention_dropout"),
+             ("gpt_neox_japanese", "num_key_value_heads"), ("gpt_neox_japanese", "head_dim"),
+             *(("ctrl", k) for k in ("num_key_value_heads", "head_dim", "rope_parameters", "attention_dropout")),
+             ("modernbert-decoder", "num_key_value_heads"), ("modernbert-decoder", "head_dim")}
 # a key transformers takes null for (its default), where the others refuse it
 NULL_IS_DEFAULT = {("gpt_neo", "intermediate_size")}
 # a family that spells one of those keys its own way
@@ -304,7 +307,11 @@ OWN_SPELLING = {("starcoder2", "rms_norm_eps"): "norm_epsilon", ("nemotron", "rm
                 ("bloom", "rms_norm_eps"): "layer_norm_epsilon", ("mpt", "hidden_size"): "d_model",
                 ("mpt", "num_attention_heads"): "n_heads", ("mpt", "num_hidden_layers"): "n_layers",
                 ("mpt", "max_position_embeddings"): "max_seq_len", ("mpt", "rms_norm_eps"): "layer_norm_epsilon",
-                ("falcon", "rms_norm_eps"): "layer_norm_epsilon"}
+                ("falcon", "rms_norm_eps"): "layer_norm_epsilon",
+                ("gpt_neox_japanese", "rms_norm_eps"): "layer_norm_eps",
+                ("gpt_neox_japanese", "intermediate_size"): "intermediate_multiple_size",
+                **{("ctrl", k): v for k, v in GPT2_SPELLING.items() if k != "attention_dropout"},
+                ("ctrl", "intermediate_size"): "dff", ("modernbert-decoder", "rms_norm_eps"): "norm_eps"}
 
 
 @pytest.mark.parametrize("model_type", VARIANTS)

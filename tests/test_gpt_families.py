@@ -24,12 +24,13 @@ from family_specs import FP32_TOL, IDS, SPECS
 from hf_models import build_model, load_reference, save_checkpoint, tensors_of
 from safetensors.torch import save_file
 from transformers.activations import NewGELUActivation
+from transformers.models.ctrl.modeling_ctrl import positional_encoding as ctrl_positional_encoding
 from transformers.models.xglm.modeling_xglm import XGLMSinusoidalPositionalEmbedding
 
 import lmconvert
 from lmconvert.arch import ArchConfig, ConfigError, Decoder, NormConfig
 from lmconvert.arch.activations import ACTIVATIONS
-from lmconvert.arch.positions import sinusoidal, sinusoidal_fairseq
+from lmconvert.arch.positions import POSITION_TABLES, sinusoidal, sinusoidal_fairseq, sinusoidal_halves
 from lmconvert.convert import to_canonical, to_hf
 from lmconvert.mappings import FAMILIES, MappingError
 from lmconvert.mappings.tables.transforms import Chain, Piece, Transpose
@@ -94,9 +95,23 @@ def test_fairseq_table_is_xglms_bit_for_bit(dim: int) -> None:
     assert not torch.allclose(sinusoidal(positions + 2, dim, torch.float32), theirs[2:], atol=1e-3)
 
 
-@pytest.mark.parametrize("kind", ["sinusoidal", "sinusoidal_fairseq"])
+@pytest.mark.parametrize("dim", [48, 63])
+@pytest.mark.bitexact
+def test_halves_table_is_ctrls_bit_for_bit(dim: int) -> None:
+    """CTRL's `positional_encoding` over 256 positions, odd widths included, and at scattered rows;
+    neither the interleaved nor fairseq's table."""
+    theirs = ctrl_positional_encoding(256, dim, torch.float)
+    positions = torch.arange(256)
+    assert torch.equal(sinusoidal_halves(positions, dim, torch.float32), theirs)
+    rows = torch.tensor([[3, 200, 17], [0, 255, 1]])
+    assert torch.equal(sinusoidal_halves(rows, dim, torch.float32), theirs[rows])
+    for other in (sinusoidal, sinusoidal_fairseq):
+        assert not torch.allclose(other(positions, dim, torch.float32), theirs, atol=1e-3)
+
+
+@pytest.mark.parametrize("kind", ["sinusoidal", "sinusoidal_fairseq", "sinusoidal_halves"])
 def test_sinusoidal_tables_take_the_position_offset(kind: str) -> None:
-    table = {"sinusoidal": sinusoidal, "sinusoidal_fairseq": sinusoidal_fairseq}[kind]
+    table = POSITION_TABLES[kind]
     model = build(tiny(absolute_positions=kind, position_offset=2, layer_positions=("none", "none")))
     ids = tokens()
     positions = torch.arange(ids.shape[1])

@@ -24,8 +24,11 @@ def decoded(model: torch.nn.Module) -> torch.Tensor:
     return incremental(lambda chunk: model(chunk, cache=cache), IDS, 12)
 
 
-@pytest.mark.parametrize(("model_type", "overrides"), [("llama", dict(num_hidden_layers=3)),
-                                                       ("gemma", dict(num_hidden_layers=3, head_dim=16))])  # tied
+@pytest.mark.parametrize(("model_type", "overrides"), [
+    ("llama", dict(num_hidden_layers=3)), ("gemma", dict(num_hidden_layers=3, head_dim=16)),  # tied
+    ("ctrl", dict(num_hidden_layers=3, dff=96)),  # tied, with the head's own bias
+    ("modernbert-decoder", dict(num_hidden_layers=3, local_attention=8, decoder_bias=True)),  # the head transform
+])
 def test_placed_blocks_give_the_single_device_logits(model_type: str, overrides: dict, tmp_path: Path) -> None:
     path = save_checkpoint(build_model(model_type, **overrides), tmp_path / "hf")
     single = lmconvert.load(path, attention="eager")

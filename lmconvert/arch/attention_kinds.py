@@ -53,6 +53,7 @@ class AttentionKind:
 
     def build(self, cfg: ArchConfig, layer: int, rotary: Rotary | None, relative: RelativeBias | None) -> nn.Module:
         path, _, name = self.module.partition(":")
+        cfg = cfg.layer_config(layer)  # this layer's parts (GPT-NeoX-Japanese's o bias on one layer)
         return getattr(import_module(path), name)(cfg, self.parts(cfg), layer, rotary, relative)
 
 

@@ -16,7 +16,7 @@ from .moe import ffn
 from .norms import Norm
 from .positions import RelativeBias
 from .rope import Rotary
-from .shapes import NORM_SLOTS, SLOTS  # placement -> the norm slots it fills (torch-free, so shapes owns it)
+from .shapes import SLOTS, norm_slots  # a layer's norm slots (torch-free, so shapes owns them)
 
 
 def _sequential(b: Block, h: torch.Tensor, attend: Callable[[torch.Tensor], torch.Tensor]) -> torch.Tensor:
@@ -93,7 +93,7 @@ LINEAR_FORWARDS = (("bias_separate", SeparateBias), ("conv1d_linears", Conv1D))
 class Block(nn.Module):
     def __init__(self, cfg: ArchConfig, layer: int, rotary: Rotary | None, relative: RelativeBias | None) -> None:
         super().__init__()
-        slots = NORM_SLOTS[cfg.norm_placement]
+        slots = norm_slots(cfg, layer)
         for slot in SLOTS:
             setattr(self, slot, Norm(cfg.d_model, cfg.norm) if slot in slots else nn.Identity())
         self.attn = attention_kind(cfg.attention).build(cfg, layer, rotary, relative)

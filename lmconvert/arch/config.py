@@ -22,7 +22,7 @@ NORM_PLACEMENTS = ("pre", "post", "sandwich", "output", "parallel_shared", "para
 ACTIVATIONS = ("relu", "gelu", "gelu_tanh", "silu", "relu2", "gelu_new", "gelu_bloom")
 ROPE_LAYOUTS = ("half", "interleaved")
 ROPE_SCALINGS = ("none", "linear", "dynamic", "yarn", "llama3", "longrope")
-ABSOLUTE_POSITIONS = ("none", "sinusoidal", "learned", "sinusoidal_fairseq")
+ABSOLUTE_POSITIONS = ("none", "sinusoidal", "learned", "sinusoidal_fairseq", "sinusoidal_halves")
 LAYER_POSITIONS = ("rope", "alibi", "relative", "none")
 LAYER_KINDS = ("global", "local")
 QK_NORMS = ("none", "head", "projection")
@@ -282,16 +282,24 @@ class ArchConfig:
     embed_norm: bool = False  # a norm on the embeddings, before the first block (BLOOM's word_embeddings_layernorm)
     residual_after_norm: bool = False  # pre-norm blocks take the residual after the norm (BLOOM's
     # apply_residual_connection_post_layernorm)
+    unnormed_attn_layers: tuple[int, ...] = ()  # pre-norm layers whose attention reads the residual stream without
+    #   a norm: ModernBERT decoder's layer 0 (its attn_norm an nn.Identity; the embeddings are normed already)
     # biases
     q_bias: bool = False
     k_bias: bool = False
     v_bias: bool = False
     o_bias: bool = False
+    o_bias_layers: tuple[int, ...] | None = None  # the layers whose o projection has the bias o_bias switches on;
+    #   None: every layer. GPT-NeoX-Japanese gives only its last layer one (`use_bias=layer_number ==
+    #   num_hidden_layers - 1`); see `layer_config`
     mlp_bias: bool = False
-    lm_head_bias: bool = False
+    lm_head_bias: bool = False  # with tied embeddings, a bias of the head's own (CTRL, ModernBERT decoder)
     # feed-forward
     activation: str = "silu"
     gated: bool = True
+    mlp_fused: bool = False  # gate and up computed side by side in one tensor and split, the activation on its
+    #   strided first half (ModernBERT decoder's Wi): the same values, but the activation of a strided tensor
+    #   rounds otherwise in its last bit than a contiguous one's (torch's vectorised loop), 1 ulp in fp32
     moe: MoeConfig | None = None  # a mixture of experts in place of the dense FFN (on its sparse layers)
     # positions
     absolute_positions: str = "none"
@@ -341,6 +349,9 @@ class ArchConfig:
     #   hidden_size / dim_model_base): a division of the head's input, which rounds otherwise than a logit scale
     embed_dim: int | None = None  # None: d_model; else the embedding (and tied LM head) width, projected in and
     #   out of d_model by bias-free linears (OPT-350m's project_in / project_out)
+    head_transform: str | None = None  # an activation: the final hidden state goes through dense + it + a norm
+    #   (the block norms') before the LM head, BERT's prediction transform (ModernBERT decoder); None: none
+    head_transform_bias: bool = False  # the transform's dense has a bias (ModernBERT's classifier_bias)
     embed_scale_unrounded: bool = False  # embed_scale multiplies as a Python float, rounded once (XGLM); False:
     #   rounded to the weight dtype before the multiply (Gemma). Always False without an embed_scale
     # training
@@ -403,6 +414,10 @@ class ArchConfig:
         if self.qk_norm_weight == "per_head" and self.qk_norm != "head":
             _fail("ArchConfig", "qk_norm_weight", self.qk_norm_weight, "a weight per head needs qk_norm='head'")
         self._normalise_qk_norm_bias()
+        self._normalise_o_bias_layers()
+        self._normalise_head_options()
+        if self.mlp_fused and not self.gated:
+            _fail("ArchConfig", "mlp_fused", True, "fuses a gated FFN's gate and up; needs gated=True")
         _positive("ArchConfig", "residual_scale", self.residual_scale)
         if self.parallel_sum != PARALLEL_SUMS[0] and not self.norm_placement.startswith("parallel"):
             _fail("ArchConfig", "parallel_sum", self.parallel_sum, "only parallel blocks have a parallel sum")
@@ -441,8 +456,6 @@ class ArchConfig:
         if self.bias_separate and self.conv1d_linears:
             _fail("ArchConfig", "conv1d_linears", True, "a Conv1D adds its bias inside the addmm; bias_separate "
                   "adds it after the matmul: set one")
-        if self.tie_embeddings and self.lm_head_bias:
-            _fail("ArchConfig", "lm_head_bias", True, "a tied LM head has no bias; untie the embeddings")
         if self.norm_placement == "post" and self.final_norm:
             _fail("ArchConfig", "final_norm", True, "post-norm blocks already end in a norm")
         if kind.check is not None:
@@ -479,6 +492,44 @@ class ArchConfig:
             _fail("ArchConfig", "qk_norm_bias", value,
                   "an RMSNorm has no bias; QK norms with one need norm.kind='layer'")
         object.__setattr__(self, "qk_norm_bias", value and self.qk_norm != "none")
+
+    def _normalise_o_bias_layers(self) -> None:
+        """One spelling: sorted layer indices, None where every layer has the o bias."""
+        layers = self.o_bias_layers
+        if layers is None:
+            return
+        if not isinstance(layers, (list, tuple)) or any(isinstance(i, bool) or not isinstance(i, int)
+                                                        or not 0 <= i < self.n_layers for i in layers):
+            _fail("ArchConfig", "o_bias_layers", layers,
+                  f"must be a list of layer indices below n_layers={self.n_layers}")
+        if not self.o_bias:
+            _fail("ArchConfig", "o_bias_layers", layers, "names the layers o_bias gives a bias; set o_bias=True")
+        layers = tuple(sorted(set(layers)))
+        object.__setattr__(self, "o_bias_layers", None if len(layers) == self.n_layers else layers)
+
+    def _normalise_head_options(self) -> None:
+        """`unnormed_attn_layers` as sorted indices of pre-norm layers; no transform bias without a transform."""
+        layers = self.unnormed_attn_layers
+        if not isinstance(layers, (list, tuple)) or any(isinstance(i, bool) or not isinstance(i, int)
+                                                        or not 0 <= i < self.n_layers for i in layers):
+            _fail("ArchConfig", "unnormed_attn_layers", layers,
+                  f"must be a list of layer indices below n_layers={self.n_layers}")
+        if layers and self.norm_placement != "pre":
+            _fail("ArchConfig", "unnormed_attn_layers", layers, "leaves out a pre-norm block's attention norm; "
+                  "needs norm_placement='pre'")
+        object.__setattr__(self, "unnormed_attn_layers", tuple(sorted(set(layers))))
+        if self.head_transform is not None:
+            _choice("ArchConfig", "head_transform", self.head_transform, ACTIVATIONS)
+        elif self.head_transform_bias:
+            object.__setattr__(self, "head_transform_bias", False)  # one spelling of "no transform"
+
+    def layer_config(self, layer: int) -> ArchConfig:
+        """The config one layer's attention is built from (its parts, so its tensors): this one, but
+        without the o bias on a layer `o_bias_layers` leaves out. `AttentionKind.build` and
+        `shapes` read a layer's attention parts through it, so the two cannot disagree."""
+        if self.o_bias_layers is None or layer in self.o_bias_layers:
+            return self
+        return dataclasses.replace(self, o_bias=False, o_bias_layers=None)
 
     def _normalise_attention_settings(self, kind: AttentionKind) -> None:
         """None or a JSON object becomes the kind's settings (defaults where None)."""

@@ -10,6 +10,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from .activations import ACTIVATIONS
 from .attention import BACKENDS
 from .block import Block
 from .cache import KVCache
@@ -20,6 +21,35 @@ from .moe import SUMS, Experts, balance_loss
 from .norms import Norm
 from .positions import POSITION_TABLES, RelativeBias
 from .rope import Rotary
+
+
+class TiedHead(nn.Module):
+    """The LM head of tied embeddings that keeps a bias of its own (CTRL's `lm_head`, ModernBERT
+    decoder's `decoder`: an nn.Linear whose weight transformers ties to the embedding, whose bias it
+    does not): `F.linear(h, embedding, bias)`, nn.Linear's own op. Only the bias is its parameter
+    (`lm_head.bias`); the embedding is held as a plain reference, so state_dict lists it once."""
+
+    def __init__(self, embed: nn.Embedding, vocab_size: int) -> None:
+        super().__init__()
+        object.__setattr__(self, "embed", embed)
+        self.bias = nn.Parameter(torch.zeros(vocab_size))
+
+    def forward(self, h: torch.Tensor) -> torch.Tensor:
+        return F.linear(h, self.embed.weight, self.bias)
+
+
+class HeadTransform(nn.Module):
+    """BERT's LM-head prediction transform (ModernBERT decoder's `lm_head`, before its `decoder`
+    projection): `norm(act(dense(h)))` on the final hidden state, the norm being the block norms'."""
+
+    def __init__(self, cfg: ArchConfig) -> None:
+        super().__init__()
+        self.dense = nn.Linear(cfg.d_model, cfg.d_model, bias=cfg.head_transform_bias)
+        self.act = ACTIVATIONS[cfg.head_transform]
+        self.norm = Norm(cfg.d_model, cfg.norm)
+
+    def forward(self, h: torch.Tensor) -> torch.Tensor:
+        return self.norm(self.act(self.dense(h)))
 
 
 class Decoder(nn.Module):
@@ -47,8 +77,10 @@ class Decoder(nn.Module):
                 rotary = rotaries[id(rope)]
             self.layers.append(Block(cfg, i, rotary, self.rel_bias))
         self.final_norm = Norm(cfg.d_model, cfg.norm) if cfg.final_norm else nn.Identity()
+        self.head_transform = HeadTransform(cfg) if cfg.head_transform is not None else None
         self.project_out = nn.Linear(cfg.d_model, cfg.embed_dim, bias=False) if cfg.projects_embeddings else None
-        self.lm_head = None if cfg.tie_embeddings else nn.Linear(cfg.embed_dim, cfg.vocab_size, bias=cfg.lm_head_bias)
+        self.lm_head = nn.Linear(cfg.embed_dim, cfg.vocab_size, bias=cfg.lm_head_bias) if not cfg.tie_embeddings \
+            else TiedHead(self.embed, cfg.vocab_size) if cfg.lm_head_bias else None
         self.drop = nn.Dropout(cfg.embed_dropout)
 
     def set_attention(self, backend: str) -> Decoder:
@@ -139,6 +171,8 @@ class Decoder(nn.Module):
     def logits(self, h: torch.Tensor) -> torch.Tensor:
         cfg = self.cfg
         h = self.final_norm(h)
+        if self.head_transform is not None:
+            h = self.head_transform(h)
         if self.project_out is not None:
             h = self.project_out(h)
         if cfg.head_divisor != 1.0:  # MiniCPM3: `hidden_states / logits_scaling`, a Python float

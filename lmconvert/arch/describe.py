@@ -20,6 +20,7 @@ ORDER_FLAGS = (("scale_by_inverse_layer", "score scale divided by layer index + 
                ("scale_in_product", "score scale inside q.k's product (baddbmm)"))
 BLOCK_FLAGS = (("residual_after_norm", "residual taken after the norm"), ("embed_norm", "embedding norm"),
                ("bias_separate", "linear biases added after the matmul"),
+               ("mlp_fused", "gate and up as one fused output"),
                ("conv1d_linears", "linears as Conv1D (addmm over weights held [in, out])"))
 ALIBI_NAMES = {"distance": "slope x (k - q)", "bloom": "BLOOM's: slope x k, inside the score matmul",
                "mpt": "MPT's slopes, slope x (k - last k), in fp32",
@@ -29,7 +30,8 @@ PLACEMENT_NAMES = {"pre": "pre-norm", "post": "post-norm", "sandwich": "sandwich
                    "parallel_separate": "parallel attn+MLP, separate norms"}
 
 POSITION_NAMES = {"learned": "learned", "sinusoidal": "sinusoidal (sin/cos interleaved)",
-                  "sinusoidal_fairseq": "sinusoidal (fairseq: sin half, cos half)"}
+                  "sinusoidal_fairseq": "sinusoidal (fairseq: sin half, cos half)",
+                  "sinusoidal_halves": "sinusoidal (CTRL: sin half, cos half, 10000^(-2i/d))"}
 
 
 def _norm(n: NormConfig) -> str:
@@ -118,6 +120,8 @@ def variants(cfg: ArchConfig) -> list[str]:
     if cfg.norm_placement.startswith("parallel"):
         out.append(f"parallel sum: {cfg.parallel_sum}")
     out.extend(line for flag, line in BLOCK_FLAGS if getattr(cfg, flag))
+    if cfg.unnormed_attn_layers:
+        out.append(f"no attention norm on layers {list(cfg.unnormed_attn_layers)}")
     if cfg.clip_qkv is not None:
         out.append(f"q, k, v clamped to +-{cfg.clip_qkv:g}")
     if cfg.attn_temperature is not None:
@@ -153,6 +157,8 @@ def variants(cfg: ArchConfig) -> list[str]:
         out.append(f"{ffn}, d_ff {cfg.d_ff} on dense layers" if cfg.moe.dense_layers else f"{ffn} experts")
         out.extend(_moe(cfg, cfg.moe))
     biases = [n for n in ("q", "k", "v", "o", "mlp", "lm_head") if getattr(cfg, f"{n}_bias")]
+    if cfg.o_bias_layers is not None:
+        biases[biases.index("o")] = f"o (layers {list(cfg.o_bias_layers)})"
     out.append(f"biases: {', '.join(biases) if biases else 'none'}")
     out.append("embeddings: tied" if cfg.tie_embeddings else "embeddings: untied")
     if cfg.embed_scale is not None:
@@ -162,6 +168,9 @@ def variants(cfg: ArchConfig) -> list[str]:
         out.append(f"embedding width {cfg.embed_dim}, projected in and out of d_model {cfg.d_model}")
     if cfg.final_softcap is not None:
         out.append(f"final-logit soft-cap: {cfg.final_softcap:g}")
+    if cfg.head_transform is not None:
+        bias = ", with a bias" if cfg.head_transform_bias else ""
+        out.append(f"LM-head transform: dense{bias}, {ACTIVATION_NAMES[cfg.head_transform]}, norm")
     if cfg.head_divisor != 1.0:
         out.append(f"LM-head input divided by {cfg.head_divisor:g}")
     if cfg.logit_scale != 1.0:

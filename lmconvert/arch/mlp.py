@@ -18,8 +18,12 @@ class MLP(nn.Module):
         self.gate = nn.Linear(cfg.d_model, d_ff, bias=cfg.mlp_bias) if cfg.gated else None
         self.up = nn.Linear(cfg.d_model, d_ff, bias=cfg.mlp_bias)
         self.down = nn.Linear(d_ff, cfg.d_model, bias=cfg.mlp_bias)
+        self.fused = cfg.mlp_fused
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.gate is None:
             return self.down(self.act(self.up(x)))
+        if self.fused:  # ArchConfig.mlp_fused (ModernBERT's Wi): the activation on the strided half of one output
+            gate, up = torch.cat([self.gate(x), self.up(x)], dim=-1).chunk(2, dim=-1)
+            return self.down(self.act(gate) * up)
         return self.down(self.act(self.gate(x)) * self.up(x))

@@ -37,8 +37,21 @@ def sinusoidal_fairseq(positions: torch.Tensor, dim: int, dtype: torch.dtype) ->
     return table.to(dtype)
 
 
+def sinusoidal_halves(positions: torch.Tensor, dim: int, dtype: torch.dtype) -> torch.Tensor:
+    """CTRL's table (`positional_encoding`): column i's angle is pos / 10000^(2 * (i // 2) / dim), the
+    sin of the even columns then the cos of the odd ones: sin of every frequency, then cos of every
+    frequency, as fairseq's halves but with the original Transformer's frequencies (fairseq divides
+    by dim/2 - 1 in the exponent): [..., T, dim]. In fp32 op by op as transformers computes it."""
+    i = torch.arange(dim, dtype=torch.int64, device=positions.device).float()
+    rates = 1 / torch.pow(10000, (2 * (i // 2)) / dim)
+    angles = positions.float()[..., None] * rates
+    table = torch.cat((torch.sin(angles[..., 0::2]), torch.cos(angles[..., 1::2])), dim=-1)
+    return table.to(dtype)
+
+
 # absolute_positions -> its fixed table (positions, dim, dtype) -> [..., T, dim]; "learned" is a parameter
-POSITION_TABLES = {"sinusoidal": sinusoidal, "sinusoidal_fairseq": sinusoidal_fairseq}
+POSITION_TABLES = {"sinusoidal": sinusoidal, "sinusoidal_fairseq": sinusoidal_fairseq,
+                   "sinusoidal_halves": sinusoidal_halves}
 
 
 def alibi_slopes(n_heads: int) -> torch.Tensor:

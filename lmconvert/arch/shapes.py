@@ -32,6 +32,13 @@ NORM_SLOTS: dict[str, tuple[str, ...]] = {
 }
 
 
+def norm_slots(cfg: ArchConfig, layer: int) -> tuple[str, ...]:
+    """The norm slots one layer fills: its placement's, but for the attention norm of a layer in
+    `unnormed_attn_layers` (ModernBERT decoder's layer 0)."""
+    slots = NORM_SLOTS[cfg.norm_placement]
+    return tuple(s for s in slots if s != "attn_norm") if layer in cfg.unnormed_attn_layers else slots
+
+
 def _mlp(cfg: ArchConfig, name: str, width: int | None = None) -> Shapes:
     """Optional gate, then up and down; one bias switch for all three. `width`: an expert's."""
     d_ff = cfg.d_ff if width is None else width
@@ -62,12 +69,12 @@ def _ffn(cfg: ArchConfig, layer: int, name: str) -> Shapes:
 
 def _block(cfg: ArchConfig, layer: int, name: str) -> Shapes:
     attention = attention_kind(cfg.attention)  # its parts, the very ones its module attaches
-    filled, norm = NORM_SLOTS[cfg.norm_placement], NormPart(cfg.d_model, cfg.norm)
+    filled, norm = norm_slots(cfg, layer), NormPart(cfg.d_model, cfg.norm)
     shapes: Shapes = {}
     for slot in SLOTS:
         if slot in filled:
             shapes.update(norm.shapes(f"{name}.{slot}"))
-    shapes.update(part_shapes(attention.parts(cfg), f"{name}.attn"))
+    shapes.update(part_shapes(attention.parts(cfg.layer_config(layer)), f"{name}.attn"))
     shapes.update(_ffn(cfg, layer, f"{name}.mlp"))
     return shapes
 
@@ -91,8 +98,13 @@ def parameter_shapes(cfg: ArchConfig) -> dict[str, tuple[int, ...]]:
         shapes.update(_block(cfg, i, f"layers.{i}"))
     if cfg.final_norm:
         shapes.update(NormPart(cfg.d_model, cfg.norm).shapes("final_norm"))
+    if cfg.head_transform is not None:  # decoder.HeadTransform
+        shapes.update(LinearPart(cfg.d_model, cfg.d_model, cfg.head_transform_bias).shapes("head_transform.dense"))
+        shapes.update(NormPart(cfg.d_model, cfg.norm).shapes("head_transform.norm"))
     if cfg.projects_embeddings:
         shapes.update(LinearPart(cfg.d_model, cfg.embed_dim).shapes("project_out"))
     if not cfg.tie_embeddings:
         shapes.update(LinearPart(cfg.embed_dim, cfg.vocab_size, cfg.lm_head_bias).shapes("lm_head"))
+    elif cfg.lm_head_bias:  # a tied head's own bias (decoder.TiedHead)
+        shapes["lm_head.bias"] = (cfg.vocab_size,)
     return shapes

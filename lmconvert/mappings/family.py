@@ -21,7 +21,12 @@ from .tables.table import TensorTable
 VARIANT_NAMES = {
     "norm": "this norm", "norm_placement": "this norm placement",
     "final_norm": "the final norm setting", "qk_norm": "QK norm", "q_bias": "a q bias", "k_bias": "a k bias",
-    "v_bias": "a v bias", "o_bias": "an output-projection bias", "mlp_bias": "MLP biases",
+    "v_bias": "a v bias", "o_bias": "an output-projection bias",
+    "o_bias_layers": "an output-projection bias on some layers only",
+    "unnormed_attn_layers": "layers without an attention norm",
+    "mlp_fused": "gate and up computed as one fused output",
+    "head_transform": "an LM-head transform (dense + activation + norm)",
+    "head_transform_bias": "an LM-head transform bias", "mlp_bias": "MLP biases",
     "lm_head_bias": "an LM-head bias", "activation": "this activation", "gated": "this FFN gating",
     "absolute_positions": "absolute position embeddings", "position_offset": "a position offset",
     "layer_positions": "this per-layer position pattern", "rope": "this RoPE configuration",

@@ -61,14 +61,14 @@ def place(model: Decoder, devices: Sequence[str | torch.device]) -> Decoder:
                           "run this model on one device")
     placed = block_devices(len(model.layers), devices)
     first = torch.device(devices[0])
-    head = first if model.lm_head is None else placed[-1] if placed else first
+    head = first if model.cfg.tie_embeddings else placed[-1] if placed else first  # a tied head: the embedding's
     for name in ("embed", "project_in", "pos_embed", "embed_norm"):
         if getattr(model, name) is not None:
             getattr(model, name).to(first)
     for block, device in zip(model.layers, placed, strict=True):
         block.to(device)
         block.register_forward_pre_hook(_to_block_device)
-    for name in ("final_norm", "project_out", "lm_head"):
+    for name in ("final_norm", "head_transform", "project_out", "lm_head"):
         if getattr(model, name) is not None:
             getattr(model, name).to(head)
     model.final_norm.register_forward_pre_hook(lambda _m, args: (args[0].to(head), *args[1:]))

@@ -65,7 +65,7 @@ def _stage_of(name: str, tied: bool) -> tuple[str, ...]:
         return ("embed", "head") if tied else ("embed",)
     if first in ("pos_embed", "project_in"):
         return ("embed",)
-    if first in ("final_norm", "project_out", "lm_head"):
+    if first in ("final_norm", "head_transform", "project_out", "lm_head"):
         return ("head",)
     return ("resident",)  # shared by every layer (T5's relative bias table): kept for the whole run
 

@@ -235,7 +235,7 @@ def load_parallel(checkpoint: Checkpoint, mesh: DeviceMesh, dtype: torch.dtype |
     with torch.device("meta"):
         model = Decoder(arch)
         if arch.tie_embeddings and "lm_head" in plan.styles:  # the LM head is the embedding, sliced the same way
-            model.lm_head = nn.Linear(arch.embed_dim, arch.vocab_size, bias=False)
+            model.lm_head = nn.Linear(arch.embed_dim, arch.vocab_size, bias=arch.lm_head_bias)
     for block in model.layers:  # attention reads its head counts from its config: the local ones
         block.attn.cfg = plan.local_arch
     fp32 = kept_in_fp32(model)

@@ -19,6 +19,7 @@ import torch
 from torch import nn
 
 from lmconvert.arch import ArchConfig, Decoder
+from lmconvert.arch.shapes import parameter_shapes
 from lmconvert.mappings.errors import MappingError
 from lmconvert.mappings.tables.table import TensorTable
 
@@ -156,6 +157,20 @@ def _module_path(weight: str) -> str:
     return weight.rsplit(".", 1)[0]
 
 
+def bias_outside(table: TensorTable, weight: str, shapes: dict[str, tuple[int, ...]]) -> bool:
+    """Whether the point's bias is stored outside the module holding its weight, so that no
+    transformers module outputs the point: GPT-NeoX-Japanese's last-layer `attention.dense_bias`,
+    added after `dense` by `bias_dropout_add`. (The block's output, a point of its own, includes it.)"""
+    bias = f"{weight.removesuffix('.weight')}.bias"
+    if not weight.endswith(".weight") or bias not in shapes:
+        return False
+    try:
+        return {_module_path(n) for n in table.stored_names(bias)} != \
+            {_module_path(n) for n in table.stored_names(weight)}
+    except MappingError:
+        return False
+
+
 def _common_prefix(paths: list[str]) -> str:
     parts = [p.split(".") for p in paths]
     return ".".join(os.path.commonprefix(parts))
@@ -175,6 +190,7 @@ def hf_point_modules(root: nn.Module, arch: ArchConfig, table: TensorTable) -> d
     for every decoder layer: the longest module path its modules share. Points the table cannot
     name, or whose module transformers does not have, are simply absent."""
     names = {name for name, _ in root.named_modules()}
+    shapes = parameter_shapes(arch)
     found: dict[str, str] = {}
     by_layer: dict[int, list[str]] = {}
     for point, weight in point_modules(arch).items():
@@ -184,6 +200,8 @@ def hf_point_modules(root: nn.Module, arch: ArchConfig, table: TensorTable) -> d
             continue
         if getattr(step, "interleaves", False):  # q, k or v of a projection fused per KV group (NeoX, BLOOM,
             continue  # Falcon): no transformers module computes it, nor a slice of one
+        if bias_outside(table, weight, shapes):
+            continue
         # the name export writes, then any other the table reads (transformers 5's fused experts)
         paths = (resolve(names, _module_path(hf_weight), table) for hf_weight in table.stored_names(weight))
         path = next((p for p in paths if p is not None), None)

@@ -62,7 +62,7 @@ def fixed(name: str, **fields: Any) -> Entry:
 
 
 def unsupported(key: str, kind: type, inert: Any, what: str, family: str, *, default: Any = DEFAULT,
-                nullable: bool = False) -> Entry:
+                nullable: bool = False, bound: str = "positive") -> Entry:
     """A key whose only value lmconvert can compute is `inert` (absent or null mean inert too): any
     other value is refused naming what it would switch on, and export writes the default
     (transformers' own, `inert` unless it differs)."""
@@ -74,7 +74,7 @@ def unsupported(key: str, kind: type, inert: Any, what: str, family: str, *, def
         return {}
 
     declared = inert if default is DEFAULT else default
-    return Entry(key, (Key(key, kind, declared, nullable=nullable),), refuse, lambda cfg: {key: DEFAULT})
+    return Entry(key, (Key(key, kind, declared, nullable=nullable, bound=bound),), refuse, lambda cfg: {key: DEFAULT})
 
 
 @dataclass(frozen=True)
