@@ -31,8 +31,10 @@ def attn_scale_from_hf(hf: HfConfig, fields: dict[str, Any]) -> dict[str, Any]:
 
 
 def embed_scale_from_hf(hf: HfConfig, fields: dict[str, Any]) -> dict[str, Any]:
+    """`inputs_embeds * self.embedding_multiplier`: a Python float, multiplied unrounded (12, the
+    published value, is exact in bf16; 10.3 is not)."""
     scale = hf.get("embedding_multiplier")
-    return {"embed_scale": None if scale == 1.0 else float(scale)}
+    return {"embed_scale": None if scale == 1.0 else float(scale), "embed_scale_unrounded": scale != 1.0}
 
 
 def embed_scale_to_hf(cfg: ArchConfig) -> dict[str, Any]:

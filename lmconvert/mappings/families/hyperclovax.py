@@ -35,11 +35,6 @@ def attn_scale_from_hf(hf: HfConfig, fields: dict[str, Any]) -> dict[str, Any]:
     return granite.attn_scale_from_hf(hf, fields)
 
 
-def embed_scale_from_hf(hf: HfConfig, fields: dict[str, Any]) -> dict[str, Any]:
-    """`inputs_embeds * self.embedding_multiplier`: a Python float, multiplied unrounded."""
-    return {**granite.embed_scale_from_hf(hf, fields), "embed_scale_unrounded": True}
-
-
 def post_norm_to_hf(cfg: ArchConfig) -> dict[str, Any]:
     # another placement reads back as pre-norm, so export refuses it by name
     return {"use_post_norm": cfg.norm_placement == "sandwich"}
@@ -48,7 +43,7 @@ def post_norm_to_hf(cfg: ArchConfig) -> dict[str, Any]:
 CONFIG = granite.CONFIG.but(
     add=(Entry("attention_multiplier", (Key("attention_multiplier", float, None, nullable=True),), attn_scale_from_hf,
                lambda cfg: {"attention_multiplier": cfg.score_scale}),
-         Entry("embedding_multiplier", (Key("embedding_multiplier", float, 1.0),), embed_scale_from_hf,
+         Entry("embedding_multiplier", (Key("embedding_multiplier", float, 1.0),), granite.embed_scale_from_hf,
                granite.embed_scale_to_hf),
          plain("logits_scaling", "logit_scale", float, 1.0, read=float),
          Entry("use_post_norm", (Key("use_post_norm", bool, True),),
