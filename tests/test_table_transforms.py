@@ -390,6 +390,12 @@ VARIANT_LAYOUTS = {"falcon:blk.0.attn_norm_2.weight": {"new_decoder_architecture
                                                        "num_attention_heads": 4, "hidden_size": 64}}
 # the prefix llama.cpp's converter strips before naming (BloomModel's `transformer.`)
 STRIPPED = {"bloom": "transformer."}
+# HF tensors llama.cpp's converter splits in its own modify_tensors, which TensorNameMap therefore does
+# not name (GraniteMoeModel: each fused input_linear into gate and up): (arch, HF stem, our part) -> its name
+CONVERTER_SPLITS = {("granitemoe", "block_sparse_moe.input_linear", "gate"): "ffn_gate_exps",
+                    ("granitemoe", "block_sparse_moe.input_linear", "up"): "ffn_up_exps",
+                    ("granitemoe", "shared_mlp.input_linear", "gate"): "ffn_gate_shexp",
+                    ("granitemoe", "shared_mlp.input_linear", "up"): "ffn_up_shexp"}
 TABLES: dict[str, TensorTable] = {**{f"family {n}": f.tensors for n, f in FAMILIES.items()}, "meta": META_TENSORS,
                                   **{f"gguf {n}": a.tensors for n, a in GGUF_ARCHS.items()}}
 
@@ -511,6 +517,9 @@ def test_gguf_names_are_llama_cpps(arch: str) -> None:
             base, suffix = f"{base}.{suffix.removesuffix('_bias')}", "bias"
         # one expert's: llama.cpp names the stack of every expert's (its merged HF name)
         theirs = name_map.get_name(re.sub(r"\.experts\.\d+\.", ".experts.", base))
+        split = CONVERTER_SPLITS.get((llama_cpp_arch, re.sub(r"^model\.layers\.\d+\.", "", base),
+                                      canonical.split(".")[-2]))
+        theirs = f"blk.1.{split}" if split else theirs
         if theirs and f"{theirs}.{suffix}".replace("blk.1.", "blk.0.") in entry.refused:
             theirs = None
         try:

@@ -30,7 +30,7 @@ QK_NORM_WEIGHTS = ("shared", "per_head")
 DTYPE_ORDERS = ("cast_then_scale", "scale_then_cast")
 PARALLEL_SUMS = ("h+attn+mlp", "mlp+attn+h", "attn+mlp+h")  # left to right: the order a parallel block adds
 ALIBI_KINDS = ("distance", "bloom", "mpt", "falcon")  # how ALiBi is built and added: see positions.ALIBI_KINDS
-ROUTERS = ("softmax", "sigmoid")
+ROUTERS = ("softmax", "sigmoid", "topk_softmax")
 SHARED_EXPERTS = ("none", "gated", "plain")
 
 
@@ -189,7 +189,12 @@ class MoeConfig:
     (a group scored by its best score under softmax, V2, by its best two under sigmoid, V3);
     `selection_bias` adds a learned per-expert bias to the scores for choosing only (V3's
     e_score_correction_bias); `scale` multiplies the chosen weights (routed_scaling_factor);
-    `router_fp32` computes the logits from fp32 input and weight."""
+    `router_fp32` computes the logits from fp32 input and weight.
+
+    `router="topk_softmax"`: the top-k chosen on the logits, their weights the softmax over the k
+    chosen alone (GraniteMoE, Aria, Cohere2-MoE), which already sum to 1, so `norm_topk` is off.
+    `softmax_fp32`: the softmax (either router's) is taken in fp32; False: in the activation dtype
+    (Aria's router)."""
 
     n_experts: int
     top_k: int
@@ -206,6 +211,7 @@ class MoeConfig:
     scale: float = 1.0  # the chosen weights multiplied by it (routed_scaling_factor)
     router_fp32: bool = False  # the router's logits from fp32 input and weight (DeepSeek)
     aux_loss: float = 0.0  # the load-balancing loss's weight in the training loss (moe.balance_loss); 0: off
+    softmax_fp32: bool = True  # the router's softmax in fp32; False: in the activation dtype (Aria)
 
     def __post_init__(self) -> None:
         for name in ("n_experts", "top_k", "d_expert", "n_group", "topk_group"):
@@ -224,6 +230,10 @@ class MoeConfig:
         if self.selection_bias and self.router != "sigmoid":
             _fail("moe", "selection_bias", True, "is a sigmoid router's (DeepSeek-V3's); use router='sigmoid'")
         _choice("moe", "router", self.router, ROUTERS)
+        if self.router == "topk_softmax" and self.norm_topk:
+            _fail("moe", "norm_topk", True, "topk_softmax's weights are a softmax over the chosen: they sum to 1")
+        if self.router == "topk_softmax" and self.n_group > 1:
+            _fail("moe", "n_group", self.n_group, "group-limited routing is DeepSeek's (router='softmax' or 'sigmoid')")
         _choice("moe", "shared", self.shared, SHARED_EXPERTS)
         if self.top_k > self.n_experts:
             _fail("moe", "top_k", self.top_k, f"cannot exceed n_experts={self.n_experts}")

@@ -65,14 +65,17 @@ def _rope(r: RopeConfig) -> str:
     return text
 
 
-ROUTER_NAMES = {"softmax": "softmax then top-k", "sigmoid": "sigmoid then top-k"}
+ROUTER_NAMES = {"softmax": "softmax then top-k", "sigmoid": "sigmoid then top-k",
+                "topk_softmax": "top-k on logits then softmax over the k"}
 SHARED_NAMES = {"gated": "one shared expert, sigmoid-gated", "plain": "shared experts, ungated"}
 
 
 def _moe(cfg: ArchConfig, moe: MoeConfig) -> list[str]:
     sparse = [i for i in range(cfg.n_layers) if moe.sparse(i)]
     where = "all layers" if len(sparse) == cfg.n_layers else f"layers {sparse}"
-    router = ROUTER_NAMES[moe.router] + (", renormalised" if moe.norm_topk else ", not renormalised")
+    router = ROUTER_NAMES[moe.router]
+    if moe.router != "topk_softmax":  # its weights sum to 1 by construction
+        router += ", renormalised" if moe.norm_topk else ", not renormalised"
     router += ", weights in fp32" if moe.weights_fp32 else ", weights in activation dtype"
     if moe.n_group > 1:
         router += f", best {moe.topk_group} of {moe.n_group} groups"
@@ -82,6 +85,8 @@ def _moe(cfg: ArchConfig, moe: MoeConfig) -> list[str]:
         router += f", scaled x{moe.scale:g}"
     if moe.router_fp32:
         router += ", logits in fp32"
+    if not moe.softmax_fp32:
+        router += ", softmax in activation dtype"
     lines = [f"mixture of experts: {moe.n_experts} experts, top-{moe.top_k}, d_expert {moe.d_expert} ({where})",
              f"router: {router}"]
     if moe.d_shared is not None:

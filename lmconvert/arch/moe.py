@@ -49,7 +49,7 @@ class Router(nn.Linear):
 def _softmax(router: Router, logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Mixtral, Qwen-MoE, OLMoE; DeepSeek-V2, whose groups are scored by their best expert and
     whose experts outside the best groups score 0 (`group_limited_greedy`)."""
-    probs = torch.softmax(logits, dim=-1, dtype=torch.float)
+    probs = torch.softmax(logits, dim=-1, dtype=torch.float) if router.moe.softmax_fp32 else torch.softmax(logits, -1)
     if router.moe.n_group > 1:
         groups = probs.view(-1, router.moe.n_group, router.moe.n_experts // router.moe.n_group).max(dim=-1).values
         probs = probs.masked_fill(~_group_mask(router.moe, groups), 0.0)
@@ -69,6 +69,16 @@ def _sigmoid(router: Router, logits: torch.Tensor) -> tuple[torch.Tensor, torch.
     return scores.gather(1, chosen), chosen
 
 
+def _topk_softmax(router: Router, logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """GraniteMoE, Cohere2-MoE (softmax in fp32) and Aria (in the activation dtype): the top-k
+    chosen on the logits, weighted by the softmax over the k chosen alone (the renormalised softmax
+    over all experts, in other roundings). GraniteMoE takes the top-k of the logits cast to fp32:
+    the same values, so the same choice."""
+    top, chosen = torch.topk(logits, router.moe.top_k, dim=-1)
+    weights = torch.softmax(top, dim=-1, dtype=torch.float) if router.moe.softmax_fp32 else torch.softmax(top, -1)
+    return weights, chosen
+
+
 def _group_mask(moe: MoeConfig, groups: torch.Tensor) -> torch.Tensor:
     """[tokens, experts]: True for the experts of each token's best `topk_group` groups."""
     best = torch.topk(groups, k=moe.topk_group, dim=-1, sorted=False)[1]
@@ -77,8 +87,9 @@ def _group_mask(moe: MoeConfig, groups: torch.Tensor) -> torch.Tensor:
     return mask.unsqueeze(-1).expand(-1, moe.n_group, size).reshape(-1, moe.n_experts).bool()
 
 
-SCORES = {"softmax": _softmax, "sigmoid": _sigmoid}
-EPS = {"softmax": 0.0, "sigmoid": 1e-20}  # DeepSeek-V3 guards its renormalisation; the others do not
+SCORES = {"softmax": _softmax, "sigmoid": _sigmoid, "topk_softmax": _topk_softmax}
+# DeepSeek-V3 guards its renormalisation; the others do not
+EPS = {"softmax": 0.0, "sigmoid": 1e-20, "topk_softmax": 0.0}
 
 
 class Expert(MLP):

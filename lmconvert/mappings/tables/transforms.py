@@ -498,6 +498,23 @@ def stack(pieces: Sequence[Sequence[torch.Tensor]]) -> torch.Tensor:
     return torch.cat([torch.stack(list(experts)) for experts in pieces], dim=1)
 
 
+# ---- ExpertsTransposed: fused experts stored [experts, in, out]
+
+
+def _swap_last(t: torch.Tensor) -> torch.Tensor:
+    return t.transpose(-1, -2).contiguous()
+
+
+@dataclass(frozen=True)
+class ExpertsTransposed:
+    """Fused experts stored [experts, in, out] (Aria's `experts.fc1` / `fc2`, multiplied as
+    `x @ W`) <-> [experts, out, in], each expert as nn.Linear holds it; chained before Unstack. Its
+    own inverse; a permutation of elements, so exact for every dtype and bit pattern."""
+
+    def bind(self, sizes: Sizes) -> Transform:
+        return Transform("experts stored [in, out]", _swap_last, _swap_last)
+
+
 # ---- Unsqueeze
 
 
