@@ -258,6 +258,34 @@ def test_topk_softmax_settings_bite() -> None:
         assert not torch.equal(fp32, half(x))
 
 
+def test_fused_shared_expert_is_granitemoeshared_mlp_bit_for_bit() -> None:
+    """shared_fused: the shared expert's gate and up as the halves of one projection's output, as
+    GraniteMoeShared's shared_mlp computes them, equal to it bit for bit in fp32 (one thread); the
+    plain MLP, whose activation runs on a contiguous gate, is not (on AVX-512 CPUs, in the last bit)."""
+    from transformers.models.granitemoeshared.modeling_granitemoeshared import GraniteMoeSharedMLP
+
+    config = AutoConfig.for_model("granitemoeshared", hidden_size=64, shared_intermediate_size=48)
+    torch.manual_seed(0)
+    theirs = GraniteMoeSharedMLP(config)
+    moe = MoeConfig(n_experts=2, top_k=1, d_expert=4, shared="plain", d_shared=48, shared_fused=True)
+    block = MoE(ArchConfig(vocab_size=8, d_model=64, n_layers=1, n_heads=2, d_ff=4, moe=moe))
+    gate, up = theirs.input_linear.weight.chunk(2)
+    block.shared.load_state_dict({"gate.weight": gate, "up.weight": up, "down.weight": theirs.output_linear.weight})
+    plain = MoE(ArchConfig(vocab_size=8, d_model=64, n_layers=1, n_heads=2, d_ff=4,
+                           moe=MoeConfig(n_experts=2, top_k=1, d_expert=4, shared="plain", d_shared=48))).shared
+    plain.load_state_dict(block.shared.state_dict())
+    x = torch.randn(4, 7, 64, generator=torch.Generator().manual_seed(1))
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        with torch.no_grad():
+            assert torch.equal(block.shared(x), theirs(x))
+            if torch.equal(plain(x), theirs(x)):  # the difference is the vectorised SiLU's on this CPU
+                warnings.warn("this CPU's SiLU rounds a strided and a contiguous gate alike here", stacklevel=1)
+    finally:
+        torch.set_num_threads(threads)
+
+
 def test_router_settings_bite() -> None:
     """Each router setting changes the output: renormalising, and keeping the weights in fp32 (in
     bf16), so a family read with the wrong one fails its parity test."""
@@ -394,6 +422,7 @@ CFG = dict(vocab_size=8, d_model=16, n_layers=3, n_heads=2, d_ff=4)
     (dict(n_experts=4, top_k=2, d_expert=4, dense_layers=[3]), "n_layers=3"),
     (dict(n_experts=4, top_k=2, d_expert=4, dense_layers=["0"]), "layer indices"),
     (dict(n_experts=4, top_k=2, d_expert=4, router="topk_softmax"), "sum to 1"),
+    (dict(n_experts=4, top_k=2, d_expert=4, shared_fused=True), "needs a shared expert"),
     (dict(n_experts=4, top_k=2, d_expert=4, router="topk_softmax", norm_topk=False, n_group=2), "DeepSeek"),
 ])
 def test_bad_moe_settings_are_refused(moe: dict, fragment: str) -> None:

@@ -212,6 +212,9 @@ class MoeConfig:
     router_fp32: bool = False  # the router's logits from fp32 input and weight (DeepSeek)
     aux_loss: float = 0.0  # the load-balancing loss's weight in the training loss (moe.balance_loss); 0: off
     softmax_fp32: bool = True  # the router's softmax in fp32; False: in the activation dtype (Aria)
+    # the shared expert's gate and up side by side as one fused projection's halves (GraniteMoeShared's
+    # input_linear), its activation on the strided gate half, as the routed experts' (moe.Expert)
+    shared_fused: bool = False
 
     def __post_init__(self) -> None:
         for name in ("n_experts", "top_k", "d_expert", "n_group", "topk_group"):
@@ -230,6 +233,8 @@ class MoeConfig:
         if self.selection_bias and self.router != "sigmoid":
             _fail("moe", "selection_bias", True, "is a sigmoid router's (DeepSeek-V3's); use router='sigmoid'")
         _choice("moe", "router", self.router, ROUTERS)
+        if self.shared_fused and self.d_shared is None:
+            _fail("moe", "shared_fused", True, "needs a shared expert (d_shared)")
         if self.router == "topk_softmax" and self.norm_topk:
             _fail("moe", "norm_topk", True, "topk_softmax's weights are a softmax over the chosen: they sum to 1")
         if self.router == "topk_softmax" and self.n_group > 1:

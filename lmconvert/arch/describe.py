@@ -90,7 +90,8 @@ def _moe(cfg: ArchConfig, moe: MoeConfig) -> list[str]:
     lines = [f"mixture of experts: {moe.n_experts} experts, top-{moe.top_k}, d_expert {moe.d_expert} ({where})",
              f"router: {router}"]
     if moe.d_shared is not None:
-        lines.append(f"{SHARED_NAMES[moe.shared]}, width {moe.d_shared}")
+        lines.append(f"{SHARED_NAMES[moe.shared]}, width {moe.d_shared}"
+                     + (", gate and up as one projection's halves" if moe.shared_fused else ""))
     if moe.aux_loss:
         lines.append(f"load-balancing loss x{moe.aux_loss:g} in the training loss")
     total, active = parameter_counts(cfg)

@@ -134,7 +134,7 @@ class MoE(nn.Module):
         assert moe is not None
         self.router = Router(cfg, moe)
         self.experts = Experts(Expert(cfg, moe.d_expert) for _ in range(moe.n_experts))
-        self.shared = MLP(cfg, moe.d_shared) if moe.d_shared is not None else None
+        self.shared = (Expert if moe.shared_fused else MLP)(cfg, moe.d_shared) if moe.d_shared is not None else None
         self.shared_gate = nn.Linear(cfg.d_model, 1, bias=False) if moe.shared == "gated" else None
         self.router_logits: torch.Tensor | None = None
 

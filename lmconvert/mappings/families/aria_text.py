@@ -22,6 +22,7 @@ from ..family import Family
 from ..tables.config_table import DEFAULT, Entry, plain, unsupported
 from ..tables.hf_config import HfConfig, Key
 from ..tables.hf_moe import experts
+from ..tables.points import SHARED_UNFLATTENED
 from ..tables.table import Rule, TensorTable
 from ..tables.transforms import Chain, ExpertsTransposed, Unstack
 from . import llama
@@ -74,4 +75,5 @@ CONFIG = llama.CONFIG.but(
 )
 
 
-FAMILY = Family("aria_text", ("aria_text",), "AriaTextForCausalLM", TENSORS, CONFIG)
+FAMILY = Family("aria_text", ("aria_text",), "AriaTextForCausalLM", TENSORS, CONFIG,
+                reference_layouts=SHARED_UNFLATTENED)  # its shared experts run on the unflattened input

@@ -2,8 +2,9 @@
 
 Same as granitemoe, except: where `shared_intermediate_size` is not 0 (its default), each layer
 also has an ungated shared SwiGLU MLP of that width (`shared_mlp.input_linear` [gate rows then up
-rows, hidden], `shared_mlp.output_linear`), run on the same normed input, whose output is added to
-the experts' sum before the residual multiplier.
+rows, hidden], `shared_mlp.output_linear`), run on the same normed input (its activation on the
+strided gate half of one projection's output, as the experts'), whose output is added to the
+experts' sum before the residual multiplier.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from ..tables.config_table import DEFAULT, Entry
 from ..tables.hf_config import HfConfig, Key
 from ..tables.table import Rule, TensorTable
 from ..tables.transforms import Piece
+from ..tables.points import RESIDUAL
 from . import granitemoe
 
 SHARED_RULES = (
@@ -36,7 +38,7 @@ EXPERTS = granitemoe.EXPERTS
 def experts_from_hf(hf: HfConfig, fields: dict[str, Any]) -> dict[str, Any]:
     out = EXPERTS.read(hf, fields)
     if width := hf.get(SHARED_WIDTH.name):  # 0: no shared MLP
-        out["moe"] = replace(out["moe"], shared="plain", d_shared=width)
+        out["moe"] = replace(out["moe"], shared="plain", d_shared=width, shared_fused=True)
     return out
 
 
@@ -49,5 +51,8 @@ CONFIG = granitemoe.CONFIG.but(add=(Entry("experts", (*EXPERTS.keys, SHARED_WIDT
                                           experts_to_hf),))
 
 
+# the shared MLP runs on the unflattened input; its gate and up are the halves of input_linear's output
+REFERENCE_LAYOUTS = {"mlp.shared.gate": "B T [S]|S", "mlp.shared.up": "B T S|[S]", "mlp.shared.down": RESIDUAL}
+
 FAMILY = Family("granitemoeshared", ("granitemoeshared",), "GraniteMoeSharedForCausalLM", TENSORS, CONFIG,
-                gguf=(granitemoe.GGUF_SHARED,))
+                gguf=(granitemoe.GGUF_SHARED,), reference_layouts=REFERENCE_LAYOUTS)
