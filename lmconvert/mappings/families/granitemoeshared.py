@@ -17,9 +17,9 @@ from lmconvert.arch import ArchConfig
 from ..family import Family
 from ..tables.config_table import DEFAULT, Entry
 from ..tables.hf_config import HfConfig, Key
+from ..tables.points import RESIDUAL
 from ..tables.table import Rule, TensorTable
 from ..tables.transforms import Piece
-from ..tables.points import RESIDUAL
 from . import granitemoe
 
 SHARED_RULES = (
