@@ -244,6 +244,10 @@ def test_null_means_what_transformers_makes_of_it(model_type: str) -> None:
         if not key.nullable or key.legacy:
             continue
         raw = {**transformers_config(model_type, base), name: None}
+        # a key null beside its stated attribute_map alias (DBRX's n_heads beside TINY's num_attention_heads):
+        # transformers takes the alias, so the file states it too
+        entry = next(e for e in family.config.entries if key in e.keys)
+        raw |= {k.name: TINY[k.name] for k in entry.keys if k.legacy and k.name in TINY}
         resolved = AutoConfig.for_model(model_type, **{**TINY, **base, name: None}).to_dict()
         assert reading(raw) == reading(resolved), name
 
@@ -280,7 +284,9 @@ NOT_A_KEY = {("olmo", "rms_norm_eps"),
              *((f, k) for f in ("bloom", "mpt") for k in ("num_key_value_heads", "head_dim", "intermediate_size",
                                                           "rope_parameters")), ("bloom", "max_position_embeddings"),
              ("falcon", "num_key_value_heads"), ("falcon", "head_dim"), ("falcon", "intermediate_size"),
-             ("mpt", "attention_dropout")}
+             ("mpt", "attention_dropout"),
+             *(("dbrx", k) for k in ("num_key_value_heads", "head_dim", "intermediate_size", "rms_norm_eps",
+                                     "attention_dropout"))}
 # a key transformers takes null for (its default), where the others refuse it
 NULL_IS_DEFAULT = {("gpt_neo", "intermediate_size")}
 # a family that spells one of those keys its own way
@@ -303,7 +309,9 @@ OWN_SPELLING = {("starcoder2", "rms_norm_eps"): "norm_epsilon", ("nemotron", "rm
                 ("bloom", "rms_norm_eps"): "layer_norm_epsilon", ("mpt", "hidden_size"): "d_model",
                 ("mpt", "num_attention_heads"): "n_heads", ("mpt", "num_hidden_layers"): "n_layers",
                 ("mpt", "max_position_embeddings"): "max_seq_len", ("mpt", "rms_norm_eps"): "layer_norm_epsilon",
-                ("falcon", "rms_norm_eps"): "layer_norm_epsilon"}
+                ("falcon", "rms_norm_eps"): "layer_norm_epsilon", ("dbrx", "hidden_size"): "d_model",
+                ("dbrx", "num_attention_heads"): "n_heads", ("dbrx", "num_hidden_layers"): "n_layers",
+                ("dbrx", "max_position_embeddings"): "max_seq_len"}
 
 
 @pytest.mark.parametrize("model_type", VARIANTS)

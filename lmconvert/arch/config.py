@@ -194,7 +194,8 @@ class MoeConfig:
     `router="topk_softmax"`: the top-k chosen on the logits, their weights the softmax over the k
     chosen alone (GraniteMoE, Aria, Cohere2-MoE), which already sum to 1, so `norm_topk` is off.
     `softmax_fp32`: the softmax (either router's) is taken in fp32; False: in the activation dtype
-    (Aria's router)."""
+    (Aria's router, DBRX's). `norm_p`: the chosen weights are divided by their p-norm (DBRX's
+    moe_normalize_expert_weights) instead of their sum."""
 
     n_experts: int
     top_k: int
@@ -215,6 +216,10 @@ class MoeConfig:
     # the shared expert's gate and up side by side as one fused projection's halves (GraniteMoeShared's
     # input_linear), its activation on the strided gate half, as the routed experts' (moe.Expert)
     shared_fused: bool = False
+    norm_p: float | None = None  # renormalise by the chosen weights' p-norm (torch.norm; DBRX); None: by their sum
+    # the routed experts' gate and up as two products, the activation on a contiguous gate (DBRX's w1, v1);
+    # else side by side as one fused projection's halves (moe.Expert: transformers 5's gate_up_proj)
+    experts_split: bool = False
 
     def __post_init__(self) -> None:
         for name in ("n_experts", "top_k", "d_expert", "n_group", "topk_group"):
@@ -233,6 +238,10 @@ class MoeConfig:
         if self.selection_bias and self.router != "sigmoid":
             _fail("moe", "selection_bias", True, "is a sigmoid router's (DeepSeek-V3's); use router='sigmoid'")
         _choice("moe", "router", self.router, ROUTERS)
+        if self.norm_p is not None:
+            _positive("moe", "norm_p", self.norm_p)
+            if not self.norm_topk:
+                _fail("moe", "norm_p", self.norm_p, "is the renormalisation's norm; it needs norm_topk=True")
         if self.shared_fused and self.d_shared is None:
             _fail("moe", "shared_fused", True, "needs a shared expert (d_shared)")
         if self.router == "topk_softmax" and self.norm_topk:

@@ -87,6 +87,8 @@ def _moe(cfg: ArchConfig, moe: MoeConfig) -> list[str]:
         router += ", logits in fp32"
     if not moe.softmax_fp32:
         router += ", softmax in activation dtype"
+    if moe.norm_p is not None:
+        router += f", renormalised by the {moe.norm_p:g}-norm"
     lines = [f"mixture of experts: {moe.n_experts} experts, top-{moe.top_k}, d_expert {moe.d_expert} ({where})",
              f"router: {router}"]
     if moe.d_shared is not None:

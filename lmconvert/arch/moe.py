@@ -37,8 +37,10 @@ class Router(nn.Linear):
         moe = self.moe
         logits = nn.functional.linear(h.float(), self.weight.float()) if moe.router_fp32 else super().forward(h)
         weights, chosen = SCORES[moe.router](self, logits)
-        if moe.norm_topk:
-            weights /= weights.sum(dim=-1, keepdim=True) + EPS[moe.router]
+        if moe.norm_topk:  # by the sum, or DBRX's p-norm
+            norm = weights.sum(dim=-1, keepdim=True) if moe.norm_p is None else \
+                torch.norm(weights, p=moe.norm_p, dim=-1, keepdim=True)
+            weights /= norm + EPS[moe.router]
         if moe.scale != 1.0:
             weights = weights * moe.scale
         if not moe.weights_fp32:
@@ -133,7 +135,7 @@ class MoE(nn.Module):
         moe = cfg.moe
         assert moe is not None
         self.router = Router(cfg, moe)
-        self.experts = Experts(Expert(cfg, moe.d_expert) for _ in range(moe.n_experts))
+        self.experts = Experts((MLP if moe.experts_split else Expert)(cfg, moe.d_expert) for _ in range(moe.n_experts))
         self.shared = (Expert if moe.shared_fused else MLP)(cfg, moe.d_shared) if moe.d_shared is not None else None
         self.shared_gate = nn.Linear(cfg.d_model, 1, bias=False) if moe.shared == "gated" else None
         self.router_logits: torch.Tensor | None = None

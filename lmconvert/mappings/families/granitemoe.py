@@ -43,14 +43,15 @@ TENSORS = TensorTable(llama.EDGE_RULES + llama.ATTENTION_RULES + llama.PRE_NORM_
 EXPERTS = experts(Key("num_local_experts", int, 8), Key("num_experts_per_tok", int, 2), router="topk_softmax",
                   norm_topk=False, aux_default=0.001)
 def taking_null(entry: Entry, *names: str, refused: bool = True) -> Entry:
-    """A row with its keys `names` nullable, as GraniteMoeConfig declares them; null `refused`
-    where transformers' GraniteMoE fails on it (it multiplies by the multipliers, sizes its experts
-    by the counts), else read as the row reads it (the auxiliary-loss keys, unused unless training)."""
+    """A row with its keys `names` nullable, as the config class declares them (GraniteMoeConfig,
+    DbrxConfig); null `refused` where transformers' model fails on it (GraniteMoE multiplies by its
+    multipliers, sizes its experts by the counts), else read as the row reads it (the
+    auxiliary-loss keys, unused unless training)."""
     def read(hf: HfConfig, fields: dict[str, Any]) -> dict[str, Any]:
         for name in names if refused else ():
-            if hf.get(name) is None:
-                raise MappingError(f"config.json: {name}=null is not supported (transformers' GraniteMoE fails "
-                                   "on it); set a number, or remove the key for the default")
+            if hf.stated(name) and hf.get(name) is None:
+                raise MappingError(f"config.json: {name}=null is not supported (transformers' model fails on it); "
+                                   "set a number, or remove the key for the default")
         return entry.read(hf, fields)
 
     return Entry(entry.name, tuple(replace(k, nullable=True) if k.name in names else k for k in entry.keys), read,
