@@ -40,9 +40,9 @@ MOE_FAMILIES = [name for name in SPECS if FAMILIES[family_of(name)].config.from_
 
 
 def test_the_moe_families_are_these() -> None:
-    assert sorted(MOE_FAMILIES) == ["aria_text", "dbrx", "dots1", "flex_olmo", "glm4_moe", "glm4_moe_lite",
-                                    "granitemoe", "granitemoeshared", "hy_v3", "mixtral", "olmoe", "qwen2_moe",
-                                    "qwen3_moe", "sarvam_mla"]
+    assert sorted(MOE_FAMILIES) == ["aria_text", "cohere2_moe", "cohere2_moe_sigmoid", "dbrx", "dots1", "flex_olmo",
+                                    "glm4_moe", "glm4_moe_lite", "granitemoe", "granitemoeshared", "hy_v3", "mixtral",
+                                    "olmoe", "qwen2_moe", "qwen3_moe", "sarvam_mla"]
 
 
 @pytest.fixture(scope="module")

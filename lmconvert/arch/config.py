@@ -30,8 +30,8 @@ QK_NORM_WEIGHTS = ("shared", "per_head")
 DTYPE_ORDERS = ("cast_then_scale", "scale_then_cast")
 PARALLEL_SUMS = ("h+attn+mlp", "mlp+attn+h", "attn+mlp+h")  # left to right: the order a parallel block adds
 ALIBI_KINDS = ("distance", "bloom", "mpt", "falcon")  # how ALiBi is built and added: see positions.ALIBI_KINDS
-ROUTERS = ("softmax", "sigmoid", "topk_softmax")
-SHARED_EXPERTS = ("none", "gated", "plain")
+ROUTERS = ("softmax", "sigmoid", "topk_softmax", "topk_sigmoid")
+SHARED_EXPERTS = ("none", "gated", "plain", "averaged")
 
 
 def _fail(owner: str, name: str, value: Any, why: str) -> None:
@@ -192,7 +192,10 @@ class MoeConfig:
     `router_fp32` computes the logits from fp32 input and weight.
 
     `router="topk_softmax"`: the top-k chosen on the logits, their weights the softmax over the k
-    chosen alone (GraniteMoE, Aria, Cohere2-MoE), which already sum to 1, so `norm_topk` is off.
+    chosen alone (GraniteMoE, Aria, Cohere2-MoE), which already sum to 1, so `norm_topk` is off;
+    `"topk_sigmoid"`: the top-k chosen on the logits, weighted by their sigmoids in the activation
+    dtype (Cohere2-MoE's other choice). `shared="averaged"`: the routed and shared experts' outputs
+    are summed and halved (Cohere2-MoE's "average" combination).
     `softmax_fp32`: the softmax (either router's) is taken in fp32; False: in the activation dtype
     (Aria's router, DBRX's). `norm_p`: the chosen weights are divided by their p-norm (DBRX's
     moe_normalize_expert_weights) instead of their sum."""
@@ -246,7 +249,7 @@ class MoeConfig:
             _fail("moe", "shared_fused", True, "needs a shared expert (d_shared)")
         if self.router == "topk_softmax" and self.norm_topk:
             _fail("moe", "norm_topk", True, "topk_softmax's weights are a softmax over the chosen: they sum to 1")
-        if self.router == "topk_softmax" and self.n_group > 1:
+        if self.router in ("topk_softmax", "topk_sigmoid") and self.n_group > 1:
             _fail("moe", "n_group", self.n_group, "group-limited routing is DeepSeek's (router='softmax' or 'sigmoid')")
         _choice("moe", "shared", self.shared, SHARED_EXPERTS)
         if self.top_k > self.n_experts:

@@ -66,8 +66,10 @@ def _rope(r: RopeConfig) -> str:
 
 
 ROUTER_NAMES = {"softmax": "softmax then top-k", "sigmoid": "sigmoid then top-k",
-                "topk_softmax": "top-k on logits then softmax over the k"}
-SHARED_NAMES = {"gated": "one shared expert, sigmoid-gated", "plain": "shared experts, ungated"}
+                "topk_softmax": "top-k on logits then softmax over the k",
+                "topk_sigmoid": "top-k on logits then their sigmoids"}
+SHARED_NAMES = {"gated": "one shared expert, sigmoid-gated", "plain": "shared experts, ungated",
+                "averaged": "shared experts, averaged with the routed experts' sum"}
 
 
 def _moe(cfg: ArchConfig, moe: MoeConfig) -> list[str]:

@@ -81,6 +81,13 @@ def _topk_softmax(router: Router, logits: torch.Tensor) -> tuple[torch.Tensor, t
     return weights, chosen
 
 
+def _topk_sigmoid(router: Router, logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Cohere2-MoE's `expert_selection_fn="sigmoid"`: the top-k chosen on the logits, weighted by
+    their sigmoids, in the activation dtype (renormalised by the Router where norm_topk)."""
+    top, chosen = torch.topk(logits, router.moe.top_k, dim=-1)
+    return torch.sigmoid(top), chosen
+
+
 def _group_mask(moe: MoeConfig, groups: torch.Tensor) -> torch.Tensor:
     """[tokens, experts]: True for the experts of each token's best `topk_group` groups."""
     best = torch.topk(groups, k=moe.topk_group, dim=-1, sorted=False)[1]
@@ -89,9 +96,9 @@ def _group_mask(moe: MoeConfig, groups: torch.Tensor) -> torch.Tensor:
     return mask.unsqueeze(-1).expand(-1, moe.n_group, size).reshape(-1, moe.n_experts).bool()
 
 
-SCORES = {"softmax": _softmax, "sigmoid": _sigmoid, "topk_softmax": _topk_softmax}
+SCORES = {"softmax": _softmax, "sigmoid": _sigmoid, "topk_softmax": _topk_softmax, "topk_sigmoid": _topk_sigmoid}
 # DeepSeek-V3 guards its renormalisation; the others do not
-EPS = {"softmax": 0.0, "sigmoid": 1e-20, "topk_softmax": 0.0}
+EPS = {"softmax": 0.0, "sigmoid": 1e-20, "topk_softmax": 0.0, "topk_sigmoid": 0.0}
 
 
 class Expert(MLP):
@@ -150,6 +157,8 @@ class MoE(nn.Module):
             if self.shared_gate is not None:
                 shared = torch.sigmoid(self.shared_gate(h)) * shared
             out = out + shared
+            if self.router.moe.shared == "averaged":  # Cohere2-MoE's "average" combination
+                out = out / 2
         return out.reshape(x.shape)
 
 
