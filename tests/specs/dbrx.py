@@ -7,9 +7,8 @@ from specs import Spec
 _ATTN = {"kv_n_heads": 2, "clip_qkv": 1.5, "rope_theta": 5e5}
 _FFN = {"ffn_hidden_size": 96, "moe_num_experts": 4, "moe_top_k": 3, "moe_normalize_expert_weights": 1.0}
 
-SPEC = Spec(  # bf16: bit-exact with transformers' eager experts (test_moe.py), not its default grouped_mm,
-    # which sums each token's top-k in fp32
-    "dbrx", bf16_exact=False,
+SPEC = Spec(  # bf16 bit-exact: transformers' DBRX has only its own eager experts (no grouped_mm)
+    "dbrx",
     # d_model stated: DbrxConfig sets ffn_config's hidden size from it before the hidden_size alias applies
     kwargs=dict(d_model=64, attn_config=_ATTN, ffn_config=_FFN,
                 rope_parameters={"rope_type": "default", "rope_theta": 5e5}),
