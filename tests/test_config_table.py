@@ -244,6 +244,10 @@ def test_null_means_what_transformers_makes_of_it(model_type: str) -> None:
         if not key.nullable or key.legacy:
             continue
         raw = {**transformers_config(model_type, base), name: None}
+        # a key null beside its stated attribute_map alias (DBRX's n_heads beside TINY's num_attention_heads):
+        # transformers takes the alias, so the file states it too
+        entry = next(e for e in family.config.entries if key in e.keys)
+        raw |= {k.name: TINY[k.name] for k in entry.keys if k.legacy and k.name in TINY}
         resolved = AutoConfig.for_model(model_type, **{**TINY, **base, name: None}).to_dict()
         assert reading(raw) == reading(resolved), name
 
@@ -283,7 +287,9 @@ NOT_A_KEY = {("olmo", "rms_norm_eps"),
              ("mpt", "attention_dropout"),
              ("gpt_neox_japanese", "num_key_value_heads"), ("gpt_neox_japanese", "head_dim"),
              *(("ctrl", k) for k in ("num_key_value_heads", "head_dim", "rope_parameters", "attention_dropout")),
-             ("modernbert-decoder", "num_key_value_heads"), ("modernbert-decoder", "head_dim")}
+             ("modernbert-decoder", "num_key_value_heads"), ("modernbert-decoder", "head_dim"),
+             *(("dbrx", k) for k in ("num_key_value_heads", "head_dim", "intermediate_size", "rms_norm_eps",
+                                     "attention_dropout"))}
 # a key transformers takes null for (its default), where the others refuse it
 NULL_IS_DEFAULT = {("gpt_neo", "intermediate_size")}
 # a family that spells one of those keys its own way
@@ -311,7 +317,10 @@ OWN_SPELLING = {("starcoder2", "rms_norm_eps"): "norm_epsilon", ("nemotron", "rm
                 ("gpt_neox_japanese", "rms_norm_eps"): "layer_norm_eps",
                 ("gpt_neox_japanese", "intermediate_size"): "intermediate_multiple_size",
                 **{("ctrl", k): v for k, v in GPT2_SPELLING.items() if k != "attention_dropout"},
-                ("ctrl", "intermediate_size"): "dff", ("modernbert-decoder", "rms_norm_eps"): "norm_eps"}
+                ("ctrl", "intermediate_size"): "dff", ("modernbert-decoder", "rms_norm_eps"): "norm_eps",
+                ("dbrx", "hidden_size"): "d_model",
+                ("dbrx", "num_attention_heads"): "n_heads", ("dbrx", "num_hidden_layers"): "n_layers",
+                ("dbrx", "max_position_embeddings"): "max_seq_len"}
 
 
 @pytest.mark.parametrize("model_type", VARIANTS)

@@ -40,8 +40,9 @@ MOE_FAMILIES = [name for name in SPECS if FAMILIES[family_of(name)].config.from_
 
 
 def test_the_moe_families_are_these() -> None:
-    assert sorted(MOE_FAMILIES) == ["dots1", "flex_olmo", "glm4_moe", "glm4_moe_lite", "hy_v3", "mellum", "mixtral",
-                                    "olmoe", "phimoe", "qwen2_moe", "qwen3_moe", "sarvam_mla"]
+    assert sorted(MOE_FAMILIES) == ["aria_text", "cohere2_moe", "cohere2_moe_sigmoid", "dbrx", "dots1", "flex_olmo",
+                                    "glm4_moe", "glm4_moe_lite", "granitemoe", "granitemoeshared", "hy_v3", "mellum",
+                                    "mixtral", "olmoe", "phimoe", "qwen2_moe", "qwen3_moe", "sarvam_mla"]
 
 
 @pytest.fixture(scope="module")
@@ -65,9 +66,12 @@ EXPERTS = ("grouped_mm", "eager")  # transformers' experts implementations: its 
 
 
 def their_model(directory: Path, dtype: torch.dtype = torch.float32, experts: str = "grouped_mm") -> torch.nn.Module:
-    """transformers with eager attention and the experts implementation asked (its default unless told)."""
-    return AutoModelForCausalLM.from_pretrained(directory, dtype=dtype, attn_implementation="eager",
-                                                experts_implementation=experts).eval()
+    """transformers with eager attention and the experts implementation asked (its default unless told),
+    where its model offers a choice (DBRX's does not)."""
+    model = AutoModelForCausalLM.from_pretrained(directory, dtype=dtype, attn_implementation="eager").eval()
+    if type(model)._can_set_experts_implementation():
+        model.set_experts_implementation(experts)
+    return model
 
 
 # ------------------------------------------------------------------------------------------------ the test batch
@@ -203,6 +207,191 @@ def test_block_equals_transformers_block_bit_for_bit(block: str, dtype: torch.dt
             torch.set_num_threads(threads)
 
 
+def _topk_softmax_block(kind: str, experts: str = "eager") -> tuple[torch.nn.Module, MoE]:
+    """transformers' GraniteMoE block (softmax over the top k in fp32) or Aria's (in the activation
+    dtype, with shared experts and experts stored [in, out]), perturbed, and ours holding its weights."""
+    from transformers.models.aria.modeling_aria import AriaTextMoELayer
+    from transformers.models.granitemoe.modeling_granitemoe import GraniteMoeMoE
+
+    if kind == "granitemoe":
+        config = AutoConfig.for_model("granitemoe", hidden_size=16, num_local_experts=5, num_experts_per_tok=3,
+                                      intermediate_size=16)
+    else:
+        config = AutoConfig.for_model("aria_text", hidden_size=16, num_attention_heads=2, moe_num_experts=5, moe_topk=3,
+                                      intermediate_size=16, moe_num_shared_experts=2)
+    config._experts_implementation = experts
+    theirs = GraniteMoeMoE(config) if kind == "granitemoe" else AriaTextMoELayer(config)
+    torch.manual_seed(0)
+    with torch.no_grad():
+        for p in theirs.parameters():
+            p.normal_(0, 0.5)
+    aria = kind == "aria_text"
+    moe = MoeConfig(n_experts=5, top_k=3, d_expert=16, router="topk_softmax", norm_topk=False,
+                    softmax_fp32=not aria, sum_order=experts, **(dict(shared="plain", d_shared=32) if aria else {}))
+    ours = MoE(ArchConfig(vocab_size=8, d_model=16, n_layers=1, n_heads=2, d_ff=16, moe=moe))
+    state = {"router.weight": theirs.router.weight}
+    for e in range(5):
+        gate_up, down = theirs.experts.gate_up_proj[e], theirs.experts.down_proj[e]
+        gate, up = (gate_up.T if aria else gate_up).chunk(2)
+        state.update({f"experts.{e}.gate.weight": gate, f"experts.{e}.up.weight": up,
+                      f"experts.{e}.down.weight": down.T if aria else down})
+    if aria:
+        state.update({f"shared.{n}.weight": getattr(theirs.shared_experts, f"{n}_proj").weight
+                      for n in ("gate", "up", "down")})
+    ours.load_state_dict(state)
+    return theirs, ours
+
+
+@pytest.mark.parametrize("kind", ["granitemoe", "aria_text"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("experts", EXPERTS)
+@pytest.mark.bitexact
+def test_topk_softmax_block_equals_transformers_block_bit_for_bit(kind: str, dtype: torch.dtype, experts: str) -> None:
+    """router="topk_softmax": the top 3 of 5 chosen on the logits, weighted by the softmax over
+    those 3 (GraniteMoE's in fp32, Aria's in the activation dtype), against transformers' own blocks
+    under each of its experts implementations."""
+    theirs, ours = _topk_softmax_block(kind, experts)
+    theirs, ours = theirs.to(dtype), ours.to(dtype)
+    x = torch.randn(3, 7, 16, generator=torch.Generator().manual_seed(1)).to(dtype)
+    with torch.no_grad():
+        if dtype == torch.bfloat16:
+            assert torch.equal(ours(x), theirs(x))
+        else:  # fp32: the 1e-5 bar (the fused experts' GEMM sums otherwise than gate and up apart, see above)
+            ref = theirs(x)
+            assert float((ours(x) - ref).abs().max()) <= 1e-5 * max(1.0, float(ref.abs().max()))
+
+
+def _cohere2_moe_block(selection: str, combination: str, experts: str = "eager") -> tuple[torch.nn.Module, MoE]:
+    """transformers' Cohere2-MoE block (a softmax over the top k in fp32, or their sigmoids
+    renormalised; two shared experts summed or averaged), perturbed, and ours holding its weights."""
+    from transformers.models.cohere2_moe.modeling_cohere2_moe import Cohere2MoeSparseMoeBlock
+
+    config = AutoConfig.for_model("cohere2_moe", hidden_size=16, num_attention_heads=2, head_dim=8, num_experts=5,
+                                  num_experts_per_tok=3, intermediate_size=16, num_shared_experts=2,
+                                  expert_selection_fn=selection, shared_expert_combination_strategy=combination)
+    config._experts_implementation = experts
+    theirs = Cohere2MoeSparseMoeBlock(config)
+    torch.manual_seed(0)
+    with torch.no_grad():
+        for p in theirs.parameters():
+            p.normal_(0, 0.5)
+    router = {"softmax": "topk_softmax", "sigmoid": "topk_sigmoid"}[selection]
+    moe = MoeConfig(n_experts=5, top_k=3, d_expert=16, router=router, norm_topk=selection == "sigmoid",
+                    shared={"sum": "plain", "average": "averaged"}[combination], d_shared=32, sum_order=experts)
+    ours = MoE(ArchConfig(vocab_size=8, d_model=16, n_layers=1, n_heads=2, d_ff=16, moe=moe))
+    state = {"router.weight": theirs.gate.weight}
+    for e in range(5):
+        gate, up = theirs.experts.gate_up_proj[e].chunk(2)
+        state.update({f"experts.{e}.gate.weight": gate, f"experts.{e}.up.weight": up,
+                      f"experts.{e}.down.weight": theirs.experts.down_proj[e]})
+    state.update({f"shared.{n}.weight": getattr(theirs.shared_experts, f"{n}_proj").weight
+                  for n in ("gate", "up", "down")})
+    ours.load_state_dict(state)
+    return theirs, ours
+
+
+def _dbrx_block(p: float | None) -> tuple[torch.nn.Module, MoE]:
+    """transformers' DBRX FFN (a softmax in the activation dtype, the top k divided by their p-norm,
+    experts as row blocks of w1, v1, w2 computed split), perturbed, and ours holding its weights."""
+    from transformers import DbrxConfig
+    from transformers.models.dbrx.modeling_dbrx import DbrxFFN
+
+    config = DbrxConfig(d_model=16, n_heads=2, attn_config={"rope_theta": 1e4},
+                        ffn_config={"ffn_hidden_size": 12, "moe_num_experts": 5, "moe_top_k": 3,
+                                    "moe_normalize_expert_weights": p})
+    theirs = DbrxFFN(config)
+    torch.manual_seed(0)
+    with torch.no_grad():
+        for q in theirs.parameters():
+            q.normal_(0, 0.5)
+    moe = MoeConfig(n_experts=5, top_k=3, d_expert=12, norm_topk=p is not None, norm_p=p, softmax_fp32=False,
+                    experts_split=True, sum_order="eager")
+    ours = MoE(ArchConfig(vocab_size=8, d_model=16, n_layers=1, n_heads=2, d_ff=12, moe=moe))
+    mlp = theirs.experts.mlp
+    state = {"router.weight": theirs.router.layer.weight}
+    for e in range(5):
+        rows = slice(12 * e, 12 * (e + 1))
+        state.update({f"experts.{e}.gate.weight": mlp.w1[rows], f"experts.{e}.up.weight": mlp.v1[rows],
+                      f"experts.{e}.down.weight": mlp.w2[rows].T})
+    ours.load_state_dict(state)
+    return theirs, ours
+
+
+COHERE2_MOE_BLOCKS = [f"cohere2_moe-{c}-{e}" for c in ("softmax-average", "sigmoid-sum") for e in EXPERTS]
+
+
+@pytest.mark.parametrize("block", [*COHERE2_MOE_BLOCKS, "dbrx-1", "dbrx-2", "dbrx-none"])  # DBRX's: eager only
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.bitexact
+def test_cohere2_moe_and_dbrx_blocks_equal_transformers_bit_for_bit(block: str, dtype: torch.dtype) -> None:
+    """Cohere2-MoE's routers (topk_softmax, topk_sigmoid renormalised) and shared-expert
+    combinations (summed, averaged), DBRX's (an act-dtype softmax, renormalised by the 1-norm, the
+    2-norm, or not), top 3 of 5, against transformers' own blocks (Cohere2-MoE's under each of its
+    experts implementations)."""
+    family, *choice = block.split("-")
+    if family == "dbrx":
+        theirs, ours = _dbrx_block(None if choice[0] == "none" else float(choice[0]))
+    else:
+        theirs, ours = _cohere2_moe_block(*choice)
+    theirs, ours = theirs.to(dtype), ours.to(dtype)
+    x = torch.randn(3, 7, 16, generator=torch.Generator().manual_seed(1)).to(dtype)
+    with torch.no_grad():
+        if dtype == torch.bfloat16:
+            assert torch.equal(ours(x), theirs(x))
+        else:  # fp32: the 1e-5 bar (the fused experts' GEMM sums otherwise than gate and up apart, see above)
+            ref = theirs(x)
+            assert float((ours(x) - ref).abs().max()) <= 1e-5 * max(1.0, float(ref.abs().max()))
+
+
+def test_topk_softmax_settings_bite() -> None:
+    """The softmax over the chosen k is not the softmax over all experts (unrenormalised), and a
+    softmax in bf16 rather than fp32 changes bf16 outputs where the weights are then renormalised
+    (in bf16: DBRX's order). (Over the chosen k alone, torch's bf16 softmax, computed in fp32 and
+    rounded once, gives fp32's bits cast: Aria's setting is kept to follow it op for op.)"""
+    from dataclasses import replace
+
+    theirs, ours = _topk_softmax_block("granitemoe")
+    x = torch.randn(3, 7, 16, generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        base = ours(x)
+        ours.router.moe = replace(ours.router.moe, router="softmax")
+        assert not torch.allclose(base, ours(x))
+        ours.router.moe = replace(ours.router.moe, norm_topk=True)
+        half = ours.bfloat16()
+        x = x.bfloat16()
+        fp32 = half(x)
+        half.router.moe = replace(half.router.moe, softmax_fp32=False)
+        assert not torch.equal(fp32, half(x))
+
+
+def test_fused_shared_expert_is_granitemoeshared_mlp_bit_for_bit() -> None:
+    """shared_fused: the shared expert's gate and up as the halves of one projection's output, as
+    GraniteMoeShared's shared_mlp computes them, equal to it bit for bit in fp32 (one thread); the
+    plain MLP, whose activation runs on a contiguous gate, is not (on AVX-512 CPUs, in the last bit)."""
+    from transformers.models.granitemoeshared.modeling_granitemoeshared import GraniteMoeSharedMLP
+
+    config = AutoConfig.for_model("granitemoeshared", hidden_size=64, shared_intermediate_size=48)
+    torch.manual_seed(0)
+    theirs = GraniteMoeSharedMLP(config)
+    moe = MoeConfig(n_experts=2, top_k=1, d_expert=4, shared="plain", d_shared=48, shared_fused=True)
+    block = MoE(ArchConfig(vocab_size=8, d_model=64, n_layers=1, n_heads=2, d_ff=4, moe=moe))
+    gate, up = theirs.input_linear.weight.chunk(2)
+    block.shared.load_state_dict({"gate.weight": gate, "up.weight": up, "down.weight": theirs.output_linear.weight})
+    plain = MoE(ArchConfig(vocab_size=8, d_model=64, n_layers=1, n_heads=2, d_ff=4,
+                           moe=MoeConfig(n_experts=2, top_k=1, d_expert=4, shared="plain", d_shared=48))).shared
+    plain.load_state_dict(block.shared.state_dict())
+    x = torch.randn(4, 7, 64, generator=torch.Generator().manual_seed(1))
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        with torch.no_grad():
+            assert torch.equal(block.shared(x), theirs(x))
+            if torch.equal(plain(x), theirs(x)):  # the difference is the vectorised SiLU's on this CPU
+                warnings.warn("this CPU's SiLU rounds a strided and a contiguous gate alike here", stacklevel=1)
+    finally:
+        torch.set_num_threads(threads)
+
+
 def test_router_settings_bite() -> None:
     """Each router setting changes the output: renormalising, and keeping the weights in fp32 (in
     bf16), so a family read with the wrong one fails its parity test."""
@@ -244,14 +433,18 @@ def test_ungated_shared_experts_are_added_as_they_are() -> None:
 
 
 # ------------------------------------------------------------------------------------------------ layouts
-@pytest.mark.parametrize("name", MOE_FAMILIES)
+# DBRX's checkpoints hold every expert in w1, v1 and w2, which transformers 5 keeps: it has no other layout
+FUSED_LAYOUT = [name for name in MOE_FAMILIES if name != "dbrx"]
+
+
+@pytest.mark.parametrize("name", FUSED_LAYOUT)
 def test_transformers_fused_layout_is_read_and_written_back_as_the_hubs(name: str, saved: Callable[..., Path],
                                                                         tmp_path: Path) -> None:
     """transformers 5's own layout (one gate_up_proj and one down_proj per layer) gives the same
     canonical tensors as the Hub's per-expert files, and converts back to exactly those files."""
     fused, hub = saved(name, torch.bfloat16, fused=True), saved(name, torch.bfloat16)
     fused_names = set(tensors_of(fused))
-    assert any(n.endswith("mlp.experts.gate_up_proj") for n in fused_names)
+    assert any(n.endswith(".experts.gate_up_proj") for n in fused_names)  # GraniteMoE's block: block_sparse_moe
     assert not any(".experts.0." in n for n in fused_names)
     to_canonical(fused, tmp_path / "from-fused")
     to_canonical(hub, tmp_path / "from-hub")
@@ -283,10 +476,14 @@ def test_bf16_logits_are_transformers_experts_bit_for_bit(name: str, experts: st
     experts add expert after expert with index_add_ in bf16. The two differ (Mixtral's fp32
     weights; any top-k above 2), so each is followed on its own."""
     src = saved(name, torch.bfloat16)
+    theirs = their_model(src, torch.bfloat16, experts)
+    ours = lmconvert.load(src, dtype=torch.bfloat16, attention="eager")
+    if type(theirs)._can_set_experts_implementation():
+        ours.set_experts(experts)
+    else:  # its experts module has one order (DBRX's, expert by expert), ours by default
+        assert ours.cfg.moe.sum_order == "eager"
     with torch.no_grad():
-        reference = their_model(src, torch.bfloat16, experts)(IDS).logits
-        ours = lmconvert.load(src, dtype=torch.bfloat16, attention="eager").set_experts(experts)(IDS)
-    assert torch.equal(ours, reference)
+        assert torch.equal(ours(IDS), theirs(IDS).logits)
 
 
 def test_the_two_sums_round_differently_in_bf16(saved: Callable[..., Path]) -> None:
@@ -325,10 +522,10 @@ def test_card_counts_total_and_active_parameters(name: str, saved: Callable[...,
     # with the selection bias (e_score_correction_bias), which transformers holds as a buffer
     total = sum(p.numel() for p in theirs.parameters()) + sum(
         b.numel() for n, b in theirs.named_buffers() if n.endswith("e_score_correction_bias"))
-    k = theirs.config.num_experts_per_tok
-    unused = sum((m.gate_up_proj.numel() + m.down_proj.numel()) * (len(m.down_proj) - k) // len(m.down_proj)
-                 for name_, m in theirs.named_modules() if name_.endswith("mlp.experts"))
     cfg = lmconvert.load(saved(name)).cfg
+    k, n = cfg.moe.top_k, cfg.moe.n_experts  # transformers' keys for them differ by family (Aria's moe_topk)
+    unused = sum(sum(p.numel() for p in m.parameters()) * (n - k) // n
+                 for name_, m in theirs.named_modules() if name_.endswith(".experts"))
     assert parameter_counts(cfg) == (total, total - unused)
     assert f"parameters: {total:,} total, {total - unused:,} active per token" in variants(cfg)
 
@@ -351,6 +548,9 @@ CFG = dict(vocab_size=8, d_model=16, n_layers=3, n_heads=2, d_ff=4)
     (dict(n_experts=4, top_k=2, d_expert=4, shared="eh", d_shared=8), "shared"),
     (dict(n_experts=4, top_k=2, d_expert=4, dense_layers=[3]), "n_layers=3"),
     (dict(n_experts=4, top_k=2, d_expert=4, dense_layers=["0"]), "layer indices"),
+    (dict(n_experts=4, top_k=2, d_expert=4, router="topk_softmax"), "sum to 1"),
+    (dict(n_experts=4, top_k=2, d_expert=4, shared_fused=True), "needs a shared expert"),
+    (dict(n_experts=4, top_k=2, d_expert=4, router="topk_softmax", norm_topk=False, n_group=2), "DeepSeek"),
 ])
 def test_bad_moe_settings_are_refused(moe: dict, fragment: str) -> None:
     with pytest.raises(ConfigError, match="moe") as caught:
@@ -408,7 +608,10 @@ def test_a_fused_tensor_is_read_once_not_once_per_expert(name: str, saved: Calla
         produced = dict(ckpt.tensors())
     moe, sparse = ckpt.arch.moe, sum(ckpt.arch.moe.sparse(i) for i in range(ckpt.arch.n_layers))
     sources = [stored for stored, _ in ckpt.plan.values()]
-    assert sum(s.endswith(".experts.gate_up_proj") for s in sources) == 2 * moe.n_experts * sparse
+    # every expert's gate and up out of the fused tensors (transformers 5's gate_up_proj, DBRX's w1 and v1)
+    gate_up = [stored for name, (stored, _) in ckpt.plan.items()
+               if ".mlp.experts." in name and name.endswith((".gate.weight", ".up.weight"))]
+    assert len(gate_up) == 2 * moe.n_experts * sparse and len(set(gate_up)) <= 2 * sparse
     assert len(reads) == len(set(sources)) and sorted(reads) == sorted(set(sources))
     assert len(produced) == len(ckpt.plan)
 
@@ -619,7 +822,10 @@ def test_load_balancing_loss_is_transformers(name: str, tmp_path: Path) -> None:
     theirs = build_model(spec.model_type, **spec.kwargs, output_router_logits=True, router_aux_loss_coef=0.05)
     src = save_checkpoint(theirs, tmp_path / "hf")
     ours = lmconvert.load(src, attention="eager")
-    assert ours.cfg.moe.aux_loss == (0.05 if aux else 0.0)
+    # DBRX's coefficient is ffn_config.moe_loss_weight (0.01 in its spec model), not router_aux_loss_coef
+    coefficient = getattr(theirs, "router_aux_loss_coef", 0.0) if name == "dbrx" else 0.05
+    aux = aux or name == "dbrx"
+    assert ours.cfg.moe.aux_loss == (coefficient if aux else 0.0)
     with torch.no_grad():
         reference = theirs(IDS, labels=IDS).loss
         _, loss = ours(IDS, labels=IDS)
@@ -628,7 +834,8 @@ def test_load_balancing_loss_is_transformers(name: str, tmp_path: Path) -> None:
         _, without = plain(IDS, labels=IDS)
     assert float((loss - reference).abs()) <= FP32_TOL
     assert plain.cfg.moe.aux_loss == 0.0 and (float(loss - without) > 0.01) == aux  # the same weights, the term on
-    assert json.loads((saved_plain / "config.json").read_text())["output_router_logits"] is False
+    # (AriaTextConfig has no such key: its loss is plain)
+    assert json.loads((saved_plain / "config.json").read_text()).get("output_router_logits", False) is False
 
 
 # ------------------------------------------------------------------------------------------------ verify

@@ -390,6 +390,16 @@ VARIANT_LAYOUTS = {"falcon:blk.0.attn_norm_2.weight": {"new_decoder_architecture
                                                        "num_attention_heads": 4, "hidden_size": 64}}
 # the prefix llama.cpp's converter strips before naming (BloomModel's `transformer.`)
 STRIPPED = {"bloom": "transformer."}
+# HF tensors llama.cpp's converter names in its own modify_tensors, which TensorNameMap therefore does not
+# name as they are: GraniteMoeModel splits each fused input_linear into gate and up; DbrxModel adds `.weight`
+# to the experts' w1, v1, w2. (arch, HF name less its layer prefix, our part) -> llama.cpp's name
+CONVERTER_NAMES = {("granitemoe", "block_sparse_moe.input_linear.weight", "gate"): "ffn_gate_exps.weight",
+                   ("granitemoe", "block_sparse_moe.input_linear.weight", "up"): "ffn_up_exps.weight",
+                   ("granitemoe", "shared_mlp.input_linear.weight", "gate"): "ffn_gate_shexp.weight",
+                   ("granitemoe", "shared_mlp.input_linear.weight", "up"): "ffn_up_shexp.weight",
+                   ("dbrx", "ffn.experts.mlp.w1", "gate"): "ffn_gate_exps.weight",
+                   ("dbrx", "ffn.experts.mlp.v1", "up"): "ffn_up_exps.weight",
+                   ("dbrx", "ffn.experts.mlp.w2", "down"): "ffn_down_exps.weight"}
 TABLES: dict[str, TensorTable] = {**{f"family {n}": f.tensors for n, f in FAMILIES.items()}, "meta": META_TENSORS,
                                   **{f"gguf {n}": a.tensors for n, a in GGUF_ARCHS.items()}}
 
@@ -545,6 +555,10 @@ def test_gguf_names_are_llama_cpps(arch: str, request: pytest.FixtureRequest) ->
             base, suffix = f"{base}.{suffix.removesuffix('_bias')}", "bias"
         # one expert's: llama.cpp names the stack of every expert's (its merged HF name)
         theirs = name_map.get_name(re.sub(r"\.experts\.\d+\.", ".experts.", base))
+        named = CONVERTER_NAMES.get((llama_cpp_arch, re.sub(r"^(model\.layers|transformer\.blocks)\.\d+\.", "",
+                                                            hf_name), canonical.split(".")[-2]))
+        if named:
+            theirs, suffix = f"blk.1.{named}".rsplit(".", 1)
         if theirs and f"{theirs}.{suffix}".replace("blk.1.", "blk.0.") in entry.refused:
             theirs = None
         try:

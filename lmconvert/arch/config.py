@@ -30,8 +30,9 @@ QK_NORM_WEIGHTS = ("shared", "per_head")
 DTYPE_ORDERS = ("cast_then_scale", "scale_then_cast")
 PARALLEL_SUMS = ("h+attn+mlp", "mlp+attn+h", "attn+mlp+h")  # left to right: the order a parallel block adds
 ALIBI_KINDS = ("distance", "bloom", "mpt", "falcon")  # how ALiBi is built and added: see positions.ALIBI_KINDS
-ROUTERS = ("softmax", "sigmoid", "sparsemixer")
-SHARED_EXPERTS = ("none", "gated", "plain")
+ROUTERS = ("softmax", "sigmoid", "sparsemixer", "topk_softmax", "topk_sigmoid")
+SHARED_EXPERTS = ("none", "gated", "plain", "averaged")
+SUM_ORDERS = ("grouped_mm", "eager")  # arch/moe.py's SUMS
 
 
 def _fail(owner: str, name: str, value: Any, why: str) -> None:
@@ -189,7 +190,16 @@ class MoeConfig:
     (a group scored by its best score under softmax, V2, by its best two under sigmoid, V3);
     `selection_bias` adds a learned per-expert bias to the scores for choosing only (V3's
     e_score_correction_bias); `scale` multiplies the chosen weights (routed_scaling_factor);
-    `router_fp32` computes the logits from fp32 input and weight."""
+    `router_fp32` computes the logits from fp32 input and weight.
+
+    `router="topk_softmax"`: the top-k chosen on the logits, their weights the softmax over the k
+    chosen alone (GraniteMoE, Aria, Cohere2-MoE), which already sum to 1, so `norm_topk` is off;
+    `"topk_sigmoid"`: the top-k chosen on the logits, weighted by their sigmoids in the activation
+    dtype (Cohere2-MoE's other choice). `shared="averaged"`: the routed and shared experts' outputs
+    are summed and halved (Cohere2-MoE's "average" combination).
+    `softmax_fp32`: the softmax (either router's) is taken in fp32; False: in the activation dtype
+    (Aria's router, DBRX's). `norm_p`: the chosen weights are divided by their p-norm (DBRX's
+    moe_normalize_expert_weights) instead of their sum."""
 
     n_experts: int
     top_k: int
@@ -210,6 +220,18 @@ class MoeConfig:
     # softmax over the experts whose scores lie within a relative 2 * sparsemixer_eps of the chosen one's (its
     # router_jitter_noise); set exactly for that router
     sparsemixer_eps: float | None = None
+    softmax_fp32: bool = True  # the router's softmax in fp32; False: in the activation dtype (Aria)
+    # the shared expert's gate and up side by side as one fused projection's halves (GraniteMoeShared's
+    # input_linear), its activation on the strided gate half, as the routed experts' (moe.Expert)
+    shared_fused: bool = False
+    norm_p: float | None = None  # renormalise by the chosen weights' p-norm (torch.norm; DBRX); None: by their sum
+    # the routed experts' gate and up as two products, the activation on a contiguous gate (DBRX's w1, v1);
+    # else side by side as one fused projection's halves (moe.Expert: transformers 5's gate_up_proj)
+    experts_split: bool = False
+    # how the reference sums the routed experts' weighted outputs unless told otherwise (Decoder.set_experts):
+    # "grouped_mm", transformers' default (each token's top-k at once, in fp32), or "eager" (expert by expert,
+    # index_add_ in the activation dtype) where its experts module has no other (DBRX)
+    sum_order: str = "grouped_mm"
 
     def __post_init__(self) -> None:
         for name in ("n_experts", "top_k", "d_expert", "n_group", "topk_group"):
@@ -229,7 +251,18 @@ class MoeConfig:
             _fail("moe", "selection_bias", True, "is a sigmoid router's (DeepSeek-V3's); use router='sigmoid'")
         _choice("moe", "router", self.router, ROUTERS)
         self._check_sparsemixer()
+        if self.norm_p is not None:
+            _positive("moe", "norm_p", self.norm_p)
+            if not self.norm_topk:
+                _fail("moe", "norm_p", self.norm_p, "is the renormalisation's norm; it needs norm_topk=True")
+        if self.shared_fused and self.d_shared is None:
+            _fail("moe", "shared_fused", True, "needs a shared expert (d_shared)")
+        if self.router == "topk_softmax" and self.norm_topk:
+            _fail("moe", "norm_topk", True, "topk_softmax's weights are a softmax over the chosen: they sum to 1")
+        if self.router in ("topk_softmax", "topk_sigmoid") and self.n_group > 1:
+            _fail("moe", "n_group", self.n_group, "group-limited routing is DeepSeek's (router='softmax' or 'sigmoid')")
         _choice("moe", "shared", self.shared, SHARED_EXPERTS)
+        _choice("moe", "sum_order", self.sum_order, SUM_ORDERS)
         if self.top_k > self.n_experts:
             _fail("moe", "top_k", self.top_k, f"cannot exceed n_experts={self.n_experts}")
         _integer("moe", "d_shared", self.d_shared, allow_none=True)

@@ -67,15 +67,20 @@ def _rope(r: RopeConfig) -> str:
     return text
 
 
-ROUTER_NAMES = {"softmax": "softmax then top-k", "sigmoid": "sigmoid then top-k"}
-ROUTER_NAMES["sparsemixer"] = "SparseMixer: top-1, then top-2 of the rest, each a masked softmax"
-SHARED_NAMES = {"gated": "one shared expert, sigmoid-gated", "plain": "shared experts, ungated"}
+ROUTER_NAMES = {"softmax": "softmax then top-k", "sigmoid": "sigmoid then top-k",
+                "sparsemixer": "SparseMixer: top-1, then top-2 of the rest, each a masked softmax",
+                "topk_softmax": "top-k on logits then softmax over the k",
+                "topk_sigmoid": "top-k on logits then their sigmoids"}
+SHARED_NAMES = {"gated": "one shared expert, sigmoid-gated", "plain": "shared experts, ungated",
+                "averaged": "shared experts, averaged with the routed experts' sum"}
 
 
 def _moe(cfg: ArchConfig, moe: MoeConfig) -> list[str]:
     sparse = [i for i in range(cfg.n_layers) if moe.sparse(i)]
     where = "all layers" if len(sparse) == cfg.n_layers else f"layers {sparse}"
-    router = ROUTER_NAMES[moe.router] + (", renormalised" if moe.norm_topk else ", not renormalised")
+    router = ROUTER_NAMES[moe.router]
+    if moe.router != "topk_softmax":  # its weights sum to 1 by construction
+        router += ", renormalised" if moe.norm_topk else ", not renormalised"
     router += ", weights in fp32" if moe.weights_fp32 else ", weights in activation dtype"
     if moe.n_group > 1:
         router += f", best {moe.topk_group} of {moe.n_group} groups"
@@ -87,10 +92,15 @@ def _moe(cfg: ArchConfig, moe: MoeConfig) -> list[str]:
         router += ", logits in fp32"
     if moe.sparsemixer_eps is not None:
         router += f", masked beyond a relative 2 x {moe.sparsemixer_eps:g}"
+    if not moe.softmax_fp32:
+        router += ", softmax in activation dtype"
+    if moe.norm_p is not None:
+        router += f", renormalised by the {moe.norm_p:g}-norm"
     lines = [f"mixture of experts: {moe.n_experts} experts, top-{moe.top_k}, d_expert {moe.d_expert} ({where})",
              f"router: {router}"]
     if moe.d_shared is not None:
-        lines.append(f"{SHARED_NAMES[moe.shared]}, width {moe.d_shared}")
+        lines.append(f"{SHARED_NAMES[moe.shared]}, width {moe.d_shared}"
+                     + (", gate and up as one projection's halves" if moe.shared_fused else ""))
     if moe.aux_loss:
         lines.append(f"load-balancing loss x{moe.aux_loss:g} in the training loss")
     total, active = parameter_counts(cfg)

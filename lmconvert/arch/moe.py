@@ -16,6 +16,7 @@ where `shared="gated"`, is added last, as Qwen2-MoE and DeepSeek add it. DeepSee
 from __future__ import annotations
 
 import itertools
+from collections.abc import Iterable
 
 import torch
 from torch import nn
@@ -41,8 +42,10 @@ class Router(nn.Linear):
         moe = self.moe
         logits = nn.functional.linear(h.float(), self.weight.float()) if moe.router_fp32 else super().forward(h)
         weights, chosen = SCORES[moe.router](self, logits)
-        if moe.norm_topk:
-            weights /= weights.sum(dim=-1, keepdim=True) + EPS[moe.router]
+        if moe.norm_topk:  # by the sum, or DBRX's p-norm
+            norm = weights.sum(dim=-1, keepdim=True) if moe.norm_p is None else \
+                torch.norm(weights, p=moe.norm_p, dim=-1, keepdim=True)
+            weights /= norm + EPS[moe.router]
         if moe.scale != 1.0:
             weights = weights * moe.scale
         if not moe.weights_fp32:
@@ -53,7 +56,7 @@ class Router(nn.Linear):
 def _softmax(router: Router, logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Mixtral, Qwen-MoE, OLMoE; DeepSeek-V2, whose groups are scored by their best expert and
     whose experts outside the best groups score 0 (`group_limited_greedy`)."""
-    probs = torch.softmax(logits, dim=-1, dtype=torch.float)
+    probs = torch.softmax(logits, dim=-1, dtype=torch.float) if router.moe.softmax_fp32 else torch.softmax(logits, -1)
     if router.moe.n_group > 1:
         groups = probs.view(-1, router.moe.n_group, router.moe.n_experts // router.moe.n_group).max(dim=-1).values
         probs = probs.masked_fill(~_group_mask(router.moe, groups), 0.0)
@@ -71,6 +74,23 @@ def _sigmoid(router: Router, logits: torch.Tensor) -> tuple[torch.Tensor, torch.
         choice = choice.masked_fill(~_group_mask(moe, groups), float("-inf"))
     chosen = torch.topk(choice, moe.top_k, dim=-1, sorted=False)[1]
     return scores.gather(1, chosen), chosen
+
+
+def _topk_softmax(router: Router, logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """GraniteMoE, Cohere2-MoE (softmax in fp32) and Aria (in the activation dtype): the top-k
+    chosen on the logits, weighted by the softmax over the k chosen alone (the renormalised softmax
+    over all experts, in other roundings). GraniteMoE takes the top-k of the logits cast to fp32:
+    the same values, so the same choice."""
+    top, chosen = torch.topk(logits, router.moe.top_k, dim=-1)
+    weights = torch.softmax(top, dim=-1, dtype=torch.float) if router.moe.softmax_fp32 else torch.softmax(top, -1)
+    return weights, chosen
+
+
+def _topk_sigmoid(router: Router, logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Cohere2-MoE's `expert_selection_fn="sigmoid"`: the top-k chosen on the logits, weighted by
+    their sigmoids, in the activation dtype (renormalised by the Router where norm_topk)."""
+    top, chosen = torch.topk(logits, router.moe.top_k, dim=-1)
+    return torch.sigmoid(top), chosen
 
 
 def _group_mask(moe: MoeConfig, groups: torch.Tensor) -> torch.Tensor:
@@ -98,9 +118,10 @@ def _sparsemixer(router: Router, logits: torch.Tensor) -> tuple[torch.Tensor, to
     return torch.concat((first, second), dim=-1), torch.concat((one, two), dim=-1)
 
 
-SCORES = {"softmax": _softmax, "sigmoid": _sigmoid, "sparsemixer": _sparsemixer}
+SCORES = {"softmax": _softmax, "sigmoid": _sigmoid, "sparsemixer": _sparsemixer, "topk_softmax": _topk_softmax,
+          "topk_sigmoid": _topk_sigmoid}
 # DeepSeek-V3 guards its renormalisation; the others do not (SparseMixer does not renormalise)
-EPS = {"softmax": 0.0, "sigmoid": 1e-20, "sparsemixer": 0.0}
+EPS = {"softmax": 0.0, "sigmoid": 1e-20, "sparsemixer": 0.0, "topk_softmax": 0.0, "topk_sigmoid": 0.0}
 
 
 class Expert(MLP):
@@ -121,7 +142,10 @@ class Experts(nn.ModuleList):
     point for verify (`one_point`), as transformers 5 computes all experts in one module."""
 
     one_point = True
-    implementation = "grouped_mm"  # transformers' default; Decoder.set_experts
+
+    def __init__(self, experts: Iterable[nn.Module], sum_order: str) -> None:
+        super().__init__(experts)
+        self.implementation = sum_order  # MoeConfig.sum_order; Decoder.set_experts
 
     def forward(self, h: torch.Tensor, weights: torch.Tensor, chosen: torch.Tensor) -> torch.Tensor:  # type: ignore[override]
         return SUMS[self.implementation](self, h, weights, chosen)
@@ -175,8 +199,9 @@ class MoE(nn.Module):
         moe = cfg.moe
         assert moe is not None
         self.router = Router(cfg, moe)
-        self.experts = Experts(Expert(cfg, moe.d_expert) for _ in range(moe.n_experts))
-        self.shared = MLP(cfg, moe.d_shared) if moe.d_shared is not None else None
+        expert = MLP if moe.experts_split else Expert
+        self.experts = Experts((expert(cfg, moe.d_expert) for _ in range(moe.n_experts)), moe.sum_order)
+        self.shared = (Expert if moe.shared_fused else MLP)(cfg, moe.d_shared) if moe.d_shared is not None else None
         self.shared_gate = nn.Linear(cfg.d_model, 1, bias=False) if moe.shared == "gated" else None
         self.router_logits: torch.Tensor | None = None
 
@@ -190,6 +215,8 @@ class MoE(nn.Module):
             if self.shared_gate is not None:
                 shared = torch.sigmoid(self.shared_gate(h)) * shared
             out = out + shared
+            if self.router.moe.shared == "averaged":  # Cohere2-MoE's "average" combination
+                out = out / 2
         return out.reshape(x.shape)
 
 

@@ -309,6 +309,10 @@ def tensor_plans(file: GgufFile, config: dict[str, Any], entry: GgufArch) -> dic
     table, sizes = entry.tensors, tensor_sizes(config, entry.renamed)
     plans: dict[str, TensorPlan] = {}
     gathered: dict[str, TensorPlan] = {}
+    # an HF tensor joining canonical tensors the file holds apart (GraniteMoE's input_linear, every expert's gate
+    # and up; its shared_mlp.input_linear): each canonical name -> that HF tensor's; where each is, as found
+    in_stack = {c: key for key in hf_of if isinstance(key, tuple) for c in key}
+    stacked: dict[tuple[str, ...], dict[str, tuple[str, Transform]]] = {}
     for name in file.tensors:
         if table.drops(name):  # rope_freqs: read into the config (llama3 RoPE scaling)
             continue
@@ -322,15 +326,21 @@ def tensor_plans(file: GgufFile, config: dict[str, Any], entry: GgufArch) -> dic
             pieces = []
         canonical = tuple(c for c, _ in pieces) if len(pieces) > 1 else pieces[0][0] if pieces else None
         if isinstance(canonical, str) and "{}" in canonical:  # a mixture's stacked experts: one plan per expert
-            plans.update(expert_plans(file, name, table, hf_of, sizes))
+            plans.update(expert_plans(file, name, table, hf_of, sizes, in_stack, stacked))
+            continue
+        shape = file.shape(name)
+        if isinstance(canonical, str) and canonical in in_stack:
+            steps = [step.bind({**sizes, "rows": shape[0]}) for _, step in pieces]
+            stacked.setdefault(in_stack[canonical], {})[canonical] = (name, _to_hf(steps, IDENTITY))
             continue
         if canonical not in hf_of:
             raise InputError(f"{file.path}: tensor {name!r} has no counterpart in {config['model_type']} as this "
                              "metadata describes it; the file holds something lmconvert does not convert")
-        shape = file.shape(name)
         hf, hf_step = hf_of[canonical]
         transform = _to_hf([step.bind({**sizes, "rows": shape[0]}) for _, step in pieces], hf_step)
         plans[hf] = TensorPlan(name, out_shape(transform.forward, shape), transform)
+    for key, found in stacked.items():
+        plans.update(joined_plan(file, key, found, hf_of))
     for hf, plan in gathered.items():  # kv_b whole beside its parts: read whole, checked against them
         plans[hf] = replace(plans[hf], check=plan) if hf in plans else plan
     return plans
@@ -374,13 +384,19 @@ def _to_hf(steps: list[Transform], hf_step: Transform) -> Transform:
 
 
 def expert_plans(file: GgufFile, name: str, table: TensorTable, hf_of: dict[Any, tuple[str, Transform]],
-                 sizes: dict[str, int]) -> dict[str, TensorPlan]:
-    """{HF name: plan} for each expert a stacked GGUF tensor holds, as many as its first dimension."""
+                 sizes: dict[str, int], in_stack: dict[str, tuple[str, ...]],
+                 stacked: dict[tuple[str, ...], dict[str, tuple[str, Transform]]]) -> dict[str, TensorPlan]:
+    """{HF name: plan} for each expert a stacked GGUF tensor holds, as many as its first dimension;
+    an expert the HF layout stacks too is noted in `stacked` (its HF tensor is planned once every
+    GGUF stack is seen)."""
     (pattern, step), = table.expanding(name)
     shape = file.shape(name)
     plans = {}
     for e in range(shape[0]):
         canonical = pattern.replace("{}", str(e))
+        if canonical in in_stack:
+            stacked.setdefault(in_stack[canonical], {})[canonical] = (name, step.bind({**sizes, "index": e}))
+            continue
         if canonical not in hf_of:
             raise InputError(f"{file.path}: tensor {name!r} holds {shape[0]} experts, but the metadata describes "
                              f"fewer; the file holds something lmconvert does not convert")
@@ -388,6 +404,27 @@ def expert_plans(file: GgufFile, name: str, table: TensorTable, hf_of: dict[Any,
         transform = _to_hf([step.bind({**sizes, "index": e})], hf_step)
         plans[hf] = TensorPlan(name, out_shape(transform.forward, shape), transform)
     return plans
+
+
+def joined_plan(file: GgufFile, key: tuple[str, ...], found: dict[str, tuple[str, Transform]],
+                hf_of: dict[Any, tuple[str, Transform]]) -> dict[str, TensorPlan]:
+    """{HF name: plan} of an HF tensor that joins canonical tensors the file holds apart: every
+    expert's gate and up (GraniteMoE's input_linear) out of the GGUF stacks `ffn_gate_exps` and
+    `ffn_up_exps`, or a gate and an up (its shared_mlp.input_linear) from `ffn_gate_shexp` and
+    `ffn_up_shexp`: each canonical matrix from where the file holds it, then the HF table's join."""
+    hf, hf_step = hf_of[key]
+    missing = [c for c in key if c not in found]
+    if missing:
+        raise InputError(f"{file.path}: {hf} joins {len(key)} matrices, but the file holds no "
+                         f"{', '.join(missing[:3])}; the file holds something lmconvert does not convert")
+    names = tuple(dict.fromkeys(found[c][0] for c in key))
+
+    def forward(tensors: list[torch.Tensor]) -> torch.Tensor:
+        by_name = dict(zip(names, tensors, strict=True))
+        return hf_step.inverse([found[c][1].forward(by_name[found[c][0]]) for c in key])
+
+    transform = Transform(f"{len(key)} matrices joined from {', '.join(names)}", forward)
+    return {hf: TensorPlan(names, out_shape(forward, [file.shape(n) for n in names]), transform)}
 
 
 # ---------------------------------------------------------------------------------------------

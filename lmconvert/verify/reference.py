@@ -221,7 +221,7 @@ def expert_alone(experts: torch.nn.Module, args: tuple, e: int) -> torch.Tensor:
     expert's own output, by transformers' own code. `forward` is called, not the module, so that
     the hooks on it do not run again."""
     h = args[0]
-    tokens = h.shape[0]
+    tokens = h.numel() // h.shape[-1]  # DBRX's experts take the unflattened hidden states
     return experts.forward(h, torch.full((tokens, 1), e, dtype=torch.long, device=h.device),
                            torch.ones((tokens, 1), dtype=h.dtype, device=h.device))
 

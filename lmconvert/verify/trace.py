@@ -205,6 +205,9 @@ def hf_point_modules(root: nn.Module, arch: ArchConfig, table: TensorTable) -> d
         # the name export writes, then any other the table reads (transformers 5's fused experts)
         paths = (resolve(names, _module_path(hf_weight), table) for hf_weight in table.stored_names(weight))
         path = next((p for p in paths if p is not None), None)
+        if path is not None and sublayer_of(point) == "mlp.experts" and ".experts." in f"{path}.":
+            # the module computing all experts is transformers' `experts` (DBRX's keeps its weights in a child)
+            path = path[:f"{path}.".rindex(".experts.") + len(".experts")]
         if path is not None:
             found[point] = path
             by_layer.setdefault(layer_of(point), []).append(path)

@@ -129,7 +129,11 @@ def hf_config(file: Metadata) -> tuple[dict[str, Any], GgufArch]:
             config[hf_key] = int(file.meta[gguf_key])
     for hf_key, own in entry.renamed.items():  # the family's own spelling of a shared key (MPT's d_model)
         if hf_key in config:
-            config[own] = config.pop(hf_key)
+            *outer, last = own.split(".")  # a key of a nested dict (DBRX's ffn_config.ffn_hidden_size)
+            nested = config
+            for part in outer:
+                nested = nested.setdefault(part, {})
+            nested[last] = config.pop(hf_key)
     return config, entry
 
 

@@ -156,7 +156,14 @@ MOE_RULES = (
 def tensor_sizes(config: Mapping[str, Any], renamed: Mapping[str, str] | None = None) -> dict[str, int]:
     """The sizes the table's transforms are written in, from the HF config (whose shared keys the
     family may spell its own way, `renamed`); the reader adds each tensor's stored `rows`."""
-    config = {**config, **{shared: config[own] for shared, own in (renamed or {}).items() if own in config}}
+    def own_value(own: str) -> Any:  # noqa: ANN401 - a config value; a dotted name is a nested dict's key (DBRX)
+        value: Any = config
+        for part in own.split("."):
+            value = value.get(part) if isinstance(value, Mapping) else None
+        return value
+
+    config = {**config, **{shared: own_value(own) for shared, own in (renamed or {}).items()
+                           if own_value(own) is not None}}
     heads = config["num_attention_heads"]
     kv_heads = config.get("num_key_value_heads") or heads
     head_dim = config.get("head_dim") or config["hidden_size"] // heads

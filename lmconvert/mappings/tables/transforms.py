@@ -498,6 +498,40 @@ def stack(pieces: Sequence[Sequence[torch.Tensor]]) -> torch.Tensor:
     return torch.cat([torch.stack(list(experts)) for experts in pieces], dim=1)
 
 
+# ---- ExpertsTransposed: fused experts stored [experts, in, out]
+
+
+def _swap_last(t: torch.Tensor) -> torch.Tensor:
+    return t.transpose(-1, -2).contiguous()
+
+
+@dataclass(frozen=True)
+class ExpertsTransposed:
+    """Fused experts stored [experts, in, out] (Aria's `experts.fc1` / `fc2`, multiplied as
+    `x @ W`) <-> [experts, out, in], each expert as nn.Linear holds it; chained before Unstack. Its
+    own inverse; a permutation of elements, so exact for every dtype and bit pattern."""
+
+    def bind(self, sizes: Sizes) -> Transform:
+        return Transform("experts stored [in, out]", _swap_last, _swap_last)
+
+
+# ---- ExpertBlocks: every expert's matrix stacked as rows of one 2-D tensor
+
+
+@dataclass(frozen=True)
+class ExpertBlocks:
+    """Fused experts stored as one [experts * rows, cols] matrix (DBRX's `w1`, `v1`, `w2`, each
+    expert a block of `rows` rows) <-> [experts, rows, cols]; chained before Unstack. A view both
+    ways, so exact for every dtype and bit pattern."""
+
+    rows: str
+
+    def bind(self, sizes: Sizes) -> Transform:
+        rows = _size(sizes, self.rows)
+        return Transform(f"experts as blocks of {rows} rows", lambda t: t.reshape(-1, rows, t.shape[-1]),
+                         lambda t: t.reshape(-1, t.shape[-1]))
+
+
 # ---- Unsqueeze
 
 
