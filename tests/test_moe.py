@@ -40,8 +40,8 @@ MOE_FAMILIES = [name for name in SPECS if FAMILIES[family_of(name)].config.from_
 
 
 def test_the_moe_families_are_these() -> None:
-    assert sorted(MOE_FAMILIES) == ["dots1", "flex_olmo", "glm4_moe", "glm4_moe_lite", "hy_v3", "mixtral", "olmoe",
-                                    "qwen2_moe", "qwen3_moe", "sarvam_mla"]
+    assert sorted(MOE_FAMILIES) == ["dots1", "ernie4_5_moe", "flex_olmo", "glm4_moe", "glm4_moe_lite", "hy_v3",
+                                    "mixtral", "olmoe", "qwen2_moe", "qwen3_moe", "sarvam_mla"]
 
 
 @pytest.fixture(scope="module")
@@ -312,7 +312,12 @@ CFG = dict(vocab_size=8, d_model=16, n_layers=3, n_heads=2, d_ff=4)
     (dict(n_experts=6, top_k=2, d_expert=4, n_group=4), "must divide n_experts=6"),
     (dict(n_experts=8, top_k=2, d_expert=4, n_group=4, topk_group=5), "cannot exceed n_group=4"),
     (dict(n_experts=8, top_k=2, d_expert=4, router="sigmoid", n_group=8), "each group needs two"),
-    (dict(n_experts=8, top_k=2, d_expert=4, selection_bias=True), "use router='sigmoid'"),
+    (dict(n_experts=8, top_k=2, d_expert=4, selection_bias=True, n_group=2), "groups with a selection bias"),
+    (dict(n_experts=8, top_k=2, d_expert=4, router="logits", n_group=2), "does not limit its choice to groups"),
+    (dict(n_experts=8, top_k=2, d_expert=4, norm_min=-1.0), "moe.norm_min=-1.0"),
+    (dict(n_experts=8, top_k=2, d_expert=4, norm_min=0.1, norm_topk=False), "norm_topk=False"),
+    (dict(n_experts=8, top_k=2, d_expert=4, kept_fp32=("bias",)), "must list some of weight, selection_bias"),
+    (dict(n_experts=8, top_k=2, d_expert=4, kept_fp32=("selection_bias",)), "does not have"),
     (dict(n_experts=8, top_k=2, d_expert=4, scale=0.0), "moe.scale=0.0"),
     (dict(n_experts=4, top_k=2, d_expert=4, shared="gated"), "d_shared=None"),
     (dict(n_experts=4, top_k=2, d_expert=4, d_shared=8), "d_shared=8"),

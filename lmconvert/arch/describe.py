@@ -65,7 +65,8 @@ def _rope(r: RopeConfig) -> str:
     return text
 
 
-ROUTER_NAMES = {"softmax": "softmax then top-k", "sigmoid": "sigmoid then top-k"}
+ROUTER_NAMES = {"softmax": "softmax then top-k", "sigmoid": "sigmoid then top-k",
+                "sigmoid_fp32": "sigmoid in fp32 then top-k", "logits": "top-k on logits, then sigmoid"}
 SHARED_NAMES = {"gated": "one shared expert, sigmoid-gated", "plain": "shared experts, ungated"}
 
 
@@ -82,6 +83,10 @@ def _moe(cfg: ArchConfig, moe: MoeConfig) -> list[str]:
         router += f", scaled x{moe.scale:g}"
     if moe.router_fp32:
         router += ", logits in fp32"
+    if moe.norm_min:
+        router += f", sum clamped to >= {moe.norm_min:g}"
+    if moe.kept_fp32 is not None:
+        router += f", kept in fp32: {', '.join(moe.kept_fp32) or 'nothing'}"
     lines = [f"mixture of experts: {moe.n_experts} experts, top-{moe.top_k}, d_expert {moe.d_expert} ({where})",
              f"router: {router}"]
     if moe.d_shared is not None:

@@ -30,6 +30,8 @@ class Router(nn.Linear):
         # DeepSeek's router computes in fp32 from fp32 parameters: transformers keeps them fp32 in
         # any dtype (`_keep_in_fp32_modules_strict`), and so do the loaders (`kept_in_fp32`)
         self.fp32_parameters = ("weight", "selection_bias")[:1 + moe.selection_bias] if moe.router_fp32 else ()
+        if moe.kept_fp32 is not None:  # the family says which (Kolibri: the bias alone)
+            self.fp32_parameters = moe.kept_fp32
 
     def forward(self, h: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:  # type: ignore[override]
         """The logits first, as transformers' routers return them, so that verify compares the
@@ -37,19 +39,26 @@ class Router(nn.Linear):
         moe = self.moe
         logits = nn.functional.linear(h.float(), self.weight.float()) if moe.router_fp32 else super().forward(h)
         weights, chosen = SCORES[moe.router](self, logits)
-        if moe.norm_topk:
+        if moe.norm_topk and moe.norm_min:  # ERNIE 4.5: the sum clamped below, no guard added
+            weights = weights / torch.clamp(weights.sum(dim=-1, keepdim=True), min=moe.norm_min)
+        elif moe.norm_topk:
             weights /= weights.sum(dim=-1, keepdim=True) + EPS[moe.router]
         if moe.scale != 1.0:
             weights = weights * moe.scale
-        if not moe.weights_fp32:
-            weights = weights.to(logits.dtype)
+        if not moe.weights_fp32:  # to the activation dtype, which fp32 logits are not (ERNIE 4.5)
+            weights = weights.to(h.dtype)
         return logits, weights, chosen
 
 
 def _softmax(router: Router, logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Mixtral, Qwen-MoE, OLMoE; DeepSeek-V2, whose groups are scored by their best expert and
-    whose experts outside the best groups score 0 (`group_limited_greedy`)."""
+    whose experts outside the best groups score 0 (`group_limited_greedy`); ERNIE 4.5, whose
+    experts are chosen on the probabilities plus the selection bias and weighted by the
+    probabilities alone (no groups)."""
     probs = torch.softmax(logits, dim=-1, dtype=torch.float)
+    if router.selection_bias is not None:
+        chosen = torch.topk(probs + router.selection_bias, router.moe.top_k, dim=-1)[1]
+        return probs.gather(1, chosen), chosen
     if router.moe.n_group > 1:
         groups = probs.view(-1, router.moe.n_group, router.moe.n_experts // router.moe.n_group).max(dim=-1).values
         probs = probs.masked_fill(~_group_mask(router.moe, groups), 0.0)
@@ -77,8 +86,27 @@ def _group_mask(moe: MoeConfig, groups: torch.Tensor) -> torch.Tensor:
     return mask.unsqueeze(-1).expand(-1, moe.n_group, size).reshape(-1, moe.n_experts).bool()
 
 
-SCORES = {"softmax": _softmax, "sigmoid": _sigmoid}
-EPS = {"softmax": 0.0, "sigmoid": 1e-20}  # DeepSeek-V3 guards its renormalisation; the others do not
+def _sigmoid_fp32(router: Router, logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """MiniMax-M2: the sigmoid of the logits cast to fp32 (the logits themselves in the
+    activation dtype), experts chosen on those scores plus the selection bias (in its dtype),
+    weighted by the unbiased scores."""
+    scores = logits.float().sigmoid()
+    choice = scores if router.selection_bias is None else scores + router.selection_bias
+    chosen = torch.topk(choice, router.moe.top_k, dim=-1, sorted=False)[1]
+    return scores.gather(1, chosen), chosen
+
+
+def _logits(router: Router, logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Kolibri: experts chosen on the logits plus the selection bias, weighted by the sigmoid of
+    their own logits."""
+    choice = logits if router.selection_bias is None else logits + router.selection_bias
+    chosen = torch.topk(choice, router.moe.top_k, dim=-1)[1]
+    return logits.gather(1, chosen).sigmoid(), chosen
+
+
+SCORES = {"softmax": _softmax, "sigmoid": _sigmoid, "sigmoid_fp32": _sigmoid_fp32, "logits": _logits}
+# DeepSeek-V3 guards its renormalisation; the others do not
+EPS = {"softmax": 0.0, "sigmoid": 1e-20, "sigmoid_fp32": 0.0, "logits": 0.0}
 
 
 class Expert(MLP):
