@@ -281,7 +281,7 @@ NOT_A_KEY = {("olmo", "rms_norm_eps"),
                                                           "rope_parameters")), ("bloom", "max_position_embeddings"),
              ("falcon", "num_key_value_heads"), ("falcon", "head_dim"), ("falcon", "intermediate_size"),
              ("mpt", "attention_dropout"), ("ernie4_5", "attention_dropout"), ("ernie4_5_moe", "attention_dropout"),
-             ("solar_open", "intermediate_size")}
+             ("solar_open", "intermediate_size"), ("kolibri1", "intermediate_size")}
 # a key transformers takes null for (its default), where the others refuse it
 NULL_IS_DEFAULT = {("gpt_neo", "intermediate_size")}
 # a family that spells one of those keys its own way

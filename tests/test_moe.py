@@ -41,8 +41,8 @@ MOE_FAMILIES = [name for name in SPECS if FAMILIES[family_of(name)].config.from_
 
 def test_the_moe_families_are_these() -> None:
     assert sorted(MOE_FAMILIES) == ["dots1", "ernie4_5_moe", "exaone_moe", "flex_olmo", "glm4_moe", "glm4_moe_lite",
-                                    "hy_v3", "minimax_m2", "mixtral", "olmoe", "qwen2_moe", "qwen3_moe", "sarvam_mla",
-                                    "sarvam_moe", "solar_open"]
+                                    "hy_v3", "kolibri1", "minimax_m2", "mixtral", "olmoe", "qwen2_moe", "qwen3_moe",
+                                    "sarvam_mla", "sarvam_moe", "solar_open"]
 
 
 @pytest.fixture(scope="module")
