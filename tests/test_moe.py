@@ -473,7 +473,7 @@ def deepseek(tmp_path_factory: pytest.TempPathFactory) -> Callable[..., Path]:
             with torch.no_grad():  # a buffer, which build_model's perturbation of parameters leaves at 0
                 for buffer_name, buffer in model.named_buffers():
                     if buffer_name.endswith("e_score_correction_bias"):
-                        buffer.add_(torch.randn(buffer.shape, generator=generator) * 0.3)
+                        buffer.add_(torch.randn(buffer.shape, generator=generator) * 0.1)
             directory = tmp_path_factory.mktemp(f"{name}-{'fused' if fused else 'hub'}")
             made[name, dtype, fused] = save_checkpoint(model, directory, dtype, save_original_format=not fused)
         return made[name, dtype, fused]
@@ -836,3 +836,59 @@ def test_experts_move_in_source_order_as_one_run_per_file(fused: bool, saved: Ca
     jobs.clear()
     to_hf(tmp_path / "canonical", tmp_path / "back")
     assert len(jobs) == 1
+
+
+# ------------------------------------------------------------------------------------------------ buffer biases
+# families whose transformers model holds e_score_correction_bias as a buffer, which build_model's perturbation
+# of parameters leaves at 0: here it is perturbed, so that choosing on the selection bias is compared too
+BUFFER_BIASED = ["exaone_moe", "kolibri1", "minimax_m2", "solar_open"]
+
+
+@pytest.fixture(scope="module")
+def biased(tmp_path_factory: pytest.TempPathFactory) -> Callable[..., Path]:
+    made: dict[tuple[str, torch.dtype, bool], Path] = {}
+
+    def get(name: str, dtype: torch.dtype = torch.float32, fused: bool = False) -> Path:
+        if (name, dtype, fused) not in made:
+            model = build_model(SPECS[name].model_type, **SPECS[name].kwargs)
+            generator = torch.Generator().manual_seed(3)
+            with torch.no_grad():
+                buffers = [b for n, b in model.named_buffers() if n.endswith("e_score_correction_bias")]
+                assert buffers
+                for buffer in buffers:
+                    buffer.add_(torch.randn(buffer.shape, generator=generator) * 0.1)
+            directory = tmp_path_factory.mktemp(f"{name}-biased-{'fused' if fused else 'hub'}")
+            made[name, dtype, fused] = save_checkpoint(model, directory, dtype, save_original_format=not fused)
+        return made[name, dtype, fused]
+
+    return get
+
+
+@pytest.mark.parametrize("name", BUFFER_BIASED)
+@pytest.mark.parametrize("fused", [False, True], ids=["hub", "fused"])
+def test_selection_bias_held_as_a_buffer_parity(name: str, fused: bool, biased: Callable[..., Path]) -> None:
+    """With a non-zero bias, from the Hub's names and transformers 5's fused ones: transformers' eager
+    experts in fp32, every expert reached, and the bias biting (zeroed, the logits move)."""
+    src = biased(name, fused=fused)
+    ours = lmconvert.load(src, attention="eager")
+    with torch.no_grad():
+        reference = eager_experts(src)(IDS).logits
+        assert float((ours(IDS) - reference).abs().max()) <= FP32_TOL
+    moe = ours.cfg.moe
+    assert all(c == set(range(moe.n_experts)) for c in chosen_experts(ours).values())
+    state = ours.state_dict()
+    assert all(bool(v.abs().min() > 0) for k, v in state.items() if k.endswith("selection_bias"))
+    ours.load_state_dict({k: torch.zeros_like(v) if k.endswith("selection_bias") else v for k, v in state.items()})
+    with torch.no_grad():
+        assert float((ours(IDS) - reference).abs().max()) > 1e-3
+
+
+@pytest.mark.parametrize("name", BUFFER_BIASED)
+@pytest.mark.bitexact
+def test_selection_bias_held_as_a_buffer_bf16_is_eager_experts_bit_for_bit(name: str,
+                                                                          biased: Callable[..., Path]) -> None:
+    src = biased(name, torch.bfloat16)
+    with torch.no_grad():
+        reference = eager_experts(src, torch.bfloat16)(IDS).logits
+        ours = lmconvert.load(src, dtype=torch.bfloat16, attention="eager")(IDS)
+    assert torch.equal(ours, reference)
