@@ -40,9 +40,9 @@ MOE_FAMILIES = [name for name in SPECS if FAMILIES[family_of(name)].config.from_
 
 
 def test_the_moe_families_are_these() -> None:
-    assert sorted(MOE_FAMILIES) == ["dots1", "ernie4_5_moe", "exaone_moe", "flex_olmo", "glm4_moe", "glm4_moe_lite",
-                                    "hy_v3", "kolibri1", "minimax_m2", "mixtral", "olmoe", "qwen2_moe", "qwen3_moe",
-                                    "sarvam_mla", "sarvam_moe", "solar_open"]
+    assert sorted(MOE_FAMILIES) == ["axk1", "dots1", "ernie4_5_moe", "exaone_moe", "flex_olmo", "glm4_moe",
+                                    "glm4_moe_lite", "hy_v3", "kolibri1", "minimax_m2", "mixtral", "olmoe",
+                                    "qwen2_moe", "qwen3_moe", "sarvam_mla", "sarvam_moe", "solar_open"]
 
 
 @pytest.fixture(scope="module")
@@ -353,6 +353,7 @@ def test_moe_config_survives_json_and_dense_json_is_unchanged() -> None:
     dict(n_experts=3, top_k=1, d_expert=5),
     dict(n_experts=4, top_k=2, d_expert=6, shared="gated", d_shared=7, dense_layers=(1,)),
     dict(n_experts=2, top_k=2, d_expert=3, shared="plain", d_shared=9, dense_layers=(0, 2)),
+    dict(n_experts=2, top_k=1, d_expert=3, shared="plain", d_shared=9, dense_layers=(1,), output_norm=True),
 ])
 def test_shapes_list_every_expert_as_the_decoder_holds_it(settings: dict) -> None:
     cfg = ArchConfig(**CFG, moe=settings)
@@ -841,7 +842,7 @@ def test_experts_move_in_source_order_as_one_run_per_file(fused: bool, saved: Ca
 # ------------------------------------------------------------------------------------------------ buffer biases
 # families whose transformers model holds e_score_correction_bias as a buffer, which build_model's perturbation
 # of parameters leaves at 0: here it is perturbed, so that choosing on the selection bias is compared too
-BUFFER_BIASED = ["exaone_moe", "kolibri1", "minimax_m2", "solar_open"]
+BUFFER_BIASED = ["axk1", "exaone_moe", "kolibri1", "minimax_m2", "solar_open"]
 
 
 @pytest.fixture(scope="module")

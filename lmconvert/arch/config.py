@@ -216,6 +216,9 @@ class MoeConfig:
     # None: the weight and the selection bias when router_fp32 (DeepSeek), none otherwise. Kolibri keeps only
     # the bias: its weight is rounded to the model's dtype, then cast to fp32 for the logits
     kept_fp32: tuple[str, ...] | None = None
+    # the mixture's output (shared experts included) normalised by a norm of the block's kind, on the sparse
+    # layers only (A.X-K1's post_mlp_layernorm): `mlp.norm`
+    output_norm: bool = False
 
     def __post_init__(self) -> None:
         for name in ("n_experts", "top_k", "d_expert", "n_group", "topk_group"):
@@ -247,6 +250,8 @@ class MoeConfig:
         if self.kept_fp32 is not None and (not isinstance(self.kept_fp32, tuple) or
                                            not set(self.kept_fp32) <= set(KEPT_FP32)):
             _fail("moe", "kept_fp32", self.kept_fp32, f"must list some of {', '.join(KEPT_FP32)}")
+        if not isinstance(self.output_norm, bool):
+            _fail("moe", "output_norm", self.output_norm, "must be true or false")
         if self.kept_fp32 is not None and "selection_bias" in self.kept_fp32 and not self.selection_bias:
             _fail("moe", "kept_fp32", self.kept_fp32, "keeps a selection bias the router does not have")
         _choice("moe", "router", self.router, ROUTERS)

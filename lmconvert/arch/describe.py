@@ -91,6 +91,8 @@ def _moe(cfg: ArchConfig, moe: MoeConfig) -> list[str]:
              f"router: {router}"]
     if moe.d_shared is not None:
         lines.append(f"{SHARED_NAMES[moe.shared]}, width {moe.d_shared}")
+    if moe.output_norm:
+        lines.append("the mixture's output normalised (sparse layers)")
     if moe.aux_loss:
         lines.append(f"load-balancing loss x{moe.aux_loss:g} in the training loss")
     total, active = parameter_counts(cfg)

@@ -18,6 +18,7 @@ from torch import nn
 
 from .config import ArchConfig, MoeConfig
 from .mlp import MLP
+from .norms import Norm
 
 
 class Router(nn.Linear):
@@ -141,8 +142,8 @@ class Experts(nn.ModuleList):
 
 
 class MoE(nn.Module):
-    """Registered as `router`, `experts.{e}` (each an MLP of width d_expert), then `shared` and
-    `shared_gate`: the canonical tensors `layers.{i}.mlp.experts.{e}.gate.weight` and so on, one
+    """Registered as `router`, `experts.{e}` (each an MLP of width d_expert), then `shared`,
+    `shared_gate` and the output's `norm`: the canonical tensors `layers.{i}.mlp.experts.{e}.gate.weight` and so on, one
     tensor per expert so that conversion streams one expert at a time."""
 
     def __init__(self, cfg: ArchConfig) -> None:
@@ -153,6 +154,7 @@ class MoE(nn.Module):
         self.experts = Experts(Expert(cfg, moe.d_expert) for _ in range(moe.n_experts))
         self.shared = MLP(cfg, moe.d_shared) if moe.d_shared is not None else None
         self.shared_gate = nn.Linear(cfg.d_model, 1, bias=False) if moe.shared == "gated" else None
+        self.norm = Norm(cfg.d_model, cfg.norm) if moe.output_norm else None  # A.X-K1's post_mlp_layernorm
         self.router_logits: torch.Tensor | None = None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -165,7 +167,8 @@ class MoE(nn.Module):
             if self.shared_gate is not None:
                 shared = torch.sigmoid(self.shared_gate(h)) * shared
             out = out + shared
-        return out.reshape(x.shape)
+        out = out.reshape(x.shape)
+        return out if self.norm is None else self.norm(out)
 
 
 def balance_loss(model: nn.Module, moe: MoeConfig) -> torch.Tensor:
