@@ -14,13 +14,16 @@ is not read.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import replace
 from typing import Any
 
 from lmconvert.arch import ArchConfig
 
+from ..errors import MappingError
 from ..family import Family
 from ..tables.config_table import Entry, fixed
+from ..tables.gguf import tensor_table, written
 from ..tables.hf_config import HfConfig, Key
 from ..tables.hf_moe import expert_rules, experts
 from ..tables.hf_rope import FRACTION, KEYS, rope_from_hf, rope_parameters, rope_to_hf
@@ -68,5 +71,29 @@ TENSORS = TensorTable(llama.EDGE_RULES + llama.ATTENTION_RULES + llama.PRE_NORM_
 
 REFERENCE_LAYOUTS = QK_NORM_PROJECTION
 
-FAMILY = Family("minimax_m2", ("minimax_m2",), "MiniMaxM2ForCausalLM", TENSORS, CONFIG,
+
+# -- llama.cpp (GGUF): minimax-m2, its experts `feed_forward_length` wide, the q/k norms over the whole
+# projection, NEOX rope over `rope.dimension_count` dims, and the router's gating function stated (its
+# converter writes sigmoid from the Hub config's scoring_func; llama.cpp's default is softmax)
+SIGMOID = 2  # llama.cpp's LLAMA_EXPERT_GATING_FUNC_TYPE_SIGMOID
+
+
+def _minimax_m2(config: Mapping[str, Any]) -> dict[str, Any]:
+    gating = config.get("expert_gating_func")
+    if gating != SIGMOID:
+        raise MappingError(f"minimax-m2.expert_gating_func={gating}: MiniMax-M2's router is a sigmoid (2); lmconvert "
+                           "reads no other")
+    return {}
+
+
+GGUF_MINIMAXM2 = written(
+    "minimax_m2", arch="minimax-m2",
+    keys={"expert_count": "num_local_experts", "expert_used_count": "num_experts_per_tok",
+          "expert_feed_forward_length": "intermediate_size", "expert_gating_func": "expert_gating_func"},
+    defaults={"hidden_act": "silu"}, partial_rotary=True, constants={"expert_gating_func": SIGMOID},
+    derived=_minimax_m2,
+    table=TensorTable(tensor_table(False, 0.0, True, experts=True).rules
+                      + (Rule("blk.{}.exp_probs_b.bias", "layers.{}.mlp.router.selection_bias"),)))
+
+FAMILY = Family("minimax_m2", ("minimax_m2",), "MiniMaxM2ForCausalLM", TENSORS, CONFIG, gguf=(GGUF_MINIMAXM2,),
                 reference_layouts=REFERENCE_LAYOUTS)
