@@ -20,4 +20,6 @@ SPEC = Spec(  # bf16: bit-exact with transformers' eager experts (test_moe.py), 
                                moe_num_shared_experts=0, moe_norm_min=1e-6, tie_word_embeddings=False,
                                rms_norm_eps=1e-6, rope_parameters={"rope_type": "linear", "factor": 2.0,
                                                                    "rope_theta": 1e6}),
-                     dict(num_hidden_layers=2, moe_layer_start_index=2, use_bias=True)))
+                     dict(num_hidden_layers=2, moe_layer_start_index=2, use_bias=True)),
+    # llama.cpp's ernie4_5-moe: experts on every layer from the first sparse one, to the last, and its norm_min
+    gguf=dict(moe_layer_interval=1, moe_norm_min=1e-12))

@@ -16,6 +16,7 @@ The multi-token-prediction layers (`mtp_*`), which transformers does not load, a
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 from lmconvert.arch import ArchConfig, MoeConfig
@@ -23,6 +24,8 @@ from lmconvert.arch import ArchConfig, MoeConfig
 from ..errors import MappingError
 from ..family import Family
 from ..tables.config_table import DEFAULT, Entry
+from ..tables.gguf import MOE_RULES as GGUF_MOE_RULES
+from ..tables.gguf import tensor_table, written
 from ..tables.hf_config import HfConfig, Key
 from ..tables.hf_moe import FUSED_RULES
 from ..tables.table import Rule, TensorTable
@@ -127,4 +130,41 @@ MOE_RULES = (
 )
 TENSORS = TensorTable(llama.TENSORS.rules + MOE_RULES)
 
-FAMILY = Family("ernie4_5_moe", ("ernie4_5_moe",), "Ernie4_5_MoeForCausalLM", TENSORS, CONFIG)
+
+# -- llama.cpp (GGUF): ernie4_5-moe. Its graph makes layer i sparse when i >= leading_dense_block_count and
+# (i + 1) % interleave_moe_layer_step == 0, with no end index (a model whose experts stop before the last
+# layer reads back otherwise, and is refused); its loader gives every layer from the first sparse one
+# expert tensors, so only a step of 1 loads. Softmax routing, the selection bias as exp_probs_b, the
+# chosen weights renormalised (the sum clamped at 2^-14 where transformers clamps at moe_norm_min).
+SHARED_FFN = "lmconvert_shared_ffn"  # the shared experts' summed width, which config.json does not state
+
+
+def _shared_ffn(config: Mapping[str, Any]) -> Any:  # noqa: ANN401 - a width
+    return (config.get("moe_num_shared_experts") or 0) * config.get("moe_intermediate_size", 1536)
+
+
+def _ernie4_5_moe(config: Mapping[str, Any]) -> dict[str, Any]:
+    """The shared experts' count from their width (llama.cpp's converter writes both; the width
+    decides what llama.cpp runs)."""
+    width, shared = config.get("moe_intermediate_size", 1536), config.get(SHARED_FFN) or 0
+    if shared % width:
+        raise MappingError(f"ernie4_5-moe.expert_shared_feed_forward_length={shared} is not a multiple of the "
+                           f"experts' width {width}: ERNIE 4.5's shared experts are whole experts")
+    return {"moe_num_shared_experts": shared // width}
+
+
+GGUF_ERNIE4_5_MOE = written(
+    "ernie4_5_moe", arch="ernie4_5-moe",
+    keys={"expert_count": "moe_num_experts", "expert_used_count": "moe_k", "interleave_moe_layer_step":
+          "moe_layer_interval", "leading_dense_block_count": "moe_layer_start_index",
+          "expert_feed_forward_length": "moe_intermediate_size", "expert_shared_count": "moe_num_shared_experts",
+          "expert_shared_feed_forward_length": SHARED_FFN},
+    defaults={"hidden_act": "silu"}, derived=_ernie4_5_moe, unstated={SHARED_FFN: _shared_ffn},
+    table=TensorTable(tensor_table(False, 0.0, True).rules
+                      + tuple(r for r in GGUF_MOE_RULES if "shared_gate" not in r.canonical)
+                      + tuple(Rule(f"blk.{{}}.ffn_{n}_shexp.bias", f"layers.{{}}.mlp.shared.{n}.bias")
+                              for n in ("gate", "up", "down"))  # llama.cpp loads none: refused
+                      + (Rule("blk.{}.exp_probs_b.bias", "layers.{}.mlp.router.selection_bias"),)))
+
+FAMILY = Family("ernie4_5_moe", ("ernie4_5_moe",), "Ernie4_5_MoeForCausalLM", TENSORS, CONFIG,
+                gguf=(GGUF_ERNIE4_5_MOE,))

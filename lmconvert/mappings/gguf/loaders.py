@@ -46,6 +46,11 @@ QK_NORM_FROM_LAYERS = {"command-r": 64}
 PLAIN_Q_WHEN = {"deepseek2": lambda layers, vocab: layers in (26, 27) or (layers == 48 and vocab == 128256)}
 
 
+# the architectures whose loader reads expert tensors on every layer from leading_dense_block_count on, whatever
+# its graph's interleave step says (ERNIE 4.5's: its dense layers after the first sparse one fail to load)
+EXPERTS_FROM_FIRST = frozenset({"ernie4_5-moe"})
+
+
 def _layers(names: list[str]) -> int:
     return len({n.split(".")[1] for n in names if n.startswith("blk.")})
 
@@ -67,6 +72,11 @@ def refused_tensors(arch: str, shapes: Mapping[str, tuple[int, ...]]) -> str | N
         if ("blk.0.attn_q_norm.weight" in shapes) != (layers >= QK_NORM_FROM_LAYERS[arch]):
             return (f"has q/k norms exactly when there are {QK_NORM_FROM_LAYERS[arch]} layers or more, and this "
                     f"model has {layers} layers {'with' if 'blk.0.attn_q_norm.weight' in shapes else 'without'} them")
+    if arch in EXPERTS_FROM_FIRST:
+        sparse = sorted(int(n.split(".")[1]) for n in names if n.endswith(".ffn_gate_inp.weight"))
+        if sparse and sparse != list(range(sparse[0], _layers(names))):
+            return (f"reads experts on every layer from the first sparse one ({sparse[0]}) on, and this model's "
+                    f"sparse layers are {sparse}")
     loaded = LOADED_BIASES.get(arch, frozenset())
     unloaded = [n for n in names if n.endswith(".bias") and n.split(".")[-2] not in loaded]
     if unloaded:
