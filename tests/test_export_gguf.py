@@ -785,3 +785,15 @@ def test_ernie4_5_moe_with_dense_layers_between_sparse_ones_is_refused(tmp_path:
     with pytest.raises(InputError, match=r"reads experts on every layer from the first sparse one \(1\) on, and this "
                                          r"model's sparse layers are \[1, 3\]"):
         convert(canonical, tmp_path / "out.gguf", "gguf", quant="f32")
+
+
+@pytest.mark.parametrize("overrides", [{}, {"n_group": 1, "topk_group": 1,
+                                            "mlp_layer_types": ["dense", "sparse", "dense", "sparse"]}],
+                         ids=["groups", "dense-between"])
+def test_exaone_moe_s_routing_llama_cpp_lacks_is_refused(overrides: dict[str, Any], tmp_path: Path) -> None:
+    """llama.cpp's exaone-moe has no group-limited choice (the spec model chooses in 2 of 4 groups)
+    and only leading dense layers: such a model is refused, naming the mixture of experts."""
+    assert SPECS["exaone_moe"].kwargs["n_group"] == 4
+    canonical = canonical_of(build_model("exaone_moe", **{**SPECS["exaone_moe"].kwargs, **overrides}), tmp_path)
+    with pytest.raises(InputError, match="llama.cpp's exaone-moe metadata cannot express this model's moe"):
+        convert(canonical, tmp_path / "out.gguf", "gguf", quant="f32")

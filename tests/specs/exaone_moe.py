@@ -23,4 +23,6 @@ SPEC = Spec(  # bf16: bit-exact with transformers' eager experts (test_moe.py), 
                                                                                                  "dense", "sparse"],
                           num_shared_experts=0, norm_topk_prob=False, routed_scaling_factor=1.0, rms_norm_eps=1e-6,
                           rope_parameters={"rope_type": "linear", "factor": 2.0, "rope_theta": 1e6}),
-                     dict(MOE, layer_types=[F, F, F, F], first_k_dense_replace=2)))
+                     dict(MOE, layer_types=[F, F, F, F], first_k_dense_replace=2)),
+    # llama.cpp's exaone-moe: no group-limited choice, RoPE unscaled (its converter states no scaling)
+    gguf=dict(n_group=1, topk_group=1, rope_parameters={"rope_type": "default", "rope_theta": 1e6}))

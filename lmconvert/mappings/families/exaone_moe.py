@@ -16,12 +16,16 @@ transformers' K-EXAONE and is not read.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 from lmconvert.arch import ArchConfig, MoeConfig
 
+from ..errors import MappingError
 from ..family import Family
 from ..tables.config_table import DEFAULT, Entry, fixed
+from ..tables.gguf import MOE_RULES as GGUF_MOE_RULES
+from ..tables.gguf import tensor_table, written
 from ..tables.hf_config import HfConfig, Key
 from ..tables.hf_moe import dense_layers
 from ..tables.points import QK_NORM_HEADS_FIRST, SHARED_UNFLATTENED
@@ -78,5 +82,42 @@ TENSORS = TensorTable(llama.TENSORS.rules + llama.QK_NORM_RULES
 # q_proj(x).view(B, T, -1, D).transpose(1, 2), then q_norm; the shared experts on the unflattened input
 REFERENCE_LAYOUTS = {**QK_NORM_HEADS_FIRST, **SHARED_UNFLATTENED}
 
-FAMILY = Family("exaone_moe", ("exaone_moe",), "ExaoneMoeForCausalLM", TENSORS, CONFIG,
+
+# -- llama.cpp (GGUF): exaone-moe. Sliding layers as one flag each (period 4 when absent), NoPE on the others;
+# the first `leading_dense_block_count` layers dense, the rest sparse (no other pattern); the router's sigmoid
+# gating stated, its selection bias as exp_probs_b, renormalised when expert_weights_norm, scaled by
+# expert_weights_scale; no group-limited choice (a model with n_group > 1 reads back otherwise: refused)
+SIGMOID = 2  # llama.cpp's LLAMA_EXPERT_GATING_FUNC_TYPE_SIGMOID
+SHARED_FFN = "lmconvert_shared_ffn"  # the shared experts' summed width, which config.json does not state
+
+
+def _exaone_moe(config: Mapping[str, Any]) -> dict[str, Any]:
+    if config.get("expert_gating_func") != SIGMOID:
+        raise MappingError(f"exaone-moe.expert_gating_func={config.get('expert_gating_func')}: K-EXAONE's router is a "
+                           "sigmoid (2); lmconvert reads no other")
+    width, shared = config.get("moe_intermediate_size", 1024), config.get(SHARED_FFN) or 0
+    if shared != width * (config.get("num_shared_experts") or 0):
+        raise MappingError(f"exaone-moe.expert_shared_feed_forward_length={shared} is not expert_shared_count x "
+                           f"expert_feed_forward_length")
+    return {"n_group": 1, "topk_group": 1}
+
+
+GGUF_EXAONE_MOE = written(
+    "exaone_moe", arch="exaone-moe",
+    keys={"expert_count": "num_experts", "expert_used_count": "num_experts_per_tok",
+          "expert_feed_forward_length": "moe_intermediate_size", "expert_shared_count": "num_shared_experts",
+          "expert_shared_feed_forward_length": SHARED_FFN, "expert_weights_scale": "routed_scaling_factor",
+          "expert_weights_norm": "norm_topk_prob", "leading_dense_block_count": "first_k_dense_replace",
+          "expert_gating_func": "expert_gating_func", "attention.sliding_window": "sliding_window"},
+    defaults={"hidden_act": "silu", "norm_topk_prob": False, "routed_scaling_factor": 1.0}, swa_pattern=4,
+    derived=_exaone_moe, constants={"expert_gating_func": SIGMOID, "nextn_predict_layers": 0},
+    unstated={SHARED_FFN: lambda config: config.get("moe_intermediate_size", 1024)
+              * (config.get("num_shared_experts") or 0)},
+    table=TensorTable(tensor_table(False, 0.0, True).rules
+                      + tuple(r for r in GGUF_MOE_RULES if "shared_gate" not in r.canonical)
+                      + tuple(Rule(f"blk.{{}}.ffn_{n}_shexp.bias", f"layers.{{}}.mlp.shared.{n}.bias")
+                              for n in ("gate", "up", "down"))  # llama.cpp loads none: refused
+                      + (Rule("blk.{}.exp_probs_b.bias", "layers.{}.mlp.router.selection_bias"),)))
+
+FAMILY = Family("exaone_moe", ("exaone_moe",), "ExaoneMoeForCausalLM", TENSORS, CONFIG, gguf=(GGUF_EXAONE_MOE,),
                 reference_layouts=REFERENCE_LAYOUTS)

@@ -29,10 +29,11 @@ LOADED_BIASES: dict[str, frozenset[str]] = {arch: frozenset(names) for arch, nam
     "mpt": (*NORMS, "attn_qkv", "attn_output", "ffn_up", "ffn_down", "attn_q_norm", "attn_k_norm"),
     "deepseek2": ("exp_probs_b",),  # the experts' selection bias, stored as a bias
     "ernie4_5": (*QKV, "attn_output"), "ernie4_5-moe": (*QKV, "attn_output", "exp_probs_b"),
-    "minimax-m2": ("exp_probs_b",),
+    "minimax-m2": ("exp_probs_b",), "exaone-moe": (*QKV, "exp_probs_b"),
 }.items()}
 # the architectures whose llama.cpp loader requires an `output` matrix (a tied model has none)
-OUTPUT_REQUIRED = frozenset({"qwen2moe", "olmo2", "stablelm", "nemotron", "olmoe", "phi2", "gptneox", "minimax-m2"})
+OUTPUT_REQUIRED = frozenset({"qwen2moe", "olmo2", "stablelm", "nemotron", "olmoe", "phi2", "gptneox", "minimax-m2",
+                             "exaone-moe"})
 
 
 # the architectures whose loader sizes the k norm as the q norm, over the whole width (no GQA)
