@@ -178,7 +178,7 @@ def arch_configs(draw: st.DrawFn) -> ArchConfig:
             n_experts=n_experts, top_k=draw(st.integers(1, n_experts)), d_expert=draw(st.integers(1, 12)),
             router="sigmoid" if sigmoid else "softmax", selection_bias=sigmoid and draw(st.booleans()),
             shared=shared, d_shared=None if shared == "none" else draw(st.integers(1, 12)),
-            dense_layers=tuple(draw(st.sets(st.integers(0, n_layers - 1)))))
+            dense_layers=tuple(draw(st.sets(st.integers(0, n_layers - 1)))), output_norm=draw(st.booleans()))
     if fields["o_bias"] and draw(st.booleans()):  # the o bias on some layers only (GPT-NeoX-Japanese)
         fields["o_bias_layers"] = tuple(draw(st.sets(st.integers(0, n_layers - 1), min_size=1)))
     return ArchConfig(**fields)

@@ -289,7 +289,9 @@ NOT_A_KEY = {("olmo", "rms_norm_eps"),
              *(("ctrl", k) for k in ("num_key_value_heads", "head_dim", "rope_parameters", "attention_dropout")),
              ("modernbert-decoder", "num_key_value_heads"), ("modernbert-decoder", "head_dim"),
              *(("dbrx", k) for k in ("num_key_value_heads", "head_dim", "intermediate_size", "rms_norm_eps",
-                                     "attention_dropout"))}
+                                     "attention_dropout")),
+             ("ernie4_5", "attention_dropout"), ("ernie4_5_moe", "attention_dropout"),
+             ("solar_open", "intermediate_size"), ("kolibri1", "intermediate_size")}
 # a key transformers takes null for (its default), where the others refuse it
 NULL_IS_DEFAULT = {("gpt_neo", "intermediate_size")}
 # a family that spells one of those keys its own way

@@ -40,6 +40,7 @@ from transformers import AutoModelForCausalLM
 import lmconvert
 from lmconvert.convert import convert, to_canonical
 from lmconvert.formats.checkpoint import open_source
+from lmconvert.formats.errors import InputError
 from lmconvert.mappings import MappingError, family_named
 from lmconvert.mappings.gguf.export import EXPORTS, metadata, read_back
 
@@ -773,3 +774,26 @@ def test_split_files_as_llama_cpp_writes_them(llama_canonical: Path, tmp_path: P
     assert cli("convert", llama_canonical, tmp_path / "parts", "--to", "gguf", "--max-shard-size", "80KB",
                "--force")[0] == 0
     assert len(list((tmp_path / "parts").glob("*.gguf"))) < n
+
+
+def test_ernie4_5_moe_with_dense_layers_between_sparse_ones_is_refused(tmp_path: Path) -> None:
+    """llama.cpp's ernie4_5-moe loader reads experts on every layer from the first sparse one: a
+    model with a dense layer after it (moe_layer_interval 2) would not load, so export refuses it."""
+    kwargs = SPECS["ernie4_5_moe"].kwargs
+    assert kwargs["moe_layer_interval"] == 2
+    canonical = canonical_of(build_model("ernie4_5_moe", **kwargs), tmp_path)
+    with pytest.raises(InputError, match=r"reads experts on every layer from the first sparse one \(1\) on, and this "
+                                         r"model's sparse layers are \[1, 3\]"):
+        convert(canonical, tmp_path / "out.gguf", "gguf", quant="f32")
+
+
+@pytest.mark.parametrize("overrides", [{}, {"n_group": 1, "topk_group": 1,
+                                            "mlp_layer_types": ["dense", "sparse", "dense", "sparse"]}],
+                         ids=["groups", "dense-between"])
+def test_exaone_moe_s_routing_llama_cpp_lacks_is_refused(overrides: dict[str, Any], tmp_path: Path) -> None:
+    """llama.cpp's exaone-moe has no group-limited choice (the spec model chooses in 2 of 4 groups)
+    and only leading dense layers: such a model is refused, naming the mixture of experts."""
+    assert SPECS["exaone_moe"].kwargs["n_group"] == 4
+    canonical = canonical_of(build_model("exaone_moe", **{**SPECS["exaone_moe"].kwargs, **overrides}), tmp_path)
+    with pytest.raises(InputError, match="llama.cpp's exaone-moe metadata cannot express this model's moe"):
+        convert(canonical, tmp_path / "out.gguf", "gguf", quant="f32")

@@ -40,9 +40,11 @@ MOE_FAMILIES = [name for name in SPECS if FAMILIES[family_of(name)].config.from_
 
 
 def test_the_moe_families_are_these() -> None:
-    assert sorted(MOE_FAMILIES) == ["aria_text", "cohere2_moe", "cohere2_moe_sigmoid", "dbrx", "dots1", "flex_olmo",
-                                    "glm4_moe", "glm4_moe_lite", "granitemoe", "granitemoeshared", "hy_v3", "mellum",
-                                    "mixtral", "olmoe", "phimoe", "qwen2_moe", "qwen3_moe", "sarvam_mla"]
+    assert sorted(MOE_FAMILIES) == ["aria_text", "axk1", "cohere2_moe", "cohere2_moe_sigmoid", "dbrx", "dots1",
+                                    "ernie4_5_moe", "exaone_moe", "flex_olmo", "glm4_moe", "glm4_moe_lite",
+                                    "granitemoe", "granitemoeshared", "hy_v3", "kolibri1", "mellum", "minimax_m2",
+                                    "mixtral", "olmoe", "phimoe", "qwen2_moe", "qwen3_moe", "sarvam_mla",
+                                    "sarvam_moe", "solar_open"]
 
 
 @pytest.fixture(scope="module")
@@ -541,7 +543,12 @@ CFG = dict(vocab_size=8, d_model=16, n_layers=3, n_heads=2, d_ff=4)
     (dict(n_experts=6, top_k=2, d_expert=4, n_group=4), "must divide n_experts=6"),
     (dict(n_experts=8, top_k=2, d_expert=4, n_group=4, topk_group=5), "cannot exceed n_group=4"),
     (dict(n_experts=8, top_k=2, d_expert=4, router="sigmoid", n_group=8), "each group needs two"),
-    (dict(n_experts=8, top_k=2, d_expert=4, selection_bias=True), "use router='sigmoid'"),
+    (dict(n_experts=8, top_k=2, d_expert=4, selection_bias=True, n_group=2), "groups with a selection bias"),
+    (dict(n_experts=8, top_k=2, d_expert=4, router="logits", n_group=2), "does not limit its choice to groups"),
+    (dict(n_experts=8, top_k=2, d_expert=4, norm_min=-1.0), "moe.norm_min=-1.0"),
+    (dict(n_experts=8, top_k=2, d_expert=4, norm_min=0.1, norm_topk=False), "norm_topk=False"),
+    (dict(n_experts=8, top_k=2, d_expert=4, kept_fp32=("bias",)), "must list some of weight, selection_bias"),
+    (dict(n_experts=8, top_k=2, d_expert=4, kept_fp32=("selection_bias",)), "does not have"),
     (dict(n_experts=8, top_k=2, d_expert=4, scale=0.0), "moe.scale=0.0"),
     (dict(n_experts=4, top_k=2, d_expert=4, shared="gated"), "d_shared=None"),
     (dict(n_experts=4, top_k=2, d_expert=4, d_shared=8), "d_shared=8"),
@@ -550,7 +557,8 @@ CFG = dict(vocab_size=8, d_model=16, n_layers=3, n_heads=2, d_ff=4)
     (dict(n_experts=4, top_k=2, d_expert=4, dense_layers=["0"]), "layer indices"),
     (dict(n_experts=4, top_k=2, d_expert=4, router="topk_softmax"), "sum to 1"),
     (dict(n_experts=4, top_k=2, d_expert=4, shared_fused=True), "needs a shared expert"),
-    (dict(n_experts=4, top_k=2, d_expert=4, router="topk_softmax", norm_topk=False, n_group=2), "DeepSeek"),
+    (dict(n_experts=4, top_k=2, d_expert=4, router="topk_softmax", norm_topk=False, n_group=2),
+     "does not limit its choice to groups"),
 ])
 def test_bad_moe_settings_are_refused(moe: dict, fragment: str) -> None:
     with pytest.raises(ConfigError, match="moe") as caught:
@@ -579,6 +587,7 @@ def test_moe_config_survives_json_and_dense_json_is_unchanged() -> None:
     dict(n_experts=3, top_k=1, d_expert=5),
     dict(n_experts=4, top_k=2, d_expert=6, shared="gated", d_shared=7, dense_layers=(1,)),
     dict(n_experts=2, top_k=2, d_expert=3, shared="plain", d_shared=9, dense_layers=(0, 2)),
+    dict(n_experts=2, top_k=1, d_expert=3, shared="plain", d_shared=9, dense_layers=(1,), output_norm=True),
 ])
 def test_shapes_list_every_expert_as_the_decoder_holds_it(settings: dict) -> None:
     cfg = ArchConfig(**CFG, moe=settings)
@@ -702,7 +711,7 @@ def deepseek(tmp_path_factory: pytest.TempPathFactory) -> Callable[..., Path]:
             with torch.no_grad():  # a buffer, which build_model's perturbation of parameters leaves at 0
                 for buffer_name, buffer in model.named_buffers():
                     if buffer_name.endswith("e_score_correction_bias"):
-                        buffer.add_(torch.randn(buffer.shape, generator=generator) * 0.3)
+                        buffer.add_(torch.randn(buffer.shape, generator=generator) * 0.1)
             directory = tmp_path_factory.mktemp(f"{name}-{'fused' if fused else 'hub'}")
             made[name, dtype, fused] = save_checkpoint(model, directory, dtype, save_original_format=not fused)
         return made[name, dtype, fused]
@@ -1129,3 +1138,58 @@ def test_sparsemixer_router_is_phimoe_s_bit_for_bit(dtype: torch.dtype, eps: flo
     assert weights.dtype == dtype and (chosen[:, 0] != chosen[:, 1]).all()
     if eps == 0.3:  # the mask bites: some first weights are below 1, others exactly 1
         assert (weights[:, 0] < 1).any() and (weights[:, 0] == 1).any()
+# ------------------------------------------------------------------------------------------------ buffer biases
+# families whose transformers model holds e_score_correction_bias as a buffer, which build_model's perturbation
+# of parameters leaves at 0: here it is perturbed, so that choosing on the selection bias is compared too
+BUFFER_BIASED = ["axk1", "exaone_moe", "kolibri1", "minimax_m2", "solar_open"]
+
+
+@pytest.fixture(scope="module")
+def biased(tmp_path_factory: pytest.TempPathFactory) -> Callable[..., Path]:
+    made: dict[tuple[str, torch.dtype, bool], Path] = {}
+
+    def get(name: str, dtype: torch.dtype = torch.float32, fused: bool = False) -> Path:
+        if (name, dtype, fused) not in made:
+            model = build_model(SPECS[name].model_type, **SPECS[name].kwargs)
+            generator = torch.Generator().manual_seed(3)
+            with torch.no_grad():
+                buffers = [b for n, b in model.named_buffers() if n.endswith("e_score_correction_bias")]
+                assert buffers
+                for buffer in buffers:
+                    buffer.add_(torch.randn(buffer.shape, generator=generator) * 0.1)
+            directory = tmp_path_factory.mktemp(f"{name}-biased-{'fused' if fused else 'hub'}")
+            made[name, dtype, fused] = save_checkpoint(model, directory, dtype, save_original_format=not fused)
+        return made[name, dtype, fused]
+
+    return get
+
+
+@pytest.mark.parametrize("name", BUFFER_BIASED)
+@pytest.mark.parametrize("fused", [False, True], ids=["hub", "fused"])
+def test_selection_bias_held_as_a_buffer_parity(name: str, fused: bool, biased: Callable[..., Path]) -> None:
+    """With a non-zero bias, from the Hub's names and transformers 5's fused ones: transformers' eager
+    experts in fp32, every expert reached, and the bias biting (zeroed, the logits move)."""
+    src = biased(name, fused=fused)
+    ours = lmconvert.load(src, attention="eager")
+    with torch.no_grad():
+        reference = their_model(src)(IDS).logits
+        assert float((ours(IDS) - reference).abs().max()) <= FP32_TOL
+    moe = ours.cfg.moe
+    assert all(c == set(range(moe.n_experts)) for c in chosen_experts(ours).values())
+    state = ours.state_dict()
+    assert all(bool(v.abs().min() > 0) for k, v in state.items() if k.endswith("selection_bias"))
+    ours.load_state_dict({k: torch.zeros_like(v) if k.endswith("selection_bias") else v for k, v in state.items()})
+    with torch.no_grad():
+        assert float((ours(IDS) - reference).abs().max()) > 1e-3
+
+
+@pytest.mark.parametrize("experts", EXPERTS)
+@pytest.mark.parametrize("name", BUFFER_BIASED)
+@pytest.mark.bitexact
+def test_selection_bias_held_as_a_buffer_bf16_is_transformers_bit_for_bit(name: str, experts: str,
+                                                                         biased: Callable[..., Path]) -> None:
+    src = biased(name, torch.bfloat16)
+    with torch.no_grad():
+        reference = their_model(src, torch.bfloat16, experts)(IDS).logits
+        ours = lmconvert.load(src, dtype=torch.bfloat16, attention="eager").set_experts(experts)(IDS)
+    assert torch.equal(ours, reference)

@@ -30,7 +30,10 @@ QK_NORM_WEIGHTS = ("shared", "per_head")
 DTYPE_ORDERS = ("cast_then_scale", "scale_then_cast")
 PARALLEL_SUMS = ("h+attn+mlp", "mlp+attn+h", "attn+mlp+h")  # left to right: the order a parallel block adds
 ALIBI_KINDS = ("distance", "bloom", "mpt", "falcon")  # how ALiBi is built and added: see positions.ALIBI_KINDS
-ROUTERS = ("softmax", "sigmoid", "sparsemixer", "topk_softmax", "topk_sigmoid")
+ROUTERS = ("softmax", "sigmoid", "sparsemixer", "topk_softmax", "topk_sigmoid", "sigmoid_fp32", "logits")
+BIASED_ROUTERS = ("softmax", "sigmoid", "sigmoid_fp32", "logits")  # the routers that take a selection bias
+GROUPED_ROUTERS = ("softmax", "sigmoid")  # the routers that limit the choice to groups (n_group > 1)
+KEPT_FP32 = ("weight", "selection_bias")  # router parameters a model may keep in fp32 (MoeConfig.kept_fp32)
 SHARED_EXPERTS = ("none", "gated", "plain", "averaged")
 SUM_ORDERS = ("grouped_mm", "eager")  # arch/moe.py's SUMS
 
@@ -232,6 +235,16 @@ class MoeConfig:
     # "grouped_mm", transformers' default (each token's top-k at once, in fp32), or "eager" (expert by expert,
     # index_add_ in the activation dtype) where its experts module has no other (DBRX)
     sum_order: str = "grouped_mm"
+    # the renormalisation divides by the chosen weights' sum clamped below at norm_min (ERNIE 4.5's
+    # moe_norm_min), not by the sum plus the router's guard; 0: the guard
+    norm_min: float = 0.0
+    # the router parameters kept in fp32 whatever the model's dtype (transformers' `_keep_in_fp32_modules`);
+    # None: the weight and the selection bias when router_fp32 (DeepSeek), none otherwise. Kolibri keeps only
+    # the bias: its weight is rounded to the model's dtype, then cast to fp32 for the logits
+    kept_fp32: tuple[str, ...] | None = None
+    # the mixture's output (shared experts included) normalised by a norm of the block's kind, on the sparse
+    # layers only (A.X-K1's post_mlp_layernorm): `mlp.norm`
+    output_norm: bool = False
 
     def __post_init__(self) -> None:
         for name in ("n_experts", "top_k", "d_expert", "n_group", "topk_group"):
@@ -247,8 +260,26 @@ class MoeConfig:
         if self.router == "sigmoid" and self.n_group > 1 and self.n_experts // self.n_group < 2:
             _fail("moe", "n_group", self.n_group, "sigmoid routing scores a group by its best two experts; "
                                                    "each group needs two")
-        if self.selection_bias and self.router != "sigmoid":
-            _fail("moe", "selection_bias", True, "is a sigmoid router's (DeepSeek-V3's); use router='sigmoid'")
+        if self.selection_bias and self.router not in BIASED_ROUTERS:
+            _fail("moe", "selection_bias", True, f"router={self.router!r} takes no selection bias")
+        grouped = self.router in GROUPED_ROUTERS and not (self.router == "softmax" and self.selection_bias)
+        if self.n_group > 1 and not grouped:
+            _fail("moe", "n_group", self.n_group, f"router={self.router!r} does not limit its choice to groups"
+                  + (" with a selection bias" if self.router == "softmax" else ""))
+        if isinstance(self.norm_min, bool) or not isinstance(self.norm_min, (int, float)) or \
+                not 0 <= self.norm_min < math.inf:
+            _fail("moe", "norm_min", self.norm_min, "must be a finite number >= 0")
+        if self.norm_min and not self.norm_topk:
+            _fail("moe", "norm_min", self.norm_min, "clamps the renormalisation, which norm_topk=False leaves out")
+        if isinstance(self.kept_fp32, list):
+            object.__setattr__(self, "kept_fp32", tuple(self.kept_fp32))
+        if self.kept_fp32 is not None and (not isinstance(self.kept_fp32, tuple) or
+                                           not set(self.kept_fp32) <= set(KEPT_FP32)):
+            _fail("moe", "kept_fp32", self.kept_fp32, f"must list some of {', '.join(KEPT_FP32)}")
+        if not isinstance(self.output_norm, bool):
+            _fail("moe", "output_norm", self.output_norm, "must be true or false")
+        if self.kept_fp32 is not None and "selection_bias" in self.kept_fp32 and not self.selection_bias:
+            _fail("moe", "kept_fp32", self.kept_fp32, "keeps a selection bias the router does not have")
         _choice("moe", "router", self.router, ROUTERS)
         self._check_sparsemixer()
         if self.norm_p is not None:
@@ -259,8 +290,6 @@ class MoeConfig:
             _fail("moe", "shared_fused", True, "needs a shared expert (d_shared)")
         if self.router == "topk_softmax" and self.norm_topk:
             _fail("moe", "norm_topk", True, "topk_softmax's weights are a softmax over the chosen: they sum to 1")
-        if self.router in ("topk_softmax", "topk_sigmoid") and self.n_group > 1:
-            _fail("moe", "n_group", self.n_group, "group-limited routing is DeepSeek's (router='softmax' or 'sigmoid')")
         _choice("moe", "shared", self.shared, SHARED_EXPERTS)
         _choice("moe", "sum_order", self.sum_order, SUM_ORDERS)
         if self.top_k > self.n_experts:

@@ -70,7 +70,8 @@ def _rope(r: RopeConfig) -> str:
 ROUTER_NAMES = {"softmax": "softmax then top-k", "sigmoid": "sigmoid then top-k",
                 "sparsemixer": "SparseMixer: top-1, then top-2 of the rest, each a masked softmax",
                 "topk_softmax": "top-k on logits then softmax over the k",
-                "topk_sigmoid": "top-k on logits then their sigmoids"}
+                "topk_sigmoid": "top-k on logits then their sigmoids",
+                "sigmoid_fp32": "sigmoid in fp32 then top-k", "logits": "top-k on logits, then sigmoid"}
 SHARED_NAMES = {"gated": "one shared expert, sigmoid-gated", "plain": "shared experts, ungated",
                 "averaged": "shared experts, averaged with the routed experts' sum"}
 
@@ -96,11 +97,17 @@ def _moe(cfg: ArchConfig, moe: MoeConfig) -> list[str]:
         router += ", softmax in activation dtype"
     if moe.norm_p is not None:
         router += f", renormalised by the {moe.norm_p:g}-norm"
+    if moe.norm_min:
+        router += f", sum clamped to >= {moe.norm_min:g}"
+    if moe.kept_fp32 is not None:
+        router += f", kept in fp32: {', '.join(moe.kept_fp32) or 'nothing'}"
     lines = [f"mixture of experts: {moe.n_experts} experts, top-{moe.top_k}, d_expert {moe.d_expert} ({where})",
              f"router: {router}"]
     if moe.d_shared is not None:
         lines.append(f"{SHARED_NAMES[moe.shared]}, width {moe.d_shared}"
                      + (", gate and up as one projection's halves" if moe.shared_fused else ""))
+    if moe.output_norm:
+        lines.append("the mixture's output normalised (sparse layers)")
     if moe.aux_loss:
         lines.append(f"load-balancing loss x{moe.aux_loss:g} in the training loss")
     total, active = parameter_counts(cfg)

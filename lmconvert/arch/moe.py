@@ -23,6 +23,7 @@ from torch import nn
 
 from .config import ArchConfig, MoeConfig
 from .mlp import MLP
+from .norms import Norm
 
 
 class Router(nn.Linear):
@@ -35,6 +36,8 @@ class Router(nn.Linear):
         # DeepSeek's router computes in fp32 from fp32 parameters: transformers keeps them fp32 in
         # any dtype (`_keep_in_fp32_modules_strict`), and so do the loaders (`kept_in_fp32`)
         self.fp32_parameters = ("weight", "selection_bias")[:1 + moe.selection_bias] if moe.router_fp32 else ()
+        if moe.kept_fp32 is not None:  # the family says which (Kolibri: the bias alone)
+            self.fp32_parameters = moe.kept_fp32
 
     def forward(self, h: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:  # type: ignore[override]
         """The logits first, as transformers' routers return them, so that verify compares the
@@ -42,21 +45,29 @@ class Router(nn.Linear):
         moe = self.moe
         logits = nn.functional.linear(h.float(), self.weight.float()) if moe.router_fp32 else super().forward(h)
         weights, chosen = SCORES[moe.router](self, logits)
-        if moe.norm_topk:  # by the sum, or DBRX's p-norm
+        if moe.norm_topk:  # by the sum (ERNIE 4.5's clamped below at norm_min, no guard added), or DBRX's p-norm
             norm = weights.sum(dim=-1, keepdim=True) if moe.norm_p is None else \
                 torch.norm(weights, p=moe.norm_p, dim=-1, keepdim=True)
-            weights /= norm + EPS[moe.router]
+            if moe.norm_min:
+                weights = weights / torch.clamp(norm, min=moe.norm_min)
+            else:
+                weights /= norm + EPS[moe.router]
         if moe.scale != 1.0:
             weights = weights * moe.scale
-        if not moe.weights_fp32:
-            weights = weights.to(logits.dtype)
+        if not moe.weights_fp32:  # to the activation dtype, which fp32 logits are not (ERNIE 4.5)
+            weights = weights.to(h.dtype)
         return logits, weights, chosen
 
 
 def _softmax(router: Router, logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Mixtral, Qwen-MoE, OLMoE; DeepSeek-V2, whose groups are scored by their best expert and
-    whose experts outside the best groups score 0 (`group_limited_greedy`)."""
+    whose experts outside the best groups score 0 (`group_limited_greedy`); ERNIE 4.5, whose
+    experts are chosen on the probabilities plus the selection bias and weighted by the
+    probabilities alone (no groups)."""
     probs = torch.softmax(logits, dim=-1, dtype=torch.float) if router.moe.softmax_fp32 else torch.softmax(logits, -1)
+    if router.selection_bias is not None:
+        chosen = torch.topk(probs + router.selection_bias, router.moe.top_k, dim=-1)[1]
+        return probs.gather(1, chosen), chosen
     if router.moe.n_group > 1:
         groups = probs.view(-1, router.moe.n_group, router.moe.n_experts // router.moe.n_group).max(dim=-1).values
         probs = probs.masked_fill(~_group_mask(router.moe, groups), 0.0)
@@ -118,10 +129,29 @@ def _sparsemixer(router: Router, logits: torch.Tensor) -> tuple[torch.Tensor, to
     return torch.concat((first, second), dim=-1), torch.concat((one, two), dim=-1)
 
 
+def _sigmoid_fp32(router: Router, logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """MiniMax-M2: the sigmoid of the logits cast to fp32 (the logits themselves in the
+    activation dtype), experts chosen on those scores plus the selection bias (in its dtype),
+    weighted by the unbiased scores."""
+    scores = logits.float().sigmoid()
+    choice = scores if router.selection_bias is None else scores + router.selection_bias
+    chosen = torch.topk(choice, router.moe.top_k, dim=-1, sorted=False)[1]
+    return scores.gather(1, chosen), chosen
+
+
+def _logits(router: Router, logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Kolibri: experts chosen on the logits plus the selection bias, weighted by the sigmoid of
+    their own logits."""
+    choice = logits if router.selection_bias is None else logits + router.selection_bias
+    chosen = torch.topk(choice, router.moe.top_k, dim=-1)[1]
+    return logits.gather(1, chosen).sigmoid(), chosen
+
+
 SCORES = {"softmax": _softmax, "sigmoid": _sigmoid, "sparsemixer": _sparsemixer, "topk_softmax": _topk_softmax,
-          "topk_sigmoid": _topk_sigmoid}
+          "topk_sigmoid": _topk_sigmoid, "sigmoid_fp32": _sigmoid_fp32, "logits": _logits}
 # DeepSeek-V3 guards its renormalisation; the others do not (SparseMixer does not renormalise)
-EPS = {"softmax": 0.0, "sigmoid": 1e-20, "sparsemixer": 0.0, "topk_softmax": 0.0, "topk_sigmoid": 0.0}
+EPS = {"softmax": 0.0, "sigmoid": 1e-20, "sparsemixer": 0.0, "topk_softmax": 0.0, "topk_sigmoid": 0.0,
+       "sigmoid_fp32": 0.0, "logits": 0.0}
 
 
 class Expert(MLP):
@@ -190,8 +220,8 @@ SUMS = {"eager": _index_add, "grouped_mm": _grouped_sum}
 
 
 class MoE(nn.Module):
-    """Registered as `router`, `experts.{e}` (each an MLP of width d_expert), then `shared` and
-    `shared_gate`: the canonical tensors `layers.{i}.mlp.experts.{e}.gate.weight` and so on, one
+    """Registered as `router`, `experts.{e}` (each an MLP of width d_expert), then `shared`,
+    `shared_gate` and the output's `norm`: the canonical tensors `layers.{i}.mlp.experts.{e}.gate.weight` and so on, one
     tensor per expert so that conversion streams one expert at a time."""
 
     def __init__(self, cfg: ArchConfig) -> None:
@@ -203,6 +233,7 @@ class MoE(nn.Module):
         self.experts = Experts((expert(cfg, moe.d_expert) for _ in range(moe.n_experts)), moe.sum_order)
         self.shared = (Expert if moe.shared_fused else MLP)(cfg, moe.d_shared) if moe.d_shared is not None else None
         self.shared_gate = nn.Linear(cfg.d_model, 1, bias=False) if moe.shared == "gated" else None
+        self.norm = Norm(cfg.d_model, cfg.norm) if moe.output_norm else None  # A.X-K1's post_mlp_layernorm
         self.router_logits: torch.Tensor | None = None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -217,7 +248,8 @@ class MoE(nn.Module):
             out = out + shared
             if self.router.moe.shared == "averaged":  # Cohere2-MoE's "average" combination
                 out = out / 2
-        return out.reshape(x.shape)
+        out = out.reshape(x.shape)
+        return out if self.norm is None else self.norm(out)
 
 
 def balance_loss(model: nn.Module, moe: MoeConfig) -> torch.Tensor:

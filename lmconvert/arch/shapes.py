@@ -64,6 +64,8 @@ def _ffn(cfg: ArchConfig, layer: int, name: str) -> Shapes:
         shapes.update(_mlp(cfg, f"{name}.shared", moe.d_shared))
     if moe.shared == "gated":
         shapes.update(LinearPart(cfg.d_model, 1).shapes(f"{name}.shared_gate"))
+    if moe.output_norm:
+        shapes.update(NormPart(cfg.d_model, cfg.norm).shapes(f"{name}.norm"))
     return shapes
 
 

@@ -54,6 +54,7 @@ OURS: Mapping[str, Layout] = {
     "attn_norm": RESIDUAL, "attn_post_norm": RESIDUAL, "mlp_norm": RESIDUAL, "mlp_post_norm": RESIDUAL,
     "attn.q": "B T H*D", "attn.k": "B T KV*D", "attn.v": "B T KV*D", "attn.o": RESIDUAL,
     "mlp.gate": "B T F", "mlp.up": "B T F", "mlp.down": RESIDUAL, **MOE,
+    "mlp.norm": RESIDUAL,  # a mixture's output norm (A.X-K1's post_mlp_layernorm), on (B, T, d) as transformers'
 }
 
 # Our QK norms, by ArchConfig.qk_norm: per head on the (B, T, H, D) view, or over the whole

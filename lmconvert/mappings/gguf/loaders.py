@@ -28,9 +28,12 @@ LOADED_BIASES: dict[str, frozenset[str]] = {arch: frozenset(names) for arch, nam
     "falcon": ("attn_norm", "attn_norm_2", "output_norm"),
     "mpt": (*NORMS, "attn_qkv", "attn_output", "ffn_up", "ffn_down", "attn_q_norm", "attn_k_norm"),
     "deepseek2": ("exp_probs_b",),  # the experts' selection bias, stored as a bias
+    "ernie4_5": (*QKV, "attn_output"), "ernie4_5-moe": (*QKV, "attn_output", "exp_probs_b"),
+    "minimax-m2": ("exp_probs_b",), "exaone-moe": (*QKV, "exp_probs_b"),
 }.items()}
 # the architectures whose llama.cpp loader requires an `output` matrix (a tied model has none)
-OUTPUT_REQUIRED = frozenset({"qwen2moe", "olmo2", "stablelm", "nemotron", "olmoe", "phi2", "gptneox"})
+OUTPUT_REQUIRED = frozenset({"qwen2moe", "olmo2", "stablelm", "nemotron", "olmoe", "phi2", "gptneox", "minimax-m2",
+                             "exaone-moe"})
 
 
 # the architectures whose loader sizes the k norm as the q norm, over the whole width (no GQA)
@@ -42,6 +45,11 @@ QK_NORM_FROM_LAYERS = {"command-r": 64}
 # the architectures whose loader reads a plain q (no q LoRA) exactly for these (layers, vocabulary) shapes,
 # its "lite" models (DeepSeek-V2-Lite: 27 layers), and q's low-rank pair for every other
 PLAIN_Q_WHEN = {"deepseek2": lambda layers, vocab: layers in (26, 27) or (layers == 48 and vocab == 128256)}
+
+
+# the architectures whose loader reads expert tensors on every layer from leading_dense_block_count on, whatever
+# its graph's interleave step says (ERNIE 4.5's: its dense layers after the first sparse one fail to load)
+EXPERTS_FROM_FIRST = frozenset({"ernie4_5-moe"})
 
 
 def _layers(names: list[str]) -> int:
@@ -65,6 +73,11 @@ def refused_tensors(arch: str, shapes: Mapping[str, tuple[int, ...]]) -> str | N
         if ("blk.0.attn_q_norm.weight" in shapes) != (layers >= QK_NORM_FROM_LAYERS[arch]):
             return (f"has q/k norms exactly when there are {QK_NORM_FROM_LAYERS[arch]} layers or more, and this "
                     f"model has {layers} layers {'with' if 'blk.0.attn_q_norm.weight' in shapes else 'without'} them")
+    if arch in EXPERTS_FROM_FIRST:
+        sparse = sorted(int(n.split(".")[1]) for n in names if n.endswith(".ffn_gate_inp.weight"))
+        if sparse and sparse != list(range(sparse[0], _layers(names))):
+            return (f"reads experts on every layer from the first sparse one ({sparse[0]}) on, and this model's "
+                    f"sparse layers are {sparse}")
     loaded = LOADED_BIASES.get(arch, frozenset())
     unloaded = [n for n in names if n.endswith(".bias") and n.split(".")[-2] not in loaded]
     if unloaded:

@@ -544,6 +544,18 @@ class Unsqueeze:
         return Transform("a leading dimension of 1", lambda t: t.unsqueeze(0), lambda t: t.squeeze(0))
 
 
+# ---- Squeeze
+
+
+@dataclass(frozen=True)
+class Squeeze:
+    """A leading dimension of size 1 that the file has and the canonical tensor does not (ERNIE
+    4.5's `e_score_correction_bias`, [1, experts]: one group of experts). Exact both ways."""
+
+    def bind(self, sizes: Sizes) -> Transform:
+        return Transform("a leading dimension of 1 left out", lambda t: t.squeeze(0), lambda t: t.unsqueeze(0))
+
+
 # ---- Chain
 
 
