@@ -48,7 +48,7 @@ class Decoder(nn.Module):
             self.layers.append(Block(cfg, i, rotary, self.rel_bias))
         self.final_norm = Norm(cfg.d_model, cfg.norm) if cfg.final_norm else nn.Identity()
         self.project_out = nn.Linear(cfg.d_model, cfg.embed_dim, bias=False) if cfg.projects_embeddings else None
-        self.lm_head = None if cfg.tie_embeddings else nn.Linear(cfg.embed_dim, cfg.vocab_size, bias=cfg.lm_head_bias)
+        self.lm_head = None if cfg.tie_embeddings else nn.Linear(cfg.embed_dim, cfg.head_vocab, bias=cfg.lm_head_bias)
         self.drop = nn.Dropout(cfg.embed_dropout)
 
     def set_attention(self, backend: str) -> Decoder:
