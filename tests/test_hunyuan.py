@@ -7,6 +7,7 @@ from pathlib import Path
 
 import gguf
 import numpy as np
+import pytest
 import torch
 from family_specs import SPECS
 from hf_models import build_model, token_batch
@@ -14,6 +15,7 @@ from test_export_gguf import canonical_of, exported
 
 import lmconvert
 from lmconvert.arch.rope import Rotary
+from lmconvert.mappings import MappingError
 
 
 def test_ntk_alpha_frequencies_are_transformers_own() -> None:
@@ -44,3 +46,20 @@ def test_ntk_alpha_goes_to_gguf_as_its_static_base(tmp_path: Path) -> None:
     ids = token_batch(seq=28)
     with torch.no_grad():
         assert (back(ids) - source(ids)).abs().max() <= 1e-5  # the base rounded to float32 by GGUF
+
+
+BASE = {"model_type": "hunyuan_v1_moe", "num_hidden_layers": 3, "hidden_size": 64, "num_attention_heads": 4,
+        "head_dim": 16, "num_experts": 6}
+
+
+def test_moe_topk_per_layer_list_is_read_where_every_layer_agrees() -> None:
+    """Hunyuan-A13B's config.json states `moe_topk` once per layer; transformers' gate reads entry i on layer i."""
+    family = lmconvert.mappings.family_named("hunyuan_v1_moe")
+    assert family.arch_config({**BASE, "moe_topk": [2, 2, 2]}) == family.arch_config({**BASE, "moe_topk": 2})
+    assert family.arch_config({**BASE, "moe_topk": 2}).moe.top_k == 2
+
+
+@pytest.mark.parametrize("top_k", [[2, 3, 2], [2, 2], [2, 0, 2], [2, "2", 2]])
+def test_moe_topk_lists_the_decoder_cannot_hold_are_refused(top_k: list) -> None:
+    with pytest.raises(MappingError, match="moe_topk"):
+        lmconvert.mappings.family_named("hunyuan_v1_moe").arch_config({**BASE, "moe_topk": top_k})
