@@ -390,6 +390,10 @@ VARIANT_LAYOUTS = {"falcon:blk.0.attn_norm_2.weight": {"new_decoder_architecture
                                                        "num_attention_heads": 4, "hidden_size": 64}}
 # the prefix llama.cpp's converter strips before naming (BloomModel's `transformer.`)
 STRIPPED = {"bloom": "transformer."}
+# modules gguf's TensorNameMap knows only under another checkpoint's names: BitNet's sub-norms are mapped from
+# the original 1bitLLM files' `inner_attn_ln` / `ffn_layernorm`, not transformers' `attn_sub_norm` / `ffn_sub_norm`
+ALIASES = {"bitnet": ((".self_attn.attn_sub_norm", ".self_attn.inner_attn_ln"),
+                      (".mlp.ffn_sub_norm", ".mlp.ffn_layernorm"))}
 TABLES: dict[str, TensorTable] = {**{f"family {n}": f.tensors for n, f in FAMILIES.items()}, "meta": META_TENSORS,
                                   **{f"gguf {n}": a.tensors for n, a in GGUF_ARCHS.items()}}
 
@@ -506,6 +510,8 @@ def test_gguf_names_are_llama_cpps(arch: str) -> None:
     canonicals = {r.canonical.replace("{}", "1") for r in table.rules if r.canonical}
     for canonical in sorted(canonicals):
         hf_name, _ = table.to_hf_name(canonical)
+        for ours_name, theirs_name in ALIASES.get(llama_cpp_arch, ()):
+            hf_name = hf_name.replace(ours_name, theirs_name)
         base, _, suffix = hf_name.removeprefix(STRIPPED.get(llama_cpp_arch, "")).rpartition(".")
         if suffix.endswith("_bias"):  # DeepSeek-V3's `gate.e_score_correction_bias`: gguf maps its stem
             base, suffix = f"{base}.{suffix.removesuffix('_bias')}", "bias"
