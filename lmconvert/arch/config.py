@@ -552,6 +552,14 @@ class ArchConfig:
         for name in ("attention_settings", "moe"):  # as files written before these fields read
             if data[name] is None:
                 del data[name]
+        for name, unset in UNSTATED_WHEN_UNSET.items():  # likewise: a model without them reads as before
+            if data[name] == unset:
+                del data[name]
+        for rope in ("rope", "rope_local"):
+            if data[rope] is not None:
+                for name, unset in ROPE_UNSTATED_WHEN_UNSET.items():
+                    if data[rope][name] == unset:
+                        del data[rope][name]
         return data
 
     def to_json(self) -> str:
@@ -578,6 +586,11 @@ class ArchConfig:
     @classmethod
     def from_json(cls, text: str) -> ArchConfig:
         return cls.from_dict(json.loads(text))
+
+
+# fields added after lmconvert.json files were first written, left out of them where unset
+UNSTATED_WHEN_UNSET: dict[str, Any] = {"qk_norm_after_rope": False, "sub_norms": False, "output_vocab": None}
+ROPE_UNSTATED_WHEN_UNSET: dict[str, Any] = {"alpha": None, "reverse": False}
 
 
 def _sub(kind: type, value: Any, name: str) -> Any:
