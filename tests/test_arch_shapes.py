@@ -171,7 +171,14 @@ def arch_configs(draw: st.DrawFn) -> ArchConfig:
             fields["attention_settings"].update(index_n_heads=draw(st.integers(1, 3)),
                                                 index_head_dim=draw(st.sampled_from([8, 12])),
                                                 index_topk=draw(st.integers(1, 8)))
-    if fields["gated"] and not fields["mlp_bias"] and draw(st.booleans()):  # a mixture of experts
+    if fields["attention"] == "standard":  # BitNet's sub-norms; HunYuan's QK norm after RoPE
+        fields["sub_norms"] = draw(st.booleans())
+        if fields["qk_norm"] == "head" and fields.get("qk_norm_weight", "shared") == "shared":
+            fields["qk_norm_after_rope"] = draw(st.booleans())
+    if not tie:  # Apertus 1.5's narrower LM head
+        fields["output_vocab"] = draw(st.sampled_from([None, max(1, fields["vocab_size"] - 3)]))
+    if fields["gated"] and not fields["mlp_bias"] and not fields.get("sub_norms") \
+            and fields["activation"] not in config_module.ACTIVATION_PARAMETERS and draw(st.booleans()):  # experts
         n_experts, shared = draw(st.integers(1, 4)), draw(st.sampled_from(config_module.SHARED_EXPERTS))
         sigmoid = draw(st.booleans())
         fields["moe"] = MoeConfig(
@@ -198,7 +205,8 @@ def test_every_norm_placement_has_slots():
 
 # each registered kind with every optional part it has
 KIND_CASES: dict[str, list[dict[str, Any]]] = {
-    "standard": [dict(qk_norm="head", q_bias=True, o_bias=True)],
+    "standard": [dict(qk_norm="head", q_bias=True, o_bias=True),
+                 dict(qk_norm="head", qk_norm_after_rope=True, sub_norms=True)],
     "latent": [dict(head_dim=8, attention_settings=dict(kv_lora_rank=6, qk_nope_head_dim=4, v_head_dim=5,
                                                          q_lora_rank=q_lora_rank, bias=bias))
                for q_lora_rank, bias in ((None, False), (7, True))],

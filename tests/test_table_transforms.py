@@ -400,6 +400,10 @@ CONVERTER_NAMES = {("granitemoe", "block_sparse_moe.input_linear.weight", "gate"
                    ("dbrx", "ffn.experts.mlp.w1", "gate"): "ffn_gate_exps.weight",
                    ("dbrx", "ffn.experts.mlp.v1", "up"): "ffn_up_exps.weight",
                    ("dbrx", "ffn.experts.mlp.w2", "down"): "ffn_down_exps.weight"}
+# modules gguf's TensorNameMap knows only under another checkpoint's names: BitNet's sub-norms are mapped from
+# the original 1bitLLM files' `inner_attn_ln` / `ffn_layernorm`, not transformers' `attn_sub_norm` / `ffn_sub_norm`
+ALIASES = {"bitnet": ((".self_attn.attn_sub_norm", ".self_attn.inner_attn_ln"),
+                      (".mlp.ffn_sub_norm", ".mlp.ffn_layernorm"))}
 TABLES: dict[str, TensorTable] = {**{f"family {n}": f.tensors for n, f in FAMILIES.items()}, "meta": META_TENSORS,
                                   **{f"gguf {n}": a.tensors for n, a in GGUF_ARCHS.items()}}
 
@@ -551,6 +555,8 @@ def test_gguf_names_are_llama_cpps(arch: str, request: pytest.FixtureRequest) ->
     canonicals = {r.canonical.replace("{}", "1") for r in table.rules if r.canonical}
     for canonical in sorted(canonicals):
         hf_name, _ = table.to_hf_name(canonical)
+        for ours_name, theirs_name in ALIASES.get(llama_cpp_arch, ()):
+            hf_name = hf_name.replace(ours_name, theirs_name)
         base, _, suffix = hf_name.removeprefix(STRIPPED.get(llama_cpp_arch, "")).rpartition(".")
         if suffix.endswith("_bias"):  # DeepSeek-V3's `gate.e_score_correction_bias`: gguf maps its stem
             base, suffix = f"{base}.{suffix.removesuffix('_bias')}", "bias"

@@ -38,6 +38,7 @@ REFUSED_FAMILIES = {
     "olmo2": "QK norm over the whole projection needs every head's values",
     "olmoe": "QK norm over the whole projection needs every head's values",
     "olmo3": "QK norm over the whole projection needs every head's values",
+    "bitnet": "the sub-norms (BitNet's) normalise over every head and the whole MLP width",
 }
 PREFILL = 12
 TOL = 1e-5

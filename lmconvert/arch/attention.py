@@ -98,7 +98,7 @@ class Attention(nn.Module):
                  relative: RelativeBias | None) -> None:
         super().__init__()
         self.layer, self.cfg = layer, cfg
-        self.q_norm = self.k_norm = None  # replaced by `attach` where the config has QK norm
+        self.q_norm = self.k_norm = self.sub_norm = None  # replaced by `attach` where the config has them
         attach(self, parts)
         self.rotary = rotary
         self.position = cfg.layer_positions[layer]
@@ -124,14 +124,16 @@ class Attention(nn.Module):
         q = q.view(B, T, cfg.n_heads, cfg.head_dim)
         k = k.view(B, T, cfg.n_kv_heads, cfg.head_dim)
         v = v.view(B, T, cfg.n_kv_heads, cfg.head_dim)
-        if cfg.qk_norm == "head":
+        if cfg.qk_norm == "head" and not cfg.qk_norm_after_rope:
             q, k = self.q_norm(q), self.k_norm(k)
         q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)  # (B, H|KV, T, D)
         if self.rotary is not None:
             cos, sin = ctx.rotary(self.rotary)
             rope = self.rotary.cfg
-            q = apply_rotary(q, cos, sin, rope.layout, rope.fp32_rotation, rope.complex_product)
-            k = apply_rotary(k, cos, sin, rope.layout, rope.fp32_rotation, rope.complex_product)
+            q = apply_rotary(q, cos, sin, rope.layout, rope.fp32_rotation, rope.complex_product, rope.reverse)
+            k = apply_rotary(k, cos, sin, rope.layout, rope.fp32_rotation, rope.complex_product, rope.reverse)
+        if cfg.qk_norm_after_rope:  # HunYuan, nanochat: each rotated head normalised, before the cache
+            q, k = self.q_norm(q), self.k_norm(k)
         if cfg.attn_temperature is not None:  # Ministral 3: the query scaled by its position, after RoPE
             q = q * ctx.query_temperature(cfg.attn_temperature, cfg.attn_temperature_floor).to(q.dtype)
         if cache is not None:
@@ -146,6 +148,8 @@ class Attention(nn.Module):
         else:
             out = _sdpa(q, k, v, scale, bias, allowed, ctx.is_plain_causal(self.window), dropout, add)
         out = out.transpose(1, 2).reshape(B, T, cfg.q_dim)  # (B, T, H*D)
+        if self.sub_norm is not None:  # BitNet's attn_sub_norm, before the output projection
+            out = self.sub_norm(out)
         return self.o(out)
 
     def _position_bias(self, ctx: Context) -> torch.Tensor | None:

@@ -96,6 +96,8 @@ def _standard_parts(cfg: ArchConfig) -> dict[str, Part]:
         norm = replace(cfg.norm, bias=cfg.qk_norm_bias)  # the block norms' settings, but for the bias
         parts["q_norm"] = NormPart(norm_dims[0], norm)
         parts["k_norm"] = NormPart(norm_dims[1], norm)
+    if cfg.sub_norms:  # BitNet: the attention output normalised before `o`
+        parts["sub_norm"] = NormPart(cfg.q_dim, cfg.norm)
     return parts
 
 
@@ -111,7 +113,10 @@ def _standard_describe(cfg: ArchConfig) -> list[str]:
         lines.append(f"QK norm: {'per head' if cfg.qk_norm == 'head' else 'over the whole projection'}"
                      + (", a weight for each head" if cfg.qk_norm_weight == "per_head" else "")
                      + ("" if cfg.qk_norm_bias == cfg.norm.bias else ", with a bias" if cfg.qk_norm_bias
-                        else ", no bias"))
+                        else ", no bias")
+                     + (", after RoPE" if cfg.qk_norm_after_rope else ""))
+    if cfg.sub_norms:
+        lines.append("sub-norms: before the output projection and before the MLP's down projection")
     return lines
 
 

@@ -19,9 +19,13 @@ from .errors import ConfigError
 
 NORM_KINDS = ("rms", "layer")
 NORM_PLACEMENTS = ("pre", "post", "sandwich", "output", "parallel_shared", "parallel_separate")
-ACTIVATIONS = ("relu", "gelu", "gelu_tanh", "silu", "relu2", "gelu_new", "gelu_bloom")
+ACTIVATIONS = ("relu", "gelu", "gelu_tanh", "silu", "relu2", "gelu_new", "gelu_bloom", "xielu")
+# activations with learned parameters of their own (each MLP's `act.<name>`), by name -> shape
+ACTIVATION_PARAMETERS: dict[str, dict[str, tuple[int, ...]]] = {
+    "xielu": {"alpha_p": (1,), "alpha_n": (1,), "beta": (), "eps": ()},  # Apertus' XIELUActivation
+}
 ROPE_LAYOUTS = ("half", "interleaved")
-ROPE_SCALINGS = ("none", "linear", "dynamic", "yarn", "llama3", "longrope")
+ROPE_SCALINGS = ("none", "linear", "dynamic", "yarn", "llama3", "longrope", "ntk_alpha")
 ABSOLUTE_POSITIONS = ("none", "sinusoidal", "learned", "sinusoidal_fairseq", "sinusoidal_halves")
 LAYER_POSITIONS = ("rope", "alibi", "relative", "none")
 LAYER_KINDS = ("global", "local")
@@ -118,6 +122,11 @@ class RopeConfig:
     long_factor: tuple[float, ...] | None = None
     fp32_rotation: bool = False  # Cohere: q and k rotate in fp32 with cos/sin already rounded to their dtype
     rotary_dims: int | None = None  # an absolute rotary width (GPT-J's rotary_dim); None: head_dim * fraction
+    # ntk_alpha (HunYuan's "dynamic" with an `alpha`): a static base theta * alpha ** (d / (d - 2)), d the rotary
+    # width, computed in Python floats as transformers' compute_ntk_alpha_rope_parameters does
+    alpha: float | None = None
+    # nanochat's rotate_half = [x2, -x1]: every pair turns by minus its angle (half layout only)
+    reverse: bool = False
 
     def __post_init__(self) -> None:
         for name in ("short_factor", "long_factor"):
@@ -141,6 +150,11 @@ class RopeConfig:
         _integer("rope", "rotary_dims", self.rotary_dims, allow_none=True)
         if self.rotary_dims is not None and self.fraction != 1:
             _fail("rope", "rotary_dims", self.rotary_dims, "give the rotary width once: rotary_dims or fraction")
+        _positive("rope", "alpha", self.alpha, allow_none=True)
+        if (self.scaling == "ntk_alpha") != (self.alpha is not None):
+            _fail("rope", "alpha", self.alpha, "is set exactly when scaling='ntk_alpha'")
+        if self.reverse and (self.layout != "half" or self.complex_product):
+            _fail("rope", "reverse", True, "reverses the half rotation (rotate_half = [x2, -x1]): needs layout='half'")
         self._check_longrope()
 
     def _check_longrope(self) -> None:
@@ -341,6 +355,11 @@ class ArchConfig:
     qk_norm_weight: str = "shared"  # "per_head": a QK-norm weight per head, [heads, head_dim] (Cohere)
     qk_norm_bias: bool | None = None  # whether the QK norms have a bias; None: as the block norms (`norm.bias`).
     #   False where they have one: StableLM's per-head LayerNorms. Always False without a QK norm
+    # per-head QK norm after RoPE, not before (HunYuan, nanochat: q and k are rotated, then normalised)
+    qk_norm_after_rope: bool = False
+    # BitNet's sub-norms: a norm (the block norms' settings) on the attention output before `o`
+    # (`attn.sub_norm`, over q_dim) and on the gated product before `down` (`mlp.sub_norm`, over d_ff)
+    sub_norms: bool = False
     embed_norm: bool = False  # a norm on the embeddings, before the first block (BLOOM's word_embeddings_layernorm)
     residual_after_norm: bool = False  # pre-norm blocks take the residual after the norm (BLOOM's
     # apply_residual_connection_post_layernorm)
@@ -404,6 +423,8 @@ class ArchConfig:
     #   round otherwise over the two layouts
     # output
     tie_embeddings: bool = False
+    output_vocab: int | None = None  # None: vocab_size; else the LM head's rows, the first output_vocab ids
+    #   (Apertus 1.5's pruned head, output_vocab_size): an untied head narrower than the embedding table
     embed_scale: float | None = None
     final_softcap: float | None = None
     logit_scale: float = 1.0
@@ -518,6 +539,28 @@ class ArchConfig:
         if self.bias_separate and self.conv1d_linears:
             _fail("ArchConfig", "conv1d_linears", True, "a Conv1D adds its bias inside the addmm; bias_separate "
                   "adds it after the matmul: set one")
+        if self.qk_norm_after_rope and (self.qk_norm != "head" or self.qk_norm_weight != "shared"
+                                        or self.attention != "standard"):
+            _fail("ArchConfig", "qk_norm_after_rope", True, "normalises each rotated head with one shared weight: "
+                  "needs qk_norm='head', qk_norm_weight='shared' and attention='standard'")
+        if self.rope.reverse and self.attention != "standard":
+            _fail("ArchConfig", "rope.reverse", True, "the reversed rotation is the standard attention's only")
+        if self.sub_norms and self.moe is not None:
+            _fail("ArchConfig", "sub_norms", True, "experts have no sub-norm; a mixture of experts needs "
+                  "sub_norms=False")
+        if self.sub_norms and self.attention != "standard":
+            _fail("ArchConfig", "sub_norms", True, "the attention sub-norm sits in the standard attention only")
+        if self.activation in ACTIVATION_PARAMETERS and self.moe is not None:
+            _fail("ArchConfig", "activation", self.activation, "has parameters of its own in each MLP; "
+                  "experts with it are not supported")
+        if self.output_vocab is None or self.output_vocab == self.vocab_size:
+            object.__setattr__(self, "output_vocab", None)  # one spelling of "the whole vocabulary"
+        else:
+            _integer("ArchConfig", "output_vocab", self.output_vocab)
+            if self.output_vocab > self.vocab_size:
+                _fail("ArchConfig", "output_vocab", self.output_vocab, f"cannot exceed vocab_size={self.vocab_size}")
+            if self.tie_embeddings:
+                _fail("ArchConfig", "output_vocab", self.output_vocab, "a tied LM head is the whole embedding table")
         if self.norm_placement == "post" and self.final_norm:
             _fail("ArchConfig", "final_norm", True, "post-norm blocks already end in a norm")
         if kind.check is not None:
@@ -633,6 +676,11 @@ class ArchConfig:
         return self.score_scale / float(layer + 1) if self.scale_by_inverse_layer else self.score_scale
 
     @property
+    def head_vocab(self) -> int:
+        """The LM head's rows: output_vocab where it is narrower, else vocab_size."""
+        return self.vocab_size if self.output_vocab is None else self.output_vocab
+
+    @property
     def projects_embeddings(self) -> bool:
         return self.embed_dim != self.d_model
 
@@ -657,6 +705,14 @@ class ArchConfig:
         for name in ("attention_settings", "moe"):  # as files written before these fields read
             if data[name] is None:
                 del data[name]
+        for name, unset in UNSTATED_WHEN_UNSET.items():  # likewise: a model without them reads as before
+            if data[name] == unset:
+                del data[name]
+        for rope in ("rope", "rope_local"):
+            if data[rope] is not None:
+                for name, unset in ROPE_UNSTATED_WHEN_UNSET.items():
+                    if data[rope][name] == unset:
+                        del data[rope][name]
         return data
 
     def to_json(self) -> str:
@@ -683,6 +739,11 @@ class ArchConfig:
     @classmethod
     def from_json(cls, text: str) -> ArchConfig:
         return cls.from_dict(json.loads(text))
+
+
+# fields added after lmconvert.json files were first written, left out of them where unset
+UNSTATED_WHEN_UNSET: dict[str, Any] = {"qk_norm_after_rope": False, "sub_norms": False, "output_vocab": None}
+ROPE_UNSTATED_WHEN_UNSET: dict[str, Any] = {"alpha": None, "reverse": False}
 
 
 def _sub(kind: type, value: Any, name: str) -> Any:

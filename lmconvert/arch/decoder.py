@@ -79,7 +79,7 @@ class Decoder(nn.Module):
         self.final_norm = Norm(cfg.d_model, cfg.norm) if cfg.final_norm else nn.Identity()
         self.head_transform = HeadTransform(cfg) if cfg.head_transform is not None else None
         self.project_out = nn.Linear(cfg.d_model, cfg.embed_dim, bias=False) if cfg.projects_embeddings else None
-        self.lm_head = nn.Linear(cfg.embed_dim, cfg.vocab_size, bias=cfg.lm_head_bias) if not cfg.tie_embeddings \
+        self.lm_head = nn.Linear(cfg.embed_dim, cfg.head_vocab, bias=cfg.lm_head_bias) if not cfg.tie_embeddings \
             else TiedHead(self.embed, cfg.vocab_size) if cfg.lm_head_bias else None
         self.drop = nn.Dropout(cfg.embed_dropout)
 

@@ -10,10 +10,11 @@ from .shapes import parameter_shapes
 
 ACTIVATION_NAMES = {"relu": "ReLU", "gelu": "GeLU (erf)", "gelu_tanh": "GeLU (tanh)", "silu": "SiLU",
                     "relu2": "squared ReLU", "gelu_new": "GeLU (tanh, written out)",
-                    "gelu_bloom": "GeLU (tanh, BLOOM's constants)"}
+                    "gelu_bloom": "GeLU (tanh, BLOOM's constants)",
+                    "xielu": "xIELU (learned alpha_p, alpha_n per layer)"}
 GATED_NAMES = {"relu": "ReGLU", "gelu": "GeGLU (erf)", "gelu_tanh": "GeGLU (tanh)", "silu": "SwiGLU",
                "relu2": "gated squared ReLU", "gelu_new": "GeGLU (tanh, written out)",
-               "gelu_bloom": "GeGLU (BLOOM's tanh)"}
+               "gelu_bloom": "GeGLU (BLOOM's tanh)", "xielu": "gated xIELU (learned alpha_p, alpha_n per layer)"}
 # boolean ArchConfig values and the card line each gives when set
 ORDER_FLAGS = (("scale_by_inverse_layer", "score scale divided by layer index + 1"),
                ("scale_query", "score scale applied to q before q.k"), ("scores_fp32", "q.k in fp32"),
@@ -55,7 +56,7 @@ def _rope(r: RopeConfig) -> str:
         text += f", {r.fraction:g} of head_dim"
     if r.rotary_dims is not None:
         text += f", {r.rotary_dims} rotary dims"
-    if r.scaling != "none":
+    if r.scaling not in ("none", "ntk_alpha"):
         text += f", {r.scaling} x{r.factor:g}"
     if r.scaling == "longrope":
         text += (f" (short factors up to {r.original_max_positions} positions, long beyond; "
@@ -64,6 +65,10 @@ def _rope(r: RopeConfig) -> str:
         text += ", q/k rotated in fp32"
     if r.complex_product:
         text += ", pairs rotated as fp32 complex products (torch.polar tables)"
+    if r.alpha is not None:
+        text += f" (NTK alpha {r.alpha:g}: static base)"
+    if r.reverse:
+        text += ", reversed rotation ([x2, -x1])"
     return text
 
 
@@ -183,6 +188,8 @@ def variants(cfg: ArchConfig) -> list[str]:
         out.append(f"embedding scale: {cfg.embed_scale:g} ({rounding})")
     if cfg.projects_embeddings:
         out.append(f"embedding width {cfg.embed_dim}, projected in and out of d_model {cfg.d_model}")
+    if cfg.output_vocab is not None:
+        out.append(f"LM head: the first {cfg.output_vocab} of {cfg.vocab_size} ids")
     if cfg.final_softcap is not None:
         out.append(f"final-logit soft-cap: {cfg.final_softcap:g}")
     if cfg.head_transform is not None:

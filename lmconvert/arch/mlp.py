@@ -5,8 +5,9 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from .activations import ACTIVATIONS
+from .activations import ACTIVATIONS, PARAMETRIC
 from .config import ArchConfig
+from .norms import Norm
 
 
 class MLP(nn.Module):
@@ -14,16 +15,21 @@ class MLP(nn.Module):
         """`width`: the hidden width when it is not d_ff (an expert's, a shared expert's)."""
         super().__init__()
         d_ff = cfg.d_ff if width is None else width
-        self.act = ACTIVATIONS[cfg.activation]
         self.gate = nn.Linear(cfg.d_model, d_ff, bias=cfg.mlp_bias) if cfg.gated else None
         self.up = nn.Linear(cfg.d_model, d_ff, bias=cfg.mlp_bias)
         self.down = nn.Linear(d_ff, cfg.d_model, bias=cfg.mlp_bias)
         self.fused = cfg.mlp_fused
+        # BitNet's ffn_sub_norm: the product normalised before `down`
+        self.sub_norm = Norm(d_ff, cfg.norm) if cfg.sub_norms else None
+        # a plain function, or (xIELU) a module with the layer's own parameters, registered last
+        self.act = PARAMETRIC[cfg.activation]() if cfg.activation in PARAMETRIC else ACTIVATIONS[cfg.activation]
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.gate is None:
-            return self.down(self.act(self.up(x)))
-        if self.fused:  # ArchConfig.mlp_fused (ModernBERT's Wi): the activation on the strided half of one output
+            h = self.act(self.up(x))
+        elif self.fused:  # ArchConfig.mlp_fused (ModernBERT's Wi): the activation on the strided half of one output
             gate, up = torch.cat([self.gate(x), self.up(x)], dim=-1).chunk(2, dim=-1)
-            return self.down(self.act(gate) * up)
-        return self.down(self.act(self.gate(x)) * self.up(x))
+            h = self.act(gate) * up
+        else:
+            h = self.act(self.gate(x)) * self.up(x)
+        return self.down(h if self.sub_norm is None else self.sub_norm(h))

@@ -39,6 +39,13 @@ def _dynamic(cfg: RopeConfig, dim: int, seq_len: int, max_positions: int) -> Inv
     return _base_inv_freq(base, dim), 1.0
 
 
+def _ntk_alpha(cfg: RopeConfig, dim: int, seq_len: int, max_positions: int) -> InvFreq:
+    """HunYuan's NTK-alpha (transformers' `compute_ntk_alpha_rope_parameters`): the base stretched once,
+    theta * alpha ** (d / (d - 2)) in Python floats, whatever the sequence length (checkpoints call it
+    "dynamic", but a fixed alpha makes it static)."""
+    return _base_inv_freq(cfg.theta * cfg.alpha ** (dim / (dim - 2)), dim), 1.0
+
+
 def _yarn_mscale(scale: float, mscale: float = 1.0) -> float:
     return 1.0 if scale <= 1 else 0.1 * mscale * math.log(scale) + 1.0
 
@@ -97,6 +104,7 @@ SCALINGS: dict[str, Callable[[RopeConfig, int, int, int], InvFreq]] = {
     "yarn": _yarn,
     "llama3": _llama3,
     "longrope": _longrope,
+    "ntk_alpha": _ntk_alpha,
 }
 
 
@@ -153,7 +161,15 @@ def _rotate_pairs(x: torch.Tensor) -> torch.Tensor:
     return torch.stack((-x[..., 1::2], x[..., ::2]), dim=-1).flatten(-2)
 
 
-ROTATIONS = {"half": _rotate_half, "interleaved": _rotate_pairs}
+def _rotate_half_reversed(x: torch.Tensor) -> torch.Tensor:
+    """nanochat's rotate_half, [x2, -x1]: each pair turns by minus its angle (`RopeConfig.reverse`)."""
+    half = x.shape[-1] // 2
+    return torch.cat((x[..., half:], -x[..., :half]), dim=-1)
+
+
+# (layout, RopeConfig.reverse) -> the rotation
+ROTATIONS = {("half", False): _rotate_half, ("interleaved", False): _rotate_pairs,
+             ("half", True): _rotate_half_reversed}
 
 
 def _complex_product(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
@@ -166,10 +182,11 @@ def _complex_product(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> t
 
 
 def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, layout: str,
-                 upcast: bool = False, complex_product: bool = False) -> torch.Tensor:
+                 upcast: bool = False, complex_product: bool = False, reverse: bool = False) -> torch.Tensor:
     """Rotate the first cos.shape[-1] dims of x [B, H, T, D]; the rest pass through. `upcast`
     rotates in fp32 and casts back (Cohere's `q.float()`), whatever dtype cos/sin are in;
-    `complex_product` (interleaved pairs only) rotates as `RopeConfig.complex_product` says."""
+    `complex_product` (interleaved pairs only) rotates as `RopeConfig.complex_product` says; `reverse`
+    turns the other way (`RopeConfig.reverse`)."""
     dim = cos.shape[-1]
     rotated, passed = x[..., :dim], x[..., dim:]
     if complex_product:
@@ -177,5 +194,5 @@ def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, layout: 
         return torch.cat((out, passed), dim=-1) if passed.shape[-1] else out
     if upcast:
         rotated = rotated.float()
-    out = (rotated * cos + ROTATIONS[layout](rotated) * sin).to(x.dtype)
+    out = (rotated * cos + ROTATIONS[layout, reverse](rotated) * sin).to(x.dtype)
     return torch.cat((out, passed), dim=-1) if passed.shape[-1] else out

@@ -16,7 +16,7 @@ import torch).
 from __future__ import annotations
 
 from .attention_kinds import attention_kind
-from .config import ArchConfig
+from .config import ACTIVATION_PARAMETERS, ArchConfig
 from .parts import LinearPart, NormPart, Shapes, part_shapes
 
 # A block's norm slots in registration order, and the slots each placement fills (the others are
@@ -46,6 +46,10 @@ def _mlp(cfg: ArchConfig, name: str, width: int | None = None) -> Shapes:
     shapes = up.shapes(f"{name}.gate") if cfg.gated else {}
     shapes.update(up.shapes(f"{name}.up"))
     shapes.update(down.shapes(f"{name}.down"))
+    if cfg.sub_norms:
+        shapes.update(NormPart(d_ff, cfg.norm).shapes(f"{name}.sub_norm"))
+    for param, shape in ACTIVATION_PARAMETERS.get(cfg.activation, {}).items():
+        shapes[f"{name}.act.{param}"] = shape
     return shapes
 
 
@@ -106,7 +110,7 @@ def parameter_shapes(cfg: ArchConfig) -> dict[str, tuple[int, ...]]:
     if cfg.projects_embeddings:
         shapes.update(LinearPart(cfg.d_model, cfg.embed_dim).shapes("project_out"))
     if not cfg.tie_embeddings:
-        shapes.update(LinearPart(cfg.embed_dim, cfg.vocab_size, cfg.lm_head_bias).shapes("lm_head"))
+        shapes.update(LinearPart(cfg.embed_dim, cfg.head_vocab, cfg.lm_head_bias).shapes("lm_head"))
     elif cfg.lm_head_bias:  # a tied head's own bias (decoder.TiedHead)
         shapes["lm_head.bias"] = (cfg.vocab_size,)
     return shapes

@@ -56,6 +56,8 @@ VARIANT_NAMES = {
     "max_positions": "this context length (max_positions)", "positions_from_mask": "positions counted from the mask",
     "z_loss": "a z-loss", "alibi": "this kind of ALiBi", "bias_separate": "biases added after the matmul",
     "conv1d_linears": "Conv1D projections (addmm over weights held [in, out])",
+    "qk_norm_after_rope": "a QK norm after RoPE", "sub_norms": "sub-norms before the o and down projections",
+    "output_vocab": "an LM head narrower than the vocabulary (output_vocab_size)",
 }
 
 def tensor_sizes(arch: ArchConfig) -> dict[str, int]:

@@ -98,6 +98,7 @@ def refusals(arch: ArchConfig, size: int) -> list[str]:
         ("alibi" in arch.layer_positions, "ALiBi's per-head slopes are indexed by the global head"),
         ("relative" in arch.layer_positions, "the relative position bias is indexed by the global head"),
         (arch.qk_norm == "projection", "QK norm over the whole projection needs every head's values"),
+        (arch.sub_norms, "the sub-norms (BitNet's) normalise over every head and the whole MLP width"),
     ]
     return [why for wrong, why in checks if wrong]
 
@@ -123,8 +124,9 @@ def _standard(arch: ArchConfig, plan: Plan, prefix: str) -> None:
             plan.groups[f"{prefix}.{name}"] = (head * arch.head_dim, (head + 1) * arch.head_dim)
         kv_ranks, kv_heads = tuple(range(0, size, share)), (head, head + 1)
     plan.points.update({f"{prefix}.k": (-1, kv_ranks), f"{prefix}.v": (-1, kv_ranks)})
-    if arch.qk_norm == "head":  # its output is (B, T, heads, D): the rank's heads
-        plan.points.update({f"{prefix}.q_norm": (-2, everyone), f"{prefix}.k_norm": (-2, kv_ranks)})
+    if arch.qk_norm == "head":  # its output is (B, T, heads, D): the rank's heads; after RoPE (B, heads, T, D)
+        dim = -3 if arch.qk_norm_after_rope else -2
+        plan.points.update({f"{prefix}.q_norm": (dim, everyone), f"{prefix}.k_norm": (dim, kv_ranks)})
     if arch.qk_norm_weight == "per_head":  # Cohere: a weight row per head, the rank's heads' rows
         plan.groups[f"{prefix}.q_norm"] = _rows(arch.n_heads, size, rank)
         plan.groups[f"{prefix}.k_norm"] = kv_heads
@@ -164,6 +166,7 @@ def make_plan(arch: ArchConfig, size: int, rank: int) -> Plan:
     sharded_vocab = arch.vocab_size % size == 0  # else the embedding and head stay whole (documented)
     if sharded_vocab:
         plan.styles["embed"] = "vocab"
+    if arch.head_vocab % size == 0:  # the LM head's rows (the vocabulary's, or a narrower head's)
         plan.styles["lm_head"] = "head"
     for i in range(arch.n_layers):
         ATTENTION_PLANS[arch.attention](arch, plan, f"layers.{i}.attn")

@@ -55,6 +55,8 @@ OURS: Mapping[str, Layout] = {
     "attn.q": "B T H*D", "attn.k": "B T KV*D", "attn.v": "B T KV*D", "attn.o": RESIDUAL,
     "mlp.gate": "B T F", "mlp.up": "B T F", "mlp.down": RESIDUAL, **MOE,
     "mlp.norm": RESIDUAL,  # a mixture's output norm (A.X-K1's post_mlp_layernorm), on (B, T, d) as transformers'
+    # BitNet's sub-norms (the attention output before `o`, the product before `down`); xIELU's module
+    "attn.sub_norm": "B T H*D", "mlp.sub_norm": "B T F", "mlp.act": "B T F",
 }
 
 # Our QK norms, by ArchConfig.qk_norm: per head on the (B, T, H, D) view, or over the whole
@@ -63,6 +65,9 @@ OURS_QK_NORM: Mapping[str, Mapping[str, Layout]] = {
     "head": {"attn.q_norm": "B T H D", "attn.k_norm": "B T KV D"},
     "projection": {"attn.q_norm": "B T H*D", "attn.k_norm": "B T KV*D"},
 }
+
+# a per-head QK norm after RoPE (ArchConfig.qk_norm_after_rope) normalises the rotated (B, H, T, D) heads
+OURS_QK_NORM_AFTER_ROPE: Mapping[str, Layout] = {"attn.q_norm": "B H T D", "attn.k_norm": "B KV T D"}
 
 OURS_BY_ATTENTION: Mapping[str, Mapping[str, Layout]] = {"latent": LATENT, "sparse": SPARSE}
 
@@ -164,7 +169,9 @@ class PointLayouts:
 
     @classmethod
     def of(cls, arch: ArchConfig, model_type: str, batch: int, seq_len: int) -> PointLayouts:
-        ours = {**OURS, **OURS_QK_NORM.get(arch.qk_norm, {}), **OURS_BY_ATTENTION.get(arch.attention, {})}
+        ours = {**OURS, **OURS_QK_NORM.get(arch.qk_norm, {}),
+                **(OURS_QK_NORM_AFTER_ROPE if arch.qk_norm_after_rope else {}),
+                **OURS_BY_ATTENTION.get(arch.attention, {})}
         theirs = transformers_layouts(model_type, arch)
         sizes = {"B": batch, "T": seq_len, "d": arch.d_model, "E": arch.embed_dim, "F": arch.d_ff, "H": arch.n_heads,
                  "KV": arch.n_kv_heads, "D": arch.head_dim, "P": 3, **_latent_sizes(arch), **_moe_sizes(arch)}

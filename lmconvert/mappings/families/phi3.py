@@ -91,7 +91,7 @@ def rope_from_phi3(hf: HfConfig, _: dict[str, Any]) -> dict[str, Any]:
 
 def rope_to_phi3(cfg: ArchConfig) -> dict[str, Any]:
     # another scaling is written as the default type, so export names the scaling it cannot express
-    rope = cfg.rope if cfg.rope.scaling in ("none", "longrope") else replace(cfg.rope, scaling="none")
+    rope = cfg.rope if cfg.rope.scaling in ("none", "longrope") else replace(cfg.rope, scaling="none", alpha=None)
     original = rope.original_max_positions if rope.scaling == "longrope" else DEFAULT
     params = rope_to_hf(rope, partial=True)
     if rope.scaling == "longrope" and rope.factor == cfg.max_positions / rope.original_max_positions:

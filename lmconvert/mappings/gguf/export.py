@@ -18,7 +18,7 @@ from typing import Any
 
 import torch
 
-from lmconvert.arch import ArchConfig
+from lmconvert.arch import ArchConfig, RopeConfig
 
 from ..errors import MappingError
 from ..registry import ARCHS, BY_NAME, FAMILIES
@@ -119,6 +119,11 @@ def _rope_metadata(arch: str, config: Mapping[str, Any], head_dim: int) -> tuple
     if local.get("rope_theta") is not None:
         values[f"{arch}.rope.freq_base_swa"] = float(local["rope_theta"])
     kind = params.get("rope_type") or "default"
+    if kind == "dynamic" and params.get("alpha"):  # HunYuan's NTK alpha: llama.cpp's converter writes the
+        # static base theta * alpha ** (d / (d - 2)) and no scaling
+        alpha = float(params["alpha"])
+        values[f"{arch}.rope.freq_base"] = float(params["rope_theta"]) * alpha ** (head_dim / (head_dim - 2))
+        return values, {}
     if kind == "default":
         return values, {}
     if kind == "llama3":
@@ -239,8 +244,17 @@ def read_back(model: GgufModel, shapes: Mapping[str, tuple[int, ...]]) -> tuple[
 
 
 def lost(ours: ArchConfig, back: ArchConfig) -> list[str]:
-    """The ArchConfig fields llama.cpp's metadata did not carry."""
+    """The ArchConfig fields llama.cpp's metadata did not carry. NTK-alpha RoPE is carried as the
+    static base it is (llama.cpp's converter writes only that base), so it is compared as that."""
+    ours = replace(ours, rope=_static_rope(ours.rope, ours.head_dim))
     return [f.name for f in fields(ArchConfig) if getattr(back, f.name) != getattr(ours, f.name)]
+
+
+def _static_rope(rope: RopeConfig, head_dim: int) -> RopeConfig:
+    if rope.scaling != "ntk_alpha" or rope.alpha is None:
+        return rope
+    d = rope.rotary_dim(head_dim)
+    return replace(rope, theta=rope.theta * rope.alpha ** (d / (d - 2)), scaling="none", alpha=None)
 
 
 __all__ = ["EXPORTS", "GgufModel", "for_tensors", "lost", "metadata", "read_back"]

@@ -98,7 +98,9 @@ def rope_from_hf(hf: HfConfig, params: dict[str, Any], where: str, theta: float 
 
 
 def rope_to_hf(rope: RopeConfig, partial: bool = False) -> dict[str, Any]:
-    kind = {v: k for k, v in ROPE_TYPES.items()}[rope.scaling]
+    # a scaling only one family spells (HunYuan's ntk_alpha) is written as the default, so export to
+    # another family loses it and is refused naming it
+    kind = {v: k for k, v in ROPE_TYPES.items()}.get(rope.scaling, "default")
     out: dict[str, Any] = {"rope_type": kind, "rope_theta": rope.theta}
     defaults = RopeConfig()
     relevant, required = _READS[kind]
