@@ -28,9 +28,13 @@ LOADED_BIASES: dict[str, frozenset[str]] = {arch: frozenset(names) for arch, nam
     "falcon": ("attn_norm", "attn_norm_2", "output_norm"),
     "mpt": (*NORMS, "attn_qkv", "attn_output", "ffn_up", "ffn_down", "attn_q_norm", "attn_k_norm"),
     "deepseek2": ("exp_probs_b",),  # the experts' selection bias, stored as a bias
+    "exaone": QKV, "seed_oss": QKV, "glm4": QKV, "exaone4": (),
+    "starcoder": (*NORMS, "attn_qkv", "attn_output", "ffn_up", "ffn_down"),
+    "jais2": (*QKV, *NORMS, "attn_output", "ffn_up", "ffn_down"), "dots1": (*QKV, "exp_probs_b"),
+    "glm4moe": (*QKV, "exp_probs_b"),
 }.items()}
 # the architectures whose llama.cpp loader requires an `output` matrix (a tied model has none)
-OUTPUT_REQUIRED = frozenset({"qwen2moe", "olmo2", "stablelm", "nemotron", "olmoe", "phi2", "gptneox"})
+OUTPUT_REQUIRED = frozenset({"qwen2moe", "olmo2", "stablelm", "nemotron", "olmoe", "phi2", "gptneox", "dots1"})
 
 
 # the architectures whose loader sizes the k norm as the q norm, over the whole width (no GQA)
