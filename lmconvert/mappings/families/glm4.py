@@ -11,9 +11,8 @@ from __future__ import annotations
 
 from ..family import Family
 from ..tables.config_table import fixed
-from ..tables.gguf import ATTENTION_BIAS_FLAG, tensor_table, written
+from ..tables.gguf import ATTENTION_BIAS_FLAG, written
 from ..tables.table import Rule, TensorTable
-from ..tables.transforms import Piece
 from . import glm, llama
 
 SANDWICH_NORM_RULES = (
@@ -32,21 +31,9 @@ CONFIG = glm.CONFIG.but(
 
 
 # -- llama.cpp (GGUF)
-GATE_UP = ("blk.{}.ffn_gate.weight", "blk.{}.ffn_up.weight")
-
-
-def _glm4_table() -> TensorTable:
-    """llama.cpp's glm4: HF's gate_up_proj unchanged as `ffn_up` [gate | up], q/k unpermuted (its
-    rotation reads adjacent pairs, as GLM's interleaved RoPE), the sandwich norms as
-    `post_attention_norm` and `post_ffw_norm`."""
-    fused = tuple(Rule("blk.{}.ffn_up.weight", f"layers.{{}}.mlp.{n}.weight", Piece(("ffn", "ffn"), i))
-                  for i, n in enumerate(("gate", "up")))
-    return TensorTable(tuple(r for r in tensor_table(False, 0.0, True).rules if r.stored not in GATE_UP) + fused)
-
-
 # its loader reads the q, k and v biases only; the rotated part of a head is `rope.dimension_count`
 GGUF_GLM4 = written("glm4", arch="glm4", defaults={"hidden_act": "silu"}, bias_flags=ATTENTION_BIAS_FLAG,
-                    partial_rotary=True, table=_glm4_table())
+                    partial_rotary=True, table=glm.gguf_table())
 
 FAMILY = Family("glm4", ("glm4",), "Glm4ForCausalLM", TENSORS, CONFIG, gguf=(GGUF_GLM4,),
                 reference_layouts=glm.REFERENCE_LAYOUTS)

@@ -31,7 +31,7 @@ LOADED_BIASES: dict[str, frozenset[str]] = {arch: frozenset(names) for arch, nam
     "exaone": QKV, "seed_oss": QKV, "glm4": QKV, "exaone4": (),
     "starcoder": (*NORMS, "attn_qkv", "attn_output", "ffn_up", "ffn_down"),
     "jais2": (*QKV, *NORMS, "attn_output", "ffn_up", "ffn_down"), "dots1": (*QKV, "exp_probs_b"),
-    "glm4moe": (*QKV, "exp_probs_b"),
+    "glm4moe": (*QKV, "exp_probs_b"), "minicpm3": (), "chatglm": QKV,
 }.items()}
 # the architectures whose llama.cpp loader requires an `output` matrix (a tied model has none)
 OUTPUT_REQUIRED = frozenset({"qwen2moe", "olmo2", "stablelm", "nemotron", "olmoe", "phi2", "gptneox", "dots1"})
