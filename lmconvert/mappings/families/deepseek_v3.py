@@ -314,7 +314,10 @@ DEEPSEEK2_KEYS = {
 V3_ROUTER_KEYS = {k: v for k, v in DEEPSEEK2_KEYS.items() if not k.startswith(("attention.", "rope."))}
 V3_ROUTER_DEFAULTS = {"norm_topk_prob": False, "routed_scaling_factor": 1.0, "n_group": 1, "topk_group": 1}
 SIGMOID = 2  # llama.cpp's expert_gating_func for sigmoid scores (LLAMA_EXPERT_GATING_FUNC_TYPE_SIGMOID)
-V3_ROUTER_RULES = (*GGUF_MOE_RULES, Rule("blk.{}.exp_probs_b.bias", "layers.{}.mlp.router.selection_bias"))
+V3_ROUTER_RULES = (*GGUF_MOE_RULES, Rule("blk.{}.exp_probs_b.bias", "layers.{}.mlp.router.selection_bias"),
+                   # their loaders read none: refused (loaders.py)
+                   *(Rule(f"blk.{{}}.ffn_{n}_shexp.bias", f"layers.{{}}.mlp.shared.{n}.bias")
+                     for n in ("gate", "up", "down")))
 
 
 def v3_router(config: Mapping[str, Any], arch: str) -> None:
