@@ -797,3 +797,47 @@ def test_exaone_moe_s_routing_llama_cpp_lacks_is_refused(overrides: dict[str, An
     canonical = canonical_of(build_model("exaone_moe", **{**SPECS["exaone_moe"].kwargs, **overrides}), tmp_path)
     with pytest.raises(InputError, match="llama.cpp's exaone-moe metadata cannot express this model's moe"):
         convert(canonical, tmp_path / "out.gguf", "gguf", quant="f32")
+
+
+# -- the families llama.cpp's converter writes under another's architecture, and what their graphs lack --
+
+F = "full_attention"
+
+
+@pytest.mark.parametrize(("name", "word"), [
+    ("internlm3", "internlm3"), ("iquestcoder", "iquestcoder"), ("olmo3", None), ("olmo2", None), ("youtu", "youtu"),
+    ("sarvam_mla", "sarvam"), ("glm4_moe_lite", "glm4_moe_lite")])
+def test_a_family_written_as_another_s_architecture_reads_back_as_itself(name: str, word: str | None,
+                                                                         tmp_path: Path) -> None:
+    """InternLM3 and IQuest-Coder are llama.cpp's `llama`, Youtu, Sarvam and GLM-4.7-Flash its
+    `deepseek2`: told apart, as Mistral, by a word of general.name; OLMo 3 is its `olmo2` with a
+    window (an OLMo 2 file, without one, stays OLMo 2)."""
+    out = exported(canonical_of(built(name, MODELS[name]), tmp_path), tmp_path / "m.gguf", "f32")
+    assert open_source(out).config["model_type"] == name
+    if word is not None:
+        assert word in gguf.GGUFReader(out).fields["general.name"].contents().lower()
+
+
+@pytest.mark.parametrize(("name", "overrides", "fragment"), [
+    # the sliding layers' own theta: llama.cpp's olmo2 rotates them with `rope.freq_base`
+    ("olmo3", dict(SPECS["olmo3"].kwargs, attention_bias=False),
+     "olmo2 metadata cannot express this model's rope_local"),
+    # sliding layers below 64 layers: llama.cpp's exaone4 has none; with 64, its own, which lmconvert does not
+    # write
+    ("exaone4", dict(SPECS["exaone4"].kwargs), "exaone4 metadata cannot express this model's layer_positions"),
+    ("exaone4", dict(WRITTEN_ONLY["exaone4"], num_hidden_layers=64, layer_types=[F] * 64),
+     "llama.cpp's exaone4 hard-codes sliding layers"),
+    ("jais2", dict(SPECS["jais2"].kwargs), "llama.cpp's jais2 loads no rope_freqs tensor"),
+    ("dots1", dict(WRITTEN_ONLY["dots1"], num_key_value_heads=2), "llama.cpp's dots1 sizes k and v as q"),
+    ("gpt_bigcode", dict(WRITTEN_ONLY["gpt_bigcode"], scale_attn_weights=False),
+     "starcoder metadata cannot express this model's attn_scale"),
+    ("glm4_moe_lite", dict(WRITTEN_ONLY["glm4_moe_lite"], mlp_layer_types=["sparse", "dense", "sparse"]),
+     "deepseek2 metadata cannot express this model's moe"),  # a dense layer after experts
+    ("seed_oss", dict(WRITTEN_ONLY["seed_oss"], attention_out_bias=True), "seed_oss architecture loads no"),
+])
+def test_what_these_llama_cpp_graphs_compute_otherwise_is_refused(name: str, overrides: dict[str, Any], fragment: str,
+                                                                   tmp_path: Path) -> None:
+    canonical = canonical_of(build_model(name, **overrides), tmp_path)
+    code, _, err = cli("convert", canonical, tmp_path / "m.gguf", "--to", "gguf")
+    assert code == 2 and fragment in err and len(err.strip().splitlines()) == 1, err
+    assert not (tmp_path / "m.gguf").exists()

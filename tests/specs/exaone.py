@@ -15,4 +15,5 @@ SPEC = Spec(  # EXAONE 3.x: llama under the original names; the old style is the
     config_variants=({}, dict(attention_bias=True, mlp_bias=True, rms_norm_eps=1e-6, hidden_act="gelu",
                               head_dim=32, num_key_value_heads=1, tie_word_embeddings=True,
                               rope_parameters={"rope_type": "yarn", "factor": 4.0,
-                                               "original_max_position_embeddings": 32, "rope_theta": 1e4})))
+                                               "original_max_position_embeddings": 32, "rope_theta": 1e4})),
+    gguf=dict(attention_bias=False, mlp_bias=False))  # llama.cpp's exaone loads no o or MLP bias

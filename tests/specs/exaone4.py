@@ -17,4 +17,5 @@ SPEC = Spec(  # 3 sliding layers with RoPE : 1 full layer without positions, lla
                           sliding_window_pattern="LFLF",
                           head_dim=32, tie_word_embeddings=True, hidden_act="gelu",
                           rope_parameters={"rope_type": "linear", "factor": 2.0, "rope_theta": 1e6}),
-                     dict(num_hidden_layers=4, sliding_window=None, layer_types=[F, F, F, F])))
+                     dict(num_hidden_layers=4, sliding_window=None, layer_types=[F, F, F, F])),
+    gguf=dict(sliding_window=None, layer_types=[F] * 4))  # llama.cpp's exaone4 below 64 layers: no window

@@ -15,4 +15,5 @@ SPEC = Spec(  # a partial RoPE other than the default half, scaled, and GLM's q/
     config_variants=({}, dict(attention_bias=False, head_dim=32, num_key_value_heads=4, tie_word_embeddings=True,
                               hidden_act="gelu", rms_norm_eps=1e-5,
                               rope_parameters={"rope_type": "yarn", "factor": 4.0, "rope_theta": 1e6,
-                                               "original_max_position_embeddings": 32, "partial_rotary_factor": 1.0})))
+                                               "original_max_position_embeddings": 32, "partial_rotary_factor": 1.0})),
+    gguf={})  # llama.cpp's chatglm holds it whole

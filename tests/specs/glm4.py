@@ -13,4 +13,5 @@ SPEC = Spec(  # sandwich norms on GLM's interleaved partial RoPE and q/k/v biase
     config_variants=({}, dict(attention_bias=False, head_dim=32, num_key_value_heads=4, tie_word_embeddings=True,
                               hidden_act="gelu", rms_norm_eps=1e-5,
                               rope_parameters={"rope_type": "linear", "factor": 2.0, "rope_theta": 1e6,
-                                               "partial_rotary_factor": 1.0})))
+                                               "partial_rotary_factor": 1.0})),
+    gguf={})  # llama.cpp's glm4 holds it whole

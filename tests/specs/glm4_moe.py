@@ -17,4 +17,5 @@ SPEC = Spec(  # bf16: bit-exact with transformers' default experts (grouped_mm) 
           "biases: q, k, v", "renormalised, weights in fp32, best 2 of 4 groups, selection bias, scaled x1.5"),
     config_variants=(MOE, dict(MOE, norm_topk_prob=False, routed_scaling_factor=2.5, attention_bias=True,
                                use_qk_norm=True, rms_norm_eps=1e-6, rope_parameters=LINEAR),
-                     dict(MOE, first_k_dense_replace=0, n_group=1, topk_group=1)))
+                     dict(MOE, first_k_dense_replace=0, n_group=1, topk_group=1)),
+    gguf={})  # llama.cpp's glm4moe holds it whole

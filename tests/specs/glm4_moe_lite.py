@@ -22,4 +22,7 @@ SPEC = Spec(  # bf16: bit-exact with transformers' default experts (grouped_mm) 
     config_variants=(dict(MLA, **MOE), dict(MLA, **MOE, q_lora_rank=None, attention_bias=True, rope_interleave=False,
                                             norm_topk_prob=False, rms_norm_eps=1e-6,
                                             rope_parameters={**ROPE, "rope_theta": 1e6}),
-                     dict(MLA, num_hidden_layers=2, mlp_layer_types=["dense", "dense"])))
+                     dict(MLA, num_hidden_layers=2, mlp_layer_types=["dense", "dense"])),
+    # llama.cpp's deepseek2: no biases, unscaled RoPE, the MLA norms' eps 1e-6 for every norm; dense layers first
+    gguf=dict(attention_bias=False, rms_norm_eps=1e-6, mlp_layer_types=["dense", "sparse", "sparse"],
+              rope_parameters={"rope_type": "default", "rope_theta": 2e4}))

@@ -16,4 +16,5 @@ SPEC = Spec(
                               tie_word_embeddings=True, rope_parameters={**LINEAR, "rope_theta": 5e5}),
                      dict(head_dim=32, num_key_value_heads=1, rope_parameters={
                          "rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
-                         "original_max_position_embeddings": 32, "rope_theta": 5e5})))
+                         "original_max_position_embeddings": 32, "rope_theta": 5e5})),
+    gguf={})  # llama.cpp's llama holds it whole

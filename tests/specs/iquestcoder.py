@@ -13,4 +13,5 @@ SPEC = Spec(
                               rms_norm_eps=1e-6, tie_word_embeddings=True,
                               rope_parameters={"rope_type": "yarn", "rope_theta": 5e5, **YARN}),
                      dict(head_dim=32, num_key_value_heads=1, attention_bias=True,
-                          rope_parameters={"rope_type": "linear", "factor": 2.0, "rope_theta": 1e6})))
+                          rope_parameters={"rope_type": "linear", "factor": 2.0, "rope_theta": 1e6})),
+    gguf={})  # llama.cpp's llama holds it whole

@@ -13,4 +13,5 @@ SPEC = Spec(
                               layer_norm_eps=1e-6, hidden_act="gelu", tie_word_embeddings=True,
                               rope_parameters={**LLAMA3, "rope_theta": 5e5}),
                      dict(head_dim=32, num_key_value_heads=1,
-                          rope_parameters={"rope_type": "linear", "factor": 2.0, "rope_theta": 1e6})))
+                          rope_parameters={"rope_type": "linear", "factor": 2.0, "rope_theta": 1e6})),
+    gguf=dict(rope_parameters={"rope_type": "linear", "factor": 2.0, "rope_theta": 5e5}))  # no rope_freqs in jais2

@@ -21,4 +21,7 @@ SPEC = Spec(  # longrope in its short regime (the long one: test_minicpm3.py); s
           "20.0% of it", "KV cache          192 bytes per token (float32)",
           "embedding scale: 12 (rounded to weight dtype)", "residual scale: 0.989949 (each sublayer's output)",
           "LM-head input divided by 2.66667", "biases: mlp", "embeddings: tied"),
-    not_on_card=("mixture of experts", "logit scale"))
+    not_on_card=("mixture of experts", "logit scale"),
+    # llama.cpp's minicpm3: no biases, unscaled RoPE, eps 1e-6 for every norm (the MLA norms' own), base 256
+    gguf=dict(attention_bias=False, mlp_bias=False, rms_norm_eps=1e-6, dim_model_base=256,
+              rope_parameters={"rope_type": "default", "rope_theta": 2e4}))

@@ -18,4 +18,7 @@ SPEC = Spec(  # YaRN on the full layers with their own theta, as the long-contex
                           tie_word_embeddings=True, num_key_value_heads=1, hidden_act="gelu",
                           rope_parameters={S: {"rope_type": "default", "rope_theta": 1e4},
                                            F: {"rope_type": "linear", "factor": 2.0, "rope_theta": 1e6}}),
-                     dict(num_hidden_layers=3, layer_types=[S, F, S], sliding_window=WINDOW)))
+                     dict(num_hidden_layers=3, layer_types=[S, F, S], sliding_window=WINDOW)),
+    # llama.cpp's olmo2 rotates the sliding layers with the full layers' theta (unscaled); it loads no o bias
+    gguf=dict(attention_bias=False, rope_parameters={S: {"rope_type": "default", "rope_theta": 5e5},
+                                                         F: {**YARN, "rope_type": "yarn", "rope_theta": 5e5}}))

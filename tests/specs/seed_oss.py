@@ -14,4 +14,5 @@ SPEC = Spec(
                               tie_word_embeddings=True,
                               rope_parameters={"rope_type": "yarn", "rope_theta": 1e7, **YARN}),
                      dict(head_dim=32, num_key_value_heads=1, residual_dropout=0.0,
-                          rope_parameters={"rope_type": "linear", "factor": 2.0, "rope_theta": 1e6})))
+                          rope_parameters={"rope_type": "linear", "factor": 2.0, "rope_theta": 1e6})),
+    gguf=dict(attention_out_bias=False, mlp_bias=False))  # llama.cpp's seed_oss loads q, k, v biases only

@@ -20,4 +20,6 @@ SPEC = Spec(  # dense latent attention (MLA) with q LoRA, interleaved rotary dim
     config_variants=(dict(num_key_value_heads=4),
                      dict(MLA, q_lora_rank=None, attention_bias=True, rope_interleave=False, tie_word_embeddings=False,
                           hidden_act="gelu", rms_norm_eps=1e-5,
-                          rope_parameters={**ROPE, "rope_theta": 1e6})))
+                          rope_parameters={**ROPE, "rope_theta": 1e6})),
+    # llama.cpp's deepseek2: no biases, unscaled RoPE, the MLA norms' eps 1e-6 for every norm
+    gguf=dict(attention_bias=False, rms_norm_eps=1e-6, rope_parameters={"rope_type": "default", "rope_theta": 2e4}))

@@ -29,6 +29,7 @@ from ..tables.config_table import DEFAULT, Entry
 from ..tables.gguf import MOE_RULES as GGUF_MOE_RULES
 from ..tables.gguf import (
     PADDED,
+    GgufArch,
     written,
 )
 from ..tables.hf_config import HfConfig, Key
@@ -239,7 +240,7 @@ def _deepseek2_table() -> TensorTable:
     ))
 
 
-def _mla_sizes(config: Mapping[str, Any]) -> dict[str, Any]:
+def mla_sizes(config: Mapping[str, Any]) -> dict[str, Any]:
     """DeepSeek's MLA sizes from llama.cpp's. In the layout without absorption (lmconvert's files,
     `attn_kv_b` whole) the key length is the no-RoPE part plus the rotary width
     (`rope.dimension_count`) and the value length v_head_dim; in the layout of llama.cpp's converter
@@ -262,12 +263,12 @@ def _mla_sizes(config: Mapping[str, Any]) -> dict[str, Any]:
     return sizes
 
 
-def _groups(config: Mapping[str, Any]) -> tuple[int, Any]:
-    """(expert groups, groups used), refused where llama.cpp's loader asserts: it takes grouping
-    to keep fewer groups than there are."""
+def expert_groups(config: Mapping[str, Any], arch: str = "deepseek2") -> tuple[int, Any]:
+    """(expert groups, groups used), refused where llama.cpp's loader asserts (for every `arch`): it
+    takes grouping to keep fewer groups than there are."""
     groups, used = config.get("n_group") or 1, config.get("topk_group")
     if groups > 1 and used is not None and used >= groups:
-        raise MappingError(f"llama.cpp's deepseek2 loader requires expert_group_used_count below expert_group_count "
+        raise MappingError(f"llama.cpp's {arch} loader requires expert_group_used_count below expert_group_count "
                            f"(it aborts otherwise), and this model uses {used} of {groups} expert groups")
     return groups, used
 
@@ -278,8 +279,8 @@ def _deepseek_v3(config: Mapping[str, Any]) -> dict[str, Any]:
     if config.get("expert_gating_func") != 2:
         raise MappingError(f"deepseek2.expert_gating_func={config.get('expert_gating_func')}: lmconvert reads "
                            "llama.cpp's softmax router (1, DeepSeek-V2's) and its sigmoid one (2, DeepSeek-V3's)")
-    _groups(config)
-    return _mla_sizes(config)
+    expert_groups(config)
+    return mla_sizes(config)
 
 
 def _deepseek_v2(config: Mapping[str, Any]) -> dict[str, Any]:
@@ -290,12 +291,12 @@ def _deepseek_v2(config: Mapping[str, Any]) -> dict[str, Any]:
     if config.get("norm_topk_prob"):
         raise MappingError("deepseek2.expert_weights_norm=true with softmax routing (expert_gating_func 1): "
                            "DeepSeek-V2 never renormalises the chosen experts' weights")
-    groups, used = _groups(config)
+    groups, used = expert_groups(config)
     if groups > 1:
         raise MappingError(f"softmax routing limited to {used} of {groups} expert groups: llama.cpp's deepseek2 "
                            "scores a group by the sum of its two best experts, DeepSeek-V2's group_limited_greedy by "
                            "its best one, so they choose different experts")
-    return {**_mla_sizes(config), "topk_method": "greedy", "n_group": None, "topk_group": None}
+    return {**mla_sizes(config), "topk_method": "greedy", "n_group": None, "topk_group": None}
 
 
 # the `{arch}.` keys of llama.cpp's deepseek2 (MLA, and its MoE keys)
@@ -308,6 +309,26 @@ DEEPSEEK2_KEYS = {
     "expert_shared_count": "n_shared_experts", "expert_weights_scale": "routed_scaling_factor",
     "expert_weights_norm": "norm_topk_prob", "expert_group_count": "n_group", "expert_group_used_count": "topk_group",
     "expert_gating_func": "expert_gating_func"}
+# DeepSeek-V3's router as llama.cpp's other architectures that run it state it (dots1, glm4moe): the
+# deepseek2 keys but MLA's, and what its loader assumes where a file leaves one out
+V3_ROUTER_KEYS = {k: v for k, v in DEEPSEEK2_KEYS.items() if not k.startswith(("attention.", "rope."))}
+V3_ROUTER_DEFAULTS = {"norm_topk_prob": False, "routed_scaling_factor": 1.0, "n_group": 1, "topk_group": 1}
+SIGMOID = 2  # llama.cpp's expert_gating_func for sigmoid scores (LLAMA_EXPERT_GATING_FUNC_TYPE_SIGMOID)
+V3_ROUTER_RULES = (*GGUF_MOE_RULES, Rule("blk.{}.exp_probs_b.bias", "layers.{}.mlp.router.selection_bias"),
+                   # their loaders read none: refused (loaders.py)
+                   *(Rule(f"blk.{{}}.ffn_{n}_shexp.bias", f"layers.{{}}.mlp.shared.{n}.bias")
+                     for n in ("gate", "up", "down")))
+
+
+def v3_router(config: Mapping[str, Any], arch: str) -> None:
+    """Refuses a file of `arch` whose router is not DeepSeek-V3's (sigmoid scores; groups scored by
+    their two best experts, fewer kept than there are, as llama.cpp's loader asserts)."""
+    if config.get("expert_gating_func") != SIGMOID:
+        raise MappingError(f"{arch}.expert_gating_func={config.get('expert_gating_func')}: this router takes sigmoid "
+                           f"scores ({SIGMOID})")
+    expert_groups(config, arch)
+
+
 # what llama.cpp assumes when a deepseek2 file leaves a key out: no q LoRA, no renormalising, no groups, no scale
 DEEPSEEK2_DEFAULTS = {"hidden_act": "silu", "q_lora_rank": None, "norm_topk_prob": False, "n_group": 1,
                       "topk_group": 1, "routed_scaling_factor": 1.0}
@@ -322,6 +343,12 @@ DEEPSEEK_V3 = written("deepseek_v3", arch="deepseek2", keys=DEEPSEEK2_KEYS,
                       unstated={"moe_intermediate_size": lambda config: config["intermediate_size"],
                                 "n_shared_experts": lambda config: 0, "num_experts_per_tok": lambda config: 1})
 DEEPSEEK_V2 = replace(DEEPSEEK_V3, model_type="deepseek_v2", defaults=DEEPSEEK2_DEFAULTS, derived=_deepseek_v2)
+# another model type llama.cpp runs as deepseek2 with DeepSeek-V3's router (or none: dense), told apart by
+# a word of its general.name (the family's GGUF entry), its sigmoid scores stated
+def runs_as_v3(model_type: str, word: str, **facts: Any) -> GgufArch:  # noqa: ANN401 - GgufArch's fields
+    return replace(DEEPSEEK_V3, model_type=model_type, named=word, constants={"expert_gating_func": SIGMOID}, **facts)
+
+
 # llama.cpp's loader takes a file stating no gating function as DeepSeek-V2's (softmax)
 GGUF_DEEPSEEK2 = replace(DEEPSEEK_V3, told_apart=(("expert_gating_func", 2, DEEPSEEK_V3),
                                                       ("expert_gating_func", 1, DEEPSEEK_V2),

@@ -16,12 +16,15 @@ no defaults: a mixture-of-experts layer needs them stated.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 from lmconvert.arch import ArchConfig, MoeConfig
 
+from ..errors import MappingError
 from ..family import Family
 from ..tables.config_table import DEFAULT, Entry, fixed
+from ..tables.gguf import ATTENTION_BIAS_FLAG, tensor_table, written
 from ..tables.hf_config import HfConfig, Key
 from ..tables.hf_layers import (
     LAYER_TYPES_KEY,
@@ -78,4 +81,24 @@ TENSORS = TensorTable(llama.TENSORS.rules + llama.QK_NORM_RULES + deepseek_v3.MO
 # experts on the unflattened input, as DeepSeek's
 REFERENCE_LAYOUTS = {**QK_NORM_PER_HEAD, **SHARED_UNFLATTENED}
 
-FAMILY = Family("dots1", ("dots1",), "Dots1ForCausalLM", TENSORS, CONFIG, reference_layouts=REFERENCE_LAYOUTS)
+
+# -- llama.cpp (GGUF)
+def _dots1(config: Mapping[str, Any]) -> dict[str, Any]:
+    """What llama.cpp's dots1 runs: DeepSeek-V3's router (its converter states the sigmoid from
+    `scoring_func`), no window, as many K/V heads as heads (its loader sizes k and v so)."""
+    deepseek_v3.v3_router(config, "dots1")
+    if config["num_key_value_heads"] != config["num_attention_heads"]:
+        raise MappingError(f"llama.cpp's dots1 sizes k and v as q ({config['num_attention_heads']} heads), and this "
+                           f"file has {config['num_key_value_heads']} K/V heads")
+    return {}
+
+
+# dense SwiGLU layers first, then stacked experts with shared ones and the selection bias (`exp_probs_b`)
+GGUF_DOTS1 = written("dots1", arch="dots1", keys=deepseek_v3.V3_ROUTER_KEYS,
+                     defaults={"hidden_act": "silu", **deepseek_v3.V3_ROUTER_DEFAULTS},
+                     constants={"expert_gating_func": deepseek_v3.SIGMOID}, bias_flags=ATTENTION_BIAS_FLAG,
+                     derived=_dots1, table=TensorTable(tensor_table(False, 0.0, True).rules
+                                                       + deepseek_v3.V3_ROUTER_RULES))
+
+FAMILY = Family("dots1", ("dots1",), "Dots1ForCausalLM", TENSORS, CONFIG, gguf=(GGUF_DOTS1,),
+                reference_layouts=REFERENCE_LAYOUTS)

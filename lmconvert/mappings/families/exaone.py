@@ -17,6 +17,7 @@ from dataclasses import replace
 from lmconvert.arch import NormConfig
 
 from ..family import Family
+from ..tables.gguf import ATTENTION_BIAS_FLAG, GgufArch
 from ..tables.hf_alias import aliased
 from ..tables.table import Rule, TensorTable
 from . import llama
@@ -45,4 +46,11 @@ CONFIG = llama.CONFIG.but(
               "max_position_embeddings": 4096, "rope_theta": 500000.0},
 )
 
-FAMILY = Family("exaone", ("exaone",), "LlamaForCausalLM", TENSORS, CONFIG)
+
+# -- llama.cpp (GGUF)
+# llama.cpp's exaone (ExaoneModel in its converter): llama's layout with q/k unpermuted (NeoX-style
+# rotation); its loader reads the q, k and v biases, no o or MLP bias
+GGUF_EXAONE = GgufArch("exaone", arch="exaone", defaults={"hidden_act": "silu"}, bias_flags=ATTENTION_BIAS_FLAG,
+                       transformers_reads=False)
+
+FAMILY = Family("exaone", ("exaone",), "LlamaForCausalLM", TENSORS, CONFIG, gguf=(GGUF_EXAONE,))

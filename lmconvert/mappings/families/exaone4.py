@@ -22,6 +22,7 @@ from lmconvert.arch import ArchConfig
 from ..errors import MappingError
 from ..family import Family
 from ..tables.config_table import DEFAULT, Entry, fixed
+from ..tables.gguf import written
 from ..tables.hf_config import HfConfig, Key, show
 from ..tables.hf_layers import (
     LAYER_TYPES_KEY,
@@ -88,5 +89,26 @@ CONFIG = llama.CONFIG.but(
 # q_proj(x).view(B, T, -1, D).transpose(1, 2), then q_norm
 REFERENCE_LAYOUTS = QK_NORM_HEADS_FIRST
 
-FAMILY = Family("exaone4", ("exaone4",), "Exaone4ForCausalLM", olmo2.TENSORS, CONFIG,
+
+# -- llama.cpp (GGUF)
+SWA_LAYERS = 64  # llama.cpp's exaone4 has sliding layers exactly when there are 64 (EXAONE-4.0-32B)
+
+
+def _every_layer_rotates(config: dict[str, Any]) -> dict[str, Any]:
+    """llama.cpp's exaone4 below 64 layers: every layer full, every layer rotating (EXAONE-4.0-1.2B,
+    `sliding_window` null), whatever window the file states; so a model with sliding layers comes
+    back otherwise and is refused. With 64 layers it hard-codes a window of 4096 on three layers of
+    four (the last full, without RoPE), which lmconvert does not write or read."""
+    n = config["num_hidden_layers"]
+    if n == SWA_LAYERS:
+        raise MappingError(f"llama.cpp's exaone4 hard-codes sliding layers (a window of 4096, every fourth layer "
+                           f"full and without RoPE) on {SWA_LAYERS}-layer models, which lmconvert does not read or "
+                           "write from GGUF; convert the original checkpoint instead")
+    return {"sliding_window": None, "layer_types": ["full_attention"] * n}
+
+
+# llama.cpp's exaone4 (Exaone4Model in its converter): olmo2's layout, q/k unpermuted
+GGUF_EXAONE4 = written("exaone4", arch="exaone4", defaults={"hidden_act": "silu"}, derived=_every_layer_rotates)
+
+FAMILY = Family("exaone4", ("exaone4",), "Exaone4ForCausalLM", olmo2.TENSORS, CONFIG, gguf=(GGUF_EXAONE4,),
                 reference_layouts=REFERENCE_LAYOUTS)

@@ -20,6 +20,7 @@ from lmconvert.arch import ArchConfig
 from ..errors import MappingError
 from ..family import Family
 from ..tables.config_table import Entry
+from ..tables.gguf import ATTENTION_BIAS_FLAG, tensor_table, written
 from ..tables.hf_config import HfConfig, Key
 from ..tables.hf_rope import rope
 from ..tables.table import Rule, TensorTable
@@ -74,4 +75,23 @@ CONFIG = llama.CONFIG.but(
 # one gate_up_proj output [gate | up]
 REFERENCE_LAYOUTS = {"mlp.gate": "B T [F]|F", "mlp.up": "B T F|[F]"}
 
-FAMILY = Family("glm", ("glm",), "GlmForCausalLM", TENSORS, CONFIG, reference_layouts=REFERENCE_LAYOUTS)
+# -- llama.cpp (GGUF)
+GATE_UP = ("blk.{}.ffn_gate.weight", "blk.{}.ffn_up.weight")
+
+
+def gguf_table() -> TensorTable:
+    """llama.cpp's chatglm and glm4: HF's gate_up_proj unchanged as `ffn_up` [gate | up], q/k
+    unpermuted (their rotation reads adjacent pairs, as GLM's interleaved RoPE); GLM-4-0414's
+    sandwich norms as `post_attention_norm` and `post_ffw_norm`."""
+    fused = tuple(Rule("blk.{}.ffn_up.weight", f"layers.{{}}.mlp.{n}.weight", Piece(("ffn", "ffn"), i))
+                  for i, n in enumerate(("gate", "up")))
+    return TensorTable(tuple(r for r in tensor_table(False, 0.0, True).rules if r.stored not in GATE_UP) + fused)
+
+
+# llama.cpp's chatglm (ChatGLMModel in its converter reads GlmForCausalLM): its loader reads the q, k and v
+# biases only; the rotated part of a head is `rope.dimension_count`
+GGUF_CHATGLM = written("glm", arch="chatglm", defaults={"hidden_act": "silu"}, bias_flags=ATTENTION_BIAS_FLAG,
+                       partial_rotary=True, table=gguf_table())
+
+FAMILY = Family("glm", ("glm",), "GlmForCausalLM", TENSORS, CONFIG, gguf=(GGUF_CHATGLM,),
+                reference_layouts=REFERENCE_LAYOUTS)

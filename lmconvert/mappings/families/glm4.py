@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from ..family import Family
 from ..tables.config_table import fixed
+from ..tables.gguf import ATTENTION_BIAS_FLAG, written
 from ..tables.table import Rule, TensorTable
 from . import glm, llama
 
@@ -28,4 +29,11 @@ CONFIG = glm.CONFIG.but(
 )
 
 
-FAMILY = Family("glm4", ("glm4",), "Glm4ForCausalLM", TENSORS, CONFIG, reference_layouts=glm.REFERENCE_LAYOUTS)
+
+# -- llama.cpp (GGUF)
+# its loader reads the q, k and v biases only; the rotated part of a head is `rope.dimension_count`
+GGUF_GLM4 = written("glm4", arch="glm4", defaults={"hidden_act": "silu"}, bias_flags=ATTENTION_BIAS_FLAG,
+                    partial_rotary=True, table=glm.gguf_table())
+
+FAMILY = Family("glm4", ("glm4",), "Glm4ForCausalLM", TENSORS, CONFIG, gguf=(GGUF_GLM4,),
+                reference_layouts=glm.REFERENCE_LAYOUTS)

@@ -18,12 +18,16 @@ transformers does not load, are not read.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from typing import Any
+
 from ..family import Family
 from ..tables.config_table import Entry
+from ..tables.gguf import ATTENTION_BIAS_FLAG, tensor_table, written
 from ..tables.hf_config import Key
 from ..tables.hf_rope import rope
 from ..tables.points import QK_NORM_PER_HEAD, SHARED_UNFLATTENED
-from ..tables.table import TensorTable
+from ..tables.table import Rule, TensorTable
 from . import deepseek_v3, glm, llama
 
 QK_NORM = Entry("use_qk_norm", (Key("use_qk_norm", bool, False),),
@@ -56,5 +60,30 @@ TENSORS = TensorTable(llama.TENSORS.rules + llama.QK_NORM_RULES + deepseek_v3.MO
 # experts on the unflattened input, as DeepSeek's
 REFERENCE_LAYOUTS = {**QK_NORM_PER_HEAD, **SHARED_UNFLATTENED}
 
-FAMILY = Family("glm4_moe", ("glm4_moe",), "Glm4MoeForCausalLM", TENSORS, CONFIG,
+
+# -- llama.cpp (GGUF)
+def _glm4moe_table() -> TensorTable:
+    """llama.cpp's glm4moe: the MLP's pre-norm (HF's post_attention_layernorm) stored as
+    `post_attention_norm`, no `ffn_norm`; q/k unpermuted (NeoX-style rotation); dense SwiGLU layers
+    first, then stacked experts with shared ones and the selection bias (`exp_probs_b`)."""
+    mlp_norm, rules = "blk.{}.post_attention_norm.weight", tensor_table(False, 0.0, True).rules
+    return TensorTable(tuple(Rule(r.stored, "layers.{}.mlp_norm.weight", r.transform) if r.stored == mlp_norm else r
+                             for r in rules if r.stored != "blk.{}.ffn_norm.weight") + deepseek_v3.V3_ROUTER_RULES)
+
+
+def _glm4moe(config: Mapping[str, Any]) -> dict[str, Any]:
+    """DeepSeek-V3's router (llama.cpp's glm4moe takes a file stating no gating function as
+    sigmoid); per-head q/k norms when the file holds them."""
+    deepseek_v3.v3_router({"expert_gating_func": deepseek_v3.SIGMOID, **config}, "glm4moe")
+    return {}
+
+
+# its loader reads the q, k and v biases only; the rotated part of a head is `rope.dimension_count`
+GGUF_GLM4_MOE = written("glm4_moe", arch="glm4moe", keys=deepseek_v3.V3_ROUTER_KEYS,
+                        defaults={"hidden_act": "silu", **deepseek_v3.V3_ROUTER_DEFAULTS},
+                        constants={"expert_gating_func": deepseek_v3.SIGMOID},
+                        bias_flags={**ATTENTION_BIAS_FLAG, "use_qk_norm": "blk.0.attn_q_norm.weight"},
+                        partial_rotary=True, derived=_glm4moe, table=_glm4moe_table())
+
+FAMILY = Family("glm4_moe", ("glm4_moe",), "Glm4MoeForCausalLM", TENSORS, CONFIG, gguf=(GGUF_GLM4_MOE,),
                 reference_layouts=REFERENCE_LAYOUTS)

@@ -15,6 +15,7 @@ which transformers does not load, is not read.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import replace
 from typing import Any
 
@@ -63,5 +64,24 @@ CONFIG = deepseek_v3.CONFIG.but(
 # runs the shared experts on the unflattened input
 REFERENCE_LAYOUTS = {**LATENT, **SHARED_UNFLATTENED}
 
+
+# -- llama.cpp (GGUF)
+def _leading_dense(config: Mapping[str, Any]) -> int:
+    """The dense layers llama.cpp's deepseek2 can hold: the leading ones (`leading_dense_block_count`);
+    others read back as experts, so that a model with them is refused."""
+    types = config.get("mlp_layer_types") or ["dense"] + ["sparse"] * (config["num_hidden_layers"] - 1)
+    return next((i for i, kind in enumerate(types) if kind != "dense"), len(types))
+
+
+def _layer_types(config: Mapping[str, Any]) -> dict[str, Any]:
+    """mlp_layer_types from llama.cpp's leading dense blocks, and DeepSeek-V3's MLA sizes and router."""
+    first, n = config.get("first_k_dense_replace") or 0, config["num_hidden_layers"]
+    return {**deepseek_v3.DEEPSEEK_V3.derived(config), "mlp_layer_types": ["dense"] * first + ["sparse"] * (n - first)}
+
+
+# llama.cpp's deepseek2 runs it as DeepSeek-V3 (its converter: Glm4MoeLiteModel, a DeepseekV2Model)
+GGUF_GLM4_MOE_LITE = deepseek_v3.runs_as_v3("glm4_moe_lite", "glm4_moe_lite", derived=_layer_types, unstated={
+    **deepseek_v3.DEEPSEEK_V3.unstated, "first_k_dense_replace": _leading_dense})
+
 FAMILY = Family("glm4_moe_lite", ("glm4_moe_lite",), "Glm4MoeLiteForCausalLM", deepseek_v3.TENSORS, CONFIG,
-                reference_layouts=REFERENCE_LAYOUTS)
+                gguf=(GGUF_GLM4_MOE_LITE,), reference_layouts=REFERENCE_LAYOUTS)

@@ -17,14 +17,18 @@ nothing (checked, not kept); `num_key_value_heads` is derived from multi_query, 
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 from lmconvert.arch import ArchConfig
 
+from ..errors import MappingError
 from ..family import Family
 from ..tables.config_table import DEFAULT, Entry, fixed, unsupported
+from ..tables.gguf import GgufArch, weight_and_bias
 from ..tables.hf_config import HfConfig, Key
 from ..tables.table import Rule, TensorTable
+from ..tables.transforms import IDENTITY, Piece
 from . import gpt2
 from .gpt_neox import fused_qkv
 from .llama import activation
@@ -66,4 +70,39 @@ CONFIG = gpt2.CONFIG.but(
          fixed("GPTBigCode layers", gated=False, q_bias=True, k_bias=True, v_bias=True, o_bias=True, mlp_bias=True)),
 )
 
-FAMILY = Family("gpt_bigcode", ("gpt_bigcode",), "GPTBigCodeForCausalLM", TENSORS, CONFIG)
+
+# -- llama.cpp (GGUF)
+def _starcoder_table() -> TensorTable:
+    """llama.cpp's starcoder (StarCoderModel in its converter, c_attn unchanged): `attn_qkv` rows
+    [q | k | v], k and v `head_count_kv` heads wide (with multi_query, HF's own layout: one K/V head);
+    LayerNorms with biases, every linear with a bias, `position_embd` the learned table."""
+    return TensorTable((
+        Rule("token_embd.weight", "embed.weight"), Rule("position_embd.weight", "pos_embed.weight"),
+        *(Rule(f"blk.{{}}.attn_qkv.{p}", f"layers.{{}}.attn.{c}.{p}", Piece(("q", "kv", "kv"), i))
+          for p in WB for i, c in enumerate("qkv")),
+        *(r for g, c in (("attn_output", "attn.o"), ("ffn_up", "mlp.up"), ("ffn_down", "mlp.down"))
+          for r in weight_and_bias(g, c, IDENTITY)),
+        *(Rule(f"blk.{{}}.{g}.{p}", f"layers.{{}}.{c}.{p}") for g, c in (("attn_norm", "attn_norm"),
+                                                                        ("ffn_norm", "mlp_norm")) for p in WB),
+        *(Rule(f"output_norm.{p}", f"final_norm.{p}") for p in WB), Rule("output.weight", "lm_head.weight"),
+    ))
+
+
+def _kv_heads(config: Mapping[str, Any]) -> dict[str, Any]:
+    """multi_query from `head_count_kv`: one K/V head, or one per query head."""
+    heads, kv_heads = config["num_attention_heads"], config["num_key_value_heads"]
+    if kv_heads not in (1, heads):
+        raise MappingError(f"starcoder.attention.head_count_kv={kv_heads}: GPTBigCode has one K/V head (multi_query) "
+                           f"or {heads}, one per query head")
+    return {"multi_query": kv_heads == 1 < heads}
+
+
+# llama.cpp's starcoder: its graph scales scores by head_dim ** -0.5 (scale_attn_weights) and runs the tanh GELU
+GGUF_STARCODER = GgufArch("gpt_bigcode", arch="starcoder", keys={"attention.layer_norm_epsilon": "layer_norm_epsilon",
+                                                                  "feed_forward_length": "n_inner"},
+                          defaults={"activation_function": "gelu_pytorch_tanh"}, transformers_reads=False,
+                          norm_eps="attention.layer_norm_epsilon", table=_starcoder_table(), derived=_kv_heads,
+                          unstated={"num_key_value_heads": lambda config: 1 if config.get("multi_query", True)
+                                    else config.get("n_head", config.get("num_attention_heads"))})
+
+FAMILY = Family("gpt_bigcode", ("gpt_bigcode",), "GPTBigCodeForCausalLM", TENSORS, CONFIG, gguf=(GGUF_STARCODER,))

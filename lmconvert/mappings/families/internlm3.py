@@ -10,6 +10,7 @@ weight multiplies in the activation dtype.
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 from ..errors import MappingError
@@ -50,4 +51,10 @@ CONFIG = llama.CONFIG.but(
 )
 
 
-FAMILY = Family("internlm3", ("internlm3",), "LlamaForCausalLM", llama.TENSORS, CONFIG)
+
+# -- llama.cpp (GGUF)
+# llama.cpp's converter writes InternLM3 as `llama` (InternLM3Model: q/k permuted, biases kept); like
+# Mistral, told apart by its general.name (the real one's, "Internlm3 8b Instruct", holds the word)
+GGUF_INTERNLM3 = replace(llama.GGUF_LLAMA, model_type="internlm3", named="internlm3")
+
+FAMILY = Family("internlm3", ("internlm3",), "LlamaForCausalLM", llama.TENSORS, CONFIG, gguf=(GGUF_INTERNLM3,))

@@ -10,6 +10,7 @@ activation dtype.
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from typing import Any
 
 from ..errors import MappingError
@@ -38,4 +39,9 @@ CONFIG = llama.CONFIG.but(
 )
 
 
-FAMILY = Family("iquestcoder", ("iquestcoder",), "LlamaForCausalLM", llama.TENSORS, CONFIG)
+
+# -- llama.cpp (GGUF)
+# llama.cpp's converter writes IQuest-Coder as `llama` (its LlamaModel); told apart by its general.name
+GGUF_IQUESTCODER = replace(llama.GGUF_LLAMA, model_type="iquestcoder", named="iquestcoder")
+
+FAMILY = Family("iquestcoder", ("iquestcoder",), "LlamaForCausalLM", llama.TENSORS, CONFIG, gguf=(GGUF_IQUESTCODER,))

@@ -10,10 +10,15 @@ default to true; its own defaults (150272 tokens, 3328 wide, 32 layers, 26 heads
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from typing import Any
+
 from lmconvert.arch import NormConfig
 
+from ..errors import MappingError
 from ..family import Family
 from ..tables.config_table import Entry, fixed
+from ..tables.gguf import layernorm_table, written
 from ..tables.hf_config import Key
 from ..tables.table import Rule, TensorTable
 from . import llama, starcoder2
@@ -33,4 +38,19 @@ CONFIG = llama.CONFIG.but(
 )
 
 
-FAMILY = Family("jais2", ("jais2",), "Jais2ForCausalLM", TENSORS, CONFIG)
+
+# -- llama.cpp (GGUF)
+def _no_rope_freqs(config: Mapping[str, Any]) -> dict[str, Any]:
+    """llama.cpp's jais2 loads no `rope_freqs` (Llama 3's RoPE scaling): refused both ways."""
+    if (config.get("rope_scaling") or {}).get("rope_type") == "llama3":
+        raise MappingError("llama.cpp's jais2 loads no rope_freqs tensor, so it cannot hold llama3 RoPE scaling")
+    return {}
+
+
+# llama.cpp's jais2 (Jais2Model in its converter): LayerNorms with biases, q/k unpermuted (NeoX-style
+# rotation); its loader requires the o and MLP biases (so q, k and v have theirs: one HF switch)
+GGUF_JAIS2 = written("jais2", arch="jais2", keys={"attention.layer_norm_epsilon": "layer_norm_eps"},
+                     defaults={"hidden_act": "relu2", "attention_bias": True, "mlp_bias": True},
+                     norm_eps="attention.layer_norm_epsilon", table=layernorm_table(), derived=_no_rope_freqs)
+
+FAMILY = Family("jais2", ("jais2",), "Jais2ForCausalLM", TENSORS, CONFIG, gguf=(GGUF_JAIS2,))

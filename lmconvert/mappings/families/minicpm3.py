@@ -20,10 +20,12 @@ from lmconvert.arch import ArchConfig
 
 from ..family import Family
 from ..tables.config_table import Entry
+from ..tables.gguf import written
 from ..tables.hf_config import HfConfig, Key
 from ..tables.hf_rope import KEYS as ROPE_KEYS
 from ..tables.hf_rope import rope_from_hf, rope_parameters, rope_to_hf
 from ..tables.points import LATENT
+from ..tables.table import TensorTable
 from . import deepseek_v2, deepseek_v3
 
 
@@ -89,5 +91,23 @@ CONFIG = deepseek_v2.CONFIG.but(
 # MiniCPM3Attention: DeepseekV2Attention's modules
 REFERENCE_LAYOUTS = LATENT
 
-FAMILY = Family("minicpm3", ("minicpm3",), "MiniCPM3ForCausalLM", deepseek_v3.TENSORS, CONFIG,
+
+# -- llama.cpp (GGUF)
+# llama.cpp's minicpm3 (MiniCPM3Model in its converter): deepseek2's MLA layout without absorption (kv_b
+# whole), always with a q LoRA, dense SwiGLU layers, RoPE on the halves (NeoX-style); its graph hard-codes
+# the embedding scale 12, scale_depth 1.4 and dim_model_base 256
+ABSORBED = ("blk.{}.attn_k_b.weight", "blk.{}.attn_v_b.weight")  # deepseek2's kv_b split, which it never reads
+MLA_KEYS = ("attention.q_lora_rank", "attention.kv_lora_rank", "attention.value_length", "rope.dimension_count")
+GGUF_MINICPM3 = written("minicpm3", arch="minicpm3", keys={k: deepseek_v3.DEEPSEEK2_KEYS[k] for k in MLA_KEYS},
+                        defaults={"hidden_act": "silu", "q_lora_rank": None, "scale_emb": 12.0, "scale_depth": 1.4,
+                                  "dim_model_base": 256},
+                        latent=True, derived=deepseek_v3.mla_sizes,
+                        table=TensorTable(tuple(r for r in deepseek_v3.DEEPSEEK_V3.tensors.rules
+                                                if r.canonical and "layers.{}.attn.q." not in r.canonical
+                                                and r.stored not in ABSORBED
+                                                and not r.canonical.startswith(("layers.{}.mlp.router",
+                                                                                "layers.{}.mlp.experts",
+                                                                                "layers.{}.mlp.shared")))))
+
+FAMILY = Family("minicpm3", ("minicpm3",), "MiniCPM3ForCausalLM", deepseek_v3.TENSORS, CONFIG, gguf=(GGUF_MINICPM3,),
                 reference_layouts=REFERENCE_LAYOUTS)

@@ -43,5 +43,7 @@ GGUF_OLMO2 = GgufArch("olmo2", arch="olmo2", defaults={"hidden_act": "silu"}, bi
 # q_norm(q_proj(x)) over the whole projection, viewed afterwards
 REFERENCE_LAYOUTS = QK_NORM_PROJECTION
 
-FAMILY = Family("olmo2", ("olmo2",), "Olmo2ForCausalLM", TENSORS, CONFIG, gguf=(GGUF_OLMO2,),
+# (llama.cpp's olmo2 architecture is registered by olmo3.py, whose entry tells OLMo 2's files, without
+# a sliding window, apart from OLMo 3's)
+FAMILY = Family("olmo2", ("olmo2",), "Olmo2ForCausalLM", TENSORS, CONFIG,
                 reference_layouts=REFERENCE_LAYOUTS)

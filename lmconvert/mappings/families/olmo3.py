@@ -12,6 +12,8 @@ full ones `rope`; both keep cos/sin in fp32 and rotate in fp32, as olmo2.
 from __future__ import annotations
 
 import copy
+from collections.abc import Mapping
+from dataclasses import replace
 from typing import Any
 
 from ..errors import MappingError
@@ -70,5 +72,23 @@ CONFIG = olmo2.CONFIG.but(
 )
 
 
-FAMILY = Family("olmo3", ("olmo3",), "Olmo3ForCausalLM", olmo2.TENSORS, CONFIG,
+
+# -- llama.cpp (GGUF)
+def _one_theta(config: Mapping[str, Any]) -> dict[str, Any]:
+    """llama.cpp's olmo2 graph rotates the sliding layers with the file's one theta (`rope.freq_base`;
+    it loads `rope.freq_base_swa` but its graph never reads it), unscaled; the full layers with it and
+    the scaling. As Olmo3Config's nested rope_parameters (`rope_scaling`, stated, goes to the full
+    layers), so that a model whose sliding layers have a theta of their own comes back otherwise and
+    is refused."""
+    theta = config["rope_theta"]
+    return {"rope_parameters": {kind: {"rope_type": "default", "rope_theta": theta} for kind in LAYER_TYPES}}
+
+
+# llama.cpp's converter writes OLMo 3 as `olmo2` (Olmo2Model) with its window and one flag per layer;
+# a file stating no window is OLMo 2's. transformers' GGUF loader reads every olmo2 file as OLMo 2.
+GGUF_OLMO3 = replace(olmo2.GGUF_OLMO2, model_type="olmo3", keys={"attention.sliding_window": "sliding_window"},
+                     swa_pattern=4, derived=_one_theta, transformers_reads=False,
+                     told_apart=(("attention.sliding_window", None, olmo2.GGUF_OLMO2),))
+
+FAMILY = Family("olmo3", ("olmo3",), "Olmo3ForCausalLM", olmo2.TENSORS, CONFIG, gguf=(GGUF_OLMO3,),
                 reference_layouts=olmo2.REFERENCE_LAYOUTS)

@@ -56,5 +56,9 @@ CONFIG = deepseek_v3.CONFIG.but(
 # the shared experts on the unflattened input
 REFERENCE_LAYOUTS = {**LATENT, **SHARED_UNFLATTENED}
 
+# -- llama.cpp (GGUF)
+# llama.cpp's deepseek2 runs it as DeepSeek-V3 (its converter's DeepseekV2Model)
+GGUF_SARVAM_MLA = deepseek_v3.runs_as_v3("sarvam_mla", "sarvam")
+
 FAMILY = Family("sarvam_mla", ("sarvam_mla",), "DeepseekV3ForCausalLM", deepseek_v3.TENSORS, CONFIG,
-                reference_layouts=REFERENCE_LAYOUTS)
+                gguf=(GGUF_SARVAM_MLA,), reference_layouts=REFERENCE_LAYOUTS)

@@ -13,7 +13,9 @@ from __future__ import annotations
 
 from ..family import Family
 from ..tables.config_table import Entry, plain
+from ..tables.gguf import ATTENTION_BIAS_FLAG, tensor_table, written
 from ..tables.hf_config import Key
+from ..tables.table import Rule, TensorTable
 from . import llama
 
 
@@ -35,4 +37,18 @@ CONFIG = llama.CONFIG.but(
 )
 
 
-FAMILY = Family("seed_oss", ("seed_oss",), "SeedOssForCausalLM", llama.TENSORS, CONFIG)
+
+# -- llama.cpp (GGUF)
+def _seed_oss_table() -> TensorTable:
+    """llama.cpp's seed_oss: the MLP's pre-norm (HF's post_attention_layernorm) is stored as
+    `post_attention_norm`, there is no `ffn_norm`; q/k unpermuted (NeoX-style rotation)."""
+    mlp_norm, rules = "blk.{}.post_attention_norm.weight", tensor_table(False, 0.0, True).rules
+    return TensorTable(tuple(Rule(r.stored, "layers.{}.mlp_norm.weight", r.transform) if r.stored == mlp_norm else r
+                             for r in rules if r.stored != "blk.{}.ffn_norm.weight"))
+
+
+# its loader reads the q, k and v biases only
+GGUF_SEED_OSS = written("seed_oss", arch="seed_oss", defaults={"hidden_act": "silu"}, bias_flags=ATTENTION_BIAS_FLAG,
+                        table=_seed_oss_table())
+
+FAMILY = Family("seed_oss", ("seed_oss",), "SeedOssForCausalLM", llama.TENSORS, CONFIG, gguf=(GGUF_SEED_OSS,))

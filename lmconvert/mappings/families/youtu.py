@@ -36,4 +36,13 @@ CONFIG = deepseek_v3.CONFIG.but(
 # DeepseekV3Attention's layout: kv_b_proj on the latent viewed as (B, 1, T, C), as ours
 REFERENCE_LAYOUTS = LATENT
 
-FAMILY = Family("youtu", ("youtu",), "YoutuForCausalLM", TENSORS, CONFIG, reference_layouts=REFERENCE_LAYOUTS)
+
+# -- llama.cpp (GGUF)
+# llama.cpp's deepseek2 runs it (its converter: DeepseekV2Model): a dense DeepSeek-V3, every layer one of
+# the leading dense blocks; its loader wants an expert count at least the one used
+GGUF_YOUTU = deepseek_v3.runs_as_v3("youtu", "youtu", unstated={
+    **deepseek_v3.DEEPSEEK_V3.unstated, "first_k_dense_replace": lambda config: config["num_hidden_layers"],
+    "n_routed_experts": lambda config: 1})
+
+FAMILY = Family("youtu", ("youtu",), "YoutuForCausalLM", TENSORS, CONFIG, gguf=(GGUF_YOUTU,),
+                reference_layouts=REFERENCE_LAYOUTS)

@@ -30,10 +30,14 @@ LOADED_BIASES: dict[str, frozenset[str]] = {arch: frozenset(names) for arch, nam
     "deepseek2": ("exp_probs_b",),  # the experts' selection bias, stored as a bias
     "ernie4_5": (*QKV, "attn_output"), "ernie4_5-moe": (*QKV, "attn_output", "exp_probs_b"),
     "minimax-m2": ("exp_probs_b",), "exaone-moe": (*QKV, "exp_probs_b"),
+    "exaone": QKV, "seed_oss": QKV, "glm4": QKV, "exaone4": (),
+    "starcoder": (*NORMS, "attn_qkv", "attn_output", "ffn_up", "ffn_down"),
+    "jais2": (*QKV, *NORMS, "attn_output", "ffn_up", "ffn_down"), "dots1": (*QKV, "exp_probs_b"),
+    "glm4moe": (*QKV, "exp_probs_b"), "minicpm3": (), "chatglm": QKV,
 }.items()}
 # the architectures whose llama.cpp loader requires an `output` matrix (a tied model has none)
 OUTPUT_REQUIRED = frozenset({"qwen2moe", "olmo2", "stablelm", "nemotron", "olmoe", "phi2", "gptneox", "minimax-m2",
-                             "exaone-moe"})
+                             "exaone-moe", "dots1"})
 
 
 # the architectures whose loader sizes the k norm as the q norm, over the whole width (no GQA)
