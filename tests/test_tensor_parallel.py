@@ -31,15 +31,7 @@ from lmconvert.verify.trace import our_trace
 
 IDS = token_batch(seq=20)
 # the family specs whose tiny model cannot split over 2 and 4 ranks, and the first reason why
-REFUSED_FAMILIES = {
-    "bloom": "n_heads=6 does not divide by 4 ranks",  # and ALiBi
-    "mpt": "n_heads=6 does not divide by 4 ranks",  # and ALiBi
-    "flex_olmo": "QK norm over the whole projection needs every head's values",
-    "olmo2": "QK norm over the whole projection needs every head's values",
-    "olmoe": "QK norm over the whole projection needs every head's values",
-    "olmo3": "QK norm over the whole projection needs every head's values",
-    "bitnet": "the sub-norms (BitNet's) normalise over every head and the whole MLP width",
-}
+REFUSED_FAMILIES = {name: spec.tp_refusal for name, spec in SPECS.items() if spec.tp_refusal}
 PREFILL = 12
 TOL = 1e-5
 MLA = dict(num_key_value_heads=4, first_k_dense_replace=2, q_lora_rank=24, kv_lora_rank=16, qk_nope_head_dim=12,

@@ -9,6 +9,7 @@ from typing import Any
 from .errors import Inexpressible, MappingError
 from .family import Family
 from .registry import BY_MODEL_TYPE, FAMILIES, WRAPPED
+from .unsupported import missing
 
 
 def family_for(model_type: object, config: Mapping[str, Any] | None = None) -> Family:
@@ -21,6 +22,10 @@ def family_for(model_type: object, config: Mapping[str, Any] | None = None) -> F
     try:
         return BY_MODEL_TYPE[model_type]  # type: ignore[index]
     except (KeyError, TypeError):
+        lacking = missing(model_type) if isinstance(model_type, str) else None
+        if lacking is not None:
+            raise MappingError(f"config.json: model_type {model_type!r} is not supported yet: it needs {lacking}, "
+                               "which lmconvert's decoder does not have") from None
         raise MappingError(f"config.json: model_type {model_type!r} is not supported; "
                            f"supported: {', '.join(sorted(BY_MODEL_TYPE))}") from None
 

@@ -44,4 +44,6 @@ class Spec:
     # the overrides of `kwargs` that llama.cpp's architecture holds whole: the model GGUF out is tested on
     # (tests/test_export_gguf.py, and llama.cpp itself in tests/test_llamacpp.py); None: no GGUF test model here
     gguf: dict[str, Any] | None = None
+    # why its tiny model cannot split tensor-parallel over 2 and 4 ranks (tests/test_tensor_parallel.py); "": it can
+    tp_refusal: str = ""
 

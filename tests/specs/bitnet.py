@@ -13,4 +13,6 @@ SPEC = Spec(
                               num_key_value_heads=None, rope_parameters={"rope_type": "default", "rope_theta": 1e6})),
     # llama.cpp's bitnet graph: gated SiLU, the head tied to the embeddings, no biases
     gguf=dict(attention_bias=False, hidden_act="silu", tie_word_embeddings=True,
-              rope_parameters={"rope_type": "default", "rope_theta": 5e5}))
+              rope_parameters={"rope_type": "default", "rope_theta": 5e5}),
+    tp_refusal="the sub-norms (BitNet's) normalise over every head and the whole MLP width",
+)

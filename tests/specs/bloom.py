@@ -11,4 +11,6 @@ SPEC = Spec(  # six heads: ALiBi's interleaved extra slopes
     card=("LayerNorm, eps=1e-05, bias, weight in fp32", "pre-norm", "residual taken after the norm",
           "embedding norm", "positions: ALiBi (BLOOM's: slope x k, inside the score matmul) (all layers)",
           "FFN: GeLU (tanh, BLOOM's constants), d_ff 288", "biases: q, k, v, o, mlp", "embeddings: tied"),
-    not_on_card=("RoPE",))
+    not_on_card=("RoPE",),
+    tp_refusal="n_heads=6 does not divide by 4 ranks",
+)

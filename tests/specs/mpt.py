@@ -12,4 +12,6 @@ SPEC = Spec(  # six heads: MPT's slopes over eight, odd-numbered first
     card=("LayerNorm, eps=1e-05, weight in fp32", "pre-norm", "score scale: 0.2", "q, k, v clamped to +-1.5",
           "positions: ALiBi (MPT's slopes, slope x (k - last k), in fp32) (all layers)",
           "FFN: GeLU (erf), d_ff 288", "biases: none", "embeddings: tied"),
-    not_on_card=("RoPE", "embedding norm"))
+    not_on_card=("RoPE", "embedding norm"),
+    tp_refusal="n_heads=6 does not divide by 4 ranks",
+)

@@ -21,4 +21,6 @@ SPEC = Spec(  # YaRN on the full layers with their own theta, as the long-contex
                      dict(num_hidden_layers=3, layer_types=[S, F, S], sliding_window=WINDOW)),
     # llama.cpp's olmo2 rotates the sliding layers with the full layers' theta (unscaled); it loads no o bias
     gguf=dict(attention_bias=False, rope_parameters={S: {"rope_type": "default", "rope_theta": 5e5},
-                                                         F: {**YARN, "rope_type": "yarn", "rope_theta": 5e5}}))
+                                                         F: {**YARN, "rope_type": "yarn", "rope_theta": 5e5}}),
+    tp_refusal="QK norm over the whole projection needs every head's values",
+)

@@ -10,4 +10,6 @@ SPEC = Spec(  # bf16: bit-exact with transformers' default experts (grouped_mm) 
                   rope_parameters={"rope_type": "default", "rope_theta": 5e5}),
     old_style={"rope_theta": 5e5},
     card=("mixture of experts: 6 experts, top-3, d_expert 96 (all layers)", "QK norm: over the whole projection",
-          "renormalised, weights in activation dtype", "eps=1e-05", "biases: q, k, v, o"))
+          "renormalised, weights in activation dtype", "eps=1e-05", "biases: q, k, v, o"),
+    tp_refusal="QK norm over the whole projection needs every head's values",
+)

@@ -1,0 +1,63 @@
+"""The decoder-only model types transformers ships that lmconvert does not read yet, and what each
+lacks, so that a refusal names the missing variant rather than only the type. From reading each
+type's modeling code against the decoder's variants (transformers 5.24); a type leaves this table
+when a family reads it (tests/test_config_table.py checks that the two never overlap)."""
+
+from __future__ import annotations
+
+WHAT: dict[str, str] = {
+    "chunked": "chunked local attention",
+    "conv": "a short-convolution token mixer",
+    "dsa-shared": "DeepSeek sparse attention whose 'shared' layers reuse the previous layer's top-k",
+    "exotic": "a block topology of its own",
+    "gated-attn": "a gated attention output",
+    "geometry": "attention geometry that differs by layer",
+    "hyper": "multi-stream residuals (hyper-connections, AltUp)",
+    "kv-share": "keys and values shared across layers",
+    "l2-qk": "a weightless L2 QK norm",
+    "linear": "a linear-attention token mixer (gated delta-net, lightning attention)",
+    "loop": "a looped layer stack",
+    "mla-ext": "latent-attention extensions (gated, NoPE or windowed MLA)",
+    "moe-ext": "a mixture-of-experts structure MoeConfig lacks",
+    "norm-ext": "a residual or norm topology of its own",
+    "ple": "per-layer embeddings",
+    "quant": "a quantized-weight reader",
+    "recurrent": "a recurrent token mixer (RG-LRU, RWKV, xLSTM)",
+    "router": "a router kind of its own",
+    "sinks": "attention sinks",
+    "sparse": "a sparse-attention kind of its own",
+    "ssm": "a state-space (Mamba) token mixer",
+    "temperature": "an attention temperature on its NoPE layers",
+}
+
+NEEDS: dict[str, tuple[str, ...]] = {
+    "afmoe": ("gated-attn",), "axk2": ("mla-ext", "gated-attn", "norm-ext"),
+    "bailing_hybrid": ("linear", "mla-ext", "gated-attn"), "bamba": ("ssm",),
+    "beam": ("gated-attn", "temperature", "router"), "blt": ("exotic",), "cpmant": ("exotic",),
+    "deepseek_v4": ("sparse", "hyper", "sinks", "moe-ext", "geometry", "quant"), "diffllama": ("exotic",),
+    "doge": ("exotic", "moe-ext", "norm-ext"), "dory": ("loop", "norm-ext", "gated-attn", "l2-qk"),
+    "dots3_note_text": ("mla-ext", "gated-attn", "geometry"), "falcon_h1": ("ssm",), "falcon_mamba": ("ssm",),
+    "flint": ("sinks",), "gemma3n_text": ("hyper", "ple", "kv-share"),
+    "gemma4_text": ("geometry", "kv-share", "ple", "moe-ext"), "gemma4_unified_text": ("geometry", "kv-share"),
+    "glm_moe_dsa": ("dsa-shared",), "gpt_oss": ("sinks", "moe-ext", "quant"), "granite_swa": ("sinks",),
+    "granitemoe_swa": ("sinks",), "granitemoehybrid": ("ssm",), "hrm_text": ("loop", "gated-attn"),
+    "hy_v4": ("hyper", "mla-ext", "gated-attn", "sinks", "dsa-shared"),
+    "inkling2_loop_text": ("conv", "exotic", "sinks", "gated-attn", "moe-ext", "loop"),
+    "inkling2_text": ("conv", "exotic", "sinks", "gated-attn", "moe-ext"),
+    "inkling_text": ("conv", "exotic", "geometry", "temperature", "moe-ext"), "jamba": ("ssm",),
+    "jetmoe": ("moe-ext",), "kimi_linear": ("linear", "mla-ext"), "laguna": ("geometry", "gated-attn", "router"),
+    "lara_mini": ("linear",), "lfm2": ("conv",), "lfm2_moe": ("conv",), "lfm3": ("conv", "gated-attn"),
+    "llama4_text": ("chunked", "l2-qk", "temperature", "moe-ext"), "longcat_flash": ("moe-ext", "router"),
+    "mamba": ("ssm",), "mamba2": ("ssm",), "mimo_v2_flash": ("sinks", "geometry"), "minimax": ("linear",),
+    "minimax_m3_vl_text": ("sparse", "moe-ext"), "nemotron_h": ("ssm", "moe-ext"), "olmo_hybrid": ("linear",),
+    "qwen3_5_moe_text": ("linear", "gated-attn"), "qwen3_5_text": ("linear", "gated-attn"),
+    "qwen3_next": ("linear", "gated-attn"), "qwen4_exp_text": ("linear", "sparse", "hyper", "ple"),
+    "recurrent_gemma": ("recurrent",), "reformer": ("exotic",), "rwkv": ("recurrent",), "xlstm": ("recurrent",),
+    "zamba": ("ssm",), "zamba2": ("ssm",), "zaya": ("conv", "l2-qk", "moe-ext", "norm-ext"),
+}
+
+
+def missing(model_type: str) -> str | None:
+    """What the decoder lacks for a model type transformers ships, or None if it is not known here."""
+    needs = NEEDS.get(model_type)
+    return None if needs is None else ", ".join(WHAT[n] for n in needs)
