@@ -310,13 +310,14 @@ def test_deepseek_as_llama_cpp_s_converter_writes_it(name: str, converter: Path,
 # -- llama.cpp's own converter: the metadata, key by key --------------------------------------------
 
 # config.json keys llama.cpp's converter reads that transformers 5 does not write where the Hub's files have
-# them: GPT-2's n_ctx, Cohere2's rotary_pct, MPT's architecture name (MosaicML's MPTForCausalLM), DeepSeek-V3's
-# sigmoid scoring_func
+# them: GPT-2's n_ctx, Cohere2's rotary_pct, MPT's architecture name (MosaicML's MPTForCausalLM), DeepSeek's
+# scoring_func (V2's softmax, V3's sigmoid)
 def _hub_spelling(name: str, config: dict[str, Any]) -> dict[str, Any]:
     rotated = (config.get("rope_parameters") or {}).get("partial_rotary_factor", 1.0)
     return {**config, **{"gpt2": {"n_ctx": config.get("n_positions")}, "cohere2": {"rotary_pct": rotated},
                          "mpt": {"architectures": ["MPTForCausalLM"]},
-                         "deepseek_v3": {"scoring_func": "sigmoid"}}.get(name.split(":")[0], {})}
+                         "deepseek_v3": {"scoring_func": "sigmoid"},
+                         "deepseek_v2": {"scoring_func": "softmax"}}.get(name.split(":")[0], {})}
 
 
 # families whose tiny model gets a SentencePiece tokenizer.model: llama.cpp's converter reads no other for

@@ -175,9 +175,12 @@ def named(entry: GgufArch, arch: str, name: str) -> str:
 # where the value is that default, and writes it where it is not (a model llama.cpp's converter would get
 # wrong). The head size: llama.cpp writes config.json's `head_dim`, which transformers' config class writes
 # for these model types (not for Mixtral: null, nor for Qwen2, OLMo, StarCoder2 ...: no such key).
-HEAD_DIM_STATED = frozenset({"llama", "mistral", "arcee", "gemma", "gemma2", "gemma3_text", "qwen3", "qwen3_moe"})
-# the rotated width and the vocabulary size: llama.cpp's LlamaModel (and its subclasses) and DeepseekV2Model
-STATES_ROPE_AND_VOCAB = frozenset({"llama", "granite", "smollm3", "arcee", "deepseek2"})
+HEAD_DIM_STATED = frozenset({"llama", "mistral", "arcee", "gemma", "gemma2", "gemma3_text", "qwen3", "qwen3_moe",
+                             "cohere2", "nemotron"})
+# the vocabulary size: llama.cpp's LlamaModel (and its subclasses), DeepseekV2Model, Cohere2Model, NemotronModel;
+# the rotated width: those and Phi3MiniModel
+STATES_VOCAB = frozenset({"llama", "granite", "smollm3", "arcee", "deepseek2", "cohere2", "nemotron"})
+STATES_ROPE = STATES_VOCAB | {"phi3"}
 # no RoPE base: llama.cpp's GemmaModel, Gemma2Model, StableLMModel, Phi2Model and FalconModel
 NO_ROPE_BASE = frozenset({"gemma", "gemma2", "stablelm", "phi2", "falcon"})
 ROPE_BASE_DEFAULT = 10000.0
@@ -192,11 +195,10 @@ def _unwritten(arch: str, model_type: str, values: Mapping[str, Any], listed: bo
     keys = set()
     if model_type not in HEAD_DIM_STATED and head == implied == values.get(p + "attention.value_length"):
         keys |= {"attention.key_length", "attention.value_length"}
-    if arch not in STATES_ROPE_AND_VOCAB:
-        if values.get(p + "rope.dimension_count") == head:
-            keys.add("rope.dimension_count")
-        if listed:  # llama.cpp counts the token list
-            keys.add("vocab_size")
+    if arch not in STATES_ROPE and values.get(p + "rope.dimension_count") == head:
+        keys.add("rope.dimension_count")
+    if arch not in STATES_VOCAB and listed:  # llama.cpp counts the token list
+        keys.add("vocab_size")
     if arch in NO_ROPE_BASE and values.get(p + "rope.freq_base") == ROPE_BASE_DEFAULT:
         keys.add("rope.freq_base")
     return {p + key for key in keys}
