@@ -393,7 +393,8 @@ def _hf_checkpoint(name: str, hf: Path) -> None:
                                        minloglevel=2)
         for extra in ("corpus.txt", "tokenizer.vocab"):
             (hf / extra).unlink()
-        save_checkpoint(built(name, {**MODELS[name], "vocab_size": 400}), hf)
+        # the tokenizer's BOS and EOS (config.json's ids are what both converters write)
+        save_checkpoint(built(name, {**MODELS[name], "vocab_size": 400, "bos_token_id": 1, "eos_token_id": 2}), hf)
         (hf / "tokenizer_config.json").write_text(json.dumps({
             "tokenizer_class": SENTENCEPIECE[name.split(":")[0]], "bos_token": "<s>", "eos_token": "</s>",
             "unk_token": "<unk>", "add_bos_token": True}))  # as Gemma's, Phi-3's and Nemotron's say
