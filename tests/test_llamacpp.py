@@ -39,7 +39,7 @@ import numpy as np
 import pytest
 import torch
 from hf_models import save_checkpoint, token_batch
-from test_export_gguf import FP32_MAX_ABS, MODELS, built
+from test_export_gguf import FP32_MAX_ABS, MODELS, TOKENIZED, built
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 import lmconvert
@@ -333,3 +333,173 @@ def test_gemma3_tokenizer_layouts(saved_by_transformers: bool, tmp_path: Path) -
         ids = source(text)["input_ids"]
         assert llm.tokenize(text.encode(), add_bos=True, special=True) == ids, text
         assert rebuilt(text)["input_ids"] == ids, text
+
+
+# -- llama.cpp's own converter: the metadata, key by key --------------------------------------------
+
+# config.json keys llama.cpp's converter reads that transformers 5 does not write where the Hub's files have
+# them: GPT-2's n_ctx, Cohere2's rotary_pct, MPT's architecture name (MosaicML's MPTForCausalLM), DeepSeek's
+# scoring_func (V2's softmax, V3's sigmoid)
+def _hub_spelling(name: str, config: dict[str, Any]) -> dict[str, Any]:
+    rotated = (config.get("rope_parameters") or {}).get("partial_rotary_factor", 1.0)
+    return {**config, **{"gpt2": {"n_ctx": config.get("n_positions")}, "cohere2": {"rotary_pct": rotated},
+                         "mpt": {"architectures": ["MPTForCausalLM"]},
+                         "deepseek_v3": {"scoring_func": "sigmoid"},
+                         "deepseek_v2": {"scoring_func": "softmax"}}.get(name.split(":")[0], {})}
+
+
+# families whose tiny model gets a SentencePiece tokenizer.model: llama.cpp's converter reads no other for
+# Gemma 1 and 2, Phi-3 and Nemotron; for Qwen2, transformers 5 puts its own Qwen2 pre-tokenizer over any BPE
+# tokenizer.json (MODELS_WITH_INCORRECT_HUB_TOKENIZER_CLASS), whose hash llama.cpp's converter does not know
+# for another vocabulary. Gemma 3 ships one, so it gets one too. The others get SmolLM2's byte-level BPE
+SENTENCEPIECE = {"gemma": "GemmaTokenizer", "gemma2": "GemmaTokenizer", "gemma3_text": "GemmaTokenizer",
+                 "qwen2": "LlamaTokenizer", "phi3": "LlamaTokenizer", "nemotron": "LlamaTokenizer"}
+# llama.cpp's converter reads config.json through transformers' config class, which in transformers 5 breaks it
+# for these: FalconConfig sets num_kv_heads to the head count, which Falcon-7B's multi-query layout is read
+# by; GPTNeoXConfig keeps no rotary_pct
+CONVERTER_FAILS = {"falcon": "num_kv_heads", "gpt_neox": "rotary_pct", "gpt_neox:sequential": "rotary_pct"}
+MLA_SIZES = {f"deepseek2.{key}" for key in ("attention.head_count_kv", "attention.key_length", "attention.value_length",
+                                            "attention.key_length_mla", "attention.value_length_mla")}
+# (key, the families it differs for) -> why. What else either writes must be equal
+DIFFERS: dict[tuple[str, frozenset[str]], str] = {
+    ("general.name", frozenset({"mistral", "mixtral"})):
+        "llama.cpp's llama architecture holds LLaMA, Mistral and Mixtral alike; lmconvert's import and "
+        "transformers' GGUF loader tell them apart by the word in general.name, which lmconvert adds",
+    **{(key, frozenset({"deepseek_v3", "deepseek_v3:moe", "deepseek_v2", "deepseek_v2:dense"})):
+       "lmconvert writes MLA unabsorbed (attn_kv_b), which llama.cpp's loader reads; llama.cpp's converter writes it "
+       "absorbed (attn_k_b, attn_v_b: test_deepseek_as_llama_cpp_s_converter_writes_it), whose sizes these are"
+       for key in MLA_SIZES},
+    ("deepseek2.expert_used_count", frozenset({"deepseek_v2:dense"})):
+        "a dense DeepSeek-V2 has no num_experts_per_tok; llama.cpp's deepseek2 loader wants the key all the same",
+    ("gemma.rope.freq_base", frozenset({"gemma"})):
+        "llama.cpp's GemmaModel writes no RoPE base, so its runtime takes 10000 where this model has 20000",
+    ("phi2.rope.freq_base", frozenset({"phi"})):
+        "llama.cpp's Phi2Model writes no RoPE base, so its runtime takes 10000 where this model has 20000",
+    ("phi2.attention.head_count_kv", frozenset({"phi"})):
+        "llama.cpp's Phi2Model states as many KV heads as heads, where this model has 2 of 4",
+    ("phi2.feed_forward_length", frozenset({"phi"})):
+        "llama.cpp's Phi2Model states 4 x the width, where this model's MLP is 96 wide",
+    ("gemma3.attention.sliding_window_pattern", frozenset({"gemma3_text"})):
+        "llama.cpp's Gemma3Model writes no layer pattern, so its runtime takes its hard-coded 5 sliding : 1 global "
+        "where this 3-layer model's is its own",
+    ("tokenizer.ggml.eot_token_id", frozenset({"gemma"})):
+        "llama.cpp's GemmaModel writes CodeGemma's end-of-turn id (107) for every Gemma, whatever the vocabulary",
+    ("tokenizer.ggml.unknown_token_id", frozenset({"nemotron"})):
+        "llama.cpp's NemotronModel writes Nemotron's own unknown-token id (1) whatever the vocabulary",
+    ("tokenizer.ggml.add_bos_token", frozenset({"llama", "mistral", "mixtral", "granite", "smollm3", "arcee",
+                                                "phi"})):
+        "llama.cpp's LlamaModel writes add_bos_token false for any vocabulary of 49152 tokens (its rule for "
+        "Granite's small models; SmolLM2's here), and Phi2Model for every Phi-2; false is its loader's default for "
+        "this BPE tokenizer (pre-tokenizer smollm), which lmconvert states only where the tokenizer config does "
+        "or the tokenizer behaves otherwise",
+    ("phi3.attention.sliding_window", frozenset({"phi3"})):
+        "llama.cpp's Phi3MiniModel writes 0 for no window; lmconvert writes no key (llama.cpp's runtime reads "
+        "none as none), and lmconvert's import reads 0 as no window only from llama.cpp's own files",
+    ("phi3.rope.scaling.original_context_length", frozenset({"phi3"})):
+        "llama.cpp's Phi3MiniModel writes original_max_position_embeddings, which its runtime reads only "
+        "for LongRoPE scaling, which this model has not",
+    ("general.file_type", frozenset({"mpt"})):
+        "llama.cpp's MPTModel writes no file type, which llama.cpp's loader only prints",
+}
+
+
+def _metadata(path: Path) -> dict[str, Any]:
+    return {key: field.contents() for key, field in gguf.GGUFReader(path).fields.items()
+            if not key.startswith(("GGUF.", "lmconvert."))}
+
+
+def _hf_checkpoint(name: str, hf: Path) -> None:
+    """The tiny model `name` with a tokenizer, as the Hub ships its files (config.json's spellings)."""
+    if name.split(":")[0] in SENTENCEPIECE:
+        import sentencepiece as spm
+
+        hf.mkdir(parents=True)
+        (hf / "corpus.txt").write_text("\n".join(TOKENIZED * 3 + ("The quick brown fox jumps over the lazy dog.",)))
+        spm.SentencePieceTrainer.train(input=str(hf / "corpus.txt"), model_prefix=str(hf / "tokenizer"),
+                                       vocab_size=400, model_type="bpe", byte_fallback=True, split_digits=True,
+                                       character_coverage=1.0, unk_id=0, bos_id=1, eos_id=2, pad_id=-1,
+                                       minloglevel=2)
+        for extra in ("corpus.txt", "tokenizer.vocab"):
+            (hf / extra).unlink()
+        # the tokenizer's BOS and EOS (config.json's ids are what both converters write)
+        save_checkpoint(built(name, {**MODELS[name], "vocab_size": 400, "bos_token_id": 1, "eos_token_id": 2}), hf)
+        (hf / "tokenizer_config.json").write_text(json.dumps({
+            "tokenizer_class": SENTENCEPIECE[name.split(":")[0]], "bos_token": "<s>", "eos_token": "</s>",
+            "unk_token": "<unk>", "add_bos_token": True}))  # as Gemma's, Phi-3's and Nemotron's say
+    else:
+        gguf_file = smollm2_path()
+        tokenizer = AutoTokenizer.from_pretrained(str(gguf_file.parent), gguf_file=gguf_file.name)
+        save_checkpoint(built(name, {**MODELS[name], "vocab_size": len(tokenizer)}), hf)
+        tokenizer.save_pretrained(hf)
+    config = json.loads((hf / "config.json").read_text())
+    (hf / "config.json").write_text(json.dumps(_hub_spelling(name, config)))
+
+
+# llama.cpp's converter over several checkpoints in one process (its imports take most of a run)
+CONVERT_MANY = """
+import sys
+sys.path.insert(0, sys.argv[1])
+import convert_hf_to_gguf
+pairs = sys.argv[2:]
+for hf, out in zip(pairs[::2], pairs[1::2]):
+    sys.argv = ["convert_hf_to_gguf.py", hf, "--outfile", out, "--outtype", "f32"]
+    try:
+        convert_hf_to_gguf.main()
+    except BaseException as exc:
+        print(f"{hf}: {exc!r}", file=sys.stderr)
+"""
+
+
+@pytest.fixture(scope="module")
+def by_llama_cpp(converter: Path, tmp_path_factory: pytest.TempPathFactory,
+                 request: pytest.FixtureRequest) -> dict[str, tuple[Path, str]]:
+    """name -> (its HF checkpoint, llama.cpp's converter's messages) for every model the session's
+    metadata tests ask for, converted by llama.cpp's converter in one process beside it (to
+    `theirs.gguf`)."""
+    names = [item.callspec.params["name"] for item in request.session.items
+             if getattr(item, "originalname", "") == "test_metadata_is_what_llama_cpp_s_converter_writes"]
+    root, pairs, made = tmp_path_factory.mktemp("by-llama-cpp"), [], {}
+    for name in names:
+        hf = root / name.replace(":", "-") / "hf"
+        _hf_checkpoint(name, hf)
+        pairs += [str(hf), str(hf.parent / "theirs.gguf")]
+    run = subprocess.run([sys.executable, "-c", CONVERT_MANY, str(converter.parent), *pairs],
+                         capture_output=True, text=True)
+    for name in names:
+        made[name] = root / name.replace(":", "-") / "hf", run.stderr[-3000:]
+    return made
+
+
+@pytest.mark.parametrize("name", [n for n in MODELS if n not in CONVERTER_FAILS])
+def test_metadata_is_what_llama_cpp_s_converter_writes(name: str, by_llama_cpp: dict[str, tuple[Path, str]]) -> None:
+    """`convert --to gguf` writes the metadata llama.cpp's convert_hf_to_gguf.py writes for the same
+    HF checkpoint, key by key and value by value (its tokenizer's too), but lmconvert's own keys and
+    the differences in DIFFERS, each on purpose. The tensors are compared in test_export_gguf."""
+    hf, messages = by_llama_cpp[name]
+    theirs_path = hf.parent / "theirs.gguf"
+    assert theirs_path.is_file(), messages
+    to_canonical(hf, hf.parent / "canonical")
+    convert(hf.parent / "canonical", hf.parent / "ours.gguf", "gguf", quant="f32")
+    ours, theirs = _metadata(hf.parent / "ours.gguf"), _metadata(theirs_path)
+    allowed = {key for (key, names), _ in DIFFERS.items() if name in names}
+    differ = {key: (ours.get(key, "absent"), theirs.get(key, "absent")) for key in set(ours) | set(theirs)
+              if ours.get(key, "absent") != theirs.get(key, "absent")}
+    assert {key: pair for key, pair in differ.items() if key not in allowed} == {}
+    assert allowed <= set(differ), f"no longer differ: {allowed - set(differ)}"
+
+
+@pytest.mark.parametrize("name", ["gemma", "gemma2", "gemma3_text"])
+def test_gemma_s_sentencepiece_tokenizer_puts_no_space_first(name: str, tmp_path: Path) -> None:
+    """Gemma's tokenizer puts no space before a text, where llama.cpp's SentencePiece tokenizer does
+    unless `tokenizer.ggml.add_space_prefix` says false (which llama.cpp's converter writes for Gemma):
+    llama.cpp's ids from our file are transformers' (with BOS, as Gemma's tokenizer adds it)."""
+    from llama_cpp import Llama
+
+    _hf_checkpoint(name, tmp_path / "hf")
+    to_canonical(tmp_path / "hf", tmp_path / "canonical")
+    convert(tmp_path / "canonical", tmp_path / "m.gguf", "gguf", quant="f32")
+    assert gguf.GGUFReader(tmp_path / "m.gguf").fields["tokenizer.ggml.add_space_prefix"].contents() is False
+    source = AutoTokenizer.from_pretrained(str(tmp_path / "hf"))
+    llm = Llama(model_path=str(tmp_path / "m.gguf"), vocab_only=True, verbose=False)
+    for text in TEXTS:
+        assert llm.tokenize(text.encode(), add_bos=True, special=True) == source(text)["input_ids"], text

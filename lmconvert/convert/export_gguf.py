@@ -9,6 +9,8 @@ what llama.cpp's architecture cannot hold is refused by name rather than written
 
 from __future__ import annotations
 
+from dataclasses import fields
+from math import prod
 from pathlib import Path
 from typing import Any
 
@@ -31,7 +33,7 @@ from lmconvert.formats.gguf_writer import (
     written_by_lmconvert,
 )
 from lmconvert.mappings import MappingError, family_for, family_named
-from lmconvert.mappings.gguf.export import GgufModel, for_tensors, lost, metadata, read_back
+from lmconvert.mappings.gguf.export import GgufModel, for_tensors, lost, metadata, named, read_back
 from lmconvert.mappings.gguf.loaders import forced_type, refused_tensors
 from lmconvert.mappings.tables.gguf import tensor_sizes
 from lmconvert.mappings.tables.table import out_shape
@@ -52,11 +54,57 @@ def _checked_metadata(model: GgufModel, ckpt: Checkpoint, shapes: dict[str, tupl
 
 
 def model_name(source: dict[str, Any], path: Path) -> str:
-    """`general.name`: a pulled model's repo name (its folder in the HF cache is a commit sha), else
-    the name of the folder it was converted from."""
+    """A pulled model's repo name (its folder in the HF cache is a commit sha), else the name of the
+    folder it was converted from."""
     if isinstance(source.get("repo"), str):
         return source["repo"].rstrip("/").rsplit("/", 1)[-1]
     return Path(source.get("path") or path).name
+
+
+def parameter_count(shapes: dict[str, tuple[int, ...]]) -> tuple[int, int, int, int]:
+    """gguf's own count of the tensors written (total, shared, per expert, experts), as llama.cpp's
+    converter counts them for `general.size_label`."""
+    import gguf
+    import numpy as np
+
+    scratch = gguf.GGUFWriter(None, "scratch")
+    for name, shape in shapes.items():
+        scratch.add_tensor_info(name, shape, np.dtype(np.float32), prod(shape) * 4)
+    return scratch.get_total_parameter_count()
+
+
+def general_values(source: dict[str, Any], path: Path, shapes: dict[str, tuple[int, ...]]) -> dict[str, Any]:
+    """The `general.` keys llama.cpp's converter writes, by gguf's own `Metadata`: what the source
+    folder's model card (README.md), config.json and generation_config.json say, else what its name
+    says (the name, in title case, the base name, size label, fine-tune, version), the size label
+    counted from the tensors, `general.type` "model". A pulled model is named by its repo id (its
+    folder is a commit sha), as llama.cpp's converter names a model it fetches; a source folder gone
+    since its conversion leaves its name and the canonical copy of its generation_config.json."""
+    import gguf
+
+    from lmconvert.formats.gguf_tokenizer import typed_values
+
+    total, shared, expert, experts = parameter_count(shapes)
+    folder = Path(source.get("path") or path)
+    meta = gguf.Metadata.load(None, folder, None, total)
+    if not folder.is_dir():
+        copy = gguf.Metadata.load(None, path, None, total)
+        for f in fields(meta):
+            if f.name.startswith("sampling_"):
+                setattr(meta, f.name, getattr(copy, f.name))
+    if isinstance(source.get("repo"), str):
+        by_id = gguf.Metadata.apply_metadata_heuristic(gguf.Metadata(), None, {"_name_or_path": source["repo"]},
+                                                       None, total)
+        for key in ("name", "organization", "basename", "finetune", "version", "size_label"):
+            setattr(meta, key, getattr(by_id, key) or getattr(meta, key))
+    meta.name = meta.name or model_name(source, path)
+    if meta.size_label is None and total > 0:
+        meta.size_label = gguf.size_label(total, shared, expert, experts)
+
+    def fill(writer: Any) -> None:  # noqa: ANN401 - gguf's writer
+        writer.add_type(gguf.GGUFType.MODEL)
+        meta.set_gguf_meta_model(writer)
+    return typed_values(fill)
 
 
 def source_record(source: dict[str, Any], local: bool) -> str | None:
@@ -85,8 +133,11 @@ def to_gguf(src: Path | Checkpoint, out: Path, family: str | None = None, quant:
         target = family_named(family or meta.family)
         try:
             config = target.hf_config(meta.arch, meta.family, meta.hf_extras)
+            tokenizer = tokenizer_values(ckpt.tokenizer.where if ckpt.tokenizer else None, meta.arch.vocab_size,
+                                         gguf_pre)
             name = model_name(meta.source, ckpt.path)
-            model = for_tensors(metadata(config, name), ckpt.source.tensors.names())
+            model = for_tensors(metadata(config, name, "tokenizer.ggml.tokens" in tokenizer),
+                                ckpt.source.tensors.names())
             table = model.entry.tensors
             canonical = parameter_shapes(meta.arch)
             arch = meta.arch
@@ -106,11 +157,14 @@ def to_gguf(src: Path | Checkpoint, out: Path, family: str | None = None, quant:
             if refusal:
                 raise MappingError(f"llama.cpp's {model.arch} architecture {refusal}; "
                                    "export it as HF safetensors instead")
+            general = general_values(meta.source, ckpt.path, {**shapes, **{n: tuple(t.shape)
+                                                                           for n, t in model.extra.items()}})
+            general["general.name"] = named(model.entry, model.arch, general["general.name"].value)
+            model.values.update(general)
             model = _checked_metadata(model, ckpt, shapes)
         except MappingError as exc:
             raise InputError(f"--to gguf: {exc}") from None
         check_output(out, force, (ckpt.path,), ours=None if max_shard_bytes else written_by_lmconvert)
-        tokenizer = tokenizer_values(ckpt.tokenizer.where if ckpt.tokenizer else None, meta.arch.vocab_size, gguf_pre)
         items = [(name, src_name, t.inverse) for name, (src_name, t) in plan.items()]
         planned = plan_tensors(ckpt.source.tensors, items, None, allow_nonfinite, meta.tensors, meta.hash)
         tensors = []

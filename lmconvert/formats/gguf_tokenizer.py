@@ -27,7 +27,7 @@ from .jsonfile import read_json_object
 SPM, BPE = "tokenizer.model", "tokenizer.json"
 
 
-def _typed(fill: Any) -> dict[str, Any]:  # noqa: ANN401 - gguf's writer
+def typed_values(fill: Any) -> dict[str, Any]:  # noqa: ANN401 - gguf's writer
     """What gguf's writer methods store, as typed values: `fill` calls them on a scratch writer."""
     import gguf
 
@@ -36,13 +36,23 @@ def _typed(fill: Any) -> dict[str, Any]:  # noqa: ANN401 - gguf's writer
     return {k: v for k, v in writer.kv_data[0].items() if k != "general.architecture"}
 
 
-def _special(directory: Path, n_vocab: int, merges: bool) -> Any:  # noqa: ANN401 - gguf's SpecialVocab
-    """Merges, special token ids and the chat template; the add-BOS/EOS flags are stated from
-    the tokenizer's behaviour instead (`_adds`)."""
+# what llama.cpp's loader assumes where a file states no add-BOS flag (llama-vocab.cpp): a SentencePiece
+# vocabulary adds BOS, a byte-level BPE one only with these pre-tokenizers; neither adds EOS
+BOS_BY_DEFAULT = frozenset({"llama3", "llama-v3", "llama-bpe", "falcon3", "falcon-h1", "pixtral", "midm-2.0", "lfm2",
+                            "jina-v5-nano", "tekken", "chameleon"})
+
+
+def _special(directory: Path, n_vocab: int, merges: bool, adds: dict[str, bool], default: dict[str, bool]) -> Any:  # noqa: ANN401
+    """Merges, special token ids, the chat template and the add-BOS/EOS flags, as llama.cpp's
+    converter reads them (gguf's `SpecialVocab`: tokenizer_config.json's flags, or tokenizer.json's
+    post-processor); a flag that reads otherwise than the tokenizer behaves (`adds`), or that is
+    absent where llama.cpp's default (`default`) is not how it behaves, is stated as it behaves."""
     import gguf
 
     special = gguf.SpecialVocab(directory, load_merges=merges, n_vocab=n_vocab)
-    special.add_special_token.clear()
+    for kind, behaves in adds.items():
+        if special.add_special_token.get(kind, default[kind]) != behaves:
+            special.add_special_token[kind] = behaves
     return special
 
 
@@ -132,12 +142,18 @@ def _loaded(directory: Path) -> Any:  # noqa: ANN401 - transformers' tokenizer c
     return AutoTokenizer.from_pretrained(str(directory))
 
 
-def _adds(tokenizer: Any) -> tuple[bool, bool]:  # noqa: ANN401
-    """Whether transformers' tokenizer adds BOS and EOS around a text: stated to llama.cpp, whose
-    defaults differ by tokenizer kind and pre-tokenizer."""
+def _adds(tokenizer: Any) -> dict[str, bool]:  # noqa: ANN401
+    """Whether transformers' tokenizer adds BOS and EOS around a text."""
     ids = tokenizer("a")["input_ids"]
     bos, eos = tokenizer.bos_token_id, tokenizer.eos_token_id
-    return bos is not None and ids[:1] == [bos], eos is not None and ids[-1:] == [eos] and len(ids) > 1
+    return {"bos": bos is not None and ids[:1] == [bos], "eos": eos is not None and ids[-1:] == [eos] and len(ids) > 1}
+
+
+def _space_prefix(tokenizer: Any) -> bool:  # noqa: ANN401
+    """Whether transformers' SentencePiece tokenizer puts a space before a text (its first piece
+    begins with SentencePiece's space, U+2581); Gemma's does not."""
+    pieces = tokenizer.convert_ids_to_tokens(tokenizer("a", add_special_tokens=False)["input_ids"])
+    return bool(pieces) and pieces[0].startswith("\u2581")
 
 
 def _bpe_kind(directory: Path) -> str | None:
@@ -148,8 +164,11 @@ def _bpe_kind(directory: Path) -> str | None:
 
 def _values(directory: Path, tokenizer: Any, model: str, pre: str, tokens: list[str], types: list[int],  # noqa: ANN401
             scores: list[float] | None, merges: bool) -> dict[str, Any]:
-    special = _special(directory, len(tokens), merges=merges)
-    add_bos, add_eos = _adds(tokenizer)
+    default = {"bos": model == "llama" or pre in BOS_BY_DEFAULT, "eos": False}
+    special = _special(directory, len(tokens), merges, _adds(tokenizer), default)
+    # llama.cpp puts a space before a SentencePiece text unless told not to (llama.cpp's converter tells
+    # it so for Gemma 1 to 3)
+    no_prefix = model == "llama" and not _space_prefix(tokenizer)
 
     def fill(w: Any) -> None:  # noqa: ANN401 - gguf's writer
         w.add_tokenizer_model(model)
@@ -159,16 +178,16 @@ def _values(directory: Path, tokenizer: Any, model: str, pre: str, tokens: list[
             w.add_token_scores(scores)
         w.add_token_types(types)
         special.add_to_gguf(w, quiet=True)
-        w.add_add_bos_token(add_bos)
-        w.add_add_eos_token(add_eos)
-    return _typed(fill)
+        if no_prefix:
+            w.add_add_space_prefix(False)
+    return typed_values(fill)
 
 
 def tokenizer_values(directory: Path | None, vocab_size: int, pre: str | None = None) -> dict[str, Any]:
     """The tokenizer's GGUF metadata (typed values for gguf's writer); `pre` names the BPE
     pre-tokenizer when its hash is not one llama.cpp knows."""
     if directory is None or not ((directory / SPM).is_file() or (directory / BPE).is_file()):
-        return _typed(lambda w: w.add_tokenizer_model("none"))
+        return typed_values(lambda w: w.add_tokenizer_model("none"))
     if (directory / SPM).is_file():
         tokens, scores, types = _sentencepiece(directory, vocab_size)
         return _values(directory, _loaded(directory), "llama", "default", tokens, types, scores, merges=False)

@@ -111,8 +111,11 @@ def _bloom_table() -> TensorTable:
 GGUF_BLOOM = GgufArch("bloom", arch="bloom", keys={"attention.layer_norm_epsilon": "layer_norm_epsilon"},
                           norm_eps="attention.layer_norm_epsilon", table=_bloom_table(),
                      # ALiBi without a position limit: llama.cpp's converter states its seq_length, else its width
+                     # as many KV heads as heads, stated as llama.cpp's converter states them
                      unstated={"max_position_embeddings": lambda config: config.get("seq_length")
-                               or config["hidden_size"]})
+                               or config["hidden_size"],
+                               "num_key_value_heads": lambda config: config.get("n_head")
+                               or config.get("num_attention_heads")})
 
 
 FAMILY = Family("bloom", ("bloom",), "BloomForCausalLM", TENSORS, CONFIG, gguf=(GGUF_BLOOM,))

@@ -86,7 +86,8 @@ CONFIG = BASE.but(add=(Entry("use_qk_norm", (Key("use_qk_norm", bool, False, nul
 GGUF_COMMAND_R = written("cohere", arch="command-r", keys={"logit_scale": "logit_scale",
                                               "attention.layer_norm_epsilon": "layer_norm_eps"},
                               defaults={"hidden_act": "silu"}, bias_flags={"use_qk_norm": "blk.0.attn_q_norm.weight"},
-                              norm_eps="attention.layer_norm_epsilon", output=False)
+                              norm_eps="attention.layer_norm_epsilon", output=False,
+                              constants={"rope.scaling.type": "none"})  # as llama.cpp's converter states it
 
 
 # q_norm(q_proj(x).view(B, T, -1, D)), a weight per head, transposed afterwards

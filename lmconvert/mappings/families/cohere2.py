@@ -54,6 +54,7 @@ GGUF_COHERE2 = written("cohere2", arch="cohere2",
                        keys={"attention.sliding_window": "sliding_window", "logit_scale": "logit_scale",
                                              "attention.layer_norm_epsilon": "layer_norm_eps"},
                             defaults={"hidden_act": "silu"}, norm_eps="attention.layer_norm_epsilon", output=False,
+                            constants={"rope.scaling.type": "none"},  # as llama.cpp's converter states it
                             swa_pattern=4, table=TensorTable(tuple(r for r in tensor_table(False, 0.0, False).rules
                                                                    if "attn_q_norm" not in r.stored
                                                                    and "attn_k_norm" not in r.stored)))  # none

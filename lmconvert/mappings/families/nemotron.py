@@ -59,7 +59,10 @@ def _nemotron_table() -> TensorTable:
     ))
 
 
-GGUF_NEMOTRON = GgufArch("nemotron", arch="nemotron", keys={"attention.layer_norm_epsilon": "norm_eps"},
+# llama.cpp's converter states the LayerNorm eps under the RMS norm's key too, and no RoPE scaling as "none"
+GGUF_NEMOTRON = GgufArch("nemotron", arch="nemotron", keys={"attention.layer_norm_epsilon": "norm_eps",
+                                                            "attention.layer_norm_rms_epsilon": "norm_eps"},
+                             constants={"rope.scaling.type": "none"},
                              defaults={"hidden_act": "relu2"},
                              bias_flags={"attention_bias": "blk.0.attn_q.bias", "mlp_bias": "blk.0.ffn_up.bias"},
                              norm_eps="attention.layer_norm_epsilon", partial_rotary=True, table=_nemotron_table())

@@ -162,8 +162,56 @@ def _score_scale(arch: str, entry: GgufArch, config: Mapping[str, Any]) -> dict[
     return {} if scalar == implied else {f"{arch}.attention.scale": float(scalar) ** -0.5}
 
 
-def metadata(config: Mapping[str, Any], name: str) -> GgufModel:
-    """The metadata llama.cpp reads for this HF config; raises MappingError for a model type
+def named(entry: GgufArch, arch: str, name: str) -> str:
+    """`general.name` as the import reads it back: a variant llama.cpp files tell apart only by the
+    model's name (Mistral in llama.cpp's llama) with its word in it, any other model without one."""
+    for base, word, variant in BY_NAME:
+        if variant is entry and word not in name.lower():
+            name = f"{name} ({word})"
+        elif variant is not entry and base == arch and word in name.lower():  # a LLaMA in a folder named
+            # "mistral" would be read back, by us and by transformers, as a Mistral
+            name = re.sub(re.escape(word), "", name, flags=re.IGNORECASE).strip(" -_.") or arch
+    return name
+
+
+# Optional `{arch}.` keys llama.cpp's converter writes for some models only; where it leaves one out, its
+# runtime takes a default (the head size from the width and head count, every dimension rotated, the
+# token list's length, a RoPE base of 10000). lmconvert leaves out what llama.cpp's converter leaves out
+# where the value is that default, and writes it where it is not (a model llama.cpp's converter would get
+# wrong). The head size: llama.cpp writes config.json's `head_dim`, which transformers' config class writes
+# for these model types (not for Mixtral: null, nor for Qwen2, OLMo, StarCoder2 ...: no such key).
+HEAD_DIM_STATED = frozenset({"llama", "mistral", "arcee", "gemma", "gemma2", "gemma3_text", "qwen3", "qwen3_moe",
+                             "cohere2", "nemotron"})
+# the vocabulary size: llama.cpp's LlamaModel (and its subclasses), DeepseekV2Model, Cohere2Model, NemotronModel;
+# the rotated width: those and Phi3MiniModel
+STATES_VOCAB = frozenset({"llama", "granite", "smollm3", "arcee", "deepseek2", "cohere2", "nemotron"})
+STATES_ROPE = STATES_VOCAB | {"phi3"}
+# no RoPE base: llama.cpp's GemmaModel, Gemma2Model, StableLMModel, Phi2Model and FalconModel
+NO_ROPE_BASE = frozenset({"gemma", "gemma2", "stablelm", "phi2", "falcon"})
+ROPE_BASE_DEFAULT = 10000.0
+
+
+def _unwritten(arch: str, model_type: str, values: Mapping[str, Any], listed: bool) -> set[str]:
+    """The optional keys llama.cpp's converter leaves out of this model's file, among those that
+    hold llama.cpp's runtime default; `listed`: the file lists the vocabulary's tokens."""
+    p = f"{arch}."
+    implied = values[p + "embedding_length"] // values[p + "attention.head_count"]
+    head = values.get(p + "attention.key_length")
+    keys = set()
+    if model_type not in HEAD_DIM_STATED and head == implied == values.get(p + "attention.value_length"):
+        keys |= {"attention.key_length", "attention.value_length"}
+    if arch not in STATES_ROPE and values.get(p + "rope.dimension_count") == head:
+        keys.add("rope.dimension_count")
+    if arch not in STATES_VOCAB and listed:  # llama.cpp counts the token list
+        keys.add("vocab_size")
+    if arch in NO_ROPE_BASE and values.get(p + "rope.freq_base") == ROPE_BASE_DEFAULT:
+        keys.add("rope.freq_base")
+    return {p + key for key in keys}
+
+
+def metadata(config: Mapping[str, Any], name: str, listed: bool = False) -> GgufModel:
+    """The metadata llama.cpp reads for this HF config, as llama.cpp's converter writes it;
+    `listed`: the file will list the vocabulary's tokens. Raises MappingError for a model type
     llama.cpp has no architecture for here."""
     model_type = config.get("model_type")
     if model_type not in EXPORTS and model_type in NOT_WRITTEN:
@@ -172,13 +220,7 @@ def metadata(config: Mapping[str, Any], name: str) -> GgufModel:
         raise MappingError(f"{model_type} has no llama.cpp architecture lmconvert writes; it writes "
                            f"{', '.join(sorted(EXPORTS))}")
     arch, entry = EXPORTS[model_type]
-    for base, word, variant in BY_NAME:  # a variant llama.cpp files tell apart only by the model's name
-        if variant is entry and word not in name.lower():
-            name = f"{name} ({word})"
-        elif variant is not entry and base == arch and word in name.lower():  # a LLaMA in a folder named
-            # "mistral" would be read back, by us and by transformers, as a Mistral
-            name = re.sub(re.escape(word), "", name, flags=re.IGNORECASE).strip(" -_.") or arch
-    values: dict[str, Any] = {"general.architecture": arch, "general.name": name}
+    values: dict[str, Any] = {"general.architecture": arch, "general.name": named(entry, arch, name)}
     renamed = entry.renamed
     head_dim = config.get("head_dim") or (_get(config, "hidden_size", renamed)
                                           // _get(config, "num_attention_heads", renamed))
@@ -201,6 +243,8 @@ def metadata(config: Mapping[str, Any], name: str) -> GgufModel:
     values.update(rope)
     values.update(_layer_pattern(arch, entry, config))
     values.update(_score_scale(arch, entry, config))
+    for key in _unwritten(arch, str(model_type), values, listed) if not entry.latent else ():
+        del values[key]
     for hf_key, gguf_key in TOKEN_IDS.items():
         if isinstance(config.get(hf_key), int):
             values[gguf_key] = config[hf_key]
@@ -257,4 +301,4 @@ def _static_rope(rope: RopeConfig, head_dim: int) -> RopeConfig:
     return replace(rope, theta=rope.theta * rope.alpha ** (d / (d - 2)), scaling="none", alpha=None)
 
 
-__all__ = ["EXPORTS", "GgufModel", "for_tensors", "lost", "metadata", "read_back"]
+__all__ = ["EXPORTS", "GgufModel", "for_tensors", "lost", "metadata", "named", "read_back"]
