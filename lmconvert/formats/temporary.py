@@ -22,6 +22,10 @@ import os
 import re
 import secrets
 import shutil
+import signal
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 from .errors import InputError
@@ -58,9 +62,31 @@ def _marker(out: Path, kind: str) -> str:
                       indent=2) + "\n"
 
 
+@contextmanager
+def _uninterrupted() -> Iterator[None]:
+    """Ctrl-C and SIGTERM held back (and delivered just after) while a temporary and its marker come
+    or go together: interrupted in between, a run would leave a directory without its marker, which
+    no later run could prove its own and clean up. (SIGKILL cannot be held back; its window is the
+    two system calls.) Only the main thread can block them for the process's Python handlers."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    held = {signal.SIGINT, signal.SIGTERM}
+    before = signal.pthread_sigmask(signal.SIG_BLOCK, held)
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, before)
+
+
 def create(out: Path, kind: str, shown: str) -> Path:
     """A new marked temporary directory for `out` (resolved); `shown` names OUT in errors as the
     user gave it. The directory is made with the umask's mode, as `cp` makes its files."""
+    with _uninterrupted():
+        return _create(out, kind, shown)
+
+
+def _create(out: Path, kind: str, shown: str) -> Path:
     while True:
         path = out.parent / f".{_part(out)}.lmconvert-{kind}-{os.getpid()}-{secrets.token_hex(4)}"
         try:
@@ -81,13 +107,14 @@ def create(out: Path, kind: str, shown: str) -> Path:
 
 
 def discard(path: Path) -> None:
-    """Remove a temporary this run made (its output first: the marker goes last)."""
+    """Remove a temporary this run made (its output first: the marker goes last, with the directory)."""
     payload = path / PAYLOAD
     if payload.is_dir() and not payload.is_symlink():
         shutil.rmtree(payload, ignore_errors=True)
     elif os.path.lexists(payload):
         payload.unlink(missing_ok=True)
-    shutil.rmtree(path, ignore_errors=True)
+    with _uninterrupted():
+        shutil.rmtree(path, ignore_errors=True)
 
 
 def _proven(path: Path, out: Path) -> str | None:
