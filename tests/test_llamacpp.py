@@ -470,18 +470,7 @@ def by_llama_cpp(converter: Path, tmp_path_factory: pytest.TempPathFactory,
     return made
 
 
-# the architectures added on 2026-12-02, whose metadata has not been brought to llama.cpp's converter's yet (the
-# optional-key tables of mappings/gguf/export.py, general.name's word, ...) or on whose test model llama.cpp's
-# converter itself fails: expected to differ, and a case that starts to agree fails, so the list cannot go stale
-METADATA_PENDING = frozenset({"bitnet", "dots1", "ernie4_5", "ernie4_5_moe", "exaone", "exaone4", "exaone_moe", "glm",
-                              "glm4", "glm4_moe", "glm4_moe_lite", "gpt_bigcode", "granitemoe", "granitemoeshared",
-                              "hunyuan_v1_dense", "hunyuan_v1_moe", "internlm3", "iquestcoder", "jais2", "mellum",
-                              "minicpm3", "minimax_m2", "ministral3", "olmo3", "sarvam_mla", "youtu"})
-
-
-@pytest.mark.parametrize("name", [pytest.param(n, marks=pytest.mark.xfail(
-    strict=True, reason="metadata not yet compared with llama.cpp's converter for this architecture"))
-    if n in METADATA_PENDING else n for n in MODELS if n not in CONVERTER_FAILS])
+@pytest.mark.parametrize("name", [n for n in MODELS if n not in CONVERTER_FAILS])
 def test_metadata_is_what_llama_cpp_s_converter_writes(name: str, by_llama_cpp: dict[str, tuple[Path, str]]) -> None:
     """`convert --to gguf` writes the metadata llama.cpp's convert_hf_to_gguf.py writes for the same
     HF checkpoint, key by key and value by value (its tokenizer's too), but lmconvert's own keys and

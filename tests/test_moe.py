@@ -209,6 +209,18 @@ def test_block_equals_transformers_block_bit_for_bit(block: str, dtype: torch.dt
             torch.set_num_threads(threads)
 
 
+def check_block(theirs: torch.nn.Module, ours: torch.nn.Module, dtype: torch.dtype) -> None:
+    """bf16: bit for bit; fp32: the 1e-5 bar (the fused experts' GEMM sums otherwise than gate and up apart)."""
+    theirs, ours = theirs.to(dtype), ours.to(dtype)
+    x = torch.randn(3, 7, 16, generator=torch.Generator().manual_seed(1)).to(dtype)
+    with torch.no_grad():
+        if dtype == torch.bfloat16:
+            assert torch.equal(ours(x), theirs(x))
+        else:
+            ref = theirs(x)
+            assert float((ours(x) - ref).abs().max()) <= 1e-5 * max(1.0, float(ref.abs().max()))
+
+
 def _topk_softmax_block(kind: str, experts: str = "eager") -> tuple[torch.nn.Module, MoE]:
     """transformers' GraniteMoE block (softmax over the top k in fp32) or Aria's (in the activation
     dtype, with shared experts and experts stored [in, out]), perturbed, and ours holding its weights."""
@@ -253,14 +265,7 @@ def test_topk_softmax_block_equals_transformers_block_bit_for_bit(kind: str, dty
     those 3 (GraniteMoE's in fp32, Aria's in the activation dtype), against transformers' own blocks
     under each of its experts implementations."""
     theirs, ours = _topk_softmax_block(kind, experts)
-    theirs, ours = theirs.to(dtype), ours.to(dtype)
-    x = torch.randn(3, 7, 16, generator=torch.Generator().manual_seed(1)).to(dtype)
-    with torch.no_grad():
-        if dtype == torch.bfloat16:
-            assert torch.equal(ours(x), theirs(x))
-        else:  # fp32: the 1e-5 bar (the fused experts' GEMM sums otherwise than gate and up apart, see above)
-            ref = theirs(x)
-            assert float((ours(x) - ref).abs().max()) <= 1e-5 * max(1.0, float(ref.abs().max()))
+    check_block(theirs, ours, dtype)
 
 
 def _cohere2_moe_block(selection: str, combination: str, experts: str = "eager") -> tuple[torch.nn.Module, MoE]:
@@ -335,14 +340,7 @@ def test_cohere2_moe_and_dbrx_blocks_equal_transformers_bit_for_bit(block: str, 
         theirs, ours = _dbrx_block(None if choice[0] == "none" else float(choice[0]))
     else:
         theirs, ours = _cohere2_moe_block(*choice)
-    theirs, ours = theirs.to(dtype), ours.to(dtype)
-    x = torch.randn(3, 7, 16, generator=torch.Generator().manual_seed(1)).to(dtype)
-    with torch.no_grad():
-        if dtype == torch.bfloat16:
-            assert torch.equal(ours(x), theirs(x))
-        else:  # fp32: the 1e-5 bar (the fused experts' GEMM sums otherwise than gate and up apart, see above)
-            ref = theirs(x)
-            assert float((ours(x) - ref).abs().max()) <= 1e-5 * max(1.0, float(ref.abs().max()))
+    check_block(theirs, ours, dtype)
 
 
 def test_topk_softmax_settings_bite() -> None:
