@@ -33,7 +33,7 @@ from lmconvert.formats.gguf_writer import (
     written_by_lmconvert,
 )
 from lmconvert.mappings import MappingError, family_for, family_named
-from lmconvert.mappings.gguf.export import GgufModel, for_tensors, lost, metadata, named, read_back
+from lmconvert.mappings.gguf.export import GgufModel, family_tokens, for_tensors, lost, metadata, named, read_back
 from lmconvert.mappings.gguf.loaders import forced_type, refused_tensors
 from lmconvert.mappings.tables.gguf import tensor_sizes
 from lmconvert.mappings.tables.table import out_shape
@@ -176,7 +176,9 @@ def to_gguf(src: Path | Checkpoint, out: Path, family: str | None = None, quant:
                                                                  "choose another --quant (f32, bf16)")
             tensors.append(GgufTensor(p.name, p.shape, written_as, p.produce, check))
         tensors += [GgufTensor(name, tuple(t.shape), "F32", lambda t=t: t) for name, t in model.extra.items()]
-        values = {**model.values, **tokenizer, "general.file_type": FILE_TYPES[kind],
+        tokens = tokenizer["tokenizer.ggml.tokens"].value if "tokenizer.ggml.tokens" in tokenizer else []
+        values = {**model.values, **tokenizer, **family_tokens(model.entry, config, tokens, tokenizer),
+                  "general.file_type": FILE_TYPES[kind],
                   "general.quantization_version": 2, WRITTEN_BY: "lmconvert"}
         recorded = source_record(meta.source, record_source)
         if recorded:

@@ -67,8 +67,9 @@ def tensor_sizes(arch: ArchConfig) -> dict[str, int]:
             **({"shared": arch.moe.d_shared} if arch.moe is not None and arch.moe.d_shared is not None else {})}
 
 
-# config.json keys that are not architecture but should travel with the checkpoint
-PASSTHROUGH_KEYS = ("bos_token_id", "eos_token_id", "pad_token_id", "initializer_range", "use_cache")
+# config.json keys that are not architecture but should travel with the checkpoint (HunYuan's end of document
+# is its GGUF EOS)
+PASSTHROUGH_KEYS = ("bos_token_id", "eos_token_id", "pad_token_id", "eod_token_id", "initializer_range", "use_cache")
 
 
 @dataclass(frozen=True)

@@ -39,8 +39,10 @@ BY_MODEL_TYPE: dict[str, Family] = _unique([(t, f) for f in FAMILIES.values() fo
 WRAPPED: dict[tuple[str, str], Family] = _unique([((w, t), f) for f in FAMILIES.values() for w, texts in f.wraps.items()
                                                   for t in texts], "wrapped text model_type")
 # llama.cpp's architecture name -> its entry; and (architecture, general.name word, entry) for the models
-# llama.cpp writes under another's architecture (Mistral and Mixtral as llama)
-ARCHS: dict[str, GgufArch] = _unique([(e.arch, e) for f in FAMILIES.values() for e in f.gguf if not e.named],
-                                     "llama.cpp architecture")
+# llama.cpp writes under another's architecture (Mistral and Mixtral as llama). An entry that is another's
+# variant (granitemoeshared: granitemoe with shared experts' tensors) is reached through that one
+_VARIANTS = {id(v) for f in FAMILIES.values() for e in f.gguf for _, v in e.variants}
+ARCHS: dict[str, GgufArch] = _unique([(e.arch, e) for f in FAMILIES.values() for e in f.gguf
+                                      if not e.named and id(e) not in _VARIANTS], "llama.cpp architecture")
 BY_NAME: tuple[tuple[str, str, GgufArch], ...] = tuple((e.arch, e.named, e) for f in FAMILIES.values()
                                                        for e in f.gguf if e.named)

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from ..family import Family
 from ..tables.config_table import fixed
-from ..tables.gguf import tensor_table, written
+from ..tables.gguf import STATES_VOCAB_AND_ROPE, tensor_table, written
 from ..tables.table import TensorTable
 from . import llama
 
@@ -22,6 +22,7 @@ CONFIG = llama.CONFIG.but(
 
 # -- llama.cpp (GGUF): transformers' GGUF loader does not read it
 GGUF_ARCEE = written("arcee", arch="arcee", defaults={"hidden_act": "relu2"}, permute_qk=True,
+                     stated=STATES_VOCAB_AND_ROPE,
                      table=TensorTable(tuple(r for r in tensor_table(True, 0.0, True).rules
                                              if "ffn_gate" not in r.stored)))  # llama's, without the gate
 

@@ -14,6 +14,7 @@ from typing import Any
 from ..family import Family
 from ..tables.config_table import Entry
 from ..tables.gguf import (
+    STATES_VOCAB_AND_ROPE,
     tensor_table,
     written,
 )
@@ -50,7 +51,7 @@ CONFIG = cohere.BASE.but(
 
 # -- llama.cpp (GGUF)
 # Cohere2: Command-R's block, sliding-window layers with RoPE and every fourth layer global without it
-GGUF_COHERE2 = written("cohere2", arch="cohere2",
+GGUF_COHERE2 = written("cohere2", arch="cohere2", stated=STATES_VOCAB_AND_ROPE,
                        keys={"attention.sliding_window": "sliding_window", "logit_scale": "logit_scale",
                                              "attention.layer_norm_epsilon": "layer_norm_eps"},
                             defaults={"hidden_act": "silu"}, norm_eps="attention.layer_norm_epsilon", output=False,

@@ -29,6 +29,7 @@ from ..tables.config_table import DEFAULT, Entry
 from ..tables.gguf import MOE_RULES as GGUF_MOE_RULES
 from ..tables.gguf import (
     PADDED,
+    STATES_VOCAB_AND_ROPE,
     GgufArch,
     written,
 )
@@ -334,7 +335,8 @@ DEEPSEEK2_DEFAULTS = {"hidden_act": "silu", "q_lora_rank": None, "norm_topk_prob
                       "topk_group": 1, "routed_scaling_factor": 1.0}
 # DeepSeek-V3 (dense or MoE), interleaved RoPE (llama.cpp's rope type for deepseek2), MLA in llama.cpp's
 # layout without absorption; DeepSeek-V2 the same with its softmax router (its RoPE always interleaved)
-DEEPSEEK_V3 = written("deepseek_v3", arch="deepseek2", keys=DEEPSEEK2_KEYS,
+DEEPSEEK_V3 = written("deepseek_v3", arch="deepseek2", stated=STATES_VOCAB_AND_ROPE,
+                      omitted={"expert_weights_norm": False}, keys=DEEPSEEK2_KEYS,
                       defaults={**DEEPSEEK2_DEFAULTS, "rope_interleave": True},
                        latent=True, table=_deepseek2_table(), derived=_deepseek_v3,
                       # llama.cpp's deepseek2 loader requires the expert keys of a dense model too (its converter: the

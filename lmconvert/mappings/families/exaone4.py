@@ -108,7 +108,10 @@ def _every_layer_rotates(config: dict[str, Any]) -> dict[str, Any]:
 
 
 # llama.cpp's exaone4 (Exaone4Model in its converter): olmo2's layout, q/k unpermuted
-GGUF_EXAONE4 = written("exaone4", arch="exaone4", defaults={"hidden_act": "silu"}, derived=_every_layer_rotates)
+# llama.cpp's Exaone4Model states the vocabulary's size, and a layer pattern wherever a window is stated
+GGUF_EXAONE4 = written("exaone4", arch="exaone4", defaults={"hidden_act": "silu"}, derived=_every_layer_rotates,
+                       stated=frozenset({"vocab_size", "attention.sliding_window_pattern"}),
+                       head_dim_stated=False)  # Exaone4Config keeps no head_dim
 
 FAMILY = Family("exaone4", ("exaone4",), "Exaone4ForCausalLM", olmo2.TENSORS, CONFIG, gguf=(GGUF_EXAONE4,),
                 reference_layouts=REFERENCE_LAYOUTS)

@@ -108,9 +108,12 @@ GGUF_EXAONE_MOE = written(
           "expert_feed_forward_length": "moe_intermediate_size", "expert_shared_count": "num_shared_experts",
           "expert_shared_feed_forward_length": SHARED_FFN, "expert_weights_scale": "routed_scaling_factor",
           "expert_weights_norm": "norm_topk_prob", "leading_dense_block_count": "first_k_dense_replace",
-          "expert_gating_func": "expert_gating_func", "attention.sliding_window": "sliding_window"},
+          "expert_gating_func": "expert_gating_func", "attention.sliding_window": "sliding_window",
+          "expert_group_count": "n_group", "expert_group_used_count": "topk_group"},
     defaults={"hidden_act": "silu", "norm_topk_prob": False, "routed_scaling_factor": 1.0}, swa_pattern=4,
-    derived=_exaone_moe, constants={"expert_gating_func": SIGMOID, "nextn_predict_layers": 0},
+    derived=_exaone_moe,
+    constants={"expert_gating_func": SIGMOID, "nextn_predict_layers": 0, "rope.scaling.type": "none"},
+    stated=exaone4.GGUF_EXAONE4.stated, head_dim_stated=False,  # ExaoneMoEModel is an Exaone4Model
     unstated={SHARED_FFN: lambda config: config.get("moe_intermediate_size", 1024)
               * (config.get("num_shared_experts") or 0)},
     table=TensorTable(tensor_table(False, 0.0, True).rules

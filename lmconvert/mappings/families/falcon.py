@@ -27,6 +27,7 @@ from ..errors import MappingError
 from ..family import Family
 from ..tables.config_table import ConfigTable, Entry, fixed, plain
 from ..tables.gguf import (
+    NO_ROPE_BASE,
     PADDED,
     GgufArch,
 )
@@ -199,6 +200,7 @@ def _falcon_kv_heads(config: Mapping[str, Any]) -> int:
 def _falcon(norms: int, table: TensorTable) -> GgufArch:
     return GgufArch("falcon", arch="falcon", keys={"attention.layer_norm_epsilon": "layer_norm_epsilon",
                                     "feed_forward_length": "ffn_hidden_size"},
+                    omitted=NO_ROPE_BASE,
                     defaults={"activation": "gelu", "bias": False, "alibi": False, "num_ln_in_parallel_attn": norms},
                     norm_eps="attention.layer_norm_epsilon", table=table, derived=_falcon_layout,
                     refused=FALCON_REFUSED, transformers_layout=lambda config: not config["new_decoder_architecture"],

@@ -12,8 +12,9 @@ from __future__ import annotations
 from ..family import Family
 from ..tables.config_table import plain
 from ..tables.gguf import (
-                          ATTENTION_BIAS_FLAG,
-                          written,
+    ATTENTION_BIAS_FLAG,
+    NO_ROPE_BASE,
+    written,
 )
 from . import gemma2, llama
 
@@ -35,7 +36,7 @@ CONFIG = gemma2.CONFIG.but(
 
 
 # -- llama.cpp (GGUF)
-GGUF_GEMMA = written("gemma", arch="gemma", defaults={"hidden_activation": "gelu_pytorch_tanh"},
+GGUF_GEMMA = written("gemma", arch="gemma", omitted=NO_ROPE_BASE, defaults={"hidden_activation": "gelu_pytorch_tanh"},
                      bias_flags=ATTENTION_BIAS_FLAG,
                           norm_offset=1.0, output=False)  # llama.cpp's Gemma always ties its output
 

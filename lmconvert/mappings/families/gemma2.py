@@ -21,6 +21,7 @@ from ..tables.config_table import Entry, fixed, plain, unsupported
 from ..tables.gguf import (
     ATTENTION_BIAS_FLAG,
     GEMMA_KEYS,
+    NO_ROPE_BASE,
     GgufArch,
 )
 from ..tables.hf_config import HfConfig, Key
@@ -80,6 +81,7 @@ CONFIG = llama.CONFIG.but(
 
 # -- llama.cpp (GGUF)
 GGUF_GEMMA2 = GgufArch("gemma2", arch="gemma2", keys={**GEMMA_KEYS, "attn_logit_softcapping": "attn_logit_softcapping"},
+                       omitted=NO_ROPE_BASE,
                           defaults={"hidden_activation": "gelu_pytorch_tanh", "attn_logit_softcapping": 50.0,
                                     "final_logit_softcapping": 30.0},
                           bias_flags=ATTENTION_BIAS_FLAG, norm_offset=1.0, output=False, swa_pattern=2, big_layers=46)

@@ -90,8 +90,13 @@ def gguf_table() -> TensorTable:
 
 # llama.cpp's chatglm (ChatGLMModel in its converter reads GlmForCausalLM): its loader reads the q, k and v
 # biases only; the rotated part of a head is `rope.dimension_count`
+# the special tokens llama.cpp's converter states by their text where the tokenizer's files name none
+# (ChatGLMModel's; Glm4Model's adds BOS, GLM-4.5's _set_vocab_glm its own)
+END_OF_TURN = {"tokenizer.ggml.eos_token_id": "<|endoftext|>", "tokenizer.ggml.eot_token_id": "<|user|>",
+               "tokenizer.ggml.unknown_token_id": "<|endoftext|>"}
 GGUF_CHATGLM = written("glm", arch="chatglm", defaults={"hidden_act": "silu"}, bias_flags=ATTENTION_BIAS_FLAG,
-                       partial_rotary=True, table=gguf_table())
+                       partial_rotary=True, table=gguf_table(), token_texts=END_OF_TURN,
+                       head_dim_stated=False)  # ChatGLMModel writes its own parameters
 
 FAMILY = Family("glm", ("glm",), "GlmForCausalLM", TENSORS, CONFIG, gguf=(GGUF_CHATGLM,),
                 reference_layouts=REFERENCE_LAYOUTS)

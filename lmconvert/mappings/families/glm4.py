@@ -33,7 +33,8 @@ CONFIG = glm.CONFIG.but(
 # -- llama.cpp (GGUF)
 # its loader reads the q, k and v biases only; the rotated part of a head is `rope.dimension_count`
 GGUF_GLM4 = written("glm4", arch="glm4", defaults={"hidden_act": "silu"}, bias_flags=ATTENTION_BIAS_FLAG,
-                    partial_rotary=True, table=glm.gguf_table())
+                    partial_rotary=True, table=glm.gguf_table(),
+                    token_texts={**glm.END_OF_TURN, "tokenizer.ggml.bos_token_id": "<|endoftext|>"})
 
 FAMILY = Family("glm4", ("glm4",), "Glm4ForCausalLM", TENSORS, CONFIG, gguf=(GGUF_GLM4,),
                 reference_layouts=glm.REFERENCE_LAYOUTS)

@@ -78,12 +78,15 @@ def _glm4moe(config: Mapping[str, Any]) -> dict[str, Any]:
     return {}
 
 
+# GLM-4.5's special tokens as llama.cpp's converter states them (_set_vocab_glm) where the files name none
+GLM45_TOKENS = {"tokenizer.ggml.bos_token_id": "[gMASK]", "tokenizer.ggml.eot_token_id": "<|user|>",
+                "tokenizer.ggml.unknown_token_id": "<|endoftext|>", "tokenizer.ggml.eom_token_id": "<|observation|>"}
 # its loader reads the q, k and v biases only; the rotated part of a head is `rope.dimension_count`
 GGUF_GLM4_MOE = written("glm4_moe", arch="glm4moe", keys=deepseek_v3.V3_ROUTER_KEYS,
                         defaults={"hidden_act": "silu", **deepseek_v3.V3_ROUTER_DEFAULTS},
                         constants={"expert_gating_func": deepseek_v3.SIGMOID},
                         bias_flags={**ATTENTION_BIAS_FLAG, "use_qk_norm": "blk.0.attn_q_norm.weight"},
-                        partial_rotary=True, derived=_glm4moe, table=_glm4moe_table())
+                        partial_rotary=True, derived=_glm4moe, table=_glm4moe_table(), token_texts=GLM45_TOKENS)
 
 FAMILY = Family("glm4_moe", ("glm4_moe",), "Glm4MoeForCausalLM", TENSORS, CONFIG, gguf=(GGUF_GLM4_MOE,),
                 reference_layouts=REFERENCE_LAYOUTS)

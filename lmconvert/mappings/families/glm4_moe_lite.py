@@ -26,7 +26,7 @@ from ..tables.config_table import DEFAULT, Entry
 from ..tables.hf_config import HfConfig, Key
 from ..tables.hf_moe import dense_layers
 from ..tables.points import LATENT, SHARED_UNFLATTENED
-from . import deepseek_v3, llama
+from . import deepseek_v3, glm4_moe, llama
 
 MLP_LAYER_TYPES = Key("mlp_layer_types", list, None, nullable=True)
 KEYS = (Key("n_routed_experts", int, 64), Key("num_experts_per_tok", int, 4), Key("moe_intermediate_size", int, 1536),
@@ -81,7 +81,7 @@ def _layer_types(config: Mapping[str, Any]) -> dict[str, Any]:
 
 # llama.cpp's deepseek2 runs it as DeepSeek-V3 (its converter: Glm4MoeLiteModel, a DeepseekV2Model)
 GGUF_GLM4_MOE_LITE = deepseek_v3.runs_as_v3("glm4_moe_lite", "glm4_moe_lite", derived=_layer_types, unstated={
-    **deepseek_v3.DEEPSEEK_V3.unstated, "first_k_dense_replace": _leading_dense})
+    **deepseek_v3.DEEPSEEK_V3.unstated, "first_k_dense_replace": _leading_dense}, token_texts=glm4_moe.GLM45_TOKENS)
 
 FAMILY = Family("glm4_moe_lite", ("glm4_moe_lite",), "Glm4MoeLiteForCausalLM", deepseek_v3.TENSORS, CONFIG,
                 gguf=(GGUF_GLM4_MOE_LITE,), reference_layouts=REFERENCE_LAYOUTS)

@@ -18,6 +18,7 @@ from ..family import Family
 from ..tables.config_table import Entry, plain
 from ..tables.gguf import (
     ATTENTION_BIAS_FLAG,
+    STATES_VOCAB_AND_ROPE,
     written,
 )
 from ..tables.hf_config import HfConfig, Key
@@ -56,6 +57,7 @@ CONFIG = llama.CONFIG.but(
 GGUF_GRANITE = written("granite", arch="granite", keys={"attention.scale": "attention_multiplier",
                                              "embedding_scale": "embedding_multiplier",
                                              "residual_scale": "residual_multiplier", "logit_scale": "logits_scaling"},
+                       stated=STATES_VOCAB_AND_ROPE,
                             defaults={"hidden_act": "silu"},
                             bias_flags={**ATTENTION_BIAS_FLAG, "mlp_bias": "blk.0.ffn_up.bias"}, permute_qk=True)
 

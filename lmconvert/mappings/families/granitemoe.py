@@ -19,7 +19,7 @@ from typing import Any
 from ..errors import MappingError
 from ..family import Family
 from ..tables.config_table import Entry
-from ..tables.gguf import ATTENTION_BIAS_FLAG, written
+from ..tables.gguf import ATTENTION_BIAS_FLAG, STATES_VOCAB_AND_ROPE, written
 from ..tables.hf_config import HfConfig, Key
 from ..tables.hf_moe import experts
 from ..tables.table import Rule, TensorTable
@@ -74,12 +74,14 @@ CONFIG = granite.CONFIG.but(drop=("mlp_bias",),
 # is the expert width), granitemoeshared's shared MLP as the `shexp` tensors
 GGUF_KEYS = {**granite.GGUF_GRANITE.keys, "expert_count": "num_local_experts",
              "expert_used_count": "num_experts_per_tok"}
-# granitemoeshared, told apart by its shared MLP's tensors (and written with "shared" in general.name)
-GGUF_SHARED = written("granitemoeshared", arch="granitemoe", named="shared",
+# granitemoeshared, told apart by its shared MLP's tensors; llama.cpp's GraniteMoeModel is a LlamaModel
+GGUF_SHARED = written("granitemoeshared", arch="granitemoe",
                       keys={**GGUF_KEYS, "expert_shared_feed_forward_length": "shared_intermediate_size"},
-                      defaults={"hidden_act": "silu"}, bias_flags=ATTENTION_BIAS_FLAG, permute_qk=True, experts=True)
+                      defaults={"hidden_act": "silu"}, bias_flags=ATTENTION_BIAS_FLAG, permute_qk=True, experts=True,
+                      stated=STATES_VOCAB_AND_ROPE, head_dim_stated=False)
 GGUF_GRANITEMOE = written("granitemoe", arch="granitemoe", keys=GGUF_KEYS, defaults={"hidden_act": "silu"},
-                          bias_flags=ATTENTION_BIAS_FLAG, permute_qk=True, experts=True,
+                          bias_flags=ATTENTION_BIAS_FLAG, permute_qk=True, experts=True, stated=STATES_VOCAB_AND_ROPE,
+                          head_dim_stated=False,  # GraniteMoeConfig keeps no head_dim
                           variants=(("blk.0.ffn_gate_shexp.weight", GGUF_SHARED),))
 
 

@@ -75,8 +75,9 @@ CONFIG = llama.CONFIG.but(
 
 
 # -- llama.cpp (GGUF): its converter writes the NTK-alpha base as rope.freq_base and no scaling
+# and HunYuan's end of document as EOS ("incorrect in upstream configs")
 GGUF_HUNYUAN_DENSE = written("hunyuan_v1_dense", arch="hunyuan-dense", defaults={"hidden_act": "silu"},
-                             bias_flags=ATTENTION_BIAS_FLAG)
+                             bias_flags=ATTENTION_BIAS_FLAG, token_keys={"tokenizer.ggml.eos_token_id": "eod_token_id"})
 
 # query_layernorm(q rotated, (B, H, T, D)): per head, as transformers lays it out before the transpose back
 REFERENCE_LAYOUTS = QK_NORM_HEADS_FIRST

@@ -51,6 +51,7 @@ def _no_rope_freqs(config: Mapping[str, Any]) -> dict[str, Any]:
 # rotation); its loader requires the o and MLP biases (so q, k and v have theirs: one HF switch)
 GGUF_JAIS2 = written("jais2", arch="jais2", keys={"attention.layer_norm_epsilon": "layer_norm_eps"},
                      defaults={"hidden_act": "relu2", "attention_bias": True, "mlp_bias": True},
-                     norm_eps="attention.layer_norm_epsilon", table=layernorm_table(), derived=_no_rope_freqs)
+                     norm_eps="attention.layer_norm_epsilon", table=layernorm_table(), derived=_no_rope_freqs,
+                     stated=frozenset({"rope.dimension_count"}))
 
 FAMILY = Family("jais2", ("jais2",), "Jais2ForCausalLM", TENSORS, CONFIG, gguf=(GGUF_JAIS2,))

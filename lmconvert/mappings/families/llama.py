@@ -18,6 +18,7 @@ from ..family import Family
 from ..tables.config_table import DEFAULT, ConfigTable, Entry, plain
 from ..tables.gguf import (
     ATTENTION_BIAS_FLAG,
+    STATES_VOCAB_AND_ROPE,
     GgufArch,
 )
 from ..tables.hf_config import Key
@@ -111,7 +112,7 @@ CONFIG = ConfigTable((
 
 
 # -- llama.cpp (GGUF)
-GGUF_LLAMA = GgufArch("llama", arch="llama", defaults={"hidden_act": "silu"},
+GGUF_LLAMA = GgufArch("llama", arch="llama", stated=STATES_VOCAB_AND_ROPE, defaults={"hidden_act": "silu"},
                          bias_flags={**ATTENTION_BIAS_FLAG, "mlp_bias": "blk.0.ffn_up.bias"}, permute_qk=True)
 
 

@@ -20,7 +20,7 @@ from lmconvert.arch import ArchConfig
 
 from ..family import Family
 from ..tables.config_table import Entry
-from ..tables.gguf import written
+from ..tables.gguf import NO_ROPE_BASE, written
 from ..tables.hf_config import HfConfig, Key
 from ..tables.hf_rope import KEYS as ROPE_KEYS
 from ..tables.hf_rope import rope_from_hf, rope_parameters, rope_to_hf
@@ -101,7 +101,7 @@ MLA_KEYS = ("attention.q_lora_rank", "attention.kv_lora_rank", "attention.value_
 GGUF_MINICPM3 = written("minicpm3", arch="minicpm3", keys={k: deepseek_v3.DEEPSEEK2_KEYS[k] for k in MLA_KEYS},
                         defaults={"hidden_act": "silu", "q_lora_rank": None, "scale_emb": 12.0, "scale_depth": 1.4,
                                   "dim_model_base": 256},
-                        latent=True, derived=deepseek_v3.mla_sizes,
+                        latent=True, derived=deepseek_v3.mla_sizes, omitted=NO_ROPE_BASE,
                         table=TensorTable(tuple(r for r in deepseek_v3.DEEPSEEK_V3.tensors.rules
                                                 if r.canonical and "layers.{}.attn.q." not in r.canonical
                                                 and r.stored not in ABSORBED

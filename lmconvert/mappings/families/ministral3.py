@@ -27,7 +27,7 @@ from lmconvert.arch import ArchConfig
 from ..errors import MappingError
 from ..family import Family
 from ..tables.config_table import Entry
-from ..tables.gguf import written
+from ..tables.gguf import STATES_VOCAB_AND_ROPE, written
 from ..tables.hf_config import HfConfig, Key
 from ..tables.hf_layers import window_fields
 from ..tables.hf_rope import KEYS, SCALED, rope_from_hf, rope_parameters, rope_to_hf
@@ -109,7 +109,7 @@ def from_gguf(config: Mapping[str, Any]) -> dict[str, Any]:
 GGUF_MINISTRAL3 = written("ministral3", arch="mistral3", defaults={"hidden_act": "silu", "sliding_window": None},
                           keys={"attention.temperature_scale": f"rope_parameters.{BETA}",
                                 "rope.scaling.yarn_log_multiplier": "rope_parameters.mscale_all_dim"},
-                          derived=from_gguf, permute_qk=True)
+                          derived=from_gguf, permute_qk=True, stated=STATES_VOCAB_AND_ROPE)
 
 
 FAMILY = Family("ministral3", ("ministral3",), "Ministral3ForCausalLM", mistral.TENSORS, CONFIG,

@@ -26,6 +26,7 @@ from lmconvert.arch import ArchConfig
 from ..family import Family
 from ..tables.config_table import Entry
 from ..tables.gguf import (
+    STATES_VOCAB_AND_ROPE,
     GgufArch,
 )
 from ..tables.hf_config import HfConfig
@@ -73,7 +74,8 @@ TENSORS = wrapped(llama.TENSORS, "vision_tower", "multi_modal_projector")
 # -- llama.cpp (GGUF)
 # llama.cpp writes Mistral as `llama`; like transformers, tell it by its general.name
 GGUF_MISTRAL = GgufArch("mistral", arch="llama", named="mistral", keys={"attention.sliding_window": "sliding_window"},
-                            defaults={"hidden_act": "silu", "sliding_window": None}, permute_qk=True)
+                            defaults={"hidden_act": "silu", "sliding_window": None}, permute_qk=True,
+                            stated=STATES_VOCAB_AND_ROPE)
 
 
 FAMILY = Family("mistral", ("mistral", "mistral3"), "MistralForCausalLM", TENSORS, CONFIG, gguf=(GGUF_MISTRAL,),

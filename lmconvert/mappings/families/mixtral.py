@@ -14,6 +14,7 @@ from __future__ import annotations
 from ..family import Family
 from ..tables.config_table import Entry
 from ..tables.gguf import (
+    STATES_VOCAB_AND_ROPE,
                           GgufArch,
 )
 from ..tables.hf_config import Key
@@ -43,6 +44,7 @@ CONFIG = mistral.CONFIG.but(
 GGUF_MIXTRAL = GgufArch("mixtral", arch="llama", named="mixtral", keys={"expert_count": "num_local_experts",
                                              "expert_used_count": "num_experts_per_tok"},
                             defaults={"hidden_act": "silu", "sliding_window": None}, permute_qk=True,
+                            stated=STATES_VOCAB_AND_ROPE,
                             experts=True, transformers_reads=False)
 
 

@@ -15,6 +15,7 @@ from ..family import Family
 from ..tables.config_table import Entry, fixed
 from ..tables.gguf import (
     PADDED,
+    STATES_VOCAB_AND_ROPE,
     GgufArch,
     weight_and_bias,
 )
@@ -62,6 +63,7 @@ def _nemotron_table() -> TensorTable:
 # llama.cpp's converter states the LayerNorm eps under the RMS norm's key too, and no RoPE scaling as "none"
 GGUF_NEMOTRON = GgufArch("nemotron", arch="nemotron", keys={"attention.layer_norm_epsilon": "norm_eps",
                                                             "attention.layer_norm_rms_epsilon": "norm_eps"},
+                         stated=STATES_VOCAB_AND_ROPE,
                              constants={"rope.scaling.type": "none"},
                              defaults={"hidden_act": "relu2"},
                              bias_flags={"attention_bias": "blk.0.attn_q.bias", "mlp_bias": "blk.0.ffn_up.bias"},

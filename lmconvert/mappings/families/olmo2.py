@@ -37,7 +37,8 @@ CONFIG = llama.CONFIG.but(
 
 
 # -- llama.cpp (GGUF)
-GGUF_OLMO2 = GgufArch("olmo2", arch="olmo2", defaults={"hidden_act": "silu"}, bias_flags=ATTENTION_BIAS_FLAG)
+GGUF_OLMO2 = GgufArch("olmo2", arch="olmo2", defaults={"hidden_act": "silu"}, bias_flags=ATTENTION_BIAS_FLAG,
+                      head_dim_stated=False)  # Olmo2Config and Olmo3Config keep no head_dim
 
 
 # q_norm(q_proj(x)) over the whole projection, viewed afterwards

@@ -88,7 +88,8 @@ def _one_theta(config: Mapping[str, Any]) -> dict[str, Any]:
 # a file stating no window is OLMo 2's. transformers' GGUF loader reads every olmo2 file as OLMo 2.
 GGUF_OLMO3 = replace(olmo2.GGUF_OLMO2, model_type="olmo3", keys={"attention.sliding_window": "sliding_window"},
                      swa_pattern=4, derived=_one_theta, transformers_reads=False,
-                     told_apart=(("attention.sliding_window", None, olmo2.GGUF_OLMO2),))
+                     told_apart=(("attention.sliding_window", None, olmo2.GGUF_OLMO2),),
+                     stated=frozenset({"attention.sliding_window_pattern"}))
 
 FAMILY = Family("olmo3", ("olmo3",), "Olmo3ForCausalLM", olmo2.TENSORS, CONFIG, gguf=(GGUF_OLMO3,),
                 reference_layouts=olmo2.REFERENCE_LAYOUTS)

@@ -19,6 +19,7 @@ from lmconvert.arch import ArchConfig
 from ..family import Family
 from ..tables.config_table import Entry, fixed, plain, unsupported
 from ..tables.gguf import (
+    NO_ROPE_BASE,
     layernorm_table,
     written,
 )
@@ -70,7 +71,7 @@ CONFIG = llama.CONFIG.but(
 
 # -- llama.cpp (GGUF)
 # Phi-2 (`phi`): one LayerNorm shared by the parallel attention and MLP (`attn_norm`), an output bias
-GGUF_PHI2 = written("phi", arch="phi2", keys={"attention.layer_norm_epsilon": "layer_norm_eps"},
+GGUF_PHI2 = written("phi", arch="phi2", omitted=NO_ROPE_BASE, keys={"attention.layer_norm_epsilon": "layer_norm_eps"},
                          defaults={"hidden_act": "gelu_new"}, norm_eps="attention.layer_norm_epsilon",
                          partial_rotary=True, table=layernorm_table(Rule("output.bias", "lm_head.bias")))
 

@@ -117,6 +117,7 @@ CONFIG = llama.CONFIG.but(
 # -- llama.cpp (GGUF)
 # transformers' GGUF loader reads no window; llama.cpp's converter writes one when config.json has it
 GGUF_PHI3 = GgufArch("phi3", arch="phi3", keys={"attention.sliding_window": "sliding_window"},
+                     stated=frozenset({"rope.dimension_count"}),
                      defaults={"hidden_act": "silu"},
                         fused=True)
 

@@ -19,6 +19,7 @@ from ..family import Family
 from ..tables.config_table import DEFAULT, Entry
 from ..tables.gguf import (
     ATTENTION_BIAS_FLAG,
+    STATES_VOCAB_AND_ROPE,
     written,
 )
 from ..tables.hf_config import HfConfig, Key, show
@@ -85,6 +86,7 @@ CONFIG = llama.CONFIG.but(
 # -- llama.cpp (GGUF)
 GGUF_SMOLLM3 = written("smollm3", arch="smollm3", defaults={"hidden_act": "silu", "no_rope_layer_interval": 4,
                                                  "use_sliding_window": False},
+                       stated=STATES_VOCAB_AND_ROPE,
                             bias_flags=ATTENTION_BIAS_FLAG, permute_qk=True)
 
 

@@ -23,6 +23,7 @@ from ..errors import MappingError
 from ..family import Family
 from ..tables.config_table import DEFAULT, Entry
 from ..tables.gguf import (
+    NO_ROPE_BASE,
     PADDED,
     GgufArch,
     weight_and_bias,
@@ -116,6 +117,7 @@ def _stablelm_table() -> TensorTable:
 
 GGUF_STABLELM = GgufArch("stablelm", arch="stablelm", keys={"attention.layer_norm_epsilon": "layer_norm_eps",
                                                "use_parallel_residual": "use_parallel_residual"},
+                         omitted=NO_ROPE_BASE,
                              defaults={"hidden_act": "silu"}, bias_flags={"use_qkv_bias": "blk.0.attn_q.bias"},
                              norm_eps="attention.layer_norm_epsilon", partial_rotary=True, table=_stablelm_table(),
                              unread={"blk.0.attn_q_norm.weight":

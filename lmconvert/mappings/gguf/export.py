@@ -12,7 +12,7 @@ writes the file).
 from __future__ import annotations
 
 import re
-from collections.abc import Collection, Mapping
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
@@ -29,6 +29,7 @@ from .metadata import LLAMA3_STATED, ROPE_KEYS, SHARED_KEYS, TOKEN_IDS, hf_confi
 NOT_WRITTEN = {t: f.no_gguf for f in FAMILIES.values() for t in f.model_types if f.no_gguf}
 # transformers model_type -> (llama.cpp architecture, its table entry)
 EXPORTS: dict[str, tuple[str, GgufArch]] = {
+    **{variant.model_type: (arch, variant) for arch, entry in ARCHS.items() for _, variant in entry.variants},
     **{entry.model_type: (arch, entry) for arch, entry in ARCHS.items() if entry.model_type not in NOT_WRITTEN},
     **{told.model_type: (arch, told) for arch, entry in ARCHS.items() for _, _, told in entry.told_apart},
     **{entry.model_type: (arch, entry) for arch, _, entry in BY_NAME},
@@ -147,7 +148,8 @@ def _layer_pattern(arch: str, entry: GgufArch, config: Mapping[str, Any]) -> dic
     if entry.swa_pattern is None or not types:
         return {}
     n = entry.swa_pattern
-    if list(types) == ["sliding_attention" if i % n < n - 1 else "full_attention" for i in range(len(types))]:
+    hard_coded = ["sliding_attention" if i % n < n - 1 else "full_attention" for i in range(len(types))]
+    if list(types) == hard_coded and "attention.sliding_window_pattern" not in entry.stated:
         return {}
     return {f"{arch}.attention.sliding_window_pattern": [t == "sliding_attention" for t in types]}
 
@@ -178,34 +180,27 @@ def named(entry: GgufArch, arch: str, name: str) -> str:
 # runtime takes a default (the head size from the width and head count, every dimension rotated, the
 # token list's length, a RoPE base of 10000). lmconvert leaves out what llama.cpp's converter leaves out
 # where the value is that default, and writes it where it is not (a model llama.cpp's converter would get
-# wrong). The head size: llama.cpp writes config.json's `head_dim`, which transformers' config class writes
-# for these model types (not for Mixtral: null, nor for Qwen2, OLMo, StarCoder2 ...: no such key).
-HEAD_DIM_STATED = frozenset({"llama", "mistral", "arcee", "gemma", "gemma2", "gemma3_text", "qwen3", "qwen3_moe",
-                             "cohere2", "nemotron"})
-# the vocabulary size: llama.cpp's LlamaModel (and its subclasses), DeepseekV2Model, Cohere2Model, NemotronModel;
-# the rotated width: those and Phi3MiniModel
-STATES_VOCAB = frozenset({"llama", "granite", "smollm3", "arcee", "deepseek2", "cohere2", "nemotron"})
-STATES_ROPE = STATES_VOCAB | {"phi3"}
-# no RoPE base: llama.cpp's GemmaModel, Gemma2Model, StableLMModel, Phi2Model and FalconModel
-NO_ROPE_BASE = frozenset({"gemma", "gemma2", "stablelm", "phi2", "falcon"})
-ROPE_BASE_DEFAULT = 10000.0
+# wrong). What each architecture's converter class states anyway, or never writes, its entry says
+# (GgufArch.stated, .omitted). The head size: llama.cpp's converter writes config.json's `head_dim` where
+# the config has one (transformers' config classes of Llama, Mistral, Gemma, Qwen3 ... write it; Mixtral's
+# is null, Qwen2's, OLMo's and StarCoder2's classes have none: GgufArch.head_dim_stated).
 
 
-def _unwritten(arch: str, model_type: str, values: Mapping[str, Any], listed: bool) -> set[str]:
+def _unwritten(arch: str, entry: GgufArch, config: Mapping[str, Any], values: Mapping[str, Any],
+               listed: bool) -> set[str]:
     """The optional keys llama.cpp's converter leaves out of this model's file, among those that
     hold llama.cpp's runtime default; `listed`: the file lists the vocabulary's tokens."""
-    p = f"{arch}."
+    p, stated = f"{arch}.", entry.stated
     implied = values[p + "embedding_length"] // values[p + "attention.head_count"]
     head = values.get(p + "attention.key_length")
     keys = set()
-    if model_type not in HEAD_DIM_STATED and head == implied == values.get(p + "attention.value_length"):
+    said = "attention.key_length" in stated or (entry.head_dim_stated and config.get("head_dim") is not None)
+    if not said and head == implied == values.get(p + "attention.value_length"):
         keys |= {"attention.key_length", "attention.value_length"}
-    if arch not in STATES_ROPE and values.get(p + "rope.dimension_count") == head:
+    if "rope.dimension_count" not in stated and values.get(p + "rope.dimension_count") == head:
         keys.add("rope.dimension_count")
-    if arch not in STATES_VOCAB and listed:  # llama.cpp counts the token list
+    if "vocab_size" not in stated and listed:  # llama.cpp counts the token list
         keys.add("vocab_size")
-    if arch in NO_ROPE_BASE and values.get(p + "rope.freq_base") == ROPE_BASE_DEFAULT:
-        keys.add("rope.freq_base")
     return {p + key for key in keys}
 
 
@@ -243,12 +238,25 @@ def metadata(config: Mapping[str, Any], name: str, listed: bool = False) -> Gguf
     values.update(rope)
     values.update(_layer_pattern(arch, entry, config))
     values.update(_score_scale(arch, entry, config))
-    for key in _unwritten(arch, str(model_type), values, listed) if not entry.latent else ():
+    for key in _unwritten(arch, entry, config, values, listed) if not entry.latent else ():
+        del values[key]
+    for key in [f"{arch}.{k}" for k, default in entry.omitted.items() if values.get(f"{arch}.{k}") == default]:
         del values[key]
     for hf_key, gguf_key in TOKEN_IDS.items():
         if isinstance(config.get(hf_key), int):
             values[gguf_key] = config[hf_key]
     return GgufModel(arch, entry, values, extra)
+
+
+def family_tokens(entry: GgufArch, config: Mapping[str, Any], tokens: Sequence[str],
+                  stated: Collection[str]) -> dict[str, int]:
+    """The tokenizer ids this architecture's converter states beyond what the tokenizer's files say
+    (`stated`: the keys they give), from the config or by the token's text in `tokens`."""
+    ids = {key: config[hf_key] for key, hf_key in entry.token_keys.items() if isinstance(config.get(hf_key), int)}
+    index = {text: i for i, text in enumerate(tokens)} if entry.token_texts else {}
+    ids.update({key: index[text] for key, text in entry.token_texts.items()
+                if key not in stated and key not in ids and text in index})
+    return ids
 
 
 def for_tensors(model: GgufModel, names: Collection[str]) -> GgufModel:
@@ -301,4 +309,4 @@ def _static_rope(rope: RopeConfig, head_dim: int) -> RopeConfig:
     return replace(rope, theta=rope.theta * rope.alpha ** (d / (d - 2)), scaling="none", alpha=None)
 
 
-__all__ = ["EXPORTS", "GgufModel", "for_tensors", "lost", "metadata", "named", "read_back"]
+__all__ = ["EXPORTS", "GgufModel", "family_tokens", "for_tensors", "lost", "metadata", "named", "read_back"]

@@ -73,6 +73,24 @@ class GgufArch:
     unstated: Mapping[str, Callable[[Mapping[str, Any]], Any]] = field(default_factory=dict)
     # export: `{arch}.` keys llama.cpp's converter writes whatever the config says (OLMo's LayerNorm eps)
     constants: Mapping[str, Any] = field(default_factory=dict)
+    # export: optional `{arch}.` keys llama.cpp's converter class for this architecture writes even where
+    # they hold its runtime's default (`vocab_size`, `rope.dimension_count`, `attention.key_length`,
+    # `attention.sliding_window_pattern`); any entry of an architecture may state them for all
+    stated: frozenset[str] = frozenset()
+    # export: whether llama.cpp's converter states config.json's head_dim as the key and value lengths (its
+    # TextModel does, where the config has one); False where the transformers config class keeps none (the
+    # config lmconvert writes names one) or the converter class writes its own
+    head_dim_stated: bool = True
+    # export: optional keys that class never writes, or writes only where they differ from the runtime's
+    # default -> that default (Gemma's, StableLM's, Phi-2's and Falcon's classes write no RoPE base;
+    # DeepseekV2Model no expert_weights_norm false)
+    omitted: Mapping[str, Any] = field(default_factory=dict)
+    # export: tokenizer keys llama.cpp's converter takes from a config key rather than the tokenizer's files,
+    # stated over theirs (HunYuan's `tokenizer.ggml.eos_token_id` from eod_token_id)
+    token_keys: Mapping[str, str] = field(default_factory=dict)
+    # export: tokenizer keys -> the token (by its text) llama.cpp's converter states where the tokenizer's
+    # files name none (GLM's end of turn, `<|user|>`)
+    token_texts: Mapping[str, str] = field(default_factory=dict)
 
     def read_by_transformers(self, config: Mapping[str, Any]) -> bool:
         """Whether transformers' GGUF loader builds this file's model (a reference for `verify`)."""
@@ -171,6 +189,12 @@ def tensor_sizes(config: Mapping[str, Any], renamed: Mapping[str, str] | None = 
     latent = {"k_nope": config["qk_nope_head_dim"], "v_head": config["v_head_dim"]} if "v_head_dim" in config else {}
     return {"vocab": config["vocab_size"], "heads": heads, "kv_heads": kv_heads, "q": heads * head_dim,
             "kv": kv_heads * head_dim, "ffn": ffn, **latent}  # MLA: the per-head parts of DeepSeek's kv_b
+
+
+# what llama.cpp's LlamaModel and its subclasses (and DeepseekV2Model, Cohere2Model, NemotronModel) state
+# whatever the value: the vocabulary's size and the rotated width
+STATES_VOCAB_AND_ROPE = frozenset({"vocab_size", "rope.dimension_count"})
+NO_ROPE_BASE = {"rope.freq_base": 10000.0}
 
 
 def written(model_type: str, **facts: Any) -> GgufArch:  # noqa: ANN401 - GgufArch's fields
