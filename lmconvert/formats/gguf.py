@@ -267,6 +267,12 @@ class GgufTensors:
     def where(self, name: str) -> Path:
         return self.file.path
 
+    def stored_type(self, name: str) -> str:
+        """The ggml type the tensor is stored as (Q8_0, F16, ...), or those of its parts joined by +."""
+        parts = self.plans[name].gguf_name
+        kinds = dict.fromkeys(self.file.type_name(part) for part in (parts if isinstance(parts, tuple) else (parts,)))
+        return "+".join(kinds)
+
     def get(self, name: str) -> torch.Tensor:
         """Dequantized, transformed (an offset computes in float32, as transformers does), then
         cast to the file's one dtype."""
