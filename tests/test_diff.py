@@ -15,13 +15,14 @@ from __future__ import annotations
 
 import json
 import math
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
 from click.testing import CliRunner
-from hf_models import edited_weights, make_checkpoint
+from hf_models import build_model, edited_weights, make_checkpoint, save_checkpoint
 from safetensors.torch import load_file
 
 from lmconvert.cli import main
@@ -254,3 +255,33 @@ def test_comparison_in_slices_is_the_comparison_of_the_whole(dtype: torch.dtype,
     y[20, 2] = math.nan  # NaN facing a number: not within any tolerance, and max |Δ| says so
     got = measure(x, y, Tolerance(1.0, 1.0))
     assert math.isnan(got[0]) and got[2] == 1
+
+
+def test_a_mixture_of_experts_reads_each_stored_tensor_once(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Experts come from one tensor per layer in transformers 5's layout (`gate_up_proj`) and in GGUF
+    (`ffn_gate_exps`, ...), and one tensor each in a canonical checkpoint: compared expert by expert,
+    each stored tensor is still read once, not once per expert (the readers are wrapped to count
+    their reads; what they read is theirs)."""
+    from lmconvert.formats.gguf import GgufFile
+    from lmconvert.formats.safetensors_dir import TensorSource
+
+    model = build_model("mixtral", num_local_experts=4, num_experts_per_tok=2)  # llama.cpp has no windows
+    fused = save_checkpoint(model, tmp_path / "fused", save_original_format=False)
+    convert(fused, tmp_path / "canonical", "canonical")
+    convert(tmp_path / "canonical", tmp_path / "m.gguf", "gguf", quant="f32")
+    reads: Counter[tuple[str, str]] = Counter()
+    for cls, method in ((TensorSource, "get"), (GgufFile, "read")):
+        original = getattr(cls, method)
+
+        def counted(self: Any, name: str, original: Any = original) -> torch.Tensor:  # noqa: ANN401
+            reads[str(getattr(self, "directory", getattr(self, "path", ""))), name] += 1
+            return original(self, name)
+
+        monkeypatch.setattr(cls, method, counted)
+    for a, b in (("canonical", "fused"), ("canonical", "m.gguf"), ("m.gguf", "fused")):
+        reads.clear()
+        code, report, out, _ = diffed(tmp_path / a, tmp_path / b, tmp_path)
+        assert code == 0 and set(statuses(report).values()) == {"identical"}, out
+        assert sum(".experts.3." in t["name"] for t in report["tensors"]) == 6  # gate, up, down in both layers
+        assert max(reads.values()) == 1, [k for k, n in reads.items() if n > 1]
+        assert any("gate_up_proj" in name or "ffn_gate_exps" in name for _, name in reads)

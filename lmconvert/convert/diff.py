@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import json
 import math
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -32,6 +33,7 @@ from lmconvert.formats.atomic import atomic_file, check_output
 from lmconvert.formats.checkpoint import Checkpoint, open_checkpoint
 from lmconvert.formats.errors import InputError
 from lmconvert.formats.jsonfile import read_json_object
+from lmconvert.formats.source import TensorReader
 from lmconvert.mappings.tables.transforms import same_bits
 
 from .plan import Progress
@@ -190,13 +192,15 @@ def diff(a: Path, b: Path, tolerance: Tolerance, json_out: Path | None = None, f
     if json_out is not None:
         check_output(json_out, force, (a, b), is_diff_report, f"--json {json_out}")
     with open_checkpoint(a) as left, open_checkpoint(b) as right:
-        names = [*left.plan, *(n for n in right.plan if n not in left.plan)]
+        names = in_read_order(left, right)
         report = DiffReport(str(a), str(b), left.format, right.format, tolerance, names,
                             config_differences(left, right))
         if show is not None:
             show(report.header())
+        both = [n for n in names if n in left.plan and n in right.plan]  # the ones read
+        readers = Held.of(left, both), Held.of(right, both)
         for done, name in enumerate(names, 1):
-            row = compare(name, left, right, tolerance)
+            row = compare(name, left, right, tolerance, readers)
             report.rows.append(row)
             if show is not None:
                 show(report.line(row))
@@ -234,7 +238,62 @@ def _same_float32(a: Any, b: Any) -> bool:  # noqa: ANN401 - any config value
     return floats and struct.pack("<f", a) == struct.pack("<f", b)
 
 
-def compare(name: str, a: Checkpoint, b: Checkpoint, tolerance: Tolerance) -> TensorDiff:
+def in_read_order(a: Checkpoint, b: Checkpoint) -> list[str]:
+    """Every canonical name (A's, then those only B has), the names that share a stored tensor on
+    either side next to each other: one expert's gate and up come from the one `gate_up_proj` of its
+    layer in transformers 5's layout, and every expert's gate from one stacked tensor in GGUF. So each
+    stored tensor is read once: kept by `Held` (or by the GGUF reader, which keeps the last one) until
+    the last name that needs it has been compared, and no longer."""
+    names = [*a.plan, *(n for n in b.plan if n not in a.plan)]
+    parent: dict[object, object] = {}
+
+    def root(x: object) -> object:
+        while parent.setdefault(x, x) != x:
+            parent[x] = parent[parent[x]]  # type: ignore[index]
+            x = parent[x]
+        return x
+
+    for name in names:
+        for side, ckpt in (("A", a), ("B", b)):
+            if name not in ckpt.plan:
+                continue
+            parts = getattr(ckpt.source.tensors, "parts", None)  # a GGUF tensor's stacked experts
+            for stored in ckpt.stored_names(name):
+                for key in ((side, stored), *((side, "part", p) for p in (parts(stored) if parts else ()))):
+                    parent[root(key)] = root(name)
+    groups: dict[object, list[str]] = {}
+    for name in names:
+        groups.setdefault(root(name), []).append(name)
+    return [name for group in groups.values() for name in group]
+
+
+class Held:
+    """A checkpoint's stored tensors, each kept after it is read for as long as some canonical
+    tensor still to be compared needs it (several experts from one fused tensor), and no longer."""
+
+    def __init__(self, reader: TensorReader, uses: Counter[str]) -> None:
+        self.reader, self.uses = reader, uses
+        self._held: dict[str, torch.Tensor] = {}
+
+    @classmethod
+    def of(cls, ckpt: Checkpoint, names: list[str]) -> Held:
+        return cls(ckpt.source.tensors, Counter(s for n in names for s in ckpt.stored_names(n)))
+
+    def get(self, name: str) -> torch.Tensor:
+        tensor = self._held.pop(name, None)
+        if tensor is None:
+            tensor = self.reader.get(name)
+        self.uses[name] -= 1
+        if self.uses[name] > 0:
+            self._held[name] = tensor
+        return tensor
+
+    def __getattr__(self, attr: str) -> Any:  # noqa: ANN401 - names, shape, where...: the reader's
+        return getattr(self.reader, attr)
+
+
+def compare(name: str, a: Checkpoint, b: Checkpoint, tolerance: Tolerance,
+            readers: tuple[Held, Held] | None = None) -> TensorDiff:
     """One canonical tensor of both sides, each read (and dequantized) only here."""
     if name not in b.plan:
         return TensorDiff(name, "only in A", a.shape(name), dtype_a=a.stored_type(name))
@@ -244,7 +303,8 @@ def compare(name: str, a: Checkpoint, b: Checkpoint, tolerance: Tolerance) -> Te
     if row.shape_a != row.shape_b:
         row.note = "shapes differ"
         return row
-    x, y = a.tensor(name), b.tensor(name)
+    x, y = (a.tensor(name), b.tensor(name)) if readers is None else \
+        (a.tensor(name, readers[0]), b.tensor(name, readers[1]))
     row.bits_identical = same_bits(x, y)
     if row.bits_identical:
         row.max_abs, row.rel, row.status = 0.0, 0.0, "identical"

@@ -137,10 +137,15 @@ class Checkpoint:
         the first row's (`_check_shapes` holds them all to float types)."""
         return stored_type(self.source.tensors, _names(self.plan[canonical][0])[0])
 
-    def tensor(self, canonical: str) -> torch.Tensor:
-        """One canonical tensor, read (and dequantized) now."""
+    def stored_names(self, canonical: str) -> tuple[str, ...]:
+        """The source's tensor(s) a canonical tensor is read from."""
+        return _names(self.plan[canonical][0])
+
+    def tensor(self, canonical: str, reader: TensorReader | None = None) -> torch.Tensor:
+        """One canonical tensor, read (and dequantized) now, through `reader` if given (one that
+        wraps the source's tensors, to keep some of them for later reads)."""
         name, transform = self.plan[canonical]
-        return transform.forward(_get(self.reader, name))
+        return transform.forward(_get(reader or self.reader, name))
 
     def weights(self) -> dict[str, Callable[[], torch.Tensor]]:
         """A reader per canonical tensor, for loading one stage at a time."""
