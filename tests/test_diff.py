@@ -52,13 +52,15 @@ def statuses(report: dict[str, Any]) -> dict[str, str]:
 
 @pytest.fixture(scope="module")
 def models(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    """The same model four ways: as transformers saved it, canonical, the canonical's HF export and
-    its GGUF q8_0 export."""
+    """The same model six ways: as transformers saved it (safetensors, and pytorch_model.bin), canonical,
+    the canonical's HF, Meta and GGUF q8_0 exports."""
     root = tmp_path_factory.mktemp("diff")
     paths = {"hf": make_checkpoint(root / "hf", "llama"), "canonical": root / "canonical",
-             "export": root / "export", "gguf": root / "m.gguf"}
+             "bin": save_checkpoint(build_model("llama"), root / "bin", safe_serialization=False),
+             "export": root / "export", "meta": root / "meta", "gguf": root / "m.gguf"}
     convert(paths["hf"], paths["canonical"], "canonical")
     convert(paths["canonical"], paths["export"], "hf")
+    convert(paths["canonical"], paths["meta"], "meta")
     convert(paths["canonical"], paths["gguf"], "gguf", quant="q8_0")
     return paths
 
@@ -68,11 +70,17 @@ def canonical_tensors(models: dict[str, Path]) -> dict[str, torch.Tensor]:
     return load_file(models["canonical"] / "model.safetensors")
 
 
-@pytest.mark.parametrize(("a", "b"), [("canonical", "export"), ("hf", "canonical"), ("export", "hf")])
+FORMATS = {"hf": "hf-safetensors", "bin": "hf-bin", "canonical": "canonical", "export": "hf-safetensors",
+           "meta": "meta"}
+
+
+@pytest.mark.parametrize(("a", "b"), [("canonical", "export"), ("hf", "canonical"), ("export", "hf"),
+                                      ("bin", "canonical"), ("canonical", "meta"), ("meta", "bin")])
 def test_a_checkpoint_and_its_conversions_are_identical(models: dict[str, Path], canonical_tensors: dict[str, Any],
                                                        a: str, b: str, tmp_path: Path) -> None:
     code, report, out, _ = diffed(models[a], models[b], tmp_path)
     assert code == 0 and report["passed"]
+    assert (report["a"]["format"], report["b"]["format"]) == (FORMATS[a], FORMATS[b])
     assert statuses(report) == dict.fromkeys(canonical_tensors, "identical")
     assert all(t["bits_identical"] and t["max_abs"] == 0 and t["rel"] == 0 for t in report["tensors"])
     n = len(canonical_tensors)
