@@ -24,6 +24,7 @@ import torch
 from click.testing import CliRunner
 from hf_models import build_model, edited_weights, make_checkpoint, save_checkpoint
 from safetensors.torch import load_file
+from test_formats_bin import save_bin
 
 from lmconvert.cli import main
 from lmconvert.convert import convert
@@ -56,7 +57,7 @@ def models(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     the canonical's HF, Meta and GGUF q8_0 exports."""
     root = tmp_path_factory.mktemp("diff")
     paths = {"hf": make_checkpoint(root / "hf", "llama"), "canonical": root / "canonical",
-             "bin": save_checkpoint(build_model("llama"), root / "bin", safe_serialization=False),
+             "bin": save_bin(build_model("llama"), root / "bin"),
              "export": root / "export", "meta": root / "meta", "gguf": root / "m.gguf"}
     convert(paths["hf"], paths["canonical"], "canonical")
     convert(paths["canonical"], paths["export"], "hf")
