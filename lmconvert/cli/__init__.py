@@ -275,9 +275,10 @@ def verify(checkpoint: Path, reference: Path | None, dtype: str | None, device: 
 @click.option("--force", is_flag=True, help="Replace the --json file if it exists (only one lmconvert wrote).")
 @handled
 def diff(a: Path, b: Path, atol: float, rtol: float, json_out: Path | None, force: bool) -> None:
-    """Compare checkpoints A and B tensor by tensor. Any formats lmconvert reads (HF, canonical, Meta,
-    GGUF, dequantized), matched by canonical name: shapes, dtypes, max |Δ|, relative error, identical
-    bits. Exit 1 when a tensor differs beyond the tolerance or only one side has it."""
+    """Compare checkpoints A and B tensor by tensor. Any formats lmconvert reads (HF safetensors or .bin,
+    canonical, Meta, GGUF with its quantized tensors dequantized), matched by canonical name: shapes,
+    dtypes, max |Δ|, relative error, identical bits. Exit 1 when a tensor differs beyond the tolerance
+    or only one side has it."""
     from lmconvert.convert.diff import TensorsDiffer, Tolerance
     from lmconvert.convert.diff import diff as run
 
