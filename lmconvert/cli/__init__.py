@@ -37,7 +37,8 @@ PARITY, BAD_INPUT, BUG = 1, 2, 3
 EXIT_CODES = f"""\b
 Exit codes:
   0  success
-  {PARITY}  the parity check (verify) or the integrity check (verify --files, an export) failed
+  {PARITY}  the parity check (verify), the integrity check (verify --files, an export) or the
+     comparison (diff) failed
   {BAD_INPUT}  bad input or usage: one line names the file or argument and what to do
   {BUG}  internal error: a bug in lmconvert; rerun with --debug for the traceback"""
 
@@ -261,6 +262,37 @@ def verify(checkpoint: Path, reference: Path | None, dtype: str | None, device: 
     if not report.passed:
         raise ParityFailure(f"{checkpoint}: parity check failed ({', '.join(report.failures())}); "
                             f"criterion: {report.criterion}")
+
+
+@main.command()
+@click.argument("a", type=click.Path(path_type=Path))
+@click.argument("b", type=click.Path(path_type=Path))
+@click.option("--atol", type=float, default=0.0, show_default=True, help="Absolute tolerance per element.")
+@click.option("--rtol", type=float, default=0.0, show_default=True,
+              help="Relative tolerance per element: |a - b| <= atol + rtol * max(|a|, |b|).")
+@click.option("--json", "json_out", type=click.Path(path_type=Path, allow_dash=True),
+              help="Also write the report as JSON to FILE ('-' for stdout).")
+@click.option("--force", is_flag=True, help="Replace the --json file if it exists (only one lmconvert wrote).")
+@handled
+def diff(a: Path, b: Path, atol: float, rtol: float, json_out: Path | None, force: bool) -> None:
+    """Compare checkpoints A and B tensor by tensor. Any formats lmconvert reads (HF safetensors or .bin,
+    canonical, Meta, GGUF with its quantized tensors dequantized), matched by canonical name: shapes,
+    dtypes, max |Δ|, relative error, identical bits. Exit 1 when a tensor differs beyond the tolerance
+    or only one side has it."""
+    from lmconvert.convert.diff import TensorsDiffer, Tolerance
+    from lmconvert.convert.diff import diff as run
+
+    tolerance = Tolerance(atol, rtol)
+    to_file = json_out if json_out is not None and str(json_out) != "-" else None
+    to_stdout = json_out is not None and to_file is None
+    if to_stdout:  # the JSON at the end, and a progress bar meanwhile
+        with progress_bar(f"comparing {a.name} and {b.name}") as progress:
+            report = run(a, b, tolerance, to_file, force, progress=progress)
+        click.echo(json.dumps(report.to_dict(), indent=2))
+    else:  # each tensor's line as it is compared
+        report = run(a, b, tolerance, to_file, force, show=click.echo)
+    if not report.passed:
+        raise TensorsDiffer(f"{a} and {b} differ: {report.failures()}; criterion: {tolerance.criterion()}")
 
 
 @main.command()

@@ -28,7 +28,7 @@ from .dtypes import DTYPES, dominant
 from .errors import InputError
 from .hf import is_hf_safetensors, open_hf_safetensors
 from .safetensors_dir import TensorSource
-from .source import CANNOT_LOAD_META, LastRead, Loadable, Source, TensorReader, dtype_name
+from .source import CANNOT_LOAD_META, LastRead, Loadable, Source, TensorReader, dtype_name, stored_type
 
 if TYPE_CHECKING:
     import torch
@@ -63,7 +63,7 @@ FORMATS: list[tuple[str, Callable[[Path], bool], Callable[[Path], Source]]] = [
 def open_source(path: Path) -> Source:
     """The format's own view (HF config and HF tensor names), before any family mapping."""
     if not path.exists():
-        raise InputError(f"{path}: does not exist")
+        raise InputError(f"{path}: does not exist; give the path of a checkpoint directory or of a .gguf file")
     for _, detect, opener in FORMATS:
         if detect(path):
             return opener(path)
@@ -124,6 +124,28 @@ class Checkpoint:
         for canonical, (name, transform) in self.plan.items():
             t = transform.forward(_get(reader, name))
             yield canonical, t if dtype is None else t.to(dtype)
+
+    def shape(self, canonical: str) -> tuple[int, ...]:
+        """A canonical tensor's shape, from the files' headers: nothing is read."""
+        name, transform = self.plan[canonical]
+        tensors = self.source.tensors
+        return out_shape(transform.forward, [tensors.shape(one) for one in name] if isinstance(name, tuple)
+                         else tensors.shape(name))
+
+    def stored_type(self, canonical: str) -> str:
+        """The type a canonical tensor is stored as (`source.stored_type`); for one joined from rows,
+        the first row's (`_check_shapes` holds them all to float types)."""
+        return stored_type(self.source.tensors, _names(self.plan[canonical][0])[0])
+
+    def stored_names(self, canonical: str) -> tuple[str, ...]:
+        """The source's tensor(s) a canonical tensor is read from."""
+        return _names(self.plan[canonical][0])
+
+    def tensor(self, canonical: str, reader: TensorReader | None = None) -> torch.Tensor:
+        """One canonical tensor, read (and dequantized) now, through `reader` if given (one that
+        wraps the source's tensors, to keep some of them for later reads)."""
+        name, transform = self.plan[canonical]
+        return transform.forward(_get(reader or self.reader, name))
 
     def weights(self) -> dict[str, Callable[[], torch.Tensor]]:
         """A reader per canonical tensor, for loading one stage at a time."""

@@ -267,6 +267,17 @@ class GgufTensors:
     def where(self, name: str) -> Path:
         return self.file.path
 
+    def parts(self, name: str) -> tuple[str, ...]:
+        """The GGUF tensor(s) it is read from: one expert's weights come from the stacked tensor
+        of its layer (`blk.N.ffn_gate_exps.weight`), and several HF tensors from one GGUF tensor."""
+        plan = self.plans[name]
+        names = [plan.gguf_name, *([] if plan.check is None else [plan.check.gguf_name])]
+        return tuple(dict.fromkeys(part for one in names for part in (one if isinstance(one, tuple) else (one,))))
+
+    def stored_type(self, name: str) -> str:
+        """The ggml type the tensor is stored as (Q8_0, F16, ...), or those of its parts joined by +."""
+        return "+".join(dict.fromkeys(self.file.type_name(part) for part in self.parts(name)))
+
     def get(self, name: str) -> torch.Tensor:
         """Dequantized, transformed (an offset computes in float32, as transformers does), then
         cast to the file's one dtype."""

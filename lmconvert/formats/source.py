@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
 from .checkpoint_files import sidecar_files
-from .dtypes import of_torch
+from .dtypes import DTYPES, of_torch
 
 if TYPE_CHECKING:
     import torch
@@ -118,3 +118,10 @@ def dtype_name(reader: TensorReader, name: str) -> str:
         return reader.dtype_name(name)
     dtype = getattr(reader, "dtype", None)
     return of_torch(dtype(name) if dtype is not None else reader.get(name).dtype).name
+
+
+def stored_type(reader: TensorReader, name: str) -> str:
+    """A tensor's type as its file stores it, in the words its users know: a GGUF tensor's ggml type
+    (Q8_0, F16, ...; the reader hands it over dequantized), else torch's dtype name (bfloat16, ...)."""
+    own = getattr(reader, "stored_type", None)
+    return own(name) if own is not None else DTYPES[dtype_name(reader, name)].torch_name
