@@ -160,6 +160,18 @@ def test_transformers_reads_the_file(model_type: str, tmp_path: Path) -> None:
     assert (theirs - logits_of(model, ids)).abs().max() <= FP32_MAX_ABS
 
 
+def test_transformers_reads_minimax_m2(tmp_path: Path) -> None:
+    """transformers' GGUF loader reads llama.cpp's minimax-m2 (and so `verify OUT.gguf` takes it as the
+    reference): the file computes what the source computes, in transformers and in lmconvert."""
+    model = build_model("minimax_m2", **SPECS["minimax_m2"].kwargs)
+    out = exported(canonical_of(model, tmp_path), tmp_path / "m.gguf", "f32")
+    theirs = AutoModelForCausalLM.from_pretrained(str(tmp_path), gguf_file=out.name, dtype=torch.float32,
+                                                  attn_implementation="eager").eval()
+    ids = token_batch(seq=24)
+    assert (logits_of(theirs, ids) - logits_of(lmconvert.load(out), ids)).abs().max() <= FP32_MAX_ABS
+    assert (logits_of(theirs, ids) - logits_of(model, ids)).abs().max() <= FP32_MAX_ABS
+
+
 def test_transformers_reads_gpt2_with_its_tokenizer(tmp_path: Path) -> None:
     hf = tmp_path / "hf"
     vocab = save_tiny_tokenizer(hf)

@@ -23,7 +23,7 @@ from lmconvert.arch import ArchConfig
 from ..errors import MappingError
 from ..family import Family
 from ..tables.config_table import Entry, fixed
-from ..tables.gguf import tensor_table, written
+from ..tables.gguf import GgufArch, tensor_table
 from ..tables.hf_config import HfConfig, Key
 from ..tables.hf_moe import expert_rules, experts
 from ..tables.hf_rope import FRACTION, KEYS, rope_from_hf, rope_parameters, rope_to_hf
@@ -86,7 +86,8 @@ def _minimax_m2(config: Mapping[str, Any]) -> dict[str, Any]:
     return {}
 
 
-GGUF_MINIMAXM2 = written(
+# transformers' GGUF loader reads it too (verify's reference for such a file)
+GGUF_MINIMAXM2 = GgufArch(
     "minimax_m2", arch="minimax-m2",
     keys={"expert_count": "num_local_experts", "expert_used_count": "num_experts_per_tok",
           "expert_feed_forward_length": "intermediate_size", "expert_gating_func": "expert_gating_func"},
