@@ -8,10 +8,10 @@ import pkgutil
 
 import specs
 from hf_models import token_batch
-from specs import ATTN_CAP, FINAL_CAP, LLAMA3, LONGROPE, SEQ, WINDOW, YARN, F, S, Spec
+from specs import ATTN_CAP, FINAL_CAP, LLAMA3, LONGROPE, SEQ, WINDOW, YARN, F, GgufNaming, S, Spec
 
 __all__ = ["ATTN_CAP", "FAITHFULNESS", "FINAL_CAP", "FP32_TOL", "IDS", "LLAMA3", "LONGROPE", "NAMES", "SEQ", "SPECS",
-           "TEXT", "VISION", "WINDOW", "YARN", "F", "S", "Spec", "family_of"]
+           "TEXT", "VISION", "WINDOW", "YARN", "F", "GgufNaming", "S", "Spec", "family_of"]
 
 IDS = token_batch(seq=SEQ)
 FP32_TOL = 1e-5

@@ -264,65 +264,12 @@ BAD_VALUES = [
 ]
 
 
-# the GPT-2 era spelling of llama's keys (GPT-J)
-GPT2_SPELLING = {"hidden_size": "n_embd", "num_attention_heads": "n_head", "num_hidden_layers": "n_layer",
-                 "max_position_embeddings": "n_positions", "rms_norm_eps": "layer_norm_epsilon",
-                 "attention_dropout": "attn_pdrop"}
-# a family without one of those keys: OlmoLayerNorm's eps is fixed at 1e-5; the GPT-2-era families have
-# neither RoPE nor GQA nor a free head_dim, OPT's and XGLM's LayerNorm eps is torch's default; GPT-NeoX
-# and GPT-J have no KV grouping and no head_dim key, GPT-J no intermediate_size (n_inner) or rope_parameters
-NOT_A_KEY = {("olmo", "rms_norm_eps"),
-             *((t, k) for t in ("gpt2", "gpt_neo", "opt", "xglm", "biogpt") for k in ("num_key_value_heads",
-                                                                                     "head_dim", "rope_parameters")),
-             ("gpt2", "intermediate_size"), ("opt", "rms_norm_eps"), ("xglm", "rms_norm_eps"),
-             *(("gpt_bigcode", k) for k in ("num_key_value_heads", "head_dim", "intermediate_size", "rope_parameters")),
-             ("gpt_neox", "num_key_value_heads"), ("gpt_neox", "head_dim"),
-             ("persimmon", "num_key_value_heads"), ("persimmon", "head_dim"),
-             *(("gptj", k) for k in ("num_key_value_heads", "head_dim", "intermediate_size", "rope_parameters")),
-             *(("codegen", k) for k in ("num_key_value_heads", "head_dim", "intermediate_size", "rope_parameters")),
-             *(("openai-gpt", k) for k in ("num_key_value_heads", "head_dim", "intermediate_size", "rope_parameters")),
-             *((f, k) for f in ("bloom", "mpt") for k in ("num_key_value_heads", "head_dim", "intermediate_size",
-                                                          "rope_parameters")), ("bloom", "max_position_embeddings"),
-             ("falcon", "num_key_value_heads"), ("falcon", "head_dim"), ("falcon", "intermediate_size"),
-             ("mpt", "attention_dropout"),
-             ("gpt_neox_japanese", "num_key_value_heads"), ("gpt_neox_japanese", "head_dim"),
-             *(("ctrl", k) for k in ("num_key_value_heads", "head_dim", "rope_parameters", "attention_dropout")),
-             ("modernbert-decoder", "num_key_value_heads"), ("modernbert-decoder", "head_dim"),
-             *(("dbrx", k) for k in ("num_key_value_heads", "head_dim", "intermediate_size", "rms_norm_eps",
-                                     "attention_dropout")),
-             ("ernie4_5", "attention_dropout"), ("ernie4_5_moe", "attention_dropout"),
-             ("solar_open", "intermediate_size"), ("kolibri1", "intermediate_size")}
-# a key transformers takes null for (its default), where the others refuse it
-NULL_IS_DEFAULT = {("gpt_neo", "intermediate_size")}
-# a family that spells one of those keys its own way
-OWN_SPELLING = {("starcoder2", "rms_norm_eps"): "norm_epsilon", ("nemotron", "rms_norm_eps"): "norm_eps",
-                ("stablelm", "rms_norm_eps"): "layer_norm_eps", ("cohere", "rms_norm_eps"): "layer_norm_eps",
-                ("cohere2", "rms_norm_eps"): "layer_norm_eps", ("jais2", "rms_norm_eps"): "layer_norm_eps",
-                ("cohere_compass_text", "rms_norm_eps"): "layer_norm_eps",
-                ("gpt2", "rms_norm_eps"): "layer_norm_epsilon", ("gpt2", "attention_dropout"): "attn_pdrop",
-                ("gpt_bigcode", "rms_norm_eps"): "layer_norm_epsilon",
-                ("gpt_bigcode", "attention_dropout"): "attn_pdrop",
-                ("gpt_neo", "rms_norm_eps"): "layer_norm_epsilon", ("opt", "intermediate_size"): "ffn_dim",
-                ("xglm", "intermediate_size"): "ffn_dim",
-                ("biogpt", "rms_norm_eps"): "layer_norm_eps",
-                ("biogpt", "attention_dropout"): "attention_probs_dropout_prob",
-                ("phi", "rms_norm_eps"): "layer_norm_eps", ("gpt_neox", "rms_norm_eps"): "layer_norm_eps",
-                ("persimmon", "rms_norm_eps"): "layer_norm_eps",
-                **{("gptj", k): v for k, v in GPT2_SPELLING.items()},
-                **{("codegen", k): v for k, v in GPT2_SPELLING.items()},
-                **{("openai-gpt", k): v for k, v in GPT2_SPELLING.items()},
-                ("bloom", "num_attention_heads"): "n_head", ("bloom", "num_hidden_layers"): "n_layer",
-                ("bloom", "rms_norm_eps"): "layer_norm_epsilon", ("mpt", "hidden_size"): "d_model",
-                ("mpt", "num_attention_heads"): "n_heads", ("mpt", "num_hidden_layers"): "n_layers",
-                ("mpt", "max_position_embeddings"): "max_seq_len", ("mpt", "rms_norm_eps"): "layer_norm_epsilon",
-                ("falcon", "rms_norm_eps"): "layer_norm_epsilon",
-                ("gpt_neox_japanese", "rms_norm_eps"): "layer_norm_eps",
-                ("gpt_neox_japanese", "intermediate_size"): "intermediate_multiple_size",
-                **{("ctrl", k): v for k, v in GPT2_SPELLING.items() if k != "attention_dropout"},
-                ("ctrl", "intermediate_size"): "dff", ("modernbert-decoder", "rms_norm_eps"): "norm_eps",
-                ("dbrx", "hidden_size"): "d_model",
-                ("dbrx", "num_attention_heads"): "n_heads", ("dbrx", "num_hidden_layers"): "n_layers",
-                ("dbrx", "max_position_embeddings"): "max_seq_len"}
+# each model_type's own spelling of those keys, the ones its config class never reads (OLMo's LayerNorm eps is fixed;
+# the GPT-2-era families have neither RoPE nor GQA nor a free head_dim), and where transformers takes null for
+# its default (GPT-Neo's intermediate_size): in its spec (tests/specs/__init__.py), with no list here to edit
+OWN_SPELLING = {(spec.model_type, key): own for spec in SPECS.values() for key, own in spec.own_spelling.items()}
+NOT_A_KEY = {(spec.model_type, key) for spec in SPECS.values() for key in spec.not_a_key}
+NULL_IS_DEFAULT = {(spec.model_type, key) for spec in SPECS.values() for key in spec.null_is_default}
 
 
 @pytest.mark.parametrize("model_type", VARIANTS)

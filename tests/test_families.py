@@ -69,10 +69,6 @@ SOURCES: dict[str, Spec] = {
 }
 
 
-# transformers runs these eagerly only: it refuses SDPA for Gemma 2 (soft-caps), BLOOM and MPT
-EAGER_ONLY = ("gemma2", "bloom", "mpt")
-
-
 # ------------------------------------------------------------------------------------------------ helpers
 @pytest.fixture(scope="module")
 def checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Callable[..., Path]:
@@ -172,9 +168,9 @@ def test_round_trip_is_bit_exact(name: str, checkpoint: Callable[..., Path], tmp
 @pytest.mark.parametrize("name", NAMES)
 def test_sdpa_matches_transformers_sdpa(name: str, checkpoint: Callable[..., Path]) -> None:
     """Our default backend against transformers' default one (soft-capped layers run eager on
-    both sides: transformers refuses SDPA for Gemma 2), and eager where transformers has no SDPA (EAGER_ONLY)."""
+    both sides: transformers refuses SDPA for Gemma 2), and eager where transformers has no SDPA (`Spec.sdpa`)."""
     src = checkpoint(name)
-    implementation = "eager" if name in EAGER_ONLY or not SPECS[name].sdpa else "sdpa"
+    implementation = "eager" if not SPECS[name].sdpa else "sdpa"
     with torch.no_grad():
         ref = AutoModelForCausalLM.from_pretrained(src, attn_implementation=implementation)(IDS).logits
     assert max_abs(our_logits(src, attention="sdpa"), ref) <= FP32_TOL
@@ -188,7 +184,7 @@ def test_cached_decoding_equals_full_forward(name: str, attention: str, checkpoi
     cached decoding by ~1e-5 on both sides (transformers' own too), so that equality is checked in
     float64, where rounding cannot hide a wrong position or mask."""
     src = checkpoint(name)
-    implementation = "eager" if name in EAGER_ONLY or not SPECS[name].sdpa else attention
+    implementation = "eager" if not SPECS[name].sdpa else attention
     check_cached_decoding(src, IDS, 6, attention, implementation, FP32_TOL)
 
 
@@ -256,14 +252,11 @@ def test_rope_keys_a_type_does_not_read_change_nothing() -> None:
     assert family_for("llama").arch_config(stray) == family_for("llama").arch_config({"model_type": "llama"})
 
 
-# the keys that make transformers' default config one lmconvert converts (DeepSeek's defaults have MoE layers)
+# the keys that make transformers' default config one lmconvert converts: a spec's `convertible`, and DeepSeek's
+# (model types without a spec; their defaults have MoE layers)
 CONVERTIBLE = {"deepseek_v2": {"first_k_dense_replace": 32}, "deepseek_v3": {"first_k_dense_replace": 61},
                "deepseek_v32": {"first_k_dense_replace": 61},
-               "dots1": {"first_k_dense_replace": 62},  # its expert counts have no defaults
-               "glm4_moe": {"head_dim": 128},  # 4096 // 96 = 42, of which 0.5 is 21 rotary dims: odd
-               # no RoPE of its own: its rotary embedding needs an entry per layer type (null: none)
-               "cohere_compass_text": {"rope_parameters": {"full_attention": {"rope_type": "default",
-                                                                              "rope_theta": 1e4}}}}
+               **{spec.model_type: spec.convertible for spec in SPECS.values() if spec.convertible}}
 
 
 @pytest.mark.parametrize("model_type", sorted(BY_MODEL_TYPE))

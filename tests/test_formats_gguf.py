@@ -20,6 +20,7 @@ import numpy as np
 import pytest
 import torch
 from click.testing import CliRunner
+from family_specs import SPECS
 from hf_models import build_model, token_batch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -73,9 +74,10 @@ FAMILIES: dict[str, dict[str, Any]] = {
 # and BLOOM's context length as n_embed (it has no position limit)
 METADATA_DIFFERS: dict[str, dict[str, Any]] = {"gpt2": {"tie_word_embeddings": False},
                                                "bloom": {"max_position_embeddings": 96}}
-# config keys a family spells its own way: GPT-2's d_ff is n_inner (the tiny model's is 4 * n_embd)
-OWN_SPELLING: dict[str, dict[str, str]] = {"gpt2": {"intermediate_size": "n_inner"},
-                                           "falcon": {"intermediate_size": "ffn_hidden_size"}}
+# config keys a family spells its own way (its spec's `gguf_spelling`): GPT-2's d_ff is n_inner (the tiny model's
+# is 4 * n_embd)
+OWN_SPELLING: dict[str, dict[str, str]] = {spec.model_type: spec.gguf_spelling for spec in SPECS.values()
+                                           if spec.gguf_spelling}
 # transformers' GGUF loader builds these; what its metadata reading misses is kept out of the
 # comparisons with it: it reads no attention_bias for llama (it drops the biases) and no
 # attention.key_length for qwen3 (it assumes the default head_dim, 128), nor nemotron's biases

@@ -40,11 +40,23 @@ MOE_FAMILIES = [name for name in SPECS if FAMILIES[family_of(name)].config.from_
 
 
 def test_the_moe_families_are_these() -> None:
-    assert sorted(MOE_FAMILIES) == ["aria_text", "axk1", "cohere2_moe", "cohere2_moe_sigmoid", "dbrx", "dots1",
-                                    "ernie4_5_moe", "exaone_moe", "flex_olmo", "glm4_moe", "glm4_moe_lite",
-                                    "granitemoe", "granitemoeshared", "hunyuan_v1_moe", "hy_v3", "kolibri1",
-                                    "mellum", "minimax_m2", "mixtral", "olmoe", "phimoe", "qwen2_moe", "qwen3_moe",
-                                    "sarvam_mla", "sarvam_moe", "solar_open"]
+    """The families read as mixtures are exactly those whose transformers model holds experts (a parameter
+    under an `experts` module), so that none drops out of the tests below unseen; and a spec's
+    `selection_bias_buffer` is a buffer of its transformers model, as the tests of it assume."""
+    def transformers_model(name: str) -> torch.nn.Module:
+        spec = SPECS[name]
+        with torch.device("meta"):
+            return AutoModelForCausalLM.from_config(AutoConfig.for_model(spec.model_type, **{**TINY, **spec.kwargs}))
+
+    with_experts = []
+    for name in SPECS:
+        model = transformers_model(name)
+        if any(".experts." in n for n, _ in model.named_parameters()):
+            with_experts.append(name)
+        if SPECS[name].selection_bias_buffer:
+            assert any(n.endswith("e_score_correction_bias") for n, _ in model.named_buffers()), name
+    assert len(MOE_FAMILIES) >= 2 and MOE_FAMILIES == with_experts
+    assert [n for n in SPECS if SPECS[n].selection_bias_buffer]  # the buffer tests below have a family
 
 
 @pytest.fixture(scope="module")
@@ -434,7 +446,7 @@ def test_ungated_shared_experts_are_added_as_they_are() -> None:
 
 # ------------------------------------------------------------------------------------------------ layouts
 # DBRX's checkpoints hold every expert in w1, v1 and w2, which transformers 5 keeps: it has no other layout
-FUSED_LAYOUT = [name for name in MOE_FAMILIES if name != "dbrx"]
+FUSED_LAYOUT = [name for name in MOE_FAMILIES if not SPECS[name].hub_experts_only]
 
 
 @pytest.mark.parametrize("name", FUSED_LAYOUT)
@@ -1138,8 +1150,9 @@ def test_sparsemixer_router_is_phimoe_s_bit_for_bit(dtype: torch.dtype, eps: flo
         assert (weights[:, 0] < 1).any() and (weights[:, 0] == 1).any()
 # ------------------------------------------------------------------------------------------------ buffer biases
 # families whose transformers model holds e_score_correction_bias as a buffer, which build_model's perturbation
-# of parameters leaves at 0: here it is perturbed, so that choosing on the selection bias is compared too
-BUFFER_BIASED = ["axk1", "exaone_moe", "kolibri1", "minimax_m2", "solar_open"]
+# of parameters leaves at 0 (their spec's `selection_bias_buffer`): here it is perturbed, so that choosing on the
+# selection bias is compared too
+BUFFER_BIASED = [name for name in SPECS if SPECS[name].selection_bias_buffer]
 
 
 @pytest.fixture(scope="module")

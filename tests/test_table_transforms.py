@@ -24,6 +24,7 @@ from fractions import Fraction
 import gguf
 import pytest
 import torch
+from family_specs import SPECS, GgufNaming, family_of
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -385,25 +386,9 @@ def test_chain_undoes_its_steps_in_reverse_order(heads: int, half: int, shards: 
 
 GGUF_ARCHS: dict[str, GgufArch] = {**ARCHS, **{f"{base}:{word}": v for base, word, v in BY_NAME},
                                    **{f"{base}:{tensor}": v for base, a in ARCHS.items() for tensor, v in a.variants}}
-# a variant's layout, as a config of its family: the family's stored names depend on it (Falcon's norms)
-VARIANT_LAYOUTS = {"falcon:blk.0.attn_norm_2.weight": {"new_decoder_architecture": True, "num_kv_heads": 2,
-                                                       "num_attention_heads": 4, "hidden_size": 64}}
-# the prefix llama.cpp's converter strips before naming (BloomModel's `transformer.`)
-STRIPPED = {"bloom": "transformer."}
-# HF tensors llama.cpp's converter names in its own modify_tensors, which TensorNameMap therefore does not
-# name as they are: GraniteMoeModel splits each fused input_linear into gate and up; DbrxModel adds `.weight`
-# to the experts' w1, v1, w2. (arch, HF name less its layer prefix, our part) -> llama.cpp's name
-CONVERTER_NAMES = {("granitemoe", "block_sparse_moe.input_linear.weight", "gate"): "ffn_gate_exps.weight",
-                   ("granitemoe", "block_sparse_moe.input_linear.weight", "up"): "ffn_up_exps.weight",
-                   ("granitemoe", "shared_mlp.input_linear.weight", "gate"): "ffn_gate_shexp.weight",
-                   ("granitemoe", "shared_mlp.input_linear.weight", "up"): "ffn_up_shexp.weight",
-                   ("dbrx", "ffn.experts.mlp.w1", "gate"): "ffn_gate_exps.weight",
-                   ("dbrx", "ffn.experts.mlp.v1", "up"): "ffn_up_exps.weight",
-                   ("dbrx", "ffn.experts.mlp.w2", "down"): "ffn_down_exps.weight"}
-# modules gguf's TensorNameMap knows only under another checkpoint's names: BitNet's sub-norms are mapped from
-# the original 1bitLLM files' `inner_attn_ln` / `ffn_layernorm`, not transformers' `attn_sub_norm` / `ffn_sub_norm`
-ALIASES = {"bitnet": ((".self_attn.attn_sub_norm", ".self_attn.inner_attn_ln"),
-                      (".mlp.ffn_sub_norm", ".mlp.ffn_layernorm"))}
+# what gguf's TensorNameMap does not say of how llama.cpp's converter names a family's tensors: its spec's
+# `gguf_naming` (tests/specs/__init__.py GgufNaming), by family
+NAMING: dict[str, GgufNaming] = {family_of(name): spec.gguf_naming for name, spec in SPECS.items() if not spec.family}
 TABLES: dict[str, TensorTable] = {**{f"family {n}": f.tensors for n, f in FAMILIES.items()}, "meta": META_TENSORS,
                                   **{f"gguf {n}": a.tensors for n, a in GGUF_ARCHS.items()}}
 
@@ -547,23 +532,25 @@ def test_gguf_names_are_llama_cpps(arch: str, request: pytest.FixtureRequest) ->
     names = gguf if known_to_gguf(arch) else request.getfixturevalue("vendored_gguf")
     entry = GGUF_ARCHS[arch]
     family = family_for(entry.model_type)
-    llama_cpp_arch = arch.split(":")[0]
-    table = family.tensors_for(family.arch_config({"model_type": entry.model_type, **VARIANT_LAYOUTS[arch]})) \
-        if arch in VARIANT_LAYOUTS else family.tensors
+    llama_cpp_arch, _, variant = arch.partition(":")
+    naming = NAMING.get(family.name, GgufNaming())
+    layout = naming.variant_layouts.get(variant)
+    table = family.tensors_for(family.arch_config({"model_type": entry.model_type, **layout})) \
+        if layout is not None else family.tensors
     key = next(k for k, v in names.MODEL_ARCH_NAMES.items() if v == llama_cpp_arch)  # type: ignore[attr-defined]
     name_map = names.get_tensor_name_map(key, 2)  # type: ignore[attr-defined]
     canonicals = {r.canonical.replace("{}", "1") for r in table.rules if r.canonical}
     for canonical in sorted(canonicals):
         hf_name, _ = table.to_hf_name(canonical)
-        for ours_name, theirs_name in ALIASES.get(llama_cpp_arch, ()):
+        for ours_name, theirs_name in naming.aliases:
             hf_name = hf_name.replace(ours_name, theirs_name)
-        base, _, suffix = hf_name.removeprefix(STRIPPED.get(llama_cpp_arch, "")).rpartition(".")
+        base, _, suffix = hf_name.removeprefix(naming.stripped).rpartition(".")
         if suffix.endswith("_bias"):  # DeepSeek-V3's `gate.e_score_correction_bias`: gguf maps its stem
             base, suffix = f"{base}.{suffix.removesuffix('_bias')}", "bias"
         # one expert's: llama.cpp names the stack of every expert's (its merged HF name)
         theirs = name_map.get_name(re.sub(r"\.experts\.\d+\.", ".experts.", base))
-        named = CONVERTER_NAMES.get((llama_cpp_arch, re.sub(r"^(model\.layers|transformer\.blocks)\.\d+\.", "",
-                                                            hf_name), canonical.split(".")[-2]))
+        named = naming.converter_names.get((re.sub(r"^(model\.layers|transformer\.blocks)\.\d+\.", "", hf_name),
+                                            canonical.split(".")[-2]))
         if named:
             theirs, suffix = f"blk.1.{named}".rsplit(".", 1)
         if theirs and f"{theirs}.{suffix}".replace("blk.1.", "blk.0.") in entry.refused:

@@ -23,4 +23,5 @@ SPEC = Spec(  # bf16: bit-exact with transformers' default experts (grouped_mm) 
                      dict(MLA, **MOE, mlp_layer_types=["sparse", "dense", "sparse"], n_group=4, topk_group=2,
                           q_lora_rank=12, attention_bias=True, rope_interleave=False, norm_topk_prob=False,
                           rms_norm_eps=1e-5, rope_parameters={**ROPE, "rope_theta": 1e6}),
-                     dict(MLA, num_hidden_layers=2, mlp_layer_types=["dense", "dense"])))
+                     dict(MLA, num_hidden_layers=2, mlp_layer_types=["dense", "dense"])),
+    selection_bias_buffer=True)

@@ -12,4 +12,6 @@ SPEC = Spec(  # sqrt(48) is not a bf16 number: the unrounded embedding scale bit
           "biases: q, k, v, o, mlp", "embeddings: tied"),
     not_on_card=("score scale applied to q",),
     config_variants=({}, dict(scale_embedding=False, tie_word_embeddings=False, hidden_act="relu",
-                              hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)))
+                              hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)),
+    own_spelling={"rms_norm_eps": "layer_norm_eps", "attention_dropout": "attention_probs_dropout_prob"},
+    not_a_key=("num_key_value_heads", "head_dim", "rope_parameters"))

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from specs import Spec
+from specs import GgufNaming, Spec
 
 SPEC = Spec(
     "bitnet", dict(attention_bias=True, rope_parameters={"rope_type": "linear", "rope_theta": 5e5, "factor": 2.0}),
@@ -15,4 +15,7 @@ SPEC = Spec(
     gguf=dict(attention_bias=False, hidden_act="silu", tie_word_embeddings=True,
               rope_parameters={"rope_type": "default", "rope_theta": 5e5}),
     tp_refusal="the sub-norms (BitNet's) normalise over every head and the whole MLP width",
+    # gguf maps BitNet's sub-norms from the original 1bitLLM files' names, not transformers'
+    gguf_naming=GgufNaming(aliases=((".self_attn.attn_sub_norm", ".self_attn.inner_attn_ln"),
+                                    (".mlp.ffn_sub_norm", ".mlp.ffn_layernorm"))),
 )

@@ -15,4 +15,8 @@ SPEC = Spec(  # q.k in fp32: our layers run eager under either backend, so compa
           "FFN: GeLU (tanh, written out), d_ff 80", "biases: mlp, lm_head", "embeddings: untied"),
     config_variants=(dict(rotary_dim=16), dict(rotary_dim=8, n_inner=80, layer_norm_epsilon=1e-6,
                                                activation_function="relu", resid_pdrop=0.1, embd_pdrop=0.1,
-                                               attn_pdrop=0.1)))
+                                               attn_pdrop=0.1)),
+    own_spelling={"hidden_size": "n_embd", "num_attention_heads": "n_head", "num_hidden_layers": "n_layer",
+                  "max_position_embeddings": "n_positions", "rms_norm_eps": "layer_norm_epsilon",
+                  "attention_dropout": "attn_pdrop"},
+    not_a_key=("num_key_value_heads", "head_dim", "intermediate_size", "rope_parameters"))

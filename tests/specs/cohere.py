@@ -11,4 +11,5 @@ SPEC = Spec(
     card=("LayerNorm, eps=1e-05, mean/variance written out, weight in fp32", "parallel attn+MLP, shared norm",
           "QK norm: per head, a weight for each head", "RoPE interleaved, theta=20000, q/k rotated in fp32",
           "logit scale: 0.25", "biases: q, k, v, o", "embeddings: tied"),
-    not_on_card=("bias, weight", "sliding"))
+    not_on_card=("bias, weight", "sliding"),
+    own_spelling={"rms_norm_eps": "layer_norm_eps"})

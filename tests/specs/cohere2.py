@@ -13,4 +13,5 @@ SPEC = Spec(
           "positions: RoPE interleaved, theta=50000, q/k rotated in fp32 (layers [0, 1, 2])",
           "logit scale: 0.25", "embeddings: tied"),
     not_on_card=("QK norm",),
-    layer_types=([F, S, S, F], ("global", "local", "local", "global")))
+    layer_types=([F, S, S, F], ("global", "local", "local", "global")),
+    own_spelling={"rms_norm_eps": "layer_norm_eps"})

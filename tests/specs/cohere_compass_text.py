@@ -20,4 +20,7 @@ SPEC = Spec(
              tie_word_embeddings=False, rope_parameters={S: {"rope_type": "default", "rope_theta": 1e4}, F: None}),
         dict(layer_types=[F, F], sliding_window=None, logit_scale=None,
              rope_parameters={F: {"rope_type": "linear", "rope_theta": 2e5, "factor": 2.0}}),
-    ))
+    ),
+    own_spelling={"rms_norm_eps": "layer_norm_eps"},
+    # no RoPE of its own: its rotary embedding needs an entry per layer type (null: none)
+    convertible={"rope_parameters": {"full_attention": {"rope_type": "default", "rope_theta": 10000.0}}})

@@ -22,4 +22,5 @@ SPEC = Spec(  # bf16: bit-exact with transformers' default experts (grouped_mm) 
     # llama.cpp's dots1: no o bias, no window, k and v as wide as q, an output matrix; head_dim 32 as the
     # qwen3_moe model's (test_llamacpp's q8_0 note: with head_dim 16 llama.cpp's q8_0 error is 2.2x ours)
     gguf=dict(attention_bias=False, sliding_window=None, num_key_value_heads=4, tie_word_embeddings=False,
-              head_dim=32))
+              head_dim=32),
+    convertible={"first_k_dense_replace": 62})  # its expert counts have no defaults

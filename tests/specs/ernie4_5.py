@@ -13,4 +13,5 @@ SPEC = Spec(
                               rms_norm_eps=1e-6, rope_parameters={"rope_type": "linear", "factor": 2.0,
                                                                   "rope_theta": 1e6}),
                      dict(head_dim=32, num_key_value_heads=1)),
-    gguf=dict(use_bias=False))  # llama.cpp's ernie4_5 loads an o bias only; use_bias switches them all
+    gguf=dict(use_bias=False),  # llama.cpp's ernie4_5 loads an o bias only; use_bias switches them all
+    not_a_key=("attention_dropout",))

@@ -21,4 +21,5 @@ SPEC = Spec(  # bf16: bit-exact with transformers' default experts (grouped_mm) 
                                                                    "rope_theta": 1e6}),
                      dict(num_hidden_layers=2, moe_layer_start_index=2, use_bias=True)),
     # llama.cpp's ernie4_5-moe: experts on every layer from the first sparse one, to the last, and its norm_min
-    gguf=dict(moe_layer_interval=1, moe_norm_min=1e-12))
+    gguf=dict(moe_layer_interval=1, moe_norm_min=1e-12),
+    not_a_key=("attention_dropout",))

@@ -25,4 +25,5 @@ SPEC = Spec(  # bf16: bit-exact with transformers' default experts (grouped_mm) 
                           rope_parameters={"rope_type": "linear", "factor": 2.0, "rope_theta": 1e6}),
                      dict(MOE, layer_types=[F, F, F, F], first_k_dense_replace=2)),
     # llama.cpp's exaone-moe: no group-limited choice, RoPE unscaled (its converter states no scaling)
-    gguf=dict(n_group=1, topk_group=1, rope_parameters={"rope_type": "default", "rope_theta": 1e6}))
+    gguf=dict(n_group=1, topk_group=1, rope_parameters={"rope_type": "default", "rope_theta": 1e6}),
+    selection_bias_buffer=True)

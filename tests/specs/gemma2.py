@@ -11,4 +11,5 @@ SPEC = Spec(
     card=("sandwich", "scale (w + 1)", "weight in fp32", "attention soft-cap: 2", "final-logit soft-cap: 3",
           "sliding window 4 on local layers; pattern LG", "GeGLU (tanh)", "embedding scale: 8",
           "score scale: 0.204124"),
-    layer_types=([F, S], ("global", "local")))
+    layer_types=([F, S], ("global", "local")),
+    sdpa=False)  # transformers refuses SDPA for its soft-capped scores

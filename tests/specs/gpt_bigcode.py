@@ -14,4 +14,6 @@ SPEC = Spec(  # multi_query, as StarCoder: one K/V head; gpt_bigcode_mha has the
     config_variants=({}, dict(multi_query=False, scale_attn_weights=False, n_inner=80, layer_norm_epsilon=1e-6,
                               activation_function="relu", tie_word_embeddings=False, embd_pdrop=0.0,
                               resid_pdrop=0.0, attn_pdrop=0.0)),
-    gguf=dict(activation_function="gelu_pytorch_tanh"))  # llama.cpp's starcoder: the tanh GELU
+    gguf=dict(activation_function="gelu_pytorch_tanh"),  # llama.cpp's starcoder: the tanh GELU
+    own_spelling={"rms_norm_eps": "layer_norm_epsilon", "attention_dropout": "attn_pdrop"},
+    not_a_key=("num_key_value_heads", "head_dim", "intermediate_size", "rope_parameters"))

@@ -12,4 +12,7 @@ SPEC = Spec(
     card=("LayerNorm, eps=1e-05, bias, weight in fp32", "sliding window 4 on local layers; pattern GLL",
           "score scale: 1", "q.k in fp32", "FFN: GeLU (tanh, written out), d_ff 96", "absolute positions: learned",
           "biases: o, mlp", "embeddings: tied"),
-    not_on_card=("score scale applied to q",))
+    not_on_card=("score scale applied to q",),
+    own_spelling={"rms_norm_eps": "layer_norm_epsilon"},
+    not_a_key=("num_key_value_heads", "head_dim", "rope_parameters"),
+    null_is_default=("intermediate_size",))

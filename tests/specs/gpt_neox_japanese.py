@@ -16,4 +16,6 @@ SPEC = Spec(  # partial RoPE, the o bias of the last layer only, an MLP width of
     config_variants=({}, dict(intermediate_multiple_size=3, layer_norm_eps=1e-6, hidden_act="gelu_new",
                               num_attention_heads=8, attention_dropout=0.0, hidden_dropout=0.1,
                               rope_parameters={"rope_type": "linear", "factor": 2.0, "rope_theta": 1e4,
-                                               "partial_rotary_factor": 1.0})))
+                                               "partial_rotary_factor": 1.0})),
+    own_spelling={"rms_norm_eps": "layer_norm_eps", "intermediate_size": "intermediate_multiple_size"},
+    not_a_key=("num_key_value_heads", "head_dim"))

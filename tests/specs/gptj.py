@@ -12,4 +12,8 @@ SPEC = Spec(  # q.k in fp32: our layers run eager under either backend, so compa
     old_drop=("n_embd", "n_layer", "n_head", "n_positions"),
     card=("LayerNorm, eps=1e-05, bias, weight in fp32", "parallel attn+MLP, shared norm",
           "parallel sum: attn+mlp+h", "RoPE interleaved, theta=10000, 30 rotary dims", "q.k in fp32",
-          "FFN: GeLU (tanh, written out), d_ff 80", "biases: mlp, lm_head", "embeddings: untied"))
+          "FFN: GeLU (tanh, written out), d_ff 80", "biases: mlp, lm_head", "embeddings: untied"),
+    own_spelling={"hidden_size": "n_embd", "num_attention_heads": "n_head", "num_hidden_layers": "n_layer",
+                  "max_position_embeddings": "n_positions", "rms_norm_eps": "layer_norm_epsilon",
+                  "attention_dropout": "attn_pdrop"},
+    not_a_key=("num_key_value_heads", "head_dim", "intermediate_size", "rope_parameters"))

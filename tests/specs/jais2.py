@@ -14,4 +14,5 @@ SPEC = Spec(
                               rope_parameters={**LLAMA3, "rope_theta": 5e5}),
                      dict(head_dim=32, num_key_value_heads=1,
                           rope_parameters={"rope_type": "linear", "factor": 2.0, "rope_theta": 1e6})),
-    gguf=dict(rope_parameters={"rope_type": "linear", "factor": 2.0, "rope_theta": 5e5}))  # no rope_freqs in jais2
+    gguf=dict(rope_parameters={"rope_type": "linear", "factor": 2.0, "rope_theta": 5e5}),  # no rope_freqs in jais2
+    own_spelling={"rms_norm_eps": "layer_norm_eps"})

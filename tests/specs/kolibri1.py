@@ -23,4 +23,6 @@ SPEC = Spec(  # bf16: bit-exact with transformers' default experts (grouped_mm) 
                      dict(MOE, num_hidden_layers=4, sliding_window=WINDOW, layer_types=[S, F, S, F],
                           norm_topk_prob=True, rms_norm_eps=1e-5, head_dim=32, tie_word_embeddings=True,
                           rope_parameters={"rope_type": "linear", "factor": 2.0, "rope_theta": 1e6}),
-                     dict(MOE, num_hidden_layers=4, sliding_window=None, layer_types=[F, F, F, F])))
+                     dict(MOE, num_hidden_layers=4, sliding_window=None, layer_types=[F, F, F, F])),
+    not_a_key=("intermediate_size",),
+    selection_bias_buffer=True)

@@ -19,4 +19,5 @@ SPEC = Spec(  # bf16: bit-exact with transformers' default experts (grouped_mm) 
                                                                     "rope_theta": 1e6, "partial_rotary_factor": 0.25})),
     gguf={},
     tp_refusal="QK norm over the whole projection needs every head's values",
+    selection_bias_buffer=True,
 )  # llama.cpp's minimax-m2 holds the whole test model

@@ -25,4 +25,6 @@ SPEC = Spec(  # every bias on, LayerNorms with biases, 2 sliding : 1 full layers
                               rope_parameters={"full_attention": {"rope_type": "linear", "factor": 2.0,
                                                                   "rope_theta": 1e5},
                                                "sliding_attention": {"rope_type": "default", "rope_theta": 1e4}}),
-                     dict(num_hidden_layers=2, layer_types=[F, F])))
+                     dict(num_hidden_layers=2, layer_types=[F, F])),
+    own_spelling={"rms_norm_eps": "norm_eps"},
+    not_a_key=("num_key_value_heads", "head_dim"))

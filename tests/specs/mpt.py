@@ -14,4 +14,8 @@ SPEC = Spec(  # six heads: MPT's slopes over eight, odd-numbered first
           "FFN: GeLU (erf), d_ff 288", "biases: none", "embeddings: tied"),
     not_on_card=("RoPE", "embedding norm"),
     tp_refusal="n_heads=6 does not divide by 4 ranks",
+    own_spelling={"hidden_size": "d_model", "num_attention_heads": "n_heads", "num_hidden_layers": "n_layers",
+                  "max_position_embeddings": "max_seq_len", "rms_norm_eps": "layer_norm_epsilon"},
+    not_a_key=("num_key_value_heads", "head_dim", "intermediate_size", "rope_parameters", "attention_dropout"),
+    sdpa=False,  # transformers runs MPT's ALiBi eagerly only
 )

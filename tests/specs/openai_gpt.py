@@ -13,4 +13,8 @@ SPEC = Spec(  # post-norm without a final norm; head_dim 16, whose sqrt is a pow
           "embeddings: tied"),
     not_on_card=("index offset", "q.k in fp32"),
     config_variants=({}, dict(afn="relu", layer_norm_epsilon=1e-6, tie_word_embeddings=False, embd_pdrop=0.0,
-                              resid_pdrop=0.0, attn_pdrop=0.0)))
+                              resid_pdrop=0.0, attn_pdrop=0.0)),
+    own_spelling={"hidden_size": "n_embd", "num_attention_heads": "n_head", "num_hidden_layers": "n_layer",
+                  "max_position_embeddings": "n_positions", "rms_norm_eps": "layer_norm_epsilon",
+                  "attention_dropout": "attn_pdrop"},
+    not_a_key=("num_key_value_heads", "head_dim", "intermediate_size", "rope_parameters"))

@@ -14,4 +14,6 @@ SPEC = Spec(  # a fraction other than the default half, and a scaled RoPE that r
           "biases: q, k, v, o, mlp", "attention: MHA, 4 heads", "embeddings: untied"),
     config_variants=({}, dict(qk_layernorm=False, hidden_act="gelu", layer_norm_eps=1e-6, tie_word_embeddings=True,
                               rope_parameters={"rope_type": "default", "rope_theta": 1e6,
-                                               "partial_rotary_factor": 0.25})))
+                                               "partial_rotary_factor": 0.25})),
+    own_spelling={"rms_norm_eps": "layer_norm_eps"},
+    not_a_key=("num_key_value_heads", "head_dim"))

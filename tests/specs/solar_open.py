@@ -19,4 +19,6 @@ SPEC = Spec(  # bf16: bit-exact with transformers' default experts (grouped_mm) 
     config_variants=(MOE, dict(MOE, norm_topk_prob=False, routed_scaling_factor=2.5, attention_bias=True,
                                n_shared_experts=0, rms_norm_eps=1e-6,
                                rope_parameters={"rope_type": "linear", "factor": 2.0, "rope_theta": 1e6}),
-                     dict(n_routed_experts=4, num_experts_per_tok=2, moe_intermediate_size=16, head_dim=32)))
+                     dict(n_routed_experts=4, num_experts_per_tok=2, moe_intermediate_size=16, head_dim=32)),
+    not_a_key=("intermediate_size",),
+    selection_bias_buffer=True)
