@@ -23,4 +23,5 @@ SPEC = Spec(  # bf16: bit-exact with transformers' default experts (grouped_mm) 
     # qwen3_moe model's (test_llamacpp's q8_0 note: with head_dim 16 llama.cpp's q8_0 error is 2.2x ours)
     gguf=dict(attention_bias=False, sliding_window=None, num_key_value_heads=4, tie_word_embeddings=False,
               head_dim=32),
-    convertible={"first_k_dense_replace": 62})  # its expert counts have no defaults
+    convertible={"first_k_dense_replace": 62},
+    selection_bias_buffer=True)  # its expert counts have no defaults

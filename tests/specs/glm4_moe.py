@@ -19,4 +19,5 @@ SPEC = Spec(  # bf16: bit-exact with transformers' default experts (grouped_mm) 
                                use_qk_norm=True, rms_norm_eps=1e-6, rope_parameters=LINEAR),
                      dict(MOE, first_k_dense_replace=0, n_group=1, topk_group=1)),
     gguf={},  # llama.cpp's glm4moe holds it whole
-    convertible={"head_dim": 128})  # 4096 // 96 = 42, of which 0.5 is 21 rotary dims: odd
+    convertible={"head_dim": 128},
+    selection_bias_buffer=True)  # 4096 // 96 = 42, of which 0.5 is 21 rotary dims: odd

@@ -25,4 +25,5 @@ SPEC = Spec(  # bf16: bit-exact with transformers' default experts (grouped_mm) 
                      dict(MLA, num_hidden_layers=2, mlp_layer_types=["dense", "dense"])),
     # llama.cpp's deepseek2: no biases, unscaled RoPE, the MLA norms' eps 1e-6 for every norm; dense layers first
     gguf=dict(attention_bias=False, rms_norm_eps=1e-6, mlp_layer_types=["dense", "sparse", "sparse"],
-              rope_parameters={"rope_type": "default", "rope_theta": 2e4}))
+              rope_parameters={"rope_type": "default", "rope_theta": 2e4}),
+    selection_bias_buffer=True)

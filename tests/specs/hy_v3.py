@@ -17,4 +17,5 @@ SPEC = Spec(  # bf16: bit-exact with transformers' default experts (grouped_mm) 
           "biases: q, k, v, o", "renormalised, weights in fp32, selection bias, scaled x1.5"),
     config_variants=(dict(MOE, head_dim=16), dict(MOE, head_dim=32, router_scaling_factor=2.5, attention_bias=True,
                                                   rms_norm_eps=1e-6, rope_parameters=LINEAR),
-                     dict(num_hidden_layers=2, mlp_layer_types=["dense", "dense"], mlp_bias=True, head_dim=16)))
+                     dict(num_hidden_layers=2, mlp_layer_types=["dense", "dense"], mlp_bias=True, head_dim=16)),
+    selection_bias_buffer=True)

@@ -30,4 +30,5 @@ SPEC = Spec(  # bf16: bit-exact with transformers' default experts (grouped_mm) 
                                             rope_parameters={**ROPE, "rope_theta": 1e6}),
                      dict(MLA, num_hidden_layers=2, first_k_dense_replace=2)),
     # llama.cpp's deepseek2: no biases, unscaled RoPE, the MLA norms' eps 1e-6 for every norm
-    gguf=dict(attention_bias=False, rms_norm_eps=1e-6, rope_parameters={"rope_type": "default", "rope_theta": 2e4}))
+    gguf=dict(attention_bias=False, rms_norm_eps=1e-6, rope_parameters={"rope_type": "default", "rope_theta": 2e4}),
+    selection_bias_buffer=True)

@@ -18,4 +18,5 @@ SPEC = Spec(  # bf16: bit-exact with transformers' default experts (grouped_mm) 
                                use_qk_norm=False, rms_norm_eps=1e-5,
                                rope_parameters={"rope_type": "linear", "factor": 2.0, "rope_theta": 1e6,
                                                 "partial_rotary_factor": 0.5}),
-                     dict(MOE, first_k_dense_replace=0, n_group=1, topk_group=1)))
+                     dict(MOE, first_k_dense_replace=0, n_group=1, topk_group=1)),
+    selection_bias_buffer=True)
