@@ -186,7 +186,7 @@ def test_greedy_by_default_equals_transformers(plain: Path) -> None:
         theirs = reference.generate(ids, max_new_tokens=NEW, do_sample=False)
     assert out == PROMPT + tokenizer.decode(theirs[0, ids.shape[1]:], skip_special_tokens=True) + "\n"
     (line,) = err.splitlines()  # tokens/s, one line
-    assert re.fullmatch(r"\d+ new tokens in [\d.]+ s: [\d.]+ tokens/s \(.*; greedy\)", line), line
+    assert re.fullmatch(r"\d+ new tokens? in [\d.]+ s: [\d.]+ tokens/s \(.*; greedy\)", line), line
 
 
 def test_settings_transformers_would_apply_and_lmconvert_does_not_are_named(plain: Path, tmp_path: Path) -> None:
@@ -298,3 +298,17 @@ def test_bad_sampling_value_in_the_generation_config_is_one_line(plain: Path, tm
     assert code == 2 and out == ""
     (line,) = err.splitlines()
     assert "generation_config.json" in line and "top_p" in line
+
+
+def test_sampling_settings_without_do_sample_are_greedy_and_said_so(plain: Path, tmp_path: Path) -> None:
+    src = _with_config(plain, tmp_path / "hf", temperature=0.6, top_p=0.9)
+    reference = load_reference(src)
+    tokenizer = AutoTokenizer.from_pretrained(src)
+    ids = _prompt(src)
+    code, out, err = run("generate", src, "--prompt", PROMPT, "--max-new-tokens", NEW)
+    assert code == 0, err
+    with torch.no_grad():
+        theirs = reference.generate(ids, max_new_tokens=NEW)
+    assert out == PROMPT + tokenizer.decode(theirs[0, ids.shape[1]:], skip_special_tokens=True) + "\n"
+    (note,) = [line for line in err.splitlines() if line.startswith("note:")]
+    assert "temperature=0.6, top_p=0.9 but not do_sample: greedy" in note

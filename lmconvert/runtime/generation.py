@@ -29,7 +29,7 @@ from lmconvert.formats.jsonfile import read_json_object
 
 from .load import load_checkpoint
 from .memory import available_memory, size_text
-from .sampling import SAMPLING_KEYS, Sampling, chooser, from_config, ignored, with_options
+from .sampling import SAMPLING_KEYS, Sampling, chooser, from_config, ignored, unused, with_options
 from .tokenizer import load_tokenizer
 
 TOKEN_ID = schema.Nullable(schema.Either((schema.COUNT, schema.Array(schema.COUNT))))
@@ -151,7 +151,8 @@ class Generated:
             speed = f"{(self.new_tokens - 1) / self.decode_s:.1f} tokens/s"
         else:
             speed = f"{self.new_tokens / max(self.prefill_s, 1e-9):.1f} tokens/s"
-        return (f"{self.new_tokens} new tokens in {self.prefill_s + self.decode_s:.2f} s: {speed} "
+        tokens = f"{self.new_tokens} new token{'s' if self.new_tokens != 1 else ''}"
+        return (f"{tokens} in {self.prefill_s + self.decode_s:.2f} s: {speed} "
                 f"(first token after {self.prefill_s:.2f} s, prompt {self.prompt_tokens} tokens; {self.how})")
 
 
@@ -203,6 +204,11 @@ def generate(path: Path, prompt: str, request: Request, dtype: str | None = None
     if skipped:
         note(f"note: {where} also sets {', '.join(skipped)}, which lmconvert's generate does not apply "
              "(transformers' would)")
+    asked = (request.temperature, request.top_k, request.top_p) != (None, None, None)
+    idle = [] if asked else unused(config, sampling)
+    if idle:
+        note(f"note: {where} sets {', '.join(idle)} but not do_sample: greedy, as transformers' generate; "
+             "give --temperature, --top-k or --top-p to sample")
     started(chat)
     stream = TextStream(tokenizer, write)
     times = [time.perf_counter()]

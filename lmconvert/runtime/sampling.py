@@ -116,6 +116,16 @@ def ignored(config: Mapping[str, Any]) -> list[str]:
             if name in config and config[name] != off and config[name] not in _ALSO_OFF.get(name, ())]
 
 
+def unused(config: Mapping[str, Any], s: Sampling) -> list[str]:
+    """The sampling settings of a generation config that greedy decoding leaves unused (transformers
+    warns of them too): a config that sets a temperature but not do_sample decodes greedily."""
+    if s.do_sample:
+        return []
+    defaults = Sampling()
+    return [f"{name}={config[name]!r}" for name in ("temperature", "top_k", "top_p", "min_p", "typical_p")
+            if config.get(name) is not None and config[name] != getattr(defaults, name)]
+
+
 # ------------------------------------------------------------------ the processors, as transformers'
 
 
