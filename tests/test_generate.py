@@ -312,3 +312,18 @@ def test_sampling_settings_without_do_sample_are_greedy_and_said_so(plain: Path,
     assert out == PROMPT + tokenizer.decode(theirs[0, ids.shape[1]:], skip_special_tokens=True) + "\n"
     (note,) = [line for line in err.splitlines() if line.startswith("note:")]
     assert "temperature=0.6, top_p=0.9 but not do_sample: greedy" in note
+
+
+def test_temperature_0_in_the_generation_config_is_greedy(plain: Path, tmp_path: Path) -> None:
+    """transformers' TemperatureLogitsWarper refuses 0 (its message: set do_sample=False); lmconvert
+    reads it as greedy, as --temperature 0."""
+    src = _with_config(plain, tmp_path / "hf", do_sample=True, temperature=0, top_k=5)
+    reference = load_reference(src)
+    tokenizer = AutoTokenizer.from_pretrained(src)
+    ids = _prompt(src)
+    code, out, err = run("generate", src, "--prompt", PROMPT, "--max-new-tokens", NEW, "--seed", 1)
+    assert code == 0, err
+    with torch.no_grad():
+        theirs = reference.generate(ids, max_new_tokens=NEW, do_sample=False)
+    assert out == PROMPT + tokenizer.decode(theirs[0, ids.shape[1]:], skip_special_tokens=True) + "\n"
+    assert "greedy" in err.splitlines()[-1] and "note:" not in err

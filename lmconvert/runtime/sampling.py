@@ -45,20 +45,16 @@ SAMPLING_KEYS = {
 }
 _AT_MOST_ONE = ("top_p", "min_p", "typical_p", "epsilon_cutoff", "eta_cutoff")
 
-# what transformers' generate would apply from a generation config and lmconvert does not: each
-# key with the value that leaves it off (transformers' defaults)
-NOT_APPLIED: dict[str, Any] = {
-    "num_beams": 1, "num_beam_groups": 1, "diversity_penalty": 0.0, "num_return_sequences": 1,
-    "penalty_alpha": None, "top_h": None, "no_repeat_ngram_size": 0, "bad_words_ids": None, "sequence_bias": None,
-    "min_length": 0, "min_new_tokens": None, "forced_bos_token_id": None, "forced_eos_token_id": None,
-    "suppress_tokens": None, "begin_suppress_tokens": None, "exponential_decay_length_penalty": None,
-    "remove_invalid_values": False, "renormalize_logits": False, "guidance_scale": None,
-    "watermarking_config": None, "stop_strings": None, "token_healing": False, "dola_layers": None,
+# what transformers' generate would act on in a generation config and lmconvert does not: each key
+# with the values that leave it off (transformers' defaults; null always does)
+NOT_APPLIED: dict[str, tuple[Any, ...]] = {
+    "num_beams": (1,), "num_beam_groups": (1,), "diversity_penalty": (0,), "num_return_sequences": (1,),
+    "penalty_alpha": (), "top_h": (), "no_repeat_ngram_size": (0,), "bad_words_ids": (), "sequence_bias": (),
+    "min_length": (0,), "min_new_tokens": (0,), "forced_bos_token_id": (), "forced_eos_token_id": (),
+    "suppress_tokens": (), "begin_suppress_tokens": (), "exponential_decay_length_penalty": (),
+    "remove_invalid_values": (False,), "renormalize_logits": (False,), "guidance_scale": (1,),
+    "watermarking_config": (), "stop_strings": (), "token_healing": (False,), "dola_layers": (),
 }
-_ALSO_OFF = {"min_new_tokens": (0,), "guidance_scale": (1, 1.0), "token_healing": (None,),
-             "remove_invalid_values": (None,), "renormalize_logits": (None,), "num_beams": (None,),
-             "num_beam_groups": (None,), "diversity_penalty": (None,), "num_return_sequences": (None,),
-             "min_length": (None,), "no_repeat_ngram_size": (None,)}
 
 
 @dataclass(frozen=True)
@@ -92,8 +88,8 @@ def from_config(config: Mapping[str, Any], where: str) -> Sampling:
     for name in _AT_MOST_ONE:
         if name in given and given[name] > 1:
             raise InputError(f"{where}: {name} is {given[name]}; expected a number from 0 to 1; fix or delete it")
-    if "top_k" in given:
-        given["top_k"] = int(given["top_k"])
+    if given.get("temperature") == 0:  # transformers' TemperatureLogitsWarper refuses 0; it means greedy
+        given["do_sample"] = False
     return Sampling(**{name: float(value) if isinstance(value, int) and name not in ("top_k", "do_sample") else value
                        for name, value in given.items()})
 
@@ -113,7 +109,7 @@ def with_options(base: Sampling, temperature: float | None, top_k: int | None, t
 def ignored(config: Mapping[str, Any]) -> list[str]:
     """The keys of a generation config that transformers' generate would act on and lmconvert does not."""
     return [f"{name}={config[name]!r}" for name, off in NOT_APPLIED.items()
-            if name in config and config[name] != off and config[name] not in _ALSO_OFF.get(name, ())]
+            if config.get(name) is not None and config[name] not in off]
 
 
 def unused(config: Mapping[str, Any], s: Sampling) -> list[str]:
@@ -123,7 +119,7 @@ def unused(config: Mapping[str, Any], s: Sampling) -> list[str]:
         return []
     defaults = Sampling()
     return [f"{name}={config[name]!r}" for name in ("temperature", "top_k", "top_p", "min_p", "typical_p")
-            if config.get(name) is not None and config[name] != getattr(defaults, name)]
+            if config.get(name) not in (None, 0 if name == "temperature" else None, getattr(defaults, name))]
 
 
 # ------------------------------------------------------------------ the processors, as transformers'
