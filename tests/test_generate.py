@@ -326,4 +326,6 @@ def test_temperature_0_in_the_generation_config_is_greedy(plain: Path, tmp_path:
     with torch.no_grad():
         theirs = reference.generate(ids, max_new_tokens=NEW, do_sample=False)
     assert out == PROMPT + tokenizer.decode(theirs[0, ids.shape[1]:], skip_special_tokens=True) + "\n"
-    assert "greedy" in err.splitlines()[-1] and "note:" not in err
+    assert "greedy" in err.splitlines()[-1]
+    (note,) = [line for line in err.splitlines() if line.startswith("note:")]
+    assert "top_k=5 but temperature 0: greedy" in note

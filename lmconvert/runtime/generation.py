@@ -207,7 +207,8 @@ def generate(path: Path, prompt: str, request: Request, dtype: str | None = None
     asked = (request.temperature, request.top_k, request.top_p) != (None, None, None)
     idle = [] if asked else unused(config, sampling)
     if idle:
-        note(f"note: {where} sets {', '.join(idle)} but not do_sample: greedy, as transformers' generate; "
+        why = "temperature 0" if config.get("do_sample") else "not do_sample"
+        note(f"note: {where} sets {', '.join(idle)} but {why}: greedy, as transformers' generate; "
              "give --temperature, --top-k or --top-p to sample")
     started(chat)
     stream = TextStream(tokenizer, write)
