@@ -105,7 +105,10 @@ class TextStream:
     """Decoded text as tokens come, printed once it cannot change, as transformers' TextStreamer
     decides: letters, digits and spaces at once, anything else (punctuation, a partial UTF-8
     character, which decodes to U+FFFD) once a space follows it. Each step decodes every token so
-    far, so what has been printed is always a prefix of the final text, and `end` prints the rest."""
+    far (TextStreamer restarts at each newline), so what was printed stays a prefix of the final text
+    wherever decoding more tokens only appends to it (byte-level BPE, SentencePiece; a decoder that
+    cleans up spaces before punctuation can rewrite a printed space, as under TextStreamer), and
+    `end` prints the rest: the concatenation is `decode(new ids, skip_special_tokens=True)`."""
 
     def __init__(self, tokenizer: Any, write: Callable[[str], None]) -> None:  # noqa: ANN401
         self.tokenizer = tokenizer
