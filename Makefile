@@ -54,7 +54,7 @@ demo: env
 	$(BIN)/lmconvert verify $(DEMO)/canonical
 	$(BIN)/lmconvert inspect $(DEMO)/canonical
 	$(BIN)/lmconvert convert $(DEMO)/canonical $(DEMO)/hf-export --to hf
-	$(BIN)/lmconvert generate $(DEMO)/canonical --prompt "The capital of France is" --max-new-tokens 32
+	$(BIN)/lmconvert generate $(DEMO)/canonical --prompt "What is the capital of France?" --max-new-tokens 32
 
 # the whole GPU check on a machine with a CUDA device, one command: `pytest -m gpu` (bf16/fp16 parity of every
 # family) and `lmconvert verify --device cuda` on a tiny checkpoint in each dtype, in memory and streamed; the

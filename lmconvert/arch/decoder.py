@@ -1,9 +1,10 @@
-"""The canonical decoder: embeddings, blocks, final norm, LM head, loss and greedy decoding."""
+"""The canonical decoder: embeddings, blocks, final norm, LM head, loss and decoding (greedy by
+default; the caller may pass another next-token chooser, e.g. runtime/sampling.py's)."""
 
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from itertools import islice
 
 import torch
@@ -21,6 +22,9 @@ from .moe import SUMS, Experts, balance_loss
 from .norms import Norm
 from .positions import POSITION_TABLES, RelativeBias
 from .rope import Rotary
+
+# the next tokens (B, 1) from the ids so far (B, T) and the last position's logits (B, vocab)
+Chooser = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 
 
 class TiedHead(nn.Module):
@@ -213,12 +217,17 @@ class Decoder(nn.Module):
 
     @torch.no_grad()
     def generate(self, ids: torch.Tensor, max_new_tokens: int, eos_token_id: int | Sequence[int] | None = None,
-                 pad_token_id: int | None = None, attention_mask: torch.Tensor | None = None) -> torch.Tensor:
-        """Greedy decoding with the KV cache; returns prompt and continuation. As transformers'
+                 pad_token_id: int | None = None, attention_mask: torch.Tensor | None = None,
+                 choose: Chooser | None = None, on_token: Callable[[torch.Tensor], None] | None = None) -> torch.Tensor:
+        """Decoding with the KV cache; returns prompt and continuation. As transformers'
         generate: a row that has emitted any of the EOS ids is finished and continues with the
         pad id (the first EOS id when there is none) until every row is finished. With an
         `attention_mask` (B, T) of left-padded rows, each row is numbered from its first token
-        (`cumsum(mask) - 1`, padding 0) and the mask grows by a 1 per generated token."""
+        (`cumsum(mask) - 1`, padding 0) and the mask grows by a 1 per generated token.
+
+        `choose(ids so far (B, T), last logits (B, vocab))` gives the next tokens (B, 1): greedy
+        argmax unless given (sampling lives in runtime/sampling.py: the decoder knows no RNG).
+        `on_token(tokens (B, 1))` sees each step's tokens as they are chosen (streaming)."""
         eos = torch.tensor([eos_token_id] if isinstance(eos_token_id, int) else list(eos_token_id or ()),
                            dtype=torch.long, device=ids.device)
         pad = pad_token_id if pad_token_id is not None else (int(eos[0]) if len(eos) else None)
@@ -231,10 +240,12 @@ class Decoder(nn.Module):
         logits = self(ids, cache=cache, attention_mask=mask, positions=positions)
         out = ids
         for _ in range(max_new_tokens):
-            token = logits[:, -1].argmax(-1, keepdim=True)
+            token = logits[:, -1].argmax(-1, keepdim=True) if choose is None else choose(out, logits[:, -1])
             if pad is not None:
                 token = token.masked_fill(finished, pad)
             out = torch.cat((out, token), dim=1)
+            if on_token is not None:
+                on_token(token)
             finished |= torch.isin(token, eos)
             if bool(finished.all()) or out.shape[1] - ids.shape[1] == max_new_tokens:
                 break

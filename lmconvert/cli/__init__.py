@@ -24,7 +24,7 @@ from lmconvert.formats.errors import InputError, IntegrityError
 from lmconvert.runtime.launch import launched
 from lmconvert.verify.errors import ParityFailure
 
-from .args import CASTS, check_device, parse_cast, parse_memory, parse_size
+from .args import CASTS, check_device, check_sampling, parse_cast, parse_memory, parse_size
 from .torchrun import RANK_DIR, command_line, launch, rank_streams, record_code
 
 # Each command imports the rooms it runs inside its function: `lmconvert --help`, `inspect` and a
@@ -309,17 +309,48 @@ def inspect(checkpoint: Path, as_json: bool) -> None:
 
 @main.command()
 @click.argument("checkpoint", type=CHECKPOINT)
-@click.option("--prompt", required=True, help="Text to continue; empty: start from the tokenizer's BOS token.")
+@click.option("--prompt", required=True, help="Text to continue (in chat: the user's message); empty: start from "
+                                              "the tokenizer's BOS token.")
 @click.option("--max-new-tokens", type=click.IntRange(min=0), default=32, show_default=True,
               help="At most what the model's max_positions leaves after the prompt.")
+@click.option("--chat/--no-chat", default=None,
+              help="Wrap the prompt in the tokenizer's chat template as the user's message and print only the "
+                   "reply [default: --chat when the tokenizer has a template].")
+@click.option("--system", help="With --chat: a system message before the prompt.")
+@click.option("--temperature", type=float, help="Sample at this temperature; 0: greedy [default: the checkpoint's "
+                                                "generation_config.json, as transformers: greedy unless do_sample].")
+@click.option("--top-k", type=int, help="Sample from the K most likely tokens; 0: all [default: the generation "
+                                        "config's, else 50]. Any of --temperature, --top-k, --top-p samples.")
+@click.option("--top-p", type=float, help="Sample from the smallest set of tokens whose probability reaches P, in "
+                                          "(0, 1] [default: the generation config's, else 1].")
+@click.option("--seed", type=int, help="Seed torch's RNG first: the same tokens as transformers' generate after "
+                                       "torch.manual_seed(SEED) on the same device.")
 @click.option("--dtype", type=DTYPE)
 @click.option("--device", default="cpu", show_default=True)
 @handled
-def generate(checkpoint: Path, prompt: str, max_new_tokens: int, dtype: str | None, device: str) -> None:
-    """Greedy decoding with the KV cache and the checkpoint's tokenizer."""
+def generate(checkpoint: Path, prompt: str, max_new_tokens: int, chat: bool | None, system: str | None,
+             temperature: float | None, top_k: int | None, top_p: float | None, seed: int | None, dtype: str | None,
+             device: str) -> None:
+    """Generate text with the KV cache and the checkpoint's tokenizer, greedy or sampled as transformers'
+    generate, streamed to stdout as it comes; tokens/s on stderr at the end."""
+    from lmconvert.runtime.generation import Request
     from lmconvert.runtime.generation import generate as run
 
-    click.echo(prompt + run(checkpoint, prompt, max_new_tokens, dtype=dtype, device=check_device(device)))
+    check_sampling(temperature, top_k, top_p, system, chat)
+    request = Request(max_new_tokens, chat, system, temperature, top_k, top_p, seed)
+
+    def started(chat: bool) -> None:  # outside chat the prompt is echoed first, once nothing can fail any more
+        if not chat:
+            click.echo(prompt, nl=False)
+
+    def write(text: str) -> None:
+        click.echo(text, nl=False)
+        sys.stdout.flush()
+
+    done = run(checkpoint, prompt, request, dtype=dtype, device=check_device(device), started=started, write=write,
+               note=lambda line: click.echo(line, err=True))
+    click.echo()
+    click.echo(done.rate(), err=True)
 
 
 @main.command()

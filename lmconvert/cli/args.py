@@ -3,12 +3,13 @@ fails with one line that names the option, so nothing below the CLI parses user 
 
 from __future__ import annotations
 
+import math
 import re
 
 from lmconvert.formats.dtypes import CASTS, parse_cast
 from lmconvert.formats.errors import InputError
 
-__all__ = ["CASTS", "check_device", "parse_cast", "parse_memory", "parse_size"]
+__all__ = ["CASTS", "check_device", "check_sampling", "parse_cast", "parse_memory", "parse_size"]
 
 _UNITS = {"B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12, "KIB": 2**10, "MIB": 2**20, "GIB": 2**30}
 
@@ -51,3 +52,16 @@ def check_device(device: str) -> str:
     elif target.type != "cpu":
         raise InputError(f"--device {device!r}: verify runs on cpu or cuda")
     return device
+
+
+def check_sampling(temperature: float | None, top_k: int | None, top_p: float | None, system: str | None,
+                   chat: bool | None) -> None:
+    """generate's sampling and chat options, each refused in one line when it cannot mean anything."""
+    if temperature is not None and not (math.isfinite(temperature) and temperature >= 0):
+        raise InputError(f"--temperature {temperature:g}: must be a finite number >= 0 (0: greedy)")
+    if top_k is not None and top_k < 0:
+        raise InputError(f"--top-k {top_k}: must be >= 0 (0: no top-k filtering)")
+    if top_p is not None and not (0 < top_p <= 1):
+        raise InputError(f"--top-p {top_p:g}: must be more than 0 and at most 1 (1: no top-p filtering)")
+    if system is not None and chat is False:
+        raise InputError("--system only applies in chat; drop --no-chat or --system")
