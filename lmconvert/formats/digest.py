@@ -112,7 +112,10 @@ def file_chunks(path: Path, start: int, end: int, buffer: memoryview | None = No
         while position < end:
             if ahead < end and ahead - position <= READ_AHEAD // 2:
                 stop = min(end, position + READ_AHEAD)
-                os.posix_fadvise(fd, ahead, stop - ahead, os.POSIX_FADV_WILLNEED)
+                try:
+                    os.posix_fadvise(fd, ahead, stop - ahead, os.POSIX_FADV_WILLNEED)
+                except OSError:  # not a file the kernel reads ahead (a pipe): read it as it comes
+                    stop = end
                 ahead = stop
             want = min(CHUNK, end - position)
             n = os.preadv(fd, [buffer[:want]], position)
