@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import compileall
+import os
 import shutil
 import statistics
 import sys
@@ -60,6 +61,24 @@ def rounds(steps: list[tuple[str, list[str], Path, list[Path]]], repeat: int, ca
     return table(rows)
 
 
+def cpu() -> str:
+    """The CPU the figures come from: its model and widest SIMD level (BLAKE3 and the NaN/Inf check
+    run on it, and the conversion's speed depends on it), and any level torch is held to."""
+    fields: dict[str, str] = {}
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                key, _, value = line.partition(":")
+                fields.setdefault(key.strip(), value.strip())
+    except OSError:
+        return "unknown CPU"
+    flags = set(fields.get("flags", "").split())
+    simd = "AVX-512" if "avx512f" in flags else "AVX2" if "avx2" in flags else "no AVX2"
+    held = os.environ.get("ATEN_CPU_CAPABILITY")
+    return (f"{fields.get('model name', 'unknown CPU')}, {os.cpu_count()} cores, {simd}"
+            + (f" (torch held to {held})" if held else ""))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--work", type=Path, default=None, help="scratch directory (default: a temp dir)")
@@ -86,6 +105,7 @@ def main() -> None:
                                            str(work / "hf-export"), "--to", "hf", "--max-shard-size", "1GB"],
              work / "canonical", [work / "hf-export", work / "canonical"]),
         ]
+        print(f"CPU: {cpu()}")
         print(f"checkpoint: {size / 1e9:.2f} GB, {16 * args.depth} layers, bf16; median of {args.repeat} rounds")
         for cached in {"disk": [False], "cache": [True], "both": [False, True]}[args.input]:
             where = "in the page cache" if cached else "read from the disk (dropped from the page cache first)"

@@ -142,6 +142,45 @@ def test_nonfinite_count_from_bits_equals_torch(dtype: torch.dtype) -> None:
     assert tensor_digest(t, "sha256") == hashlib.sha256(bits.numpy().tobytes()).hexdigest()
 
 
+def _patterns(dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    """(finite, nonfinite) bit patterns of a float type as the same-size integer, by torch's own
+    isfinite: every pattern for 8- and 16-bit types; for wider ones, those at the edges between
+    finite and not (largest finite of each sign, smallest NaN/Inf of each sign, all-ones) and random
+    ones, some forced to an all-ones exponent."""
+    size = torch.empty((), dtype=dtype).element_size()
+    ints = {1: torch.int8, 2: torch.int16, 4: torch.int32, 8: torch.int64}[size]
+    if size <= 2:
+        bits = torch.arange(1 << (8 * size), dtype=torch.int32).to(ints)
+    else:
+        one, exponent = torch.tensor(1, dtype=ints), torch.tensor(torch.finfo(dtype).max, dtype=dtype).view(ints)
+        sign = one << (8 * size - 1)
+        edges = [exponent, exponent + 1, exponent | sign, (exponent + 1) | sign, ~sign, -one, one, sign, exponent + 2]
+        g = torch.Generator().manual_seed(2)
+        randoms = torch.randint(-(2**31), 2**31 - 1, (4096, size // 4), dtype=torch.int64, generator=g).to(torch.int32)
+        randoms = randoms.contiguous().view(ints).reshape(-1)
+        bits = torch.cat([torch.stack(edges), randoms, randoms[:1024] | (exponent + 1)])  # finfo.max + 1: Inf
+    values = bits.view(dtype)
+    finite = torch.isfinite(values.float() if size == 1 else values)
+    return bits[finite], bits[~finite]
+
+
+@pytest.mark.parametrize("dtype", FLOATS, ids=str)
+def test_each_nonfinite_pattern_alone_among_finite_values_is_found(dtype: torch.dtype) -> None:
+    """The check tells at once a chunk with no NaN/Inf (two max reductions over its bits) and
+    counts only in one that has some: each NaN/Inf bit pattern, alone among the finite patterns
+    nearest to it as signed or unsigned integers, is found; the finite ones alone are not."""
+    finite, nonfinite = _patterns(dtype)
+    name = of_torch(dtype).name
+    hardest = torch.cat([finite.sort().values[-512:], finite.sort().values[:512], finite[::97]])  # as signed
+    negative = finite[finite < 0].sort().values  # as unsigned integers, the largest are the negatives nearest -1
+    hardest = torch.cat([hardest, negative[-512:]])
+    assert scan(memory_chunks(tensor_bytes(hardest.view(dtype))), name).nonfinite == 0
+    for i, bad in enumerate(nonfinite):
+        with_one = hardest.clone()
+        with_one[(i * 131) % len(with_one)] = bad
+        assert scan(memory_chunks(tensor_bytes(with_one.view(dtype))), name).nonfinite == 1, hex(int(bad))
+
+
 def test_rename_only_conversions_never_import_torch(tmp_path: Path) -> None:
     """HF -> canonical -> HF of a safetensors checkpoint copies bytes only, and inspect reads no
     weights: they must work with torch made unimportable (importing it costs more than a second,

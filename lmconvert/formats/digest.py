@@ -7,8 +7,12 @@ Bytes go through in 1 MiB chunks: each chunk is hashed and then checked while it
 CPU cache, so the two cost one trip through memory. A tensor in a file is read with positioned
 reads into one reused buffer rather than through a memory map: nothing stays resident, and there
 are no page faults to pay (on this project's VMs those cost more than the copy into the buffer).
-Float values are NaN or Inf exactly when all their exponent bits are set, which is an integer test
-numpy vectorises; an all-ones-exponent count is only taken for a tensor that fails.
+Float values are NaN or Inf exactly when all their exponent bits are set. Those bits lie right
+below the sign bit, so as integers the NaN/Inf of either sign are the top of a range: a positive one
+is a signed value >= the exponent mask, a negative one an unsigned value >= sign | mask. Two max
+reductions over the chunk's bits, with no temporary, tell whether it holds any (3x the speed of
+masking every value into a scratch buffer first: 33 against 11 GB/s of CPU for a cached 1 MiB chunk
+here, with or without AVX-512); only a chunk that holds some is masked, to count them per tensor.
 """
 
 from __future__ import annotations
@@ -31,6 +35,7 @@ if TYPE_CHECKING:
 
 CHUNK = 1 << 20
 _UINT = {1: np.uint8, 2: np.uint16, 4: np.uint32, 8: np.uint64}
+_INT = {1: np.int8, 2: np.int16, 4: np.int32, 8: np.int64}
 HASHES: dict[str, Callable[[], Any]] = {"blake3": blake3.blake3, "sha256": hashlib.sha256}
 HASH = "blake3"  # what new descriptions record
 
@@ -87,16 +92,31 @@ class DigestCheck:
                                  "re-convert")
 
 
+# How far ahead of the chunk being read the disk is asked to read (posix_fadvise WILLNEED), so that
+# a chunk's hash, check and write run while the next chunks come from the disk. It is page cache,
+# not this process's memory, and costs nothing when the file is already cached.
+READ_AHEAD = 8 << 20
+
+
 def file_chunks(path: Path, start: int, end: int, buffer: memoryview | None = None) -> Iterator[memoryview]:
     """The bytes [start, end) of a file, chunk by chunk, in one reused buffer: each chunk is valid
     until the next is asked for. A caller that reads thousands of small tensors (MoE experts)
-    passes its own `buffer` (at least CHUNK bytes), rather than have a fresh one zeroed for each."""
+    passes its own `buffer` (at least CHUNK bytes), rather than have a fresh one zeroed for each.
+    Reads of more than a chunk ask the disk for up to READ_AHEAD bytes ahead."""
     if buffer is None:
         buffer = memoryview(bytearray(min(CHUNK, max(end - start, 0))))
     fd = os.open(path, os.O_RDONLY)
     try:
         position = start
+        ahead = start if end - start > CHUNK else end  # a read of one chunk asks for nothing ahead
         while position < end:
+            if ahead < end and ahead - position <= READ_AHEAD // 2:
+                stop = min(end, position + READ_AHEAD)
+                try:
+                    os.posix_fadvise(fd, ahead, stop - ahead, os.POSIX_FADV_WILLNEED)
+                except OSError:  # not a file the kernel reads ahead (a pipe): read it as it comes
+                    stop = end
+                ahead = stop
             want = min(CHUNK, end - position)
             n = os.preadv(fd, [buffer[:want]], position)
             if n < want:  # a regular file reads short only at its end: cut, perhaps while being read
@@ -113,26 +133,37 @@ def memory_chunks(data: memoryview) -> Iterator[memoryview]:
         yield data[i:i + CHUNK]
 
 
+# The two max reductions rely on each float type's exponent bits lying right below its sign bit.
+assert all(d.nonfinite + (d.nonfinite & -d.nonfinite) == 1 << (8 * d.itemsize - 1)
+           for d in DTYPES.values() if d.nonfinite is not None)
+
+
 class _Check:
-    """The NaN/Inf check of chunks of one dtype: each chunk's bits masked once, then counted over
-    any of its parts (the tensors it holds pieces of)."""
+    """The NaN/Inf check of chunks of one dtype: each chunk's bits tested once (two max
+    reductions), and only a chunk that holds NaN/Inf masked, then counted over any of its parts
+    (the tensors it holds pieces of)."""
 
     def __init__(self, dtype: str, checked: bool, scratch: memoryview | None) -> None:
         kind = DTYPES[dtype]
         self.mask = kind.nonfinite if checked else None
         self.itemsize = kind.itemsize
         self.bits_type = _UINT[kind.itemsize]
-        self.masked_bits = (np.empty(CHUNK // kind.itemsize, dtype=self.bits_type) if scratch is None
-                            else np.frombuffer(scratch, dtype=self.bits_type))
+        self.signed_type = _INT[kind.itemsize]
+        self.negative = 0 if self.mask is None else 1 << (8 * kind.itemsize - 1) | self.mask  # sign | mask
+        self.scratch = scratch
+        self.masked_bits: np.ndarray | None = None
 
     def masked(self, chunk: memoryview) -> np.ndarray | None:
         """The chunk's masked bits if it holds any NaN/Inf (almost never), else None."""
-        if self.mask is None:
+        if self.mask is None or not len(chunk):
             return None
         bits = np.frombuffer(chunk, dtype=self.bits_type)
-        masked = np.bitwise_and(bits, self.mask, out=self.masked_bits[:len(bits)])
-        # (x & mask) <= mask, equal only when all are set
-        return masked if len(masked) and masked.max() == self.mask else None
+        if bits.max() < self.negative and bits.view(self.signed_type).max() < self.mask:
+            return None
+        if self.masked_bits is None:
+            self.masked_bits = (np.empty(CHUNK // self.itemsize, dtype=self.bits_type) if self.scratch is None
+                                else np.frombuffer(self.scratch, dtype=self.bits_type))
+        return np.bitwise_and(bits, self.mask, out=self.masked_bits[:len(bits)])
 
     def nonfinite(self, masked: np.ndarray | None, start: int, stop: int) -> int:
         """NaN/Inf values in bytes [start, stop) of the chunk `masked` came from."""
