@@ -41,7 +41,7 @@ MOE_FAMILIES = [name for name in SPECS if FAMILIES[family_of(name)].config.from_
 
 def test_the_moe_families_are_these() -> None:
     assert sorted(MOE_FAMILIES) == ["aria_text", "axk1", "cohere2_moe", "cohere2_moe_sigmoid", "dbrx", "dots1",
-                                    "ernie4_5_moe", "exaone_moe", "flex_olmo", "glm4_moe", "glm4_moe_lite",
+                                    "ernie4_5_moe", "exaone_moe", "flex_olmo", "glm4_moe", "glm4_moe_lite", "gpt_oss",
                                     "granitemoe", "granitemoeshared", "hunyuan_v1_moe", "hy_v3", "kolibri1",
                                     "mellum", "minimax_m2", "mixtral", "olmoe", "phimoe", "qwen2_moe", "qwen3_moe",
                                     "sarvam_mla", "sarvam_moe", "solar_open"]

@@ -134,6 +134,8 @@ def parameter_counts(cfg: ArchConfig) -> tuple[int, int]:
     if moe is None:
         return total, total
     per_expert = (3 if cfg.gated else 2) * cfg.d_model * moe.d_expert
+    if moe.expert_bias:  # gate and up biases of its width, the down bias of d_model
+        per_expert += (2 if cfg.gated else 1) * moe.d_expert + cfg.d_model
     sparse = sum(moe.sparse(i) for i in range(cfg.n_layers))
     return total, total - sparse * (moe.n_experts - moe.top_k) * per_expert
 

@@ -71,6 +71,14 @@ def rope_from_gpt_oss(hf: HfConfig, _: dict[str, Any]) -> dict[str, Any]:
     return {"rope": rope_from_hf(hf, params, where)}
 
 
+def rope_to_gpt_oss(cfg: ArchConfig) -> dict[str, Any]:
+    """`rope_parameters`; YaRN's betas and truncation always stated, as GptOssConfig's default states them."""
+    out = rope_to_hf(cfg.rope)
+    if out["rope_type"] == "yarn":
+        out.update(beta_fast=cfg.rope.beta_fast, beta_slow=cfg.rope.beta_slow, truncate=cfg.rope.truncate)
+    return {"rope_parameters": out}
+
+
 def window_from_hf(hf: HfConfig, fields: dict[str, Any]) -> dict[str, Any]:
     kinds = layer_kinds_from_hf(hf, fields["n_layers"], lambda i: (i + 1) % 2 == 1)
     return window_fields(kinds, hf.get("sliding_window"))
@@ -97,7 +105,7 @@ def experts_to_hf(cfg: ArchConfig) -> dict[str, Any]:
 CONFIG = llama.CONFIG.but(
     drop=("mlp_bias",),
     add=(llama.norm(1e-5, dtype_order="scale_then_cast"),
-         Entry("rope", KEYS, rope_from_gpt_oss, lambda cfg: {"rope_parameters": rope_to_hf(cfg.rope)}),
+         Entry("rope", KEYS, rope_from_gpt_oss, rope_to_gpt_oss),
          Entry("layer kinds", (SLIDING_WINDOW_KEY, LAYER_TYPES_KEY), window_from_hf, layers_and_window_to_hf),
          Entry("experts", ROUTED.keys + SWIGLU, experts_from_hf, experts_to_hf),
          fixed("sinks", attn_sinks=True)),
