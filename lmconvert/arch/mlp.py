@@ -10,6 +10,16 @@ from .config import ArchConfig
 from .norms import Norm
 
 
+class SeparateBias(nn.Linear):
+    """A linear layer whose bias is added after the matmul (`x @ W.T + b`), as Falcon's
+    FalconLinear does (and gpt-oss's experts: `x @ W + b`); `nn.Linear` fuses the two, which rounds
+    once in bf16 instead of twice."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out = x @ self.weight.T
+        return out if self.bias is None else out + self.bias
+
+
 class MLP(nn.Module):
     def __init__(self, cfg: ArchConfig, width: int | None = None, bias: bool | None = None) -> None:
         """`width`: the hidden width when it is not d_ff (an expert's, a shared expert's); `bias`: whether

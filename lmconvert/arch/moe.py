@@ -22,7 +22,7 @@ import torch
 from torch import nn
 
 from .config import ArchConfig, MoeConfig
-from .mlp import MLP
+from .mlp import MLP, SeparateBias
 from .norms import Norm
 
 
@@ -179,12 +179,6 @@ def _clamped_swiglu(expert: Expert, gate: torch.Tensor, up: torch.Tensor) -> tor
 GLUS = {"halves": _halves, "clamped_swiglu": _clamped_swiglu}  # MoeConfig.glu
 
 
-def _linear(module: nn.Linear, x: torch.Tensor) -> torch.Tensor:
-    """The product, then the bias added to its rounded result (gpt-oss's experts: `x @ W + b`, and
-    grouped_mm's `out.add_(bias)`); nn.Linear's one fused addmm rounds once in bf16."""
-    return module(x) if module.bias is None else nn.functional.linear(x, module.weight) + module.bias
-
-
 class Expert(MLP):
     """A gated FFN computed as transformers 5's experts compute it: gate and up side by side in one
     [tokens, 2 * width] tensor, the activation on its gate half. The values are the two
@@ -192,16 +186,20 @@ class Expert(MLP):
     differently in its last bit from that of a contiguous tensor (torch's vectorised loop covers
     other elements), so a contiguous gate would be 1 ulp off transformers in fp32. How the two are
     gated is the routed experts' `MoeConfig.glu` (GLUS); their biases, `expert_bias`, are added
-    after each product. `moe` None: a shared expert (halves, no biases)."""
+    after each product (SeparateBias: gpt-oss's `x @ W + b` and grouped_mm's `out.add_(bias)`, where
+    nn.Linear's one fused addmm rounds once in bf16). `moe` None: a shared expert (halves, no biases)."""
 
     def __init__(self, cfg: ArchConfig, width: int, moe: MoeConfig | None = None) -> None:
         super().__init__(cfg, width, bias=moe is not None and moe.expert_bias)
+        if moe is not None and moe.expert_bias:
+            for linear in (self.gate, self.up, self.down):
+                linear.__class__ = SeparateBias  # the same parameters, the bias added after the product
         self.glu = GLUS["halves" if moe is None else moe.glu]
         self.glu_alpha, self.glu_limit = (None, None) if moe is None else (moe.glu_alpha, moe.glu_limit)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         assert self.gate is not None  # experts are gated (ArchConfig checks it)
-        return _linear(self.down, self.glu(self, _linear(self.gate, x), _linear(self.up, x)))
+        return self.down(self.glu(self, self.gate(x), self.up(x)))
 
 
 class Experts(nn.ModuleList):
