@@ -23,4 +23,8 @@ SPEC = Spec(  # bf16: bit-exact with transformers' default experts (grouped_mm) 
     config_variants=({}, dict(num_local_experts=4, num_experts_per_tok=3, sliding_window=WINDOW, swiglu_limit=1.5,
                               swiglu_alpha=1.25, attention_bias=False, rope_parameters=ROPE,
                               output_router_logits=True, router_aux_loss_coef=0.02)),
+    # llama.cpp's gpt-oss hard-codes the SwiGLU's alpha and limit and YaRN's betas (stated, as gpt-oss's
+    # config.json states them), and truncates YaRN's correction range
+    gguf=dict(swiglu_limit=7.0, swiglu_alpha=1.702, rope_parameters={**ROPE, "beta_fast": 32.0, "beta_slow": 1.0,
+                                                                     "truncate": True}),
 )

@@ -28,6 +28,7 @@ from lmconvert.arch import ArchConfig
 
 from ..family import Family
 from ..tables.config_table import DEFAULT, Entry, fixed
+from ..tables.gguf import ATTENTION_BIAS_FLAG, PADDED, weight_and_bias, written
 from ..tables.hf_config import HfConfig, Key
 from ..tables.hf_layers import (
     LAYER_TYPES_KEY,
@@ -39,7 +40,7 @@ from ..tables.hf_layers import (
 from ..tables.hf_moe import experts
 from ..tables.hf_rope import KEYS, rope_from_hf, rope_parameters, rope_to_hf
 from ..tables.table import Rule, TensorTable
-from ..tables.transforms import Chain, ExpertsTransposed, PairedRows, Unstack
+from ..tables.transforms import IDENTITY, Chain, ExpertsTransposed, PairedRows, Unstack
 from . import llama
 
 MLP = "model.layers.{}.mlp"
@@ -117,4 +118,35 @@ CONFIG = llama.CONFIG.but(
 )
 
 
-FAMILY = Family("gpt_oss", ("gpt_oss",), "GptOssForCausalLM", TENSORS, CONFIG)
+# -- llama.cpp (GGUF)
+# llama.cpp's gpt-oss (convert_hf_to_gguf.py's GptOssModel on a bf16/fp32 checkpoint): q/k/v/o with biases,
+# unpermuted (NeoX rotation); the sinks as `attn_sinks.weight`; the MLP's norm as `post_attention_norm`; the
+# router and each projection's experts stacked with their biases ([experts, width, hidden] and [experts,
+# width]), gate and up split out of the interleaved gate_up_proj. Its graph hard-codes the sliding pattern (even
+# layers sliding), the SwiGLU's alpha 1.702 and limit 7.0, YaRN's betas 32 and 1 (its loader reads no others) and
+# its truncated correction range: a model with others is refused by name (its read-back differs). A file without
+# RoPE scaling is unscaled RoPE (GptOssConfig's default would be YaRN)
+GGUF_TABLE = TensorTable((
+    Rule("token_embd.weight", "embed.weight", PADDED),
+    Rule("output.weight", "lm_head.weight", PADDED),
+    Rule("output_norm.weight", "final_norm.weight"),
+    *(r for g, c in (("attn_q", "attn.q"), ("attn_k", "attn.k"), ("attn_v", "attn.v"), ("attn_output", "attn.o"))
+      for r in weight_and_bias(g, c, IDENTITY)),
+    Rule("blk.{}.attn_sinks.weight", "layers.{}.attn.sinks"),
+    Rule("blk.{}.attn_norm.weight", "layers.{}.attn_norm.weight"),
+    Rule("blk.{}.post_attention_norm.weight", "layers.{}.mlp_norm.weight"),
+    *weight_and_bias("ffn_gate_inp", "mlp.router", IDENTITY),
+    *(Rule(f"blk.{{}}.ffn_{n}_exps.{p}", f"layers.{{}}.mlp.experts.{{}}.{n}.{p}", Unstack())
+      for n in ("gate", "up", "down") for p in ("weight", "bias")),
+))
+GGUF_GPT_OSS = written("gpt_oss", arch="gpt-oss", table=GGUF_TABLE, experts=True,
+                       keys={"expert_count": "num_local_experts", "expert_used_count": "num_experts_per_tok",
+                             "expert_feed_forward_length": "intermediate_size",
+                             "attention.sliding_window": "sliding_window"},
+                       defaults={"swiglu_alpha": 1.702, "swiglu_limit": 7.0, "hidden_act": "silu"},
+                       bias_flags=ATTENTION_BIAS_FLAG, rope_fixed={"beta_fast": 32.0, "beta_slow": 1.0},
+                       derived=lambda config: {} if config.get("rope_scaling") else
+                       {"rope_scaling": {"rope_type": "default"}})
+
+
+FAMILY = Family("gpt_oss", ("gpt_oss",), "GptOssForCausalLM", TENSORS, CONFIG, gguf=(GGUF_GPT_OSS,))

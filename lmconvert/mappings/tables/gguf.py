@@ -73,6 +73,9 @@ class GgufArch:
     unstated: Mapping[str, Callable[[Mapping[str, Any]], Any]] = field(default_factory=dict)
     # export: `{arch}.` keys llama.cpp's converter writes whatever the config says (OLMo's LayerNorm eps)
     constants: Mapping[str, Any] = field(default_factory=dict)
+    # rope parameters (HF names) llama.cpp's runtime takes as these whatever the file states (gpt-oss: YaRN's
+    # betas, which its loader does not read): read as these, so an export stating others is refused
+    rope_fixed: Mapping[str, Any] = field(default_factory=dict)
 
     def read_by_transformers(self, config: Mapping[str, Any]) -> bool:
         """Whether transformers' GGUF loader builds this file's model (a reference for `verify`)."""
