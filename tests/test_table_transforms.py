@@ -399,7 +399,15 @@ CONVERTER_NAMES = {("granitemoe", "block_sparse_moe.input_linear.weight", "gate"
                    ("granitemoe", "shared_mlp.input_linear.weight", "up"): "ffn_up_shexp.weight",
                    ("dbrx", "ffn.experts.mlp.w1", "gate"): "ffn_gate_exps.weight",
                    ("dbrx", "ffn.experts.mlp.v1", "up"): "ffn_up_exps.weight",
-                   ("dbrx", "ffn.experts.mlp.w2", "down"): "ffn_down_exps.weight"}
+                   ("dbrx", "ffn.experts.mlp.w2", "down"): "ffn_down_exps.weight",
+                   # GptOssModel adds `.weight` to the sinks and splits gate_up_proj (and its bias) into gate and up
+                   ("gpt-oss", "self_attn.sinks", "attn"): "attn_sinks.weight",
+                   ("gpt-oss", "mlp.experts.gate_up_proj", "gate"): "ffn_gate_exps.weight",
+                   ("gpt-oss", "mlp.experts.gate_up_proj", "up"): "ffn_up_exps.weight",
+                   ("gpt-oss", "mlp.experts.gate_up_proj_bias", "gate"): "ffn_gate_exps.bias",
+                   ("gpt-oss", "mlp.experts.gate_up_proj_bias", "up"): "ffn_up_exps.bias",
+                   ("gpt-oss", "mlp.experts.down_proj", "down"): "ffn_down_exps.weight",
+                   ("gpt-oss", "mlp.experts.down_proj_bias", "down"): "ffn_down_exps.bias"}
 # modules gguf's TensorNameMap knows only under another checkpoint's names: BitNet's sub-norms are mapped from
 # the original 1bitLLM files' `inner_attn_ln` / `ffn_layernorm`, not transformers' `attn_sub_norm` / `ffn_sub_norm`
 ALIASES = {"bitnet": ((".self_attn.attn_sub_norm", ".self_attn.inner_attn_ln"),
