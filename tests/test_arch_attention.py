@@ -279,6 +279,55 @@ def test_softcap_in_model_matters_and_runs_eager_under_sdpa():
     assert torch.equal(_logits(model, ids, "sdpa"), _logits(model, ids, "eager"))
 
 
+# ----------------------------------------------------------------------------- sinks
+
+
+def _gpt_oss_attention(q, k, v, mask, scale, sinks):
+    """transformers' gpt-oss eager attention (sinks joining the softmax) on (B, H|KV, T, D) tensors."""
+    from types import SimpleNamespace
+
+    from transformers.models.gpt_oss.modeling_gpt_oss import eager_attention_forward
+
+    module = SimpleNamespace(num_key_value_groups=q.shape[1] // k.shape[1], training=False, sinks=sinks)
+    out, _ = eager_attention_forward(module, q, k, v, mask, scaling=scale)
+    return out.transpose(1, 2)  # back to (B, H, T, D), as _eager returns it
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("window", [None, 4])
+@pytest.mark.bitexact
+def test_sinks_are_gpt_oss_eager_attention_bit_for_bit(dtype, window):
+    """attn_sinks: gpt-oss's eager_attention_forward op for op (the sink concatenated, the row max
+    subtracted and the softmax taken in the scores' dtype, the sink dropped, then cast), causal and
+    windowed, over 4 query heads on 2 KV heads; and the sinks matter."""
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(2, h, 12, 8, generator=g).to(dtype) for h in (4, 2, 2))
+    sinks = torch.randn(4, generator=g).to(dtype)
+    allowed = torch.ones(12, 12, dtype=torch.bool).tril()
+    if window is not None:
+        allowed &= ~torch.ones(12, 12, dtype=torch.bool).tril(-window)
+    ours = _eager(q, k, v, 0.35, None, None, allowed, 0.0, sinks=sinks)
+    assert torch.equal(ours, _gpt_oss_attention(q, k, v, additive_mask(allowed, dtype), 0.35, sinks))
+    assert max_diff(ours, _eager(q, k, v, 0.35, None, None, allowed, 0.0)) > 1e-2
+
+
+def test_sinks_in_model_matter_and_run_eager_under_sdpa():
+    """A sink only takes weight from the keys: a very negative one is none at all."""
+    model = build(tiny(attn_sinks=True))
+    ids = tokens()
+    assert torch.equal(_logits(model, ids, "sdpa"), _logits(model, ids, "eager"))
+    with torch.no_grad():
+        for block in model.layers:
+            block.attn.sinks.fill_(-1e4)
+    plain = build(tiny())  # the same weights but the sinks
+    plain.load_state_dict({n: t for n, t in model.state_dict().items() if not n.endswith(".sinks")})
+    assert max_diff(_logits(model, ids), _logits(plain, ids, "eager")) < 1e-5
+    with torch.no_grad():
+        for block in model.layers:
+            block.attn.sinks.fill_(2.0)
+    assert max_diff(_logits(model, ids), _logits(plain, ids, "eager")) > 1e-3
+
+
 # ----------------------------------------------------------------------------- sliding window
 
 

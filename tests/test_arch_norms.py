@@ -6,6 +6,7 @@ import pytest
 import torch
 from arch_helpers import perturb
 from transformers.models.gemma2.modeling_gemma2 import Gemma2RMSNorm
+from transformers.models.gpt_oss.modeling_gpt_oss import GptOssRMSNorm
 from transformers.models.llama.modeling_llama import LlamaRMSNorm
 from transformers.models.nemotron.modeling_nemotron import NemotronLayerNorm1P
 from transformers.models.olmo2.modeling_olmo2 import Olmo2RMSNorm
@@ -120,11 +121,13 @@ def test_scale_then_cast_with_offset_is_gemma2_bit_for_bit(seed):
 
 
 @pytest.mark.parametrize("seed", [0, 1, 2])
+@pytest.mark.parametrize("reference", [Olmo2RMSNorm, GptOssRMSNorm], ids=["olmo2", "gpt_oss"])
 @pytest.mark.bitexact
-def test_scale_then_cast_is_olmo2_bit_for_bit(seed):
+def test_scale_then_cast_is_olmo2_bit_for_bit(seed, reference):
+    """OLMo 2's and gpt-oss's RMSNorms: the weight multiplies the fp32 statistics, then the cast."""
     norm = _norm(seed=seed, dtype=torch.bfloat16, dtype_order="scale_then_cast")
     x = _x(torch.bfloat16, seed=seed)
-    assert torch.equal(norm(x), _hf(Olmo2RMSNorm, norm)(x))
+    assert torch.equal(norm(x), _hf(reference, norm)(x))
 
 
 @pytest.mark.bitexact

@@ -355,6 +355,73 @@ def test_cohere2_moe_and_dbrx_blocks_equal_transformers_bit_for_bit(block: str, 
     check_block(theirs, ours, dtype)
 
 
+def _gpt_oss_block(experts: str, limit: float = 1.5) -> tuple[torch.nn.Module, MoE]:
+    """transformers' gpt-oss MLP (a biased router, top 3 of 5 softmaxed in the activation dtype; experts stored
+    [in, out] with gate and up columns interleaved, biases added after each product, the clamped SwiGLU),
+    perturbed, and ours holding its weights."""
+    from transformers.models.gpt_oss.modeling_gpt_oss import GptOssMLP
+
+    config = AutoConfig.for_model("gpt_oss", hidden_size=16, intermediate_size=16, num_local_experts=5,
+                                  num_experts_per_tok=3, swiglu_limit=limit, swiglu_alpha=1.25)
+    config._experts_implementation = experts
+    theirs = GptOssMLP(config)
+    torch.manual_seed(0)
+    with torch.no_grad():
+        for p in theirs.parameters():
+            p.normal_(0, 0.5)
+    moe = MoeConfig(n_experts=5, top_k=3, d_expert=16, router="topk_softmax", norm_topk=False, softmax_fp32=False,
+                    router_bias=True, expert_bias=True, glu="clamped_swiglu", glu_alpha=1.25, glu_limit=limit,
+                    sum_order=experts)
+    ours = MoE(ArchConfig(vocab_size=8, d_model=16, n_layers=1, n_heads=2, d_ff=16, moe=moe))
+    state = {"router.weight": theirs.router.weight, "router.bias": theirs.router.bias}
+    ex = theirs.experts
+    for e in range(5):
+        state.update({f"experts.{e}.gate.weight": ex.gate_up_proj[e][:, ::2].T,
+                      f"experts.{e}.up.weight": ex.gate_up_proj[e][:, 1::2].T,
+                      f"experts.{e}.gate.bias": ex.gate_up_proj_bias[e][::2],
+                      f"experts.{e}.up.bias": ex.gate_up_proj_bias[e][1::2],
+                      f"experts.{e}.down.weight": ex.down_proj[e].T, f"experts.{e}.down.bias": ex.down_proj_bias[e]})
+    ours.load_state_dict(state)
+    return theirs, ours
+
+
+@pytest.mark.parametrize("experts", EXPERTS)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.bitexact
+def test_gpt_oss_block_equals_transformers_block_bit_for_bit(dtype: torch.dtype, experts: str) -> None:
+    """router_bias, expert_bias and glu="clamped_swiglu" against GptOssMLP under each of transformers'
+    experts implementations: bf16 bit for bit (products, then biases, each rounded; the clamps and the
+    (up + 1) in bf16), fp32 within the 1e-5 bar (its one [in, 2 x width] product sums otherwise than ours)."""
+    theirs, ours = _gpt_oss_block(experts)
+    theirs, ours = theirs.to(dtype), ours.to(dtype)
+    x = torch.randn(3, 7, 16, generator=torch.Generator().manual_seed(1)).to(dtype)
+    with torch.no_grad():
+        ref = theirs(x)[0]
+        if dtype == torch.bfloat16:
+            assert torch.equal(ours(x), ref)
+        else:
+            assert float((ours(x) - ref).abs().max()) <= 1e-5 * max(1.0, float(ref.abs().max()))
+
+
+def test_gpt_oss_settings_bite() -> None:
+    """The clamps bite on the test input (gate above the limit, up beyond it), and each of the
+    router's bias, the experts' biases, the limit and alpha changes the output."""
+    theirs, ours = _gpt_oss_block("eager")
+    x = torch.randn(3, 7, 16, generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        gate_up = x.reshape(-1, 16) @ theirs.experts.gate_up_proj[0] + theirs.experts.gate_up_proj_bias[0]
+        assert (gate_up[:, ::2] > 1.5).any() and (gate_up[:, 1::2].abs() > 1.5).any()
+        base = ours(x)
+        unclamped = _gpt_oss_block("eager", limit=100.0)[1]
+        assert not torch.allclose(base, unclamped(x))
+        for name in ("router.bias", "experts.0.gate.bias", "experts.1.up.bias", "experts.2.down.bias"):
+            changed = _gpt_oss_block("eager")[1]
+            changed.get_parameter(name).zero_()
+            assert not torch.allclose(base, changed(x)), name
+        ours.experts[0].glu_alpha = 1.702
+        assert not torch.allclose(base, ours(x))
+
+
 def test_topk_softmax_settings_bite() -> None:
     """The softmax over the chosen k is not the softmax over all experts (unrenormalised), and a
     softmax in bf16 rather than fp32 changes bf16 outputs where the weights are then renormalised

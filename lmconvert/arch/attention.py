@@ -3,10 +3,11 @@ soft-capping and sliding windows. Variants are config values read here, never co
 
 Two backends mirror transformers' two attention implementations op for op, so each agrees with
 its counterpart bit for bit in fp32: "eager" scores (q @ k^T) * scale, soft-caps, adds the mask
-and takes the softmax in fp32; "sdpa" calls `scaled_dot_product_attention` (faster; the default,
-as in transformers). The backend is a runtime choice, not part of the architecture; soft-capped
-layers always run eager, since SDPA cannot cap, and so do layers whose q.k is computed in fp32
-(GPT-Neo), since SDPA cannot upcast inside.
+and takes the softmax in fp32 (with attention sinks, gpt-oss's softmax over the scores and the
+sink); "sdpa" calls `scaled_dot_product_attention` (faster; the default, as in transformers). The
+backend is a runtime choice, not part of the architecture; soft-capped layers always run eager,
+since SDPA cannot cap, and so do layers whose q.k is computed in fp32 (GPT-Neo), since SDPA cannot
+upcast inside, and layers with sinks (gpt-oss), which SDPA cannot add.
 """
 
 from __future__ import annotations
@@ -40,9 +41,20 @@ def _scores(q: torch.Tensor, k: torch.Tensor, scale: float, bias: torch.Tensor |
                          beta=beta, alpha=scale).view(B, H, T, S)
 
 
+def _sink_softmax(w: torch.Tensor, sinks: torch.Tensor) -> torch.Tensor:
+    """gpt-oss's eager_attention_forward: each head's sink logit joins every row as one more column,
+    the row's max is subtracted (in the scores' dtype, rounded there), the softmax is taken in that
+    dtype, and the sink's column is dropped."""
+    B, _, T, _ = w.shape
+    combined = torch.cat([w, sinks.reshape(1, -1, 1, 1).expand(B, -1, T, -1)], dim=-1)
+    combined = combined - combined.max(dim=-1, keepdim=True).values
+    return F.softmax(combined, dim=-1, dtype=combined.dtype)[..., :-1]
+
+
 def _eager(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float, softcap: float | None,
            bias: torch.Tensor | None, allowed: torch.Tensor | None, dropout: float,
-           scores_fp32: bool = False, bias_add: str = "rounded", scale_in_product: bool = False) -> torch.Tensor:
+           scores_fp32: bool = False, bias_add: str = "rounded", scale_in_product: bool = False,
+           sinks: torch.Tensor | None = None) -> torch.Tensor:
     groups = q.shape[1] // k.shape[1]
     k, v = k.repeat_interleave(groups, dim=1), v.repeat_interleave(groups, dim=1)  # (B, H, S, D)
     if scores_fp32:  # GPT-J, GPT-Neo, GPT-2's reorder_and_upcast_attn: q @ k^T up to the softmax in fp32
@@ -69,8 +81,8 @@ def _eager(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float, soft
     if bias_add == "falcon":  # the softmax of the logits rounded to the activation dtype
         w = w.to(dtype)
     # in fp32, cast back: GPT-2's and XGLM's softmax in the scores' own bf16 computes in fp32 inside
-    # the kernel and rounds once, the same numbers
-    p = F.softmax(w, dim=-1, dtype=torch.float32).to(dtype)
+    # the kernel and rounds once, the same numbers. With sinks (gpt-oss), their softmax
+    p = (F.softmax(w, dim=-1, dtype=torch.float32) if sinks is None else _sink_softmax(w, sinks)).to(dtype)
     p = F.dropout(p, p=dropout, training=dropout > 0)
     return torch.matmul(p, v)
 
@@ -98,7 +110,8 @@ class Attention(nn.Module):
                  relative: RelativeBias | None) -> None:
         super().__init__()
         self.layer, self.cfg = layer, cfg
-        self.q_norm = self.k_norm = self.sub_norm = None  # replaced by `attach` where the config has them
+        # replaced by `attach` where the config has them
+        self.q_norm = self.k_norm = self.sub_norm = self.sinks = None
         attach(self, parts)
         self.rotary = rotary
         self.position = cfg.layer_positions[layer]
@@ -142,9 +155,10 @@ class Attention(nn.Module):
         allowed = ctx.allowed(self.window)
         dropout = cfg.attn_dropout if self.training else 0.0
         add = ALIBI_KINDS[cfg.alibi].add if self.position == "alibi" else "rounded"  # how the bias joins
-        if cfg.attn_softcap is not None or cfg.scores_fp32 or cfg.scale_in_product or self.backend == "eager":
+        if cfg.attn_softcap is not None or cfg.scores_fp32 or cfg.scale_in_product or cfg.attn_sinks \
+                or self.backend == "eager":
             out = _eager(q, k, v, scale, cfg.attn_softcap, bias, allowed, dropout, cfg.scores_fp32, add,
-                         cfg.scale_in_product)
+                         cfg.scale_in_product, self.sinks)
         else:
             out = _sdpa(q, k, v, scale, bias, allowed, ctx.is_plain_causal(self.window), dropout, add)
         out = out.transpose(1, 2).reshape(B, T, cfg.q_dim)  # (B, T, H*D)

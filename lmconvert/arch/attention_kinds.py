@@ -20,7 +20,7 @@ from importlib import import_module
 from typing import TYPE_CHECKING, Any
 
 from .errors import ConfigError
-from .parts import LinearPart, NormPart, Part
+from .parts import LinearPart, NormPart, ParamPart, Part
 
 if TYPE_CHECKING:
     from torch import nn
@@ -82,8 +82,10 @@ def attention_kind(name: Any) -> AttentionKind:
 
 # ----------------------------------------------------------------------------- standard: MHA / GQA / MQA
 def _standard_parts(cfg: ArchConfig) -> dict[str, Part]:
-    """q, k, v, o projections, then the QK norms: over one head or over the whole projection."""
-    parts: dict[str, Part] = {
+    """The sinks (gpt-oss: a module's own parameters come first in its state_dict), the q, k, v, o
+    projections, then the QK norms: over one head or over the whole projection."""
+    parts: dict[str, Part] = {"sinks": ParamPart((cfg.n_heads,))} if cfg.attn_sinks else {}
+    parts |= {
         "q": LinearPart(cfg.d_model, cfg.q_dim, cfg.q_bias),
         "k": LinearPart(cfg.d_model, cfg.kv_dim, cfg.k_bias),
         "v": LinearPart(cfg.d_model, cfg.kv_dim, cfg.v_bias),
@@ -117,6 +119,8 @@ def _standard_describe(cfg: ArchConfig) -> list[str]:
                      + (", after RoPE" if cfg.qk_norm_after_rope else ""))
     if cfg.sub_norms:
         lines.append("sub-norms: before the output projection and before the MLP's down projection")
+    if cfg.attn_sinks:
+        lines.append("attention sinks: a learned logit per head in each softmax (eager)")
     return lines
 
 

@@ -12,6 +12,7 @@ from .attention_kinds import attention_kind
 from .cache import KVCache
 from .config import ArchConfig
 from .context import Context
+from .mlp import SeparateBias
 from .moe import ffn
 from .norms import Norm
 from .positions import RelativeBias
@@ -50,15 +51,6 @@ PARALLEL_SUMS: dict[str, Callable[[torch.Tensor, torch.Tensor, torch.Tensor], to
 
 WIRING = {"pre": _sequential, "sandwich": _sequential, "output": _sequential, "post": _post,
           "parallel_shared": _parallel, "parallel_separate": _parallel}
-
-
-class SeparateBias(nn.Linear):
-    """A linear layer whose bias is added after the matmul (`x @ W.T + b`), as Falcon's
-    FalconLinear does; `nn.Linear` fuses the two, which rounds once in bf16 instead of twice."""
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        out = x @ self.weight.T
-        return out if self.bias is None else out + self.bias
 
 
 class Conv1D(nn.Linear):

@@ -4,14 +4,16 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+import torch
 from torch import nn
 
 from .norms import Norm
-from .parts import LinearPart, NormPart, Part
+from .parts import LinearPart, NormPart, ParamPart, Part
 
-BUILDERS: dict[type, Callable[[Part], nn.Module]] = {
+BUILDERS: dict[type, Callable[[Part], nn.Module | nn.Parameter]] = {
     LinearPart: lambda p: nn.Linear(p.d_in, p.d_out, bias=p.bias),
     NormPart: lambda p: Norm(p.dim, p.cfg),
+    ParamPart: lambda p: nn.Parameter(torch.zeros(p.shape)),
 }
 
 

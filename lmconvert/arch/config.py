@@ -40,6 +40,7 @@ GROUPED_ROUTERS = ("softmax", "sigmoid")  # the routers that limit the choice to
 KEPT_FP32 = ("weight", "selection_bias")  # router parameters a model may keep in fp32 (MoeConfig.kept_fp32)
 SHARED_EXPERTS = ("none", "gated", "plain", "averaged")
 SUM_ORDERS = ("grouped_mm", "eager")  # arch/moe.py's SUMS
+GLUS = ("halves", "clamped_swiglu")  # arch/moe.py's GLUS: how a routed expert gates its gate and up outputs
 
 
 def _fail(owner: str, name: str, value: Any, why: str) -> None:
@@ -259,6 +260,16 @@ class MoeConfig:
     # the mixture's output (shared experts included) normalised by a norm of the block's kind, on the sparse
     # layers only (A.X-K1's post_mlp_layernorm): `mlp.norm`
     output_norm: bool = False
+    router_bias: bool = False  # the router's linear has a bias (gpt-oss's GptOssTopKRouter)
+    # every routed expert's gate, up and down have a bias, added after each product (gpt-oss's
+    # gate_up_proj_bias and down_proj_bias: `x @ W + b`, rounded twice in bf16, not one fused addmm)
+    expert_bias: bool = False
+    # how a routed expert gates (moe.GLUS): "halves", act(gate) * up over the two halves of one [gate | up] output
+    # (transformers' default _apply_gate); "clamped_swiglu", gpt-oss's over an interleaved [g0, u0, g1, u1, ...]
+    # output: gate clamped above at glu_limit, up to +-glu_limit, (up + 1) * gate * sigmoid(glu_alpha * gate)
+    glu: str = "halves"
+    glu_alpha: float | None = None  # set exactly when glu="clamped_swiglu" (gpt-oss's swiglu_alpha)
+    glu_limit: float | None = None  # set exactly when glu="clamped_swiglu" (gpt-oss's swiglu_limit)
 
     def __post_init__(self) -> None:
         for name in ("n_experts", "top_k", "d_expert", "n_group", "topk_group"):
@@ -296,6 +307,7 @@ class MoeConfig:
             _fail("moe", "kept_fp32", self.kept_fp32, "keeps a selection bias the router does not have")
         _choice("moe", "router", self.router, ROUTERS)
         self._check_sparsemixer()
+        self._check_glu()
         if self.norm_p is not None:
             _positive("moe", "norm_p", self.norm_p)
             if not self.norm_topk:
@@ -330,6 +342,20 @@ class MoeConfig:
                                  ("n_group", 1, "SparseMixer has no expert groups")):
             if getattr(self, name) != value:
                 _fail("moe", name, getattr(self, name), why)
+
+    def _check_glu(self) -> None:
+        for name in ("router_bias", "expert_bias"):
+            if not isinstance(getattr(self, name), bool):
+                _fail("moe", name, getattr(self, name), "must be true or false")
+        _choice("moe", "glu", self.glu, GLUS)
+        clamped = self.glu == "clamped_swiglu"
+        for name in ("glu_alpha", "glu_limit"):
+            value = getattr(self, name)
+            if clamped != (value is not None):
+                _fail("moe", name, value, "is set exactly when glu='clamped_swiglu'")
+            _positive("moe", name, value, allow_none=True)
+        if self.experts_split and (clamped or self.expert_bias):
+            _fail("moe", "experts_split", True, "split experts have neither biases nor the clamped SwiGLU")
 
     def sparse(self, layer: int) -> bool:
         return layer not in self.dense_layers
@@ -400,6 +426,10 @@ class ArchConfig:
     sliding_window: int | None = None
     attn_scale: float | None = None  # None: head_dim ** -0.5
     attn_softcap: float | None = None
+    # a learned logit per head joining every query's softmax as one more column, dropped after it (gpt-oss's
+    # `sinks`, `layers.{i}.attn.sinks` [n_heads]): the scores and the sink less their row max, softmaxed in the
+    # scores' dtype. Such layers run eager (transformers has no SDPA for them)
+    attn_sinks: bool = False
     residual_scale: float = 1.0  # each sublayer's output is multiplied by this before the residual add (Granite)
     clip_qkv: float | None = None  # q, k and v clamped to [-clip_qkv, clip_qkv] after projection (OLMo, MPT)
     # attention temperature (Ministral 3's llama_4_scaling_beta): after RoPE, every query at position p is
@@ -543,6 +573,8 @@ class ArchConfig:
                                         or self.attention != "standard"):
             _fail("ArchConfig", "qk_norm_after_rope", True, "normalises each rotated head with one shared weight: "
                   "needs qk_norm='head', qk_norm_weight='shared' and attention='standard'")
+        if self.attn_sinks and self.attention != "standard":
+            _fail("ArchConfig", "attn_sinks", True, "sinks join the standard attention's softmax only")
         if self.rope.reverse and self.attention != "standard":
             _fail("ArchConfig", "rope.reverse", True, "the reversed rotation is the standard attention's only")
         if self.sub_norms and self.moe is not None:
@@ -742,7 +774,8 @@ class ArchConfig:
 
 
 # fields added after lmconvert.json files were first written, left out of them where unset
-UNSTATED_WHEN_UNSET: dict[str, Any] = {"qk_norm_after_rope": False, "sub_norms": False, "output_vocab": None}
+UNSTATED_WHEN_UNSET: dict[str, Any] = {"attn_sinks": False, "qk_norm_after_rope": False, "sub_norms": False,
+                                       "output_vocab": None}
 ROPE_UNSTATED_WHEN_UNSET: dict[str, Any] = {"alpha": None, "reverse": False}
 
 

@@ -106,8 +106,15 @@ def _moe(cfg: ArchConfig, moe: MoeConfig) -> list[str]:
         router += f", sum clamped to >= {moe.norm_min:g}"
     if moe.kept_fp32 is not None:
         router += f", kept in fp32: {', '.join(moe.kept_fp32) or 'nothing'}"
+    if moe.router_bias:
+        router += ", with a bias"
     lines = [f"mixture of experts: {moe.n_experts} experts, top-{moe.top_k}, d_expert {moe.d_expert} ({where})",
              f"router: {router}"]
+    if moe.glu == "clamped_swiglu":
+        lines.append(f"experts: clamped SwiGLU (alpha {moe.glu_alpha:g}, limit {moe.glu_limit:g}, up + 1) over "
+                     "interleaved gate/up")
+    if moe.expert_bias:
+        lines.append("experts: biases on gate, up and down, added after each product")
     if moe.d_shared is not None:
         lines.append(f"{SHARED_NAMES[moe.shared]}, width {moe.d_shared}"
                      + (", gate and up as one projection's halves" if moe.shared_fused else ""))
@@ -127,6 +134,8 @@ def parameter_counts(cfg: ArchConfig) -> tuple[int, int]:
     if moe is None:
         return total, total
     per_expert = (3 if cfg.gated else 2) * cfg.d_model * moe.d_expert
+    if moe.expert_bias:  # gate and up biases of its width, the down bias of d_model
+        per_expert += (2 if cfg.gated else 1) * moe.d_expert + cfg.d_model
     sparse = sum(moe.sparse(i) for i in range(cfg.n_layers))
     return total, total - sparse * (moe.n_experts - moe.top_k) * per_expert
 

@@ -10,14 +10,26 @@ from .config import ArchConfig
 from .norms import Norm
 
 
+class SeparateBias(nn.Linear):
+    """A linear layer whose bias is added after the matmul (`x @ W.T + b`), as Falcon's
+    FalconLinear does (and gpt-oss's experts: `x @ W + b`); `nn.Linear` fuses the two, which rounds
+    once in bf16 instead of twice."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out = x @ self.weight.T
+        return out if self.bias is None else out + self.bias
+
+
 class MLP(nn.Module):
-    def __init__(self, cfg: ArchConfig, width: int | None = None) -> None:
-        """`width`: the hidden width when it is not d_ff (an expert's, a shared expert's)."""
+    def __init__(self, cfg: ArchConfig, width: int | None = None, bias: bool | None = None) -> None:
+        """`width`: the hidden width when it is not d_ff (an expert's, a shared expert's); `bias`: whether
+        its linears have biases when that is not `mlp_bias` (gpt-oss's routed experts)."""
         super().__init__()
         d_ff = cfg.d_ff if width is None else width
-        self.gate = nn.Linear(cfg.d_model, d_ff, bias=cfg.mlp_bias) if cfg.gated else None
-        self.up = nn.Linear(cfg.d_model, d_ff, bias=cfg.mlp_bias)
-        self.down = nn.Linear(d_ff, cfg.d_model, bias=cfg.mlp_bias)
+        bias = cfg.mlp_bias if bias is None else bias
+        self.gate = nn.Linear(cfg.d_model, d_ff, bias=bias) if cfg.gated else None
+        self.up = nn.Linear(cfg.d_model, d_ff, bias=bias)
+        self.down = nn.Linear(d_ff, cfg.d_model, bias=bias)
         self.fused = cfg.mlp_fused
         # BitNet's ffn_sub_norm: the product normalised before `down`
         self.sub_norm = Norm(d_ff, cfg.norm) if cfg.sub_norms else None

@@ -22,7 +22,7 @@ import torch
 from torch import nn
 
 from .config import ArchConfig, MoeConfig
-from .mlp import MLP
+from .mlp import MLP, SeparateBias
 from .norms import Norm
 
 
@@ -30,7 +30,7 @@ class Router(nn.Linear):
     """Scores -> (logits, top-k weights, top-k expert indices), per token of a flat [tokens, d_model]."""
 
     def __init__(self, cfg: ArchConfig, moe: MoeConfig) -> None:
-        super().__init__(cfg.d_model, moe.n_experts, bias=False)
+        super().__init__(cfg.d_model, moe.n_experts, bias=moe.router_bias)  # gpt-oss's router has a bias
         self.moe = moe
         self.selection_bias = nn.Parameter(torch.zeros(moe.n_experts)) if moe.selection_bias else None
         # DeepSeek's router computes in fp32 from fp32 parameters: transformers keeps them fp32 in
@@ -43,7 +43,11 @@ class Router(nn.Linear):
         """The logits first, as transformers' routers return them, so that verify compares the
         router's own output."""
         moe = self.moe
-        logits = nn.functional.linear(h.float(), self.weight.float()) if moe.router_fp32 else super().forward(h)
+        if moe.router_fp32:
+            bias = None if self.bias is None else self.bias.float()
+            logits = nn.functional.linear(h.float(), self.weight.float(), bias)
+        else:
+            logits = super().forward(h)
         weights, chosen = SCORES[moe.router](self, logits)
         if moe.norm_topk:  # by the sum (ERNIE 4.5's clamped below at norm_min, no guard added), or DBRX's p-norm
             norm = weights.sum(dim=-1, keepdim=True) if moe.norm_p is None else \
@@ -154,17 +158,48 @@ EPS = {"softmax": 0.0, "sigmoid": 1e-20, "sparsemixer": 0.0, "topk_softmax": 0.0
        "sigmoid_fp32": 0.0, "logits": 0.0}
 
 
+def _halves(expert: Expert, gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
+    """transformers' default `_apply_gate`: act(gate) * up over the two halves of one [gate | up] output."""
+    gate, up = torch.cat([gate, up], dim=-1).chunk(2, dim=-1)
+    return expert.act(gate) * up
+
+
+def _clamped_swiglu(expert: Expert, gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
+    """`GptOssExperts._apply_gate` op for op, over the interleaved [g0, u0, g1, u1, ...] output its
+    gate_up_proj gives (so both halves are strided as there): the gate clamped above at the limit,
+    up clamped to +-limit, then (up + 1) * (gate * sigmoid(gate * alpha)), each op in the activation dtype."""
+    fused = torch.stack([gate, up], dim=-1).flatten(-2)
+    gate, up = fused[..., ::2], fused[..., 1::2]
+    gate = gate.clamp(min=None, max=expert.glu_limit)
+    up = up.clamp(min=-expert.glu_limit, max=expert.glu_limit)
+    glu = gate * torch.sigmoid(gate * expert.glu_alpha)
+    return (up + 1) * glu
+
+
+GLUS = {"halves": _halves, "clamped_swiglu": _clamped_swiglu}  # MoeConfig.glu
+
+
 class Expert(MLP):
     """A gated FFN computed as transformers 5's experts compute it: gate and up side by side in one
     [tokens, 2 * width] tensor, the activation on its gate half. The values are the two
     projections' own; the layout matters because the activation of a strided half rounds
     differently in its last bit from that of a contiguous tensor (torch's vectorised loop covers
-    other elements), so a contiguous gate would be 1 ulp off transformers in fp32."""
+    other elements), so a contiguous gate would be 1 ulp off transformers in fp32. How the two are
+    gated is the routed experts' `MoeConfig.glu` (GLUS); their biases, `expert_bias`, are added
+    after each product (SeparateBias: gpt-oss's `x @ W + b` and grouped_mm's `out.add_(bias)`, where
+    nn.Linear's one fused addmm rounds once in bf16). `moe` None: a shared expert (halves, no biases)."""
+
+    def __init__(self, cfg: ArchConfig, width: int, moe: MoeConfig | None = None) -> None:
+        super().__init__(cfg, width, bias=moe is not None and moe.expert_bias)
+        if moe is not None and moe.expert_bias:
+            for linear in (self.gate, self.up, self.down):
+                linear.__class__ = SeparateBias  # the same parameters, the bias added after the product
+        self.glu = GLUS["halves" if moe is None else moe.glu]
+        self.glu_alpha, self.glu_limit = (None, None) if moe is None else (moe.glu_alpha, moe.glu_limit)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         assert self.gate is not None  # experts are gated (ArchConfig checks it)
-        gate, up = torch.cat([self.gate(x), self.up(x)], dim=-1).chunk(2, dim=-1)
-        return self.down(self.act(gate) * up)
+        return self.down(self.glu(self, self.gate(x), self.up(x)))
 
 
 class Experts(nn.ModuleList):
@@ -229,8 +264,8 @@ class MoE(nn.Module):
         moe = cfg.moe
         assert moe is not None
         self.router = Router(cfg, moe)
-        expert = MLP if moe.experts_split else Expert
-        self.experts = Experts((expert(cfg, moe.d_expert) for _ in range(moe.n_experts)), moe.sum_order)
+        self.experts = Experts((MLP(cfg, moe.d_expert) if moe.experts_split else Expert(cfg, moe.d_expert, moe)
+                                for _ in range(moe.n_experts)), moe.sum_order)
         self.shared = (Expert if moe.shared_fused else MLP)(cfg, moe.d_shared) if moe.d_shared is not None else None
         self.shared_gate = nn.Linear(cfg.d_model, 1, bias=False) if moe.shared == "gated" else None
         self.norm = Norm(cfg.d_model, cfg.norm) if moe.output_norm else None  # A.X-K1's post_mlp_layernorm

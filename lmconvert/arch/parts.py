@@ -46,7 +46,19 @@ class NormPart:
         return {f"{name}.{part}": shape for part, on in present if on}
 
 
-Part = LinearPart | NormPart
+@dataclass(frozen=True)
+class ParamPart:
+    """A bare learned tensor of `shape`, registered on the owning module itself (gpt-oss's attention
+    sinks, [heads]); `state_dict` lists a module's own parameters before its submodules', so a kind
+    declares these first."""
+
+    shape: tuple[int, ...]
+
+    def shapes(self, name: str) -> Shapes:
+        return {name: tuple(self.shape)}
+
+
+Part = LinearPart | NormPart | ParamPart
 
 
 def part_shapes(parts: dict[str, Part], prefix: str) -> Shapes:

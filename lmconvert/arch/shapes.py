@@ -39,10 +39,12 @@ def norm_slots(cfg: ArchConfig, layer: int) -> tuple[str, ...]:
     return tuple(s for s in slots if s != "attn_norm") if layer in cfg.unnormed_attn_layers else slots
 
 
-def _mlp(cfg: ArchConfig, name: str, width: int | None = None) -> Shapes:
-    """Optional gate, then up and down; one bias switch for all three. `width`: an expert's."""
+def _mlp(cfg: ArchConfig, name: str, width: int | None = None, bias: bool | None = None) -> Shapes:
+    """Optional gate, then up and down; one bias switch for all three (`mlp_bias` unless `bias` says).
+    `width`: an expert's."""
     d_ff = cfg.d_ff if width is None else width
-    up, down = LinearPart(cfg.d_model, d_ff, cfg.mlp_bias), LinearPart(d_ff, cfg.d_model, cfg.mlp_bias)
+    bias = cfg.mlp_bias if bias is None else bias
+    up, down = LinearPart(cfg.d_model, d_ff, bias), LinearPart(d_ff, cfg.d_model, bias)
     shapes = up.shapes(f"{name}.gate") if cfg.gated else {}
     shapes.update(up.shapes(f"{name}.up"))
     shapes.update(down.shapes(f"{name}.down"))
@@ -59,11 +61,11 @@ def _ffn(cfg: ArchConfig, layer: int, name: str) -> Shapes:
     moe = cfg.moe
     if moe is None or not moe.sparse(layer):
         return _mlp(cfg, name)
-    shapes = LinearPart(cfg.d_model, moe.n_experts).shapes(f"{name}.router")
+    shapes = LinearPart(cfg.d_model, moe.n_experts, moe.router_bias).shapes(f"{name}.router")
     if moe.selection_bias:
         shapes[f"{name}.router.selection_bias"] = (moe.n_experts,)
     for e in range(moe.n_experts):
-        shapes.update(_mlp(cfg, f"{name}.experts.{e}", moe.d_expert))
+        shapes.update(_mlp(cfg, f"{name}.experts.{e}", moe.d_expert, moe.expert_bias))
     if moe.d_shared is not None:
         shapes.update(_mlp(cfg, f"{name}.shared", moe.d_shared))
     if moe.shared == "gated":

@@ -53,6 +53,7 @@ OURS: Mapping[str, Layout] = {
     "embed": RESIDUAL, "final_norm": "B T E", "output": RESIDUAL,  # final_norm: what the LM head reads
     "attn_norm": RESIDUAL, "attn_post_norm": RESIDUAL, "mlp_norm": RESIDUAL, "mlp_post_norm": RESIDUAL,
     "attn.q": "B T H*D", "attn.k": "B T KV*D", "attn.v": "B T KV*D", "attn.o": RESIDUAL,
+    "attn": RESIDUAL,  # the attention's output, a point where its module holds a tensor of its own (gpt-oss's sinks)
     "mlp.gate": "B T F", "mlp.up": "B T F", "mlp.down": RESIDUAL, **MOE,
     "mlp.norm": RESIDUAL,  # a mixture's output norm (A.X-K1's post_mlp_layernorm), on (B, T, d) as transformers'
     # BitNet's sub-norms (the attention output before `o`, the product before `down`); xIELU's module

@@ -34,10 +34,11 @@ LOADED_BIASES: dict[str, frozenset[str]] = {arch: frozenset(names) for arch, nam
     "starcoder": (*NORMS, "attn_qkv", "attn_output", "ffn_up", "ffn_down"),
     "jais2": (*QKV, *NORMS, "attn_output", "ffn_up", "ffn_down"), "dots1": (*QKV, "exp_probs_b"),
     "glm4moe": (*QKV, "exp_probs_b"), "minicpm3": (), "chatglm": QKV,
+    "gpt-oss": (*QKV, "attn_output", "ffn_gate_inp", "ffn_gate_exps", "ffn_up_exps", "ffn_down_exps"),
 }.items()}
 # the architectures whose llama.cpp loader requires an `output` matrix (a tied model has none)
 OUTPUT_REQUIRED = frozenset({"qwen2moe", "olmo2", "stablelm", "nemotron", "olmoe", "phi2", "gptneox", "minimax-m2",
-                             "exaone-moe", "dots1"})
+                             "exaone-moe", "dots1", "gpt-oss"})
 
 
 # the architectures whose loader sizes the k norm as the q norm, over the whole width (no GQA)
@@ -92,8 +93,9 @@ def refused_tensors(arch: str, shapes: Mapping[str, tuple[int, ...]]) -> str | N
 
 
 # tensors llama.cpp's converter stores as F32 whatever the file type (ModelBase.prepare_tensors: the
-# routers, learned positions, any norm), and those it stores as F16 rather than ternary
-ALWAYS_F32 = ("ffn_gate_inp.weight", "ffn_gate_inp_shexp.weight", "position_embd.weight", "_norm.weight")
+# routers, learned positions, any norm, any bias, gpt-oss's stacked [experts, width] ones too: its graph adds
+# them with ggml_add_id, which takes F32 only), and those it stores as F16 rather than ternary
+ALWAYS_F32 = ("ffn_gate_inp.weight", "ffn_gate_inp_shexp.weight", "position_embd.weight", "_norm.weight", ".bias")
 HALF_WHEN_TERNARY = ("token_embd.weight", "output.weight")
 
 

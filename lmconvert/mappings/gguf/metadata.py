@@ -117,7 +117,7 @@ def hf_config(file: Metadata) -> tuple[dict[str, Any], GgufArch]:
         config[hf_key] = tensor in file.tensors
     config["tie_word_embeddings"] = "output.weight" not in file.tensors
     config["vocab_size"] = _vocab_size(file, arch)
-    config.update(_rope_scaling(file, arch, config, entry.keys))
+    config.update(_rope_scaling(file, arch, config, entry.keys, entry.rope_fixed))
     if entry.swa_pattern is not None:
         config["layer_types"] = _layer_types(file, arch, entry, config["num_hidden_layers"])
     if entry.big_layers is not None:
@@ -147,8 +147,10 @@ def _vocab_size(file: Metadata, arch: str) -> int:
     return int(stated)
 
 
-def _rope_scaling(file: Metadata, arch: str, config: dict[str, Any], own: Mapping[str, str]) -> dict[str, Any]:
-    """`rope_scaling` from the `{arch}.rope.scaling.` keys; those in `own` (the entry's keys) are read there."""
+def _rope_scaling(file: Metadata, arch: str, config: dict[str, Any], own: Mapping[str, str],
+                  fixed: Mapping[str, Any]) -> dict[str, Any]:
+    """`rope_scaling` from the `{arch}.rope.scaling.` keys; those in `own` (the entry's keys) are read there, and
+    the parameters llama.cpp's runtime fixes (`fixed`, GgufArch.rope_fixed) are those values whatever is stated."""
     prefix = f"{arch}."
     kind = file.meta.get(f"{arch}.rope.scaling.type")
     legacy = file.meta.get(f"{arch}.rope.scale_linear")
@@ -175,6 +177,7 @@ def _rope_scaling(file: Metadata, arch: str, config: dict[str, Any], own: Mappin
         if short not in ROPE_KEYS:
             raise MappingError(f"{name}={value!r} is a RoPE scaling setting lmconvert does not support")
         params[ROPE_KEYS[short]] = value
+    params.update(fixed)
     return {"rope_scaling": {k: v for k, v in params.items() if v is not None}}
 
 

@@ -91,6 +91,9 @@ class GgufArch:
     # export: tokenizer keys -> the token (by its text) llama.cpp's converter states where the tokenizer's
     # files name none (GLM's end of turn, `<|user|>`)
     token_texts: Mapping[str, str] = field(default_factory=dict)
+    # rope parameters (HF names) llama.cpp's runtime takes as these whatever the file states (gpt-oss: YaRN's
+    # betas, which its loader does not read): read as these, so an export stating others is refused
+    rope_fixed: Mapping[str, Any] = field(default_factory=dict)
 
     def read_by_transformers(self, config: Mapping[str, Any]) -> bool:
         """Whether transformers' GGUF loader builds this file's model (a reference for `verify`)."""

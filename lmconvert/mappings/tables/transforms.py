@@ -515,6 +515,28 @@ class ExpertsTransposed:
         return Transform("experts stored [in, out]", _swap_last, _swap_last)
 
 
+# ---- PairedRows: each expert's gate and up rows interleaved
+
+
+def _pairs_to_halves(t: torch.Tensor) -> torch.Tensor:
+    return t.unflatten(1, (-1, 2)).transpose(1, 2).flatten(1, 2)
+
+
+def _halves_to_pairs(t: torch.Tensor) -> torch.Tensor:
+    return t.unflatten(1, (2, -1)).transpose(1, 2).flatten(1, 2)
+
+
+@dataclass(frozen=True)
+class PairedRows:
+    """Fused experts whose gate and up rows alternate, [experts, g0 u0 g1 u1 ..., ...] (gpt-oss's
+    `gate_up_proj` once transposed, and its `gate_up_proj_bias`: gate = [..., ::2], up = [..., 1::2])
+    <-> every gate row, then every up row, as Unstack(part=..., parts=2) takes them; chained before
+    Unstack. A permutation of elements, so exact for every dtype and bit pattern."""
+
+    def bind(self, sizes: Sizes) -> Transform:
+        return Transform("gate and up rows interleaved", _pairs_to_halves, _halves_to_pairs)
+
+
 # ---- ExpertBlocks: every expert's matrix stacked as rows of one 2-D tensor
 
 
