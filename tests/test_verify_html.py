@@ -19,8 +19,6 @@ from hf_models import edited_weights, make_checkpoint
 
 from lmconvert.verify.html import COLORS, GENERATOR
 
-pytest.importorskip("matplotlib", reason="verify --html needs matplotlib (lmconvert[html])")
-
 RUN = ("--seq-len", 16, "--generate", 6)
 
 
@@ -181,3 +179,11 @@ def test_a_full_disk_leaves_no_truncated_page(good: Path, tmp_path: Path) -> Non
     assert_clean_failure(Result(proc.returncode, stdout, stderr), f"--html {page}", "File too large",
                          "nothing was written")
     assert list(tmp_path.iterdir()) == []
+
+
+def test_without_matplotlib_html_is_refused_before_the_run(good: Path, tmp_path: Path,
+                                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(__import__("sys").modules, "matplotlib", None)  # as if not installed
+    page = tmp_path / "r.html"
+    assert_clean_failure(lmconvert("verify", good, "--html", page), "--html needs matplotlib", "lmconvert[html]",
+                         out=page)

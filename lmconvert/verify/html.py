@@ -14,7 +14,6 @@ is drawn on a floor a decade below the smallest nonzero figure, labelled "0", un
 from __future__ import annotations
 
 import html
-import importlib.util
 import io
 import math
 import re
@@ -30,14 +29,16 @@ from .report import SCHEMA
 GENERATOR = f'<meta name="generator" content="{SCHEMA}">'  # what tells a page verify wrote
 
 # the plot's colours; the page's style sheet uses none of them, so a screenshot's pixels of these are the plot's
-COLORS = {"max": "#1f5fd6", "mean": "#f28e00", "ref_max": "#17a589", "ref_mean": "#8e44ad", "limit": "#7f7f7f",
+COLORS = {"max": "#1f5fd6", "mean": "#f28e00", "ref_max": "#17a589", "ref_mean": "#8e44ad", "limit": "#a0522d",
           "failure": "#e0001b"}
 
 
 def check_available() -> None:
     """Refuse --html before a run when matplotlib is missing (a run can take hours)."""
-    if importlib.util.find_spec("matplotlib") is None:
-        raise InputError("--html needs matplotlib, which is not installed: pip install 'lmconvert[html]'")
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:
+        raise InputError("--html needs matplotlib, which is not installed: pip install 'lmconvert[html]'") from None
 
 
 def is_html_report(file: Path) -> bool:
