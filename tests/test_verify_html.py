@@ -17,7 +17,7 @@ import pytest
 from bad_input import Result, assert_clean_failure, lmconvert, lmconvert_process
 from hf_models import edited_weights, make_checkpoint
 
-from lmconvert.verify.html import COLORS, GENERATOR
+from lmconvert.verify.html import COLORS, GENERATOR, render
 
 RUN = ("--seq-len", 16, "--generate", 6)
 
@@ -100,6 +100,17 @@ def test_a_passing_report(good: Path, tmp_path: Path) -> None:
     assert 'id="zero-floor"' in page and "first failure: none" in page
     assert first_diff_cells(page) == [] and 'class="first"' not in page and 'class="failed"' not in page
     assert COLORS["failure"] not in page  # no first failure to mark
+    # the same report where one point could not be compared (its figures null, as JSON has them): listed with
+    # its reason, named the first failure, and marked in the plot
+    point = report["points"][3]
+    point |= {"max_abs": None, "mean_abs": None, "scale": None, "limit": None, "passed": False, "ratio": None,
+              "problem": "our output has shape (2, 16, 64), the reference's (2, 16, 32)"}
+    report |= {"passed": False, "verdict": "FAIL", "first_failure": point}
+    page = render(report)
+    assert re.search(r'id="verdict">FAIL<', page) and external_urls(page) == []
+    assert f"{point['name']} — not compared: our output has shape (2, 16, 64)" in page
+    assert f"({point['name']}): not compared: our output has shape" in page  # the first failure
+    assert COLORS["failure"] in page[page.index('<div class="plot"'):]
 
 
 @pytest.mark.slow

@@ -198,6 +198,7 @@ def profile_svg(report: dict[str, Any]) -> str:
     floor = 10.0 ** (math.floor(math.log10(min(positive))) - 1) if positive else top * 1e-3
     ax.set_yscale("log")
     x = list(range(len(points)))
+    dense = len(points) > 150
     # (line, marker, marker size, line width, z): where the lines coincide (max = mean = 0; in low precision ours =
     # transformers', common) each stays visible: max's larger circles under mean's squares, transformers' dashes on top
     styles = {"max": ("-", "o", 6.0, 2.6, 3), "mean": ("-", "s", 3.5, 1.8, 4), "ref_max": ("--", None, 0, 1.6, 5),
@@ -205,18 +206,20 @@ def profile_svg(report: dict[str, Any]) -> str:
     for key, ys in series.items():
         drawn = [floor if v is not None and v == 0 else (math.nan if v is None else v) for v in ys]
         line, marker, size, width, z = styles[key]
+        if dense:  # hundreds of points: a mark each would cover the lines
+            marker, width = None, width * 0.7
         ax.plot(x, drawn, line, marker=marker, markersize=size, color=COLORS[key], label=labels[key],
                 linewidth=width, zorder=z)
     ax.axhline(floor * 10 ** 0.5, color="#bbbbbb", linestyle=(0, (1, 3)), linewidth=1, zorder=1, gid="zero-floor")
-    # layers: a light line where each begins, its label under the first of its points
+    # layers: each labelled under the first of its points
     starts: list[tuple[int, str]] = []
     for i, p in enumerate(points):
         label = p["name"] if p["layer"] is None else str(p["layer"])
         if not starts or starts[-1][1] != label:
             starts.append((i, label))
-    for i, _ in starts[1:]:
-        ax.axvline(i - 0.5, color="#e3e3e3", linewidth=0.8, zorder=0)
     step = max(1, math.ceil(len(starts) / 40))
+    for i, _ in starts[step::step]:  # a light line where each (labelled) layer begins
+        ax.axvline(i - 0.5, color="#e3e3e3", linewidth=0.8, zorder=0)
     ax.xaxis.set_major_locator(FixedLocator([i for i, _ in starts[::step]]))
     ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _: dict(starts).get(int(v), "")))
     ax.xaxis.set_minor_locator(NullLocator())
@@ -239,9 +242,11 @@ def profile_svg(report: dict[str, Any]) -> str:
     if failure is not None:
         at = next(i for i, p in enumerate(points) if p["name"] == failure["name"])
         ax.axvline(at, color=COLORS["failure"], linewidth=1.6, zorder=4)
-        ax.annotate(f"first failure: {failure['name']}", xy=(at, top * 2), xytext=(6, -2), textcoords="offset points",
-                    color=COLORS["failure"], fontsize=9, va="top", ha="left" if at < len(points) * 0.7 else "right")
-    ax.legend(loc="upper left", fontsize=8, ncol=3 if low else 2, framealpha=0.9)
+        left = at < len(points) * 0.7
+        ax.annotate(f"first failure: {failure['name']}", xy=(at, top * 2), xytext=(6 if left else -6, -2),
+                    textcoords="offset points", color=COLORS["failure"], fontsize=9, va="top",
+                    ha="left" if left else "right")
+    ax.legend(loc="lower left", bbox_to_anchor=(0, 1.01), fontsize=8, ncol=5 if low else 3, frameon=False)
     ax.grid(axis="y", color="#eeeeee", linewidth=0.6, zorder=0)
     fig.tight_layout()
     return svg_of(fig)
