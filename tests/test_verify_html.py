@@ -105,8 +105,9 @@ def test_a_passing_report(good: Path, tmp_path: Path) -> None:
     point = report["points"][3]
     point |= {"max_abs": None, "mean_abs": None, "scale": None, "limit": None, "passed": False, "ratio": None,
               "problem": "our output has shape (2, 16, 64), the reference's (2, 16, 32)"}
-    report |= {"passed": False, "verdict": "FAIL", "first_failure": point}
+    report |= {"passed": False, "verdict": "FAIL", "first_failure": point, "tensor_parallel": 2}
     page = render(report)
+    assert "<th>tensor-parallel ranks</th><td>2</td>" in page
     assert re.search(r'id="verdict">FAIL<', page) and external_urls(page) == []
     assert f"{point['name']} — not compared: our output has shape (2, 16, 64)" in page
     assert f"({point['name']}): not compared: our output has shape" in page  # the first failure
