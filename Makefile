@@ -25,10 +25,15 @@ AVX2_KERNELS := ONEDNN_MAX_CPU_ISA=AVX2 MKL_ENABLE_INSTRUCTIONS=AVX2 ATEN_CPU_CA
 # Both run the tests on every core (pytest-xdist's -n auto), one torch thread each: the models are tiny, and
 # one process per core beats one process with a thread per core (docs/testing.md)
 PARALLEL := -n auto --dist worksteal
+# Python's and pytest's bytecode caches (__pycache__, ignored by git) are written even where the environment
+# turns them off (PYTHONDONTWRITEBYTECODE=1, as on the development VM): without them every xdist worker, in each
+# of the two runs, and every CLI subprocess compiled lmconvert and rewrote the tests' asserts again, ~6 s of
+# CPU per worker
+PYCACHE := PYTHONDONTWRITEBYTECODE=
 test: env
 	$(BIN)/lint-imports --no-cache
-	OMP_NUM_THREADS=1 $(BIN)/python -m pytest -q $(PARALLEL)
-	$(AVX2_KERNELS) OMP_NUM_THREADS=1 $(BIN)/python -m pytest -q $(PARALLEL) -m bitexact
+	$(PYCACHE) OMP_NUM_THREADS=1 $(BIN)/python -m pytest -q $(PARALLEL)
+	$(PYCACHE) $(AVX2_KERNELS) OMP_NUM_THREADS=1 $(BIN)/python -m pytest -q $(PARALLEL) -m bitexact
 
 # everyday work: everything but the tests marked slow (docs/testing.md). One torch thread: the models are
 # tiny, and on a busy 2-core machine OpenMP's spinning threads made the same tests 5x slower
@@ -37,9 +42,9 @@ test: env
 FAMILIES ?= $(shell $(PYTHON) tools/changed_families.py)
 test-fast: env
 	$(BIN)/lint-imports --no-cache
-	LMCONVERT_FAMILIES=$(if $(filter all,$(FAMILIES)),,$(FAMILIES)) OMP_NUM_THREADS=1 \
+	LMCONVERT_FAMILIES=$(if $(filter all,$(FAMILIES)),,$(FAMILIES)) $(PYCACHE) OMP_NUM_THREADS=1 \
 		$(BIN)/python -m pytest -q $(PARALLEL) -m "not slow and not llamacpp"
-	LMCONVERT_FAMILIES=$(if $(filter all,$(FAMILIES)),,$(FAMILIES)) $(AVX2_KERNELS) OMP_NUM_THREADS=1 \
+	LMCONVERT_FAMILIES=$(if $(filter all,$(FAMILIES)),,$(FAMILIES)) $(PYCACHE) $(AVX2_KERNELS) OMP_NUM_THREADS=1 \
 		$(BIN)/python -m pytest -q $(PARALLEL) -m "bitexact and not slow"
 
 lint: env

@@ -1,3 +1,6 @@
+import functools
+import gc
+import itertools
 import os
 import sys
 from pathlib import Path
@@ -32,7 +35,48 @@ def _kept(selected: set[str], names: set[str], item: pytest.Item) -> bool:
     return not named or bool(named & selected)
 
 
+@functools.cache
+def _names_bitexact(path: Path) -> bool:
+    return "bitexact" in path.read_text()
+
+
+def _only_bitexact(config: pytest.Config) -> bool:
+    """Whether the run's `-m` selects bitexact tests only (the AVX2 rerun's `bitexact and not slow`): no
+    assignment of the expression's other markers lets a test without `bitexact` through."""
+    if not config.option.markexpr.strip():
+        return False
+    try:
+        from _pytest.mark.expression import Expression  # pytest's own parser of -m; absent: collect everything
+
+        expression = Expression.compile(config.option.markexpr)
+    except Exception:  # noqa: BLE001 - no -m, or a pytest without that parser: nothing is left out
+        return False
+    names = sorted({token for token in config.option.markexpr.replace("(", " ").replace(")", " ").split()
+                    if token not in ("and", "or", "not", "bitexact")})
+
+    def lets_through(marks: dict[str, bool]) -> bool:
+        return expression.evaluate(lambda name, **_: marks.get(name, False))
+
+    return not any(lets_through(dict(zip(names, values, strict=True)))
+                   for values in itertools.product((False, True), repeat=len(names)))
+
+
+def pytest_ignore_collect(collection_path: Path, config: pytest.Config) -> bool | None:
+    """A run of the bitexact tests only (the AVX2 rerun of `make test` and `make test-fast`) imports only
+    the test modules that mark one: collecting the whole suite again cost each worker ~7 s. Every
+    bitexact test's module names the marker (checked at every other collection, below)."""
+    if (collection_path.suffix == ".py" and collection_path.name.startswith("test_") and _only_bitexact(config)
+            and not _names_bitexact(collection_path)):
+        return True
+    return None
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    outside = sorted({item.nodeid.split("::")[0] for item in items if item.get_closest_marker("bitexact")
+                      and not _names_bitexact(Path(item.path))})
+    if outside:
+        raise pytest.UsageError(f"marked bitexact without naming the marker in their module: {outside}; "
+                                "the bitexact-only rerun (tests/conftest.py, pytest_ignore_collect) would miss them")
     chosen = os.environ.get("LMCONVERT_FAMILIES")
     if not chosen:
         return
@@ -41,3 +85,13 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     kept = [item for item in items if _kept(selected, names, item)]
     config.hook.pytest_deselected(items=[item for item in items if item not in kept])
     items[:] = kept
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """What collection made (the modules, the parametrized items: ~580k objects with the whole suite) lives
+    to the end of the run: frozen out of the garbage collector, so that each full collection during the
+    run (`verify` makes one after the reference runs, before ours loads) no longer walks it again (~0.5-1.5 s
+    each on the 2-core machine). Objects made by the tests are collected as before."""
+    gc.collect()
+    gc.freeze()
+

@@ -995,6 +995,7 @@ def test_verify_request_beyond_positions_or_memory(good: Path, args: tuple, frag
     assert_clean_failure(lmconvert("verify", good, *args), *fragments)
 
 
+@pytest.mark.slow  # a verify process under RLIMIT_AS: ~3-4.5 s alone (the refusals above stay in test-fast)
 def test_memory_bound_follows_the_address_space_limit(good: Path) -> None:
     """Under `ulimit -v` (RLIMIT_AS) of 4 GB, what verify may use is what that limit leaves, however
     much memory the machine has free: 10,000 x 64 tokens (11 GB of hidden states) are refused."""

@@ -103,6 +103,21 @@ def hf_logits(directory: Path, dtype: torch.dtype = torch.float32) -> torch.Tens
     return load_reference(directory, dtype)(IDS).logits.float()
 
 
+@pytest.fixture(scope="module")
+def reference(checkpoint: Callable[..., Path]) -> Callable[..., torch.Tensor]:
+    """transformers' eager logits of `checkpoint(name, stored)` run in `dtype`, computed once per module (and
+    xdist worker): the parity, faithfulness, round-trip, config-style and export tests compare with the same
+    ones. Each caller gets its own copy."""
+    made: dict[tuple[str, torch.dtype, torch.dtype], torch.Tensor] = {}
+
+    def get(name: str, stored: torch.dtype = torch.float32, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+        if (name, stored, dtype) not in made:
+            made[name, stored, dtype] = hf_logits(checkpoint(name, stored), dtype)
+        return made[name, stored, dtype].clone()
+
+    return get
+
+
 @torch.no_grad()
 def our_logits(path: Path, dtype: torch.dtype | None = None, attention: str = "eager") -> torch.Tensor:
     """Eager by default, to compare with transformers' eager reference op for op."""
@@ -126,9 +141,10 @@ def edited_copy(src: Path, dst: Path, edit: Callable[[dict[str, Any]], dict[str,
 
 # ------------------------------------------------------------------------------------------------ per family
 @pytest.mark.parametrize("name", NAMES)
-def test_fp32_parity(name: str, checkpoint: Callable[..., Path], canonical: Callable[[str], Path]) -> None:
+def test_fp32_parity(name: str, checkpoint: Callable[..., Path], canonical: Callable[[str], Path],
+                     reference: Callable[..., torch.Tensor]) -> None:
     src = checkpoint(name)
-    ref = hf_logits(src)
+    ref = reference(name)
     assert max_abs(our_logits(src), ref) <= FP32_TOL
     assert max_abs(our_logits(canonical(name)), ref) <= FP32_TOL
     assert read_meta(canonical(name)).family == family_of(name)
@@ -136,12 +152,13 @@ def test_fp32_parity(name: str, checkpoint: Callable[..., Path], canonical: Call
 
 @pytest.mark.parametrize("name", NAMES)
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
-def test_half_faithfulness(name: str, dtype: torch.dtype, checkpoint: Callable[..., Path]) -> None:
+def test_half_faithfulness(name: str, dtype: torch.dtype, checkpoint: Callable[..., Path],
+                           reference: Callable[..., torch.Tensor]) -> None:
     """In each half type, our error against the same half weights run in fp32 is at most
     FAITHFULNESS x transformers' own error in that type."""
     src = checkpoint(name, dtype)
-    exact = hf_logits(src, torch.float32)  # the same half weights, upcast
-    reference_error = float((hf_logits(src, dtype) - exact).abs().mean())
+    exact = reference(name, dtype, torch.float32)  # the same half weights, upcast
+    reference_error = float((reference(name, dtype, dtype) - exact).abs().mean())
     ours_error = float((our_logits(src, dtype) - exact).abs().mean())
     assert reference_error > 0
     assert ours_error <= FAITHFULNESS * reference_error, (ours_error, reference_error)
@@ -149,20 +166,22 @@ def test_half_faithfulness(name: str, dtype: torch.dtype, checkpoint: Callable[.
 
 @pytest.mark.parametrize("name", [n for n in NAMES if SPECS[n].bf16_exact])
 @pytest.mark.bitexact
-def test_bf16_logits_are_transformers_bit_for_bit(name: str, checkpoint: Callable[..., Path]) -> None:
+def test_bf16_logits_are_transformers_bit_for_bit(name: str, checkpoint: Callable[..., Path],
+                                                  reference: Callable[..., torch.Tensor]) -> None:
     """Where every operation follows the reference's order and dtype, bf16 rounds the same way:
     our eager bf16 logits equal transformers' eager bf16 logits exactly (CPU)."""
     src = checkpoint(name, torch.bfloat16)
-    ours, ref = our_logits(src, torch.bfloat16), hf_logits(src, torch.bfloat16)
+    ours, ref = our_logits(src, torch.bfloat16), reference(name, torch.bfloat16, torch.bfloat16)
     assert torch.equal(ours, ref), max_abs(ours, ref)
 
 
 @pytest.mark.parametrize("name", NAMES)
-def test_round_trip_is_bit_exact(name: str, checkpoint: Callable[..., Path], tmp_path: Path) -> None:
+def test_round_trip_is_bit_exact(name: str, checkpoint: Callable[..., Path], reference: Callable[..., torch.Tensor],
+                                 tmp_path: Path) -> None:
     src = checkpoint(name, torch.bfloat16)
     config = check_round_trip(src, tmp_path, FAMILIES[family_of(name)].architecture)
     assert config["dtype"] == "bfloat16"
-    assert torch.equal(hf_logits(tmp_path / "back"), hf_logits(src))
+    assert torch.equal(hf_logits(tmp_path / "back"), reference(name, torch.bfloat16))
 
 
 @pytest.mark.parametrize("name", NAMES)
@@ -202,7 +221,8 @@ def transformers4_style(spec: Spec) -> Callable[[dict[str, Any]], dict[str, Any]
 
 
 @pytest.mark.parametrize("name", [n for n in NAMES if SPECS[n].old_styled])
-def test_both_config_styles(name: str, checkpoint: Callable[..., Path], tmp_path: Path) -> None:
+def test_both_config_styles(name: str, checkpoint: Callable[..., Path], reference: Callable[..., torch.Tensor],
+                            tmp_path: Path) -> None:
     spec = SPECS[name]
     new = checkpoint(name)
     old = edited_copy(new, tmp_path / "old", transformers4_style(spec))
@@ -211,19 +231,20 @@ def test_both_config_styles(name: str, checkpoint: Callable[..., Path], tmp_path
     family = family_for(new_config["model_type"])
     assert family.arch_config(old_config) == family.arch_config(new_config)
     ref = hf_logits(old)
-    assert torch.equal(ref, hf_logits(new))  # transformers reads both the same way too
+    assert torch.equal(ref, reference(name))  # transformers reads both the same way too
     assert max_abs(our_logits(old), ref) <= FP32_TOL
 
 
 @pytest.mark.parametrize("name", [n for n in NAMES if SPECS[n].layer_types])
-def test_layer_types_key_is_honoured(name: str, checkpoint: Callable[..., Path], tmp_path: Path) -> None:
+def test_layer_types_key_is_honoured(name: str, checkpoint: Callable[..., Path],
+                                     reference: Callable[..., torch.Tensor], tmp_path: Path) -> None:
     layer_types, kinds = SPECS[name].layer_types
     src = checkpoint(name)
     edited = edited_copy(src, tmp_path / "edited", lambda config: {**config, "layer_types": layer_types})
     assert lmconvert.load(edited).cfg.layer_kinds == kinds
     ref = hf_logits(edited)
     assert max_abs(our_logits(edited), ref) <= FP32_TOL
-    assert max_abs(ref, hf_logits(src)) > 1e-3  # the edit matters
+    assert max_abs(ref, reference(name)) > 1e-3  # the edit matters
     to_canonical(edited, tmp_path / "canon")
     to_hf(tmp_path / "canon", tmp_path / "back")  # export writes the pattern back
     assert torch.equal(hf_logits(tmp_path / "back"), ref)
@@ -269,9 +290,10 @@ def test_missing_keys_take_transformers_defaults(model_type: str) -> None:
 
 
 # ------------------------------------------------------------------------------------------------ soft-caps
-def test_gemma2_soft_caps_bite(checkpoint: Callable[..., Path], tmp_path: Path) -> None:
+def test_gemma2_soft_caps_bite(checkpoint: Callable[..., Path], reference: Callable[..., torch.Tensor],
+                               tmp_path: Path) -> None:
     src = checkpoint("gemma2")
-    capped = hf_logits(src)
+    capped = reference("gemma2")
     assert capped.abs().max() > 0.9 * FINAL_CAP
     for key in ("attn_logit_softcapping", "final_logit_softcapping"):
         uncapped = edited_copy(src, tmp_path / key, lambda config, key=key: {**config, key: None})
@@ -281,9 +303,10 @@ def test_gemma2_soft_caps_bite(checkpoint: Callable[..., Path], tmp_path: Path) 
 
 
 def test_gemma3_ignores_attention_soft_cap_but_not_the_final_one(checkpoint: Callable[..., Path],
+                                                                 reference: Callable[..., torch.Tensor],
                                                                  tmp_path: Path) -> None:
     src = checkpoint("gemma3")
-    capped = hf_logits(src)
+    capped = reference("gemma3")
     assert json.loads((src / "config.json").read_text())["attn_logit_softcapping"] == ATTN_CAP
     assert lmconvert.load(src).cfg.attn_softcap is None
     no_attn_cap = edited_copy(src, tmp_path / "attn", lambda config: {**config, "attn_logit_softcapping": None})
@@ -345,7 +368,7 @@ def convert_as(canonical: Path, out: Path, target: str) -> Any:  # noqa: ANN401 
 
 
 @pytest.mark.parametrize("source", list(SOURCES))
-def test_cross_family_export(source: str, checkpoint: Callable[..., Path], canonical: Callable[[str], Path],
+def test_cross_family_export(source: str, canonical: Callable[[str], Path], reference: Callable[..., torch.Tensor],
                              tmp_path: Path) -> None:
     """`source` exported as every family. Each refusal names every variant lost (checked on the
     family's own translation; the CLI's refusal once per source: exit 2, nothing written), and each
@@ -370,7 +393,7 @@ def test_cross_family_export(source: str, checkpoint: Callable[..., Path], canon
     result = convert_as(canonical(source), tmp_path / "refused", refused_target)
     assert result.exit_code == 2 and "export to the source family instead" in result.output, result.output
     assert not (tmp_path / "refused").exists()
-    reference = hf_logits(checkpoint(source))
+    expected = reference(source)
     for target in exact:
         out = tmp_path / target
         result = convert_as(canonical(source), out, target)
@@ -378,7 +401,7 @@ def test_cross_family_export(source: str, checkpoint: Callable[..., Path], canon
         config = json.loads((out / "config.json").read_text())
         assert config["model_type"] == FAMILIES[target].model_types[0]
         assert config["architectures"] == [FAMILIES[target].architecture]
-        assert max_abs(hf_logits(out), reference) <= FP32_TOL, target
+        assert max_abs(hf_logits(out), expected) <= FP32_TOL, target
 
 
 def test_every_variant_has_a_name_a_refusal_can_say() -> None:

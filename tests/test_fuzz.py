@@ -70,6 +70,7 @@ index_values = st.one_of(st.sampled_from(["model.safetensors", "a.safetensors", 
                                           "sub/a.safetensors", "", ".", ".."]), json_values)
 
 
+@pytest.mark.slow  # 300 examples, each a directory on disk: ~1.7-3 s alone (other readers stay in test-fast)
 @fuzz(300)
 @given(weight_map=st.one_of(st.dictionaries(st.text(max_size=6), index_values, max_size=5), json_values),
        extra=st.dictionaries(st.text(max_size=5), json_values, max_size=2))
@@ -95,6 +96,7 @@ keys = st.sampled_from(sorted(set(LLAMA) | {"head_dim", "rope_parameters", "slid
                                             "attention_bias", "query_pre_attn_scalar", "use_sliding_window"}))
 
 
+@pytest.mark.slow  # 400 configs through every family's translation: ~2-3.5 s alone
 @fuzz(400)
 @given(model_type=st.sampled_from(sorted(BY_MODEL_TYPE)), changes=st.dictionaries(keys, json_values, max_size=3),
        rope=st.dictionaries(st.sampled_from(["rope_type", "factor", "rope_theta", "original_max_position_embeddings",
