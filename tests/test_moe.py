@@ -39,6 +39,7 @@ MOE_FAMILIES = [name for name in SPECS if FAMILIES[family_of(name)].config.from_
     {"model_type": SPECS[name].model_type, **TINY, **SPECS[name].kwargs}).moe is not None]
 
 
+@pytest.mark.slow  # it builds every family's transformers model (on the meta device): ~19 s of imports
 def test_the_moe_families_are_these() -> None:
     """The families read as mixtures are exactly those whose transformers model holds experts (a parameter
     under an `experts` module), so that none drops out of the tests below unseen; and a spec's
