@@ -196,8 +196,8 @@ class GgufFile:
                                  "of different files")
             twice = sorted(set(header.tensors) & set(self.tensors))
             if twice:
-                raise InputError(f"{part}: holds tensor {twice[0]!r}, which an earlier part holds too; the parts are of "
-                                 "different files")
+                raise InputError(f"{part}: holds tensor {twice[0]!r}, which an earlier part holds too; the parts "
+                                 "are of different files")
             self.tensors.update(header.tensors)
             self._part.update(dict.fromkeys(header.tensors, i))
         stated = self.meta.get("split.tensors.count")
@@ -225,9 +225,9 @@ class GgufFile:
             got = os.preadv(fd, [view[done:]], t.offset + start + done)
             if got == 0:
                 now = os.fstat(fd).st_size
-                raise InputError(f"{self.parts[part]}: tensor {t.name!r} ends at byte {t.offset + t.n_bytes}, past the end of "
-                                 f"the file ({now} bytes now); it was truncated while being read, read it again "
-                                 "when it is complete")
+                raise InputError(f"{self.parts[part]}: tensor {t.name!r} ends at byte {t.offset + t.n_bytes}, past "
+                                 f"the end of the file ({now} bytes now); it was truncated while being read, read it "
+                                 "again when it is complete")
             done += got
         return out
 
