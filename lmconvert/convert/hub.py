@@ -91,7 +91,7 @@ def select_files(files: Iterable[str], where: str) -> tuple[list[str], str | Non
     top = {f for f in files if "/" not in f}
     if CONFIG not in top and any(f.lower().endswith(".gguf") for f in files):
         ggufs = sorted(f for f in files if f.lower().endswith(".gguf"))
-        raise InputError(f"{where}: is a GGUF repo ({_listed(ggufs, 4)}); pick a file with --file PATTERN, "
+        raise InputError(f"{where}: is a GGUF repo ({_listed(_models(ggufs), 4)}); pick a file with --file PATTERN, "
                          "e.g. --file '*Q4_K_M.gguf'")
     if CONFIG not in top:
         raise InputError(f"{where}: has no {CONFIG}; lmconvert pulls transformers checkpoints")
@@ -110,6 +110,16 @@ def _listed(names: list[str], most: int = 6) -> str:
     return ", ".join(names[:most]) + (f" and {len(names) - most} more" if len(names) > most else "")
 
 
+def _models(ggufs: list[str]) -> list[str]:
+    """GGUF file names, a split set's parts said once (`NAME-*-of-0000N.gguf (N parts)`)."""
+    named: dict[str, None] = {}
+    for name in ggufs:
+        part = SPLIT_PART.fullmatch(name)
+        split = f"{part['stem']}-*-of-{part['count']}{part['suffix']} ({int(part['count'])} parts)" if part else None
+        named[split or name] = None
+    return list(named)
+
+
 def select_gguf(files: Iterable[str], pattern: str, where: str) -> list[str]:
     """The .gguf file a `--file` pattern names in a repo listing, or every part of the one split set
     it names (a pattern matching one part pulls the whole set), in order. A pattern without '/'
@@ -121,7 +131,7 @@ def select_gguf(files: Iterable[str], pattern: str, where: str) -> list[str]:
                                                                                            pattern))]
     ggufs = [f for f in files if f.lower().endswith(".gguf")]
     if not matched:
-        has = f"its .gguf files are {_listed(ggufs)}" if ggufs else "it has no .gguf file"
+        has = f"its GGUF files are {_listed(_models(ggufs))}" if ggufs else "it has no .gguf file"
         raise InputError(f"{where}: --file {pattern!r} matches no file; {has}")
     other = [f for f in matched if not f.lower().endswith(".gguf")]
     if other:
@@ -134,7 +144,7 @@ def select_gguf(files: Iterable[str], pattern: str, where: str) -> list[str]:
         models.setdefault(key, []).append(name)
     if len(models) > 1:
         raise InputError(f"{where}: --file {pattern!r} matches {len(matched)} files of {len(models)} models "
-                         f"({_listed(matched)}); narrow it to one file, or to the parts of one split model")
+                         f"({_listed(_models(matched))}); narrow it to one file, or to the parts of one split model")
     (key, names), = models.items()
     if len(key) == 1:
         return names
@@ -371,7 +381,10 @@ def pull(repo_id: str, out: Path | None = None, *, revision: str | None = None, 
     if out is None:  # a GGUF pull's default output is named after the file the pattern matched
         out = gguf_out(snapshot.files[0])
         check_output(out, force)
-    info = snapshot.source_info() | ({"file": snapshot.files[0]} if file is not None else {})
+    info = snapshot.source_info()
+    if file is not None:  # the file as the snapshot names it, not its blob (named by its sha256, without the
+        # split numbering that finds the other parts)
+        info |= {"file": snapshot.files[0], "path": str(src.absolute())}
     try:
         to_canonical(src, out, dtype=dtype, max_shard_bytes=max_shard_bytes, force=force,
                      source_info=info, progress=progress, announced=snapshot.announced())
