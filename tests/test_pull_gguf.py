@@ -24,7 +24,6 @@ from lmconvert.formats.errors import InputError
 
 GGUF_REPO = "org/tiny-llama-GGUF"
 HF_REPO = "org/tiny-llama"
-pytestmark = pytest.mark.slow
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -118,6 +117,7 @@ def assert_same_conversion(pulled: Path, converted: Path, offline: bool = False)
         assert (pulled / name).read_bytes() == (converted / name).read_bytes(), name
 
 
+@pytest.mark.slow
 def test_pull_one_gguf_file_equals_converting_it(hub: HubServer, made: dict[str, Path], tmp_path: Path) -> None:
     home, env = tmp_path / "hf", hub_env(hub.url, tmp_path / "hf")
     since = len(hub.requests)
@@ -145,6 +145,7 @@ def test_pull_one_gguf_file_equals_converting_it(hub: HubServer, made: dict[str,
     assert_same_conversion(tmp_path / "offline", tmp_path / "local", offline=True)
 
 
+@pytest.mark.slow
 def test_pull_a_split_set_whole(hub: HubServer, made: dict[str, Path], tmp_path: Path) -> None:
     """A pattern matching one part fetches every part; the set converts as the local parts do, and as
     the one file would (f16 here: the same values)."""
@@ -165,6 +166,7 @@ def test_pull_a_split_set_whole(hub: HubServer, made: dict[str, Path], tmp_path:
     assert proc.returncode == 0 and "PASS" in proc.stdout, proc.stdout + proc.stderr
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("pattern, fragments", [
     ("*Q4_K_M.gguf", ["'*Q4_K_M.gguf' matches no file", "tiny-F16-*-of-000", "parts)", "tiny-F32.gguf",
                       "tiny-Q8_0.gguf"]),
@@ -181,6 +183,7 @@ def test_pattern_matching_nothing_or_several_models(hub: HubServer, tmp_path: Pa
     assert hub.log(since, "cdn") == []  # nothing downloaded
 
 
+@pytest.mark.slow
 def test_gguf_repo_without_file_and_an_incomplete_split_set(hub: HubServer, made: dict[str, Path],
                                                             tmp_path: Path) -> None:
     env = hub_env(hub.url, tmp_path / "hf")
@@ -192,6 +195,7 @@ def test_gguf_repo_without_file_and_an_incomplete_split_set(hub: HubServer, made
     assert not (tmp_path / "out").exists()
 
 
+@pytest.mark.slow
 def test_a_gguf_file_that_is_not_what_the_hub_announces(hub: HubServer, tmp_path: Path) -> None:
     """The sha256 check of HF pulls holds for GGUF files: the corrupt blob goes from the cache."""
     home = tmp_path / "hf"
@@ -202,6 +206,7 @@ def test_a_gguf_file_that_is_not_what_the_hub_announces(hub: HubServer, tmp_path
     assert not [p for p in (home / "hub" / "models--org--tampered-GGUF" / "blobs").iterdir() if len(p.name) == 64]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("revision, local", [("single", "single"), ("main", "sharded")])
 def test_inspect_a_repo_id_reads_only_headers(hub: HubServer, made: dict[str, Path], tmp_path: Path, revision: str,
                                               local: str) -> None:
@@ -227,11 +232,13 @@ def test_inspect_a_repo_id_reads_only_headers(hub: HubServer, made: dict[str, Pa
     assert not [p for p in blobs.iterdir() if len(p.name) == 64]  # no weights in the cache
 
 
+@pytest.mark.slow
 def test_inspect_a_repo_of_a_type_lmconvert_lacks(hub: HubServer, tmp_path: Path) -> None:
     proc = lmconvert("inspect", "org/tiny-mamba", env=hub_env(hub.url, tmp_path / "hf"))
     assert_one_line_error(proc, "org/tiny-mamba@", "'mamba'", "a state-space (Mamba) token mixer")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("args, fragments", [
     (["inspect", "not a repo"], ["not a repo", "no such file or directory", "owner/name"]),
     (["inspect", "org/no-such-model"], ["org/no-such-model", "no such model repo"]),
@@ -244,6 +251,7 @@ def test_bad_repo_ids(hub: HubServer, tmp_path: Path, args: list[str], fragments
     assert_one_line_error(proc, *fragments)
 
 
+@pytest.mark.slow
 def test_inspect_local_path_options(tmp_path: Path, made: dict[str, Path]) -> None:
     proc = lmconvert("inspect", made["hf"], "--revision", "main", env=hub_env("http://127.0.0.1:9", tmp_path))
     assert_one_line_error(proc, "--revision and --token apply to a Hub repo id")
@@ -274,3 +282,15 @@ def test_select_gguf_refuses(listing: list[str], pattern: str, fragment: str) ->
 def test_default_out_of_a_gguf_pull() -> None:
     assert gguf_out("x/Model-Q4_K_M-00001-of-00003.gguf") == Path("Model-Q4_K_M")
     assert gguf_out("Model-Q8_0.gguf") == Path("Model-Q8_0")
+
+
+def test_help_lists_file_and_remote_inspect() -> None:
+    from click.testing import CliRunner
+
+    from lmconvert.cli import main
+
+    result = CliRunner().invoke(main, ["pull", "--help"])
+    assert result.exit_code == 0 and "--file" in result.stdout and "Q4_K_M" in result.stdout
+    result = CliRunner().invoke(main, ["inspect", "--help"])
+    assert result.exit_code == 0 and "--revision" in result.stdout and "--token" in result.stdout
+    assert "repo id" in result.stdout
