@@ -14,7 +14,7 @@ import torch
 from hf_models import build_model, save_checkpoint, save_tiny_tokenizer
 from hub_server import HubServer
 from safetensors.torch import load_file, save_file
-from test_pull import assert_one_line_error, files_of, lmconvert, snapshot_dir
+from test_pull import CHUNK, CUT_AT, assert_one_line_error, files_of, lmconvert, snapshot_dir
 from test_pull import hub_env as hf_env
 
 from lmconvert.convert import convert
@@ -52,8 +52,12 @@ def made(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
         convert(root / "canonical", root / out, "gguf", quant=quant, gguf_pre="gpt-2", max_shard_bytes=shard)
     parts = sorted((root / "parts").glob("*.gguf"))
     assert len(parts) >= 3
+    # over huggingface_hub's 10 MiB download chunk, which a resumed download can start after
+    to_canonical(save_checkpoint(build_model("llama", seed=3, vocab_size=24576), root / "big"), root / "big-canonical")
+    convert(root / "big-canonical", root / "big-F32.gguf", "gguf", quant="f32")
+    assert (root / "big-F32.gguf").stat().st_size > CUT_AT
     return {"hf": hf, "single": single, "sharded": sharded, "q8_0": root / "tiny-Q8_0.gguf",
-            "f32": root / "tiny-F32.gguf", "parts": root / "parts"}
+            "f32": root / "tiny-F32.gguf", "parts": root / "parts", "big": root / "big-F32.gguf"}
 
 
 def flipped(data: bytes) -> bytes:
@@ -78,6 +82,8 @@ def hub(made: dict[str, Path]) -> Iterator[HubServer]:
     second = sorted(split_files(made))[1]
     server.add_repo("org/half-split-GGUF", [{k: v for k, v in gguf_repo.items() if k != second}])
     server.add_repo("org/tampered-GGUF", [gguf_repo], tampered={"tiny-Q8_0.gguf": flipped(q8)})
+    server.add_repo("org/flaky-GGUF", [{"big-F32.gguf": made["big"].read_bytes()}], cut_once={"big-F32.gguf": CUT_AT})
+    server.add_repo("org/gated-tiny", [files_of(made["single"])], gated_token="hf_granted")
     server.add_repo(HF_REPO, [files_of(made["single"]), files_of(made["sharded"])], {"main": 1, "single": 0})
     config = json.loads((made["hf"] / "config.json").read_text())
     (made["hf"].parent / "mamba").mkdir(exist_ok=True)
@@ -143,6 +149,29 @@ def test_pull_one_gguf_file_equals_converting_it(hub: HubServer, made: dict[str,
     assert proc.returncode == 0, proc.stderr
     assert hub.log(since) == []
     assert_same_conversion(tmp_path / "offline", tmp_path / "local", offline=True)
+
+
+@pytest.mark.slow
+def test_a_cut_off_gguf_download_resumes(hub: HubServer, made: dict[str, Path], tmp_path: Path) -> None:
+    """As for HF repos (test_pull.py): the server drops the connection past the first 10 MiB chunk,
+    and huggingface_hub resumes from there (`Range: bytes=<chunk>-`)."""
+    since = len(hub.requests)
+    env = hub_env(hub.url, tmp_path / "hf")
+    proc = lmconvert("pull", "org/flaky-GGUF", "--file", "big-F32.gguf", "--out", tmp_path / "out", env=env)
+    assert proc.returncode == 0, proc.stderr
+    assert [r.range for r in hub.log(since, "cdn") if r.method == "GET"] == [None, f"bytes={CHUNK}-"]
+    assert lmconvert("convert", made["big"], tmp_path / "local", env=env).returncode == 0
+    assert_same_conversion(tmp_path / "out", tmp_path / "local")
+
+
+@pytest.mark.slow
+def test_inspect_a_gated_repo_with_a_token(hub: HubServer, made: dict[str, Path], tmp_path: Path) -> None:
+    env = hub_env(hub.url, tmp_path / "hf")
+    proc = lmconvert("inspect", "org/gated-tiny", env=env)
+    assert_one_line_error(proc, "org/gated-tiny", "gated repo", "--token")
+    proc = lmconvert("inspect", "org/gated-tiny", "--token", "hf_granted", "--json", env=env)
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(proc.stdout) == json.loads(lmconvert("inspect", made["single"], "--json", env=env).stdout)
 
 
 @pytest.mark.slow
