@@ -304,15 +304,37 @@ def diff(a: Path, b: Path, atol: float, rtol: float, json_out: Path | None, forc
 
 
 @main.command()
-@click.argument("checkpoint", type=CHECKPOINT)
+@click.argument("checkpoint")
 @click.option("--json", "as_json", is_flag=True, help="Print the card as JSON.")
+@click.option("--revision", help="With a REPO_ID: branch, tag or commit sha (default: the repo's main branch).")
+@click.option("--token", help="With a REPO_ID: Hub access token for gated or private repos (default: HF_TOKEN or the "
+                              "saved login).")
 @handled
-def inspect(checkpoint: Path, as_json: bool) -> None:
-    """Print CHECKPOINT's architecture card: family, variants, sizes."""
-    from lmconvert.runtime.card import card, format_card
+def inspect(checkpoint: str, as_json: bool, revision: str | None, token: str | None) -> None:
+    """Print CHECKPOINT's architecture card: family, variants, sizes, KV cache per token. CHECKPOINT is
+    a local path, or a Hub repo id (owner/name, when no such path exists): then only config.json and
+    the safetensors headers are fetched (range requests), no weights."""
+    from lmconvert.runtime.card import card, card_of, format_card
 
-    info = card(checkpoint)
+    path = Path(checkpoint)
+    if path.exists() or not _is_repo_id(checkpoint):
+        if revision is not None or token is not None:
+            raise InputError(f"{checkpoint}: --revision and --token apply to a Hub repo id, not a local path")
+        if not path.exists():
+            raise InputError(f"{checkpoint}: no such file or directory, and not a Hub repo id (owner/name)")
+        info = card(path)
+    else:
+        from lmconvert.convert.hub import remote_checkpoint
+
+        with remote_checkpoint(checkpoint, revision, token, quiet=not sys.stderr.isatty()) as remote:
+            info = card_of(remote)
     click.echo(json.dumps(info, indent=2) if as_json else format_card(info))
+
+
+def _is_repo_id(text: str) -> bool:
+    from lmconvert.convert.hub import is_repo_id
+
+    return is_repo_id(text)
 
 
 @main.command()
@@ -370,11 +392,16 @@ def generate(checkpoint: Path, prompt: str, max_new_tokens: int, chat: bool | No
               show_default=True, help="Cast tensors on the way; also --verify's compute dtype (keep: float32).")
 @click.option("--device", default="cpu", show_default=True, help="Device for --verify.")
 @click.option("--token", help="Hub access token for gated or private repos (default: HF_TOKEN or the saved login).")
+@click.option("--file", "file", metavar="PATTERN",
+              help="From a GGUF repo: the one .gguf file this pattern matches (e.g. '*Q4_K_M.gguf'), or every part "
+                   "of the one split set it matches; converted as `convert FILE.gguf OUT` does [default OUT: "
+                   "./<file name>].")
 @click.option("--force", is_flag=True, help="Replace OUT if it exists.")
 @handled
 def pull(repo_id: str, revision: str | None, out: Path | None, check: bool, dtype: str, device: str,
-         token: str | None, force: bool) -> None:
-    """Download REPO_ID from the Hugging Face Hub into the HF cache and convert it to canonical."""
+         token: str | None, file: str | None, force: bool) -> None:
+    """Download REPO_ID from the Hugging Face Hub into the HF cache and convert it to canonical: a
+    transformers repo, or with --file one GGUF file (or split set) of a GGUF repo."""
     from lmconvert.convert.hub import pull as run
     from lmconvert.verify.run import verify as run_verify
 
@@ -382,8 +409,10 @@ def pull(repo_id: str, revision: str | None, out: Path | None, check: bool, dtyp
         check_device(device)
     with progress_bar(f"converting {repo_id}") as progress:
         snapshot, out = run(repo_id, out, revision=revision, token=token, dtype=parse_cast(dtype), force=force,
-                            progress=progress, quiet=not sys.stderr.isatty())
-    click.echo(f"wrote {out} from {repo_id}@{snapshot.sha}")
+                            progress=progress, quiet=not sys.stderr.isatty(), file=file)
+    what = f"{repo_id}@{snapshot.sha}" + (f": {snapshot.files[0]}" if file is not None else "")
+    click.echo(f"wrote {out} from {what}" + (f" ({len(snapshot.files)} parts)" if len(snapshot.files) > 1 and file
+                                            else ""))
     if check:
         report = run_verify(out, dtype="float32" if dtype == "keep" else dtype, device=device)
         click.echo(report.table())

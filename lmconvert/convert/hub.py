@@ -4,7 +4,10 @@ Downloads go through huggingface_hub, into the cache transformers uses (HF_HOME 
 a repo already fetched by either is not fetched again, and HF_HUB_OFFLINE=1 works from the cache.
 Only what the conversion needs is fetched: config.json, the weights (safetensors, or
 pytorch_model*.bin when a repo has no safetensors), their index and the shards it lists, and the
-tokenizer and generation files. The resolved commit sha is recorded in lmconvert.json.
+tokenizer and generation files; from a GGUF repo (`--file PATTERN`), the one .gguf file the
+pattern names, or every part of the one split set it names (`NAME-00001-of-0000N.gguf`).
+`remote_checkpoint` (`inspect REPO_ID`) fetches config.json and the safetensors headers only.
+The resolved commit sha is recorded in lmconvert.json.
 The Hub announces each LFS file's sha256, and huggingface_hub checks only the size of what it
 downloads; the conversion hashes what it reads against the announced sha256 (whole_file.py).
 """
@@ -25,9 +28,12 @@ from typing import Any, TypeVar
 from urllib.parse import unquote, urlsplit
 
 from lmconvert.formats.atomic import check_output
+from lmconvert.formats.checkpoint import Checkpoint, checkpoint_of
 from lmconvert.formats.checkpoint_files import SIDECAR_PATTERNS
+from lmconvert.formats.dtypes import DTYPES
 from lmconvert.formats.errors import InputError
-from lmconvert.formats.jsonfile import read_weight_map
+from lmconvert.formats.jsonfile import read_json_object, read_weight_map
+from lmconvert.formats.source import Loadable, Source
 from lmconvert.formats.whole_file import Announced, AnnouncedMismatch
 
 from .ingest import to_canonical
@@ -39,6 +45,9 @@ CONFIG = "config.json"
 WEIGHT_FILES = (("model.safetensors.index.json", "model.safetensors"),
                 ("pytorch_model.bin.index.json", "pytorch_model.bin"))
 SHA256 = re.compile("[0-9a-f]{64}")
+# llama.cpp's split files (gguf-split, convert_hf_to_gguf.py --split-max-size): every part is needed
+SPLIT_PART = re.compile(r"(?P<stem>.+)-(?P<no>\d{5})-of-(?P<count>\d{5})(?P<suffix>\.gguf)", re.IGNORECASE)
+REPO_ID = re.compile(r"[A-Za-z0-9][\w.-]*/[\w.-]+")
 
 
 @dataclass(frozen=True)
@@ -78,7 +87,12 @@ def default_out(repo_id: str) -> Path:
 def select_files(files: Iterable[str], where: str) -> tuple[list[str], str | None]:
     """The files to fetch from a repo listing, and the weight index among them (whose shards come on
     top). Only top-level files: subfolders hold other formats (original/, onnx/, ...)."""
+    files = list(files)
     top = {f for f in files if "/" not in f}
+    if CONFIG not in top and any(f.lower().endswith(".gguf") for f in files):
+        ggufs = sorted(f for f in files if f.lower().endswith(".gguf"))
+        raise InputError(f"{where}: is a GGUF repo ({_listed(_models(ggufs), 4)}); pick a file with --file PATTERN, "
+                         "e.g. --file '*Q4_K_M.gguf'")
     if CONFIG not in top:
         raise InputError(f"{where}: has no {CONFIG}; lmconvert pulls transformers checkpoints")
     for index, single in WEIGHT_FILES:
@@ -90,6 +104,65 @@ def select_files(files: Iterable[str], where: str) -> tuple[list[str], str | Non
     found = f" (it has {', '.join(seen[:5])})" if seen else ""
     raise InputError(f"{where}: has no model.safetensors, model.safetensors.index.json, pytorch_model.bin or "
                      f"pytorch_model.bin.index.json{found}; lmconvert pulls transformers checkpoints")
+
+
+def _listed(names: list[str], most: int = 6) -> str:
+    return ", ".join(names[:most]) + (f" and {len(names) - most} more" if len(names) > most else "")
+
+
+def _models(ggufs: list[str]) -> list[str]:
+    """GGUF file names, a split set's parts said once (`NAME-*-of-0000N.gguf (N parts)`)."""
+    named: dict[str, None] = {}
+    for name in ggufs:
+        part = SPLIT_PART.fullmatch(name)
+        split = f"{part['stem']}-*-of-{part['count']}{part['suffix']} ({int(part['count'])} parts)" if part else None
+        named[split or name] = None
+    return list(named)
+
+
+def select_gguf(files: Iterable[str], pattern: str, where: str) -> list[str]:
+    """The .gguf file a `--file` pattern names in a repo listing, or every part of the one split set
+    it names (a pattern matching one part pulls the whole set), in order. A pattern without '/'
+    matches a file's name in any folder, one with '/' its path (fnmatch, as huggingface_hub's
+    allow_patterns). Anything else (no match, a file that is not GGUF, several models) is refused,
+    naming what the pattern matched."""
+    files = sorted(files)
+    matched = [f for f in files if fnmatch(f, pattern) or ("/" not in pattern and fnmatch(f.rsplit("/", 1)[-1],
+                                                                                           pattern))]
+    ggufs = [f for f in files if f.lower().endswith(".gguf")]
+    if not matched:
+        has = f"its GGUF files are {_listed(_models(ggufs))}" if ggufs else "it has no .gguf file"
+        raise InputError(f"{where}: --file {pattern!r} matches no file; {has}")
+    other = [f for f in matched if not f.lower().endswith(".gguf")]
+    if other:
+        raise InputError(f"{where}: --file {pattern!r} matches {_listed(matched)}, and {other[0]} is not a .gguf "
+                         "file; --file picks a GGUF file (pull REPO without --file converts a transformers repo)")
+    models: dict[tuple[str, ...], list[str]] = {}
+    for name in matched:
+        part = SPLIT_PART.fullmatch(name)
+        key = (part["stem"], part["count"], part["suffix"]) if part else (name,)
+        models.setdefault(key, []).append(name)
+    if len(models) > 1:
+        raise InputError(f"{where}: --file {pattern!r} matches {len(matched)} files of {len(models)} models "
+                         f"({_listed(_models(matched))}); narrow it to one file, or to the parts of one split model")
+    (key, names), = models.items()
+    if len(key) == 1:
+        return names
+    stem, count, suffix = key
+    parts = [f"{stem}-{no:05d}-of-{count}{suffix}" for no in range(1, int(count) + 1)]
+    missing = [f for f in parts if f not in files]
+    if not parts or missing:
+        lacking = f"lacks {_listed(missing, 3)}" if missing else "counts 0 parts"
+        raise InputError(f"{where}: --file {pattern!r} matches {_listed(names, 3)}, part of a {int(count)}-way split "
+                         f"GGUF, and the repo {lacking}; the upload is incomplete: try another --revision")
+    return parts
+
+
+def gguf_out(file: str) -> Path:
+    """The default output of a GGUF pull: the file's name without the split numbering and the suffix."""
+    name = file.rsplit("/", 1)[-1]
+    part = SPLIT_PART.fullmatch(name)
+    return Path(part["stem"] if part else name[: -len(".gguf")] if name.lower().endswith(".gguf") else name)
 
 
 def index_shards(index: Path, where: str) -> list[str]:
@@ -246,9 +319,11 @@ def interruptible(fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:  # noqa
     return box["value"]
 
 
-def download(repo_id: str, revision: str | None = None, token: str | None = None, quiet: bool = False) -> Snapshot:
-    """Fetch what a conversion needs from `repo_id` at `revision` into the HF cache. huggingface_hub
-    resumes cut-off downloads, serves cached files, and (unless `quiet`) shows its progress bars."""
+def download(repo_id: str, revision: str | None = None, token: str | None = None, quiet: bool = False,
+             file: str | None = None) -> Snapshot:
+    """Fetch what a conversion needs from `repo_id` at `revision` into the HF cache: with `file`, the
+    GGUF file (or split set) that pattern names (`select_gguf`). huggingface_hub resumes cut-off
+    downloads, serves cached files, and (unless `quiet`) shows its progress bars."""
     from huggingface_hub import HfApi, constants, hf_hub_download, snapshot_download
 
     offline = constants.is_offline_mode()
@@ -258,7 +333,10 @@ def download(repo_id: str, revision: str | None = None, token: str | None = None
         sha = resolved.resolved
         where = f"{repo_id}@{sha}"
         listing = _list_files(api, repo_id, sha, offline)
-        wanted, index = select_files(listing, where)
+        if file is not None:
+            wanted, index = select_gguf(listing, file, where), None
+        else:
+            wanted, index = select_files(listing, where)
         if index is not None:
             index_path = Path(hf_hub_download(repo_id, index, revision=resolved, token=token))
             shards = index_shards(index_path, where)
@@ -287,15 +365,99 @@ def _corrupt(exc: AnnouncedMismatch) -> InputError:
 
 def pull(repo_id: str, out: Path | None = None, *, revision: str | None = None, token: str | None = None,
          dtype: str | None = None, max_shard_bytes: int = 5 * 10**9, force: bool = False,
-         progress: Callable[[int, int], None] | None = None, quiet: bool = False) -> tuple[Snapshot, Path]:
+         progress: Callable[[int, int], None] | None = None, quiet: bool = False,
+         file: str | None = None) -> tuple[Snapshot, Path]:
     """Download `repo_id` and convert it into a canonical checkpoint at `out` (default ./<repo name>),
-    recording the repo and the commit sha; the snapshot stays the recorded source for `verify`."""
-    out = out if out is not None else default_out(repo_id)
-    check_output(out, force)  # before downloading anything
-    snapshot = download(repo_id, revision, token, quiet)
+    recording the repo and the commit sha; the snapshot stays the recorded source for `verify`.
+    With `file`, a pattern naming one GGUF file or split set of a GGUF repo: that file is converted
+    as `convert FILE.gguf OUT` converts it (default OUT: ./<file name without .gguf>)."""
+    if out is not None:
+        check_output(out, force)  # before downloading anything
+    elif file is None:
+        out = default_out(repo_id)
+        check_output(out, force)
+    snapshot = download(repo_id, revision, token, quiet, file)
+    src = snapshot.path / snapshot.files[0] if file is not None else snapshot.path  # a split set: its first part
+    if out is None:  # a GGUF pull's default output is named after the file the pattern matched
+        out = gguf_out(snapshot.files[0])
+        check_output(out, force)
+    info = snapshot.source_info()
+    if file is not None:  # the file as the snapshot names it, not its blob (named by its sha256, without the
+        # split numbering that finds the other parts)
+        info |= {"file": snapshot.files[0], "path": str(src.absolute())}
     try:
-        to_canonical(snapshot.path, out, dtype=dtype, max_shard_bytes=max_shard_bytes, force=force,
-                     source_info=snapshot.source_info(), progress=progress, announced=snapshot.announced())
+        to_canonical(src, out, dtype=dtype, max_shard_bytes=max_shard_bytes, force=force,
+                     source_info=info, progress=progress, announced=snapshot.announced())
     except AnnouncedMismatch as exc:
         raise _corrupt(exc) from None
     return snapshot, out
+
+
+class HeaderTensors:
+    """A checkpoint's tensors as its safetensors headers describe them (name, shape, dtype), fetched
+    over HTTP without their data: enough to map them and to size the model, nothing to read."""
+
+    def __init__(self, where: str, tensors: dict[str, tuple[str, tuple[int, ...], str]]) -> None:
+        self._where, self._tensors = where, tensors  # name -> (file, shape, dtype)
+
+    def names(self) -> list[str]:
+        return list(self._tensors)
+
+    def shape(self, name: str) -> tuple[int, ...]:
+        return self._tensors[name][1]
+
+    def dtype_name(self, name: str) -> str:
+        file, _, kind = self._tensors[name]
+        if kind not in DTYPES:
+            raise InputError(f"{self._where}: {file}: tensor {name!r} has dtype {kind}, which lmconvert does not "
+                             "handle")
+        return kind
+
+    def where(self, name: str) -> Path:
+        return Path(self._where) / self._tensors[name][0]
+
+    def get(self, name: str) -> Any:  # noqa: ANN401 - never returns
+        raise InputError(f"{self._where}: only the headers were fetched; pull the repo to read {name!r}")
+
+    def close(self) -> None:
+        pass
+
+
+def is_repo_id(text: str) -> bool:
+    """Whether an argument that names no local path reads as a Hub repo id (owner/name)."""
+    return REPO_ID.fullmatch(text) is not None and not text.endswith((".", "-")) and ".." not in text
+
+
+def remote_checkpoint(repo_id: str, revision: str | None = None, token: str | None = None,
+                      quiet: bool = False) -> Checkpoint:
+    """`repo_id` at `revision` known from its config.json and safetensors headers, as huggingface_hub
+    fetches them (`hf_hub_download` of config.json into the HF cache; `get_safetensors_metadata`:
+    a range request for each weights file's header); no weights are downloaded. Mapped as a local
+    checkpoint is, so its card (runtime/card.py) is the one the downloaded checkpoint would have."""
+    from huggingface_hub import HfApi, constants, hf_hub_download
+    from huggingface_hub.errors import NotASafetensorsRepoError, RemoteEntryNotFoundError, SafetensorsParsingError
+
+    offline = constants.is_offline_mode()
+    api = HfApi(token=token)
+    with hub_errors(repo_id, revision, token), _hub_output(quiet):
+        resolved = api.resolve_revision(repo_id, revision=revision, local_files_only=offline)
+        where = f"{repo_id}@{resolved.resolved}"
+        try:
+            config = Path(hf_hub_download(repo_id, CONFIG, revision=resolved, token=token))
+        except RemoteEntryNotFoundError:
+            raise InputError(f"{where}: has no {CONFIG}; inspect reads transformers checkpoints (a GGUF repo: "
+                             "pull a file with --file, then inspect it)") from None
+        try:
+            headers = api.get_safetensors_metadata(repo_id, revision=resolved.resolved, token=token)
+        except NotASafetensorsRepoError:
+            raise InputError(f"{where}: has no model.safetensors or model.safetensors.index.json, whose headers "
+                             "inspect reads over HTTP; pull it, then inspect the local copy") from None
+        except SafetensorsParsingError as exc:
+            raise InputError(f"{where}: a safetensors header cannot be parsed ({_first_line(exc)}); the upload is "
+                             "damaged") from None
+    tensors = {name: (file, tuple(info.shape), info.dtype)
+               for file, meta in sorted(headers.files_metadata.items()) for name, info in meta.tensors.items()}
+    source = Source(Path(where), "hf-safetensors", read_json_object(config), HeaderTensors(where, tensors),
+                    info={"repo": repo_id, "revision": resolved.resolved},
+                    reference=Loadable(None, refusal=f"{where}: only its headers were fetched; pull it first"))
+    return checkpoint_of(source)

@@ -205,7 +205,12 @@ class Checkpoint:
 
 def open_checkpoint(path: Path) -> Checkpoint:
     """Any supported checkpoint, mapped onto the canonical decoder by its family's tensor table."""
-    source = open_source(path)
+    return checkpoint_of(open_source(path))
+
+
+def checkpoint_of(source: Source) -> Checkpoint:
+    """A source (a format's view, or one built from headers fetched over HTTP) mapped onto the
+    canonical decoder; the source is closed if that fails."""
     try:
         return _map(source)
     except BaseException:

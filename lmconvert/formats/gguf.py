@@ -18,6 +18,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 import sys
 import threading
 from collections import Counter
@@ -92,11 +93,27 @@ def gguf_file_of(path: Path) -> Path | None:
             return path if f.read(4) == MAGIC else None
     if path.is_dir() and not (path / "config.json").is_file():
         found = sorted(p for p in path.glob(f"*{SUFFIX}") if p.is_file())
+        firsts = {split_parts(p)[0] for p in found if split_parts(p)}
+        if len(firsts) == 1 and all(split_parts(p) for p in found):  # llama.cpp's split files of one model
+            return firsts.pop()
         if len(found) > 1:
             raise InputError(f"{path}: holds {len(found)} .gguf files ({', '.join(p.name for p in found[:4])}); "
                              "point at one of them")
         return found[0] if found else None
     return None
+
+
+SPLIT_NAME = re.compile(r"(?P<stem>.+)-(?P<no>\d{5})-of-(?P<count>\d{5})\.gguf", re.IGNORECASE)
+
+
+def split_parts(path: Path) -> list[Path]:
+    """Every part of the split set a file's name says it belongs to (llama.cpp's and gguf-py's
+    `NAME-00001-of-00003.gguf`), in order; [] for a name that is not a split part's."""
+    match = SPLIT_NAME.fullmatch(path.name)
+    if match is None or int(match["count"]) < 1:
+        return []
+    count = int(match["count"])
+    return [path.with_name(f"{match['stem']}-{no:05d}-of-{count:05d}{path.suffix}") for no in range(1, count + 1)]
 
 
 def is_gguf(path: Path) -> bool:
@@ -138,13 +155,56 @@ class GgufFile:
         self.tensors: dict[str, TensorInfo] = header.tensors
         self._order = header.order
         self._fd: int | None = None
+        self._fds: list[int] = []
+        self._part: dict[str, int] = {}  # tensor -> index of the part holding it (split sets)
+        if self.meta.get("split.no", 0) != 0:  # a later part: no metadata but its split keys
+            self._split_parts()
         if "general.architecture" not in self.meta:
             raise InputError(f"{path}: has no general.architecture metadata; not a llama.cpp model file")
         schema.validate(self.meta, GENERAL_TYPES, f"{path}: metadata", "the file is damaged or not llama.cpp's")
-        if self.meta.get("split.count", 1) > 1:
-            raise InputError(f"{path}: is one part of a {self.meta['split.count']}-way split GGUF; merge the parts "
-                             "first (llama-gguf-split --merge)")
-        self._fd = os.open(path, os.O_RDONLY)
+        self.parts = self._split_parts() if self.meta.get("split.count", 1) > 1 else [path]
+        try:
+            self._fds = [os.open(part, os.O_RDONLY) for part in self.parts]
+        except OSError:
+            self.close()
+            raise
+        self._fd = self._fds[0]
+
+    def _split_parts(self) -> list[Path]:
+        """llama.cpp's split format: the first part holds the metadata, every part some tensors and
+        its `split.*` keys; the parts lie side by side, named `NAME-0000K-of-0000N.gguf`, and are
+        read as one file, as llama.cpp loads them."""
+        count, no = self.meta.get("split.count"), self.meta.get("split.no", 0)
+        parts = split_parts(self.path)
+        if not isinstance(count, int) or not isinstance(no, int):
+            raise InputError(f"{self.path}: split.count {count!r} and split.no {no!r} are not counts; the file is "
+                             "damaged or not llama.cpp's")
+        if no != 0 or len(parts) != count or parts[0] != self.path:
+            first = parts[0].name if parts else f"the part numbered 00001-of-{count:05d}"
+            raise InputError(f"{self.path}: is part {no + 1} of a {count}-way split GGUF; point at its first part "
+                             f"({first}), with the others beside it")
+        missing = [p.name for p in parts if not p.is_file()]
+        if missing:
+            raise InputError(f"{self.path}: is the first part of a {count}-way split GGUF, but {', '.join(missing[:3])}"
+                             f"{' ...' if len(missing) > 3 else ''} is not beside it; fetch every part")
+        self._part = dict.fromkeys(self.tensors, 0)
+        for i, part in enumerate(parts[1:], start=1):
+            header = read_header(part, counted=HUGE_ARRAYS)
+            if header.meta.get("split.no") != i or header.meta.get("split.count") != count:
+                raise InputError(f"{part}: its split.no/split.count metadata ({header.meta.get('split.no')!r}, "
+                                 f"{header.meta.get('split.count')!r}) is not part {i + 1} of {count}; the parts are "
+                                 "of different files")
+            twice = sorted(set(header.tensors) & set(self.tensors))
+            if twice:
+                raise InputError(f"{part}: holds tensor {twice[0]!r}, which an earlier part holds too; the parts "
+                                 "are of different files")
+            self.tensors.update(header.tensors)
+            self._part.update(dict.fromkeys(header.tensors, i))
+        stated = self.meta.get("split.tensors.count")
+        if stated is not None and stated != len(self.tensors):
+            raise InputError(f"{self.path}: the split set holds {len(self.tensors)} tensors, not the {stated} its "
+                             "split.tensors.count states; a part is damaged or of another file")
+        return parts
 
     def shape(self, name: str) -> tuple[int, ...]:
         """The tensor's shape in torch order (ggml lists dimensions fastest first)."""
@@ -157,15 +217,17 @@ class GgufFile:
         """`length` bytes of the tensor from byte `start`, read whole or refused by name."""
         out = np.empty(length, dtype=np.uint8)
         view, done = memoryview(out), 0
+        part = self._part.get(t.name, 0)
         while done < length:
             if self._fd is None:
                 raise InputError(f"{self.path}: read after it was closed")  # pragma: no cover - a bug
-            got = os.preadv(self._fd, [view[done:]], t.offset + start + done)
+            fd = self._fds[part]
+            got = os.preadv(fd, [view[done:]], t.offset + start + done)
             if got == 0:
-                now = os.fstat(self._fd).st_size
-                raise InputError(f"{self.path}: tensor {t.name!r} ends at byte {t.offset + t.n_bytes}, past the end of "
-                                 f"the file ({now} bytes now); it was truncated while being read, read it again "
-                                 "when it is complete")
+                now = os.fstat(fd).st_size
+                raise InputError(f"{self.parts[part]}: tensor {t.name!r} ends at byte {t.offset + t.n_bytes}, past "
+                                 f"the end of the file ({now} bytes now); it was truncated while being read, read it "
+                                 "again when it is complete")
             done += got
         return out
 
@@ -220,9 +282,9 @@ class GgufFile:
 
     def close(self) -> None:
         self.tensors = {}
-        if self._fd is not None:
-            os.close(self._fd)
-            self._fd = None
+        for fd in self._fds:
+            os.close(fd)
+        self._fds, self._fd = [], None
 
 
 def _gguf_version() -> str:
@@ -590,8 +652,12 @@ def open_gguf(path: Path) -> Source:
             info["gguf_name"] = file.meta["general.name"]
         tensors = GgufTensors(file, plans, file.dtype())
         loadable = Loadable(target.parent, {"gguf_file": target.name}, origin=target)  # transformers dequantizes it
-        tokenizer = loadable if has_vocabulary(file) else None
-        reference = loadable if entry.read_by_transformers(config) else unread_reference(file, entry, types)
+        tokenizer = loadable if has_vocabulary(file) else None  # the metadata: all in the first part
+        if len(file.parts) > 1:  # transformers' GGUF loader reads one file: the parts' own weights, dequantized
+            info["gguf_parts"] = len(file.parts)
+            reference = Loadable(None, origin=target, dequantized=True)
+        else:
+            reference = loadable if entry.read_by_transformers(config) else unread_reference(file, entry, types)
         return Source(target, "gguf", config, tensors, info=info, sidecars=sidecar_writer(file, info),
                       reference=reference, tokenizer=tokenizer)
     except BaseException:

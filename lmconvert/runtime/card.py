@@ -8,14 +8,20 @@ from typing import Any
 
 from lmconvert.arch.describe import variants
 from lmconvert.arch.shapes import parameter_shapes
-from lmconvert.formats.checkpoint import open_checkpoint
+from lmconvert.formats.checkpoint import Checkpoint, open_checkpoint
 from lmconvert.formats.dtypes import BY_TORCH_NAME
 
 
 def card(path: Path) -> dict[str, Any]:
     """From lmconvert.json, or from any input format without reading its weights."""
     with open_checkpoint(path) as checkpoint:
-        arch, family, dtype, note = checkpoint.arch, checkpoint.family.name, checkpoint.dtype(), checkpoint.note
+        return card_of(checkpoint)
+
+
+def card_of(checkpoint: Checkpoint) -> dict[str, Any]:
+    """From a checkpoint's config and its tensors' shapes and dtypes: no tensor is read, so a
+    checkpoint known only from its config.json and safetensors headers (`inspect REPO_ID`) has one."""
+    arch, family, dtype, note = checkpoint.arch, checkpoint.family.name, checkpoint.dtype(), checkpoint.note
     element = BY_TORCH_NAME[dtype].itemsize
     params = sum(prod(shape) for shape in parameter_shapes(arch).values())
     return {
