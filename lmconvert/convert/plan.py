@@ -56,14 +56,18 @@ def plan_tensors(reader: TensorReader, items: Iterable[tuple[str, str | tuple[st
             return t if target is None else t.to(torch_dtype(target))
         return produce
 
-    raw_location = getattr(reader, "raw_location", None)
+    stored_at = getattr(reader, "raw_location", None)  # a reader may know some tensors' bytes only
+    placed = getattr(reader, "position", None)  # a reader's own order (formats/canonical_view.py)
+
+    def raw_location(src: str) -> tuple[Path, int, int] | None:
+        return None if stored_at is None else stored_at(src)
 
     def position(src: str, first: int = 0) -> tuple[Path, int] | None:
         """Where the tensor's bytes start in the source, for the writer's order."""
-        if raw_location is None:
-            return None
-        path, start, _ = raw_location(src)
-        return path, start + first
+        if placed is not None:
+            return placed(src)
+        where = raw_location(src)
+        return None if where is None else (where[0], where[1] + first)
 
     def written(src: str, source: str) -> FiniteCheck | None:
         """A cast's bytes are checked as they are written: a finite source may not fit the type."""
@@ -85,11 +89,11 @@ def plan_tensors(reader: TensorReader, items: Iterable[tuple[str, str | tuple[st
         span = getattr(fn, "span", None)  # one expert's rows of a fused experts tensor: a run of its bytes
         size = DTYPES[source].itemsize
         first, stop = (0, 0) if span is None else (n * size for n in span(reader.shape(src)))  # bytes
-        if fn is IDENTITY.forward and dtype == source and raw_location is not None:
-            raw = RawBytes(*raw_location(src))
-        elif span is not None and dtype == source and raw_location is not None and digests is None:
-            path, start, _ = raw_location(src)
-            raw = RawBytes(path, start + first, start + stop)
+        where = raw_location(src) if dtype == source and (fn is IDENTITY.forward or span is not None) else None
+        if fn is IDENTITY.forward and where is not None:
+            raw = RawBytes(*where)
+        elif span is not None and where is not None and digests is None:
+            raw = RawBytes(where[0], where[1] + first, where[1] + stop)
         if raw is None:
             check = written(src, source)
         else:
