@@ -122,7 +122,8 @@ def _to_meta(export: Export, out: Path, shards: int, dtype: str | None, force: b
                 digests, algorithm = None, HASH
             else:
                 reader, digests, algorithm = export.tensors, first_reads, HASH
-            planned = {p.name: p for p in plan_tensors(reader, items, dtype, allow_nonfinite, digests, algorithm)}
+            planned = {p.name: p for p in plan_tensors(reader, items, dtype, allow_nonfinite, digests, algorithm,
+                                                       read_before=export.direct)}
             state: dict[str, torch.Tensor] = {}
             for meta_name, hf_name, rule in entries:
                 item = planned[hf_name]

@@ -22,7 +22,7 @@ Progress = Callable[[int, int], None]  # (tensors done, tensors in all)
 
 def plan_tensors(reader: TensorReader, items: Iterable[tuple[str, str | tuple[str, ...], TensorFn]],
                  cast: str | None, allow_nonfinite: bool = False, digests: Mapping[str, str] | None = None,
-                 algorithm: str = HASH) -> list[Planned]:
+                 algorithm: str = HASH, read_before: bool = False) -> list[Planned]:
     """Plan (output name, source name, transform) triples, casting to `cast` (a --dtype name) if
     given: nothing is read until the tensor is written. A tensor that passes through unchanged
     from a safetensors file is planned as a raw byte copy, and planning it needs no torch.
@@ -34,10 +34,11 @@ def plan_tensors(reader: TensorReader, items: Iterable[tuple[str, str | tuple[st
     which are of whole source tensors, it is read and split instead. A tuple of source names is
     one output stored as pieces (Phi-3's fused qkv_proj): `fn` gets the list of them. Unless
     `allow_nonfinite`, a source holding NaN/Inf is refused, and so is a cast one whose values its
-    new type cannot hold (checked on the bytes written)."""
+    new type cannot hold (checked on the bytes written). `read_before`: the digests are of this
+    run's own earlier reads, not lmconvert.json's (the errors say so)."""
 
     def expected(src: str) -> DigestCheck | None:
-        return None if digests is None else DigestCheck(src, reader.where(src), digests[src], algorithm)
+        return None if digests is None else DigestCheck(src, reader.where(src), digests[src], algorithm, read_before)
 
     target = None if cast is None else BY_TORCH_NAME[cast].name
 
