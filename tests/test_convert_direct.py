@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from bad_input import assert_clean_failure, lmconvert
+from bad_input import assert_clean_failure, lmconvert, write_tiny_meta
 from family_specs import SPECS
 from hf_models import build_model, make_checkpoint, save_checkpoint, save_tiny_tokenizer
 from safetensors.torch import load_file
@@ -34,11 +34,12 @@ def assert_no_temporaries(out: Path) -> None:
 
 @pytest.fixture(scope="module")
 def llama(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A tiny LLaMA with a real byte-level BPE tokenizer (and generation_config.json)."""
+    """A tiny LLaMA with a real byte-level BPE tokenizer (and generation_config.json), its embedding
+    rows padded past the tokenizer's ids as published models' often are."""
     directory = tmp_path_factory.mktemp("llama") / "hf"
     directory.mkdir()
     vocab = save_tiny_tokenizer(directory)
-    return save_checkpoint(build_model("llama", vocab_size=vocab, attention_bias=True), directory)
+    return save_checkpoint(build_model("llama", vocab_size=vocab + 4, attention_bias=True), directory)
 
 
 @pytest.fixture(scope="module")
@@ -104,13 +105,26 @@ def test_hf_to_hf_as_another_family_in_one_step(tmp_path: Path) -> None:
     assert json.loads((one / "config.json").read_text())["model_type"] == "mistral"
 
 
-def test_gguf_to_hf_in_one_step(llama: Path, tmp_path: Path) -> None:
-    """A quantized GGUF (its tokenizer rebuilt from the metadata) -> HF, as the two steps write it."""
+@pytest.mark.parametrize("to, name, args", [("hf", "out", ()), ("gguf", "f16.gguf", ("--quant", "f16", *GPT2_PRE))])
+def test_gguf_in_one_step(llama: Path, to: str, name: str, args: tuple[str, ...], tmp_path: Path) -> None:
+    """A quantized GGUF (its tokenizer rebuilt from the metadata) -> HF, or another GGUF, as the two
+    steps write it. (GGUF -> GGUF from a file without a tokenizer: the tokenizer rebuilt from GGUF
+    metadata gains an added token past the embedding rows, which GGUF export refuses, in two steps
+    as in one.)"""
     gguf_file = tmp_path / "m.gguf"
-    assert lmconvert("convert", llama, gguf_file, "--quant", "q8_0", *GPT2_PRE).returncode == 0
-    one, two = one_and_two_steps(gguf_file, tmp_path, "out", "--to", "hf")
+    src = llama if to == "hf" else make_checkpoint(tmp_path / "plain", "llama")
+    assert lmconvert("convert", src, gguf_file, "--quant", "q8_0", *GPT2_PRE).returncode == 0
+    one, two = one_and_two_steps(gguf_file, tmp_path, name, "--to", to, *args)
     assert files_of(one) == files_of(two)
-    assert (one / "tokenizer.json").is_file()
+    if to == "hf":
+        assert (one / "tokenizer.json").is_file()
+
+
+@pytest.mark.parametrize("to, name", [("hf", "out"), ("gguf", "m.gguf"), ("meta", "meta")])
+def test_meta_source_in_one_step(to: str, name: str, tmp_path: Path) -> None:
+    src = write_tiny_meta(tmp_path / "src")
+    one, two = one_and_two_steps(src, tmp_path, name, "--to", to)
+    assert files_of(one) == files_of(two)
 
 
 def test_out_gguf_says_to_gguf(llama: Path, tmp_path: Path) -> None:
@@ -179,3 +193,15 @@ def test_one_step_meta_ranks_are_read_against_the_first(tmp_path: Path) -> None:
         convert(src, out, "meta", shards=2, progress=progress)
     assert not out.exists()
     assert_no_temporaries(out)
+
+
+def test_an_error_in_the_converted_tokenizer_names_the_source(llama: Path, tmp_path: Path) -> None:
+    """GGUF -> GGUF with a tokenizer rebuilt from the metadata (see test_gguf_in_one_step): refused
+    as in two steps, naming the source rather than the temporary the tokenizer was rebuilt in."""
+    gguf_file = tmp_path / "m.gguf"
+    assert lmconvert("convert", llama, gguf_file, *GPT2_PRE).returncode == 0
+    out = tmp_path / "again.gguf"
+    err = assert_clean_failure(lmconvert("convert", gguf_file, out, *GPT2_PRE),
+                               f"{gguf_file}: its tokenizer as converted, tokenizer.json: the tokenizer has token ids",
+                               out=out)
+    assert "lmconvert-writing" not in err

@@ -9,6 +9,7 @@ what llama.cpp's architecture cannot hold is refused by name rather than written
 
 from __future__ import annotations
 
+import os
 from contextlib import ExitStack
 from dataclasses import fields
 from math import prod
@@ -39,7 +40,7 @@ from lmconvert.mappings.gguf.loaders import forced_type, refused_tensors
 from lmconvert.mappings.tables.gguf import tensor_sizes
 from lmconvert.mappings.tables.table import out_shape
 
-from .exports import export_source
+from .exports import Export, export_source
 from .plan import Progress, plan_tensors
 
 
@@ -118,6 +119,18 @@ def source_record(source: dict[str, Any], local: bool) -> str | None:
     return None
 
 
+def _tokenizer(export: Export, side: Path, pre: str | None) -> dict[str, Any]:
+    """The tokenizer's GGUF metadata; from a one-step export's side files, whose errors name the
+    source (they were rebuilt in a temporary) rather than the temporary."""
+    ckpt = export.checkpoint
+    if not export.direct:
+        return tokenizer_values(ckpt.tokenizer.where if ckpt.tokenizer else None, export.meta.arch.vocab_size, pre)
+    try:
+        return tokenizer_values(side, export.meta.arch.vocab_size, pre)
+    except InputError as exc:
+        raise InputError(str(exc).replace(f"{side}{os.sep}", f"{ckpt.path}: its tokenizer as converted, ")) from None
+
+
 def to_gguf(src: Path | Checkpoint, out: Path, family: str | None = None, quant: str = DEFAULT_QUANT,
             gguf_pre: str | None = None, force: bool = False, progress: Progress | None = None,
             allow_nonfinite: bool = False, max_shard_bytes: int | None = None, record_source: bool = False,
@@ -138,8 +151,7 @@ def to_gguf(src: Path | Checkpoint, out: Path, family: str | None = None, quant:
         side = stack.enter_context(export.side_files(out))
         try:
             config = target.hf_config(meta.arch, meta.family, meta.hf_extras)
-            tokenizer = tokenizer_values(side if export.direct else ckpt.tokenizer.where if ckpt.tokenizer else None,
-                                         meta.arch.vocab_size, gguf_pre)
+            tokenizer = _tokenizer(export, side, gguf_pre)
             name = model_name(meta.source, ckpt.path)
             model = for_tensors(metadata(config, name, "tokenizer.ggml.tokens" in tokenizer), names)
             table = model.entry.tensors

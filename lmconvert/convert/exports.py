@@ -3,6 +3,7 @@ from a canonical checkpoint, or from any other format in one step, without the c
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -10,6 +11,7 @@ from math import prod
 from pathlib import Path
 from typing import Any
 
+from lmconvert.arch import ArchConfig
 from lmconvert.formats.atomic import scratch_directory
 from lmconvert.formats.canonical import META_FILE, CanonicalMeta
 from lmconvert.formats.canonical_view import CanonicalTensors
@@ -52,6 +54,12 @@ def hf_extras(checkpoint: Checkpoint) -> dict[str, Any]:
     return {k: checkpoint.config[k] for k in PASSTHROUGH_KEYS if k in checkpoint.config}
 
 
+def as_recorded(value: dict[str, Any]) -> dict[str, Any]:
+    """A part of lmconvert.json as an export reads it back: JSON (lists, not tuples), its keys sorted
+    (Meta's params.json, copied from "source", keeps that order)."""
+    return json.loads(json.dumps(value, sort_keys=True))
+
+
 @dataclass
 class Export:
     """An export's source: the checkpoint, its description and its tensors by canonical name.
@@ -91,7 +99,7 @@ class Export:
             self.checkpoint.write_sidecars(scratch)
             self.meta.files = {p.name: file_digest(p, self.meta.hash) for p in sorted(scratch.iterdir())
                                if p.is_file()}
-            self.meta.source = source_description(self.checkpoint)  # what writing them noted
+            self.meta.source = as_recorded(source_description(self.checkpoint))  # what writing them noted
             yield scratch
 
 
@@ -102,7 +110,8 @@ def export_source(checkpoint: Checkpoint, to: str) -> Export:
     tensors = CanonicalTensors(checkpoint)
     sized = [(tensors.dtype_name(n), prod(tensors.shape(n)) * DTYPES[tensors.dtype_name(n)].itemsize)
              for n in checkpoint.plan]
-    meta = CanonicalMeta(arch=checkpoint.arch, family=checkpoint.family.name,
-                         dtype=DTYPES[dominant(sized)].torch_name, source=source_description(checkpoint),
-                         hf_extras=hf_extras(checkpoint))
+    arch = ArchConfig.from_dict(as_recorded(checkpoint.arch.to_dict()))
+    meta = CanonicalMeta(arch=arch, family=checkpoint.family.name, dtype=DTYPES[dominant(sized)].torch_name,
+                         source=as_recorded(source_description(checkpoint)),
+                         hf_extras=as_recorded(hf_extras(checkpoint)))
     return Export(checkpoint, meta, tensors)
