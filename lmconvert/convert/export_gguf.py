@@ -1,5 +1,6 @@
-"""The canonical checkpoint -> one llama.cpp GGUF file (`convert --to gguf`), streamed into an
-atomic output.
+"""A checkpoint -> one llama.cpp GGUF file (`convert --to gguf`, or OUT.gguf), streamed into an
+atomic output: from a canonical checkpoint, or from any other format in one step, through the
+canonical plan without the canonical copy (exports.export_source).
 
 The metadata and the tensor names come from the same tables GGUF import reads, run backwards
 (mappings/gguf_export.py, mappings/gguf.py). Before anything is written, the metadata is read back
@@ -135,7 +136,8 @@ def to_gguf(src: Path | Checkpoint, out: Path, family: str | None = None, quant:
             gguf_pre: str | None = None, force: bool = False, progress: Progress | None = None,
             allow_nonfinite: bool = False, max_shard_bytes: int | None = None, record_source: bool = False,
             **_: Any) -> dict[str, Any]:
-    """Write a canonical checkpoint as one GGUF file, its tokenizer in the metadata; returns the
+    """Write a checkpoint (canonical, or any format: `export_source`) as one GGUF file, its tokenizer
+    in the metadata (a one-step export's as the canonical copy would hold it); returns the
     metadata written. `gguf_pre` names llama.cpp's pre-tokenizer for a BPE tokenizer it does
     not recognise. With `max_shard_bytes`, OUT is a directory of llama.cpp's split files
     (`OUT/NAME-00001-of-0000N.gguf`, NAME being OUT's), appearing whole as every output does. The

@@ -1,5 +1,6 @@
-"""The canonical checkpoint -> Hugging Face safetensors, as its own family or another that expresses
-the model exactly, streamed tensor by tensor into an atomic output."""
+"""A checkpoint (canonical, or any format in one step: exports.export_source) -> Hugging Face
+safetensors, as its own family or another that expresses the model exactly, streamed tensor by
+tensor into an atomic output."""
 
 from __future__ import annotations
 

@@ -1,9 +1,10 @@
-"""A canonical checkpoint as Meta's original LLaMA layout, planned as every export is
-(`plan_tensors`): the llama family's export plan to HF names, then the inverses of Meta's tensor
-table (mappings/meta.py), the exact inverses of the import transforms, so Meta -> canonical -> Meta
-gives back every tensor bit for bit. Ranks are written one at a time: memory holds one rank's share
-plus one whole tensor, at the cost of reading the canonical shards once per rank, each read checked
-against lmconvert.json's digests (formats/meta_export.py writes the files)."""
+"""A checkpoint (canonical, or any format in one step: exports.export_source) as Meta's original
+LLaMA layout, planned as every export is (`plan_tensors`): the llama family's export plan to HF
+names, then the inverses of Meta's tensor table (mappings/meta.py), the exact inverses of the import
+transforms, so Meta -> canonical -> Meta gives back every tensor bit for bit. Ranks are written one
+at a time: memory holds one rank's share plus one whole tensor, at the cost of reading the source
+once per rank, each read checked against lmconvert.json's digests (in one step, where nothing
+recorded them, against the first rank's reads). formats/meta_export.py writes the files."""
 
 from __future__ import annotations
 
