@@ -217,7 +217,7 @@ def test_existing_output_needs_force(hf_dir: Path, tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize("args, fragment", [
-    (["--to", "hf"], "needs a canonical checkpoint"),
+    (["--quant", "q8_0"], "--quant only applies with --to gguf"),
     (["--family", "llama"], "--family only applies with --to hf"),
     (["--max-shard-size", "lots"], "--max-shard-size"),
 ])

@@ -125,11 +125,10 @@ def main(debug: bool) -> None:
 @main.command()
 @click.argument("src", type=CHECKPOINT)
 @click.argument("out", type=click.Path(path_type=Path))
-@click.option("--to", "to", type=click.Choice(["canonical", "hf", "meta", "gguf"]), default="canonical",
-              show_default=True,
-              help="canonical: any supported checkpoint -> canonical; hf: canonical -> HF safetensors; "
-                   "meta: canonical LLaMA -> Meta's params.json + consolidated.NN.pth; gguf: canonical -> one "
-                   "llama.cpp file.")
+@click.option("--to", "to", type=click.Choice(["canonical", "hf", "meta", "gguf"]),
+              help="What to write, from any format lmconvert reads, in one step: canonical; hf: HF safetensors; "
+                   "meta: Meta's params.json + consolidated.NN.pth (LLaMA models); gguf: one llama.cpp file "
+                   "[default: gguf when OUT ends in .gguf, else canonical].")
 @click.option("--family", help="With --to hf or gguf: write as this family (default: the source's).")
 @click.option("--quant", help="With --to gguf: the tensor type, f32, f16, bf16, q8_0, q4_0, q4_1, q5_0, q5_1, "
                               "tq1_0, tq2_0 or mxfp4 (1-D tensors stay f32) [default: q8_0].")
@@ -147,12 +146,14 @@ def main(debug: bool) -> None:
                    "source is always recorded as its Hub repo and commit; a local one is not, unless asked: "
                    "these files get shared.")
 @handled
-def convert(src: Path, out: Path, to: str, family: str | None, quant: str | None, gguf_pre: str | None,
+def convert(src: Path, out: Path, to: str | None, family: str | None, quant: str | None, gguf_pre: str | None,
             shards: int | None, dtype: str, max_shard_size: str | None, force: bool, allow_nonfinite: bool,
             record_source: bool) -> None:
-    """Convert SRC into OUT. OUT appears complete or not at all."""
+    """Convert SRC (any format lmconvert reads) into OUT in one step. OUT appears complete or not at all."""
     from lmconvert.convert import convert as run
+    from lmconvert.convert import target_for
 
+    to = target_for(out, to)
     if family and to not in ("hf", "gguf"):
         raise InputError("--family only applies with --to hf or --to gguf")
     if quant is not None and to != "gguf":

@@ -1,4 +1,4 @@
-"""Conversion between formats: any input -> canonical, canonical -> HF, Meta or GGUF (`convert`)."""
+"""Conversion between formats (`convert`): any input -> canonical, HF, Meta or GGUF, in one step."""
 
 from __future__ import annotations
 
@@ -9,16 +9,15 @@ from lmconvert.formats.checkpoint import open_checkpoint
 from lmconvert.formats.errors import InputError
 
 from .export_hf import to_hf
-from .exports import canonical_meta
 from .ingest import to_canonical
 
-__all__ = ["convert", "to_canonical", "to_hf"]
+__all__ = ["convert", "target_for", "to_canonical", "to_hf"]
 
 
 def _to_meta(src: Any, out: Path, **kwargs: Any) -> dict[str, Any]:
     from .export_meta import to_meta  # loads torch: Meta's files are pickles
 
-    return to_meta(src, canonical_meta(src, "meta"), out, **kwargs)
+    return to_meta(src, out, **kwargs)
 
 
 def _to_gguf(src: Any, out: Path, **kwargs: Any) -> dict[str, Any]:
@@ -27,19 +26,34 @@ def _to_gguf(src: Any, out: Path, **kwargs: Any) -> dict[str, Any]:
     return to_gguf(src, out, **kwargs)
 
 
-# --to name -> (whether SRC must be canonical, the conversion)
-TARGETS = {"canonical": (False, to_canonical), "hf": (True, to_hf), "meta": (True, _to_meta), "gguf": (True, _to_gguf)}
+# --to name -> the conversion; every one reads any format: the exports stream a non-canonical source
+# through the canonical plan without writing the canonical copy (exports.export_source)
+TARGETS = {"canonical": to_canonical, "hf": to_hf, "meta": _to_meta, "gguf": _to_gguf}
+SUFFIXES = {".gguf": "gguf"}  # an OUT named so says what it is
 
 
-def convert(src: Path, out: Path, to: str, **kwargs: Any) -> str:
-    """`dtype` is a --dtype name ("bfloat16", ...) or None to keep the checkpoint's own. Returns what
-    the family says of the source (a multimodal wrapper's towers left out), or ""."""
-    needs_canonical, fn = TARGETS[to]
+def target_for(out: Path, to: str | None) -> str:
+    """--to, or what OUT's suffix says (`out.gguf`: gguf), else canonical. A suffix that says
+    another format than --to is refused rather than written under a misleading name."""
+    said = SUFFIXES.get(out.suffix.lower())
+    if to is None:
+        return said or "canonical"
+    if said is not None and said != to:
+        raise InputError(f"{out}: its suffix {out.suffix} says {said}, but --to is {to}; drop --to, or name OUT "
+                         f"without {out.suffix}")
+    return to
+
+
+def convert(src: Path, out: Path, to: str | None, **kwargs: Any) -> str:
+    """`to` is a --to name, or None for what OUT's suffix says (`target_for`). `dtype` is a --dtype
+    name ("bfloat16", ...) or None to keep the checkpoint's own. Any format lmconvert reads goes to
+    any it writes in one step (a canonical SRC is one already: refused with --to canonical).
+    Returns what the family says of the source (a multimodal wrapper's towers left out), or ""."""
+    to = target_for(out, to)
     with open_checkpoint(src) as checkpoint:
-        if (checkpoint.meta is not None) != needs_canonical:
-            want = "a canonical checkpoint (with lmconvert.json)" if needs_canonical else "an HF checkpoint"
-            raise InputError(f"{src}: --to {to} needs {want} as SRC")
-        if not needs_canonical:
+        if to == "canonical":
+            if checkpoint.meta is not None:
+                raise InputError(f"{src}: is already a canonical checkpoint; export it with --to hf, meta or gguf")
             kwargs.pop("family", None)
-        fn(checkpoint, out, **kwargs)
+        TARGETS[to](checkpoint, out, **kwargs)
         return checkpoint.note

@@ -1,5 +1,6 @@
-"""The canonical checkpoint -> one llama.cpp GGUF file (`convert --to gguf`), streamed into an
-atomic output.
+"""A checkpoint -> one llama.cpp GGUF file (`convert --to gguf`, or OUT.gguf), streamed into an
+atomic output: from a canonical checkpoint, or from any other format in one step, through the
+canonical plan without the canonical copy (exports.export_source).
 
 The metadata and the tensor names come from the same tables GGUF import reads, run backwards
 (mappings/gguf_export.py, mappings/gguf.py). Before anything is written, the metadata is read back
@@ -9,6 +10,8 @@ what llama.cpp's architecture cannot hold is refused by name rather than written
 
 from __future__ import annotations
 
+import os
+from contextlib import ExitStack
 from dataclasses import fields
 from math import prod
 from pathlib import Path
@@ -38,7 +41,7 @@ from lmconvert.mappings.gguf.loaders import forced_type, refused_tensors
 from lmconvert.mappings.tables.gguf import tensor_sizes
 from lmconvert.mappings.tables.table import out_shape
 
-from .exports import canonical_meta
+from .exports import Export, export_source
 from .plan import Progress, plan_tensors
 
 
@@ -117,27 +120,42 @@ def source_record(source: dict[str, Any], local: bool) -> str | None:
     return None
 
 
+def _tokenizer(export: Export, side: Path, pre: str | None) -> dict[str, Any]:
+    """The tokenizer's GGUF metadata; from a one-step export's side files, whose errors name the
+    source (they were rebuilt in a temporary) rather than the temporary."""
+    ckpt = export.checkpoint
+    if not export.direct:
+        return tokenizer_values(ckpt.tokenizer.where if ckpt.tokenizer else None, export.meta.arch.vocab_size, pre)
+    try:
+        return tokenizer_values(side, export.meta.arch.vocab_size, pre)
+    except InputError as exc:
+        raise InputError(str(exc).replace(f"{side}{os.sep}", f"{ckpt.path}: its tokenizer as converted, ")) from None
+
+
 def to_gguf(src: Path | Checkpoint, out: Path, family: str | None = None, quant: str = DEFAULT_QUANT,
             gguf_pre: str | None = None, force: bool = False, progress: Progress | None = None,
             allow_nonfinite: bool = False, max_shard_bytes: int | None = None, record_source: bool = False,
             **_: Any) -> dict[str, Any]:
-    """Write a canonical checkpoint as one GGUF file, its tokenizer in the metadata; returns the
+    """Write a checkpoint (canonical, or any format: `export_source`) as one GGUF file, its tokenizer
+    in the metadata (a one-step export's as the canonical copy would hold it); returns the
     metadata written. `gguf_pre` names llama.cpp's pre-tokenizer for a BPE tokenizer it does
     not recognise. With `max_shard_bytes`, OUT is a directory of llama.cpp's split files
     (`OUT/NAME-00001-of-0000N.gguf`, NAME being OUT's), appearing whole as every output does. The
     source is recorded (`lmconvert.source`, for `verify OUT.gguf`) as its Hub repo and revision when
     it was pulled; a local path only with `record_source`: users share these files."""
     kind = parse_quant(quant)
-    with opened(src) as ckpt:
-        meta = canonical_meta(ckpt, "gguf")
+    with opened(src) as ckpt, ExitStack() as stack:
+        export = export_source(ckpt, "gguf")
+        meta, names = export.meta, export.tensors.names()
         target = family_named(family or meta.family)
+        if export.direct:  # the side files first (the tokenizer as the canonical copy would hold it): checked first
+            check_output(out, force, (ckpt.path,), ours=None if max_shard_bytes else written_by_lmconvert)
+        side = stack.enter_context(export.side_files(out))
         try:
             config = target.hf_config(meta.arch, meta.family, meta.hf_extras)
-            tokenizer = tokenizer_values(ckpt.tokenizer.where if ckpt.tokenizer else None, meta.arch.vocab_size,
-                                         gguf_pre)
+            tokenizer = _tokenizer(export, side, gguf_pre)
             name = model_name(meta.source, ckpt.path)
-            model = for_tensors(metadata(config, name, "tokenizer.ggml.tokens" in tokenizer),
-                                ckpt.source.tensors.names())
+            model = for_tensors(metadata(config, name, "tokenizer.ggml.tokens" in tokenizer), names)
             table = model.entry.tensors
             canonical = parameter_shapes(meta.arch)
             arch = meta.arch
@@ -145,34 +163,35 @@ def to_gguf(src: Path | Checkpoint, out: Path, family: str | None = None, quant:
                                      "head_dim": arch.head_dim, "hidden_size": arch.d_model,
                                      "intermediate_size": arch.d_ff, "vocab_size": arch.vocab_size}),
                      "rows": meta.arch.vocab_size}
-            homeless = [n for n in ckpt.source.tensors.names() if not table.stored_names(n)]
+            homeless = [n for n in names if not table.stored_names(n)]
             if homeless:  # a dense layer in a mixture llama.cpp makes all experts, say
                 raise MappingError(f"llama.cpp's {model.arch} architecture has no tensor for "
                                    f"{', '.join(homeless[:3])}{' ...' if len(homeless) > 3 else ''}; "
                                    "export it as HF safetensors instead")
-            plan = table.plan_export(ckpt.source.tensors.names(), sizes)
+            plan = table.plan_export(names, sizes)
             shapes = {name: out_shape(t.inverse, [canonical[s] for s in src_name] if isinstance(src_name, tuple)
                                       else canonical[src_name]) for name, (src_name, t) in plan.items()}
             refusal = refused_tensors(model.arch, shapes)
             if refusal:
                 raise MappingError(f"llama.cpp's {model.arch} architecture {refusal}; "
                                    "export it as HF safetensors instead")
-            general = general_values(meta.source, ckpt.path, {**shapes, **{n: tuple(t.shape)
+            general = general_values(meta.source, side, {**shapes, **{n: tuple(t.shape)
                                                                            for n, t in model.extra.items()}})
             general["general.name"] = named(model.entry, model.arch, general["general.name"].value)
             model.values.update(general)
             model = _checked_metadata(model, ckpt, shapes)
         except MappingError as exc:
             raise InputError(f"--to gguf: {exc}") from None
-        check_output(out, force, (ckpt.path,), ours=None if max_shard_bytes else written_by_lmconvert)
+        if not export.direct:
+            check_output(out, force, (ckpt.path,), ours=None if max_shard_bytes else written_by_lmconvert)
         items = [(name, src_name, t.inverse) for name, (src_name, t) in plan.items()]
-        planned = plan_tensors(ckpt.source.tensors, items, None, allow_nonfinite, meta.tensors, meta.hash)
+        planned = plan_tensors(export.tensors, items, None, allow_nonfinite, export.digests, meta.hash)
         tensors = []
         for p in planned:
             written_as = tensor_type(p.shape, forced_type(p.name, kind) or kind)
             src_name = plan[p.name][0]
             first = src_name[0] if isinstance(src_name, tuple) else src_name
-            check = None if allow_nonfinite else FiniteCheck(first, ckpt.source.tensors.where(first), written_as,
+            check = None if allow_nonfinite else FiniteCheck(first, export.tensors.where(first), written_as,
                                                                  "choose another --quant (f32, bf16)")
             tensors.append(GgufTensor(p.name, p.shape, written_as, p.produce, check))
         tensors += [GgufTensor(name, tuple(t.shape), "F32", lambda t=t: t) for name, t in model.extra.items()]

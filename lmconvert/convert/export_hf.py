@@ -1,5 +1,6 @@
-"""The canonical checkpoint -> Hugging Face safetensors, as its own family or another that expresses
-the model exactly, streamed tensor by tensor into an atomic output."""
+"""A checkpoint (canonical, or any format in one step: exports.export_source) -> Hugging Face
+safetensors, as its own family or another that expresses the model exactly, streamed tensor by
+tensor into an atomic output."""
 
 from __future__ import annotations
 
@@ -15,17 +16,19 @@ from lmconvert.formats.shards import write_shards
 from lmconvert.mappings import MappingError, family_named
 from lmconvert.mappings.family import tensor_sizes
 
-from .exports import canonical_meta
+from .exports import export_source
 from .plan import Progress, plan_tensors
 
 
 def to_hf(src: Path | Checkpoint, out: Path, family: str | None = None, dtype: str | None = None,
           max_shard_bytes: int = 5 * 10**9, force: bool = False, progress: Progress | None = None,
           allow_nonfinite: bool = False) -> dict[str, Any]:
-    """Write a canonical checkpoint as `family` (default: its own); refuses what the family
-    cannot express exactly. Returns the config.json written."""
+    """Write a checkpoint (canonical, or any format in one step: `export_source`) as `family`
+    (default: its own); refuses what the family cannot express exactly. Returns the config.json
+    written."""
     with opened(src) as ckpt:
-        meta = canonical_meta(ckpt, "hf")
+        export = export_source(ckpt, "hf")
+        meta = export.meta
         target = family_named(family or meta.family)
         try:
             config = target.hf_config(meta.arch, meta.family, meta.hf_extras)
@@ -33,15 +36,15 @@ def to_hf(src: Path | Checkpoint, out: Path, family: str | None = None, dtype: s
             raise InputError(f"--family {target.name}: {exc}") from None
         check_output(out, force, (ckpt.path,))
         config["dtype"] = dtype or meta.dtype
-        source = ckpt.source.tensors
+        source = export.tensors
         try:  # in the order the shards hold them: sequential reads
             plan = target.tensors_for(meta.arch).plan_export(source.names(), tensor_sizes(meta.arch))
         except MappingError as exc:
             raise InputError(f"--family {target.name}: {exc}") from None
         items = [(hf_name, canonical, t.inverse) for hf_name, (canonical, t) in plan.items()]
-        with atomic_directory(out, force) as tmp:
-            planned = plan_tensors(source, items, dtype, allow_nonfinite, meta.tensors, meta.hash)
+        with atomic_directory(out, force) as tmp, export.side_files(out) as side:
+            planned = plan_tensors(source, items, dtype, allow_nonfinite, export.digests, meta.hash)
             write_shards(planned, tmp, max_shard_bytes, progress=progress, hashed=False)
-            copy_sidecars(ckpt.path, tmp, meta)
+            copy_sidecars(side, tmp, meta)
             (tmp / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
     return config

@@ -1,9 +1,10 @@
-"""A canonical checkpoint as Meta's original LLaMA layout, planned as every export is
-(`plan_tensors`): the llama family's export plan to HF names, then the inverses of Meta's tensor
-table (mappings/meta.py), the exact inverses of the import transforms, so Meta -> canonical -> Meta
-gives back every tensor bit for bit. Ranks are written one at a time: memory holds one rank's share
-plus one whole tensor, at the cost of reading the canonical shards once per rank, each read checked
-against lmconvert.json's digests (formats/meta_export.py writes the files)."""
+"""A checkpoint (canonical, or any format in one step: exports.export_source) as Meta's original
+LLaMA layout, planned as every export is (`plan_tensors`): the llama family's export plan to HF
+names, then the inverses of Meta's tensor table (mappings/meta.py), the exact inverses of the import
+transforms, so Meta -> canonical -> Meta gives back every tensor bit for bit. Ranks are written one
+at a time: memory holds one rank's share plus one whole tensor, at the cost of reading the source
+once per rank, each read checked against lmconvert.json's digests (in one step, where nothing
+recorded them, against the first rank's reads). formats/meta_export.py writes the files."""
 
 from __future__ import annotations
 
@@ -17,15 +18,17 @@ import torch
 from lmconvert.arch import ArchConfig
 from lmconvert.formats.atomic import atomic_directory, check_output
 from lmconvert.formats.canonical import CanonicalMeta
-from lmconvert.formats.checkpoint import Checkpoint
-from lmconvert.formats.digest import check_tensor
+from lmconvert.formats.checkpoint import Checkpoint, opened
+from lmconvert.formats.digest import HASH, check_tensor, tensor_digest
 from lmconvert.formats.errors import InputError
 from lmconvert.formats.meta import TOKENIZER
 from lmconvert.formats.meta_export import write_meta_files
+from lmconvert.formats.source import TensorReader
 from lmconvert.mappings import Family, MappingError, family_named
 from lmconvert.mappings.meta import Layout, MetaLayoutError
 from lmconvert.mappings.meta_params import hf_config, model_params, params_for
 
+from .exports import Export, export_source
 from .plan import plan_tensors
 
 
@@ -62,14 +65,38 @@ def _params_and_layout(checkpoint: Checkpoint, meta: CanonicalMeta, shards: int)
     return params, layout
 
 
-def to_meta(checkpoint: Checkpoint, meta: CanonicalMeta, out: Path, shards: int = 1, dtype: str | None = None,
-            force: bool = False, progress: Callable[[int, int], None] | None = None, max_shard_bytes: int | None = None,
+class _Hashing:
+    """A reader that notes the digest of each tensor it reads: a one-step export's first rank, whose
+    reads the next ranks' are checked against, as a canonical source's are against lmconvert.json."""
+
+    def __init__(self, reader: TensorReader, digests: dict[str, str]) -> None:
+        self.reader, self.digests = reader, digests
+
+    def get(self, name: str) -> torch.Tensor:
+        t = self.reader.get(name)
+        self.digests.setdefault(name, tensor_digest(t))
+        return t
+
+    def __getattr__(self, attr: str) -> Any:  # noqa: ANN401 - names, shape, where... are the reader's
+        return getattr(self.reader, attr)
+
+
+def to_meta(src: Path | Checkpoint, out: Path, shards: int = 1, dtype: str | None = None, force: bool = False,
+            progress: Callable[[int, int], None] | None = None, max_shard_bytes: int | None = None,
             allow_nonfinite: bool = False) -> dict[str, Any]:
-    """Write a canonical checkpoint as a Meta checkpoint with `shards` model-parallel ranks; returns params.json.
-    `max_shard_bytes` is accepted and unused: Meta's files are one per rank, whatever their size."""
+    """Write a checkpoint (canonical, or any format in one step: `export_source`) as a Meta
+    checkpoint with `shards` model-parallel ranks; returns params.json. `max_shard_bytes` is
+    accepted and unused: Meta's files are one per rank, whatever their size."""
+    with opened(src) as checkpoint:
+        return _to_meta(export_source(checkpoint, "meta"), out, shards, dtype, force, progress, allow_nonfinite)
+
+
+def _to_meta(export: Export, out: Path, shards: int, dtype: str | None, force: bool,
+             progress: Callable[[int, int], None] | None, allow_nonfinite: bool) -> dict[str, Any]:
+    checkpoint, meta = export.checkpoint, export.meta
     src = checkpoint.path
     params, layout = _params_and_layout(checkpoint, meta, shards)
-    plan = family_named("llama").tensors.plan_export(meta.tensors)  # {hf name: (canonical name, transform)}
+    plan = family_named("llama").tensors.plan_export(export.tensors.names())  # {hf name: (canonical, transform)}
     if meta.arch.tie_embeddings:  # Meta's code always has its own output matrix
         plan.setdefault("lm_head.weight", plan["model.embed_tokens.weight"])
     entries = layout.entries()
@@ -82,13 +109,22 @@ def to_meta(checkpoint: Checkpoint, meta: CanonicalMeta, out: Path, shards: int 
     items = [(hf, canonical, transform.inverse) for hf, (canonical, transform) in plan.items()]
     total = len(entries) * shards
     done = 0
+    first_reads: dict[str, str] = {}  # a one-step export's: what the first rank read
 
     def ranks() -> Iterator[dict[str, torch.Tensor]]:
         nonlocal done
         for rank in range(shards):
-            # planned anew per rank: every read checked against lmconvert.json's digests (and for NaN/Inf)
-            planned = {p.name: p for p in plan_tensors(checkpoint.source.tensors, items, dtype, allow_nonfinite,
-                                                       meta.tensors, meta.hash)}
+            # planned anew per rank: every read checked against lmconvert.json's digests (one step: against
+            # the first rank's reads), and for NaN/Inf
+            if export.digests is not None:
+                reader, digests, algorithm = export.tensors, export.digests, meta.hash
+            elif rank == 0:
+                reader = _Hashing(export.tensors, first_reads) if shards > 1 else export.tensors
+                digests, algorithm = None, HASH
+            else:
+                reader, digests, algorithm = export.tensors, first_reads, HASH
+            planned = {p.name: p for p in plan_tensors(reader, items, dtype, allow_nonfinite, digests, algorithm,
+                                                       read_before=export.direct)}
             state: dict[str, torch.Tensor] = {}
             for meta_name, hf_name, rule in entries:
                 item = planned[hf_name]
@@ -102,6 +138,6 @@ def to_meta(checkpoint: Checkpoint, meta: CanonicalMeta, out: Path, shards: int 
                     progress(done, total)
             yield state
 
-    with atomic_directory(out, force) as tmp:
-        write_meta_files(tmp, params, (src, meta) if TOKENIZER in meta.files else None, ranks())
+    with atomic_directory(out, force) as tmp, export.side_files(out) as side:
+        write_meta_files(tmp, params, (side, meta) if TOKENIZER in meta.files else None, ranks())
     return params

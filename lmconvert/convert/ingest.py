@@ -13,8 +13,8 @@ from lmconvert.formats.digest import file_digest
 from lmconvert.formats.dtypes import DTYPES, dominant
 from lmconvert.formats.shards import write_shards
 from lmconvert.formats.whole_file import Announced
-from lmconvert.mappings.family import PASSTHROUGH_KEYS
 
+from .exports import hf_extras, source_description
 from .plan import Progress, plan_tensors
 
 
@@ -37,11 +37,8 @@ def to_canonical(src: Path | Checkpoint, out: Path, dtype: str | None = None, ma
             planned = plan_tensors(ckpt.reader, items, dtype, allow_nonfinite)
             written = write_shards(planned, tmp, max_shard_bytes, progress=progress, announced=announced)
             ckpt.write_sidecars(tmp)
-            extras = {k: ckpt.config[k] for k in PASSTHROUGH_KEYS if k in ckpt.config}
-            source = {"path": str(ckpt.path.resolve()), "format": ckpt.format,
-                      "model_type": ckpt.config.get("model_type"), **ckpt.source.info, **(source_info or {})}
-            if ckpt.dropped:
-                source["dropped_tensors"] = ckpt.dropped
+            extras = hf_extras(ckpt)
+            source = source_description(ckpt, source_info)
             model_dtype = DTYPES[dominant([(p.dtype, p.nbytes) for p in planned])].torch_name
             meta = CanonicalMeta(arch=ckpt.arch, family=ckpt.family.name, dtype=model_dtype,
                                  source=source, hf_extras=extras, tensors=written.tensors,

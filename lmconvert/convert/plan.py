@@ -22,7 +22,7 @@ Progress = Callable[[int, int], None]  # (tensors done, tensors in all)
 
 def plan_tensors(reader: TensorReader, items: Iterable[tuple[str, str | tuple[str, ...], TensorFn]],
                  cast: str | None, allow_nonfinite: bool = False, digests: Mapping[str, str] | None = None,
-                 algorithm: str = HASH) -> list[Planned]:
+                 algorithm: str = HASH, read_before: bool = False) -> list[Planned]:
     """Plan (output name, source name, transform) triples, casting to `cast` (a --dtype name) if
     given: nothing is read until the tensor is written. A tensor that passes through unchanged
     from a safetensors file is planned as a raw byte copy, and planning it needs no torch.
@@ -34,10 +34,11 @@ def plan_tensors(reader: TensorReader, items: Iterable[tuple[str, str | tuple[st
     which are of whole source tensors, it is read and split instead. A tuple of source names is
     one output stored as pieces (Phi-3's fused qkv_proj): `fn` gets the list of them. Unless
     `allow_nonfinite`, a source holding NaN/Inf is refused, and so is a cast one whose values its
-    new type cannot hold (checked on the bytes written)."""
+    new type cannot hold (checked on the bytes written). `read_before`: the digests are of this
+    run's own earlier reads, not lmconvert.json's (the errors say so)."""
 
     def expected(src: str) -> DigestCheck | None:
-        return None if digests is None else DigestCheck(src, reader.where(src), digests[src], algorithm)
+        return None if digests is None else DigestCheck(src, reader.where(src), digests[src], algorithm, read_before)
 
     target = None if cast is None else BY_TORCH_NAME[cast].name
 
@@ -56,14 +57,18 @@ def plan_tensors(reader: TensorReader, items: Iterable[tuple[str, str | tuple[st
             return t if target is None else t.to(torch_dtype(target))
         return produce
 
-    raw_location = getattr(reader, "raw_location", None)
+    stored_at = getattr(reader, "raw_location", None)  # a reader may know some tensors' bytes only
+    placed = getattr(reader, "position", None)  # a reader's own order (formats/canonical_view.py)
+
+    def raw_location(src: str) -> tuple[Path, int, int] | None:
+        return None if stored_at is None else stored_at(src)
 
     def position(src: str, first: int = 0) -> tuple[Path, int] | None:
         """Where the tensor's bytes start in the source, for the writer's order."""
-        if raw_location is None:
-            return None
-        path, start, _ = raw_location(src)
-        return path, start + first
+        if placed is not None:
+            return placed(src)
+        where = raw_location(src)
+        return None if where is None else (where[0], where[1] + first)
 
     def written(src: str, source: str) -> FiniteCheck | None:
         """A cast's bytes are checked as they are written: a finite source may not fit the type."""
@@ -85,11 +90,11 @@ def plan_tensors(reader: TensorReader, items: Iterable[tuple[str, str | tuple[st
         span = getattr(fn, "span", None)  # one expert's rows of a fused experts tensor: a run of its bytes
         size = DTYPES[source].itemsize
         first, stop = (0, 0) if span is None else (n * size for n in span(reader.shape(src)))  # bytes
-        if fn is IDENTITY.forward and dtype == source and raw_location is not None:
-            raw = RawBytes(*raw_location(src))
-        elif span is not None and dtype == source and raw_location is not None and digests is None:
-            path, start, _ = raw_location(src)
-            raw = RawBytes(path, start + first, start + stop)
+        where = raw_location(src) if dtype == source and (fn is IDENTITY.forward or span is not None) else None
+        if fn is IDENTITY.forward and where is not None:
+            raw = RawBytes(*where)
+        elif span is not None and where is not None and digests is None:
+            raw = RawBytes(where[0], where[1] + first, where[1] + stop)
         if raw is None:
             check = written(src, source)
         else:

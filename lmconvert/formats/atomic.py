@@ -38,7 +38,8 @@ from .temporary import PAYLOAD, REPLACED, WRITING, create, discard, name_max, re
 
 Recogniser = Callable[[Path], bool]  # whether a one-file output was written by lmconvert
 EXPORT_FILE = "lmconvert-export.json"  # the description of an output that has no lmconvert.json
-__all__ = ["EXPORT_FILE", "Recogniser", "atomic_directory", "atomic_file", "check_output", "remove_stale"]
+__all__ = ["EXPORT_FILE", "Recogniser", "atomic_directory", "atomic_file", "check_output", "remove_stale",
+           "scratch_directory"]
 
 
 def _resolved(path: Path, shown: str) -> Path:
@@ -206,3 +207,17 @@ def atomic_file(out: Path, force: bool, ours: Recogniser, label: str | None = No
     block creates the file, with the umask's mode as `cp` does."""
     with _atomic(out, force, ours, label, lambda _: None) as new:
         yield new
+
+
+@contextmanager
+def scratch_directory(out: Path, label: str | None = None) -> Iterator[Path]:
+    """A directory for files a run needs while it writes `out` and never keeps (the side files a
+    one-step export reads from): a marked temporary beside `out`, as the output's own is, removed when
+    the block ends, and by the next run for `out` when a killed run left it."""
+    shown = label or str(out)
+    tmp = create(_resolved(out, shown), WRITING, shown)
+    try:
+        _mkdir(tmp / PAYLOAD)
+        yield tmp / PAYLOAD
+    finally:
+        discard(tmp)

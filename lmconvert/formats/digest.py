@@ -84,12 +84,17 @@ class DigestCheck:
     where: object
     digest: str
     algorithm: str
+    read_before: bool = False  # the digest is of an earlier read in this run (a one-step Meta export's first rank)
 
     def require(self, digest: str | None) -> None:
-        if digest != self.digest:
-            raise IntegrityError(f"{self.where}: tensor {self.name!r} differs from the digest lmconvert.json records; "
-                                 "the checkpoint changed after conversion: run `lmconvert verify --files` and "
-                                 "re-convert")
+        if digest == self.digest:
+            return
+        if self.read_before:
+            raise IntegrityError(f"{self.where}: tensor {self.name!r} differs from what this conversion read of it "
+                                 "before; the source changed while it was converted: convert it again")
+        raise IntegrityError(f"{self.where}: tensor {self.name!r} differs from the digest lmconvert.json records; "
+                             "the checkpoint changed after conversion: run `lmconvert verify --files` and "
+                             "re-convert")
 
 
 # How far ahead of the chunk being read the disk is asked to read (posix_fadvise WILLNEED), so that
