@@ -87,7 +87,8 @@ GGUF_COMMAND_R = written("cohere", arch="command-r", keys={"logit_scale": "logit
                                               "attention.layer_norm_epsilon": "layer_norm_eps"},
                               defaults={"hidden_act": "silu"}, bias_flags={"use_qk_norm": "blk.0.attn_q_norm.weight"},
                               norm_eps="attention.layer_norm_epsilon", output=False,
-                              constants={"rope.scaling.type": "none"})  # as llama.cpp's converter states it
+                              constants={"rope.scaling.type": "none"},  # as llama.cpp's converter states it
+                              head_dim_stated=False)
 
 
 # q_norm(q_proj(x).view(B, T, -1, D)), a weight per head, transposed afterwards

@@ -59,7 +59,8 @@ GGUF_GRANITE = written("granite", arch="granite", keys={"attention.scale": "atte
                                              "residual_scale": "residual_multiplier", "logit_scale": "logits_scaling"},
                        stated=STATES_VOCAB_AND_ROPE,
                             defaults={"hidden_act": "silu"},
-                            bias_flags={**ATTENTION_BIAS_FLAG, "mlp_bias": "blk.0.ffn_up.bias"}, permute_qk=True)
+                            bias_flags={**ATTENTION_BIAS_FLAG, "mlp_bias": "blk.0.ffn_up.bias"}, permute_qk=True,
+                       head_dim_stated=False)
 
 
 FAMILY = Family("granite", ("granite",), "GraniteForCausalLM", llama.TENSORS, CONFIG, gguf=(GGUF_GRANITE,))

@@ -35,7 +35,8 @@ GGUF_OLMO = written("olmo", arch="olmo", constants={"attention.layer_norm_epsilo
                     keys={"attention.clamp_kqv": "clip_qkv"}, defaults={"hidden_act": "silu"},
                          norm_eps="attention.layer_norm_epsilon", permute_qk=True,
                          table=TensorTable(tuple(r for r in tensor_table(True, 0.0, True).rules
-                                                 if not r.stored.endswith("norm.weight"))))  # norms without weights
+                                                 if not r.stored.endswith("norm.weight"))),  # norms without weights
+                         head_dim_stated=False)
 
 
 FAMILY = Family("olmo", ("olmo",), "OlmoForCausalLM", llama.TENSORS, CONFIG, gguf=(GGUF_OLMO,))

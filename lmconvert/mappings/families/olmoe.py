@@ -44,7 +44,7 @@ CONFIG = llama.CONFIG.but(
 GGUF_OLMOE = written("olmoe", arch="olmoe",
                      keys={"expert_count": "num_experts", "expert_used_count": "num_experts_per_tok"},
                           defaults={"hidden_act": "silu", "norm_topk_prob": False}, bias_flags=ATTENTION_BIAS_FLAG,
-                          experts=True)
+                          experts=True, head_dim_stated=False)
 
 
 # q_norm(q_proj(x)) over the whole projection, viewed afterwards, as OLMo 2's

@@ -73,7 +73,8 @@ CONFIG = llama.CONFIG.but(
 # Phi-2 (`phi`): one LayerNorm shared by the parallel attention and MLP (`attn_norm`), an output bias
 GGUF_PHI2 = written("phi", arch="phi2", omitted=NO_ROPE_BASE, keys={"attention.layer_norm_epsilon": "layer_norm_eps"},
                          defaults={"hidden_act": "gelu_new"}, norm_eps="attention.layer_norm_epsilon",
-                         partial_rotary=True, table=layernorm_table(Rule("output.bias", "lm_head.bias")))
+                         partial_rotary=True, table=layernorm_table(Rule("output.bias", "lm_head.bias")),
+                    head_dim_stated=False)
 
 
 # PhiAttention: q_proj(x).view(B, T, -1, D).transpose(1, 2), then q_layernorm

@@ -119,7 +119,7 @@ CONFIG = llama.CONFIG.but(
 GGUF_PHI3 = GgufArch("phi3", arch="phi3", keys={"attention.sliding_window": "sliding_window"},
                      stated=frozenset({"rope.dimension_count"}),
                      defaults={"hidden_act": "silu"},
-                        fused=True)
+                        fused=True, head_dim_stated=False)
 
 
 # one qkv_proj output [q | k | v] and one gate_up_proj output [gate | up]

@@ -74,7 +74,8 @@ TENSORS = wrapped(llama.TENSORS, "vision_tower", "multi_modal_projector")
 
 
 # -- llama.cpp (GGUF)
-GGUF_QWEN2 = GgufArch("qwen2", arch="qwen2", defaults={"hidden_act": "silu", "use_sliding_window": False})
+GGUF_QWEN2 = GgufArch("qwen2", arch="qwen2", defaults={"hidden_act": "silu", "use_sliding_window": False},
+                      head_dim_stated=False)
 
 
 FAMILY = Family("qwen2", ("qwen2", "got_ocr2"), "Qwen2ForCausalLM", TENSORS, CONFIG, gguf=(GGUF_QWEN2,),

@@ -77,7 +77,7 @@ CONFIG = qwen2.CONFIG.but(
 GGUF_QWEN2MOE = GgufArch("qwen2_moe", arch="qwen2moe", keys={**QWEN_MOE_KEYS,
                                                "expert_shared_feed_forward_length": "shared_expert_intermediate_size"},
                             defaults={"hidden_act": "silu", "use_sliding_window": False, "norm_topk_prob": False},
-                            bias_flags={"qkv_bias": "blk.0.attn_q.bias"}, experts=True)
+                            bias_flags={"qkv_bias": "blk.0.attn_q.bias"}, experts=True, head_dim_stated=False)
 
 
 FAMILY = Family("qwen2_moe", ("qwen2_moe",), "Qwen2MoeForCausalLM", TENSORS, CONFIG, gguf=(GGUF_QWEN2MOE,))

@@ -87,7 +87,7 @@ CONFIG = llama.CONFIG.but(
 GGUF_SMOLLM3 = written("smollm3", arch="smollm3", defaults={"hidden_act": "silu", "no_rope_layer_interval": 4,
                                                  "use_sliding_window": False},
                        stated=STATES_VOCAB_AND_ROPE,
-                            bias_flags=ATTENTION_BIAS_FLAG, permute_qk=True)
+                            bias_flags=ATTENTION_BIAS_FLAG, permute_qk=True, head_dim_stated=False)
 
 
 FAMILY = Family("smollm3", ("smollm3",), "SmolLM3ForCausalLM", llama.TENSORS, CONFIG, gguf=(GGUF_SMOLLM3,))

@@ -96,7 +96,8 @@ def _starcoder2_table() -> TensorTable:
 GGUF_STARCODER2 = GgufArch("starcoder2", arch="starcoder2", keys={"attention.layer_norm_epsilon": "norm_epsilon"},
                                defaults={"hidden_act": "gelu_pytorch_tanh", "sliding_window": None},
                                bias_flags={"use_bias": "blk.0.attn_q.bias"},
-                               norm_eps="attention.layer_norm_epsilon", table=_starcoder2_table())
+                               norm_eps="attention.layer_norm_epsilon", table=_starcoder2_table(),
+                           head_dim_stated=False)
 
 
 FAMILY = Family("starcoder2", ("starcoder2",), "Starcoder2ForCausalLM", TENSORS, CONFIG, gguf=(GGUF_STARCODER2,))

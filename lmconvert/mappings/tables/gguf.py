@@ -78,8 +78,9 @@ class GgufArch:
     # `attention.sliding_window_pattern`); any entry of an architecture may state them for all
     stated: frozenset[str] = frozenset()
     # export: whether llama.cpp's converter states config.json's head_dim as the key and value lengths (its
-    # TextModel does, where the config has one); False where the transformers config class keeps none (the
-    # config lmconvert writes names one) or the converter class writes its own
+    # TextModel does, where the config has one); False where the transformers config class keeps none (Qwen2's,
+    # Phi-3's, OLMo's, Granite's ...: the config lmconvert writes names one all the same) or the converter
+    # class writes its own (ChatGLM's)
     head_dim_stated: bool = True
     # export: optional keys that class never writes, or writes only where they differ from the runtime's
     # default -> that default (Gemma's, StableLM's, Phi-2's and Falcon's classes write no RoPE base;
