@@ -363,14 +363,15 @@ SENTENCEPIECE = {"gemma": "GemmaTokenizer", "gemma2": "GemmaTokenizer", "gemma3_
                  "ernie4_5": "LlamaTokenizer", "ernie4_5_moe": "LlamaTokenizer", "minicpm3": "LlamaTokenizer"}
 # llama.cpp's converter reads config.json through transformers' config class, which in transformers 5 breaks it
 # for these: FalconConfig sets num_kv_heads to the head count, by which Falcon-7B's multi-query qkv is then cut
-# ("shape '[4, 3, 16, 64]' is invalid for input of size 6144"); GPTNeoXConfig keeps no rotary_pct. Its BitnetModel maps 1bitLLM's sub-norm names (inner_attn_ln,
+# ("shape '[4, 3, 16, 64]' is invalid for input of size 6144"); GPTNeoXConfig keeps no rotary_pct. Its
+# BitnetModel maps 1bitLLM's sub-norm names (inner_attn_ln,
 # ffn_layernorm), not those of transformers' BitNet and microsoft/bitnet-b1.58-2B-4T (attn_sub_norm,
 # ffn_sub_norm): "Can not map tensor 'model.layers.0.mlp.ffn_sub_norm.weight'". Its HunYuanMoEModel wants the
 # Hub's per-layer moe_intermediate_size, which HunYuanMoEV1Config does not keep, and then HunYuan's own
 # tiktoken tokenizer (`mergeable_ranks`, remote code). Its ExaoneModel reads EXAONE 3's activation_function,
 # which transformers 5's ExaoneConfig does not keep
-CONVERTER_FAILS = {"falcon": "is invalid for input of size", "gpt_neox": "rotary_pct", "gpt_neox:sequential": "rotary_pct",
-                   "bitnet": "ffn_sub_norm", "hunyuan_v1_moe": "moe_intermediate_size", "exaone": "activation_function"}
+CONVERTER_FAILS = {"falcon": "is invalid for input of size", "gpt_neox": "rotary_pct",
+                   "gpt_neox:sequential": "rotary_pct", "bitnet": "ffn_sub_norm", "hunyuan_v1_moe": "moe_intermediate_size", "exaone": "activation_function"}
 MLA_SIZES = {f"deepseek2.{key}" for key in ("attention.head_count_kv", "attention.key_length", "attention.value_length",
                                             "attention.key_length_mla", "attention.value_length_mla")}
 # (key, the families it differs for) -> why. What else either writes must be equal
