@@ -371,7 +371,8 @@ SENTENCEPIECE = {"gemma": "GemmaTokenizer", "gemma2": "GemmaTokenizer", "gemma3_
 # tiktoken tokenizer (`mergeable_ranks`, remote code). Its ExaoneModel reads EXAONE 3's activation_function,
 # which transformers 5's ExaoneConfig does not keep
 CONVERTER_FAILS = {"falcon": "is invalid for input of size", "gpt_neox": "rotary_pct",
-                   "gpt_neox:sequential": "rotary_pct", "bitnet": "ffn_sub_norm", "hunyuan_v1_moe": "moe_intermediate_size", "exaone": "activation_function"}
+                   "gpt_neox:sequential": "rotary_pct", "bitnet": "ffn_sub_norm",
+                   "hunyuan_v1_moe": "moe_intermediate_size", "exaone": "activation_function"}
 MLA_SIZES = {f"deepseek2.{key}" for key in ("attention.head_count_kv", "attention.key_length", "attention.value_length",
                                             "attention.key_length_mla", "attention.value_length_mla")}
 # (key, the families it differs for) -> why. What else either writes must be equal
