@@ -28,8 +28,6 @@ WIDTH, HEIGHT = 1280, 1400
 def browser() -> str:
     if CHROMIUM is None:
         pytest.skip("Chromium is not installed (`make browser-check` installs Debian's package)")
-    pytest.importorskip("matplotlib", reason="verify --html needs matplotlib (lmconvert[html])")
-    pytest.importorskip("PIL", reason="reading the screenshot needs Pillow (matplotlib's dependency)")
     return CHROMIUM
 
 
