@@ -399,3 +399,24 @@ def test_library_warnings_do_not_add_lines_to_our_error(commits: dict[str, dict[
         proc = lmconvert("pull", "org/huge-llama", "--out", out, env=hub_env(server.url, tmp_path / "hf"))
     assert_one_line_error(proc, "org/huge-llama")
     assert not out.exists()
+
+
+@pytest.mark.slow
+def test_pull_draws_bytes_downloaded_then_converted(hub: HubServer, commits: dict[str, dict[str, bytes]],
+                                                   tmp_path: Path) -> None:
+    """On a terminal: huggingface_hub's bars give way to the one line, which counts the bytes of every
+    file it downloads (a sharded repo: the index first, then the shards it lists and the side files),
+    then the bytes the conversion writes."""
+    from terminal import run_in_terminal
+
+    from lmconvert.cli.progress import size
+
+    proc, lines = run_in_terminal("pull", TINY, "--out", tmp_path / "out", env=hub_env(hub.url, tmp_path / "hf"))
+    assert proc.returncode == 0, proc.stderr
+    fetched = sum(f.stat().st_size for f in snapshot_dir(tmp_path / "hf", TINY, hub.repos[TINY].refs["main"]).iterdir())
+    written = sum(t.nbytes for f in (tmp_path / "out").glob("*.safetensors") for t in load_file(f).values())
+    downloading = [x for x in lines if x.startswith(f"downloading {TINY}: ")]
+    converting = [x for x in lines if x.startswith(f"converting {TINY}: ")]
+    assert lines == downloading + converting, lines
+    assert downloading[-1].startswith(f"downloading {TINY}: {size(fetched)} of {size(fetched)} (100%)"), lines
+    assert converting[-1].startswith(f"converting {TINY}: {size(written)} of {size(written)} (100%)"), lines

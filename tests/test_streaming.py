@@ -206,7 +206,7 @@ def test_rename_only_conversions_never_import_torch(tmp_path: Path) -> None:
 
 def test_progress_counts_each_tensor_once_in_order(tmp_path: Path) -> None:
     """Tensors are moved (raw) or written (produced) by worker threads; progress is still
-    reported from the caller's thread, once per tensor, as each is done."""
+    reported from the caller's thread, once per tensor as each is done, in bytes written of all."""
     import threading
 
     tensors = _tensors()
@@ -218,7 +218,10 @@ def test_progress_counts_each_tensor_once_in_order(tmp_path: Path) -> None:
                 for i, (n, t) in enumerate(tensors.items())]
         (tmp_path / "out").mkdir()
         write_shards(plan, tmp_path / "out", 64, progress=lambda d, n: seen.append((d, n, threading.get_ident())))
-    assert [(d, n) for d, n, _ in seen] == [(i, len(plan)) for i in range(1, len(plan) + 1)]
+    order = sorted(plan, key=lambda p: (str(p.position[0]), p.position[1])) if all(p.position for p in plan) else plan
+    sizes = [p.nbytes for p in order]
+    assert [(d, n) for d, n, _ in seen] == [(sum(sizes[:i]), sum(sizes)) for i in range(1, len(plan) + 1)]
+    assert sum(sizes) == sum(t.nbytes for t in tensors.values())
     assert {thread for _, _, thread in seen} == {threading.get_ident()}
     loaded = {}
     for f in (tmp_path / "out").glob("*.safetensors"):

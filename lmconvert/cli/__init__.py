@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 import os
 import sys
-import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from functools import wraps
@@ -25,6 +24,7 @@ from lmconvert.runtime.launch import launched
 from lmconvert.verify.errors import ParityFailure
 
 from .args import CASTS, check_device, check_sampling, parse_cast, parse_memory, parse_size
+from .progress import TENSORS, ProgressLine
 from .torchrun import RANK_DIR, command_line, launch, rank_streams, record_code
 
 # Each command imports the rooms it runs inside its function: `lmconvert --help`, `inspect` and a
@@ -59,27 +59,13 @@ def _fail(message: str, code: int, now: bool = False) -> None:
 
 
 @contextmanager
-def progress_bar(label: str) -> Iterator[Callable[[int, int], None]]:
-    """A progress bar on stderr, shown only on a terminal, driven by (done, total) callbacks. It is
-    redrawn at most every 0.1 s: a mixture of experts' 11 000 tensors drawn one by one cost more
-    than moving their bytes."""
-    state: dict[str, Any] = {"shown": 0.0}
-    terminal = sys.stderr.isatty()
-
-    def update(done: int, total: int) -> None:
-        now = time.monotonic()
-        if not terminal or (now - state["shown"] < 0.1 and done < total):
-            return
-        state["shown"] = now
-        if "bar" not in state:
-            state["bar"] = click.progressbar(length=total, label=label, file=sys.stderr).__enter__()
-        state["bar"].update(done - state["bar"].pos)
-
+def progress_line() -> Iterator[ProgressLine]:
+    """The command's progress line (`progress.py`), ended before the result or the error is printed."""
+    line = ProgressLine()
     try:
-        yield update
+        yield line
     finally:
-        if "bar" in state:
-            state["bar"].__exit__(None, None, None)
+        line.close()
 
 
 def handled(fn: Callable[..., Any]) -> Callable[..., Any]:
@@ -176,8 +162,8 @@ def convert(src: Path, out: Path, to: str | None, family: str | None, quant: str
         raise InputError("--shards only applies with --to meta")
     if to == "meta":
         kwargs["shards"] = shards or 1
-    with progress_bar(f"converting {src.name}") as progress:
-        note = run(src, out, to, progress=progress, **kwargs)
+    with progress_line() as line:
+        note = run(src, out, to, progress=line.stage(f"converting {src.name}"), **kwargs)
     if note:
         click.echo(f"note: {note}", err=True)
     click.echo(f"wrote {out}")
@@ -252,10 +238,11 @@ def verify(checkpoint: Path, reference: Path | None, dtype: str | None, device: 
     if html_out is not None:
         check_available()
     to_file = json_out if json_out is not None and str(json_out) != "-" else None
-    report = run(checkpoint, reference, dtype=dtype, device=device and check_device(device), seq_len=seq_len,
-                 batch=batch,
-                 generate=new_tokens, max_memory=parse_memory(max_memory), golden=golden, save_golden=save_golden,
-                 padded=padded, force=force, writes={"--json": to_file, "--html": html_out})
+    with progress_line() as line:
+        report = run(checkpoint, reference, dtype=dtype, device=device and check_device(device), seq_len=seq_len,
+                     batch=batch, generate=new_tokens, max_memory=parse_memory(max_memory), golden=golden,
+                     save_golden=save_golden, padded=padded, force=force,
+                     writes={"--json": to_file, "--html": html_out}, stages=None if launched() else line.layer_stages)
     if report is None:  # a rank other than 0 under torchrun: rank 0 reports
         return
     if to_file is not None:
@@ -295,8 +282,9 @@ def diff(a: Path, b: Path, atol: float, rtol: float, json_out: Path | None, forc
     to_file = json_out if json_out is not None and str(json_out) != "-" else None
     to_stdout = json_out is not None and to_file is None
     if to_stdout:  # the JSON at the end, and a progress bar meanwhile
-        with progress_bar(f"comparing {a.name} and {b.name}") as progress:
-            report = run(a, b, tolerance, to_file, force, progress=progress)
+        with progress_line() as line:
+            report = run(a, b, tolerance, to_file, force, progress=line.stage(f"comparing {a.name} and {b.name}",
+                                                                              TENSORS))
         click.echo(json.dumps(report.to_dict(), indent=2))
     else:  # each tensor's line as it is compared
         report = run(a, b, tolerance, to_file, force, show=click.echo)
@@ -408,14 +396,17 @@ def pull(repo_id: str, revision: str | None, out: Path | None, check: bool, dtyp
 
     if check:
         check_device(device)
-    with progress_bar(f"converting {repo_id}") as progress:
+    with progress_line() as line:
         snapshot, out = run(repo_id, out, revision=revision, token=token, dtype=parse_cast(dtype), force=force,
-                            progress=progress, quiet=not sys.stderr.isatty(), file=file)
+                            fetching=line.stage(f"downloading {repo_id}"), progress=line.stage(f"converting {repo_id}"),
+                            quiet=not sys.stderr.isatty(), file=file)
     what = f"{repo_id}@{snapshot.sha}" + (f": {snapshot.files[0]}" if file is not None else "")
     click.echo(f"wrote {out} from {what}" + (f" ({len(snapshot.files)} parts)" if len(snapshot.files) > 1 and file
                                             else ""))
     if check:
-        report = run_verify(out, dtype="float32" if dtype == "keep" else dtype, device=device)
+        with progress_line() as line:
+            report = run_verify(out, dtype="float32" if dtype == "keep" else dtype, device=device,
+                                stages=line.layer_stages)
         click.echo(report.table())
         if not report.passed:
             raise ParityFailure(f"{out}: parity check failed against {repo_id}@{snapshot.sha} ({report.criterion})")

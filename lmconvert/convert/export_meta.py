@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 from dataclasses import replace
+from math import prod
 from pathlib import Path
 from typing import Any
 
@@ -107,12 +108,11 @@ def _to_meta(export: Export, out: Path, shards: int, dtype: str | None, force: b
                          "export it with --to hf instead")
     check_output(out, force, (src,))
     items = [(hf, canonical, transform.inverse) for hf, (canonical, transform) in plan.items()]
-    total = len(entries) * shards
-    done = 0
+    done = total = 0  # bytes
     first_reads: dict[str, str] = {}  # a one-step export's: what the first rank read
 
     def ranks() -> Iterator[dict[str, torch.Tensor]]:
-        nonlocal done
+        nonlocal done, total
         for rank in range(shards):
             # planned anew per rank: every read checked against lmconvert.json's digests (one step: against
             # the first rank's reads), and for NaN/Inf
@@ -125,6 +125,9 @@ def _to_meta(export: Export, out: Path, shards: int, dtype: str | None, force: b
                 reader, digests, algorithm = export.tensors, first_reads, HASH
             planned = {p.name: p for p in plan_tensors(reader, items, dtype, allow_nonfinite, digests, algorithm,
                                                        read_before=export.direct)}
+            if rank == 0:  # every rank writes a piece of each tensor (a norm: all of it) in the planned dtype
+                total = shards * sum(planned[hf].nbytes // max(1, prod(layout.full_shape(rule)))
+                                     * prod(layout.shard_shape(rule)) for _, hf, rule in entries)
             state: dict[str, torch.Tensor] = {}
             for meta_name, hf_name, rule in entries:
                 item = planned[hf_name]
@@ -133,7 +136,7 @@ def _to_meta(export: Export, out: Path, shards: int, dtype: str | None, force: b
                     check_tensor(tensor, item.check)  # the Inf would stay
                 piece = layout.transform(rule).inverse(tensor)[rank]
                 state[meta_name] = piece.clone(memory_format=torch.contiguous_format)  # a view would save it all
-                done += 1
+                done += state[meta_name].nbytes
                 if progress is not None:
                     progress(done, total)
             yield state

@@ -319,11 +319,75 @@ def interruptible(fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:  # noqa
     return box["value"]
 
 
+class _Downloads:
+    """The bytes a pull downloads, over its huggingface_hub calls (the index, then the snapshot), as
+    one (bytes, bytes in all) count. Each call gets a `tqdm_class` of its own (`bars`): tqdm
+    look-alikes that draw nothing. Within a call, the bars counting bytes (unit "B": the bytes
+    written of all its files, and with hf_xet those received too) count as the larger of them; each
+    file adds its size to the total as its download starts, and a cached file is not downloaded."""
+
+    def __init__(self, fetching: Callable[[int, int], None]) -> None:
+        self._fetching = fetching
+        self._calls: list[list[_Bar]] = []
+        self._lock = threading.Lock()
+
+    def bars(self) -> Callable[..., _Bar]:
+        call: list[_Bar] = []
+        self._calls.append(call)
+        return lambda *_args, **kwargs: _Bar(self, call, kwargs)
+
+    def add(self, call: list[_Bar], bar: _Bar) -> None:
+        with self._lock:
+            call.append(bar)
+
+    def report(self) -> None:
+        done = total = 0
+        with self._lock:
+            for call in self._calls:
+                counted = [b for b in call if b.unit == "B"]
+                done += max((int(b.n) for b in counted), default=0)
+                total += max((int(b.total or 0) for b in counted), default=0)
+        self._fetching(done, total)
+
+
+class _Bar:
+    format_dict: dict[str, Any] = {}  # noqa: RUF012 - read (the rate), never written
+
+    def __init__(self, owner: _Downloads, call: list[_Bar], kwargs: dict[str, Any]) -> None:
+        self._owner = owner
+        self.unit, self.total, self.n = kwargs.get("unit", "it"), kwargs.get("total") or 0, kwargs.get("initial") or 0
+        owner.add(call, self)
+
+    def update(self, n: float | None = 1) -> None:
+        self.n += n or 0
+        if self.unit == "B":
+            self._owner.report()
+
+    def refresh(self, *_args: Any, **_kwargs: Any) -> None:  # noqa: ANN401
+        if self.unit == "B":  # a total grew
+            self._owner.report()
+
+    def __enter__(self) -> _Bar:
+        return self
+
+    def __exit__(self, *_exc: object) -> None:
+        return None
+
+    def close(self) -> None:
+        return None
+
+    def set_description(self, *_args: Any, **_kwargs: Any) -> None:  # noqa: ANN401
+        return None
+
+    set_description_str = set_postfix_str = set_description
+
+
 def download(repo_id: str, revision: str | None = None, token: str | None = None, quiet: bool = False,
-             file: str | None = None) -> Snapshot:
+             file: str | None = None, fetching: Callable[[int, int], None] | None = None) -> Snapshot:
     """Fetch what a conversion needs from `repo_id` at `revision` into the HF cache: with `file`, the
     GGUF file (or split set) that pattern names (`select_gguf`). huggingface_hub resumes cut-off
-    downloads, serves cached files, and (unless `quiet`) shows its progress bars."""
+    downloads, serves cached files, and (unless `quiet`) shows its progress bars; with `fetching`,
+    none: the bytes downloaded (bytes, bytes in all) go to it instead."""
     from huggingface_hub import HfApi, constants, hf_hub_download, snapshot_download
 
     offline = constants.is_offline_mode()
@@ -337,8 +401,13 @@ def download(repo_id: str, revision: str | None = None, token: str | None = None
             wanted, index = select_gguf(listing, file, where), None
         else:
             wanted, index = select_files(listing, where)
+        downloads = None if fetching is None else _Downloads(fetching)
+
+        def bars() -> dict[str, Any]:
+            return {} if downloads is None else {"tqdm_class": downloads.bars()}
+
         if index is not None:
-            index_path = Path(hf_hub_download(repo_id, index, revision=resolved, token=token))
+            index_path = Path(hf_hub_download(repo_id, index, revision=resolved, token=token, **bars()))
             shards = index_shards(index_path, where)
             missing = [s for s in shards if s not in listing]
             if missing:
@@ -346,7 +415,7 @@ def download(repo_id: str, revision: str | None = None, token: str | None = None
                                  "the upload is incomplete: try another --revision")
             wanted += shards
         path = interruptible(snapshot_download, repo_id, revision=resolved,
-                             allow_patterns=[glob.escape(f) for f in wanted], token=token)
+                             allow_patterns=[glob.escape(f) for f in wanted], token=token, **bars())
     lfs = {f: sha256 for f in wanted if (sha256 := listing.get(f)) is not None}
     return Snapshot(Path(path), repo_id, sha, str(resolved), tuple(wanted), lfs)
 
@@ -366,7 +435,7 @@ def _corrupt(exc: AnnouncedMismatch) -> InputError:
 def pull(repo_id: str, out: Path | None = None, *, revision: str | None = None, token: str | None = None,
          dtype: str | None = None, max_shard_bytes: int = 5 * 10**9, force: bool = False,
          progress: Callable[[int, int], None] | None = None, quiet: bool = False,
-         file: str | None = None) -> tuple[Snapshot, Path]:
+         file: str | None = None, fetching: Callable[[int, int], None] | None = None) -> tuple[Snapshot, Path]:
     """Download `repo_id` and convert it into a canonical checkpoint at `out` (default ./<repo name>),
     recording the repo and the commit sha; the snapshot stays the recorded source for `verify`.
     With `file`, a pattern naming one GGUF file or split set of a GGUF repo: that file is converted
@@ -376,7 +445,7 @@ def pull(repo_id: str, out: Path | None = None, *, revision: str | None = None, 
     elif file is None:
         out = default_out(repo_id)
         check_output(out, force)
-    snapshot = download(repo_id, revision, token, quiet, file)
+    snapshot = download(repo_id, revision, token, quiet, file, fetching)
     src = snapshot.path / snapshot.files[0] if file is not None else snapshot.path  # a split set: its first part
     if out is None:  # a GGUF pull's default output is named after the file the pattern matched
         out = gguf_out(snapshot.files[0])

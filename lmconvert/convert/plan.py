@@ -17,7 +17,7 @@ if TYPE_CHECKING:
     import torch
 
 
-Progress = Callable[[int, int], None]  # (tensors done, tensors in all)
+Progress = Callable[[int, int], None]  # (bytes written, bytes in all); `diff`: (tensors compared, tensors in all)
 
 
 def plan_tensors(reader: TensorReader, items: Iterable[tuple[str, str | tuple[str, ...], TensorFn]],

@@ -142,10 +142,12 @@ def write_gguf(path: Path, arch: str, values: Mapping[str, Any], tensors: Sequen
         writer.write_header_to_file(path)
         writer.write_kv_data_to_file()
         writer.write_ti_data_to_file()
-        for done, t in enumerate(tensors, 1):
+        done, total = 0, sum(_nbytes(t.shape, t.type) for t in tensors)
+        for t in tensors:
             _write_tensor(writer, writer.fout[shard_of[t.name]], t.produce(), t.type, t.check)
+            done += _nbytes(t.shape, t.type)
             if progress is not None:
-                progress(done, len(tensors))
+                progress(done, total)
     finally:
         writer.close()
     return files

@@ -263,9 +263,9 @@ class _Writer:
     PRODUCED_IN_FLIGHT: the workers write and hash them while this thread produces the next
     (a fused experts tensor gives hundreds of small ones, which one at a time left a core idle)."""
 
-    def __init__(self, hashed: bool, progress: Callable[[], None], wholes: Sequence[WholeFileHash] = ()) -> None:
+    def __init__(self, hashed: bool, progress: Callable[[Planned], None], wholes: Sequence[WholeFileHash] = ()) -> None:
         self.algorithm = HASH if hashed else None
-        self._progress = progress  # called as each tensor is done, from this thread
+        self._progress = progress  # called with each tensor as it is done, from this thread
         self._wholes = {os.path.realpath(w.announced.path): w for w in wholes}  # source files' sha256
         self.written = Written()
         self._files = ExitStack()
@@ -311,7 +311,7 @@ class _Writer:
             self._held -= held
 
     def _settle(self, p: Planned, result: Scan) -> None:
-        self._progress()
+        self._progress(p)
         if p.check is not None:
             p.check.require(result.nonfinite)
         if p.expected is not None:
@@ -393,12 +393,12 @@ def write_shards(planned: Sequence[Planned], directory: Path, max_shard_bytes: i
     if all(p.position is not None for p in planned):
         planned = sorted(planned, key=lambda p: (str(p.position[0]), p.position[1]))  # type: ignore[index]
     groups = _group(planned, max_shard_bytes)
-    done = [0]
+    done, total = [0], sum(p.nbytes for p in planned)
 
-    def tick() -> None:
-        done[0] += 1
+    def tick(p: Planned) -> None:
+        done[0] += p.nbytes
         if progress is not None:
-            progress(done[0], len(planned))
+            progress(done[0], total)
 
     names = ([f"{stem}.safetensors"] if len(groups) == 1 else
              [f"{stem}-{i:05d}-of-{len(groups):05d}.safetensors" for i in range(1, len(groups) + 1)])

@@ -16,6 +16,7 @@ from lmconvert.formats.source import Loadable
 from lmconvert.mappings.tables.table import TensorTable
 
 from .budget import needed
+from .layer_progress import Stages, counting_layers
 from .localize import OwnErrors, own_errors
 from .reference import reference_greedy, reference_model, reference_trace
 from .tolerance import Tolerance
@@ -61,7 +62,7 @@ def generation_plan(arch: ArchConfig, seq_len: int, new_tokens: int) -> tuple[in
 @torch.no_grad()
 def record(reference: Loadable, arch: ArchConfig, table: TensorTable, ids: torch.Tensor, dtype: str, device: str,
            max_memory: int | None = None, new_tokens: int = 16, info: dict[str, Any] | None = None,
-           attention_mask: torch.Tensor | None = None) -> Expected:
+           attention_mask: torch.Tensor | None = None, stages: Stages | None = None) -> Expected:
     """Run transformers on `ids` (under `attention_mask`, for left-padded rows) in `dtype` (and in
     fp32 too when that is lower precision), with every point recorded, and greedy generation from
     the first row (never padded)."""
@@ -70,7 +71,8 @@ def record(reference: Loadable, arch: ArchConfig, table: TensorTable, ids: torch
     on_device = ids.to(device)
     mask = None if attention_mask is None else attention_mask.to(device)
     reserve = needed(arch, *ids.shape, new_tokens)[1]  # on each GPU a spread reference uses
-    with reference_model(reference, torch_dtype(dtype), device, max_memory, reserve) as model:
+    with (reference_model(reference, torch_dtype(dtype), device, max_memory, reserve) as model,
+          counting_layers(stages, f"transformers, {dtype}", model, arch.n_layers, 1 + new_tokens)):
         trace = reference_trace(model, on_device, arch, table, mask)
         generation = reference_greedy(model, on_device[:1, :prompt_len], new_tokens) if new_tokens else None
     del model  # before the fp32 run loads: never two models at once
@@ -83,7 +85,8 @@ def record(reference: Loadable, arch: ArchConfig, table: TensorTable, ids: torch
                       **(info or {})})
     if tolerance.exact:
         return Expected(points=trace.points, **base)
-    with reference_model(reference, torch.float32, device, max_memory, reserve) as model:
+    with (reference_model(reference, torch.float32, device, max_memory, reserve) as model,
+          counting_layers(stages, "transformers, float32 (its own error)", model, arch.n_layers, 1)):
         exact = reference_trace(model, on_device, arch, table, mask)
     exact_logits = exact.logits.cpu()
     return Expected(points=exact.points, exact_logits=exact_logits, own=own_errors(trace.points, exact.points),

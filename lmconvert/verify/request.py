@@ -9,6 +9,8 @@ from pathlib import Path
 
 from lmconvert.formats.errors import InputError
 
+from .layer_progress import Stages
+
 
 @dataclass(frozen=True)
 class Request:
@@ -26,6 +28,7 @@ class Request:
     padded: bool = False  # rows of different lengths, left-padded under an attention mask
     force: bool = False  # replace an output lmconvert wrote
     writes: Mapping[str, Path | None] = field(default_factory=dict)  # files the caller writes from the report
+    stages: Stages | None = field(default=None, compare=False)  # the progress line's stages (layer_progress.py)
 
     def __post_init__(self) -> None:
         if self.golden is not None and (self.reference is not None or self.save_golden is not None or self.padded):

@@ -34,6 +34,7 @@ from .agreement import Steppable, compare_generation, greedy, logit_stats
 from .budget import check_request
 from .dequantized import materialized
 from .expected import Expected, record, versions
+from .layer_progress import Stages, counting_layers
 from .localize import compare_points
 from .outputs import check_outputs
 from .prompts import token_batch
@@ -71,27 +72,26 @@ def default_seq_len(arch: ArchConfig) -> int:
 
 
 @torch.no_grad()
-def run_ours(checkpoint: Checkpoint, expected: Expected, device: str,
-             stream: bool) -> tuple[Trace, tuple[torch.Tensor, torch.Tensor] | None]:
+def run_ours(checkpoint: Checkpoint, expected: Expected, device: str, stream: bool,
+             stages: Stages | None = None) -> tuple[Trace, tuple[torch.Tensor, torch.Tensor] | None]:
     """Our trace on the expected token batch, and our greedy generation from the same prompt."""
     dtype = torch_dtype(expected.dtype)
     context = streamed(checkpoint, dtype, device) if stream else nullcontext(
         load_checkpoint(checkpoint, dtype=dtype, device=device, attention="eager"))
     with context as model:
-        return run_model(model, model.model if stream else model, expected, device)
+        return run_model(model, model.model if stream else model, expected, device, stages)
 
 
 @torch.no_grad()
-def run_model(model: Steppable, root: torch.nn.Module, expected: Expected,
-              device: str | torch.device) -> tuple[Trace, tuple[torch.Tensor, torch.Tensor] | None]:
+def run_model(model: Steppable, root: torch.nn.Module, expected: Expected, device: str | torch.device,
+              stages: Stages | None = None) -> tuple[Trace, tuple[torch.Tensor, torch.Tensor] | None]:
     """`model`'s trace (its modules are `root`'s) and greedy generation on the expected batch."""
     ids = expected.ids.to(device)
     mask = None if expected.attention_mask is None else expected.attention_mask.to(device)
-    trace = our_trace(root, lambda x: model(x, attention_mask=mask), ids)
-    generation = None
-    if expected.generation is not None:
-        new = expected.generation[0].shape[1] - expected.prompt_tokens
-        generation = greedy(model, ids[:1, :expected.prompt_tokens], new)
+    new = 0 if expected.generation is None else expected.generation[0].shape[1] - expected.prompt_tokens
+    with counting_layers(stages, f"lmconvert, {expected.dtype}", root, len(root.layers), 1 + new):
+        trace = our_trace(root, lambda x: model(x, attention_mask=mask), ids)
+        generation = None if expected.generation is None else greedy(model, ids[:1, :expected.prompt_tokens], new)
     return trace, generation
 
 
@@ -130,7 +130,7 @@ def judge(checkpoint: Path, expected: Expected, trace: Trace, generation: tuple[
 def record_reference(checkpoint: Path | Checkpoint, reference: Path | None = None, dtype: str | None = None,
                      device: str = "cpu", seq_len: int | None = None, batch: int = 2, seed: int = 0,
                      generate: int = 16, max_memory: int | None = None, padded: bool = False,
-                     side: tuple[Loadable, str] | None = None) -> Expected:
+                     side: tuple[Loadable, str] | None = None, stages: Stages | None = None) -> Expected:
     """The transformers half of `verify`: pick the token batch (real prompts when the checkpoint
     has a tokenizer; with `padded`, rows of different lengths left-padded under an attention mask)
     and record what transformers computes on it. `side`: `reference_side`'s answer, if known."""
@@ -144,7 +144,7 @@ def record_reference(checkpoint: Path | Checkpoint, reference: Path | None = Non
             ids, mask, tokens = token_batch(tokenizers, arch.vocab_size, batch, seq_len, seed, padded)
             return record(where, arch, family_named(family).tensors_for(arch), ids, dtype or "float32", device,
                           max_memory, generate, info={"tokens": tokens, "checkpoint": str(ckpt.path)},
-                          attention_mask=mask)
+                          attention_mask=mask, stages=stages)
 
 
 def check_golden(checkpoint: Checkpoint, golden: Path, dtype: str | None = None, device: str = "cpu") -> Expected:
@@ -176,7 +176,7 @@ def verify_request(request: Request) -> Report:
     device = request.device or "cpu"
     with open_checkpoint(request.checkpoint) as ckpt:
         expected = expected_of(ckpt, request, device)
-        trace, generation = run_ours(ckpt, expected, device, request.stream)
+        trace, generation = run_ours(ckpt, expected, device, request.stream, request.stages)
     return judge(request.checkpoint, expected, trace, generation, device, request.stream, request.max_memory,
                  request.golden)
 
@@ -190,7 +190,8 @@ def expected_of(ckpt: Checkpoint, request: Request, device: str) -> Expected:
     if request.golden is not None:
         return check_golden(ckpt, request.golden, request.dtype, device)
     expected = record_reference(ckpt, request.reference, request.dtype, device, request.seq_len, request.batch,
-                                request.seed, request.generate, request.max_memory, request.padded, side)
+                                request.seed, request.generate, request.max_memory, request.padded, side,
+                                request.stages)
     if request.save_golden is not None:
         golden_file.save(expected, request.save_golden, request.force)
     return expected
