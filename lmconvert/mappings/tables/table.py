@@ -113,33 +113,32 @@ class TensorTable:
     hf_prefixes: tuple[str, ...] = ()  # alternative HF prefixes read as "model." (multimodal wrappers)
     # (regex searched in a stored name, what such a tensor is): a variant refused by name on import
     refused: tuple[tuple[str, str], ...] = ()
-    _compiled: list = field(default_factory=list, compare=False, repr=False)
-    _joining: list = field(default_factory=list, compare=False, repr=False)  # (rule, stored regex) that join
     _index: dict = field(default_factory=dict, compare=False, repr=False)
     _gathering: bool = field(default=False, compare=False, repr=False)  # a rule's transform `gathers` parts
+    _joins: bool = field(default=False, compare=False, repr=False)  # a rule joins stored rows into one tensor
 
     def __post_init__(self) -> None:
         for rule in self.rules:
             if rule.stored.endswith("*") and rule.canonical is not None:
                 raise ValueError(f"rule {rule.stored!r}: only a drop rule (canonical None) may end in '*'")
-            self._compiled.append((rule, _compile(rule.stored),
-                                   _compile(rule.canonical) if rule.canonical else None))
-            if _joins(rule):
-                self._joining.append((rule, self._compiled[-1][1]))
         object.__setattr__(self, "_gathering", any(getattr(r.transform, "gathers", False) for r in self.rules))
+        object.__setattr__(self, "_joins", any(_joins(r) for r in self.rules))
 
     def _indexed(self, key: str) -> Any:  # noqa: ANN401 - one of the lookups below
-        """The lookups by name, built when the table is first used (every family's table is made at
-        import, and compiling these for all of them would slow down every start). "expanding" goes
-        in last: a thread that sees it sees the others."""
+        """The lookups by name, and each rule's compiled patterns, built when the table is first
+        used: every family's table is made at import, and compiling them all took a conversion's
+        start-up 0.1 s. "expanding" goes in last: a thread that sees it sees the others."""
         if "expanding" not in self._index:
             same: dict[str, list[int]] = {}
             for i, rule in enumerate(self.rules):
                 same.setdefault(rule.stored, []).append(i)
+            compiled = [(rule, _compile(rule.stored), _compile(rule.canonical) if rule.canonical else None)
+                        for rule in self.rules]
             self._index.update(
                 stored=_FirstMatch.of(list(enumerate(r.stored for r in self.rules))),
                 canonical=_FirstMatch.of([(i, r.canonical) for i, r in enumerate(self.rules) if r.canonical]),
-                same=same, expanding=[(r, stored_re) for r, stored_re, _ in self._compiled if _expands(r)])
+                same=same, compiled=compiled, joining=[(r, stored_re) for r, stored_re, _ in compiled if _joins(r)],
+                expanding=[(r, stored_re) for r, stored_re, _ in compiled if _expands(r)])
         return self._index[key]
 
     def _normalise(self, name: str) -> str:
@@ -243,10 +242,10 @@ class TensorTable:
 
     def _plan_row(self, stored: str, rows: dict[str, tuple[Step | Transform, dict[int, str]]]) -> bool:
         """Whether `stored` is one row of a joined tensor; if so, kept in `rows` under its canonical name."""
-        if not self._joining:  # almost every table
+        if not self._joins:  # almost every table
             return False
         name = self._normalise(stored)
-        for rule, stored_re in self._joining:
+        for rule, stored_re in self._indexed("joining"):
             match = stored_re.match(name)
             if match:
                 held = rows.setdefault(_fill(rule.canonical, match), (rule.transform, {}))[1]
@@ -276,7 +275,7 @@ class TensorTable:
         """Every stored name a canonical tensor is read from, the one export writes first (a fused
         experts tensor for each expert's weights; Mixtral's router under both its names)."""
         names = []
-        for rule, _, can_re in self._compiled:
+        for rule, _, can_re in self._indexed("compiled"):
             match = can_re.match(canonical) if can_re else None
             if match:
                 names.append(_fill(rule.stored, match))
