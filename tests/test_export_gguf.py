@@ -846,6 +846,9 @@ def test_a_family_written_as_another_s_architecture_reads_back_as_itself(name: s
     ("glm4_moe_lite", dict(WRITTEN_ONLY["glm4_moe_lite"], mlp_layer_types=["sparse", "dense", "sparse"]),
      "deepseek2 metadata cannot express this model's moe"),  # a dense layer after experts
     ("seed_oss", dict(WRITTEN_ONLY["seed_oss"], attention_out_bias=True), "seed_oss architecture loads no"),
+    # llama.cpp's gpt-oss loader requires the attention output's bias (openai-moe.cpp: create_tensor(..., 0))
+    ("gpt_oss", dict(SPECS["gpt_oss"].kwargs, **SPECS["gpt_oss"].gguf, attention_bias=False),
+     "gpt-oss architecture requires blk.0.attn_output.bias"),
 ])
 def test_what_these_llama_cpp_graphs_compute_otherwise_is_refused(name: str, overrides: dict[str, Any], fragment: str,
                                                                    tmp_path: Path) -> None:

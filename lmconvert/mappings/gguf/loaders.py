@@ -36,6 +36,11 @@ LOADED_BIASES: dict[str, frozenset[str]] = {arch: frozenset(names) for arch, nam
     "glm4moe": (*QKV, "exp_probs_b"), "minicpm3": (), "chatglm": QKV,
     "gpt-oss": (*QKV, "attn_output", "ffn_gate_inp", "ffn_gate_exps", "ffn_up_exps", "ffn_down_exps"),
 }.items()}
+# the biases an architecture's loader requires on every layer (`create_tensor(..., 0)`: "missing tensor" without
+# them); gpt-oss's attention output bias is one, so a model without attention biases cannot load
+REQUIRED_BIASES: dict[str, tuple[str, ...]] = {
+    "gpt-oss": ("attn_output", "ffn_gate_inp", "ffn_gate_exps", "ffn_up_exps", "ffn_down_exps"),
+}
 # the architectures whose llama.cpp loader requires an `output` matrix (a tied model has none)
 OUTPUT_REQUIRED = frozenset({"qwen2moe", "olmo2", "stablelm", "nemotron", "olmoe", "phi2", "gptneox", "minimax-m2",
                              "exaone-moe", "dots1", "gpt-oss"})
@@ -87,6 +92,11 @@ def refused_tensors(arch: str, shapes: Mapping[str, tuple[int, ...]]) -> str | N
     unloaded = [n for n in names if n.endswith(".bias") and n.split(".")[-2] not in loaded]
     if unloaded:
         return f"loads no {', '.join(unloaded[:3])}{' ...' if len(unloaded) > 3 else ''}"
+    missing = [f"blk.{i}.{n}.bias" for i in range(_layers(names)) for n in REQUIRED_BIASES.get(arch, ())
+               if f"blk.{i}.{n}.bias" not in shapes]
+    if missing:
+        return (f"requires {', '.join(missing[:3])}{' ...' if len(missing) > 3 else ''} (a bias on every layer), "
+                "which this model does not have")
     if arch in OUTPUT_REQUIRED and "output.weight" not in names:
         return "requires an output matrix, and this model ties its output to the embeddings"
     return None
