@@ -83,6 +83,19 @@ def test_under_torchrun_a_rank_leaves_without_the_interpreters_teardown(canonica
         assert "teardown ran" not in launched.stderr and "teardown ran" in alone.stderr
 
 
+@pytest.mark.parametrize("command", [["diff", "{canonical}", "{hf_dir}"], ["inspect", "{canonical}"]])
+def test_a_reader_that_stops_early_ends_the_command_quietly(canonical: Path, hf_dir: Path, command: list[str]) -> None:
+    """`lmconvert diff A B | head -1`: the pipe closes before the command writes; it exits 141, as a
+    program SIGPIPE ends, with nothing on stderr (it was exit 2 with "Broken pipe; nothing was written")."""
+    args = [a.format(canonical=canonical, hf_dir=hf_dir) for a in command]
+    proc = subprocess.Popen([sys.executable, "-m", "lmconvert.cli", *args], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE)
+    assert proc.stdout is not None and proc.stderr is not None
+    proc.stdout.close()  # the reader is gone before the first line
+    err = proc.stderr.read()
+    assert proc.wait(timeout=120) == 141 and err == b"", err
+
+
 def test_canonical_layout(canonical: Path, hf_dir: Path) -> None:
     meta = json.loads((canonical / "lmconvert.json").read_text())
     assert meta["family"] == "llama" and meta["arch"]["q_bias"] is True

@@ -34,13 +34,15 @@ CHECKPOINT = click.Path(exists=True, path_type=Path)  # a directory, or a single
 DTYPE = click.Choice(CASTS)
 CAST = click.Choice(["keep", *CASTS])
 PARITY, BAD_INPUT, BUG = 1, 2, 3
+SIGPIPE_EXIT = 141  # as a shell reports a program ended by SIGPIPE
 EXIT_CODES = f"""\b
 Exit codes:
   0  success
   {PARITY}  the parity check (verify), the integrity check (verify --files, an export) or the
      comparison (diff) failed
   {BAD_INPUT}  bad input or usage: one line names the file or argument and what to do
-  {BUG}  internal error: a bug in lmconvert; rerun with --debug for the traceback"""
+  {BUG}  internal error: a bug in lmconvert; rerun with --debug for the traceback
+  {SIGPIPE_EXIT}  what read the output stopped reading (`| head`): ended quietly"""
 
 
 def _fail(message: str, code: int, now: bool = False) -> None:
@@ -68,6 +70,18 @@ def progress_line() -> Iterator[ProgressLine]:
         line.close()
 
 
+def _reader_gone() -> None:
+    """Exit 141 without a word: stdout and stderr now lead nowhere, so the interpreter's final flush of
+    what was still buffered for the closed pipe cannot fail again."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            os.dup2(devnull, stream.fileno())
+        except (OSError, ValueError):
+            pass
+    os._exit(SIGPIPE_EXIT)
+
+
 def handled(fn: Callable[..., Any]) -> Callable[..., Any]:
     """One line on stderr and the exit code; the traceback only with --debug. An exception nobody
     expected is a bug, and exits 3 rather than 1, which a CI reads as "the model is wrong"."""
@@ -85,6 +99,10 @@ def handled(fn: Callable[..., Any]) -> Callable[..., Any]:
             _fail(str(exc), exc.exit_code)
         except KeyboardInterrupt:  # outputs were rolled back on the way here; nothing else is waited for
             _fail("interrupted; no output was written", 130, now=True)
+        except BrokenPipeError as exc:  # what reads our output stopped (`| head`): leave as a program SIGPIPE
+            if exc.filename is not None or debug:  # ends, silently (141 = 128 + SIGPIPE); not a file of ours
+                raise
+            _reader_gone()
         except OSError as exc:  # disk full, permissions: the output was rolled back
             if debug:
                 raise
