@@ -511,10 +511,26 @@ def has_vocabulary(file: GgufFile) -> bool:
     return file.meta.get("tokenizer.ggml.model", NO_VOCABULARY[0]) not in NO_VOCABULARY
 
 
-def build_tokenizer(path: Path, meta: dict[str, Any]) -> tuple[Any, str]:
-    """The tokenizer the file describes and how it was built: from the file's own metadata where
-    its layout is one gguf_vocab.py rebuilds as llama.cpp reads it (SentencePiece, and BPE over
-    SentencePiece-shaped pieces: Gemma 3's current layout), else by transformers' GGUF builder."""
+def _without_invented(tokenizer: Any, n_tokens: int) -> Any:  # noqa: ANN401 - transformers' tokenizer
+    """transformers' byte-level GGUF builder makes a GPT2Tokenizer, whose default special tokens add
+    `<|endoftext|>` where the file lists no such token (Llama 3's vocabulary has none): an id past
+    the file's tokens, and past the model's embedding rows, which `generate` and GGUF export then
+    refuse. Only the file's tokens are kept."""
+    if n_tokens <= 0 or all(i < n_tokens for i in tokenizer.added_tokens_decoder):
+        return tokenizer
+    from tokenizers import Tokenizer
+
+    state = json.loads(tokenizer.backend_tokenizer.to_str())
+    state["added_tokens"] = [t for t in state["added_tokens"] if t["id"] < n_tokens]
+    tokenizer._tokenizer = Tokenizer.from_str(json.dumps(state))  # noqa: SLF001 - the backend it wraps
+    return tokenizer
+
+
+def build_tokenizer(path: Path, meta: dict[str, Any], n_tokens: int) -> tuple[Any, str]:
+    """The tokenizer the file describes (`n_tokens` of them: the count of `tokenizer.ggml.tokens`) and
+    how it was built: from the file's own metadata where its layout is one gguf_vocab.py rebuilds as
+    llama.cpp reads it (SentencePiece, and BPE over SentencePiece-shaped pieces: Gemma 3's current
+    layout), else by transformers' GGUF builder."""
     from . import gguf_vocab
 
     kind = meta.get("tokenizer.ggml.model")
@@ -530,7 +546,7 @@ def build_tokenizer(path: Path, meta: dict[str, Any]) -> tuple[Any, str]:
 
     logging.disable_progress_bar()
     try:
-        return (AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name),
+        return (_without_invented(AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name), n_tokens),
                 f"built by transformers from the GGUF metadata ({kind})")
     except Exception as exc:  # noqa: BLE001 - any failure of a library's builder is the same: no tokenizer
         said = str(exc).strip().replace("\r", "\\r").replace("\n", "\\n").replace("\t", "\\t")[:200]
@@ -553,7 +569,7 @@ def sidecar_writer(file: GgufFile, info: dict[str, Any]) -> Callable[[Path], lis
         written: list[str] = []
         if has_tokenizer:
             try:
-                tokenizer, how = build_tokenizer(path, file.meta)
+                tokenizer, how = build_tokenizer(path, file.meta, file.counts.get("tokenizer.ggml.tokens", 0))
             except Unbuildable as exc:
                 info["tokenizer"] = f"not converted: {exc}"
                 print(f"lmconvert: warning: {path}: its tokenizer cannot be rebuilt ({exc}); the output has no "

@@ -54,7 +54,8 @@ def gguf_tokenizer(path: Path) -> Any:  # noqa: ANN401 - transformers' tokenizer
     from lmconvert.formats.gguf_vocab import Unbuildable
 
     try:
-        return build_tokenizer(path, read_header(path, counted=HUGE_ARRAYS).meta)[0]
+        header = read_header(path, counted=HUGE_ARRAYS)
+        return build_tokenizer(path, header.meta, header.counts.get("tokenizer.ggml.tokens", 0))[0]
     except Unbuildable as exc:
         raise InputError(f"{path}: its tokenizer cannot be rebuilt ({exc}); convert it and put the original "
                          "model's tokenizer files beside the output") from None
