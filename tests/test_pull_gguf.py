@@ -149,6 +149,12 @@ def test_pull_one_gguf_file_equals_converting_it(hub: HubServer, made: dict[str,
     assert proc.returncode == 0, proc.stderr
     assert hub.log(since) == []
     assert_same_conversion(tmp_path / "offline", tmp_path / "local", offline=True)
+    # exported again: the file records the Hub file it came from, and verify finds it in the HF cache
+    again = lmconvert("convert", out, tmp_path / "again.gguf", "--quant", "f32", "--gguf-pre", "gpt-2", env=env)
+    assert again.returncode == 0, again.stderr
+    for checked in (out, tmp_path / "again.gguf"):
+        proc = lmconvert("verify", checked, "--generate", "2", env=env)
+        assert proc.returncode == 0 and "PASS" in proc.stdout, proc.stdout + proc.stderr
 
 
 @pytest.mark.slow
