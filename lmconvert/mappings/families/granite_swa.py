@@ -1,0 +1,100 @@
+"""GraniteSWA (GraniteSWAForCausalLM: Granite with sliding windows and attention sinks).
+
+Same as granite, except: every attention head has a learned sink (`self_attn.sinks` [heads]), which
+transformers applies as the output scale sigmoid(logsumexp(scores) - sink), the same function as
+gpt-oss's extra softmax column (the decoder computes gpt-oss's form: equal in fp32, not bit for bit in
+bf16); `layer_types` (default: layer i full where i % 4 == 0, sliding elsewhere) picks the layers that
+attend within `sliding_window` (default 128); `layer_rope_theta` gives each layer its own RoPE theta,
+0 for no positions (NoPE), every layer rope_parameters' theta when absent or null. The decoder holds
+one theta for the full layers and one for the sliding ones (`rope`, `rope_local`): a file giving two
+layers of one kind different non-zero thetas is refused by name. `rms_norm_eps` defaults to 1e-5 and
+embeddings are tied by default.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import replace
+from typing import Any
+
+from lmconvert.arch import ArchConfig
+
+from ..errors import MappingError
+from ..family import Family
+from ..tables.config_table import Entry, fixed
+from ..tables.hf_config import HfConfig, Key, show
+from ..tables.hf_layers import (
+    LAYER_TYPES_KEY,
+    SLIDING_WINDOW_KEY,
+    layer_kinds_from_hf,
+    layers_and_window_to_hf,
+    window_fields,
+)
+from ..tables.hf_rope import KEYS, rope_from_hf, rope_parameters, rope_to_hf
+from ..tables.table import TensorTable
+from . import granite, llama
+from .gpt_oss import SINK_RULES
+
+TENSORS = TensorTable(llama.EDGE_RULES + SINK_RULES + llama.ATTENTION_RULES + llama.MLP_RULES + llama.PRE_NORM_RULES)
+
+THETAS = Key("layer_rope_theta", list, None, nullable=True)  # absent or null: rope_parameters' theta everywhere
+
+
+def window_from_hf(hf: HfConfig, fields: dict[str, Any]) -> dict[str, Any]:
+    kinds = layer_kinds_from_hf(hf, fields["n_layers"], lambda i: i % 4 != 0)
+    return window_fields(kinds, hf.get("sliding_window"))
+
+
+def layer_thetas(hf: HfConfig, n_layers: int) -> list[float] | None:
+    thetas = hf.get(THETAS.name)
+    if thetas is not None and (len(thetas) != n_layers or any(
+            isinstance(t, bool) or not isinstance(t, int | float) or not math.isfinite(t) or t < 0 for t in thetas)):
+        raise MappingError(f"config.json: layer_rope_theta={show(thetas)} should hold a RoPE theta (0: no positions) "
+                           f"for each of the num_hidden_layers={n_layers} layers")
+    return thetas
+
+
+def rope_by_layer_from_hf(hf: HfConfig, fields: dict[str, Any]) -> dict[str, Any]:
+    """`rope` for the full layers' theta, `rope_local` for the sliding layers' where it differs, and
+    no positions where a layer's theta is 0."""
+    rope = rope_from_hf(hf, *rope_parameters(hf))
+    kinds, thetas = fields["layer_kinds"], layer_thetas(hf, fields["n_layers"])
+    if thetas is None:
+        return {"rope": rope}
+    by_kind: dict[str, set[float]] = {"global": set(), "local": set()}
+    for theta, kind in zip(thetas, kinds, strict=True):
+        if theta:
+            by_kind[kind].add(float(theta))
+    for kind, found in by_kind.items():
+        if len(found) > 1:
+            raise MappingError(f"config.json: layer_rope_theta={show(thetas)} gives the {kind} layers several RoPE "
+                               f"thetas ({', '.join(map(str, sorted(found)))}); the decoder holds one theta for the "
+                               "full layers and one for the sliding ones (and 0 for none)")
+    full, sliding = (replace(rope, theta=found.pop()) if found else None for found in by_kind.values())
+    positions = tuple("rope" if theta else "none" for theta in thetas)
+    full = full or sliding or rope
+    return {"rope": full, "rope_local": sliding if sliding not in (None, full) else None,
+            "layer_positions": positions}
+
+
+def rope_by_layer_to_hf(cfg: ArchConfig) -> dict[str, Any]:
+    """A layer's own theta, 0 where it has no positions. Only the theta of `rope_local` is written, and
+    a scheme other than RoPE or none reads back as none: export refuses either by name."""
+    ropes = [cfg.rope_for(i) for i in range(cfg.n_layers)]
+    return {"rope_parameters": rope_to_hf(cfg.rope),
+            THETAS.name: [0.0 if rope is None else rope.theta for rope in ropes]}
+
+
+CONFIG = granite.CONFIG.but(
+    drop=("rope",),
+    add=(llama.norm(1e-5),
+         Entry("layer kinds", (SLIDING_WINDOW_KEY, LAYER_TYPES_KEY), window_from_hf, layers_and_window_to_hf),
+         Entry("rope by layer", (*KEYS, THETAS), rope_by_layer_from_hf, rope_by_layer_to_hf),
+         fixed("sinks", attn_sinks=True)),
+    defaults={"vocab_size": 100352, "hidden_size": 2560, "intermediate_size": 8192, "num_hidden_layers": 24,
+              "num_attention_heads": 20, "num_key_value_heads": 4, "max_position_embeddings": 8192,
+              "tie_word_embeddings": True, "sliding_window": 128},
+)
+
+
+FAMILY = Family("granite_swa", ("granite_swa",), "GraniteSWAForCausalLM", TENSORS, CONFIG)
