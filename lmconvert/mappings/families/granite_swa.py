@@ -37,6 +37,7 @@ from .gpt_oss import SINK_RULES
 
 TENSORS = TensorTable(llama.EDGE_RULES + SINK_RULES + llama.ATTENTION_RULES + llama.MLP_RULES + llama.PRE_NORM_RULES)
 
+KIND_NAMES = {"global": "full", "local": "sliding"}
 THETAS = Key("layer_rope_theta", list, None, nullable=True)  # absent or null: rope_parameters' theta everywhere
 
 
@@ -67,9 +68,10 @@ def rope_by_layer_from_hf(hf: HfConfig, fields: dict[str, Any]) -> dict[str, Any
             by_kind[kind].add(float(theta))
     for kind, found in by_kind.items():
         if len(found) > 1:
-            raise MappingError(f"config.json: layer_rope_theta={show(thetas)} gives the {kind} layers several RoPE "
-                               f"thetas ({', '.join(map(str, sorted(found)))}); the decoder holds one theta for the "
-                               "full layers and one for the sliding ones (and 0 for none)")
+            raise MappingError(f"config.json: layer_rope_theta={show(thetas)} gives the {KIND_NAMES[kind]} layers "
+                               f"several RoPE thetas ({', '.join(map(str, sorted(found)))}); lmconvert's decoder holds "
+                               "one theta for the full layers and one for the sliding ones (0: none), so it cannot "
+                               "convert this model")
     full, sliding = (replace(rope, theta=found.pop()) if found else None for found in by_kind.values())
     positions = tuple("rope" if theta else "none" for theta in thetas)
     full = full or sliding or rope
