@@ -87,12 +87,13 @@ def rope_by_layer_to_hf(cfg: ArchConfig) -> dict[str, Any]:
             THETAS.name: [0.0 if rope is None else rope.theta for rope in ropes]}
 
 
+# what granitemoe_swa shares: the layer kinds, the RoPE by layer (in place of llama's "rope" row) and the sinks
+SWA_ROWS = (Entry("layer kinds", (SLIDING_WINDOW_KEY, LAYER_TYPES_KEY), window_from_hf, layers_and_window_to_hf),
+            Entry("rope by layer", (*KEYS, THETAS), rope_by_layer_from_hf, rope_by_layer_to_hf),
+            fixed("sinks", attn_sinks=True))
 CONFIG = granite.CONFIG.but(
     drop=("rope",),
-    add=(llama.norm(1e-5),
-         Entry("layer kinds", (SLIDING_WINDOW_KEY, LAYER_TYPES_KEY), window_from_hf, layers_and_window_to_hf),
-         Entry("rope by layer", (*KEYS, THETAS), rope_by_layer_from_hf, rope_by_layer_to_hf),
-         fixed("sinks", attn_sinks=True)),
+    add=(llama.norm(1e-5), *SWA_ROWS),
     defaults={"vocab_size": 100352, "hidden_size": 2560, "intermediate_size": 8192, "num_hidden_layers": 24,
               "num_attention_heads": 20, "num_key_value_heads": 4, "max_position_embeddings": 8192,
               "tie_word_embeddings": True, "sliding_window": 128},
