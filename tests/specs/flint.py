@@ -20,9 +20,9 @@ SPEC = Spec(
           "shared experts, ungated, width 48", "biases: q, k, v, o"),
     layer_types=([F, S, S, F, S, F], ("global", "local", "local", "global", "local", "global")),
     sdpa=False,  # FlintPreTrainedModel._supports_sdpa is False: its sinks need its own eager attention
-    # transformers keeps the sinks in fp32 in a bf16 model (_keep_in_fp32_modules_strict); the decoder holds them in
-    # the model's dtype, so in bf16 each sink is rounded before it joins the fp32 softmax
-    bf16_exact=False,
+    # bf16: bit for bit on this checkpoint, whose sinks are saved in bf16. transformers keeps the sinks in fp32 in a
+    # bf16 model (_keep_in_fp32_modules_strict) and the decoder holds them in the model's dtype, so a bf16 checkpoint
+    # holding fp32 sinks would have them rounded here
     config_variants=({}, {**KWARGS, "mlp_only_layers": [1], "decoder_sparse_step": 2, "norm_topk_prob": False,
                           "output_router_logits": True, "router_aux_loss_coef": 0.02}),
 )
