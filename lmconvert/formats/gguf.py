@@ -75,6 +75,7 @@ ARCH_TYPES: dict[str, schema.Spec] = {  # `{arch}.` keys
     "rope.scaling.type": schema.String(),
     # a period (0: every layer sliding), or one flag per layer
     "attention.sliding_window_pattern": schema.Either((schema.COUNT, schema.Array(schema.Boolean()))),
+    "attention.rope_pattern": schema.Array(schema.Boolean()),  # one flag per layer: whether it rotates
 }
 
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from specs import WINDOW, F, S, Spec
+from specs import WINDOW, F, GgufNaming, S, Spec
 
 # layer 0 full with a theta of its own, 1 and 3 sliding with another, 2 sliding with no positions
 THETAS = [5e5, 1e4, 0.0, 1e4]
@@ -24,6 +24,10 @@ SPEC = Spec(
     layer_types=([S, F, S, F], ("local", "global", "local", "global")),
     sdpa=False,  # GraniteSWAPreTrainedModel._supports_sdpa is False: its sinks need its own eager attention
     bf16_exact=False, fp32_exact=False,
+    # llama.cpp's granite_swa rotates every rotating layer with one RoPE base: one theta, and layer 2 unrotated
+    gguf=dict(layer_rope_theta=[1e4, 1e4, 0.0, 1e4]),
+    # GraniteSWAModel (llama.cpp's converter) adds `.weight` to the sinks
+    gguf_naming=GgufNaming(converter_names={("self_attn.sinks", "attn"): "attn_sinks.weight"}),
     config_variants=({}, dict(num_hidden_layers=4, sliding_window=WINDOW, layer_rope_theta=[0, 1e4, 1e4, 1e4],
                               attention_multiplier=0.25,
                               rope_parameters={"rope_type": "linear", "factor": 2.0, "rope_theta": 1e4})),

@@ -14,6 +14,7 @@ embeddings are tied by default.
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import replace
 from typing import Any
 
@@ -22,6 +23,7 @@ from lmconvert.arch import ArchConfig
 from ..errors import MappingError
 from ..family import Family
 from ..tables.config_table import Entry, fixed
+from ..tables.gguf import tensor_table
 from ..tables.hf_config import HfConfig, Key, show
 from ..tables.hf_layers import (
     LAYER_TYPES_KEY,
@@ -31,7 +33,7 @@ from ..tables.hf_layers import (
     window_fields,
 )
 from ..tables.hf_rope import KEYS, rope_from_hf, rope_parameters, rope_to_hf
-from ..tables.table import TensorTable
+from ..tables.table import Rule, TensorTable
 from . import granite, llama
 from .gpt_oss import SINK_RULES
 
@@ -100,4 +102,35 @@ CONFIG = granite.CONFIG.but(
 )
 
 
-FAMILY = Family("granite_swa", ("granite_swa",), "GraniteSWAForCausalLM", TENSORS, CONFIG)
+# -- llama.cpp (GGUF)
+# llama.cpp's granite_swa (convert_hf_to_gguf.py's GraniteSWAModel, a GraniteModel): granite's scales and permuted
+# q/k, the sinks as `attn_sinks.weight`, the layer kinds as one flag per layer (`attention.sliding_window_pattern`)
+# and the layers that rotate as `attention.rope_pattern` (left out where every layer does, its runtime's default).
+# Its graph rotates every such layer with the one `rope.freq_base`: a model whose full and sliding layers have
+# different thetas is refused by name (its read-back loses rope_local). Its converter reads no layer_rope_theta
+# (only `no_rope_layers`), so it would rotate a NoPE layer; lmconvert writes the pattern
+def rope_pattern_to_gguf(config: Mapping[str, Any]) -> dict[str, Any]:
+    thetas = config.get(THETAS.name)
+    return {"attention.rope_pattern": [bool(t) for t in thetas]} if thetas and not all(thetas) else {}
+
+
+def rope_pattern_from_gguf(config: Mapping[str, Any]) -> dict[str, Any]:
+    """`layer_rope_theta` from the flags (read into it): the file's RoPE base where a layer rotates, else 0."""
+    flags = config.get(THETAS.name)
+    if flags is None:
+        return {}
+    theta = float(config.get("rope_theta", KEYS[2].default))
+    return {THETAS.name: [theta if flag else 0.0 for flag in flags]}
+
+
+GGUF_TABLE = TensorTable((*tensor_table(True, 0.0, True).rules,
+                          Rule("blk.{}.attn_sinks.weight", "layers.{}.attn.sinks")))
+GGUF_GRANITE_SWA = replace(
+    granite.GGUF_GRANITE, model_type="granite_swa", arch="granite_swa", table=GGUF_TABLE, swa_pattern=4,
+    keys={**granite.GGUF_GRANITE.keys, "attention.sliding_window": "sliding_window",
+          "attention.rope_pattern": THETAS.name},
+    stated=granite.GGUF_GRANITE.stated | {"attention.sliding_window_pattern"},
+    exported=rope_pattern_to_gguf, derived=rope_pattern_from_gguf)
+
+
+FAMILY = Family("granite_swa", ("granite_swa",), "GraniteSWAForCausalLM", TENSORS, CONFIG, gguf=(GGUF_GRANITE_SWA,))

@@ -56,6 +56,9 @@ class GgufArch:
     # (tensor, entry): a file holding that tensor is read as that entry instead (Falcon-40B's second norm)
     variants: tuple[tuple[str, GgufArch], ...] = ()
     derived: Callable[[Mapping[str, Any]], dict[str, Any]] | None = None  # HF keys computed from the others
+    # export: `{arch}.` keys computed from the config, over what `keys` writes (GraniteSWA's rope_pattern, one
+    # flag per layer where config.json has a theta per layer): the inverse of `derived`
+    exported: Callable[[Mapping[str, Any]], dict[str, Any]] | None = None
     refused: Mapping[str, str] = field(default_factory=dict)  # tensor -> the layout it means, which is refused
     # tensor -> what it holds, which llama.cpp runs but transformers' GGUF loader does not read (it loads
     # the model without it), so no import could be checked against it: refused too
