@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from specs import WINDOW, F, S, Spec
+from specs import WINDOW, F, GgufNaming, S, Spec
 
 KWARGS = dict(num_hidden_layers=4, sliding_window=WINDOW, layer_rope_theta=[0, 2e4, 2e4, 0], num_local_experts=4,
               num_experts_per_tok=3, shared_intermediate_size=48, embedding_multiplier=12.0,
@@ -24,4 +24,14 @@ SPEC = Spec(
     sdpa=False,  # GraniteMoeSWAPreTrainedModel._supports_sdpa is False: its sinks need its own eager attention
     bf16_exact=False, fp32_exact=False,
     config_variants=({}, KWARGS),
+    gguf={},  # llama.cpp's granite_swa holds it whole: one RoPE theta, the shared expert, the biases
+    # GraniteMoeSWAModel (llama.cpp's converter) adds `.weight` to the sinks and keeps the experts' and the shared
+    # expert's gate and up fused
+    gguf_naming=GgufNaming(converter_names={
+        ("self_attn.sinks", "attn"): "attn_sinks.weight",
+        ("block_sparse_moe.experts.gate_up_proj", "gate"): "ffn_gate_up_exps.weight",
+        ("block_sparse_moe.experts.gate_up_proj", "up"): "ffn_gate_up_exps.weight",
+        ("block_sparse_moe.experts.down_proj", "down"): "ffn_down_exps.weight",
+        ("shared_mlp.input_linear.weight", "gate"): "ffn_up_shexp.weight",
+        ("shared_mlp.input_linear.weight", "up"): "ffn_up_shexp.weight"}),
 )

@@ -25,8 +25,13 @@ from lmconvert.arch import ArchConfig
 from ..family import Family
 from ..tables.config_table import Entry, fixed
 from ..tables.hf_config import HfConfig, Key
-from ..tables.hf_layers import LAYER_TYPES_KEY, SLIDING_WINDOW_KEY, layer_kinds_from_hf, layers_and_window_to_hf, \
-    window_fields
+from ..tables.hf_layers import (
+    LAYER_TYPES_KEY,
+    SLIDING_WINDOW_KEY,
+    layer_kinds_from_hf,
+    layers_and_window_to_hf,
+    window_fields,
+)
 from ..tables.hf_moe import expert_rules, experts
 from ..tables.table import Rule, TensorTable
 from . import llama, qwen3, qwen3_moe

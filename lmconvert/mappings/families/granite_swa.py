@@ -14,6 +14,7 @@ embeddings are tied by default.
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Mapping
 from dataclasses import replace
 from typing import Any
@@ -23,7 +24,7 @@ from lmconvert.arch import ArchConfig
 from ..errors import MappingError
 from ..family import Family
 from ..tables.config_table import Entry, fixed
-from ..tables.gguf import tensor_table
+from ..tables.gguf import ATTENTION_BIAS_FLAG, tensor_table
 from ..tables.hf_config import HfConfig, Key, show
 from ..tables.hf_layers import (
     LAYER_TYPES_KEY,
@@ -34,6 +35,7 @@ from ..tables.hf_layers import (
 )
 from ..tables.hf_rope import KEYS, rope_from_hf, rope_parameters, rope_to_hf
 from ..tables.table import Rule, TensorTable
+from ..tables.transforms import Piece, Unstack
 from . import granite, llama
 from .gpt_oss import SINK_RULES
 
@@ -131,6 +133,27 @@ GGUF_GRANITE_SWA = replace(
           "attention.rope_pattern": THETAS.name},
     stated=granite.GGUF_GRANITE.stated | {"attention.sliding_window_pattern"},
     exported=rope_pattern_to_gguf, derived=rope_pattern_from_gguf)
+
+
+# granitemoe_swa (GraniteMoeSWAModel), told apart by its router: granitemoe's keys and experts on every layer, the
+# routed experts' gate and up kept fused as transformers 5 holds them (`ffn_gate_up_exps`), and so the shared
+# expert's (`ffn_up_shexp` [gate rows | up rows], which llama.cpp's graph runs as one SwiGLU)
+GGUF_MOE_TABLE = TensorTable((
+    *(r for r in tensor_table(True, 0.0, True, experts=True).rules
+      if not re.search(r"ffn_(gate|up)_exps|shexp", r.stored)),
+    Rule("blk.{}.attn_sinks.weight", "layers.{}.attn.sinks"),
+    *(Rule("blk.{}.ffn_gate_up_exps.weight", f"layers.{{}}.mlp.experts.{{}}.{n}.weight", Unstack(part=i, parts=2))
+      for i, n in enumerate(("gate", "up"))),
+    *(Rule("blk.{}.ffn_up_shexp.weight", f"layers.{{}}.mlp.shared.{n}.weight", Piece(("shared", "shared"), i))
+      for i, n in enumerate(("gate", "up"))),
+    Rule("blk.{}.ffn_down_shexp.weight", "layers.{}.mlp.shared.down.weight"),
+))
+GGUF_MOE_SWA = replace(
+    GGUF_GRANITE_SWA, model_type="granitemoe_swa", table=GGUF_MOE_TABLE, experts=True,
+    keys={**GGUF_GRANITE_SWA.keys, "expert_count": "num_local_experts", "expert_used_count": "num_experts_per_tok",
+          "expert_shared_feed_forward_length": "shared_intermediate_size"},
+    bias_flags=ATTENTION_BIAS_FLAG)
+GGUF_GRANITE_SWA = replace(GGUF_GRANITE_SWA, variants=(("blk.0.ffn_gate_inp.weight", GGUF_MOE_SWA),))
 
 
 FAMILY = Family("granite_swa", ("granite_swa",), "GraniteSWAForCausalLM", TENSORS, CONFIG, gguf=(GGUF_GRANITE_SWA,))

@@ -19,12 +19,14 @@ from .gpt_oss import SINK_RULES
 
 # transformers has no renaming of the Hub's per-layer names for this type (conversion_mapping.py): its checkpoints
 # hold its own, `block_sparse_moe.experts.gate_up_proj` / `down_proj` and `block_sparse_moe.router.weight`
-EXPERT_RULES = tuple(r for r in granitemoe.EXPERT_RULES if ".experts." in r.stored or r.stored.endswith(".router.weight"))
+EXPERT_RULES = tuple(r for r in granitemoe.EXPERT_RULES
+                     if ".experts." in r.stored or r.stored.endswith(".router.weight"))
 TENSORS = TensorTable(llama.EDGE_RULES + SINK_RULES + llama.ATTENTION_RULES + llama.PRE_NORM_RULES + EXPERT_RULES
                       + granitemoeshared.SHARED_RULES)
 
 CONFIG = granitemoeshared.CONFIG.but(drop=("rope",), add=granite_swa.SWA_ROWS, defaults={"sliding_window": 128})
 
 
+# llama.cpp's granite_swa runs it too: granite_swa.GGUF_MOE_SWA
 FAMILY = Family("granitemoe_swa", ("granitemoe_swa",), "GraniteMoeSWAForCausalLM", TENSORS, CONFIG,
-                reference_layouts=granitemoeshared.REFERENCE_LAYOUTS)
+                gguf=(granite_swa.GGUF_MOE_SWA,), reference_layouts=granitemoeshared.REFERENCE_LAYOUTS)
