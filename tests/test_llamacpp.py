@@ -425,8 +425,9 @@ DIFFERS: dict[tuple[str, frozenset[str]], str] = {
         "or the tokenizer behaves otherwise",
     ("granite_swa.attention.rope_pattern", frozenset({"granite_swa", "granitemoe_swa"})):
         "llama.cpp's GraniteSWAModel writes the pattern only from no_rope_layers, which GraniteSWAConfig (and "
-        "GraniteMoeSWAConfig) does not keep, so its file rotates the layers whose layer_rope_theta is 0; lmconvert writes which layers rotate, "
-        "which llama.cpp's granite_swa graph reads (test_f32_logits holds it to that)",
+        "GraniteMoeSWAConfig) does not keep, so its file rotates the layers whose layer_rope_theta is 0; "
+        "lmconvert writes which layers rotate, which llama.cpp's granite_swa graph reads (test_f32_logits holds "
+        "it to that)",
     ("phi3.attention.sliding_window", frozenset({"phi3"})):
         "llama.cpp's Phi3MiniModel writes 0 for no window; lmconvert writes no key (llama.cpp's runtime reads "
         "none as none), and lmconvert's import reads 0 as no window only from llama.cpp's own files",
