@@ -846,6 +846,8 @@ def test_a_family_written_as_another_s_architecture_reads_back_as_itself(name: s
     ("glm4_moe_lite", dict(WRITTEN_ONLY["glm4_moe_lite"], mlp_layer_types=["sparse", "dense", "sparse"]),
      "deepseek2 metadata cannot express this model's moe"),  # a dense layer after experts
     ("seed_oss", dict(WRITTEN_ONLY["seed_oss"], attention_out_bias=True), "seed_oss architecture loads no"),
+    # full and sliding layers with thetas of their own: llama.cpp's granite_swa rotates every layer with freq_base
+    ("granite_swa", dict(SPECS["granite_swa"].kwargs), "granite_swa metadata cannot express this model's rope_local"),
 ])
 def test_what_these_llama_cpp_graphs_compute_otherwise_is_refused(name: str, overrides: dict[str, Any], fragment: str,
                                                                    tmp_path: Path) -> None:
