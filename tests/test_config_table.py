@@ -388,6 +388,9 @@ def test_bad_values_are_refused_naming_the_key(model_type: str, key: str, value:
     ("biogpt", "scale_embedding", 1, "boolean"), ("biogpt", "layer_norm_eps", 0, "positive number"),
     ("biogpt", "layerdrop", 1.0, "in [0, 1)"),
     ("gemma3", "text_config", {"num_key_value_heads": 0}, "num_key_value_heads=0"),
+    ("granite_swa", "layer_rope_theta", [1e4] * 4, "each of the num_hidden_layers=24 layers"),
+    ("granite_swa", "layer_rope_theta", [1e4] * 23 + [-1.0], "layer_rope_theta="),
+    ("granite_swa", "layer_rope_theta", [0, 1e4, 2e4, 1e4] * 6, "gives the sliding layers several RoPE thetas"),
 ])
 def test_family_keys_are_checked(model_type: str, key: str, value: Any, fragment: str) -> None:
     with pytest.raises(MappingError, match="^config.json: ") as caught:

@@ -849,6 +849,8 @@ def test_a_family_written_as_another_s_architecture_reads_back_as_itself(name: s
     # llama.cpp's gpt-oss loader requires the attention output's bias (openai-moe.cpp: create_tensor(..., 0))
     ("gpt_oss", dict(SPECS["gpt_oss"].kwargs, **SPECS["gpt_oss"].gguf, attention_bias=False),
      "gpt-oss architecture requires blk.0.attn_output.bias"),
+    # full and sliding layers with thetas of their own: llama.cpp's granite_swa rotates every layer with freq_base
+    ("granite_swa", dict(SPECS["granite_swa"].kwargs), "granite_swa metadata cannot express this model's rope_local"),
 ])
 def test_what_these_llama_cpp_graphs_compute_otherwise_is_refused(name: str, overrides: dict[str, Any], fragment: str,
                                                                    tmp_path: Path) -> None:

@@ -418,11 +418,16 @@ DIFFERS: dict[tuple[str, frozenset[str]], str] = {
         "llama.cpp's NemotronModel writes Nemotron's own unknown-token id (1) whatever the vocabulary",
     ("tokenizer.ggml.add_bos_token", frozenset({"llama", "mistral", "mixtral", "granite", "smollm3", "arcee",
                                                 "phi", "granitemoe", "granitemoeshared", "internlm3", "iquestcoder",
-                                                "ministral3"})):
+                                                "ministral3", "granite_swa", "granitemoe_swa"})):
         "llama.cpp's LlamaModel writes add_bos_token false for any vocabulary of 49152 tokens (its rule for "
         "Granite's small models; SmolLM2's here), and Phi2Model for every Phi-2; false is its loader's default for "
         "this BPE tokenizer (pre-tokenizer smollm), which lmconvert states only where the tokenizer config does "
         "or the tokenizer behaves otherwise",
+    ("granite_swa.attention.rope_pattern", frozenset({"granite_swa", "granitemoe_swa"})):
+        "llama.cpp's GraniteSWAModel writes the pattern only from no_rope_layers, which GraniteSWAConfig (and "
+        "GraniteMoeSWAConfig) does not keep, so its file rotates the layers whose layer_rope_theta is 0; "
+        "lmconvert writes which layers rotate, which llama.cpp's granite_swa graph reads (test_f32_logits holds "
+        "it to that)",
     ("phi3.attention.sliding_window", frozenset({"phi3"})):
         "llama.cpp's Phi3MiniModel writes 0 for no window; lmconvert writes no key (llama.cpp's runtime reads "
         "none as none), and lmconvert's import reads 0 as no window only from llama.cpp's own files",

@@ -547,7 +547,7 @@ def test_fused_layout_parity(name: str, saved: Callable[..., Path]) -> None:
 
 
 @pytest.mark.parametrize("experts", EXPERTS)
-@pytest.mark.parametrize("name", MOE_FAMILIES)
+@pytest.mark.parametrize("name", [n for n in MOE_FAMILIES if SPECS[n].bf16_exact])  # the others: see their specs
 @pytest.mark.bitexact
 def test_bf16_logits_are_transformers_experts_bit_for_bit(name: str, experts: str,
                                                           saved: Callable[..., Path]) -> None:

@@ -161,7 +161,8 @@ def to_gguf(src: Path | Checkpoint, out: Path, family: str | None = None, quant:
             arch = meta.arch
             sizes = {**tensor_sizes({"num_attention_heads": arch.n_heads, "num_key_value_heads": arch.n_kv_heads,
                                      "head_dim": arch.head_dim, "hidden_size": arch.d_model,
-                                     "intermediate_size": arch.d_ff, "vocab_size": arch.vocab_size}),
+                                     "intermediate_size": arch.d_ff, "vocab_size": arch.vocab_size,
+                                     "shared_intermediate_size": arch.moe and arch.moe.d_shared}),
                      "rows": meta.arch.vocab_size}
             homeless = [n for n in names if not table.stored_names(n)]
             if homeless:  # a dense layer in a mixture llama.cpp makes all experts, say

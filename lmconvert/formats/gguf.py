@@ -15,6 +15,7 @@ Tensors are read lazily, one at a time, with os.pread (gguf_header.py reads and 
 
 from __future__ import annotations
 
+import itertools
 import json
 import math
 import os
@@ -75,6 +76,7 @@ ARCH_TYPES: dict[str, schema.Spec] = {  # `{arch}.` keys
     "rope.scaling.type": schema.String(),
     # a period (0: every layer sliding), or one flag per layer
     "attention.sliding_window_pattern": schema.Either((schema.COUNT, schema.Array(schema.Boolean()))),
+    "attention.rope_pattern": schema.Array(schema.Boolean()),  # one flag per layer: whether it rotates
 }
 
 
@@ -398,7 +400,8 @@ def tensor_plans(file: GgufFile, config: dict[str, Any], entry: GgufArch) -> dic
         except MappingError:
             pieces = []
         canonical = tuple(c for c, _ in pieces) if len(pieces) > 1 else pieces[0][0] if pieces else None
-        if isinstance(canonical, str) and "{}" in canonical:  # a mixture's stacked experts: one plan per expert
+        if pieces and all("{}" in c for c, _ in pieces):  # a mixture's stacked experts: one plan per expert (and
+            # per part, where each expert's gate and up are stacked as one: granite_swa's ffn_gate_up_exps)
             plans.update(expert_plans(file, name, table, hf_of, sizes, in_stack, stacked))
             continue
         shape = file.shape(name)
@@ -462,10 +465,9 @@ def expert_plans(file: GgufFile, name: str, table: TensorTable, hf_of: dict[Any,
     """{HF name: plan} for each expert a stacked GGUF tensor holds, as many as its first dimension;
     an expert the HF layout stacks too is noted in `stacked` (its HF tensor is planned once every
     GGUF stack is seen)."""
-    (pattern, step), = table.expanding(name)
     shape = file.shape(name)
     plans = {}
-    for e in range(shape[0]):
+    for (pattern, step), e in itertools.product(table.expanding(name), range(shape[0])):
         canonical = pattern.replace("{}", str(e))
         if canonical in in_stack:
             stacked.setdefault(in_stack[canonical], {})[canonical] = (name, step.bind({**sizes, "index": e}))

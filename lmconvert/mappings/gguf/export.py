@@ -226,6 +226,8 @@ def metadata(config: Mapping[str, Any], name: str, listed: bool = False) -> Gguf
         if value is not None and gguf_key != "rope.freq_base":
             values[f"{arch}.{gguf_key}"] = value
     values.update({f"{arch}.{key}": value for key, value in entry.constants.items()})
+    if entry.exported is not None:
+        values.update({f"{arch}.{key}": value for key, value in entry.exported(config).items()})
     values.update(_told_apart(arch, entry))
     values[f"{arch}.attention.key_length"] = values[f"{arch}.attention.value_length"] = head_dim
     params, _ = _rope(config)

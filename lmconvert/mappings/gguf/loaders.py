@@ -22,6 +22,7 @@ LOADED_BIASES: dict[str, frozenset[str]] = {arch: frozenset(names) for arch, nam
     "stablelm": (*QKV, *NORMS),
     "nemotron": (*QKV, *NORMS, "attn_output", "ffn_up", "ffn_down"),
     "gemma": QKV, "granite": (*QKV, "attn_output", "ffn_gate", "ffn_up", "ffn_down"), "smollm3": QKV, "olmo": QKV,
+    "granite_swa": (*QKV, "attn_output", "ffn_gate", "ffn_up", "ffn_down"),
     "olmoe": QKV, "phi2": (*QKV, *NORMS, "attn_output", "ffn_up", "ffn_down", "output"),
     "gptneox": (*NORMS, "attn_qkv", "attn_output", "ffn_up", "ffn_down"), "command-r": QKV, "cohere2": QKV,
     "bloom": (*NORMS, "token_embd_norm", "attn_qkv", "attn_output", "ffn_up", "ffn_down"),

@@ -56,6 +56,9 @@ class GgufArch:
     # (tensor, entry): a file holding that tensor is read as that entry instead (Falcon-40B's second norm)
     variants: tuple[tuple[str, GgufArch], ...] = ()
     derived: Callable[[Mapping[str, Any]], dict[str, Any]] | None = None  # HF keys computed from the others
+    # export: `{arch}.` keys computed from the config, over what `keys` writes (GraniteSWA's rope_pattern, one
+    # flag per layer where config.json has a theta per layer): the inverse of `derived`
+    exported: Callable[[Mapping[str, Any]], dict[str, Any]] | None = None
     refused: Mapping[str, str] = field(default_factory=dict)  # tensor -> the layout it means, which is refused
     # tensor -> what it holds, which llama.cpp runs but transformers' GGUF loader does not read (it loads
     # the model without it), so no import could be checked against it: refused too
@@ -191,8 +194,10 @@ def tensor_sizes(config: Mapping[str, Any], renamed: Mapping[str, str] | None = 
     head_dim = config.get("head_dim") or config["hidden_size"] // heads
     ffn = config.get("intermediate_size") or config.get("n_inner") or 4 * config["hidden_size"]
     latent = {"k_nope": config["qk_nope_head_dim"], "v_head": config["v_head_dim"]} if "v_head_dim" in config else {}
+    shared = {"shared": config["shared_intermediate_size"]} if config.get("shared_intermediate_size") else {}
     return {"vocab": config["vocab_size"], "heads": heads, "kv_heads": kv_heads, "q": heads * head_dim,
-            "kv": kv_heads * head_dim, "ffn": ffn, **latent}  # MLA: the per-head parts of DeepSeek's kv_b
+            "kv": kv_heads * head_dim, "ffn": ffn, **latent,  # MLA: the per-head parts of DeepSeek's kv_b
+            **shared}  # a shared expert stored as one [gate | up] (granite_swa's ffn_up_shexp)
 
 
 # what llama.cpp's LlamaModel and its subclasses (and DeepseekV2Model, Cohere2Model, NemotronModel) state
