@@ -560,8 +560,9 @@ def test_bf16_logits_are_transformers_experts_bit_for_bit(name: str, experts: st
     ours = lmconvert.load(src, dtype=torch.bfloat16, attention="eager")
     if type(theirs)._can_set_experts_implementation():
         ours.set_experts(experts)
-    else:  # its experts module has one order (DBRX's, expert by expert), ours by default
-        assert ours.cfg.moe.sum_order == "eager"
+    else:  # its experts module has one order (DBRX's, expert by expert; Llama 4's, every expert summed at once in
+        # fp32 as grouped_mm sums them), which the family's sum_order follows
+        assert ours.cfg.moe.sum_order == ("grouped_mm" if ours.cfg.moe.weight_input else "eager")
     with torch.no_grad():
         assert torch.equal(ours(IDS), theirs(IDS).logits)
 

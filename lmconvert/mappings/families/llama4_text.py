@@ -166,6 +166,7 @@ CONFIG = llama.CONFIG.but(
     defaults={"vocab_size": 202048, "hidden_size": 5120, "num_hidden_layers": 48, "num_attention_heads": 40,
               "num_key_value_heads": 8, "head_dim": 128, "max_position_embeddings": 131072,
               "rope_theta": 500000.0},
+    nullable={"num_key_value_heads": False, "head_dim": False, "attention_dropout": False},  # numbers only
     decoder=lambda data: nested_text_config(data, "llama4", ("llama4_text",), LLAMA4_TEXT, tie=False),
 )
 
