@@ -110,10 +110,13 @@ def _topk_sigmoid(router: Router, logits: torch.Tensor) -> tuple[torch.Tensor, t
 
 def _topk_sigmoid_fp32(router: Router, logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Llama 4's `Llama4Router`: the top-k chosen on the logits, every other logit set to -inf, the
-    sigmoid of the whole row taken in fp32 and cast to the logits' dtype (the others 0), not renormalised."""
+    sigmoid of the whole row taken in fp32 and cast to the logits' dtype (the others 0), not renormalised.
+    The chosen are returned in increasing expert order: Llama 4's experts are summed in that order (every
+    expert's output, the others' zeros, `sum(dim=0)`), so the top-k sum adds them in it too."""
     top, chosen = torch.topk(logits, router.moe.top_k, dim=1)
     scores = torch.full_like(logits, float("-inf")).scatter_(1, chosen, top)
     scores = torch.sigmoid(scores.float()).to(scores.dtype)
+    chosen = torch.sort(chosen, dim=1).values
     return scores.gather(1, chosen), chosen
 
 
