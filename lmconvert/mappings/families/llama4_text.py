@@ -35,6 +35,7 @@ from ..tables.config_table import DEFAULT, Entry, plain
 from ..tables.hf_config import HfConfig, Key, show
 from ..tables.hf_rope import rope
 from ..tables.hf_wrapper import nested_text_config, wrapped
+from ..tables.points import Returned, Summed
 from ..tables.table import Rule, TensorTable
 from ..tables.transforms import Chain, ExpertsTransposed, Unstack
 from . import llama
@@ -171,9 +172,12 @@ CONFIG = llama.CONFIG.but(
 )
 
 
+# Llama4Router returns its scores, then its logits; Llama4TextExperts every expert's output, the unchosen zero
+REFERENCE_LAYOUTS = {"mlp.router": Returned(1, "B*T X"), "mlp.experts": Summed("X*B*T d", "X")}
+
 FAMILY = Family("llama4_text", ("llama4_text",), "Llama4ForCausalLM", TENSORS, CONFIG,
                 no_gguf="llama.cpp's llama4 graph is not written by lmconvert yet: its GGUF export needs the chunked "
                         "layers' pattern (n_swa, swa pattern) and the fused experts mapped, not done here",
-                wraps={"llama4": ("llama4_text",)},
+                wraps={"llama4": ("llama4_text",)}, reference_layouts=REFERENCE_LAYOUTS,
                 notes={"llama4": "Llama4ForConditionalGeneration (model_type llama4): only the text decoder is read; "
                                  "the vision model and multi-modal projector are left out"})
