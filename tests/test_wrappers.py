@@ -83,9 +83,10 @@ def phi4(**top: Any) -> transformers.PreTrainedConfig:
 
 def llama4(**top: Any) -> transformers.PreTrainedConfig:
     """Llama 4 as published (Scout, Maverick): the wrapper around a llama4_text decoder, the family spec's
-    (chunks of 8 positions, NoPE layers' query temperature, input-weighted experts)."""
+    (chunks of 8 positions, NoPE layers' query temperature, input-weighted experts), its experts on layers 0 and 2
+    (layer 1's dense MLP is a point the verify test looks for)."""
     return transformers.Llama4Config(
-        text_config=dict(model_type="llama4_text", **{**TEXT, **SPECS["llama4_text"].kwargs}),
+        text_config=dict(model_type="llama4_text", **{**TEXT, **SPECS["llama4_text"].kwargs, "moe_layers": [0, 2]}),
         vision_config=dict(hidden_size=16, num_hidden_layers=1, num_attention_heads=2, intermediate_size=32,
                            vision_output_dim=16, image_size=28, patch_size=14, projector_input_dim=16,
                            projector_output_dim=16),
