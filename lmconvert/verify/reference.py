@@ -13,9 +13,8 @@ import torch
 from lmconvert.arch import ArchConfig
 from lmconvert.formats.errors import InputError
 from lmconvert.formats.source import Loadable
-from lmconvert.mappings.tables.table import TensorTable
-
 from lmconvert.mappings.tables.points import Returned, Summed
+from lmconvert.mappings.tables.table import TensorTable
 
 from .layouts import EXPERT, PointLayouts
 from .spread import spread_memory
