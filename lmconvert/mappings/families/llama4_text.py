@@ -176,8 +176,9 @@ CONFIG = llama.CONFIG.but(
 REFERENCE_LAYOUTS = {"mlp.router": Returned(1, "B*T X"), "mlp.experts": Summed("X*B*T d", "X")}
 
 FAMILY = Family("llama4_text", ("llama4_text",), "Llama4ForCausalLM", TENSORS, CONFIG,
-                no_gguf="llama.cpp's llama4 graph is not written by lmconvert yet: its GGUF export needs the chunked "
-                        "layers' pattern (n_swa, swa pattern) and the fused experts mapped, not done here",
+                no_gguf="lmconvert does not write llama.cpp's llama4 architecture yet: its chunked layers, NoPE "
+                        "layers, attention temperature and input-weighted experts are not mapped to llama.cpp's "
+                        "metadata and tensors",
                 wraps={"llama4": ("llama4_text",)}, reference_layouts=REFERENCE_LAYOUTS,
                 notes={"llama4": "Llama4ForConditionalGeneration (model_type llama4): only the text decoder is read; "
                                  "the vision model and multi-modal projector are left out"})
