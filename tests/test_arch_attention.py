@@ -412,3 +412,50 @@ def test_backends_agree(case):
 def test_unknown_backend_rejected():
     with pytest.raises(ConfigError, match="flash"):
         build(tiny()).set_attention("flash")
+
+
+@pytest.mark.parametrize("past", [0, 5])
+@pytest.mark.parametrize("padded", [False, True])
+def test_chunked_mask_is_transformers_chunked_causal_mask(past: int, padded: bool) -> None:
+    """Llama 4's chunked attention: a query sees the keys of its own chunk of positions, causally,
+    the chunks counted from each row's first real token (transformers' chunked_overlay with its left
+    padding), after `past` cached tokens as well as in a full forward."""
+    from transformers.masking_utils import chunked_causal_mask_function, padding_mask_function
+
+    chunk, T = 4, 11
+    mask = torch.ones(2, past + T, dtype=torch.long)
+    if padded:
+        mask[1, :3] = 0
+    left = (mask.cumsum(-1) == 0).sum(-1)
+    fn = chunked_causal_mask_function(chunk, left)
+    q, k = torch.arange(past, past + T), torch.arange(past + T)
+    expected = torch.stack([fn(b, 0, q[:, None], k[None, :]) for b in range(2)])[:, None]
+    if padded:
+        expected = expected & torch.stack([padding_mask_function(mask.bool())(b, 0, q[:, None], k[None, :])
+                                           for b in range(2)])[:, None]
+    ctx = Context.build(past, T, torch.float32, torch.device("cpu"), attention_mask=mask if padded else None)
+    ours = ctx.allowed(None, chunk)
+    assert ours is not None and torch.equal(ours.expand_as(expected), expected)
+    assert not ctx.is_plain_causal(None, chunk) and (past or padded or ctx.is_plain_causal(None, past + T))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_l2_qk_norm_is_llama4s_bit_for_bit(dtype: torch.dtype) -> None:
+    """ArchConfig.qk_l2_norm: Llama4TextL2Norm (weightless, fp32, cast back) on each rotated head."""
+    from transformers.models.llama4.modeling_llama4 import Llama4TextL2Norm
+
+    from lmconvert.arch.attention import _l2_norm
+
+    x = (torch.randn(2, 4, 9, 16, generator=torch.Generator().manual_seed(2)) * 3).to(dtype)
+    assert torch.equal(_l2_norm(x, 1e-5), Llama4TextL2Norm(1e-5)(x))
+
+
+def test_llama4_temperature_follows_the_cache_index_not_the_positions() -> None:
+    """Llama 4 numbers its NoPE layers' query scale by the token's index in the cache, whatever
+    position ids say; Ministral 3's by the position. Both as fp32 (T, 1) scales."""
+    positions = torch.tensor([[0, 0, 0, 1, 2, 3]])
+    ctx = Context(torch.arange(2, 8), torch.arange(8), torch.float32, positions=positions)
+    llama4 = ctx.query_temperature(0.5, 2, "llama4")
+    index = torch.arange(2, 8).float()
+    assert torch.equal(llama4, (torch.log1p(torch.floor((index + 1.0) / 2)) * 0.5 + 1.0)[:, None])
+    assert ctx.query_temperature(0.5, 2).shape == (1, 1, 6, 1)

@@ -560,8 +560,9 @@ def test_bf16_logits_are_transformers_experts_bit_for_bit(name: str, experts: st
     ours = lmconvert.load(src, dtype=torch.bfloat16, attention="eager")
     if type(theirs)._can_set_experts_implementation():
         ours.set_experts(experts)
-    else:  # its experts module has one order (DBRX's, expert by expert), ours by default
-        assert ours.cfg.moe.sum_order == "eager"
+    else:  # its experts module has one order (DBRX's, expert by expert; Llama 4's, every expert summed at once in
+        # fp32 as grouped_mm sums them), which the family's sum_order follows
+        assert ours.cfg.moe.sum_order == ("grouped_mm" if ours.cfg.moe.weight_input else "eager")
     with torch.no_grad():
         assert torch.equal(ours(IDS), theirs(IDS).logits)
 
@@ -1272,3 +1273,37 @@ def test_selection_bias_held_as_a_buffer_bf16_is_transformers_bit_for_bit(name: 
         reference = their_model(src, torch.bfloat16, experts)(IDS).logits
         ours = lmconvert.load(src, dtype=torch.bfloat16, attention="eager").set_experts(experts)(IDS)
     assert torch.equal(ours, reference)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_input_weighted_moe_is_llama4s_bit_for_bit(dtype: torch.dtype) -> None:
+    """MoeConfig(router="topk_sigmoid_fp32", weight_input=True) with a plain shared expert: Llama4TextMoe's
+    router (top-k of the logits, their sigmoid in fp32, no renormalisation), the router weight on each
+    expert's input, every expert summed in increasing order, the shared expert added."""
+    from transformers.models.llama4.configuration_llama4 import Llama4TextConfig
+    from transformers.models.llama4.modeling_llama4 import Llama4TextMoe
+
+    config = Llama4TextConfig(hidden_size=32, intermediate_size=24, num_local_experts=5, num_experts_per_tok=3,
+                              num_hidden_layers=1, num_attention_heads=4, num_key_value_heads=2, head_dim=8)
+    torch.manual_seed(0)
+    theirs = Llama4TextMoe(config)
+    torch.nn.init.normal_(theirs.experts.gate_up_proj, std=0.3)
+    torch.nn.init.normal_(theirs.experts.down_proj, std=0.3)
+    cfg = ArchConfig(vocab_size=16, d_model=32, n_layers=1, n_heads=4, n_kv_heads=2, d_ff=48,
+                     moe=MoeConfig(n_experts=5, top_k=3, d_expert=24, router="topk_sigmoid_fp32", norm_topk=False,
+                                   shared="plain", d_shared=24, weight_input=True))
+    ours = MoE(cfg)
+    with torch.no_grad():
+        ours.router.weight.copy_(theirs.router.weight)
+        for e, expert in enumerate(ours.experts):
+            expert.gate.weight.copy_(theirs.experts.gate_up_proj[e, :, :24].T)
+            expert.up.weight.copy_(theirs.experts.gate_up_proj[e, :, 24:].T)
+            expert.down.weight.copy_(theirs.experts.down_proj[e].T)
+        for name in ("gate", "up", "down"):
+            getattr(ours.shared, name).weight.copy_(getattr(theirs.shared_expert, f"{name}_proj").weight)
+    theirs, ours = theirs.to(dtype), ours.to(dtype)
+    x = torch.randn(2, 7, 32, generator=torch.Generator().manual_seed(1)).to(dtype)
+    with torch.no_grad():
+        expected, logits = theirs(x)
+        assert torch.equal(ours(x), expected.view(2, 7, 32))
+        assert torch.equal(ours.router(x.reshape(-1, 32))[0], logits)

@@ -18,7 +18,7 @@ import pytest
 import torch
 import transformers
 from click.testing import CliRunner
-from family_specs import FP32_TOL, IDS, WINDOW
+from family_specs import FP32_TOL, IDS, SPECS, WINDOW
 from hf_models import build_model, edited_weights, load_reference, perturb, save_checkpoint, tensors_of
 
 import lmconvert
@@ -81,6 +81,18 @@ def phi4(**top: Any) -> transformers.PreTrainedConfig:
         **top)
 
 
+def llama4(**top: Any) -> transformers.PreTrainedConfig:
+    """Llama 4 as published (Scout, Maverick): the wrapper around a llama4_text decoder, the family spec's
+    (chunks of 8 positions, NoPE layers' query temperature, input-weighted experts), its experts on layers 0 and 2
+    (layer 1's dense MLP is a point the verify test looks for)."""
+    return transformers.Llama4Config(
+        text_config=dict(model_type="llama4_text", **{**TEXT, **SPECS["llama4_text"].kwargs, "moe_layers": [0, 2]}),
+        vision_config=dict(hidden_size=16, num_hidden_layers=1, num_attention_heads=2, intermediate_size=32,
+                           vision_output_dim=16, image_size=28, patch_size=14, projector_input_dim=16,
+                           projector_output_dim=16),
+        image_token_index=5, **top)
+
+
 # wrapper model_type (and ":" its text decoder's, where another family reads that one) -> (config,
 # transformers class, text family, its CausalLM, the towers' first names, what the
 # note says is left out)
@@ -98,6 +110,8 @@ WRAPPERS: dict[str, tuple[Callable[..., Any], str, str, str, tuple[str, ...], st
     "phi4_multimodal": (phi4, "Phi4MultimodalForCausalLM", "phi3", "Phi3ForCausalLM",
                         ("model.embed_tokens_extend.image_embed.", "model.embed_tokens_extend.audio_embed."),
                         "the image and audio embedders"),
+    "llama4": (llama4, "Llama4ForConditionalGeneration", "llama4_text", "Llama4ForCausalLM",
+               ("vision_model.", "multi_modal_projector."), "the vision model and multi-modal projector"),
 }
 
 
@@ -259,6 +273,7 @@ def test_the_top_level_tying_wins(name: str) -> None:
     ("mistral3:ministral3", "mistral", "reads mistral3 only around a ministral3 text decoder"),
     ("got_ocr2", "llama", "reads got_ocr2 only around a qwen2 text decoder"),
     ("moss_transcribe_diarize", "qwen2", "reads moss_transcribe_diarize only around a qwen3 text decoder"),
+    ("llama4", "llama", "reads llama4 only around a llama4_text text decoder"),
 ])
 def test_another_text_decoder_is_refused_by_name(name: str, text_type: str, says: str) -> None:
     family = FAMILIES[WRAPPERS[name][2]]

@@ -87,6 +87,12 @@ def _eager(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float, soft
     return torch.matmul(p, v)
 
 
+def _l2_norm(x: torch.Tensor, eps: float) -> torch.Tensor:
+    """Llama4TextL2Norm (Llama4TextWeightlessRMSNorm): x * rsqrt(mean(x^2) + eps) in fp32, cast back."""
+    y = x.float()
+    return (y * torch.rsqrt(y.pow(2).mean(-1, keepdim=True) + eps)).type_as(x)
+
+
 def _sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float, bias: torch.Tensor | None,
           allowed: torch.Tensor | None, causal: bool, dropout: float, bias_add: str = "rounded") -> torch.Tensor:
     mask = allowed
@@ -120,6 +126,7 @@ class Attention(nn.Module):
         # count over it would count it once per layer), so it is held as a plain reference.
         object.__setattr__(self, "relative", relative if self.position == "relative" else None)
         self.window = cfg.window_for(layer)
+        self.chunk = cfg.chunk_for(layer)
         self.scale = cfg.score_scale_for(layer)
         self.backend = "sdpa"
 
@@ -147,12 +154,19 @@ class Attention(nn.Module):
             k = apply_rotary(k, cos, sin, rope.layout, rope.fp32_rotation, rope.complex_product, rope.reverse)
         if cfg.qk_norm_after_rope:  # HunYuan, nanochat: each rotated head normalised, before the cache
             q, k = self.q_norm(q), self.k_norm(k)
-        if cfg.attn_temperature is not None:  # Ministral 3: the query scaled by its position, after RoPE
-            q = q * ctx.query_temperature(cfg.attn_temperature, cfg.attn_temperature_floor).to(q.dtype)
+        if cfg.qk_l2_norm and self.rotary is not None:  # Llama 4: weightless, on rotary layers only
+            q, k = _l2_norm(q, cfg.norm.eps), _l2_norm(k, cfg.norm.eps)
+        if cfg.attn_temperature is not None:  # the query scaled by its position, after RoPE
+            form = cfg.attn_temperature_form
+            temperature = ctx.query_temperature(cfg.attn_temperature, cfg.attn_temperature_floor, form)
+            if form == "ministral3":  # every layer, the scale rounded to q's dtype first
+                q = q * temperature.to(q.dtype)
+            elif self.position == "none":  # Llama 4: the layers without positions, multiplied in fp32
+                q = (q * temperature).to(q.dtype)
         if cache is not None:
             k, v = cache.update(self.layer, k, v)  # (B, KV, S, D)
         bias = self._position_bias(ctx)
-        allowed = ctx.allowed(self.window)
+        allowed = ctx.allowed(self.window, self.chunk)
         dropout = cfg.attn_dropout if self.training else 0.0
         add = ALIBI_KINDS[cfg.alibi].add if self.position == "alibi" else "rounded"  # how the bias joins
         if cfg.attn_softcap is not None or cfg.scores_fp32 or cfg.scale_in_product or cfg.attn_sinks \
@@ -160,7 +174,7 @@ class Attention(nn.Module):
             out = _eager(q, k, v, scale, cfg.attn_softcap, bias, allowed, dropout, cfg.scores_fp32, add,
                          cfg.scale_in_product, self.sinks)
         else:
-            out = _sdpa(q, k, v, scale, bias, allowed, ctx.is_plain_causal(self.window), dropout, add)
+            out = _sdpa(q, k, v, scale, bias, allowed, ctx.is_plain_causal(self.window, self.chunk), dropout, add)
         out = out.transpose(1, 2).reshape(B, T, cfg.q_dim)  # (B, T, H*D)
         if self.sub_norm is not None:  # BitNet's attn_sub_norm, before the output projection
             out = self.sub_norm(out)

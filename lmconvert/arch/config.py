@@ -34,13 +34,16 @@ QK_NORM_WEIGHTS = ("shared", "per_head")
 DTYPE_ORDERS = ("cast_then_scale", "scale_then_cast")
 PARALLEL_SUMS = ("h+attn+mlp", "mlp+attn+h", "attn+mlp+h")  # left to right: the order a parallel block adds
 ALIBI_KINDS = ("distance", "bloom", "mpt", "falcon")  # how ALiBi is built and added: see positions.ALIBI_KINDS
-ROUTERS = ("softmax", "sigmoid", "sparsemixer", "topk_softmax", "topk_sigmoid", "sigmoid_fp32", "logits")
+ROUTERS = ("softmax", "sigmoid", "sparsemixer", "topk_softmax", "topk_sigmoid", "sigmoid_fp32", "logits",
+           "topk_sigmoid_fp32")
 BIASED_ROUTERS = ("softmax", "sigmoid", "sigmoid_fp32", "logits")  # the routers that take a selection bias
 GROUPED_ROUTERS = ("softmax", "sigmoid")  # the routers that limit the choice to groups (n_group > 1)
 KEPT_FP32 = ("weight", "selection_bias")  # router parameters a model may keep in fp32 (MoeConfig.kept_fp32)
 SHARED_EXPERTS = ("none", "gated", "plain", "averaged")
 SUM_ORDERS = ("grouped_mm", "eager")  # arch/moe.py's SUMS
 GLUS = ("halves", "clamped_swiglu")  # arch/moe.py's GLUS: how a routed expert gates its gate and up outputs
+# arch/context.py's TEMPERATURES: how ArchConfig.attn_temperature scales a query at position p, and on which layers
+TEMPERATURE_FORMS = ("ministral3", "llama4")
 
 
 def _fail(owner: str, name: str, value: Any, why: str) -> None:
@@ -217,7 +220,12 @@ class MoeConfig:
     are summed and halved (Cohere2-MoE's "average" combination).
     `softmax_fp32`: the softmax (either router's) is taken in fp32; False: in the activation dtype
     (Aria's router, DBRX's). `norm_p`: the chosen weights are divided by their p-norm (DBRX's
-    moe_normalize_expert_weights) instead of their sum."""
+    moe_normalize_expert_weights) instead of their sum.
+
+    `router="topk_sigmoid_fp32"`: the top-k chosen on the logits, every other logit set to -inf, the
+    sigmoid of them all taken in fp32 and cast to the activation dtype (Llama 4's `Llama4Router`).
+    `weight_input`: each routed expert's input is multiplied by its router weight, not its output
+    (Llama 4's `routed_in = hidden * score`)."""
 
     n_experts: int
     top_k: int
@@ -270,8 +278,13 @@ class MoeConfig:
     glu: str = "halves"
     glu_alpha: float | None = None  # set exactly when glu="clamped_swiglu" (gpt-oss's swiglu_alpha)
     glu_limit: float | None = None  # set exactly when glu="clamped_swiglu" (gpt-oss's swiglu_limit)
+    weight_input: bool = False  # the router weight multiplies each routed expert's input, not its output (Llama 4)
 
     def __post_init__(self) -> None:
+        if not isinstance(self.weight_input, bool):
+            _fail("moe", "weight_input", self.weight_input, "must be true or false")
+        if self.weight_input and self.weights_fp32:
+            _fail("moe", "weight_input", True, "weights the input in the activation dtype; needs weights_fp32=False")
         for name in ("n_experts", "top_k", "d_expert", "n_group", "topk_group"):
             _integer("moe", name, getattr(self, name))
         _positive("moe", "scale", self.scale)
@@ -439,6 +452,18 @@ class ArchConfig:
     attn_temperature: float | None = None
     attn_temperature_floor: int | None = None  # the position period of attn_temperature (Ministral 3: YaRN's
     #   original_max_position_embeddings); set exactly when attn_temperature is
+    # TEMPERATURE_FORMS: "ministral3", above, on every layer; "llama4" (Llama 4's attn_temperature_tuning), on the
+    # layers without positions (layer_positions "none") only: 1 + attn_temperature * log1p(floor((p + 1) / floor)),
+    # in fp32, the query multiplied in fp32 and cast back. Always "ministral3" without a temperature
+    attn_temperature_form: str = "ministral3"
+    # chunked local attention (Llama 4's attention_chunk_size): on the layers `chunked_layers` lists, a query sees
+    # only the keys of its own chunk of `attention_chunk` positions (k // chunk == q // chunk, numbered from each
+    # row's first real token), causally. The cache keeps every key, as for sliding windows. Set together
+    attention_chunk: int | None = None
+    chunked_layers: tuple[int, ...] = ()
+    # a weightless RMS norm of each rotated head of q and k (Llama 4's L2 norm, use_qk_norm), after RoPE and on the
+    # rotary layers only, eps norm.eps, computed in fp32 and cast back
+    qk_l2_norm: bool = False
     scale_query: bool = False  # the score scale multiplies q after its projection, not q.k (OPT, XGLM)
     scale_by_inverse_layer: bool = False  # layer i's score scale is further divided by i + 1 (GPT-2)
     scores_fp32: bool = False  # q.k from fp32 copies of q and k, up to the softmax (GPT-J, GPT-Neo, GPT-2's
@@ -524,6 +549,7 @@ class ArchConfig:
         _positive("ArchConfig", "head_divisor", self.head_divisor)
         _positive("ArchConfig", "clip_qkv", self.clip_qkv, allow_none=True)
         self._check_temperature()
+        self._check_chunks()
         if self.qk_norm_weight == "per_head" and self.qk_norm != "head":
             _fail("ArchConfig", "qk_norm_weight", self.qk_norm_weight, "a weight per head needs qk_norm='head'")
         self._normalise_qk_norm_bias()
@@ -619,6 +645,32 @@ class ArchConfig:
         if value is not None and self.attention != "standard":
             _fail("ArchConfig", "attn_temperature", value, f"scales the queries of standard attention only, not "
                   f"attention={self.attention!r}'s")
+        _choice("ArchConfig", "attn_temperature_form", self.attn_temperature_form, TEMPERATURE_FORMS)
+        if value is None:  # one spelling of "no temperature"
+            object.__setattr__(self, "attn_temperature_form", TEMPERATURE_FORMS[0])
+
+    def _check_chunks(self) -> None:
+        _integer("ArchConfig", "attention_chunk", self.attention_chunk, allow_none=True)
+        layers = self.chunked_layers
+        if not isinstance(layers, (list, tuple)) or any(isinstance(i, bool) or not isinstance(i, int)
+                                                        or not 0 <= i < self.n_layers for i in layers):
+            _fail("ArchConfig", "chunked_layers", layers,
+                  f"must be a list of layer indices below n_layers={self.n_layers}")
+        layers = tuple(sorted(set(layers)))
+        object.__setattr__(self, "chunked_layers", layers)
+        if bool(layers) != (self.attention_chunk is not None):
+            _fail("ArchConfig", "attention_chunk", self.attention_chunk, "is set exactly when chunked_layers "
+                  "names layers")
+        if any(self.layer_kinds[i] == "local" for i in layers):
+            _fail("ArchConfig", "chunked_layers", list(layers), "names a sliding-window (local) layer; a layer is "
+                  "chunked or local, not both")
+        if layers and self.attention != "standard":
+            _fail("ArchConfig", "attention_chunk", self.attention_chunk, "chunks the standard attention only")
+        if not isinstance(self.qk_l2_norm, bool):
+            _fail("ArchConfig", "qk_l2_norm", self.qk_l2_norm, "must be true or false")
+        if self.qk_l2_norm and (self.attention != "standard" or self.qk_norm != "none"):
+            _fail("ArchConfig", "qk_l2_norm", True, "is the standard attention's only QK norm: needs "
+                  "attention='standard' and qk_norm='none'")
 
     def _normalise_qk_norm_bias(self) -> None:
         """One spelling per model: the block norms' bias where unset, False where there is no QK norm."""
@@ -726,6 +778,9 @@ class ArchConfig:
     def window_for(self, layer: int) -> int | None:
         return self.sliding_window if self.layer_kinds[layer] == "local" else None
 
+    def chunk_for(self, layer: int) -> int | None:
+        return self.attention_chunk if layer in self.chunked_layers else None
+
     def kv_cache_bytes_per_token(self, bytes_per_element: int = 2) -> int:
         return self.n_layers * attention_kind(self.attention).cache_elements(self) * bytes_per_element
 
@@ -740,6 +795,8 @@ class ArchConfig:
         for name, unset in UNSTATED_WHEN_UNSET.items():  # likewise: a model without them reads as before
             if data[name] == unset:
                 del data[name]
+        if data.get("moe") is not None and not data["moe"]["weight_input"]:  # likewise
+            del data["moe"]["weight_input"]
         for rope in ("rope", "rope_local"):
             if data[rope] is not None:
                 for name, unset in ROPE_UNSTATED_WHEN_UNSET.items():
@@ -775,7 +832,8 @@ class ArchConfig:
 
 # fields added after lmconvert.json files were first written, left out of them where unset
 UNSTATED_WHEN_UNSET: dict[str, Any] = {"attn_sinks": False, "qk_norm_after_rope": False, "sub_norms": False,
-                                       "output_vocab": None}
+                                       "output_vocab": None, "attn_temperature_form": "ministral3",
+                                       "attention_chunk": None, "chunked_layers": (), "qk_l2_norm": False}
 ROPE_UNSTATED_WHEN_UNSET: dict[str, Any] = {"alpha": None, "reverse": False}
 
 

@@ -48,13 +48,18 @@ class Context:
             self._memo[key] = cos, sin
         return self._memo[key]
 
-    def query_temperature(self, beta: float, floor: int) -> torch.Tensor:
-        """Ministral 3's query scale (`get_llama_4_attn_scale`), fp32: 1 + beta * log(1 + floor(p / floor))
-        of each new token's position p, (T, 1), or (B, 1, T, 1) for per-row positions."""
-        key = ("temperature", beta, floor)
+    def query_temperature(self, beta: float, floor: int, form: str = "ministral3") -> torch.Tensor:
+        """The query scale of ArchConfig.attn_temperature_form, fp32, (T, 1), or (B, 1, T, 1) for per-row
+        positions. "ministral3" (`get_llama_4_attn_scale`): 1 + beta * log(1 + floor(p / floor)) of each new
+        token's position p. "llama4" (Llama4TextAttention): log1p(floor((p + 1.0) / floor)) * beta + 1.0 of its
+        index in the cache (transformers numbers it from the cache length, not the position ids)."""
+        key = ("temperature", beta, floor, form)
         if key not in self._memo:
-            positions = self.q_pos if self.positions is None else self.positions
-            scale = 1 + beta * torch.log(1 + torch.floor(positions / floor))
+            positions = self.q_pos if self.positions is None or form == "llama4" else self.positions
+            if form == "llama4":
+                scale = torch.log1p(torch.floor((positions.float() + 1.0) / floor)) * beta + 1.0
+            else:
+                scale = 1 + beta * torch.log(1 + torch.floor(positions / floor))
             self._memo[key] = scale[:, None, :, None] if positions.dim() == 2 else scale[:, None]
         return self._memo[key]
 
@@ -62,23 +67,30 @@ class Context:
         """Key positions counted from each row's first real token (B, S); None without padding."""
         return None if self.keys is None else mask_positions(self.keys)
 
-    def allowed(self, window: int | None) -> torch.Tensor | None:
+    def allowed(self, window: int | None, chunk: int | None = None) -> torch.Tensor | None:
         """Bool (T, S), or (B, 1, T, S) with padding: causal, within `window` keys counting the query
-        itself, as transformers' masks define it (kv > q - window), and not a padding key. None when
-        every key is visible."""
-        key = ("mask", window)
+        itself, as transformers' masks define it (kv > q - window), within the query's own chunk of
+        `chunk` positions (kv // chunk == q // chunk, both counted from the row's first real token, as
+        transformers' chunked_overlay counts them), and not a padding key. None when every key is visible."""
+        key = ("mask", window, chunk)
         if key not in self._memo:
             q, k = self.q_pos[:, None], self.k_pos[None, :]
             allowed = k <= q
             if window is not None:
                 allowed = allowed & (k > q - window)
+            if chunk is not None:
+                if self.keys is None:
+                    allowed = allowed & (k // chunk == q // chunk)
+                else:  # the left padding of each row shifts its chunks
+                    pad = (self.keys.long().cumsum(-1) == 0).sum(-1)[:, None, None, None]
+                    allowed = allowed & ((k - pad) // chunk == (q - pad) // chunk)
             if self.keys is not None:
                 allowed = allowed & self.keys[:, None, None, :]
             self._memo[key] = None if bool(allowed.all()) else allowed
         return self._memo[key]
 
-    def is_plain_causal(self, window: int | None) -> bool:
+    def is_plain_causal(self, window: int | None, chunk: int | None = None) -> bool:
         """True when the mask is exactly lower-triangular, so SDPA can take is_causal."""
         if len(self.q_pos) != len(self.k_pos) or len(self.q_pos) == 1 or self.keys is not None:
             return False
-        return window is None or window >= len(self.q_pos)
+        return (window is None or window >= len(self.q_pos)) and (chunk is None or chunk >= len(self.k_pos))

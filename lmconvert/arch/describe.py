@@ -35,6 +35,12 @@ POSITION_NAMES = {"learned": "learned", "sinusoidal": "sinusoidal (sin/cos inter
                   "sinusoidal_halves": "sinusoidal (CTRL: sin half, cos half, 10000^(-2i/d))"}
 
 
+# ArchConfig.attn_temperature_form -> its card line (beta, floor)
+TEMPERATURE_LINES = {"ministral3": "attention temperature: q x (1 + {:g} log(1 + floor(pos / {})))",
+                     "llama4": "attention temperature: q x (1 + {:g} log1p(floor((pos + 1) / {}))), in fp32, "
+                               "layers without positions only"}
+
+
 def _norm(n: NormConfig) -> str:
     kind = {"rms": "RMSNorm", "layer": "LayerNorm"}[n.kind]
     parts = [kind, f"eps={n.eps:g}"]
@@ -76,7 +82,8 @@ ROUTER_NAMES = {"softmax": "softmax then top-k", "sigmoid": "sigmoid then top-k"
                 "sparsemixer": "SparseMixer: top-1, then top-2 of the rest, each a masked softmax",
                 "topk_softmax": "top-k on logits then softmax over the k",
                 "topk_sigmoid": "top-k on logits then their sigmoids",
-                "sigmoid_fp32": "sigmoid in fp32 then top-k", "logits": "top-k on logits, then sigmoid"}
+                "sigmoid_fp32": "sigmoid in fp32 then top-k", "logits": "top-k on logits, then sigmoid",
+                "topk_sigmoid_fp32": "top-k on logits then their sigmoids in fp32"}
 SHARED_NAMES = {"gated": "one shared expert, sigmoid-gated", "plain": "shared experts, ungated",
                 "averaged": "shared experts, averaged with the routed experts' sum"}
 
@@ -113,6 +120,8 @@ def _moe(cfg: ArchConfig, moe: MoeConfig) -> list[str]:
     if moe.glu == "clamped_swiglu":
         lines.append(f"experts: clamped SwiGLU (alpha {moe.glu_alpha:g}, limit {moe.glu_limit:g}, up + 1) over "
                      "interleaved gate/up")
+    if moe.weight_input:
+        lines.append("experts: router weight multiplies each expert's input, not its output")
     if moe.expert_bias:
         lines.append("experts: biases on gate, up and down, added after each product")
     if moe.d_shared is not None:
@@ -156,8 +165,14 @@ def variants(cfg: ArchConfig) -> list[str]:
     if cfg.clip_qkv is not None:
         out.append(f"q, k, v clamped to +-{cfg.clip_qkv:g}")
     if cfg.attn_temperature is not None:
-        out.append(f"attention temperature: q x (1 + {cfg.attn_temperature:g} log(1 + floor(pos / "
-                   f"{cfg.attn_temperature_floor})))")
+        out.append(TEMPERATURE_LINES[cfg.attn_temperature_form].format(cfg.attn_temperature,
+                                                                        cfg.attn_temperature_floor))
+    if cfg.qk_l2_norm:
+        out.append(f"QK norm: weightless L2 (RMS) per head after RoPE, rotary layers only, eps={cfg.norm.eps:g}")
+    if cfg.chunked_layers:
+        where = "all layers" if len(cfg.chunked_layers) == cfg.n_layers else f"layers {list(cfg.chunked_layers)}"
+        out.append(f"chunked local attention: chunks of {cfg.attention_chunk} positions ({where}); "
+                   "KV cache keeps every token")
     if cfg.residual_scale != 1.0:
         out.append(f"residual scale: {cfg.residual_scale:g} (each sublayer's output)")
     kinds = cfg.layer_kinds

@@ -108,6 +108,18 @@ def _topk_sigmoid(router: Router, logits: torch.Tensor) -> tuple[torch.Tensor, t
     return torch.sigmoid(top), chosen
 
 
+def _topk_sigmoid_fp32(router: Router, logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Llama 4's `Llama4Router`: the top-k chosen on the logits, every other logit set to -inf, the
+    sigmoid of the whole row taken in fp32 and cast to the logits' dtype (the others 0), not renormalised.
+    The chosen are returned in increasing expert order: Llama 4's experts are summed in that order (every
+    expert's output, the others' zeros, `sum(dim=0)`), so the top-k sum adds them in it too."""
+    top, chosen = torch.topk(logits, router.moe.top_k, dim=1)
+    scores = torch.full_like(logits, float("-inf")).scatter_(1, chosen, top)
+    scores = torch.sigmoid(scores.float()).to(scores.dtype)
+    chosen = torch.sort(chosen, dim=1).values
+    return scores.gather(1, chosen), chosen
+
+
 def _group_mask(moe: MoeConfig, groups: torch.Tensor) -> torch.Tensor:
     """[tokens, experts]: True for the experts of each token's best `topk_group` groups."""
     best = torch.topk(groups, k=moe.topk_group, dim=-1, sorted=False)[1]
@@ -152,10 +164,11 @@ def _logits(router: Router, logits: torch.Tensor) -> tuple[torch.Tensor, torch.T
 
 
 SCORES = {"softmax": _softmax, "sigmoid": _sigmoid, "sparsemixer": _sparsemixer, "topk_softmax": _topk_softmax,
-          "topk_sigmoid": _topk_sigmoid, "sigmoid_fp32": _sigmoid_fp32, "logits": _logits}
+          "topk_sigmoid": _topk_sigmoid, "sigmoid_fp32": _sigmoid_fp32, "logits": _logits,
+          "topk_sigmoid_fp32": _topk_sigmoid_fp32}
 # DeepSeek-V3 guards its renormalisation; the others do not (SparseMixer does not renormalise)
 EPS = {"softmax": 0.0, "sigmoid": 1e-20, "sparsemixer": 0.0, "topk_softmax": 0.0, "topk_sigmoid": 0.0,
-       "sigmoid_fp32": 0.0, "logits": 0.0}
+       "sigmoid_fp32": 0.0, "logits": 0.0, "topk_sigmoid_fp32": 0.0}
 
 
 def _halves(expert: Expert, gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
@@ -208,12 +221,18 @@ class Experts(nn.ModuleList):
 
     one_point = True
 
-    def __init__(self, experts: Iterable[nn.Module], sum_order: str) -> None:
+    def __init__(self, experts: Iterable[nn.Module], sum_order: str, weight_input: bool = False) -> None:
         super().__init__(experts)
         self.implementation = sum_order  # MoeConfig.sum_order; Decoder.set_experts
+        self.weight_input = weight_input  # MoeConfig.weight_input
 
     def forward(self, h: torch.Tensor, weights: torch.Tensor, chosen: torch.Tensor) -> torch.Tensor:  # type: ignore[override]
         return SUMS[self.implementation](self, h, weights, chosen)
+
+
+def _weighted(experts: Experts, e: int, h: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
+    """Expert e on its tokens, its output weighted, or, where `weight_input` (Llama 4), its input."""
+    return experts[e](h * weights) if experts.weight_input else experts[e](h) * weights
 
 
 def _index_add(experts: Experts, h: torch.Tensor, weights: torch.Tensor, chosen: torch.Tensor) -> torch.Tensor:
@@ -225,7 +244,7 @@ def _index_add(experts: Experts, h: torch.Tensor, weights: torch.Tensor, chosen:
         hit = torch.greater(mask.sum(dim=(-1, -2)), 0).nonzero()
     for e in hit[:, 0].tolist():
         slot, token = torch.where(mask[e])
-        y = experts[e](h[token]) * weights[token, slot, None]
+        y = _weighted(experts, e, h[token], weights[token, slot, None])
         out.index_add_(0, token, y.to(out.dtype))
     return out
 
@@ -243,7 +262,7 @@ def _grouped_sum(experts: Experts, h: torch.Tensor, weights: torch.Tensor, chose
     for e, end in enumerate(itertools.accumulate(counts)):
         if counts[e]:
             pairs = perm[end - counts[e]:end]
-            y = experts[e](h[pairs // top_k]) * flat[pairs, None]
+            y = _weighted(experts, e, h[pairs // top_k], flat[pairs, None])
             out = y.new_zeros(chosen.numel(), h.shape[1]) if out is None else out
             out[pairs] = y
     if out is None:
@@ -265,7 +284,7 @@ class MoE(nn.Module):
         assert moe is not None
         self.router = Router(cfg, moe)
         self.experts = Experts((MLP(cfg, moe.d_expert) if moe.experts_split else Expert(cfg, moe.d_expert, moe)
-                                for _ in range(moe.n_experts)), moe.sum_order)
+                                for _ in range(moe.n_experts)), moe.sum_order, moe.weight_input)
         self.shared = (Expert if moe.shared_fused else MLP)(cfg, moe.d_shared) if moe.d_shared is not None else None
         self.shared_gate = nn.Linear(cfg.d_model, 1, bias=False) if moe.shared == "gated" else None
         self.norm = Norm(cfg.d_model, cfg.norm) if moe.output_norm else None  # A.X-K1's post_mlp_layernorm

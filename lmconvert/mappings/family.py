@@ -59,6 +59,9 @@ VARIANT_NAMES = {
     "conv1d_linears": "Conv1D projections (addmm over weights held [in, out])",
     "qk_norm_after_rope": "a QK norm after RoPE", "sub_norms": "sub-norms before the o and down projections",
     "output_vocab": "an LM head narrower than the vocabulary (output_vocab_size)",
+    "attn_temperature_form": "Llama 4's attention temperature (log1p, fp32, layers without positions)",
+    "attention_chunk": "chunked local attention", "chunked_layers": "chunked local attention on these layers",
+    "qk_l2_norm": "a weightless L2 QK norm after RoPE (Llama 4)",
 }
 
 def tensor_sizes(arch: ArchConfig) -> dict[str, int]:

@@ -6,7 +6,6 @@ when a family reads it (tests/test_config_table.py checks that the two never ove
 from __future__ import annotations
 
 WHAT: dict[str, str] = {
-    "chunked": "chunked local attention",
     "conv": "a short-convolution token mixer",
     "dsa-shared": "DeepSeek sparse attention whose 'shared' layers reuse the previous layer's top-k",
     "exotic": "a block topology of its own",
@@ -46,7 +45,7 @@ NEEDS: dict[str, tuple[str, ...]] = {
     "inkling_text": ("conv", "exotic", "geometry", "temperature", "moe-ext"), "jamba": ("ssm",),
     "jetmoe": ("moe-ext",), "kimi_linear": ("linear", "mla-ext"), "laguna": ("geometry", "gated-attn", "router"),
     "lara_mini": ("linear",), "lfm2": ("conv",), "lfm2_moe": ("conv",), "lfm3": ("conv", "gated-attn"),
-    "llama4_text": ("chunked", "l2-qk", "temperature", "moe-ext"), "longcat_flash": ("moe-ext", "router"),
+    "longcat_flash": ("moe-ext", "router"),
     "mamba": ("ssm",), "mamba2": ("ssm",), "mimo_v2_flash": ("sinks", "geometry"), "minimax": ("linear",),
     "minimax_m3_vl_text": ("sparse", "moe-ext"), "nemotron_h": ("ssm", "moe-ext"), "olmo_hybrid": ("linear",),
     "qwen3_5_moe_text": ("linear", "gated-attn"), "qwen3_5_text": ("linear", "gated-attn"),

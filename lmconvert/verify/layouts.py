@@ -32,7 +32,7 @@ import torch
 
 from lmconvert.arch import ArchConfig
 from lmconvert.mappings import FAMILIES
-from lmconvert.mappings.tables.points import LATENT, RESIDUAL, SPARSE, Layout, Piece
+from lmconvert.mappings.tables.points import LATENT, RESIDUAL, SPARSE, Layout, Piece, Returned, Summed
 
 from .trace import sublayer_of
 
@@ -79,11 +79,11 @@ TRANSFORMERS: Mapping[str, Layout] = dict(OURS)
 # transformers' layouts where a family's modules differ from the default, keyed by the text config's
 # model_type (`config.get_text_config().model_type`), so that Gemma3ForConditionalGeneration and
 # Gemma3ForCausalLM share an entry: each family declares its own (`Family.reference_layouts`)
-TRANSFORMERS_BY_MODEL_TYPE: dict[str, Mapping[str, Layout | Piece] | Callable[[ArchConfig], Mapping]] = {
+TRANSFORMERS_BY_MODEL_TYPE: dict[str, Mapping[str, Declared] | Callable[[ArchConfig], Mapping]] = {
     model_type: family.reference_layouts for family in FAMILIES.values() for model_type in family.model_types}
 
 
-def transformers_layouts(model_type: str, arch: ArchConfig) -> Mapping[str, Layout | Piece]:
+def transformers_layouts(model_type: str, arch: ArchConfig) -> Mapping[str, Declared]:
     """transformers' layouts for this model: the default, and where the family's modules differ."""
     own = TRANSFORMERS_BY_MODEL_TYPE.get(model_type, {})
     return {**TRANSFORMERS, **(own(arch) if callable(own) else own)}
@@ -105,6 +105,9 @@ def _latent_sizes(arch: ArchConfig) -> dict[str, int]:
 def _moe_sizes(arch: ArchConfig) -> dict[str, int]:
     moe = arch.moe
     return {} if moe is None else {"X": moe.n_experts, "S": moe.d_shared or 0, "one": 1}
+
+
+Declared = Layout | Piece | Summed | Returned  # what a family may declare for a point of transformers'
 
 
 class PointLayoutError(ValueError):
@@ -148,6 +151,17 @@ def convert(value: torch.Tensor, source: Layout, target: Layout, sizes: Mapping[
     return atoms.permute([axes.index(axis) for axis in wanted]).reshape(shape_of(target, sizes))
 
 
+def summed(value: torch.Tensor, declared: Summed, sizes: Mapping[str, int]) -> tuple[torch.Tensor, Layout]:
+    """The sum over the declared axis, in its order, and the layout without it."""
+    expected = shape_of(declared.layout, sizes)
+    if tuple(value.shape) != expected:
+        raise PointLayoutError(f"shape {tuple(value.shape)} is not {expected}, its declared layout {declared.layout}")
+    axes = [axis for group in _groups(declared.layout) for axis in group]
+    total = value.reshape([sizes[axis] for axis in axes]).sum(axes.index(declared.axis))
+    rest = " ".join("*".join(a for a in group if a != declared.axis) for group in _groups(declared.layout))
+    return total.reshape(shape_of(rest, sizes)), rest
+
+
 def take_piece(value: torch.Tensor, piece: Piece, sizes: Mapping[str, int]) -> tuple[torch.Tensor, Layout]:
     """The piece a point is, and its layout: the fused layout without the piece axis."""
     expected = shape_of(piece.layout, sizes)
@@ -164,7 +178,7 @@ class PointLayouts:
     """Both sides' declared layouts for one model and token batch, and the sizes of their axes."""
 
     ours: Mapping[str, Layout]
-    theirs: Mapping[str, Layout | Piece]
+    theirs: Mapping[str, Declared]
     sizes: Mapping[str, int]
     model_type: str
 
@@ -189,8 +203,12 @@ class PointLayouts:
                               "lmconvert/verify/layouts.py")
         try:
             theirs = self.theirs[kind]
+            if isinstance(theirs, Returned):  # the recorder kept the tuple's entry
+                theirs = theirs.layout
             if isinstance(theirs, Piece):
                 value, theirs = take_piece(value, theirs, self.sizes)
+            elif isinstance(theirs, Summed):
+                value, theirs = summed(value, theirs, self.sizes)
             return convert(value, theirs, self.ours[kind], self.sizes)
         except PointLayoutError as exc:
             raise PointLayoutError(f"{point}: transformers' ({self.model_type}) output does not fit: {exc}") from None

@@ -13,9 +13,10 @@ import torch
 from lmconvert.arch import ArchConfig
 from lmconvert.formats.errors import InputError
 from lmconvert.formats.source import Loadable
+from lmconvert.mappings.tables.points import Returned, Summed
 from lmconvert.mappings.tables.table import TensorTable
 
-from .layouts import PointLayouts
+from .layouts import EXPERT, PointLayouts
 from .spread import spread_memory
 from .trace import EMBED, FINAL, Recorder, Trace, hf_point_modules, sublayer_of
 
@@ -195,11 +196,19 @@ def reference_trace(model: torch.nn.Module, ids: torch.Tensor, arch: ArchConfig,
     that do not fit their declaration are left out and named in `problems`."""
     paths = hf_point_modules(model, arch, table)
     modules = dict(model.named_modules())
+    layouts = PointLayouts.of(arch, model_type(model), *ids.shape)
     recorder = Recorder()
     for point, path in paths.items():
+        declared = layouts.theirs.get(EXPERT.sub("mlp.expert", sublayer_of(point)))
         if arch.moe is not None and sublayer_of(point) == "mlp.experts":
-            recorder.experts_alone(point, modules[path], expert_alone, arch.moe.n_experts)
-        recorder.output_of(point, modules[path])
+            if isinstance(declared, Summed):  # every expert's input stacked: each alone on the mixture's input
+                experts = modules[path]
+                recorder.experts_alone(point, modules[path.rpartition(".")[0]],
+                                       lambda _m, args, e, experts=experts: stacked_expert_alone(experts, args, e),
+                                       arch.moe.n_experts)
+            else:
+                recorder.experts_alone(point, modules[path], expert_alone, arch.moe.n_experts)
+        recorder.output_of(point, modules[path], declared.index if isinstance(declared, Returned) else 0)
     try:
         out = model(ids, attention_mask=attention_mask, output_hidden_states=True, use_cache=False)
     finally:
@@ -211,7 +220,6 @@ def reference_trace(model: torch.nn.Module, ids: torch.Tensor, arch: ArchConfig,
         for i in range(arch.n_layers - 1):
             points[f"layers.{i}"] = states[i + 1].detach().to("cpu", copy=True)
         points[FINAL] = states[-1].detach().to("cpu", copy=True)
-    layouts = PointLayouts.of(arch, model_type(model), *ids.shape)
     return Trace(out.logits, *layouts.all_to_ours(points))
 
 
@@ -224,6 +232,17 @@ def expert_alone(experts: torch.nn.Module, args: tuple, e: int) -> torch.Tensor:
     tokens = h.numel() // h.shape[-1]  # DBRX's experts take the unflattened hidden states
     return experts.forward(h, torch.full((tokens, 1), e, dtype=torch.long, device=h.device),
                            torch.ones((tokens, 1), dtype=h.dtype, device=h.device))
+
+
+def stacked_expert_alone(experts: torch.nn.Module, args: tuple, e: int) -> torch.Tensor:
+    """Llama 4's experts module (`Llama4TextExperts`: every expert's input stacked, [experts * tokens, d],
+    each already weighted) given the mixture's input (`args`, its module's) in expert `e`'s block and zeros
+    in the others: expert `e`'s own output at weight 1, by transformers' own code."""
+    h = args[0].reshape(-1, args[0].shape[-1])
+    n = experts.gate_up_proj.shape[0]
+    stacked = h.new_zeros((n, *h.shape))
+    stacked[e] = h
+    return experts.forward(stacked.reshape(-1, h.shape[-1])).view(n, *h.shape)[e]
 
 
 def model_type(model: torch.nn.Module) -> str:

@@ -88,9 +88,10 @@ class Recorder:
             return
         self.points[name] = value.detach().to("cpu", copy=True)
 
-    def output_of(self, name: str, module: nn.Module) -> None:
+    def output_of(self, name: str, module: nn.Module, index: int = 0) -> None:
+        """The module's output, or entry `index` of the tuple (or list: GPT's) it returns."""
         def hook(_module: nn.Module, _args: tuple, output: object) -> None:
-            self.keep(name, output[0] if isinstance(output, (tuple, list)) else output)  # GPT: lists
+            self.keep(name, output[index] if isinstance(output, (tuple, list)) else output)
         self._handles.append(module.register_forward_hook(hook))
 
     def input_of(self, name: str, module: nn.Module) -> None:

@@ -20,6 +20,26 @@ class Piece:
     index: int
 
 
+@dataclass(frozen=True)
+class Summed:
+    """A point transformers computes once per entry of axis `axis`, which ours is the sum of, in that axis's
+    order: Llama 4's experts module returns every expert's output on every token (`X*B*T d`, the unchosen
+    experts' zero), ours their sum. Such an experts module also takes every expert's input stacked, so
+    verify runs each expert alone on the input of the module around it (the mixture's)."""
+
+    layout: Layout
+    axis: str
+
+
+@dataclass(frozen=True)
+class Returned:
+    """A point that is entry `index` of the tuple a module returns, laid out as `layout` (Llama 4's router
+    returns its scores, then its logits)."""
+
+    index: int
+    layout: Layout
+
+
 RESIDUAL: Layout = "B T d"
 
 # Our latent attention (MLA), by attention kind: its projections and norms are (B, T, features), q
