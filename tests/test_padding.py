@@ -85,9 +85,9 @@ def checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Callable[[str], Path
 
 
 def reference(path: Path, attention: str) -> torch.nn.Module:
-    """transformers' model with the same attention implementation, where it has one: Falcon-RW's
-    eager path adds ALiBi twice and its SDPA path once (`attention.py`), so each is compared with
-    its own. BLOOM, MPT, GPT-Neo and XGLM have only their own (eager) attention."""
+    """transformers' model with the same attention implementation, where it has one (Falcon-RW's
+    eager and SDPA paths round the same ALiBi each their own way); BLOOM, MPT, GPT-Neo and XGLM have
+    only their own (eager) attention."""
     model = load_reference(path)
     if attention == "eager" or not model._supports_sdpa:
         return model

@@ -182,14 +182,26 @@ def split_by_transformers(model_type: str, fused: torch.Tensor, heads: int, kv: 
 
         attention = BloomAttention(AutoConfig.for_model("bloom", hidden_size=heads * dim, n_head=heads), 0)
         return tuple(t.transpose(1, 2) for t in attention._reshape(fused))
+    from transformers import AttentionInterface
     from transformers.models.falcon.modeling_falcon import FalconAttention
 
-    attention = FalconAttention(AutoConfig.for_model("falcon", hidden_size=heads * dim, num_attention_heads=heads,
-                                                     num_kv_heads=kv, **config), 0)
-    q, k, v = attention._split_heads(fused)
-    if config.get("new_decoder_architecture"):  # broadcast to every q head: keep one per group
-        k, v = k[:, :, ::heads // kv], v[:, :, ::heads // kv]
-    return q, k, v
+    # FalconAttention.forward splits the fused output inline: run it on `fused` as its projection's output,
+    # with an attention function that keeps what it is given (ALiBi: no RoPE turns q and k first)
+    seen: dict[str, torch.Tensor] = {}
+
+    def keep(_module: nn.Module, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *_args: object,
+             **_kwargs: object) -> tuple[torch.Tensor, None]:
+        seen.update(q=q, k=k, v=v)
+        return q.transpose(1, 2), None
+
+    AttentionInterface.register("lmconvert_keep", keep)
+    cfg = AutoConfig.for_model("falcon", hidden_size=heads * dim, num_attention_heads=heads, num_kv_heads=kv,
+                               alibi=True, **config)
+    cfg._attn_implementation = "lmconvert_keep"
+    attention = FalconAttention(cfg, 0)
+    attention.query_key_value = nn.Identity()
+    attention.forward(fused, attention_mask=None)
+    return tuple(seen[n].transpose(1, 2) for n in "qkv")
 
 
 @pytest.mark.parametrize(("model_type", "heads", "kv", "config"), [
@@ -239,7 +251,7 @@ def test_mpt_bias_counts_from_the_last_key() -> None:
 def test_each_familys_alibi_is_needed_bit_for_bit(name: str, checkpoint: Callable[..., Path]) -> None:
     """The plain ALiBi (slope x (k - q), added after the scaling) gives the same function in exact
     arithmetic for BLOOM and MPT, so fp32 agrees; bf16 rounds their own way. Falcon-RW's is another
-    function altogether (bf16 slopes, added twice)."""
+    function altogether (bf16 slopes, divided by sqrt(head_dim))."""
     src, half = checkpoint(name), checkpoint(name, torch.bfloat16)
     model, model_bf16 = lmconvert.load(src, attention="eager"), bf16_model(half)
     ref, ref_bf16 = theirs(src), theirs(half, torch.bfloat16)
@@ -252,16 +264,17 @@ def test_each_familys_alibi_is_needed_bit_for_bit(name: str, checkpoint: Callabl
     assert plain > 1e-2 if name == "falcon-rw" else plain <= FP32_TOL
 
 
-def test_falcon_rw_alibi_is_scaled_twice_eagerly_once_through_sdpa(checkpoint: Callable[..., Path]) -> None:
-    """transformers' eager Falcon adds the bias before scaling and again in the mask; its SDPA path
-    only in the mask. Each of our backends matches the same-named one of transformers'."""
+def test_falcon_rw_alibi_joins_through_the_mask_eagerly_and_through_sdpa(checkpoint: Callable[..., Path]) -> None:
+    """transformers' Falcon (5.25 on) adds the bias once, with the mask, in its eager path as in its
+    SDPA one (5.24's eager path added it before the scaling too). Each of our backends matches the
+    same-named one of transformers'."""
     from transformers import AutoModelForCausalLM
 
     src = checkpoint("falcon-rw")
     with torch.no_grad():
         sdpa = AutoModelForCausalLM.from_pretrained(src, attn_implementation="sdpa")(IDS).logits
     eager = theirs(src)
-    assert float((sdpa - eager).abs().max()) > 1e-2
+    assert float((sdpa - eager).abs().max()) <= FP32_TOL
     assert float((ours(lmconvert.load(src, attention="sdpa")) - sdpa).abs().max()) <= FP32_TOL
     assert math.isclose(float((ours(lmconvert.load(src, attention="eager")) - eager).abs().max()), 0.0,
                         abs_tol=FP32_TOL)

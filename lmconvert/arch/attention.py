@@ -63,10 +63,9 @@ def _eager(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float, soft
     dtype = v.dtype
     if bias is not None and bias_add == "matmul":
         w, bias = _scores(q, k, scale, bias), None
-    elif bias is not None and bias_add == "falcon":
-        bias = bias.to(dtype)
-        w = (torch.matmul(q, k.transpose(-1, -2)).to(torch.promote_types(dtype, torch.float32)) + bias) * scale
-        bias = bias / math.sqrt(q.shape[-1])  # Falcon's mask carries the bias a second time
+    elif bias is not None and bias_add == "falcon":  # through the mask only, divided by sqrt(head_dim) there
+        bias = bias.to(dtype) / math.sqrt(q.shape[-1])
+        w = torch.matmul(q, k.transpose(-1, -2)) * scale
     elif scale_in_product:
         w = _scores(q, k, scale)
     else:
@@ -74,12 +73,10 @@ def _eager(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float, soft
     if softcap is not None:
         w = torch.tanh(w / softcap) * softcap
     if bias is not None:  # "fp32" (and Falcon's): the bias promotes the scores, as MPT's fp32 table does
-        w = w + (bias if bias_add in ("fp32", "falcon") else bias.to(w.dtype))
+        w = w + (bias if bias_add == "fp32" else bias.to(w.dtype))
     if allowed is not None:  # the activation dtype's min, as transformers' masks: fp32's would overflow to -inf
         # once Falcon's logits are rounded to bf16, and a padding query that sees no key would turn to NaN
         w = w + torch.zeros_like(allowed, dtype=w.dtype).masked_fill(~allowed, torch.finfo(dtype).min)
-    if bias_add == "falcon":  # the softmax of the logits rounded to the activation dtype
-        w = w.to(dtype)
     # in fp32, cast back: GPT-2's and XGLM's softmax in the scores' own bf16 computes in fp32 inside
     # the kernel and rounds once, the same numbers. With sinks (gpt-oss), their softmax
     p = (F.softmax(w, dim=-1, dtype=torch.float32) if sinks is None else _sink_softmax(w, sinks)).to(dtype)

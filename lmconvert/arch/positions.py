@@ -89,9 +89,9 @@ class AlibiKind:
     "rounded" cast to the scores' dtype and added after the scaling; "fp32" added in fp32, promoting
     the scores (MPT's fp32 table); "matmul" cast to the activation dtype and added inside the score
     matmul, `baddbmm(bias, q, k^T, alpha=scale)` (BLOOM); "falcon" as transformers' Falcon (RW)
-    runs it: eagerly, the bias is added to the fp32 scores before the scaling and again, divided
-    by sqrt(head_dim), with the mask, and the softmax runs in the activation dtype; through SDPA,
-    only the second (`attention.py`). `bf16` rounds the slopes and their products to bf16
+    runs it (5.25 on; 5.24's eager path added it a second time): cast to the activation dtype,
+    divided by sqrt(head_dim) there, and added to the scaled scores with the mask, eagerly and
+    through SDPA alike (`attention.py`). `bf16` rounds the slopes and their products to bf16
     (Falcon), whatever the model's dtype."""
 
     slopes: Callable[[int], torch.Tensor]  # n_heads -> [H]
