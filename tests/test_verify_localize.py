@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 from click.testing import CliRunner
-from family_specs import FP32_TOL, SPECS
+from family_specs import SPECS
 from hf_models import build_model, load_reference, module_outputs, perturb, save_checkpoint
 from hf_models import edited_weights as broken_copy
 
@@ -145,7 +145,7 @@ def test_every_point_of_every_family_is_compared(name: str, tmp_path: Path) -> N
     if moe is not None:
         expected |= {f"{p}.{e}" for p in expected if p.endswith("mlp.experts") for e in range(moe.n_experts)}
     assert {p.name for p in report.points} == expected
-    assert report.passed and all(p.max_abs == 0.0 if spec.fp32_exact else p.max_abs <= FP32_TOL for p in report.points)
+    assert report.passed and all(p.max_abs == 0.0 for p in report.points)
     assert report.generation is not None and report.generation.first_difference is None
 
 

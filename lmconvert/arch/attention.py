@@ -54,7 +54,7 @@ def _sink_softmax(w: torch.Tensor, sinks: torch.Tensor) -> torch.Tensor:
 def _eager(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float, softcap: float | None,
            bias: torch.Tensor | None, allowed: torch.Tensor | None, dropout: float,
            scores_fp32: bool = False, bias_add: str = "rounded", scale_in_product: bool = False,
-           sinks: torch.Tensor | None = None) -> torch.Tensor:
+           sinks: torch.Tensor | None = None, sink_scale: bool = False) -> torch.Tensor:
     groups = q.shape[1] // k.shape[1]
     k, v = k.repeat_interleave(groups, dim=1), v.repeat_interleave(groups, dim=1)  # (B, H, S, D)
     if scores_fp32:  # GPT-J, GPT-Neo, GPT-2's reorder_and_upcast_attn: q @ k^T up to the softmax in fp32
@@ -79,6 +79,11 @@ def _eager(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float, soft
         w = w + torch.zeros_like(allowed, dtype=w.dtype).masked_fill(~allowed, torch.finfo(dtype).min)
     # in fp32, cast back: GPT-2's and XGLM's softmax in the scores' own bf16 computes in fp32 inside
     # the kernel and rounds once, the same numbers. With sinks (gpt-oss), their softmax
+    if sinks is not None and sink_scale:  # GraniteSWA's form of the same sinks: the plain softmax's output scaled
+        # by sigmoid(logsumexp(scores) - sink), the logsumexp in the scores' dtype, the sigmoid in fp32
+        gate = (torch.logsumexp(w, dim=-1) - sinks.reshape(1, -1, 1)).to(torch.float32).sigmoid()
+        p = F.dropout(F.softmax(w, dim=-1, dtype=torch.float32).to(dtype), p=dropout, training=dropout > 0)
+        return torch.matmul(p, v) * gate.unsqueeze(-1).to(dtype)
     p = (F.softmax(w, dim=-1, dtype=torch.float32) if sinks is None else _sink_softmax(w, sinks)).to(dtype)
     p = F.dropout(p, p=dropout, training=dropout > 0)
     return torch.matmul(p, v)
@@ -169,7 +174,7 @@ class Attention(nn.Module):
         if cfg.attn_softcap is not None or cfg.scores_fp32 or cfg.scale_in_product or cfg.attn_sinks \
                 or self.backend == "eager":
             out = _eager(q, k, v, scale, cfg.attn_softcap, bias, allowed, dropout, cfg.scores_fp32, add,
-                         cfg.scale_in_product, self.sinks)
+                         cfg.scale_in_product, self.sinks, cfg.sink_form == "scale")
         else:
             out = _sdpa(q, k, v, scale, bias, allowed, ctx.is_plain_causal(self.window, self.chunk), dropout, add)
         out = out.transpose(1, 2).reshape(B, T, cfg.q_dim)  # (B, T, H*D)

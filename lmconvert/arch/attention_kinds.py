@@ -120,7 +120,8 @@ def _standard_describe(cfg: ArchConfig) -> list[str]:
     if cfg.sub_norms:
         lines.append("sub-norms: before the output projection and before the MLP's down projection")
     if cfg.attn_sinks:
-        lines.append("attention sinks: a learned logit per head in each softmax (eager)")
+        lines.append("attention sinks: a learned logit per head in each softmax (eager)"
+                     + (", as an output scale sigmoid(logsumexp - sink)" if cfg.sink_form == "scale" else ""))
     return lines
 
 

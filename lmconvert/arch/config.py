@@ -30,6 +30,7 @@ ABSOLUTE_POSITIONS = ("none", "sinusoidal", "learned", "sinusoidal_fairseq", "si
 LAYER_POSITIONS = ("rope", "alibi", "relative", "none")
 LAYER_KINDS = ("global", "local")
 QK_NORMS = ("none", "head", "projection")
+SINK_FORMS = ("column", "scale")  # how a learned sink joins the softmax (ArchConfig.sink_form)
 QK_NORM_WEIGHTS = ("shared", "per_head")
 DTYPE_ORDERS = ("cast_then_scale", "scale_then_cast")
 PARALLEL_SUMS = ("h+attn+mlp", "mlp+attn+h", "attn+mlp+h")  # left to right: the order a parallel block adds
@@ -443,6 +444,9 @@ class ArchConfig:
     # `sinks`, `layers.{i}.attn.sinks` [n_heads]): the scores and the sink less their row max, softmaxed in the
     # scores' dtype. Such layers run eager (transformers has no SDPA for them)
     attn_sinks: bool = False
+    # how a sink joins: "column" as above (gpt-oss); "scale": the plain softmax's output times
+    # sigmoid(logsumexp(scores) - sink), the same function rounded otherwise (GraniteSWA)
+    sink_form: str = "column"
     residual_scale: float = 1.0  # each sublayer's output is multiplied by this before the residual add (Granite)
     clip_qkv: float | None = None  # q, k and v clamped to [-clip_qkv, clip_qkv] after projection (OLMo, MPT)
     # attention temperature (Ministral 3's llama_4_scaling_beta): after RoPE, every query at position p is
@@ -599,6 +603,8 @@ class ArchConfig:
                                         or self.attention != "standard"):
             _fail("ArchConfig", "qk_norm_after_rope", True, "normalises each rotated head with one shared weight: "
                   "needs qk_norm='head', qk_norm_weight='shared' and attention='standard'")
+        if self.sink_form not in SINK_FORMS:
+            _fail("ArchConfig", "sink_form", self.sink_form, f"one of {', '.join(SINK_FORMS)}")
         if self.attn_sinks and self.attention != "standard":
             _fail("ArchConfig", "attn_sinks", True, "sinks join the standard attention's softmax only")
         if self.rope.reverse and self.attention != "standard":
@@ -831,8 +837,8 @@ class ArchConfig:
 
 
 # fields added after lmconvert.json files were first written, left out of them where unset
-UNSTATED_WHEN_UNSET: dict[str, Any] = {"attn_sinks": False, "qk_norm_after_rope": False, "sub_norms": False,
-                                       "output_vocab": None, "attn_temperature_form": "ministral3",
+UNSTATED_WHEN_UNSET: dict[str, Any] = {"attn_sinks": False, "sink_form": "column", "qk_norm_after_rope": False,
+                                       "sub_norms": False, "output_vocab": None, "attn_temperature_form": "ministral3",
                                        "attention_chunk": None, "chunked_layers": (), "qk_l2_norm": False}
 ROPE_UNSTATED_WHEN_UNSET: dict[str, Any] = {"alpha": None, "reverse": False}
 

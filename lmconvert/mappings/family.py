@@ -36,6 +36,7 @@ VARIANT_NAMES = {
     "layer_kinds": "this local/global layer pattern", "sliding_window": "a sliding window",
     "attn_scale": "a custom attention score scale", "attn_softcap": "attention soft-capping",
     "attn_sinks": "attention sinks (a learned logit per head in the softmax)",
+    "sink_form": "attention sinks as an output scale (sigmoid(logsumexp - sink))",
     "residual_scale": "residual scaling",
     "qk_norm_weight": "QK-norm weights per head", "qk_norm_bias": "a QK-norm bias",
     "clip_qkv": "q/k/v clamping",

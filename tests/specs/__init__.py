@@ -56,9 +56,6 @@ class Spec:
     # 4 whose config class reads no older keys, Mellum's: there is one style, and nothing to compare it with)
     old_styled: bool = True
     bf16_exact: bool = True  # our bf16 logits equal transformers' bf16 logits bit for bit on CPU (False: say why)
-    # every point verify compares equals transformers' bit for bit in fp32 (tests/test_verify_localize.py); False
-    # (say why) where transformers computes one op in an order the decoder has no setting for, held to FP32_TOL there
-    fp32_exact: bool = True
     family: str = ""  # the lmconvert family, where the entry is a second model of one (stablelm_qk); "": its name
     # transformers-written configs of this model_type in which every stated key takes effect
     # (tests/test_config_table.py; the families there before specs held them have theirs in its VARIANTS)

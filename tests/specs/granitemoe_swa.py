@@ -14,7 +14,8 @@ KWARGS = dict(num_hidden_layers=4, sliding_window=WINDOW, layer_rope_theta=[0, 2
 SPEC = Spec(
     "granitemoe_swa", KWARGS,
     old_style={"rope_theta": 2e4}, old_drop=("layer_types",),
-    card=("attention sinks: a learned logit per head in each softmax", "sliding window 4 on local layers; pattern GLLL",
+    card=("attention sinks: a learned logit per head in each softmax (eager), as an output scale "
+          "sigmoid(logsumexp - sink)", "sliding window 4 on local layers; pattern GLLL",
           "positions: none (layers [0, 3])", "positions: RoPE half, theta=20000 (layers [1, 2])",
           "mixture of experts: 4 experts, top-3, d_expert 96 (all layers)",
           "router: top-k on logits then softmax over the k, weights in activation dtype",
@@ -22,7 +23,6 @@ SPEC = Spec(
           "embedding scale: 12", "logit scale: 0.125", "biases: q, k, v, o"),
     layer_types=([S, S, F, F], ("local", "local", "global", "global")),
     sdpa=False,  # GraniteMoeSWAPreTrainedModel._supports_sdpa is False: its sinks need its own eager attention
-    bf16_exact=False, fp32_exact=False,
     config_variants=({}, KWARGS),
     gguf={},  # llama.cpp's granite_swa holds it whole: one RoPE theta, the shared expert, the biases
     # GraniteMoeSWAModel (llama.cpp's converter) adds `.weight` to the sinks and keeps the experts' and the shared

@@ -1,15 +1,14 @@
 """GraniteSWA (GraniteSWAForCausalLM: Granite with sliding windows and attention sinks).
 
 Same as granite, except: every attention head has a learned sink (`self_attn.sinks` [heads]), which
-transformers applies as the output scale sigmoid(logsumexp(scores) - sink), the same function as
-gpt-oss's extra softmax column (the decoder computes gpt-oss's form: equal in fp32, not bit for bit in
-bf16); `layer_types` (default: layer i full where i % 4 == 0, sliding elsewhere) picks the layers that
-attend within `sliding_window` (default 128); `layer_rope_theta` gives each layer its own RoPE theta,
-0 for no positions (NoPE), every layer rope_parameters' theta when absent or null. The decoder holds
-one theta for the full layers and one for the sliding ones (`rope`, `rope_local`): a file giving two
-layers of one kind different non-zero thetas is refused by name. `rms_norm_eps` defaults to 1e-5 and
-embeddings are tied by default.
-"""
+transformers applies as the output scale sigmoid(logsumexp(scores) - sink), the logsumexp in the
+scores' dtype and the sigmoid in fp32 (`sink_form="scale"`: the same function as gpt-oss's extra
+softmax column, rounded its own way); `layer_types` (default: layer i full where i % 4 == 0, sliding
+elsewhere) picks the layers that attend within `sliding_window` (default 128); `layer_rope_theta`
+gives each layer its own RoPE theta, 0 for no positions (NoPE), every layer rope_parameters' theta
+when absent or null. The decoder holds one theta for the full layers and one for the sliding ones
+(`rope`, `rope_local`): a file giving two layers of one kind different non-zero thetas is refused by
+name. `rms_norm_eps` defaults to 1e-5 and embeddings are tied by default."""
 
 from __future__ import annotations
 
@@ -94,7 +93,7 @@ def rope_by_layer_to_hf(cfg: ArchConfig) -> dict[str, Any]:
 # what granitemoe_swa shares: the layer kinds, the RoPE by layer (in place of llama's "rope" row) and the sinks
 SWA_ROWS = (Entry("layer kinds", (SLIDING_WINDOW_KEY, LAYER_TYPES_KEY), window_from_hf, layers_and_window_to_hf),
             Entry("rope by layer", (*KEYS, THETAS), rope_by_layer_from_hf, rope_by_layer_to_hf),
-            fixed("sinks", attn_sinks=True))
+            fixed("sinks", attn_sinks=True, sink_form="scale"))
 CONFIG = granite.CONFIG.but(
     drop=("rope",),
     add=(llama.norm(1e-5), *SWA_ROWS),
