@@ -16,13 +16,15 @@ CPU's cache, instead of numpy's dozen full-size temporaries per value.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import threading
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 
 import numpy as np
 import torch
 
 QK_K = 256
-CHUNK_VALUES = 1 << 19  # float32 values dequantized per step (2 MiB)
+CHUNK_VALUES = 1 << 18  # float32 values dequantized per step (1 MiB)
 
 # type name -> (values per block, bytes per block, byte offsets of its float16 fields); GGML's layout
 LAYOUT: dict[str, tuple[int, int, tuple[int, ...]]] = {
@@ -67,7 +69,8 @@ def _q8_0(b: torch.Tensor, o: torch.Tensor) -> None:
 
 
 def _q4_0(b: torch.Tensor, o: torch.Tensor) -> None:
-    q = _planes(b[:, 2:], 4, 16).view(torch.int8) - 8  # gguf: int8(q) - 8, then d * q
+    q = _planes(b[:, 2:], 4, 16).view(torch.int8)
+    q -= 8  # gguf: int8(q) - 8, then d * q
     _values(q, o).mul_(_f16(b, 0))
 
 
@@ -76,19 +79,24 @@ def _q4_1(b: torch.Tensor, o: torch.Tensor) -> None:
     o.add_(_f16(b, 2))
 
 
-def _high5(qh: torch.Tensor) -> torch.Tensor:
-    """Q5_0/Q5_1: a block's 32 fifth bits (a little-endian uint32: bit i is bit i % 8 of byte i // 8), << 4."""
-    return _planes(qh, 1, 1) << 4
+def _five(b: torch.Tensor, qs: int, qh: int) -> torch.Tensor:
+    """Q5_0/Q5_1: nibbles | the 32 fifth bits (a little-endian uint32: bit i is bit i % 8 of
+    byte i // 8) << 4."""
+    q = _planes(b[:, qs:qs + 16], 4, 16)
+    high = _planes(b[:, qh:qh + 4], 1, 1)
+    high <<= 4
+    q |= high
+    return q
 
 
 def _q5_0(b: torch.Tensor, o: torch.Tensor) -> None:
-    q = _planes(b[:, 6:], 4, 16) | _high5(b[:, 2:6])
-    _values(q.view(torch.int8) - 16, o).mul_(_f16(b, 0))  # int8(q) - 16, then d * q
+    q = _five(b, 6, 2).view(torch.int8)
+    q -= 16  # int8(q) - 16, then d * q
+    _values(q, o).mul_(_f16(b, 0))
 
 
 def _q5_1(b: torch.Tensor, o: torch.Tensor) -> None:
-    q = _planes(b[:, 8:], 4, 16) | _high5(b[:, 4:8])
-    _values(q, o).mul_(_f16(b, 0))  # d * q + m
+    _values(_five(b, 8, 4), o).mul_(_f16(b, 0))  # d * q + m
     o.add_(_f16(b, 2))
 
 
@@ -110,15 +118,23 @@ def _q4_k(b: torch.Tensor, o: torch.Tensor) -> None:
 
 
 def _q5_k(b: torch.Tensor, o: torch.Tensor) -> None:
-    _k_min(b, _planes(b[:, 48:], 4, 32) | (_planes(b[:, 16:48], 1, 32) << 4), o)
+    q = _planes(b[:, 48:], 4, 32)
+    high = _planes(b[:, 16:48], 1, 32)
+    high <<= 4
+    q |= high
+    _k_min(b, q, o)
 
 
 def _q6_k(b: torch.Tensor, o: torch.Tensor) -> None:
     n = b.shape[0]
-    q = _planes(b[:, 0:128], 4, 64) | (_planes(b[:, 128:192], 2, 32) << 4)
+    q = _planes(b[:, 0:128], 4, 64)
+    high = _planes(b[:, 128:192], 2, 32)
+    high <<= 4
+    q |= high
+    q = q.view(torch.int8)
+    q -= 32  # int8(q) - 32, then (d * scale) * q
     ov = o.view(n, 16, 16)
-    _values(q.view(torch.int8) - 32, ov)  # int8(q) - 32, then (d * scale) * q
-    ov.mul_(_scaled(b, 208, b.numpy()[:, 192:208].view(np.int8)))
+    _values(q, ov).mul_(_scaled(b, 208, b.numpy()[:, 192:208].view(np.int8)))
 
 
 def _q2_k(b: torch.Tensor, o: torch.Tensor) -> None:
@@ -135,8 +151,11 @@ def _q3_k(b: torch.Tensor, o: torch.Tensor) -> None:
     lo = np.concatenate([s[:, 0:8] & 0x0F, s[:, 0:8] >> 4], axis=1)
     hi = np.concatenate([(s[:, 8:12] >> k) & 3 for k in (0, 2, 4, 6)], axis=1)
     scales = (lo | (hi << 4)).view(np.int8) - np.int8(32)  # int8 arithmetic, as gguf's
-    minus4 = (_planes(b[:, 0:32], 1, 32) ^ 1) << 2  # a high bit of 0 subtracts 4
-    q = _planes(b[:, 32:96], 2, 32).view(torch.int8) - minus4.view(torch.int8)
+    minus4 = _planes(b[:, 0:32], 1, 32)
+    minus4 ^= 1
+    minus4 <<= 2  # a high bit of 0 subtracts 4
+    q = _planes(b[:, 32:96], 2, 32).view(torch.int8)
+    q -= minus4.view(torch.int8)
     ov = o.view(n, 16, 16)
     _values(q, ov).mul_(_scaled(b, 108, scales))
 
@@ -172,6 +191,31 @@ def dequantize_into(raw: torch.Tensor, kind: str, out: torch.Tensor) -> None:
             rows = torch.from_numpy(bad.nonzero()[0])
             with np.errstate(all="ignore"):  # NaN * q: gguf's values, quietly
                 o[rows] = torch.from_numpy(gguf.quants.dequantize(b[rows].numpy(), gguf.GGMLQuantizationType[kind]))
+
+
+_held = threading.Lock()
+_holders = [0, 0]  # how many callers hold torch to one thread, and the count of threads before them
+
+
+@contextmanager
+def one_torch_thread() -> Iterator[None]:
+    """torch's operations on one thread each while held: the callers spread chunks over their own
+    threads, and torch's OpenMP teams inside each of those would oversubscribe the cores (its
+    spinning workers made a band 10x slower on a loaded 2-core machine). Threads started inside
+    take the count of one when they first use torch; the count before is restored by the last to
+    leave."""
+    with _held:
+        if _holders[0] == 0:
+            _holders[1] = torch.get_num_threads()
+            torch.set_num_threads(1)
+        _holders[0] += 1
+    try:
+        yield
+    finally:
+        with _held:
+            _holders[0] -= 1
+            if _holders[0] == 0:
+                torch.set_num_threads(_holders[1])
 
 
 def dequantize(raw: np.ndarray, kind: str) -> np.ndarray:

@@ -124,17 +124,20 @@ def is_gguf(path: Path) -> bool:
 DEQUANTIZE_BAND = 32 << 20  # float32 bytes of rows dequantized at a time, by each of up to 4 threads
 
 
-def _dequantized(raw: Callable[[int, int], np.ndarray], rows: int, row_bytes: int, kind: Any) -> np.ndarray:  # noqa: ANN401 - gguf's type enum
+def _dequantized(raw: Callable[[int, int], np.ndarray], rows: int, row_bytes: int, kind: Any,  # noqa: ANN401 - gguf's type enum
+                 out: np.ndarray | None = None) -> np.ndarray:
     """`gguf.quants.dequantize`'s values, a band of rows at a time into one float32 array: GGML's
     blocks lie within a row, so each band's bytes are read (`raw(first row, rows)`) and dequantized
     on their own, and neither the raw bytes nor the float temporaries outgrow the bands (the reads,
     numpy and torch release the GIL, so bands go in parallel). The types ggml_dequant.py knows
     (Q8_0, Q4_K, Q6_K, ...) go through it, bit for bit gguf's values many times faster; the
-    others through gguf's own numpy code."""
+    others through gguf's own numpy code. `out`: the float32 (rows, values) array to fill, else a
+    new one."""
     import gguf
 
     block, size = gguf.GGML_QUANT_SIZES[kind]
-    out = np.empty((rows, row_bytes // size * block), dtype=np.float32)
+    if out is None:
+        out = np.empty((rows, row_bytes // size * block), dtype=np.float32)
     band = max(1, DEQUANTIZE_BAND // max(1, out.shape[1] * 4))
 
     def fill(start: int) -> None:
@@ -145,7 +148,7 @@ def _dequantized(raw: Callable[[int, int], np.ndarray], rows: int, row_bytes: in
         else:
             out[start:start + band] = gguf.quants.dequantize(data, kind)
 
-    with ThreadPoolExecutor(max_workers=max(1, min(4, os.cpu_count() or 1))) as pool:
+    with ggml_dequant.one_torch_thread(), ThreadPoolExecutor(max_workers=max(1, min(4, os.cpu_count() or 1))) as pool:
         list(pool.map(fill, range(0, rows, band)))
     return out
 
