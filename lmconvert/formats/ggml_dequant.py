@@ -52,10 +52,10 @@ def _planes(src: torch.Tensor, width: int, group: int) -> torch.Tensor:
     """Bytes -> `width`-bit fields, lowest bits first: each run of `group` bytes gives 8 // width
     rows of `group` values (GGML's order), as (blocks, values) bytes."""
     n = src.shape[0]
-    runs = src.reshape(n, -1, group)
-    mask = (1 << width) - 1
-    rows = [(runs >> shift if shift else runs) & mask for shift in range(0, 8, width)]
-    return torch.stack(rows, dim=2).view(n, -1)
+    runs = src.contiguous().view(n, -1, group)  # one strided copy; then each operation runs over one flat array
+    mask, top = (1 << width) - 1, 8 - width
+    rows = [runs >> top if shift == top else (runs >> shift if shift else runs) & mask for shift in range(0, 8, width)]
+    return torch.stack(rows, dim=2).view(n, -1)  # the top field needs no mask
 
 
 def _values(q: torch.Tensor, o: torch.Tensor) -> torch.Tensor:
@@ -104,10 +104,11 @@ def _k_min(b: torch.Tensor, q: torch.Tensor, o: torch.Tensor) -> None:
     """Q4_K/Q5_K: (d * sc) * q - dmin * m over 8 sub-blocks of 32; the 12 bytes at 4 hold the
     6-bit scales and minimums (gguf's get_scale_min)."""
     n = b.shape[0]
-    s = b.numpy()[:, 4:16]
-    d, m, md = s[:, 0:4], s[:, 4:8], s[:, 8:12]
-    sc = np.concatenate([d & 0x3F, (md & 0x0F) | ((d >> 2) & 0x30)], axis=1)
-    mn = np.concatenate([m & 0x3F, (md >> 4) | ((m >> 2) & 0x30)], axis=1)
+    # each 4 bytes as one little-endian uint32, masked byte by byte (a shift by 2 or 4 moves the
+    # bits the masks keep within their byte): a few operations on n values, not on n rows of 4
+    d, m, md = np.ascontiguousarray(b.numpy()[:, 4:16]).view("<u4").T
+    sc = np.stack([d & 0x3F3F3F3F, (md & 0x0F0F0F0F) | ((d >> 2) & 0x30303030)], axis=1).view(np.uint8)
+    mn = np.stack([m & 0x3F3F3F3F, ((md >> 4) & 0x0F0F0F0F) | ((m >> 2) & 0x30303030)], axis=1).view(np.uint8)
     ov = o.view(n, 8, 32)
     _values(q, ov).mul_(_scaled(b, 0, sc))
     ov.sub_(_scaled(b, 2, mn))
