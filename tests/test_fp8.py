@@ -29,23 +29,30 @@ from transformers.quantizers.quantizer_finegrained_fp8 import FineGrainedFP8HfQu
 from lmconvert.formats.checkpoint import open_checkpoint
 from lmconvert.verify.run import verify
 
-NOT_QUANTIZED = ("embed_tokens", "lm_head")  # transformers keeps the embeddings and the head in float
 # (family, model kwargs, block): llama's 128x128 blocks leave its 64-row k/v projections unquantized, as
 # transformers' quantizer does; qwen3's 32x32 blocks cover every projection
 MODELS: dict[str, tuple[str, dict[str, Any], list[int]]] = {
     "llama": ("llama", dict(hidden_size=128, intermediate_size=256, head_dim=32), [128, 128]),
     "qwen3": ("qwen3", SPECS["qwen3"].kwargs, [32, 32]),
 }
+# DeepSeek-V3 as the Hub ships it: one tensor per expert, each with its scale (transformers fuses the
+# experts after dequantizing them); 8x8 blocks divide every projection of the tiny MLA model
+DEEPSEEK_V3 = ("deepseek_v3", dict(num_key_value_heads=4, q_lora_rank=24, kv_lora_rank=16, qk_nope_head_dim=12,
+                                   qk_rope_head_dim=8, v_head_dim=10, num_hidden_layers=3, first_k_dense_replace=1,
+                                   n_routed_experts=8, num_experts_per_tok=3, moe_intermediate_size=24,
+                                   n_shared_experts=2, routed_scaling_factor=2.5, n_group=4, topk_group=2,
+                                   norm_topk_prob=True), [8, 8])
 
 
 def fp8_copy(src: Path, dst: Path, block: list[int], scale_dtype: torch.dtype = torch.float32) -> Path:
     """`src` quantized block-wise by transformers' `Fp8Quantize` (the op its FP8 quantizer runs on each
-    linear weight), with the config its `FineGrainedFP8Config` saves."""
+    linear weight: the projections, not the embeddings, head or router), with the config its
+    `FineGrainedFP8Config` saves."""
     config = FineGrainedFP8Config(weight_block_size=block, modules_to_not_convert=["lm_head"])
     quantize = Fp8Quantize(FineGrainedFP8HfQuantizer(config))
     out: dict[str, torch.Tensor] = {}
     for name, tensor in load_file(src / "model.safetensors").items():
-        if name.endswith(".weight") and not any(part in name for part in NOT_QUANTIZED):
+        if name.endswith(".weight") and "proj" in name:
             out.update(quantize._quantize_one(name, tensor))
         else:
             out[name] = tensor
@@ -64,9 +71,10 @@ def fp8(tmp_path_factory: pytest.TempPathFactory) -> Callable[..., Path]:
 
     def get(name: str, scale_dtype: torch.dtype = torch.float32) -> Path:
         if (name, scale_dtype) not in made:
-            model_type, kwargs, block = MODELS[name]
+            model_type, kwargs, block = DEEPSEEK_V3 if name == "deepseek_v3" else MODELS[name]
             root = tmp_path_factory.mktemp(f"{name}-fp8")
-            plain = save_checkpoint(build_model(model_type, **kwargs), root / "plain", torch.bfloat16)
+            plain = save_checkpoint(build_model(model_type, **kwargs), root / "plain", torch.bfloat16,
+                                    save_original_format=True)
             made[name, scale_dtype] = fp8_copy(plain, root / "fp8", block, scale_dtype)
         return made[name, scale_dtype]
     return get
@@ -113,7 +121,7 @@ def test_convert_dequantizes_bit_for_bit_as_transformers(fp8: Callable[..., Path
     assert meta["source"]["quantization"]["weight_block_size"] == MODELS[name][2]
 
 
-@pytest.mark.parametrize("name", list(MODELS))
+@pytest.mark.parametrize("name", [*MODELS, "deepseek_v3"])
 def test_verify_fp32_parity_against_transformers_dequantizing(fp8: Callable[..., Path], tmp_path: Path,
                                                                name: str) -> None:
     out = converted(fp8(name), tmp_path / "canonical", "float32")
@@ -218,3 +226,27 @@ def test_hostile_fp8_inputs_are_one_line(fp8: Callable[..., Path], tmp_path: Pat
     src = edited(fp8("llama"), tmp_path / "src", config=config, tensors=tensors)
     err = one_line_refusal(src, tmp_path / "out", "--dtype", "bfloat16")
     assert said in err and "model.safetensors" in err, err
+
+
+@pytest.mark.slow
+def test_inspect_an_fp8_repo_reads_its_headers(fp8: Callable[..., Path], tmp_path: Path) -> None:
+    """A Hub FP8 repo's card, from config.json and the safetensors headers over HTTP, is the one its local
+    copy has: the pairs are mapped as the float tensors they dequantize to."""
+    from hub_server import HubServer
+    from test_pull import files_of, hub_env, lmconvert
+
+    local = fp8("qwen3")
+    server = HubServer()
+    server.add_repo("org/tiny-fp8", [files_of(local)])
+    with server:
+        env = hub_env(server.url, tmp_path / "hf")
+        remote = lmconvert("inspect", "org/tiny-fp8", "--json", env=env)
+        assert remote.returncode == 0, remote.stderr
+        assert json.loads(remote.stdout) == json.loads(lmconvert("inspect", local, "--json", env=env).stdout)
+
+
+def test_verify_the_fp8_files_themselves(fp8: Callable[..., Path]) -> None:
+    """lmconvert reads the FP8 directory itself dequantized, as transformers does: verify agrees at 0."""
+    report = verify(fp8("llama"), seq_len=SEQ_LEN, generate=4)
+    assert report.passed and report.logits["max_abs"] == 0.0
+    assert all(p.max_abs == 0.0 for p in report.points)

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 from .dtypes import DTYPES
 from .errors import InputError
-from .safetensors_dir import TensorSource
+from .source import TensorReader, dtype_name
 
 if TYPE_CHECKING:
     import torch
@@ -71,7 +71,7 @@ class Fp8Tensors:
     """A safetensors directory's tensors with each FP8 (weight, weight_scale_inv) pair read as one
     dequantized float32 tensor under the weight's name; the scales themselves are not listed."""
 
-    def __init__(self, source: TensorSource, block: tuple[int, int]) -> None:
+    def __init__(self, source: TensorReader, block: tuple[int, int]) -> None:
         self.source = source
         self.block = block
         names = source.names()
@@ -85,7 +85,7 @@ class Fp8Tensors:
                                      "the checkpoint is incomplete")
                 self._check_pair(weight, name)
                 self.scales[weight] = name
-            elif source.dtype_name(name) == "F8_E4M3" and name + SCALE not in present:
+            elif dtype_name(source, name) == "F8_E4M3" and name + SCALE not in present:
                 raise InputError(f"{source.where(name)}: tensor {name!r} is float8_e4m3fn but has no "
                                  f"{name + SCALE!r} beside it; the checkpoint is incomplete")
         self._names = [n for n in names if not n.endswith(SCALE) or n.removesuffix(SCALE) not in self.scales]
@@ -95,7 +95,7 @@ class Fp8Tensors:
         scale covers one to one."""
         source, (rows_block, cols_block) = self.source, self.block
         where = source.where(weight)
-        kind, scale_kind = source.dtype_name(weight), source.dtype_name(scale)
+        kind, scale_kind = dtype_name(source, weight), dtype_name(source, scale)
         if kind != "F8_E4M3":
             raise InputError(f"{where}: tensor {weight!r} has a {scale!r} but is {DTYPES[kind].torch_name}, not "
                              "float8_e4m3fn; the checkpoint is inconsistent")
@@ -127,20 +127,24 @@ class Fp8Tensors:
 
     def dtype_name(self, name: str) -> str:
         """A pair is read as float32, the dtype transformers multiplies in."""
-        return "F32" if name in self.scales else self.source.dtype_name(name)
+        return "F32" if name in self.scales else dtype_name(self.source, name)
 
     def stored_type(self, name: str) -> str:
         if name in self.scales:
             return f"float8_e4m3fn, {self.block[0]}x{self.block[1]} blocks"
-        return DTYPES[self.source.dtype_name(name)].torch_name
+        return DTYPES[dtype_name(self.source, name)].torch_name
 
     def raw_location(self, name: str) -> tuple[Path, int, int] | None:
         """A pair is never a byte copy."""
-        return None if name in self.scales else self.source.raw_location(name)
+        located = getattr(self.source, "raw_location", None)
+        return None if name in self.scales or located is None else located(name)
 
-    def position(self, name: str) -> tuple[Path, int]:
+    def position(self, name: str) -> tuple[Path, int] | None:
         """Where the tensor's bytes start, for the writer's order (a pair's: its weight's)."""
-        file, start, _ = self.source.raw_location(name)
+        located = getattr(self.source, "raw_location", None)
+        if located is None:
+            return None
+        file, start, _ = located(name)
         return file, start
 
     def get(self, name: str) -> torch.Tensor:
@@ -174,7 +178,13 @@ def dequantize(quantized: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
     return (q * s).reshape(quantized.shape)
 
 
-def describe(block: tuple[int, int]) -> dict[str, Any]:
-    """What lmconvert.json's "source" records of the quantization."""
-    return {"quantization": {"quant_method": "fp8", "fmt": "e4m3", "weight_block_size": list(block),
+def dequantized(config: dict[str, Any], config_file: Path,
+                tensors: TensorReader) -> tuple[TensorReader, dict[str, Any]]:
+    """An HF checkpoint's tensors as the family tables read them, and what lmconvert.json's "source"
+    records of its quantization: a block-wise FP8 one's pairs as float tensors (`Fp8Tensors`)."""
+    block = recipe(config, config_file)
+    if block is None:
+        return tensors, {}
+    info = {"quantization": {"quant_method": "fp8", "fmt": "e4m3", "weight_block_size": list(block),
                              "dequantized": "float32 product of weight and scale, as transformers' Fp8Dequantize"}}
+    return Fp8Tensors(tensors, block), info

@@ -7,7 +7,7 @@ from typing import Any
 
 from .checkpoint_files import checkpoint_file
 from .errors import InputError
-from .fp8 import Fp8Tensors, describe, recipe
+from .fp8 import dequantized
 from .jsonfile import read_json_object
 from .safetensors_dir import TensorSource
 from .source import Source
@@ -28,12 +28,10 @@ def is_hf_safetensors(path: Path) -> bool:
 def open_hf_safetensors(path: Path) -> Source:
     """A block-wise FP8 checkpoint's (weight, scale) pairs are read as one float tensor each (`fp8.py`)."""
     config = read_config(path)
-    block = recipe(config, path / "config.json")
     tensors = TensorSource(path)
-    if block is None:
-        return Source(path, "hf-safetensors", config, tensors)
     try:
-        return Source(path, "hf-safetensors", config, Fp8Tensors(tensors, block), info=describe(block))
+        read, info = dequantized(config, path / "config.json", tensors)
     except BaseException:
         tensors.close()
         raise
+    return Source(path, "hf-safetensors", config, read, info=info)
