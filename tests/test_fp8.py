@@ -250,3 +250,20 @@ def test_verify_the_fp8_files_themselves(fp8: Callable[..., Path]) -> None:
     report = verify(fp8("llama"), seq_len=SEQ_LEN, generate=4)
     assert report.passed and report.logits["max_abs"] == 0.0
     assert all(p.max_abs == 0.0 for p in report.points)
+
+
+def test_to_hf_writes_plain_float_weights(fp8: Callable[..., Path], tmp_path: Path) -> None:
+    """`--to hf --dtype bfloat16` from the FP8 files: a float checkpoint with no quantization_config, whose
+    weights transformers loads equal to the ones it dequantizes from the FP8 files."""
+    src = fp8("llama")
+    code, _, err = run("convert", src, tmp_path / "hf", "--to", "hf", "--dtype", "bfloat16")
+    assert code == 0, err
+    assert "quantization_config" not in json.loads((tmp_path / "hf" / "config.json").read_text())
+    ours = AutoModelForCausalLM.from_pretrained(tmp_path / "hf", dtype=torch.bfloat16).state_dict()
+    ref = reference_weights(src, torch.bfloat16)
+    assert set(ours) == set(ref)
+    assert all(torch.equal(ours[name], ref[name]) for name in ref)
+    two_steps = converted(src, tmp_path / "canonical", "bfloat16")  # the same file as through the canonical copy
+    code, _, err = run("convert", two_steps, tmp_path / "hf2", "--to", "hf")
+    assert code == 0, err
+    assert (tmp_path / "hf" / "model.safetensors").read_bytes() == (tmp_path / "hf2" / "model.safetensors").read_bytes()

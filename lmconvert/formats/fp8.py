@@ -168,14 +168,15 @@ class Fp8Tensors:
 
 def dequantize(quantized: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
     """transformers' `Fp8Dequantize._dequantize_one` for e4m3 weights, its output dtype float32:
-    the block size is the weight's over the scale grid, both sides float32, one float32 product."""
+    the block size is the weight's over the scale grid, both sides float32, one float32 product
+    (made in place: the same products, one weight-sized float32 tensor fewer)."""
     import torch
 
     rows, cols = quantized.shape[-2:]
     scale_rows, scale_cols = scales.shape[-2:]
     q = quantized.to(torch.float32).reshape(-1, scale_rows, rows // scale_rows, scale_cols, cols // scale_cols)
     s = scales.to(torch.float32).reshape(-1, scale_rows, scale_cols).unsqueeze(-1).unsqueeze(2)
-    return (q * s).reshape(quantized.shape)
+    return q.mul_(s).reshape(quantized.shape)
 
 
 def dequantized(config: dict[str, Any], config_file: Path,
