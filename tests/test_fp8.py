@@ -267,3 +267,23 @@ def test_to_hf_writes_plain_float_weights(fp8: Callable[..., Path], tmp_path: Pa
     code, _, err = run("convert", two_steps, tmp_path / "hf2", "--to", "hf")
     assert code == 0, err
     assert (tmp_path / "hf" / "model.safetensors").read_bytes() == (tmp_path / "hf2" / "model.safetensors").read_bytes()
+
+
+def test_scales_in_another_shard(fp8: Callable[..., Path], tmp_path: Path) -> None:
+    """Hub FP8 checkpoints are sharded, and a weight's scale may lie in another shard than the weight:
+    the converted tensors are those of the same checkpoint in one file."""
+    src = fp8("qwen3")
+    tensors = load_file(src / "model.safetensors")
+    sharded = tmp_path / "sharded"
+    sharded.mkdir()
+    shutil.copy(src / "config.json", sharded / "config.json")
+    files = {"model-00001-of-00002.safetensors": {k: v for k, v in tensors.items() if not k.endswith("_scale_inv")},
+             "model-00002-of-00002.safetensors": {k: v for k, v in tensors.items() if k.endswith("_scale_inv")}}
+    for file, held in files.items():
+        save_file(held, sharded / file, metadata={"format": "pt"})
+    index = {"metadata": {}, "weight_map": {k: file for file, held in files.items() for k in held}}
+    (sharded / "model.safetensors.index.json").write_text(json.dumps(index))
+    one, two = converted(src, tmp_path / "one", "bfloat16"), converted(sharded, tmp_path / "two", "bfloat16")
+    with open_checkpoint(one) as a, open_checkpoint(two) as b:
+        assert set(a.plan) == set(b.plan)
+        assert all(torch.equal(a.tensor(name), b.tensor(name)) for name in a.plan)
