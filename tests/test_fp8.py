@@ -287,3 +287,16 @@ def test_scales_in_another_shard(fp8: Callable[..., Path], tmp_path: Path) -> No
     with open_checkpoint(one) as a, open_checkpoint(two) as b:
         assert set(a.plan) == set(b.plan)
         assert all(torch.equal(a.tensor(name), b.tensor(name)) for name in a.plan)
+
+
+def test_fp8_in_pytorch_model_bin(fp8: Callable[..., Path], tmp_path: Path) -> None:
+    """The same pairs in a pytorch_model.bin read as in safetensors."""
+    src = fp8("qwen3")
+    as_bin = tmp_path / "bin"
+    as_bin.mkdir()
+    shutil.copy(src / "config.json", as_bin / "config.json")
+    torch.save(load_file(src / "model.safetensors"), as_bin / "pytorch_model.bin")
+    one, two = converted(src, tmp_path / "one", "float32"), converted(as_bin, tmp_path / "two", "float32")
+    with open_checkpoint(one) as a, open_checkpoint(two) as b:
+        assert set(a.plan) == set(b.plan)
+        assert all(torch.equal(a.tensor(name), b.tensor(name)) for name in a.plan)
