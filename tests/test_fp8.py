@@ -211,6 +211,12 @@ def int_scale(t: dict[str, torch.Tensor]) -> None:
     t["model.layers.0.mlp.down_proj.weight_scale_inv"] = torch.ones(1, 2, dtype=torch.uint8)
 
 
+def fused_experts_scale(t: dict[str, torch.Tensor]) -> None:
+    """transformers' Fp8Quantize names a fused experts tensor's scale so, and its dequantize leaves it unread."""
+    t["model.layers.0.mlp.experts.gate_up_proj"] = torch.zeros(4, 256, 128).to(torch.float8_e4m3fn)
+    t["model.layers.0.mlp.experts.gate_up_proj_scale_inv"] = torch.ones(4, 2, 1)
+
+
 @pytest.mark.parametrize(("tensors", "config", "said"), [
     (nan_scale, None, "NaN or Inf scales"),
     (wrong_shape, None, "has shape [3, 2], but 'model.layers.0.self_attn.q_proj.weight' [128, 128] in blocks of "
@@ -219,7 +225,8 @@ def int_scale(t: dict[str, torch.Tensor]) -> None:
     (orphan_weight, None, "is float8_e4m3fn but has no 'model.layers.0.mlp.down_proj.weight_scale_inv'"),
     (orphan_scale, None, "is bfloat16, not float8_e4m3fn"),
     (int_scale, None, "is uint8; FP8 block scales are read as float32 or bfloat16 only"),
-], ids=["nan", "scale-shape", "block-does-not-divide", "no-scale", "scaled-float", "uint8-scale"])
+    (fused_experts_scale, None, "which is not a module's .weight: transformers 5.25 dequantizes only"),
+], ids=["nan", "scale-shape", "block-does-not-divide", "no-scale", "scaled-float", "uint8-scale", "fused"])
 def test_hostile_fp8_inputs_are_one_line(fp8: Callable[..., Path], tmp_path: Path,
                                          tensors: Callable[[dict[str, torch.Tensor]], None] | None,
                                          config: Callable[[dict[str, Any]], None] | None, said: str) -> None:

@@ -80,6 +80,10 @@ class Fp8Tensors:
         for name in names:
             if name.endswith(SCALE):
                 weight = name.removesuffix(SCALE)
+                if not weight.endswith(".weight"):  # transformers 5's fused experts, requantized on save
+                    raise InputError(f"{source.where(name)}: tensor {name!r} scales {weight!r}, which is not a "
+                                     "module's .weight: transformers 5.25 dequantizes only X.weight / "
+                                     "X.weight_scale_inv pairs (the Hub's per-expert layout), so this is not read")
                 if weight not in present:
                     raise InputError(f"{source.where(name)}: tensor {name!r} has no {weight!r} beside it to scale; "
                                      "the checkpoint is incomplete")
