@@ -44,6 +44,17 @@ def target_for(out: Path, to: str | None) -> str:
     return to
 
 
+def _dequantizing(src: Path, to: str, dtype: str | None) -> None:
+    """A quantized (block-wise FP8) source converts only dequantized, into float tensors: keeping its
+    tensors and scales as they are is not written yet."""
+    if to == "gguf":
+        raise InputError(f"{src}: is block-wise FP8; convert it with --dtype bfloat16 into a canonical "
+                         "checkpoint first, then export that with --to gguf")
+    if dtype is None:
+        raise InputError(f"{src}: is block-wise FP8, which is not kept as it is yet; pass --dtype bfloat16 "
+                         "(or float32) to dequantize it")
+
+
 def convert(src: Path, out: Path, to: str | None, **kwargs: Any) -> str:
     """`to` is a --to name, or None for what OUT's suffix says (`target_for`). `dtype` is a --dtype
     name ("bfloat16", ...) or None to keep the checkpoint's own. Any format lmconvert reads goes to
@@ -55,5 +66,7 @@ def convert(src: Path, out: Path, to: str | None, **kwargs: Any) -> str:
             if checkpoint.meta is not None:
                 raise InputError(f"{src}: is already a canonical checkpoint; export it with --to hf, meta or gguf")
             kwargs.pop("family", None)
+        if "quantization" in checkpoint.source.info:
+            _dequantizing(src, to, kwargs.get("dtype"))
         TARGETS[to](checkpoint, out, **kwargs)
         return checkpoint.note

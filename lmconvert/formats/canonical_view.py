@@ -54,10 +54,13 @@ class CanonicalTensors:
 
     def _start(self, name: str) -> tuple[Path, int] | None:
         """Where the source bytes of `name` start: ingest's order for the canonical shards."""
-        if self._stored_at is None:
-            return None
         stored, transform = self.checkpoint.plan[name]
         first = stored[0] if isinstance(stored, tuple) else stored
+        placed = getattr(self.stored, "position", None)  # a reader's own order, as ingest's plan takes it
+        if placed is not None:
+            return placed(first)
+        if self._stored_at is None:
+            return None
         path, start, _ = self._stored_at(first)
         span = getattr(transform.forward, "span", None)
         if span is not None and not isinstance(stored, tuple):
@@ -91,12 +94,13 @@ class CanonicalTensors:
         stored, transform = self.checkpoint.plan[name]
         if isinstance(stored, tuple):
             return None
-        if transform.forward is IDENTITY.forward:
-            return self._stored_at(stored)
+        located = self._stored_at(stored)  # None: a tensor the reader makes (an FP8 pair, dequantized)
+        if transform.forward is IDENTITY.forward or located is None:
+            return located
         span = getattr(transform.forward, "span", None)
         if span is None:
             return None
-        path, start, _ = self._stored_at(stored)
+        path, start, _ = located
         size = DTYPES[dtype_name(self.stored, stored)].itemsize
         first, stop = span(self.stored.shape(stored))
         return path, start + first * size, start + stop * size

@@ -7,6 +7,7 @@ from typing import Any
 
 from .checkpoint_files import checkpoint_file
 from .errors import InputError
+from .fp8 import dequantized
 from .jsonfile import read_json_object
 from .safetensors_dir import TensorSource
 from .source import Source
@@ -25,4 +26,12 @@ def is_hf_safetensors(path: Path) -> bool:
 
 
 def open_hf_safetensors(path: Path) -> Source:
-    return Source(path, "hf-safetensors", read_config(path), TensorSource(path))
+    """A block-wise FP8 checkpoint's (weight, scale) pairs are read as one float tensor each (`fp8.py`)."""
+    config = read_config(path)
+    tensors = TensorSource(path)
+    try:
+        read, info = dequantized(config, path / "config.json", tensors)
+    except BaseException:
+        tensors.close()
+        raise
+    return Source(path, "hf-safetensors", config, read, info=info)

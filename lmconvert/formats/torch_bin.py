@@ -18,6 +18,7 @@ import torch
 
 from .checkpoint_files import checkpoint_file
 from .errors import InputError
+from .fp8 import dequantized
 from .hf import read_config
 from .jsonfile import read_weight_map, shard_files
 from .source import Source
@@ -116,4 +117,6 @@ def is_hf_bin(path: Path) -> bool:
 
 
 def open_hf_bin(path: Path) -> Source:
-    return Source(path, "hf-bin", read_config(path), BinTensors(path))
+    config = read_config(path)
+    tensors, info = dequantized(config, path / "config.json", BinTensors(path))
+    return Source(path, "hf-bin", config, tensors, info=info)

@@ -150,6 +150,19 @@ def placement(reference: Loadable, dtype: torch.dtype, device: str, max_memory: 
     return None if max_memory is None else offload_map(reference, dtype, device, max_memory)
 
 
+def dequantizing(config: object) -> dict[str, object]:
+    """A block-wise FP8 checkpoint loads dequantized (`FineGrainedFP8Config(dequantize=True)`: each
+    weight times its block's scale, in float32, cast to `dtype`), as lmconvert reads it: on CPU
+    transformers does so by itself, on a GPU it would run FP8 kernels instead."""
+    quant = getattr(config, "quantization_config", None)
+    method = quant.get("quant_method") if isinstance(quant, dict) else getattr(quant, "quant_method", None)
+    if method != "fp8":
+        return {}
+    from transformers import FineGrainedFP8Config
+
+    return {"quantization_config": FineGrainedFP8Config(dequantize=True)}
+
+
 def load_reference(reference: Loadable, dtype: torch.dtype, device: str, max_memory: int | None = None,
                    offload: str | None = None, reserve: int = 0) -> torch.nn.Module:
     from transformers import AutoConfig
@@ -164,7 +177,7 @@ def load_reference(reference: Loadable, dtype: torch.dtype, device: str, max_mem
         # transformers' default experts (grouped_mm): ours sum a mixture of experts in its order by default
         config = AutoConfig.from_pretrained(str(reference.where), **reference.kwargs)
         model = auto_class(config).from_pretrained(str(reference.where), dtype=dtype, attn_implementation="eager",
-                                                   **reference.kwargs, **extra)
+                                                   **reference.kwargs, **extra, **dequantizing(config))
     except ImportError as exc:  # device_map needs accelerate
         what = "--max-memory" if max_memory is not None else f"--device {device} over {spread_gpus(device)} GPUs"
         raise InputError(f"{what}: transformers cannot place the reference ({exc}); pip install accelerate") from None
