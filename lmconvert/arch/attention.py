@@ -119,7 +119,7 @@ class Attention(nn.Module):
         super().__init__()
         self.layer, self.cfg = layer, cfg
         # replaced by `attach` where the config has them
-        self.q_norm = self.k_norm = self.sub_norm = self.sinks = None
+        self.q_norm = self.k_norm = self.sub_norm = self.sinks = self.out_gate = None
         attach(self, parts)
         self.rotary = rotary
         self.position = cfg.layer_positions[layer]
@@ -178,6 +178,8 @@ class Attention(nn.Module):
         else:
             out = _sdpa(q, k, v, scale, bias, allowed, ctx.is_plain_causal(self.window, self.chunk), dropout, add)
         out = out.transpose(1, 2).reshape(B, T, cfg.q_dim)  # (B, T, H*D)
+        if self.out_gate is not None:  # AFMoE: output * sigmoid(gate_proj(x)), both in the activation dtype
+            out = out * torch.sigmoid(self.out_gate(x))
         if self.sub_norm is not None:  # BitNet's attn_sub_norm, before the output projection
             out = self.sub_norm(out)
         return self.o(out)

@@ -58,6 +58,7 @@ OURS: Mapping[str, Layout] = {
     "mlp.norm": RESIDUAL,  # a mixture's output norm (A.X-K1's post_mlp_layernorm), on (B, T, d) as transformers'
     # BitNet's sub-norms (the attention output before `o`, the product before `down`); xIELU's module
     "attn.sub_norm": "B T H*D", "mlp.sub_norm": "B T F", "mlp.act": "B T F",
+    "attn.out_gate": "B T H*D",  # the attention output gate's projection, before its sigmoid (AFMoE's gate_proj)
 }
 
 # Our QK norms, by ArchConfig.qk_norm: per head on the (B, T, H, D) view, or over the whole
