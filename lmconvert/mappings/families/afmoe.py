@@ -23,8 +23,9 @@ from typing import Any
 
 from lmconvert.arch import ArchConfig, MoeConfig
 
+from ..errors import MappingError
 from ..family import Family
-from ..tables.config_table import DEFAULT, Entry, fixed
+from ..tables.config_table import DEFAULT, Entry, fixed, plain
 from ..tables.hf_config import HfConfig, Key
 from ..tables.hf_layers import LAYER_TYPES_KEY, layer_kinds_from_hf, layer_types_to_hf, window_fields
 from ..tables.hf_moe import expert_rules
@@ -32,13 +33,14 @@ from ..tables.points import QK_NORM_PER_HEAD
 from ..tables.table import Rule, TensorTable
 from . import llama
 
-EVERY_KEY = Key("global_attn_every_n_layers", int, 4)
-WINDOW_KEY = Key("sliding_window", int, 1024)  # null: AfmoeConfig types it, but its sliding mask needs one
+EVERY_KEY = Key("global_attn_every_n_layers", int, 4, nullable=True, legacy=True)  # read where layer_types is absent; never written
+# null: AfmoeConfig accepts it, but its sliding layers cannot run without one (window_fields refuses it)
+WINDOW_KEY = Key("sliding_window", int, 1024, nullable=True)
 
 
 def layers_from_hf(hf: HfConfig, fields: dict[str, Any]) -> dict[str, Any]:
-    every = hf.get("global_attn_every_n_layers")
-    kinds = layer_kinds_from_hf(hf, fields["n_layers"], lambda i: bool((i + 1) % every))
+    kinds = layer_kinds_from_hf(hf, fields["n_layers"],
+                                lambda i: bool((i + 1) % stated(hf, "global_attn_every_n_layers")))
     return {**window_fields(kinds, hf.get("sliding_window")),
             "layer_positions": tuple("rope" if kind == "local" else "none" for kind in kinds)}
 
@@ -46,8 +48,24 @@ def layers_from_hf(hf: HfConfig, fields: dict[str, Any]) -> dict[str, Any]:
 def layers_to_hf(cfg: ArchConfig) -> dict[str, Any]:
     """The layers by name; RoPE anywhere but on the sliding layers reads back otherwise, so export
     refuses it by name."""
-    return {"layer_types": layer_types_to_hf(cfg.layer_kinds), "global_attn_every_n_layers": DEFAULT,
+    return {"layer_types": layer_types_to_hf(cfg.layer_kinds),
             "sliding_window": DEFAULT if cfg.sliding_window is None else cfg.sliding_window}
+
+
+def stated(hf: HfConfig, name: str) -> Any:
+    """A key AfmoeConfig types `| None` but its model cannot be built with as null."""
+    value = hf.get(name)
+    if value is None:
+        raise MappingError(f"config.json: {name}=null: transformers' Afmoe model cannot be built with it; set it, "
+                           f"or remove the key for the default ({hf.keys[name].default})")
+    return value
+
+
+def head_dim_from_hf(value: int | None) -> int:
+    if value is None:  # AfmoeConfig accepts it, AfmoeAttention then multiplies the heads by None
+        raise MappingError("config.json: head_dim=null: transformers' AfmoeAttention cannot be built with it; set "
+                           "head_dim, or remove the key for the default (128)")
+    return value
 
 
 MUP_KEY = Key("mup_enabled", bool, False, nullable=True)
@@ -63,21 +81,25 @@ def mup_to_hf(cfg: ArchConfig) -> dict[str, Any]:
     return {"mup_enabled": cfg.embed_scale is not None}
 
 
-KEYS = (Key("num_dense_layers", int, 1, bound="non_negative"), Key("num_experts", int, 64),
-        Key("num_experts_per_tok", int, 6), Key("moe_intermediate_size", int, 1408),
-        Key("num_shared_experts", int, 2), Key("route_scale", float, 1.0))
+# all but the width typed `| None` by AfmoeConfig, none of which its model can be built with (`stated`)
+KEYS = (Key("num_dense_layers", int, 1, nullable=True, bound="non_negative"),
+        Key("num_experts", int, 64, nullable=True), Key("num_experts_per_tok", int, 6, nullable=True),
+        Key("moe_intermediate_size", int, 1408), Key("num_shared_experts", int, 2, nullable=True),
+        Key("route_scale", float, 1.0, nullable=True))
 
 
 def experts_from_hf(hf: HfConfig, fields: dict[str, Any]) -> dict[str, Any]:
     n = fields["n_layers"]
-    dense = tuple(range(min(hf.get("num_dense_layers"), n)))
+    dense = tuple(range(min(stated(hf, "num_dense_layers"), n)))
+    values = {name: stated(hf, name) for name in ("num_experts", "num_experts_per_tok", "num_shared_experts",
+                                                  "route_scale")}
     if len(dense) == n:
         return {}
-    width, shared = hf.get("moe_intermediate_size"), hf.get("num_shared_experts")
-    return {"moe": MoeConfig(n_experts=hf.get("num_experts"), top_k=hf.get("num_experts_per_tok"), d_expert=width,
+    width = hf.get("moe_intermediate_size")
+    return {"moe": MoeConfig(n_experts=values["num_experts"], top_k=values["num_experts_per_tok"], d_expert=width,
                              router="sigmoid_fp32_sorted", norm_topk=True, weights_fp32=True, shared="plain",
-                             d_shared=shared * width, dense_layers=dense, selection_bias=True,
-                             scale=hf.get("route_scale"), kept_fp32=("selection_bias",))}
+                             d_shared=values["num_shared_experts"] * width, dense_layers=dense, selection_bias=True,
+                             scale=values["route_scale"], kept_fp32=("selection_bias",))}
 
 
 def experts_to_hf(cfg: ArchConfig) -> dict[str, Any]:
@@ -94,14 +116,14 @@ def experts_to_hf(cfg: ArchConfig) -> dict[str, Any]:
 
 CONFIG = llama.CONFIG.but(
     drop=("mlp_bias",),
-    add=(llama.norm(1e-5, dtype_order="scale_then_cast"),
+    add=(plain("head_dim", "head_dim", int, 128, nullable=True, read=head_dim_from_hf),
+         llama.norm(1e-5, dtype_order="scale_then_cast"),
          fixed("sandwich norms", norm_placement="sandwich", qk_norm="head", attn_output_gate="projection"),
          Entry("layer kinds", (WINDOW_KEY, LAYER_TYPES_KEY, EVERY_KEY), layers_from_hf, layers_to_hf),
          Entry("mup", (MUP_KEY,), mup_from_hf, mup_to_hf),
          Entry("experts", KEYS, experts_from_hf, experts_to_hf)),
     defaults={"vocab_size": 200192, "hidden_size": 2048, "intermediate_size": 6144, "num_attention_heads": 16,
-              "head_dim": 128, "max_position_embeddings": 16384},
-    nullable={"head_dim": False},  # AfmoeAttention reads getattr(config, "head_dim", ...): a null one is None
+              "max_position_embeddings": 16384},
 )
 
 SANDWICH_RULES = (
