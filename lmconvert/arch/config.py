@@ -42,7 +42,8 @@ PARALLEL_SUMS = ("h+attn+mlp", "mlp+attn+h", "attn+mlp+h")  # left to right: the
 ALIBI_KINDS = ("distance", "bloom", "mpt", "falcon")  # how ALiBi is built and added: see positions.ALIBI_KINDS
 ROUTERS = ("softmax", "sigmoid", "sparsemixer", "topk_softmax", "topk_sigmoid", "sigmoid_fp32", "logits",
            "topk_sigmoid_fp32", "sigmoid_fp32_sorted")
-BIASED_ROUTERS = ("softmax", "sigmoid", "sigmoid_fp32", "logits", "sigmoid_fp32_sorted")  # the routers that take a selection bias
+# the routers that take a selection bias
+BIASED_ROUTERS = ("softmax", "sigmoid", "sigmoid_fp32", "logits", "sigmoid_fp32_sorted")
 GROUPED_ROUTERS = ("softmax", "sigmoid")  # the routers that limit the choice to groups (n_group > 1)
 KEPT_FP32 = ("weight", "selection_bias")  # router parameters a model may keep in fp32 (MoeConfig.kept_fp32)
 SHARED_EXPERTS = ("none", "gated", "plain", "averaged")

@@ -33,7 +33,8 @@ from ..tables.points import QK_NORM_PER_HEAD
 from ..tables.table import Rule, TensorTable
 from . import llama
 
-EVERY_KEY = Key("global_attn_every_n_layers", int, 4, nullable=True, legacy=True)  # read where layer_types is absent; never written
+# read where layer_types is absent; never written (layer_types says it)
+EVERY_KEY = Key("global_attn_every_n_layers", int, 4, nullable=True, legacy=True)
 # null: AfmoeConfig accepts it, but its sliding layers cannot run without one (window_fields refuses it)
 WINDOW_KEY = Key("sliding_window", int, 1024, nullable=True)
 
