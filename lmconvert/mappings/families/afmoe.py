@@ -145,5 +145,6 @@ TENSORS = TensorTable(
 REFERENCE_LAYOUTS = QK_NORM_PER_HEAD
 
 FAMILY = Family("afmoe", ("afmoe",), "AfmoeForCausalLM", TENSORS, CONFIG, reference_layouts=REFERENCE_LAYOUTS,
-                no_gguf="llama.cpp's afmoe is not written or read by lmconvert yet (its attention output gate and "
-                        "router have no GGUF table here); convert to safetensors instead")
+                no_gguf="lmconvert does not write llama.cpp's afmoe architecture yet: its attention output gate, NoPE "
+                        "full layers, sorted sigmoid router and mup embedding scale are not mapped to llama.cpp's "
+                        "metadata and tensors")
