@@ -31,11 +31,11 @@ LAYER_POSITIONS = ("rope", "alibi", "relative", "none")
 LAYER_KINDS = ("global", "local")
 QK_NORMS = ("none", "head", "projection")
 SINK_FORMS = ("column", "scale")  # how a learned sink joins the softmax (ArchConfig.sink_form)
-# ArchConfig.attn_output_gate: "none", or "projection": the attention output (B, T, H*D), before `o`, times the
-# sigmoid of a projection of the attention's input of its own (AFMoE's gate_proj, `attn.out_gate`), elementwise,
-# the sigmoid and the product in the activation dtype. Room for Qwen3-Next's form, the gate emitted by q_proj
-# beside each head's query, which would be one more name here and its tensor table's split
-ATTN_OUTPUT_GATES = ("none", "projection")
+# ArchConfig.attn_output_gate: "none"; "projection": the attention output (B, T, H*D), before `o`, times the
+# sigmoid of a projection of the attention's input of its own (AFMoE's gate_proj, `attn.out_gate`), elementwise;
+# "q_heads": the same gate emitted by `q` beside each head's query, q's rows per head [query | gate] (Qwen3-Next's
+# q_proj, H * 2D wide). The sigmoid and the product in the activation dtype either way
+ATTN_OUTPUT_GATES = ("none", "projection", "q_heads")
 QK_NORM_WEIGHTS = ("shared", "per_head")
 DTYPE_ORDERS = ("cast_then_scale", "scale_then_cast")
 PARALLEL_SUMS = ("h+attn+mlp", "mlp+attn+h", "attn+mlp+h")  # left to right: the order a parallel block adds
@@ -616,6 +616,10 @@ class ArchConfig:
         if self.attn_output_gate != "none" and self.attention != "standard":
             _fail("ArchConfig", "attn_output_gate", self.attn_output_gate, "gates the standard attention's output "
                   f"only, not attention={self.attention!r}'s")
+        if self.attn_output_gate == "q_heads" and (self.qk_norm == "projection" or self.scale_query
+                                                    or self.clip_qkv is not None):
+            _fail("ArchConfig", "attn_output_gate", self.attn_output_gate, "splits each head's query from its gate "
+                  "as q comes out: needs qk_norm other than 'projection', no scale_query and no clip_qkv")
         if self.attn_sinks and self.attention != "standard":
             _fail("ArchConfig", "attn_sinks", True, "sinks join the standard attention's softmax only")
         if self.rope.reverse and self.attention != "standard":

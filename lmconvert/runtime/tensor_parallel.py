@@ -125,7 +125,8 @@ def _standard(arch: ArchConfig, plan: Plan, prefix: str) -> None:
             plan.groups[f"{prefix}.{name}"] = (head * arch.head_dim, (head + 1) * arch.head_dim)
         kv_ranks, kv_heads = tuple(range(0, size, share)), (head, head + 1)
     plan.points.update({f"{prefix}.k": (-1, kv_ranks), f"{prefix}.v": (-1, kv_ranks)})
-    if arch.attn_output_gate == "projection":  # AFMoE: the gate's rows are its heads' outputs, split as q's
+    # Qwen3-Next's gate sits in q's rows beside each head's query: split with them. AFMoE's: its rows, as q's
+    if arch.attn_output_gate == "projection":
         plan.styles[f"{prefix}.out_gate"] = "col"
         plan.points[f"{prefix}.out_gate"] = (-1, everyone)
     if arch.attn_sinks:  # gpt-oss: a sink per head, the rank's heads' (the attention's own tensor)
