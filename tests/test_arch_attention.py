@@ -459,3 +459,94 @@ def test_llama4_temperature_follows_the_cache_index_not_the_positions() -> None:
     index = torch.arange(2, 8).float()
     assert torch.equal(llama4, (torch.log1p(torch.floor((index + 1.0) / 2)) * 0.5 + 1.0)[:, None])
     assert ctx.query_temperature(0.5, 2).shape == (1, 1, 6, 1)
+
+
+# ----------------------------------------------------------------------------- the attention output gate
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("layer", [0, 1], ids=["sliding_rope", "global_nope"])
+def test_output_gate_is_afmoe_attention_bit_for_bit(dtype: torch.dtype, layer: int) -> None:
+    """ArchConfig.attn_output_gate="projection": transformers' own AfmoeAttention (eager), its
+    weights ours: per-head QK norms, RoPE on the sliding layer only, then the output times
+    sigmoid(gate_proj(x)) in the activation dtype before o_proj. Equal bit for bit in fp32 and bf16;
+    and the gate matters."""
+    from transformers import AfmoeConfig
+    from transformers.models.afmoe.modeling_afmoe import AfmoeAttention, AfmoeRotaryEmbedding
+
+    cfg = tiny(n_layers=2, n_kv_heads=2, qk_norm="head", attn_output_gate="projection", sliding_window=5,
+               layer_kinds=("local", "global"), layer_positions=("rope", "none"), rope=RopeConfig(theta=500.0),
+               norm={"eps": 1e-5, "dtype_order": "scale_then_cast"})
+    model = build(cfg, dtype=dtype)
+    ours = model.layers[layer].attn
+    hf_cfg = AfmoeConfig(hidden_size=32, num_attention_heads=4, num_key_value_heads=2, head_dim=8,
+                         num_hidden_layers=2, layer_types=["sliding_attention", "full_attention"], sliding_window=5,
+                         rms_norm_eps=1e-5, rope_parameters={"rope_type": "default", "rope_theta": 500.0})
+    hf_cfg._attn_implementation = "eager"
+    ref = AfmoeAttention(hf_cfg, layer).to(dtype).eval()
+    names = {"q_proj": "q", "k_proj": "k", "v_proj": "v", "o_proj": "o", "q_norm": "q_norm", "k_norm": "k_norm",
+             "gate_proj": "out_gate"}
+    ref.load_state_dict({f"{hf}.weight": ours.get_submodule(c).weight for hf, c in names.items()})
+    for norm in (ref.q_norm, ref.k_norm):  # transformers keeps these in fp32 (_keep_in_fp32_modules)
+        norm.float()
+    x = _x(d=32).to(dtype)
+    T = x.shape[1]
+    positions = torch.arange(T)
+    cos, sin = AfmoeRotaryEmbedding(hf_cfg)(x, positions[None])
+    mask = additive_mask(_hf_mask(T, cfg.window_for(layer)), dtype)[None, None]
+    with torch.no_grad():
+        expected, _ = ref(x, (cos, sin), mask)
+        got = _layer_at(model, layer, x)
+        assert torch.equal(got, expected)
+        ref.gate_proj.weight.zero_()  # sigmoid(0) = 1/2: the ungated output, halved
+        assert max_diff(ref(x, (cos, sin), mask)[0], got) > 1e-3
+
+
+def _layer_at(model, layer: int, x: torch.Tensor) -> torch.Tensor:
+    attn = model.layers[layer].attn
+    attn.backend = "eager"
+    positions = torch.arange(x.shape[1])
+    return attn(x, Context(positions, positions, x.dtype))
+
+
+def test_output_gate_is_the_standard_attentions_only() -> None:
+    """A form the decoder lacks, a kind other than the standard, and what Qwen3-Next's split cannot follow."""
+    with pytest.raises(ConfigError, match="attn_output_gate"):
+        tiny(attn_output_gate="per_head")
+    with pytest.raises(ConfigError, match="attn_output_gate='projection': gates the standard"):
+        tiny(attn_output_gate="projection", attention="latent", n_kv_heads=4)
+    with pytest.raises(ConfigError, match="attn_output_gate='q_heads': splits each head's query"):
+        tiny(attn_output_gate="q_heads", qk_norm="projection")
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_q_heads_output_gate_is_qwen3_next_attention_bit_for_bit(dtype: torch.dtype) -> None:
+    """ArchConfig.attn_output_gate="q_heads": transformers' own Qwen3NextAttention (eager), its
+    weights ours: q_proj emits each head's [query | gate], the query normed per head ((1 + w) in
+    fp32) and rotated, the output times sigmoid(gate) in the activation dtype before o_proj. Equal
+    bit for bit in fp32 and bf16; and the gate matters."""
+    from transformers import Qwen3NextConfig
+    from transformers.models.qwen3_next.modeling_qwen3_next import Qwen3NextAttention, Qwen3NextRotaryEmbedding
+
+    cfg = tiny(n_layers=1, n_kv_heads=2, qk_norm="head", attn_output_gate="q_heads", rope=RopeConfig(theta=500.0),
+               norm={"eps": 1e-5, "dtype_order": "scale_then_cast", "weight_offset": 1.0})
+    model = build(cfg, dtype=dtype)
+    ours = model.layers[0].attn
+    hf_cfg = Qwen3NextConfig(hidden_size=32, num_attention_heads=4, num_key_value_heads=2, head_dim=8,
+                             num_hidden_layers=1, layer_types=["full_attention"], rms_norm_eps=1e-5,
+                             rope_parameters={"rope_type": "default", "rope_theta": 500.0,
+                                              "partial_rotary_factor": 1.0})
+    hf_cfg._attn_implementation = "eager"
+    ref = Qwen3NextAttention(hf_cfg, 0).to(dtype).eval()
+    names = {"q_proj": "q", "k_proj": "k", "v_proj": "v", "o_proj": "o", "q_norm": "q_norm", "k_norm": "k_norm"}
+    ref.load_state_dict({f"{hf}.weight": ours.get_submodule(c).weight for hf, c in names.items()})
+    x = _x(d=32).to(dtype)
+    T = x.shape[1]
+    cos, sin = Qwen3NextRotaryEmbedding(hf_cfg)(x, torch.arange(T)[None])
+    mask = additive_mask(_hf_mask(T, None), dtype)[None, None]
+    with torch.no_grad():
+        expected, _ = ref(x, (cos, sin), mask)
+        got = _layer_at(model, 0, x)
+        assert torch.equal(got, expected)
+        ref.q_proj.weight.view(4, 16, 32)[:, 8:].zero_()  # every gate sigmoid(0) = 1/2
+        assert max_diff(ref(x, (cos, sin), mask)[0], got) > 1e-3

@@ -206,7 +206,8 @@ def test_every_norm_placement_has_slots():
 # each registered kind with every optional part it has
 KIND_CASES: dict[str, list[dict[str, Any]]] = {
     "standard": [dict(qk_norm="head", q_bias=True, o_bias=True),
-                 dict(qk_norm="head", qk_norm_after_rope=True, sub_norms=True)],
+                 dict(qk_norm="head", qk_norm_after_rope=True, sub_norms=True),
+                 *(dict(qk_norm="head", attn_output_gate=g) for g in ("projection", "q_heads"))],
     "latent": [dict(head_dim=8, attention_settings=dict(kv_lora_rank=6, qk_nope_head_dim=4, v_head_dim=5,
                                                          q_lora_rank=q_lora_rank, bias=bias))
                for q_lora_rank, bias in ((None, False), (7, True))],

@@ -119,7 +119,7 @@ class Attention(nn.Module):
         super().__init__()
         self.layer, self.cfg = layer, cfg
         # replaced by `attach` where the config has them
-        self.q_norm = self.k_norm = self.sub_norm = self.sinks = None
+        self.q_norm = self.k_norm = self.sub_norm = self.sinks = self.out_gate = None
         attach(self, parts)
         self.rotary = rotary
         self.position = cfg.layer_positions[layer]
@@ -136,6 +136,10 @@ class Attention(nn.Module):
         cfg = self.cfg
         B, T, _ = x.shape
         q, k, v = self.q(x), self.k(x), self.v(x)  # (B, T, H*D), (B, T, KV*D) x2
+        gate = self.out_gate(x) if self.out_gate is not None else None  # AFMoE: (B, T, H*D)
+        if cfg.attn_output_gate == "q_heads":  # Qwen3-Next: (B, T, H*2D), each head's [query | gate]
+            q, gate = torch.chunk(q.view(B, T, cfg.n_heads, 2 * cfg.head_dim), 2, dim=-1)
+            gate = gate.reshape(B, T, cfg.q_dim)
         if cfg.clip_qkv is not None:  # OLMo's clamp_, on the projections as they come out
             q, k, v = (t.clamp(-cfg.clip_qkv, cfg.clip_qkv) for t in (q, k, v))
         scale = self.scale
@@ -178,6 +182,8 @@ class Attention(nn.Module):
         else:
             out = _sdpa(q, k, v, scale, bias, allowed, ctx.is_plain_causal(self.window, self.chunk), dropout, add)
         out = out.transpose(1, 2).reshape(B, T, cfg.q_dim)  # (B, T, H*D)
+        if gate is not None:  # output * sigmoid(gate), both in the activation dtype
+            out = out * torch.sigmoid(gate)
         if self.sub_norm is not None:  # BitNet's attn_sub_norm, before the output projection
             out = self.sub_norm(out)
         return self.o(out)

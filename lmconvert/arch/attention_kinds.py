@@ -83,10 +83,12 @@ def attention_kind(name: Any) -> AttentionKind:
 # ----------------------------------------------------------------------------- standard: MHA / GQA / MQA
 def _standard_parts(cfg: ArchConfig) -> dict[str, Part]:
     """The sinks (gpt-oss: a module's own parameters come first in its state_dict), the q, k, v, o
-    projections, then the QK norms: over one head or over the whole projection."""
+    projections, then the QK norms: over one head or over the whole projection; then the output
+    gate's projection (AFMoE)."""
     parts: dict[str, Part] = {"sinks": ParamPart((cfg.n_heads,))} if cfg.attn_sinks else {}
     parts |= {
-        "q": LinearPart(cfg.d_model, cfg.q_dim, cfg.q_bias),
+        # Qwen3-Next: each head's query and its output gate side by side
+        "q": LinearPart(cfg.d_model, cfg.q_dim * (2 if cfg.attn_output_gate == "q_heads" else 1), cfg.q_bias),
         "k": LinearPart(cfg.d_model, cfg.kv_dim, cfg.k_bias),
         "v": LinearPart(cfg.d_model, cfg.kv_dim, cfg.v_bias),
         "o": LinearPart(cfg.q_dim, cfg.d_model, cfg.o_bias),
@@ -98,6 +100,8 @@ def _standard_parts(cfg: ArchConfig) -> dict[str, Part]:
         norm = replace(cfg.norm, bias=cfg.qk_norm_bias)  # the block norms' settings, but for the bias
         parts["q_norm"] = NormPart(norm_dims[0], norm)
         parts["k_norm"] = NormPart(norm_dims[1], norm)
+    if cfg.attn_output_gate == "projection":  # AFMoE's gate_proj, after its q_norm / k_norm; never a bias
+        parts["out_gate"] = LinearPart(cfg.d_model, cfg.q_dim, False)
     if cfg.sub_norms:  # BitNet: the attention output normalised before `o`
         parts["sub_norm"] = NormPart(cfg.q_dim, cfg.norm)
     return parts
@@ -119,6 +123,9 @@ def _standard_describe(cfg: ArchConfig) -> list[str]:
                      + (", after RoPE" if cfg.qk_norm_after_rope else ""))
     if cfg.sub_norms:
         lines.append("sub-norms: before the output projection and before the MLP's down projection")
+    if cfg.attn_output_gate != "none":
+        source = "a projection of the input" if cfg.attn_output_gate == "projection" else "q's second half per head"
+        lines.append(f"attention output gate: sigmoid({source}) times each head's output, before o")
     if cfg.attn_sinks:
         lines.append("attention sinks: a learned logit per head in each softmax (eager)"
                      + (", as an output scale sigmoid(logsumexp - sink)" if cfg.sink_form == "scale" else ""))

@@ -31,13 +31,19 @@ LAYER_POSITIONS = ("rope", "alibi", "relative", "none")
 LAYER_KINDS = ("global", "local")
 QK_NORMS = ("none", "head", "projection")
 SINK_FORMS = ("column", "scale")  # how a learned sink joins the softmax (ArchConfig.sink_form)
+# ArchConfig.attn_output_gate: "none"; "projection": the attention output (B, T, H*D), before `o`, times the
+# sigmoid of a projection of the attention's input of its own (AFMoE's gate_proj, `attn.out_gate`), elementwise;
+# "q_heads": the same gate emitted by `q` beside each head's query, q's rows per head [query | gate] (Qwen3-Next's
+# q_proj, H * 2D wide). The sigmoid and the product in the activation dtype either way
+ATTN_OUTPUT_GATES = ("none", "projection", "q_heads")
 QK_NORM_WEIGHTS = ("shared", "per_head")
 DTYPE_ORDERS = ("cast_then_scale", "scale_then_cast")
 PARALLEL_SUMS = ("h+attn+mlp", "mlp+attn+h", "attn+mlp+h")  # left to right: the order a parallel block adds
 ALIBI_KINDS = ("distance", "bloom", "mpt", "falcon")  # how ALiBi is built and added: see positions.ALIBI_KINDS
 ROUTERS = ("softmax", "sigmoid", "sparsemixer", "topk_softmax", "topk_sigmoid", "sigmoid_fp32", "logits",
-           "topk_sigmoid_fp32")
-BIASED_ROUTERS = ("softmax", "sigmoid", "sigmoid_fp32", "logits")  # the routers that take a selection bias
+           "topk_sigmoid_fp32", "sigmoid_fp32_sorted")
+# the routers that take a selection bias
+BIASED_ROUTERS = ("softmax", "sigmoid", "sigmoid_fp32", "logits", "sigmoid_fp32_sorted")
 GROUPED_ROUTERS = ("softmax", "sigmoid")  # the routers that limit the choice to groups (n_group > 1)
 KEPT_FP32 = ("weight", "selection_bias")  # router parameters a model may keep in fp32 (MoeConfig.kept_fp32)
 SHARED_EXPERTS = ("none", "gated", "plain", "averaged")
@@ -447,6 +453,7 @@ class ArchConfig:
     # how a sink joins: "column" as above (gpt-oss); "scale": the plain softmax's output times
     # sigmoid(logsumexp(scores) - sink), the same function rounded otherwise (GraniteSWA)
     sink_form: str = "column"
+    attn_output_gate: str = "none"  # ATTN_OUTPUT_GATES: a sigmoid gate on the attention output (AFMoE's gate_proj)
     residual_scale: float = 1.0  # each sublayer's output is multiplied by this before the residual add (Granite)
     clip_qkv: float | None = None  # q, k and v clamped to [-clip_qkv, clip_qkv] after projection (OLMo, MPT)
     # attention temperature (Ministral 3's llama_4_scaling_beta): after RoPE, every query at position p is
@@ -605,6 +612,14 @@ class ArchConfig:
                   "needs qk_norm='head', qk_norm_weight='shared' and attention='standard'")
         if self.sink_form not in SINK_FORMS:
             _fail("ArchConfig", "sink_form", self.sink_form, f"one of {', '.join(SINK_FORMS)}")
+        _choice("ArchConfig", "attn_output_gate", self.attn_output_gate, ATTN_OUTPUT_GATES)
+        if self.attn_output_gate != "none" and self.attention != "standard":
+            _fail("ArchConfig", "attn_output_gate", self.attn_output_gate, "gates the standard attention's output "
+                  f"only, not attention={self.attention!r}'s")
+        if self.attn_output_gate == "q_heads" and (self.qk_norm == "projection" or self.scale_query
+                                                    or self.clip_qkv is not None):
+            _fail("ArchConfig", "attn_output_gate", self.attn_output_gate, "splits each head's query from its gate "
+                  "as q comes out: needs qk_norm other than 'projection', no scale_query and no clip_qkv")
         if self.attn_sinks and self.attention != "standard":
             _fail("ArchConfig", "attn_sinks", True, "sinks join the standard attention's softmax only")
         if self.rope.reverse and self.attention != "standard":
@@ -839,7 +854,8 @@ class ArchConfig:
 # fields added after lmconvert.json files were first written, left out of them where unset
 UNSTATED_WHEN_UNSET: dict[str, Any] = {"attn_sinks": False, "sink_form": "column", "qk_norm_after_rope": False,
                                        "sub_norms": False, "output_vocab": None, "attn_temperature_form": "ministral3",
-                                       "attention_chunk": None, "chunked_layers": (), "qk_l2_norm": False}
+                                       "attention_chunk": None, "chunked_layers": (), "qk_l2_norm": False,
+                                       "attn_output_gate": "none"}
 ROPE_UNSTATED_WHEN_UNSET: dict[str, Any] = {"alpha": None, "reverse": False}
 
 

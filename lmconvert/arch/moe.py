@@ -155,6 +155,16 @@ def _sigmoid_fp32(router: Router, logits: torch.Tensor) -> tuple[torch.Tensor, t
     return scores.gather(1, chosen), chosen
 
 
+def _sigmoid_fp32_sorted(router: Router, logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """AFMoE's `AfmoeTokenChoiceRouter`: MiniMax-M2's scores (the sigmoid of the logits cast to fp32,
+    chosen on them plus the selection bias), the chosen in decreasing order of that choice (a sorted
+    top-k: the order each token's experts are summed in); its renormalisation guarded by 1e-20 (EPS)."""
+    scores = logits.float().sigmoid()
+    choice = scores if router.selection_bias is None else scores + router.selection_bias
+    chosen = torch.topk(choice, router.moe.top_k, dim=1)[1]
+    return scores.gather(1, chosen), chosen
+
+
 def _logits(router: Router, logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Kolibri: experts chosen on the logits plus the selection bias, weighted by the sigmoid of
     their own logits."""
@@ -165,10 +175,10 @@ def _logits(router: Router, logits: torch.Tensor) -> tuple[torch.Tensor, torch.T
 
 SCORES = {"softmax": _softmax, "sigmoid": _sigmoid, "sparsemixer": _sparsemixer, "topk_softmax": _topk_softmax,
           "topk_sigmoid": _topk_sigmoid, "sigmoid_fp32": _sigmoid_fp32, "logits": _logits,
-          "topk_sigmoid_fp32": _topk_sigmoid_fp32}
-# DeepSeek-V3 guards its renormalisation; the others do not (SparseMixer does not renormalise)
+          "topk_sigmoid_fp32": _topk_sigmoid_fp32, "sigmoid_fp32_sorted": _sigmoid_fp32_sorted}
+# DeepSeek-V3 and AFMoE guard their renormalisation; the others do not (SparseMixer does not renormalise)
 EPS = {"softmax": 0.0, "sigmoid": 1e-20, "sparsemixer": 0.0, "topk_softmax": 0.0, "topk_sigmoid": 0.0,
-       "sigmoid_fp32": 0.0, "logits": 0.0, "topk_sigmoid_fp32": 0.0}
+       "sigmoid_fp32": 0.0, "logits": 0.0, "topk_sigmoid_fp32": 0.0, "sigmoid_fp32_sorted": 1e-20}
 
 
 def _halves(expert: Expert, gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:

@@ -63,6 +63,7 @@ VARIANT_NAMES = {
     "attn_temperature_form": "Llama 4's attention temperature (log1p, fp32, layers without positions)",
     "attention_chunk": "chunked local attention", "chunked_layers": "chunked local attention on these layers",
     "qk_l2_norm": "a weightless L2 QK norm after RoPE (Llama 4)",
+    "attn_output_gate": "a sigmoid gate on the attention output (AFMoE's gate_proj)",
 }
 
 def tensor_sizes(arch: ArchConfig) -> dict[str, int]:

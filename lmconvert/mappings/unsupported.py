@@ -30,7 +30,7 @@ WHAT: dict[str, str] = {
 }
 
 NEEDS: dict[str, tuple[str, ...]] = {
-    "afmoe": ("gated-attn",), "axk2": ("mla-ext", "gated-attn", "norm-ext"),
+    "axk2": ("mla-ext", "gated-attn", "norm-ext"),
     "bailing_hybrid": ("linear", "mla-ext", "gated-attn"), "bamba": ("ssm",),
     "beam": ("gated-attn", "temperature", "router"), "blt": ("exotic",), "cpmant": ("exotic",),
     "deepseek_v4": ("sparse", "hyper", "sinks", "moe-ext", "geometry", "quant"), "diffllama": ("exotic",),

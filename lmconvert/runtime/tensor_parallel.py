@@ -18,8 +18,8 @@ Each rank reads only its slice of each weight (`formats.slices`), so none holds 
 weight; the replicated ones above are whole on every rank. What a plan cannot split exactly is
 refused with one line (`refusals`): per-head ALiBi slopes and T5 relative biases (their head
 index is global), QK norm over the whole projection (its statistics span every head), a head
-count or hidden width the ranks do not divide. Per-head QK norm weights (Cohere) and attention
-sinks (gpt-oss) go with their heads.
+count or hidden width the ranks do not divide. Per-head QK norm weights (Cohere), attention
+sinks (gpt-oss) and the attention output gate's rows (AFMoE) go with their heads.
 
 A mixture of experts splits each expert's MLP like the dense one (its hidden width over the ranks,
 two collectives per expert that runs) and replicates the router, so every rank picks the same
@@ -125,6 +125,10 @@ def _standard(arch: ArchConfig, plan: Plan, prefix: str) -> None:
             plan.groups[f"{prefix}.{name}"] = (head * arch.head_dim, (head + 1) * arch.head_dim)
         kv_ranks, kv_heads = tuple(range(0, size, share)), (head, head + 1)
     plan.points.update({f"{prefix}.k": (-1, kv_ranks), f"{prefix}.v": (-1, kv_ranks)})
+    # Qwen3-Next's gate sits in q's rows beside each head's query: split with them. AFMoE's: its rows, as q's
+    if arch.attn_output_gate == "projection":
+        plan.styles[f"{prefix}.out_gate"] = "col"
+        plan.points[f"{prefix}.out_gate"] = (-1, everyone)
     if arch.attn_sinks:  # gpt-oss: a sink per head, the rank's heads' (the attention's own tensor)
         plan.groups[prefix] = _rows(arch.n_heads, size, rank)
     if arch.qk_norm == "head":  # its output is (B, T, heads, D): the rank's heads; after RoPE (B, heads, T, D)

@@ -58,6 +58,7 @@ OURS: Mapping[str, Layout] = {
     "mlp.norm": RESIDUAL,  # a mixture's output norm (A.X-K1's post_mlp_layernorm), on (B, T, d) as transformers'
     # BitNet's sub-norms (the attention output before `o`, the product before `down`); xIELU's module
     "attn.sub_norm": "B T H*D", "mlp.sub_norm": "B T F", "mlp.act": "B T F",
+    "attn.out_gate": "B T H*D",  # the attention output gate's projection, before its sigmoid (AFMoE's gate_proj)
 }
 
 # Our QK norms, by ArchConfig.qk_norm: per head on the (B, T, H, D) view, or over the whole
@@ -71,6 +72,9 @@ OURS_QK_NORM: Mapping[str, Mapping[str, Layout]] = {
 OURS_QK_NORM_AFTER_ROPE: Mapping[str, Layout] = {"attn.q_norm": "B H T D", "attn.k_norm": "B KV T D"}
 
 OURS_BY_ATTENTION: Mapping[str, Mapping[str, Layout]] = {"latent": LATENT, "sparse": SPARSE}
+
+# q emitting each head's output gate beside its query (ArchConfig.attn_output_gate="q_heads", Qwen3-Next): H * 2D
+OURS_BY_OUTPUT_GATE: Mapping[str, Mapping[str, Layout]] = {"q_heads": {"attn.q": "B T H*QG"}}
 
 # transformers' llama-style decoders: hidden states, norms and nn.Linear projections are
 # (B, T, features), as ours. QK norms have no default: each model type that has them says where.
@@ -186,10 +190,11 @@ class PointLayouts:
     def of(cls, arch: ArchConfig, model_type: str, batch: int, seq_len: int) -> PointLayouts:
         ours = {**OURS, **OURS_QK_NORM.get(arch.qk_norm, {}),
                 **(OURS_QK_NORM_AFTER_ROPE if arch.qk_norm_after_rope else {}),
-                **OURS_BY_ATTENTION.get(arch.attention, {})}
+                **OURS_BY_ATTENTION.get(arch.attention, {}), **OURS_BY_OUTPUT_GATE.get(arch.attn_output_gate, {})}
         theirs = transformers_layouts(model_type, arch)
         sizes = {"B": batch, "T": seq_len, "d": arch.d_model, "E": arch.embed_dim, "F": arch.d_ff, "H": arch.n_heads,
-                 "KV": arch.n_kv_heads, "D": arch.head_dim, "P": 3, **_latent_sizes(arch), **_moe_sizes(arch)}
+                 "KV": arch.n_kv_heads, "D": arch.head_dim, "QG": 2 * arch.head_dim, "P": 3, **_latent_sizes(arch),
+                 **_moe_sizes(arch)}
         return cls(ours, theirs, sizes, model_type)
 
     def to_ours(self, point: str, value: torch.Tensor) -> torch.Tensor:
