@@ -35,4 +35,8 @@ SPEC = Spec(
         dict(KWARGS, layer_types=["chunked_attention", "full_attention", "full_attention", "chunked_attention"],
              moe_layers=[0, 3], num_experts_per_tok=1, floor_scale=4, attn_scale=0.25),
     ),
+    # llama.cpp's llama4 hard-codes chunks of 8192 on three layers of four, the fourth without RoPE, with its
+    # queries' temperature 0.1 over 8192 positions; it reads the experts' interleave step (layers 1 and 3 here)
+    gguf=dict(no_rope_layer_interval=4, attention_chunk_size=8192, floor_scale=8192, attn_scale=0.1,
+              moe_layers=None, interleave_moe_layer_step=2),
 )
