@@ -39,11 +39,13 @@ import numpy as np
 import pytest
 import torch
 from hf_models import save_checkpoint, token_batch
+from specs import LLAMA3
 from test_export_gguf import FP32_MAX_ABS, MODELS, TOKENIZED, built
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 import lmconvert
 from lmconvert.convert import convert, to_canonical
+from lmconvert.formats.errors import InputError
 from lmconvert.formats.smollm2 import smollm2_path
 
 pytestmark = pytest.mark.llamacpp
@@ -305,6 +307,33 @@ def test_deepseek_as_llama_cpp_s_converter_writes_it(name: str, converter: Path,
     print(f"{name} by llama.cpp's converter, f32: max |Δ| {diff.max() / scale:.1e} x scale, mean {diff.mean():.1e}, "
           f"top-1 {float((theirs.argmax(-1) == logits.argmax(-1)).float().mean()):.0%}, {same}/32 greedy tokens equal")
     assert float(diff.max()) <= 1e-5 * scale and torch.equal(theirs.argmax(-1), logits.argmax(-1)) and same == 32
+
+
+def test_llama4_as_llama_cpp_s_converter_writes_it(converter: Path, tmp_path: Path) -> None:
+    """A Llama 4 file of llama.cpp's converter reads back as its checkpoint, bit for bit; one whose every layer
+    is full attention (its converter then states `llama4.attention.sliding_window` 0, and its graph runs every
+    layer unchunked and the last without RoPE, which transformers' Llama 4 does not) is refused, naming the key. Llama 4 Scout's RoPE scaling (llama3 x8 over
+    8192 positions): the converter's rope_freqs state no parameters, which the import recovers for those."""
+    gguf_file = smollm2_path()
+    tokenizer = AutoTokenizer.from_pretrained(str(gguf_file.parent), gguf_file=gguf_file.name)
+    scout = dict(MODELS["llama4_text"], rope_parameters={**LLAMA3, "rope_theta": 5e5,
+                                                         "original_max_position_embeddings": 8192})
+    for full, kwargs in ((False, scout), (True, dict(scout, layer_types=["full_attention"] * 4))):
+        hf, path = tmp_path / f"hf{full}", tmp_path / f"converted{full}.gguf"
+        save_checkpoint(built("llama4_text", {**kwargs, "vocab_size": len(tokenizer)}), hf)
+        tokenizer.save_pretrained(hf)
+        run = subprocess.run([sys.executable, str(converter), str(hf), "--outfile", str(path), "--outtype", "f32"],
+                             capture_output=True, text=True)
+        assert run.returncode == 0, run.stderr[-2000:]
+        if full:
+            assert gguf.GGUFReader(path).fields["llama4.attention.sliding_window"].contents() == 0
+            with pytest.raises(InputError, match="llama4.attention.sliding_window: expected a positive integer, found 0"):
+                lmconvert.load(path)
+            continue
+        ours, source = (lmconvert.load(p, dtype=torch.float32).state_dict() for p in (path, hf))
+        assert set(ours) == set(source)
+        for tensor_name, tensor in ours.items():
+            assert torch.equal(tensor, source[tensor_name]), tensor_name
 
 
 # -- Gemma 3's tokenizer layouts: llama.cpp, transformers and the tokenizer `convert` rebuilds agree -----

@@ -188,8 +188,9 @@ REFERENCE_LAYOUTS = {"mlp.router": Returned(1, "B*T X"), "mlp.experts": Summed("
 # 1 + 0.1 log(floor((pos + 1) / 8192) + 1) (n_attn_temp_floor_scale, f_attn_temp_scale, f_attn_temp_offset), the
 # weightless QK norm on the rotary layers unless there are 128 experts (use_kq_norm: Maverick has none), a top-k
 # of the logits weighted by their sigmoids, unrenormalised, before the experts (build_moe_ffn), no attn_output
-# bias. A config computing otherwise is refused by name; a file stating `attention.sliding_window` 0 (its
-# converter's MobileLLM, every layer full) is refused on import (llama.cpp then runs the last layer without RoPE)
+# bias. A config computing otherwise is refused by name. A file stating `attention.sliding_window` 0 (its converter's
+# MobileLLM, every layer full, which llama.cpp then runs unchunked, its last layer without RoPE) is refused where
+# the file's key types are checked (formats/gguf.py: a window is a positive count)
 CHUNK_SIZE, NOPE_STEP, TEMPERATURE, TEMPERATURE_FLOOR, MAVERICK_EXPERTS = 8192, 4, 0.1, 8192, 128
 HARD_CODED = {"attention_chunk_size": CHUNK_SIZE, "no_rope_layer_interval": NOPE_STEP,
               "attn_temperature_tuning": True, "attn_scale": TEMPERATURE, "floor_scale": TEMPERATURE_FLOOR}
@@ -200,8 +201,8 @@ def _llama_cpp_s(config: Mapping[str, Any]) -> dict[str, Any]:
     n, experts = config["num_hidden_layers"], config.get("num_local_experts")
     rotary = [(i + 1) % NOPE_STEP != 0 for i in range(n)]
     step = config.get("interleave_moe_layer_step") or 0
-    return {**HARD_CODED, "no_rope_layers": [int(r) for r in rotary],
-            "layer_types": ["chunked_attention" if r else "full_attention" for r in rotary],
+    return {"no_rope_layers": [int(r) for r in rotary],
+            "layer_types": ["chunked_attention" if r else "full_attention" for r in rotary], **HARD_CODED,
             "use_qk_norm": experts != MAVERICK_EXPERTS,
             "moe_layers": [i for i in range(n) if step > 0 and (i + 1) % step == 0]}
 
@@ -213,7 +214,7 @@ def _refused(config: Mapping[str, Any]) -> dict[str, Any]:
     if not config.get("moe_layers") or not config.get("num_local_experts"):
         raise MappingError("config.json: no layer has experts (moe_layers); llama.cpp's llama4 loader requires them")
     for key, value in _llama_cpp_s(config).items():
-        if config.get(key) != value:
+        if config.get(key) != value and key != "no_rope_layer_interval":  # no_rope_layers says which
             raise MappingError(f"config.json: {key}={show(config.get(key))}: llama.cpp's llama4 graph computes "
                                f"{show(value)} (it hard-codes chunks of {CHUNK_SIZE}, NoPE on every "
                                f"{NOPE_STEP}th layer, temperature {TEMPERATURE} over {TEMPERATURE_FLOOR}, QK norm "
@@ -224,10 +225,6 @@ def _refused(config: Mapping[str, Any]) -> dict[str, Any]:
 
 def _from_gguf(config: Mapping[str, Any]) -> dict[str, Any]:
     """Import: what llama.cpp's llama4 graph computes for the file's experts and layers."""
-    if config.get("sliding_window") == 0:
-        raise MappingError("llama4.attention.sliding_window=0: llama.cpp then runs every layer full and the last "
-                           "without RoPE or temperature, a layout transformers' Llama 4 has not; lmconvert does "
-                           "not read it")
     return {k: v for k, v in _llama_cpp_s(config).items() if k != "moe_layers"}
 
 
@@ -237,8 +234,7 @@ GGUF_LLAMA4 = written("llama4_text", arch="llama4", table=GGUF_TABLE, stated=STA
                       keys={"feed_forward_length": "intermediate_size_mlp", "expert_count": "num_local_experts",
                             "expert_used_count": "num_experts_per_tok",
                             "expert_feed_forward_length": "intermediate_size",
-                            "interleave_moe_layer_step": "interleave_moe_layer_step",
-                            "attention.sliding_window": "sliding_window"},
+                            "interleave_moe_layer_step": "interleave_moe_layer_step"},
                       defaults={"hidden_act": "silu"}, exported=_refused, derived=_from_gguf)
 
 FAMILY = Family("llama4_text", ("llama4_text",), "Llama4ForCausalLM", TENSORS, CONFIG, gguf=(GGUF_LLAMA4,),
