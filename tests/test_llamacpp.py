@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -334,6 +335,38 @@ def test_llama4_as_llama_cpp_s_converter_writes_it(converter: Path, tmp_path: Pa
         assert set(ours) == set(source)
         for tensor_name, tensor in ours.items():
             assert torch.equal(tensor, source[tensor_name]), tensor_name
+
+
+LLAMA4_LONG = 8200  # past llama.cpp's hard-coded chunk of 8192 positions and its temperature's first step (8191)
+
+
+def test_llama4_chunks_and_temperature_past_8192_positions(exported: Any, tmp_path: Path) -> None:  # noqa: ANN401
+    """llama.cpp's llama4 over 8200 positions: its chunks of 8192 and its NoPE layers' temperature, which it
+    hard-codes, are the model's (config.json's, which export checks are those). Bar: 5e-4 x the logits' scale
+    (measured 1.8e-4, growing with the position: llama.cpp's own error, ours against our fp64 decoder is 2e-6),
+    top-1 equal everywhere; the same weights without chunks, or without the temperature, are 0.94 and 9e-3 x
+    scale away past position 8191."""
+    from llama_cpp import Llama
+
+    canonical, path = exported("llama4_text", "f32")
+    ids = torch.randint(3, 128, (LLAMA4_LONG,), generator=torch.Generator().manual_seed(0)).tolist()
+    llm = Llama(model_path=str(path), logits_all=True, verbose=False, n_ctx=8320, n_threads=2, type_k=0, type_v=0)
+    llm.eval(ids)
+    theirs = torch.from_numpy(np.array(llm.scores[:LLAMA4_LONG], dtype=np.float32))
+    errors = {}
+    for name, change in (("as is", {}), ("unchunked", {"attention_chunk_size": 16384, "layer_types": None}),
+                         ("untempered", {"floor_scale": 16384})):
+        hf = tmp_path / name.replace(" ", "-")
+        shutil.copytree(canonical.parent / "hf", hf)
+        (hf / "config.json").write_text(json.dumps({**json.loads((hf / "config.json").read_text()), **change}))
+        with torch.no_grad():
+            ours = lmconvert.load(hf, dtype=torch.float32)(torch.tensor([ids]))[0]
+        errors[name] = (theirs - ours).abs() / float(ours.abs().max())
+        if not change:
+            assert float(errors[name].max()) <= 5e-4 and torch.equal(theirs.argmax(-1), ours.argmax(-1))
+    print("llama4_text over 8200 positions, f32: max |Δ| " +
+          ", ".join(f"{name} {float(e[8191:].max()):.1e}" for name, e in errors.items()) + " x scale past 8191")
+    assert min(float(errors[name][8191:].max()) for name in ("unchunked", "untempered")) > 10 * 5e-4
 
 
 # -- Gemma 3's tokenizer layouts: llama.cpp, transformers and the tokenizer `convert` rebuilds agree -----
