@@ -313,8 +313,9 @@ def test_deepseek_as_llama_cpp_s_converter_writes_it(name: str, converter: Path,
 def test_llama4_as_llama_cpp_s_converter_writes_it(converter: Path, tmp_path: Path) -> None:
     """A Llama 4 file of llama.cpp's converter reads back as its checkpoint, bit for bit; one whose every layer
     is full attention (its converter then states `llama4.attention.sliding_window` 0, and its graph runs every
-    layer unchunked and the last without RoPE, which transformers' Llama 4 does not) is refused, naming the key. Llama 4 Scout's RoPE scaling (llama3 x8 over
-    8192 positions): the converter's rope_freqs state no parameters, which the import recovers for those."""
+    layer unchunked and the last without RoPE, which transformers' Llama 4 does not) is refused, naming the
+    key. Llama 4 Scout's RoPE scaling (llama3 x8 over 8192 positions): the converter's rope_freqs state no
+    parameters, which the import recovers for those."""
     gguf_file = smollm2_path()
     tokenizer = AutoTokenizer.from_pretrained(str(gguf_file.parent), gguf_file=gguf_file.name)
     scout = dict(MODELS["llama4_text"], rope_parameters={**LLAMA3, "rope_theta": 5e5,
@@ -328,7 +329,7 @@ def test_llama4_as_llama_cpp_s_converter_writes_it(converter: Path, tmp_path: Pa
         assert run.returncode == 0, run.stderr[-2000:]
         if full:
             assert gguf.GGUFReader(path).fields["llama4.attention.sliding_window"].contents() == 0
-            with pytest.raises(InputError, match="llama4.attention.sliding_window: expected a positive integer, found 0"):
+            with pytest.raises(InputError, match="llama4.attention.sliding_window: expected a positive integer"):
                 lmconvert.load(path)
             continue
         ours, source = (lmconvert.load(p, dtype=torch.float32).state_dict() for p in (path, hf))
