@@ -476,6 +476,8 @@ WRITTEN_ONLY = {
 # a family added with its spec alone: its spec's model cut to what llama.cpp's architecture holds
 WRITTEN_ONLY.update({name: dict(spec.kwargs, **spec.gguf) for name, spec in SPECS.items()
                      if spec.gguf is not None and name not in WRITTEN_ONLY})
+# Llama 4 Maverick's layout: 128 experts, for which llama.cpp's llama4 runs no QK norm (Scout's 16 have it)
+WRITTEN_ONLY["llama4_text:maverick"] = dict(WRITTEN_ONLY["llama4_text"], num_local_experts=128, use_qk_norm=False)
 # Falcon's layouts beyond Falcon-7B's (FAMILIES["falcon"]) that llama.cpp's falcon runs: Falcon-40B's two
 # norms, Falcon2-11B's one with grouped KV heads, multi-head attention; transformers' GGUF loader reads
 # each as Falcon-7B's, so our reader and llama.cpp are their proof
@@ -851,6 +853,21 @@ def test_a_family_written_as_another_s_architecture_reads_back_as_itself(name: s
      "gpt-oss architecture requires blk.0.attn_output.bias"),
     # full and sliding layers with thetas of their own: llama.cpp's granite_swa rotates every layer with freq_base
     ("granite_swa", dict(SPECS["granite_swa"].kwargs), "granite_swa metadata cannot express this model's rope_local"),
+    # llama.cpp's llama4 hard-codes its layer pattern, chunk, temperature and QK norm, and reads only the experts'
+    # interleave step: each key its graph would compute otherwise is named
+    *(("llama4_text", dict(WRITTEN_ONLY["llama4_text"], **overrides), f"config.json: {fragment} llama.cpp's llama4")
+      for overrides, fragment in (
+          (dict(SPECS["llama4_text"].kwargs), "no_rope_layers=[1, 0, 1, 0]:"),
+          (dict(attention_chunk_size=8), "attention_chunk_size=8:"),
+          (dict(layer_types=["chunked_attention", "full_attention", "chunked_attention", "full_attention"]),
+           'layer_types=["chunked_attention", "full_attention", "chunked_attention", "full_attention"]:'),
+          (dict(floor_scale=8), "floor_scale=8:"), (dict(attn_scale=0.5), "attn_scale=0.5:"),
+          (dict(attn_temperature_tuning=False), "attn_temperature_tuning=false:"),
+          (dict(use_qk_norm=False), "use_qk_norm=false:"),
+          (dict(num_local_experts=128), "use_qk_norm=true:"),  # Maverick's 128 experts: no QK norm
+          (dict(moe_layers=[1, 2]), "moe_layers=[1, 2]:"),
+          (dict(moe_layers=[]), "no layer has experts (moe_layers);"),
+          (dict(attention_bias=True), "attention_bias=true:"))),
 ])
 def test_what_these_llama_cpp_graphs_compute_otherwise_is_refused(name: str, overrides: dict[str, Any], fragment: str,
                                                                    tmp_path: Path) -> None:

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -39,11 +40,13 @@ import numpy as np
 import pytest
 import torch
 from hf_models import save_checkpoint, token_batch
+from specs import LLAMA3
 from test_export_gguf import FP32_MAX_ABS, MODELS, TOKENIZED, built
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 import lmconvert
 from lmconvert.convert import convert, to_canonical
+from lmconvert.formats.errors import InputError
 from lmconvert.formats.smollm2 import smollm2_path
 
 pytestmark = pytest.mark.llamacpp
@@ -305,6 +308,66 @@ def test_deepseek_as_llama_cpp_s_converter_writes_it(name: str, converter: Path,
     print(f"{name} by llama.cpp's converter, f32: max |Δ| {diff.max() / scale:.1e} x scale, mean {diff.mean():.1e}, "
           f"top-1 {float((theirs.argmax(-1) == logits.argmax(-1)).float().mean()):.0%}, {same}/32 greedy tokens equal")
     assert float(diff.max()) <= 1e-5 * scale and torch.equal(theirs.argmax(-1), logits.argmax(-1)) and same == 32
+
+
+def test_llama4_as_llama_cpp_s_converter_writes_it(converter: Path, tmp_path: Path) -> None:
+    """A Llama 4 file of llama.cpp's converter reads back as its checkpoint, bit for bit; one whose every layer
+    is full attention (its converter then states `llama4.attention.sliding_window` 0, and its graph runs every
+    layer unchunked and the last without RoPE, which transformers' Llama 4 does not) is refused, naming the
+    key. Llama 4 Scout's RoPE scaling (llama3 x8 over 8192 positions): the converter's rope_freqs state no
+    parameters, which the import recovers for those."""
+    gguf_file = smollm2_path()
+    tokenizer = AutoTokenizer.from_pretrained(str(gguf_file.parent), gguf_file=gguf_file.name)
+    scout = dict(MODELS["llama4_text"], rope_parameters={**LLAMA3, "rope_theta": 5e5,
+                                                         "original_max_position_embeddings": 8192})
+    for full, kwargs in ((False, scout), (True, dict(scout, layer_types=["full_attention"] * 4))):
+        hf, path = tmp_path / f"hf{full}", tmp_path / f"converted{full}.gguf"
+        save_checkpoint(built("llama4_text", {**kwargs, "vocab_size": len(tokenizer)}), hf)
+        tokenizer.save_pretrained(hf)
+        run = subprocess.run([sys.executable, str(converter), str(hf), "--outfile", str(path), "--outtype", "f32"],
+                             capture_output=True, text=True)
+        assert run.returncode == 0, run.stderr[-2000:]
+        if full:
+            assert gguf.GGUFReader(path).fields["llama4.attention.sliding_window"].contents() == 0
+            with pytest.raises(InputError, match="llama4.attention.sliding_window: expected a positive integer"):
+                lmconvert.load(path)
+            continue
+        ours, source = (lmconvert.load(p, dtype=torch.float32).state_dict() for p in (path, hf))
+        assert set(ours) == set(source)
+        for tensor_name, tensor in ours.items():
+            assert torch.equal(tensor, source[tensor_name]), tensor_name
+
+
+LLAMA4_LONG = 8200  # past llama.cpp's hard-coded chunk of 8192 positions and its temperature's first step (8191)
+
+
+def test_llama4_chunks_and_temperature_past_8192_positions(exported: Any, tmp_path: Path) -> None:  # noqa: ANN401
+    """llama.cpp's llama4 over 8200 positions: its chunks of 8192 and its NoPE layers' temperature, which it
+    hard-codes, are the model's (config.json's, which export checks are those). Bar: 5e-4 x the logits' scale
+    (measured 1.8e-4, growing with the position: llama.cpp's own error, ours against our fp64 decoder is 2e-6),
+    top-1 equal everywhere; the same weights without chunks, or without the temperature, are 0.94 and 9e-3 x
+    scale away past position 8191."""
+    from llama_cpp import Llama
+
+    canonical, path = exported("llama4_text", "f32")
+    ids = torch.randint(3, 128, (LLAMA4_LONG,), generator=torch.Generator().manual_seed(0)).tolist()
+    llm = Llama(model_path=str(path), logits_all=True, verbose=False, n_ctx=8320, n_threads=2, type_k=0, type_v=0)
+    llm.eval(ids)
+    theirs = torch.from_numpy(np.array(llm.scores[:LLAMA4_LONG], dtype=np.float32))
+    errors = {}
+    for name, change in (("as is", {}), ("unchunked", {"attention_chunk_size": 16384, "layer_types": None}),
+                         ("untempered", {"floor_scale": 16384})):
+        hf = tmp_path / name.replace(" ", "-")
+        shutil.copytree(canonical.parent / "hf", hf)
+        (hf / "config.json").write_text(json.dumps({**json.loads((hf / "config.json").read_text()), **change}))
+        with torch.no_grad():
+            ours = lmconvert.load(hf, dtype=torch.float32)(torch.tensor([ids]))[0]
+        errors[name] = (theirs - ours).abs() / float(ours.abs().max())
+        if not change:
+            assert float(errors[name].max()) <= 5e-4 and torch.equal(theirs.argmax(-1), ours.argmax(-1))
+    print("llama4_text over 8200 positions, f32: max |Δ| " +
+          ", ".join(f"{name} {float(e[8191:].max()):.1e}" for name, e in errors.items()) + " x scale past 8191")
+    assert min(float(errors[name][8191:].max()) for name in ("unchunked", "untempered")) > 10 * 5e-4
 
 
 # -- Gemma 3's tokenizer layouts: llama.cpp, transformers and the tokenizer `convert` rebuilds agree -----

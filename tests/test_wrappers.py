@@ -81,12 +81,13 @@ def phi4(**top: Any) -> transformers.PreTrainedConfig:
         **top)
 
 
-def llama4(**top: Any) -> transformers.PreTrainedConfig:
+def llama4(text: dict[str, Any] | None = None, **top: Any) -> transformers.PreTrainedConfig:
     """Llama 4 as published (Scout, Maverick): the wrapper around a llama4_text decoder, the family spec's
     (chunks of 8 positions, NoPE layers' query temperature, input-weighted experts), its experts on layers 0 and 2
-    (layer 1's dense MLP is a point the verify test looks for)."""
+    (layer 1's dense MLP is a point the verify test looks for), or `text`'s."""
     return transformers.Llama4Config(
-        text_config=dict(model_type="llama4_text", **{**TEXT, **SPECS["llama4_text"].kwargs, "moe_layers": [0, 2]}),
+        text_config=dict(model_type="llama4_text",
+                         **(text or {**TEXT, **SPECS["llama4_text"].kwargs, "moe_layers": [0, 2]})),
         vision_config=dict(hidden_size=16, num_hidden_layers=1, num_attention_heads=2, intermediate_size=32,
                            vision_output_dim=16, image_size=28, patch_size=14, projector_input_dim=16,
                            projector_output_dim=16),
@@ -219,6 +220,16 @@ def test_verify_of_the_canonical_checkpoint_runs_the_wrapper(wrapper: tuple[str,
 
 
 # ------------------------------------------------------------------------------------------------ tying
+def test_llama4_converts_to_gguf_as_its_text_decoder(tmp_path: Path) -> None:
+    """`convert WRAPPER X.gguf` in one step: llama.cpp's llama4 text model (the towers dropped), which lmconvert
+    reads back as the wrapper's text path; the spec's GGUF model, as llama.cpp's llama4 hard-codes it."""
+    spec = SPECS["llama4_text"]
+    src, ref = build("llama4", tmp_path / "hf", text={**TEXT, **spec.kwargs, **spec.gguf, "num_hidden_layers": 4})
+    said = CliRunner().invoke(main, ["convert", str(src), str(tmp_path / "m.gguf"), "--quant", "f32"])
+    assert said.exit_code == 0, said.output
+    assert max_abs(our_logits(tmp_path / "m.gguf"), ref) <= FP32_TOL
+
+
 def test_a_wrapper_written_before_transformers_5_keeps_its_own_head(tmp_path: Path) -> None:
     """Mistral Small 3.1 / 3.2 as published state `tie_word_embeddings` nowhere and hold their own
     `language_model.lm_head.weight`: transformers 5, whose Mistral3Config ties by default, keeps a

@@ -6,7 +6,7 @@ experts (top-3, input-weighted, a shared expert), 0 and 3 dense MLPs of intermed
 
 from __future__ import annotations
 
-from specs import LLAMA3, Spec
+from specs import LLAMA3, GgufNaming, Spec
 
 ROPE = {**LLAMA3, "rope_theta": 5e5, "original_max_position_embeddings": 16}
 KWARGS = dict(num_hidden_layers=4, head_dim=16, intermediate_size=32, intermediate_size_mlp=96, num_local_experts=4,
@@ -35,4 +35,13 @@ SPEC = Spec(
         dict(KWARGS, layer_types=["chunked_attention", "full_attention", "full_attention", "chunked_attention"],
              moe_layers=[0, 3], num_experts_per_tok=1, floor_scale=4, attn_scale=0.25),
     ),
+    # llama.cpp's llama4 hard-codes chunks of 8192 on three layers of four, the fourth without RoPE, with its
+    # queries' temperature 0.1 over 8192 positions; it reads the experts' interleave step (layers 1 and 3 here)
+    gguf=dict(no_rope_layer_interval=4, attention_chunk_size=8192, floor_scale=8192, attn_scale=0.1,
+              moe_layers=None, interleave_moe_layer_step=2),
+    # Llama4Model splits gate_up_proj into gate and up and adds `.weight` to the experts' down_proj
+    gguf_naming=GgufNaming(converter_names={
+        ("feed_forward.experts.gate_up_proj", "gate"): "ffn_gate_exps.weight",
+        ("feed_forward.experts.gate_up_proj", "up"): "ffn_up_exps.weight",
+        ("feed_forward.experts.down_proj", "down"): "ffn_down_exps.weight"}),
 )

@@ -25,6 +25,7 @@ model and multi-modal projector dropped; export writes the text-only Llama4ForCa
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 from lmconvert.arch import ArchConfig, MoeConfig
@@ -32,6 +33,7 @@ from lmconvert.arch import ArchConfig, MoeConfig
 from ..errors import MappingError
 from ..family import Family
 from ..tables.config_table import DEFAULT, Entry, plain
+from ..tables.gguf import MOE_RULES, STATES_VOCAB_AND_ROPE, tensor_table, written
 from ..tables.hf_config import HfConfig, Key, show
 from ..tables.hf_rope import rope
 from ..tables.hf_wrapper import nested_text_config, wrapped
@@ -175,10 +177,67 @@ CONFIG = llama.CONFIG.but(
 # Llama4Router returns its scores, then its logits; Llama4TextExperts every expert's output, the unchosen zero
 REFERENCE_LAYOUTS = {"mlp.router": Returned(1, "B*T X"), "mlp.experts": Summed("X*B*T d", "X")}
 
-FAMILY = Family("llama4_text", ("llama4_text",), "Llama4ForCausalLM", TENSORS, CONFIG,
-                no_gguf="lmconvert does not write llama.cpp's llama4 architecture yet: its chunked layers, NoPE "
-                        "layers, attention temperature and input-weighted experts are not mapped to llama.cpp's "
-                        "metadata and tensors",
+# -- llama.cpp (GGUF)
+# llama.cpp's llama4 (convert_hf_to_gguf.py's Llama4Model, a LlamaModel without its q/k permutation: llama.cpp's
+# rope type for llama4 is its interleaved one, transformers' complex pairs): the dense layers' width as
+# feed_forward_length (intermediate_size_mlp), the experts' as expert_feed_forward_length (intermediate_size), the
+# shared expert as wide as one; the experts split out of gate_up_proj and stacked (`ffn_gate_exps` ...), the
+# shared expert as `ffn_*_shexp`, the router as `ffn_gate_inp`. Its loader (src/models/llama4.cpp) reads only
+# interleave_moe_layer_step of the layer pattern; its graph hard-codes the rest: chunks of 8192 positions on three
+# layers of four, the fourth without RoPE (n_no_rope_layer_step 4) and its queries scaled by
+# 1 + 0.1 log(floor((pos + 1) / 8192) + 1) (n_attn_temp_floor_scale, f_attn_temp_scale, f_attn_temp_offset), the
+# weightless QK norm on the rotary layers unless there are 128 experts (use_kq_norm: Maverick has none), a top-k
+# of the logits weighted by their sigmoids, unrenormalised, before the experts (build_moe_ffn), no attn_output
+# bias. A config computing otherwise is refused by name. A file stating `attention.sliding_window` 0 (its converter's
+# MobileLLM, every layer full, which llama.cpp then runs unchunked, its last layer without RoPE) is refused where
+# the file's key types are checked (formats/gguf.py: a window is a positive count)
+CHUNK_SIZE, NOPE_STEP, TEMPERATURE, TEMPERATURE_FLOOR, MAVERICK_EXPERTS = 8192, 4, 0.1, 8192, 128
+HARD_CODED = {"attention_chunk_size": CHUNK_SIZE, "no_rope_layer_interval": NOPE_STEP,
+              "attn_temperature_tuning": True, "attn_scale": TEMPERATURE, "floor_scale": TEMPERATURE_FLOOR}
+
+
+def _llama_cpp_s(config: Mapping[str, Any]) -> dict[str, Any]:
+    """llama.cpp's llama4 graph for a model of these experts and layers: the HF keys it hard-codes."""
+    n, experts = config["num_hidden_layers"], config.get("num_local_experts")
+    rotary = [(i + 1) % NOPE_STEP != 0 for i in range(n)]
+    step = config.get("interleave_moe_layer_step") or 0
+    return {"no_rope_layers": [int(r) for r in rotary],
+            "layer_types": ["chunked_attention" if r else "full_attention" for r in rotary], **HARD_CODED,
+            "use_qk_norm": experts != MAVERICK_EXPERTS,
+            "moe_layers": [i for i in range(n) if step > 0 and (i + 1) % step == 0]}
+
+
+def _refused(config: Mapping[str, Any]) -> dict[str, Any]:
+    """Export: nothing beyond `keys`, once the config is llama.cpp's llama4 graph; else which key and why."""
+    if config.get("attention_bias"):
+        raise MappingError("config.json: attention_bias=true: llama.cpp's llama4 loads no attn_output.bias")
+    if not config.get("moe_layers") or not config.get("num_local_experts"):
+        raise MappingError("config.json: no layer has experts (moe_layers); llama.cpp's llama4 loader requires them")
+    for key, value in _llama_cpp_s(config).items():
+        if config.get(key) != value and key != "no_rope_layer_interval":  # no_rope_layers says which
+            raise MappingError(f"config.json: {key}={show(config.get(key))}: llama.cpp's llama4 graph computes "
+                               f"{show(value)} (it hard-codes chunks of {CHUNK_SIZE}, NoPE on every "
+                               f"{NOPE_STEP}th layer, temperature {TEMPERATURE} over {TEMPERATURE_FLOOR}, QK norm "
+                               f"unless {MAVERICK_EXPERTS} experts, experts every interleave_moe_layer_step-th "
+                               "layer); export it as HF safetensors instead")
+    return {}
+
+
+def _from_gguf(config: Mapping[str, Any]) -> dict[str, Any]:
+    """Import: what llama.cpp's llama4 graph computes for the file's experts and layers."""
+    return {k: v for k, v in _llama_cpp_s(config).items() if k != "moe_layers"}
+
+
+GGUF_TABLE = TensorTable((*tensor_table(False, 0.0, True).rules,
+                          *(r for r in MOE_RULES if "gate_inp_shexp" not in r.stored)))
+GGUF_LLAMA4 = written("llama4_text", arch="llama4", table=GGUF_TABLE, stated=STATES_VOCAB_AND_ROPE,
+                      keys={"feed_forward_length": "intermediate_size_mlp", "expert_count": "num_local_experts",
+                            "expert_used_count": "num_experts_per_tok",
+                            "expert_feed_forward_length": "intermediate_size",
+                            "interleave_moe_layer_step": "interleave_moe_layer_step"},
+                      defaults={"hidden_act": "silu"}, exported=_refused, derived=_from_gguf)
+
+FAMILY = Family("llama4_text", ("llama4_text",), "Llama4ForCausalLM", TENSORS, CONFIG, gguf=(GGUF_LLAMA4,),
                 wraps={"llama4": ("llama4_text",)}, reference_layouts=REFERENCE_LAYOUTS,
                 notes={"llama4": "Llama4ForConditionalGeneration (model_type llama4): only the text decoder is read; "
                                  "the vision model and multi-modal projector are left out"})
