@@ -1307,3 +1307,30 @@ def test_input_weighted_moe_is_llama4s_bit_for_bit(dtype: torch.dtype) -> None:
         expected, logits = theirs(x)
         assert torch.equal(ours(x), expected.view(2, 7, 32))
         assert torch.equal(ours.router(x.reshape(-1, 32))[0], logits)
+
+
+@pytest.mark.bitexact
+def test_flint_keeps_its_fp32_sinks_in_bf16(saved: Callable[..., Path], tmp_path: Path) -> None:
+    """transformers keeps Flint's sinks in fp32 in a bf16 model (`_keep_in_fp32_modules_strict`), as a checkpoint
+    it saves stores them; the decoder keeps them too (`sinks_fp32`), so a bf16 checkpoint holding fp32 sinks runs
+    bit for bit. Rounded to bf16, as a decoder holding them in the model's dtype would, the logits differ."""
+    from safetensors.torch import load_file, save_file
+
+    src = saved("flint", torch.bfloat16)
+    mixed = tmp_path / "mixed"
+    shutil.copytree(src, mixed)
+    fp32 = load_file(str(saved("flint") / "model.safetensors"))
+    tensors = load_file(str(mixed / "model.safetensors"))
+    sinks = [n for n in tensors if n.endswith("softmax_offset") or n.endswith("self_attn.sinks")]
+    assert sinks
+    for n in sinks:  # the full-precision values, stored in fp32 beside the bf16 weights
+        tensors[n] = fp32[n].float() + 1e-3  # off the bf16 grid, so a rounding would show
+    save_file(tensors, str(mixed / "model.safetensors"), metadata={"format": "pt"})
+    theirs = their_model(mixed, torch.bfloat16)
+    ours = lmconvert.load(mixed, dtype=torch.bfloat16, attention="eager")
+    assert all(p.dtype == torch.float32 for n, p in ours.named_parameters() if n.endswith("attn.sinks"))
+    with torch.no_grad():
+        assert torch.equal(ours(IDS), theirs(IDS).logits)
+        for block in ours.layers:
+            block.attn.sinks.data = block.attn.sinks.data.to(torch.bfloat16).float()
+        assert not torch.equal(ours(IDS), theirs(IDS).logits)

@@ -121,6 +121,8 @@ class Attention(nn.Module):
         # replaced by `attach` where the config has them
         self.q_norm = self.k_norm = self.sub_norm = self.sinks = self.out_gate = None
         attach(self, parts)
+        if cfg.sinks_fp32 and self.sinks is not None:  # the loaders keep these fp32 in any dtype
+            self.fp32_parameters = ("sinks",)
         self.rotary = rotary
         self.position = cfg.layer_positions[layer]
         # The shared table is registered once, as the Decoder's `rel_bias`. Registered here as well,

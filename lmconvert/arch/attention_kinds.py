@@ -128,7 +128,8 @@ def _standard_describe(cfg: ArchConfig) -> list[str]:
         lines.append(f"attention output gate: sigmoid({source}) times each head's output, before o")
     if cfg.attn_sinks:
         lines.append("attention sinks: a learned logit per head in each softmax (eager)"
-                     + (", as an output scale sigmoid(logsumexp - sink)" if cfg.sink_form == "scale" else ""))
+                     + (", as an output scale sigmoid(logsumexp - sink)" if cfg.sink_form == "scale" else "")
+                     + (", kept in fp32" if cfg.sinks_fp32 else ""))
     return lines
 
 

@@ -453,6 +453,7 @@ class ArchConfig:
     # how a sink joins: "column" as above (gpt-oss); "scale": the plain softmax's output times
     # sigmoid(logsumexp(scores) - sink), the same function rounded otherwise (GraniteSWA)
     sink_form: str = "column"
+    sinks_fp32: bool = False  # the sinks kept in fp32 in any dtype (Flint's `_keep_in_fp32_modules_strict`)
     attn_output_gate: str = "none"  # ATTN_OUTPUT_GATES: a sigmoid gate on the attention output (AFMoE's gate_proj)
     residual_scale: float = 1.0  # each sublayer's output is multiplied by this before the residual add (Granite)
     clip_qkv: float | None = None  # q, k and v clamped to [-clip_qkv, clip_qkv] after projection (OLMo, MPT)
@@ -852,7 +853,8 @@ class ArchConfig:
 
 
 # fields added after lmconvert.json files were first written, left out of them where unset
-UNSTATED_WHEN_UNSET: dict[str, Any] = {"attn_sinks": False, "sink_form": "column", "qk_norm_after_rope": False,
+UNSTATED_WHEN_UNSET: dict[str, Any] = {"attn_sinks": False, "sink_form": "column", "sinks_fp32": False,
+                                       "qk_norm_after_rope": False,
                                        "sub_norms": False, "output_vocab": None, "attn_temperature_form": "ministral3",
                                        "attention_chunk": None, "chunked_layers": (), "qk_l2_norm": False,
                                        "attn_output_gate": "none"}

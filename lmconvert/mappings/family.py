@@ -37,6 +37,7 @@ VARIANT_NAMES = {
     "attn_scale": "a custom attention score scale", "attn_softcap": "attention soft-capping",
     "attn_sinks": "attention sinks (a learned logit per head in the softmax)",
     "sink_form": "attention sinks as an output scale (sigmoid(logsumexp - sink))",
+    "sinks_fp32": "attention sinks kept in fp32 in any dtype",
     "residual_scale": "residual scaling",
     "qk_norm_weight": "QK-norm weights per head", "qk_norm_bias": "a QK-norm bias",
     "clip_qkv": "q/k/v clamping",

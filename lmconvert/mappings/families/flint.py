@@ -1,19 +1,19 @@
 """Flint (FlintForCausalLM).
 
 Same as qwen3_moe, except: every attention head has a learned sink (`self_attn.sinks` [heads], the
-Hub's `self_attn.softmax_offset`), a logit that joins each query's softmax as one more column and is
-dropped after it; the scores are computed from fp32 copies of q and k and softmaxed with the sink in
-fp32 before the cast to the activation dtype; `layer_types` (default: full on layers 0 and 1, every
-layer i with i % 4 == 1 and the last, sliding elsewhere) picks the layers that attend within
-`sliding_window` (default 513), and only the sliding layers rotate (full layers have no positions);
-every norm (the QK norms too) multiplies its weight in fp32 before the cast back (`GptOssRMSNorm`);
-the router (`mlp.gate`, kept in fp32) computes its logits in fp32, chooses the top
-`num_experts_per_tok` of `num_experts` (default 256, top 6) by their sigmoids and weights them by
-those sigmoids, renormalised to sum to 1 where `norm_topk_prob` (default true), kept in fp32 as each
-expert's output is weighted; every sparse layer adds an ungated shared SwiGLU expert
-(`mlp.shared_expert`, `shared_expert_intermediate_size` wide, default 1024) to the routed experts;
-`mlp_only_layers` defaults to [0, 1] (null too), and the dense MLP is `intermediate_size` wide (6144).
-The auxiliary-loss keys act in training only.
+Hub's `self_attn.softmax_offset`; kept in fp32 in any dtype), a logit that joins each query's
+softmax as one more column and is dropped after it; the scores are computed from fp32 copies of q
+and k and softmaxed with the sink in fp32 before the cast to the activation dtype; `layer_types`
+(default: full on layers 0 and 1, every layer i with i % 4 == 1 and the last, sliding elsewhere)
+picks the layers that attend within `sliding_window` (default 513), and only the sliding layers
+rotate (full layers have no positions); every norm (the QK norms too) multiplies its weight in fp32
+before the cast back (`GptOssRMSNorm`); the router (`mlp.gate`, kept in fp32) computes its logits in
+fp32, chooses the top `num_experts_per_tok` of `num_experts` (default 256, top 6) by their sigmoids
+and weights them by those sigmoids, renormalised to sum to 1 where `norm_topk_prob` (default true),
+kept in fp32 as each expert's output is weighted; every sparse layer adds an ungated shared SwiGLU
+expert (`mlp.shared_expert`, `shared_expert_intermediate_size` wide, default 1024) to the routed
+experts; `mlp_only_layers` defaults to [0, 1] (null too), and the dense MLP is `intermediate_size`
+wide (6144). The auxiliary-loss keys act in training only.
 """
 
 from __future__ import annotations
@@ -79,7 +79,7 @@ CONFIG = qwen3_moe.CONFIG.but(
     add=(llama.norm(1e-6, dtype_order="scale_then_cast"),
          Entry("layer kinds", (SLIDING_WINDOW_KEY, LAYER_TYPES_KEY), layers_from_hf, layers_and_window_to_hf),
          Entry("experts", ROUTED.keys, experts_from_hf, experts_to_hf),
-         fixed("sinks", attn_sinks=True, scores_fp32=True)),
+         fixed("sinks", attn_sinks=True, scores_fp32=True, sinks_fp32=True)),
     defaults={"vocab_size": 150144, "hidden_size": 2048, "intermediate_size": 6144, "num_hidden_layers": 49,
               "num_attention_heads": 32, "num_key_value_heads": 4, "head_dim": 128,
               "max_position_embeddings": 262144, "sliding_window": 513},
