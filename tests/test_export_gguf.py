@@ -854,20 +854,21 @@ def test_a_family_written_as_another_s_architecture_reads_back_as_itself(name: s
     # full and sliding layers with thetas of their own: llama.cpp's granite_swa rotates every layer with freq_base
     ("granite_swa", dict(SPECS["granite_swa"].kwargs), "granite_swa metadata cannot express this model's rope_local"),
     # llama.cpp's llama4 hard-codes its layer pattern, chunk, temperature and QK norm, and reads only the experts'
-    # interleave step: each key its graph would compute otherwise is named
-    *(("llama4_text", dict(WRITTEN_ONLY["llama4_text"], **overrides), f"config.json: {fragment} llama.cpp's llama4")
+    # interleave step: the file read back (`derived` fills in what its graph computes) loses what differs, named
+    *(("llama4_text", dict(WRITTEN_ONLY["llama4_text"], **overrides), f"llama4 {fragment}")
       for overrides, fragment in (
-          (dict(SPECS["llama4_text"].kwargs), "no_rope_layers=[1, 0, 1, 0]:"),
-          (dict(attention_chunk_size=8), "attention_chunk_size=8:"),
+          (dict(SPECS["llama4_text"].kwargs), "metadata cannot express this model's moe, layer_positions"),
+          (dict(attention_chunk_size=8), "metadata cannot express this model's attention_chunk;"),
           (dict(layer_types=["chunked_attention", "full_attention", "chunked_attention", "full_attention"]),
-           'layer_types=["chunked_attention", "full_attention", "chunked_attention", "full_attention"]:'),
-          (dict(floor_scale=8), "floor_scale=8:"), (dict(attn_scale=0.5), "attn_scale=0.5:"),
-          (dict(attn_temperature_tuning=False), "attn_temperature_tuning=false:"),
-          (dict(use_qk_norm=False), "use_qk_norm=false:"),
-          (dict(num_local_experts=128), "use_qk_norm=true:"),  # Maverick's 128 experts: no QK norm
-          (dict(moe_layers=[1, 2]), "moe_layers=[1, 2]:"),
-          (dict(moe_layers=[]), "no layer has experts (moe_layers);"),
-          (dict(attention_bias=True), "attention_bias=true:"))),
+           "metadata cannot express this model's chunked_layers;"),
+          (dict(floor_scale=8), "metadata cannot express this model's attn_temperature_floor;"),
+          (dict(attn_scale=0.5), "metadata cannot express this model's attn_temperature;"),
+          (dict(attn_temperature_tuning=False), "metadata cannot express this model's attn_temperature,"),
+          (dict(use_qk_norm=False), "metadata cannot express this model's qk_l2_norm;"),
+          (dict(num_local_experts=128), "metadata cannot express this model's qk_l2_norm;"),  # Maverick: no QK norm
+          (dict(moe_layers=[1, 2]), "metadata cannot express this model's moe;"),
+          (dict(moe_layers=[]), "metadata cannot express this model's moe;"),
+          (dict(attention_bias=True), "architecture loads no"))),
 ])
 def test_what_these_llama_cpp_graphs_compute_otherwise_is_refused(name: str, overrides: dict[str, Any], fragment: str,
                                                                    tmp_path: Path) -> None:

@@ -49,7 +49,8 @@ KEPT_FP32 = ("weight", "selection_bias")  # router parameters a model may keep i
 SHARED_EXPERTS = ("none", "gated", "plain", "averaged")
 SUM_ORDERS = ("grouped_mm", "eager")  # arch/moe.py's SUMS
 GLUS = ("halves", "clamped_swiglu")  # arch/moe.py's GLUS: how a routed expert gates its gate and up outputs
-# arch/context.py's TEMPERATURES: how ArchConfig.attn_temperature scales a query at position p, and on which layers
+# how ArchConfig.attn_temperature scales a query at position p (arch/context.py's query_temperature), and on
+# which layers (arch/attention.py)
 TEMPERATURE_FORMS = ("ministral3", "llama4")
 
 
@@ -817,13 +818,12 @@ class ArchConfig:
         for name, unset in UNSTATED_WHEN_UNSET.items():  # likewise: a model without them reads as before
             if data[name] == unset:
                 del data[name]
-        if data.get("moe") is not None and not data["moe"]["weight_input"]:  # likewise
-            del data["moe"]["weight_input"]
-        for rope in ("rope", "rope_local"):
-            if data[rope] is not None:
-                for name, unset in ROPE_UNSTATED_WHEN_UNSET.items():
-                    if data[rope][name] == unset:
-                        del data[rope][name]
+        for part, unstated in (("rope", ROPE_UNSTATED_WHEN_UNSET), ("rope_local", ROPE_UNSTATED_WHEN_UNSET),
+                               ("moe", MOE_UNSTATED_WHEN_UNSET)):
+            if data.get(part) is not None:
+                for name, unset in unstated.items():
+                    if data[part][name] == unset:
+                        del data[part][name]
         return data
 
     def to_json(self) -> str:
@@ -859,6 +859,7 @@ UNSTATED_WHEN_UNSET: dict[str, Any] = {"attn_sinks": False, "sink_form": "column
                                        "attention_chunk": None, "chunked_layers": (), "qk_l2_norm": False,
                                        "attn_output_gate": "none"}
 ROPE_UNSTATED_WHEN_UNSET: dict[str, Any] = {"alpha": None, "reverse": False}
+MOE_UNSTATED_WHEN_UNSET: dict[str, Any] = {"weight_input": False}
 
 
 def _sub(kind: type, value: Any, name: str) -> Any:

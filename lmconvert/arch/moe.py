@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Iterable
+from functools import partial
 
 import torch
 from torch import nn
@@ -145,23 +146,15 @@ def _sparsemixer(router: Router, logits: torch.Tensor) -> tuple[torch.Tensor, to
     return torch.concat((first, second), dim=-1), torch.concat((one, two), dim=-1)
 
 
-def _sigmoid_fp32(router: Router, logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def _sigmoid_fp32(router: Router, logits: torch.Tensor, ordered: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
     """MiniMax-M2: the sigmoid of the logits cast to fp32 (the logits themselves in the
     activation dtype), experts chosen on those scores plus the selection bias (in its dtype),
-    weighted by the unbiased scores."""
+    weighted by the unbiased scores. `ordered` (AFMoE's `AfmoeTokenChoiceRouter`): the chosen in
+    decreasing order of that choice, a sorted top-k, the order each token's experts are summed in
+    (its renormalisation guarded by 1e-20: EPS)."""
     scores = logits.float().sigmoid()
     choice = scores if router.selection_bias is None else scores + router.selection_bias
-    chosen = torch.topk(choice, router.moe.top_k, dim=-1, sorted=False)[1]
-    return scores.gather(1, chosen), chosen
-
-
-def _sigmoid_fp32_sorted(router: Router, logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """AFMoE's `AfmoeTokenChoiceRouter`: MiniMax-M2's scores (the sigmoid of the logits cast to fp32,
-    chosen on them plus the selection bias), the chosen in decreasing order of that choice (a sorted
-    top-k: the order each token's experts are summed in); its renormalisation guarded by 1e-20 (EPS)."""
-    scores = logits.float().sigmoid()
-    choice = scores if router.selection_bias is None else scores + router.selection_bias
-    chosen = torch.topk(choice, router.moe.top_k, dim=1)[1]
+    chosen = torch.topk(choice, router.moe.top_k, dim=-1, sorted=ordered)[1]
     return scores.gather(1, chosen), chosen
 
 
@@ -175,7 +168,7 @@ def _logits(router: Router, logits: torch.Tensor) -> tuple[torch.Tensor, torch.T
 
 SCORES = {"softmax": _softmax, "sigmoid": _sigmoid, "sparsemixer": _sparsemixer, "topk_softmax": _topk_softmax,
           "topk_sigmoid": _topk_sigmoid, "sigmoid_fp32": _sigmoid_fp32, "logits": _logits,
-          "topk_sigmoid_fp32": _topk_sigmoid_fp32, "sigmoid_fp32_sorted": _sigmoid_fp32_sorted}
+          "topk_sigmoid_fp32": _topk_sigmoid_fp32, "sigmoid_fp32_sorted": partial(_sigmoid_fp32, ordered=True)}
 # DeepSeek-V3 and AFMoE guard their renormalisation; the others do not (SparseMixer does not renormalise)
 EPS = {"softmax": 0.0, "sigmoid": 1e-20, "sparsemixer": 0.0, "topk_softmax": 0.0, "topk_sigmoid": 0.0,
        "sigmoid_fp32": 0.0, "logits": 0.0, "topk_sigmoid_fp32": 0.0, "sigmoid_fp32_sorted": 1e-20}

@@ -181,16 +181,17 @@ REFERENCE_LAYOUTS = {"mlp.router": Returned(1, "B*T X"), "mlp.experts": Summed("
 # llama.cpp's llama4 (convert_hf_to_gguf.py's Llama4Model, a LlamaModel without its q/k permutation: llama.cpp's
 # rope type for llama4 is its interleaved one, transformers' complex pairs): the dense layers' width as
 # feed_forward_length (intermediate_size_mlp), the experts' as expert_feed_forward_length (intermediate_size), the
-# shared expert as wide as one; the experts split out of gate_up_proj and stacked (`ffn_gate_exps` ...), the
-# shared expert as `ffn_*_shexp`, the router as `ffn_gate_inp`. Its loader (src/models/llama4.cpp) reads only
+# shared expert as wide as one; the experts split out of gate_up_proj and stacked (`ffn_gate_exps` ...), the shared
+# expert as `ffn_*_shexp`, the router as `ffn_gate_inp`. Its loader (src/models/llama4.cpp) reads only
 # interleave_moe_layer_step of the layer pattern; its graph hard-codes the rest: chunks of 8192 positions on three
-# layers of four, the fourth without RoPE (n_no_rope_layer_step 4) and its queries scaled by
-# 1 + 0.1 log(floor((pos + 1) / 8192) + 1) (n_attn_temp_floor_scale, f_attn_temp_scale, f_attn_temp_offset), the
-# weightless QK norm on the rotary layers unless there are 128 experts (use_kq_norm: Maverick has none), a top-k
-# of the logits weighted by their sigmoids, unrenormalised, before the experts (build_moe_ffn), no attn_output
-# bias. A config computing otherwise is refused by name. A file stating `attention.sliding_window` 0 (its converter's
-# MobileLLM, every layer full, which llama.cpp then runs unchunked, its last layer without RoPE) is refused where
-# the file's key types are checked (formats/gguf.py: a window is a positive count)
+# layers of four, the fourth without RoPE (n_no_rope_layer_step 4) and its queries scaled by 1 + 0.1 log(floor((pos
+# + 1) / 8192) + 1) (n_attn_temp_floor_scale, f_attn_temp_scale, f_attn_temp_offset), the weightless QK norm on the
+# rotary layers unless there are 128 experts (use_kq_norm: Maverick has none), a top-k of the logits weighted by
+# their sigmoids, unrenormalised, before the experts (build_moe_ffn), no attn_output bias. A config computing
+# otherwise is refused by the read-back (`derived` fills in what the graph computes), naming what it loses. A file
+# stating `attention.sliding_window` 0 (its converter's MobileLLM, every layer full, which llama.cpp then runs
+# unchunked, its last layer without RoPE) is refused where the file's key types are checked (formats/gguf.py: a
+# window is a positive count)
 CHUNK_SIZE, NOPE_STEP, TEMPERATURE, TEMPERATURE_FLOOR, MAVERICK_EXPERTS = 8192, 4, 0.1, 8192, 128
 HARD_CODED = {"attention_chunk_size": CHUNK_SIZE, "no_rope_layer_interval": NOPE_STEP,
               "attn_temperature_tuning": True, "attn_scale": TEMPERATURE, "floor_scale": TEMPERATURE_FLOOR}
@@ -207,22 +208,6 @@ def _llama_cpp_s(config: Mapping[str, Any]) -> dict[str, Any]:
             "moe_layers": [i for i in range(n) if step > 0 and (i + 1) % step == 0]}
 
 
-def _refused(config: Mapping[str, Any]) -> dict[str, Any]:
-    """Export: nothing beyond `keys`, once the config is llama.cpp's llama4 graph; else which key and why."""
-    if config.get("attention_bias"):
-        raise MappingError("config.json: attention_bias=true: llama.cpp's llama4 loads no attn_output.bias")
-    if not config.get("moe_layers") or not config.get("num_local_experts"):
-        raise MappingError("config.json: no layer has experts (moe_layers); llama.cpp's llama4 loader requires them")
-    for key, value in _llama_cpp_s(config).items():
-        if config.get(key) != value and key != "no_rope_layer_interval":  # no_rope_layers says which
-            raise MappingError(f"config.json: {key}={show(config.get(key))}: llama.cpp's llama4 graph computes "
-                               f"{show(value)} (it hard-codes chunks of {CHUNK_SIZE}, NoPE on every "
-                               f"{NOPE_STEP}th layer, temperature {TEMPERATURE} over {TEMPERATURE_FLOOR}, QK norm "
-                               f"unless {MAVERICK_EXPERTS} experts, experts every interleave_moe_layer_step-th "
-                               "layer); export it as HF safetensors instead")
-    return {}
-
-
 def _from_gguf(config: Mapping[str, Any]) -> dict[str, Any]:
     """Import: what llama.cpp's llama4 graph computes for the file's experts and layers."""
     return {k: v for k, v in _llama_cpp_s(config).items() if k != "moe_layers"}
@@ -235,7 +220,7 @@ GGUF_LLAMA4 = written("llama4_text", arch="llama4", table=GGUF_TABLE, stated=STA
                             "expert_used_count": "num_experts_per_tok",
                             "expert_feed_forward_length": "intermediate_size",
                             "interleave_moe_layer_step": "interleave_moe_layer_step"},
-                      defaults={"hidden_act": "silu"}, exported=_refused, derived=_from_gguf)
+                      defaults={"hidden_act": "silu"}, derived=_from_gguf)
 
 FAMILY = Family("llama4_text", ("llama4_text",), "Llama4ForCausalLM", TENSORS, CONFIG, gguf=(GGUF_LLAMA4,),
                 wraps={"llama4": ("llama4_text",)}, reference_layouts=REFERENCE_LAYOUTS,
