@@ -16,6 +16,7 @@ from typing import Any
 
 from .attention_kinds import AttentionKind, attention_kind
 from .errors import ConfigError
+from .mixer_kinds import MixerKind, mixer_kind
 
 NORM_KINDS = ("rms", "layer")
 NORM_PLACEMENTS = ("pre", "post", "sandwich", "output", "parallel_shared", "parallel_separate")
@@ -29,6 +30,8 @@ ROPE_SCALINGS = ("none", "linear", "dynamic", "yarn", "llama3", "longrope", "ntk
 ABSOLUTE_POSITIONS = ("none", "sinusoidal", "learned", "sinusoidal_fairseq", "sinusoidal_halves")
 LAYER_POSITIONS = ("rope", "alibi", "relative", "none")
 LAYER_KINDS = ("global", "local")
+LAYER_MIXERS = ("attention", "mixer", "none")  # what mixes a layer's tokens: attention, `mixer`, or nothing
+LAYER_FFNS = ("ffn", "none")  # whether a layer has its FFN (dense or MoE) after its mixer
 QK_NORMS = ("none", "head", "projection")
 SINK_FORMS = ("column", "scale")  # how a learned sink joins the softmax (ArchConfig.sink_form)
 # ArchConfig.attn_output_gate: "none"; "projection": the attention output (B, T, H*D), before `o`, times the
@@ -444,6 +447,14 @@ class ArchConfig:
     attention: str = "standard"  # a kind declared in attention_kinds
     attention_settings: Any = None  # that kind's own fields (its `settings` dataclass); None: it has none
     layer_kinds: tuple[str, ...] | None = None
+    # a token mixer other than attention (mixer_kinds.py) and its own fields; `layer_mixers` says, per layer,
+    # whether attention, that mixer or nothing mixes the tokens (None: attention everywhere, or the mixer everywhere
+    # when it is set), `layer_ffns` whether an FFN follows (None: everywhere). Hybrids interleave them; Nemotron-H
+    # has single-sublayer blocks
+    mixer: str | None = None
+    mixer_settings: Any = None
+    layer_mixers: tuple[str, ...] | None = None
+    layer_ffns: tuple[str, ...] | None = None
     sliding_window: int | None = None
     attn_scale: float | None = None  # None: head_dim ** -0.5
     attn_softcap: float | None = None
@@ -535,6 +546,7 @@ class ArchConfig:
         self._normalise_attention_settings(kind)
         self._normalise_layers("layer_positions", "rope", LAYER_POSITIONS)
         self._normalise_layers("layer_kinds", "global", LAYER_KINDS)
+        mixer = self._normalise_mixers()
         for name, sub in (("rope", RopeConfig), ("rope_local", RopeConfig), ("norm", NormConfig),
                           ("moe", MoeConfig)):
             value = getattr(self, name)
@@ -646,6 +658,33 @@ class ArchConfig:
             _fail("ArchConfig", "final_norm", True, "post-norm blocks already end in a norm")
         if kind.check is not None:
             kind.check(self)
+        if mixer is not None and mixer.check is not None:
+            mixer.check(self)
+
+    def _normalise_mixers(self) -> MixerKind | None:
+        """The per-layer schedule in one spelling, and the mixer's settings as its dataclass."""
+        kind = None if self.mixer is None else mixer_kind(self.mixer)
+        self._normalise_layers("layer_mixers", "attention" if kind is None else "mixer", LAYER_MIXERS)
+        self._normalise_layers("layer_ffns", "ffn", LAYER_FFNS)
+        empty = [i for i, (m, f) in enumerate(zip(self.layer_mixers, self.layer_ffns, strict=True)) if m == f == "none"]
+        if empty:
+            _fail("ArchConfig", "layer_ffns", self.layer_ffns, f"layer {empty[0]} has neither a mixer nor an FFN")
+        if kind is None:
+            if "mixer" in self.layer_mixers:
+                _fail("ArchConfig", "layer_mixers", self.layer_mixers, "names 'mixer' layers; set mixer")
+            if self.mixer_settings is not None:
+                _fail("ArchConfig", "mixer_settings", self.mixer_settings, "has no mixer to set; set mixer")
+            return None
+        if kind.settings is None:
+            if self.mixer_settings is not None:
+                _fail("ArchConfig", "mixer_settings", self.mixer_settings,
+                      f"mixer={kind.name!r} has no settings of its own; leave it unset")
+        else:
+            try:
+                object.__setattr__(self, "mixer_settings", _sub(kind.settings, self.mixer_settings, "mixer_settings"))
+            except TypeError as exc:  # a settings field without a default, left out
+                raise ConfigError(f"ArchConfig.mixer_settings: {exc}") from None
+        return kind
 
     def _check_moe(self, moe: MoeConfig) -> None:
         if not self.gated:
@@ -818,6 +857,9 @@ class ArchConfig:
         for name, unset in UNSTATED_WHEN_UNSET.items():  # likewise: a model without them reads as before
             if data[name] == unset:
                 del data[name]
+        for name, everywhere in (("layer_mixers", "attention"), ("layer_ffns", "ffn")):  # per layer, so not above
+            if set(data[name]) == {everywhere}:
+                del data[name]
         for part, unstated in (("rope", ROPE_UNSTATED_WHEN_UNSET), ("rope_local", ROPE_UNSTATED_WHEN_UNSET),
                                ("moe", MOE_UNSTATED_WHEN_UNSET)):
             if data.get(part) is not None:
@@ -857,7 +899,7 @@ UNSTATED_WHEN_UNSET: dict[str, Any] = {"attn_sinks": False, "sink_form": "column
                                        "qk_norm_after_rope": False,
                                        "sub_norms": False, "output_vocab": None, "attn_temperature_form": "ministral3",
                                        "attention_chunk": None, "chunked_layers": (), "qk_l2_norm": False,
-                                       "attn_output_gate": "none"}
+                                       "attn_output_gate": "none", "mixer": None, "mixer_settings": None}
 ROPE_UNSTATED_WHEN_UNSET: dict[str, Any] = {"alpha": None, "reverse": False}
 MOE_UNSTATED_WHEN_UNSET: dict[str, Any] = {"weight_input": False}
 
