@@ -14,16 +14,24 @@ import pytest
 import torch
 from transformers import DynamicCache
 from transformers.masking_utils import create_recurrent_attention_mask
+from transformers.models.bamba.configuration_bamba import BambaConfig
+from transformers.models.bamba.modeling_bamba import BambaMixer
 from transformers.models.falcon_h1.configuration_falcon_h1 import FalconH1Config
 from transformers.models.falcon_h1.modeling_falcon_h1 import FalconH1Mixer, compute_mup_vector
 from transformers.models.falcon_mamba.configuration_falcon_mamba import FalconMambaConfig
 from transformers.models.falcon_mamba.modeling_falcon_mamba import FalconMambaMixer
+from transformers.models.granitemoehybrid.configuration_granitemoehybrid import GraniteMoeHybridConfig
+from transformers.models.granitemoehybrid.modeling_granitemoehybrid import GraniteMoeHybridMambaLayer
 from transformers.models.jamba.configuration_jamba import JambaConfig
 from transformers.models.jamba.modeling_jamba import JambaMambaMixer
 from transformers.models.mamba.configuration_mamba import MambaConfig
 from transformers.models.mamba.modeling_mamba import MambaMixer
 from transformers.models.mamba2.configuration_mamba2 import Mamba2Config
 from transformers.models.mamba2.modeling_mamba2 import Mamba2Mixer
+from transformers.models.nemotron_h.configuration_nemotron_h import NemotronHConfig
+from transformers.models.nemotron_h.modeling_nemotron_h import NemotronHMamba2Mixer
+from transformers.models.zamba2.configuration_zamba2 import Zamba2Config
+from transformers.models.zamba2.modeling_zamba2 import Zamba2MambaMixer
 
 from lmconvert.arch.cache import KVCache
 from lmconvert.arch.config import ArchConfig
@@ -42,6 +50,33 @@ def _mamba2(**extra):
                       conv_kernel=4, chunk_size=8, use_bias=True, use_conv_bias=True, num_hidden_layers=1,
                       layer_norm_epsilon=1e-5, time_step_limit=(0.05, 2.0), vocab_size=64)
     return hf, Mamba2Mixer, settings | extra
+
+
+def _mamba2_line_for_line(family: str):
+    """Families whose mixer is Mamba2Mixer's own forward under other config names."""
+    settings = dict(n_heads=8, head_dim=8, d_state=16, n_groups=2, conv_kernel=4, chunk_size=8, in_bias=True,
+                    out_bias=True, norm_eps=1e-5)
+    common = dict(hidden_size=D_MODEL, num_hidden_layers=1, vocab_size=64, num_attention_heads=4,
+                  num_key_value_heads=2)
+    mamba = dict(mamba_n_heads=8, mamba_d_head=8, mamba_n_groups=2, mamba_d_state=16, mamba_d_conv=4, mamba_expand=2,
+                 mamba_chunk_size=8, mamba_proj_bias=True, mamba_conv_bias=True, rms_norm_eps=1e-5,
+                 time_step_limit=(0.05, 2.0))
+    if family == "bamba":
+        return BambaConfig(**common, **mamba), BambaMixer, settings | dict(time_step_min=0.05, time_step_max=2.0)
+    if family == "granitemoehybrid":
+        return (GraniteMoeHybridConfig(**common, **mamba), GraniteMoeHybridMambaLayer,
+                settings | dict(time_step_min=0.05, time_step_max=2.0))
+    if family == "nemotron_h":
+        hf = NemotronHConfig(hidden_size=D_MODEL, layers_block_type=["linear_attention"], vocab_size=64,
+                             num_attention_heads=4, num_key_value_heads=2, ssm_state_size=16, mamba_num_heads=8,
+                             mamba_head_dim=8, n_groups=2, conv_kernel=4, chunk_size=8, use_bias=True,
+                             use_conv_bias=True, layer_norm_epsilon=1e-5, time_step_limit=(0.05, 2.0))
+        return hf, NemotronHMamba2Mixer, settings | dict(time_step_min=0.05, time_step_max=2.0)
+    # Zamba2: a conv bias always, RMSNorm eps 1e-5 whatever the config says, dt at least time_step_min
+    hf = Zamba2Config(**common, layers_block_type=["mamba"], mamba_d_state=16, mamba_d_conv=4, mamba_expand=2,
+                      mamba_ngroups=2, n_mamba_heads=8, chunk_size=8, add_bias_linear=True, time_step_min=0.2,
+                      use_conv_bias=False, rms_norm_eps=1e-6)
+    return hf, Zamba2MambaMixer, settings | dict(time_step_min=0.2)
 
 
 def _falcon_h1(rms_norm: bool, before_gate: bool):
@@ -75,6 +110,10 @@ def _mamba(kind: str):
 
 CASES = {
     "mamba2": lambda: _mamba2(),
+    "bamba": lambda: _mamba2_line_for_line("bamba"),
+    "granitemoehybrid": lambda: _mamba2_line_for_line("granitemoehybrid"),
+    "nemotron_h": lambda: _mamba2_line_for_line("nemotron_h"),
+    "zamba2": lambda: _mamba2_line_for_line("zamba2"),
     "falcon_h1_gate_first": lambda: _falcon_h1(True, False),
     "falcon_h1_norm_first": lambda: _falcon_h1(True, True),
     "falcon_h1_no_norm": lambda: _falcon_h1(False, True),
@@ -109,7 +148,7 @@ def _pair(case: str, dtype: torch.dtype, **override):
     changed by `override`, for the tests that run ours alone)."""
     hf_cfg, hf_cls, settings = CASES[case]()
     settings = settings | override
-    kind = "mamba2" if hf_cls in (Mamba2Mixer, FalconH1Mixer) else "mamba"
+    kind = "mamba" if hf_cls in (MambaMixer, FalconMambaMixer, JambaMambaMixer) else "mamba2"
     cfg = ArchConfig(vocab_size=64, d_model=D_MODEL, n_layers=1, n_heads=4, d_ff=64, mixer=kind,
                      mixer_settings=settings)
     ours = mixer_kind(kind).build(cfg, 0)
@@ -177,6 +216,33 @@ def test_prefill_then_cached_steps(case, dtype, pad):
     assert torch.equal(state["conv"], hf_cache.layers[0].conv_states[0])
     assert torch.equal(state["ssm"], hf_cache.layers[0].recurrent_states[0])
     assert state["ssm"].dtype == torch.float32 and state["conv"].dtype == dtype
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+@pytest.mark.parametrize("case", ["mamba2", "zamba2", "falcon_h1_norm_first"])
+def test_mamba2_continues_a_prefill_in_chunks(case, dtype):
+    """A multi-token call after a cached one (chunked prefill): the conv reads the cached window, the
+    chunked scan starts from the cached state, as transformers' does; then a few steps."""
+    hf_cfg, hf, ours, _ = _pair(case, dtype)
+    x, _ = _inputs(dtype)
+    hf_cache, cache = DynamicCache(config=hf_cfg), KVCache(1)
+    with torch.no_grad():
+        for start, end in ((0, 11), (11, 30), (30, 31), (31, 45), (45, 46)):
+            theirs = _hf_call(hf, hf_cfg, x[:, start:end], hf_cache, None)
+            _same(_our_call(ours, x[:, start:end], cache, None, start), theirs, dtype)
+
+
+def test_mamba_continues_a_prefill_from_its_state():
+    """Mamba (v1): a multi-token call after a cached one starts its scan from the cached state, so it
+    gives what one forward over the whole sequence gives (transformers' full-sequence scan restarts
+    from zero there, which its own TODO calls wrong; this is the one place we differ)."""
+    _, _, ours, _ = _pair("falcon_mamba", torch.float32)
+    x, _ = _inputs(torch.float32)
+    cache = KVCache(1)
+    with torch.no_grad():
+        full = _our_call(ours, x[:, :45], None, None, 0)
+        parts = [_our_call(ours, x[:, s:e], cache, None, s) for s, e in ((0, 11), (11, 30), (30, 31), (31, 45))]
+    assert (torch.cat(parts, dim=1) - full).abs().max().item() <= 1e-5 * full.abs().max().item()
 
 
 @pytest.mark.parametrize("case", ["mamba2", "falcon_h1_norm_first", "mamba", "jamba"])
