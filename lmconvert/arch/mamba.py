@@ -133,14 +133,19 @@ def selective_step(state: torch.Tensor, x: torch.Tensor, dt: torch.Tensor, A: to
     return out.to(x.dtype), new.to(state.dtype)
 
 
-class MambaMixer(nn.Module):
-    """The Mamba (v1) mixer; its settings are `mixer_kinds.MambaSettings`."""
+class StateSpaceMixer(nn.Module):
+    """What both state-space mixers hold: their settings (`ArchConfig.mixer_settings`), their layer
+    (the index of their state in `KVCache.states`) and their declared parts."""
 
     def __init__(self, cfg: ArchConfig, parts: dict[str, Part], layer: int) -> None:
         super().__init__()
         self.s = cfg.mixer_settings
         self.layer = layer
         attach_nested(self, parts)
+
+
+class MambaMixer(StateSpaceMixer):
+    """The Mamba (v1) mixer; its settings are `mixer_kinds.MambaSettings`."""
 
     def forward(self, x: torch.Tensor, ctx: Context, cache: KVCache | None) -> torch.Tensor:
         s, T, dtype = self.s, x.shape[1], x.dtype

@@ -20,12 +20,11 @@ from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
-from torch import nn
 
 from .cache import KVCache
 from .config import ArchConfig
 from .context import Context
-from .mamba import attach_nested, causal_conv, padding_mask, zero_padding
+from .mamba import StateSpaceMixer, causal_conv, padding_mask, zero_padding
 from .parts import Part
 
 
@@ -135,14 +134,11 @@ def falcon_h1_gated_norm(y: torch.Tensor, gate: torch.Tensor, weight: torch.Tens
     return h.to(dtype)
 
 
-class Mamba2Mixer(nn.Module):
+class Mamba2Mixer(StateSpaceMixer):
     """The Mamba2 mixer; its settings are `mixer_kinds.Mamba2Settings`."""
 
     def __init__(self, cfg: ArchConfig, parts: dict[str, Part], layer: int) -> None:
-        super().__init__()
-        self.s = cfg.mixer_settings
-        self.layer = layer
-        attach_nested(self, parts)
+        super().__init__(cfg, parts, layer)
         s = self.s
         self.d_inner = s.n_heads * s.head_dim
         self.bc = s.n_groups * s.d_state
