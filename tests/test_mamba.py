@@ -306,3 +306,16 @@ def test_mamba_settings_are_checked():
     with pytest.raises(ConfigError, match="bc_dt_norm='jamba': must be one of none, weightless, weighted"):
         ArchConfig(vocab_size=64, d_model=D_MODEL, n_layers=1, n_heads=4, d_ff=64, mixer="mamba",
                    mixer_settings=dict(bc_dt_norm="jamba"))
+
+
+@pytest.mark.parametrize("mixer, settings", [
+    ("mamba2", dict(n_heads=6, head_dim=8, d_state=16, n_groups=2, norm="falcon_h1", norm_before_gate=True,
+                    zxbcdt_multipliers=[0.7, 1.3, 0.45, 1.9, 0.35], in_multiplier=1.7, time_step_min=0.001)),
+    ("mamba", dict(d_inner=64, dt_rank=2, bc_dt_norm="weighted")),
+])
+def test_settings_survive_lmconvert_json(mixer, settings):
+    """The settings written to lmconvert.json read back equal (a list of multipliers as a tuple, no
+    upper dt bound as null)."""
+    cfg = ArchConfig(vocab_size=64, d_model=D_MODEL, n_layers=2, n_heads=4, d_ff=64, mixer=mixer,
+                     mixer_settings=settings)
+    assert ArchConfig.from_json(cfg.to_json()) == cfg
