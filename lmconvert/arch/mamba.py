@@ -168,7 +168,7 @@ class MambaMixer(StateSpaceMixer):
         dt_bias = self.dt_proj.bias.float()
         previous = None if state is None else state.get("ssm")
         if previous is not None and T == 1:
-            y, new = selective_step(previous.clone(), hidden[..., 0], dt[..., 0], A, B[:, 0], C[:, 0], self.D,
+            y, new = selective_step(previous, hidden[..., 0], dt[..., 0], A, B[:, 0], C[:, 0], self.D,
                                     gate[..., 0], dt_bias)
             y = y.unsqueeze(-1)
         else:

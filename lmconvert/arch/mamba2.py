@@ -172,7 +172,7 @@ class Mamba2Mixer(StateSpaceMixer):
         A = -torch.exp(self.A_log.float())
         previous = None if state is None else state.get("ssm")
         if previous is not None and T == 1:
-            y, new = ssd_step(previous.clone(), hidden.view(batch, s.n_heads, s.head_dim), dt[:, 0], A,
+            y, new = ssd_step(previous, hidden.view(batch, s.n_heads, s.head_dim), dt[:, 0], A,
                               B.view(batch, s.n_groups, s.d_state), C.view(batch, s.n_groups, s.d_state),
                               self.D, self.dt_bias)
             y = y.view(batch, 1, -1)
