@@ -23,7 +23,7 @@ from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from . import fp8
+from . import fp8, mxfp4
 from .dtypes import DTYPES
 from .errors import InputError
 from .quant_scheme import Recipe, Scheme
@@ -35,7 +35,7 @@ if TYPE_CHECKING:
 # quant_method -> reads quantization_config (where, config) into a Recipe, refusing by name what it
 # does not handle
 METHODS: dict[str, Callable[[str, dict[str, Any]], Recipe]] = {
-    "fp8": fp8.read_fp8, "fbgemm_fp8": fp8.read_fbgemm,
+    "fp8": fp8.read_fp8, "fbgemm_fp8": fp8.read_fbgemm, "mxfp4": mxfp4.read_mxfp4,
 }
 # methods a family's config table reads itself (mappings/families/bitnet.py refuses its own by name)
 FAMILY_READS = ("bitnet",)
