@@ -21,7 +21,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from common import LLAMA_3_2_1B, Measured, dir_bytes, llama_shapes, measure, prepare, table
+from common import LLAMA_3_2_1B, dir_bytes, llama_shapes, measure_rounds, table
 from convert import cpu
 
 BLOCK = 128
@@ -65,13 +65,7 @@ def _write(directory: str, n_layers: int, shards: int = 3) -> None:
 
 
 def rounds(steps: list[tuple[str, list[str], Path, list[Path]]], repeat: int, cached: bool) -> str:
-    runs: dict[str, list[Measured]] = {label: [] for label, *_ in steps}
-    for _ in range(repeat):
-        for label, argv, source, outputs in steps:
-            prepare(source, cached)
-            runs[label].append(measure(label, argv))
-            for path in outputs:
-                shutil.rmtree(path)
+    runs = measure_rounds(steps, repeat, cached)
     cp = statistics.median(r.seconds for r in runs["cp -r"])
     rows = [["step", "median s", "min-max s", "CPU s", "peak RSS MB", "time / cp"]]
     for label, rs in runs.items():

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import json
 import shutil
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -22,7 +21,7 @@ from family_specs import SPECS
 from hf_models import build_model, save_checkpoint
 from safetensors.torch import load_file, save_file
 from test_cli import run
-from test_fp8 import SEQ_LEN, one_line_refusal
+from test_fp8 import SEQ_LEN, edited, one_line_refusal
 from transformers.integrations.mxfp4 import FP4_VALUES, convert_moe_packed_tensors
 
 from lmconvert.formats.checkpoint import open_checkpoint
@@ -112,20 +111,6 @@ def test_convert_dequantizes_and_keeping_is_refused_by_name(mxfp4: Path, tmp_pat
     assert code == 0, err
     report = verify(tmp_path / "bf16", seq_len=SEQ_LEN, generate=4, dtype="bfloat16")
     assert report.passed and report.logits["max_abs"] == 0.0
-
-
-def edited(src: Path, dst: Path, config: Callable[[dict[str, Any]], None] | None = None,
-           tensors: Callable[[dict[str, torch.Tensor]], None] | None = None) -> Path:
-    shutil.copytree(src, dst)
-    if config is not None:
-        cfg = json.loads((dst / "config.json").read_text())
-        config(cfg["quantization_config"])
-        (dst / "config.json").write_text(json.dumps(cfg))
-    if tensors is not None:
-        loaded = load_file(dst / "model.safetensors")
-        tensors(loaded)
-        save_file(loaded, dst / "model.safetensors", metadata={"format": "pt"})
-    return dst
 
 
 GU = "model.layers.0.mlp.experts.gate_up_proj"

@@ -13,7 +13,6 @@ integration's `FbgemmFp8Linear.forward` computes (`torch._scaled_mm`, which runs
 from __future__ import annotations
 
 import json
-import shutil
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -23,7 +22,7 @@ import torch
 from hf_models import build_model, save_checkpoint
 from safetensors.torch import load_file, save_file
 from test_cli import run
-from test_fp8 import MODELS, SEQ_LEN, fp8_copy, fp8_maker, one_line_refusal, reference_weights
+from test_fp8 import MODELS, SEQ_LEN, edited, fp8_copy, fp8_maker, one_line_refusal, reference_weights
 from transformers import AutoModelForCausalLM, FineGrainedFP8Config
 
 import lmconvert
@@ -67,10 +66,12 @@ def fp8(tmp_path_factory: pytest.TempPathFactory) -> Callable[..., Path]:
 def per_tensor(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A tiny llama quantized per tensor by transformers' `Fp8Quantize` (weight_block_size null)."""
     root = tmp_path_factory.mktemp("per-tensor")
+    return fp8_copy(plain_llama(root), root / "fp8", None)  # type: ignore[arg-type]
+
+
+def plain_llama(root: Path) -> Path:
     model_type, kwargs, _ = MODELS["llama"]
-    plain = save_checkpoint(build_model(model_type, **kwargs), root / "plain", torch.bfloat16,
-                            save_original_format=True)
-    return fp8_copy(plain, root / "fp8", None)  # type: ignore[arg-type]
+    return save_checkpoint(build_model(model_type, **kwargs), root / "plain", torch.bfloat16, save_original_format=True)
 
 
 def fbgemm_copy(src: Path, dst: Path) -> Path:
@@ -98,10 +99,7 @@ def fbgemm_copy(src: Path, dst: Path) -> Path:
 @pytest.fixture(scope="module")
 def fbgemm(tmp_path_factory: pytest.TempPathFactory) -> Path:
     root = tmp_path_factory.mktemp("fbgemm")
-    model_type, kwargs, _ = MODELS["llama"]
-    plain = save_checkpoint(build_model(model_type, **kwargs), root / "plain", torch.bfloat16,
-                            save_original_format=True)
-    return fbgemm_copy(plain, root / "fbgemm")
+    return fbgemm_copy(plain_llama(root), root / "fbgemm")
 
 
 @pytest.mark.parametrize("name", [*MODELS, "deepseek_v3"])
@@ -231,20 +229,6 @@ def test_fbgemm_verifies_keeps_and_writes_back(fbgemm: Path, tmp_path: Path) -> 
     assert code == 0, err
     same_tensors(state(tmp_path / "hf"), state(fbgemm))
     assert quantization_config(tmp_path / "hf") == quantization_config(fbgemm)
-
-
-def edited(src: Path, dst: Path, config: Callable[[dict[str, Any]], None] | None = None,
-           tensors: Callable[[dict[str, torch.Tensor]], None] | None = None) -> Path:
-    shutil.copytree(src, dst)
-    if config is not None:
-        cfg = json.loads((dst / "config.json").read_text())
-        config(cfg["quantization_config"])
-        (dst / "config.json").write_text(json.dumps(cfg))
-    if tensors is not None:
-        loaded = load_file(dst / "model.safetensors")
-        tensors(loaded)
-        save_file(loaded, dst / "model.safetensors", metadata={"format": "pt"})
-    return dst
 
 
 def _set(name: str, value: torch.Tensor) -> Callable[[dict[str, torch.Tensor]], None]:
