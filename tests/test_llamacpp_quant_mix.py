@@ -23,7 +23,7 @@ import pytest
 from hf_models import save_checkpoint
 from test_export_gguf import MODELS, built
 
-from lmconvert.convert import convert
+from lmconvert.convert.export_gguf import to_gguf
 from lmconvert.formats.gguf_quant_mix import MIXES, QuantModel, mix_types
 
 pytestmark = pytest.mark.llamacpp
@@ -72,28 +72,31 @@ def file_model(path: Path) -> QuantModel:
 
 
 @pytest.fixture(scope="module")
-def quantized(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Callable[..., tuple[Path, dict[str, Path]]]]:
-    """(our float GGUF, llama.cpp's file for each mix) of a model, built once."""
-    made: dict[str, tuple[Path, dict[str, Path]]] = {}
+def quantized(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Callable[..., Any]]:
+    """(our float GGUF, llama.cpp's file for each mix, the metadata the writer was given) of a model,
+    built once."""
+    made: dict[str, tuple[Path, dict[str, Path], dict[str, Any]]] = {}
 
-    def get(key: str, family: str, kwargs: dict[str, Any], quant: str) -> tuple[Path, dict[str, Path]]:
+    def get(key: str, family: str, kwargs: dict[str, Any], quant: str) -> tuple[Path, dict[str, Path], dict[str, Any]]:
         if key not in made:
             root = tmp_path_factory.mktemp(key.replace(":", "-"))
             save_checkpoint(built(family, kwargs), root / "hf")
-            convert(root / "hf", root / "m.gguf", "gguf", quant=quant)
+            values = to_gguf(root / "hf", root / "m.gguf", quant=quant)
             (root / "hf" / "model.safetensors").unlink()
             mixes = {mix: root / f"{mix}.gguf" for mix in MIXES}
             for mix, out in mixes.items():
                 llama_cpp_quantize(root / "m.gguf", out, mix)
-            made[key] = root / "m.gguf", mixes
+            made[key] = root / "m.gguf", mixes, values
         return made[key]
 
     yield get
 
 
-def check_mixes(ours: Path, theirs: dict[str, Path]) -> dict[str, dict[str, str]]:
-    """Every tensor's type as llama.cpp chose it equals ours, for each mix; returns llama.cpp's."""
+def check_mixes(ours: Path, theirs: dict[str, Path], values: dict[str, Any]) -> dict[str, dict[str, str]]:
+    """Every tensor's type as llama.cpp chose it equals ours, for each mix; returns llama.cpp's. What
+    the chooser reads of the model is the same from the writer's metadata as from the file."""
     tensors, model = file_tensors(ours), file_model(ours)
+    assert QuantModel.from_metadata(model.arch, values) == model
     chosen = {}
     for mix, path in theirs.items():
         reader = gguf.GGUFReader(path)
@@ -117,8 +120,7 @@ def test_every_family_s_types_are_llama_cpp_s(name: str, quantized: Any) -> None
 def test_the_rules_on_rows_of_256(name: str, quantized: Any) -> None:  # noqa: ANN401
     """No tensor falls back, and more than one K type is chosen in each mix: the rules ran."""
     family, kwargs = WIDE[name]
-    ours, theirs = quantized(f"wide-{name}", family, kwargs, "bf16")
-    chosen = check_mixes(ours, theirs)
+    chosen = check_mixes(*quantized(f"wide-{name}", family, kwargs, "bf16"))
     fallbacks = {"Q4_0", "Q5_0", "Q5_1", "F16"}
     for mix, types in chosen.items():
         assert not fallbacks & set(types.values()), (mix, {n: t for n, t in types.items() if t in fallbacks})
