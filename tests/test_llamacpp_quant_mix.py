@@ -35,7 +35,8 @@ WIDE: dict[str, tuple[str, dict[str, Any]]] = {
     "llama": ("llama", dict(MODELS["llama"], **WIDTH, num_hidden_layers=16)),
     "qwen2-tied": ("qwen2", dict(MODELS["qwen2"], **WIDTH, num_hidden_layers=8)),  # token_embd as the output
     # 8 experts: attn_v and attn_k Q8_0, attn_output Q5_K, ffn_down_exps by the layer in its name
-    "mixtral-8": ("mixtral", dict(MODELS["mixtral"], **WIDTH, num_hidden_layers=8, num_local_experts=8)),
+    "mixtral-8": ("mixtral", dict(MODELS["mixtral"], **{**WIDTH, "intermediate_size": 256}, num_hidden_layers=8,
+                                  num_local_experts=8)),
     # experts other than 8, with a shared expert, a dense ffn_down_shexp beside ffn_down_exps
     "qwen2_moe": ("qwen2_moe", dict(MODELS["qwen2_moe"], **WIDTH, num_hidden_layers=8, moe_intermediate_size=256,
                                     shared_expert_intermediate_size=512)),

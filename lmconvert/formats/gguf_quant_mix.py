@@ -63,9 +63,12 @@ CATEGORY = (("attn_qkv.weight", "attn_v"), ("attn_kv_b.weight", "attn_v"), ("att
             ("ffn_up", "ffn_up"), ("ffn_gate", "ffn_gate"), ("ffn_down", "ffn_down"))
 # llama.cpp's model type LLM_TYPE_70B, set by these architectures' load_arch_hparams (src/models/<arch>.cpp)
 # from the layer count (n_layer(): without MTP layers), heads and experts; it gives attn_v Q5_K
+def _llama_70b(m: QuantModel) -> bool:
+    return m.n_expert != 8 and m.n_layer == 80 and m.n_head != m.n_head_kv  # 65B without grouped KV heads
+
+
 IS_70B: dict[str, Callable[[QuantModel], bool]] = {
-    "llama": lambda m: m.n_expert != 8 and m.n_layer == 80 and m.n_head != m.n_head_kv,
-    "llama-embed": lambda m: m.n_expert != 8 and m.n_layer == 80 and m.n_head != m.n_head_kv,
+    "llama": _llama_70b, "llama-embed": _llama_70b,
     "deci": lambda m: m.n_layer == 80, "olmo": lambda m: m.n_layer == 80, "qwen2": lambda m: m.n_layer == 80,
     "jais2": lambda m: m.n_layer == 68,
 }
@@ -95,10 +98,6 @@ class QuantModel:
         heads = get("attention.head_count", 0)
         return cls(arch, layers, layers - get("nextn_predict_layers", 0), get("expert_count", 0), heads,
                    get("attention.head_count_kv", heads))
-
-    @property
-    def n_gqa(self) -> int:
-        return 0 if self.n_head_kv == 0 else self.n_head // self.n_head_kv
 
 
 def file_type(mix: str) -> int:
