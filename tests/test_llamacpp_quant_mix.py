@@ -7,7 +7,7 @@ file's tensors and metadata; its `general.file_type` is ours too.
 The families' tiny models have rows of 64 or 96: most tensors take the fallback types there. WIDE's
 models have every row a multiple of 256, so the rules themselves run: the V-projection counter and
 use_more_bits, ffn_down by layer (1/16, 1/8), attn_output, the output and the tied embedding, 8
-experts, Falcon, fused QKV, a shared-expert mixture, and Llama-2-70B's 80 layers with grouped KV
+experts, Falcon, fused QKV, MLA's attn_kv_b, a shared-expert mixture, and Llama-2-70B's 80 layers with grouped KV
 heads; they are written in bf16, the families' in f32. Runs in `make llamacpp-check`.
 """
 
@@ -44,6 +44,11 @@ WIDE: dict[str, tuple[str, dict[str, Any]]] = {
     "falcon": ("falcon", dict(MODELS["falcon"], hidden_size=256, num_attention_heads=4, ffn_hidden_size=512,
                               num_hidden_layers=16)),
     "gpt_neox": ("gpt_neox", dict(MODELS["gpt_neox"], **WIDTH, num_hidden_layers=8)),  # fused attn_qkv, not Falcon
+    # MLA: attn_kv_b counted and chosen as a V projection; dense, every layer
+    "deepseek_v2-mla": ("deepseek_v2", dict(MODELS["deepseek_v2:dense"], **{**WIDTH, "num_key_value_heads": 4},
+                                            q_lora_rank=256, kv_lora_rank=256, qk_nope_head_dim=32,
+                                            qk_rope_head_dim=32, v_head_dim=64, num_hidden_layers=8,
+                                            first_k_dense_replace=8)),
     # llama.cpp's LLM_TYPE_70B (80 layers, grouped KV heads): attn_v Q5_K; a narrow MLP keeps the file small
     "llama-70b": ("llama", dict(MODELS["llama"], **{**WIDTH, "intermediate_size": 256}, num_hidden_layers=80)),
 }
@@ -129,7 +134,7 @@ def test_the_rules_on_rows_of_256(name: str, quantized: Any) -> None:  # noqa: A
 
 
 def test_the_wide_models_reach_the_rules(quantized: Any) -> None:  # noqa: ANN401
-    """The rules WIDE is for do fire in llama.cpp's files: tied embeddings, 8 experts, Falcon, 70B."""
+    """The rules WIDE is for do fire in llama.cpp's files: tied embeddings, 8 experts, Falcon, MLA, 70B."""
     def types(name: str, mix: str) -> dict[str, str]:
         family, kwargs = WIDE[name]
         return {t.name: t.tensor_type.name for t in gguf.GGUFReader(quantized(f"wide-{name}", family, kwargs,
@@ -141,5 +146,6 @@ def test_the_wide_models_reach_the_rules(quantized: Any) -> None:  # noqa: ANN40
     assert {types("mixtral-8", "q4_k_m")[f"blk.0.attn_{p}.weight"] for p in ("k", "v", "output")} == {"Q8_0", "Q5_K"}
     assert types("falcon", "q4_k_m")["token_embd.weight"] == "Q8_0"  # Falcon-7B's is tied: the output's rule
     assert types("falcon", "q3_k_m")["blk.2.ffn_down.weight"] == "Q3_K"  # Falcon's own ffn_down rule
+    assert types("deepseek_v2-mla", "q3_k_m")["blk.1.attn_kv_b.weight"] == "Q5_K"  # the first two V projections
     assert types("llama-70b", "q4_k_s")["blk.10.attn_v.weight"] == "Q5_K"
     assert types("llama", "q4_k_s")["blk.10.attn_v.weight"] == "Q4_K"
