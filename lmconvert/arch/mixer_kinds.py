@@ -15,12 +15,12 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from importlib import import_module
 from typing import TYPE_CHECKING, Any
 
 from .errors import ConfigError
-from .parts import LinearPart, ParamPart, Part
+from .parts import LinearPart, NormPart, ParamPart, Part
 
 if TYPE_CHECKING:
     from torch import nn
@@ -302,4 +302,92 @@ register(MixerKind(
     describe=_mamba_describe,
     state_elements=_mamba_state,
     settings=MambaSettings,
+))
+
+
+# ----------------------------------------------------------------------------- gated_deltanet: Qwen3-Next, OLMo-hybrid
+@dataclass(frozen=True)
+class GatedDeltaNetSettings:
+    """The gated delta-net of Qwen3-Next / Qwen3.5 / OLMo-hybrid (their `linear_attention` layers,
+    `arch/gated_deltanet.py`), in the configs' names: `key_heads` linear_num_key_heads, `value_heads`
+    linear_num_value_heads (a multiple of key_heads: each q/k head serves value_heads // key_heads
+    consecutive value heads), `key_head_dim` / `value_head_dim` linear_key_head_dim /
+    linear_value_head_dim, `conv_kernel` linear_conv_kernel_dim (the depthwise causal conv over
+    q | k | v), `norm_eps` the gated output RMSNorm's eps (Qwen: rms_norm_eps; OLMo-hybrid: 1e-5
+    whatever its rms_norm_eps, as FLA's FusedRMSNormGated), `neg_eigval` OLMo-hybrid's
+    linear_allow_neg_eigval (beta = 2 sigmoid(b), in [0, 2]: the state's eigenvalues may turn
+    negative), `activation` the conv's (transformers applies `hidden_act`; SiLU only, as Mamba's)."""
+
+    key_heads: int = 16
+    value_heads: int = 32
+    key_head_dim: int = 128
+    value_head_dim: int = 128
+    conv_kernel: int = 4
+    norm_eps: float = 1e-6
+    neg_eigval: bool = False
+    activation: str = "silu"
+
+    def __post_init__(self) -> None:
+        for name in ("key_heads", "value_heads", "key_head_dim", "value_head_dim", "conv_kernel"):
+            _setting_count(name, getattr(self, name))
+        _setting_number("norm_eps", self.norm_eps, positive=True)
+        _setting_flag("neg_eigval", self.neg_eigval)
+        _setting_choice("activation", self.activation, ("silu",))
+        if self.value_heads % self.key_heads:
+            raise ConfigError(f"ArchConfig.mixer_settings.value_heads={self.value_heads}: must be a multiple of "
+                              f"key_heads={self.key_heads} (each key head serves whole value heads)")
+
+    @property
+    def key_dim(self) -> int:
+        return self.key_heads * self.key_head_dim
+
+    @property
+    def value_dim(self) -> int:
+        return self.value_heads * self.value_head_dim
+
+    @property
+    def conv_dim(self) -> int:  # the conv's channels: q | k | v
+        return 2 * self.key_dim + self.value_dim
+
+
+def _gated_deltanet_parts(cfg: ArchConfig) -> dict[str, Part]:
+    """Qwen3.5's layout and names (Qwen3_5GatedDeltaNet): its own parameters first, dt_bias and A_log
+    (one per value head); in_proj_qkv, whose rows [q | k | v] are the conv's channels; the output
+    gate in_proj_z; beta's in_proj_b and the decay's in_proj_a; conv1d; the gated RMSNorm over one
+    value head (a plain weight, applied after the cast back); out_proj. No biases."""
+    s, d = cfg.mixer_settings, cfg.d_model
+    gated_norm = replace(cfg.norm, kind="rms", eps=s.norm_eps, weight=True, bias=False, weight_offset=0.0,
+                         dtype_order="cast_then_scale", written_out=False)
+    parts: dict[str, Part] = {"dt_bias": ParamPart((s.value_heads,)), "A_log": ParamPart((s.value_heads,)),
+                              "in_proj_qkv": LinearPart(d, s.conv_dim), "in_proj_z": LinearPart(d, s.value_dim),
+                              "in_proj_b": LinearPart(d, s.value_heads), "in_proj_a": LinearPart(d, s.value_heads)}
+    return parts | _conv_parts(s.conv_dim, s.conv_kernel, False) | {
+        "norm": NormPart(s.value_head_dim, gated_norm), "out_proj": LinearPart(s.value_dim, d)}
+
+
+def _gated_deltanet_state(cfg: ArchConfig) -> int:
+    """The conv window and the fp32 recurrent state, a key_head_dim x value_head_dim matrix per value head."""
+    s = cfg.mixer_settings
+    return s.conv_dim * s.conv_kernel + s.value_heads * s.key_head_dim * s.value_head_dim
+
+
+def _gated_deltanet_describe(cfg: ArchConfig) -> list[str]:
+    s = cfg.mixer_settings
+    grouped = "" if s.value_heads == s.key_heads else f" ({s.value_heads // s.key_heads} value heads per key head)"
+    beta = "2 sigmoid(b) (negative eigenvalues allowed)" if s.neg_eigval else "sigmoid(b)"
+    return [f"mixer: gated delta-net, {s.key_heads} q/k heads x {s.key_head_dim}, {s.value_heads} value heads x "
+            f"{s.value_head_dim}{grouped}, conv {s.conv_kernel} on q|k|v, q and k L2-normed",
+            f"gated delta-net: decay exp(-exp(A_log) softplus(a + dt_bias)), beta {beta}; chunks of 64 in prefill, "
+            f"token by token in decoding; output RMSNorm per value head (eps={s.norm_eps:g}) times SiLU(z)",
+            f"gated delta-net state: {_gated_deltanet_state(cfg)} entries per sequence and layer (conv {s.conv_dim} "
+            f"x {s.conv_kernel}, recurrent {s.value_heads} x {s.key_head_dim} x {s.value_head_dim}, fp32)"]
+
+
+register(MixerKind(
+    name="gated_deltanet",
+    module=f"{__package__}.gated_deltanet:GatedDeltaNet",
+    parts=_gated_deltanet_parts,
+    describe=_gated_deltanet_describe,
+    state_elements=_gated_deltanet_state,
+    settings=GatedDeltaNetSettings,
 ))
