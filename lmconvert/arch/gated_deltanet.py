@@ -55,7 +55,7 @@ def chunk_gated_delta_rule(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g:
                            state: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
     """transformers' torch_chunk_gated_delta_rule (with use_qk_l2norm_in_kernel): q, k (B, T, Hk, Dk),
     v (B, T, Hv, Dv), g and beta (B, T, Hv), state (B, Hv, Dk, Dv) or None. Returns the output
-    (B, T, Hv, Dv) in q's dtype and the final state in fp32."""
+    (B, T, Hv, Dv) in q's dtype and the final state in fp32 (float64 for float64 inputs)."""
     dtype = q.dtype
     B, T, _, Dk = k.shape
     Hv, Dv = v.shape[-2:]
