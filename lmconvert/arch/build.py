@@ -8,12 +8,15 @@ import torch
 from torch import nn
 
 from .norms import Norm
-from .parts import LinearPart, NormPart, ParamPart, Part
+from .parts import ConvPart, LinearPart, NormPart, ParamPart, Part
 
 BUILDERS: dict[type, Callable[[Part], nn.Module | nn.Parameter]] = {
     LinearPart: lambda p: nn.Linear(p.d_in, p.d_out, bias=p.bias),
     NormPart: lambda p: Norm(p.dim, p.cfg),
     ParamPart: lambda p: nn.Parameter(torch.zeros(p.shape)),
+    # padding kernel - 1: transformers' own modules are built so; the mixers call F.conv1d themselves
+    ConvPart: lambda p: nn.Conv1d(p.channels, p.channels, p.kernel, groups=p.channels, bias=p.bias,
+                                  padding=p.kernel - 1),
 }
 
 

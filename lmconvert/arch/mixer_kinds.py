@@ -19,7 +19,7 @@ from importlib import import_module
 from typing import TYPE_CHECKING, Any
 
 from .errors import ConfigError
-from .parts import Part
+from .parts import ConvPart, LinearPart, Part
 
 if TYPE_CHECKING:
     from torch import nn
@@ -76,3 +76,45 @@ def mixer_kind(name: Any) -> MixerKind:
     except (KeyError, TypeError):
         known = ", ".join(KINDS) or "none registered"
         raise ConfigError(f"ArchConfig.mixer={name!r}: must be one of {known}") from None
+
+
+# ----------------------------------------------------------------------------- short_conv: LFM2's gated short convolution
+@dataclass(frozen=True)
+class ShortConvSettings:
+    """LFM2's `Lfm2ShortConv`, in Lfm2Config's names: `kernel` is `conv_L_cache`, the depthwise
+    convolution's width (and the number of inputs its state keeps), `bias` is `conv_bias`, which
+    switches the biases of in_proj, conv and out_proj together."""
+
+    kernel: int = 3
+    bias: bool = False
+
+    def __post_init__(self) -> None:
+        if isinstance(self.kernel, bool) or not isinstance(self.kernel, int) or self.kernel <= 0:
+            raise ConfigError(f"ArchConfig.mixer_settings.kernel={self.kernel!r}: must be a positive integer")
+        if not isinstance(self.bias, bool):
+            raise ConfigError(f"ArchConfig.mixer_settings.bias={self.bias!r}: must be true or false")
+
+
+def _short_conv_parts(cfg: ArchConfig) -> dict[str, Part]:
+    """transformers' order: conv, in_proj, out_proj (Lfm2ShortConv builds the convolution first)."""
+    s, d = cfg.mixer_settings, cfg.d_model
+    return {"conv": ConvPart(d, s.kernel, s.bias), "in_proj": LinearPart(d, 3 * d, s.bias),
+            "out_proj": LinearPart(d, d, s.bias)}
+
+
+def _short_conv_describe(cfg: ArchConfig) -> list[str]:
+    s = cfg.mixer_settings
+    return [f"short convolution (LFM2): in_proj to B, C, x (3 x {cfg.d_model}); B*x through a depthwise causal "
+            f"conv of width {s.kernel}; C times it; out_proj; biases {'on' if s.bias else 'off'}",
+            f"short-convolution state: the last {s.kernel} inputs of the conv, {s.kernel * cfg.d_model} entries "
+            "per sequence and layer"]
+
+
+register(MixerKind(
+    name="short_conv",
+    module=f"{__package__}.short_conv:ShortConv",
+    parts=_short_conv_parts,
+    describe=_short_conv_describe,
+    state_elements=lambda cfg: cfg.mixer_settings.kernel * cfg.d_model,
+    settings=ShortConvSettings,
+))
