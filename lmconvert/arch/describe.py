@@ -169,7 +169,7 @@ def schedule(cfg: ArchConfig) -> list[str]:
         return []
     names = {"attention": "attention", "mixer": cfg.mixer, "none": "no mixer"}
     letters = {"attention": "A", "mixer": "M", "none": "-"}
-    pattern = "".join(letters[m] + ("F" if f == "ffn" else "") for m, f in zip(cfg.layer_mixers, cfg.layer_ffns,
+    pattern = " ".join(letters[m] + ("F" if f == "ffn" else "") for m, f in zip(cfg.layer_mixers, cfg.layer_ffns,
                                                                               strict=True))
     kinds = [f"{names[m]} on {len(ls)} ({_runs(ls)})" for m in ("attention", "mixer", "none")
              if (ls := cfg.layers_mixed_by(m))]

@@ -26,6 +26,7 @@ class ShortConv(nn.Module):
     def __init__(self, cfg: ArchConfig, parts: dict[str, Part], layer: int) -> None:
         super().__init__()
         attach(self, parts)
+        self.conv.uncalled = True  # run as F.conv1d over the state, never called: no output of its own (verify)
         self.layer, self.kernel = layer, cfg.mixer_settings.kernel
 
     def forward(self, x: torch.Tensor, ctx: Context, cache: KVCache | None = None) -> torch.Tensor:

@@ -71,12 +71,13 @@ def schedule_from_hf(hf: HfConfig, fields: dict[str, Any]) -> dict[str, Any]:
 
 
 def schedule_to_hf(cfg: ArchConfig) -> dict[str, Any]:
-    """layer_types, and full_attn_idxs as Lfm2Config derives it; a mixer other than the short convolution
-    reads back as none, so export refuses it by name."""
+    """layer_types; a mixer other than the short convolution reads back as none, so export refuses it by name."""
     conv = cfg.mixer == "short_conv"
     types = ["conv" if conv and m == "mixer" else "full_attention" for m in cfg.layer_mixers]
     settings = cfg.mixer_settings if conv else None
-    return {"layer_types": types, "full_attn_idxs": [i for i, t in enumerate(types) if t == "full_attention"],
+    # full_attn_idxs as Lfm2Config leaves it: every layer when neither key says otherwise, else None beside layer_types
+    every = "conv" not in types
+    return {"layer_types": types, "full_attn_idxs": list(range(cfg.n_layers)) if every else DEFAULT,
             "conv_L_cache": settings.kernel if settings else DEFAULT, "conv_bias": settings.bias if settings else DEFAULT}
 
 
@@ -116,7 +117,7 @@ CONFIG = llama.CONFIG.but(
          fixed("QK norm", qk_norm="head")),
     defaults={"vocab_size": 65536, "hidden_size": 2560, "num_hidden_layers": 32, "num_attention_heads": 32,
               "num_key_value_heads": 8, "max_position_embeddings": 128_000, "rope_theta": 1e6},
-    nullable={"head_dim": False},  # head_dim: not an Lfm2Config key, read if stated
+    nullable={"head_dim": False, "num_key_value_heads": False},  # head_dim: not an Lfm2Config key, read if stated
 )
 
 
