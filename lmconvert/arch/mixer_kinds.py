@@ -78,7 +78,7 @@ def mixer_kind(name: Any) -> MixerKind:
         raise ConfigError(f"ArchConfig.mixer={name!r}: must be one of {known}") from None
 
 
-# ----------------------------------------------------------------------------- short_conv: LFM2's gated short convolution
+# ----------------------------------------------------------------------------- short_conv: LFM2's gated convolution
 @dataclass(frozen=True)
 class ShortConvSettings:
     """LFM2's `Lfm2ShortConv`, in Lfm2Config's names: `kernel` is `conv_L_cache`, the depthwise

@@ -214,9 +214,9 @@ class PointLayouts:
         mixer, mixer_sizes = _mixer_points(arch)
         ours = {**ours, **mixer}
         theirs = {**mixer, **transformers_layouts(model_type, arch)}
-        sizes = {**mixer_sizes, "B": batch, "T": seq_len, "d": arch.d_model, "E": arch.embed_dim, "F": arch.d_ff, "H": arch.n_heads,
-                 "KV": arch.n_kv_heads, "D": arch.head_dim, "QG": 2 * arch.head_dim, "P": 3, **_latent_sizes(arch),
-                 **_moe_sizes(arch)}
+        sizes = {**mixer_sizes, "B": batch, "T": seq_len, "d": arch.d_model, "E": arch.embed_dim, "F": arch.d_ff,
+                 "H": arch.n_heads, "KV": arch.n_kv_heads, "D": arch.head_dim, "QG": 2 * arch.head_dim, "P": 3,
+                 **_latent_sizes(arch), **_moe_sizes(arch)}
         return cls(ours, theirs, sizes, model_type)
 
     def to_ours(self, point: str, value: torch.Tensor) -> torch.Tensor:

@@ -78,7 +78,8 @@ def schedule_to_hf(cfg: ArchConfig) -> dict[str, Any]:
     # full_attn_idxs as Lfm2Config leaves it: every layer when neither key says otherwise, else None beside layer_types
     every = "conv" not in types
     return {"layer_types": types, "full_attn_idxs": list(range(cfg.n_layers)) if every else DEFAULT,
-            "conv_L_cache": settings.kernel if settings else DEFAULT, "conv_bias": settings.bias if settings else DEFAULT}
+            "conv_L_cache": settings.kernel if settings else DEFAULT,
+            "conv_bias": settings.bias if settings else DEFAULT}
 
 
 FFN_KEYS = (Key("intermediate_size", int, 12288), Key("block_ff_dim", int, 12288, legacy=True),
