@@ -32,6 +32,8 @@ LAYER_POSITIONS = ("rope", "alibi", "relative", "none")
 LAYER_KINDS = ("global", "local")
 LAYER_MIXERS = ("attention", "mixer", "none")  # what mixes a layer's tokens: attention, `mixer`, or nothing
 LAYER_FFNS = ("ffn", "none")  # whether a layer has its FFN (dense or MoE) after its mixer
+# placements whose sublayers each add to the residual in turn, so either may be left out of a layer
+SEQUENTIAL_PLACEMENTS = ("pre", "sandwich", "output")
 QK_NORMS = ("none", "head", "projection")
 SINK_FORMS = ("column", "scale")  # how a learned sink joins the softmax (ArchConfig.sink_form)
 # ArchConfig.attn_output_gate: "none"; "projection": the attention output (B, T, H*D), before `o`, times the
@@ -669,6 +671,11 @@ class ArchConfig:
         empty = [i for i, (m, f) in enumerate(zip(self.layer_mixers, self.layer_ffns, strict=True)) if m == f == "none"]
         if empty:
             _fail("ArchConfig", "layer_ffns", self.layer_ffns, f"layer {empty[0]} has neither a mixer nor an FFN")
+        partial = "none" in self.layer_mixers or "none" in self.layer_ffns
+        if partial and (self.norm_placement not in SEQUENTIAL_PLACEMENTS or self.residual_after_norm):
+            _fail("ArchConfig", "norm_placement", self.norm_placement,
+                  "a layer without a mixer or an FFN needs sequential sublayers (norm_placement 'pre', 'sandwich' or "
+                  "'output', residual_after_norm off)")
         if kind is None:
             if "mixer" in self.layer_mixers:
                 _fail("ArchConfig", "layer_mixers", self.layer_mixers, "names 'mixer' layers; set mixer")
@@ -843,8 +850,24 @@ class ArchConfig:
     def chunk_for(self, layer: int) -> int | None:
         return self.attention_chunk if layer in self.chunked_layers else None
 
+    def layers_mixed_by(self, mixing: str) -> list[int]:
+        """The layers whose tokens `mixing` ("attention", "mixer" or "none") mixes (`layer_mixers`)."""
+        return [i for i, m in enumerate(self.layer_mixers) if m == mixing]
+
     def kv_cache_bytes_per_token(self, bytes_per_element: int = 2) -> int:
-        return self.n_layers * attention_kind(self.attention).cache_elements(self) * bytes_per_element
+        """What the attention layers cache per token; a mixer's state does not grow with the sequence."""
+        layers = len(self.layers_mixed_by("attention"))
+        return layers * attention_kind(self.attention).cache_elements(self) * bytes_per_element if layers else 0
+
+    def state_bytes_per_sequence(self, bytes_per_element: int = 2) -> int:
+        """The fixed state the mixer layers carry per sequence (`MixerKind.state_elements`), 0 without one."""
+        layers = len(self.layers_mixed_by("mixer"))
+        return layers * mixer_kind(self.mixer).state_elements(self) * bytes_per_element if layers else 0
+
+    def cache_bytes(self, tokens: int, bytes_per_element: int = 2) -> int:
+        """What decoding one sequence of `tokens` holds: the KV cache and the mixers' state."""
+        return tokens * self.kv_cache_bytes_per_token(bytes_per_element) + \
+            self.state_bytes_per_sequence(bytes_per_element)
 
     # ----------------------------------------------------------------------------- JSON
     def to_dict(self) -> dict[str, Any]:
@@ -857,7 +880,9 @@ class ArchConfig:
         for name, unset in UNSTATED_WHEN_UNSET.items():  # likewise: a model without them reads as before
             if data[name] == unset:
                 del data[name]
-        for name, everywhere in (("layer_mixers", "attention"), ("layer_ffns", "ffn")):  # per layer, so not above
+        # per layer, so not above; the schedule's default is the mixer everywhere when one is set
+        for name, everywhere in (("layer_mixers", "attention" if self.mixer is None else "mixer"),
+                                 ("layer_ffns", "ffn")):
             if set(data[name]) == {everywhere}:
                 del data[name]
         for part, unstated in (("rope", ROPE_UNSTATED_WHEN_UNSET), ("rope_local", ROPE_UNSTATED_WHEN_UNSET),

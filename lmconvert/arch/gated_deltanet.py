@@ -6,7 +6,7 @@ in_proj_b, in_proj_a, conv1d, norm, out_proj, A_log, dt_bias).
 Numerics follow transformers' torch path op for op (`Qwen3NextGatedDeltaNet`, which Qwen3.5 and
 OLMo-hybrid repeat), not the `fla` / `causal_conv1d` kernels it takes when they are installed:
   - padding tokens zeroed at the input (`apply_mask_to_padding_states`), on multi-token forwards;
-  - q | k | v projected, a depthwise causal conv with SiLU over them (`mamba.causal_conv`:
+  - q | k | v projected, a depthwise causal conv with SiLU over them (`causal_conv.causal_conv`:
     `causal_conv1d_fn`, or `causal_conv1d_update` for one cached token);
   - beta = sigmoid(b) (x 2 with `neg_eigval`), decay g = -exp(A_log) * softplus(a + dt_bias) in fp32;
   - the gated delta rule in fp32 with q, k L2-normed and q scaled by key_head_dim ** -0.5: chunked
@@ -25,8 +25,9 @@ import torch
 import torch.nn.functional as F
 
 from .cache import KVCache
+from .causal_conv import causal_conv, padding_mask, zero_padding
 from .context import Context
-from .mamba import StateSpaceMixer, causal_conv, padding_mask, zero_padding
+from .mamba import StateSpaceMixer
 
 CHUNK = 64  # torch_chunk_gated_delta_rule's chunk_size, which transformers never overrides
 

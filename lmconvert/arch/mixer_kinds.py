@@ -20,7 +20,7 @@ from importlib import import_module
 from typing import TYPE_CHECKING, Any
 
 from .errors import ConfigError
-from .parts import LinearPart, NormPart, ParamPart, Part
+from .parts import ConvPart, LinearPart, NormPart, ParamPart, Part
 
 if TYPE_CHECKING:
     from torch import nn
@@ -100,14 +100,6 @@ def _setting_number(name: str, value: Any, *, positive: bool = False) -> None:
 def _setting_choice(name: str, value: Any, allowed: tuple[str, ...]) -> None:
     if value not in allowed:
         raise ConfigError(f"ArchConfig.mixer_settings.{name}={value!r}: must be one of {', '.join(allowed)}")
-
-
-def _conv_parts(channels: int, kernel: int, bias: bool) -> dict[str, Part]:
-    """The depthwise conv1d as transformers' nn.Conv1d holds it: weight (channels, 1, kernel), then its bias."""
-    parts: dict[str, Part] = {"conv1d.weight": ParamPart((channels, 1, kernel))}
-    if bias:
-        parts["conv1d.bias"] = ParamPart((channels,))
-    return parts
 
 
 # ----------------------------------------------------------------------------- mamba2: SSD
@@ -191,7 +183,7 @@ def _mamba2_parts(cfg: ArchConfig) -> dict[str, Part]:
                               "D": ParamPart((s.n_heads,)),
                               "in_proj": LinearPart(cfg.d_model, 2 * s.d_inner + 2 * s.n_groups * s.d_state
                                                     + s.n_heads, s.in_bias)}
-    parts |= _conv_parts(s.conv_dim, s.conv_kernel, s.conv_bias)
+    parts["conv1d"] = ConvPart(s.conv_dim, s.conv_kernel, s.conv_bias)
     if s.norm != "none":
         parts["norm.weight"] = ParamPart((s.d_inner,))
     parts["out_proj"] = LinearPart(s.d_inner, cfg.d_model, s.out_bias)
@@ -270,7 +262,7 @@ def _mamba_parts(cfg: ArchConfig) -> dict[str, Part]:
     s = cfg.mixer_settings
     parts: dict[str, Part] = {"A_log": ParamPart((s.d_inner, s.d_state)), "D": ParamPart((s.d_inner,)),
                               "in_proj": LinearPart(cfg.d_model, 2 * s.d_inner, s.proj_bias)}
-    parts |= _conv_parts(s.d_inner, s.conv_kernel, s.conv_bias)
+    parts["conv1d"] = ConvPart(s.d_inner, s.conv_kernel, s.conv_bias)
     parts |= {"x_proj": LinearPart(s.d_inner, s.dt_rank + 2 * s.d_state),
               "dt_proj": LinearPart(s.dt_rank, s.d_inner, True),
               "out_proj": LinearPart(s.d_inner, cfg.d_model, s.proj_bias)}
@@ -361,7 +353,7 @@ def _gated_deltanet_parts(cfg: ArchConfig) -> dict[str, Part]:
     parts: dict[str, Part] = {"dt_bias": ParamPart((s.value_heads,)), "A_log": ParamPart((s.value_heads,)),
                               "in_proj_qkv": LinearPart(d, s.conv_dim), "in_proj_z": LinearPart(d, s.value_dim),
                               "in_proj_b": LinearPart(d, s.value_heads), "in_proj_a": LinearPart(d, s.value_heads)}
-    return parts | _conv_parts(s.conv_dim, s.conv_kernel, False) | {
+    return parts | {"conv1d": ConvPart(s.conv_dim, s.conv_kernel)} | {
         "norm": NormPart(s.value_head_dim, gated_norm), "out_proj": LinearPart(s.value_dim, d)}
 
 
@@ -390,4 +382,46 @@ register(MixerKind(
     describe=_gated_deltanet_describe,
     state_elements=_gated_deltanet_state,
     settings=GatedDeltaNetSettings,
+))
+
+
+# ----------------------------------------------------------------------------- short_conv: LFM2's gated convolution
+@dataclass(frozen=True)
+class ShortConvSettings:
+    """LFM2's `Lfm2ShortConv`, in Lfm2Config's names: `kernel` is `conv_L_cache`, the depthwise
+    convolution's width (and the number of inputs its state keeps), `bias` is `conv_bias`, which
+    switches the biases of in_proj, conv and out_proj together."""
+
+    kernel: int = 3
+    bias: bool = False
+
+    def __post_init__(self) -> None:
+        if isinstance(self.kernel, bool) or not isinstance(self.kernel, int) or self.kernel <= 0:
+            raise ConfigError(f"ArchConfig.mixer_settings.kernel={self.kernel!r}: must be a positive integer")
+        if not isinstance(self.bias, bool):
+            raise ConfigError(f"ArchConfig.mixer_settings.bias={self.bias!r}: must be true or false")
+
+
+def _short_conv_parts(cfg: ArchConfig) -> dict[str, Part]:
+    """transformers' order: conv, in_proj, out_proj (Lfm2ShortConv builds the convolution first)."""
+    s, d = cfg.mixer_settings, cfg.d_model
+    return {"conv": ConvPart(d, s.kernel, s.bias), "in_proj": LinearPart(d, 3 * d, s.bias),
+            "out_proj": LinearPart(d, d, s.bias)}
+
+
+def _short_conv_describe(cfg: ArchConfig) -> list[str]:
+    s = cfg.mixer_settings
+    return [f"short convolution (LFM2): in_proj to B, C, x (3 x {cfg.d_model}); B*x through a depthwise causal "
+            f"conv of width {s.kernel}; C times it; out_proj; biases {'on' if s.bias else 'off'}",
+            f"short-convolution state: the last {s.kernel} inputs of the conv, {s.kernel * cfg.d_model} entries "
+            "per sequence and layer"]
+
+
+register(MixerKind(
+    name="short_conv",
+    module=f"{__package__}.short_conv:ShortConv",
+    parts=_short_conv_parts,
+    describe=_short_conv_describe,
+    state_elements=lambda cfg: cfg.mixer_settings.kernel * cfg.d_model,
+    settings=ShortConvSettings,
 ))

@@ -100,6 +100,7 @@ def refusals(arch: ArchConfig, size: int) -> list[str]:
         ("relative" in arch.layer_positions, "the relative position bias is indexed by the global head"),
         (arch.qk_norm == "projection", "QK norm over the whole projection needs every head's values"),
         (arch.sub_norms, "the sub-norms (BitNet's) normalise over every head and the whole MLP width"),
+        (bool(arch.layers_mixed_by("mixer")), f"the {arch.mixer} mixer layers have no tensor-parallel plan"),
     ]
     return [why for wrong, why in checks if wrong]
 
@@ -176,7 +177,10 @@ def make_plan(arch: ArchConfig, size: int, rank: int) -> Plan:
     if arch.head_vocab % size == 0:  # the LM head's rows (the vocabulary's, or a narrower head's)
         plan.styles["lm_head"] = "head"
     for i in range(arch.n_layers):
-        ATTENTION_PLANS[arch.attention](arch, plan, f"layers.{i}.attn")
+        if arch.layer_mixers[i] == "attention":
+            ATTENTION_PLANS[arch.attention](arch, plan, f"layers.{i}.attn")
+        if arch.layer_ffns[i] == "none":
+            continue
         mlp, moe = f"layers.{i}.mlp", arch.moe
         if moe is None or not moe.sparse(i):
             _mlp(arch, plan, mlp)
@@ -247,7 +251,8 @@ def load_parallel(checkpoint: Checkpoint, mesh: DeviceMesh, dtype: torch.dtype |
         if arch.tie_embeddings and "lm_head" in plan.styles:  # the LM head is the embedding, sliced the same way
             model.lm_head = nn.Linear(arch.embed_dim, arch.vocab_size, bias=arch.lm_head_bias)
     for block in model.layers:  # attention reads its head counts from its config: the local ones
-        block.attn.cfg = plan.local_arch
+        if block.attn is not None:
+            block.attn.cfg = plan.local_arch
     fp32 = kept_in_fp32(model)
     with SliceReader(checkpoint) as reader:
         for path, module in model.named_modules():
