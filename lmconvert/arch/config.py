@@ -415,6 +415,9 @@ class ArchConfig:
     embed_norm: bool = False  # a norm on the embeddings, before the first block (BLOOM's word_embeddings_layernorm)
     residual_after_norm: bool = False  # pre-norm blocks take the residual after the norm (BLOOM's
     # apply_residual_connection_post_layernorm)
+    residual_fp32: bool = False  # pre-norm blocks keep the residual stream in fp32: each norm reads it cast to the
+    #   model dtype, each sublayer's output adds to it in fp32, the head reads the final norm's fp32 output cast
+    #   back (Mamba's, Mamba2's and FalconMamba's residual_in_fp32)
     unnormed_attn_layers: tuple[int, ...] = ()  # pre-norm layers whose attention reads the residual stream without
     #   a norm: ModernBERT decoder's layer 0 (its attn_norm an nn.Identity; the embeddings are normed already)
     # biases
@@ -589,6 +592,9 @@ class ArchConfig:
             _fail("ArchConfig", "parallel_sum", self.parallel_sum, "only parallel blocks have a parallel sum")
         if self.residual_after_norm and self.norm_placement != "pre":
             _fail("ArchConfig", "residual_after_norm", True, "only pre-norm blocks take the residual after the norm")
+        if self.residual_fp32 and (self.norm_placement != "pre" or self.residual_after_norm):
+            _fail("ArchConfig", "residual_fp32", True, "only pre-norm blocks without residual_after_norm keep an fp32 "
+                  "residual stream")
         for name in ("embed_dropout", "attn_dropout", "resid_dropout"):
             if not 0 <= getattr(self, name) < 1:
                 _fail("ArchConfig", name, getattr(self, name), "must be in [0, 1)")

@@ -20,7 +20,8 @@ GATED_NAMES = {"relu": "ReGLU", "gelu": "GeGLU (erf)", "gelu_tanh": "GeGLU (tanh
 ORDER_FLAGS = (("scale_by_inverse_layer", "score scale divided by layer index + 1"),
                ("scale_query", "score scale applied to q before q.k"), ("scores_fp32", "q.k in fp32"),
                ("scale_in_product", "score scale inside q.k's product (baddbmm)"))
-BLOCK_FLAGS = (("residual_after_norm", "residual taken after the norm"), ("embed_norm", "embedding norm"),
+BLOCK_FLAGS = (("residual_after_norm", "residual taken after the norm"),
+               ("residual_fp32", "residual stream in fp32"), ("embed_norm", "embedding norm"),
                ("bias_separate", "linear biases added after the matmul"),
                ("mlp_fused", "gate and up as one fused output"),
                ("conv1d_linears", "linears as Conv1D (addmm over weights held [in, out])"))

@@ -34,7 +34,8 @@ from .parts import Part
 # ----------------------------------------------------------------------------- shared with mamba2.py
 def attach_nested(owner: nn.Module, parts: dict[str, Part]) -> None:
     """`build.attach` for parts whose names hold one dot ("conv1d.weight", "norm.weight"): each such
-    part goes onto a plain submodule of that name, made on first use; the others onto `owner`. A
+    part goes onto a plain submodule of that name, made on first use (marked `uncalled`, as it has no
+    output for verify to compare); the others onto `owner`. A
     module's own parameters come first in its state_dict, so the kinds declare those first."""
     for name, part in parts.items():
         holder, _, leaf = name.rpartition(".")
@@ -42,6 +43,7 @@ def attach_nested(owner: nn.Module, parts: dict[str, Part]) -> None:
         if holder:
             if not hasattr(owner, holder):
                 owner.add_module(holder, nn.Module())
+                getattr(owner, holder).uncalled = True  # a holder of weights its owner reads: never called
             target = getattr(owner, holder)
         attach(target, {leaf: part})
 

@@ -53,6 +53,7 @@ VARIANT_NAMES = {
     "embed_scale_unrounded": "an unrounded embedding scale", "embed_dropout": "embedding dropout",
     "resid_dropout": "residual dropout", "attn_dropout": "attention dropout",
     "embed_norm": "an embedding norm", "residual_after_norm": "the residual taken after the norm",
+    "residual_fp32": "an fp32 residual stream",
     "parallel_sum": "this parallel-block sum order", "scale_in_product": "the score scale inside q.k's product",
     "d_ff": "this FFN width", "vocab_size": "this vocabulary size", "d_model": "this width (d_model)",
     "n_layers": "this number of layers", "n_heads": "this number of heads",

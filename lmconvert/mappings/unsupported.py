@@ -46,7 +46,7 @@ NEEDS: dict[str, tuple[str, ...]] = {
     "jetmoe": ("moe-ext",), "kimi_linear": ("linear", "mla-ext"), "laguna": ("geometry", "gated-attn", "router"),
     "lara_mini": ("linear",), "lfm2_moe": ("conv",), "lfm3": ("conv", "gated-attn"),
     "longcat_flash": ("moe-ext", "router"),
-    "mamba": ("ssm",), "mamba2": ("ssm",), "mimo_v2_flash": ("sinks", "geometry"), "minimax": ("linear",),
+    "mamba": ("ssm",), "mimo_v2_flash": ("sinks", "geometry"), "minimax": ("linear",),
     "minimax_m3_vl_text": ("sparse", "moe-ext"), "nemotron_h": ("ssm", "moe-ext"), "olmo_hybrid": ("linear",),
     "qwen3_5_moe_text": ("linear", "gated-attn"), "qwen3_5_text": ("linear", "gated-attn"),
     "qwen3_next": ("linear", "gated-attn"), "qwen4_exp_text": ("linear", "sparse", "hyper", "ple"),

@@ -111,10 +111,12 @@ def _latent_sizes(arch: ArchConfig) -> dict[str, int]:
 def _mixer_points(arch: ArchConfig) -> tuple[dict[str, Layout], dict[str, int]]:
     """A mixer kind's points (`mixer_kinds`), from its declared parts, the same on both sides unless a
     family declares transformers' otherwise: a linear or a norm outputs (B, T, its width), a
-    depthwise convolution (B, channels, T). Each part's width is an axis of its own, `mixer.<part>`."""
+    depthwise convolution (B, channels, T). Each part's width is an axis of its own, `mixer.<part>`.
+    The mixer itself, where it holds parameters of its own (Mamba's A_log, D), outputs (B, T, d)."""
     if not arch.layers_mixed_by("mixer"):
         return {}, {}
-    layouts, sizes = {}, {}
+    layouts: dict[str, Layout] = {"mixer": "B T d"}
+    sizes: dict[str, int] = {}
     for name, part in mixer_kind(arch.mixer).parts(arch).items():
         axis = f"mixer.{name}"
         if isinstance(part, LinearPart):
