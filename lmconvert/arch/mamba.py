@@ -110,6 +110,10 @@ class StateSpaceMixer(nn.Module):
 class MambaMixer(StateSpaceMixer):
     """The Mamba (v1) mixer; its settings are `mixer_kinds.MambaSettings`."""
 
+    def __init__(self, cfg: ArchConfig, parts: dict[str, Part], layer: int) -> None:
+        super().__init__(cfg, parts, layer)
+        self.dt_proj.uncalled = True  # its weight and bias are read, as transformers reads them: no output
+
     def forward(self, x: torch.Tensor, ctx: Context, cache: KVCache | None) -> torch.Tensor:
         s, T, dtype = self.s, x.shape[1], x.dtype
         mask = padding_mask(ctx, T)
