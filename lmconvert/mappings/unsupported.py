@@ -42,7 +42,7 @@ NEEDS: dict[str, tuple[str, ...]] = {
     "hy_v4": ("hyper", "mla-ext", "gated-attn", "sinks", "dsa-shared"),
     "inkling2_loop_text": ("conv", "exotic", "sinks", "gated-attn", "moe-ext", "loop"),
     "inkling2_text": ("conv", "exotic", "sinks", "gated-attn", "moe-ext"),
-    "inkling_text": ("conv", "exotic", "geometry", "temperature", "moe-ext"), "jamba": ("ssm",),
+    "inkling_text": ("conv", "exotic", "geometry", "temperature", "moe-ext"),
     "jetmoe": ("moe-ext",), "kimi_linear": ("linear", "mla-ext"), "laguna": ("geometry", "gated-attn", "router"),
     "lara_mini": ("linear",), "lfm2_moe": ("conv",), "lfm3": ("conv", "gated-attn"),
     "longcat_flash": ("moe-ext", "router"),

@@ -81,7 +81,7 @@ def mixer_to_hf(cfg: ArchConfig) -> dict[str, Any]:
     """Another mixer, or biases in_proj and out_proj do not share, reads back otherwise: export refuses it."""
     s = cfg.mixer_settings if cfg.mixer == "mamba2" else None
     if s is None:
-        return {k.name: DEFAULT for k in MIXER_KEYS}
+        return {}
     return {"mamba_n_heads": s.n_heads, "mamba_d_head": s.head_dim, "mamba_n_groups": s.n_groups,
             "mamba_d_state": s.d_state, "mamba_d_conv": s.conv_kernel, "mamba_chunk_size": s.chunk_size,
             "mamba_expand": s.d_inner // cfg.d_model if s.d_inner % cfg.d_model == 0 else DEFAULT,
