@@ -19,13 +19,14 @@ WHAT: dict[str, str] = {
     "mla-ext": "latent-attention extensions (gated, NoPE or windowed MLA)",
     "moe-ext": "a mixture-of-experts structure MoeConfig lacks",
     "norm-ext": "a residual or norm topology of its own",
+    "parallel-ssm": "attention and a Mamba2 mixer side by side in one block (Falcon-H1)",
     "ple": "per-layer embeddings",
     "quant": "a quantized-weight reader",
     "recurrent": "a recurrent token mixer (RG-LRU, RWKV, xLSTM)",
     "router": "a router kind of its own",
     "sinks": "attention sinks",
     "sparse": "a sparse-attention kind of its own",
-    "ssm": "a state-space (Mamba) token mixer",
+    "shared-blocks": "transformer blocks shared across the layers (Zamba's)",
     "temperature": "an attention temperature on its NoPE layers",
 }
 
@@ -35,7 +36,7 @@ NEEDS: dict[str, tuple[str, ...]] = {
     "beam": ("gated-attn", "temperature", "router"), "blt": ("exotic",), "cpmant": ("exotic",),
     "deepseek_v4": ("sparse", "hyper", "sinks", "moe-ext", "geometry", "quant"), "diffllama": ("exotic",),
     "doge": ("exotic", "moe-ext", "norm-ext"), "dory": ("loop", "norm-ext", "gated-attn", "l2-qk"),
-    "dots3_note_text": ("mla-ext", "gated-attn", "geometry"), "falcon_h1": ("ssm",),
+    "dots3_note_text": ("mla-ext", "gated-attn", "geometry"), "falcon_h1": ("parallel-ssm",),
     "gemma3n_text": ("hyper", "ple", "kv-share"),
     "gemma4_text": ("geometry", "kv-share", "ple", "moe-ext"), "gemma4_unified_text": ("geometry", "kv-share"),
     "glm_moe_dsa": ("dsa-shared",), "hrm_text": ("loop", "gated-attn"),
@@ -51,7 +52,7 @@ NEEDS: dict[str, tuple[str, ...]] = {
     "qwen3_5_moe_text": ("linear", "gated-attn"), "qwen3_5_text": ("linear", "gated-attn"),
     "qwen3_next": ("linear", "gated-attn"), "qwen4_exp_text": ("linear", "sparse", "hyper", "ple"),
     "recurrent_gemma": ("recurrent",), "reformer": ("exotic",), "rwkv": ("recurrent",), "xlstm": ("recurrent",),
-    "zamba": ("ssm",), "zamba2": ("ssm",), "zaya": ("conv", "l2-qk", "moe-ext", "norm-ext"),
+    "zamba": ("shared-blocks",), "zamba2": ("shared-blocks",), "zaya": ("conv", "l2-qk", "moe-ext", "norm-ext"),
 }
 
 

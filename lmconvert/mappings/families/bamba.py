@@ -114,4 +114,5 @@ CONFIG = llama.CONFIG.but(
               "partial_rotary_factor": 0.5},
 )
 
-FAMILY = Family("bamba", ("bamba",), "BambaForCausalLM", TENSORS, CONFIG)
+FAMILY = Family("bamba", ("bamba",), "BambaForCausalLM", TENSORS, CONFIG,
+                no_gguf=mamba2.NO_GGUF.replace("mamba2", "granitehybrid"))

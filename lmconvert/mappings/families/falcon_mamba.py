@@ -10,10 +10,11 @@ from __future__ import annotations
 
 from ..family import Family
 from ..tables.table import Rule, TensorTable
-from . import mamba
+from . import mamba, mamba2
 
 UNUSED_NORMS = tuple(Rule(f"backbone.layers.{{}}.mixer.{n}_layernorm.weight", None) for n in ("dt", "b", "c"))
 TENSORS = TensorTable(mamba.TENSORS.rules + UNUSED_NORMS)
 CONFIG = mamba.CONFIG.but(add=(mamba.mixer("weightless", "mixer_rms_eps"),))
 
-FAMILY = Family("falcon_mamba", ("falcon_mamba",), "FalconMambaForCausalLM", TENSORS, CONFIG)
+FAMILY = Family("falcon_mamba", ("falcon_mamba",), "FalconMambaForCausalLM", TENSORS, CONFIG,
+                no_gguf=mamba2.NO_GGUF.replace("mamba2", "mamba"))

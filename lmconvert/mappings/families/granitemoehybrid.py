@@ -60,4 +60,5 @@ CONFIG = granitemoeshared.CONFIG.but(
 )
 
 FAMILY = Family("granitemoehybrid", ("granitemoehybrid",), "GraniteMoeHybridForCausalLM", TENSORS, CONFIG,
-                reference_layouts=granitemoeshared.REFERENCE_LAYOUTS)
+                reference_layouts=granitemoeshared.REFERENCE_LAYOUTS,
+                no_gguf=mamba2.NO_GGUF.replace("mamba2", "granitehybrid"))

@@ -142,4 +142,5 @@ CONFIG = llama.CONFIG.but(
     nullable={"head_dim": False, "num_key_value_heads": False, "attention_dropout": False},
 )
 
-FAMILY = Family("jamba", ("jamba",), "JambaForCausalLM", TENSORS, CONFIG)
+FAMILY = Family("jamba", ("jamba",), "JambaForCausalLM", TENSORS, CONFIG,
+                no_gguf=mamba2.NO_GGUF.replace("mamba2", "jamba"))

@@ -75,4 +75,5 @@ CONFIG = ConfigTable((
     mamba2.SCHEDULE,
 ))
 
-FAMILY = Family("mamba", ("mamba",), "MambaForCausalLM", TENSORS, CONFIG)
+FAMILY = Family("mamba", ("mamba",), "MambaForCausalLM", TENSORS, CONFIG,
+                no_gguf=mamba2.NO_GGUF.replace("mamba2", "mamba"))

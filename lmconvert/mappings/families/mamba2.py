@@ -136,4 +136,8 @@ CONFIG = ConfigTable((
     SCHEDULE,
 ))
 
-FAMILY = Family("mamba2", ("mamba2",), "Mamba2ForCausalLM", TENSORS, CONFIG)
+NO_GGUF = ("lmconvert does not write llama.cpp's mamba2 architecture yet: its state-space tensors (A as -exp(A_log), "
+           "the conv kernels squeezed, D, the grouped norm) are not mapped")
+
+FAMILY = Family("mamba2", ("mamba2",), "Mamba2ForCausalLM", TENSORS, CONFIG,
+                no_gguf=NO_GGUF)

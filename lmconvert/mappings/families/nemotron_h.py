@@ -125,4 +125,5 @@ CONFIG = llama.CONFIG.but(
     nullable={"head_dim": False, "num_key_value_heads": False, "attention_dropout": False},
 )
 
-FAMILY = Family("nemotron_h", ("nemotron_h",), "NemotronHForCausalLM", TENSORS, CONFIG, layout=layout_table)
+FAMILY = Family("nemotron_h", ("nemotron_h",), "NemotronHForCausalLM", TENSORS, CONFIG, layout=layout_table,
+                no_gguf=mamba2.NO_GGUF.replace("mamba2", "nemotron_h"))
