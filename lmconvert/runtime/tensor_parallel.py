@@ -85,7 +85,8 @@ class Plan:
 
 def refusals(arch: ArchConfig, size: int) -> list[str]:
     """Why `arch` cannot be split over `size` ranks (empty when it can)."""
-    checks = [
+    checks = [  # a mixer first: an all-mixer model's attention fields are placeholders (n_heads 1)
+        (bool(arch.layers_mixed_by("mixer")), f"the {arch.mixer} mixer layers have no tensor-parallel plan"),
         (arch.attention not in ATTENTION_PLANS,
          f"attention kind {arch.attention!r} has no tensor-parallel plan (known: {', '.join(ATTENTION_PLANS)})"),
         (arch.n_heads % size != 0, f"n_heads={arch.n_heads} does not divide by {size} ranks"),
@@ -100,7 +101,6 @@ def refusals(arch: ArchConfig, size: int) -> list[str]:
         ("relative" in arch.layer_positions, "the relative position bias is indexed by the global head"),
         (arch.qk_norm == "projection", "QK norm over the whole projection needs every head's values"),
         (arch.sub_norms, "the sub-norms (BitNet's) normalise over every head and the whole MLP width"),
-        (bool(arch.layers_mixed_by("mixer")), f"the {arch.mixer} mixer layers have no tensor-parallel plan"),
     ]
     return [why for wrong, why in checks if wrong]
 
