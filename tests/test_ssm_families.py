@@ -10,7 +10,6 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-
 from family_specs import SPECS
 from hf_models import build_model, check_cached_decoding, save_checkpoint, token_batch
 
