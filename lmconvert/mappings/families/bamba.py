@@ -21,7 +21,7 @@ from lmconvert.arch import ArchConfig
 
 from ..errors import MappingError
 from ..family import Family
-from ..tables.config_table import DEFAULT, Entry
+from ..tables.config_table import Entry
 from ..tables.hf_config import HfConfig, Key, show
 from ..tables.hf_rope import rope
 from ..tables.table import Rule, TensorTable
@@ -78,14 +78,11 @@ def mixer_from_hf(hf: HfConfig, fields: dict[str, Any]) -> dict[str, Any]:
 
 
 def mixer_to_hf(cfg: ArchConfig) -> dict[str, Any]:
-    """Another mixer, or biases in_proj and out_proj do not share, reads back otherwise: export refuses it."""
-    s = cfg.mixer_settings if cfg.mixer == "mamba2" else None
-    if s is None:
-        return {}
-    return {"mamba_n_heads": s.n_heads, "mamba_d_head": s.head_dim, "mamba_n_groups": s.n_groups,
-            "mamba_d_state": s.d_state, "mamba_d_conv": s.conv_kernel, "mamba_chunk_size": s.chunk_size,
-            "mamba_expand": s.d_inner // cfg.d_model if s.d_inner % cfg.d_model == 0 else DEFAULT,
-            "mamba_conv_bias": s.conv_bias, "mamba_proj_bias": s.in_bias, "time_step_limit": mamba2.limit_to_hf(s)}
+    return mamba2.keys_of(cfg, {"n_heads": "mamba_n_heads", "head_dim": "mamba_d_head", "n_groups": "mamba_n_groups",
+                                "d_state": "mamba_d_state", "conv_kernel": "mamba_d_conv",
+                                "chunk_size": "mamba_chunk_size", "expand": "mamba_expand",
+                                "conv_bias": "mamba_conv_bias", "in_bias": "mamba_proj_bias",
+                                "time_step_limit": "time_step_limit"})
 
 
 MIXER = Entry("mixer", MIXER_KEYS, mixer_from_hf, mixer_to_hf)

@@ -98,15 +98,23 @@ def mixer_from_hf(hf: HfConfig, fields: dict[str, Any]) -> dict[str, Any]:
         **time_step_limit(hf)}}
 
 
-def mixer_to_hf(cfg: ArchConfig) -> dict[str, Any]:
-    """A mixer other than Mamba2's (or biases it cannot set apart) reads back otherwise: export refuses it."""
+def keys_of(cfg: ArchConfig, names: dict[str, str]) -> dict[str, Any]:
+    """A Mamba2 mixer's settings under a family's keys (`names`: setting -> key; "time_step_limit" the clamp,
+    "expand" d_inner / d_model); nothing for another mixer, which reads back otherwise: export refuses it
+    (as it does biases in_proj and out_proj do not share: the families switch both with one key)."""
     s = cfg.mixer_settings if cfg.mixer == "mamba2" else None
     if s is None:
         return {}
-    return {"num_heads": s.n_heads, "head_dim": s.head_dim, "state_size": s.d_state, "n_groups": s.n_groups,
-            "conv_kernel": s.conv_kernel, "chunk_size": s.chunk_size, "use_conv_bias": s.conv_bias,
-            "use_bias": s.in_bias, "expand": s.d_inner // cfg.d_model if s.d_inner % cfg.d_model == 0 else DEFAULT,
-            "time_step_limit": limit_to_hf(s), "hidden_act": s.activation}
+    special = {"time_step_limit": limit_to_hf(s),
+               "expand": s.d_inner // cfg.d_model if s.d_inner % cfg.d_model == 0 else DEFAULT}
+    return {key: special[field] if field in special else getattr(s, field) for field, key in names.items()}
+
+
+def mixer_to_hf(cfg: ArchConfig) -> dict[str, Any]:
+    return keys_of(cfg, {"n_heads": "num_heads", "head_dim": "head_dim", "d_state": "state_size",
+                         "n_groups": "n_groups", "conv_kernel": "conv_kernel", "chunk_size": "chunk_size",
+                         "conv_bias": "use_conv_bias", "in_bias": "use_bias", "expand": "expand",
+                         "time_step_limit": "time_step_limit", "activation": "hidden_act"})
 
 
 def all_mixers(hf: HfConfig, fields: dict[str, Any]) -> dict[str, Any]:

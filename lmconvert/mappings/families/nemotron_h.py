@@ -102,13 +102,10 @@ def mixer_from_hf(hf: HfConfig, fields: dict[str, Any]) -> dict[str, Any]:
 
 
 def mixer_to_hf(cfg: ArchConfig) -> dict[str, Any]:
-    s = cfg.mixer_settings if cfg.mixer == "mamba2" else None
-    if s is None:
-        return {}
-    return {"mamba_num_heads": s.n_heads, "mamba_head_dim": s.head_dim, "ssm_state_size": s.d_state,
-            "n_groups": s.n_groups, "conv_kernel": s.conv_kernel, "chunk_size": s.chunk_size,
-            "use_bias": s.in_bias, "use_conv_bias": s.conv_bias, "time_step_limit": mamba2.limit_to_hf(s),
-            "mamba_hidden_act": s.activation}
+    return mamba2.keys_of(cfg, {"n_heads": "mamba_num_heads", "head_dim": "mamba_head_dim", "d_state": "ssm_state_size",
+                                "n_groups": "n_groups", "conv_kernel": "conv_kernel", "chunk_size": "chunk_size",
+                                "in_bias": "use_bias", "conv_bias": "use_conv_bias",
+                                "time_step_limit": "time_step_limit", "activation": "mamba_hidden_act"})
 
 
 NORM = Entry("norm", (Key("layer_norm_epsilon", float, 1e-5),),
