@@ -74,7 +74,9 @@ def tensor_sizes(arch: ArchConfig) -> dict[str, int]:
     """The sizes an HF family's tensor-table transforms are written in (fused pieces, per-group qkv)."""
     return {"q": arch.q_dim, "kv": arch.kv_dim, "ffn": arch.d_ff, "heads": arch.n_heads,
             "kv_heads": arch.n_kv_heads, "head_dim": arch.head_dim, "vocab": arch.vocab_size, "dim": arch.d_model,
-            **({"shared": arch.moe.d_shared} if arch.moe is not None and arch.moe.d_shared is not None else {})}
+            **({"shared": arch.moe.d_shared} if arch.moe is not None and arch.moe.d_shared is not None else {}),
+            # a token mixer's own sizes, prefixed (gated delta-net's per-key-head groups)
+            **{f"mixer.{k}": v for k, v in getattr(arch.mixer_settings, "sizes", {}).items()}}
 
 
 # config.json keys that are not architecture but should travel with the checkpoint (HunYuan's end of document

@@ -22,6 +22,8 @@ bit by tests/test_table_transforms.py.
 - Trim: padding rows past the vocabulary dropped;
 - Transpose: a matrix stored [in, out] (GPT-2's Conv1D);
 - QkvGroups: a fused qkv projection laid out per KV group -> q, k, v concatenated (NeoX, BLOOM, Falcon);
+- Groups: rows stored as runs of pieces, one run per group -> each piece's rows of every group, the
+  pieces in turn (Qwen3-Next's in_proj_qkvz and in_proj_ba, per key head);
 - Unstack: one expert's matrix out of a fused 3-D experts tensor (inverse: stack them all);
 - Unsqueeze: a leading dimension of size 1 the file leaves out;
 - Chain: several in order.
@@ -393,6 +395,41 @@ def qkv_to_groups(t: torch.Tensor, heads: int, kv: int, dim: int) -> torch.Tenso
     k = t[heads * dim:(heads + kv) * dim].reshape(kv, 1, dim, *rest)
     v = t[(heads + kv) * dim:].reshape(kv, 1, dim, *rest)
     return torch.cat([q, k, v], dim=1).reshape(t.shape)
+
+
+@dataclass(frozen=True)
+class Groups:
+    """Rows stored as `groups` runs (the name of a size), each the pieces `pieces` (names of sizes:
+    each piece's rows per group) end to end -> every group's rows of piece 0, then of piece 1, ...
+    Qwen3-Next's in_proj_qkvz holds, per key head, [q | k | v | z] of that head (its value heads'
+    v and z), which become [all q | all k | all v | all z]; a Piece then takes the canonical tensors
+    out. A permutation of rows, exact both ways."""
+
+    interleaves: ClassVar[bool] = True
+
+    groups: str
+    pieces: tuple[str, ...]
+
+    def bind(self, sizes: Sizes) -> Transform:
+        groups, rows = _size(sizes, self.groups), [_size(sizes, name) for name in self.pieces]
+        return Transform(f"{groups} groups of {'|'.join(self.pieces)}", lambda t: ungroup(t, groups, rows),
+                         lambda t: regroup(t, groups, rows))
+
+
+def ungroup(t: torch.Tensor, groups: int, rows: list[int]) -> torch.Tensor:
+    import torch
+
+    rest = t.shape[1:]
+    runs = t.reshape(groups, sum(rows), *rest).split(rows, 1)
+    return torch.cat([run.reshape(-1, *rest) for run in runs])
+
+
+def regroup(t: torch.Tensor, groups: int, rows: list[int]) -> torch.Tensor:
+    import torch
+
+    rest = t.shape[1:]
+    pieces = t.split([groups * r for r in rows])
+    return torch.cat([p.reshape(groups, r, *rest) for p, r in zip(pieces, rows, strict=True)], 1).reshape(t.shape)
 
 
 @dataclass(frozen=True)
