@@ -48,8 +48,7 @@ NEEDS: dict[str, tuple[str, ...]] = {
     "longcat_flash": ("moe-ext", "router"),
     "mamba": ("ssm",), "mamba2": ("ssm",), "mimo_v2_flash": ("sinks", "geometry"), "minimax": ("linear",),
     "minimax_m3_vl_text": ("sparse", "moe-ext"), "nemotron_h": ("ssm", "moe-ext"), "olmo_hybrid": ("linear",),
-    "qwen3_5_moe_text": ("linear", "gated-attn"), "qwen3_5_text": ("linear", "gated-attn"),
-    "qwen3_next": ("linear", "gated-attn"), "qwen4_exp_text": ("linear", "sparse", "hyper", "ple"),
+    "qwen4_exp_text": ("linear", "sparse", "hyper", "ple"),
     "recurrent_gemma": ("recurrent",), "reformer": ("exotic",), "rwkv": ("recurrent",), "xlstm": ("recurrent",),
     "zamba": ("ssm",), "zamba2": ("ssm",), "zaya": ("conv", "l2-qk", "moe-ext", "norm-ext"),
 }
