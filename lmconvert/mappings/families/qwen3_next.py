@@ -47,8 +47,8 @@ FUSED_GDN_RULES = (
     *(Rule(f"{LINEAR}.in_proj_qkvz.weight", f"layers.{{}}.mixer.{ours}.weight",
            Chain(QKVZ, Piece(("mixer.qkv", "mixer.values"), i))) for i, ours in enumerate(("in_proj_qkv", "in_proj_z"))),
     *(Rule(f"{LINEAR}.in_proj_ba.weight", f"layers.{{}}.mixer.{ours}.weight",
-           Chain(BA, Piece(("mixer.value_heads", "mixer.value_heads"), i))) for i, ours in enumerate(("in_proj_b",
-                                                                                                    "in_proj_a"))),
+           Chain(BA, Piece(("mixer.value_heads", "mixer.value_heads"), i)))
+      for i, ours in enumerate(("in_proj_b", "in_proj_a"))),
 )
 MTP_RULES = (Rule("mtp.*", None),)  # the multi-token-prediction head, which transformers does not load
 TENSORS = TensorTable(llama.EDGE_RULES + llama.ATTENTION_RULES + llama.MLP_RULES + llama.PRE_NORM_RULES
