@@ -45,7 +45,8 @@ QKVZ = Groups("mixer.key_heads", ("mixer.key_head_dim", "mixer.key_head_dim", "m
 BA = Groups("mixer.key_heads", ("mixer.heads_per_key", "mixer.heads_per_key"))
 FUSED_GDN_RULES = (
     *(Rule(f"{LINEAR}.in_proj_qkvz.weight", f"layers.{{}}.mixer.{ours}.weight",
-           Chain(QKVZ, Piece(("mixer.qkv", "mixer.values"), i))) for i, ours in enumerate(("in_proj_qkv", "in_proj_z"))),
+           Chain(QKVZ, Piece(("mixer.qkv", "mixer.values"), i)))
+      for i, ours in enumerate(("in_proj_qkv", "in_proj_z"))),
     *(Rule(f"{LINEAR}.in_proj_ba.weight", f"layers.{{}}.mixer.{ours}.weight",
            Chain(BA, Piece(("mixer.value_heads", "mixer.value_heads"), i)))
       for i, ours in enumerate(("in_proj_b", "in_proj_a"))),
