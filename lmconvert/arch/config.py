@@ -457,6 +457,10 @@ class ArchConfig:
     mixer_settings: Any = None
     layer_mixers: tuple[str, ...] | None = None
     layer_ffns: tuple[str, ...] | None = None
+    # the norm placement of the mixer layers where it is not `norm_placement`'s (OLMo-hybrid: its gated delta-net
+    # layers pre-norm, its attention layers normalising each sublayer's output); both sequential, so one wiring.
+    # None: the same for every layer
+    mixer_norm_placement: str | None = None
     sliding_window: int | None = None
     attn_scale: float | None = None  # None: head_dim ** -0.5
     attn_softcap: float | None = None
@@ -676,6 +680,7 @@ class ArchConfig:
             _fail("ArchConfig", "norm_placement", self.norm_placement,
                   "a layer without a mixer or an FFN needs sequential sublayers (norm_placement 'pre', 'sandwich' or "
                   "'output', residual_after_norm off)")
+        self._normalise_mixer_norm_placement(kind)
         if kind is None:
             if "mixer" in self.layer_mixers:
                 _fail("ArchConfig", "layer_mixers", self.layer_mixers, "names 'mixer' layers; set mixer")
@@ -692,6 +697,19 @@ class ArchConfig:
             except TypeError as exc:  # a settings field without a default, left out
                 raise ConfigError(f"ArchConfig.mixer_settings: {exc}") from None
         return kind
+
+    def _normalise_mixer_norm_placement(self, kind: MixerKind | None) -> None:
+        placement = self.mixer_norm_placement
+        if placement is None or placement == self.norm_placement:  # one spelling of "the same everywhere"
+            object.__setattr__(self, "mixer_norm_placement", None)
+            return
+        _choice("ArchConfig", "mixer_norm_placement", placement, SEQUENTIAL_PLACEMENTS)
+        if self.norm_placement not in SEQUENTIAL_PLACEMENTS or self.residual_after_norm:
+            _fail("ArchConfig", "mixer_norm_placement", placement, "differs from norm_placement on the mixer "
+                  "layers only where both are sequential (norm_placement 'pre', 'sandwich' or 'output', "
+                  "residual_after_norm off)")
+        if kind is None:
+            _fail("ArchConfig", "mixer_norm_placement", placement, "places the mixer layers' norms; set mixer")
 
     def _check_moe(self, moe: MoeConfig) -> None:
         if not self.gated:
@@ -924,7 +942,8 @@ UNSTATED_WHEN_UNSET: dict[str, Any] = {"attn_sinks": False, "sink_form": "column
                                        "qk_norm_after_rope": False,
                                        "sub_norms": False, "output_vocab": None, "attn_temperature_form": "ministral3",
                                        "attention_chunk": None, "chunked_layers": (), "qk_l2_norm": False,
-                                       "attn_output_gate": "none", "mixer": None, "mixer_settings": None}
+                                       "attn_output_gate": "none", "mixer": None, "mixer_settings": None,
+                                       "mixer_norm_placement": None}
 ROPE_UNSTATED_WHEN_UNSET: dict[str, Any] = {"alpha": None, "reverse": False}
 MOE_UNSTATED_WHEN_UNSET: dict[str, Any] = {"weight_input": False}
 

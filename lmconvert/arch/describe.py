@@ -192,8 +192,10 @@ def schedule(cfg: ArchConfig) -> list[str]:
 def variants(cfg: ArchConfig) -> list[str]:
     mixing = ([*attention_kind(cfg.attention).describe(cfg)] if cfg.layers_mixed_by("attention") else []) + \
         (mixer_kind(cfg.mixer).describe(cfg) if cfg.layers_mixed_by("mixer") else [])
-    out = [f"norm: {_norm(cfg.norm)}", f"placement: {PLACEMENT_NAMES[cfg.norm_placement]}", *mixing,
-           *schedule(cfg)]
+    placement = PLACEMENT_NAMES[cfg.norm_placement]
+    if cfg.mixer_norm_placement is not None:
+        placement += f" ({cfg.mixer} layers: {PLACEMENT_NAMES[cfg.mixer_norm_placement]})"
+    out = [f"norm: {_norm(cfg.norm)}", f"placement: {placement}", *mixing, *schedule(cfg)]
     if cfg.attn_scale is not None:
         out.append(f"score scale: {cfg.attn_scale:g}")
     out.extend(line for flag, line in ORDER_FLAGS if getattr(cfg, flag))

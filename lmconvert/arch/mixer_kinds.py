@@ -353,6 +353,7 @@ class GatedDeltaNetSettings:
         per_key = self.value_heads // self.key_heads
         return {"key_heads": self.key_heads, "key_head_dim": self.key_head_dim, "heads_per_key": per_key,
                 "values_per_key": per_key * self.value_head_dim, "qkv": self.conv_dim, "values": self.value_dim,
+                "key_dim": self.key_dim,
                 "value_heads": self.value_heads}
 
 

@@ -68,6 +68,7 @@ VARIANT_NAMES = {
     "mixer": "this token mixer beside attention", "mixer_settings": "these token-mixer settings",
     "layer_mixers": "this per-layer schedule of attention and mixer layers",
     "layer_ffns": "layers without an FFN",
+    "mixer_norm_placement": "another norm placement on the mixer layers",
 }
 
 def tensor_sizes(arch: ArchConfig) -> dict[str, int]:

@@ -47,7 +47,7 @@ NEEDS: dict[str, tuple[str, ...]] = {
     "lara_mini": ("linear",), "lfm2_moe": ("conv",), "lfm3": ("conv", "gated-attn"),
     "longcat_flash": ("moe-ext", "router"),
     "mamba": ("ssm",), "mamba2": ("ssm",), "mimo_v2_flash": ("sinks", "geometry"), "minimax": ("linear",),
-    "minimax_m3_vl_text": ("sparse", "moe-ext"), "nemotron_h": ("ssm", "moe-ext"), "olmo_hybrid": ("linear",),
+    "minimax_m3_vl_text": ("sparse", "moe-ext"), "nemotron_h": ("ssm", "moe-ext"),
     "qwen4_exp_text": ("linear", "sparse", "hyper", "ple"),
     "recurrent_gemma": ("recurrent",), "reformer": ("exotic",), "rwkv": ("recurrent",), "xlstm": ("recurrent",),
     "zamba": ("ssm",), "zamba2": ("ssm",), "zaya": ("conv", "l2-qk", "moe-ext", "norm-ext"),

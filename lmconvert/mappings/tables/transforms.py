@@ -18,6 +18,8 @@ bit by tests/test_table_transforms.py.
 - HeadPart: the reverse of Piece per head, one canonical tensor stored as several, each holding
   a block of every head's rows (llama.cpp's DeepSeek k_b and v_b); import hands forward all of
   them, export writes each;
+- Joined: the reverse of Piece, one canonical tensor stored as several end to end (OLMo-hybrid's
+  q_proj, k_proj, v_proj as our in_proj_qkv); import hands forward all of them, export writes each;
 - Offset: a constant added on disk (Gemma's norms as w + 1 in GGUF);
 - Trim: padding rows past the vocabulary dropped;
 - Transpose: a matrix stored [in, out] (GPT-2's Conv1D);
@@ -58,6 +60,7 @@ class Transform:
     name: str
     forward: TensorFn = _identity
     inverse: TensorFn = _identity
+    gathers: bool = False  # forward takes parts that may differ in shape (Joined, HeadPart), not a joined tensor's rows
 
     def bind(self, sizes: Sizes) -> Transform:  # already bound: a table may hold either
         return self
@@ -281,7 +284,7 @@ class HeadPart:
             return (part.transpose(1, 2) if flips[self.index] else part).contiguous()
 
         return Transform(f"part {self.index} of {'|'.join(self.parts)} per head",
-                         lambda parts: join_heads(parts, flips, heads, lengths), inverse)
+                         lambda parts: join_heads(parts, flips, heads, lengths), inverse, gathers=True)
 
 
 def join_heads(parts: Sequence[torch.Tensor], transposed: Sequence[bool], heads: int,
@@ -296,6 +299,40 @@ def join_heads(parts: Sequence[torch.Tensor], transposed: Sequence[bool], heads:
         raise MappingError(f"parts of shapes {[list(p.shape) for p in parts]} are not {heads} heads of "
                            f"{'+'.join(map(str, lengths))} rows; the config contradicts the tensors")
     return torch.cat(blocks, 1).reshape(heads * sum(lengths), shapes[0][2])
+
+
+@dataclass(frozen=True)
+class Joined:
+    """Part `index` of a canonical tensor stored as several differently named tensors end to end
+    along dim 0 (OLMo-hybrid's q_proj, k_proj and v_proj are our in_proj_qkv's rows): `parts` name the
+    sizes of each part's rows. Each part has a rule of its own naming the same canonical tensor (the
+    table gathers them); forward, given every part in order, concatenates them; the inverse is this
+    part (a copy). Exact both ways: concatenating and slicing copy bits."""
+
+    parts: tuple[str, ...]
+    index: int
+    # the parts written as equal thirds (halves, ...) of the rows whatever `parts` says, and read in any split
+    # that adds up: transformers' save splits OLMo-hybrid's conv1d so (its Concatenate's reverse), the Hub's files
+    # as q | k | v
+    even: bool = False
+    gathers: ClassVar[bool] = True  # the table hands forward every part
+    interleaves: ClassVar[bool] = True  # no one transformers module computes the canonical tensor's output
+
+    def bind(self, sizes: Sizes) -> Transform:
+        lengths = [_size(sizes, name) for name in self.parts]
+        if self.even:
+            lengths = [sum(lengths) // len(lengths)] * len(lengths)
+        start, length = sum(lengths[:self.index]), lengths[self.index]
+
+        def forward(parts: Sequence[torch.Tensor]) -> torch.Tensor:
+            rows = [p.shape[0] for p in parts]
+            if (sum(rows) != sum(lengths)) if self.even else (rows != lengths):
+                raise MappingError(f"parts of {rows} rows are not {'+'.join(map(str, lengths))} rows; the config "
+                                   "contradicts the tensors")
+            return join(parts, 0)
+
+        return Transform(f"part {self.index} of {'|'.join(self.parts)}", forward,
+                         lambda t: t.narrow(0, start, length).contiguous(), gathers=True)
 
 
 # ---- Offset: a constant added on disk
