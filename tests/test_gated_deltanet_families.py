@@ -91,3 +91,26 @@ def test_the_prefill_crosses_chunks_and_decoding_runs_the_recurrent_rule(checkpo
     cached_logits(model, IDS[:, :PREFILL + 2], PREFILL)
     assert calls[0] == ("chunk", PREFILL) and PREFILL > 64
     assert calls[-1] == ("recurrent", 1)
+
+
+def test_mixer_norm_placement_sets_the_mixer_layers_slots_and_is_refused_where_it_cannot_apply() -> None:
+    """OLMo-hybrid's one per-layer difference: its gated delta-net layers pre-norm, its attention
+    layers normalising each sublayer's output; both sequential, so one wiring, the slots per layer."""
+    from lmconvert.arch import ArchConfig
+    from lmconvert.arch.errors import ConfigError
+    from lmconvert.arch.shapes import norm_slots
+
+    base = dict(vocab_size=64, d_model=32, n_layers=2, n_heads=4, d_ff=48, mixer="gated_deltanet",
+                mixer_settings=dict(key_heads=2, value_heads=4, key_head_dim=8, value_head_dim=8),
+                layer_mixers=("mixer", "attention"), norm_placement="output")
+    cfg = ArchConfig(**base, mixer_norm_placement="pre")
+    assert norm_slots(cfg, 0) == ("attn_norm", "mlp_norm")
+    assert norm_slots(cfg, 1) == ("attn_post_norm", "mlp_post_norm")
+    assert ArchConfig(**base, mixer_norm_placement="output").mixer_norm_placement is None  # one spelling
+    with pytest.raises(ConfigError, match="mixer_norm_placement='post': must be one of pre, sandwich, output"):
+        ArchConfig(**base, mixer_norm_placement="post")
+    with pytest.raises(ConfigError, match="mixer_norm_placement='pre': differs from norm_placement"):
+        ArchConfig(**{**base, "norm_placement": "post", "final_norm": False}, mixer_norm_placement="pre")
+    with pytest.raises(ConfigError, match="mixer_norm_placement='pre': places the mixer layers' norms; set mixer"):
+        ArchConfig(vocab_size=64, d_model=32, n_layers=2, n_heads=4, d_ff=48, norm_placement="output",
+                   mixer_norm_placement="pre")
