@@ -287,10 +287,12 @@ class MoeConfig:
     glu_alpha: float | None = None  # set exactly when glu="clamped_swiglu" (gpt-oss's swiglu_alpha)
     glu_limit: float | None = None  # set exactly when glu="clamped_swiglu" (gpt-oss's swiglu_limit)
     weight_input: bool = False  # the router weight multiplies each routed expert's input, not its output (Llama 4)
+    sum_bias: bool = False  # a learned bias [d_model] added to the routed experts' weighted sum (JetMoE's MoE bias)
 
     def __post_init__(self) -> None:
-        if not isinstance(self.weight_input, bool):
-            _fail("moe", "weight_input", self.weight_input, "must be true or false")
+        for name in ("weight_input", "sum_bias"):
+            if not isinstance(getattr(self, name), bool):
+                _fail("moe", name, getattr(self, name), "must be true or false")
         if self.weight_input and self.weights_fp32:
             _fail("moe", "weight_input", True, "weights the input in the activation dtype; needs weights_fp32=False")
         for name in ("n_experts", "top_k", "d_expert", "n_group", "topk_group"):
@@ -859,7 +861,7 @@ UNSTATED_WHEN_UNSET: dict[str, Any] = {"attn_sinks": False, "sink_form": "column
                                        "attention_chunk": None, "chunked_layers": (), "qk_l2_norm": False,
                                        "attn_output_gate": "none"}
 ROPE_UNSTATED_WHEN_UNSET: dict[str, Any] = {"alpha": None, "reverse": False}
-MOE_UNSTATED_WHEN_UNSET: dict[str, Any] = {"weight_input": False}
+MOE_UNSTATED_WHEN_UNSET: dict[str, Any] = {"weight_input": False, "sum_bias": False}
 
 
 def _sub(kind: type, value: Any, name: str) -> Any:

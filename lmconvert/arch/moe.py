@@ -224,13 +224,17 @@ class Experts(nn.ModuleList):
 
     one_point = True
 
-    def __init__(self, experts: Iterable[nn.Module], sum_order: str, weight_input: bool = False) -> None:
+    def __init__(self, experts: Iterable[nn.Module], sum_order: str, weight_input: bool = False,
+                 bias: int | None = None) -> None:
         super().__init__(experts)
         self.implementation = sum_order  # MoeConfig.sum_order; Decoder.set_experts
         self.weight_input = weight_input  # MoeConfig.weight_input
+        # MoeConfig.sum_bias (JetMoE): a bias of this width added to the weighted sum, `experts.bias`
+        self.bias = nn.Parameter(torch.zeros(bias)) if bias is not None else None
 
     def forward(self, h: torch.Tensor, weights: torch.Tensor, chosen: torch.Tensor) -> torch.Tensor:  # type: ignore[override]
-        return SUMS[self.implementation](self, h, weights, chosen)
+        out = SUMS[self.implementation](self, h, weights, chosen)
+        return out if self.bias is None else out + self.bias
 
 
 def _weighted(experts: Experts, e: int, h: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
@@ -287,7 +291,8 @@ class MoE(nn.Module):
         assert moe is not None
         self.router = Router(cfg, moe)
         self.experts = Experts((MLP(cfg, moe.d_expert) if moe.experts_split else Expert(cfg, moe.d_expert, moe)
-                                for _ in range(moe.n_experts)), moe.sum_order, moe.weight_input)
+                                for _ in range(moe.n_experts)), moe.sum_order, moe.weight_input,
+                               cfg.d_model if moe.sum_bias else None)
         self.shared = (Expert if moe.shared_fused else MLP)(cfg, moe.d_shared) if moe.d_shared is not None else None
         self.shared_gate = nn.Linear(cfg.d_model, 1, bias=False) if moe.shared == "gated" else None
         self.norm = Norm(cfg.d_model, cfg.norm) if moe.output_norm else None  # A.X-K1's post_mlp_layernorm
@@ -313,7 +318,8 @@ def balance_loss(model: nn.Module, moe: MoeConfig) -> torch.Tensor:
     """The Switch Transformer load-balancing loss over every sparse layer's router logits of the
     last forward pass, as transformers' `load_balancing_loss_func` computes it (no attention mask):
     n_experts * sum over experts of (the share of top-k choices it got) * (its mean probability)."""
-    logits = [m.router_logits for m in model.modules() if isinstance(m, MoE) and m.router_logits is not None]
+    # every router that kept its logits: the mixtures', and a mixture of attention heads' (JetMoE counts both)
+    logits = [m.router_logits for m in model.modules() if getattr(m, "router_logits", None) is not None]
     chosen = torch.zeros(moe.n_experts, dtype=torch.float32, device=logits[0].device)
     probs = torch.zeros(moe.n_experts, dtype=torch.float32, device=logits[0].device)
     rows = 0.0

@@ -13,7 +13,7 @@ import torch
 from lmconvert.arch import ArchConfig
 from lmconvert.formats.errors import InputError
 from lmconvert.formats.source import Loadable
-from lmconvert.mappings.tables.points import Returned, Summed
+from lmconvert.mappings.tables.points import Parallel, Returned, Summed
 from lmconvert.mappings.tables.table import TensorTable
 
 from .layouts import EXPERT, PointLayouts
@@ -219,6 +219,8 @@ def reference_trace(model: torch.nn.Module, ids: torch.Tensor, arch: ArchConfig,
                 recorder.experts_alone(point, modules[path.rpartition(".")[0]],
                                        lambda _m, args, e, experts=experts: stacked_expert_alone(experts, args, e),
                                        arch.moe.n_experts)
+            elif isinstance(declared, Parallel):  # run inline by the mixture's module: each alone through its products
+                recorder.experts_alone(point, modules[path], parallel_expert_alone, arch.moe.n_experts)
             else:
                 recorder.experts_alone(point, modules[path], expert_alone, arch.moe.n_experts)
         recorder.output_of(point, modules[path], declared.index if isinstance(declared, Returned) else 0)
@@ -256,6 +258,17 @@ def stacked_expert_alone(experts: torch.nn.Module, args: tuple, e: int) -> torch
     stacked = h.new_zeros((n, *h.shape))
     stacked[e] = h
     return experts.forward(stacked.reshape(-1, h.shape[-1])).view(n, *h.shape)[e]
+
+
+def parallel_expert_alone(mixture: torch.nn.Module, args: tuple, e: int) -> torch.Tensor:
+    """JetMoE's mixture (`JetMoeMoE`: experts run inline on rows sorted by expert, `input_linear` then the
+    activation of the first half times the second, then `output_linear`) given every token as expert `e`'s
+    rows: expert `e`'s own output at weight 1, through transformers' own expert modules."""
+    h = args[0].reshape(-1, args[0].shape[-1])
+    sizes = [0] * mixture.input_linear.num_experts
+    sizes[e] = h.shape[0]
+    gate, up = mixture.input_linear.forward(h, sizes).chunk(2, dim=-1)
+    return mixture.output_linear.forward(mixture.activation(gate) * up, sizes)
 
 
 def model_type(model: torch.nn.Module) -> str:
