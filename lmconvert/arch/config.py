@@ -47,7 +47,7 @@ BIASED_ROUTERS = ("softmax", "sigmoid", "sigmoid_fp32", "logits", "sigmoid_fp32_
 GROUPED_ROUTERS = ("softmax", "sigmoid")  # the routers that limit the choice to groups (n_group > 1)
 KEPT_FP32 = ("weight", "selection_bias")  # router parameters a model may keep in fp32 (MoeConfig.kept_fp32)
 SHARED_EXPERTS = ("none", "gated", "plain", "averaged")
-SUM_ORDERS = ("grouped_mm", "eager")  # arch/moe.py's SUMS
+SUM_ORDERS = ("grouped_mm", "eager", "sorted")  # arch/moe.py's SUMS
 GLUS = ("halves", "clamped_swiglu")  # arch/moe.py's GLUS: how a routed expert gates its gate and up outputs
 # how ArchConfig.attn_temperature scales a query at position p (arch/context.py's query_temperature), and on
 # which layers (arch/attention.py)
@@ -264,7 +264,8 @@ class MoeConfig:
     experts_split: bool = False
     # how the reference sums the routed experts' weighted outputs unless told otherwise (Decoder.set_experts):
     # "grouped_mm", transformers' default (each token's top-k at once, in fp32), or "eager" (expert by expert,
-    # index_add_ in the activation dtype) where its experts module has no other (DBRX)
+    # index_add_ in the activation dtype) where its experts module has no other (DBRX), or "sorted" (JetMoE's: the
+    # (token, slot) rows sorted by expert, each expert one matmul, all added by one index_add, in fp32 on CPU)
     sum_order: str = "grouped_mm"
     # the renormalisation divides by the chosen weights' sum clamped below at norm_min (ERNIE 4.5's
     # moe_norm_min), not by the sum plus the router's guard; 0: the guard

@@ -7,7 +7,8 @@ routed to it, weighted. How the weighted outputs are summed is transformers' `ex
 and both are offered (`Decoder.set_experts`): "grouped_mm", its default on CPU and GPU, sums each
 token's top-k at once (accumulated in fp32, rounded once); "eager" (`MixtralExperts.forward`, ...)
 casts each to the activation dtype and `index_add_`s them into a zero tensor in increasing expert
-order, rounding after every add. The shared expert's output, gated by a sigmoid
+order, rounding after every add; "sorted" is JetMoE's own (`_sorted_index_add`). The shared expert's output,
+gated by a sigmoid
 where `shared="gated"`, is added last, as Qwen2-MoE and DeepSeek add it. DeepSeek's routers
 (sigmoid scores, a selection bias, group-limited choice, a scaling factor, fp32 logits) follow
 `DeepseekV3TopkRouter` and `DeepseekV2TopkRouter` op for op.
@@ -277,7 +278,23 @@ def _grouped_sum(experts: Experts, h: torch.Tensor, weights: torch.Tensor, chose
     return out.view(h.shape[0], top_k, h.shape[1]).sum(dim=1).to(h.dtype)
 
 
-SUMS = {"eager": _index_add, "grouped_mm": _grouped_sum}
+def _sorted_index_add(experts: Experts, h: torch.Tensor, weights: torch.Tensor, chosen: torch.Tensor) -> torch.Tensor:
+    """JetMoE's `JetMoeMoE`: the (token, slot) pairs sorted by expert, each expert one matmul over its rows
+    (every expert, none skipped), weighted, then all added into zeros by one `index_add` in that order (which
+    on CPU accumulates a bf16 or fp16 sum in fp32 and rounds once, unlike an index_add_ per expert)."""
+    top_k = chosen.shape[1]
+    with torch.no_grad():
+        _, order = chosen.flatten().sort(0)
+        counts = torch.bincount(chosen.flatten(), minlength=len(experts)).tolist()
+    tokens = order.div(top_k, rounding_mode="trunc")
+    gates = weights.flatten()[order, None]
+    rows = h[tokens].split(counts, dim=0)
+    y = torch.cat([_weighted(experts, e, rows[e], gates[end - counts[e]:end])
+                   for e, end in enumerate(itertools.accumulate(counts))], dim=0)
+    return torch.zeros_like(h).index_add(0, tokens, y.to(h.dtype))
+
+
+SUMS = {"eager": _index_add, "grouped_mm": _grouped_sum, "sorted": _sorted_index_add}
 
 
 class MoE(nn.Module):

@@ -9,9 +9,9 @@ keys tiled for each chosen expert's heads; the experts' weighted outputs are sum
 `experts.bias` added. `num_attention_heads` is derived (kv heads times top-k) and a stated one is
 ignored, as JetMoeConfig ignores it; `kv_channels` (also read as `head_dim`) is the head dim. The MLP
 mixture (`mlp`: `input_linear` [experts, gate rows then up rows, hidden], `output_linear`, `router.layer`)
-sums its experts expert by expert in the activation dtype (its own index_add, JetMoE has no
-experts implementation to choose) and adds `mlp.bias`. No q, k, v or MLP biases; the block RMSNorms
-keep eps 1e-6 and only the final norm reads `rms_norm_eps`, so only 1e-6 (its default) is supported;
+sums its experts as it runs its attention experts (the rows sorted by expert, one index_add:
+`sum_order="sorted"`; JetMoE has no experts implementation to choose) and adds `mlp.bias`. No q,
+k, v or MLP biases; the block RMSNorms keep eps 1e-6 and only the final norm reads `rms_norm_eps`, so only 1e-6 (its default) is supported;
 `activation_function` names the experts' activation; the embeddings are tied by default. With
 `output_router_logits`, the training loss adds `aux_loss_coef` times the load balance over every
 router, the attention's included.
@@ -57,7 +57,7 @@ def experts_from_hf(hf: HfConfig, fields: dict[str, Any]) -> dict[str, Any]:
     n, k = hf.get("num_local_experts"), hf.get("num_experts_per_tok")
     aux = hf.get("aux_loss_coef") if hf.get("output_router_logits") else 0.0
     return {"moe": MoeConfig(n_experts=n, top_k=k, d_expert=fields["d_ff"], router="topk_softmax", norm_topk=False,
-                             sum_order="eager", sum_bias=True, aux_loss=aux),
+                             sum_order="sorted", sum_bias=True, aux_loss=aux),
             "attention": "head_mixture", "attention_settings": {"n_experts": n, "top_k": k},
             "n_heads": fields["n_kv_heads"] * k, "o_bias": True}
 
