@@ -1,0 +1,96 @@
+"""The mixture of attention heads (attention kind "head_mixture", arch/head_mixture.py) and the sum of
+experts JetMoE's MLP mixture computes (MoeConfig.sum_order="sorted", sum_bias), each against transformers'
+own JetMoE modules bit for bit; what the kind refuses. The whole family (parity, bf16, cache, round trip,
+verify's points) is tests/specs/jetmoe.py's."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from hf_models import perturb
+from transformers import AutoConfig
+from transformers.models.jetmoe.modeling_jetmoe import JetMoeAttention, JetMoeMoE
+
+from lmconvert.arch import ArchConfig, ConfigError, MoeConfig
+from lmconvert.arch.attention_kinds import KINDS
+from lmconvert.arch.context import Context
+from lmconvert.arch.head_mixture import HeadMixture
+from lmconvert.arch.moe import MoE
+from lmconvert.arch.rope import Rotary
+
+CONFIG = dict(hidden_size=32, num_key_value_heads=2, kv_channels=8, num_local_experts=5, num_experts_per_tok=3,
+              intermediate_size=24)
+ARCH = dict(vocab_size=8, d_model=32, n_layers=1, n_heads=6, n_kv_heads=2, head_dim=8, d_ff=24, o_bias=True,
+            attention="head_mixture", attention_settings=dict(n_experts=5, top_k=3))
+
+
+def theirs(module: type, dtype: torch.dtype) -> torch.nn.Module:
+    config = AutoConfig.for_model("jetmoe", **CONFIG)
+    config._attn_implementation = "eager"
+    torch.manual_seed(0)
+    made = module(config, 0) if module is JetMoeAttention else module(config)
+    for p in made.parameters():
+        torch.nn.init.normal_(p, std=0.2)
+    perturb(made)
+    return made.to(dtype).eval()
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+def test_head_mixture_is_jetmoe_attention_bit_for_bit(dtype: torch.dtype) -> None:
+    """Routed queries, shared keys tiled per slot, each slot's output through its expert's o, weighted, summed in
+    one index_add and the bias added: JetMoeAttention's every rounding, with its RoPE tables and causal mask."""
+    reference = theirs(JetMoeAttention, dtype)
+    cfg = ArchConfig(**ARCH)
+    rotary = Rotary(cfg.rope, cfg.head_dim, cfg.max_positions)
+    ours = HeadMixture(cfg, KINDS["head_mixture"].parts(cfg), 0, rotary, None).to(dtype).eval()
+    e = reference.experts
+    state = {"bias": e.bias, "router.weight": e.router.layer.weight, "k.weight": reference.kv_proj.weight[:16],
+             "v.weight": reference.kv_proj.weight[16:]}
+    state |= {f"q.{i}.weight": e.input_linear.weight[i] for i in range(5)}
+    state |= {f"o.{i}.weight": e.output_linear.weight[i] for i in range(5)}
+    ours.load_state_dict(state)
+    ours.backend = "eager"
+    x = torch.randn(2, 19, 32, generator=torch.Generator().manual_seed(1)).to(dtype)
+    ctx = Context.build(0, 19, dtype, x.device)
+    cos, sin = ctx.rotary(rotary)
+    mask = torch.full((19, 19), torch.finfo(dtype).min, dtype=dtype).triu(1)[None, None]
+    with torch.no_grad():
+        expected = reference(x, attention_mask=mask, position_embeddings=(cos[None], sin[None]))[0]
+        assert torch.equal(ours(x, ctx), expected)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+def test_sorted_sum_with_its_bias_is_jetmoe_moe_bit_for_bit(dtype: torch.dtype) -> None:
+    """One index_add over the rows sorted by expert (fp32 accumulation on CPU), then the bias: JetMoeMoE's."""
+    reference = theirs(JetMoeMoE, dtype)
+    cfg = ArchConfig(**{**ARCH, "moe": MoeConfig(n_experts=5, top_k=3, d_expert=24, router="topk_softmax",
+                                                 norm_topk=False, sum_order="sorted", sum_bias=True)})
+    ours = MoE(cfg).to(dtype).eval()
+    fused, down = reference.input_linear.weight, reference.output_linear.weight
+    state = {"router.weight": reference.router.layer.weight, "experts.bias": reference.bias}
+    for i in range(5):
+        state |= {f"experts.{i}.gate.weight": fused[i, :24], f"experts.{i}.up.weight": fused[i, 24:],
+                  f"experts.{i}.down.weight": down[i]}
+    ours.load_state_dict(state)
+    x = torch.randn(2, 19, 32, generator=torch.Generator().manual_seed(1)).to(dtype)
+    with torch.no_grad():
+        assert torch.equal(ours(x), reference(x))
+        if dtype != torch.float32:  # the order bites: an index_add_ per expert rounds after every add
+            ours.experts.implementation = "eager"
+            assert not torch.equal(ours(x), reference(x))
+
+
+@pytest.mark.parametrize(("overrides", "needle"), [
+    (dict(n_heads=4), "top_k * n_kv_heads = 6"),
+    (dict(q_bias=True), "ArchConfig.q_bias=True"),
+    (dict(qk_norm="head"), "no QK norm"),
+    (dict(layer_kinds=("local",), sliding_window=4), "no sliding window"),
+    (dict(layer_positions=("alibi",)), "RoPE or no positions"),
+    (dict(attn_softcap=2.0), "soft-cap"),
+    (dict(attention_settings=dict(n_experts=2, top_k=3)), "cannot exceed n_experts=2"),
+    (dict(moe=MoeConfig(n_experts=4, top_k=3, d_expert=8, router="topk_softmax", norm_topk=False, aux_loss=0.01)),
+     "same n_experts and top_k"),
+])
+def test_what_a_mixture_of_heads_cannot_compute_is_refused(overrides: dict, needle: str) -> None:
+    with pytest.raises(ConfigError, match=needle.replace("*", r"\*")):
+        ArchConfig(**{**ARCH, **overrides})
