@@ -225,8 +225,8 @@ KIND_CASES: dict[str, list[dict[str, Any]]] = {
     "sparse": [dict(head_dim=8, rope=dict(layout="interleaved"),
                     attention_settings=dict(kv_lora_rank=6, qk_nope_head_dim=4, v_head_dim=5, q_lora_rank=7,
                                             bias=True, index_n_heads=3, index_head_dim=10, index_topk=2))],
-    "head_mixture": [dict(n_heads=6, n_kv_heads=2, head_dim=8, o_bias=bias, attention_settings=dict(n_experts=4, top_k=3))
-                     for bias in (False, True)],
+    "head_mixture": [dict(n_heads=6, n_kv_heads=2, head_dim=8, o_bias=bias,
+                          attention_settings=dict(n_experts=4, top_k=3)) for bias in (False, True)],
 }
 
 

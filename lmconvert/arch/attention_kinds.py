@@ -256,6 +256,13 @@ def _latent_describe(cfg: ArchConfig) -> list[str]:
     return lines
 
 
+def _refuse(refusals: list[tuple[str, Any, bool, str]]) -> None:
+    """The first of (field, value, whether it is wrong, why) that is wrong, as a ConfigError naming it."""
+    for name, value, wrong, why in refusals:
+        if wrong:
+            raise ConfigError(f"ArchConfig.{name}={value!r}: {why}")
+
+
 def _latent_check(cfg: ArchConfig) -> None:
     """What transformers' DeepseekV3Attention cannot be told: it has one kind of positions (RoPE on
     the whole rotary part, every layer), no window, no cap, no QK norm, and its biases are
@@ -277,9 +284,7 @@ def _latent_check(cfg: ArchConfig) -> None:
                      "a complex product rotates the pairs in place (attention_settings.deinterleave=False)"))
     refusals += [(f"{p}_bias", True, getattr(cfg, f"{p}_bias"), "latent attention's biases are "
                   "attention_settings.bias") for p in "qkvo"]
-    for name, value, wrong, why in refusals:
-        if wrong:
-            raise ConfigError(f"ArchConfig.{name}={value!r}: {why}")
+    _refuse(refusals)
 
 
 register(AttentionKind(
@@ -430,18 +435,15 @@ def _mixture_check(cfg: ArchConfig) -> None:
     refusals.append(("moe.aux_loss", moe and moe.aux_loss, moe is not None and moe.aux_loss != 0 and
                      (moe.n_experts, moe.top_k) != (s.n_experts, s.top_k), "the load balance counts the attention's "
                      "router with the experts' (JetMoE's): both need the same n_experts and top_k"))
-    for name, value, wrong, why in refusals:
-        if wrong:
-            raise ConfigError(f"ArchConfig.{name}={value!r}: {why}")
+    _refuse(refusals)
 
 
-register(AttentionKind(
-    name="head_mixture",
-    module=f"{__package__}.head_mixture:HeadMixture",
-    parts=_mixture_parts,
-    describe=_mixture_describe,
-    cache_elements=lambda cfg: 2 * cfg.kv_dim,
-    settings=HeadMixtureSettings,
-    check=_mixture_check,
-    unused=lambda cfg: (cfg.attention_settings.n_experts - cfg.attention_settings.top_k) * 2 * cfg.d_model * cfg.kv_dim,
-))
+def _mixture_unused(cfg: ArchConfig) -> int:
+    """The q and o of the experts a token was not routed to."""
+    s = cfg.attention_settings
+    return (s.n_experts - s.top_k) * 2 * cfg.d_model * cfg.kv_dim
+
+
+# the cache: the shared keys and values, as plain GQA's
+register(AttentionKind("head_mixture", f"{__package__}.head_mixture:HeadMixture", _mixture_parts, _mixture_describe,
+                       lambda cfg: 2 * cfg.kv_dim, HeadMixtureSettings, _mixture_check, _mixture_unused))

@@ -25,7 +25,7 @@ SPEC = Spec(  # bf16: bit-exact with its experts (its own index_add, expert by e
                               rope_parameters={"rope_type": "linear", "factor": 2.0, "rope_theta": 1e6})),
     own_spelling={"head_dim": "kv_channels"},
     not_a_key=("num_attention_heads",),
-    hub_experts_only=True,
-    aux_loss_key="aux_loss_coef",  # its load balance counts the attention's routers too  # transformers 5 keeps JetMoE's parallel experts (input_linear, output_linear) as they are
+    hub_experts_only=True,  # transformers 5 keeps JetMoE's parallel experts (input_linear, output_linear) as they are
+    aux_loss_key="aux_loss_coef",  # its load balance counts the attention's routers too
     tp_refusal="attention kind 'head_mixture' has no tensor-parallel plan (known: standard, latent)",
 )

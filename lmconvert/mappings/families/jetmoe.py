@@ -11,10 +11,10 @@ ignored, as JetMoeConfig ignores it; `kv_channels` (also read as `head_dim`) is 
 mixture (`mlp`: `input_linear` [experts, gate rows then up rows, hidden], `output_linear`, `router.layer`)
 sums its experts as it runs its attention experts (the rows sorted by expert, one index_add:
 `sum_order="sorted"`; JetMoE has no experts implementation to choose) and adds `mlp.bias`. No q,
-k, v or MLP biases; the block RMSNorms keep eps 1e-6 and only the final norm reads `rms_norm_eps`, so only 1e-6 (its default) is supported;
-`activation_function` names the experts' activation; the embeddings are tied by default. With
-`output_router_logits`, the training loss adds `aux_loss_coef` times the load balance over every
-router, the attention's included.
+k, v or MLP biases; the block RMSNorms keep eps 1e-6 and only the final norm reads `rms_norm_eps`,
+so only 1e-6 (its default) is supported; `activation_function` names the experts' activation; the
+embeddings are tied by default. With `output_router_logits`, the training loss adds `aux_loss_coef`
+times the load balance over every router, the attention's included.
 """
 
 from __future__ import annotations

@@ -351,7 +351,7 @@ class TensorTable:
         by part (gate, then up) and expert index, and the inverse that stacks them; each expert
         must be there for every part."""
         parts = len(self.expanding(stored))
-        # the expert's number: the last in `...experts.{e}.gate.weight` (a mixture of attention heads' `attn.q.{e}.weight`)
+        # the expert's number: the last in `...experts.{e}.gate.weight` (and in a mixture of heads' `attn.q.{e}.weight`)
         index = re.compile(r"\.(\d+)(?:\.[^.\d][^.]*)+$")
         ordered = sorted(held, key=lambda item: (item[0], int(index.search(item[1]).group(1))))  # type: ignore[union-attr]
         experts = len(ordered) // parts
