@@ -5,18 +5,29 @@ verify's points) is tests/specs/jetmoe.py's."""
 
 from __future__ import annotations
 
+import os
+import pickle
+from pathlib import Path
+
 import pytest
 import torch
-from hf_models import perturb
+import torch.multiprocessing as mp
+from family_specs import IDS, SPECS
+from hf_models import build_model, perturb, save_checkpoint
+from tp_ranks import cannot_spawn, run_ranks
 from transformers import AutoConfig
 from transformers.models.jetmoe.modeling_jetmoe import JetMoeAttention, JetMoeMoE
 
+import lmconvert
 from lmconvert.arch import ArchConfig, ConfigError, MoeConfig
 from lmconvert.arch.attention_kinds import KINDS
 from lmconvert.arch.context import Context
 from lmconvert.arch.head_mixture import HeadMixture
 from lmconvert.arch.moe import MoE
 from lmconvert.arch.rope import Rotary
+from lmconvert.convert import to_canonical
+from lmconvert.runtime.tensor_parallel import make_plan
+from lmconvert.verify.trace import our_trace
 
 CONFIG = dict(hidden_size=32, num_key_value_heads=2, kv_channels=8, num_local_experts=5, num_experts_per_tok=3,
               intermediate_size=24)
@@ -94,3 +105,33 @@ def test_sorted_sum_with_its_bias_is_jetmoe_moe_bit_for_bit(dtype: torch.dtype) 
 def test_what_a_mixture_of_heads_cannot_compute_is_refused(overrides: dict, needle: str) -> None:
     with pytest.raises(ConfigError, match=needle.replace("*", r"\*")):
         ArchConfig(**{**ARCH, **overrides})
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(cannot_spawn() is not None, reason=str(cannot_spawn()))
+def test_tensor_parallel_splits_the_experts_by_kv_head(tmp_path: Path) -> None:
+    """The spec's model over 2 ranks (each expert's q and o split by the kv heads, the router and bias whole): the
+    single process's logits, full and cached, and every point verify compares, within verify's bar under torchrun;
+    a kv head shared by ranks refused in one line."""
+    spec = SPECS["jetmoe"]
+    hf = save_checkpoint(build_model(spec.model_type, **spec.kwargs), tmp_path / "hf")
+    to_canonical(hf, tmp_path / "canonical")
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    mp.spawn(run_ranks, args=(2, str(tmp_path / "rendezvous"), {"jetmoe": tmp_path / "canonical"}, IDS, 12,
+                              str(tmp_path / "out.pkl")), nprocs=2, join=True)
+    with open(tmp_path / "out.pkl", "rb") as f:
+        got = pickle.load(f)[2]["jetmoe"]
+    single = lmconvert.load(tmp_path / "canonical", attention="eager")
+    with torch.no_grad():
+        full = single(IDS)
+    limit = 1e-5 * max(1.0, float(full.abs().max()))
+    assert float((got["full"] - full).abs().max()) <= limit
+    assert float((got["cached"] - full).abs().max()) <= limit
+    mine = our_trace(single, single, IDS).points
+    assert list(got["points"]) == list(mine)
+    for point, value in mine.items():
+        assert float((got["points"][point] - value).abs().max()) <= 1e-5 * max(1.0, float(value.abs().max())), point
+    # 2 kv heads read by 4 query heads: 4 ranks could share each kv head in plain GQA, not in a mixture of heads
+    arch = ArchConfig(**{**ARCH, "n_heads": 4, "attention_settings": dict(n_experts=5, top_k=2)})
+    with pytest.raises(ConfigError, match="n_kv_heads=2 does not divide by 4 ranks: a mixture of attention heads"):
+        make_plan(arch, 4, 0)

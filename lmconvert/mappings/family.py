@@ -164,7 +164,7 @@ def _describe(name: str, cfg: ArchConfig, back: ArchConfig) -> str:
     """The variant's name; for a norm, RoPE or attention settings, also which of its fields differ."""
     text = VARIANT_NAMES.get(name, name)
     ours, theirs = getattr(cfg, name), getattr(back, name)
-    if name in ("norm", "rope", "attention_settings") and is_dataclass(ours) and is_dataclass(theirs):
+    if name in ("norm", "rope", "attention_settings") and is_dataclass(ours) and type(ours) is type(theirs):
         differ = [f.name for f in fields(ours) if getattr(ours, f.name) != getattr(theirs, f.name)]
         text += f"'s {' and '.join(differ)}"
     return text
