@@ -135,3 +135,16 @@ def test_tensor_parallel_splits_the_experts_by_kv_head(tmp_path: Path) -> None:
     arch = ArchConfig(**{**ARCH, "n_heads": 4, "attention_settings": dict(n_experts=5, top_k=2)})
     with pytest.raises(ConfigError, match="n_kv_heads=2 does not divide by 4 ranks: a mixture of attention heads"):
         make_plan(arch, 4, 0)
+
+
+def test_verify_max_memory_is_refused_by_name(tmp_path: Path) -> None:
+    """transformers' JetMoE reads its attention experts' bias in JetMoeMoA.reduce, never through that module's
+    forward, where accelerate loads an offloaded module's weights: offloading the reference is refused in one line."""
+    from click.testing import CliRunner
+
+    from lmconvert.cli import main
+
+    hf = save_checkpoint(build_model("jetmoe", **SPECS["jetmoe"].kwargs), tmp_path / "hf")
+    result = CliRunner().invoke(main, ["verify", str(hf), "--max-memory", "200KB", "--seq-len", "16"])
+    assert result.exit_code == 2, result.output
+    assert "--max-memory: jetmoe: transformers' JetMoE attention reads its experts' bias" in result.stderr

@@ -92,6 +92,7 @@ class Family:
     layout: Callable[[ArchConfig], TensorTable] | None = None  # the table for one config, where names depend on it
     gguf: tuple[GgufArch, ...] = ()  # its llama.cpp architectures (read, and written by `--to gguf`)
     no_gguf: str = ""  # why it has no GGUF form, where llama.cpp names it but cannot run it
+    no_offload: str = ""  # why verify --max-memory cannot offload transformers' model of it (accelerate's hooks)
     # wrapper model_type -> the text model_types of it this family reads, where another family claims the wrapper
     # (Mistral3ForConditionalGeneration around a ministral3 decoder): `family_for` chooses by `text_config`
     wraps: Mapping[str, tuple[str, ...]] = field(default_factory=dict)

@@ -13,6 +13,7 @@ import torch
 from lmconvert.arch import ArchConfig
 from lmconvert.formats.errors import InputError
 from lmconvert.formats.source import Loadable
+from lmconvert.mappings import BY_MODEL_TYPE
 from lmconvert.mappings.tables.points import Parallel, Returned, Summed
 from lmconvert.mappings.tables.table import TensorTable
 
@@ -143,7 +144,16 @@ def reference_model(reference: Loadable, dtype: torch.dtype, device: str, max_me
 
 def placement(reference: Loadable, dtype: torch.dtype, device: str, max_memory: int | None,
               reserve: int) -> dict[str, int | str] | None:
-    """accelerate's `device_map` for the reference, or None for the whole model on `device`."""
+    """accelerate's `device_map` for the reference, or None for the whole model on `device`; a family
+    whose transformers model accelerate cannot offload (`Family.no_offload`) is refused by name."""
+    if max_memory is not None:
+        from transformers import AutoConfig
+
+        model_type = AutoConfig.from_pretrained(str(reference.where), **reference.kwargs).model_type
+        family = BY_MODEL_TYPE.get(model_type)
+        if family is not None and family.no_offload:
+            raise InputError(f"--max-memory: {model_type}: {family.no_offload}; verify it without --max-memory, on a "
+                             "machine that holds transformers' model")
     gpus = spread_gpus(device)
     if gpus > 1:
         return spread_map(reference, dtype, gpus, max_memory, reserve)

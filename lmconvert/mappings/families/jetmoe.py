@@ -95,4 +95,6 @@ REFERENCE_LAYOUTS = {
 }
 
 FAMILY = Family("jetmoe", ("jetmoe",), "JetMoeForCausalLM", TENSORS, CONFIG, reference_layouts=REFERENCE_LAYOUTS,
-                no_gguf="llama.cpp's converter does not read JetMoE: it has no mixture of attention heads")
+                no_gguf="llama.cpp's converter does not read JetMoE: it has no mixture of attention heads",
+                no_offload="transformers' JetMoE attention reads its experts' bias outside their forward, where "
+                           "accelerate never loads an offloaded module's weights")
