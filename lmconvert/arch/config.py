@@ -16,6 +16,7 @@ from typing import Any
 
 from .attention_kinds import AttentionKind, attention_kind
 from .errors import ConfigError
+from .mixer_kinds import MixerKind, mixer_kind
 
 NORM_KINDS = ("rms", "layer")
 NORM_PLACEMENTS = ("pre", "post", "sandwich", "output", "parallel_shared", "parallel_separate")
@@ -29,6 +30,10 @@ ROPE_SCALINGS = ("none", "linear", "dynamic", "yarn", "llama3", "longrope", "ntk
 ABSOLUTE_POSITIONS = ("none", "sinusoidal", "learned", "sinusoidal_fairseq", "sinusoidal_halves")
 LAYER_POSITIONS = ("rope", "alibi", "relative", "none")
 LAYER_KINDS = ("global", "local")
+LAYER_MIXERS = ("attention", "mixer", "none")  # what mixes a layer's tokens: attention, `mixer`, or nothing
+LAYER_FFNS = ("ffn", "none")  # whether a layer has its FFN (dense or MoE) after its mixer
+# placements whose sublayers each add to the residual in turn, so either may be left out of a layer
+SEQUENTIAL_PLACEMENTS = ("pre", "sandwich", "output")
 QK_NORMS = ("none", "head", "projection")
 SINK_FORMS = ("column", "scale")  # how a learned sink joins the softmax (ArchConfig.sink_form)
 # ArchConfig.attn_output_gate: "none"; "projection": the attention output (B, T, H*D), before `o`, times the
@@ -447,6 +452,14 @@ class ArchConfig:
     attention: str = "standard"  # a kind declared in attention_kinds
     attention_settings: Any = None  # that kind's own fields (its `settings` dataclass); None: it has none
     layer_kinds: tuple[str, ...] | None = None
+    # a token mixer other than attention (mixer_kinds.py) and its own fields; `layer_mixers` says, per layer,
+    # whether attention, that mixer or nothing mixes the tokens (None: attention everywhere, or the mixer everywhere
+    # when it is set), `layer_ffns` whether an FFN follows (None: everywhere). Hybrids interleave them; Nemotron-H
+    # has single-sublayer blocks
+    mixer: str | None = None
+    mixer_settings: Any = None
+    layer_mixers: tuple[str, ...] | None = None
+    layer_ffns: tuple[str, ...] | None = None
     sliding_window: int | None = None
     attn_scale: float | None = None  # None: head_dim ** -0.5
     attn_softcap: float | None = None
@@ -538,6 +551,7 @@ class ArchConfig:
         self._normalise_attention_settings(kind)
         self._normalise_layers("layer_positions", "rope", LAYER_POSITIONS)
         self._normalise_layers("layer_kinds", "global", LAYER_KINDS)
+        mixer = self._normalise_mixers()
         for name, sub in (("rope", RopeConfig), ("rope_local", RopeConfig), ("norm", NormConfig),
                           ("moe", MoeConfig)):
             value = getattr(self, name)
@@ -649,6 +663,38 @@ class ArchConfig:
             _fail("ArchConfig", "final_norm", True, "post-norm blocks already end in a norm")
         if kind.check is not None:
             kind.check(self)
+        if mixer is not None and mixer.check is not None:
+            mixer.check(self)
+
+    def _normalise_mixers(self) -> MixerKind | None:
+        """The per-layer schedule in one spelling, and the mixer's settings as its dataclass."""
+        kind = None if self.mixer is None else mixer_kind(self.mixer)
+        self._normalise_layers("layer_mixers", "attention" if kind is None else "mixer", LAYER_MIXERS)
+        self._normalise_layers("layer_ffns", "ffn", LAYER_FFNS)
+        empty = [i for i, (m, f) in enumerate(zip(self.layer_mixers, self.layer_ffns, strict=True)) if m == f == "none"]
+        if empty:
+            _fail("ArchConfig", "layer_ffns", self.layer_ffns, f"layer {empty[0]} has neither a mixer nor an FFN")
+        partial = "none" in self.layer_mixers or "none" in self.layer_ffns
+        if partial and (self.norm_placement not in SEQUENTIAL_PLACEMENTS or self.residual_after_norm):
+            _fail("ArchConfig", "norm_placement", self.norm_placement,
+                  "a layer without a mixer or an FFN needs sequential sublayers (norm_placement 'pre', 'sandwich' or "
+                  "'output', residual_after_norm off)")
+        if kind is None:
+            if "mixer" in self.layer_mixers:
+                _fail("ArchConfig", "layer_mixers", self.layer_mixers, "names 'mixer' layers; set mixer")
+            if self.mixer_settings is not None:
+                _fail("ArchConfig", "mixer_settings", self.mixer_settings, "has no mixer to set; set mixer")
+            return None
+        if kind.settings is None:
+            if self.mixer_settings is not None:
+                _fail("ArchConfig", "mixer_settings", self.mixer_settings,
+                      f"mixer={kind.name!r} has no settings of its own; leave it unset")
+        else:
+            try:
+                object.__setattr__(self, "mixer_settings", _sub(kind.settings, self.mixer_settings, "mixer_settings"))
+            except TypeError as exc:  # a settings field without a default, left out
+                raise ConfigError(f"ArchConfig.mixer_settings: {exc}") from None
+        return kind
 
     def _check_moe(self, moe: MoeConfig) -> None:
         if not self.gated:
@@ -807,8 +853,24 @@ class ArchConfig:
     def chunk_for(self, layer: int) -> int | None:
         return self.attention_chunk if layer in self.chunked_layers else None
 
+    def layers_mixed_by(self, mixing: str) -> list[int]:
+        """The layers whose tokens `mixing` ("attention", "mixer" or "none") mixes (`layer_mixers`)."""
+        return [i for i, m in enumerate(self.layer_mixers) if m == mixing]
+
     def kv_cache_bytes_per_token(self, bytes_per_element: int = 2) -> int:
-        return self.n_layers * attention_kind(self.attention).cache_elements(self) * bytes_per_element
+        """What the attention layers cache per token; a mixer's state does not grow with the sequence."""
+        layers = len(self.layers_mixed_by("attention"))
+        return layers * attention_kind(self.attention).cache_elements(self) * bytes_per_element if layers else 0
+
+    def state_bytes_per_sequence(self, bytes_per_element: int = 2) -> int:
+        """The fixed state the mixer layers carry per sequence (`MixerKind.state_elements`), 0 without one."""
+        layers = len(self.layers_mixed_by("mixer"))
+        return layers * mixer_kind(self.mixer).state_elements(self) * bytes_per_element if layers else 0
+
+    def cache_bytes(self, tokens: int, bytes_per_element: int = 2) -> int:
+        """What decoding one sequence of `tokens` holds: the KV cache and the mixers' state."""
+        return tokens * self.kv_cache_bytes_per_token(bytes_per_element) + \
+            self.state_bytes_per_sequence(bytes_per_element)
 
     # ----------------------------------------------------------------------------- JSON
     def to_dict(self) -> dict[str, Any]:
@@ -820,6 +882,11 @@ class ArchConfig:
                 del data[name]
         for name, unset in UNSTATED_WHEN_UNSET.items():  # likewise: a model without them reads as before
             if data[name] == unset:
+                del data[name]
+        # per layer, so not above; the schedule's default is the mixer everywhere when one is set
+        for name, everywhere in (("layer_mixers", "attention" if self.mixer is None else "mixer"),
+                                 ("layer_ffns", "ffn")):
+            if set(data[name]) == {everywhere}:
                 del data[name]
         for part, unstated in (("rope", ROPE_UNSTATED_WHEN_UNSET), ("rope_local", ROPE_UNSTATED_WHEN_UNSET),
                                ("moe", MOE_UNSTATED_WHEN_UNSET)):
@@ -860,7 +927,7 @@ UNSTATED_WHEN_UNSET: dict[str, Any] = {"attn_sinks": False, "sink_form": "column
                                        "qk_norm_after_rope": False,
                                        "sub_norms": False, "output_vocab": None, "attn_temperature_form": "ministral3",
                                        "attention_chunk": None, "chunked_layers": (), "qk_l2_norm": False,
-                                       "attn_output_gate": "none"}
+                                       "attn_output_gate": "none", "mixer": None, "mixer_settings": None}
 ROPE_UNSTATED_WHEN_UNSET: dict[str, Any] = {"alpha": None, "reverse": False}
 MOE_UNSTATED_WHEN_UNSET: dict[str, Any] = {"weight_input": False, "sum_bias": False}
 

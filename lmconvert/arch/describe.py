@@ -6,6 +6,7 @@ from math import prod
 
 from .attention_kinds import attention_kind
 from .config import ArchConfig, MoeConfig, NormConfig, RopeConfig
+from .mixer_kinds import mixer_kind
 from .shapes import parameter_shapes
 
 ACTIVATION_NAMES = {"relu": "ReLU", "gelu": "GeLU (erf)", "gelu_tanh": "GeLU (tanh)", "silu": "SiLU",
@@ -153,9 +154,49 @@ def parameter_counts(cfg: ArchConfig) -> tuple[int, int]:
     return total, total - unused
 
 
+def _runs(layers: list[int]) -> str:
+    """[0, 1, 2, 5] as "0-2, 5"."""
+    runs: list[list[int]] = []
+    for i in layers:
+        if runs and runs[-1][-1] == i - 1:
+            runs[-1].append(i)
+        else:
+            runs.append([i])
+    return ", ".join(str(r[0]) if len(r) == 1 else f"{r[0]}-{r[-1]}" for r in runs)
+
+
+def schedule(cfg: ArchConfig) -> list[str]:
+    """Which layers attention, the mixer or nothing mixes, which have an FFN, and the state each
+    keeps; nothing for a stack of attention-and-FFN layers."""
+    if set(cfg.layer_mixers) == {"attention"} and set(cfg.layer_ffns) == {"ffn"}:
+        return []
+    names = {"attention": "attention", "mixer": cfg.mixer, "none": "no mixer"}
+    letters = {"attention": "A", "mixer": "M", "none": "-"}
+    pattern = " ".join(letters[m] + ("F" if f == "ffn" else "") for m, f in zip(cfg.layer_mixers, cfg.layer_ffns,
+                                                                              strict=True))
+    kinds = [f"{names[m]} on {len(ls)} ({_runs(ls)})" for m in ("attention", "mixer", "none")
+             if (ls := cfg.layers_mixed_by(m))]
+    ffns = [i for i, f in enumerate(cfg.layer_ffns) if f == "ffn"]
+    where = "all layers" if len(ffns) == cfg.n_layers else f"{len(ffns)} layers ({_runs(ffns)})" if ffns else "none"
+    lines = [f"layer schedule: {'; '.join(kinds)}; FFN on {where}",
+             f"layer pattern: {pattern} (A attention, M {cfg.mixer or 'mixer'}, F an FFN after it)"]
+    attention, mixers = cfg.layers_mixed_by("attention"), cfg.layers_mixed_by("mixer")
+    state = []
+    if attention:
+        state.append(f"{cfg.kv_cache_bytes_per_token(1):,} entries per token (KV cache, {len(attention)} attention "
+                     "layers)")
+    if mixers:
+        state.append(f"{cfg.state_bytes_per_sequence(1):,} entries per sequence, whatever its length ({len(mixers)} "
+                     f"{cfg.mixer} layers)")
+    lines.append(f"decoding state: {' + '.join(state)}")
+    return lines
+
+
 def variants(cfg: ArchConfig) -> list[str]:
-    out = [f"norm: {_norm(cfg.norm)}", f"placement: {PLACEMENT_NAMES[cfg.norm_placement]}",
-           *attention_kind(cfg.attention).describe(cfg)]
+    mixing = ([*attention_kind(cfg.attention).describe(cfg)] if cfg.layers_mixed_by("attention") else []) + \
+        (mixer_kind(cfg.mixer).describe(cfg) if cfg.layers_mixed_by("mixer") else [])
+    out = [f"norm: {_norm(cfg.norm)}", f"placement: {PLACEMENT_NAMES[cfg.norm_placement]}", *mixing,
+           *schedule(cfg)]
     if cfg.attn_scale is not None:
         out.append(f"score scale: {cfg.attn_scale:g}")
     out.extend(line for flag, line in ORDER_FLAGS if getattr(cfg, flag))

@@ -65,6 +65,9 @@ VARIANT_NAMES = {
     "attention_chunk": "chunked local attention", "chunked_layers": "chunked local attention on these layers",
     "qk_l2_norm": "a weightless L2 QK norm after RoPE (Llama 4)",
     "attn_output_gate": "a sigmoid gate on the attention output (AFMoE's gate_proj)",
+    "mixer": "this token mixer beside attention", "mixer_settings": "these token-mixer settings",
+    "layer_mixers": "this per-layer schedule of attention and mixer layers",
+    "layer_ffns": "layers without an FFN",
 }
 
 def tensor_sizes(arch: ArchConfig) -> dict[str, int]:

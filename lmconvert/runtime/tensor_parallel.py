@@ -104,6 +104,7 @@ def refusals(arch: ArchConfig, size: int) -> list[str]:
         (arch.attention == "head_mixture" and arch.n_kv_heads % size != 0,
          f"n_kv_heads={arch.n_kv_heads} does not divide by {size} ranks: a mixture of attention heads splits each "
          "expert's queries by the kv head they read"),
+        (bool(arch.layers_mixed_by("mixer")), f"the {arch.mixer} mixer layers have no tensor-parallel plan"),
     ]
     return [why for wrong, why in checks if wrong]
 
@@ -195,7 +196,10 @@ def make_plan(arch: ArchConfig, size: int, rank: int) -> Plan:
     if arch.head_vocab % size == 0:  # the LM head's rows (the vocabulary's, or a narrower head's)
         plan.styles["lm_head"] = "head"
     for i in range(arch.n_layers):
-        ATTENTION_PLANS[arch.attention](arch, plan, f"layers.{i}.attn")
+        if arch.layer_mixers[i] == "attention":
+            ATTENTION_PLANS[arch.attention](arch, plan, f"layers.{i}.attn")
+        if arch.layer_ffns[i] == "none":
+            continue
         mlp, moe = f"layers.{i}.mlp", arch.moe
         if moe is None or not moe.sparse(i):
             _mlp(arch, plan, mlp)
@@ -266,7 +270,8 @@ def load_parallel(checkpoint: Checkpoint, mesh: DeviceMesh, dtype: torch.dtype |
         if arch.tie_embeddings and "lm_head" in plan.styles:  # the LM head is the embedding, sliced the same way
             model.lm_head = nn.Linear(arch.embed_dim, arch.vocab_size, bias=arch.lm_head_bias)
     for block in model.layers:  # attention reads its head counts from its config: the local ones
-        block.attn.cfg = plan.local_arch
+        if block.attn is not None:
+            block.attn.cfg = plan.local_arch
     fp32 = kept_in_fp32(model)
     with SliceReader(checkpoint) as reader:
         for path, module in model.named_modules():

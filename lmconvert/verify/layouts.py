@@ -32,6 +32,8 @@ from dataclasses import dataclass
 import torch
 
 from lmconvert.arch import ArchConfig
+from lmconvert.arch.mixer_kinds import mixer_kind
+from lmconvert.arch.parts import ConvPart, LinearPart, NormPart
 from lmconvert.mappings import FAMILIES
 from lmconvert.mappings.tables.points import LATENT, RESIDUAL, SPARSE, Layout, Parallel, Piece, Returned, Summed
 
@@ -114,6 +116,24 @@ def _mixture_sizes(arch: ArchConfig, tokens: int) -> dict[str, int]:
     if arch.attention != "head_mixture":
         return {}
     return {"XA": arch.attention_settings.n_experts, "R": tokens * arch.attention_settings.top_k}
+
+
+def _mixer_points(arch: ArchConfig) -> tuple[dict[str, Layout], dict[str, int]]:
+    """A mixer kind's points (`mixer_kinds`), from its declared parts, the same on both sides unless a
+    family declares transformers' otherwise: a linear or a norm outputs (B, T, its width), a
+    depthwise convolution (B, channels, T). Each part's width is an axis of its own, `mixer.<part>`."""
+    if not arch.layers_mixed_by("mixer"):
+        return {}, {}
+    layouts, sizes = {}, {}
+    for name, part in mixer_kind(arch.mixer).parts(arch).items():
+        axis = f"mixer.{name}"
+        if isinstance(part, LinearPart):
+            layouts[axis], sizes[axis] = f"B T {axis}", part.d_out
+        elif isinstance(part, NormPart):
+            layouts[axis], sizes[axis] = f"B T {axis}", part.dim if isinstance(part.dim, int) else part.dim[-1]
+        elif isinstance(part, ConvPart):
+            layouts[axis], sizes[axis] = f"B {axis} T", part.channels
+    return layouts, sizes
 
 
 def _moe_sizes(arch: ArchConfig) -> dict[str, int]:
@@ -201,10 +221,12 @@ class PointLayouts:
         ours = {**OURS, **OURS_QK_NORM.get(arch.qk_norm, {}),
                 **(OURS_QK_NORM_AFTER_ROPE if arch.qk_norm_after_rope else {}),
                 **OURS_BY_ATTENTION.get(arch.attention, {}), **OURS_BY_OUTPUT_GATE.get(arch.attn_output_gate, {})}
-        theirs = transformers_layouts(model_type, arch)
-        sizes = {"B": batch, "T": seq_len, "d": arch.d_model, "E": arch.embed_dim, "F": arch.d_ff, "H": arch.n_heads,
-                 "KV": arch.n_kv_heads, "D": arch.head_dim, "QG": 2 * arch.head_dim, "P": 3, **_latent_sizes(arch),
-                 **_moe_sizes(arch), **_mixture_sizes(arch, batch * seq_len)}
+        mixer, mixer_sizes = _mixer_points(arch)
+        ours = {**ours, **mixer}
+        theirs = {**mixer, **transformers_layouts(model_type, arch)}
+        sizes = {**mixer_sizes, "B": batch, "T": seq_len, "d": arch.d_model, "E": arch.embed_dim, "F": arch.d_ff,
+                 "H": arch.n_heads, "KV": arch.n_kv_heads, "D": arch.head_dim, "QG": 2 * arch.head_dim, "P": 3,
+                 **_latent_sizes(arch), **_moe_sizes(arch), **_mixture_sizes(arch, batch * seq_len)}
         return cls(ours, theirs, sizes, model_type)
 
     def to_ours(self, point: str, value: torch.Tensor) -> torch.Tensor:

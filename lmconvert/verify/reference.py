@@ -161,16 +161,21 @@ def placement(reference: Loadable, dtype: torch.dtype, device: str, max_memory: 
 
 
 def dequantizing(config: object) -> dict[str, object]:
-    """A block-wise FP8 checkpoint loads dequantized (`FineGrainedFP8Config(dequantize=True)`: each
+    """A quantized checkpoint transformers reads on CPU loads dequantized (MXFP4: `Mxfp4Config(dequantize=True)`);
+    a block-wise or per-tensor FP8 one (`FineGrainedFP8Config(dequantize=True)`: each
     weight times its block's scale, in float32, cast to `dtype`), as lmconvert reads it: on CPU
     transformers does so by itself, on a GPU it would run FP8 kernels instead."""
     quant = getattr(config, "quantization_config", None)
     method = quant.get("quant_method") if isinstance(quant, dict) else getattr(quant, "quant_method", None)
-    if method != "fp8":
-        return {}
-    from transformers import FineGrainedFP8Config
+    if method == "fp8":
+        from transformers import FineGrainedFP8Config
 
-    return {"quantization_config": FineGrainedFP8Config(dequantize=True)}
+        return {"quantization_config": FineGrainedFP8Config(dequantize=True)}
+    if method == "mxfp4":  # gpt-oss's experts: `convert_moe_packed_tensors`, as lmconvert reads them
+        from transformers import Mxfp4Config
+
+        return {"quantization_config": Mxfp4Config(dequantize=True)}
+    return {}
 
 
 def load_reference(reference: Loadable, dtype: torch.dtype, device: str, max_memory: int | None = None,
