@@ -175,9 +175,10 @@ def dequantize(recipe: GptqRecipe, module: str, tensors: Mapping[str, torch.Tens
     g_idx = tensors.get("g_idx")
     if g_idx is not None:
         g_idx = g_idx.to(torch.int64)
-        if g_idx.numel() and (int(g_idx.min()) < 0 or int(g_idx.max()) >= n):
-            raise InputError(f"{where}: tensor {module + '.g_idx'!r} holds groups from {int(g_idx.min())} to "
-                             f"{int(g_idx.max())}, outside the {n} groups of its scales; the checkpoint is inconsistent")
+        low, high = int(g_idx.min()), int(g_idx.max())
+        if low < 0 or high >= n:
+            raise InputError(f"{where}: tensor {module + '.g_idx'!r} holds groups from {low} to {high}, outside "
+                             f"the {n} groups of its scales; the checkpoint is inconsistent")
         if torch.equal(g_idx, default):
             g_idx = None
     # [out, in] from the start: input row r*pf + j is field j of qweight[r]
