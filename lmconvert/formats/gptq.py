@@ -33,7 +33,17 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from .errors import InputError
-from .quantized_linear import FLOATS, Headers, Part, check_options, check_parts, count, finite, flag, unpack_words
+from .quantized_linear import (
+    FLOATS,
+    Headers,
+    Part,
+    check_options,
+    check_parts,
+    count,
+    finite,
+    flag,
+    little_endian_bytes,
+)
 
 if TYPE_CHECKING:
     import torch
@@ -159,11 +169,63 @@ def zeros(recipe: GptqRecipe, qzeros: torch.Tensor) -> torch.Tensor:
     return _fields(words, recipe.bits).flatten(-2).to(torch.int16)
 
 
+def codes(recipe: GptqRecipe, words: torch.Tensor) -> torch.Tensor:
+    """The quantized values [rows, in] (uint8) of transposed qweight words [rows, in / pf]: input
+    row r*pf + j of a column is field j of its word r, so each output row's fields lie in order in its
+    words' little-endian bytes."""
+    import torch
+
+    as_bytes = little_endian_bytes(words)  # [rows, in / pf, 4]
+    if recipe.bits == 8:
+        return as_bytes.flatten(-2)
+    return torch.stack((as_bytes & 0xF, as_bytes >> 4), dim=-1).view(words.shape[0], -1)
+
+
+FP16_1024 = 0x6400_6400_6400_6400  # four float16 1024.0: 1024 + v has v in its low mantissa bits (v < 1024)
+
+
+def _fp16_codes(recipe: GptqRecipe, words: torch.Tensor, out: torch.Tensor, scratch: torch.Tensor) -> None:
+    """1024 + each quantized value, as float16, into `out` [rows, in] (a little-endian host): the
+    fields of each 16 bits of a word spread into the four 16-bit lanes of an int64 with integer
+    shifts, and 1024.0's exponent set over them, so no value goes through a conversion. `scratch` is
+    int64 of `out`'s bytes (allocated once for all the steps)."""
+    import torch
+
+    lanes = out.view(torch.int64)  # [rows, in / 4], four values a lane group
+    shifted = scratch.view(-1)[:lanes.numel()].view(lanes.shape)
+    if recipe.bits == 8:  # a word's four bytes to four lanes
+        lanes.copy_(words).bitwise_and_(0xFFFF_FFFF)
+        steps = ((16, 0x0000_FFFF_0000_FFFF), (8, 0x00FF_00FF_00FF_00FF))
+    else:  # each half word's four nibbles to four lanes
+        word = shifted.view(-1)[:words.numel()].view(words.shape)
+        word.copy_(words).bitwise_and_(0xFFFF_FFFF)
+        halves = lanes.view(*words.shape, 2)
+        torch.bitwise_and(word, 0xFFFF, out=halves[..., 0])
+        torch.bitwise_right_shift(word, 16, out=halves[..., 1])
+        steps = ((24, 0x0000_00FF_0000_00FF), (12, 0x000F_000F_000F_000F))
+    for shift, mask in steps:
+        torch.bitwise_left_shift(lanes, shift, out=shifted)
+        lanes.bitwise_or_(shifted).bitwise_and_(mask)
+    lanes.bitwise_or_(FP16_1024)
+
+
+CHUNK = 1 << 20  # values a step: the temporaries stay small and are reused, never faulted in
+
+
 def dequantize(recipe: GptqRecipe, module: str, tensors: Mapping[str, torch.Tensor], where: str,
-               dtype: torch.dtype | None = None) -> torch.Tensor:
+               dtype: torch.dtype | None = None, out: torch.Tensor | None = None) -> torch.Tensor:
     """`module`'s float weight [out, in] from its parts (by suffix; shapes already checked by
     `check_linear`), as gptqmodel's torch kernel computes it: in the scales' dtype, or with the
-    scales cast to `dtype` first where the loader casts them (a model loaded in that dtype)."""
+    scales cast to `dtype` first where the loader casts them (a model loaded in that dtype). `out`,
+    a contiguous tensor of that shape and dtype, receives it (a buffer reused from one linear to the
+    next spares the page faults of fresh memory).
+
+    The reference's integer difference `weight - zeros[g_idx]` times the scale is one rounding of an
+    exact product; here the codes and zeros are in the scales' dtype first (exactly: integers below
+    256, or 1024 plus them in float16) and subtracted there (exactly), then multiplied: the same
+    rounding, so the same bits. Done a few output rows at a time."""
+    import sys
+
     import torch
 
     qweight, scales = tensors["qweight"], tensors["scales"]
@@ -171,7 +233,6 @@ def dequantize(recipe: GptqRecipe, module: str, tensors: Mapping[str, torch.Tens
     in_features, out_features = qweight.shape[0] * recipe.pack, qweight.shape[1]
     n = scales.shape[0]
     group = in_features // n
-    default = torch.arange(in_features, dtype=torch.int64) // group
     g_idx = tensors.get("g_idx")
     if g_idx is not None:
         g_idx = g_idx.to(torch.int64)
@@ -179,14 +240,26 @@ def dequantize(recipe: GptqRecipe, module: str, tensors: Mapping[str, torch.Tens
         if low < 0 or high >= n:
             raise InputError(f"{where}: tensor {module + '.g_idx'!r} holds groups from {low} to {high}, outside "
                              f"the {n} groups of its scales; the checkpoint is inconsistent")
-        if torch.equal(g_idx, default):
-            g_idx = None
-    # [out, in] from the start: input row r*pf + j is field j of qweight[r]
-    weight = unpack_words(qweight, recipe.bits).permute(1, 0, 2).reshape(out_features, in_features)
-    zero = zeros(recipe, tensors["qzeros"]).t()  # [out, groups]
-    scale = (scales if dtype is None else scales.to(dtype)).t()
-    if g_idx is None:  # rows in group order: broadcast one value per group, the same products
-        diff = weight.view(out_features, n, group).to(torch.int16) - zero.unsqueeze(-1)
-        return (scale.unsqueeze(-1) * diff).reshape(out_features, in_features)
-    diff = weight.to(torch.int16) - zero.index_select(1, g_idx)
-    return scale.index_select(1, g_idx) * diff
+        if torch.equal(g_idx, torch.arange(in_features, dtype=torch.int64) // group):
+            g_idx = None  # rows in group order: one value per group, broadcast
+    scale = (scales if dtype is None else scales.to(dtype)).t()  # [out, groups]
+    fast = scale.dtype == torch.float16 and sys.byteorder == "little"
+    zero = zeros(recipe, tensors["qzeros"]).t().to(scale.dtype)
+    if fast:
+        zero += 1024
+    weight = torch.empty(out_features, in_features, dtype=scale.dtype) if out is None else out
+    words = qweight.t().contiguous()  # [out, in / pf]: an eighth (a quarter) of the values' bytes
+    rows = max(1, CHUNK // in_features)
+    scratch = torch.empty(rows * in_features // 4, dtype=torch.int64) if fast else None
+    for start in range(0, out_features, rows):
+        span = slice(start, min(start + rows, out_features))
+        part = weight[span]
+        if fast:
+            _fp16_codes(recipe, words[span], part, scratch)
+        else:
+            part.copy_(codes(recipe, words[span]))
+        if g_idx is None:
+            part.view(-1, n, group).sub_(zero[span].unsqueeze(-1)).mul_(scale[span].unsqueeze(-1))
+        else:
+            part.sub_(zero[span].index_select(1, g_idx)).mul_(scale[span].index_select(1, g_idx))
+    return weight
