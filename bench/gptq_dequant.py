@@ -6,7 +6,9 @@ its own process, alternating in rounds with the input in the page cache (bench/c
 - `cp` of the file;
 - read + dequantize: every linear's four tensors read from the file (safetensors) and dequantized by
   `lmconvert.formats.gptq.dequantize` to the fp16 weight [out, in], the result dropped;
-- dequantize alone: the same with the tensors already in memory (read before the clock starts).
+- dequantize alone: the same with the tensors already in memory (read before the clock starts);
+- the same into output buffers reused from one linear to the next of the same shape (`out=`), as a
+  writer that has written the last weight can: no page faults of fresh memory.
 
 Throughput is in GB/s of packed input (the file's bytes). `--desc-act` gives every linear a permuted
 g_idx (act-order), which takes the gather path; `--dtype float32` casts the scales first.
@@ -51,7 +53,8 @@ DEQUANT = r"""
 import json, sys, time, torch
 from safetensors import safe_open
 from lmconvert.formats import gptq
-path, preload, dtype, desc_act, report = sys.argv[1], sys.argv[2] == "1", sys.argv[3], sys.argv[4] == "1", sys.argv[5]
+path, mode, dtype, desc_act, report = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4] == "1", sys.argv[5]
+preload = mode != "read"
 recipe = gptq.GptqRecipe(bits=4, group_size=128, sym=False, desc_act=desc_act, checkpoint_format="gptq")
 cast = None if dtype == "float16" else getattr(torch, dtype)
 with safe_open(path, "pt") as f:
@@ -60,8 +63,12 @@ with safe_open(path, "pt") as f:
     held = {m: read(m) for m in names} if preload else None
     start = time.perf_counter()
     values = 0
+    buffers = {}  # "reuse": one output buffer per shape, as a writer that has written the last one would
     for m in names:
-        weight = gptq.dequantize(recipe, m, held[m] if preload else read(m), path, cast)
+        parts = held[m] if preload else read(m)
+        shape = (parts["qweight"].shape[1], parts["qweight"].shape[0] * 8)
+        out = buffers.setdefault(shape, torch.empty(shape, dtype=cast or torch.float16)) if mode == "reuse" else None
+        weight = gptq.dequantize(recipe, m, parts, path, cast, out=out)
         values += weight.numel()
         del weight
     seconds = time.perf_counter() - start
@@ -96,8 +103,10 @@ def main() -> None:
         for _ in range(args.repeat):
             for label, argv in (
                     ("cp", ["cp", str(path), str(copy)]),
-                    ("read + dequantize", [sys.executable, "-c", DEQUANT, str(path), "0", args.dtype, *flags]),
-                    ("dequantize alone", [sys.executable, "-c", DEQUANT, str(path), "1", args.dtype, *flags])):
+                    ("read + dequantize", [sys.executable, "-c", DEQUANT, str(path), "read", args.dtype, *flags]),
+                    ("dequantize alone", [sys.executable, "-c", DEQUANT, str(path), "held", args.dtype, *flags]),
+                    ("dequantize alone, reused output buffers",
+                     [sys.executable, "-c", DEQUANT, str(path), "reuse", args.dtype, *flags])):
                 prepare(path.parent, cached=True)
                 copy.unlink(missing_ok=True)
                 runs.setdefault(label, []).append(measure(label, argv, env={"PYTHONPATH": str(root)}))
