@@ -16,6 +16,7 @@ import math
 
 import pytest
 import torch
+from test_gptq import refusal
 
 from lmconvert.formats import awq
 from lmconvert.formats.errors import InputError
@@ -131,13 +132,9 @@ def hostile(change: dict[str, torch.Tensor], recipe: awq.AwqRecipe | None = None
     tensors, _ = checkpoint(16)
     tensors = {**tensors, **change}
     recipe = recipe or awq.recipe(CONFIG, "config.json")
-    with pytest.raises(InputError) as caught:
-        awq.check_linear(recipe, "m", TensorHeaders({f"m.{k}": v for k, v in tensors.items()}, "/m/x.safetensors"),
-                         OUT, IN)
-        awq.dequantize(recipe, "m", tensors, "/m/x.safetensors")
-    message = str(caught.value)
-    assert "\n" not in message
-    return message
+    headers = TensorHeaders({f"m.{k}": v for k, v in tensors.items()}, "/m/x.safetensors")
+    return refusal(lambda: awq.check_linear(recipe, "m", headers, OUT, IN),
+                   lambda: awq.dequantize(recipe, "m", tensors, "/m/x.safetensors"))
 
 
 def test_hostile_inputs() -> None:

@@ -15,6 +15,7 @@ corrected by the whole-word addition of `convert_gptq_v1_to_v2_format_module`, t
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 
 import numpy as np
 import pytest
@@ -197,18 +198,24 @@ def test_refused_options(change: dict, fragment: str) -> None:
     assert fragment in message and message.startswith("/m/config.json: ") and "\n" not in message
 
 
+def refusal(*calls: Callable[[], object]) -> str:
+    """The one-line InputError the first failing call raises (the rest must not be reached)."""
+    with pytest.raises(InputError) as caught:
+        for call in calls:
+            call()
+    message = str(caught.value)
+    assert "\n" not in message
+    return message
+
+
 def hostile(change: dict[str, torch.Tensor], drop: str = "", recipe: gptq.GptqRecipe | None = None) -> str:
     tensors, _ = checkpoint(4, 16, False, True, True)
     tensors = {**tensors, **change}
     tensors.pop(drop, None)
     recipe = recipe or gptq.recipe(config(4, 16, False, True, True), "config.json")
-    with pytest.raises(InputError) as caught:
-        gptq.check_linear(recipe, "m", TensorHeaders({f"m.{k}": v for k, v in tensors.items()}, "/m/x.safetensors"),
-                          OUT, IN)
-        gptq.dequantize(recipe, "m", tensors, "/m/x.safetensors")
-    message = str(caught.value)
-    assert "\n" not in message
-    return message
+    headers = TensorHeaders({f"m.{k}": v for k, v in tensors.items()}, "/m/x.safetensors")
+    return refusal(lambda: gptq.check_linear(recipe, "m", headers, OUT, IN),
+                   lambda: gptq.dequantize(recipe, "m", tensors, "/m/x.safetensors"))
 
 
 def test_hostile_inputs() -> None:

@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any
 
 from . import gptq
 from .errors import InputError
-from .quantized_linear import FLOATS, Headers, Part, check_options, check_parts, count, finite, unpack_words
+from .quantized_linear import FLOATS, Headers, Part, check_options, check_parts, count, finite, grouping, unpack_words
 
 if TYPE_CHECKING:
     import torch
@@ -55,8 +55,7 @@ class AwqRecipe:
     bits: int = BITS
 
     def describe(self) -> str:
-        group = "per row" if self.group_size == -1 else f"group_size {self.group_size}"
-        return f"AWQ GEMM 4-bit, {group}"
+        return f"AWQ GEMM 4-bit, {grouping(self.group_size)}"
 
 
 def recipe(quant: Mapping[str, Any], config_file: Path | str) -> AwqRecipe:

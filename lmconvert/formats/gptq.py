@@ -42,6 +42,7 @@ from .quantized_linear import (
     count,
     finite,
     flag,
+    grouping,
     little_endian_bytes,
 )
 
@@ -81,8 +82,8 @@ class GptqRecipe:
         return 32 // self.bits
 
     def describe(self) -> str:
-        group = "per row" if self.group_size == -1 else f"group_size {self.group_size}"
-        return f"GPTQ {self.bits}-bit, {group}{', desc_act' if self.desc_act else ''} ({self.checkpoint_format})"
+        act = ", desc_act" if self.desc_act else ""
+        return f"GPTQ {self.bits}-bit, {grouping(self.group_size)}{act} ({self.checkpoint_format})"
 
 
 def recipe(quant: Mapping[str, Any], config_file: Path | str) -> GptqRecipe:

@@ -137,6 +137,11 @@ def count(value: Any, where: str, minus_one: bool = False) -> int:
     return value
 
 
+def grouping(group_size: int) -> str:
+    """How a recipe groups its scales, for messages: -1 is one group per row."""
+    return "per row" if group_size == -1 else f"group_size {group_size}"
+
+
 def flag(value: Any, where: str) -> bool:
     if not isinstance(value, bool):
         raise InputError(f"{where} {value!r} is not true or false; fix config.json")
