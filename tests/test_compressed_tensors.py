@@ -263,3 +263,5 @@ def test_hostile_inputs() -> None:
                                                     "m.weight_shape": torch.tensor([24, 64]),
                                                     "m.weight_scale": torch.ones(24, 4)}, "f"), out_features=24,
                         in_features=64, read=lambda n: torch.tensor([24, 64]))
+    assert "'m.weight_zero_point' stands beside a symmetric scheme" in hostile(
+        "w4a16-group", {"weight_zero_point": torch.zeros(3, 4, dtype=torch.int32)})

@@ -23,7 +23,7 @@ import torch
 
 from lmconvert.formats import gptq
 from lmconvert.formats.errors import InputError
-from lmconvert.formats.quantized_linear import TensorHeaders
+from lmconvert.formats.quantized_linear import TensorHeaders, linears
 
 OUT, IN = 24, 64
 
@@ -236,3 +236,16 @@ def test_hostile_inputs() -> None:
 def test_module_of() -> None:
     assert gptq.module_of("model.layers.0.mlp.up_proj.qweight") == "model.layers.0.mlp.up_proj"
     assert gptq.module_of("model.layers.0.mlp.up_proj.weight") is None
+
+
+def test_linears_and_orphan_parts() -> None:
+    tensors, _ = checkpoint(4, 16, True, False, True)
+    named = {f"model.layers.0.mlp.{p}_proj.{k}": v for p in ("up", "down") for k, v in tensors.items()}
+    named["model.norm.weight"] = torch.ones(4)
+    headers = TensorHeaders(named, "/m/x.safetensors")
+    assert linears(headers, named, gptq.MARKERS, gptq.PARTS, "GPTQ") == ["model.layers.0.mlp.up_proj",
+                                                                          "model.layers.0.mlp.down_proj"]
+    del named["model.layers.0.mlp.down_proj.qweight"]
+    assert refusal(lambda: linears(headers, named, gptq.MARKERS, gptq.PARTS, "GPTQ")) == (
+        "/m/x.safetensors: tensor 'model.layers.0.mlp.down_proj.qzeros' is a GPTQ part, but "
+        "'model.layers.0.mlp.down_proj' has no 'model.layers.0.mlp.down_proj.qweight'; the checkpoint is incomplete")

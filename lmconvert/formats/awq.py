@@ -34,7 +34,7 @@ if TYPE_CHECKING:
 
 METHOD = "awq"
 PARTS = ("qweight", "qzeros", "scales")
-MARKER = "qweight"
+MARKERS = ("qweight",)
 BITS = 4
 PACK = 32 // BITS
 REVERSE_ORDER = (0, 4, 1, 5, 2, 6, 3, 7)  # AutoAWQ's AWQ_REVERSE_ORDER
@@ -91,7 +91,7 @@ def parts(recipe: AwqRecipe, out_features: int, in_features: int, module: str = 
 
 def features(module: str, headers: Headers) -> tuple[int, int]:
     """(out_features, in_features) as the qweight header claims them."""
-    name = f"{module}.{MARKER}"
+    name = f"{module}.{MARKERS[0]}"
     shape = headers.shape(name)
     if len(shape) != 2:
         raise InputError(f"{headers.where(name)}: tensor {name!r} has shape {list(shape)}, not a matrix; "

@@ -224,14 +224,13 @@ def scheme_for(recipe: CtRecipe, module: str) -> Scheme | None:
 
 
 MARKERS = ("weight_packed", "weight_scale")  # a linear stored compressed has one of these
+PARTS = ("weight_packed", "weight_shape", "weight_scale", "weight_zero_point")  # and "weight", as any linear
 
 
 def module_of(name: str) -> str | None:
     """The linear `X` a tensor name `X.weight_packed` or `X.weight_scale` stands for."""
-    for marker in MARKERS:
-        if name.endswith("." + marker):
-            return name.removesuffix("." + marker)
-    return None
+    module, _, suffix = name.rpartition(".")
+    return module if suffix in MARKERS else None
 
 
 def _scale_shape(args: Args, out_features: int, in_features: int, module: str) -> tuple[int, ...]:
@@ -306,6 +305,10 @@ def check_linear(scheme: Scheme, module: str, headers: Headers, read: Callable[[
                              f"matrix beside its weight_scale; the checkpoint is inconsistent")
         out_features, in_features = shape
     check_parts(module, parts(scheme, out_features, in_features, module), headers, scheme.describe())
+    if scheme.weights.symmetric and f"{module}.weight_zero_point" in headers:
+        name = f"{module}.weight_zero_point"
+        raise InputError(f"{headers.where(name)}: tensor {name!r} stands beside a symmetric scheme, for which "
+                         "compressed-tensors writes no zero point; the checkpoint is inconsistent")
     return out_features, in_features
 
 

@@ -51,7 +51,7 @@ if TYPE_CHECKING:
 
 METHOD = "gptq"
 PARTS = ("qweight", "qzeros", "scales", "g_idx")
-MARKER = "qweight"  # the part whose presence makes X a quantized linear
+MARKERS = ("qweight",)  # the part whose presence makes X a quantized linear
 # options whose value changes what the tensors mean, with the values handled
 HANDLED: dict[str, tuple[Any, ...]] = {
     "quant_method": ("gptq",), "method": ("gptq",), "bits": (4, 8),
@@ -106,7 +106,8 @@ def recipe(quant: Mapping[str, Any], config_file: Path | str) -> GptqRecipe:
 
 def module_of(name: str) -> str | None:
     """The linear `X` a tensor name `X.qweight` stands for, None for any other name."""
-    return name.removesuffix("." + MARKER) if name.endswith("." + MARKER) else None
+    module, _, suffix = name.rpartition(".")
+    return module if suffix in MARKERS else None
 
 
 def groups(recipe: GptqRecipe, in_features: int, module: str) -> int:
@@ -133,7 +134,7 @@ def parts(recipe: GptqRecipe, out_features: int, in_features: int, module: str =
 
 def features(recipe: GptqRecipe, module: str, headers: Headers) -> tuple[int, int]:
     """(out_features, in_features) as the qweight header claims them."""
-    name = f"{module}.{MARKER}"
+    name = f"{module}.{MARKERS[0]}"
     shape = headers.shape(name)
     if len(shape) != 2:
         raise InputError(f"{headers.where(name)}: tensor {name!r} has shape {list(shape)}, not a matrix; "

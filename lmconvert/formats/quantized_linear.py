@@ -111,6 +111,25 @@ def check_parts(module: str, parts: Iterable[Part], headers: Headers, why: str) 
                              "for this layer; the checkpoint is inconsistent")
 
 
+def linears(headers: Headers, names: Iterable[str], markers: tuple[str, ...], parts: tuple[str, ...],
+            format_name: str) -> list[str]:
+    """The quantized linears among a checkpoint's tensor `names`: every `X` with an `X.<marker>`, in
+    order of first appearance; a part (`X.qzeros`...) whose `X` has no marker is refused, as the
+    checkpoint is incomplete."""
+    names = list(names)
+    found: dict[str, None] = {}
+    for name in names:
+        module, _, suffix = name.rpartition(".")
+        if suffix in markers:
+            found[module] = None
+    for name in names:
+        module, _, suffix = name.rpartition(".")
+        if suffix in parts and module not in found:
+            raise InputError(f"{headers.where(name)}: tensor {name!r} is a {format_name} part, but {module!r} has "
+                             f"no {' or '.join(repr(module + '.' + m) for m in markers)}; the checkpoint is incomplete")
+    return list(found)
+
+
 def check_options(quant: Mapping[str, Any], where: str, handled: Mapping[str, tuple[Any, ...]],
                   inert: Iterable[str]) -> None:
     """Every key of a quantization config either handled (its value among `handled[key]`) or
