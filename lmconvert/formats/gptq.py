@@ -263,5 +263,6 @@ def dequantize(recipe: GptqRecipe, module: str, tensors: Mapping[str, torch.Tens
         if g_idx is None:
             part.view(-1, n, group).sub_(zero[span].unsqueeze(-1)).mul_(scale[span].unsqueeze(-1))
         else:
-            part.sub_(zero[span].index_select(1, g_idx)).mul_(scale[span].index_select(1, g_idx))
+            index = g_idx.expand(part.shape[0], in_features)  # gather: far faster than index_select on dim 1
+            part.sub_(torch.gather(zero[span], 1, index)).mul_(torch.gather(scale[span], 1, index))
     return weight
