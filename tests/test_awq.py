@@ -83,6 +83,7 @@ CONFIG = {"quant_method": "awq", "zero_point": True, "group_size": 16, "bits": 4
           "modules_to_not_convert": None}
 
 
+@pytest.mark.bitexact  # float16/bfloat16 bits, on AVX2's kernels too
 @pytest.mark.parametrize("group_size", [16, 48, -1])
 def test_dequantize_equals_autoawq(group_size: int) -> None:
     tensors, direct = checkpoint(group_size)

@@ -78,6 +78,7 @@ def qparams(weight: torch.Tensor, args: Any) -> tuple[torch.Tensor, torch.Tensor
     return scale.to(weight.dtype), zero
 
 
+@pytest.mark.bitexact  # float16/bfloat16 bits, on AVX2's kernels too
 @pytest.mark.parametrize("name", sorted(CONFIGS))
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
 def test_dequantize_equals_the_package(name: str, dtype: torch.dtype) -> None:
@@ -141,6 +142,7 @@ def quantized_checkpoint(directory: Path, quant: dict[str, Any], dtype: torch.dt
     return directory
 
 
+@pytest.mark.bitexact  # float16/bfloat16 bits, on AVX2's kernels too
 @pytest.mark.parametrize("name", ["w4a16-group-asym", "w8a16-channel", "fp8-channel", "w8a8-int-tensor-asym"])
 @pytest.mark.parametrize("stored,loaded", [(torch.bfloat16, torch.bfloat16), (torch.float32, torch.float32),
                                            (torch.bfloat16, torch.float32)])

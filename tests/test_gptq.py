@@ -119,6 +119,7 @@ CASES = [(bits, group, sym, desc, v1) for bits in (4, 8) for group, desc in ((16
          for sym in (True, False) for v1 in (True, False)]
 
 
+@pytest.mark.bitexact  # float16/bfloat16 bits, on AVX2's kernels too
 @pytest.mark.parametrize("bits,group_size,sym,desc_act,v1", CASES)
 def test_dequantize_equals_gptqmodel(bits: int, group_size: int, sym: bool, desc_act: bool, v1: bool) -> None:
     tensors, direct = checkpoint(bits, group_size, sym, desc_act, v1)
