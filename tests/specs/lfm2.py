@@ -20,6 +20,7 @@ SPEC = Spec(
           "decoding state: 64 entries per token (KV cache, 1 attention layers) + 768 entries per sequence",
           "mixer state       3,072 bytes per sequence (float32)"),
     own_spelling={"rms_norm_eps": "norm_eps"}, not_a_key=("attention_dropout",),
+    gguf=dict(conv_bias=False),  # llama.cpp's lfm2 loads no convolution biases
     tp_refusal="the short_conv mixer layers have no tensor-parallel plan",
     config_variants=(
         dict(block_auto_adjust_ff_dim=False),  # export writes the width itself, so the derived one cannot come back

@@ -105,8 +105,10 @@ def refused_tensors(arch: str, shapes: Mapping[str, tuple[int, ...]]) -> str | N
 
 # tensors llama.cpp's converter stores as F32 whatever the file type (ModelBase.prepare_tensors: the
 # routers, learned positions, any norm, any bias, gpt-oss's stacked [experts, width] ones too: its graph adds
-# them with ggml_add_id, which takes F32 only), and those it stores as F16 rather than ternary
-ALWAYS_F32 = ("ffn_gate_inp.weight", "ffn_gate_inp_shexp.weight", "position_embd.weight", "_norm.weight", ".bias")
+# them with ggml_add_id, which takes F32 only; the short and SSM convolutions' kernels, which ggml_ssm_conv takes
+# in F32 only), and those it stores as F16 rather than ternary
+ALWAYS_F32 = ("ffn_gate_inp.weight", "ffn_gate_inp_shexp.weight", "position_embd.weight", "_norm.weight", ".bias",
+              "shortconv.conv.weight", "ssm_conv1d.weight")
 HALF_WHEN_TERNARY = ("token_embd.weight", "output.weight")
 
 
