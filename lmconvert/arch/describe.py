@@ -85,7 +85,8 @@ ROUTER_NAMES = {"softmax": "softmax then top-k", "sigmoid": "sigmoid then top-k"
                 "topk_sigmoid": "top-k on logits then their sigmoids",
                 "sigmoid_fp32": "sigmoid in fp32 then top-k", "logits": "top-k on logits, then sigmoid",
                 "topk_sigmoid_fp32": "top-k on logits then their sigmoids in fp32",
-                "sigmoid_fp32_sorted": "sigmoid in fp32 then sorted top-k"}
+                "sigmoid_fp32_sorted": "sigmoid in fp32 then sorted top-k",
+                "sigmoid_sorted": "sigmoid then sorted top-k (sum guarded by 1e-6)"}
 SHARED_NAMES = {"gated": "one shared expert, sigmoid-gated", "plain": "shared experts, ungated",
                 "averaged": "shared experts, averaged with the routed experts' sum"}
 

@@ -56,8 +56,8 @@ def schedule_from_hf(hf: HfConfig, fields: dict[str, Any]) -> dict[str, Any]:
     it is absent) and the others convolve."""
     n = fields["n_layers"]
     types = hf.get("layer_types")
-    if types is None:
-        attending = hf.get("full_attn_idxs")
+    if types is None:  # LFM2-MoE has no full_attn_idxs (nor a schedule without layer_types): every layer attends
+        attending = hf.get("full_attn_idxs") if "full_attn_idxs" in hf.keys else None
         attending = range(n) if attending is None else attending
         if any(isinstance(i, bool) or not isinstance(i, int) for i in attending):
             raise MappingError(f"config.json: full_attn_idxs={show(attending)} should list layer indices")
