@@ -19,6 +19,8 @@ SPEC = Spec(
           "router: sigmoid then sorted top-k (sum guarded by 1e-6), renormalised, weights in activation dtype, "
           "selection bias, scaled x1.5", "QK norm: per head", "embeddings: tied"),
     own_spelling={"rms_norm_eps": "norm_eps"}, not_a_key=("attention_dropout",),
+    # llama.cpp's lfm2moe: no conv biases, the expert bias required, always renormalised, no scale
+    gguf=dict(conv_bias=False, routed_scaling_factor=1.0),
     tp_refusal="the short_conv mixer layers have no tensor-parallel plan",
     selection_bias_buffer=True,
     config_variants=(

@@ -19,10 +19,11 @@ from lmconvert.arch import ArchConfig, MoeConfig
 
 from ..family import Family
 from ..tables.config_table import DEFAULT, Entry, plain
+from ..tables.gguf import MOE_RULES, written
 from ..tables.hf_config import HfConfig, Key
 from ..tables.table import Rule, TensorTable
 from ..tables.transforms import Unstack
-from . import lfm2
+from . import deepseek_v3, lfm2
 
 LAYER = "model.layers.{}.feed_forward"
 TENSORS = TensorTable(lfm2.TENSORS.rules + (
@@ -78,5 +79,21 @@ CONFIG = lfm2.CONFIG.but(
     defaults={"hidden_size": 2048},
 )
 
-FAMILY = Family("lfm2_moe", ("lfm2_moe",), "Lfm2MoeForCausalLM", TENSORS, CONFIG,
+# -- llama.cpp (GGUF): its lfm2moe architecture, lfm2's layout (GGUF_LFM2) with stacked experts after the
+# `leading_dense_block_count` dense layers and the expert bias as `exp_probs_b` (required by its loader). Its graph
+# always renormalises the chosen weights (clamping the sum below at 6.1e-5 where transformers adds 1e-6) and
+# applies no scale (it reads no expert_weights_scale): a model without the bias, without renormalising or with a
+# routed_scaling_factor other than 1 reads back otherwise, so its export is refused naming the mixture.
+GGUF_LFM2MOE = written(
+    "lfm2_moe", arch="lfm2moe",
+    keys={**lfm2.GGUF_LFM2.keys, "expert_count": "num_experts", "expert_used_count": "num_experts_per_tok",
+          "expert_feed_forward_length": "moe_intermediate_size", "leading_dense_block_count": "num_dense_layers"},
+    defaults={"norm_topk_prob": True, "routed_scaling_factor": 1.0, "use_expert_bias": True},
+    constants={"expert_gating_func": deepseek_v3.SIGMOID}, renamed=lfm2.GGUF_LFM2.renamed,
+    derived=lfm2.GGUF_LFM2.derived, exported=lfm2.GGUF_LFM2.exported, head_dim_stated=False,
+    stated=lfm2.GGUF_LFM2.stated, refused=lfm2.GGUF_LFM2.refused,
+    table=TensorTable((*lfm2.GGUF_LFM2.tensors.rules, *MOE_RULES,
+                       Rule("blk.{}.exp_probs_b.bias", "layers.{}.mlp.router.selection_bias"))))
+
+FAMILY = Family("lfm2_moe", ("lfm2_moe",), "Lfm2MoeForCausalLM", TENSORS, CONFIG, gguf=(GGUF_LFM2MOE,),
                 reference_layouts=lfm2.REFERENCE_LAYOUTS)

@@ -34,7 +34,7 @@ LOADED_BIASES: dict[str, frozenset[str]] = {arch: frozenset(names) for arch, nam
     "exaone": QKV, "seed_oss": QKV, "glm4": QKV, "exaone4": (),
     "starcoder": (*NORMS, "attn_qkv", "attn_output", "ffn_up", "ffn_down"),
     "jais2": (*QKV, *NORMS, "attn_output", "ffn_up", "ffn_down"), "dots1": (*QKV, "exp_probs_b"),
-    "glm4moe": (*QKV, "exp_probs_b"), "minicpm3": (), "chatglm": QKV,
+    "glm4moe": (*QKV, "exp_probs_b"), "minicpm3": (), "chatglm": QKV, "lfm2moe": ("exp_probs_b",),
     "gpt-oss": (*QKV, "attn_output", "ffn_gate_inp", "ffn_gate_exps", "ffn_up_exps", "ffn_down_exps"),
 }.items()}
 # the biases an architecture's loader requires on every layer (`create_tensor(..., 0)`: "missing tensor" without
