@@ -119,3 +119,25 @@ def test_transformers_reads_our_gguf(tmp_path: Path) -> None:
         theirs = transformers_gguf(out)(ids).logits
         assert float((theirs - lmconvert.load(out)(ids)).abs().max()) <= 1e-5
         assert float((theirs - model(ids).logits).abs().max()) <= 1e-5
+
+
+@pytest.mark.parametrize("name", ["lfm2", "lfm2_moe"])
+def test_forty_decoding_steps(name: str, tmp_path: Path) -> None:
+    """A prefill shorter than the kernel, then 40 tokens one at a time: transformers' cached decoding
+    element by element in fp32 and bit for bit in bf16, and in float64 our own full forward."""
+    from hf_models import cached_logits, incremental
+
+    spec = SPECS[name]
+    src = save_checkpoint(build_model(spec.model_type, **spec.kwargs), tmp_path)
+    ids = token_batch(seq=43)
+    for dtype in (torch.float32, torch.bfloat16):
+        ours = lmconvert.load(src, dtype=dtype, attention="eager")
+        cache = ours.new_cache()
+        with torch.no_grad():
+            got = incremental(lambda chunk: ours(chunk, cache=cache), ids, 3)  # noqa: B023 - used at once
+            want = cached_logits(reference(src, dtype), ids, 3)
+        assert torch.equal(got, want) if dtype == torch.bfloat16 else float((got - want).abs().max()) <= 1e-5
+    exact = lmconvert.load(src, dtype=torch.float64)
+    cache = exact.new_cache()
+    with torch.no_grad():
+        assert float((incremental(lambda chunk: exact(chunk, cache=cache), ids, 3) - exact(ids)).abs().max()) <= 1e-10
