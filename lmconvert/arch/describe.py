@@ -163,6 +163,10 @@ def _runs(layers: list[int]) -> str:
     return ", ".join(str(r[0]) if len(r) == 1 else f"{r[0]}-{r[-1]}" for r in runs)
 
 
+def _layers(layers: list[int]) -> str:
+    return f"{len(layers)} layer{'s' * (len(layers) != 1)}"
+
+
 def schedule(cfg: ArchConfig) -> list[str]:
     """Which layers attention, the mixer or nothing mixes, which have an FFN, and the state each
     keeps; nothing for a stack of attention-and-FFN layers."""
@@ -181,11 +185,11 @@ def schedule(cfg: ArchConfig) -> list[str]:
     attention, mixers = cfg.layers_mixed_by("attention"), cfg.layers_mixed_by("mixer")
     state = []
     if attention:
-        state.append(f"{cfg.kv_cache_bytes_per_token(1):,} entries per token (KV cache, {len(attention)} attention "
-                     "layers)")
+        state.append(f"{cfg.kv_cache_bytes_per_token(1):,} entries per token (KV cache, {_layers(attention)} of "
+                     "attention)")
     if mixers:
-        state.append(f"{cfg.state_bytes_per_sequence(1):,} entries per sequence, whatever its length ({len(mixers)} "
-                     f"{cfg.mixer} layers)")
+        state.append(f"{cfg.state_bytes_per_sequence(1):,} entries per sequence, whatever its length "
+                     f"({_layers(mixers)} of {cfg.mixer})")
     lines.append(f"decoding state: {' + '.join(state)}")
     return lines
 
