@@ -67,6 +67,11 @@ def fp8_copy(src: Path, dst: Path, block: list[int], scale_dtype: torch.dtype = 
 
 @pytest.fixture(scope="module")
 def fp8(tmp_path_factory: pytest.TempPathFactory) -> Callable[..., Path]:
+    return fp8_maker(tmp_path_factory)
+
+
+def fp8_maker(tmp_path_factory: pytest.TempPathFactory) -> Callable[..., Path]:
+    """name (a MODELS key or "deepseek_v3"), scale dtype -> the tiny FP8 checkpoint, made once."""
     made: dict[tuple[str, torch.dtype], Path] = {}
 
     def get(name: str, scale_dtype: torch.dtype = torch.float32) -> Path:
@@ -118,7 +123,8 @@ def test_convert_dequantizes_bit_for_bit_as_transformers(fp8: Callable[..., Path
             assert mine.dtype == getattr(torch, dtype)
             assert torch.equal(mine, source.plan[canonical][1].forward(ref[stored])), canonical
     meta = json.loads((out / "lmconvert.json").read_text())
-    assert meta["source"]["quantization"]["weight_block_size"] == MODELS[name][2]
+    assert meta["source"]["quantization"]["config"]["weight_block_size"] == MODELS[name][2]
+    assert "quantization" not in meta or not meta["quantization"]  # dequantized: a plain float checkpoint
 
 
 @pytest.mark.parametrize("name", [*MODELS, "deepseek_v3"])
@@ -149,11 +155,10 @@ def one_line_refusal(src: Path, out: Path, *args: str) -> str:
     return err
 
 
-def test_keeping_fp8_is_refused_for_now(fp8: Callable[..., Path], tmp_path: Path) -> None:
-    err = one_line_refusal(fp8("qwen3"), tmp_path / "out")
-    assert "--dtype bfloat16" in err and "FP8" in err
-    assert "--dtype bfloat16" in one_line_refusal(fp8("qwen3"), tmp_path / "out", "--to", "hf")
+def test_gguf_and_meta_need_dequantizing(fp8: Callable[..., Path], tmp_path: Path) -> None:
     assert "--to gguf" in one_line_refusal(fp8("qwen3"), tmp_path / "out.gguf", "--dtype", "bfloat16")
+    assert "--to gguf" in one_line_refusal(fp8("qwen3"), tmp_path / "out.gguf")
+    assert "--dtype bfloat16" in one_line_refusal(fp8("llama"), tmp_path / "out", "--to", "meta")
 
 
 def edited(src: Path, dst: Path, config: Callable[[dict[str, Any]], None] | None = None,
@@ -177,11 +182,10 @@ def edited(src: Path, dst: Path, config: Callable[[dict[str, Any]], None] | None
     (lambda q: q.update(scale_fmt="ue8m0"), "scale_fmt 'ue8m0'"),
     (lambda q: q.update(expert_dtype="fp4"), "expert_dtype 'fp4'"),
     (lambda q: q.update(modules_to_convert=["embed_tokens"]), "modules_to_convert"),
-    (lambda q: q.update(weight_block_size=None), "per-tensor"),
     (lambda q: q.update(weight_block_size=[128]), "weight_block_size [128]"),
     (lambda q: q.update(weight_block_size=[0, 128]), "weight_block_size [0, 128]"),
     (lambda q: q.update(packing="fancy"), "quantization_config.packing"),
-], ids=["method", "fmt", "static", "ue8m0", "fp4", "embeddings", "per-tensor", "one-size", "zero", "unknown"])
+], ids=["method", "fmt", "static", "ue8m0", "fp4", "embeddings", "one-size", "zero", "unknown"])
 def test_options_not_handled_are_refused_by_name(fp8: Callable[..., Path], tmp_path: Path,
                                                  edit: Callable[[dict[str, Any]], None], said: str) -> None:
     src = edited(fp8("qwen3"), tmp_path / "src", config=edit)
@@ -224,9 +228,11 @@ def fused_experts_scale(t: dict[str, torch.Tensor]) -> None:
     (None, lambda q: q.update(weight_block_size=[96, 128]), "which weight_block_size [96, 128] does not divide"),
     (orphan_weight, None, "is float8_e4m3fn but has no 'model.layers.0.mlp.down_proj.weight_scale_inv'"),
     (orphan_scale, None, "is bfloat16, not float8_e4m3fn"),
-    (int_scale, None, "is uint8; FP8 block scales are read as float32 or bfloat16 only"),
+    (int_scale, None, "is uint8; FP8 scales are read as float32 or bfloat16 only"),
     (fused_experts_scale, None, "which is not a module's .weight: transformers 5.25 dequantizes only"),
-], ids=["nan", "scale-shape", "block-does-not-divide", "no-scale", "scaled-float", "uint8-scale", "fused"])
+    (None, lambda q: q.update(weight_block_size=None), "per-tensor FP8 (weight_block_size null) needs one scale"),
+], ids=["nan", "scale-shape", "block-does-not-divide", "no-scale", "scaled-float", "uint8-scale", "fused",
+        "per-tensor-claim"])
 def test_hostile_fp8_inputs_are_one_line(fp8: Callable[..., Path], tmp_path: Path,
                                          tensors: Callable[[dict[str, torch.Tensor]], None] | None,
                                          config: Callable[[dict[str, Any]], None] | None, said: str) -> None:

@@ -52,7 +52,7 @@ BIASED_ROUTERS = ("softmax", "sigmoid", "sigmoid_fp32", "logits", "sigmoid_fp32_
 GROUPED_ROUTERS = ("softmax", "sigmoid")  # the routers that limit the choice to groups (n_group > 1)
 KEPT_FP32 = ("weight", "selection_bias")  # router parameters a model may keep in fp32 (MoeConfig.kept_fp32)
 SHARED_EXPERTS = ("none", "gated", "plain", "averaged")
-SUM_ORDERS = ("grouped_mm", "eager")  # arch/moe.py's SUMS
+SUM_ORDERS = ("grouped_mm", "eager", "sorted")  # arch/moe.py's SUMS
 GLUS = ("halves", "clamped_swiglu")  # arch/moe.py's GLUS: how a routed expert gates its gate and up outputs
 # how ArchConfig.attn_temperature scales a query at position p (arch/context.py's query_temperature), and on
 # which layers (arch/attention.py)
@@ -271,7 +271,8 @@ class MoeConfig:
     experts_split: bool = False
     # how the reference sums the routed experts' weighted outputs unless told otherwise (Decoder.set_experts):
     # "grouped_mm", transformers' default (each token's top-k at once, in fp32), or "eager" (expert by expert,
-    # index_add_ in the activation dtype) where its experts module has no other (DBRX)
+    # index_add_ in the activation dtype) where its experts module has no other (DBRX), or "sorted" (JetMoE's: the
+    # (token, slot) rows sorted by expert, each expert one matmul, all added by one index_add, in fp32 on CPU)
     sum_order: str = "grouped_mm"
     # the renormalisation divides by the chosen weights' sum clamped below at norm_min (ERNIE 4.5's
     # moe_norm_min), not by the sum plus the router's guard; 0: the guard
@@ -294,10 +295,12 @@ class MoeConfig:
     glu_alpha: float | None = None  # set exactly when glu="clamped_swiglu" (gpt-oss's swiglu_alpha)
     glu_limit: float | None = None  # set exactly when glu="clamped_swiglu" (gpt-oss's swiglu_limit)
     weight_input: bool = False  # the router weight multiplies each routed expert's input, not its output (Llama 4)
+    sum_bias: bool = False  # a learned bias [d_model] added to the routed experts' weighted sum (JetMoE's MoE bias)
 
     def __post_init__(self) -> None:
-        if not isinstance(self.weight_input, bool):
-            _fail("moe", "weight_input", self.weight_input, "must be true or false")
+        for name in ("weight_input", "sum_bias"):
+            if not isinstance(getattr(self, name), bool):
+                _fail("moe", name, getattr(self, name), "must be true or false")
         if self.weight_input and self.weights_fp32:
             _fail("moe", "weight_input", True, "weights the input in the activation dtype; needs weights_fp32=False")
         for name in ("n_experts", "top_k", "d_expert", "n_group", "topk_group"):
@@ -928,7 +931,7 @@ UNSTATED_WHEN_UNSET: dict[str, Any] = {"attn_sinks": False, "sink_form": "column
                                        "attention_chunk": None, "chunked_layers": (), "qk_l2_norm": False,
                                        "attn_output_gate": "none", "mixer": None, "mixer_settings": None}
 ROPE_UNSTATED_WHEN_UNSET: dict[str, Any] = {"alpha": None, "reverse": False}
-MOE_UNSTATED_WHEN_UNSET: dict[str, Any] = {"weight_input": False}
+MOE_UNSTATED_WHEN_UNSET: dict[str, Any] = {"weight_input": False, "sum_bias": False}
 
 
 def _sub(kind: type, value: Any, name: str) -> Any:

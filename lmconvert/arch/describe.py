@@ -127,6 +127,8 @@ def _moe(cfg: ArchConfig, moe: MoeConfig) -> list[str]:
         lines.append("experts: router weight multiplies each expert's input, not its output")
     if moe.expert_bias:
         lines.append("experts: biases on gate, up and down, added after each product")
+    if moe.sum_bias:
+        lines.append("experts: a bias added to their weighted sum")
     if moe.d_shared is not None:
         lines.append(f"{SHARED_NAMES[moe.shared]}, width {moe.d_shared}"
                      + (", gate and up as one projection's halves" if moe.shared_fused else ""))
@@ -140,16 +142,17 @@ def _moe(cfg: ArchConfig, moe: MoeConfig) -> list[str]:
 
 
 def parameter_counts(cfg: ArchConfig) -> tuple[int, int]:
-    """All parameters, and those one token uses: each sparse layer's unchosen experts left out."""
+    """All parameters, and those one token uses: each sparse layer's unchosen experts left out, and
+    the attention's parameters a token does not use (a mixture of attention heads' unchosen experts)."""
     total = sum(prod(shape) for shape in parameter_shapes(cfg).values())
+    unused = cfg.n_layers * attention_kind(cfg.attention).unused(cfg)
     moe = cfg.moe
-    if moe is None:
-        return total, total
-    per_expert = (3 if cfg.gated else 2) * cfg.d_model * moe.d_expert
-    if moe.expert_bias:  # gate and up biases of its width, the down bias of d_model
-        per_expert += (2 if cfg.gated else 1) * moe.d_expert + cfg.d_model
-    sparse = sum(moe.sparse(i) for i in range(cfg.n_layers))
-    return total, total - sparse * (moe.n_experts - moe.top_k) * per_expert
+    if moe is not None:
+        per_expert = (3 if cfg.gated else 2) * cfg.d_model * moe.d_expert
+        if moe.expert_bias:  # gate and up biases of its width, the down bias of d_model
+            per_expert += (2 if cfg.gated else 1) * moe.d_expert + cfg.d_model
+        unused += sum(moe.sparse(i) for i in range(cfg.n_layers)) * (moe.n_experts - moe.top_k) * per_expert
+    return total, total - unused
 
 
 def _runs(layers: list[int]) -> str:

@@ -15,12 +15,13 @@ from __future__ import annotations
 
 from math import prod
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from lmconvert.mappings.tables.table import IDENTITY
 
 from .dtypes import DTYPES
-from .source import dtype_name
+from .errors import InputError
+from .source import TensorReader, dtype_name
 
 if TYPE_CHECKING:
     import torch
@@ -104,6 +105,19 @@ class CanonicalTensors:
         size = DTYPES[dtype_name(self.stored, stored)].itemsize
         first, stop = span(self.stored.shape(stored))
         return path, start + first * size, start + stop * size
+
+    def quantized_parts(self, name: str) -> tuple[TensorReader, dict[str, str], Any] | None:
+        """A quantized weight's stored parts (`quantized.py`), which only a renaming can keep."""
+        parts_of = getattr(self.stored, "quantized_parts", None)
+        stored, transform = self.checkpoint.plan[name]
+        if parts_of is None or isinstance(stored, tuple):
+            return None
+        found = parts_of(stored)
+        if found is not None and transform.forward is not IDENTITY.forward:
+            raise InputError(f"{self.stored.where(stored)}: tensor {stored!r} is quantized, and family "
+                             f"{self.checkpoint.family.name}'s table transforms it (not a renaming), so it cannot "
+                             "be kept as it is; pass --dtype bfloat16 (or float32) to dequantize it")
+        return found
 
     def close(self) -> None:
         """The checkpoint's owner closes it."""

@@ -27,6 +27,7 @@ from .claims import check_layer_claim, layers_held
 from .dtypes import DTYPES, dominant
 from .errors import InputError
 from .hf import is_hf_safetensors, open_hf_safetensors
+from .quantized import quantized_view
 from .safetensors_dir import TensorSource
 from .source import CANNOT_LOAD_META, LastRead, Loadable, Source, TensorReader, dtype_name, stored_type
 
@@ -45,8 +46,18 @@ def _late(module: str, name: str) -> Callable[[Path], Any]:
 
 
 def open_canonical(path: Path) -> Source:
-    """A canonical directory as a format among the others: its tensors already carry canonical names."""
-    return Source(path, "canonical", {}, TensorSource(path), canonical=read_meta(path))
+    """A canonical directory as a format among the others: its tensors already carry canonical names
+    (a quantized one's, seen through the same view as its source's: `quantized.py`)."""
+    meta = read_meta(path)
+    tensors = TensorSource(path)
+    if not meta.quantization:
+        return Source(path, "canonical", {}, tensors, canonical=meta)
+    try:
+        read, _ = quantized_view({"quantization_config": meta.quantization}, path / META_FILE, tensors)
+    except BaseException:
+        tensors.close()
+        raise
+    return Source(path, "canonical", {}, read, canonical=meta)
 
 
 # (format name, detector, opener): the first detector that accepts the path wins

@@ -90,4 +90,6 @@ class Spec:
     # a mixture whose transformers model holds the router's selection bias (e_score_correction_bias) as a buffer,
     # which build_model's perturbation of parameters leaves at 0: tests/test_moe.py perturbs it
     selection_bias_buffer: bool = False
+    # a mixture's config key for the load-balancing loss's weight in the training loss (JetMoE's aux_loss_coef)
+    aux_loss_key: str = "router_aux_loss_coef"
 

@@ -3,7 +3,7 @@ sigmoid-routed experts with a perturbed expert bias (a buffer: `selection_bias_b
 
 from __future__ import annotations
 
-from specs import F, Spec
+from specs import F, GgufNaming, Spec
 
 C = "conv"
 THETA = {"rope_type": "default", "rope_theta": 5e5}
@@ -21,6 +21,13 @@ SPEC = Spec(
     own_spelling={"rms_norm_eps": "norm_eps"}, not_a_key=("attention_dropout",),
     # llama.cpp's lfm2moe: no conv biases, the expert bias required, always renormalised, no scale
     gguf=dict(conv_bias=False, routed_scaling_factor=1.0),
+    # LFM2MoeModel (llama.cpp's converter) stacks each layer's experts itself and names the stack as Mixtral's
+    # merged experts; gguf names the expert bias whole
+    gguf_naming=GgufNaming(converter_names={
+        ("feed_forward.experts.1.w1.weight", "gate"): "ffn_gate_exps.weight",
+        ("feed_forward.experts.1.w3.weight", "up"): "ffn_up_exps.weight",
+        ("feed_forward.experts.1.w2.weight", "down"): "ffn_down_exps.weight",
+        ("feed_forward.expert_bias", "router"): "exp_probs_b.bias"}),
     tp_refusal="the short_conv mixer layers have no tensor-parallel plan",
     selection_bias_buffer=True,
     config_variants=(

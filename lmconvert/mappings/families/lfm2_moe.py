@@ -92,7 +92,8 @@ GGUF_LFM2MOE = written(
     constants={"expert_gating_func": deepseek_v3.SIGMOID}, renamed=lfm2.GGUF_LFM2.renamed,
     derived=lfm2.GGUF_LFM2.derived, exported=lfm2.GGUF_LFM2.exported, head_dim_stated=False,
     stated=lfm2.GGUF_LFM2.stated, refused=lfm2.GGUF_LFM2.refused,
-    table=TensorTable((*lfm2.GGUF_LFM2.tensors.rules, *MOE_RULES,
+    # no `output`: gguf's lfm2moe lists none (its converter writes tied models only)
+    table=TensorTable((*(r for r in lfm2.GGUF_LFM2.tensors.rules if r.stored != "output.weight"), *MOE_RULES,
                        Rule("blk.{}.exp_probs_b.bias", "layers.{}.mlp.router.selection_bias"))))
 
 FAMILY = Family("lfm2_moe", ("lfm2_moe",), "Lfm2MoeForCausalLM", TENSORS, CONFIG, gguf=(GGUF_LFM2MOE,),

@@ -1,0 +1,70 @@
+"""The parts of the quantization table (`quantized.py`) that each scheme module (fp8.py, mxfp4.py)
+fills in: what a scheme is, what a checkpoint's recipe holds, and the checks they share."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from .errors import InputError
+from .source import TensorReader
+
+if TYPE_CHECKING:
+    import torch
+
+
+@dataclass(frozen=True)
+class Scheme:
+    """One way of storing a quantized weight. `parts`: role -> suffix of the stored tensor beside the
+    weight's name ("" is the weight's own name); `anchor` is the role whose presence makes a weight
+    quantized. `check(reader, weight, parts, settings)` refuses, from the headers only, parts that
+    do not fit together and returns the weight's shape; `dequantize({role: tensor}, settings)` is
+    the float32 weight, as transformers computes it on CPU; `finite` are the roles read as scales
+    that must be finite (`finite_check` per role: the tensor -> whether every value is usable)."""
+
+    name: str
+    parts: dict[str, str]
+    anchor: str
+    check: Callable[[TensorReader, str, dict[str, str], dict[str, Any]], tuple[int, ...]]
+    dequantize: Callable[[dict[str, torch.Tensor], dict[str, Any]], torch.Tensor]
+    stored_type: Callable[[dict[str, Any]], str]
+    finite: dict[str, Callable[[torch.Tensor], bool]] = field(default_factory=dict)
+    # a stored tensor of one of these dtypes without the anchor beside it is a part without its scale
+    quantized_dtypes: tuple[str, ...] = ()
+
+    def part_name(self, weight: str, role: str) -> str:
+        return weight + self.parts[role]
+
+
+@dataclass(frozen=True)
+class Recipe:
+    """A checkpoint's quantization: its scheme, the settings the scheme reads, and config.json's
+    quantization_config as it is (kept verbatim, so that an export writes it back unchanged)."""
+
+    method: str
+    scheme: Scheme
+    settings: dict[str, Any]
+    config: dict[str, Any]
+    # transformers 5.25 loads it dequantized on CPU (the reference of verify); False: it cannot, and
+    # verify's reference is our own dequantized weights run by transformers (formats/source.py)
+    transformers_loads: bool = True
+
+
+def check_options(where: str, quant: dict[str, Any], options: Mapping[str, tuple[Any, ...]],
+                  ignored: Iterable[str]) -> None:
+    """Every key of quantization_config is an option handled (with a value handled) or one that does
+    not change the stored weights."""
+    ignored = set(ignored)
+    for key, value in quant.items():
+        if key not in options and key not in ignored:
+            raise InputError(f"{where}.{key} is an option lmconvert does not handle; convert an unquantized copy")
+        if key in options and value not in options[key]:
+            handled = ", ".join(repr(v) for v in options[key])
+            raise InputError(f"{where}.{key} {value!r} is not handled (only {handled}); convert an unquantized copy")
+
+
+def finite_float(t: torch.Tensor) -> bool:
+    import torch
+
+    return bool(torch.isfinite(t).all())

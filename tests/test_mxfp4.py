@@ -1,0 +1,140 @@
+"""MXFP4 as gpt-oss ships its experts (`*_blocks`, `*_scales`, `quant_method: "mxfp4"`): read and
+dequantized exactly as transformers 5.25 dequantizes on CPU, checked against its own
+`convert_moe_packed_tensors` and against transformers loading the MXFP4 files with
+`Mxfp4Config(dequantize=True)`.
+
+The tiny checkpoint is packed by hand in the published layout (transformers packs MXFP4 only with
+triton kernels, on a GPU): each expert's rows in groups of 32 values along the input dimension,
+each group a shared E8M0 exponent and 32 E2M1 nibbles, the low nibble first, with
+openai/gpt-oss-20b's quantization_config."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from family_specs import SPECS
+from hf_models import build_model, save_checkpoint
+from safetensors.torch import load_file, save_file
+from test_cli import run
+from test_fp8 import SEQ_LEN, edited, one_line_refusal
+from transformers.integrations.mxfp4 import FP4_VALUES, convert_moe_packed_tensors
+
+from lmconvert.formats.checkpoint import open_checkpoint
+from lmconvert.verify.run import verify
+
+GPT_OSS_20B_QUANTIZATION = {"modules_to_not_convert": ["model.layers.*.self_attn", "model.layers.*.mlp.router",
+                                                       "model.embed_tokens", "lm_head"], "quant_method": "mxfp4"}
+
+
+def pack(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """[experts, in, out] (transformers' fused layout) -> blocks [experts, out, in / 32, 16] and scales
+    [experts, out, in / 32]: per group of 32 inputs, the exponent that brings its largest magnitude
+    within E2M1's 6, each value rounded to the nearest E2M1 value."""
+    rows = weight.transpose(1, 2).to(torch.float32)  # [experts, out, in]
+    experts, out, width = rows.shape
+    groups = rows.reshape(experts, out, width // 32, 32)
+    largest = groups.abs().amax(-1).clamp(min=2.0 ** -120)
+    exponent = torch.ceil(torch.log2(largest / 6.0)).to(torch.int32)
+    scaled = groups / torch.ldexp(torch.ones(exponent.shape), exponent).unsqueeze(-1)
+    table = torch.tensor(FP4_VALUES)
+    codes = (scaled.unsqueeze(-1) - table).abs().argmin(-1).to(torch.uint8)  # nearest, +0 before -0
+    blocks = codes[..., 0::2] | (codes[..., 1::2] << 4)
+    return blocks.contiguous(), (exponent + 127).to(torch.uint8)
+
+
+def mxfp4_copy(src: Path, dst: Path) -> Path:
+    out: dict[str, torch.Tensor] = {}
+    for name, tensor in load_file(src / "model.safetensors").items():
+        if name.endswith(("experts.gate_up_proj", "experts.down_proj")):
+            out[name + "_blocks"], out[name + "_scales"] = pack(tensor)
+        else:
+            out[name] = tensor
+    dst.mkdir()
+    save_file(out, dst / "model.safetensors", metadata={"format": "pt"})
+    config = json.loads((src / "config.json").read_text())
+    config["quantization_config"] = GPT_OSS_20B_QUANTIZATION
+    (dst / "config.json").write_text(json.dumps(config))
+    for side in src.iterdir():
+        if side.name not in ("config.json", "model.safetensors"):
+            shutil.copy(side, dst / side.name)
+    return dst
+
+
+@pytest.fixture(scope="module")
+def mxfp4(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    root = tmp_path_factory.mktemp("mxfp4")
+    plain = save_checkpoint(build_model("gpt_oss", **{**SPECS["gpt_oss"].kwargs, "hidden_size": 64,
+                                                      "intermediate_size": 96}),
+                            root / "plain", torch.bfloat16, save_original_format=True)
+    return mxfp4_copy(plain, root / "mxfp4")
+
+
+def test_the_copy_is_gpt_oss_published_layout(mxfp4: Path) -> None:
+    tensors = load_file(mxfp4 / "model.safetensors")
+    assert tensors["model.layers.0.mlp.experts.gate_up_proj_blocks"].shape == (4, 192, 2, 16)
+    assert tensors["model.layers.0.mlp.experts.down_proj_scales"].shape == (4, 64, 3)
+    assert "model.layers.0.mlp.experts.gate_up_proj" not in tensors
+
+
+def test_dequantized_as_transformers_convert_moe_packed_tensors(mxfp4: Path) -> None:
+    stored = load_file(mxfp4 / "model.safetensors")
+    with open_checkpoint(mxfp4) as checkpoint:
+        tensors = checkpoint.source.tensors
+        names = [n for n in tensors.names() if n.endswith(("gate_up_proj", "down_proj"))]
+        assert len(names) == 4
+        for name in names:
+            for dtype in (torch.float32, torch.bfloat16):
+                ref = convert_moe_packed_tensors(stored[name + "_blocks"], stored[name + "_scales"], dtype=dtype)
+                assert torch.equal(tensors.get(name).to(dtype), ref), name
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_verify_against_transformers_loading_mxfp4(mxfp4: Path, dtype: str) -> None:
+    """fp32: 0 at every point; bf16: logits bit for bit (gpt-oss's bf16 points are not all 0 for a float
+    checkpoint either)."""
+    report = verify(mxfp4, seq_len=SEQ_LEN, generate=4, dtype=dtype)
+    assert report.passed and report.logits["max_abs"] == 0.0, report.logits
+    assert dtype == "bfloat16" or all(p.max_abs == 0.0 for p in report.points)
+
+
+def test_convert_dequantizes_and_keeping_is_refused_by_name(mxfp4: Path, tmp_path: Path) -> None:
+    """gpt-oss's canonical experts are split per expert and transposed, so the packed experts cannot
+    be kept as they are yet: refused in one line; --dtype dequantizes."""
+    err = one_line_refusal(mxfp4, tmp_path / "out")
+    assert "is quantized, and family gpt_oss's table transforms it" in err and "--dtype bfloat16" in err
+    code, _, err = run("convert", mxfp4, tmp_path / "bf16", "--dtype", "bfloat16")
+    assert code == 0, err
+    report = verify(tmp_path / "bf16", seq_len=SEQ_LEN, generate=4, dtype="bfloat16")
+    assert report.passed and report.logits["max_abs"] == 0.0
+
+
+GU = "model.layers.0.mlp.experts.gate_up_proj"
+
+
+def _nan(t: dict[str, torch.Tensor]) -> None:
+    t[GU + "_scales"][1, 2, 0] = 255
+
+
+@pytest.mark.parametrize(("config", "tensors", "said"), [
+    (lambda q: q.update(swizzle=True), None, "quantization_config.swizzle is an option lmconvert does not handle"),
+    (None, _nan, "holds NaN or Inf scales"),
+    (None, lambda t: t.update({GU + "_scales": torch.zeros(4, 192, 3, dtype=torch.uint8)}),
+     "needs one exponent per group: [4, 192, 2]"),
+    (None, lambda t: t.update({GU + "_blocks": torch.zeros(4, 192, 1, 32, dtype=torch.uint8),
+                               GU + "_scales": torch.zeros(4, 192, 1, dtype=torch.uint8)}),
+     "not [experts, rows, groups, 16]"),
+    (None, lambda t: t.update({GU + "_blocks": torch.zeros(4, 192, 3, 16, dtype=torch.uint8),
+                               GU + "_scales": torch.zeros(4, 192, 3, dtype=torch.uint8)}),
+     "but config.json implies"),
+    (None, lambda t: t.pop(GU + "_blocks"), "has no 'model.layers.0.mlp.experts.gate_up_proj_blocks' beside it"),
+    (None, lambda t: t.update({GU + "_scales": t[GU + "_scales"].to(torch.float32)}), "is float32; MXFP4 blocks"),
+], ids=["option", "nan", "scale-shape", "group-size", "claimed-shape", "no-blocks", "float-scales"])
+def test_hostile_mxfp4_is_one_line(mxfp4: Path, tmp_path: Path, config: Any, tensors: Any, said: str) -> None:
+    src = edited(mxfp4, tmp_path / "src", config=config, tensors=tensors)
+    err = one_line_refusal(src, tmp_path / "out", "--dtype", "bfloat16")
+    assert said in err, err
