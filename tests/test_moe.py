@@ -21,6 +21,7 @@ import torch
 import torch.nn.functional as F
 from family_specs import FP32_TOL, IDS, SPECS, family_of
 from hf_models import TINY, build_model, raw_bytes, save_checkpoint, tensors_of
+from specs import SELECTION_BIAS_BUFFERS
 from test_formats_gguf import write_tensors
 from transformers import AutoConfig, AutoModelForCausalLM
 
@@ -55,7 +56,7 @@ def test_the_moe_families_are_these() -> None:
         if any(".experts." in n for n, _ in model.named_parameters()):
             with_experts.append(name)
         if SPECS[name].selection_bias_buffer:
-            assert any(n.endswith("e_score_correction_bias") for n, _ in model.named_buffers()), name
+            assert any(n.endswith(SELECTION_BIAS_BUFFERS) for n, _ in model.named_buffers()), name
     assert len(MOE_FAMILIES) >= 2 and MOE_FAMILIES == with_experts
     assert [n for n in SPECS if SPECS[n].selection_bias_buffer]  # the buffer tests below have a family
 
@@ -608,7 +609,7 @@ def test_card_counts_total_and_active_parameters(name: str, saved: Callable[...,
     theirs = build_model(spec.model_type, **spec.kwargs)
     # with the selection bias (e_score_correction_bias), which transformers holds as a buffer
     total = sum(p.numel() for p in theirs.parameters()) + sum(
-        b.numel() for n, b in theirs.named_buffers() if n.endswith("e_score_correction_bias"))
+        b.numel() for n, b in theirs.named_buffers() if n.endswith(SELECTION_BIAS_BUFFERS))
     cfg = lmconvert.load(saved(name)).cfg
     k, n = cfg.moe.top_k, cfg.moe.n_experts  # transformers' keys for them differ by family (Aria's moe_topk)
     # the modules holding every expert's weights (MixtralExperts, DbrxExperts, JetMoE's parallel experts of its
@@ -797,7 +798,7 @@ def deepseek(tmp_path_factory: pytest.TempPathFactory) -> Callable[..., Path]:
             generator = torch.Generator().manual_seed(2)
             with torch.no_grad():  # a buffer, which build_model's perturbation of parameters leaves at 0
                 for buffer_name, buffer in model.named_buffers():
-                    if buffer_name.endswith("e_score_correction_bias"):
+                    if buffer_name.endswith(SELECTION_BIAS_BUFFERS):
                         buffer.add_(torch.randn(buffer.shape, generator=generator) * 0.1)
             directory = tmp_path_factory.mktemp(f"{name}-{'fused' if fused else 'hub'}")
             made[name, dtype, fused] = save_checkpoint(model, directory, dtype, save_original_format=not fused)
@@ -1241,7 +1242,7 @@ def biased(tmp_path_factory: pytest.TempPathFactory) -> Callable[..., Path]:
             model = build_model(SPECS[name].model_type, **SPECS[name].kwargs)
             generator = torch.Generator().manual_seed(3)
             with torch.no_grad():
-                buffers = [b for n, b in model.named_buffers() if n.endswith("e_score_correction_bias")]
+                buffers = [b for n, b in model.named_buffers() if n.endswith(SELECTION_BIAS_BUFFERS)]
                 assert buffers
                 for buffer in buffers:
                     buffer.add_(torch.randn(buffer.shape, generator=generator) * 0.1)

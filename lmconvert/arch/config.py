@@ -46,9 +46,9 @@ DTYPE_ORDERS = ("cast_then_scale", "scale_then_cast")
 PARALLEL_SUMS = ("h+attn+mlp", "mlp+attn+h", "attn+mlp+h")  # left to right: the order a parallel block adds
 ALIBI_KINDS = ("distance", "bloom", "mpt", "falcon")  # how ALiBi is built and added: see positions.ALIBI_KINDS
 ROUTERS = ("softmax", "sigmoid", "sparsemixer", "topk_softmax", "topk_sigmoid", "sigmoid_fp32", "logits",
-           "topk_sigmoid_fp32", "sigmoid_fp32_sorted")
+           "topk_sigmoid_fp32", "sigmoid_fp32_sorted", "sigmoid_sorted")
 # the routers that take a selection bias
-BIASED_ROUTERS = ("softmax", "sigmoid", "sigmoid_fp32", "logits", "sigmoid_fp32_sorted")
+BIASED_ROUTERS = ("softmax", "sigmoid", "sigmoid_fp32", "logits", "sigmoid_fp32_sorted", "sigmoid_sorted")
 GROUPED_ROUTERS = ("softmax", "sigmoid")  # the routers that limit the choice to groups (n_group > 1)
 KEPT_FP32 = ("weight", "selection_bias")  # router parameters a model may keep in fp32 (MoeConfig.kept_fp32)
 SHARED_EXPERTS = ("none", "gated", "plain", "averaged")
@@ -235,6 +235,8 @@ class MoeConfig:
     (Aria's router, DBRX's). `norm_p`: the chosen weights are divided by their p-norm (DBRX's
     moe_normalize_expert_weights) instead of their sum.
 
+    `router="sigmoid_sorted"`: sigmoid scores in the activation dtype, a sorted top-k on them plus the
+    selection bias, renormalised by their sum plus 1e-6 (LFM2-MoE's `Lfm2MoeTopKRouter`).
     `router="topk_sigmoid_fp32"`: the top-k chosen on the logits, every other logit set to -inf, the
     sigmoid of them all taken in fp32 and cast to the activation dtype (Llama 4's `Llama4Router`).
     `weight_input`: each routed expert's input is multiplied by its router weight, not its output

@@ -85,7 +85,8 @@ ROUTER_NAMES = {"softmax": "softmax then top-k", "sigmoid": "sigmoid then top-k"
                 "topk_sigmoid": "top-k on logits then their sigmoids",
                 "sigmoid_fp32": "sigmoid in fp32 then top-k", "logits": "top-k on logits, then sigmoid",
                 "topk_sigmoid_fp32": "top-k on logits then their sigmoids in fp32",
-                "sigmoid_fp32_sorted": "sigmoid in fp32 then sorted top-k"}
+                "sigmoid_fp32_sorted": "sigmoid in fp32 then sorted top-k",
+                "sigmoid_sorted": "sigmoid then sorted top-k (sum guarded by 1e-6)"}
 SHARED_NAMES = {"gated": "one shared expert, sigmoid-gated", "plain": "shared experts, ungated",
                 "averaged": "shared experts, averaged with the routed experts' sum"}
 
@@ -165,6 +166,10 @@ def _runs(layers: list[int]) -> str:
     return ", ".join(str(r[0]) if len(r) == 1 else f"{r[0]}-{r[-1]}" for r in runs)
 
 
+def _layers(layers: list[int]) -> str:
+    return f"{len(layers)} layer{'s' * (len(layers) != 1)}"
+
+
 def schedule(cfg: ArchConfig) -> list[str]:
     """Which layers attention, the mixer or nothing mixes, which have an FFN, and the state each
     keeps; nothing for a stack of attention-and-FFN layers."""
@@ -183,11 +188,11 @@ def schedule(cfg: ArchConfig) -> list[str]:
     attention, mixers = cfg.layers_mixed_by("attention"), cfg.layers_mixed_by("mixer")
     state = []
     if attention:
-        state.append(f"{cfg.kv_cache_bytes_per_token(1):,} entries per token (KV cache, {len(attention)} attention "
-                     "layers)")
+        state.append(f"{cfg.kv_cache_bytes_per_token(1):,} entries per token (KV cache, {_layers(attention)} of "
+                     "attention)")
     if mixers:
-        state.append(f"{cfg.state_bytes_per_sequence(1):,} entries per sequence, whatever its length ({len(mixers)} "
-                     f"{cfg.mixer} layers)")
+        state.append(f"{cfg.state_bytes_per_sequence(1):,} entries per sequence, whatever its length "
+                     f"({_layers(mixers)} of {cfg.mixer})")
     lines.append(f"decoding state: {' + '.join(state)}")
     return lines
 

@@ -80,16 +80,17 @@ def _softmax(router: Router, logits: torch.Tensor) -> tuple[torch.Tensor, torch.
     return torch.topk(probs, router.moe.top_k, dim=-1, sorted=router.moe.n_group == 1)
 
 
-def _sigmoid(router: Router, logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def _sigmoid(router: Router, logits: torch.Tensor, ordered: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
     """DeepSeek-V3: experts chosen on sigmoid scores plus the selection bias, within the groups
-    whose best two such scores sum highest; weighted by the unbiased scores."""
+    whose best two such scores sum highest; weighted by the unbiased scores. `ordered` (LFM2-MoE's
+    `Lfm2MoeTopKRouter`, no groups): a sorted top-k, the order each token's experts are summed in."""
     moe = router.moe
     scores = logits.sigmoid()
     choice = scores if router.selection_bias is None else scores + router.selection_bias
     if moe.n_group > 1:
         groups = choice.view(-1, moe.n_group, moe.n_experts // moe.n_group).topk(2, dim=-1)[0].sum(dim=-1)
         choice = choice.masked_fill(~_group_mask(moe, groups), float("-inf"))
-    chosen = torch.topk(choice, moe.top_k, dim=-1, sorted=False)[1]
+    chosen = torch.topk(choice, moe.top_k, dim=-1, sorted=ordered)[1]
     return scores.gather(1, chosen), chosen
 
 
@@ -169,10 +170,13 @@ def _logits(router: Router, logits: torch.Tensor) -> tuple[torch.Tensor, torch.T
 
 SCORES = {"softmax": _softmax, "sigmoid": _sigmoid, "sparsemixer": _sparsemixer, "topk_softmax": _topk_softmax,
           "topk_sigmoid": _topk_sigmoid, "sigmoid_fp32": _sigmoid_fp32, "logits": _logits,
-          "topk_sigmoid_fp32": _topk_sigmoid_fp32, "sigmoid_fp32_sorted": partial(_sigmoid_fp32, ordered=True)}
-# DeepSeek-V3 and AFMoE guard their renormalisation; the others do not (SparseMixer does not renormalise)
+          "topk_sigmoid_fp32": _topk_sigmoid_fp32, "sigmoid_fp32_sorted": partial(_sigmoid_fp32, ordered=True),
+          "sigmoid_sorted": partial(_sigmoid, ordered=True)}
+# DeepSeek-V3 and AFMoE guard their renormalisation, LFM2-MoE by 1e-6; the others do not (SparseMixer does not
+# renormalise)
 EPS = {"softmax": 0.0, "sigmoid": 1e-20, "sparsemixer": 0.0, "topk_softmax": 0.0, "topk_sigmoid": 0.0,
-       "sigmoid_fp32": 0.0, "logits": 0.0, "topk_sigmoid_fp32": 0.0, "sigmoid_fp32_sorted": 1e-20}
+       "sigmoid_fp32": 0.0, "logits": 0.0, "topk_sigmoid_fp32": 0.0, "sigmoid_fp32_sorted": 1e-20,
+       "sigmoid_sorted": 1e-6}
 
 
 def _halves(expert: Expert, gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:

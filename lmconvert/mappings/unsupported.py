@@ -44,7 +44,7 @@ NEEDS: dict[str, tuple[str, ...]] = {
     "inkling2_text": ("conv", "exotic", "sinks", "gated-attn", "moe-ext"),
     "inkling_text": ("conv", "exotic", "geometry", "temperature", "moe-ext"), "jamba": ("ssm",),
     "kimi_linear": ("linear", "mla-ext"), "laguna": ("geometry", "gated-attn", "router"),
-    "lara_mini": ("linear",), "lfm2_moe": ("conv",), "lfm3": ("conv", "gated-attn"),
+    "lara_mini": ("linear",), "lfm3": ("conv", "gated-attn"),
     "longcat_flash": ("moe-ext", "router"),
     "mamba": ("ssm",), "mamba2": ("ssm",), "mimo_v2_flash": ("sinks", "geometry"), "minimax": ("linear",),
     "minimax_m3_vl_text": ("sparse", "moe-ext"), "nemotron_h": ("ssm", "moe-ext"), "olmo_hybrid": ("linear",),

@@ -14,6 +14,8 @@ WINDOW = 4
 SEQ = 28  # seven windows long
 ATTN_CAP, FINAL_CAP = 2.0, 3.0
 S, F = "sliding_attention", "full_attention"
+# transformers' names of a selection bias held as a buffer (a spec's `selection_bias_buffer`): DeepSeek-V3's, LFM2-MoE's
+SELECTION_BIAS_BUFFERS = ("e_score_correction_bias", "expert_bias")
 LLAMA3 = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
           "original_max_position_embeddings": 32}
 YARN = {"factor": 4.0, "original_max_position_embeddings": 32}
