@@ -46,13 +46,13 @@ DTYPE_ORDERS = ("cast_then_scale", "scale_then_cast")
 PARALLEL_SUMS = ("h+attn+mlp", "mlp+attn+h", "attn+mlp+h")  # left to right: the order a parallel block adds
 ALIBI_KINDS = ("distance", "bloom", "mpt", "falcon")  # how ALiBi is built and added: see positions.ALIBI_KINDS
 ROUTERS = ("softmax", "sigmoid", "sparsemixer", "topk_softmax", "topk_sigmoid", "sigmoid_fp32", "logits",
-           "topk_sigmoid_fp32", "sigmoid_fp32_sorted")
+           "topk_sigmoid_fp32", "sigmoid_fp32_sorted", "sigmoid_sorted")
 # the routers that take a selection bias
-BIASED_ROUTERS = ("softmax", "sigmoid", "sigmoid_fp32", "logits", "sigmoid_fp32_sorted")
+BIASED_ROUTERS = ("softmax", "sigmoid", "sigmoid_fp32", "logits", "sigmoid_fp32_sorted", "sigmoid_sorted")
 GROUPED_ROUTERS = ("softmax", "sigmoid")  # the routers that limit the choice to groups (n_group > 1)
 KEPT_FP32 = ("weight", "selection_bias")  # router parameters a model may keep in fp32 (MoeConfig.kept_fp32)
 SHARED_EXPERTS = ("none", "gated", "plain", "averaged")
-SUM_ORDERS = ("grouped_mm", "eager")  # arch/moe.py's SUMS
+SUM_ORDERS = ("grouped_mm", "eager", "sorted")  # arch/moe.py's SUMS
 GLUS = ("halves", "clamped_swiglu")  # arch/moe.py's GLUS: how a routed expert gates its gate and up outputs
 # how ArchConfig.attn_temperature scales a query at position p (arch/context.py's query_temperature), and on
 # which layers (arch/attention.py)
@@ -235,6 +235,8 @@ class MoeConfig:
     (Aria's router, DBRX's). `norm_p`: the chosen weights are divided by their p-norm (DBRX's
     moe_normalize_expert_weights) instead of their sum.
 
+    `router="sigmoid_sorted"`: sigmoid scores in the activation dtype, a sorted top-k on them plus the
+    selection bias, renormalised by their sum plus 1e-6 (LFM2-MoE's `Lfm2MoeTopKRouter`).
     `router="topk_sigmoid_fp32"`: the top-k chosen on the logits, every other logit set to -inf, the
     sigmoid of them all taken in fp32 and cast to the activation dtype (Llama 4's `Llama4Router`).
     `weight_input`: each routed expert's input is multiplied by its router weight, not its output
@@ -269,7 +271,8 @@ class MoeConfig:
     experts_split: bool = False
     # how the reference sums the routed experts' weighted outputs unless told otherwise (Decoder.set_experts):
     # "grouped_mm", transformers' default (each token's top-k at once, in fp32), or "eager" (expert by expert,
-    # index_add_ in the activation dtype) where its experts module has no other (DBRX)
+    # index_add_ in the activation dtype) where its experts module has no other (DBRX), or "sorted" (JetMoE's: the
+    # (token, slot) rows sorted by expert, each expert one matmul, all added by one index_add, in fp32 on CPU)
     sum_order: str = "grouped_mm"
     # the renormalisation divides by the chosen weights' sum clamped below at norm_min (ERNIE 4.5's
     # moe_norm_min), not by the sum plus the router's guard; 0: the guard
@@ -292,10 +295,12 @@ class MoeConfig:
     glu_alpha: float | None = None  # set exactly when glu="clamped_swiglu" (gpt-oss's swiglu_alpha)
     glu_limit: float | None = None  # set exactly when glu="clamped_swiglu" (gpt-oss's swiglu_limit)
     weight_input: bool = False  # the router weight multiplies each routed expert's input, not its output (Llama 4)
+    sum_bias: bool = False  # a learned bias [d_model] added to the routed experts' weighted sum (JetMoE's MoE bias)
 
     def __post_init__(self) -> None:
-        if not isinstance(self.weight_input, bool):
-            _fail("moe", "weight_input", self.weight_input, "must be true or false")
+        for name in ("weight_input", "sum_bias"):
+            if not isinstance(getattr(self, name), bool):
+                _fail("moe", name, getattr(self, name), "must be true or false")
         if self.weight_input and self.weights_fp32:
             _fail("moe", "weight_input", True, "weights the input in the activation dtype; needs weights_fp32=False")
         for name in ("n_experts", "top_k", "d_expert", "n_group", "topk_group"):
@@ -945,7 +950,7 @@ UNSTATED_WHEN_UNSET: dict[str, Any] = {"attn_sinks": False, "sink_form": "column
                                        "attn_output_gate": "none", "mixer": None, "mixer_settings": None,
                                        "mixer_norm_placement": None}
 ROPE_UNSTATED_WHEN_UNSET: dict[str, Any] = {"alpha": None, "reverse": False}
-MOE_UNSTATED_WHEN_UNSET: dict[str, Any] = {"weight_input": False}
+MOE_UNSTATED_WHEN_UNSET: dict[str, Any] = {"weight_input": False, "sum_bias": False}
 
 
 def _sub(kind: type, value: Any, name: str) -> Any:

@@ -86,6 +86,8 @@ def _ffn(cfg: ArchConfig, layer: int, name: str) -> Shapes:
     shapes = LinearPart(cfg.d_model, moe.n_experts, moe.router_bias).shapes(f"{name}.router")
     if moe.selection_bias:
         shapes[f"{name}.router.selection_bias"] = (moe.n_experts,)
+    if moe.sum_bias:  # the experts module's own tensor, before its experts'
+        shapes[f"{name}.experts.bias"] = (cfg.d_model,)
     for e in range(moe.n_experts):
         shapes.update(_mlp(cfg, f"{name}.experts.{e}", moe.d_expert, moe.expert_bias))
     if moe.d_shared is not None:
