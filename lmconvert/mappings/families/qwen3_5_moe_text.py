@@ -34,6 +34,9 @@ CONFIG = qwen3_5_text.CONFIG.but(
 NOTES = {"qwen3_5_moe": "Qwen3_5MoeForConditionalGeneration (model_type qwen3_5_moe): only the text decoder is "
                         "read; the vision tower and its patch merger are left out"}
 
+NO_GGUF = ("lmconvert does not write llama.cpp's qwen35moe architecture yet: as qwen35's (gated delta-net "
+           "tensors, recurrent-layer schedule, MRoPE sections, 1 + w norms), with its experts")
+
 FAMILY = Family("qwen3_5_moe_text", ("qwen3_5_moe_text", "qwen3_5_moe"), "Qwen3_5MoeForCausalLM",
                 wrapped(TENSORS, "visual", legacy=False), CONFIG, notes=NOTES,
-                reference_layouts=qwen3_next.REFERENCE_LAYOUTS)
+                no_gguf=NO_GGUF, reference_layouts=qwen3_next.REFERENCE_LAYOUTS)

@@ -33,6 +33,11 @@ CONFIG = qwen3_next.CONFIG.but(
 NOTES = {"qwen3_5": "Qwen3_5ForConditionalGeneration (model_type qwen3_5): only the text decoder is read; the "
                     "vision tower and its patch merger are left out"}
 
+NO_GGUF = ("lmconvert does not write llama.cpp's qwen35 architecture yet: its gated delta-net tensors (value "
+           "heads reordered from grouped to tiled, ssm_a as -exp(A_log), the squeezed conv), recurrent-layer "
+           "schedule, MRoPE sections and norms stored as 1 + w are not mapped to llama.cpp's metadata and "
+           "tensors")
+
 FAMILY = Family("qwen3_5_text", ("qwen3_5_text", "qwen3_5"), "Qwen3_5ForCausalLM",
                 wrapped(TENSORS, "visual", legacy=False), CONFIG, notes=NOTES,
-                reference_layouts=qwen3_next.REFERENCE_LAYOUTS)
+                no_gguf=NO_GGUF, reference_layouts=qwen3_next.REFERENCE_LAYOUTS)

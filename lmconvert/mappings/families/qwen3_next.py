@@ -142,5 +142,9 @@ CONFIG = llama.CONFIG.but(
 # q_norm(query.view(B, T, -1, D)), transposed afterwards; q_proj emits each head's query and gate
 REFERENCE_LAYOUTS = {**QK_NORM_PER_HEAD, "attn.q": "B T H*QG"}
 
+NO_GGUF = ("lmconvert does not write llama.cpp's qwen3next architecture yet: its gated delta-net tensors (ssm_a "
+           "as -exp(A_log), dt_proj.bias, the squeezed conv, ssm_ba), recurrent-layer schedule and norms stored "
+           "as 1 + w are not mapped to llama.cpp's metadata and tensors")
+
 FAMILY = Family("qwen3_next", ("qwen3_next",), "Qwen3NextForCausalLM", TENSORS, CONFIG,
-                reference_layouts=REFERENCE_LAYOUTS)
+                no_gguf=NO_GGUF, reference_layouts=REFERENCE_LAYOUTS)
