@@ -24,10 +24,10 @@ from typing import Any
 
 from lmconvert.arch import ArchConfig
 
-from ..errors import MappingError
 from ..family import Family
 from ..tables.config_table import DEFAULT, Entry, fixed
-from ..tables.hf_config import HfConfig, Key, show
+from ..tables.hf_config import HfConfig, Key
+from ..tables.hf_layers import layer_mixers_from_types
 from ..tables.hf_moe import expert_rules, experts
 from ..tables.hf_rope import rope
 from ..tables.points import QK_NORM_PER_HEAD
@@ -84,11 +84,7 @@ def gated_deltanet(keys: tuple[Key, ...], default_types: Callable[[HfConfig, int
     def read(hf: HfConfig, fields: dict[str, Any]) -> dict[str, Any]:
         n = fields["n_layers"]
         types = hf.get("layer_types")
-        types = default_types(hf, n) if types is None else types
-        if len(types) != n or any(not isinstance(t, str) or t not in LAYER_TYPES for t in types):
-            raise MappingError(f"config.json: layer_types={show(types)} should name one of {', '.join(LAYER_TYPES)} "
-                               f"for each of the num_hidden_layers={n} layers")
-        mixers = tuple(LAYER_TYPES[t] for t in types)
+        mixers = layer_mixers_from_types(default_types(hf, n) if types is None else types, n, LAYER_TYPES)
         if "mixer" not in mixers:
             return {}
         return {"mixer": "gated_deltanet", "layer_mixers": mixers, "mixer_settings": settings(hf, fields)}
