@@ -22,8 +22,10 @@ from hf_models import build_model, save_checkpoint
 from safetensors.torch import load_file, save_file
 from test_cli import run
 from test_fp8 import SEQ_LEN, edited, one_line_refusal
+from test_quantized import quantization_config, same_tensors, state
 from transformers.integrations.mxfp4 import FP4_VALUES, convert_moe_packed_tensors
 
+import lmconvert
 from lmconvert.formats.checkpoint import open_checkpoint
 from lmconvert.verify.run import verify
 
@@ -102,15 +104,83 @@ def test_verify_against_transformers_loading_mxfp4(mxfp4: Path, dtype: str) -> N
     assert dtype == "bfloat16" or all(p.max_abs == 0.0 for p in report.points)
 
 
-def test_convert_dequantizes_and_keeping_is_refused_by_name(mxfp4: Path, tmp_path: Path) -> None:
-    """gpt-oss's canonical experts are split per expert and transposed, so the packed experts cannot
-    be kept as they are yet: refused in one line; --dtype dequantizes."""
-    err = one_line_refusal(mxfp4, tmp_path / "out")
-    assert "is quantized, and family gpt_oss's table transforms it" in err and "--dtype bfloat16" in err
+def test_convert_dequantizes_with_dtype(mxfp4: Path, tmp_path: Path) -> None:
     code, _, err = run("convert", mxfp4, tmp_path / "bf16", "--dtype", "bfloat16")
     assert code == 0, err
     report = verify(tmp_path / "bf16", seq_len=SEQ_LEN, generate=4, dtype="bfloat16")
     assert report.passed and report.logits["max_abs"] == 0.0
+
+
+@pytest.fixture(scope="module")
+def kept_mxfp4(mxfp4: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("kept") / "canonical"
+    code, _, err = run("convert", mxfp4, out)
+    assert code == 0, err
+    return out
+
+
+def test_kept_canonical_holds_each_experts_rows_of_the_stored_parts(mxfp4: Path, kept_mxfp4: Path) -> None:
+    """The canonical checkpoint keeps MXFP4 as stored: expert e's gate is rows 0::2 of its fused
+    gate_up blocks and scales, up rows 1::2, down all its rows, each [out, in / 32, 16] and
+    [out, in / 32] (the nn.Linear weight [out, in], its groups along the inputs); the biases and every
+    other tensor as before, and the quantization_config in lmconvert.json."""
+    source, canonical = load_file(mxfp4 / "model.safetensors"), state(kept_mxfp4)
+    meta = json.loads((kept_mxfp4 / "lmconvert.json").read_text())
+    assert meta["quantization"] == GPT_OSS_20B_QUANTIZATION
+    for layer in range(2):
+        fused = f"model.layers.{layer}.mlp.experts."
+        for e in range(4):
+            expert = f"layers.{layer}.mlp.experts.{e}."
+            for part in ("blocks", "scales"):
+                gate_up, down = source[f"{fused}gate_up_proj_{part}"][e], source[f"{fused}down_proj_{part}"][e]
+                assert torch.equal(canonical[f"{expert}gate.weight_{part}"], gate_up[0::2])
+                assert torch.equal(canonical[f"{expert}up.weight_{part}"], gate_up[1::2])
+                assert torch.equal(canonical[f"{expert}down.weight_{part}"], down)
+            assert canonical[f"{expert}gate.weight_blocks"].shape == (96, 2, 16)
+            assert canonical[f"{expert}down.weight_scales"].shape == (64, 3)
+    assert not any(name.endswith(("gate.weight", "up.weight", "down.weight")) and ".experts." in name
+                   for name in canonical)
+
+
+def test_kept_written_back_bit_for_bit(mxfp4: Path, kept_mxfp4: Path, tmp_path: Path) -> None:
+    """`--to hf` from the kept canonical checkpoint, and in one step from the source, writes back the
+    source's tensors (blocks and scales fused again, gate and up rows interleaved) and its
+    quantization_config, bit for bit."""
+    for origin, where in [(kept_mxfp4, "hf"), (mxfp4, "direct")]:
+        code, _, err = run("convert", origin, tmp_path / where, "--to", "hf")
+        assert code == 0, err
+        same_tensors(state(tmp_path / where), load_file(mxfp4 / "model.safetensors"))
+        assert quantization_config(tmp_path / where) == GPT_OSS_20B_QUANTIZATION
+
+
+def test_kept_loads_as_transformers_dequantizes(mxfp4: Path, kept_mxfp4: Path) -> None:
+    """`lmconvert.load` of the kept checkpoint holds exactly the experts transformers'
+    `convert_moe_packed_tensors` gives (in float32 and bfloat16), split as the family splits them."""
+    stored = load_file(mxfp4 / "model.safetensors")
+    for dtype in (torch.float32, torch.bfloat16):
+        ours = dict(lmconvert.load(kept_mxfp4, dtype=dtype).named_parameters())
+        for layer in range(2):
+            fused = f"model.layers.{layer}.mlp.experts."
+            gate_up = convert_moe_packed_tensors(stored[fused + "gate_up_proj_blocks"],
+                                                 stored[fused + "gate_up_proj_scales"], dtype=dtype)
+            down = convert_moe_packed_tensors(stored[fused + "down_proj_blocks"], stored[fused + "down_proj_scales"],
+                                              dtype=dtype)
+            for e in range(4):
+                expert = f"layers.{layer}.mlp.experts.{e}."
+                assert torch.equal(ours[expert + "gate.weight"], gate_up[e, :, 0::2].t())
+                assert torch.equal(ours[expert + "up.weight"], gate_up[e, :, 1::2].t())
+                assert torch.equal(ours[expert + "down.weight"], down[e].t())
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_kept_verifies_against_transformers_loading_mxfp4(kept_mxfp4: Path, dtype: str) -> None:
+    report = verify(kept_mxfp4, seq_len=SEQ_LEN, generate=4, dtype=dtype)
+    assert report.passed and report.logits["max_abs"] == 0.0, report.logits
+    assert dtype == "bfloat16" or all(p.max_abs == 0.0 for p in report.points)
+
+
+def test_kept_needs_dequantizing_for_meta(kept_mxfp4: Path, tmp_path: Path) -> None:
+    assert "--dtype bfloat16" in one_line_refusal(kept_mxfp4, tmp_path / "meta", "--to", "meta")
 
 
 GU = "model.layers.0.mlp.experts.gate_up_proj"
@@ -127,7 +197,7 @@ def _nan(t: dict[str, torch.Tensor]) -> None:
      "needs one exponent per group: [4, 192, 2]"),
     (None, lambda t: t.update({GU + "_blocks": torch.zeros(4, 192, 1, 32, dtype=torch.uint8),
                                GU + "_scales": torch.zeros(4, 192, 1, dtype=torch.uint8)}),
-     "not [experts, rows, groups, 16]"),
+     "not [..., rows, groups, 16]"),
     (None, lambda t: t.update({GU + "_blocks": torch.zeros(4, 192, 3, 16, dtype=torch.uint8),
                                GU + "_scales": torch.zeros(4, 192, 3, dtype=torch.uint8)}),
      "but config.json implies"),

@@ -153,7 +153,7 @@ def dequantize_rows(quantized: torch.Tensor, scales: torch.Tensor) -> torch.Tens
 FBGEMM = Scheme("fbgemm_fp8", parts={"weight": "", "scale": "_scale"}, anchor="scale", check=check_rows,
                 dequantize=lambda t, _: dequantize_rows(t["weight"], t["scale"]),
                 stored_type=lambda _: "float8_e4m3fn, per-row scale", finite={"scale": finite_float},
-                quantized_dtypes=("F8_E4M3",))
+                quantized_dtypes=("F8_E4M3",), own_dims={"weight": 1, "scale": 1})
 
 
 def read_fbgemm(where: str, quant: dict[str, Any]) -> Recipe:
