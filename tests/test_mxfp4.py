@@ -15,6 +15,7 @@ import shutil
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 import torch
 from family_specs import SPECS
@@ -74,6 +75,22 @@ def mxfp4(tmp_path_factory: pytest.TempPathFactory) -> Path:
                                                       "intermediate_size": 96}),
                             root / "plain", torch.bfloat16, save_original_format=True)
     return mxfp4_copy(plain, root / "mxfp4")
+
+
+GGUF_KWARGS = {**SPECS["gpt_oss"].kwargs, **SPECS["gpt_oss"].gguf, "hidden_size": 64, "intermediate_size": 96}
+
+
+@pytest.fixture(scope="module")
+def mxfp4_gguf(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    """An MXFP4 gpt-oss whose config llama.cpp's gpt-oss graph expresses (its SwiGLU and YaRN constants),
+    and its kept canonical checkpoint."""
+    root = tmp_path_factory.mktemp("mxfp4-gguf")
+    plain = save_checkpoint(build_model("gpt_oss", **GGUF_KWARGS), root / "plain", torch.bfloat16,
+                            save_original_format=True)
+    src = mxfp4_copy(plain, root / "mxfp4")
+    code, _, err = run("convert", src, root / "canonical")
+    assert code == 0, err
+    return src, root / "canonical"
 
 
 def test_the_copy_is_gpt_oss_published_layout(mxfp4: Path) -> None:
@@ -208,3 +225,71 @@ def test_hostile_mxfp4_is_one_line(mxfp4: Path, tmp_path: Path, config: Any, ten
     src = edited(mxfp4, tmp_path / "src", config=config, tensors=tensors)
     err = one_line_refusal(src, tmp_path / "out", "--dtype", "bfloat16")
     assert said in err, err
+
+
+def llama_cpp_repacked(blocks: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
+    """llama.cpp's own repacking of gpt-oss's MXFP4 experts (`GptOssModel.transform_nibble_layout` and
+    `repack_mxfp4` in its converter's conversion/gpt_oss.py, copied as written): the bytes its GGUF holds."""
+    t_lo, t_hi = blocks & 0x0F, blocks & 0xF0
+    tensor = (t_lo << 4) | (t_hi >> 4)
+    blk_a, blk_b = tensor.chunk(2, dim=-1)
+    blk_a = torch.stack(((blk_a & 0xF0).reshape(-1, 1), (blk_a << 4).reshape(-1, 1)), dim=2).view(tensor.shape)
+    blk_b = torch.stack(((blk_b >> 4).reshape(-1, 1), (blk_b & 0x0F).reshape(-1, 1)), dim=2).view(tensor.shape)
+    out = blk_a | blk_b
+    out = ((out & 0xF0) >> 4) | ((out & 0x0F) << 4)
+    data = torch.cat((scales.unsqueeze(-1), out), dim=-1)
+    return data.reshape(data.shape[0], data.shape[1], -1)
+
+
+def gguf_tensors(path: Path) -> dict[str, Any]:
+    import gguf
+
+    return {t.name: t for t in gguf.GGUFReader(path).tensors}
+
+
+@pytest.mark.parametrize("origin", ["source", "kept"])
+def test_gguf_mxfp4_keeps_the_expert_blocks_bit_for_bit(mxfp4_gguf: tuple[Path, Path], tmp_path: Path,
+                                                        origin: str) -> None:
+    """`--to gguf --quant mxfp4` from the MXFP4 source (in one step) and from its kept canonical
+    checkpoint writes each expert tensor as the bytes llama.cpp's own converter makes of the source's
+    blocks and scales, and gguf's own MXFP4 dequantizer reads them as transformers dequantizes the
+    source."""
+    import gguf
+
+    mxfp4, kept_mxfp4 = mxfp4_gguf
+    out = tmp_path / "m.gguf"
+    code, _, err = run("convert", mxfp4 if origin == "source" else kept_mxfp4, out, "--quant", "mxfp4")
+    assert code == 0, err
+    stored, written = load_file(mxfp4 / "model.safetensors"), gguf_tensors(out)
+    for layer in range(2):
+        fused = f"model.layers.{layer}.mlp.experts."
+        gate_up = (stored[fused + "gate_up_proj_blocks"], stored[fused + "gate_up_proj_scales"])
+        down = (stored[fused + "down_proj_blocks"], stored[fused + "down_proj_scales"])
+        expected = {"gate": llama_cpp_repacked(gate_up[0][:, 0::2], gate_up[1][:, 0::2]),
+                    "up": llama_cpp_repacked(gate_up[0][:, 1::2], gate_up[1][:, 1::2]),
+                    "down": llama_cpp_repacked(*down)}
+        floats = {"gate": convert_moe_packed_tensors(*gate_up)[..., 0::2], "up": convert_moe_packed_tensors(*gate_up)[
+            ..., 1::2], "down": convert_moe_packed_tensors(*down)}
+        for name, want in expected.items():
+            tensor = written[f"blk.{layer}.ffn_{name}_exps.weight"]
+            assert tensor.tensor_type == gguf.GGMLQuantizationType.MXFP4
+            assert torch.equal(torch.from_numpy(np.array(tensor.data)).reshape(want.shape), want), name
+            values = gguf.quants.dequantize(np.array(tensor.data), gguf.GGMLQuantizationType.MXFP4)
+            assert torch.equal(torch.from_numpy(values), floats[name].transpose(1, 2)), name
+
+
+def test_gguf_from_mxfp4_dequantizes_then_quantizes(mxfp4_gguf: tuple[Path, Path], tmp_path: Path) -> None:
+    """Any other --quant dequantizes the experts, then quantizes them: the file is the one the
+    dequantized (float32) canonical checkpoint gives, tensor for tensor."""
+    mxfp4 = mxfp4_gguf[0]
+    code, _, err = run("convert", mxfp4, tmp_path / "f32", "--dtype", "float32")
+    assert code == 0, err
+    for quant in ("q8_0", "bf16"):
+        for origin, name in [(mxfp4, "direct"), (tmp_path / "f32", "float")]:
+            code, _, err = run("convert", origin, tmp_path / f"{name}-{quant}.gguf", "--quant", quant)
+            assert code == 0, err
+        direct, float_ = gguf_tensors(tmp_path / f"direct-{quant}.gguf"), gguf_tensors(tmp_path / f"float-{quant}.gguf")
+        assert set(direct) == set(float_)
+        for name, tensor in direct.items():
+            assert tensor.tensor_type == float_[name].tensor_type
+            assert np.array_equal(np.array(tensor.data), np.array(float_[name].data)), name

@@ -80,3 +80,17 @@ MXFP4 = Scheme("mxfp4", parts={"blocks": "_blocks", "scales": "_scales"}, anchor
 def read_mxfp4(where: str, quant: dict[str, Any]) -> Recipe:
     check_options(where, quant, {}, IGNORED)
     return Recipe("mxfp4", MXFP4, {}, quant)
+
+
+def ggml_blocks(blocks: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
+    """Blocks [..., rows, groups, 16] and scales [..., rows, groups] as GGML's `block_mxfp4` rows,
+    uint8 [..., rows, groups * 17]: per group its E8M0 byte, then 16 bytes whose byte j holds value
+    j in its low nibble and value j + 16 in its high one (the source holds values 2j and 2j + 1).
+    Only bits move: GGML's E2M1 table is the same codes doubled and its scale the same exponent
+    halved (`ggml_e8m0_to_fp32_half`), as llama.cpp's converter repacks gpt-oss
+    (`ModelBase.repack_mxfp4_blocks` in convert_hf_to_gguf.py's conversion/base.py)."""
+    import torch
+
+    values = torch.stack((blocks & 0x0F, blocks >> 4), dim=-1).reshape(*blocks.shape[:-1], 2 * GROUP_BYTES)
+    codes = values[..., :GROUP_BYTES] | (values[..., GROUP_BYTES:] << 4)
+    return torch.cat((scales.unsqueeze(-1), codes), dim=-1).reshape(*blocks.shape[:-2], -1)

@@ -20,6 +20,7 @@ scales are checked for NaN/Inf (or a NaN exponent) when they are read, before an
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -28,7 +29,7 @@ from lmconvert.mappings.tables.transforms import IDENTITY
 from . import fp8, mxfp4
 from .dtypes import DTYPES
 from .errors import InputError
-from .quant_scheme import QuantizedWeight, Recipe
+from .quant_scheme import QuantizedWeight, Recipe, Scheme
 from .source import Loadable, TensorReader, dtype_name
 
 IDENTITY_FN = IDENTITY.forward  # a renaming's function, both ways
@@ -351,28 +352,52 @@ def kept(reader: TensorReader, items: Iterable[Item], direction: str, stored_lay
     `stored_layout`: the output is the format's own layout (a transposed scheme's weights
     transposed), not a canonical checkpoint. A transform that cannot act on parts, or that leaves
     a weight transposed where the output cannot hold it, is refused: `refusal(name)` says so."""
+    read, grouped = kept_weights(reader, items, direction, stored_layout, refusal)
+    out: list[tuple[str, Any, Callable[..., Any]]] = []
+    for one in grouped:
+        if isinstance(one, KeptWeight):
+            out += [(one.scheme.part_name(one.name, role), key, IDENTITY_FN) for role, key in one.parts.items()]
+        else:
+            out.append(one)
+    return read, out
+
+
+@dataclass(frozen=True)
+class KeptWeight:
+    """One quantized weight of a conversion keeping them: output `name`, its `scheme`, and each
+    part's name in `kept`'s reader (role -> name)."""
+
+    name: str
+    scheme: Scheme
+    parts: dict[str, str]
+
+
+def kept_weights(reader: TensorReader, items: Iterable[Item], direction: str, stored_layout: bool,
+                 refusal: Callable[[str], str], keep: Callable[[Scheme], bool] = lambda _: True,
+                 ) -> tuple[TensorReader, list[tuple[str, Any, Callable[..., Any]] | KeptWeight]]:
+    """`kept`, each quantized weight one `KeptWeight` (the parts together) rather than one item per
+    part; `keep(scheme)` False: that weight is an ordinary item, dequantized when read."""
     parts_of = getattr(reader, "quantized_parts", None)
     if parts_of is None:
         return reader, [(name, src, getattr(t, direction)) for name, src, t in items]
     raw: dict[str, tuple[TensorReader, str, str]] = {}
     moved: dict[str, Moved] = {}
-    out: list[tuple[str, Any, Callable[..., Any]]] = []
+    out: list[tuple[str, Any, Callable[..., Any]] | KeptWeight] = []
     for name, src, t in items:
         sources = list(src) if isinstance(src, tuple) else [src]
         found = [parts_of(one) for one in sources]
-        if all(f is None for f in found):
+        if all(f is None for f in found) or not keep(next(f for f in found if f is not None).scheme):
             out.append((name, src, getattr(t, direction)))
             continue
         if any(f is None for f in found):
             raise InputError(refusal(sources[0]))
         weights: list[QuantizedWeight] = found  # type: ignore[assignment]
+        scheme = weights[0].scheme
         renamed = getattr(t, direction) is IDENTITY_FN and len(weights) == 1 and weights[0].move is None
-        if renamed and weights[0].transposed == (stored_layout and weights[0].scheme.transposed):
-            stored, parts, scheme = weights[0].reader, weights[0].parts, weights[0].scheme
-            for role, part in parts.items():
-                key = "\0" + scheme.part_name(src, role)  # never a stored name
-                raw[key] = (stored, part, src)  # a canonical source's `part` is its key without the \0
-                out.append((scheme.part_name(name, role), key, IDENTITY_FN))
+        if renamed and weights[0].transposed == (stored_layout and scheme.transposed):
+            for role, part in weights[0].parts.items():
+                raw["\0" + scheme.part_name(src, role)] = (weights[0].reader, part, src)  # never a stored name
+            out.append(KeptWeight(name, scheme, {role: "\0" + scheme.part_name(src, role) for role in scheme.parts}))
             continue
         move = getattr(t, "packed_" + direction)
         joins = isinstance(src, tuple)
@@ -381,9 +406,8 @@ def kept(reader: TensorReader, items: Iterable[Item], direction: str, stored_lay
             raise InputError(refusal(sources[0]))
         key = object()
         for role, shape in shapes.items():
-            part = "\0" + weights[0].scheme.part_name(name, role)
-            moved[part] = Moved(sources[0], weights, move, joins, role, shape, key)
-            out.append((weights[0].scheme.part_name(name, role), part, IDENTITY_FN))
+            moved["\0" + scheme.part_name(name, role)] = Moved(sources[0], weights, move, joins, role, shape, key)
+        out.append(KeptWeight(name, scheme, {role: "\0" + scheme.part_name(name, role) for role in scheme.parts}))
     return KeptParts(reader, raw, moved), out
 
 
