@@ -293,3 +293,76 @@ def test_gguf_from_mxfp4_dequantizes_then_quantizes(mxfp4_gguf: tuple[Path, Path
         for name, tensor in direct.items():
             assert tensor.tensor_type == float_[name].tensor_type
             assert np.array_equal(np.array(tensor.data), np.array(float_[name].data)), name
+
+
+def published_config(vocab: int) -> dict[str, Any]:
+    """openai/gpt-oss-20b's config.json, every key as published (old-style `rope_scaling`, its own
+    `experts_per_token` and `initial_context_length`, the quantization_config), at tiny sizes."""
+    layers = 2
+    return {
+        "architectures": ["GptOssForCausalLM"], "attention_bias": True, "attention_dropout": 0.0,
+        "eos_token_id": 2, "experts_per_token": 2, "head_dim": 16, "hidden_act": "silu", "hidden_size": 64,
+        "initial_context_length": 32, "initializer_range": 0.02, "intermediate_size": 64,
+        "layer_types": ["sliding_attention", "full_attention"] * (layers // 2), "max_position_embeddings": 1024,
+        "model_type": "gpt_oss", "num_attention_heads": 4, "num_experts_per_tok": 2, "num_hidden_layers": layers,
+        "num_key_value_heads": 2, "num_local_experts": 4, "output_router_logits": False, "pad_token_id": 0,
+        "quantization_config": GPT_OSS_20B_QUANTIZATION, "rms_norm_eps": 1e-05,
+        "rope_scaling": {"beta_fast": 32.0, "beta_slow": 1.0, "factor": 32.0, "original_max_position_embeddings": 32,
+                         "rope_type": "yarn", "truncate": False},
+        "rope_theta": 150000, "router_aux_loss_coef": 0.9, "sliding_window": 8, "swiglu_limit": 7.0,
+        "tie_word_embeddings": False, "transformers_version": "4.55.0.dev0", "use_cache": True, "vocab_size": vocab,
+    }
+
+
+def published_repo(root: Path) -> dict[str, bytes]:
+    """A tiny gpt-oss repo as openai/gpt-oss-20b is laid out: its config.json keys, its tensor names
+    (MXFP4 experts as `*_blocks` / `*_scales`, everything else bfloat16) in shards numbered from 0
+    (`model-00000-of-00002.safetensors` ...) with their index, and a tokenizer."""
+    from hf_models import save_tiny_tokenizer
+    from test_pull import files_of
+
+    vocab = save_tiny_tokenizer(root / "tokenizer")
+    config = published_config(vocab)
+    sizes = {k: config[k] for k in ("hidden_size", "intermediate_size", "num_attention_heads", "num_key_value_heads",
+                                    "head_dim", "num_hidden_layers", "num_local_experts", "num_experts_per_tok",
+                                    "sliding_window", "vocab_size", "layer_types", "swiglu_limit")}
+    plain = save_checkpoint(build_model("gpt_oss", **sizes, rope_parameters={**config["rope_scaling"],
+                                                                            "rope_theta": 150000.0}),
+                            root / "plain", torch.bfloat16, save_original_format=True)
+    tensors = load_file(mxfp4_copy(plain, root / "mxfp4") / "model.safetensors")
+    shards = [{n: t for n, t in tensors.items() if f"layers.{i}." in n} for i in range(2)]
+    shards.insert(0, {n: t for n, t in tensors.items() if ".layers." not in n})
+    names = [f"model-{i:05d}-of-00002.safetensors" for i in range(3)]
+    (root / "repo").mkdir()
+    for name, shard in zip(names, shards, strict=True):
+        save_file(shard, root / "repo" / name, metadata={"format": "pt"})
+    index = {"metadata": {"total_size": sum(t.numel() * t.element_size() for t in tensors.values())},
+             "weight_map": {n: name for name, shard in zip(names, shards, strict=True) for n in shard}}
+    (root / "repo" / "model.safetensors.index.json").write_text(json.dumps(index, indent=2))
+    (root / "repo" / "config.json").write_text(json.dumps(config, indent=2))
+    return {**files_of(root / "repo"), **files_of(root / "tokenizer")}
+
+
+@pytest.mark.slow
+def test_pull_a_repo_in_gpt_oss_published_layout(tmp_path: Path) -> None:
+    """`lmconvert pull --verify` of a repo laid out as openai/gpt-oss-20b (tests/hub_server.py): kept
+    as MXFP4, verified against transformers loading the snapshot with Mxfp4Config(dequantize=True),
+    and `--to hf` from it gives back the published tensors and quantization_config bit for bit."""
+    from hub_server import HubServer
+    from test_pull import hub_env, lmconvert
+
+    files = published_repo(tmp_path)
+    server = HubServer()
+    server.add_repo("openai/gpt-oss-tiny", [files])
+    with server:
+        proc = lmconvert("pull", "openai/gpt-oss-tiny", "--verify", "--out", tmp_path / "out",
+                         env=hub_env(server.url, tmp_path / "hf"))
+    assert proc.returncode == 0, proc.stderr
+    assert "PASS" in proc.stdout, proc.stdout
+    meta = json.loads((tmp_path / "out" / "lmconvert.json").read_text())
+    assert meta["quantization"] == GPT_OSS_20B_QUANTIZATION
+    assert state(tmp_path / "out")["layers.1.mlp.experts.3.up.weight_blocks"].dtype == torch.uint8
+    code, _, err = run("convert", tmp_path / "out", tmp_path / "hf-out", "--to", "hf")
+    assert code == 0, err
+    same_tensors(state(tmp_path / "hf-out"), state(tmp_path / "repo"))
+    assert quantization_config(tmp_path / "hf-out") == GPT_OSS_20B_QUANTIZATION
