@@ -184,14 +184,19 @@ def test_greedy_tokens(model_type: str, quant: str, exported: Any, request: pyte
         assert same == 32
 
 
+def quantized_logits(exact: Path, path: Path, ids: list[int]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The logits of the model a quantized GGUF file was made from (`exact`), ours from the file, and
+    llama.cpp's from the file."""
+    with torch.no_grad():
+        model = lmconvert.load(exact, dtype=torch.float32)(torch.tensor([ids]))[0]
+        ours = lmconvert.load(path, dtype=torch.float32)(torch.tensor([ids]))[0]
+    return model, ours, llama_logits(llama(path), ids)
+
+
 @pytest.mark.parametrize("model_type", list(MODELS))
 def test_q8_0_faithfulness(model_type: str, exported: Any) -> None:  # noqa: ANN401
     canonical, path = exported(model_type, "q8_0")
-    ids = token_batch(seq=48)[0].tolist()
-    with torch.no_grad():
-        exact = lmconvert.load(canonical, dtype=torch.float32)(torch.tensor([ids]))[0]
-        ours = lmconvert.load(path, dtype=torch.float32)(torch.tensor([ids]))[0]
-    theirs = llama_logits(llama(path), ids)
+    exact, ours, theirs = quantized_logits(canonical, path, token_batch(seq=48)[0].tolist())
     their_error, our_error = float((theirs - exact).abs().mean()), float((ours - exact).abs().mean())
     agreement = float((theirs.argmax(-1) == exact.argmax(-1)).float().mean())
     print(f"{model_type} q8_0: llama.cpp error {their_error:.3e}, ours {our_error:.3e}, "
@@ -214,10 +219,7 @@ def test_gpt_oss_mxfp4_experts_kept_run_in_llama_cpp(tmp_path: Path) -> None:
     path = tmp_path / "m.gguf"
     convert(src, path, "gguf", quant="mxfp4")
     ids = token_batch(seq=48)[0].tolist()
-    with torch.no_grad():
-        exact = lmconvert.load(src, dtype=torch.float32)(torch.tensor([ids]))[0]
-        ours = lmconvert.load(path, dtype=torch.float32)(torch.tensor([ids]))[0]
-    theirs = llama_logits(llama(path), ids)
+    exact, ours, theirs = quantized_logits(src, path, ids)
     their_error, our_error = float((theirs - exact).abs().mean()), float((ours - exact).abs().mean())
     agreement = float((theirs.argmax(-1) == exact.argmax(-1)).float().mean())
     apart = float((theirs - ours).abs().mean())

@@ -23,7 +23,7 @@ from hf_models import build_model, save_checkpoint
 from safetensors.torch import load_file, save_file
 from test_cli import run
 from test_fp8 import SEQ_LEN, edited, one_line_refusal
-from test_quantized import quantization_config, same_tensors, state
+from test_quantized import kept, quantization_config, same_tensors, state
 from transformers.integrations.mxfp4 import FP4_VALUES, convert_moe_packed_tensors
 
 import lmconvert
@@ -88,9 +88,7 @@ def mxfp4_gguf(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
     plain = save_checkpoint(build_model("gpt_oss", **GGUF_KWARGS), root / "plain", torch.bfloat16,
                             save_original_format=True)
     src = mxfp4_copy(plain, root / "mxfp4")
-    code, _, err = run("convert", src, root / "canonical")
-    assert code == 0, err
-    return src, root / "canonical"
+    return src, kept(src, root)
 
 
 def test_the_copy_is_gpt_oss_published_layout(mxfp4: Path) -> None:
@@ -130,10 +128,7 @@ def test_convert_dequantizes_with_dtype(mxfp4: Path, tmp_path: Path) -> None:
 
 @pytest.fixture(scope="module")
 def kept_mxfp4(mxfp4: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    out = tmp_path_factory.mktemp("kept") / "canonical"
-    code, _, err = run("convert", mxfp4, out)
-    assert code == 0, err
-    return out
+    return kept(mxfp4, tmp_path_factory.mktemp("kept"))
 
 
 def test_kept_canonical_holds_each_experts_rows_of_the_stored_parts(mxfp4: Path, kept_mxfp4: Path) -> None:
