@@ -19,11 +19,15 @@ class KVCache:
         self.values: list[torch.Tensor | None] = [None] * n_layers
         self.index_keys: list[torch.Tensor | None] = [None] * n_layers
         self.states: list[dict[str, torch.Tensor]] = [{} for _ in range(n_layers)]
+        self.tokens = 0  # the tokens seen: not any layer's keys, since a hybrid's layer may keep none
 
     @property
     def length(self) -> int:
-        first = self.keys[0]
-        return 0 if first is None else first.shape[-2]
+        return self.tokens
+
+    def advance(self, new: int) -> None:
+        """Counts `new` tokens in, before the layers of the forward that adds them run."""
+        self.tokens += new
 
     def update(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Append k, v (B, KV, T, D), or MLA's c_kv, k_rot (B, 1, T, C|R); return all seen so far."""

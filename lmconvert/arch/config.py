@@ -32,6 +32,8 @@ LAYER_POSITIONS = ("rope", "alibi", "relative", "none")
 LAYER_KINDS = ("global", "local")
 LAYER_MIXERS = ("attention", "mixer", "none")  # what mixes a layer's tokens: attention, `mixer`, or nothing
 LAYER_FFNS = ("ffn", "none")  # whether a layer has its FFN (dense or MoE) after its mixer
+# placements whose sublayers each add to the residual in turn, so either may be left out of a layer
+SEQUENTIAL_PLACEMENTS = ("pre", "sandwich", "output")
 QK_NORMS = ("none", "head", "projection")
 SINK_FORMS = ("column", "scale")  # how a learned sink joins the softmax (ArchConfig.sink_form)
 # ArchConfig.attn_output_gate: "none"; "projection": the attention output (B, T, H*D), before `o`, times the
@@ -44,13 +46,13 @@ DTYPE_ORDERS = ("cast_then_scale", "scale_then_cast")
 PARALLEL_SUMS = ("h+attn+mlp", "mlp+attn+h", "attn+mlp+h")  # left to right: the order a parallel block adds
 ALIBI_KINDS = ("distance", "bloom", "mpt", "falcon")  # how ALiBi is built and added: see positions.ALIBI_KINDS
 ROUTERS = ("softmax", "sigmoid", "sparsemixer", "topk_softmax", "topk_sigmoid", "sigmoid_fp32", "logits",
-           "topk_sigmoid_fp32", "sigmoid_fp32_sorted")
+           "topk_sigmoid_fp32", "sigmoid_fp32_sorted", "sigmoid_sorted")
 # the routers that take a selection bias
-BIASED_ROUTERS = ("softmax", "sigmoid", "sigmoid_fp32", "logits", "sigmoid_fp32_sorted")
+BIASED_ROUTERS = ("softmax", "sigmoid", "sigmoid_fp32", "logits", "sigmoid_fp32_sorted", "sigmoid_sorted")
 GROUPED_ROUTERS = ("softmax", "sigmoid")  # the routers that limit the choice to groups (n_group > 1)
 KEPT_FP32 = ("weight", "selection_bias")  # router parameters a model may keep in fp32 (MoeConfig.kept_fp32)
 SHARED_EXPERTS = ("none", "gated", "plain", "averaged")
-SUM_ORDERS = ("grouped_mm", "eager")  # arch/moe.py's SUMS
+SUM_ORDERS = ("grouped_mm", "eager", "sorted")  # arch/moe.py's SUMS
 GLUS = ("halves", "clamped_swiglu")  # arch/moe.py's GLUS: how a routed expert gates its gate and up outputs
 # how ArchConfig.attn_temperature scales a query at position p (arch/context.py's query_temperature), and on
 # which layers (arch/attention.py)
@@ -233,6 +235,8 @@ class MoeConfig:
     (Aria's router, DBRX's). `norm_p`: the chosen weights are divided by their p-norm (DBRX's
     moe_normalize_expert_weights) instead of their sum.
 
+    `router="sigmoid_sorted"`: sigmoid scores in the activation dtype, a sorted top-k on them plus the
+    selection bias, renormalised by their sum plus 1e-6 (LFM2-MoE's `Lfm2MoeTopKRouter`).
     `router="topk_sigmoid_fp32"`: the top-k chosen on the logits, every other logit set to -inf, the
     sigmoid of them all taken in fp32 and cast to the activation dtype (Llama 4's `Llama4Router`).
     `weight_input`: each routed expert's input is multiplied by its router weight, not its output
@@ -267,7 +271,8 @@ class MoeConfig:
     experts_split: bool = False
     # how the reference sums the routed experts' weighted outputs unless told otherwise (Decoder.set_experts):
     # "grouped_mm", transformers' default (each token's top-k at once, in fp32), or "eager" (expert by expert,
-    # index_add_ in the activation dtype) where its experts module has no other (DBRX)
+    # index_add_ in the activation dtype) where its experts module has no other (DBRX), or "sorted" (JetMoE's: the
+    # (token, slot) rows sorted by expert, each expert one matmul, all added by one index_add, in fp32 on CPU)
     sum_order: str = "grouped_mm"
     # the renormalisation divides by the chosen weights' sum clamped below at norm_min (ERNIE 4.5's
     # moe_norm_min), not by the sum plus the router's guard; 0: the guard
@@ -290,10 +295,12 @@ class MoeConfig:
     glu_alpha: float | None = None  # set exactly when glu="clamped_swiglu" (gpt-oss's swiglu_alpha)
     glu_limit: float | None = None  # set exactly when glu="clamped_swiglu" (gpt-oss's swiglu_limit)
     weight_input: bool = False  # the router weight multiplies each routed expert's input, not its output (Llama 4)
+    sum_bias: bool = False  # a learned bias [d_model] added to the routed experts' weighted sum (JetMoE's MoE bias)
 
     def __post_init__(self) -> None:
-        if not isinstance(self.weight_input, bool):
-            _fail("moe", "weight_input", self.weight_input, "must be true or false")
+        for name in ("weight_input", "sum_bias"):
+            if not isinstance(getattr(self, name), bool):
+                _fail("moe", name, getattr(self, name), "must be true or false")
         if self.weight_input and self.weights_fp32:
             _fail("moe", "weight_input", True, "weights the input in the activation dtype; needs weights_fp32=False")
         for name in ("n_experts", "top_k", "d_expert", "n_group", "topk_group"):
@@ -669,6 +676,11 @@ class ArchConfig:
         empty = [i for i, (m, f) in enumerate(zip(self.layer_mixers, self.layer_ffns, strict=True)) if m == f == "none"]
         if empty:
             _fail("ArchConfig", "layer_ffns", self.layer_ffns, f"layer {empty[0]} has neither a mixer nor an FFN")
+        partial = "none" in self.layer_mixers or "none" in self.layer_ffns
+        if partial and (self.norm_placement not in SEQUENTIAL_PLACEMENTS or self.residual_after_norm):
+            _fail("ArchConfig", "norm_placement", self.norm_placement,
+                  "a layer without a mixer or an FFN needs sequential sublayers (norm_placement 'pre', 'sandwich' or "
+                  "'output', residual_after_norm off)")
         if kind is None:
             if "mixer" in self.layer_mixers:
                 _fail("ArchConfig", "layer_mixers", self.layer_mixers, "names 'mixer' layers; set mixer")
@@ -843,8 +855,24 @@ class ArchConfig:
     def chunk_for(self, layer: int) -> int | None:
         return self.attention_chunk if layer in self.chunked_layers else None
 
+    def layers_mixed_by(self, mixing: str) -> list[int]:
+        """The layers whose tokens `mixing` ("attention", "mixer" or "none") mixes (`layer_mixers`)."""
+        return [i for i, m in enumerate(self.layer_mixers) if m == mixing]
+
     def kv_cache_bytes_per_token(self, bytes_per_element: int = 2) -> int:
-        return self.n_layers * attention_kind(self.attention).cache_elements(self) * bytes_per_element
+        """What the attention layers cache per token; a mixer's state does not grow with the sequence."""
+        layers = len(self.layers_mixed_by("attention"))
+        return layers * attention_kind(self.attention).cache_elements(self) * bytes_per_element if layers else 0
+
+    def state_bytes_per_sequence(self, bytes_per_element: int = 2) -> int:
+        """The fixed state the mixer layers carry per sequence (`MixerKind.state_elements`), 0 without one."""
+        layers = len(self.layers_mixed_by("mixer"))
+        return layers * mixer_kind(self.mixer).state_elements(self) * bytes_per_element if layers else 0
+
+    def cache_bytes(self, tokens: int, bytes_per_element: int = 2) -> int:
+        """What decoding one sequence of `tokens` holds: the KV cache and the mixers' state."""
+        return tokens * self.kv_cache_bytes_per_token(bytes_per_element) + \
+            self.state_bytes_per_sequence(bytes_per_element)
 
     # ----------------------------------------------------------------------------- JSON
     def to_dict(self) -> dict[str, Any]:
@@ -857,7 +885,9 @@ class ArchConfig:
         for name, unset in UNSTATED_WHEN_UNSET.items():  # likewise: a model without them reads as before
             if data[name] == unset:
                 del data[name]
-        for name, everywhere in (("layer_mixers", "attention"), ("layer_ffns", "ffn")):  # per layer, so not above
+        # per layer, so not above; the schedule's default is the mixer everywhere when one is set
+        for name, everywhere in (("layer_mixers", "attention" if self.mixer is None else "mixer"),
+                                 ("layer_ffns", "ffn")):
             if set(data[name]) == {everywhere}:
                 del data[name]
         for part, unstated in (("rope", ROPE_UNSTATED_WHEN_UNSET), ("rope_local", ROPE_UNSTATED_WHEN_UNSET),
@@ -901,7 +931,7 @@ UNSTATED_WHEN_UNSET: dict[str, Any] = {"attn_sinks": False, "sink_form": "column
                                        "attention_chunk": None, "chunked_layers": (), "qk_l2_norm": False,
                                        "attn_output_gate": "none", "mixer": None, "mixer_settings": None}
 ROPE_UNSTATED_WHEN_UNSET: dict[str, Any] = {"alpha": None, "reverse": False}
-MOE_UNSTATED_WHEN_UNSET: dict[str, Any] = {"weight_input": False}
+MOE_UNSTATED_WHEN_UNSET: dict[str, Any] = {"weight_input": False, "sum_bias": False}
 
 
 def _sub(kind: type, value: Any, name: str) -> Any:

@@ -92,7 +92,8 @@ class Decoder(nn.Module):
         if backend not in BACKENDS:
             raise ConfigError(f"attention backend {backend!r}: choose one of {', '.join(BACKENDS)}")
         for block in self.layers:
-            block.attn.backend = backend
+            if block.attn is not None:
+                block.attn.backend = backend
         return self
 
     def set_experts(self, implementation: str) -> Decoder:
@@ -148,6 +149,8 @@ class Decoder(nn.Module):
                              f"[{B}, {T}] or [{T}]")
         if positions is None:
             positions = self.default_positions(ids, past, attention_mask)
+        if cache is not None:
+            cache.advance(T)
         h = self.embed_tokens(ids, positions)
         ctx = Context.build(past, T, h.dtype, ids.device, positions, attention_mask)
         yield h

@@ -3,7 +3,7 @@
 Numerics follow transformers' torch path (Mamba2Mixer.forward without the CUDA kernels), op for op:
 in_proj into [z | xBC | dt] (Falcon-H1: its input times `in_multiplier` first, the projection times
 its five muP multipliers after), a depthwise causal conv1d with SiLU on xBC (shared with Mamba,
-`mamba.causal_conv`), then the scan: the chunked SSD algorithm over a prefill (`mamba2_chunk_scan`,
+`causal_conv.causal_conv`), then the scan: the chunked SSD algorithm over a prefill (`mamba2_chunk_scan`,
 fp32, dt clamped to `time_step_min/max`), the recurrent update for a cached one-token step
 (`mamba2_selective_state_update`, which transformers does not clamp: each path as transformers has
 it), the D skip, then the gated RMSNorm over groups (`norm`: Mamba2's gate-then-norm with the weight
@@ -12,7 +12,7 @@ output times SiLU(z)), and out_proj in the model dtype.
 
 State between calls, in `cache.states[layer]`: "conv", the last `conv_kernel` conv inputs
 (B, conv_dim, K) in the activation dtype, and "ssm" (B, n_heads, head_dim, d_state) in fp32, as
-transformers' LinearAttentionLayer keeps them. Padding: `mamba.zero_padding` on the input and the
+transformers' LinearAttentionLayer keeps them. Padding: `causal_conv.zero_padding` on the input and the
 conv output, as transformers' `apply_mask_to_padding_states`.
 """
 
@@ -22,9 +22,10 @@ import torch
 import torch.nn.functional as F
 
 from .cache import KVCache
+from .causal_conv import causal_conv, padding_mask, zero_padding
 from .config import ArchConfig
 from .context import Context
-from .mamba import StateSpaceMixer, causal_conv, padding_mask, zero_padding
+from .mamba import StateSpaceMixer
 from .parts import Part
 
 

@@ -15,12 +15,12 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from importlib import import_module
 from typing import TYPE_CHECKING, Any
 
 from .errors import ConfigError
-from .parts import LinearPart, ParamPart, Part
+from .parts import ConvPart, LinearPart, NormPart, ParamPart, Part
 
 if TYPE_CHECKING:
     from torch import nn
@@ -100,14 +100,6 @@ def _setting_number(name: str, value: Any, *, positive: bool = False) -> None:
 def _setting_choice(name: str, value: Any, allowed: tuple[str, ...]) -> None:
     if value not in allowed:
         raise ConfigError(f"ArchConfig.mixer_settings.{name}={value!r}: must be one of {', '.join(allowed)}")
-
-
-def _conv_parts(channels: int, kernel: int, bias: bool) -> dict[str, Part]:
-    """The depthwise conv1d as transformers' nn.Conv1d holds it: weight (channels, 1, kernel), then its bias."""
-    parts: dict[str, Part] = {"conv1d.weight": ParamPart((channels, 1, kernel))}
-    if bias:
-        parts["conv1d.bias"] = ParamPart((channels,))
-    return parts
 
 
 # ----------------------------------------------------------------------------- mamba2: SSD
@@ -191,7 +183,7 @@ def _mamba2_parts(cfg: ArchConfig) -> dict[str, Part]:
                               "D": ParamPart((s.n_heads,)),
                               "in_proj": LinearPart(cfg.d_model, 2 * s.d_inner + 2 * s.n_groups * s.d_state
                                                     + s.n_heads, s.in_bias)}
-    parts |= _conv_parts(s.conv_dim, s.conv_kernel, s.conv_bias)
+    parts["conv1d"] = ConvPart(s.conv_dim, s.conv_kernel, s.conv_bias)
     if s.norm != "none":
         parts["norm.weight"] = ParamPart((s.d_inner,))
     parts["out_proj"] = LinearPart(s.d_inner, cfg.d_model, s.out_bias)
@@ -270,7 +262,7 @@ def _mamba_parts(cfg: ArchConfig) -> dict[str, Part]:
     s = cfg.mixer_settings
     parts: dict[str, Part] = {"A_log": ParamPart((s.d_inner, s.d_state)), "D": ParamPart((s.d_inner,)),
                               "in_proj": LinearPart(cfg.d_model, 2 * s.d_inner, s.proj_bias)}
-    parts |= _conv_parts(s.d_inner, s.conv_kernel, s.conv_bias)
+    parts["conv1d"] = ConvPart(s.d_inner, s.conv_kernel, s.conv_bias)
     parts |= {"x_proj": LinearPart(s.d_inner, s.dt_rank + 2 * s.d_state),
               "dt_proj": LinearPart(s.dt_rank, s.d_inner, True),
               "out_proj": LinearPart(s.d_inner, cfg.d_model, s.proj_bias)}
@@ -302,4 +294,134 @@ register(MixerKind(
     describe=_mamba_describe,
     state_elements=_mamba_state,
     settings=MambaSettings,
+))
+
+
+# ----------------------------------------------------------------------------- gated_deltanet: Qwen3-Next, OLMo-hybrid
+@dataclass(frozen=True)
+class GatedDeltaNetSettings:
+    """The gated delta-net of Qwen3-Next / Qwen3.5 / OLMo-hybrid (their `linear_attention` layers,
+    `arch/gated_deltanet.py`), in the configs' names: `key_heads` linear_num_key_heads, `value_heads`
+    linear_num_value_heads (a multiple of key_heads: each q/k head serves value_heads // key_heads
+    consecutive value heads), `key_head_dim` / `value_head_dim` linear_key_head_dim /
+    linear_value_head_dim, `conv_kernel` linear_conv_kernel_dim (the depthwise causal conv over
+    q | k | v), `norm_eps` the gated output RMSNorm's eps (Qwen: rms_norm_eps; OLMo-hybrid: 1e-5
+    whatever its rms_norm_eps, as FLA's FusedRMSNormGated), `neg_eigval` OLMo-hybrid's
+    linear_allow_neg_eigval (beta = 2 sigmoid(b), in [0, 2]: the state's eigenvalues may turn
+    negative), `activation` the conv's (transformers applies `hidden_act`; SiLU only, as Mamba's)."""
+
+    key_heads: int = 16
+    value_heads: int = 32
+    key_head_dim: int = 128
+    value_head_dim: int = 128
+    conv_kernel: int = 4
+    norm_eps: float = 1e-6
+    neg_eigval: bool = False
+    activation: str = "silu"
+
+    def __post_init__(self) -> None:
+        for name in ("key_heads", "value_heads", "key_head_dim", "value_head_dim", "conv_kernel"):
+            _setting_count(name, getattr(self, name))
+        _setting_number("norm_eps", self.norm_eps, positive=True)
+        _setting_flag("neg_eigval", self.neg_eigval)
+        _setting_choice("activation", self.activation, ("silu",))
+        if self.value_heads % self.key_heads:
+            raise ConfigError(f"ArchConfig.mixer_settings.value_heads={self.value_heads}: must be a multiple of "
+                              f"key_heads={self.key_heads} (each key head serves whole value heads)")
+
+    @property
+    def key_dim(self) -> int:
+        return self.key_heads * self.key_head_dim
+
+    @property
+    def value_dim(self) -> int:
+        return self.value_heads * self.value_head_dim
+
+    @property
+    def conv_dim(self) -> int:  # the conv's channels: q | k | v
+        return 2 * self.key_dim + self.value_dim
+
+
+def _gated_deltanet_parts(cfg: ArchConfig) -> dict[str, Part]:
+    """Qwen3.5's layout and names (Qwen3_5GatedDeltaNet): its own parameters first, dt_bias and A_log
+    (one per value head); in_proj_qkv, whose rows [q | k | v] are the conv's channels; the output
+    gate in_proj_z; beta's in_proj_b and the decay's in_proj_a; conv1d; the gated RMSNorm over one
+    value head (a plain weight, applied after the cast back); out_proj. No biases."""
+    s, d = cfg.mixer_settings, cfg.d_model
+    gated_norm = replace(cfg.norm, kind="rms", eps=s.norm_eps, weight=True, bias=False, weight_offset=0.0,
+                         dtype_order="cast_then_scale", written_out=False)
+    parts: dict[str, Part] = {"dt_bias": ParamPart((s.value_heads,)), "A_log": ParamPart((s.value_heads,)),
+                              "in_proj_qkv": LinearPart(d, s.conv_dim), "in_proj_z": LinearPart(d, s.value_dim),
+                              "in_proj_b": LinearPart(d, s.value_heads), "in_proj_a": LinearPart(d, s.value_heads)}
+    return parts | {"conv1d": ConvPart(s.conv_dim, s.conv_kernel)} | {
+        "norm": NormPart(s.value_head_dim, gated_norm), "out_proj": LinearPart(s.value_dim, d)}
+
+
+def _gated_deltanet_state(cfg: ArchConfig) -> int:
+    """The conv window and the fp32 recurrent state, a key_head_dim x value_head_dim matrix per value head."""
+    s = cfg.mixer_settings
+    return s.conv_dim * s.conv_kernel + s.value_heads * s.key_head_dim * s.value_head_dim
+
+
+def _gated_deltanet_describe(cfg: ArchConfig) -> list[str]:
+    s = cfg.mixer_settings
+    grouped = "" if s.value_heads == s.key_heads else f" ({s.value_heads // s.key_heads} value heads per key head)"
+    beta = "2 sigmoid(b) (negative eigenvalues allowed)" if s.neg_eigval else "sigmoid(b)"
+    return [f"mixer: gated delta-net, {s.key_heads} q/k heads x {s.key_head_dim}, {s.value_heads} value heads x "
+            f"{s.value_head_dim}{grouped}, conv {s.conv_kernel} on q|k|v, q and k L2-normed",
+            f"gated delta-net: decay exp(-exp(A_log) softplus(a + dt_bias)), beta {beta}; chunks of 64 in prefill, "
+            f"token by token in decoding; output RMSNorm per value head (eps={s.norm_eps:g}) times SiLU(z)",
+            f"gated delta-net state: {_gated_deltanet_state(cfg)} entries per sequence and layer (conv {s.conv_dim} "
+            f"x {s.conv_kernel}, recurrent {s.value_heads} x {s.key_head_dim} x {s.value_head_dim}, fp32)"]
+
+
+register(MixerKind(
+    name="gated_deltanet",
+    module=f"{__package__}.gated_deltanet:GatedDeltaNet",
+    parts=_gated_deltanet_parts,
+    describe=_gated_deltanet_describe,
+    state_elements=_gated_deltanet_state,
+    settings=GatedDeltaNetSettings,
+))
+
+
+# ----------------------------------------------------------------------------- short_conv: LFM2's gated convolution
+@dataclass(frozen=True)
+class ShortConvSettings:
+    """LFM2's `Lfm2ShortConv`, in Lfm2Config's names: `kernel` is `conv_L_cache`, the depthwise
+    convolution's width (and the number of inputs its state keeps), `bias` is `conv_bias`, which
+    switches the biases of in_proj, conv and out_proj together."""
+
+    kernel: int = 3
+    bias: bool = False
+
+    def __post_init__(self) -> None:
+        if isinstance(self.kernel, bool) or not isinstance(self.kernel, int) or self.kernel <= 0:
+            raise ConfigError(f"ArchConfig.mixer_settings.kernel={self.kernel!r}: must be a positive integer")
+        if not isinstance(self.bias, bool):
+            raise ConfigError(f"ArchConfig.mixer_settings.bias={self.bias!r}: must be true or false")
+
+
+def _short_conv_parts(cfg: ArchConfig) -> dict[str, Part]:
+    """transformers' order: conv, in_proj, out_proj (Lfm2ShortConv builds the convolution first)."""
+    s, d = cfg.mixer_settings, cfg.d_model
+    return {"conv": ConvPart(d, s.kernel, s.bias), "in_proj": LinearPart(d, 3 * d, s.bias),
+            "out_proj": LinearPart(d, d, s.bias)}
+
+
+def _short_conv_describe(cfg: ArchConfig) -> list[str]:
+    s = cfg.mixer_settings
+    return [f"short convolution (LFM2): in_proj to B, C, x (3 x {cfg.d_model}); B*x through a depthwise causal "
+            f"conv of width {s.kernel}; C times it; out_proj; biases {'on' if s.bias else 'off'}",
+            f"short-convolution state: the last {s.kernel} inputs of the conv, {s.kernel * cfg.d_model} entries "
+            "per sequence and layer"]
+
+
+register(MixerKind(
+    name="short_conv",
+    module=f"{__package__}.short_conv:ShortConv",
+    parts=_short_conv_parts,
+    describe=_short_conv_describe,
+    state_elements=lambda cfg: cfg.mixer_settings.kernel * cfg.d_model,
+    settings=ShortConvSettings,
 ))

@@ -65,6 +65,9 @@ VARIANT_NAMES = {
     "attention_chunk": "chunked local attention", "chunked_layers": "chunked local attention on these layers",
     "qk_l2_norm": "a weightless L2 QK norm after RoPE (Llama 4)",
     "attn_output_gate": "a sigmoid gate on the attention output (AFMoE's gate_proj)",
+    "mixer": "this token mixer beside attention", "mixer_settings": "these token-mixer settings",
+    "layer_mixers": "this per-layer schedule of attention and mixer layers",
+    "layer_ffns": "layers without an FFN",
 }
 
 def tensor_sizes(arch: ArchConfig) -> dict[str, int]:
@@ -92,6 +95,7 @@ class Family:
     layout: Callable[[ArchConfig], TensorTable] | None = None  # the table for one config, where names depend on it
     gguf: tuple[GgufArch, ...] = ()  # its llama.cpp architectures (read, and written by `--to gguf`)
     no_gguf: str = ""  # why it has no GGUF form, where llama.cpp names it but cannot run it
+    no_offload: str = ""  # why verify --max-memory cannot offload transformers' model of it (accelerate's hooks)
     # wrapper model_type -> the text model_types of it this family reads, where another family claims the wrapper
     # (Mistral3ForConditionalGeneration around a ministral3 decoder): `family_for` chooses by `text_config`
     wraps: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
@@ -164,7 +168,7 @@ def _describe(name: str, cfg: ArchConfig, back: ArchConfig) -> str:
     """The variant's name; for a norm, RoPE or attention settings, also which of its fields differ."""
     text = VARIANT_NAMES.get(name, name)
     ours, theirs = getattr(cfg, name), getattr(back, name)
-    if name in ("norm", "rope", "attention_settings") and is_dataclass(ours) and is_dataclass(theirs):
+    if name in ("norm", "rope", "attention_settings") and is_dataclass(ours) and type(ours) is type(theirs):
         differ = [f.name for f in fields(ours) if getattr(ours, f.name) != getattr(theirs, f.name)]
         text += f"'s {' and '.join(differ)}"
     return text

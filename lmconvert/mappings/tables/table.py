@@ -351,7 +351,8 @@ class TensorTable:
         by part (gate, then up) and expert index, and the inverse that stacks them; each expert
         must be there for every part."""
         parts = len(self.expanding(stored))
-        index = re.compile(r"\.(\d+)\.[^.]+\.[^.]+$")  # the expert's number in `...experts.{e}.gate.weight`
+        # the expert's number: the last in `...experts.{e}.gate.weight` (and in a mixture of heads' `attn.q.{e}.weight`)
+        index = re.compile(r"\.(\d+)(?:\.[^.\d][^.]*)+$")
         ordered = sorted(held, key=lambda item: (item[0], int(index.search(item[1]).group(1))))  # type: ignore[union-attr]
         experts = len(ordered) // parts
         if experts * parts != len(ordered) or any(
