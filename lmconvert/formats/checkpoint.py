@@ -53,7 +53,7 @@ def open_canonical(path: Path) -> Source:
     if not meta.quantization:
         return Source(path, "canonical", {}, tensors, canonical=meta)
     try:
-        read, _ = quantized_view({"quantization_config": meta.quantization}, path / META_FILE, tensors)
+        read, _ = quantized_view({"quantization_config": meta.quantization}, path / META_FILE, tensors, canonical=True)
     except BaseException:
         tensors.close()
         raise
