@@ -249,8 +249,8 @@ def test_card_names_the_kind_the_schedule_and_the_state(decay):
     assert lines[2].startswith("attention: ") and lines[3] == "decay mixer: s = 0.5 s + inp(x)"
     assert "layer schedule: attention on 1 (2); decay on 2 (0, 3); no mixer on 1 (1); FFN on 2 layers (1, 3)" in lines
     assert "layer pattern: M -F A MF (A attention, M decay, F an FFN after it)" in lines
-    assert (f"decoding state: {2 * cfg.kv_dim} entries per token (KV cache, 1 attention layers) + "
-            f"{2 * cfg.d_model} entries per sequence, whatever its length (2 decay layers)") in lines
+    assert (f"decoding state: {2 * cfg.kv_dim} entries per token (KV cache, 1 layer of attention) + "
+            f"{2 * cfg.d_model} entries per sequence, whatever its length (2 layers of decay)") in lines
     assert cfg.kv_cache_bytes_per_token(2) == 2 * cfg.kv_dim * 2 and cfg.state_bytes_per_sequence(2) == 2 * 32 * 2
     only = variants(tiny(mixer="decay"))
     assert not any(line.startswith("attention:") for line in only)  # no attention layer: no attention lines

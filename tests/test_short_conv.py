@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 from family_specs import SPECS
-from hf_models import build_model, save_checkpoint, token_batch
+from hf_models import build_model, save_checkpoint, save_tiny_tokenizer, token_batch
 
 import lmconvert
 
@@ -98,3 +98,46 @@ def test_state_and_card(src: Path) -> None:
     assert arch.mixer == "short_conv" and arch.layer_mixers == ("mixer", "attention", "mixer", "mixer")
     assert arch.state_bytes_per_sequence(4) == 3 * 4 * 64 * 4  # three conv layers' last 4 inputs, fp32
     assert arch.kv_cache_bytes_per_token(4) == 1 * 2 * 2 * 16 * 4  # one attention layer's k and v
+
+
+def test_transformers_reads_our_gguf(tmp_path: Path) -> None:
+    """transformers' GGUF loader reads lfm2 (the schedule from the per-layer KV-head counts, the conv kernel
+    unsqueezed back): our f32 GGUF gives its logits, and ours, within fp32's bar; llama.cpp itself runs the
+    same model in tests/test_llamacpp.py."""
+    from test_formats_gguf import transformers_gguf
+
+    from lmconvert.convert import convert, to_canonical
+
+    vocab = save_tiny_tokenizer(tmp_path / "hf")  # transformers' GGUF loader reads lfm2's tokens
+    model = build_model("lfm2", **{**SPEC.kwargs, **SPEC.gguf}, vocab_size=vocab)
+    save_checkpoint(model, tmp_path / "hf")
+    to_canonical(tmp_path / "hf", tmp_path / "canonical")
+    out = tmp_path / "m.gguf"
+    convert(tmp_path / "canonical", out, "gguf", quant="f32", gguf_pre="gpt-2")
+    ids = token_batch(vocab=vocab, seq=24)
+    with torch.no_grad():
+        theirs = transformers_gguf(out)(ids).logits
+        assert float((theirs - lmconvert.load(out)(ids)).abs().max()) <= 1e-5
+        assert float((theirs - model(ids).logits).abs().max()) <= 1e-5
+
+
+@pytest.mark.parametrize("name", ["lfm2", "lfm2_moe"])
+def test_forty_decoding_steps(name: str, tmp_path: Path) -> None:
+    """A prefill shorter than the kernel, then 40 tokens one at a time: transformers' cached decoding
+    element by element in fp32 and bit for bit in bf16, and in float64 our own full forward."""
+    from hf_models import cached_logits, incremental
+
+    spec = SPECS[name]
+    src = save_checkpoint(build_model(spec.model_type, **spec.kwargs), tmp_path)
+    ids = token_batch(seq=43)
+    for dtype in (torch.float32, torch.bfloat16):
+        ours = lmconvert.load(src, dtype=dtype, attention="eager")
+        cache = ours.new_cache()
+        with torch.no_grad():
+            got = incremental(lambda chunk: ours(chunk, cache=cache), ids, 3)  # noqa: B023 - used at once
+            want = cached_logits(reference(src, dtype), ids, 3)
+        assert torch.equal(got, want) if dtype == torch.bfloat16 else float((got - want).abs().max()) <= 1e-5
+    exact = lmconvert.load(src, dtype=torch.float64)
+    cache = exact.new_cache()
+    with torch.no_grad():
+        assert float((incremental(lambda chunk: exact(chunk, cache=cache), ids, 3) - exact(ids)).abs().max()) <= 1e-10

@@ -50,6 +50,8 @@ class AttentionKind:
     cache_elements: Callable[[ArchConfig], int]  # KV-cache entries per token and layer (keys and values)
     settings: type | None = None
     check: Callable[[ArchConfig], None] | None = None
+    # the parameters of one layer's attention a token does not use (a mixture of heads' unchosen experts)
+    unused: Callable[[ArchConfig], int] = lambda cfg: 0
 
     def build(self, cfg: ArchConfig, layer: int, rotary: Rotary | None, relative: RelativeBias | None) -> nn.Module:
         path, _, name = self.module.partition(":")
@@ -254,6 +256,13 @@ def _latent_describe(cfg: ArchConfig) -> list[str]:
     return lines
 
 
+def _refuse(refusals: list[tuple[str, Any, bool, str]]) -> None:
+    """The first of (field, value, whether it is wrong, why) that is wrong, as a ConfigError naming it."""
+    for name, value, wrong, why in refusals:
+        if wrong:
+            raise ConfigError(f"ArchConfig.{name}={value!r}: {why}")
+
+
 def _latent_check(cfg: ArchConfig) -> None:
     """What transformers' DeepseekV3Attention cannot be told: it has one kind of positions (RoPE on
     the whole rotary part, every layer), no window, no cap, no QK norm, and its biases are
@@ -275,9 +284,7 @@ def _latent_check(cfg: ArchConfig) -> None:
                      "a complex product rotates the pairs in place (attention_settings.deinterleave=False)"))
     refusals += [(f"{p}_bias", True, getattr(cfg, f"{p}_bias"), "latent attention's biases are "
                   "attention_settings.bias") for p in "qkvo"]
-    for name, value, wrong, why in refusals:
-        if wrong:
-            raise ConfigError(f"ArchConfig.{name}={value!r}: {why}")
+    _refuse(refusals)
 
 
 register(AttentionKind(
@@ -362,3 +369,81 @@ register(AttentionKind(
     settings=SparseSettings,
     check=_sparse_check,
 ))
+
+
+# ----------------------------------------------------------------------------- head_mixture: MoA (JetMoE)
+@dataclass(frozen=True)
+class HeadMixtureSettings:
+    """A mixture of attention heads (arch/head_mixture.py): `n_experts` pairs of query and output
+    projections, of which a top-k router picks `top_k` per token, over one shared k and v. Each
+    expert's query makes `n_kv_heads` heads, so `n_heads` is `top_k * n_kv_heads` (JetMoeConfig's
+    num_attention_heads). `ArchConfig.o_bias` is the one bias added after the experts' sum."""
+
+    n_experts: int = 8
+    top_k: int = 2
+
+    def __post_init__(self) -> None:
+        for name in ("n_experts", "top_k"):
+            _count(name, getattr(self, name))
+        if self.top_k > self.n_experts:
+            raise ConfigError(f"ArchConfig.attention_settings.top_k={self.top_k}: cannot exceed "
+                              f"n_experts={self.n_experts}")
+
+
+def _mixture_parts(cfg: ArchConfig) -> dict[str, Part]:
+    """The output bias (the module's own tensor, first in its state_dict), the router, each expert's
+    q, the shared k and v, each expert's o: JetMoeMoA's and kv_proj's tensors, one per expert."""
+    s = cfg.attention_settings
+    parts: dict[str, Part] = {"bias": ParamPart((cfg.d_model,))} if cfg.o_bias else {}
+    parts["router"] = LinearPart(cfg.d_model, s.n_experts)
+    parts |= {f"q.{e}": LinearPart(cfg.d_model, cfg.kv_dim) for e in range(s.n_experts)}
+    parts |= {"k": LinearPart(cfg.d_model, cfg.kv_dim), "v": LinearPart(cfg.d_model, cfg.kv_dim)}
+    parts |= {f"o.{e}": LinearPart(cfg.kv_dim, cfg.d_model) for e in range(s.n_experts)}
+    return parts
+
+
+def _mixture_describe(cfg: ArchConfig) -> list[str]:
+    s = cfg.attention_settings
+    return [f"attention: mixture of attention heads (MoA), {s.n_experts} experts of {cfg.n_kv_heads} query heads, "
+            f"top-{s.top_k} per token ({cfg.n_heads} heads), over {cfg.n_kv_heads} shared kv heads, head_dim "
+            f"{cfg.head_dim}",
+            "MoA router: top-k on logits then softmax over the k, weights in activation dtype; each chosen "
+            "expert's q and o, the outputs weighted and summed" + (", then a bias" if cfg.o_bias else "")]
+
+
+def _mixture_check(cfg: ArchConfig) -> None:
+    """What JetMoeAttention computes and nothing else: its heads are the chosen experts' queries over
+    shared kv heads, RoPE or nothing, no window, cap, QK norm or projection bias but the output's."""
+    s = cfg.attention_settings
+    refusals = [
+        ("n_heads", cfg.n_heads, cfg.n_heads != s.top_k * cfg.n_kv_heads,
+         f"a mixture of attention heads has top_k * n_kv_heads = {s.top_k * cfg.n_kv_heads} query heads"),
+        ("layer_positions", cfg.layer_positions, not set(cfg.layer_positions) <= {"rope", "none"},
+         "a mixture of attention heads has RoPE or no positions"),
+        ("layer_kinds", cfg.layer_kinds, "local" in cfg.layer_kinds, "a mixture of attention heads has no "
+         "sliding window"),
+        ("attn_softcap", cfg.attn_softcap, cfg.attn_softcap is not None, "a mixture of attention heads has no "
+         "soft-cap"),
+        ("qk_norm", cfg.qk_norm, cfg.qk_norm != "none", "a mixture of attention heads has no QK norm"),
+        ("clip_qkv", cfg.clip_qkv, cfg.clip_qkv is not None, "a mixture of attention heads does not clamp"),
+    ]
+    refusals += [(name, True, getattr(cfg, name), "a mixture of attention heads computes its scores plainly")
+                 for name in ("scale_query", "scores_fp32", "scale_in_product", "scale_by_inverse_layer")]
+    refusals += [(f"{p}_bias", True, getattr(cfg, f"{p}_bias"), "a mixture of attention heads' only bias is its "
+                  "output's (o_bias)") for p in "qkv"]
+    moe = cfg.moe
+    refusals.append(("moe.aux_loss", moe and moe.aux_loss, moe is not None and moe.aux_loss != 0 and
+                     (moe.n_experts, moe.top_k) != (s.n_experts, s.top_k), "the load balance counts the attention's "
+                     "router with the experts' (JetMoE's): both need the same n_experts and top_k"))
+    _refuse(refusals)
+
+
+def _mixture_unused(cfg: ArchConfig) -> int:
+    """The q and o of the experts a token was not routed to."""
+    s = cfg.attention_settings
+    return (s.n_experts - s.top_k) * 2 * cfg.d_model * cfg.kv_dim
+
+
+# the cache: the shared keys and values, as plain GQA's
+register(AttentionKind("head_mixture", f"{__package__}.head_mixture:HeadMixture", _mixture_parts, _mixture_describe,
+                       lambda cfg: 2 * cfg.kv_dim, HeadMixtureSettings, _mixture_check, _mixture_unused))

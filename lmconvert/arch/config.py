@@ -46,13 +46,13 @@ DTYPE_ORDERS = ("cast_then_scale", "scale_then_cast")
 PARALLEL_SUMS = ("h+attn+mlp", "mlp+attn+h", "attn+mlp+h")  # left to right: the order a parallel block adds
 ALIBI_KINDS = ("distance", "bloom", "mpt", "falcon")  # how ALiBi is built and added: see positions.ALIBI_KINDS
 ROUTERS = ("softmax", "sigmoid", "sparsemixer", "topk_softmax", "topk_sigmoid", "sigmoid_fp32", "logits",
-           "topk_sigmoid_fp32", "sigmoid_fp32_sorted")
+           "topk_sigmoid_fp32", "sigmoid_fp32_sorted", "sigmoid_sorted")
 # the routers that take a selection bias
-BIASED_ROUTERS = ("softmax", "sigmoid", "sigmoid_fp32", "logits", "sigmoid_fp32_sorted")
+BIASED_ROUTERS = ("softmax", "sigmoid", "sigmoid_fp32", "logits", "sigmoid_fp32_sorted", "sigmoid_sorted")
 GROUPED_ROUTERS = ("softmax", "sigmoid")  # the routers that limit the choice to groups (n_group > 1)
 KEPT_FP32 = ("weight", "selection_bias")  # router parameters a model may keep in fp32 (MoeConfig.kept_fp32)
 SHARED_EXPERTS = ("none", "gated", "plain", "averaged")
-SUM_ORDERS = ("grouped_mm", "eager")  # arch/moe.py's SUMS
+SUM_ORDERS = ("grouped_mm", "eager", "sorted")  # arch/moe.py's SUMS
 GLUS = ("halves", "clamped_swiglu")  # arch/moe.py's GLUS: how a routed expert gates its gate and up outputs
 # how ArchConfig.attn_temperature scales a query at position p (arch/context.py's query_temperature), and on
 # which layers (arch/attention.py)
@@ -235,6 +235,8 @@ class MoeConfig:
     (Aria's router, DBRX's). `norm_p`: the chosen weights are divided by their p-norm (DBRX's
     moe_normalize_expert_weights) instead of their sum.
 
+    `router="sigmoid_sorted"`: sigmoid scores in the activation dtype, a sorted top-k on them plus the
+    selection bias, renormalised by their sum plus 1e-6 (LFM2-MoE's `Lfm2MoeTopKRouter`).
     `router="topk_sigmoid_fp32"`: the top-k chosen on the logits, every other logit set to -inf, the
     sigmoid of them all taken in fp32 and cast to the activation dtype (Llama 4's `Llama4Router`).
     `weight_input`: each routed expert's input is multiplied by its router weight, not its output
@@ -269,7 +271,8 @@ class MoeConfig:
     experts_split: bool = False
     # how the reference sums the routed experts' weighted outputs unless told otherwise (Decoder.set_experts):
     # "grouped_mm", transformers' default (each token's top-k at once, in fp32), or "eager" (expert by expert,
-    # index_add_ in the activation dtype) where its experts module has no other (DBRX)
+    # index_add_ in the activation dtype) where its experts module has no other (DBRX), or "sorted" (JetMoE's: the
+    # (token, slot) rows sorted by expert, each expert one matmul, all added by one index_add, in fp32 on CPU)
     sum_order: str = "grouped_mm"
     # the renormalisation divides by the chosen weights' sum clamped below at norm_min (ERNIE 4.5's
     # moe_norm_min), not by the sum plus the router's guard; 0: the guard
@@ -292,10 +295,12 @@ class MoeConfig:
     glu_alpha: float | None = None  # set exactly when glu="clamped_swiglu" (gpt-oss's swiglu_alpha)
     glu_limit: float | None = None  # set exactly when glu="clamped_swiglu" (gpt-oss's swiglu_limit)
     weight_input: bool = False  # the router weight multiplies each routed expert's input, not its output (Llama 4)
+    sum_bias: bool = False  # a learned bias [d_model] added to the routed experts' weighted sum (JetMoE's MoE bias)
 
     def __post_init__(self) -> None:
-        if not isinstance(self.weight_input, bool):
-            _fail("moe", "weight_input", self.weight_input, "must be true or false")
+        for name in ("weight_input", "sum_bias"):
+            if not isinstance(getattr(self, name), bool):
+                _fail("moe", name, getattr(self, name), "must be true or false")
         if self.weight_input and self.weights_fp32:
             _fail("moe", "weight_input", True, "weights the input in the activation dtype; needs weights_fp32=False")
         for name in ("n_experts", "top_k", "d_expert", "n_group", "topk_group"):
@@ -460,6 +465,10 @@ class ArchConfig:
     mixer_settings: Any = None
     layer_mixers: tuple[str, ...] | None = None
     layer_ffns: tuple[str, ...] | None = None
+    # the norm placement of the mixer layers where it is not `norm_placement`'s (OLMo-hybrid: its gated delta-net
+    # layers pre-norm, its attention layers normalising each sublayer's output); both sequential, so one wiring.
+    # None: the same for every layer
+    mixer_norm_placement: str | None = None
     sliding_window: int | None = None
     attn_scale: float | None = None  # None: head_dim ** -0.5
     attn_softcap: float | None = None
@@ -682,6 +691,7 @@ class ArchConfig:
             _fail("ArchConfig", "norm_placement", self.norm_placement,
                   "a layer without a mixer or an FFN needs sequential sublayers (norm_placement 'pre', 'sandwich' or "
                   "'output', residual_after_norm off)")
+        self._normalise_mixer_norm_placement(kind)
         if kind is None:
             if "mixer" in self.layer_mixers:
                 _fail("ArchConfig", "layer_mixers", self.layer_mixers, "names 'mixer' layers; set mixer")
@@ -698,6 +708,19 @@ class ArchConfig:
             except TypeError as exc:  # a settings field without a default, left out
                 raise ConfigError(f"ArchConfig.mixer_settings: {exc}") from None
         return kind
+
+    def _normalise_mixer_norm_placement(self, kind: MixerKind | None) -> None:
+        placement = self.mixer_norm_placement
+        if placement is None or placement == self.norm_placement:  # one spelling of "the same everywhere"
+            object.__setattr__(self, "mixer_norm_placement", None)
+            return
+        _choice("ArchConfig", "mixer_norm_placement", placement, SEQUENTIAL_PLACEMENTS)
+        if self.norm_placement not in SEQUENTIAL_PLACEMENTS or self.residual_after_norm:
+            _fail("ArchConfig", "mixer_norm_placement", placement, "differs from norm_placement on the mixer "
+                  "layers only where both are sequential (norm_placement 'pre', 'sandwich' or 'output', "
+                  "residual_after_norm off)")
+        if kind is None:
+            _fail("ArchConfig", "mixer_norm_placement", placement, "places the mixer layers' norms; set mixer")
 
     def _check_moe(self, moe: MoeConfig) -> None:
         if not self.gated:
@@ -930,9 +953,10 @@ UNSTATED_WHEN_UNSET: dict[str, Any] = {"attn_sinks": False, "sink_form": "column
                                        "qk_norm_after_rope": False,
                                        "sub_norms": False, "output_vocab": None, "attn_temperature_form": "ministral3",
                                        "attention_chunk": None, "chunked_layers": (), "qk_l2_norm": False,
-                                       "attn_output_gate": "none", "mixer": None, "mixer_settings": None}
+                                       "attn_output_gate": "none", "mixer": None, "mixer_settings": None,
+                                       "mixer_norm_placement": None}
 ROPE_UNSTATED_WHEN_UNSET: dict[str, Any] = {"alpha": None, "reverse": False}
-MOE_UNSTATED_WHEN_UNSET: dict[str, Any] = {"weight_input": False}
+MOE_UNSTATED_WHEN_UNSET: dict[str, Any] = {"weight_input": False, "sum_bias": False}
 
 
 def _sub(kind: type, value: Any, name: str) -> Any:

@@ -86,7 +86,8 @@ ROUTER_NAMES = {"softmax": "softmax then top-k", "sigmoid": "sigmoid then top-k"
                 "topk_sigmoid": "top-k on logits then their sigmoids",
                 "sigmoid_fp32": "sigmoid in fp32 then top-k", "logits": "top-k on logits, then sigmoid",
                 "topk_sigmoid_fp32": "top-k on logits then their sigmoids in fp32",
-                "sigmoid_fp32_sorted": "sigmoid in fp32 then sorted top-k"}
+                "sigmoid_fp32_sorted": "sigmoid in fp32 then sorted top-k",
+                "sigmoid_sorted": "sigmoid then sorted top-k (sum guarded by 1e-6)"}
 SHARED_NAMES = {"gated": "one shared expert, sigmoid-gated", "plain": "shared experts, ungated",
                 "averaged": "shared experts, averaged with the routed experts' sum"}
 
@@ -127,6 +128,8 @@ def _moe(cfg: ArchConfig, moe: MoeConfig) -> list[str]:
         lines.append("experts: router weight multiplies each expert's input, not its output")
     if moe.expert_bias:
         lines.append("experts: biases on gate, up and down, added after each product")
+    if moe.sum_bias:
+        lines.append("experts: a bias added to their weighted sum")
     if moe.d_shared is not None:
         lines.append(f"{SHARED_NAMES[moe.shared]}, width {moe.d_shared}"
                      + (", gate and up as one projection's halves" if moe.shared_fused else ""))
@@ -140,16 +143,17 @@ def _moe(cfg: ArchConfig, moe: MoeConfig) -> list[str]:
 
 
 def parameter_counts(cfg: ArchConfig) -> tuple[int, int]:
-    """All parameters, and those one token uses: each sparse layer's unchosen experts left out."""
+    """All parameters, and those one token uses: each sparse layer's unchosen experts left out, and
+    the attention's parameters a token does not use (a mixture of attention heads' unchosen experts)."""
     total = sum(prod(shape) for shape in parameter_shapes(cfg).values())
+    unused = cfg.n_layers * attention_kind(cfg.attention).unused(cfg)
     moe = cfg.moe
-    if moe is None:
-        return total, total
-    per_expert = (3 if cfg.gated else 2) * cfg.d_model * moe.d_expert
-    if moe.expert_bias:  # gate and up biases of its width, the down bias of d_model
-        per_expert += (2 if cfg.gated else 1) * moe.d_expert + cfg.d_model
-    sparse = sum(moe.sparse(i) for i in range(cfg.n_layers))
-    return total, total - sparse * (moe.n_experts - moe.top_k) * per_expert
+    if moe is not None:
+        per_expert = (3 if cfg.gated else 2) * cfg.d_model * moe.d_expert
+        if moe.expert_bias:  # gate and up biases of its width, the down bias of d_model
+            per_expert += (2 if cfg.gated else 1) * moe.d_expert + cfg.d_model
+        unused += sum(moe.sparse(i) for i in range(cfg.n_layers)) * (moe.n_experts - moe.top_k) * per_expert
+    return total, total - unused
 
 
 def _runs(layers: list[int]) -> str:
@@ -161,6 +165,10 @@ def _runs(layers: list[int]) -> str:
         else:
             runs.append([i])
     return ", ".join(str(r[0]) if len(r) == 1 else f"{r[0]}-{r[-1]}" for r in runs)
+
+
+def _layers(layers: list[int]) -> str:
+    return f"{len(layers)} layer{'s' * (len(layers) != 1)}"
 
 
 def schedule(cfg: ArchConfig) -> list[str]:
@@ -181,11 +189,11 @@ def schedule(cfg: ArchConfig) -> list[str]:
     attention, mixers = cfg.layers_mixed_by("attention"), cfg.layers_mixed_by("mixer")
     state = []
     if attention:
-        state.append(f"{cfg.kv_cache_bytes_per_token(1):,} entries per token (KV cache, {len(attention)} attention "
-                     "layers)")
+        state.append(f"{cfg.kv_cache_bytes_per_token(1):,} entries per token (KV cache, {_layers(attention)} of "
+                     "attention)")
     if mixers:
-        state.append(f"{cfg.state_bytes_per_sequence(1):,} entries per sequence, whatever its length ({len(mixers)} "
-                     f"{cfg.mixer} layers)")
+        state.append(f"{cfg.state_bytes_per_sequence(1):,} entries per sequence, whatever its length "
+                     f"({_layers(mixers)} of {cfg.mixer})")
     lines.append(f"decoding state: {' + '.join(state)}")
     return lines
 
@@ -193,8 +201,10 @@ def schedule(cfg: ArchConfig) -> list[str]:
 def variants(cfg: ArchConfig) -> list[str]:
     mixing = ([*attention_kind(cfg.attention).describe(cfg)] if cfg.layers_mixed_by("attention") else []) + \
         (mixer_kind(cfg.mixer).describe(cfg) if cfg.layers_mixed_by("mixer") else [])
-    out = [f"norm: {_norm(cfg.norm)}", f"placement: {PLACEMENT_NAMES[cfg.norm_placement]}", *mixing,
-           *schedule(cfg)]
+    placement = PLACEMENT_NAMES[cfg.norm_placement]
+    if cfg.mixer_norm_placement is not None:
+        placement += f" ({cfg.mixer} layers: {PLACEMENT_NAMES[cfg.mixer_norm_placement]})"
+    out = [f"norm: {_norm(cfg.norm)}", f"placement: {placement}", *mixing, *schedule(cfg)]
     if cfg.attn_scale is not None:
         out.append(f"score scale: {cfg.attn_scale:g}")
     out.extend(line for flag, line in ORDER_FLAGS if getattr(cfg, flag))

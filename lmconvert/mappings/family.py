@@ -69,13 +69,16 @@ VARIANT_NAMES = {
     "mixer": "this token mixer beside attention", "mixer_settings": "these token-mixer settings",
     "layer_mixers": "this per-layer schedule of attention and mixer layers",
     "layer_ffns": "layers without an FFN",
+    "mixer_norm_placement": "another norm placement on the mixer layers",
 }
 
 def tensor_sizes(arch: ArchConfig) -> dict[str, int]:
     """The sizes an HF family's tensor-table transforms are written in (fused pieces, per-group qkv)."""
     return {"q": arch.q_dim, "kv": arch.kv_dim, "ffn": arch.d_ff, "heads": arch.n_heads,
             "kv_heads": arch.n_kv_heads, "head_dim": arch.head_dim, "vocab": arch.vocab_size, "dim": arch.d_model,
-            **({"shared": arch.moe.d_shared} if arch.moe is not None and arch.moe.d_shared is not None else {})}
+            **({"shared": arch.moe.d_shared} if arch.moe is not None and arch.moe.d_shared is not None else {}),
+            # a token mixer's own sizes, prefixed (gated delta-net's per-key-head groups)
+            **{f"mixer.{k}": v for k, v in getattr(arch.mixer_settings, "sizes", {}).items()}}
 
 
 # config.json keys that are not architecture but should travel with the checkpoint (HunYuan's end of document
@@ -96,6 +99,7 @@ class Family:
     layout: Callable[[ArchConfig], TensorTable] | None = None  # the table for one config, where names depend on it
     gguf: tuple[GgufArch, ...] = ()  # its llama.cpp architectures (read, and written by `--to gguf`)
     no_gguf: str = ""  # why it has no GGUF form, where llama.cpp names it but cannot run it
+    no_offload: str = ""  # why verify --max-memory cannot offload transformers' model of it (accelerate's hooks)
     # wrapper model_type -> the text model_types of it this family reads, where another family claims the wrapper
     # (Mistral3ForConditionalGeneration around a ministral3 decoder): `family_for` chooses by `text_config`
     wraps: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
@@ -168,7 +172,7 @@ def _describe(name: str, cfg: ArchConfig, back: ArchConfig) -> str:
     """The variant's name; for a norm, RoPE or attention settings, also which of its fields differ."""
     text = VARIANT_NAMES.get(name, name)
     ours, theirs = getattr(cfg, name), getattr(back, name)
-    if name in ("norm", "rope", "attention_settings") and is_dataclass(ours) and is_dataclass(theirs):
+    if name in ("norm", "rope", "attention_settings") and is_dataclass(ours) and type(ours) is type(theirs):
         differ = [f.name for f in fields(ours) if getattr(ours, f.name) != getattr(theirs, f.name)]
         text += f"'s {' and '.join(differ)}"
     return text

@@ -47,9 +47,9 @@ def format_card(info: dict[str, Any]) -> str:
              f"heads             {info['heads']} q / {info['kv_heads']} kv, head_dim {info['head_dim']}",
              f"KV cache          {info['kv_cache_bytes_per_token']:,} bytes per token ({info['dtype']})"]
     if info.get("state_bytes_per_sequence"):  # a hybrid's, or a stack of mixers'
+        at = f"at {info['max_positions']:,} tokens"
         lines += [f"mixer state       {info['state_bytes_per_sequence']:,} bytes per sequence ({info['dtype']})",
-                  f"at {info['max_positions']:,} tokens  {info['cache_bytes_at_max_positions']:,} bytes per sequence, "
-                  "KV cache and state"]
+                  f"{at:<17} {info['cache_bytes_at_max_positions']:,} bytes per sequence, KV cache and state"]
     lines.append("variants")
     lines += [f"  - {v}" for v in info["variants"]]
     lines += [f"note              {info['note']}"] if info["note"] else []

@@ -19,7 +19,8 @@ weight; the replicated ones above are whole on every rank. What a plan cannot sp
 refused with one line (`refusals`): per-head ALiBi slopes and T5 relative biases (their head
 index is global), QK norm over the whole projection (its statistics span every head), a head
 count or hidden width the ranks do not divide. Per-head QK norm weights (Cohere), attention
-sinks (gpt-oss) and the attention output gate's rows (AFMoE) go with their heads.
+sinks (gpt-oss) and the attention output gate's rows (AFMoE) go with their heads. A mixture of
+attention heads (JetMoE) splits every expert's q and o by the kv heads, as q and o.
 
 A mixture of experts splits each expert's MLP like the dense one (its hidden width over the ranks,
 two collectives per expert that runs) and replicates the router, so every rank picks the same
@@ -101,6 +102,9 @@ def refusals(arch: ArchConfig, size: int) -> list[str]:
         ("relative" in arch.layer_positions, "the relative position bias is indexed by the global head"),
         (arch.qk_norm == "projection", "QK norm over the whole projection needs every head's values"),
         (arch.sub_norms, "the sub-norms (BitNet's) normalise over every head and the whole MLP width"),
+        (arch.attention == "head_mixture" and arch.n_kv_heads % size != 0,
+         f"n_kv_heads={arch.n_kv_heads} does not divide by {size} ranks: a mixture of attention heads splits each "
+         "expert's queries by the kv head they read"),
     ]
     return [why for wrong, why in checks if wrong]
 
@@ -147,8 +151,23 @@ def _latent(arch: ArchConfig, plan: Plan, prefix: str) -> None:
     plan.points.update({f"{prefix}.{q}": (-1, everyone), f"{prefix}.kv_b": (-1, everyone)})
 
 
+def _mixture(arch: ArchConfig, plan: Plan, prefix: str) -> None:
+    """A mixture of attention heads (JetMoE's): every expert's q column-wise and o row-wise, by the kv heads
+    (each rank computes its kv heads' queries of every chosen expert), k and v column-wise; the router and
+    the output bias whole, so that every rank routes alike and adds the bias once, to the reduced sum."""
+    everyone = tuple(range(plan.size))
+    for e in range(arch.attention_settings.n_experts):  # each expert's q alone is a point of ours too (trace)
+        plan.styles.update({f"{prefix}.q.{e}": "col", f"{prefix}.o.{e}": "row"})
+        plan.points[f"{prefix}.q.{e}"] = (-1, everyone)
+    plan.styles.update({f"{prefix}.k": "col", f"{prefix}.v": "col"})
+    plan.points.update({f"{prefix}.{name}": (-1, everyone) for name in ("q", "k", "v")})
+
+
 # ArchConfig.attention -> how its layers split
-ATTENTION_PLANS: dict[str, Callable[[ArchConfig, Plan, str], None]] = {"standard": _standard, "latent": _latent}
+ATTENTION_PLANS: dict[str, Callable[[ArchConfig, Plan, str], None]] = {"standard": _standard, "latent": _latent,
+                                                                     "head_mixture": _mixture}
+# the kinds whose KV heads split as the query heads do (latent attention has one latent, its heads the queries')
+KV_HEADS_SPLIT = ("standard", "head_mixture")
 
 
 def check_split(arch: ArchConfig, size: int) -> None:
@@ -168,7 +187,7 @@ def check_split(arch: ArchConfig, size: int) -> None:
 def make_plan(arch: ArchConfig, size: int, rank: int) -> Plan:
     check_split(arch, size)
     kv = arch.n_kv_heads // size if arch.n_kv_heads % size == 0 else 1
-    local = replace(arch, n_heads=arch.n_heads // size, n_kv_heads=kv if arch.attention == "standard"
+    local = replace(arch, n_heads=arch.n_heads // size, n_kv_heads=kv if arch.attention in KV_HEADS_SPLIT
                     else arch.n_heads // size)
     plan = Plan(size, rank, local)
     sharded_vocab = arch.vocab_size % size == 0  # else the embedding and head stay whole (documented)

@@ -13,7 +13,8 @@ import torch
 from lmconvert.arch import ArchConfig
 from lmconvert.formats.errors import InputError
 from lmconvert.formats.source import Loadable
-from lmconvert.mappings.tables.points import Returned, Summed
+from lmconvert.mappings import BY_MODEL_TYPE
+from lmconvert.mappings.tables.points import Parallel, Returned, Summed
 from lmconvert.mappings.tables.table import TensorTable
 
 from .layouts import EXPERT, PointLayouts
@@ -143,7 +144,16 @@ def reference_model(reference: Loadable, dtype: torch.dtype, device: str, max_me
 
 def placement(reference: Loadable, dtype: torch.dtype, device: str, max_memory: int | None,
               reserve: int) -> dict[str, int | str] | None:
-    """accelerate's `device_map` for the reference, or None for the whole model on `device`."""
+    """accelerate's `device_map` for the reference, or None for the whole model on `device`; a family
+    whose transformers model accelerate cannot offload (`Family.no_offload`) is refused by name."""
+    if max_memory is not None:
+        from transformers import AutoConfig
+
+        model_type = AutoConfig.from_pretrained(str(reference.where), **reference.kwargs).model_type
+        family = BY_MODEL_TYPE.get(model_type)
+        if family is not None and family.no_offload:
+            raise InputError(f"--max-memory: {model_type}: {family.no_offload}; verify it without --max-memory, on a "
+                             "machine that holds transformers' model")
     gpus = spread_gpus(device)
     if gpus > 1:
         return spread_map(reference, dtype, gpus, max_memory, reserve)
@@ -227,6 +237,8 @@ def reference_trace(model: torch.nn.Module, ids: torch.Tensor, arch: ArchConfig,
                 recorder.experts_alone(point, modules[path.rpartition(".")[0]],
                                        lambda _m, args, e, experts=experts: stacked_expert_alone(experts, args, e),
                                        arch.moe.n_experts)
+            elif isinstance(declared, Parallel):  # run inline by the mixture's module: each alone through its products
+                recorder.experts_alone(point, modules[path], parallel_expert_alone, arch.moe.n_experts)
             else:
                 recorder.experts_alone(point, modules[path], expert_alone, arch.moe.n_experts)
         recorder.output_of(point, modules[path], declared.index if isinstance(declared, Returned) else 0)
@@ -274,6 +286,17 @@ def stacked_expert_alone(experts: torch.nn.Module, args: tuple, e: int) -> torch
     stacked = h.new_zeros((n, *h.shape))
     stacked[e] = h
     return experts.forward(stacked.reshape(-1, h.shape[-1])).view(n, *h.shape)[e]
+
+
+def parallel_expert_alone(mixture: torch.nn.Module, args: tuple, e: int) -> torch.Tensor:
+    """JetMoE's mixture (`JetMoeMoE`: experts run inline on rows sorted by expert, `input_linear` then the
+    activation of the first half times the second, then `output_linear`) given every token as expert `e`'s
+    rows: expert `e`'s own output at weight 1, through transformers' own expert modules."""
+    h = args[0].reshape(-1, args[0].shape[-1])
+    sizes = [0] * mixture.input_linear.num_experts
+    sizes[e] = h.shape[0]
+    gate, up = mixture.input_linear.forward(h, sizes).chunk(2, dim=-1)
+    return mixture.output_linear.forward(mixture.activation(gate) * up, sizes)
 
 
 def model_type(model: torch.nn.Module) -> str:

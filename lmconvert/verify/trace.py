@@ -218,6 +218,14 @@ def hf_point_modules(root: nn.Module, arch: ArchConfig, table: TensorTable) -> d
         if path is not None:
             found[point] = path
             by_layer.setdefault(layer_of(point), []).append(path)
+    for point in [p for p in found if sublayer_of(p) == "attn"]:
+        # the attention's own tensors may sit in a module under it (JetMoE's output bias, in its never-called
+        # `experts`): its point is the attention's output, the module every other attention point shares
+        inside = [path for p, path in found.items() if layer_of(p) == layer_of(point) and sublayer_of(p) != "attn"
+                  and sublayer_of(p).startswith("attn.")]
+        prefix = _common_prefix(inside) if len(inside) > 1 else ""
+        if prefix in names and prefix:
+            found[point] = prefix
     for i in range(arch.n_layers):
         paths = by_layer.get(i, [])
         prefix = _common_prefix(paths) if len(paths) > 1 else ""

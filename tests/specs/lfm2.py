@@ -17,9 +17,10 @@ SPEC = Spec(
     card=("short convolution (LFM2): in_proj to B, C, x (3 x 64); B*x through a depthwise causal conv of width 4",
           "layer schedule: attention on 1 (1); short_conv on 3 (0, 2-3); FFN on all layers",
           "layer pattern: MF AF MF MF", "QK norm: per head", "FFN: SwiGLU, d_ff 96", "embeddings: tied",
-          "decoding state: 64 entries per token (KV cache, 1 attention layers) + 768 entries per sequence",
+          "decoding state: 64 entries per token (KV cache, 1 layer of attention) + 768 entries per sequence",
           "mixer state       3,072 bytes per sequence (float32)"),
     own_spelling={"rms_norm_eps": "norm_eps"}, not_a_key=("attention_dropout",),
+    gguf=dict(conv_bias=False),  # llama.cpp's lfm2 loads no convolution biases
     tp_refusal="the short_conv mixer layers have no tensor-parallel plan",
     config_variants=(
         dict(block_auto_adjust_ff_dim=False),  # export writes the width itself, so the derived one cannot come back

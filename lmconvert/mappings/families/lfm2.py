@@ -23,9 +23,12 @@ from lmconvert.arch import ArchConfig, NormConfig
 from ..errors import MappingError
 from ..family import Family
 from ..tables.config_table import DEFAULT, Entry, fixed
+from ..tables.gguf import GgufArch, tensor_table
 from ..tables.hf_config import HfConfig, Key, show
+from ..tables.hf_layers import layer_mixers_from_types
 from ..tables.points import QK_NORM_PER_HEAD
 from ..tables.table import Rule, TensorTable
+from ..tables.transforms import Transform
 from . import llama
 
 LAYER = "model.layers.{}"
@@ -54,16 +57,13 @@ def schedule_from_hf(hf: HfConfig, fields: dict[str, Any]) -> dict[str, Any]:
     it is absent) and the others convolve."""
     n = fields["n_layers"]
     types = hf.get("layer_types")
-    if types is None:
-        attending = hf.get("full_attn_idxs")
+    if types is None:  # LFM2-MoE has no full_attn_idxs (nor a schedule without layer_types): every layer attends
+        attending = hf.get("full_attn_idxs") if "full_attn_idxs" in hf.keys else None
         attending = range(n) if attending is None else attending
         if any(isinstance(i, bool) or not isinstance(i, int) for i in attending):
             raise MappingError(f"config.json: full_attn_idxs={show(attending)} should list layer indices")
         types = ["full_attention" if i in attending else "conv" for i in range(n)]
-    if len(types) != n or any(not isinstance(t, str) or t not in LAYER_TYPES for t in types):
-        raise MappingError(f"config.json: layer_types={show(types)} should name one of {', '.join(LAYER_TYPES)} "
-                           f"for each of the num_hidden_layers={n} layers")
-    mixers = tuple(LAYER_TYPES[t] for t in types)
+    mixers = layer_mixers_from_types(types, n, LAYER_TYPES)
     if "mixer" not in mixers:
         return {}
     return {"mixer": "short_conv", "layer_mixers": mixers,
@@ -122,7 +122,47 @@ CONFIG = llama.CONFIG.but(
 )
 
 
+# -- llama.cpp (GGUF): its lfm2 architecture. The conv layers state no KV heads (`head_count_kv` is one count per
+# layer, 0 on a conv layer: what the import reads the schedule from), the FFN width is the derived one, the final
+# norm is `token_embd_norm`, the conv weight is stored [channels, kernel] (LFM2Model.modify_tensors squeezes it),
+# q/k rows are not permuted (NeoX rotation), and llama.cpp loads no conv biases (an export holding them is
+# refused, naming the tensors).
+CONV_2D = Transform("the convolution's middle dimension of 1 left out", lambda t: t.unsqueeze(1),
+                    lambda t: t.squeeze(1))
+
+
+def _gguf_table() -> TensorTable:
+    rules = tuple(r for r in tensor_table(False, 0.0, True).rules if r.stored != "output_norm.weight")
+    return TensorTable((*rules, Rule("token_embd_norm.weight", "final_norm.weight"),
+                        Rule("blk.{}.shortconv.conv.weight", "layers.{}.mixer.conv.weight", CONV_2D),
+                        Rule("blk.{}.shortconv.in_proj.weight", "layers.{}.mixer.in_proj.weight"),
+                        Rule("blk.{}.shortconv.out_proj.weight", "layers.{}.mixer.out_proj.weight")))
+
+
+def _schedule_from_gguf(config: dict[str, Any]) -> dict[str, Any]:
+    """transformers' GGUF loader for lfm2: the KV heads the largest count, the attention layers those with any,
+    and the width as stated (no adjustment)."""
+    counts = config["num_key_value_heads"]
+    counts = counts if isinstance(counts, list) else [counts] * config["num_hidden_layers"]
+    return {"num_key_value_heads": max(counts), "block_auto_adjust_ff_dim": False,
+            "layer_types": ["full_attention" if n > 0 else "conv" for n in counts]}
+
+
+def _kv_heads_per_layer(config: dict[str, Any]) -> dict[str, Any]:
+    types = config.get("layer_types") or ["full_attention"] * config["num_hidden_layers"]
+    return {"attention.head_count_kv": [config["num_key_value_heads"] if t == "full_attention" else 0
+                                        for t in types]}
+
+
+GGUF_LFM2 = GgufArch("lfm2", arch="lfm2", keys={"shortconv.l_cache": "conv_L_cache"},
+                     renamed={"rms_norm_eps": "norm_eps"}, derived=_schedule_from_gguf, exported=_kv_heads_per_layer,
+                     table=_gguf_table(), stated=frozenset({"vocab_size"}), head_dim_stated=False,
+                     refused={f"blk.0.shortconv.{p}.bias": "a short-convolution bias (conv_bias)"
+                              for p in ("conv", "in_proj", "out_proj")})
+
+
 # q_layernorm(q_proj(x).view(B, T, -1, D)), transposed afterwards
 REFERENCE_LAYOUTS = QK_NORM_PER_HEAD
 
-FAMILY = Family("lfm2", ("lfm2",), "Lfm2ForCausalLM", TENSORS, CONFIG, reference_layouts=REFERENCE_LAYOUTS)
+FAMILY = Family("lfm2", ("lfm2",), "Lfm2ForCausalLM", TENSORS, CONFIG, gguf=(GGUF_LFM2,),
+                reference_layouts=REFERENCE_LAYOUTS)
