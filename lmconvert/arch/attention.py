@@ -13,6 +13,7 @@ upcast inside, and layers with sinks (gpt-oss), which SDPA cannot add.
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 import torch
 import torch.nn.functional as F
@@ -22,6 +23,7 @@ from .build import attach
 from .cache import KVCache
 from .config import ArchConfig
 from .context import Context
+from .norms import Norm
 from .parts import Part
 from .positions import ALIBI_KINDS, RelativeBias, alibi_bias
 from .rope import Rotary, apply_rotary
@@ -120,7 +122,12 @@ class Attention(nn.Module):
         self.layer, self.cfg = layer, cfg
         # replaced by `attach` where the config has them
         self.q_norm = self.k_norm = self.sub_norm = self.sinks = self.out_gate = None
+        self.k = self.v = None  # Gemma 4: a KV-shared layer has neither, a K = V layer no v
         attach(self, parts)
+        # Gemma 4: the weightless V norm (no parameters), and where a KV-shared layer's K/V come from
+        self.v_norm = Norm(cfg.head_dim, replace(cfg.norm, weight=False, weight_offset=0.0)) if cfg.v_norm else None
+        self.kv_source = cfg.kv_source(layer)
+        self.kv_shared = cfg.kv_shared_layers and layer in [cfg.kv_source(i) for i in range(cfg.n_layers)]
         if cfg.sinks_fp32 and self.sinks is not None:  # the loaders keep these fp32 in any dtype
             self.fp32_parameters = ("sinks",)
         self.rotary = rotary
@@ -137,7 +144,10 @@ class Attention(nn.Module):
     def forward(self, x: torch.Tensor, ctx: Context, cache: KVCache | None = None) -> torch.Tensor:
         cfg = self.cfg
         B, T, _ = x.shape
-        q, k, v = self.q(x), self.k(x), self.v(x)  # (B, T, H*D), (B, T, KV*D) x2
+        if self.kv_source is not None:  # Gemma 4: K/V taken whole (cached ones too) from an earlier layer
+            return self._reusing(x, ctx)
+        q, k = self.q(x), self.k(x)  # (B, T, H*D), (B, T, KV*D)
+        v = self.v(x) if self.v is not None else k  # K = V: v is k's projection, before k's norm
         gate = self.out_gate(x) if self.out_gate is not None else None  # AFMoE: (B, T, H*D)
         if cfg.attn_output_gate == "q_heads":  # Qwen3-Next: (B, T, H*2D), each head's [query | gate]
             q, gate = torch.chunk(q.view(B, T, cfg.n_heads, 2 * cfg.head_dim), 2, dim=-1)
@@ -154,6 +164,8 @@ class Attention(nn.Module):
         v = v.view(B, T, cfg.n_kv_heads, cfg.head_dim)
         if cfg.qk_norm == "head" and not cfg.qk_norm_after_rope:
             q, k = self.q_norm(q), self.k_norm(k)
+        if self.v_norm is not None:
+            v = self.v_norm(v)
         q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)  # (B, H|KV, T, D)
         if self.rotary is not None:
             cos, sin = ctx.rotary(self.rotary)
@@ -173,6 +185,29 @@ class Attention(nn.Module):
                 q = (q * temperature).to(q.dtype)
         if cache is not None:
             k, v = cache.update(self.layer, k, v)  # (B, KV, S, D)
+        if self.kv_shared:  # for the KV-shared layers after it
+            ctx.shared_kv[self.layer] = k, v
+        return self._attend(q, k, v, gate, scale, ctx)
+
+    def _reusing(self, x: torch.Tensor, ctx: Context) -> torch.Tensor:
+        """A KV-shared layer (Gemma 4): its own q, normed and rotated; K/V as its source layer left them."""
+        cfg = self.cfg
+        B, T, _ = x.shape
+        q = self.q(x).view(B, T, cfg.n_heads, cfg.head_dim)
+        if self.q_norm is not None:
+            q = self.q_norm(q)
+        q = q.transpose(1, 2)
+        if self.rotary is not None:
+            cos, sin = ctx.rotary(self.rotary)
+            rope = self.rotary.cfg
+            q = apply_rotary(q, cos, sin, rope.layout, rope.fp32_rotation, rope.complex_product, rope.reverse)
+        k, v = ctx.shared_kv[self.kv_source]
+        return self._attend(q, k, v, None, self.scale, ctx)
+
+    def _attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, gate: torch.Tensor | None, scale: float,
+                ctx: Context) -> torch.Tensor:
+        cfg = self.cfg
+        B, _, T, _ = q.shape
         bias = self._position_bias(ctx)
         allowed = ctx.allowed(self.window, self.chunk)
         dropout = cfg.attn_dropout if self.training else 0.0

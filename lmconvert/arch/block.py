@@ -89,7 +89,7 @@ class Block(nn.Module):
         for slot in SLOTS:
             setattr(self, slot, Norm(cfg.d_model, cfg.norm) if slot in slots else nn.Identity())
         self.attn = attention_kind(cfg.attention).build(cfg, layer, rotary, relative)
-        self.mlp = ffn(cfg, layer)  # dense, or a mixture of experts (moe.py)
+        self.mlp = ffn(cfg.layer_config(layer), layer)  # dense, or a mixture of experts (moe.py); its own width
         self.drop = nn.Dropout(cfg.resid_dropout)
         self.residual_scale = cfg.residual_scale
         self.parallel_sum, self.residual_after_norm = cfg.parallel_sum, cfg.residual_after_norm
@@ -101,6 +101,8 @@ class Block(nn.Module):
                         module.__class__ = linear
                         if linear is Conv1D:
                             hold_in_out(module)
+        # -- Gemma 4: the block's output times a learned scalar (Gemma4TextDecoderLayer's layer_scalar)
+        self.scalar = nn.Parameter(torch.ones(1)) if cfg.layer_scalar else None
 
     def scaled(self, out: torch.Tensor) -> torch.Tensor:
         """A sublayer's output as it joins the residual: dropped out, then multiplied by a Python
@@ -109,4 +111,5 @@ class Block(nn.Module):
         return out if self.residual_scale == 1.0 else out * self.residual_scale
 
     def forward(self, h: torch.Tensor, ctx: Context, cache: KVCache | None = None) -> torch.Tensor:
-        return self.wiring(self, h, lambda x: self.attn(x, ctx, cache))
+        h = self.wiring(self, h, lambda x: self.attn(x, ctx, cache))
+        return h if self.scalar is None else h * self.scalar  # Gemma 4

@@ -83,7 +83,9 @@ def _block(cfg: ArchConfig, layer: int, name: str) -> Shapes:
         if slot in filled:
             shapes.update(norm.shapes(f"{name}.{slot}"))
     shapes.update(part_shapes(attention.parts(cfg.layer_config(layer)), f"{name}.attn"))
-    shapes.update(_ffn(cfg, layer, f"{name}.mlp"))
+    shapes.update(_ffn(cfg.layer_config(layer), layer, f"{name}.mlp"))  # its own width (Gemma 4's shared layers)
+    if cfg.layer_scalar:  # Gemma 4
+        shapes[f"{name}.scalar"] = (1,)
     return shapes
 
 
