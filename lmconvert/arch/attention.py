@@ -53,12 +53,27 @@ def _sink_softmax(w: torch.Tensor, sinks: torch.Tensor) -> torch.Tensor:
     return F.softmax(combined, dim=-1, dtype=combined.dtype)[..., :-1]
 
 
+def _softmax_dtype(w: torch.Tensor) -> torch.dtype:
+    """fp32, as transformers upcasts; float64 scores stay float64, so that a float64 model (the tests' exact
+    reference for cached decoding) rounds nowhere that depends on how many keys a row has."""
+    return torch.promote_types(w.dtype, torch.float32)
+
+
+def _repeat_kv(x: torch.Tensor, groups: int) -> torch.Tensor:
+    """transformers' repeat_kv: each KV head `groups` times, as expand + reshape. With one KV head that is a
+    view whose head stride is 0, and q @ k^T over it rounds otherwise than over a copy (Gemma 4's global layers)."""
+    if groups == 1:
+        return x
+    B, KV, S, D = x.shape
+    return x[:, :, None].expand(B, KV, groups, S, D).reshape(B, KV * groups, S, D)
+
+
 def _eager(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float, softcap: float | None,
            bias: torch.Tensor | None, allowed: torch.Tensor | None, dropout: float,
            scores_fp32: bool = False, bias_add: str = "rounded", scale_in_product: bool = False,
            sinks: torch.Tensor | None = None, sink_scale: bool = False) -> torch.Tensor:
     groups = q.shape[1] // k.shape[1]
-    k, v = k.repeat_interleave(groups, dim=1), v.repeat_interleave(groups, dim=1)  # (B, H, S, D)
+    k, v = _repeat_kv(k, groups), _repeat_kv(v, groups)  # (B, H, S, D)
     if scores_fp32:  # GPT-J, GPT-Neo, GPT-2's reorder_and_upcast_attn: q @ k^T up to the softmax in fp32
         wide = torch.promote_types(q.dtype, torch.float32)
         q, k = q.to(wide), k.to(wide)
@@ -84,9 +99,9 @@ def _eager(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float, soft
     if sinks is not None and sink_scale:  # GraniteSWA's form of the same sinks: the plain softmax's output scaled
         # by sigmoid(logsumexp(scores) - sink), the logsumexp in the scores' dtype, the sigmoid in fp32
         gate = (torch.logsumexp(w, dim=-1) - sinks.reshape(1, -1, 1)).to(torch.float32).sigmoid()
-        p = F.dropout(F.softmax(w, dim=-1, dtype=torch.float32).to(dtype), p=dropout, training=dropout > 0)
+        p = F.dropout(F.softmax(w, dim=-1, dtype=_softmax_dtype(w)).to(dtype), p=dropout, training=dropout > 0)
         return torch.matmul(p, v) * gate.unsqueeze(-1).to(dtype)
-    p = (F.softmax(w, dim=-1, dtype=torch.float32) if sinks is None else _sink_softmax(w, sinks)).to(dtype)
+    p = (F.softmax(w, dim=-1, dtype=_softmax_dtype(w)) if sinks is None else _sink_softmax(w, sinks)).to(dtype)
     p = F.dropout(p, p=dropout, training=dropout > 0)
     return torch.matmul(p, v)
 
@@ -109,8 +124,21 @@ def _sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float, bias:
         causal = False
     elif causal:
         mask = None
-    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout, is_causal=causal,
-                                          scale=scale, enable_gqa=q.shape[1] != k.shape[1])
+    B, H, T, D = q.shape
+    groups = H // k.shape[1]
+    # transformers' sdpa_attention_forward: SDPA's own GQA where there is no mask (and head dims <= 256);
+    # else one query token's heads packed as the rows of its KV heads, or the KV heads repeated
+    if groups == 1 or mask is None and k.shape[-1] == v.shape[-1] <= 256:
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout, is_causal=causal,
+                                              scale=scale, enable_gqa=groups > 1)
+    if T == 1:
+        if mask is not None and mask.dim() == 4 and mask.shape[1] > 1:
+            mask = mask.reshape(mask.shape[0], H // groups, groups, mask.shape[-1])
+        out = F.scaled_dot_product_attention(q.reshape(B, H // groups, groups, D), k, v, attn_mask=mask,
+                                             dropout_p=dropout, is_causal=False, scale=scale)
+        return out.reshape(out.shape[0], H, T, v.shape[-1])
+    return F.scaled_dot_product_attention(q, _repeat_kv(k, groups), _repeat_kv(v, groups), attn_mask=mask,
+                                          dropout_p=dropout, is_causal=causal, scale=scale)
 
 
 class Attention(nn.Module):
@@ -210,6 +238,11 @@ class Attention(nn.Module):
         B, _, T, _ = q.shape
         bias = self._position_bias(ctx)
         allowed = ctx.allowed(self.window, self.chunk)
+        if self.window is not None and bias is None and len(ctx.k_pos) > len(ctx.q_pos) and allowed is not None:
+            # after a prefill, the keys transformers' sliding-window cache still holds: the window's last
+            # window - 1 and the new ones. The others are masked out anyway; over fewer keys the sums round as its
+            keep = min(len(ctx.k_pos), self.window - 1 + T)
+            k, v, allowed = k[..., -keep:, :], v[..., -keep:, :], allowed[..., -keep:]
         dropout = cfg.attn_dropout if self.training else 0.0
         add = ALIBI_KINDS[cfg.alibi].add if self.position == "alibi" else "rounded"  # how the bias joins
         if cfg.attn_softcap is not None or cfg.scores_fp32 or cfg.scale_in_product or cfg.attn_sinks \

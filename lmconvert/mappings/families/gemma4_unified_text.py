@@ -30,7 +30,7 @@ from lmconvert.arch import ArchConfig
 from ..errors import MappingError
 from ..family import Family
 from ..tables import hf_rope
-from ..tables.config_table import DEFAULT, Entry, fixed, plain, unsupported
+from ..tables.config_table import Entry, fixed, unsupported
 from ..tables.hf_config import HfConfig, Key, show
 from ..tables.hf_layers import LAYER_TYPES_KEY, SLIDING_WINDOW_KEY, layer_kinds_from_hf, window_fields
 from ..tables.hf_layers import layers_and_window_to_hf as _layers_to_hf
@@ -80,7 +80,8 @@ def _geometry(hf: HfConfig, fields: dict[str, Any], kinds: list[str]) -> dict[st
         return {"global_head_dim": hf.get("global_head_dim"), "global_kv_heads": kv}
     where = f"config.json: per_layer_config={show(stated)}"
     overrides: list[dict[str, Any]] = []
-    for key, value in stated.items():
+    by_layer: dict[int, dict[str, Any]] = {}
+    for key, value in stated.items():  # transformers writes the indices zero-padded ("05")
         if not (isinstance(key, str) and key.isdigit() and int(key) < len(kinds)) or not isinstance(value, dict) \
                 or set(value) - set(OVERRIDES):
             raise MappingError(f"{where}: lmconvert reads only {' and '.join(OVERRIDES)} per layer index below "
@@ -88,9 +89,10 @@ def _geometry(hf: HfConfig, fields: dict[str, Any], kinds: list[str]) -> dict[st
         if kinds[int(key)] != "global" and value:
             raise MappingError(f"{where}: layer {key} is sliding; lmconvert reads other head geometry on full "
                                "layers only")
+        by_layer[int(key)] = value
     for i, kind in enumerate(kinds):
         if kind == "global":
-            overrides.append(stated.get(str(i), {}))
+            overrides.append(by_layer.get(i, {}))
     if any(o != overrides[0] for o in overrides):
         raise MappingError(f"{where}: the full layers differ from each other; lmconvert reads one geometry for "
                            "all full layers")
@@ -110,7 +112,7 @@ def layers_to_hf(cfg: ArchConfig) -> dict[str, Any]:
             layer = cfg.layer_config(i)
             per_layer[str(i)] = {"head_dim": layer.head_dim} | (
                 {"num_key_value_heads": layer.n_kv_heads} if cfg.global_kv_heads is not None else {})
-    return out | {"per_layer_config": per_layer, "global_head_dim": DEFAULT, "num_global_key_value_heads": DEFAULT,
+    return out | {"per_layer_config": per_layer,
                   "attention_k_eq_v": cfg.k_eq_v == "global", "num_kv_shared_layers": cfg.kv_shared_layers,
                   "use_double_wide_mlp": cfg.shared_ffn_factor == 2}
 
