@@ -94,6 +94,18 @@ def llama4(text: dict[str, Any] | None = None, **top: Any) -> transformers.PreTr
         image_token_index=5, **top)
 
 
+def gemma4_unified(**top: Any) -> transformers.PreTrainedConfig:
+    """Gemma 4 unified as published: the wrapper around a gemma4_unified_text decoder, the family spec's (per-layer
+    geometry, K = V, KV sharing), with tiny vision and audio embedders (saved under the Hub's `vision_embedder.`)."""
+    return transformers.Gemma4UnifiedConfig(
+        text_config=dict(model_type="gemma4_unified_text", **{**TEXT, **SPECS["gemma4_unified_text"].kwargs}),
+        vision_config=dict(patch_size=4, pooling_kernel_size=2, mm_embed_dim=64, mm_posemb_size=16,
+                           output_proj_dims=64),
+        # the placeholder ids past the vocabulary: transformers reads a placeholder in the text as padding
+        audio_config=dict(audio_embed_dim=16), image_token_id=1000, boi_token_id=1001, eoi_token_id=1002,
+        video_token_id=1003, boa_token_id=1004, eoa_token_index=1005, audio_token_id=1006, **top)
+
+
 # wrapper model_type (and ":" its text decoder's, where another family reads that one) -> (config,
 # transformers class, text family, its CausalLM, the towers' first names, what the
 # note says is left out)
@@ -113,6 +125,9 @@ WRAPPERS: dict[str, tuple[Callable[..., Any], str, str, str, tuple[str, ...], st
                         "the image and audio embedders"),
     "llama4": (llama4, "Llama4ForConditionalGeneration", "llama4_text", "Llama4ForCausalLM",
                ("vision_model.", "multi_modal_projector."), "the vision model and multi-modal projector"),
+    "gemma4_unified": (gemma4_unified, "Gemma4UnifiedForConditionalGeneration", "gemma4_unified_text",
+                       "Gemma4UnifiedForCausalLM", ("model.vision_embedder.", "model.embed_audio.", "model.embed_vision."),
+                       "the vision and audio embedders"),
 }
 
 

@@ -32,7 +32,6 @@ SPEC = Spec(
              rope_parameters={S: {"rope_type": "default", "rope_theta": 20000.0},
                               F: {"rope_type": "proportional", "partial_rotary_factor": 0.5, "rope_theta": 5e5}}),
         dict(KWARGS, num_kv_shared_layers=0, attention_k_eq_v=False, use_double_wide_mlp=False,
-             use_bidirectional_attention=None,
              rope_parameters={S: {"rope_type": "linear", "factor": 2.0, "rope_theta": 20000.0},
                               F: {"rope_type": "proportional", "partial_rotary_factor": 1.0, "factor": 2.0,
                                   "rope_theta": 5e5}}),

@@ -106,12 +106,14 @@ def _geometry(hf: HfConfig, fields: dict[str, Any], kinds: list[str]) -> dict[st
 
 def layers_to_hf(cfg: ArchConfig) -> dict[str, Any]:
     out = _layers_to_hf(cfg)
-    per_layer = {}
+    per_layer, width = {}, len(str(cfg.n_layers - 1))  # transformers pads the indices to one width ("05")
     for i, kind in enumerate(cfg.layer_kinds):
         if kind == "global":
-            layer = cfg.layer_config(i)
-            per_layer[str(i)] = {"head_dim": layer.head_dim} | (
+            layer = cfg.layer_config(i)  # what differs from the sliding layers only, as transformers writes it
+            overrides = ({"head_dim": layer.head_dim} if cfg.global_head_dim is not None else {}) | (
                 {"num_key_value_heads": layer.n_kv_heads} if cfg.global_kv_heads is not None else {})
+            if overrides:
+                per_layer[str(i).zfill(width)] = overrides
     return out | {"per_layer_config": per_layer,
                   "attention_k_eq_v": cfg.k_eq_v == "global", "num_kv_shared_layers": cfg.kv_shared_layers,
                   "use_double_wide_mlp": cfg.shared_ffn_factor == 2}
@@ -125,7 +127,7 @@ def rope_from_hf(hf: HfConfig, fields: dict[str, Any]) -> dict[str, Any]:
                 "sliding_attention": {"rope_type": "default", "rope_theta": 10_000.0}}
     ropes = {}
     for kind, default in defaults.items():
-        params = nested.get(kind) if hf.stated("rope_parameters") else default
+        params = nested.get(kind) if nested else default  # absent or null: transformers' defaults
         if not isinstance(params, dict):
             raise MappingError(f"config.json: rope_parameters.{kind}={show(params)} should be a JSON object")
         ropes[kind] = hf_rope.rope_from_hf(hf, params, f"rope_parameters.{kind}.", theta=params.get("rope_theta", 10_000.0))
@@ -148,6 +150,7 @@ CONFIG = gemma3.CONFIG.but(
     defaults={"vocab_size": 262_144, "max_position_embeddings": 262_144, "sliding_window": 1024,
               "hidden_size": 2304, "intermediate_size": 9216, "num_hidden_layers": 30, "num_attention_heads": 8,
               "num_key_value_heads": 4, "head_dim": 256},
+    nullable={"sliding_window": False},
     decoder=lambda data: nested_text_config(data, "gemma4_unified", ("gemma4_unified_text",),
                                             {"model_type": "gemma4_unified_text"}),
 )
@@ -160,5 +163,6 @@ FAMILY = Family("gemma4_unified_text", ("gemma4_unified_text", "gemma4_unified")
                 TENSORS, CONFIG,
                 notes={"gemma4_unified": "Gemma4UnifiedForConditionalGeneration (model_type gemma4_unified): only "
                                          "the text decoder is read; the vision and audio embedders are left out"},
-                no_gguf="llama.cpp has no gemma4 unified architecture",
+                no_gguf="lmconvert does not write llama.cpp's gemma4 architecture yet: its per-layer head geometry, "
+                        "K = V layers, shared KV layers and layer scalars have no GGUF table here",
                 reference_layouts=REFERENCE_LAYOUTS)

@@ -109,7 +109,8 @@ def rope_to_hf(rope: RopeConfig, partial: bool = False) -> dict[str, Any]:
         value = getattr(rope, name)
         if name in relevant and (name in required or value != getattr(defaults, name)):
             out[key] = list(value) if isinstance(value, tuple) else value  # longrope's factors: JSON lists
-    if partial or rope.fraction != 1.0:  # partial: an absent fraction means the family's default
+    if partial or rope.fraction != 1.0 or kind == "proportional":  # partial: an absent fraction means the family's
+        #   default; proportional's is always written (transformers does)
         out["partial_rotary_factor"] = rope.fraction
     return out
 
