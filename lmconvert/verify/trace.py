@@ -46,6 +46,8 @@ def block_modules(model: nn.Module) -> list[tuple[str, nn.Module]]:
         if not name.startswith("layers.") or any(name.startswith(f"{whole}.") for whole, m in found
                                                  if getattr(m, "one_point", False)):
             continue
+        if name.count(".") == 1:  # a block itself (Gemma 4's owns its layer scalar): its output is `layers.{i}`
+            continue
         if getattr(module, "one_point", False) or any(True for _ in module.parameters(recurse=False)):
             found.append((name, module))
     return found

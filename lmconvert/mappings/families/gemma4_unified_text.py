@@ -35,7 +35,7 @@ from ..tables.hf_config import HfConfig, Key, show
 from ..tables.hf_layers import LAYER_TYPES_KEY, SLIDING_WINDOW_KEY, layer_kinds_from_hf, window_fields
 from ..tables.hf_layers import layers_and_window_to_hf as _layers_to_hf
 from ..tables.hf_wrapper import nested_text_config, wrapped
-from ..tables.points import QK_NORM_HEADS_FIRST
+from ..tables.points import QK_NORM_PER_HEAD
 from ..tables.table import Rule, TensorTable
 from . import gemma2, gemma3, llama
 
@@ -156,8 +156,8 @@ CONFIG = gemma3.CONFIG.but(
 )
 
 
-# q_proj(x).view(B, T, -1, D), then q_norm (heads first)
-REFERENCE_LAYOUTS = QK_NORM_HEADS_FIRST
+# q_proj(x).view(B, T, -1, D), then q_norm, before the heads are moved first
+REFERENCE_LAYOUTS = QK_NORM_PER_HEAD
 
 FAMILY = Family("gemma4_unified_text", ("gemma4_unified_text", "gemma4_unified"), "Gemma4UnifiedForCausalLM",
                 TENSORS, CONFIG,
