@@ -78,14 +78,13 @@ def _ffn(cfg: ArchConfig, layer: int, name: str) -> Shapes:
 def _block(cfg: ArchConfig, layer: int, name: str) -> Shapes:
     attention = attention_kind(cfg.attention)  # its parts, the very ones its module attaches
     filled, norm = norm_slots(cfg, layer), NormPart(cfg.d_model, cfg.norm)
-    shapes: Shapes = {}
+    # Gemma 4's scalar: the block's own parameter, so first in its state_dict
+    shapes: Shapes = {f"{name}.scalar": (1,)} if cfg.layer_scalar else {}
     for slot in SLOTS:
         if slot in filled:
             shapes.update(norm.shapes(f"{name}.{slot}"))
     shapes.update(part_shapes(attention.parts(cfg.layer_config(layer)), f"{name}.attn"))
     shapes.update(_ffn(cfg.layer_config(layer), layer, f"{name}.mlp"))  # its own width (Gemma 4's shared layers)
-    if cfg.layer_scalar:  # Gemma 4
-        shapes[f"{name}.scalar"] = (1,)
     return shapes
 
 

@@ -65,6 +65,11 @@ VARIANT_NAMES = {
     "attention_chunk": "chunked local attention", "chunked_layers": "chunked local attention on these layers",
     "qk_l2_norm": "a weightless L2 QK norm after RoPE (Llama 4)",
     "attn_output_gate": "a sigmoid gate on the attention output (AFMoE's gate_proj)",
+    # Gemma 4
+    "global_head_dim": "a head_dim of the global layers' own", "global_kv_heads": "KV heads of the global layers' own",
+    "k_eq_v": "K = V layers (no v projection)", "v_norm": "a weightless V norm",
+    "kv_shared_layers": "cross-layer KV sharing", "kv_reused": "a KV-shared layer",
+    "shared_ffn_factor": "wider FFNs on the KV-shared layers", "layer_scalar": "a per-layer output scalar",
 }
 
 def tensor_sizes(arch: ArchConfig) -> dict[str, int]:

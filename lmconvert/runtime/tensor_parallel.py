@@ -100,6 +100,12 @@ def refusals(arch: ArchConfig, size: int) -> list[str]:
         ("relative" in arch.layer_positions, "the relative position bias is indexed by the global head"),
         (arch.qk_norm == "projection", "QK norm over the whole projection needs every head's values"),
         (arch.sub_norms, "the sub-norms (BitNet's) normalise over every head and the whole MLP width"),
+        # Gemma 4's features, each refused by name
+        (arch.global_head_dim is not None or arch.global_kv_heads is not None,
+         "per-layer head geometry (the global layers' own head_dim and KV heads) has no tensor-parallel plan"),
+        (arch.k_eq_v != "none", "K = V layers (v taken from k's projection) have no tensor-parallel plan"),
+        (bool(arch.kv_shared_layers), "cross-layer KV sharing has no tensor-parallel plan"),
+        (arch.layer_scalar, "the per-layer output scalar has no tensor-parallel plan"),
     ]
     return [why for wrong, why in checks if wrong]
 

@@ -36,5 +36,5 @@ SPEC = Spec(
                               F: {"rope_type": "proportional", "partial_rotary_factor": 1.0, "factor": 2.0,
                                   "rope_theta": 5e5}}),
     ),
-    tp_refusal="Gemma 4's per-layer geometry and KV sharing do not split over ranks",
+    tp_refusal="per-layer head geometry (the global layers' own head_dim and KV heads) has no tensor-parallel plan",
 )
