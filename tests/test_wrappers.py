@@ -126,7 +126,8 @@ WRAPPERS: dict[str, tuple[Callable[..., Any], str, str, str, tuple[str, ...], st
     "llama4": (llama4, "Llama4ForConditionalGeneration", "llama4_text", "Llama4ForCausalLM",
                ("vision_model.", "multi_modal_projector."), "the vision model and multi-modal projector"),
     "gemma4_unified": (gemma4_unified, "Gemma4UnifiedForConditionalGeneration", "gemma4_unified_text",
-                       "Gemma4UnifiedForCausalLM", ("model.vision_embedder.", "model.embed_audio.", "model.embed_vision."),
+                       "Gemma4UnifiedForCausalLM",
+                       ("model.vision_embedder.", "model.embed_audio.", "model.embed_vision."),
                        "the vision and audio embedders"),
 }
 

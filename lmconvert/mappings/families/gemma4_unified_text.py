@@ -130,7 +130,8 @@ def rope_from_hf(hf: HfConfig, fields: dict[str, Any]) -> dict[str, Any]:
         params = nested.get(kind) if nested else default  # absent or null: transformers' defaults
         if not isinstance(params, dict):
             raise MappingError(f"config.json: rope_parameters.{kind}={show(params)} should be a JSON object")
-        ropes[kind] = hf_rope.rope_from_hf(hf, params, f"rope_parameters.{kind}.", theta=params.get("rope_theta", 10_000.0))
+        theta = params.get("rope_theta", 10_000.0)
+        ropes[kind] = hf_rope.rope_from_hf(hf, params, f"rope_parameters.{kind}.", theta=theta)
     return hf_rope.rope_by_kind(ropes["full_attention"], ropes["sliding_attention"], fields["layer_kinds"])
 
 
