@@ -37,7 +37,6 @@ NEEDS: dict[str, tuple[str, ...]] = {
     "doge": ("exotic", "moe-ext", "norm-ext"), "dory": ("loop", "norm-ext", "gated-attn", "l2-qk"),
     "dots3_note_text": ("mla-ext", "gated-attn", "geometry"), "falcon_h1": ("ssm",), "falcon_mamba": ("ssm",),
     "gemma3n_text": ("hyper", "ple", "kv-share"),
-    "gemma4_text": ("ple", "moe-ext"),
     "glm_moe_dsa": ("dsa-shared",), "granitemoehybrid": ("ssm",), "hrm_text": ("loop", "gated-attn"),
     "hy_v4": ("hyper", "mla-ext", "gated-attn", "sinks", "dsa-shared"),
     "inkling2_loop_text": ("conv", "exotic", "sinks", "gated-attn", "moe-ext", "loop"),
