@@ -5,7 +5,8 @@ proportional RoPE, KV sharing with double-wide MLPs, layer scalars), without per
 from __future__ import annotations
 
 from specs import F, S, Spec
-from specs.gemma4_unified_text import KWARGS, SPEC as UNIFIED
+from specs.gemma4_unified_text import KWARGS
+from specs.gemma4_unified_text import SPEC as UNIFIED
 
 SPEC = Spec(
     "gemma4_text", {**KWARGS, "hidden_size_per_layer_input": 0},
