@@ -62,8 +62,8 @@ def _softmax_dtype(w: torch.Tensor) -> torch.dtype:
 def _repeat_kv(x: torch.Tensor, groups: int) -> torch.Tensor:
     """transformers' repeat_kv: each KV head `groups` times, as expand + reshape. With one KV head that is a
     view whose head stride is 0, and q @ k^T over it rounds otherwise than over a copy (Gemma 4's global layers)."""
-    if groups == 1:
-        return x
+    if groups == 1:  # a contiguous copy, as before: GPT-2's fp16 q @ k^T rounds as transformers' over it
+        return x.repeat_interleave(1, dim=1)
     B, KV, S, D = x.shape
     return x[:, :, None].expand(B, KV, groups, S, D).reshape(B, KV * groups, S, D)
 
