@@ -95,13 +95,18 @@ def _standard_parts(cfg: ArchConfig) -> dict[str, Part]:
         "v": LinearPart(cfg.d_model, cfg.kv_dim, cfg.v_bias),
         "o": LinearPart(cfg.q_dim, cfg.d_model, cfg.o_bias),
     }
+    if cfg.kv_reused or cfg.k_eq_v == "all":  # Gemma 4: K/V from an earlier layer; v from k's projection
+        del parts["v"]
+    if cfg.kv_reused:
+        del parts["k"]
     norm_dims = {"head": (cfg.head_dim, cfg.head_dim), "projection": (cfg.q_dim, cfg.kv_dim)}.get(cfg.qk_norm)
     if cfg.qk_norm_weight == "per_head":  # Cohere: each head its own weight, still normalised over head_dim
         norm_dims = ((cfg.n_heads, cfg.head_dim), (cfg.n_kv_heads, cfg.head_dim))
     if norm_dims:
         norm = replace(cfg.norm, bias=cfg.qk_norm_bias)  # the block norms' settings, but for the bias
         parts["q_norm"] = NormPart(norm_dims[0], norm)
-        parts["k_norm"] = NormPart(norm_dims[1], norm)
+        if not cfg.kv_reused:
+            parts["k_norm"] = NormPart(norm_dims[1], norm)
     if cfg.attn_output_gate == "projection":  # AFMoE's gate_proj, after its q_norm / k_norm; never a bias
         parts["out_gate"] = LinearPart(cfg.d_model, cfg.q_dim, False)
     if cfg.sub_norms:  # BitNet: the attention output normalised before `o`
@@ -128,6 +133,7 @@ def _standard_describe(cfg: ArchConfig) -> list[str]:
     if cfg.attn_output_gate != "none":
         source = "a projection of the input" if cfg.attn_output_gate == "projection" else "q's second half per head"
         lines.append(f"attention output gate: sigmoid({source}) times each head's output, before o")
+    lines += _gemma4_describe(cfg)
     if cfg.attn_sinks:
         lines.append("attention sinks: a learned logit per head in each softmax (eager)"
                      + (", as an output scale sigmoid(logsumexp - sink)" if cfg.sink_form == "scale" else "")
@@ -135,12 +141,32 @@ def _standard_describe(cfg: ArchConfig) -> list[str]:
     return lines
 
 
+def _gemma4_describe(cfg: ArchConfig) -> list[str]:
+    """Gemma 4's per-layer geometry, K = V, the V norm and KV sharing (ArchConfig's Gemma 4 fields)."""
+    lines = []
+    if cfg.global_head_dim is not None or cfg.global_kv_heads is not None:
+        glob = cfg.layer_config(cfg.layer_kinds.index("global")) if "global" in cfg.layer_kinds else cfg
+        lines.append(f"global layers: {glob.n_heads} heads / {glob.n_kv_heads} kv heads, head_dim {glob.head_dim}")
+    if cfg.k_eq_v != "none":
+        lines.append(f"K = V on {cfg.k_eq_v} layers: no v projection, v is k's projection")
+    if cfg.v_norm:
+        lines.append("V norm: each head of v normalised, no weight")
+    if cfg.kv_shared_layers:
+        lines.append(f"KV sharing: the last {cfg.kv_shared_layers} layers reuse the K/V of the last earlier layer "
+                     f"of their kind; FFN x{cfg.shared_ffn_factor} there")
+    return lines
+
+
+def _standard_cache(cfg: ArchConfig) -> int:
+    return 0 if cfg.kv_reused else 2 * cfg.kv_dim
+
+
 register(AttentionKind(
     name="standard",
     module=f"{__package__}.attention:Attention",
     parts=_standard_parts,
     describe=_standard_describe,
-    cache_elements=lambda cfg: 2 * cfg.kv_dim,
+    cache_elements=_standard_cache,
 ))
 
 

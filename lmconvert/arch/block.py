@@ -106,8 +106,8 @@ class Block(nn.Module):
         self.attn = attention_kind(cfg.attention).build(cfg, layer, rotary, relative) if mixing == "attention" \
             else None
         self.mixer = mixer_kind(cfg.mixer).build(cfg, layer) if mixing == "mixer" else None
-        # dense, or a mixture of experts (moe.py); None on a layer without an FFN (`layer_ffns`)
-        self.mlp = ffn(cfg, layer) if cfg.layer_ffns[layer] == "ffn" else None
+        # dense, or a mixture of experts (moe.py), of this layer's own width; None on a layer without an FFN
+        self.mlp = ffn(cfg.layer_config(layer), layer) if cfg.layer_ffns[layer] == "ffn" else None
         self.drop = nn.Dropout(cfg.resid_dropout)
         self.residual_scale = cfg.residual_scale
         self.parallel_sum, self.residual_after_norm = cfg.parallel_sum, cfg.residual_after_norm
@@ -120,6 +120,8 @@ class Block(nn.Module):
                         module.__class__ = linear
                         if linear is Conv1D:
                             hold_in_out(module)
+        # -- Gemma 4: the block's output times a learned scalar (Gemma4TextDecoderLayer's layer_scalar)
+        self.scalar = nn.Parameter(torch.ones(1)) if cfg.layer_scalar else None
 
     def scaled(self, out: torch.Tensor) -> torch.Tensor:
         """A sublayer's output as it joins the residual: dropped out, then multiplied by a Python
@@ -129,4 +131,5 @@ class Block(nn.Module):
 
     def forward(self, h: torch.Tensor, ctx: Context, cache: KVCache | None = None) -> torch.Tensor:
         mix = self.attn if self.attn is not None else self.mixer
-        return self.wiring(self, h, None if mix is None else lambda x: mix(x, ctx, cache))
+        h = self.wiring(self, h, None if mix is None else lambda x: mix(x, ctx, cache))
+        return h if self.scalar is None else h * self.scalar  # Gemma 4

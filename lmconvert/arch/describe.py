@@ -24,7 +24,8 @@ BLOCK_FLAGS = (("residual_after_norm", "residual taken after the norm"),
                ("residual_fp32", "residual stream in fp32"), ("embed_norm", "embedding norm"),
                ("bias_separate", "linear biases added after the matmul"),
                ("mlp_fused", "gate and up as one fused output"),
-               ("conv1d_linears", "linears as Conv1D (addmm over weights held [in, out])"))
+               ("conv1d_linears", "linears as Conv1D (addmm over weights held [in, out])"),
+               ("layer_scalar", "layer scalar: each block's output times a learned scalar"))  # Gemma 4
 ALIBI_NAMES = {"distance": "slope x (k - q)", "bloom": "BLOOM's: slope x k, inside the score matmul",
                "mpt": "MPT's slopes, slope x (k - last k), in fp32",
                "falcon": "Falcon's: bf16 slope x k, added before the scaling and again with the mask"}
@@ -54,6 +55,8 @@ def _norm(n: NormConfig) -> str:
         parts.append("bias")
     if n.written_out:
         parts.append("mean/variance written out")
+    if n.power:  # Gemma 4
+        parts.append("1/sqrt as pow(-0.5)")
     parts.append("weight in fp32" if n.dtype_order == "scale_then_cast" else "weight after cast")
     return ", ".join(parts)
 

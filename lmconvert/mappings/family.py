@@ -70,6 +70,11 @@ VARIANT_NAMES = {
     "layer_mixers": "this per-layer schedule of attention and mixer layers",
     "layer_ffns": "layers without an FFN",
     "mixer_norm_placement": "another norm placement on the mixer layers",
+    # Gemma 4
+    "global_head_dim": "a head_dim of the global layers' own", "global_kv_heads": "KV heads of the global layers' own",
+    "k_eq_v": "K = V layers (no v projection)", "v_norm": "a weightless V norm",
+    "kv_shared_layers": "cross-layer KV sharing", "kv_reused": "a KV-shared layer",
+    "shared_ffn_factor": "wider FFNs on the KV-shared layers", "layer_scalar": "a per-layer output scalar",
 }
 
 def tensor_sizes(arch: ArchConfig) -> dict[str, int]:

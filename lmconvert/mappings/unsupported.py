@@ -38,7 +38,6 @@ NEEDS: dict[str, tuple[str, ...]] = {
     "doge": ("exotic", "moe-ext", "norm-ext"), "dory": ("loop", "norm-ext", "gated-attn", "l2-qk"),
     "dots3_note_text": ("mla-ext", "gated-attn", "geometry"), "falcon_h1": ("parallel-ssm",),
     "gemma3n_text": ("hyper", "ple", "kv-share"),
-    "gemma4_text": ("geometry", "kv-share", "ple", "moe-ext"), "gemma4_unified_text": ("geometry", "kv-share"),
     "glm_moe_dsa": ("dsa-shared",), "hrm_text": ("loop", "gated-attn"),
     "hy_v4": ("hyper", "mla-ext", "gated-attn", "sinks", "dsa-shared"),
     "inkling2_loop_text": ("conv", "exotic", "sinks", "gated-attn", "moe-ext", "loop"),

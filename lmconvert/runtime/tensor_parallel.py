@@ -105,6 +105,12 @@ def refusals(arch: ArchConfig, size: int) -> list[str]:
         (arch.attention == "head_mixture" and arch.n_kv_heads % size != 0,
          f"n_kv_heads={arch.n_kv_heads} does not divide by {size} ranks: a mixture of attention heads splits each "
          "expert's queries by the kv head they read"),
+        # Gemma 4's features, each refused by name
+        (arch.global_head_dim is not None or arch.global_kv_heads is not None,
+         "per-layer head geometry (the global layers' own head_dim and KV heads) has no tensor-parallel plan"),
+        (arch.k_eq_v != "none", "K = V layers (v taken from k's projection) have no tensor-parallel plan"),
+        (bool(arch.kv_shared_layers), "cross-layer KV sharing has no tensor-parallel plan"),
+        (arch.layer_scalar, "the per-layer output scalar has no tensor-parallel plan"),
     ]
     return [why for wrong, why in checks if wrong]
 
