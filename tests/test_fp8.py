@@ -196,7 +196,7 @@ def edited(src: Path, dst: Path, config: Callable[[dict[str, Any]], None] | None
 
 
 @pytest.mark.parametrize(("edit", "said"), [
-    (lambda q: q.update(quant_method="gptq"), "quant_method 'gptq'"),
+    (lambda q: q.update(quant_method="hqq"), "quant_method 'hqq'"),
     (lambda q: q.update(fmt="e5m2"), "fmt 'e5m2'"),
     (lambda q: q.update(activation_scheme="static"), "activation_scheme 'static'"),
     (lambda q: q.update(scale_fmt="ue8m0"), "scale_fmt 'ue8m0'"),

@@ -27,7 +27,21 @@ from typing import TYPE_CHECKING, Any
 
 from . import gptq
 from .errors import InputError
-from .quantized_linear import FLOATS, Headers, Part, check_options, check_parts, count, finite, grouping, unpack_words
+from .quant_scheme import Recipe, Scheme
+from .quantized_linear import (
+    FLOATS,
+    Headers,
+    Part,
+    check_options,
+    check_parts,
+    count,
+    finite,
+    grouping,
+    headers_of,
+    module_of_weight,
+    unpack_words,
+)
+from .source import TensorReader
 
 if TYPE_CHECKING:
     import torch
@@ -61,7 +75,11 @@ class AwqRecipe:
 def recipe(quant: Mapping[str, Any], config_file: Path | str) -> AwqRecipe:
     """config.json's `quantization_config` of an AWQ checkpoint; an option or value not handled is
     refused by name."""
-    where = f"{config_file}: quantization_config"
+    return read(quant, f"{config_file}: quantization_config")
+
+
+def read(quant: Mapping[str, Any], where: str) -> AwqRecipe:
+    """`recipe`, `where` naming quantization_config in messages."""
     check_options(quant, where, HANDLED, (*FREE, *INERT))
     packings = {str(quant[k]).lower() for k in ("version", "format") if k in quant}
     if len(packings) > 1:
@@ -138,3 +156,23 @@ def dequantize(recipe: AwqRecipe, module: str, tensors: Mapping[str, torch.Tenso
     # same products, broadcast
     diff = weight.to(torch.int8).view(n, group, out_features) - zeros.unsqueeze(1)
     return (diff * scale.unsqueeze(1)).view(in_features, out_features).t().contiguous()
+
+
+# As a scheme of the quantization table (quantized.py): the parts replace `X.weight`; the weight is the
+# product in the scales' dtype (float16 as AutoAWQ writes them), widened to float32 exactly. Only a
+# renaming keeps the parts (`own_dims` None): qweight and qzeros pack eight output columns a word in
+# AWQ's order, so no move of rows keeps every word whole.
+def _check(reader: TensorReader, weight: str, parts: dict[str, str], settings: dict[str, Any]) -> tuple[int, ...]:
+    return check_linear(settings["recipe"], module_of_weight(weight), headers_of(reader))
+
+
+SCHEME = Scheme(METHOD, parts={part: "." + part for part in PARTS}, anchor="qweight", check=_check,
+                dequantize=lambda t, s, weight, where: dequantize(s["recipe"], module_of_weight(weight), t, where).float(),
+                stored_type=lambda s: s["recipe"].describe(), quantized_dtypes=("I32",), replaces=".weight")
+
+
+def read_awq(where: str, quant: dict[str, Any]) -> Recipe:
+    """transformers 5.25 loads AWQ only through gptqmodel: verify's reference is transformers running
+    our dequantized weights."""
+    found = read(quant, where)
+    return Recipe(METHOD, SCHEME, {"recipe": found}, quant, transformers_loads=False, describe=found.describe())

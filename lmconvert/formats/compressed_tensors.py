@@ -39,7 +39,22 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from .errors import InputError
-from .quantized_linear import FLOATS, Headers, Part, check_options, check_parts, count, finite, flag, unpack_words
+from .quant_scheme import Recipe
+from .quant_scheme import Scheme as TableScheme
+from .quantized_linear import (
+    FLOATS,
+    Headers,
+    Part,
+    check_options,
+    check_parts,
+    count,
+    finite,
+    flag,
+    headers_of,
+    module_of_weight,
+    unpack_words,
+)
+from .source import TensorReader
 
 if TYPE_CHECKING:
     import torch
@@ -183,7 +198,11 @@ def _scheme(group: str, scheme: Any, top_format: str, where: str) -> Scheme:
 def recipe(quant: Mapping[str, Any], config_file: Path | str) -> CtRecipe:
     """config.json's `quantization_config` of a compressed-tensors checkpoint; an option or value not
     handled is refused by name."""
-    where = f"{config_file}: quantization_config"
+    return read(quant, f"{config_file}: quantization_config")
+
+
+def read(quant: Mapping[str, Any], where: str) -> CtRecipe:
+    """`recipe`, `where` naming quantization_config in messages."""
     check_options(quant, where, HANDLED, INERT)
     top = quant.get("format", "dense")
     if top not in HANDLED["format"]:
@@ -342,3 +361,73 @@ def dequantize(scheme: Scheme, module: str, tensors: Mapping[str, torch.Tensor],
     if zero is not None:
         quantized = quantized - zero.to(scale.dtype)
     return (quantized * scale).reshape(values.shape)
+
+
+# As schemes of the quantization table (quantized.py): the parts replace `X.weight` (a naive format's
+# `weight` part is `X.weight` itself), zero points and a static activation scale only where the group
+# has them; each linear's group is the one `scheme_for` gives by name (a canonical checkpoint's names,
+# which no target names, by the group whose parts its headers fit: the groups that fit one linear's
+# headers dequantize it alike). The weight is the product in the scale's dtype widened to float32
+# exactly, so the cast to the model's dtype is transformers' own. Only a renaming keeps the parts
+# (`own_dims` None): asymmetric zero points pack the output rows.
+_ZEROS_AND_INPUTS = {"weight_zero_point": ".weight_zero_point", "input_scale": ".input_scale",
+                     "input_zero_point": ".input_zero_point"}
+
+
+def _check(reader: TensorReader, weight: str, parts: dict[str, str], settings: dict[str, Any]) -> tuple[int, ...]:
+    return check_linear(settings["scheme"], module_of_weight(weight), headers_of(reader), read=reader.get)
+
+
+def _dequantize(tensors: dict[str, torch.Tensor], settings: dict[str, Any], weight: str, where: str) -> torch.Tensor:
+    return dequantize(settings["scheme"], module_of_weight(weight), tensors, where).float()
+
+
+def _table_scheme(fmt: str, parts: dict[str, str], quantized: tuple[str, ...]) -> TableScheme:
+    return TableScheme(METHOD + " " + fmt, parts={**parts, **_ZEROS_AND_INPUTS}, anchor="weight_scale", check=_check,
+                       dequantize=_dequantize, stored_type=lambda s: s["scheme"].describe(),
+                       quantized_dtypes=quantized, replaces=".weight", optional=tuple(_ZEROS_AND_INPUTS))
+
+
+NAIVE_SCHEME = _table_scheme("naive", {"weight": ".weight", "weight_scale": ".weight_scale"}, ("I8", "F8_E4M3"))
+PACKED_SCHEME = _table_scheme(PACKED, {"weight_packed": ".weight_packed", "weight_shape": ".weight_shape",
+                                       "weight_scale": ".weight_scale"}, ("I32",))
+
+
+def _fits(scheme: Scheme, module: str, reader: TensorReader) -> bool:
+    try:
+        check_linear(scheme, module, headers_of(reader), read=reader.get)
+    except InputError:
+        return False
+    return True
+
+
+def _of(found: CtRecipe) -> Callable[[str, TensorReader], tuple[TableScheme, dict[str, Any]] | None]:
+    def of(weight: str, reader: TensorReader) -> tuple[TableScheme, dict[str, Any]] | None:
+        module = module_of_weight(weight)
+        scheme = scheme_for(found, module)
+        if scheme is None:
+            scheme = next((s for s in found.schemes if _fits(s, module, reader)), None)
+        if scheme is None:
+            return None
+        return (PACKED_SCHEME if scheme.format == PACKED else NAIVE_SCHEME), {"scheme": scheme}
+    return of
+
+
+def activations(found: CtRecipe) -> str:
+    """The schemes' weights and any input activations they declare, for the card (lmconvert dequantizes
+    the weights alone; transformers' compressed mode would also quantize those inputs)."""
+    said = []
+    for scheme in found.schemes:
+        inputs = "" if scheme.inputs is None else f", input activations {scheme.inputs.describe()}"
+        said.append(f"{scheme.group}: {scheme.describe()}{inputs}")
+    return "; ".join(said)
+
+
+def read_compressed_tensors(where: str, quant: dict[str, Any]) -> Recipe:
+    """One config group: verify's reference is transformers' decompressed load
+    (`CompressedTensorsConfig(run_compressed=False)`); several: transformers 5.25 fails to load them
+    (its decompression takes one scheme for the model), so it is transformers running our
+    dequantized weights."""
+    found = read(quant, where)
+    return Recipe(METHOD, NAIVE_SCHEME, {}, quant, transformers_loads=len(found.schemes) == 1,
+                  per_weight=_of(found), schemes=(NAIVE_SCHEME, PACKED_SCHEME), describe=activations(found))

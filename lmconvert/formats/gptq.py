@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from .errors import InputError
+from .quant_scheme import Recipe, Scheme
 from .quantized_linear import (
     FLOATS,
     Headers,
@@ -43,8 +44,11 @@ from .quantized_linear import (
     finite,
     flag,
     grouping,
+    headers_of,
     little_endian_bytes,
+    module_of_weight,
 )
+from .source import TensorReader
 
 if TYPE_CHECKING:
     import torch
@@ -89,7 +93,11 @@ class GptqRecipe:
 def recipe(quant: Mapping[str, Any], config_file: Path | str) -> GptqRecipe:
     """config.json's `quantization_config` of a GPTQ checkpoint; an option or value not handled is
     refused by name."""
-    where = f"{config_file}: quantization_config"
+    return read(quant, f"{config_file}: quantization_config")
+
+
+def read(quant: Mapping[str, Any], where: str) -> GptqRecipe:
+    """`recipe`, `where` naming quantization_config in messages."""
     check_options(quant, where, HANDLED, (*FREE, *INERT))
     formats = {quant[k] for k in ("checkpoint_format", "format") if k in quant}
     if len(formats) > 1:
@@ -266,3 +274,25 @@ def dequantize(recipe: GptqRecipe, module: str, tensors: Mapping[str, torch.Tens
             index = g_idx.expand(part.shape[0], in_features)  # gather: far faster than index_select on dim 1
             part.sub_(torch.gather(zero[span], 1, index)).mul_(torch.gather(scale[span], 1, index))
     return weight
+
+
+# As a scheme of the quantization table (quantized.py): the parts replace `X.weight`, `g_idx` may be
+# absent; the weight is the product in the scales' dtype (float16 as GPTQ writes them: gptqmodel's
+# product when the model is loaded in the scales' dtype, transformers' default for these files),
+# widened to float32 exactly. Only a renaming keeps the parts (`own_dims` None): qweight packs the
+# inputs and qzeros the outputs, so no move of rows or columns keeps every word whole.
+def _check(reader: TensorReader, weight: str, parts: dict[str, str], settings: dict[str, Any]) -> tuple[int, ...]:
+    return check_linear(settings["recipe"], module_of_weight(weight), headers_of(reader))
+
+
+SCHEME = Scheme(METHOD, parts={part: "." + part for part in PARTS}, anchor="qweight", check=_check,
+                dequantize=lambda t, s, weight, where: dequantize(s["recipe"], module_of_weight(weight), t, where).float(),
+                stored_type=lambda s: s["recipe"].describe(), quantized_dtypes=("I32",), replaces=".weight",
+                optional=("g_idx",))
+
+
+def read_gptq(where: str, quant: dict[str, Any]) -> Recipe:
+    """transformers 5.25 loads GPTQ only through gptqmodel (not installable beside this CPU torch):
+    verify's reference is transformers running our dequantized weights."""
+    found = read(quant, where)
+    return Recipe(METHOD, SCHEME, {"recipe": found}, quant, transformers_loads=False, describe=found.describe())
