@@ -266,11 +266,12 @@ Q = "model.layers.0.self_attn.q_proj"
      "'model.layers.0.self_attn.q_proj.qzeros' has shape [4, 16], but AWQ"),
 ], ids=["gptq-bits", "gptq-dynamic", "gptq-scale-shape", "gptq-missing", "gptq-nan", "gptq-g_idx", "awq-gemv",
         "awq-scale-shape", "awq-packed-size"])
-def test_refusals_are_one_line(gptq: tuple[Path, dict[str, torch.Tensor]], awq: tuple[Path, dict[str, torch.Tensor]],
-                               tmp_path: Path, fmt: str, config: Any, tensors: Any, said: str) -> None:
-    source = (gptq if fmt == "gptq" else awq)[0]
-    if fmt == "gptq" and source.name != "4bit-asym-desc":
-        pytest.skip("the hostile edits are made to one GPTQ checkpoint")
+def test_refusals_are_one_line(plain: Path, awq: tuple[Path, dict[str, torch.Tensor]], tmp_path: Path, fmt: str,
+                               config: Any, tensors: Any, said: str) -> None:
+    if fmt == "gptq":  # asymmetric 4-bit with desc_act: every part, g_idx included
+        source, _ = gptq_copy(plain, tmp_path / "gptq", *GPTQ_CASES["4bit-asym-desc"])
+    else:
+        source = awq[0]
     src = edited(source, tmp_path / "src", config=config, tensors=tensors)
     err = one_line_refusal(src, tmp_path / "out", "--dtype", "bfloat16")
     assert said in err, err

@@ -103,13 +103,12 @@ class QuantizedTensors:
             self.parts[weight] = parts
             self.schemes[weight] = got
         hidden = {part for weight, parts in self.parts.items() for part in parts.values() if part != weight}
-        quantized_dtypes = {kind for scheme in found.anchored() for kind in scheme.quantized_dtypes}
-        anchors = " or ".join(repr(s.parts[s.anchor]) for s in found.anchored())
         for name in names:
             kind = dtype_name(source, name)
-            if name not in hidden and name not in self.parts and kind in quantized_dtypes:
+            scheme = next((s for s in found.anchored() if kind in s.quantized_dtypes), None)
+            if name not in hidden and name not in self.parts and scheme is not None:
                 raise InputError(f"{source.where(name)}: tensor {name!r} is {DTYPES[kind].torch_name} but has no "
-                                 f"{anchors} part beside it; the checkpoint is incomplete")
+                                 f"{_anchor_of(scheme, name)!r} beside it; the checkpoint is incomplete")
         self._names = [n for n in names if n not in hidden] + [w for w in self.parts if w not in present]
         self._shapes: dict[str, tuple[int, ...]] = {}
         self._digests: tuple[Mapping[str, str], str] | None = None
@@ -204,6 +203,13 @@ class QuantizedTensors:
 
     def close(self) -> None:
         self.source.close()
+
+
+def _anchor_of(scheme: Scheme, name: str) -> str:
+    """The anchor a stored quantized tensor `name` (a weight, or another part) would have beside it."""
+    if name.endswith(scheme.replaces):
+        return scheme.part_name(name, scheme.anchor)
+    return name.rpartition(".")[0] + scheme.parts[scheme.anchor]
 
 
 def description(found: Recipe) -> dict[str, Any]:
