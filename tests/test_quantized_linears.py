@@ -19,9 +19,9 @@ from typing import Any
 
 import numpy as np
 import pytest
-import torch
 import test_awq
 import test_gptq
+import torch
 from safetensors.torch import load_file, save_file
 from test_cli import run
 from test_compressed_tensors import CONFIGS, int_args, quantized_checkpoint
@@ -201,12 +201,12 @@ def test_compressed_tensors_kept_loaded_verified_written_back(compressed: Path, 
     out = kept(src, tmp_path)
     groups = len(quantization_config(src)["config_groups"])
     if groups == 1:
-        for dtype in (torch.float32, torch.bfloat16):
-            ref = decompressed(src, dtype)
-            loaded_equal(src, out, {n: t for n, t in ref.items() if "proj" in n}, dtype)
-            code, _, err = run("convert", src, tmp_path / f"plain-{dtype}", "--dtype", str(dtype).removeprefix("torch."))
+        for dtype in ("float32", "bfloat16"):
+            ref = {n: t for n, t in decompressed(src, getattr(torch, dtype)).items() if "proj" in n}
+            loaded_equal(src, out, ref, getattr(torch, dtype))
+            code, _, err = run("convert", src, tmp_path / dtype, "--dtype", dtype)
             assert code == 0, err
-            loaded_equal(src, tmp_path / f"plain-{dtype}", {n: t for n, t in ref.items() if "proj" in n}, dtype)
+            loaded_equal(src, tmp_path / dtype, ref, getattr(torch, dtype))
     passes_at_zero(out)
     written_back(src, out, tmp_path)
     line = card(src)["quantization"]
@@ -289,3 +289,21 @@ def test_compressed_tensors_refusals_are_one_line(tmp_path: Path, config: Any, t
     src = edited(source, tmp_path / "src", config=config, tensors=tensors)
     err = one_line_refusal(src, tmp_path / "out", "--dtype", "bfloat16")
     assert said in err, err
+
+
+def test_a_transform_the_parts_cannot_follow_is_refused_by_name(tmp_path: Path) -> None:
+    """Phi-3's fused gate_up_proj (and qkv_proj) are split into rows by its table: GPTQ's packed words
+    cannot follow (qzeros packs the outputs), so keeping them is refused in one line naming the tensor
+    and --dtype; dequantized, they convert, each piece the reference formula's rows."""
+    from hf_models import build_model, save_checkpoint
+
+    plain = save_checkpoint(build_model("phi3"), tmp_path / "plain", torch.bfloat16)
+    src, expected = gptq_copy(plain, tmp_path / "gptq", *GPTQ_CASES["4bit-asym-desc"])
+    err = one_line_refusal(src, tmp_path / "kept")
+    assert "gate_up_proj.weight' is quantized" in err and "cannot follow" in err and "--dtype" in err, err
+    code, _, err = run("convert", src, tmp_path / "f32", "--dtype", "float32")
+    assert code == 0, err
+    with open_checkpoint(src) as source, open_checkpoint(tmp_path / "f32") as ours:
+        for canonical, (stored, transform) in source.plan.items():
+            if stored in expected:
+                assert torch.equal(ours.tensor(canonical), transform.forward(expected[stored]).float()), canonical

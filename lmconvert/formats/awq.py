@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any
 
 from . import gptq
 from .errors import InputError
-from .quant_scheme import Recipe, Scheme
+from .quant_scheme import Recipe
 from .quantized_linear import (
     FLOATS,
     Headers,
@@ -38,10 +38,9 @@ from .quantized_linear import (
     finite,
     grouping,
     headers_of,
-    module_of_weight,
+    table_scheme,
     unpack_words,
 )
-from .source import TensorReader
 
 if TYPE_CHECKING:
     import torch
@@ -162,13 +161,10 @@ def dequantize(recipe: AwqRecipe, module: str, tensors: Mapping[str, torch.Tenso
 # product in the scales' dtype (float16 as AutoAWQ writes them), widened to float32 exactly. Only a
 # renaming keeps the parts (`own_dims` None): qweight and qzeros pack eight output columns a word in
 # AWQ's order, so no move of rows keeps every word whole.
-def _check(reader: TensorReader, weight: str, parts: dict[str, str], settings: dict[str, Any]) -> tuple[int, ...]:
-    return check_linear(settings["recipe"], module_of_weight(weight), headers_of(reader))
-
-
-SCHEME = Scheme(METHOD, parts={part: "." + part for part in PARTS}, anchor="qweight", check=_check,
-                dequantize=lambda t, s, weight, where: dequantize(s["recipe"], module_of_weight(weight), t, where).float(),
-                stored_type=lambda s: s["recipe"].describe(), quantized_dtypes=("I32",), replaces=".weight")
+SCHEME = table_scheme(METHOD, PARTS, "qweight", lambda s, module, reader: check_linear(s["recipe"], module,
+                                                                                   headers_of(reader)),
+                      lambda s, module, t, where: dequantize(s["recipe"], module, t, where),
+                      lambda s: s["recipe"].describe(), quantized_dtypes=("I32",))
 
 
 def read_awq(where: str, quant: dict[str, Any]) -> Recipe:

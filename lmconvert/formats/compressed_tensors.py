@@ -52,6 +52,7 @@ from .quantized_linear import (
     flag,
     headers_of,
     module_of_weight,
+    table_scheme,
     unpack_words,
 )
 from .source import TensorReader
@@ -370,27 +371,19 @@ def dequantize(scheme: Scheme, module: str, tensors: Mapping[str, torch.Tensor],
 # headers dequantize it alike). The weight is the product in the scale's dtype widened to float32
 # exactly, so the cast to the model's dtype is transformers' own. Only a renaming keeps the parts
 # (`own_dims` None): asymmetric zero points pack the output rows.
-_ZEROS_AND_INPUTS = {"weight_zero_point": ".weight_zero_point", "input_scale": ".input_scale",
-                     "input_zero_point": ".input_zero_point"}
+_ZEROS_AND_INPUTS = ("weight_zero_point", "input_scale", "input_zero_point")
 
 
-def _check(reader: TensorReader, weight: str, parts: dict[str, str], settings: dict[str, Any]) -> tuple[int, ...]:
-    return check_linear(settings["scheme"], module_of_weight(weight), headers_of(reader), read=reader.get)
+def _table_scheme(fmt: str, parts: tuple[str, ...], quantized: tuple[str, ...]) -> TableScheme:
+    return table_scheme(METHOD + " " + fmt, (*parts, *_ZEROS_AND_INPUTS), "weight_scale",
+                        lambda s, module, reader: check_linear(s["scheme"], module, headers_of(reader),
+                                                               read=reader.get),
+                        lambda s, module, t, where: dequantize(s["scheme"], module, t, where),
+                        lambda s: s["scheme"].describe(), quantized_dtypes=quantized, optional=_ZEROS_AND_INPUTS)
 
 
-def _dequantize(tensors: dict[str, torch.Tensor], settings: dict[str, Any], weight: str, where: str) -> torch.Tensor:
-    return dequantize(settings["scheme"], module_of_weight(weight), tensors, where).float()
-
-
-def _table_scheme(fmt: str, parts: dict[str, str], quantized: tuple[str, ...]) -> TableScheme:
-    return TableScheme(METHOD + " " + fmt, parts={**parts, **_ZEROS_AND_INPUTS}, anchor="weight_scale", check=_check,
-                       dequantize=_dequantize, stored_type=lambda s: s["scheme"].describe(),
-                       quantized_dtypes=quantized, replaces=".weight", optional=tuple(_ZEROS_AND_INPUTS))
-
-
-NAIVE_SCHEME = _table_scheme("naive", {"weight": ".weight", "weight_scale": ".weight_scale"}, ("I8", "F8_E4M3"))
-PACKED_SCHEME = _table_scheme(PACKED, {"weight_packed": ".weight_packed", "weight_shape": ".weight_shape",
-                                       "weight_scale": ".weight_scale"}, ("I32",))
+NAIVE_SCHEME = _table_scheme("naive", ("weight", "weight_scale"), ("I8", "F8_E4M3"))
+PACKED_SCHEME = _table_scheme(PACKED, ("weight_packed", "weight_shape", "weight_scale"), ("I32",))
 
 
 def _fits(scheme: Scheme, module: str, reader: TensorReader) -> bool:
@@ -425,9 +418,8 @@ def activations(found: CtRecipe) -> str:
 
 def read_compressed_tensors(where: str, quant: dict[str, Any]) -> Recipe:
     """One config group: verify's reference is transformers' decompressed load
-    (`CompressedTensorsConfig(run_compressed=False)`); several: transformers 5.25 fails to load them
-    (its decompression takes one scheme for the model), so it is transformers running our
-    dequantized weights."""
+    (`CompressedTensorsConfig(run_compressed=False)`); several, which transformers 5.25 fails to load
+    decompressed: transformers running our dequantized weights."""
     found = read(quant, where)
     return Recipe(METHOD, NAIVE_SCHEME, {}, quant, transformers_loads=len(found.schemes) == 1,
                   per_weight=_of(found), schemes=(NAIVE_SCHEME, PACKED_SCHEME), describe=activations(found))

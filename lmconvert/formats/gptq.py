@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from .errors import InputError
-from .quant_scheme import Recipe, Scheme
+from .quant_scheme import Recipe
 from .quantized_linear import (
     FLOATS,
     Headers,
@@ -46,9 +46,8 @@ from .quantized_linear import (
     grouping,
     headers_of,
     little_endian_bytes,
-    module_of_weight,
+    table_scheme,
 )
-from .source import TensorReader
 
 if TYPE_CHECKING:
     import torch
@@ -277,18 +276,15 @@ def dequantize(recipe: GptqRecipe, module: str, tensors: Mapping[str, torch.Tens
 
 
 # As a scheme of the quantization table (quantized.py): the parts replace `X.weight`, `g_idx` may be
-# absent; the weight is the product in the scales' dtype (float16 as GPTQ writes them: gptqmodel's
-# product when the model is loaded in the scales' dtype, transformers' default for these files),
-# widened to float32 exactly. Only a renaming keeps the parts (`own_dims` None): qweight packs the
-# inputs and qzeros the outputs, so no move of rows or columns keeps every word whole.
-def _check(reader: TensorReader, weight: str, parts: dict[str, str], settings: dict[str, Any]) -> tuple[int, ...]:
-    return check_linear(settings["recipe"], module_of_weight(weight), headers_of(reader))
-
-
-SCHEME = Scheme(METHOD, parts={part: "." + part for part in PARTS}, anchor="qweight", check=_check,
-                dequantize=lambda t, s, weight, where: dequantize(s["recipe"], module_of_weight(weight), t, where).float(),
-                stored_type=lambda s: s["recipe"].describe(), quantized_dtypes=("I32",), replaces=".weight",
-                optional=("g_idx",))
+# absent; the weight is gptqmodel's product in the scales' dtype (float16 as GPTQ writes them; a model
+# loaded in another dtype casts the scales first, which the table's cast after the product does not
+# follow), widened to float32 exactly. Only a renaming keeps the parts (`own_dims` None): qweight packs
+# the inputs and qzeros the outputs, so no move of rows or columns keeps every word whole; any other
+# transform of a family's table is refused by name (pass --dtype to dequantize).
+SCHEME = table_scheme(METHOD, PARTS, "qweight", lambda s, module, reader: check_linear(s["recipe"], module,
+                                                                                   headers_of(reader)),
+                      lambda s, module, t, where: dequantize(s["recipe"], module, t, where),
+                      lambda s: s["recipe"].describe(), quantized_dtypes=("I32",), optional=("g_idx",))
 
 
 def read_gptq(where: str, quant: dict[str, Any]) -> Recipe:

@@ -433,7 +433,8 @@ def kept_weights(reader: TensorReader, items: Iterable[Item], direction: str, st
         if renamed and weights[0].transposed == (stored_layout and scheme.transposed):
             for role, part in weights[0].parts.items():
                 raw["\0" + scheme.part_name(src, role)] = (weights[0].reader, part, src)  # never a stored name
-            out.append(KeptWeight(name, scheme, {role: "\0" + scheme.part_name(src, role) for role in weights[0].parts}))
+            out.append(KeptWeight(name, scheme, {role: "\0" + scheme.part_name(src, role)
+                                                 for role in weights[0].parts}))
             continue
         move = getattr(t, "packed_" + direction)
         joins = isinstance(src, tuple)
