@@ -14,10 +14,10 @@ for several (which transformers 5.25 fails to load), transformers running our de
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import pytest
 import test_awq
 import test_gptq
@@ -25,7 +25,7 @@ import torch
 from safetensors.torch import load_file, save_file
 from test_cli import run
 from test_compressed_tensors import CONFIGS, int_args, quantized_checkpoint
-from test_fp8 import SEQ_LEN, edited, one_line_refusal
+from test_fp8 import SEQ_LEN, edited, one_line_refusal, same_gguf_as_dequantized
 from test_quantized import kept, plain_llama, quantization_config, same_tensors, state
 from transformers import AutoModelForCausalLM, CompressedTensorsConfig
 
@@ -42,53 +42,47 @@ GPTQ_CASES = {  # name -> bits, group_size, sym, desc_act, v1 (checkpoint_format
 }
 
 
-def _projections(src: Path) -> dict[str, torch.Tensor]:
-    return load_file(src / "model.safetensors")
+Packer = Callable[[torch.Tensor], tuple[dict[str, torch.Tensor], torch.Tensor]]
 
 
-def _write(dst: Path, src: Path, tensors: dict[str, torch.Tensor], quant: dict[str, Any]) -> Path:
+def packed_copy(src: Path, dst: Path, pack: Packer, quant: dict[str, Any]) -> tuple[Path, dict[str, torch.Tensor]]:
+    """`src` with every projection `X.weight` replaced by the parts `pack` gives (suffix -> tensor);
+    with each weight the format's reference formula gives from them ([out, in], the scales' dtype)."""
+    out: dict[str, torch.Tensor] = {}
+    expected: dict[str, torch.Tensor] = {}
+    for name, tensor in load_file(src / "model.safetensors").items():
+        if not (name.endswith(".weight") and "proj" in name):
+            out[name] = tensor
+            continue
+        parts, expected[name] = pack(tensor.float())
+        out.update({name.removesuffix("weight") + suffix: part for suffix, part in parts.items()})
     dst.mkdir()
-    save_file(tensors, dst / "model.safetensors", metadata={"format": "pt"})
+    save_file(out, dst / "model.safetensors", metadata={"format": "pt"})
     config = json.loads((src / "config.json").read_text())
     config["quantization_config"] = quant
     (dst / "config.json").write_text(json.dumps(config))
-    return dst
+    return dst, expected
 
 
 def gptq_copy(src: Path, dst: Path, bits: int, group_size: int, sym: bool, desc_act: bool, v1: bool,
               g_idx: bool) -> tuple[Path, dict[str, torch.Tensor]]:
-    """`src` with every projection GPTQ-packed by gptqmodel's loops; with each weight gptqmodel's
-    formula gives (float16, [out, in])."""
-    out: dict[str, torch.Tensor] = {}
-    expected: dict[str, torch.Tensor] = {}
-    for name, tensor in _projections(src).items():
-        if not (name.endswith(".weight") and "proj" in name):
-            out[name] = tensor
-            continue
-        intw, zeros, scales, idx = test_gptq.quantize(tensor.float(), bits, group_size, sym, desc_act)
+    """Packed by gptqmodel's loops; the weights gptqmodel's `dequantize_weight` gives."""
+    def pack(weight: torch.Tensor) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
+        intw, zeros, scales, idx = test_gptq.quantize(weight, bits, group_size, sym, desc_act)
         qweight, qzeros = test_gptq.pack(intw, zeros, bits, v1)
-        module = name.removesuffix(".weight")
-        out.update({module + ".qweight": qweight, module + ".qzeros": qzeros, module + ".scales": scales})
-        if g_idx:
-            out[module + ".g_idx"] = idx
-        expected[name] = test_gptq.reference(qweight, qzeros, scales, idx, bits, v1)
-    quant = test_gptq.config(bits, group_size, sym, desc_act, v1)
-    return _write(dst, src, out, quant), expected
+        parts = {"qweight": qweight, "qzeros": qzeros, "scales": scales, **({"g_idx": idx} if g_idx else {})}
+        return parts, test_gptq.reference(qweight, qzeros, scales, idx, bits, v1)
+    return packed_copy(src, dst, pack, test_gptq.config(bits, group_size, sym, desc_act, v1))
 
 
 def awq_copy(src: Path, dst: Path, group_size: int = 32) -> tuple[Path, dict[str, torch.Tensor]]:
-    out: dict[str, torch.Tensor] = {}
-    expected: dict[str, torch.Tensor] = {}
-    for name, tensor in _projections(src).items():
-        if not (name.endswith(".weight") and "proj" in name):
-            out[name] = tensor
-            continue
-        intw, zeros, scales = test_awq.quantize(tensor.float(), group_size)
-        module = name.removesuffix(".weight")
+    """Packed by AutoAWQ's `WQLinear_GEMM.from_linear` loop; the weights its `dequantize_gemm` gives."""
+    def pack(weight: torch.Tensor) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
+        intw, zeros, scales = test_awq.quantize(weight, group_size)
         qweight, qzeros = test_awq.pack(intw.t().contiguous()), test_awq.pack(zeros)
-        out.update({module + ".qweight": qweight, module + ".qzeros": qzeros, module + ".scales": scales})
-        expected[name] = test_awq.reference(qweight, qzeros, scales, group_size).t()
-    return _write(dst, src, out, {**test_awq.CONFIG, "group_size": group_size}), expected
+        return {"qweight": qweight, "qzeros": qzeros, "scales": scales}, \
+            test_awq.reference(qweight, qzeros, scales, group_size).t()
+    return packed_copy(src, dst, pack, {**test_awq.CONFIG, "group_size": group_size})
 
 
 @pytest.fixture(scope="module")
@@ -231,21 +225,7 @@ def test_two_groups_are_resolved_per_module(tmp_path: Path) -> None:
 def test_gguf_dequantizes_then_quantizes(awq: tuple[Path, dict[str, torch.Tensor]], tmp_path: Path) -> None:
     """GGUF out of an AWQ source (in one step, and from its kept checkpoint) is the file its
     dequantized float32 canonical checkpoint gives, tensor for tensor."""
-    import gguf
-
-    src, _ = awq
-    for args, where in [(("--dtype", "float32"), "f32"), ((), "kept")]:
-        code, _, err = run("convert", src, tmp_path / where, *args)
-        assert code == 0, err
-    files = {}
-    for origin in (src, tmp_path / "kept", tmp_path / "f32"):
-        code, _, err = run("convert", origin, tmp_path / f"{origin.name}.gguf", "--quant", "q8_0")
-        assert code == 0, err
-        files[origin.name] = {t.name: t for t in gguf.GGUFReader(tmp_path / f"{origin.name}.gguf").tensors}
-    for name, tensor in files["f32"].items():
-        for other in (files[src.name], files["kept"]):
-            assert other[name].tensor_type == tensor.tensor_type
-            assert np.array_equal(np.array(other[name].data), np.array(tensor.data)), name
+    same_gguf_as_dequantized(awq[0], tmp_path, ("q8_0",))
 
 
 Q = "model.layers.0.self_attn.q_proj"

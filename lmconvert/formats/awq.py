@@ -27,20 +27,7 @@ from typing import TYPE_CHECKING, Any
 
 from . import gptq
 from .errors import InputError
-from .quant_scheme import Recipe
-from .quantized_linear import (
-    FLOATS,
-    Headers,
-    Part,
-    check_options,
-    check_parts,
-    count,
-    finite,
-    grouping,
-    headers_of,
-    table_scheme,
-    unpack_words,
-)
+from .quantized_linear import FLOATS, Headers, Part, check_options, check_parts, count, finite, grouping, unpack_words
 
 if TYPE_CHECKING:
     import torch
@@ -155,20 +142,3 @@ def dequantize(recipe: AwqRecipe, module: str, tensors: Mapping[str, torch.Tenso
     # same products, broadcast
     diff = weight.to(torch.int8).view(n, group, out_features) - zeros.unsqueeze(1)
     return (diff * scale.unsqueeze(1)).view(in_features, out_features).t().contiguous()
-
-
-# As a scheme of the quantization table (quantized.py): the parts replace `X.weight`; the weight is the
-# product in the scales' dtype (float16 as AutoAWQ writes them), widened to float32 exactly. Only a
-# renaming keeps the parts (`own_dims` None): qweight and qzeros pack eight output columns a word in
-# AWQ's order, so no move of rows keeps every word whole.
-SCHEME = table_scheme(METHOD, PARTS, "qweight", lambda s, module, reader: check_linear(s["recipe"], module,
-                                                                                   headers_of(reader)),
-                      lambda s, module, t, where: dequantize(s["recipe"], module, t, where),
-                      lambda s: s["recipe"].describe(), quantized_dtypes=("I32",))
-
-
-def read_awq(where: str, quant: dict[str, Any]) -> Recipe:
-    """transformers 5.25 loads AWQ only through gptqmodel: verify's reference is transformers running
-    our dequantized weights."""
-    found = read(quant, where)
-    return Recipe(METHOD, SCHEME, {"recipe": found}, quant, transformers_loads=False, describe=found.describe())

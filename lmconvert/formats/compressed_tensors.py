@@ -39,23 +39,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from .errors import InputError
-from .quant_scheme import Recipe
-from .quant_scheme import Scheme as TableScheme
-from .quantized_linear import (
-    FLOATS,
-    Headers,
-    Part,
-    check_options,
-    check_parts,
-    count,
-    finite,
-    flag,
-    headers_of,
-    module_of_weight,
-    table_scheme,
-    unpack_words,
-)
-from .source import TensorReader
+from .quantized_linear import FLOATS, Headers, Part, check_options, check_parts, count, finite, flag, unpack_words
 
 if TYPE_CHECKING:
     import torch
@@ -362,64 +346,3 @@ def dequantize(scheme: Scheme, module: str, tensors: Mapping[str, torch.Tensor],
     if zero is not None:
         quantized = quantized - zero.to(scale.dtype)
     return (quantized * scale).reshape(values.shape)
-
-
-# As schemes of the quantization table (quantized.py): the parts replace `X.weight` (a naive format's
-# `weight` part is `X.weight` itself), zero points and a static activation scale only where the group
-# has them; each linear's group is the one `scheme_for` gives by name (a canonical checkpoint's names,
-# which no target names, by the group whose parts its headers fit: the groups that fit one linear's
-# headers dequantize it alike). The weight is the product in the scale's dtype widened to float32
-# exactly, so the cast to the model's dtype is transformers' own. Only a renaming keeps the parts
-# (`own_dims` None): asymmetric zero points pack the output rows.
-_ZEROS_AND_INPUTS = ("weight_zero_point", "input_scale", "input_zero_point")
-
-
-def _table_scheme(fmt: str, parts: tuple[str, ...], quantized: tuple[str, ...]) -> TableScheme:
-    return table_scheme(METHOD + " " + fmt, (*parts, *_ZEROS_AND_INPUTS), "weight_scale",
-                        lambda s, module, reader: check_linear(s["scheme"], module, headers_of(reader),
-                                                               read=reader.get),
-                        lambda s, module, t, where: dequantize(s["scheme"], module, t, where),
-                        lambda s: s["scheme"].describe(), quantized_dtypes=quantized, optional=_ZEROS_AND_INPUTS)
-
-
-NAIVE_SCHEME = _table_scheme("naive", ("weight", "weight_scale"), ("I8", "F8_E4M3"))
-PACKED_SCHEME = _table_scheme(PACKED, ("weight_packed", "weight_shape", "weight_scale"), ("I32",))
-
-
-def _fits(scheme: Scheme, module: str, reader: TensorReader) -> bool:
-    try:
-        check_linear(scheme, module, headers_of(reader), read=reader.get)
-    except InputError:
-        return False
-    return True
-
-
-def _of(found: CtRecipe) -> Callable[[str, TensorReader], tuple[TableScheme, dict[str, Any]] | None]:
-    def of(weight: str, reader: TensorReader) -> tuple[TableScheme, dict[str, Any]] | None:
-        module = module_of_weight(weight)
-        scheme = scheme_for(found, module)
-        if scheme is None:
-            scheme = next((s for s in found.schemes if _fits(s, module, reader)), None)
-        if scheme is None:
-            return None
-        return (PACKED_SCHEME if scheme.format == PACKED else NAIVE_SCHEME), {"scheme": scheme}
-    return of
-
-
-def activations(found: CtRecipe) -> str:
-    """The schemes' weights and any input activations they declare, for the card (lmconvert dequantizes
-    the weights alone; transformers' compressed mode would also quantize those inputs)."""
-    said = []
-    for scheme in found.schemes:
-        inputs = "" if scheme.inputs is None else f", input activations {scheme.inputs.describe()}"
-        said.append(f"{scheme.group}: {scheme.describe()}{inputs}")
-    return "; ".join(said)
-
-
-def read_compressed_tensors(where: str, quant: dict[str, Any]) -> Recipe:
-    """One config group: verify's reference is transformers' decompressed load
-    (`CompressedTensorsConfig(run_compressed=False)`); several, which transformers 5.25 fails to load
-    decompressed: transformers running our dequantized weights."""
-    found = read(quant, where)
-    return Recipe(METHOD, NAIVE_SCHEME, {}, quant, transformers_loads=len(found.schemes) == 1,
-                  per_weight=_of(found), schemes=(NAIVE_SCHEME, PACKED_SCHEME), describe=activations(found))

@@ -33,7 +33,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from .errors import InputError
-from .quant_scheme import Recipe
 from .quantized_linear import (
     FLOATS,
     Headers,
@@ -44,9 +43,7 @@ from .quantized_linear import (
     finite,
     flag,
     grouping,
-    headers_of,
     little_endian_bytes,
-    table_scheme,
 )
 
 if TYPE_CHECKING:
@@ -273,22 +270,3 @@ def dequantize(recipe: GptqRecipe, module: str, tensors: Mapping[str, torch.Tens
             index = g_idx.expand(part.shape[0], in_features)  # gather: far faster than index_select on dim 1
             part.sub_(torch.gather(zero[span], 1, index)).mul_(torch.gather(scale[span], 1, index))
     return weight
-
-
-# As a scheme of the quantization table (quantized.py): the parts replace `X.weight`, `g_idx` may be
-# absent; the weight is gptqmodel's product in the scales' dtype (float16 as GPTQ writes them; a model
-# loaded in another dtype casts the scales first, which the table's cast after the product does not
-# follow), widened to float32 exactly. Only a renaming keeps the parts (`own_dims` None): qweight packs
-# the inputs and qzeros the outputs, so no move of rows or columns keeps every word whole; any other
-# transform of a family's table is refused by name (pass --dtype to dequantize).
-SCHEME = table_scheme(METHOD, PARTS, "qweight", lambda s, module, reader: check_linear(s["recipe"], module,
-                                                                                   headers_of(reader)),
-                      lambda s, module, t, where: dequantize(s["recipe"], module, t, where),
-                      lambda s: s["recipe"].describe(), quantized_dtypes=("I32",), optional=("g_idx",))
-
-
-def read_gptq(where: str, quant: dict[str, Any]) -> Recipe:
-    """transformers 5.25 loads GPTQ only through gptqmodel (not installable beside this CPU torch):
-    verify's reference is transformers running our dequantized weights."""
-    found = read(quant, where)
-    return Recipe(METHOD, SCHEME, {"recipe": found}, quant, transformers_loads=False, describe=found.describe())

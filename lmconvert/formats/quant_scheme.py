@@ -1,5 +1,5 @@
 """The parts of the quantization table (`quantized.py`) that each scheme module (fp8.py, mxfp4.py,
-gptq.py, awq.py, compressed_tensors.py) fills in: what a scheme is, what a checkpoint's recipe holds,
+linear_schemes.py) fills in: what a scheme is, what a checkpoint's recipe holds,
 and the checks they share."""
 
 from __future__ import annotations

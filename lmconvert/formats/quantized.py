@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any
 
 from lmconvert.mappings.tables.transforms import IDENTITY
 
-from . import awq, compressed_tensors, fp8, gptq, mxfp4
+from . import fp8, linear_schemes, mxfp4
 from .dtypes import DTYPES
 from .errors import InputError
 from .quant_scheme import QuantizedWeight, Recipe, Scheme
@@ -42,8 +42,8 @@ if TYPE_CHECKING:
 # quant_method -> reads quantization_config (where, config) into a Recipe, refusing by name what it
 # does not handle
 METHODS: dict[str, Callable[[str, dict[str, Any]], Recipe]] = {
-    "fp8": fp8.read_fp8, "fbgemm_fp8": fp8.read_fbgemm, "mxfp4": mxfp4.read_mxfp4, "gptq": gptq.read_gptq,
-    "awq": awq.read_awq, "compressed-tensors": compressed_tensors.read_compressed_tensors,
+    "fp8": fp8.read_fp8, "fbgemm_fp8": fp8.read_fbgemm, "mxfp4": mxfp4.read_mxfp4, "gptq": linear_schemes.read_gptq,
+    "awq": linear_schemes.read_awq, "compressed-tensors": linear_schemes.read_compressed_tensors,
 }
 # methods a family's config table reads itself (mappings/families/bitnet.py refuses its own by name)
 FAMILY_READS = ("bitnet",)

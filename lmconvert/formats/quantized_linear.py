@@ -11,14 +11,13 @@ reader (`ReaderHeaders`) or tensors in memory (`TensorHeaders`).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
 from .dtypes import DTYPES, of_torch
 from .errors import InputError
-from .quant_scheme import Scheme
 from .source import TensorReader, dtype_name
 
 if TYPE_CHECKING:
@@ -215,18 +214,3 @@ def headers_of(reader: TensorReader) -> ReaderHeaders:
 def module_of_weight(weight: str) -> str:
     """The linear `X` of a weight name `X.weight` (the table names a quantized linear by its weight)."""
     return weight.removesuffix(".weight")
-
-
-def table_scheme(method: str, parts: tuple[str, ...], anchor: str,
-                 check: Callable[[dict[str, Any], str, TensorReader], tuple[int, ...]],
-                 dequantize: Callable[[dict[str, Any], str, Mapping[str, torch.Tensor], str], torch.Tensor],
-                 describe: Callable[[dict[str, Any]], str], **more: Any) -> Scheme:  # noqa: ANN401
-    """A quantized linear's format as a scheme of the quantization table (quantized.py): its parts
-    `X.<part>` replace `X.weight`, checked from the headers by `check(settings, module, reader)`;
-    the weight is `dequantize(settings, module, parts, where)`, the product in the scales' dtype,
-    widened to float32 exactly (so a cast to the model's dtype rounds it once, as the loaders cast it)."""
-    return Scheme(method, parts={part: "." + part for part in parts}, anchor=anchor,
-                  check=lambda reader, weight, _, settings: check(settings, module_of_weight(weight), reader),
-                  dequantize=lambda t, settings, weight, where: dequantize(
-                      settings, module_of_weight(weight), t, where).float(),
-                  stored_type=describe, replaces=".weight", **more)
