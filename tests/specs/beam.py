@@ -1,5 +1,5 @@
-"""The beam test model (see tests/specs/__init__.py): 4 layers, sliding (RoPE, window 4) on 0 and 2, full (no
-positions, their queries scaled by exp(0.1 log1p((pos + 1) / 2048)), above 1 at every position) on 1 and 3;
+"""The beam test model (see tests/specs/__init__.py): 4 layers, sliding (RoPE, window 4) on 0 to 2, full (no
+positions, their queries scaled by exp(0.1 log1p((pos + 1) / 2048)), above 1 at every position) on 3;
 layer 0 dense, 1 to 3 mixtures of 8 experts in 4 groups (the best 2 groups, top-3); the logits soft-capped."""
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ SPEC = Spec(
     old_style={}, old_styled=False,  # BeamConfig reads no older RoPE keys (convert_rope_params_to_dict: none)
     card=("attention output gate: sigmoid(a projection of the input + a bias per head)", "QK norm: per head",
           "placement: sandwich norm (pre + post)", "norm: RMSNorm, eps=1e-06, weight in fp32",
-          "sliding window 4 on local layers; pattern LGLG", "positions: none (layers [1, 3])",
+          "sliding window 4 on local layers; pattern LLLG", "positions: none (layers [3])",
           "attention temperature: q x exp(0.1 log1p((pos + 1) / 2048)), in fp32, layers without positions only",
           "residual: depth-scaled", "product in fp32",
           "mixture of experts: 8 experts, top-3, d_expert 32 (layers [1, 2, 3])",

@@ -116,7 +116,8 @@ def experts_to_hf(cfg: ArchConfig) -> dict[str, Any]:
 
 CONFIG = llama.CONFIG.but(
     drop=("mlp_bias", "rope"),
-    add=(plain("head_dim", "head_dim", int, 128),
+    add=(plain("head_dim", "head_dim", int, 128), plain("num_key_value_heads", "n_kv_heads", int, 8),
+         plain("attention_dropout", "attn_dropout", float, 0.0, bound="probability"),
          llama.norm(1e-6, dtype_order="scale_then_cast"),
          fixed("Beam's block", norm_placement="sandwich", qk_norm="head", attn_output_gate="projection_head_bias",
                residual_form="depth_scaled", glu_fp32=True, softcap_fp32=True),
@@ -124,7 +125,7 @@ CONFIG = llama.CONFIG.but(
          Entry("experts", KEYS, experts_from_hf, experts_to_hf),
          plain("final_logit_softcapping", "final_softcap", float, 30.0, nullable=True)),
     defaults={"vocab_size": 151936, "hidden_size": 5120, "intermediate_size": 20480, "num_hidden_layers": 52,
-              "num_attention_heads": 48, "num_key_value_heads": 8, "max_position_embeddings": 8192},
+              "num_attention_heads": 48, "max_position_embeddings": 8192},
 )
 
 TENSORS = TensorTable(
