@@ -52,7 +52,8 @@ ROUTERS = ("softmax", "sigmoid", "sparsemixer", "topk_softmax", "topk_sigmoid", 
 # the routers that take a selection bias
 BIASED_ROUTERS = ("softmax", "sigmoid", "sigmoid_fp32", "logits", "sigmoid_fp32_sorted", "sigmoid_sorted",
                   "sigmoid_grouped_sorted")
-GROUPED_ROUTERS = ("softmax", "sigmoid", "sigmoid_grouped_sorted")  # the routers that limit the choice to groups (n_group > 1)
+# the routers that limit the choice to groups (n_group > 1)
+GROUPED_ROUTERS = ("softmax", "sigmoid", "sigmoid_grouped_sorted")
 KEPT_FP32 = ("weight", "selection_bias")  # router parameters a model may keep in fp32 (MoeConfig.kept_fp32)
 SHARED_EXPERTS = ("none", "gated", "plain", "averaged")
 SUM_ORDERS = ("grouped_mm", "eager", "sorted")  # arch/moe.py's SUMS
