@@ -6,6 +6,7 @@ swapped tensor changes the logits.
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -103,12 +104,16 @@ def cached_logits(model: torch.nn.Module, ids: torch.Tensor, prefill: int) -> to
     """transformers' own cached decoding, for comparison with ours; a model transformers keeps no
     cache for (GPT's OpenAIGPTLMHeadModel) runs each step over the whole prefix, as its generate does."""
     state: dict[str, Any] = {"seen": ids[:, :0]}
+    # the positions of the new tokens, as generate passes them: Bamba's forward, given none, numbers them from 0
+    positions = "position_ids" in inspect.signature(model.forward).parameters
 
     def step(chunk: torch.Tensor) -> torch.Tensor:
+        past = state["seen"].shape[1]
         state["seen"] = torch.cat([state["seen"], chunk], 1)
         if state.get("uncached"):
             return model(state["seen"]).logits[:, -chunk.shape[1]:]
-        out = model(chunk, cache=state.get("cache"), use_cache=True)
+        where = {"position_ids": torch.arange(past, past + chunk.shape[1])[None]} if positions else {}
+        out = model(chunk, cache=state.get("cache"), use_cache=True, **where)
         state["uncached"] = not hasattr(out, "cache")
         state["cache"] = getattr(out, "cache", None)
         return out.logits

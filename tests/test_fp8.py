@@ -15,6 +15,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 import torch
 from family_specs import SPECS
@@ -155,9 +156,28 @@ def one_line_refusal(src: Path, out: Path, *args: str) -> str:
     return err
 
 
-def test_gguf_and_meta_need_dequantizing(fp8: Callable[..., Path], tmp_path: Path) -> None:
-    assert "--to gguf" in one_line_refusal(fp8("qwen3"), tmp_path / "out.gguf", "--dtype", "bfloat16")
-    assert "--to gguf" in one_line_refusal(fp8("qwen3"), tmp_path / "out.gguf")
+def test_gguf_dequantizes_then_quantizes(fp8: Callable[..., Path], tmp_path: Path) -> None:
+    """GGUF out of an FP8 source (in one step, and from its kept canonical checkpoint) is the file its
+    dequantized float32 canonical checkpoint gives, tensor for tensor."""
+    import gguf
+
+    src = fp8("llama")
+    for args, where in [(("--dtype", "float32"), "f32"), ((), "kept")]:
+        code, _, err = run("convert", src, tmp_path / where, *args)
+        assert code == 0, err
+    for quant in ("q8_0", "bf16"):
+        files = {}
+        for origin in (src, tmp_path / "kept", tmp_path / "f32"):
+            code, _, err = run("convert", origin, tmp_path / f"{origin.name}-{quant}.gguf", "--quant", quant)
+            assert code == 0, err
+            files[origin.name] = {t.name: t for t in gguf.GGUFReader(tmp_path / f"{origin.name}-{quant}.gguf").tensors}
+        for name, tensor in files["f32"].items():
+            for other in (files[src.name], files["kept"]):
+                assert other[name].tensor_type == tensor.tensor_type
+                assert np.array_equal(np.array(other[name].data), np.array(tensor.data)), name
+
+
+def test_meta_needs_dequantizing(fp8: Callable[..., Path], tmp_path: Path) -> None:
     assert "--dtype bfloat16" in one_line_refusal(fp8("llama"), tmp_path / "out", "--to", "meta")
 
 
@@ -313,3 +333,13 @@ def test_fp8_in_pytorch_model_bin(fp8: Callable[..., Path], tmp_path: Path) -> N
     with open_checkpoint(one) as a, open_checkpoint(two) as b:
         assert set(a.plan) == set(b.plan)
         assert all(torch.equal(a.tensor(name), b.tensor(name)) for name in a.plan)
+
+
+def test_e4m3_table_is_torch_s_cast_bit_for_bit() -> None:
+    """The lookup that dequantizing reads e4m3 through gives torch's own cast of every code, NaNs and
+    -0.0 included, for a strided input too."""
+    from lmconvert.formats.fp8 import e4m3_to_float32
+
+    codes = torch.arange(256, dtype=torch.uint8).repeat(3).view(torch.float8_e4m3fn).reshape(3, 256)
+    for q in (codes, codes.t()):
+        assert torch.equal(e4m3_to_float32(q).view(torch.int32), q.to(torch.float32).view(torch.int32))

@@ -94,6 +94,23 @@ def llama4(text: dict[str, Any] | None = None, **top: Any) -> transformers.PreTr
         image_token_index=5, **top)
 
 
+QWEN3_5_VISION = dict(depth=1, hidden_size=16, intermediate_size=32, num_heads=2, out_hidden_size=64, patch_size=14,
+                      temporal_patch_size=2, spatial_merge_size=1, num_position_embeddings=16)
+
+
+def qwen3_5(**top: Any) -> transformers.PreTrainedConfig:
+    """Qwen3.5 as published: the wrapper around the spec's qwen3_5_text decoder (gated delta-net layers)."""
+    return transformers.Qwen3_5Config(text_config=dict(model_type="qwen3_5_text", **{**TEXT,
+                                                                                       **SPECS["qwen3_5_text"].kwargs}),
+                                      vision_config=QWEN3_5_VISION, **top)
+
+
+def qwen3_5_moe(**top: Any) -> transformers.PreTrainedConfig:
+    return transformers.Qwen3_5MoeConfig(
+        text_config=dict(model_type="qwen3_5_moe_text", **{**TEXT, **SPECS["qwen3_5_moe_text"].kwargs}),
+        vision_config=QWEN3_5_VISION, **top)
+
+
 # wrapper model_type (and ":" its text decoder's, where another family reads that one) -> (config,
 # transformers class, text family, its CausalLM, the towers' first names, what the
 # note says is left out)
@@ -113,6 +130,10 @@ WRAPPERS: dict[str, tuple[Callable[..., Any], str, str, str, tuple[str, ...], st
                         "the image and audio embedders"),
     "llama4": (llama4, "Llama4ForConditionalGeneration", "llama4_text", "Llama4ForCausalLM",
                ("vision_model.", "multi_modal_projector."), "the vision model and multi-modal projector"),
+    "qwen3_5": (qwen3_5, "Qwen3_5ForConditionalGeneration", "qwen3_5_text", "Qwen3_5ForCausalLM", ("model.visual.",),
+                "the vision tower and its patch merger"),
+    "qwen3_5_moe": (qwen3_5_moe, "Qwen3_5MoeForConditionalGeneration", "qwen3_5_moe_text", "Qwen3_5MoeForCausalLM",
+                    ("model.visual.",), "the vision tower and its patch merger"),
 }
 
 
@@ -216,7 +237,8 @@ def test_verify_of_the_canonical_checkpoint_runs_the_wrapper(wrapper: tuple[str,
     assert report.passed, report
     assert report.reference is not None and Path(report.reference).resolve() == src.resolve()
     names = {p.name for p in report.points}
-    assert {"embed", "layers.1", "layers.1.attn.q", "layers.1.mlp.down", "final_norm"} <= names
+    assert {"embed", "layers.1", "layers.1.attn.q", "final_norm"} <= names
+    assert {"layers.1.mlp.down", "layers.1.mlp.experts"} & names  # dense, or a mixture's (Qwen3.5-MoE's)
 
 
 # ------------------------------------------------------------------------------------------------ tying
@@ -285,6 +307,8 @@ def test_the_top_level_tying_wins(name: str) -> None:
     ("got_ocr2", "llama", "reads got_ocr2 only around a qwen2 text decoder"),
     ("moss_transcribe_diarize", "qwen2", "reads moss_transcribe_diarize only around a qwen3 text decoder"),
     ("llama4", "llama", "reads llama4 only around a llama4_text text decoder"),
+    ("qwen3_5", "qwen3_next", "reads qwen3_5 only around a qwen3_5_text text decoder"),
+    ("qwen3_5_moe", "qwen3_5_text", "reads qwen3_5_moe only around a qwen3_5_moe_text text decoder"),
 ])
 def test_another_text_decoder_is_refused_by_name(name: str, text_type: str, says: str) -> None:
     family = FAMILIES[WRAPPERS[name][2]]

@@ -30,6 +30,12 @@ def _sequential(b: Block, h: torch.Tensor, attend: Callable[[torch.Tensor], torc
         h = x + b.scaled(attend(x))
         x = b.mlp_norm(h)
         return x + b.scaled(b.mlp(x))
+    if b.residual_fp32:  # each norm reads the stream in its weight's dtype (Mamba2Block), the sums are fp32
+        if attend is not None:
+            h = h.float() + b.scaled(attend(b.attn_norm(h.to(b.attn_norm.weight.dtype))))
+        if b.mlp is not None:
+            h = h.float() + b.scaled(b.mlp(b.mlp_norm(h.to(b.mlp_norm.weight.dtype))))
+        return h
     if attend is not None:
         h = b.add(h, b.attn_post_norm(attend(b.attn_norm(h))), 0)
     if b.mlp is not None:
@@ -109,6 +115,7 @@ class Block(nn.Module):
         self.depth_scales = None if cfg.residual_form == "plain" else \
             tuple((1.0 / math.sqrt(k), math.sqrt((k - 1) / k)) for k in (2 * (layer + 1), 2 * (layer + 1) + 1))
         self.parallel_sum, self.residual_after_norm = cfg.parallel_sum, cfg.residual_after_norm
+        self.residual_fp32 = cfg.residual_fp32
         self.wiring = WIRING[cfg.norm_placement]
         for flag, linear in LINEAR_FORWARDS:  # the same parameters, another forward (one flag at most)
             if getattr(cfg, flag):

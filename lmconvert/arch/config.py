@@ -430,6 +430,9 @@ class ArchConfig:
     embed_norm: bool = False  # a norm on the embeddings, before the first block (BLOOM's word_embeddings_layernorm)
     residual_after_norm: bool = False  # pre-norm blocks take the residual after the norm (BLOOM's
     # apply_residual_connection_post_layernorm)
+    residual_fp32: bool = False  # pre-norm blocks keep the residual stream in fp32: each norm reads it cast to the
+    #   model dtype, each sublayer's output adds to it in fp32, the head reads the final norm's fp32 output cast
+    #   back (Mamba's, Mamba2's and FalconMamba's residual_in_fp32)
     unnormed_attn_layers: tuple[int, ...] = ()  # pre-norm layers whose attention reads the residual stream without
     #   a norm: ModernBERT decoder's layer 0 (its attn_norm an nn.Identity; the embeddings are normed already)
     # biases
@@ -472,6 +475,10 @@ class ArchConfig:
     mixer_settings: Any = None
     layer_mixers: tuple[str, ...] | None = None
     layer_ffns: tuple[str, ...] | None = None
+    # the norm placement of the mixer layers where it is not `norm_placement`'s (OLMo-hybrid: its gated delta-net
+    # layers pre-norm, its attention layers normalising each sublayer's output); both sequential, so one wiring.
+    # None: the same for every layer
+    mixer_norm_placement: str | None = None
     sliding_window: int | None = None
     attn_scale: float | None = None  # None: head_dim ** -0.5
     attn_softcap: float | None = None
@@ -613,6 +620,9 @@ class ArchConfig:
             _fail("ArchConfig", "parallel_sum", self.parallel_sum, "only parallel blocks have a parallel sum")
         if self.residual_after_norm and self.norm_placement != "pre":
             _fail("ArchConfig", "residual_after_norm", True, "only pre-norm blocks take the residual after the norm")
+        if self.residual_fp32 and (self.norm_placement != "pre" or self.residual_after_norm):
+            _fail("ArchConfig", "residual_fp32", True, "only pre-norm blocks without residual_after_norm keep an fp32 "
+                  "residual stream")
         for name in ("embed_dropout", "attn_dropout", "resid_dropout"):
             if not 0 <= getattr(self, name) < 1:
                 _fail("ArchConfig", name, getattr(self, name), "must be in [0, 1)")
@@ -700,6 +710,7 @@ class ArchConfig:
             _fail("ArchConfig", "norm_placement", self.norm_placement,
                   "a layer without a mixer or an FFN needs sequential sublayers (norm_placement 'pre', 'sandwich' or "
                   "'output', residual_after_norm off)")
+        self._normalise_mixer_norm_placement(kind)
         if kind is None:
             if "mixer" in self.layer_mixers:
                 _fail("ArchConfig", "layer_mixers", self.layer_mixers, "names 'mixer' layers; set mixer")
@@ -716,6 +727,19 @@ class ArchConfig:
             except TypeError as exc:  # a settings field without a default, left out
                 raise ConfigError(f"ArchConfig.mixer_settings: {exc}") from None
         return kind
+
+    def _normalise_mixer_norm_placement(self, kind: MixerKind | None) -> None:
+        placement = self.mixer_norm_placement
+        if placement is None or placement == self.norm_placement:  # one spelling of "the same everywhere"
+            object.__setattr__(self, "mixer_norm_placement", None)
+            return
+        _choice("ArchConfig", "mixer_norm_placement", placement, SEQUENTIAL_PLACEMENTS)
+        if self.norm_placement not in SEQUENTIAL_PLACEMENTS or self.residual_after_norm:
+            _fail("ArchConfig", "mixer_norm_placement", placement, "differs from norm_placement on the mixer "
+                  "layers only where both are sequential (norm_placement 'pre', 'sandwich' or 'output', "
+                  "residual_after_norm off)")
+        if kind is None:
+            _fail("ArchConfig", "mixer_norm_placement", placement, "places the mixer layers' norms; set mixer")
 
     def _check_moe(self, moe: MoeConfig) -> None:
         if not self.gated:
@@ -949,7 +973,8 @@ UNSTATED_WHEN_UNSET: dict[str, Any] = {"attn_sinks": False, "sink_form": "column
                                        "sub_norms": False, "output_vocab": None, "attn_temperature_form": "ministral3",
                                        "attention_chunk": None, "chunked_layers": (), "qk_l2_norm": False,
                                        "attn_output_gate": "none", "mixer": None, "mixer_settings": None,
-                                       "residual_form": "plain", "glu_fp32": False, "softcap_fp32": False}
+                                       "mixer_norm_placement": None, "residual_form": "plain", "glu_fp32": False,
+                                       "softcap_fp32": False}
 ROPE_UNSTATED_WHEN_UNSET: dict[str, Any] = {"alpha": None, "reverse": False}
 MOE_UNSTATED_WHEN_UNSET: dict[str, Any] = {"weight_input": False, "sum_bias": False, "scale_after_sum": False}
 

@@ -178,6 +178,8 @@ class Decoder(nn.Module):
     def logits(self, h: torch.Tensor) -> torch.Tensor:
         cfg = self.cfg
         h = self.final_norm(h)
+        if cfg.residual_fp32:  # the final norm's fp32 output, cast to the head's dtype
+            h = h.to(self.embed.weight.dtype)
         if self.head_transform is not None:
             h = self.head_transform(h)
         if self.project_out is not None:

@@ -20,7 +20,8 @@ GATED_NAMES = {"relu": "ReGLU", "gelu": "GeGLU (erf)", "gelu_tanh": "GeGLU (tanh
 ORDER_FLAGS = (("scale_by_inverse_layer", "score scale divided by layer index + 1"),
                ("scale_query", "score scale applied to q before q.k"), ("scores_fp32", "q.k in fp32"),
                ("scale_in_product", "score scale inside q.k's product (baddbmm)"))
-BLOCK_FLAGS = (("residual_after_norm", "residual taken after the norm"), ("embed_norm", "embedding norm"),
+BLOCK_FLAGS = (("residual_after_norm", "residual taken after the norm"),
+               ("residual_fp32", "residual stream in fp32"), ("embed_norm", "embedding norm"),
                ("bias_separate", "linear biases added after the matmul"),
                ("mlp_fused", "gate and up as one fused output"),
                ("conv1d_linears", "linears as Conv1D (addmm over weights held [in, out])"))
@@ -203,8 +204,10 @@ def schedule(cfg: ArchConfig) -> list[str]:
 def variants(cfg: ArchConfig) -> list[str]:
     mixing = ([*attention_kind(cfg.attention).describe(cfg)] if cfg.layers_mixed_by("attention") else []) + \
         (mixer_kind(cfg.mixer).describe(cfg) if cfg.layers_mixed_by("mixer") else [])
-    out = [f"norm: {_norm(cfg.norm)}", f"placement: {PLACEMENT_NAMES[cfg.norm_placement]}", *mixing,
-           *schedule(cfg)]
+    placement = PLACEMENT_NAMES[cfg.norm_placement]
+    if cfg.mixer_norm_placement is not None:
+        placement += f" ({cfg.mixer} layers: {PLACEMENT_NAMES[cfg.mixer_norm_placement]})"
+    out = [f"norm: {_norm(cfg.norm)}", f"placement: {placement}", *mixing, *schedule(cfg)]
     if cfg.attn_scale is not None:
         out.append(f"score scale: {cfg.attn_scale:g}")
     out.extend(line for flag, line in ORDER_FLAGS if getattr(cfg, flag))

@@ -21,6 +21,8 @@ value_head_dim) in fp32, as transformers' cache keeps them.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
 import torch.nn.functional as F
 
@@ -28,6 +30,11 @@ from .cache import KVCache
 from .causal_conv import causal_conv, padding_mask, zero_padding
 from .context import Context
 from .mamba import StateSpaceMixer
+from .norms import Norm
+from .parts import Part
+
+if TYPE_CHECKING:
+    from .config import ArchConfig
 
 CHUNK = 64  # torch_chunk_gated_delta_rule's chunk_size, which transformers never overrides
 
@@ -118,8 +125,21 @@ def recurrent_gated_delta_rule(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
     return out.transpose(1, 2).contiguous().to(dtype), state
 
 
+class GatedNorm(Norm):
+    """The output norm and its gate as one module, as transformers' RMSNormGated is: the RMSNorm over
+    each value head, times silu(gate) in fp32, cast back; so its output is the point verify compares
+    with transformers' `norm`."""
+
+    def forward(self, x: torch.Tensor, gate: torch.Tensor) -> torch.Tensor:  # type: ignore[override]
+        return (super().forward(x) * F.silu(gate.to(torch.float32))).to(x.dtype)
+
+
 class GatedDeltaNet(StateSpaceMixer):
     """The gated delta-net mixer; its settings are `mixer_kinds.GatedDeltaNetSettings`."""
+
+    def __init__(self, cfg: ArchConfig, parts: dict[str, Part], layer: int) -> None:
+        super().__init__(cfg, parts, layer)
+        self.norm.__class__ = GatedNorm  # the same weight, the gate taken in
 
     def forward(self, x: torch.Tensor, ctx: Context, cache: KVCache | None) -> torch.Tensor:
         s = self.s
@@ -141,5 +161,5 @@ class GatedDeltaNet(StateSpaceMixer):
         if state is not None:
             state["recurrent"] = recurrent
         z = self.in_proj_z(x).reshape(-1, s.value_head_dim)
-        out = (self.norm(out.reshape(-1, s.value_head_dim)) * F.silu(z.to(torch.float32))).to(out.dtype)
+        out = self.norm(out.reshape(-1, s.value_head_dim), z)
         return self.out_proj(out.reshape(B, T, -1))

@@ -341,6 +341,21 @@ class GatedDeltaNetSettings:
     def conv_dim(self) -> int:  # the conv's channels: q | k | v
         return 2 * self.key_dim + self.value_dim
 
+    @property
+    def norm_rows(self) -> int:
+        """The rows per token the gated norm normalises (one per value head), as both sides flatten them."""
+        return self.value_heads
+
+    @property
+    def sizes(self) -> dict[str, int]:
+        """The sizes a family's tensor table names (mappings/family.py's tensor_sizes): per key head, its
+        q and k rows and the rows of the value heads it serves (Qwen3-Next stores them per key head)."""
+        per_key = self.value_heads // self.key_heads
+        return {"key_heads": self.key_heads, "key_head_dim": self.key_head_dim, "heads_per_key": per_key,
+                "values_per_key": per_key * self.value_head_dim, "qkv": self.conv_dim, "values": self.value_dim,
+                "key_dim": self.key_dim,
+                "value_heads": self.value_heads}
+
 
 def _gated_deltanet_parts(cfg: ArchConfig) -> dict[str, Part]:
     """Qwen3.5's layout and names (Qwen3_5GatedDeltaNet): its own parameters first, dt_bias and A_log

@@ -35,10 +35,12 @@ NORM_SLOTS: dict[str, tuple[str, ...]] = {
 
 
 def norm_slots(cfg: ArchConfig, layer: int) -> tuple[str, ...]:
-    """The norm slots one layer fills: its placement's, but for the attention norm of a layer in
+    """The norm slots one layer fills: its placement's (a mixer layer's `mixer_norm_placement` where
+    set), but for the attention norm of a layer in
     `unnormed_attn_layers` (ModernBERT decoder's layer 0), and none around a sublayer the layer has
     not (`layer_mixers`, `layer_ffns`: a Nemotron-H block is one sublayer and its norm)."""
-    slots = NORM_SLOTS[cfg.norm_placement]
+    mixer_placement = cfg.mixer_norm_placement if cfg.layer_mixers[layer] == "mixer" else None
+    slots = NORM_SLOTS[mixer_placement or cfg.norm_placement]
     if layer in cfg.unnormed_attn_layers:
         slots = tuple(s for s in slots if s != "attn_norm")
     if cfg.layer_mixers[layer] == "none":

@@ -51,11 +51,9 @@ KEEPS_QUANTIZED = ("canonical", "hf")
 
 def _quantized(src: Path, to: str, dtype: str | None, method: str) -> None:
     """A quantized source converts kept as it is (canonical, hf) or dequantized into float tensors
-    with --dtype; GGUF is written from a dequantized canonical checkpoint."""
-    if to == "gguf":
-        raise InputError(f"{src}: is quantized ({method}); convert it with --dtype bfloat16 into a canonical "
-                         "checkpoint first, then export that with --to gguf")
-    if dtype is None and to not in KEEPS_QUANTIZED:
+    with --dtype; GGUF dequantizes it, then quantizes it as --quant says (an MXFP4 weight kept as it
+    is under --quant mxfp4: convert/export_gguf.py)."""
+    if dtype is None and to not in (*KEEPS_QUANTIZED, "gguf"):
         raise InputError(f"{src}: is quantized ({method}), which --to {to} cannot hold; pass --dtype bfloat16 "
                          "(or float32) to dequantize it")
 

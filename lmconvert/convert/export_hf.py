@@ -17,15 +17,15 @@ from lmconvert.formats.quantized import kept, kept_digests, recipe_of
 from lmconvert.formats.shards import write_shards
 from lmconvert.mappings import MappingError, family_named
 from lmconvert.mappings.family import tensor_sizes
-from lmconvert.mappings.tables.table import IDENTITY
 
 from .exports import export_source
 from .plan import Progress, plan_tensors
 
 
 def _transformed(family: str, name: str) -> str:
-    return (f"tensor {name!r} is quantized, and family {family}'s table transforms it on export (not a renaming), "
-            "so it cannot be written as it is; pass --dtype bfloat16 (or float32) to dequantize it")
+    return (f"tensor {name!r} is quantized, and family {family}'s table transforms it on export in a way its "
+            "stored parts cannot follow, so it cannot be written as it is; pass --dtype bfloat16 (or float32) to "
+            "dequantize it")
 
 
 def to_hf(src: Path | Checkpoint, out: Path, family: str | None = None, dtype: str | None = None,
@@ -53,8 +53,9 @@ def to_hf(src: Path | Checkpoint, out: Path, family: str | None = None, dtype: s
         found = recipe_of(ckpt.source.tensors)
         digests = export.digests
         if found is not None and dtype is None:  # kept as it is: the parts, and quantization_config unchanged
-            source, items = kept(source, items, IDENTITY.inverse, partial(_transformed, target.name))
-            digests = kept_digests(None if export.direct else meta.tensors, source)
+            source, items = kept(source, [(hf_name, canonical, t) for hf_name, (canonical, t) in plan.items()],
+                                 "inverse", True, partial(_transformed, target.name))
+            digests = kept_digests(None if export.direct else meta.tensors, source, meta.hash)
             config["quantization_config"] = found.config
         with atomic_directory(out, force) as tmp, export.side_files(out) as side:
             planned = plan_tensors(source, items, dtype, allow_nonfinite, digests, meta.hash)

@@ -15,7 +15,6 @@ from lmconvert.formats.dtypes import DTYPES, dominant
 from lmconvert.formats.quantized import kept, recipe_of
 from lmconvert.formats.shards import write_shards
 from lmconvert.formats.whole_file import Announced
-from lmconvert.mappings.tables.table import IDENTITY
 
 from .exports import hf_extras, source_description
 from .plan import Progress, plan_tensors
@@ -28,8 +27,9 @@ def _hash_files(directory: Path, shards: dict[str, dict[str, object]]) -> dict[s
 
 
 def _transformed(ckpt: Checkpoint, name: str) -> str:
-    return (f"{ckpt.path}: tensor {name!r} is quantized, and family {ckpt.family.name}'s table transforms it (not "
-            "a renaming), so it cannot be kept as it is; pass --dtype bfloat16 (or float32) to dequantize it")
+    return (f"{ckpt.path}: tensor {name!r} is quantized, and family {ckpt.family.name}'s table transforms it in a way "
+            "its stored parts cannot follow, so it cannot be kept as it is; pass --dtype bfloat16 (or float32) to "
+            "dequantize it")
 
 
 def to_canonical(src: Path | Checkpoint, out: Path, dtype: str | None = None, max_shard_bytes: int = 5 * 10**9,
@@ -41,12 +41,12 @@ def to_canonical(src: Path | Checkpoint, out: Path, dtype: str | None = None, ma
     with opened(src) as ckpt:
         check_output(out, force, (ckpt.path,))
         with atomic_directory(out, force) as tmp:
-            items = [(canonical, name, t.forward) for canonical, (name, t) in ckpt.plan.items()]
             found = recipe_of(ckpt.source.tensors)
             keep = found is not None and dtype is None  # the quantized parts as they are, else dequantized
-            reader = ckpt.reader
+            reader, items = ckpt.reader, [(canonical, name, t.forward) for canonical, (name, t) in ckpt.plan.items()]
             if keep:
-                reader, items = kept(reader, items, IDENTITY.forward, partial(_transformed, ckpt))
+                reader, items = kept(reader, [(canonical, name, t) for canonical, (name, t) in ckpt.plan.items()],
+                                     "forward", False, partial(_transformed, ckpt))
             planned = plan_tensors(reader, items, dtype, allow_nonfinite)
             written = write_shards(planned, tmp, max_shard_bytes, progress=progress, announced=announced)
             ckpt.write_sidecars(tmp)

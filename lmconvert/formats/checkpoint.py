@@ -53,7 +53,7 @@ def open_canonical(path: Path) -> Source:
     if not meta.quantization:
         return Source(path, "canonical", {}, tensors, canonical=meta)
     try:
-        read, _ = quantized_view({"quantization_config": meta.quantization}, path / META_FILE, tensors)
+        read, _ = quantized_view({"quantization_config": meta.quantization}, path / META_FILE, tensors, canonical=True)
     except BaseException:
         tensors.close()
         raise
@@ -292,7 +292,7 @@ def _check_shapes(checkpoint: Checkpoint, shapes: dict[str, tuple[int, ...]]) ->
                                  "bfloat16, float32 or float64 weights")
         first = _names(names)[0]
         shape = [tensors.shape(name) for name in names] if isinstance(names, tuple) else tensors.shape(names)
-        if isinstance(names, tuple) and len(set(shape)) > 1:  # rows that torch.stack cannot join
+        if isinstance(names, tuple) and not transform.gathers and len(set(shape)) > 1:  # rows torch.stack cannot join
             odd = next(name for name, one in zip(names, shape, strict=True) if one != shape[0])
             raise InputError(f"{tensors.where(odd)}: tensor {odd!r} has shape {list(tensors.shape(odd))}, but "
                              f"{first!r}, another row of {canonical}, has {list(shape[0])}; the checkpoint is "

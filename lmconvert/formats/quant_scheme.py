@@ -21,7 +21,16 @@ class Scheme:
     quantized. `check(reader, weight, parts, settings)` refuses, from the headers only, parts that
     do not fit together and returns the weight's shape; `dequantize({role: tensor}, settings)` is
     the float32 weight, as transformers computes it on CPU; `finite` are the roles read as scales
-    that must be finite (`finite_check` per role: the tensor -> whether every value is usable)."""
+    that must be finite (`finite_check` per role: the tensor -> whether every value is usable).
+
+    `own_dims` (role -> how many trailing dimensions each part holds per row of the weight), where
+    every part has one row per row of the weight: such parts move with the rows when a family's
+    table moves rows (`Packed`), so the weight is kept as it is through it; None: a part's rows
+    cover several of the weight's (FP8's 128-row blocks), and only a renaming keeps it.
+    `transposed`: in the layout the format stores (config.json's checkpoint), the weight is the
+    transpose of what its parts' rows say (transformers reads gpt-oss's MXFP4 experts [experts,
+    inputs, outputs]); `check` and `dequantize` give the untransposed weight, [*rows, inputs],
+    which is the layout a canonical checkpoint keeps them in."""
 
     name: str
     parts: dict[str, str]
@@ -32,9 +41,28 @@ class Scheme:
     finite: dict[str, Callable[[torch.Tensor], bool]] = field(default_factory=dict)
     # a stored tensor of one of these dtypes without the anchor beside it is a part without its scale
     quantized_dtypes: tuple[str, ...] = ()
+    own_dims: dict[str, int] | None = None
+    transposed: bool = False
 
     def part_name(self, weight: str, role: str) -> str:
         return weight + self.parts[role]
+
+
+@dataclass(frozen=True)
+class QuantizedWeight:
+    """One quantized weight as a reader holds it: its stored parts (role -> name in `reader`),
+    whether the weight reads them transposed, and `move`, the packed forward of a transform a view
+    applies on reading (a one-step export's canonical view of a fused experts tensor; None: none)."""
+
+    reader: TensorReader
+    parts: dict[str, str]
+    scheme: Scheme
+    transposed: bool = False
+    move: Callable[[Any], Any] | None = None
+
+    def row_dims(self, role: str) -> int:
+        assert self.scheme.own_dims is not None
+        return len(self.reader.shape(self.parts[role])) - self.scheme.own_dims[role]
 
 
 @dataclass(frozen=True)

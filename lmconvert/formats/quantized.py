@@ -20,17 +20,24 @@ scales are checked for NaN/Inf (or a NaN exponent) when they are read, before an
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
+
+from lmconvert.mappings.tables.transforms import IDENTITY
 
 from . import fp8, mxfp4
 from .dtypes import DTYPES
 from .errors import InputError
-from .quant_scheme import Recipe, Scheme
+from .quant_scheme import QuantizedWeight, Recipe, Scheme
 from .source import Loadable, TensorReader, dtype_name
+
+IDENTITY_FN = IDENTITY.forward  # a renaming's function, both ways
 
 if TYPE_CHECKING:
     import torch
+
+    from lmconvert.mappings.tables.transforms import Packed
 
 # quant_method -> reads quantization_config (where, config) into a Recipe, refusing by name what it
 # does not handle
@@ -65,10 +72,13 @@ class QuantizedTensors:
     """A checkpoint's tensors with each quantized weight read as one dequantized float32 tensor under
     the weight's name; its parts are not listed, but `quantized_parts` gives them."""
 
-    def __init__(self, source: TensorReader, found: Recipe) -> None:
+    def __init__(self, source: TensorReader, found: Recipe, canonical: bool = False) -> None:
         self.source = source
         self.recipe = found
         scheme = found.scheme
+        # the format's own layout reads a `transposed` scheme's weights transposed; a canonical
+        # checkpoint keeps them as their parts' rows say
+        self.transposed = scheme.transposed and not canonical
         names = source.names()
         present = set(names)
         anchor = scheme.parts[found.scheme.anchor]
@@ -94,7 +104,8 @@ class QuantizedTensors:
         self._shapes: dict[str, tuple[int, ...]] = {}
         self._digests: tuple[Mapping[str, str], str] | None = None
         for weight, parts in self.parts.items():
-            self._shapes[weight] = scheme.check(source, weight, parts, found.settings)
+            shape = scheme.check(source, weight, parts, found.settings)
+            self._shapes[weight] = (*shape[:-2], shape[-1], shape[-2]) if self.transposed else shape
 
     def _shapes_checked(self, weight: str, parts: dict[str, str]) -> None:
         """Each part at most 8 dimensions: what `check` multiplies stays small."""
@@ -140,10 +151,10 @@ class QuantizedTensors:
         file, start, _ = located(name if parts is None else parts[self.recipe.scheme.anchor])
         return file, start
 
-    def quantized_parts(self, name: str) -> tuple[TensorReader, dict[str, str], Scheme] | None:
+    def quantized_parts(self, name: str) -> QuantizedWeight | None:
         """The stored parts of a quantized weight (role -> name in `self.source`), else None."""
         parts = self.parts.get(name)
-        return None if parts is None else (self.source, parts, self.recipe.scheme)
+        return None if parts is None else QuantizedWeight(self.source, parts, self.recipe.scheme, self.transposed)
 
     def checking(self, digests: Mapping[str, str], algorithm: str) -> dict[str, str]:
         """Check each part read against `digests` (lmconvert.json's, by stored name) from now on; the
@@ -170,7 +181,8 @@ class QuantizedTensors:
             if not usable(read[role]):
                 raise InputError(f"{self.source.where(parts[role])}: tensor {parts[role]!r} holds NaN or Inf scales; "
                                  "re-download or re-quantize the checkpoint")
-        return scheme.dequantize(read, self.recipe.settings)
+        weight = scheme.dequantize(read, self.recipe.settings)
+        return weight.transpose(-1, -2).contiguous() if self.transposed else weight
 
     def close(self) -> None:
         self.source.close()
@@ -182,14 +194,15 @@ def description(found: Recipe) -> dict[str, Any]:
                              "config": found.config}}
 
 
-def quantized_view(config: dict[str, Any], config_file: Path | str,
-                   tensors: TensorReader) -> tuple[TensorReader, dict[str, Any]]:
+def quantized_view(config: dict[str, Any], config_file: Path | str, tensors: TensorReader,
+                   canonical: bool = False) -> tuple[TensorReader, dict[str, Any]]:
     """An HF checkpoint's tensors as the family tables read them, and what lmconvert.json's "source"
-    records of its quantization: a quantized one's weights as float tensors (`QuantizedTensors`)."""
+    records of its quantization: a quantized one's weights as float tensors (`QuantizedTensors`).
+    `canonical`: a canonical checkpoint's, whose parts are kept untransposed."""
     found = recipe(config, config_file)
     if found is None:
         return tensors, {}
-    return QuantizedTensors(tensors, found), description(found)
+    return QuantizedTensors(tensors, found, canonical), description(found)
 
 
 def reference_of(path: Path, reader: TensorReader) -> Loadable | None:
@@ -208,32 +221,86 @@ def recipe_of(reader: TensorReader) -> Recipe | None:
 
 class KeptParts:
     """A reader over `base` that also reads, under new names, the stored parts of quantized weights
-    (`raw`: new name -> (reader, stored name)), as stored: what a conversion keeping them copies."""
+    as a conversion keeping them copies them: `raw` (new name -> (reader, stored name, the weight's
+    name in base)), each part as stored; `moved` (new name -> `Moved`), each part of a weight a
+    table transform moved (`Packed`), gathered when it is read."""
 
-    def __init__(self, base: TensorReader, raw: dict[str, tuple[TensorReader, str, str]]) -> None:
+    def __init__(self, base: TensorReader, raw: dict[str, tuple[TensorReader, str, str]],
+                 moved: dict[str, Moved] | None = None) -> None:
+        import threading
+
         self.base = base
         self.raw = raw  # new name -> (reader, stored name, the weight's name in base)
+        self.moved = moved or {}
+        self.digests: tuple[Mapping[str, str], str] | None = None  # of the stored parts a move reads
+        self._lock = threading.Lock()
+        self._last: tuple[Any, dict[str, torch.Tensor] | None] = (None, None)  # the last move's parts
+        self._stored: tuple[Any, Any] = (None, None)  # the last stored weight read, for the next expert
 
     def names(self) -> list[str]:
-        return [*self.base.names(), *self.raw]
+        return [*self.base.names(), *self.raw, *self.moved]
 
     def shape(self, name: str) -> tuple[int, ...]:
+        if name in self.moved:
+            return self.moved[name].shape
         got = self.raw.get(name)
         return self.base.shape(name) if got is None else got[0].shape(got[1])
 
     def dtype_name(self, name: str) -> str:
+        if name in self.moved:
+            weight, role = self.moved[name].sources[0], self.moved[name].role
+            return dtype_name(weight.reader, weight.parts[role])
         got = self.raw.get(name)
         return dtype_name(self.base, name) if got is None else dtype_name(got[0], got[1])
 
     def get(self, name: str) -> torch.Tensor:
+        if name in self.moved:
+            return self._moved(self.moved[name])
         got = self.raw.get(name)
         return self.base.get(name) if got is None else got[0].get(got[1])
 
+    def _moved(self, moved: Moved) -> torch.Tensor:
+        """A moved part: its weight's move made once for all its parts (kept until the next weight's)."""
+        with self._lock:
+            if self._last[0] is not moved.key:
+                self._last = (None, None)
+                self._last = (moved.key, moved.run(self._packed))
+            parts = self._last[1]
+            assert parts is not None
+            return parts[moved.role]
+
+    def _packed(self, weight: QuantizedWeight) -> Packed:
+        """A stored weight's parts as a Packed weight; the last one read is kept (every expert of a fused
+        tensor moves the same stored parts)."""
+        from lmconvert.mappings.tables.transforms import Packed
+
+        key = (id(weight.reader), tuple(weight.parts.values()))
+        if self._stored[0] != key:
+            self._stored = (None, None)
+            self._stored = (key, {role: self._read(weight.reader, part) for role, part in weight.parts.items()})
+        read = self._stored[1]
+        packed = Packed.of(read, weight.row_dims(next(iter(read))), weight.transposed)
+        return weight.move(packed) if weight.move is not None else packed
+
+    def _read(self, reader: TensorReader, part: str) -> torch.Tensor:
+        t = reader.get(part)
+        if self.digests is not None:
+            from .digest import DigestCheck, check_tensor
+
+            digests, algorithm = self.digests
+            check_tensor(t, None, DigestCheck(part, reader.where(part), digests[part], algorithm))
+        return t
+
     def where(self, name: str) -> Path:
+        if name in self.moved:
+            weight = self.moved[name].sources[0]
+            return weight.reader.where(weight.parts[self.moved[name].role])
         got = self.raw.get(name)
         return self.base.where(name) if got is None else got[0].where(got[1])
 
     def raw_location(self, name: str) -> tuple[Path, int, int] | None:
+        if name in self.moved:
+            return None
         got = self.raw.get(name)
         reader, stored = (self.base, name) if got is None else got[:2]
         located = getattr(reader, "raw_location", None)
@@ -243,8 +310,14 @@ class KeptParts:
         """The base's order; a part's is its weight's (stable sorting keeps the parts in their order)."""
         placed = getattr(self.base, "position", None)
         got = self.raw.get(name)
+        weight = self.moved[name].weight if name in self.moved else None if got is None else got[2]
         if placed is not None:
-            return placed(name if got is None else got[2])
+            return placed(name if weight is None else weight)
+        if name in self.moved:
+            first = self.moved[name].sources[0]
+            located = getattr(first.reader, "raw_location", None)
+            where = None if located is None else located(first.parts[first.scheme.anchor])
+            return None if where is None else (where[0], where[1])
         located = self.raw_location(name)
         return None if located is None else (located[0], located[1])
 
@@ -252,39 +325,124 @@ class KeptParts:
         """The base's owner closes it."""
 
 
-Item = tuple[str, Any, Callable[..., Any]]
+class Moved:
+    """One part of a quantized weight that a table transform moves: the Packed transform `move`
+    applied to its source weights (one, or the pieces it joins), the part `role` taken out."""
+
+    def __init__(self, weight: Any, sources: list[QuantizedWeight], move: Callable[[Any], Any],  # noqa: ANN401
+                 joins: bool, role: str, shape: tuple[int, ...], key: object) -> None:
+        self.weight, self.sources, self.move, self.joins = weight, sources, move, joins
+        self.role, self.shape, self.key = role, shape, key
+
+    def run(self, packed: Callable[[QuantizedWeight], Packed]) -> dict[str, torch.Tensor]:
+        got = [packed(one) for one in self.sources]
+        return self.move(got if self.joins else got[0]).parts()
 
 
-def kept(reader: TensorReader, items: Iterable[Item], identity: Callable[..., Any],
-         refusal: Callable[[str], str]) -> tuple[TensorReader, list[Item]]:
-    """(output name, source name, transform) items with each quantized weight's item replaced by one
-    per stored part, each named after the output weight with its part's suffix and copied as stored;
-    a quantized weight the plan transforms (not a renaming) cannot be kept: `refusal(name)` says so."""
+Item = tuple[str, Any, Any]  # (output name, source name(s), a bound Transform)
+
+
+def kept(reader: TensorReader, items: Iterable[Item], direction: str, stored_layout: bool,
+         refusal: Callable[[str], str]) -> tuple[TensorReader, list[tuple[str, Any, Callable[..., Any]]]]:
+    """(output name, source name, bound Transform) items, as (output name, source name, function)
+    items that copy each quantized weight's parts as they are: each part named after the output
+    weight with its part's suffix. A renamed weight's parts are copied as stored; a weight the
+    transform moves by rows (`Packed`: gpt-oss's experts split out of their fused tensor) has its
+    parts moved alike, every group whole. `direction`: "forward" (import) or "inverse" (export);
+    `stored_layout`: the output is the format's own layout (a transposed scheme's weights
+    transposed), not a canonical checkpoint. A transform that cannot act on parts, or that leaves
+    a weight transposed where the output cannot hold it, is refused: `refusal(name)` says so."""
+    read, grouped = kept_weights(reader, items, direction, stored_layout, refusal)
+    out: list[tuple[str, Any, Callable[..., Any]]] = []
+    for one in grouped:
+        if isinstance(one, KeptWeight):
+            out += [(one.scheme.part_name(one.name, role), key, IDENTITY_FN) for role, key in one.parts.items()]
+        else:
+            out.append(one)
+    return read, out
+
+
+@dataclass(frozen=True)
+class KeptWeight:
+    """One quantized weight of a conversion keeping them: output `name`, its `scheme`, and each
+    part's name in `kept`'s reader (role -> name)."""
+
+    name: str
+    scheme: Scheme
+    parts: dict[str, str]
+
+
+def kept_weights(reader: TensorReader, items: Iterable[Item], direction: str, stored_layout: bool,
+                 refusal: Callable[[str], str], keep: Callable[[Scheme], bool] = lambda _: True,
+                 ) -> tuple[TensorReader, list[tuple[str, Any, Callable[..., Any]] | KeptWeight]]:
+    """`kept`, each quantized weight one `KeptWeight` (the parts together) rather than one item per
+    part; `keep(scheme)` False: that weight is an ordinary item, dequantized when read."""
     parts_of = getattr(reader, "quantized_parts", None)
     if parts_of is None:
-        return reader, list(items)
+        return reader, [(name, src, getattr(t, direction)) for name, src, t in items]
     raw: dict[str, tuple[TensorReader, str, str]] = {}
-    out: list[Item] = []
-    for name, src, fn in items:
-        found = None if isinstance(src, tuple) else parts_of(src)
-        if isinstance(src, tuple) and any(parts_of(one) is not None for one in src):
-            raise InputError(refusal(src[0]))
-        if found is None:
-            out.append((name, src, fn))
+    moved: dict[str, Moved] = {}
+    out: list[tuple[str, Any, Callable[..., Any]] | KeptWeight] = []
+    for name, src, t in items:
+        sources = list(src) if isinstance(src, tuple) else [src]
+        found = [parts_of(one) for one in sources]
+        if all(f is None for f in found) or not keep(next(f for f in found if f is not None).scheme):
+            out.append((name, src, getattr(t, direction)))
             continue
-        if fn is not identity:
-            raise InputError(refusal(src))
-        stored, parts, scheme = found
-        for role, part in parts.items():
-            key = "\0" + scheme.part_name(src, role)  # never a stored name
-            raw[key] = (stored, part, src)  # a canonical source's `part` is its key without the \0
-            out.append((scheme.part_name(name, role), key, identity))
-    return KeptParts(reader, raw), out
+        if any(f is None for f in found):
+            raise InputError(refusal(sources[0]))
+        weights: list[QuantizedWeight] = found  # type: ignore[assignment]
+        scheme = weights[0].scheme
+        renamed = getattr(t, direction) is IDENTITY_FN and len(weights) == 1 and weights[0].move is None
+        if renamed and weights[0].transposed == (stored_layout and scheme.transposed):
+            for role, part in weights[0].parts.items():
+                raw["\0" + scheme.part_name(src, role)] = (weights[0].reader, part, src)  # never a stored name
+            out.append(KeptWeight(name, scheme, {role: "\0" + scheme.part_name(src, role) for role in scheme.parts}))
+            continue
+        move = getattr(t, "packed_" + direction)
+        joins = isinstance(src, tuple)
+        shapes = _moved_shapes(weights, move, joins, stored_layout)
+        if shapes is None:
+            raise InputError(refusal(sources[0]))
+        key = object()
+        for role, shape in shapes.items():
+            moved["\0" + scheme.part_name(name, role)] = Moved(sources[0], weights, move, joins, role, shape, key)
+        out.append(KeptWeight(name, scheme, {role: "\0" + scheme.part_name(name, role) for role in scheme.parts}))
+    return KeptParts(reader, raw, moved), out
 
 
-def kept_digests(digests: Mapping[str, str] | None, reader: TensorReader) -> Mapping[str, str] | None:
-    """lmconvert.json's digests (by stored name) as `kept`'s reader names the parts it copies."""
+def _moved_shapes(weights: list[QuantizedWeight], move: Callable[[Any], Any] | None, joins: bool,
+                  stored_layout: bool) -> dict[str, tuple[int, ...]] | None:
+    """Each part's shape once `move` has moved it (found on the meta device, nothing read), or None
+    where it cannot: no counterpart, a move of the inputs, or a result transposed where it cannot be."""
+    import torch
+
+    from lmconvert.mappings.tables.transforms import CannotMoveGroups, Packed
+
+    scheme = weights[0].scheme
+    if move is None or scheme.own_dims is None:
+        return None
+    packed = []
+    for weight in weights:
+        meta = {role: torch.empty(weight.reader.shape(part), device="meta") for role, part in weight.parts.items()}
+        one = Packed.of(meta, weight.row_dims(next(iter(meta))), weight.transposed)
+        packed.append(one if weight.move is None else weight.move(one))
+    try:
+        result = move(packed if joins else packed[0])
+    except CannotMoveGroups:
+        return None
+    if result.transposed != (stored_layout and scheme.transposed):
+        return None
+    return {role: tuple(t.shape) for role, t in result.parts().items()}
+
+
+def kept_digests(digests: Mapping[str, str] | None, reader: TensorReader,
+                 algorithm: str) -> Mapping[str, str] | None:
+    """lmconvert.json's digests (by stored name) as `kept`'s reader names the parts it copies; the
+    parts it moves are checked as it reads them."""
     raw = getattr(reader, "raw", None)
     if digests is None or raw is None:
         return digests
+    if getattr(reader, "moved", None):
+        reader.digests = (digests, algorithm)  # type: ignore[attr-defined]
     return {**digests, **{key: digests[stored] for key, (_, stored, _) in raw.items()}}

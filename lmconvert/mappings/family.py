@@ -53,6 +53,7 @@ VARIANT_NAMES = {
     "embed_scale_unrounded": "an unrounded embedding scale", "embed_dropout": "embedding dropout",
     "resid_dropout": "residual dropout", "attn_dropout": "attention dropout",
     "embed_norm": "an embedding norm", "residual_after_norm": "the residual taken after the norm",
+    "residual_fp32": "an fp32 residual stream",
     "parallel_sum": "this parallel-block sum order", "scale_in_product": "the score scale inside q.k's product",
     "d_ff": "this FFN width", "vocab_size": "this vocabulary size", "d_model": "this width (d_model)",
     "n_layers": "this number of layers", "n_heads": "this number of heads",
@@ -70,13 +71,16 @@ VARIANT_NAMES = {
     "mixer": "this token mixer beside attention", "mixer_settings": "these token-mixer settings",
     "layer_mixers": "this per-layer schedule of attention and mixer layers",
     "layer_ffns": "layers without an FFN",
+    "mixer_norm_placement": "another norm placement on the mixer layers",
 }
 
 def tensor_sizes(arch: ArchConfig) -> dict[str, int]:
     """The sizes an HF family's tensor-table transforms are written in (fused pieces, per-group qkv)."""
     return {"q": arch.q_dim, "kv": arch.kv_dim, "ffn": arch.d_ff, "heads": arch.n_heads,
             "kv_heads": arch.n_kv_heads, "head_dim": arch.head_dim, "vocab": arch.vocab_size, "dim": arch.d_model,
-            **({"shared": arch.moe.d_shared} if arch.moe is not None and arch.moe.d_shared is not None else {})}
+            **({"shared": arch.moe.d_shared} if arch.moe is not None and arch.moe.d_shared is not None else {}),
+            # a token mixer's own sizes, prefixed (gated delta-net's per-key-head groups)
+            **{f"mixer.{k}": v for k, v in getattr(arch.mixer_settings, "sizes", {}).items()}}
 
 
 # config.json keys that are not architecture but should travel with the checkpoint (HunYuan's end of document

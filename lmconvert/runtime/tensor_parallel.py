@@ -86,7 +86,8 @@ class Plan:
 
 def refusals(arch: ArchConfig, size: int) -> list[str]:
     """Why `arch` cannot be split over `size` ranks (empty when it can)."""
-    checks = [
+    checks = [  # a mixer first: an all-mixer model's attention fields are placeholders (n_heads 1)
+        (bool(arch.layers_mixed_by("mixer")), f"the {arch.mixer} mixer layers have no tensor-parallel plan"),
         (arch.attention not in ATTENTION_PLANS,
          f"attention kind {arch.attention!r} has no tensor-parallel plan (known: {', '.join(ATTENTION_PLANS)})"),
         (arch.n_heads % size != 0, f"n_heads={arch.n_heads} does not divide by {size} ranks"),
@@ -104,7 +105,6 @@ def refusals(arch: ArchConfig, size: int) -> list[str]:
         (arch.attention == "head_mixture" and arch.n_kv_heads % size != 0,
          f"n_kv_heads={arch.n_kv_heads} does not divide by {size} ranks: a mixture of attention heads splits each "
          "expert's queries by the kv head they read"),
-        (bool(arch.layers_mixed_by("mixer")), f"the {arch.mixer} mixer layers have no tensor-parallel plan"),
     ]
     return [why for wrong, why in checks if wrong]
 

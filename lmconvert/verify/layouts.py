@@ -121,16 +121,21 @@ def _mixture_sizes(arch: ArchConfig, tokens: int) -> dict[str, int]:
 def _mixer_points(arch: ArchConfig) -> tuple[dict[str, Layout], dict[str, int]]:
     """A mixer kind's points (`mixer_kinds`), from its declared parts, the same on both sides unless a
     family declares transformers' otherwise: a linear or a norm outputs (B, T, its width), a
-    depthwise convolution (B, channels, T). Each part's width is an axis of its own, `mixer.<part>`."""
+    depthwise convolution (B, channels, T). Each part's width is an axis of its own, `mixer.<part>`;
+    the mixer's own point (where a parameter of its own, as dt_bias, names it) is its output (B, T, d)."""
     if not arch.layers_mixed_by("mixer"):
         return {}, {}
-    layouts, sizes = {}, {}
+    layouts: dict[str, Layout] = {"mixer": "B T d"}
+    sizes: dict[str, int] = {}
     for name, part in mixer_kind(arch.mixer).parts(arch).items():
         axis = f"mixer.{name}"
         if isinstance(part, LinearPart):
             layouts[axis], sizes[axis] = f"B T {axis}", part.d_out
         elif isinstance(part, NormPart):
             layouts[axis], sizes[axis] = f"B T {axis}", part.dim if isinstance(part.dim, int) else part.dim[-1]
+            rows = getattr(arch.mixer_settings, "norm_rows", None)  # several rows per token, normed each, flattened
+            if rows:
+                layouts[axis], sizes[f"{axis}.rows"] = f"B*T*{axis}.rows {axis}", rows
         elif isinstance(part, ConvPart):
             layouts[axis], sizes[axis] = f"B {axis} T", part.channels
     return layouts, sizes

@@ -25,6 +25,7 @@ from ..family import Family
 from ..tables.config_table import DEFAULT, Entry, fixed
 from ..tables.gguf import GgufArch, tensor_table
 from ..tables.hf_config import HfConfig, Key, show
+from ..tables.hf_layers import layer_mixers_from_types
 from ..tables.points import QK_NORM_PER_HEAD
 from ..tables.table import Rule, TensorTable
 from ..tables.transforms import Transform
@@ -62,10 +63,7 @@ def schedule_from_hf(hf: HfConfig, fields: dict[str, Any]) -> dict[str, Any]:
         if any(isinstance(i, bool) or not isinstance(i, int) for i in attending):
             raise MappingError(f"config.json: full_attn_idxs={show(attending)} should list layer indices")
         types = ["full_attention" if i in attending else "conv" for i in range(n)]
-    if len(types) != n or any(not isinstance(t, str) or t not in LAYER_TYPES for t in types):
-        raise MappingError(f"config.json: layer_types={show(types)} should name one of {', '.join(LAYER_TYPES)} "
-                           f"for each of the num_hidden_layers={n} layers")
-    mixers = tuple(LAYER_TYPES[t] for t in types)
+    mixers = layer_mixers_from_types(types, n, LAYER_TYPES)
     if "mixer" not in mixers:
         return {}
     return {"mixer": "short_conv", "layer_mixers": mixers,
