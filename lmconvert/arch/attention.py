@@ -149,7 +149,7 @@ class Attention(nn.Module):
         super().__init__()
         self.layer, self.cfg = layer, cfg
         # replaced by `attach` where the config has them
-        self.q_norm = self.k_norm = self.sub_norm = self.sinks = self.out_gate = None
+        self.q_norm = self.k_norm = self.sub_norm = self.sinks = self.out_gate = self.out_gate_bias = None
         self.k = self.v = None  # Gemma 4: a KV-shared layer has neither, a K = V layer no v
         attach(self, parts)
         # Gemma 4: the weightless V norm (no parameters), and where a KV-shared layer's K/V come from
@@ -177,6 +177,8 @@ class Attention(nn.Module):
         q, k = self.q(x), self.k(x)  # (B, T, H*D), (B, T, KV*D)
         v = self.v(x) if self.v is not None else k  # K = V: v is k's projection, before k's norm
         gate = self.out_gate(x) if self.out_gate is not None else None  # AFMoE: (B, T, H*D)
+        if self.out_gate_bias is not None:  # Beam: one bias per head, over its D elements
+            gate = (gate.view(B, T, cfg.n_heads, cfg.head_dim) + self.out_gate_bias[:, None]).view(B, T, cfg.q_dim)
         if cfg.attn_output_gate == "q_heads":  # Qwen3-Next: (B, T, H*2D), each head's [query | gate]
             q, gate = torch.chunk(q.view(B, T, cfg.n_heads, 2 * cfg.head_dim), 2, dim=-1)
             gate = gate.reshape(B, T, cfg.q_dim)
@@ -209,7 +211,7 @@ class Attention(nn.Module):
             temperature = ctx.query_temperature(cfg.attn_temperature, cfg.attn_temperature_floor, form)
             if form == "ministral3":  # every layer, the scale rounded to q's dtype first
                 q = q * temperature.to(q.dtype)
-            elif self.position == "none":  # Llama 4: the layers without positions, multiplied in fp32
+            elif self.position == "none":  # Llama 4, Beam: the layers without positions, multiplied in fp32
                 q = (q * temperature).to(q.dtype)
         if cache is not None:
             k, v = cache.update(self.layer, k, v)  # (B, KV, S, D)

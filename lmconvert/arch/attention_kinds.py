@@ -88,6 +88,8 @@ def _standard_parts(cfg: ArchConfig) -> dict[str, Part]:
     projections, then the QK norms: over one head or over the whole projection; then the output
     gate's projection (AFMoE)."""
     parts: dict[str, Part] = {"sinks": ParamPart((cfg.n_heads,))} if cfg.attn_sinks else {}
+    if cfg.attn_output_gate == "projection_head_bias":  # Beam's gate_bias, one per head (a parameter of its own)
+        parts["out_gate_bias"] = ParamPart((cfg.n_heads,))
     parts |= {
         # Qwen3-Next: each head's query and its output gate side by side
         "q": LinearPart(cfg.d_model, cfg.q_dim * (2 if cfg.attn_output_gate == "q_heads" else 1), cfg.q_bias),
@@ -107,7 +109,7 @@ def _standard_parts(cfg: ArchConfig) -> dict[str, Part]:
         parts["q_norm"] = NormPart(norm_dims[0], norm)
         if not cfg.kv_reused:
             parts["k_norm"] = NormPart(norm_dims[1], norm)
-    if cfg.attn_output_gate == "projection":  # AFMoE's gate_proj, after its q_norm / k_norm; never a bias
+    if cfg.attn_output_gate in ("projection", "projection_head_bias"):  # AFMoE's, Beam's gate_proj; never a bias
         parts["out_gate"] = LinearPart(cfg.d_model, cfg.q_dim, False)
     if cfg.sub_norms:  # BitNet: the attention output normalised before `o`
         parts["sub_norm"] = NormPart(cfg.q_dim, cfg.norm)
@@ -131,7 +133,8 @@ def _standard_describe(cfg: ArchConfig) -> list[str]:
     if cfg.sub_norms:
         lines.append("sub-norms: before the output projection and before the MLP's down projection")
     if cfg.attn_output_gate != "none":
-        source = "a projection of the input" if cfg.attn_output_gate == "projection" else "q's second half per head"
+        source = {"projection": "a projection of the input", "q_heads": "q's second half per head",
+                  "projection_head_bias": "a projection of the input + a bias per head"}[cfg.attn_output_gate]
         lines.append(f"attention output gate: sigmoid({source}) times each head's output, before o")
     lines += _gemma4_describe(cfg)
     if cfg.attn_sinks:

@@ -3,6 +3,7 @@ slots it uses (the rest are identities) and picks one of three residual wirings.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 
 import torch
@@ -36,9 +37,9 @@ def _sequential(b: Block, h: torch.Tensor, attend: Callable[[torch.Tensor], torc
             h = h.float() + b.scaled(b.mlp(b.mlp_norm(h.to(b.mlp_norm.weight.dtype))))
         return h
     if attend is not None:
-        h = h + b.scaled(b.attn_post_norm(attend(b.attn_norm(h))))
+        h = b.add(h, b.attn_post_norm(attend(b.attn_norm(h))), 0)
     if b.mlp is not None:
-        h = h + b.scaled(b.mlp_post_norm(b.mlp(b.mlp_norm(h))))
+        h = b.add(h, b.mlp_post_norm(b.mlp(b.mlp_norm(h))), 1)
     return h
 
 
@@ -110,6 +111,9 @@ class Block(nn.Module):
         self.mlp = ffn(cfg.layer_config(layer), layer) if cfg.layer_ffns[layer] == "ffn" else None
         self.drop = nn.Dropout(cfg.resid_dropout)
         self.residual_scale = cfg.residual_scale
+        # ArchConfig.residual_form "depth_scaled": this layer's two adds' (sublayer, residual) multipliers
+        self.depth_scales = None if cfg.residual_form == "plain" else \
+            tuple((1.0 / math.sqrt(k), math.sqrt((k - 1) / k)) for k in (2 * (layer + 1), 2 * (layer + 1) + 1))
         self.parallel_sum, self.residual_after_norm = cfg.parallel_sum, cfg.residual_after_norm
         self.residual_fp32 = cfg.residual_fp32
         self.wiring = WIRING[cfg.norm_placement]
@@ -128,6 +132,14 @@ class Block(nn.Module):
         float as Granite does (`hidden * residual_multiplier`), skipped at 1 so others stay exact."""
         out = self.drop(out)
         return out if self.residual_scale == 1.0 else out * self.residual_scale
+
+    def add(self, h: torch.Tensor, out: torch.Tensor, sublayer: int) -> torch.Tensor:
+        """A sequential sublayer's output (`sublayer` 0: the mixer, 1: the FFN) added to the residual h:
+        `h + scaled(out)`, or ArchConfig.residual_form "depth_scaled" as Beam's depth_scaled_residual_add."""
+        if self.depth_scales is None:
+            return h + self.scaled(out)
+        out_scale, h_scale = self.depth_scales[sublayer]
+        return self.drop(out) * out_scale + h * h_scale
 
     def forward(self, h: torch.Tensor, ctx: Context, cache: KVCache | None = None) -> torch.Tensor:
         mix = self.attn if self.attn is not None else self.mixer

@@ -39,27 +39,35 @@ SINK_FORMS = ("column", "scale")  # how a learned sink joins the softmax (ArchCo
 # ArchConfig.attn_output_gate: "none"; "projection": the attention output (B, T, H*D), before `o`, times the
 # sigmoid of a projection of the attention's input of its own (AFMoE's gate_proj, `attn.out_gate`), elementwise;
 # "q_heads": the same gate emitted by `q` beside each head's query, q's rows per head [query | gate] (Qwen3-Next's
-# q_proj, H * 2D wide). The sigmoid and the product in the activation dtype either way
-ATTN_OUTPUT_GATES = ("none", "projection", "q_heads")
+# q_proj, H * 2D wide); "projection_head_bias": "projection" plus a learned bias per head (`attn.out_gate_bias`,
+# [H]) added to the projection over each head's D elements (Beam's gate_proj + gate_bias). The sigmoid and the
+# product in the activation dtype either way
+ATTN_OUTPUT_GATES = ("none", "projection", "q_heads", "projection_head_bias")
 QK_NORM_WEIGHTS = ("shared", "per_head")
 DTYPE_ORDERS = ("cast_then_scale", "scale_then_cast")
 PARALLEL_SUMS = ("h+attn+mlp", "mlp+attn+h", "attn+mlp+h")  # left to right: the order a parallel block adds
 ALIBI_KINDS = ("distance", "bloom", "mpt", "falcon")  # how ALiBi is built and added: see positions.ALIBI_KINDS
 ROUTERS = ("softmax", "sigmoid", "sparsemixer", "topk_softmax", "topk_sigmoid", "sigmoid_fp32", "logits",
-           "topk_sigmoid_fp32", "sigmoid_fp32_sorted", "sigmoid_sorted")
+           "topk_sigmoid_fp32", "sigmoid_fp32_sorted", "sigmoid_sorted", "sigmoid_grouped_sorted")
 # the routers that take a selection bias
-BIASED_ROUTERS = ("softmax", "sigmoid", "sigmoid_fp32", "logits", "sigmoid_fp32_sorted", "sigmoid_sorted")
-GROUPED_ROUTERS = ("softmax", "sigmoid")  # the routers that limit the choice to groups (n_group > 1)
+BIASED_ROUTERS = ("softmax", "sigmoid", "sigmoid_fp32", "logits", "sigmoid_fp32_sorted", "sigmoid_sorted",
+                  "sigmoid_grouped_sorted")
+# the routers that limit the choice to groups (n_group > 1)
+GROUPED_ROUTERS = ("softmax", "sigmoid", "sigmoid_grouped_sorted")
 KEPT_FP32 = ("weight", "selection_bias")  # router parameters a model may keep in fp32 (MoeConfig.kept_fp32)
 SHARED_EXPERTS = ("none", "gated", "plain", "averaged")
 SUM_ORDERS = ("grouped_mm", "eager", "sorted")  # arch/moe.py's SUMS
 GLUS = ("halves", "clamped_swiglu")  # arch/moe.py's GLUS: how a routed expert gates its gate and up outputs
 # how ArchConfig.attn_temperature scales a query at position p (arch/context.py's query_temperature), and on
 # which layers (arch/attention.py)
-TEMPERATURE_FORMS = ("ministral3", "llama4")
+TEMPERATURE_FORMS = ("ministral3", "llama4", "beam")
 # ArchConfig.k_eq_v: the layers whose v is k's projection, with no v of their own: none, the global ones (Gemma 4's
 # attention_k_eq_v), or every layer (what layer_config gives a global layer's own config)
 K_EQ_V = ("none", "global", "all")
+# ArchConfig.residual_form (arch/block.py's Block.add): "plain", h + sublayer; "depth_scaled" (Beam's
+# depth_scaled_residual_add): the k-th residual add of the stack (k = 2(layer + 1) for the attention, + 1 for the
+# FFN) is sublayer * (1 / sqrt(k)) + h * sqrt((k - 1) / k), each a Python float, in the activation dtype
+RESIDUAL_FORMS = ("plain", "depth_scaled")
 
 
 def _fail(owner: str, name: str, value: Any, why: str) -> None:
@@ -304,6 +312,8 @@ class MoeConfig:
     glu_alpha: float | None = None  # set exactly when glu="clamped_swiglu" (gpt-oss's swiglu_alpha)
     glu_limit: float | None = None  # set exactly when glu="clamped_swiglu" (gpt-oss's swiglu_limit)
     weight_input: bool = False  # the router weight multiplies each routed expert's input, not its output (Llama 4)
+    # `scale` multiplies the routed experts' weighted sum (in the activation dtype), not the router weights (Beam)
+    scale_after_sum: bool = False
     sum_bias: bool = False  # a learned bias [d_model] added to the routed experts' weighted sum (JetMoE's MoE bias)
 
     def __post_init__(self) -> None:
@@ -491,6 +501,9 @@ class ArchConfig:
     sinks_fp32: bool = False  # the sinks kept in fp32 in any dtype (Flint's `_keep_in_fp32_modules_strict`)
     attn_output_gate: str = "none"  # ATTN_OUTPUT_GATES: a sigmoid gate on the attention output (AFMoE's gate_proj)
     residual_scale: float = 1.0  # each sublayer's output is multiplied by this before the residual add (Granite)
+    residual_form: str = "plain"  # RESIDUAL_FORMS: how a sublayer's output joins the residual (Beam: depth_scaled)
+    # a gated FFN's (dense or routed expert) act(gate) * up from fp32 copies, cast back (Beam's SwiGLU)
+    glu_fp32: bool = False
     clip_qkv: float | None = None  # q, k and v clamped to [-clip_qkv, clip_qkv] after projection (OLMo, MPT)
     # attention temperature (Ministral 3's llama_4_scaling_beta): after RoPE, every query at position p is
     # multiplied by 1 + attn_temperature * log(1 + floor(p / attn_temperature_floor)), computed in fp32 and cast
@@ -529,6 +542,7 @@ class ArchConfig:
     #   (Apertus 1.5's pruned head, output_vocab_size): an untied head narrower than the embedding table
     embed_scale: float | None = None
     final_softcap: float | None = None
+    softcap_fp32: bool = False  # the final soft-cap on fp32 copies of the logits, which stay fp32 (Beam)
     logit_scale: float = 1.0
     head_divisor: float = 1.0  # the final hidden state divided by this before the LM head (MiniCPM3's
     #   hidden_size / dim_model_base): a division of the head's input, which rounds otherwise than a logit scale
@@ -618,6 +632,11 @@ class ArchConfig:
         if self.mlp_fused and not self.gated:
             _fail("ArchConfig", "mlp_fused", True, "fuses a gated FFN's gate and up; needs gated=True")
         _positive("ArchConfig", "residual_scale", self.residual_scale)
+        _choice("ArchConfig", "residual_form", self.residual_form, RESIDUAL_FORMS)
+        if self.residual_form != "plain" and (self.norm_placement not in SEQUENTIAL_PLACEMENTS
+                                              or self.residual_after_norm or self.residual_scale != 1.0):
+            _fail("ArchConfig", "residual_form", self.residual_form, "scales sequential sublayers' adds only "
+                  "(norm_placement 'pre', 'sandwich' or 'output', residual_after_norm off, residual_scale 1)")
         if self.parallel_sum != PARALLEL_SUMS[0] and not self.norm_placement.startswith("parallel"):
             _fail("ArchConfig", "parallel_sum", self.parallel_sum, "only parallel blocks have a parallel sum")
         if self.residual_after_norm and self.norm_placement != "pre":
@@ -1033,13 +1052,14 @@ UNSTATED_WHEN_UNSET: dict[str, Any] = {"attn_sinks": False, "sink_form": "column
                                        "sub_norms": False, "output_vocab": None, "attn_temperature_form": "ministral3",
                                        "attention_chunk": None, "chunked_layers": (), "qk_l2_norm": False,
                                        "attn_output_gate": "none", "mixer": None, "mixer_settings": None,
-                                       "mixer_norm_placement": None,
+                                       "mixer_norm_placement": None, "residual_form": "plain", "glu_fp32": False,
+                                       "softcap_fp32": False,
                                        # Gemma 4
                                        "global_head_dim": None, "global_kv_heads": None, "k_eq_v": "none",
                                        "v_norm": False, "kv_shared_layers": 0, "kv_reused": False,
                                        "shared_ffn_factor": 1, "layer_scalar": False}
 ROPE_UNSTATED_WHEN_UNSET: dict[str, Any] = {"alpha": None, "reverse": False}
-MOE_UNSTATED_WHEN_UNSET: dict[str, Any] = {"weight_input": False, "sum_bias": False}
+MOE_UNSTATED_WHEN_UNSET: dict[str, Any] = {"weight_input": False, "sum_bias": False, "scale_after_sum": False}
 NORM_UNSTATED_WHEN_UNSET: dict[str, Any] = {"power": False}
 
 

@@ -190,8 +190,9 @@ class Decoder(nn.Module):
         logits = self.lm_head(h) if self.lm_head is not None else F.linear(h, self.embed.weight)
         if cfg.logit_scale != 1.0:
             logits = logits * cfg.logit_scale
-        if cfg.final_softcap is not None:
-            logits = torch.tanh(logits / cfg.final_softcap) * cfg.final_softcap
+        if cfg.final_softcap is not None:  # Beam: on fp32 copies, the logits left fp32
+            logits = torch.tanh((logits.float() if cfg.softcap_fp32 else logits) / cfg.final_softcap) \
+                * cfg.final_softcap
         return logits
 
     def forward(self, ids: torch.Tensor, cache: KVCache | None = None, labels: torch.Tensor | None = None,

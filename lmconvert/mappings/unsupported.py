@@ -33,7 +33,7 @@ WHAT: dict[str, str] = {
 NEEDS: dict[str, tuple[str, ...]] = {
     "axk2": ("mla-ext", "gated-attn", "norm-ext"),
     "bailing_hybrid": ("linear", "mla-ext", "gated-attn"),
-    "beam": ("gated-attn", "temperature", "router"), "blt": ("exotic",), "cpmant": ("exotic",),
+    "blt": ("exotic",), "cpmant": ("exotic",),
     "deepseek_v4": ("sparse", "hyper", "sinks", "moe-ext", "geometry", "quant"), "diffllama": ("exotic",),
     "doge": ("exotic", "moe-ext", "norm-ext"), "dory": ("loop", "norm-ext", "gated-attn", "l2-qk"),
     "dots3_note_text": ("mla-ext", "gated-attn", "geometry"), "falcon_h1": ("parallel-ssm",),

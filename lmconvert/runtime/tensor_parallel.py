@@ -137,10 +137,11 @@ def _standard(arch: ArchConfig, plan: Plan, prefix: str) -> None:
         kv_ranks, kv_heads = tuple(range(0, size, share)), (head, head + 1)
     plan.points.update({f"{prefix}.k": (-1, kv_ranks), f"{prefix}.v": (-1, kv_ranks)})
     # Qwen3-Next's gate sits in q's rows beside each head's query: split with them. AFMoE's: its rows, as q's
-    if arch.attn_output_gate == "projection":
+    if arch.attn_output_gate in ("projection", "projection_head_bias"):
         plan.styles[f"{prefix}.out_gate"] = "col"
         plan.points[f"{prefix}.out_gate"] = (-1, everyone)
-    if arch.attn_sinks:  # gpt-oss: a sink per head, the rank's heads' (the attention's own tensor)
+    # gpt-oss: a sink per head; Beam: a gate bias per head; the rank's heads' (the attention's own tensors)
+    if arch.attn_sinks or arch.attn_output_gate == "projection_head_bias":
         plan.groups[prefix] = _rows(arch.n_heads, size, rank)
     if arch.qk_norm == "head":  # its output is (B, T, heads, D): the rank's heads; after RoPE (B, heads, T, D)
         dim = -3 if arch.qk_norm_after_rope else -2
