@@ -1,0 +1,374 @@
+"""llama.cpp's K-quants (Q2_K, Q3_K, Q4_K, Q5_K, Q6_K) encoded bit for bit as its reference
+quantizer encodes them: `quantize_row_q{2..6}_K_ref` in ggml/src/ggml-quants.c, which is what
+`llama_model_quantize` (`llama-quantize`) runs without an importance matrix.
+
+Every float operation is C's, in C's order, in float32: the magic-number rounding of `nearest_int`
+(garbage included, for arguments past 2**22), each running sum added one term at a time from 0, each
+running maximum by strict `>` from its start, ggml's own fp32 -> fp16 conversion of the block scales.
+ggml-quants.c is compiled into libggml-base for the baseline ISA whatever the build's CPU flags (they
+go to ggml-cpu only), so on x86-64 no multiply-add is fused (its disassembly has no FMA instruction)
+and nothing depends on AVX2/AVX-512. The work is vectorized across sub-blocks: arrays are laid out
+[element of the sub-block, sub-block], so a sum over a sub-block is a chain of vector adds that keeps
+C's order for every sub-block at once.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+QK_K = 256
+BLOCK_BYTES = {"Q2_K": 84, "Q3_K": 110, "Q4_K": 144, "Q5_K": 176, "Q6_K": 210}
+BLOCKS_PER_STEP = 256  # super-blocks encoded at a time: every temporary stays in the CPU's cache
+
+_F32 = np.float32
+_MAGIC = _F32(12582912.0)  # 1.5 * 2**23
+_EPS = _F32(1e-15)  # GROUP_MAX_EPS
+
+
+def _nearest_int(v: np.ndarray) -> np.ndarray:
+    """ggml's nearest_int: (bits of v + 1.5*2**23) & 0x7fffff, less 2**22 (round half to even for
+    |v| <= 2**22, C's garbage past that)."""
+    return ((v + _MAGIC).view(np.int32) & 0x7FFFFF) - 0x400000
+
+
+def _clipped(v: np.ndarray, lo: int, hi: int) -> np.ndarray:
+    """nearest_int(v) clamped to [lo, hi], as float32 (exact small integers)."""
+    return np.clip(_nearest_int(v), lo, hi).astype(_F32)
+
+
+def _sum(terms: np.ndarray) -> np.ndarray:
+    """C's `float s = 0; for (i...) s += terms[i];` over axis 0, for every column at once."""
+    s = terms[0] + _F32(0)
+    for t in terms[1:]:
+        s += t
+    return s
+
+
+def _sum_from_first(terms: np.ndarray) -> np.ndarray:
+    """C's `float s = terms[0]; for (i = 1...) s += terms[i];`."""
+    s = terms[0].copy()
+    for t in terms[1:]:
+        s += t
+    return s
+
+
+def _first_max(values: np.ndarray, keys: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """C's `if (keys[i] > best) { best = keys[i]; chosen = values[i]; }` from best = chosen = 0,
+    along axis 0: (best, chosen)."""
+    keys = values if keys is None else keys
+    best = np.zeros(values.shape[1:], _F32)
+    chosen = np.zeros(values.shape[1:], _F32)
+    for k, v in zip(keys, values, strict=True):
+        better = k > best
+        np.copyto(best, k, where=better)
+        np.copyto(chosen, v, where=better)
+    return best, chosen
+
+
+def fp16_bits(f: np.ndarray) -> np.ndarray:
+    """ggml_compute_fp32_to_fp16 (the FP16 library's, which ggml-base uses): round half to even,
+    overflow to Inf, every NaN to 0x7E00 with its sign."""
+    f = np.ascontiguousarray(f, dtype=_F32)
+    with np.errstate(over="ignore"):
+        base = (np.abs(f) * _F32(2.0**112)) * _F32(2.0**-110)
+    w = f.view(np.uint32)
+    shl1 = w + w
+    sign = w & np.uint32(0x80000000)
+    bias = np.maximum(shl1 & np.uint32(0xFF000000), np.uint32(0x71000000))
+    base = ((bias >> np.uint32(1)) + np.uint32(0x07800000)).view(_F32) + base
+    bits = base.view(np.uint32)
+    nonsign = ((bits >> np.uint32(13)) & np.uint32(0x7C00)) + (bits & np.uint32(0x0FFF))
+    out = (sign >> np.uint32(16)) | np.where(shl1 > np.uint32(0xFF000000), np.uint32(0x7E00), nonsign)
+    return out.astype(np.uint16)
+
+
+def _fp16_round(f: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(the fp16 bits of f, those bits back as float32)."""
+    bits = fp16_bits(f)
+    return bits, bits.view(np.float16).astype(_F32)
+
+
+def _make_qkx2(x: np.ndarray, w: np.ndarray, nmax: int, rmin: float, rdelta: float, nstep: int,
+               use_mad: bool) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """make_qkx2_quants for every sub-block (column) of x [n, S] with weights w: (scale, the_min, L)."""
+    lo = x[0].copy()
+    hi = x[0].copy()
+    for xi in x[1:]:
+        np.copyto(lo, xi, where=xi < lo)
+        np.copyto(hi, xi, where=xi > hi)
+    sum_w = _sum_from_first(w)
+    sum_x = _sum_from_first(w * x)
+    np.copyto(lo, _F32(0), where=lo > 0)
+    flat = hi == lo
+    start = lo.copy()
+    fmax = _F32(nmax)
+    iscale = fmax / (hi - lo)
+    scale = _F32(1) / iscale
+    levels = _clipped(iscale * (x - lo), 0, nmax)
+    diff = scale * levels + lo - x
+    best = _sum(w * (np.abs(diff) if use_mad else diff * diff))
+    for step in range(nstep + 1):
+        iscale = ((_F32(rmin) + _F32(rdelta) * _F32(step)) + fmax) / (hi - lo)
+        aux = _clipped(iscale * (x - lo), 0, nmax)
+        wl = w * aux
+        sum_l, sum_l2, sum_xl = _sum(wl), _sum(wl * aux), _sum(wl * x)
+        det = sum_w * sum_l2 - sum_l * sum_l
+        this_scale = (sum_w * sum_xl - sum_x * sum_l) / det
+        this_min = (sum_l2 * sum_x - sum_l * sum_xl) / det
+        positive = this_min > 0
+        np.copyto(this_min, _F32(0), where=positive)
+        np.copyto(this_scale, sum_xl / sum_l2, where=positive)
+        diff = this_scale * aux + this_min - x
+        cur = _sum(w * (np.abs(diff) if use_mad else diff * diff))
+        better = (det > 0) & (cur < best)
+        np.copyto(levels, aux, where=better)
+        np.copyto(best, cur, where=better)
+        np.copyto(scale, this_scale, where=better)
+        np.copyto(lo, this_min, where=better)
+    np.copyto(levels, _F32(0), where=flat)
+    np.copyto(scale, _F32(0), where=flat)
+    np.copyto(lo, start, where=flat)
+    return scale, -lo, levels
+
+
+def _abs_max(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(amax, max): the largest |x| and the first x that has it, along axis 0."""
+    return _first_max(x, np.abs(x))
+
+
+def _make_qx(x: np.ndarray, nmax: int) -> tuple[np.ndarray, np.ndarray]:
+    """make_qx_quants with rmse_type 1 and no weights (Q6_K): (scale, L) for each column of x."""
+    amax, top = _abs_max(x)
+    zero = amax < _EPS
+    fmax = _F32(nmax)
+    w = x * x
+    wx = w * x
+
+    def fit(iscale: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        lv = _clipped(iscale * x, -nmax, nmax - 1)
+        return lv, _sum(wx * lv), _sum((w * lv) * lv)
+
+    levels, sumlx, suml2 = fit(-fmax / top)
+    scale = np.where(suml2 != 0, sumlx / suml2, _F32(0))
+    best = scale * sumlx
+    for step in (*range(-9, 0), *range(1, 10)):
+        lv, slx, sl2 = fit(-(fmax + _F32(0.1) * _F32(step)) / top)
+        better = (sl2 > 0) & (slx * slx > best * sl2)
+        np.copyto(levels, lv, where=better)
+        np.copyto(scale, slx / sl2, where=better)
+        best = np.where(better, scale * slx, best)
+    levels += fmax
+    np.copyto(levels, _F32(0), where=zero)
+    np.copyto(scale, _F32(0), where=zero)
+    return scale, levels
+
+
+def _make_q3(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """make_q3_quants(16, 4, x, L, do_rmse=true) for each column of x: (scale, L)."""
+    nmax = 4
+    amax, top = _abs_max(x)
+    zero = amax < _EPS
+    levels = _clipped((_F32(-nmax) / top) * x, -nmax, nmax - 1)
+    w = x * x
+    wx = w * x
+    sumlx = _sum(wx * levels)
+    suml2 = _sum((w * levels) * levels)
+    active = ~zero
+    for _ in range(5):
+        changed = np.zeros_like(active)
+        for i in range(len(x)):
+            li = levels[i]
+            slx = sumlx - wx[i] * li
+            sl2 = suml2 - (w[i] * li) * li
+            new = _clipped((x[i] * sl2) / slx, -nmax, nmax - 1)
+            slx_new = slx + wx[i] * new
+            sl2_new = sl2 + (w[i] * new) * new
+            take = active & (slx > 0) & (new != li) & (sl2_new > 0) \
+                & ((slx_new * slx_new) * suml2 > (sumlx * sumlx) * sl2_new)
+            np.copyto(li, new, where=take)
+            np.copyto(sumlx, slx_new, where=take)
+            np.copyto(suml2, sl2_new, where=take)
+            changed |= take
+        active &= changed
+        if not active.any():
+            break
+    levels += _F32(nmax)
+    scale = np.where(suml2 > 0, sumlx / suml2, _F32(0))
+    np.copyto(levels, _F32(0), where=zero)
+    np.copyto(scale, _F32(0), where=zero)
+    return scale, levels
+
+
+def _columns(blocks: np.ndarray, n: int) -> np.ndarray:
+    """[B, 256] -> [n, B * 256/n]: column b*(256/n) + j is sub-block j of block b."""
+    return np.ascontiguousarray(blocks.reshape(-1, n).T)
+
+
+def _rows(cols: np.ndarray, blocks: int) -> np.ndarray:
+    """The inverse of _columns, as integers: [n, S] -> [B, 256]."""
+    return cols.T.reshape(blocks, QK_K).astype(np.int32)
+
+
+def _requantize(x: np.ndarray, levels: np.ndarray, d: np.ndarray, dm: np.ndarray | None, lo: int,
+                hi: int, shift: int) -> None:
+    """The second pass: each sub-block whose d is not 0 re-rounded against its stored scale (and min)."""
+    v = x if dm is None else x + dm
+    fresh = _clipped(v / d, lo, hi) + _F32(shift)
+    np.copyto(levels, fresh, where=d != 0)
+
+
+def _pack2(q: np.ndarray) -> np.ndarray:
+    """[B, 256] of 2-bit values -> [B, 64]: byte j/4 + l of each 128 holds l, l+32, l+64, l+96."""
+    q = q.reshape(-1, 2, 4, 32)
+    return (q[:, :, 0] | (q[:, :, 1] << 2) | (q[:, :, 2] << 4) | (q[:, :, 3] << 6)).reshape(-1, 64)
+
+
+def _pack_k4_scales(ls: np.ndarray, lm: np.ndarray) -> np.ndarray:
+    """Q4_K/Q5_K's 12 bytes of eight 6-bit scales and mins ([B, 8] each, <= 63)."""
+    out = np.zeros((ls.shape[0], 12), np.int32)
+    out[:, 0:4] = ls[:, 0:4] | ((ls[:, 4:8] >> 4) << 6)
+    out[:, 4:8] = lm[:, 0:4] | ((lm[:, 4:8] >> 4) << 6)
+    out[:, 8:12] = (ls[:, 4:8] & 0xF) | ((lm[:, 4:8] & 0xF) << 4)
+    return out
+
+
+def _q2_k(blocks: np.ndarray) -> np.ndarray:
+    nb = len(blocks)
+    x = _columns(blocks, 16)
+    scales, mins, levels = _make_qkx2(x, np.abs(x), 3, -0.5, 0.1, 15, True)
+    scales, mins = scales.reshape(nb, 16), mins.reshape(nb, 16)
+    max_scale, _ = _first_max(scales.T)
+    max_min, _ = _first_max(mins.T)
+    has_scale, has_min = max_scale > 0, max_min > 0
+    with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+        q4 = _F32(15)
+        sc = np.where(has_scale[:, None], _nearest_int((q4 / max_scale)[:, None] * scales), 0)
+        mn = np.where(has_min[:, None], _nearest_int((q4 / max_min)[:, None] * mins), 0)
+        packed = (sc & 0xFF) | ((mn << 4) & 0xFF)
+        d_bits, d = _fp16_round(np.where(has_scale, max_scale / q4, _F32(0)))
+        m_bits, dmin = _fp16_round(np.where(has_min, max_min / q4, _F32(0)))
+        sub_d = (d[:, None] * (packed & 0xF).astype(_F32)).reshape(-1)
+        sub_m = (dmin[:, None] * (packed >> 4).astype(_F32)).reshape(-1)
+        _requantize(x, levels, sub_d, sub_m, 0, 3, 0)
+    out = np.empty((nb, 84), np.uint8)
+    out[:, 0:16] = packed
+    out[:, 16:80] = _pack2(_rows(levels, nb))
+    out[:, 80:82] = d_bits.view(np.uint8).reshape(nb, 2)
+    out[:, 82:84] = m_bits.view(np.uint8).reshape(nb, 2)
+    return out
+
+
+def _q3_k(blocks: np.ndarray) -> np.ndarray:
+    nb = len(blocks)
+    x = _columns(blocks, 16)
+    with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+        scales, levels = _make_q3(x)
+        scales = scales.reshape(nb, 16)
+        _, max_scale = _abs_max(scales.T)
+        has = max_scale != 0
+        iscale = _F32(-32) / max_scale
+        raw = _nearest_int(iscale[:, None] * scales)
+        l8 = ((raw + 128) & 0xFF) - 128  # C's int -> int8_t
+        ls = np.where(has[:, None], np.clip(l8, -32, 31) + 32, 0)
+        d_bits, d = _fp16_round(np.where(has, _F32(1) / iscale, _F32(0)))
+        sub_d = (d[:, None] * (ls - 32).astype(_F32)).reshape(-1)
+        np.copyto(sub_d, _F32(0), where=np.repeat(~has, 16))
+        _requantize(x, levels, sub_d, None, -4, 3, 4)
+    q = _rows(levels, nb)
+    out = np.empty((nb, 110), np.uint8)
+    high = (q > 3).reshape(nb, 8, 32)
+    out[:, 0:32] = (high << np.arange(8)[None, :, None]).sum(axis=1)
+    out[:, 32:96] = _pack2(q & 3)
+    sc = np.zeros((nb, 12), np.int32)
+    sc[:, 0:8] = (ls[:, 0:8] & 0xF) | ((ls[:, 8:16] & 0xF) << 4)
+    hi2 = (ls >> 4).reshape(nb, 4, 4)  # [j/4, j%4]
+    sc[:, 8:12] = (hi2 << (2 * np.arange(4))[None, :, None]).sum(axis=1)
+    out[:, 96:108] = sc
+    out[:, 108:110] = d_bits.view(np.uint8).reshape(nb, 2)
+    return out
+
+
+def _q45_k(blocks: np.ndarray, nmax: int, rmin: float, nstep: int) -> tuple[np.ndarray, ...]:
+    nb = len(blocks)
+    x = _columns(blocks, 32)
+    av = np.sqrt(_sum(x * x) / _F32(32))
+    scales, mins, levels = _make_qkx2(x, av + np.abs(x), nmax, rmin, 0.1, nstep, False)
+    scales, mins = scales.reshape(nb, 8), mins.reshape(nb, 8)
+    max_scale, _ = _first_max(scales.T)
+    max_min, _ = _first_max(mins.T)
+    with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+        inv_scale = np.where(max_scale > 0, _F32(63) / max_scale, _F32(0))
+        inv_min = np.where(max_min > 0, _F32(63) / max_min, _F32(0))
+        ls = np.minimum(_nearest_int(inv_scale[:, None] * scales) & 0xFF, 63)  # C's int -> uint8_t, then MIN
+        lm = np.minimum(_nearest_int(inv_min[:, None] * mins) & 0xFF, 63)
+        d_bits, d = _fp16_round(max_scale / _F32(63))
+        m_bits, dmin = _fp16_round(max_min / _F32(63))
+        sub_d = (d[:, None] * ls.astype(_F32)).reshape(-1)
+        sub_m = (dmin[:, None] * lm.astype(_F32)).reshape(-1)
+        _requantize(x, levels, sub_d, sub_m, 0, nmax, 0)
+    head = np.empty((nb, 16), np.uint8)
+    head[:, 0:2] = d_bits.view(np.uint8).reshape(nb, 2)
+    head[:, 2:4] = m_bits.view(np.uint8).reshape(nb, 2)
+    head[:, 4:16] = _pack_k4_scales(ls, lm)
+    return head, _rows(levels, nb).reshape(nb, 4, 2, 32)  # [64-chunk, low/high half, l]
+
+
+def _q4_k(blocks: np.ndarray) -> np.ndarray:
+    head, q = _q45_k(blocks, 15, -1.0, 20)
+    return np.concatenate([head, (q[:, :, 0] | (q[:, :, 1] << 4)).reshape(-1, 128).astype(np.uint8)], axis=1)
+
+
+def _q5_k(blocks: np.ndarray) -> np.ndarray:
+    head, q = _q45_k(blocks, 31, -0.5, 15)
+    bits = (q > 15).reshape(-1, 8, 32)  # bit 2c (+1) of qh[l]: chunk c, low (high) half
+    qh = (bits << np.arange(8)[None, :, None]).sum(axis=1)
+    ql = ((q[:, :, 0] & 15) | ((q[:, :, 1] & 15) << 4)).reshape(-1, 128)
+    return np.concatenate([head, qh.astype(np.uint8), ql.astype(np.uint8)], axis=1)
+
+
+def _q6_k(blocks: np.ndarray) -> np.ndarray:
+    nb = len(blocks)
+    x = _columns(blocks, 16)
+    with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+        scales, levels = _make_qx(x, 32)
+        scales = scales.reshape(nb, 16)
+        amax, max_scale = _abs_max(scales.T)
+        zero = amax < _EPS
+        iscale = _F32(-128) / max_scale
+        d_bits, d = _fp16_round(_F32(1) / iscale)
+        sc = np.minimum(127, _nearest_int(iscale[:, None] * scales))
+        s8 = ((sc + 128) & 0xFF) - 128  # C's int -> int8_t
+        sub_d = (d[:, None] * s8.astype(_F32)).reshape(-1)
+        _requantize(x, levels, sub_d, None, -32, 31, 32)
+    q = _rows(levels, nb).reshape(nb, 2, 4, 32)  # [128-half, quarter, l]
+    low, high = q & 0xF, q >> 4
+    ql = np.stack([low[:, :, 0] | (low[:, :, 2] << 4), low[:, :, 1] | (low[:, :, 3] << 4)], axis=2)
+    qh = high[:, :, 0] | (high[:, :, 1] << 2) | (high[:, :, 2] << 4) | (high[:, :, 3] << 6)
+    out = np.empty((nb, 210), np.uint8)
+    out[:, 0:128] = ql.reshape(nb, 128)
+    out[:, 128:192] = qh.reshape(nb, 64)
+    out[:, 192:208] = s8
+    out[:, 208:210] = d_bits.view(np.uint8).reshape(nb, 2)
+    out[zero] = 0
+    return out
+
+
+ENCODERS = {"Q2_K": _q2_k, "Q3_K": _q3_k, "Q4_K": _q4_k, "Q5_K": _q5_k, "Q6_K": _q6_k}
+
+
+def quantize(rows: np.ndarray, kind: str) -> np.ndarray:
+    """float32 rows [..., n] (n a multiple of 256) -> their `kind` blocks, [..., n/256 * block bytes]
+    uint8, byte for byte what ggml_quantize_chunk writes for them without an importance matrix."""
+    rows = np.ascontiguousarray(rows, dtype=_F32)
+    if rows.shape[-1] % QK_K:
+        raise ValueError(f"{kind}: a row of {rows.shape[-1]} values is not a whole number of {QK_K}-blocks")
+    blocks = rows.reshape(-1, QK_K)
+    out = np.empty((len(blocks), BLOCK_BYTES[kind]), np.uint8)
+    encode = ENCODERS[kind]
+    with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+        for start in range(0, len(blocks), BLOCKS_PER_STEP):
+            out[start:start + BLOCKS_PER_STEP] = encode(blocks[start:start + BLOCKS_PER_STEP])
+    return out.reshape(*rows.shape[:-1], -1)
+
+
+__all__ = ["BLOCK_BYTES", "ENCODERS", "QK_K", "fp16_bits", "quantize"]
