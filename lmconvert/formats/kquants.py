@@ -37,19 +37,15 @@ def _clipped(v: np.ndarray, lo: int, hi: int) -> np.ndarray:
 
 
 def _sum(terms: np.ndarray) -> np.ndarray:
-    """C's `float s = 0; for (i...) s += terms[i];` over axis 0, for every column at once."""
-    s = terms[0] + _F32(0)
-    for t in terms[1:]:
-        s += t
-    return s
+    """C's `float s = 0; for (i...) s += terms[i];` along axis 0, for every column at once. numpy
+    reduces a C-contiguous array along its outer axis row after row, in order (pairwise summation
+    is for the inner axis only): tests/test_kquants.py checks it against the loop."""
+    return np.add.reduce(terms, axis=0, initial=_F32(0))
 
 
 def _sum_from_first(terms: np.ndarray) -> np.ndarray:
     """C's `float s = terms[0]; for (i = 1...) s += terms[i];`."""
-    s = terms[0].copy()
-    for t in terms[1:]:
-        s += t
-    return s
+    return np.add.reduce(terms, axis=0)
 
 
 def _first_max(values: np.ndarray, keys: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
@@ -88,47 +84,98 @@ def _fp16_round(f: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return bits, bits.view(np.float16).astype(_F32)
 
 
+def _round_into(v: np.ndarray, out: np.ndarray, lo: int, hi: int, exact: bool) -> None:
+    """out = clamp(nearest_int(v), lo, hi) as float32; v is overwritten. Where every |v| is known to
+    be under 2**21 (not `exact`), nearest_int is (v + 1.5*2**23) - 1.5*2**23 in float32 (the same
+    integer, in fewer passes over memory)."""
+    np.add(v, _MAGIC, out=v)
+    if exact:
+        bits = v.view(np.int32)
+        np.bitwise_and(bits, 0x7FFFFF, out=bits)
+        np.subtract(bits, 0x400000, out=bits)
+        np.clip(bits, lo, hi, out=bits)
+        out[...] = bits
+    else:
+        np.subtract(v, _MAGIC, out=v)
+        np.clip(v, _F32(lo), _F32(hi), out=out)
+
+
+_SAFE = _F32(2.0**21)
+
+
 def _make_qkx2(x: np.ndarray, w: np.ndarray, nmax: int, rmin: float, rdelta: float, nstep: int,
                use_mad: bool) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """make_qkx2_quants for every sub-block (column) of x [n, S] with weights w: (scale, the_min, L)."""
+    """make_qkx2_quants for every sub-block (column) of x [n, S] with weights w: (scale, the_min, L).
+    The levels of the best step are recomputed once at the end from that step's iscale and min."""
     lo = x[0].copy()
     hi = x[0].copy()
     for xi in x[1:]:
         np.copyto(lo, xi, where=xi < lo)
         np.copyto(hi, xi, where=xi > hi)
+    low = lo.copy()  # the column's own minimum: x - min lies within [low - min, hi - min]
+    finite = bool(np.isfinite(x).all())
     sum_w = _sum_from_first(w)
     sum_x = _sum_from_first(w * x)
     np.copyto(lo, _F32(0), where=lo > 0)
     flat = hi == lo
     start = lo.copy()
     fmax = _F32(nmax)
+    t = np.empty_like(x)
+    aux = np.empty_like(x)
+    wl = np.empty_like(x)
+
+    def levels_into(iscale: np.ndarray, out: np.ndarray) -> None:
+        reach = np.abs(iscale) * np.maximum(np.abs(hi - lo), np.abs(low - lo))
+        exact = not (finite and bool(((reach < _SAFE) | flat).all()))
+        np.subtract(x, lo, out=t)
+        np.multiply(t, iscale, out=t)
+        _round_into(t, out, 0, nmax, exact)
+
+    def error(scale: np.ndarray, minimum: np.ndarray, levels: np.ndarray) -> np.ndarray:
+        np.multiply(levels, scale, out=t)
+        np.add(t, minimum, out=t)
+        np.subtract(t, x, out=t)
+        if use_mad:
+            np.abs(t, out=t)
+        else:
+            np.multiply(t, t, out=t)
+        np.multiply(w, t, out=t)
+        return _sum(t)
+
     iscale = fmax / (hi - lo)
     scale = _F32(1) / iscale
-    levels = _clipped(iscale * (x - lo), 0, nmax)
-    diff = scale * levels + lo - x
-    best = _sum(w * (np.abs(diff) if use_mad else diff * diff))
+    levels_into(iscale, aux)
+    best = error(scale, lo, aux)
+    chosen_iscale, chosen_min = iscale, lo.copy()
     for step in range(nstep + 1):
         iscale = ((_F32(rmin) + _F32(rdelta) * _F32(step)) + fmax) / (hi - lo)
-        aux = _clipped(iscale * (x - lo), 0, nmax)
-        wl = w * aux
-        sum_l, sum_l2, sum_xl = _sum(wl), _sum(wl * aux), _sum(wl * x)
+        levels_into(iscale, aux)
+        np.multiply(w, aux, out=wl)
+        sum_l = _sum(wl)
+        np.multiply(wl, aux, out=t)
+        sum_l2 = _sum(t)
+        np.multiply(wl, x, out=t)
+        sum_xl = _sum(t)
         det = sum_w * sum_l2 - sum_l * sum_l
         this_scale = (sum_w * sum_xl - sum_x * sum_l) / det
         this_min = (sum_l2 * sum_x - sum_l * sum_xl) / det
         positive = this_min > 0
         np.copyto(this_min, _F32(0), where=positive)
         np.copyto(this_scale, sum_xl / sum_l2, where=positive)
-        diff = this_scale * aux + this_min - x
-        cur = _sum(w * (np.abs(diff) if use_mad else diff * diff))
+        cur = error(this_scale, this_min, aux)
         better = (det > 0) & (cur < best)
-        np.copyto(levels, aux, where=better)
         np.copyto(best, cur, where=better)
         np.copyto(scale, this_scale, where=better)
+        np.copyto(chosen_iscale, iscale, where=better)
+        np.copyto(chosen_min, lo, where=better)
         np.copyto(lo, this_min, where=better)
-    np.copyto(levels, _F32(0), where=flat)
+    # the levels each column last kept: those of the step that set its scale, from that step's min
+    final_lo, lo = lo, chosen_min
+    levels_into(chosen_iscale, aux)
+    np.copyto(aux, _F32(0), where=flat)
     np.copyto(scale, _F32(0), where=flat)
-    np.copyto(lo, start, where=flat)
-    return scale, -lo, levels
+    np.copyto(final_lo, start, where=flat)
+    return scale, -final_lo, aux
 
 
 def _abs_max(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
