@@ -48,17 +48,51 @@ def _sum_from_first(terms: np.ndarray) -> np.ndarray:
     return np.add.reduce(terms, axis=0)
 
 
-def _first_max(values: np.ndarray, keys: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
-    """C's `if (keys[i] > best) { best = keys[i]; chosen = values[i]; }` from best = chosen = 0,
-    along axis 0: (best, chosen)."""
-    keys = values if keys is None else keys
+def _bits(mask: np.ndarray) -> np.ndarray:
+    """A boolean mask as int32 0 / -1, for _put."""
+    return np.negative(mask.view(np.int8)).astype(np.int32)
+
+
+def _put(dst: np.ndarray, src: np.ndarray | np.floating, bits: np.ndarray) -> None:
+    """dst = src where bits (from _bits; broadcast along dst's first axis), in place, by bitwise
+    selection on the float32 bit patterns: exact, and several times faster than np.copyto's where."""
+    d = dst.view(np.int32)
+    t = np.bitwise_xor(np.asarray(src, _F32).view(np.int32), d)
+    t &= bits
+    d ^= t
+
+
+def _first_max(values: np.ndarray, finite: bool) -> np.ndarray:
+    """C's `if (values[i] > best) best = values[i];` from best = 0, along axis 0."""
+    if finite:
+        top = np.maximum.reduce(values, axis=0)
+        return np.where(top > 0, top, _F32(0))
     best = np.zeros(values.shape[1:], _F32)
-    chosen = np.zeros(values.shape[1:], _F32)
-    for k, v in zip(keys, values, strict=True):
-        better = k > best
-        np.copyto(best, k, where=better)
-        np.copyto(chosen, v, where=better)
-    return best, chosen
+    for v in values:
+        np.copyto(best, v, where=v > best)
+    return best
+
+
+def _abs_max(x: np.ndarray, finite: bool) -> tuple[np.ndarray, np.ndarray]:
+    """C's `ax = fabsf(x[i]); if (ax > amax) { amax = ax; max = x[i]; }` from 0, along axis 0:
+    (amax, max), max being the first x of the largest magnitude."""
+    ax = np.abs(x)
+    if finite:
+        amax = np.maximum.reduce(ax, axis=0)
+        first = np.argmax(ax == amax, axis=0)
+        top = np.take_along_axis(x, first[None], axis=0)[0]
+        return amax, np.where(amax > 0, top, _F32(0))
+    amax = np.zeros(x.shape[1:], _F32)
+    top = np.zeros(x.shape[1:], _F32)
+    for a, v in zip(ax, x, strict=True):
+        better = a > amax
+        np.copyto(amax, a, where=better)
+        np.copyto(top, v, where=better)
+    return amax, top
+
+
+def _finite(x: np.ndarray) -> bool:
+    return bool(np.isfinite(x).all())
 
 
 def fp16_bits(f: np.ndarray) -> np.ndarray:
@@ -107,13 +141,15 @@ def _make_qkx2(x: np.ndarray, w: np.ndarray, nmax: int, rmin: float, rdelta: flo
                use_mad: bool) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """make_qkx2_quants for every sub-block (column) of x [n, S] with weights w: (scale, the_min, L).
     The levels of the best step are recomputed once at the end from that step's iscale and min."""
-    lo = x[0].copy()
-    hi = x[0].copy()
-    for xi in x[1:]:
-        np.copyto(lo, xi, where=xi < lo)
-        np.copyto(hi, xi, where=xi > hi)
+    finite = _finite(x)
+    if finite:  # the same values; a zero's sign, which may differ, never reaches a byte written
+        lo, hi = np.minimum.reduce(x, axis=0), np.maximum.reduce(x, axis=0)
+    else:  # C's loop exactly: a NaN first value stays, later ones are passed over
+        lo, hi = x[0].copy(), x[0].copy()
+        for xi in x[1:]:
+            np.copyto(lo, xi, where=xi < lo)
+            np.copyto(hi, xi, where=xi > hi)
     low = lo.copy()  # the column's own minimum: x - min lies within [low - min, hi - min]
-    finite = bool(np.isfinite(x).all())
     sum_w = _sum_from_first(w)
     sum_x = _sum_from_first(w * x)
     np.copyto(lo, _F32(0), where=lo > 0)
@@ -159,16 +195,16 @@ def _make_qkx2(x: np.ndarray, w: np.ndarray, nmax: int, rmin: float, rdelta: flo
         det = sum_w * sum_l2 - sum_l * sum_l
         this_scale = (sum_w * sum_xl - sum_x * sum_l) / det
         this_min = (sum_l2 * sum_x - sum_l * sum_xl) / det
-        positive = this_min > 0
-        np.copyto(this_min, _F32(0), where=positive)
-        np.copyto(this_scale, sum_xl / sum_l2, where=positive)
+        positive = _bits(this_min > 0)
+        _put(this_min, _F32(0), positive)
+        _put(this_scale, sum_xl / sum_l2, positive)
         cur = error(this_scale, this_min, aux)
-        better = (det > 0) & (cur < best)
-        np.copyto(best, cur, where=better)
-        np.copyto(scale, this_scale, where=better)
-        np.copyto(chosen_iscale, iscale, where=better)
-        np.copyto(chosen_min, lo, where=better)
-        np.copyto(lo, this_min, where=better)
+        better = _bits((det > 0) & (cur < best))
+        _put(best, cur, better)
+        _put(scale, this_scale, better)
+        _put(chosen_iscale, iscale, better)
+        _put(chosen_min, lo, better)
+        _put(lo, this_min, better)
     # the levels each column last kept: those of the step that set its scale, from that step's min
     final_lo, lo = lo, chosen_min
     levels_into(chosen_iscale, aux)
@@ -178,67 +214,87 @@ def _make_qkx2(x: np.ndarray, w: np.ndarray, nmax: int, rmin: float, rdelta: flo
     return scale, -final_lo, aux
 
 
-def _abs_max(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """(amax, max): the largest |x| and the first x that has it, along axis 0."""
-    return _first_max(x, np.abs(x))
-
-
 def _make_qx(x: np.ndarray, nmax: int) -> tuple[np.ndarray, np.ndarray]:
-    """make_qx_quants with rmse_type 1 and no weights (Q6_K): (scale, L) for each column of x."""
-    amax, top = _abs_max(x)
+    """make_qx_quants with rmse_type 1 and no weights (Q6_K): (scale, L) for each column of x. The
+    levels of the best try are recomputed once at the end from its iscale."""
+    finite = _finite(x)
+    amax, top = _abs_max(x, finite)
     zero = amax < _EPS
     fmax = _F32(nmax)
     w = x * x
     wx = w * x
+    t = np.empty_like(x)
+    lv = np.empty_like(x)
 
-    def fit(iscale: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        lv = _clipped(iscale * x, -nmax, nmax - 1)
-        return lv, _sum(wx * lv), _sum((w * lv) * lv)
+    def fit(iscale: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        exact = not (finite and bool(((np.abs(iscale) * amax < _SAFE) | zero).all()))
+        np.multiply(x, iscale, out=t)
+        _round_into(t, lv, -nmax, nmax - 1, exact)
+        np.multiply(wx, lv, out=t)
+        slx = _sum(t)
+        np.multiply(w, lv, out=t)
+        np.multiply(t, lv, out=t)
+        return slx, _sum(t)
 
-    levels, sumlx, suml2 = fit(-fmax / top)
+    chosen = -fmax / top
+    sumlx, suml2 = fit(chosen)
     scale = np.where(suml2 != 0, sumlx / suml2, _F32(0))
     best = scale * sumlx
     for step in (*range(-9, 0), *range(1, 10)):
-        lv, slx, sl2 = fit(-(fmax + _F32(0.1) * _F32(step)) / top)
-        better = (sl2 > 0) & (slx * slx > best * sl2)
-        np.copyto(levels, lv, where=better)
-        np.copyto(scale, slx / sl2, where=better)
-        best = np.where(better, scale * slx, best)
-    levels += fmax
-    np.copyto(levels, _F32(0), where=zero)
+        iscale = -(fmax + _F32(0.1) * _F32(step)) / top
+        slx, sl2 = fit(iscale)
+        better = _bits((sl2 > 0) & (slx * slx > best * sl2))
+        _put(chosen, iscale, better)
+        _put(scale, slx / sl2, better)
+        _put(best, scale * slx, better)
+    fit(chosen)
+    lv += fmax
+    np.copyto(lv, _F32(0), where=zero)
     np.copyto(scale, _F32(0), where=zero)
-    return scale, levels
+    return scale, lv
+
+
+def _q3_pass(x: np.ndarray, w: np.ndarray, wx: np.ndarray, levels: np.ndarray, sumlx: np.ndarray,
+             suml2: np.ndarray, nmax: int) -> np.ndarray:
+    """One pass of make_q3_quants' refinement over the 16 values of each column, in place; returns
+    which columns changed a level (those that did not are done: C leaves the loop)."""
+    changed = np.zeros(x.shape[1], bool)
+    for i in range(len(x)):
+        li = levels[i]
+        slx = sumlx - wx[i] * li
+        sl2 = suml2 - (w[i] * li) * li
+        new = _clipped((x[i] * sl2) / slx, -nmax, nmax - 1)
+        slx_new = slx + wx[i] * new
+        sl2_new = sl2 + (w[i] * new) * new
+        take = (slx > 0) & (new != li) & (sl2_new > 0) & ((slx_new * slx_new) * suml2 > (sumlx * sumlx) * sl2_new)
+        bits = _bits(take)
+        _put(li, new, bits)
+        _put(sumlx, slx_new, bits)
+        _put(suml2, sl2_new, bits)
+        changed |= take
+    return changed
 
 
 def _make_q3(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """make_q3_quants(16, 4, x, L, do_rmse=true) for each column of x: (scale, L)."""
+    """make_q3_quants(16, 4, x, L, do_rmse=true) for each column of x: (scale, L). After each pass of
+    the refinement only the columns still changing go on, gathered together."""
     nmax = 4
-    amax, top = _abs_max(x)
+    amax, top = _abs_max(x, _finite(x))
     zero = amax < _EPS
     levels = _clipped((_F32(-nmax) / top) * x, -nmax, nmax - 1)
     w = x * x
     wx = w * x
     sumlx = _sum(wx * levels)
     suml2 = _sum((w * levels) * levels)
-    active = ~zero
-    for _ in range(5):
-        changed = np.zeros_like(active)
-        for i in range(len(x)):
-            li = levels[i]
-            slx = sumlx - wx[i] * li
-            sl2 = suml2 - (w[i] * li) * li
-            new = _clipped((x[i] * sl2) / slx, -nmax, nmax - 1)
-            slx_new = slx + wx[i] * new
-            sl2_new = sl2 + (w[i] * new) * new
-            take = active & (slx > 0) & (new != li) & (sl2_new > 0) \
-                & ((slx_new * slx_new) * suml2 > (sumlx * sumlx) * sl2_new)
-            np.copyto(li, new, where=take)
-            np.copyto(sumlx, slx_new, where=take)
-            np.copyto(suml2, sl2_new, where=take)
-            changed |= take
-        active &= changed
-        if not active.any():
+    changed = _q3_pass(x, w, wx, levels, sumlx, suml2, nmax)  # every column (an all-zero one is reset below)
+    going = np.flatnonzero(changed & ~zero)
+    for _ in range(4):
+        if not len(going):
             break
+        part = [a.take(going, axis=-1) for a in (x, w, wx, levels, sumlx, suml2)]
+        changed = _q3_pass(*part, nmax)
+        levels[:, going], sumlx[going], suml2[going] = part[3], part[4], part[5]
+        going = going[changed]
     levels += _F32(nmax)
     scale = np.where(suml2 > 0, sumlx / suml2, _F32(0))
     np.copyto(levels, _F32(0), where=zero)
@@ -261,7 +317,7 @@ def _requantize(x: np.ndarray, levels: np.ndarray, d: np.ndarray, dm: np.ndarray
     """The second pass: each sub-block whose d is not 0 re-rounded against its stored scale (and min)."""
     v = x if dm is None else x + dm
     fresh = _clipped(v / d, lo, hi) + _F32(shift)
-    np.copyto(levels, fresh, where=d != 0)
+    _put(levels, fresh, _bits(d != 0))
 
 
 def _pack2(q: np.ndarray) -> np.ndarray:
@@ -284,8 +340,8 @@ def _q2_k(blocks: np.ndarray) -> np.ndarray:
     x = _columns(blocks, 16)
     scales, mins, levels = _make_qkx2(x, np.abs(x), 3, -0.5, 0.1, 15, True)
     scales, mins = scales.reshape(nb, 16), mins.reshape(nb, 16)
-    max_scale, _ = _first_max(scales.T)
-    max_min, _ = _first_max(mins.T)
+    max_scale = _first_max(scales.T, _finite(scales))
+    max_min = _first_max(mins.T, _finite(mins))
     has_scale, has_min = max_scale > 0, max_min > 0
     with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
         q4 = _F32(15)
@@ -311,7 +367,7 @@ def _q3_k(blocks: np.ndarray) -> np.ndarray:
     with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
         scales, levels = _make_q3(x)
         scales = scales.reshape(nb, 16)
-        _, max_scale = _abs_max(scales.T)
+        _, max_scale = _abs_max(scales.T, _finite(scales))
         has = max_scale != 0
         iscale = _F32(-32) / max_scale
         raw = _nearest_int(iscale[:, None] * scales)
@@ -341,8 +397,8 @@ def _q45_k(blocks: np.ndarray, nmax: int, rmin: float, nstep: int) -> tuple[np.n
     av = np.sqrt(_sum(x * x) / _F32(32))
     scales, mins, levels = _make_qkx2(x, av + np.abs(x), nmax, rmin, 0.1, nstep, False)
     scales, mins = scales.reshape(nb, 8), mins.reshape(nb, 8)
-    max_scale, _ = _first_max(scales.T)
-    max_min, _ = _first_max(mins.T)
+    max_scale = _first_max(scales.T, _finite(scales))
+    max_min = _first_max(mins.T, _finite(mins))
     with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
         inv_scale = np.where(max_scale > 0, _F32(63) / max_scale, _F32(0))
         inv_min = np.where(max_min > 0, _F32(63) / max_min, _F32(0))
@@ -379,7 +435,7 @@ def _q6_k(blocks: np.ndarray) -> np.ndarray:
     with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
         scales, levels = _make_qx(x, 32)
         scales = scales.reshape(nb, 16)
-        amax, max_scale = _abs_max(scales.T)
+        amax, max_scale = _abs_max(scales.T, _finite(scales))
         zero = amax < _EPS
         iscale = _F32(-128) / max_scale
         d_bits, d = _fp16_round(_F32(1) / iscale)
