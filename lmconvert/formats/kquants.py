@@ -138,8 +138,9 @@ _SAFE = _F32(2.0**21)
 
 
 def _make_qkx2(x: np.ndarray, w: np.ndarray, nmax: int, rmin: float, rdelta: float, nstep: int,
-               use_mad: bool) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """make_qkx2_quants for every sub-block (column) of x [n, S] with weights w: (scale, the_min, L).
+               use_mad: bool) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray | None]:
+    """make_qkx2_quants for every sub-block (column) of x [n, S] with weights w: (scale, the_min, L,
+    each column's largest |x| or None where x is not all finite).
     The levels of the best step are recomputed once at the end from that step's iscale and min."""
     finite = _finite(x)
     if finite:  # the same values; a zero's sign, which may differ, never reaches a byte written
@@ -211,11 +212,12 @@ def _make_qkx2(x: np.ndarray, w: np.ndarray, nmax: int, rmin: float, rdelta: flo
     np.copyto(aux, _F32(0), where=flat)
     np.copyto(scale, _F32(0), where=flat)
     np.copyto(final_lo, start, where=flat)
-    return scale, -final_lo, aux
+    return scale, -final_lo, aux, (np.maximum(np.abs(low), np.abs(hi)) if finite else None)
 
 
-def _make_qx(x: np.ndarray, nmax: int) -> tuple[np.ndarray, np.ndarray]:
-    """make_qx_quants with rmse_type 1 and no weights (Q6_K): (scale, L) for each column of x. The
+def _make_qx(x: np.ndarray, nmax: int) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
+    """make_qx_quants with rmse_type 1 and no weights (Q6_K): (scale, L, largest |x| as _make_qkx2's)
+    for each column of x. The
     levels of the best try are recomputed once at the end from its iscale."""
     finite = _finite(x)
     amax, top = _abs_max(x, finite)
@@ -251,7 +253,7 @@ def _make_qx(x: np.ndarray, nmax: int) -> tuple[np.ndarray, np.ndarray]:
     lv += fmax
     np.copyto(lv, _F32(0), where=zero)
     np.copyto(scale, _F32(0), where=zero)
-    return scale, lv
+    return scale, lv, (amax if finite else None)
 
 
 def _q3_pass(x: np.ndarray, w: np.ndarray, wx: np.ndarray, levels: np.ndarray, sumlx: np.ndarray,
@@ -275,11 +277,13 @@ def _q3_pass(x: np.ndarray, w: np.ndarray, wx: np.ndarray, levels: np.ndarray, s
     return changed
 
 
-def _make_q3(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """make_q3_quants(16, 4, x, L, do_rmse=true) for each column of x: (scale, L). After each pass of
+def _make_q3(x: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
+    """make_q3_quants(16, 4, x, L, do_rmse=true) for each column of x: (scale, L, largest |x| as
+    _make_qkx2's). After each pass of
     the refinement only the columns still changing go on, gathered together."""
     nmax = 4
-    amax, top = _abs_max(x, _finite(x))
+    finite = _finite(x)
+    amax, top = _abs_max(x, finite)
     zero = amax < _EPS
     levels = _clipped((_F32(-nmax) / top) * x, -nmax, nmax - 1)
     w = x * x
@@ -299,7 +303,7 @@ def _make_q3(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     scale = np.where(suml2 > 0, sumlx / suml2, _F32(0))
     np.copyto(levels, _F32(0), where=zero)
     np.copyto(scale, _F32(0), where=zero)
-    return scale, levels
+    return scale, levels, (amax if finite else None)
 
 
 def _columns(blocks: np.ndarray, n: int) -> np.ndarray:
@@ -308,22 +312,38 @@ def _columns(blocks: np.ndarray, n: int) -> np.ndarray:
 
 
 def _rows(cols: np.ndarray, blocks: int) -> np.ndarray:
-    """The inverse of _columns, as integers: [n, S] -> [B, 256]."""
-    return cols.T.reshape(blocks, QK_K).astype(np.int32)
+    """The inverse of _columns, for levels (small non-negative integers): [n, S] -> [B, 256] uint8."""
+    return cols.astype(np.uint8).T.reshape(blocks, QK_K)
 
 
-def _requantize(x: np.ndarray, levels: np.ndarray, d: np.ndarray, dm: np.ndarray | None, lo: int,
-                hi: int, shift: int) -> None:
-    """The second pass: each sub-block whose d is not 0 re-rounded against its stored scale (and min)."""
-    v = x if dm is None else x + dm
-    fresh = _clipped(v / d, lo, hi) + _F32(shift)
-    _put(levels, fresh, _bits(d != 0))
+def _requantize(x: np.ndarray, amax: np.ndarray | None, levels: np.ndarray, d: np.ndarray,
+                dm: np.ndarray | None, lo: int, hi: int, shift: int) -> None:
+    """The second pass: each sub-block whose d is not 0 re-rounded against its stored scale (and
+    min). `amax`, each column's largest |x| (None: x is not all finite), bounds the values rounded."""
+    v = x / d if dm is None else (x + dm) / d
+    nonzero = d != 0
+    exact = amax is None
+    if not exact:
+        reach = (amax if dm is None else amax + np.abs(dm)) / np.abs(d)
+        exact = not bool(((reach < _SAFE) | ~nonzero).all())
+    fresh = np.empty_like(v)
+    _round_into(v, fresh, lo, hi, exact)
+    fresh += _F32(shift)
+    _put(levels, fresh, _bits(nonzero))
 
 
 def _pack2(q: np.ndarray) -> np.ndarray:
-    """[B, 256] of 2-bit values -> [B, 64]: byte j/4 + l of each 128 holds l, l+32, l+64, l+96."""
+    """[B, 256] uint8 of 2-bit values -> [B, 64]: byte j/4 + l of each 128 holds l, l+32, l+64, l+96."""
     q = q.reshape(-1, 2, 4, 32)
     return (q[:, :, 0] | (q[:, :, 1] << 2) | (q[:, :, 2] << 4) | (q[:, :, 3] << 6)).reshape(-1, 64)
+
+
+def _bit_planes(high: np.ndarray) -> np.ndarray:
+    """[B, 8, 32] booleans -> [B, 32] bytes whose bit k is plane k."""
+    out = high[:, 0].astype(np.uint8)
+    for k in range(1, 8):
+        out |= high[:, k].astype(np.uint8) << k
+    return out
 
 
 def _pack_k4_scales(ls: np.ndarray, lm: np.ndarray) -> np.ndarray:
@@ -338,7 +358,7 @@ def _pack_k4_scales(ls: np.ndarray, lm: np.ndarray) -> np.ndarray:
 def _q2_k(blocks: np.ndarray) -> np.ndarray:
     nb = len(blocks)
     x = _columns(blocks, 16)
-    scales, mins, levels = _make_qkx2(x, np.abs(x), 3, -0.5, 0.1, 15, True)
+    scales, mins, levels, amax = _make_qkx2(x, np.abs(x), 3, -0.5, 0.1, 15, True)
     scales, mins = scales.reshape(nb, 16), mins.reshape(nb, 16)
     max_scale = _first_max(scales.T, _finite(scales))
     max_min = _first_max(mins.T, _finite(mins))
@@ -352,7 +372,7 @@ def _q2_k(blocks: np.ndarray) -> np.ndarray:
         m_bits, dmin = _fp16_round(np.where(has_min, max_min / q4, _F32(0)))
         sub_d = (d[:, None] * (packed & 0xF).astype(_F32)).reshape(-1)
         sub_m = (dmin[:, None] * (packed >> 4).astype(_F32)).reshape(-1)
-        _requantize(x, levels, sub_d, sub_m, 0, 3, 0)
+        _requantize(x, amax, levels, sub_d, sub_m, 0, 3, 0)
     out = np.empty((nb, 84), np.uint8)
     out[:, 0:16] = packed
     out[:, 16:80] = _pack2(_rows(levels, nb))
@@ -365,7 +385,7 @@ def _q3_k(blocks: np.ndarray) -> np.ndarray:
     nb = len(blocks)
     x = _columns(blocks, 16)
     with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
-        scales, levels = _make_q3(x)
+        scales, levels, amax = _make_q3(x)
         scales = scales.reshape(nb, 16)
         _, max_scale = _abs_max(scales.T, _finite(scales))
         has = max_scale != 0
@@ -376,11 +396,11 @@ def _q3_k(blocks: np.ndarray) -> np.ndarray:
         d_bits, d = _fp16_round(np.where(has, _F32(1) / iscale, _F32(0)))
         sub_d = (d[:, None] * (ls - 32).astype(_F32)).reshape(-1)
         np.copyto(sub_d, _F32(0), where=np.repeat(~has, 16))
-        _requantize(x, levels, sub_d, None, -4, 3, 4)
+        _requantize(x, amax, levels, sub_d, None, -4, 3, 4)
     q = _rows(levels, nb)
     out = np.empty((nb, 110), np.uint8)
     high = (q > 3).reshape(nb, 8, 32)
-    out[:, 0:32] = (high << np.arange(8)[None, :, None]).sum(axis=1)
+    out[:, 0:32] = _bit_planes(high)
     out[:, 32:96] = _pack2(q & 3)
     sc = np.zeros((nb, 12), np.int32)
     sc[:, 0:8] = (ls[:, 0:8] & 0xF) | ((ls[:, 8:16] & 0xF) << 4)
@@ -395,7 +415,7 @@ def _q45_k(blocks: np.ndarray, nmax: int, rmin: float, nstep: int) -> tuple[np.n
     nb = len(blocks)
     x = _columns(blocks, 32)
     av = np.sqrt(_sum(x * x) / _F32(32))
-    scales, mins, levels = _make_qkx2(x, av + np.abs(x), nmax, rmin, 0.1, nstep, False)
+    scales, mins, levels, amax = _make_qkx2(x, av + np.abs(x), nmax, rmin, 0.1, nstep, False)
     scales, mins = scales.reshape(nb, 8), mins.reshape(nb, 8)
     max_scale = _first_max(scales.T, _finite(scales))
     max_min = _first_max(mins.T, _finite(mins))
@@ -408,7 +428,7 @@ def _q45_k(blocks: np.ndarray, nmax: int, rmin: float, nstep: int) -> tuple[np.n
         m_bits, dmin = _fp16_round(max_min / _F32(63))
         sub_d = (d[:, None] * ls.astype(_F32)).reshape(-1)
         sub_m = (dmin[:, None] * lm.astype(_F32)).reshape(-1)
-        _requantize(x, levels, sub_d, sub_m, 0, nmax, 0)
+        _requantize(x, amax, levels, sub_d, sub_m, 0, nmax, 0)
     head = np.empty((nb, 16), np.uint8)
     head[:, 0:2] = d_bits.view(np.uint8).reshape(nb, 2)
     head[:, 2:4] = m_bits.view(np.uint8).reshape(nb, 2)
@@ -418,22 +438,21 @@ def _q45_k(blocks: np.ndarray, nmax: int, rmin: float, nstep: int) -> tuple[np.n
 
 def _q4_k(blocks: np.ndarray) -> np.ndarray:
     head, q = _q45_k(blocks, 15, -1.0, 20)
-    return np.concatenate([head, (q[:, :, 0] | (q[:, :, 1] << 4)).reshape(-1, 128).astype(np.uint8)], axis=1)
+    return np.concatenate([head, (q[:, :, 0] | (q[:, :, 1] << 4)).reshape(-1, 128)], axis=1)
 
 
 def _q5_k(blocks: np.ndarray) -> np.ndarray:
     head, q = _q45_k(blocks, 31, -0.5, 15)
-    bits = (q > 15).reshape(-1, 8, 32)  # bit 2c (+1) of qh[l]: chunk c, low (high) half
-    qh = (bits << np.arange(8)[None, :, None]).sum(axis=1)
+    qh = _bit_planes((q > 15).reshape(-1, 8, 32))  # bit 2c (+1) of qh[l]: chunk c, low (high) half
     ql = ((q[:, :, 0] & 15) | ((q[:, :, 1] & 15) << 4)).reshape(-1, 128)
-    return np.concatenate([head, qh.astype(np.uint8), ql.astype(np.uint8)], axis=1)
+    return np.concatenate([head, qh, ql], axis=1)
 
 
 def _q6_k(blocks: np.ndarray) -> np.ndarray:
     nb = len(blocks)
     x = _columns(blocks, 16)
     with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
-        scales, levels = _make_qx(x, 32)
+        scales, levels, amax_x = _make_qx(x, 32)
         scales = scales.reshape(nb, 16)
         amax, max_scale = _abs_max(scales.T, _finite(scales))
         zero = amax < _EPS
@@ -442,7 +461,7 @@ def _q6_k(blocks: np.ndarray) -> np.ndarray:
         sc = np.minimum(127, _nearest_int(iscale[:, None] * scales))
         s8 = ((sc + 128) & 0xFF) - 128  # C's int -> int8_t
         sub_d = (d[:, None] * s8.astype(_F32)).reshape(-1)
-        _requantize(x, levels, sub_d, None, -32, 31, 32)
+        _requantize(x, amax_x, levels, sub_d, None, -32, 31, 32)
     q = _rows(levels, nb).reshape(nb, 2, 4, 32)  # [128-half, quarter, l]
     low, high = q & 0xF, q >> 4
     ql = np.stack([low[:, :, 0] | (low[:, :, 2] << 4), low[:, :, 1] | (low[:, :, 3] << 4)], axis=2)
