@@ -44,8 +44,9 @@ def _sum(terms: np.ndarray) -> np.ndarray:
 
 
 def _sum_from_first(terms: np.ndarray) -> np.ndarray:
-    """C's `float s = terms[0]; for (i = 1...) s += terms[i];`."""
-    return np.add.reduce(terms, axis=0)
+    """C's `float s = terms[0]; for (i = 1...) s += terms[i];`: from -0, which adds nothing (a sum
+    from numpy's identity +0 turns a first -0 into +0)."""
+    return np.add.reduce(terms, axis=0, initial=_F32(-0.0))
 
 
 def _bits(mask: np.ndarray) -> np.ndarray:
