@@ -60,25 +60,26 @@ def main() -> None:
         for _ in range(args.repeat):
             for kind in kinds:
                 ours, theirs = work / f"lmconvert-{kind}.gguf", work / f"llama-cpp-{kind}.gguf"
-                for label, argv, output in (
+                for label, argv in (
                         (f"lmconvert {kind}", [py, "-m", "lmconvert.cli", "convert", str(f32), str(ours), "--quant",
-                                               kind], ours),
-                        (f"llama.cpp {kind}", [py, "-c", LLAMA_QUANTIZE, str(f32), str(theirs), str(FTYPES[kind])],
-                         theirs)):
+                                               kind]),
+                        (f"llama.cpp {kind}", [py, "-c", LLAMA_QUANTIZE, str(f32), str(theirs), str(FTYPES[kind])])):
                     prepare(f32.parent, cached=True)
                     runs.setdefault(label, []).append(measure(label, argv, env={"OMP_NUM_THREADS": "1"}))
                 subprocess.run([py, "-c", SAME_BYTES, str(ours), str(theirs)], check=True)
                 ours.unlink()
                 theirs.unlink()
-        rows = [["step", "median s", "min-max s", "CPU s", "peak RSS MB", "time / llama.cpp", "RSS / llama.cpp"]]
+        rows = [["step", "median s", "min-max s", "CPU s", "peak RSS MB", "time / llama.cpp", "CPU / llama.cpp",
+                 "RSS / llama.cpp"]]
         seconds = {label: statistics.median(r.seconds for r in rs) for label, rs in runs.items()}
+        cpu = {label: statistics.median(r.cpu_seconds for r in rs) for label, rs in runs.items()}
         rss = {label: max(r.peak_rss for r in rs) for label, rs in runs.items()}
         for label, rs in runs.items():
             peer = f"llama.cpp {label.split()[-1]}"
             rows.append([label, f"{seconds[label]:.2f}",
                          f"{min(r.seconds for r in rs):.2f}-{max(r.seconds for r in rs):.2f}",
-                         f"{statistics.median(r.cpu_seconds for r in rs):.2f}", f"{rss[label] / 1e6:.0f}",
-                         f"{seconds[label] / seconds[peer]:.2f}", f"{rss[label] / rss[peer]:.2f}"])
+                         f"{cpu[label]:.2f}", f"{rss[label] / 1e6:.0f}", f"{seconds[label] / seconds[peer]:.2f}",
+                         f"{cpu[label] / cpu[peer]:.2f}", f"{rss[label] / rss[peer]:.2f}"])
         print(f"input: {f32.stat().st_size / 1e9:.2f} GB f32 GGUF, {args.layers} layers, in the page cache; "
               f"median of {args.repeat} rounds; every pair of files byte-identical")
         print(table(rows))

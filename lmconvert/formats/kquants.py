@@ -77,15 +77,20 @@ def _first_max(values: np.ndarray, finite: bool) -> np.ndarray:
 def _abs_max(x: np.ndarray, finite: bool) -> tuple[np.ndarray, np.ndarray]:
     """C's `ax = fabsf(x[i]); if (ax > amax) { amax = ax; max = x[i]; }` from 0, along axis 0:
     (amax, max), max being the first x of the largest magnitude."""
-    ax = np.abs(x)
-    if finite:
-        amax = np.maximum.reduce(ax, axis=0)
-        first = np.argmax(ax == amax, axis=0)
-        top = np.take_along_axis(x, first[None], axis=0)[0]
-        return amax, np.where(amax > 0, top, _F32(0))
+    if finite:  # max is the column's largest value or its smallest, whichever is larger in magnitude
+        pos, neg = np.maximum.reduce(x, axis=0), np.minimum.reduce(x, axis=0)
+        amax = np.maximum(np.abs(pos), np.abs(neg))
+        top = np.where(pos > -neg, pos, neg)
+        tied = np.flatnonzero((pos == -neg) & (amax > 0))  # both signs: the first of them
+        if len(tied):
+            sub = x[:, tied]
+            first = np.argmax(np.abs(sub) == amax[tied], axis=0)
+            top[tied] = sub[first, np.arange(len(tied))]
+        top[amax == 0] = _F32(0)
+        return amax, top
     amax = np.zeros(x.shape[1:], _F32)
     top = np.zeros(x.shape[1:], _F32)
-    for a, v in zip(ax, x, strict=True):
+    for a, v in zip(np.abs(x), x, strict=True):
         better = a > amax
         np.copyto(amax, a, where=better)
         np.copyto(top, v, where=better)
@@ -210,9 +215,10 @@ def _make_qkx2(x: np.ndarray, w: np.ndarray, nmax: int, rmin: float, rdelta: flo
     # the levels each column last kept: those of the step that set its scale, from that step's min
     final_lo, lo = lo, chosen_min
     levels_into(chosen_iscale, aux)
-    np.copyto(aux, _F32(0), where=flat)
-    np.copyto(scale, _F32(0), where=flat)
-    np.copyto(final_lo, start, where=flat)
+    flat_at = np.flatnonzero(flat)  # few: assigned by index (a broadcast where is slow)
+    aux[:, flat_at] = _F32(0)
+    scale[flat_at] = _F32(0)
+    final_lo[flat_at] = start[flat_at]
     return scale, -final_lo, aux, (np.maximum(np.abs(low), np.abs(hi)) if finite else None)
 
 
@@ -252,29 +258,36 @@ def _make_qx(x: np.ndarray, nmax: int) -> tuple[np.ndarray, np.ndarray, np.ndarr
         _put(best, scale * slx, better)
     fit(chosen)
     lv += fmax
-    np.copyto(lv, _F32(0), where=zero)
-    np.copyto(scale, _F32(0), where=zero)
+    zero = np.flatnonzero(zero)
+    lv[:, zero] = _F32(0)
+    scale[zero] = _F32(0)
     return scale, lv, (amax if finite else None)
 
 
 def _q3_pass(x: np.ndarray, w: np.ndarray, wx: np.ndarray, levels: np.ndarray, sumlx: np.ndarray,
              suml2: np.ndarray, nmax: int) -> np.ndarray:
     """One pass of make_q3_quants' refinement over the 16 values of each column, in place; returns
-    which columns changed a level (those that did not are done: C leaves the loop)."""
+    which columns changed a level (those that did not are done: C leaves the loop). Few columns
+    have a candidate at each value: the rest of the test and the updates run on those alone."""
     changed = np.zeros(x.shape[1], bool)
     for i in range(len(x)):
         li = levels[i]
         slx = sumlx - wx[i] * li
         sl2 = suml2 - (w[i] * li) * li
         new = _clipped((x[i] * sl2) / slx, -nmax, nmax - 1)
-        slx_new = slx + wx[i] * new
-        sl2_new = sl2 + (w[i] * new) * new
-        take = (slx > 0) & (new != li) & (sl2_new > 0) & ((slx_new * slx_new) * suml2 > (sumlx * sumlx) * sl2_new)
-        bits = _bits(take)
-        _put(li, new, bits)
-        _put(sumlx, slx_new, bits)
-        _put(suml2, sl2_new, bits)
-        changed |= take
+        at = np.flatnonzero((slx > 0) & (new != li))
+        if not len(at):
+            continue
+        cand = new[at]
+        slx_new = slx[at] + wx[i, at] * cand
+        sl2_new = sl2[at] + (w[i, at] * cand) * cand
+        old_lx, old_l2 = sumlx[at], suml2[at]
+        take = (sl2_new > 0) & ((slx_new * slx_new) * old_l2 > (old_lx * old_lx) * sl2_new)
+        at = at[take]
+        li[at] = cand[take]
+        sumlx[at] = slx_new[take]
+        suml2[at] = sl2_new[take]
+        changed[at] = True
     return changed
 
 
@@ -286,7 +299,9 @@ def _make_q3(x: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
     finite = _finite(x)
     amax, top = _abs_max(x, finite)
     zero = amax < _EPS
-    levels = _clipped((_F32(-nmax) / top) * x, -nmax, nmax - 1)
+    levels = np.empty_like(x)
+    # |x| <= |max|: the rounded values lie within [-4, 4] (NaN in an all-zero column, reset below)
+    _round_into((_F32(-nmax) / top) * x, levels, -nmax, nmax - 1, not finite)
     w = x * x
     wx = w * x
     sumlx = _sum(wx * levels)
@@ -302,8 +317,9 @@ def _make_q3(x: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
         going = going[changed]
     levels += _F32(nmax)
     scale = np.where(suml2 > 0, sumlx / suml2, _F32(0))
-    np.copyto(levels, _F32(0), where=zero)
-    np.copyto(scale, _F32(0), where=zero)
+    zero = np.flatnonzero(zero)
+    levels[:, zero] = _F32(0)
+    scale[zero] = _F32(0)
     return scale, levels, (amax if finite else None)
 
 
