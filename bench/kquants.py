@@ -65,7 +65,10 @@ def main() -> None:
                                                kind]),
                         (f"llama.cpp {kind}", [py, "-c", LLAMA_QUANTIZE, str(f32), str(theirs), str(FTYPES[kind])])):
                     prepare(f32.parent, cached=True)
-                    runs.setdefault(label, []).append(measure(label, argv, env={"OMP_NUM_THREADS": "1"}))
+                    m = measure(label, argv, env={"OMP_NUM_THREADS": "1"})
+                    runs.setdefault(label, []).append(m)
+                    print(f"  {label}: {m.seconds:.2f} s, CPU {m.cpu_seconds:.2f} s, "
+                          f"peak RSS {m.peak_rss / 1e6:.0f} MB", flush=True)
                 subprocess.run([py, "-c", SAME_BYTES, str(ours), str(theirs)], check=True)
                 ours.unlink()
                 theirs.unlink()
