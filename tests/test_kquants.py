@@ -242,17 +242,12 @@ def test_file_equals_llama_quantize_s(kind: str, f32_gguf: tuple[Path, Path], tm
 @pytest.mark.llamacpp
 @pytest.mark.parametrize("kind", KINDS)
 def test_llama_cpp_runs_our_file(kind: str, f32_gguf: tuple[Path, Path], tmp_path: Path) -> None:
-    from test_llamacpp import check_greedy, llama, llama_logits
+    from test_llamacpp import check_greedy, quantized_errors
 
     hf, source = f32_gguf
     path = tmp_path / "ours.gguf"
     convert(source, path, "gguf", quant=kind.lower())
-    ids = token_batch(seq=48)[0].tolist()
-    with torch.no_grad():
-        exact = lmconvert.load(hf, dtype=torch.float32)(torch.tensor([ids]))[0]
-        ours = lmconvert.load(path, dtype=torch.float32)(torch.tensor([ids]))[0]
-    theirs = llama_logits(llama(path), ids)
-    their_error, our_error = float((theirs - exact).abs().mean()), float((ours - exact).abs().mean())
+    _, _, their_error, our_error = quantized_errors(hf, path)
     print(f"{kind}: llama.cpp error {their_error:.3e}, ours {our_error:.3e}, ratio {their_error / our_error:.2f}")
     assert their_error <= 2 * our_error
     same = check_greedy(path, token_batch(seq=8)[0].tolist())

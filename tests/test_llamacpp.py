@@ -184,15 +184,21 @@ def test_greedy_tokens(model_type: str, quant: str, exported: Any, request: pyte
         assert same == 32
 
 
+def quantized_errors(exact_source: Path, path: Path) -> tuple[torch.Tensor, torch.Tensor, float, float]:
+    """On 48 tokens: the source's logits, llama.cpp's on the quantized file `path`, and the mean
+    errors against the source's of llama.cpp's and of our decoder on the same file."""
+    ids = token_batch(seq=48)[0].tolist()
+    with torch.no_grad():
+        exact = lmconvert.load(exact_source, dtype=torch.float32)(torch.tensor([ids]))[0]
+        ours = lmconvert.load(path, dtype=torch.float32)(torch.tensor([ids]))[0]
+    theirs = llama_logits(llama(path), ids)
+    return exact, theirs, float((theirs - exact).abs().mean()), float((ours - exact).abs().mean())
+
+
 @pytest.mark.parametrize("model_type", list(MODELS))
 def test_q8_0_faithfulness(model_type: str, exported: Any) -> None:  # noqa: ANN401
     canonical, path = exported(model_type, "q8_0")
-    ids = token_batch(seq=48)[0].tolist()
-    with torch.no_grad():
-        exact = lmconvert.load(canonical, dtype=torch.float32)(torch.tensor([ids]))[0]
-        ours = lmconvert.load(path, dtype=torch.float32)(torch.tensor([ids]))[0]
-    theirs = llama_logits(llama(path), ids)
-    their_error, our_error = float((theirs - exact).abs().mean()), float((ours - exact).abs().mean())
+    exact, theirs, their_error, our_error = quantized_errors(canonical, path)
     agreement = float((theirs.argmax(-1) == exact.argmax(-1)).float().mean())
     print(f"{model_type} q8_0: llama.cpp error {their_error:.3e}, ours {our_error:.3e}, "
           f"ratio {their_error / our_error:.2f}, top-1 vs fp32 {agreement:.2%}")
