@@ -154,6 +154,20 @@ def prepare(directory: Path, cached: bool = True, evict: tuple[Path, ...] = ()) 
                     pass
 
 
+def measure_rounds(steps: list[tuple[str, list[str], Path, list[Path]]], repeat: int,
+                   cached: bool) -> dict[str, list[Measured]]:
+    """(label, command, its input, outputs to delete once measured) steps, run `repeat` times in
+    rounds, each from the same state (`prepare`): every run's figures, by label."""
+    runs: dict[str, list[Measured]] = {label: [] for label, *_ in steps}
+    for _ in range(repeat):
+        for label, argv, source, outputs in steps:
+            prepare(source, cached)
+            runs[label].append(measure(label, argv))
+            for path in outputs:  # free their page cache: every step starts with the same memory
+                shutil.rmtree(path)
+    return runs
+
+
 def table(rows: list[list[str]]) -> str:
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     return "\n".join("  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)) for r in rows)

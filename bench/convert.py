@@ -29,7 +29,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from common import Measured, dir_bytes, make_checkpoint, measure, prepare, table
+from common import dir_bytes, make_checkpoint, measure_rounds, table
 
 HF_ROUND_TRIP = """
 import sys, torch
@@ -40,13 +40,7 @@ m.save_pretrained(sys.argv[2], max_shard_size="1GB")
 
 
 def rounds(steps: list[tuple[str, list[str], Path, list[Path]]], repeat: int, cached: bool) -> str:
-    runs: dict[str, list[Measured]] = {label: [] for label, *_ in steps}
-    for _ in range(repeat):
-        for label, argv, source, outputs in steps:
-            prepare(source, cached)
-            runs[label].append(measure(label, argv))
-            for path in outputs:  # free their page cache: every step starts with the same memory
-                shutil.rmtree(path)
+    runs = measure_rounds(steps, repeat, cached)
     seconds = {label: statistics.median(r.seconds for r in rs) for label, rs in runs.items()}
     rss = {label: max(r.peak_rss for r in rs) for label, rs in runs.items()}
     cp, hf = seconds["cp -r"], seconds["transformers load+save"]

@@ -75,6 +75,12 @@ CASES: dict[str, dict[str, Any]] = {
     "local_global_two_ropes": dict(layer_kinds=("local", "global"), sliding_window=8,
                                    rope_local=RopeConfig(theta=1e4, fraction=0.5)),
     "partial_rope_interleaved": dict(rope=RopeConfig(fraction=0.5, layout="interleaved")),
+    # Gemma 4: the global layers' own head_dim and KV heads, K = V there (no v), the last two layers without k, v and
+    # k_norm and with double-wide MLPs, a scalar per block
+    "gemma4_like": dict(n_layers=4, layer_kinds=("local", "global", "local", "global"), sliding_window=4,
+                        qk_norm="head", v_norm=True, global_head_dim=24, global_kv_heads=1, k_eq_v="global",
+                        kv_shared_layers=2, shared_ffn_factor=2, layer_scalar=True, attn_scale=1.0,
+                        rope=RopeConfig(scaling="proportional", fraction=0.25)),
     "one_layer_one_head": dict(n_layers=1, n_heads=1, d_model=8, d_ff=3, vocab_size=5),
     "gpt2_like": dict(norm=NormConfig(kind="layer", eps=1e-5, bias=True), activation="gelu_tanh", gated=False,
                       q_bias=True, k_bias=True, v_bias=True, o_bias=True, mlp_bias=True,
@@ -171,6 +177,16 @@ def arch_configs(draw: st.DrawFn) -> ArchConfig:
             fields["attention_settings"].update(index_n_heads=draw(st.integers(1, 3)),
                                                 index_head_dim=draw(st.sampled_from([8, 12])),
                                                 index_topk=draw(st.integers(1, 8)))
+    if fields["attention"] == "head_mixture":  # JetMoE's: top_k experts' queries over the kv heads, RoPE or none,
+        # no window, no bias but the output's
+        kv, top_k = draw(st.integers(1, 3)), draw(st.integers(1, 3))
+        fields.update(
+            n_heads=kv * top_k, n_kv_heads=kv, head_dim=draw(st.sampled_from([4, 8])), qk_norm="none",
+            qk_norm_weight="shared", q_bias=False, k_bias=False, v_bias=False, rope_local=None,
+            layer_positions=tuple(draw(st.lists(st.sampled_from(("rope", "none")), min_size=n_layers,
+                                                max_size=n_layers))),
+            layer_kinds=("global",) * n_layers, sliding_window=None,
+            attention_settings=dict(n_experts=draw(st.integers(top_k, 4)), top_k=top_k))
     if fields["attention"] == "standard":  # BitNet's sub-norms; HunYuan's QK norm after RoPE
         fields["sub_norms"] = draw(st.booleans())
         if fields["qk_norm"] == "head" and fields.get("qk_norm_weight", "shared") == "shared":
@@ -185,7 +201,8 @@ def arch_configs(draw: st.DrawFn) -> ArchConfig:
             n_experts=n_experts, top_k=draw(st.integers(1, n_experts)), d_expert=draw(st.integers(1, 12)),
             router="sigmoid" if sigmoid else "softmax", selection_bias=sigmoid and draw(st.booleans()),
             shared=shared, d_shared=None if shared == "none" else draw(st.integers(1, 12)),
-            dense_layers=tuple(draw(st.sets(st.integers(0, n_layers - 1)))), output_norm=draw(st.booleans()))
+            dense_layers=tuple(draw(st.sets(st.integers(0, n_layers - 1)))), output_norm=draw(st.booleans()),
+            sum_bias=draw(st.booleans()))
     if fields["o_bias"] and draw(st.booleans()):  # the o bias on some layers only (GPT-NeoX-Japanese)
         fields["o_bias_layers"] = tuple(draw(st.sets(st.integers(0, n_layers - 1), min_size=1)))
     return ArchConfig(**fields)
@@ -214,6 +231,8 @@ KIND_CASES: dict[str, list[dict[str, Any]]] = {
     "sparse": [dict(head_dim=8, rope=dict(layout="interleaved"),
                     attention_settings=dict(kv_lora_rank=6, qk_nope_head_dim=4, v_head_dim=5, q_lora_rank=7,
                                             bias=True, index_n_heads=3, index_head_dim=10, index_topk=2))],
+    "head_mixture": [dict(n_heads=6, n_kv_heads=2, head_dim=8, o_bias=bias,
+                          attention_settings=dict(n_experts=4, top_k=3)) for bias in (False, True)],
 }
 
 

@@ -22,6 +22,7 @@ import torch
 from bad_input import left_by_a_killed_run
 from family_specs import SPECS
 from hf_models import build_model, save_checkpoint, save_tiny_tokenizer, token_batch
+from specs import SELECTION_BIAS_BUFFERS
 from test_formats_gguf import (
     FALCON_LAYOUTS,
     FAMILIES,
@@ -503,7 +504,7 @@ def built(name: str, kwargs: dict[str, Any]) -> torch.nn.Module:
     generator = torch.Generator().manual_seed(2)
     with torch.no_grad():
         for buffer_name, buffer in model.named_buffers():
-            if buffer_name.endswith("e_score_correction_bias"):
+            if buffer_name.endswith(SELECTION_BIAS_BUFFERS):
                 buffer.add_(torch.randn(buffer.shape, generator=generator) * 0.3)
     return model
 

@@ -15,6 +15,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 import torch
 from family_specs import SPECS
@@ -67,6 +68,11 @@ def fp8_copy(src: Path, dst: Path, block: list[int], scale_dtype: torch.dtype = 
 
 @pytest.fixture(scope="module")
 def fp8(tmp_path_factory: pytest.TempPathFactory) -> Callable[..., Path]:
+    return fp8_maker(tmp_path_factory)
+
+
+def fp8_maker(tmp_path_factory: pytest.TempPathFactory) -> Callable[..., Path]:
+    """name (a MODELS key or "deepseek_v3"), scale dtype -> the tiny FP8 checkpoint, made once."""
     made: dict[tuple[str, torch.dtype], Path] = {}
 
     def get(name: str, scale_dtype: torch.dtype = torch.float32) -> Path:
@@ -118,7 +124,8 @@ def test_convert_dequantizes_bit_for_bit_as_transformers(fp8: Callable[..., Path
             assert mine.dtype == getattr(torch, dtype)
             assert torch.equal(mine, source.plan[canonical][1].forward(ref[stored])), canonical
     meta = json.loads((out / "lmconvert.json").read_text())
-    assert meta["source"]["quantization"]["weight_block_size"] == MODELS[name][2]
+    assert meta["source"]["quantization"]["config"]["weight_block_size"] == MODELS[name][2]
+    assert "quantization" not in meta or not meta["quantization"]  # dequantized: a plain float checkpoint
 
 
 @pytest.mark.parametrize("name", [*MODELS, "deepseek_v3"])
@@ -149,11 +156,35 @@ def one_line_refusal(src: Path, out: Path, *args: str) -> str:
     return err
 
 
-def test_keeping_fp8_is_refused_for_now(fp8: Callable[..., Path], tmp_path: Path) -> None:
-    err = one_line_refusal(fp8("qwen3"), tmp_path / "out")
-    assert "--dtype bfloat16" in err and "FP8" in err
-    assert "--dtype bfloat16" in one_line_refusal(fp8("qwen3"), tmp_path / "out", "--to", "hf")
-    assert "--to gguf" in one_line_refusal(fp8("qwen3"), tmp_path / "out.gguf", "--dtype", "bfloat16")
+def test_gguf_dequantizes_then_quantizes(fp8: Callable[..., Path], tmp_path: Path) -> None:
+    """GGUF out of an FP8 source (in one step, and from its kept canonical checkpoint) is the file its
+    dequantized float32 canonical checkpoint gives, tensor for tensor."""
+
+    same_gguf_as_dequantized(fp8("llama"), tmp_path, ("q8_0", "bf16"))
+
+
+def same_gguf_as_dequantized(src: Path, tmp_path: Path, quants: tuple[str, ...]) -> None:
+    """Each `--quant` GGUF of a quantized `src`, in one step and from its kept canonical checkpoint, is
+    the file its float32 canonical checkpoint gives, tensor for tensor."""
+    import gguf
+
+    for args, where in [(("--dtype", "float32"), "f32"), ((), "kept")]:
+        code, _, err = run("convert", src, tmp_path / where, *args)
+        assert code == 0, err
+    for quant in quants:
+        files = {}
+        for origin in (src, tmp_path / "kept", tmp_path / "f32"):
+            code, _, err = run("convert", origin, tmp_path / f"{origin.name}-{quant}.gguf", "--quant", quant)
+            assert code == 0, err
+            files[origin.name] = {t.name: t for t in gguf.GGUFReader(tmp_path / f"{origin.name}-{quant}.gguf").tensors}
+        for name, tensor in files["f32"].items():
+            for other in (files[src.name], files["kept"]):
+                assert other[name].tensor_type == tensor.tensor_type
+                assert np.array_equal(np.array(other[name].data), np.array(tensor.data)), name
+
+
+def test_meta_needs_dequantizing(fp8: Callable[..., Path], tmp_path: Path) -> None:
+    assert "--dtype bfloat16" in one_line_refusal(fp8("llama"), tmp_path / "out", "--to", "meta")
 
 
 def edited(src: Path, dst: Path, config: Callable[[dict[str, Any]], None] | None = None,
@@ -171,17 +202,16 @@ def edited(src: Path, dst: Path, config: Callable[[dict[str, Any]], None] | None
 
 
 @pytest.mark.parametrize(("edit", "said"), [
-    (lambda q: q.update(quant_method="gptq"), "quant_method 'gptq'"),
+    (lambda q: q.update(quant_method="hqq"), "quant_method 'hqq'"),
     (lambda q: q.update(fmt="e5m2"), "fmt 'e5m2'"),
     (lambda q: q.update(activation_scheme="static"), "activation_scheme 'static'"),
     (lambda q: q.update(scale_fmt="ue8m0"), "scale_fmt 'ue8m0'"),
     (lambda q: q.update(expert_dtype="fp4"), "expert_dtype 'fp4'"),
     (lambda q: q.update(modules_to_convert=["embed_tokens"]), "modules_to_convert"),
-    (lambda q: q.update(weight_block_size=None), "per-tensor"),
     (lambda q: q.update(weight_block_size=[128]), "weight_block_size [128]"),
     (lambda q: q.update(weight_block_size=[0, 128]), "weight_block_size [0, 128]"),
     (lambda q: q.update(packing="fancy"), "quantization_config.packing"),
-], ids=["method", "fmt", "static", "ue8m0", "fp4", "embeddings", "per-tensor", "one-size", "zero", "unknown"])
+], ids=["method", "fmt", "static", "ue8m0", "fp4", "embeddings", "one-size", "zero", "unknown"])
 def test_options_not_handled_are_refused_by_name(fp8: Callable[..., Path], tmp_path: Path,
                                                  edit: Callable[[dict[str, Any]], None], said: str) -> None:
     src = edited(fp8("qwen3"), tmp_path / "src", config=edit)
@@ -224,9 +254,11 @@ def fused_experts_scale(t: dict[str, torch.Tensor]) -> None:
     (None, lambda q: q.update(weight_block_size=[96, 128]), "which weight_block_size [96, 128] does not divide"),
     (orphan_weight, None, "is float8_e4m3fn but has no 'model.layers.0.mlp.down_proj.weight_scale_inv'"),
     (orphan_scale, None, "is bfloat16, not float8_e4m3fn"),
-    (int_scale, None, "is uint8; FP8 block scales are read as float32 or bfloat16 only"),
+    (int_scale, None, "is uint8; FP8 scales are read as float32 or bfloat16 only"),
     (fused_experts_scale, None, "which is not a module's .weight: transformers 5.25 dequantizes only"),
-], ids=["nan", "scale-shape", "block-does-not-divide", "no-scale", "scaled-float", "uint8-scale", "fused"])
+    (None, lambda q: q.update(weight_block_size=None), "per-tensor FP8 (weight_block_size null) needs one scale"),
+], ids=["nan", "scale-shape", "block-does-not-divide", "no-scale", "scaled-float", "uint8-scale", "fused",
+        "per-tensor-claim"])
 def test_hostile_fp8_inputs_are_one_line(fp8: Callable[..., Path], tmp_path: Path,
                                          tensors: Callable[[dict[str, torch.Tensor]], None] | None,
                                          config: Callable[[dict[str, Any]], None] | None, said: str) -> None:
@@ -307,3 +339,13 @@ def test_fp8_in_pytorch_model_bin(fp8: Callable[..., Path], tmp_path: Path) -> N
     with open_checkpoint(one) as a, open_checkpoint(two) as b:
         assert set(a.plan) == set(b.plan)
         assert all(torch.equal(a.tensor(name), b.tensor(name)) for name in a.plan)
+
+
+def test_e4m3_table_is_torch_s_cast_bit_for_bit() -> None:
+    """The lookup that dequantizing reads e4m3 through gives torch's own cast of every code, NaNs and
+    -0.0 included, for a strided input too."""
+    from lmconvert.formats.fp8 import e4m3_to_float32
+
+    codes = torch.arange(256, dtype=torch.uint8).repeat(3).view(torch.float8_e4m3fn).reshape(3, 256)
+    for q in (codes, codes.t()):
+        assert torch.equal(e4m3_to_float32(q).view(torch.int32), q.to(torch.float32).view(torch.int32))

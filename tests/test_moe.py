@@ -21,6 +21,7 @@ import torch
 import torch.nn.functional as F
 from family_specs import FP32_TOL, IDS, SPECS, family_of
 from hf_models import TINY, build_model, raw_bytes, save_checkpoint, tensors_of
+from specs import SELECTION_BIAS_BUFFERS
 from test_formats_gguf import write_tensors
 from transformers import AutoConfig, AutoModelForCausalLM
 
@@ -55,7 +56,7 @@ def test_the_moe_families_are_these() -> None:
         if any(".experts." in n for n, _ in model.named_parameters()):
             with_experts.append(name)
         if SPECS[name].selection_bias_buffer:
-            assert any(n.endswith("e_score_correction_bias") for n, _ in model.named_buffers()), name
+            assert any(n.endswith(SELECTION_BIAS_BUFFERS) for n, _ in model.named_buffers()), name
     assert len(MOE_FAMILIES) >= 2 and MOE_FAMILIES == with_experts
     assert [n for n in SPECS if SPECS[n].selection_bias_buffer]  # the buffer tests below have a family
 
@@ -109,9 +110,13 @@ def test_every_expert_is_chosen_in_the_test_batch(name: str, saved: Callable[...
     model = lmconvert.load(saved(name), attention="eager")
     chosen = chosen_experts(model)
     moe = model.cfg.moe
-    assert len(chosen) == sum(moe.sparse(i) for i in range(model.cfg.n_layers)) > 0
-    assert all(c == set(range(moe.n_experts)) for c in chosen.values()), chosen
-    assert moe.top_k < moe.n_experts
+    # every router: the mixtures', and a mixture of attention heads' (JetMoE's), each over its own experts
+    routers = {n: m.moe for n, m in model.named_modules() if isinstance(m, Router)}
+    sparse = sum(moe.sparse(i) for i in range(model.cfg.n_layers))
+    assert len([n for n in chosen if n.endswith(".mlp.router")]) == sparse > 0
+    assert chosen.keys() == routers.keys()
+    assert all(c == set(range(routers[n].n_experts)) for n, c in chosen.items()), chosen
+    assert all(r.top_k < r.n_experts for r in routers.values())
 
 
 # ------------------------------------------------------------------------------------------------ the block alone
@@ -561,8 +566,10 @@ def test_bf16_logits_are_transformers_experts_bit_for_bit(name: str, experts: st
     if type(theirs)._can_set_experts_implementation():
         ours.set_experts(experts)
     else:  # its experts module has one order (DBRX's, expert by expert; Llama 4's, every expert summed at once in
-        # fp32 as grouped_mm sums them), which the family's sum_order follows
-        assert ours.cfg.moe.sum_order == ("grouped_mm" if ours.cfg.moe.weight_input else "eager")
+        # fp32 as grouped_mm sums them; JetMoE's, one index_add over the rows sorted by expert), which the family's
+        # sum_order follows
+        assert ours.cfg.moe.sum_order == ("grouped_mm" if ours.cfg.moe.weight_input else
+                                          "sorted" if ours.cfg.moe.sum_bias else "eager")
     with torch.no_grad():
         assert torch.equal(ours(IDS), theirs(IDS).logits)
 
@@ -602,11 +609,13 @@ def test_card_counts_total_and_active_parameters(name: str, saved: Callable[...,
     theirs = build_model(spec.model_type, **spec.kwargs)
     # with the selection bias (e_score_correction_bias), which transformers holds as a buffer
     total = sum(p.numel() for p in theirs.parameters()) + sum(
-        b.numel() for n, b in theirs.named_buffers() if n.endswith("e_score_correction_bias"))
+        b.numel() for n, b in theirs.named_buffers() if n.endswith(SELECTION_BIAS_BUFFERS))
     cfg = lmconvert.load(saved(name)).cfg
     k, n = cfg.moe.top_k, cfg.moe.n_experts  # transformers' keys for them differ by family (Aria's moe_topk)
+    # the modules holding every expert's weights (MixtralExperts, DbrxExperts, JetMoE's parallel experts of its
+    # attention and its MLP), not the modules around them (JetMoeMoA holds its router and bias too)
     unused = sum(sum(p.numel() for p in m.parameters()) * (n - k) // n
-                 for name_, m in theirs.named_modules() if name_.endswith(".experts"))
+                 for m in theirs.modules() if type(m).__name__.endswith("Experts"))
     assert parameter_counts(cfg) == (total, total - unused)
     assert f"parameters: {total:,} total, {total - unused:,} active per token" in variants(cfg)
 
@@ -789,7 +798,7 @@ def deepseek(tmp_path_factory: pytest.TempPathFactory) -> Callable[..., Path]:
             generator = torch.Generator().manual_seed(2)
             with torch.no_grad():  # a buffer, which build_model's perturbation of parameters leaves at 0
                 for buffer_name, buffer in model.named_buffers():
-                    if buffer_name.endswith("e_score_correction_bias"):
+                    if buffer_name.endswith(SELECTION_BIAS_BUFFERS):
                         buffer.add_(torch.randn(buffer.shape, generator=generator) * 0.1)
             directory = tmp_path_factory.mktemp(f"{name}-{'fused' if fused else 'hub'}")
             made[name, dtype, fused] = save_checkpoint(model, directory, dtype, save_original_format=not fused)
@@ -906,8 +915,8 @@ def test_load_balancing_loss_is_transformers(name: str, tmp_path: Path) -> None:
     the load-balancing loss; ours adds moe.aux_loss times the same, read from those keys. Off (and
     the loss plain cross-entropy) by default."""
     spec = SPECS[name]
-    aux = "router_aux_loss_coef" in FAMILIES[family_of(name)].config.keys  # dots1 has none: its loss is plain
-    theirs = build_model(spec.model_type, **spec.kwargs, output_router_logits=True, router_aux_loss_coef=0.05)
+    aux = spec.aux_loss_key in FAMILIES[family_of(name)].config.keys  # dots1 has none: its loss is plain
+    theirs = build_model(spec.model_type, **spec.kwargs, output_router_logits=True, **{spec.aux_loss_key: 0.05})
     src = save_checkpoint(theirs, tmp_path / "hf")
     ours = lmconvert.load(src, attention="eager")
     # DBRX's coefficient is ffn_config.moe_loss_weight (0.01 in its spec model), not router_aux_loss_coef
@@ -1233,7 +1242,7 @@ def biased(tmp_path_factory: pytest.TempPathFactory) -> Callable[..., Path]:
             model = build_model(SPECS[name].model_type, **SPECS[name].kwargs)
             generator = torch.Generator().manual_seed(3)
             with torch.no_grad():
-                buffers = [b for n, b in model.named_buffers() if n.endswith("e_score_correction_bias")]
+                buffers = [b for n, b in model.named_buffers() if n.endswith(SELECTION_BIAS_BUFFERS)]
                 assert buffers
                 for buffer in buffers:
                     buffer.add_(torch.randn(buffer.shape, generator=generator) * 0.1)

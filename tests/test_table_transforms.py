@@ -38,7 +38,9 @@ from lmconvert.mappings.tables.table import IDENTITY, Rule, TensorTable
 from lmconvert.mappings.tables.transforms import (
     Chain,
     Fuse,
+    Groups,
     HeadPart,
+    Joined,
     Offset,
     Permute,
     Piece,
@@ -255,6 +257,46 @@ def test_pieces_split_and_join_bit_for_bit(q: int, kv: int, cols: int, dim: int,
         joined = t.inverse(pieces)
         assert same_bits(joined, stored)
         assert all(same_bits(s.forward(joined), p) for s, p in zip(steps, pieces, strict=True))
+
+
+# -- Groups, Joined ---------------------------------------------------------------------------------
+
+@SETTINGS
+@given(groups=st.integers(1, 4), rows=st.lists(st.integers(1, 4), min_size=2, max_size=4), cols=st.integers(1, 4),
+       dtype=dtypes, seed=seeds)
+def test_groups_regroup_bit_for_bit(groups: int, rows: list[int], cols: int, dtype: torch.dtype, seed: int) -> None:
+    """Qwen3-Next's in_proj_qkvz, per key head [q | k | v | z]: each piece's rows of every group in turn,
+    and back, every bit; piece p of group g lands where the pieces before it and the groups before g put it."""
+    names = tuple(f"p{i}" for i in range(len(rows)))
+    step = Groups("groups", names).bind({"groups": groups, **dict(zip(names, rows, strict=True))})
+    stored = random_bits((groups * sum(rows), cols), dtype, seed)
+    ungrouped = step.forward(stored)
+    g, p = groups - 1, len(rows) - 1
+    at = groups * sum(rows[:p]) + g * rows[p]
+    assert same_bits(ungrouped[at:at + rows[p]], stored[g * sum(rows) + sum(rows[:p]):(g + 1) * sum(rows)])
+    assert same_bits(step.inverse(ungrouped), stored)
+
+
+@SETTINGS
+@given(rows=st.lists(st.integers(1, 4), min_size=2, max_size=3), cols=st.integers(1, 4), dtype=dtypes, seed=seeds)
+def test_joined_parts_gather_and_split_bit_for_bit(rows: list[int], cols: int, dtype: torch.dtype, seed: int) -> None:
+    """OLMo-hybrid's q_proj, k_proj, v_proj as one in_proj_qkv: joined, and each part back, every bit; a part of
+    the wrong length refused; `even` (transformers' save of its conv) written in equal parts, read in any split."""
+    names = tuple(f"p{i}" for i in range(len(rows)))
+    sizes = dict(zip(names, rows, strict=True))
+    steps = [Joined(names, i).bind(sizes) for i in range(len(rows))]
+    parts = [random_bits((n, cols), dtype, seed + i) for i, n in enumerate(rows)]
+    joined = steps[0].forward(parts)
+    assert all(same_bits(step.inverse(joined), part) for step, part in zip(steps, parts, strict=True))
+    with pytest.raises(MappingError, match="the config contradicts the tensors"):
+        steps[0].forward([*parts[:-1], parts[-1][:-1]] if rows[-1] > 1 else [*parts, parts[0]])
+    total = sum(rows) * len(rows)  # divisible into equal parts
+    even = [Joined(names, i, even=True).bind({n: r * len(rows) for n, r in sizes.items()}) for i in range(len(rows))]
+    whole = random_bits((total, cols), dtype, seed)
+    written = [step.inverse(whole) for step in even]
+    assert {w.shape[0] for w in written} == {total // len(rows)}
+    assert same_bits(even[0].forward(written), whole)
+    assert same_bits(even[0].forward(list(whole.split([r * len(rows) for r in rows]))), whole)
 
 
 # -- Row --------------------------------------------------------------------------------------------

@@ -50,6 +50,8 @@ class AttentionKind:
     cache_elements: Callable[[ArchConfig], int]  # KV-cache entries per token and layer (keys and values)
     settings: type | None = None
     check: Callable[[ArchConfig], None] | None = None
+    # the parameters of one layer's attention a token does not use (a mixture of heads' unchosen experts)
+    unused: Callable[[ArchConfig], int] = lambda cfg: 0
 
     def build(self, cfg: ArchConfig, layer: int, rotary: Rotary | None, relative: RelativeBias | None) -> nn.Module:
         path, _, name = self.module.partition(":")
@@ -93,13 +95,18 @@ def _standard_parts(cfg: ArchConfig) -> dict[str, Part]:
         "v": LinearPart(cfg.d_model, cfg.kv_dim, cfg.v_bias),
         "o": LinearPart(cfg.q_dim, cfg.d_model, cfg.o_bias),
     }
+    if cfg.kv_reused or cfg.k_eq_v == "all":  # Gemma 4: K/V from an earlier layer; v from k's projection
+        del parts["v"]
+    if cfg.kv_reused:
+        del parts["k"]
     norm_dims = {"head": (cfg.head_dim, cfg.head_dim), "projection": (cfg.q_dim, cfg.kv_dim)}.get(cfg.qk_norm)
     if cfg.qk_norm_weight == "per_head":  # Cohere: each head its own weight, still normalised over head_dim
         norm_dims = ((cfg.n_heads, cfg.head_dim), (cfg.n_kv_heads, cfg.head_dim))
     if norm_dims:
         norm = replace(cfg.norm, bias=cfg.qk_norm_bias)  # the block norms' settings, but for the bias
         parts["q_norm"] = NormPart(norm_dims[0], norm)
-        parts["k_norm"] = NormPart(norm_dims[1], norm)
+        if not cfg.kv_reused:
+            parts["k_norm"] = NormPart(norm_dims[1], norm)
     if cfg.attn_output_gate == "projection":  # AFMoE's gate_proj, after its q_norm / k_norm; never a bias
         parts["out_gate"] = LinearPart(cfg.d_model, cfg.q_dim, False)
     if cfg.sub_norms:  # BitNet: the attention output normalised before `o`
@@ -126,6 +133,7 @@ def _standard_describe(cfg: ArchConfig) -> list[str]:
     if cfg.attn_output_gate != "none":
         source = "a projection of the input" if cfg.attn_output_gate == "projection" else "q's second half per head"
         lines.append(f"attention output gate: sigmoid({source}) times each head's output, before o")
+    lines += _gemma4_describe(cfg)
     if cfg.attn_sinks:
         lines.append("attention sinks: a learned logit per head in each softmax (eager)"
                      + (", as an output scale sigmoid(logsumexp - sink)" if cfg.sink_form == "scale" else "")
@@ -133,12 +141,32 @@ def _standard_describe(cfg: ArchConfig) -> list[str]:
     return lines
 
 
+def _gemma4_describe(cfg: ArchConfig) -> list[str]:
+    """Gemma 4's per-layer geometry, K = V, the V norm and KV sharing (ArchConfig's Gemma 4 fields)."""
+    lines = []
+    if cfg.global_head_dim is not None or cfg.global_kv_heads is not None:
+        glob = cfg.layer_config(cfg.layer_kinds.index("global")) if "global" in cfg.layer_kinds else cfg
+        lines.append(f"global layers: {glob.n_heads} heads / {glob.n_kv_heads} kv heads, head_dim {glob.head_dim}")
+    if cfg.k_eq_v != "none":
+        lines.append(f"K = V on {cfg.k_eq_v} layers: no v projection, v is k's projection")
+    if cfg.v_norm:
+        lines.append("V norm: each head of v normalised, no weight")
+    if cfg.kv_shared_layers:
+        lines.append(f"KV sharing: the last {cfg.kv_shared_layers} layers reuse the K/V of the last earlier layer "
+                     f"of their kind; FFN x{cfg.shared_ffn_factor} there")
+    return lines
+
+
+def _standard_cache(cfg: ArchConfig) -> int:
+    return 0 if cfg.kv_reused else 2 * cfg.kv_dim
+
+
 register(AttentionKind(
     name="standard",
     module=f"{__package__}.attention:Attention",
     parts=_standard_parts,
     describe=_standard_describe,
-    cache_elements=lambda cfg: 2 * cfg.kv_dim,
+    cache_elements=_standard_cache,
 ))
 
 
@@ -254,6 +282,13 @@ def _latent_describe(cfg: ArchConfig) -> list[str]:
     return lines
 
 
+def _refuse(refusals: list[tuple[str, Any, bool, str]]) -> None:
+    """The first of (field, value, whether it is wrong, why) that is wrong, as a ConfigError naming it."""
+    for name, value, wrong, why in refusals:
+        if wrong:
+            raise ConfigError(f"ArchConfig.{name}={value!r}: {why}")
+
+
 def _latent_check(cfg: ArchConfig) -> None:
     """What transformers' DeepseekV3Attention cannot be told: it has one kind of positions (RoPE on
     the whole rotary part, every layer), no window, no cap, no QK norm, and its biases are
@@ -275,9 +310,7 @@ def _latent_check(cfg: ArchConfig) -> None:
                      "a complex product rotates the pairs in place (attention_settings.deinterleave=False)"))
     refusals += [(f"{p}_bias", True, getattr(cfg, f"{p}_bias"), "latent attention's biases are "
                   "attention_settings.bias") for p in "qkvo"]
-    for name, value, wrong, why in refusals:
-        if wrong:
-            raise ConfigError(f"ArchConfig.{name}={value!r}: {why}")
+    _refuse(refusals)
 
 
 register(AttentionKind(
@@ -362,3 +395,81 @@ register(AttentionKind(
     settings=SparseSettings,
     check=_sparse_check,
 ))
+
+
+# ----------------------------------------------------------------------------- head_mixture: MoA (JetMoE)
+@dataclass(frozen=True)
+class HeadMixtureSettings:
+    """A mixture of attention heads (arch/head_mixture.py): `n_experts` pairs of query and output
+    projections, of which a top-k router picks `top_k` per token, over one shared k and v. Each
+    expert's query makes `n_kv_heads` heads, so `n_heads` is `top_k * n_kv_heads` (JetMoeConfig's
+    num_attention_heads). `ArchConfig.o_bias` is the one bias added after the experts' sum."""
+
+    n_experts: int = 8
+    top_k: int = 2
+
+    def __post_init__(self) -> None:
+        for name in ("n_experts", "top_k"):
+            _count(name, getattr(self, name))
+        if self.top_k > self.n_experts:
+            raise ConfigError(f"ArchConfig.attention_settings.top_k={self.top_k}: cannot exceed "
+                              f"n_experts={self.n_experts}")
+
+
+def _mixture_parts(cfg: ArchConfig) -> dict[str, Part]:
+    """The output bias (the module's own tensor, first in its state_dict), the router, each expert's
+    q, the shared k and v, each expert's o: JetMoeMoA's and kv_proj's tensors, one per expert."""
+    s = cfg.attention_settings
+    parts: dict[str, Part] = {"bias": ParamPart((cfg.d_model,))} if cfg.o_bias else {}
+    parts["router"] = LinearPart(cfg.d_model, s.n_experts)
+    parts |= {f"q.{e}": LinearPart(cfg.d_model, cfg.kv_dim) for e in range(s.n_experts)}
+    parts |= {"k": LinearPart(cfg.d_model, cfg.kv_dim), "v": LinearPart(cfg.d_model, cfg.kv_dim)}
+    parts |= {f"o.{e}": LinearPart(cfg.kv_dim, cfg.d_model) for e in range(s.n_experts)}
+    return parts
+
+
+def _mixture_describe(cfg: ArchConfig) -> list[str]:
+    s = cfg.attention_settings
+    return [f"attention: mixture of attention heads (MoA), {s.n_experts} experts of {cfg.n_kv_heads} query heads, "
+            f"top-{s.top_k} per token ({cfg.n_heads} heads), over {cfg.n_kv_heads} shared kv heads, head_dim "
+            f"{cfg.head_dim}",
+            "MoA router: top-k on logits then softmax over the k, weights in activation dtype; each chosen "
+            "expert's q and o, the outputs weighted and summed" + (", then a bias" if cfg.o_bias else "")]
+
+
+def _mixture_check(cfg: ArchConfig) -> None:
+    """What JetMoeAttention computes and nothing else: its heads are the chosen experts' queries over
+    shared kv heads, RoPE or nothing, no window, cap, QK norm or projection bias but the output's."""
+    s = cfg.attention_settings
+    refusals = [
+        ("n_heads", cfg.n_heads, cfg.n_heads != s.top_k * cfg.n_kv_heads,
+         f"a mixture of attention heads has top_k * n_kv_heads = {s.top_k * cfg.n_kv_heads} query heads"),
+        ("layer_positions", cfg.layer_positions, not set(cfg.layer_positions) <= {"rope", "none"},
+         "a mixture of attention heads has RoPE or no positions"),
+        ("layer_kinds", cfg.layer_kinds, "local" in cfg.layer_kinds, "a mixture of attention heads has no "
+         "sliding window"),
+        ("attn_softcap", cfg.attn_softcap, cfg.attn_softcap is not None, "a mixture of attention heads has no "
+         "soft-cap"),
+        ("qk_norm", cfg.qk_norm, cfg.qk_norm != "none", "a mixture of attention heads has no QK norm"),
+        ("clip_qkv", cfg.clip_qkv, cfg.clip_qkv is not None, "a mixture of attention heads does not clamp"),
+    ]
+    refusals += [(name, True, getattr(cfg, name), "a mixture of attention heads computes its scores plainly")
+                 for name in ("scale_query", "scores_fp32", "scale_in_product", "scale_by_inverse_layer")]
+    refusals += [(f"{p}_bias", True, getattr(cfg, f"{p}_bias"), "a mixture of attention heads' only bias is its "
+                  "output's (o_bias)") for p in "qkv"]
+    moe = cfg.moe
+    refusals.append(("moe.aux_loss", moe and moe.aux_loss, moe is not None and moe.aux_loss != 0 and
+                     (moe.n_experts, moe.top_k) != (s.n_experts, s.top_k), "the load balance counts the attention's "
+                     "router with the experts' (JetMoE's): both need the same n_experts and top_k"))
+    _refuse(refusals)
+
+
+def _mixture_unused(cfg: ArchConfig) -> int:
+    """The q and o of the experts a token was not routed to."""
+    s = cfg.attention_settings
+    return (s.n_experts - s.top_k) * 2 * cfg.d_model * cfg.kv_dim
+
+
+# the cache: the shared keys and values, as plain GQA's
+register(AttentionKind("head_mixture", f"{__package__}.head_mixture:HeadMixture", _mixture_parts, _mixture_describe,
+                       lambda cfg: 2 * cfg.kv_dim, HeadMixtureSettings, _mixture_check, _mixture_unused))

@@ -12,6 +12,7 @@ from .attention_kinds import attention_kind
 from .cache import KVCache
 from .config import ArchConfig
 from .context import Context
+from .mixer_kinds import mixer_kind
 from .mlp import SeparateBias
 from .moe import ffn
 from .norms import Norm
@@ -20,14 +21,25 @@ from .rope import Rotary
 from .shapes import SLOTS, norm_slots  # a layer's norm slots (torch-free, so shapes owns them)
 
 
-def _sequential(b: Block, h: torch.Tensor, attend: Callable[[torch.Tensor], torch.Tensor]) -> torch.Tensor:
+def _sequential(b: Block, h: torch.Tensor, attend: Callable[[torch.Tensor], torch.Tensor] | None) -> torch.Tensor:
+    """Each sublayer in turn; a hybrid's layer may lack one (`attend` or `b.mlp` None: only here,
+    ArchConfig refuses the other wirings for such layers)."""
     if b.residual_after_norm:  # BLOOM: the residual is the normed input
         x = b.attn_norm(h)
         h = x + b.scaled(attend(x))
         x = b.mlp_norm(h)
         return x + b.scaled(b.mlp(x))
-    h = h + b.scaled(b.attn_post_norm(attend(b.attn_norm(h))))
-    return h + b.scaled(b.mlp_post_norm(b.mlp(b.mlp_norm(h))))
+    if b.residual_fp32:  # each norm reads the stream in its weight's dtype (Mamba2Block), the sums are fp32
+        if attend is not None:
+            h = h.float() + b.scaled(attend(b.attn_norm(h.to(b.attn_norm.weight.dtype))))
+        if b.mlp is not None:
+            h = h.float() + b.scaled(b.mlp(b.mlp_norm(h.to(b.mlp_norm.weight.dtype))))
+        return h
+    if attend is not None:
+        h = h + b.scaled(b.attn_post_norm(attend(b.attn_norm(h))))
+    if b.mlp is not None:
+        h = h + b.scaled(b.mlp_post_norm(b.mlp(b.mlp_norm(h))))
+    return h
 
 
 def _post(b: Block, h: torch.Tensor, attend: Callable[[torch.Tensor], torch.Tensor]) -> torch.Tensor:
@@ -88,11 +100,18 @@ class Block(nn.Module):
         slots = norm_slots(cfg, layer)
         for slot in SLOTS:
             setattr(self, slot, Norm(cfg.d_model, cfg.norm) if slot in slots else nn.Identity())
-        self.attn = attention_kind(cfg.attention).build(cfg, layer, rotary, relative)
-        self.mlp = ffn(cfg, layer)  # dense, or a mixture of experts (moe.py)
+        # what mixes the tokens (`layer_mixers`): attention as `attn`, a mixer kind's module as `mixer`, or nothing;
+        # the one a layer lacks is None, so `layers.{i}.attn.*` and `layers.{i}.mixer.*` name the tensors
+        mixing = cfg.layer_mixers[layer]
+        self.attn = attention_kind(cfg.attention).build(cfg, layer, rotary, relative) if mixing == "attention" \
+            else None
+        self.mixer = mixer_kind(cfg.mixer).build(cfg, layer) if mixing == "mixer" else None
+        # dense, or a mixture of experts (moe.py), of this layer's own width; None on a layer without an FFN
+        self.mlp = ffn(cfg.layer_config(layer), layer) if cfg.layer_ffns[layer] == "ffn" else None
         self.drop = nn.Dropout(cfg.resid_dropout)
         self.residual_scale = cfg.residual_scale
         self.parallel_sum, self.residual_after_norm = cfg.parallel_sum, cfg.residual_after_norm
+        self.residual_fp32 = cfg.residual_fp32
         self.wiring = WIRING[cfg.norm_placement]
         for flag, linear in LINEAR_FORWARDS:  # the same parameters, another forward (one flag at most)
             if getattr(cfg, flag):
@@ -101,6 +120,8 @@ class Block(nn.Module):
                         module.__class__ = linear
                         if linear is Conv1D:
                             hold_in_out(module)
+        # -- Gemma 4: the block's output times a learned scalar (Gemma4TextDecoderLayer's layer_scalar)
+        self.scalar = nn.Parameter(torch.ones(1)) if cfg.layer_scalar else None
 
     def scaled(self, out: torch.Tensor) -> torch.Tensor:
         """A sublayer's output as it joins the residual: dropped out, then multiplied by a Python
@@ -109,4 +130,6 @@ class Block(nn.Module):
         return out if self.residual_scale == 1.0 else out * self.residual_scale
 
     def forward(self, h: torch.Tensor, ctx: Context, cache: KVCache | None = None) -> torch.Tensor:
-        return self.wiring(self, h, lambda x: self.attn(x, ctx, cache))
+        mix = self.attn if self.attn is not None else self.mixer
+        h = self.wiring(self, h, None if mix is None else lambda x: mix(x, ctx, cache))
+        return h if self.scalar is None else h * self.scalar  # Gemma 4

@@ -4,6 +4,8 @@ Standard attention stores keys and values after RoPE, (B, KV, S, D) each. Latent
 stores its latent instead, in the same two slots: `keys` the normed c_kv (B, 1, S, kv_lora_rank),
 `values` the rotated shared key k_rot (B, 1, S, qk_rope_head_dim); it expands them at each step.
 Sparse attention (DSA) also keeps its indexer's keys, (B, S, index_head_dim), in `index_keys`.
+A token mixer that is not attention (`mixer_kinds.py`) keeps its own fixed-size state per layer
+in `states`, a dict of tensors it names itself and replaces at each step.
 """
 
 from __future__ import annotations
@@ -16,11 +18,16 @@ class KVCache:
         self.keys: list[torch.Tensor | None] = [None] * n_layers
         self.values: list[torch.Tensor | None] = [None] * n_layers
         self.index_keys: list[torch.Tensor | None] = [None] * n_layers
+        self.states: list[dict[str, torch.Tensor]] = [{} for _ in range(n_layers)]
+        self.tokens = 0  # the tokens seen: not any layer's keys, since a hybrid's layer may keep none
 
     @property
     def length(self) -> int:
-        first = self.keys[0]
-        return 0 if first is None else first.shape[-2]
+        return self.tokens
+
+    def advance(self, new: int) -> None:
+        """Counts `new` tokens in, before the layers of the forward that adds them run."""
+        self.tokens += new
 
     def update(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Append k, v (B, KV, T, D), or MLA's c_kv, k_rot (B, 1, T, C|R); return all seen so far."""

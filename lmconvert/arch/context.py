@@ -25,6 +25,8 @@ class Context:
     positions: torch.Tensor | None = None  # (T,) or (B, T) the tokens' positions (RoPE); None: q_pos
     keys: torch.Tensor | None = None  # (B, S) bool, False on padding keys; None: no padding
     _memo: dict = field(default_factory=dict)
+    # Gemma 4's KV sharing: a source layer's K/V (cached ones first), by its index, for the layers that reuse them
+    shared_kv: dict = field(default_factory=dict)
 
     @classmethod
     def build(cls, past: int, T: int, dtype: torch.dtype, device: torch.device,

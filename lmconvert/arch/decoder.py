@@ -70,15 +70,16 @@ class Decoder(nn.Module):
         self.embed_norm = Norm(cfg.d_model, cfg.norm) if cfg.embed_norm else None  # BLOOM
         self.rel_bias = (RelativeBias(cfg.relative_buckets, cfg.relative_max_distance, cfg.n_heads)
                          if "relative" in cfg.layer_positions else None)
-        rotaries: dict[int, Rotary] = {}  # one table per distinct RopeConfig, shared by its layers
+        rotaries: dict[tuple[int, int], Rotary] = {}  # one table per RopeConfig and head_dim, shared by its layers
         self.layers = nn.ModuleList()
         for i in range(cfg.n_layers):
             rope = cfg.rope_for(i)
             rotary = None
             if rope is not None:
-                if id(rope) not in rotaries:
-                    rotaries[id(rope)] = Rotary(rope, cfg.head_dim, cfg.max_positions)
-                rotary = rotaries[id(rope)]
+                head_dim = cfg.layer_config(i).head_dim  # Gemma 4: the global layers' own
+                if (id(rope), head_dim) not in rotaries:
+                    rotaries[id(rope), head_dim] = Rotary(rope, head_dim, cfg.max_positions)
+                rotary = rotaries[id(rope), head_dim]
             self.layers.append(Block(cfg, i, rotary, self.rel_bias))
         self.final_norm = Norm(cfg.d_model, cfg.norm) if cfg.final_norm else nn.Identity()
         self.head_transform = HeadTransform(cfg) if cfg.head_transform is not None else None
@@ -92,7 +93,8 @@ class Decoder(nn.Module):
         if backend not in BACKENDS:
             raise ConfigError(f"attention backend {backend!r}: choose one of {', '.join(BACKENDS)}")
         for block in self.layers:
-            block.attn.backend = backend
+            if block.attn is not None:
+                block.attn.backend = backend
         return self
 
     def set_experts(self, implementation: str) -> Decoder:
@@ -148,6 +150,8 @@ class Decoder(nn.Module):
                              f"[{B}, {T}] or [{T}]")
         if positions is None:
             positions = self.default_positions(ids, past, attention_mask)
+        if cache is not None:
+            cache.advance(T)
         h = self.embed_tokens(ids, positions)
         ctx = Context.build(past, T, h.dtype, ids.device, positions, attention_mask)
         yield h
@@ -175,6 +179,8 @@ class Decoder(nn.Module):
     def logits(self, h: torch.Tensor) -> torch.Tensor:
         cfg = self.cfg
         h = self.final_norm(h)
+        if cfg.residual_fp32:  # the final norm's fp32 output, cast to the head's dtype
+            h = h.to(self.embed.weight.dtype)
         if self.head_transform is not None:
             h = self.head_transform(h)
         if self.project_out is not None:

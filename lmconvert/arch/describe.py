@@ -6,6 +6,7 @@ from math import prod
 
 from .attention_kinds import attention_kind
 from .config import ArchConfig, MoeConfig, NormConfig, RopeConfig
+from .mixer_kinds import mixer_kind
 from .shapes import parameter_shapes
 
 ACTIVATION_NAMES = {"relu": "ReLU", "gelu": "GeLU (erf)", "gelu_tanh": "GeLU (tanh)", "silu": "SiLU",
@@ -19,10 +20,12 @@ GATED_NAMES = {"relu": "ReGLU", "gelu": "GeGLU (erf)", "gelu_tanh": "GeGLU (tanh
 ORDER_FLAGS = (("scale_by_inverse_layer", "score scale divided by layer index + 1"),
                ("scale_query", "score scale applied to q before q.k"), ("scores_fp32", "q.k in fp32"),
                ("scale_in_product", "score scale inside q.k's product (baddbmm)"))
-BLOCK_FLAGS = (("residual_after_norm", "residual taken after the norm"), ("embed_norm", "embedding norm"),
+BLOCK_FLAGS = (("residual_after_norm", "residual taken after the norm"),
+               ("residual_fp32", "residual stream in fp32"), ("embed_norm", "embedding norm"),
                ("bias_separate", "linear biases added after the matmul"),
                ("mlp_fused", "gate and up as one fused output"),
-               ("conv1d_linears", "linears as Conv1D (addmm over weights held [in, out])"))
+               ("conv1d_linears", "linears as Conv1D (addmm over weights held [in, out])"),
+               ("layer_scalar", "layer scalar: each block's output times a learned scalar"))  # Gemma 4
 ALIBI_NAMES = {"distance": "slope x (k - q)", "bloom": "BLOOM's: slope x k, inside the score matmul",
                "mpt": "MPT's slopes, slope x (k - last k), in fp32",
                "falcon": "Falcon's: bf16 slope x k, added before the scaling and again with the mask"}
@@ -52,6 +55,8 @@ def _norm(n: NormConfig) -> str:
         parts.append("bias")
     if n.written_out:
         parts.append("mean/variance written out")
+    if n.power:  # Gemma 4
+        parts.append("1/sqrt as pow(-0.5)")
     parts.append("weight in fp32" if n.dtype_order == "scale_then_cast" else "weight after cast")
     return ", ".join(parts)
 
@@ -84,7 +89,8 @@ ROUTER_NAMES = {"softmax": "softmax then top-k", "sigmoid": "sigmoid then top-k"
                 "topk_sigmoid": "top-k on logits then their sigmoids",
                 "sigmoid_fp32": "sigmoid in fp32 then top-k", "logits": "top-k on logits, then sigmoid",
                 "topk_sigmoid_fp32": "top-k on logits then their sigmoids in fp32",
-                "sigmoid_fp32_sorted": "sigmoid in fp32 then sorted top-k"}
+                "sigmoid_fp32_sorted": "sigmoid in fp32 then sorted top-k",
+                "sigmoid_sorted": "sigmoid then sorted top-k (sum guarded by 1e-6)"}
 SHARED_NAMES = {"gated": "one shared expert, sigmoid-gated", "plain": "shared experts, ungated",
                 "averaged": "shared experts, averaged with the routed experts' sum"}
 
@@ -125,6 +131,8 @@ def _moe(cfg: ArchConfig, moe: MoeConfig) -> list[str]:
         lines.append("experts: router weight multiplies each expert's input, not its output")
     if moe.expert_bias:
         lines.append("experts: biases on gate, up and down, added after each product")
+    if moe.sum_bias:
+        lines.append("experts: a bias added to their weighted sum")
     if moe.d_shared is not None:
         lines.append(f"{SHARED_NAMES[moe.shared]}, width {moe.d_shared}"
                      + (", gate and up as one projection's halves" if moe.shared_fused else ""))
@@ -138,21 +146,68 @@ def _moe(cfg: ArchConfig, moe: MoeConfig) -> list[str]:
 
 
 def parameter_counts(cfg: ArchConfig) -> tuple[int, int]:
-    """All parameters, and those one token uses: each sparse layer's unchosen experts left out."""
+    """All parameters, and those one token uses: each sparse layer's unchosen experts left out, and
+    the attention's parameters a token does not use (a mixture of attention heads' unchosen experts)."""
     total = sum(prod(shape) for shape in parameter_shapes(cfg).values())
+    unused = cfg.n_layers * attention_kind(cfg.attention).unused(cfg)
     moe = cfg.moe
-    if moe is None:
-        return total, total
-    per_expert = (3 if cfg.gated else 2) * cfg.d_model * moe.d_expert
-    if moe.expert_bias:  # gate and up biases of its width, the down bias of d_model
-        per_expert += (2 if cfg.gated else 1) * moe.d_expert + cfg.d_model
-    sparse = sum(moe.sparse(i) for i in range(cfg.n_layers))
-    return total, total - sparse * (moe.n_experts - moe.top_k) * per_expert
+    if moe is not None:
+        per_expert = (3 if cfg.gated else 2) * cfg.d_model * moe.d_expert
+        if moe.expert_bias:  # gate and up biases of its width, the down bias of d_model
+            per_expert += (2 if cfg.gated else 1) * moe.d_expert + cfg.d_model
+        unused += sum(moe.sparse(i) for i in range(cfg.n_layers)) * (moe.n_experts - moe.top_k) * per_expert
+    return total, total - unused
+
+
+def _runs(layers: list[int]) -> str:
+    """[0, 1, 2, 5] as "0-2, 5"."""
+    runs: list[list[int]] = []
+    for i in layers:
+        if runs and runs[-1][-1] == i - 1:
+            runs[-1].append(i)
+        else:
+            runs.append([i])
+    return ", ".join(str(r[0]) if len(r) == 1 else f"{r[0]}-{r[-1]}" for r in runs)
+
+
+def _layers(layers: list[int]) -> str:
+    return f"{len(layers)} layer{'s' * (len(layers) != 1)}"
+
+
+def schedule(cfg: ArchConfig) -> list[str]:
+    """Which layers attention, the mixer or nothing mixes, which have an FFN, and the state each
+    keeps; nothing for a stack of attention-and-FFN layers."""
+    if set(cfg.layer_mixers) == {"attention"} and set(cfg.layer_ffns) == {"ffn"}:
+        return []
+    names = {"attention": "attention", "mixer": cfg.mixer, "none": "no mixer"}
+    letters = {"attention": "A", "mixer": "M", "none": "-"}
+    pattern = " ".join(letters[m] + ("F" if f == "ffn" else "") for m, f in zip(cfg.layer_mixers, cfg.layer_ffns,
+                                                                              strict=True))
+    kinds = [f"{names[m]} on {len(ls)} ({_runs(ls)})" for m in ("attention", "mixer", "none")
+             if (ls := cfg.layers_mixed_by(m))]
+    ffns = [i for i, f in enumerate(cfg.layer_ffns) if f == "ffn"]
+    where = "all layers" if len(ffns) == cfg.n_layers else f"{len(ffns)} layers ({_runs(ffns)})" if ffns else "none"
+    lines = [f"layer schedule: {'; '.join(kinds)}; FFN on {where}",
+             f"layer pattern: {pattern} (A attention, M {cfg.mixer or 'mixer'}, F an FFN after it)"]
+    attention, mixers = cfg.layers_mixed_by("attention"), cfg.layers_mixed_by("mixer")
+    state = []
+    if attention:
+        state.append(f"{cfg.kv_cache_bytes_per_token(1):,} entries per token (KV cache, {_layers(attention)} of "
+                     "attention)")
+    if mixers:
+        state.append(f"{cfg.state_bytes_per_sequence(1):,} entries per sequence, whatever its length "
+                     f"({_layers(mixers)} of {cfg.mixer})")
+    lines.append(f"decoding state: {' + '.join(state)}")
+    return lines
 
 
 def variants(cfg: ArchConfig) -> list[str]:
-    out = [f"norm: {_norm(cfg.norm)}", f"placement: {PLACEMENT_NAMES[cfg.norm_placement]}",
-           *attention_kind(cfg.attention).describe(cfg)]
+    mixing = ([*attention_kind(cfg.attention).describe(cfg)] if cfg.layers_mixed_by("attention") else []) + \
+        (mixer_kind(cfg.mixer).describe(cfg) if cfg.layers_mixed_by("mixer") else [])
+    placement = PLACEMENT_NAMES[cfg.norm_placement]
+    if cfg.mixer_norm_placement is not None:
+        placement += f" ({cfg.mixer} layers: {PLACEMENT_NAMES[cfg.mixer_norm_placement]})"
+    out = [f"norm: {_norm(cfg.norm)}", f"placement: {placement}", *mixing, *schedule(cfg)]
     if cfg.attn_scale is not None:
         out.append(f"score scale: {cfg.attn_scale:g}")
     out.extend(line for flag, line in ORDER_FLAGS if getattr(cfg, flag))

@@ -7,7 +7,8 @@ routed to it, weighted. How the weighted outputs are summed is transformers' `ex
 and both are offered (`Decoder.set_experts`): "grouped_mm", its default on CPU and GPU, sums each
 token's top-k at once (accumulated in fp32, rounded once); "eager" (`MixtralExperts.forward`, ...)
 casts each to the activation dtype and `index_add_`s them into a zero tensor in increasing expert
-order, rounding after every add. The shared expert's output, gated by a sigmoid
+order, rounding after every add; "sorted" is JetMoE's own (`_sorted_index_add`). The shared expert's output,
+gated by a sigmoid
 where `shared="gated"`, is added last, as Qwen2-MoE and DeepSeek add it. DeepSeek's routers
 (sigmoid scores, a selection bias, group-limited choice, a scaling factor, fp32 logits) follow
 `DeepseekV3TopkRouter` and `DeepseekV2TopkRouter` op for op.
@@ -79,16 +80,17 @@ def _softmax(router: Router, logits: torch.Tensor) -> tuple[torch.Tensor, torch.
     return torch.topk(probs, router.moe.top_k, dim=-1, sorted=router.moe.n_group == 1)
 
 
-def _sigmoid(router: Router, logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def _sigmoid(router: Router, logits: torch.Tensor, ordered: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
     """DeepSeek-V3: experts chosen on sigmoid scores plus the selection bias, within the groups
-    whose best two such scores sum highest; weighted by the unbiased scores."""
+    whose best two such scores sum highest; weighted by the unbiased scores. `ordered` (LFM2-MoE's
+    `Lfm2MoeTopKRouter`, no groups): a sorted top-k, the order each token's experts are summed in."""
     moe = router.moe
     scores = logits.sigmoid()
     choice = scores if router.selection_bias is None else scores + router.selection_bias
     if moe.n_group > 1:
         groups = choice.view(-1, moe.n_group, moe.n_experts // moe.n_group).topk(2, dim=-1)[0].sum(dim=-1)
         choice = choice.masked_fill(~_group_mask(moe, groups), float("-inf"))
-    chosen = torch.topk(choice, moe.top_k, dim=-1, sorted=False)[1]
+    chosen = torch.topk(choice, moe.top_k, dim=-1, sorted=ordered)[1]
     return scores.gather(1, chosen), chosen
 
 
@@ -168,10 +170,13 @@ def _logits(router: Router, logits: torch.Tensor) -> tuple[torch.Tensor, torch.T
 
 SCORES = {"softmax": _softmax, "sigmoid": _sigmoid, "sparsemixer": _sparsemixer, "topk_softmax": _topk_softmax,
           "topk_sigmoid": _topk_sigmoid, "sigmoid_fp32": _sigmoid_fp32, "logits": _logits,
-          "topk_sigmoid_fp32": _topk_sigmoid_fp32, "sigmoid_fp32_sorted": partial(_sigmoid_fp32, ordered=True)}
-# DeepSeek-V3 and AFMoE guard their renormalisation; the others do not (SparseMixer does not renormalise)
+          "topk_sigmoid_fp32": _topk_sigmoid_fp32, "sigmoid_fp32_sorted": partial(_sigmoid_fp32, ordered=True),
+          "sigmoid_sorted": partial(_sigmoid, ordered=True)}
+# DeepSeek-V3 and AFMoE guard their renormalisation, LFM2-MoE by 1e-6; the others do not (SparseMixer does not
+# renormalise)
 EPS = {"softmax": 0.0, "sigmoid": 1e-20, "sparsemixer": 0.0, "topk_softmax": 0.0, "topk_sigmoid": 0.0,
-       "sigmoid_fp32": 0.0, "logits": 0.0, "topk_sigmoid_fp32": 0.0, "sigmoid_fp32_sorted": 1e-20}
+       "sigmoid_fp32": 0.0, "logits": 0.0, "topk_sigmoid_fp32": 0.0, "sigmoid_fp32_sorted": 1e-20,
+       "sigmoid_sorted": 1e-6}
 
 
 def _halves(expert: Expert, gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
@@ -224,13 +229,17 @@ class Experts(nn.ModuleList):
 
     one_point = True
 
-    def __init__(self, experts: Iterable[nn.Module], sum_order: str, weight_input: bool = False) -> None:
+    def __init__(self, experts: Iterable[nn.Module], sum_order: str, weight_input: bool = False,
+                 bias: int | None = None) -> None:
         super().__init__(experts)
         self.implementation = sum_order  # MoeConfig.sum_order; Decoder.set_experts
         self.weight_input = weight_input  # MoeConfig.weight_input
+        # MoeConfig.sum_bias (JetMoE): a bias of this width added to the weighted sum, `experts.bias`
+        self.bias = nn.Parameter(torch.zeros(bias)) if bias is not None else None
 
     def forward(self, h: torch.Tensor, weights: torch.Tensor, chosen: torch.Tensor) -> torch.Tensor:  # type: ignore[override]
-        return SUMS[self.implementation](self, h, weights, chosen)
+        out = SUMS[self.implementation](self, h, weights, chosen)
+        return out if self.bias is None else out + self.bias
 
 
 def _weighted(experts: Experts, e: int, h: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
@@ -273,7 +282,23 @@ def _grouped_sum(experts: Experts, h: torch.Tensor, weights: torch.Tensor, chose
     return out.view(h.shape[0], top_k, h.shape[1]).sum(dim=1).to(h.dtype)
 
 
-SUMS = {"eager": _index_add, "grouped_mm": _grouped_sum}
+def _sorted_index_add(experts: Experts, h: torch.Tensor, weights: torch.Tensor, chosen: torch.Tensor) -> torch.Tensor:
+    """JetMoE's `JetMoeMoE`: the (token, slot) pairs sorted by expert, each expert one matmul over its rows
+    (every expert, none skipped), weighted, then all added into zeros by one `index_add` in that order (which
+    on CPU accumulates a bf16 or fp16 sum in fp32 and rounds once, unlike an index_add_ per expert)."""
+    top_k = chosen.shape[1]
+    with torch.no_grad():
+        _, order = chosen.flatten().sort(0)
+        counts = torch.bincount(chosen.flatten(), minlength=len(experts)).tolist()
+    tokens = order.div(top_k, rounding_mode="trunc")
+    gates = weights.flatten()[order, None]
+    rows = h[tokens].split(counts, dim=0)
+    y = torch.cat([_weighted(experts, e, rows[e], gates[end - counts[e]:end])
+                   for e, end in enumerate(itertools.accumulate(counts))], dim=0)
+    return torch.zeros_like(h).index_add(0, tokens, y.to(h.dtype))
+
+
+SUMS = {"eager": _index_add, "grouped_mm": _grouped_sum, "sorted": _sorted_index_add}
 
 
 class MoE(nn.Module):
@@ -287,7 +312,8 @@ class MoE(nn.Module):
         assert moe is not None
         self.router = Router(cfg, moe)
         self.experts = Experts((MLP(cfg, moe.d_expert) if moe.experts_split else Expert(cfg, moe.d_expert, moe)
-                                for _ in range(moe.n_experts)), moe.sum_order, moe.weight_input)
+                                for _ in range(moe.n_experts)), moe.sum_order, moe.weight_input,
+                               cfg.d_model if moe.sum_bias else None)
         self.shared = (Expert if moe.shared_fused else MLP)(cfg, moe.d_shared) if moe.d_shared is not None else None
         self.shared_gate = nn.Linear(cfg.d_model, 1, bias=False) if moe.shared == "gated" else None
         self.norm = Norm(cfg.d_model, cfg.norm) if moe.output_norm else None  # A.X-K1's post_mlp_layernorm
@@ -313,7 +339,8 @@ def balance_loss(model: nn.Module, moe: MoeConfig) -> torch.Tensor:
     """The Switch Transformer load-balancing loss over every sparse layer's router logits of the
     last forward pass, as transformers' `load_balancing_loss_func` computes it (no attention mask):
     n_experts * sum over experts of (the share of top-k choices it got) * (its mean probability)."""
-    logits = [m.router_logits for m in model.modules() if isinstance(m, MoE) and m.router_logits is not None]
+    # every router that kept its logits: the mixtures', and a mixture of attention heads' (JetMoE counts both)
+    logits = [m.router_logits for m in model.modules() if getattr(m, "router_logits", None) is not None]
     chosen = torch.zeros(moe.n_experts, dtype=torch.float32, device=logits[0].device)
     probs = torch.zeros(moe.n_experts, dtype=torch.float32, device=logits[0].device)
     rows = 0.0

@@ -58,7 +58,24 @@ class ParamPart:
         return {name: tuple(self.shape)}
 
 
-Part = LinearPart | NormPart | ParamPart
+@dataclass(frozen=True)
+class ConvPart:
+    """A depthwise causal convolution over the sequence, an `nn.Conv1d(channels, channels, kernel,
+    groups=channels)`: weight [channels, 1, kernel], then the optional bias [channels] (the short
+    convolutions of LFM2, Mamba and gated delta-nets)."""
+
+    channels: int
+    kernel: int
+    bias: bool = False
+
+    def shapes(self, name: str) -> Shapes:
+        shapes = {f"{name}.weight": (self.channels, 1, self.kernel)}
+        if self.bias:
+            shapes[f"{name}.bias"] = (self.channels,)
+        return shapes
+
+
+Part = LinearPart | NormPart | ParamPart | ConvPart
 
 
 def part_shapes(parts: dict[str, Part], prefix: str) -> Shapes:

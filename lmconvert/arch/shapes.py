@@ -4,8 +4,9 @@ Checking a checkpoint's tensor names and shapes against what its ArchConfig impl
 step of every conversion. Building `Decoder(cfg)` on the meta device answers that exactly, but
 importing torch costs more than a whole raw-copy conversion, so this module restates the
 Decoder's parameter layout in plain Python: the same names, in `state_dict()` order, with the
-same shapes. An attention kind's tensors are not restated: they come from the parts its declaration
-lists (`attention_kinds`), which its module attaches. The Decoder stays the truth;
+same shapes. An attention or mixer kind's tensors are not restated: they come from the parts its
+declaration lists (`attention_kinds`, `mixer_kinds`), which its module attaches; `layer_mixers` and
+`layer_ffns` say which a layer has. The Decoder stays the truth;
 `tests/test_arch_shapes.py` holds this file to it over every variant ArchConfig allows, so a change
 to the modules that is not mirrored here fails there.
 
@@ -17,7 +18,8 @@ from __future__ import annotations
 
 from .attention_kinds import attention_kind
 from .config import ACTIVATION_PARAMETERS, ArchConfig
-from .parts import LinearPart, NormPart, Shapes, part_shapes
+from .mixer_kinds import mixer_kind
+from .parts import LinearPart, NormPart, Part, Shapes, part_shapes
 
 # A block's norm slots in registration order, and the slots each placement fills (the others are
 # parameterless identities). Block reads both from here.
@@ -33,10 +35,30 @@ NORM_SLOTS: dict[str, tuple[str, ...]] = {
 
 
 def norm_slots(cfg: ArchConfig, layer: int) -> tuple[str, ...]:
-    """The norm slots one layer fills: its placement's, but for the attention norm of a layer in
-    `unnormed_attn_layers` (ModernBERT decoder's layer 0)."""
-    slots = NORM_SLOTS[cfg.norm_placement]
-    return tuple(s for s in slots if s != "attn_norm") if layer in cfg.unnormed_attn_layers else slots
+    """The norm slots one layer fills: its placement's (a mixer layer's `mixer_norm_placement` where
+    set), but for the attention norm of a layer in
+    `unnormed_attn_layers` (ModernBERT decoder's layer 0), and none around a sublayer the layer has
+    not (`layer_mixers`, `layer_ffns`: a Nemotron-H block is one sublayer and its norm)."""
+    mixer_placement = cfg.mixer_norm_placement if cfg.layer_mixers[layer] == "mixer" else None
+    slots = NORM_SLOTS[mixer_placement or cfg.norm_placement]
+    if layer in cfg.unnormed_attn_layers:
+        slots = tuple(s for s in slots if s != "attn_norm")
+    if cfg.layer_mixers[layer] == "none":
+        slots = tuple(s for s in slots if not s.startswith("attn_"))
+    if cfg.layer_ffns[layer] == "none":
+        slots = tuple(s for s in slots if not s.startswith("mlp_"))
+    return slots
+
+
+def mixer_parts(cfg: ArchConfig, layer: int) -> tuple[str, dict[str, Part]]:
+    """The module that mixes one layer's tokens, as the attribute it is held under and its parts:
+    ("attn", the attention kind's), ("mixer", the mixer kind's) or ("", {}) for a layer without one."""
+    mixing = cfg.layer_mixers[layer]
+    if mixing == "attention":
+        return "attn", attention_kind(cfg.attention).parts(cfg.layer_config(layer))
+    if mixing == "mixer":
+        return "mixer", mixer_kind(cfg.mixer).parts(cfg)
+    return "", {}
 
 
 def _mlp(cfg: ArchConfig, name: str, width: int | None = None, bias: bool | None = None) -> Shapes:
@@ -64,6 +86,8 @@ def _ffn(cfg: ArchConfig, layer: int, name: str) -> Shapes:
     shapes = LinearPart(cfg.d_model, moe.n_experts, moe.router_bias).shapes(f"{name}.router")
     if moe.selection_bias:
         shapes[f"{name}.router.selection_bias"] = (moe.n_experts,)
+    if moe.sum_bias:  # the experts module's own tensor, before its experts'
+        shapes[f"{name}.experts.bias"] = (cfg.d_model,)
     for e in range(moe.n_experts):
         shapes.update(_mlp(cfg, f"{name}.experts.{e}", moe.d_expert, moe.expert_bias))
     if moe.d_shared is not None:
@@ -76,14 +100,16 @@ def _ffn(cfg: ArchConfig, layer: int, name: str) -> Shapes:
 
 
 def _block(cfg: ArchConfig, layer: int, name: str) -> Shapes:
-    attention = attention_kind(cfg.attention)  # its parts, the very ones its module attaches
     filled, norm = norm_slots(cfg, layer), NormPart(cfg.d_model, cfg.norm)
-    shapes: Shapes = {}
+    # Gemma 4's scalar: the block's own parameter, so first in its state_dict
+    shapes: Shapes = {f"{name}.scalar": (1,)} if cfg.layer_scalar else {}
     for slot in SLOTS:
         if slot in filled:
             shapes.update(norm.shapes(f"{name}.{slot}"))
-    shapes.update(part_shapes(attention.parts(cfg.layer_config(layer)), f"{name}.attn"))
-    shapes.update(_ffn(cfg, layer, f"{name}.mlp"))
+    module, parts = mixer_parts(cfg, layer)  # its kind's parts, the very ones its module attaches
+    shapes.update(part_shapes(parts, f"{name}.{module}"))
+    if cfg.layer_ffns[layer] == "ffn":  # its own width (Gemma 4's shared layers)
+        shapes.update(_ffn(cfg.layer_config(layer), layer, f"{name}.mlp"))
     return shapes
 
 

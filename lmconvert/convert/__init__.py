@@ -7,6 +7,7 @@ from typing import Any
 
 from lmconvert.formats.checkpoint import open_checkpoint
 from lmconvert.formats.errors import InputError
+from lmconvert.formats.quantized import recipe_of
 
 from .export_hf import to_hf
 from .ingest import to_canonical
@@ -44,14 +45,16 @@ def target_for(out: Path, to: str | None) -> str:
     return to
 
 
-def _dequantizing(src: Path, to: str, dtype: str | None) -> None:
-    """A quantized (block-wise FP8) source converts only dequantized, into float tensors: keeping its
-    tensors and scales as they are is not written yet."""
-    if to == "gguf":
-        raise InputError(f"{src}: is block-wise FP8; convert it with --dtype bfloat16 into a canonical "
-                         "checkpoint first, then export that with --to gguf")
-    if dtype is None:
-        raise InputError(f"{src}: is block-wise FP8, which is not kept as it is yet; pass --dtype bfloat16 "
+# the targets that keep a quantized source's tensors as they are (without --dtype)
+KEEPS_QUANTIZED = ("canonical", "hf")
+
+
+def _quantized(src: Path, to: str, dtype: str | None, method: str) -> None:
+    """A quantized source converts kept as it is (canonical, hf) or dequantized into float tensors
+    with --dtype; GGUF dequantizes it, then quantizes it as --quant says (an MXFP4 weight kept as it
+    is under --quant mxfp4: convert/export_gguf.py)."""
+    if dtype is None and to not in (*KEEPS_QUANTIZED, "gguf"):
+        raise InputError(f"{src}: is quantized ({method}), which --to {to} cannot hold; pass --dtype bfloat16 "
                          "(or float32) to dequantize it")
 
 
@@ -66,7 +69,8 @@ def convert(src: Path, out: Path, to: str | None, **kwargs: Any) -> str:
             if checkpoint.meta is not None:
                 raise InputError(f"{src}: is already a canonical checkpoint; export it with --to hf, meta or gguf")
             kwargs.pop("family", None)
-        if "quantization" in checkpoint.source.info:
-            _dequantizing(src, to, kwargs.get("dtype"))
+        found = recipe_of(checkpoint.source.tensors)
+        if found is not None:
+            _quantized(src, to, kwargs.get("dtype"), found.method)
         TARGETS[to](checkpoint, out, **kwargs)
         return checkpoint.note

@@ -13,11 +13,13 @@ from __future__ import annotations
 import os
 from contextlib import ExitStack
 from dataclasses import fields
+from functools import partial
 from math import prod
 from pathlib import Path
 from typing import Any
 
 from lmconvert.arch.shapes import parameter_shapes
+from lmconvert.formats import mxfp4
 from lmconvert.formats.atomic import atomic_directory, atomic_file, check_output
 from lmconvert.formats.checkpoint import Checkpoint, opened
 from lmconvert.formats.digest import FiniteCheck
@@ -35,11 +37,12 @@ from lmconvert.formats.gguf_writer import (
     write_gguf,
     written_by_lmconvert,
 )
+from lmconvert.formats.quantized import KeptWeight, kept_digests, kept_weights
 from lmconvert.mappings import MappingError, family_for, family_named
 from lmconvert.mappings.gguf.export import GgufModel, family_tokens, for_tensors, lost, metadata, named, read_back
 from lmconvert.mappings.gguf.loaders import forced_type, refused_tensors
 from lmconvert.mappings.tables.gguf import tensor_sizes
-from lmconvert.mappings.tables.table import out_shape
+from lmconvert.mappings.tables.table import IDENTITY, out_shape
 
 from .exports import Export, export_source
 from .plan import Progress, plan_tensors
@@ -132,6 +135,41 @@ def _tokenizer(export: Export, side: Path, pre: str | None) -> dict[str, Any]:
         raise InputError(str(exc).replace(f"{side}{os.sep}", f"{ckpt.path}: its tokenizer as converted, ")) from None
 
 
+def _kept_mxfp4(export: Export, plan: dict[str, Any], kind: str) -> tuple[Any, list[Any], dict[str, KeptWeight]]:
+    """The plan's (GGUF name, source, function) items and the reader they read; with --quant mxfp4,
+    an MXFP4 source's weights (gpt-oss's experts) are kept as they are, each as two items, its blocks
+    and its scales stacked as GGUF stacks the experts (keyed by the blocks' item, in `whole`), and
+    written as GGML's MXFP4 bit for bit (`mxfp4.ggml_blocks`). Any other weight is dequantized, then
+    quantized as the rest."""
+    items = [(name, src, t) for name, (src, t) in plan.items()]
+    if kind != "MXFP4":
+        return export.tensors, [(name, src, t.inverse) for name, src, t in items], {}
+
+    def refusal(name: str) -> str:
+        return (f"--quant mxfp4: tensor {name!r} is MXFP4, but llama.cpp's layout moves its inputs, so its blocks "
+                "cannot be kept as they are; choose another --quant to requantize it")
+
+    reader, grouped = kept_weights(export.tensors, items, "inverse", False, refusal,
+                                   keep=lambda scheme: scheme is mxfp4.MXFP4)
+    flat, whole = [], {}
+    for one in grouped:
+        if isinstance(one, KeptWeight):
+            whole[one.parts["blocks"]] = one
+            flat += [(key, key, IDENTITY.forward) for key in (one.parts["blocks"], one.parts["scales"])]
+        else:
+            flat.append(one)
+    return reader, flat, whole
+
+
+def _shape(blocks: tuple[int, ...]) -> tuple[int, ...]:
+    """A kept MXFP4 weight's shape, [..., rows, inputs], from its blocks' [..., rows, groups, 16]."""
+    return (*blocks[:-2], blocks[-2] * 2 * mxfp4.GROUP_BYTES)
+
+
+def _ggml_mxfp4(blocks: Any, scales: Any) -> Any:  # noqa: ANN401 - tensors
+    return mxfp4.ggml_blocks(blocks(), scales())
+
+
 def to_gguf(src: Path | Checkpoint, out: Path, family: str | None = None, quant: str = DEFAULT_QUANT,
             gguf_pre: str | None = None, force: bool = False, progress: Progress | None = None,
             allow_nonfinite: bool = False, max_shard_bytes: int | None = None, record_source: bool = False,
@@ -185,10 +223,22 @@ def to_gguf(src: Path | Checkpoint, out: Path, family: str | None = None, quant:
             raise InputError(f"--to gguf: {exc}") from None
         if not export.direct:
             check_output(out, force, (ckpt.path,), ours=None if max_shard_bytes else written_by_lmconvert)
-        items = [(name, src_name, t.inverse) for name, (src_name, t) in plan.items()]
-        planned = plan_tensors(export.tensors, items, None, allow_nonfinite, export.digests, meta.hash)
+        reader, items, whole = _kept_mxfp4(export, plan, kind)
+        skipped = {w.parts["scales"] for w in whole.values()}
+        planned = plan_tensors(reader, items, None, allow_nonfinite, export.digests if reader is export.tensors
+                               else kept_digests(None if export.direct else meta.tensors, reader, meta.hash),
+                               meta.hash)
+        by_name = {p.name: p for p in planned}
         tensors = []
         for p in planned:
+            if p.name in whole:  # an MXFP4 weight's blocks, its scales beside them
+                weight = whole[p.name]
+                tensors.append(GgufTensor(weight.name, _shape(p.shape), "MXFP4",
+                                          partial(_ggml_mxfp4, by_name[weight.parts["blocks"]].produce,
+                                                  by_name[weight.parts["scales"]].produce), encoded=True))
+                continue
+            if p.name in skipped:
+                continue
             written_as = tensor_type(p.shape, forced_type(p.name, kind) or kind)
             src_name = plan[p.name][0]
             first = src_name[0] if isinstance(src_name, tuple) else src_name

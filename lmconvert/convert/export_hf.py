@@ -5,6 +5,7 @@ tensor into an atomic output."""
 from __future__ import annotations
 
 import json
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -12,12 +13,19 @@ from lmconvert.formats.atomic import atomic_directory, check_output
 from lmconvert.formats.canonical import copy_sidecars
 from lmconvert.formats.checkpoint import Checkpoint, opened
 from lmconvert.formats.errors import InputError
+from lmconvert.formats.quantized import kept, kept_digests, recipe_of
 from lmconvert.formats.shards import write_shards
 from lmconvert.mappings import MappingError, family_named
 from lmconvert.mappings.family import tensor_sizes
 
 from .exports import export_source
 from .plan import Progress, plan_tensors
+
+
+def _transformed(family: str, name: str) -> str:
+    return (f"tensor {name!r} is quantized, and family {family}'s table transforms it on export in a way its "
+            "stored parts cannot follow, so it cannot be written as it is; pass --dtype bfloat16 (or float32) to "
+            "dequantize it")
 
 
 def to_hf(src: Path | Checkpoint, out: Path, family: str | None = None, dtype: str | None = None,
@@ -42,8 +50,15 @@ def to_hf(src: Path | Checkpoint, out: Path, family: str | None = None, dtype: s
         except MappingError as exc:
             raise InputError(f"--family {target.name}: {exc}") from None
         items = [(hf_name, canonical, t.inverse) for hf_name, (canonical, t) in plan.items()]
+        found = recipe_of(ckpt.source.tensors)
+        digests = export.digests
+        if found is not None and dtype is None:  # kept as it is: the parts, and quantization_config unchanged
+            source, items = kept(source, [(hf_name, canonical, t) for hf_name, (canonical, t) in plan.items()],
+                                 "inverse", True, partial(_transformed, target.name))
+            digests = kept_digests(None if export.direct else meta.tensors, source, meta.hash)
+            config["quantization_config"] = found.config
         with atomic_directory(out, force) as tmp, export.side_files(out) as side:
-            planned = plan_tensors(source, items, dtype, allow_nonfinite, export.digests, meta.hash)
+            planned = plan_tensors(source, items, dtype, allow_nonfinite, digests, meta.hash)
             write_shards(planned, tmp, max_shard_bytes, progress=progress, hashed=False)
             copy_sidecars(side, tmp, meta)
             (tmp / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")

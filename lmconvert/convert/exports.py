@@ -4,7 +4,7 @@ from a canonical checkpoint, or from any other format in one step, without the c
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
 from math import prod
@@ -31,7 +31,8 @@ def canonical_meta(checkpoint: Checkpoint, to: str) -> CanonicalMeta:
     meta = checkpoint.meta
     if meta is None:
         raise InputError(f"{checkpoint.path}: --to {to} needs a canonical checkpoint (with lmconvert.json) as SRC")
-    names = set(checkpoint.source.tensors.names())
+    tensors = checkpoint.source.tensors
+    names = set(getattr(tensors, "every_name", tensors.names)())  # a quantized weight's parts, not the weight
     if names != set(meta.tensors):
         changed = sorted(names ^ set(meta.tensors))
         raise IntegrityError(f"{checkpoint.path}: its tensors differ from {META_FILE} ({', '.join(changed[:5])}); "
@@ -82,8 +83,13 @@ class Export:
         return self.checkpoint.meta is None
 
     @property
-    def digests(self) -> dict[str, str] | None:
-        return None if self.direct else self.meta.tensors
+    def digests(self) -> Mapping[str, str] | None:
+        """The digests to check tensors against as they are read; a quantized canonical checkpoint's
+        view checks each part it reads itself (`QuantizedTensors.checking`), dequantized weights aside."""
+        if self.direct:
+            return None
+        checking = getattr(self.tensors, "checking", None)
+        return self.meta.tensors if checking is None else checking(self.meta.tensors, self.meta.hash)
 
     @contextmanager
     def side_files(self, out: Path) -> Iterator[Path]:

@@ -32,8 +32,8 @@ from lmconvert.formats.checkpoint import Checkpoint, checkpoint_of
 from lmconvert.formats.checkpoint_files import SIDECAR_PATTERNS
 from lmconvert.formats.dtypes import DTYPES
 from lmconvert.formats.errors import InputError
-from lmconvert.formats.fp8 import dequantized
 from lmconvert.formats.jsonfile import read_json_object, read_weight_map
+from lmconvert.formats.quantized import quantized_view
 from lmconvert.formats.source import Loadable, Source
 from lmconvert.formats.whole_file import Announced, AnnouncedMismatch
 
@@ -528,7 +528,7 @@ def remote_checkpoint(repo_id: str, revision: str | None = None, token: str | No
     tensors = {name: (file, tuple(info.shape), info.dtype)
                for file, meta in sorted(headers.files_metadata.items()) for name, info in meta.tensors.items()}
     hf_config = read_json_object(config)
-    read, quantization = dequantized(hf_config, Path(where) / CONFIG, HeaderTensors(where, tensors))
+    read, quantization = quantized_view(hf_config, Path(where) / CONFIG, HeaderTensors(where, tensors))
     source = Source(Path(where), "hf-safetensors", hf_config, read,
                     info={"repo": repo_id, "revision": resolved.resolved, **quantization},
                     reference=Loadable(None, refusal=f"{where}: only its headers were fetched; pull it first"))

@@ -35,6 +35,9 @@ class CanonicalMeta:
     dtype: str
     source: dict[str, Any] = field(default_factory=dict)
     hf_extras: dict[str, Any] = field(default_factory=dict)
+    # a quantized checkpoint kept as it is: config.json's quantization_config, unchanged (the tensors
+    # hold each quantized weight's stored parts under its canonical name: formats/quantized.py)
+    quantization: dict[str, Any] = field(default_factory=dict)
     hash: str = HASH  # the digest algorithm of the three maps below
     tensors: dict[str, str] = field(default_factory=dict)  # name -> digest of its bytes
     files: dict[str, str] = field(default_factory=dict)  # file -> digest (every file but the shards)
@@ -61,7 +64,7 @@ DESCRIPTION = schema.Object(
     optional={"hash": schema.String(tuple(HASHES)),
               "source": schema.Object(optional={"path": schema.Nullable(schema.String()),
                                                 "format": schema.String()}),
-              "hf_extras": schema.MapOf(), "tensors": schema.MapOf(schema.String()),
+              "hf_extras": schema.MapOf(), "quantization": schema.MapOf(), "tensors": schema.MapOf(schema.String()),
               "files": schema.MapOf(schema.String()),
               "shards": schema.MapOf(schema.Object(required={"header": schema.String(), "bytes": schema.COUNT}))})
 
@@ -84,7 +87,8 @@ def read_meta(path: Path) -> CanonicalMeta:
     except (TypeError, ConfigError) as exc:
         raise InputError(f"{file}: invalid description ({exc})") from None
     return CanonicalMeta(arch=arch, family=data["family"], dtype=data["dtype"], source=data.get("source", {}),
-                         hf_extras=data.get("hf_extras", {}), hash=data.get("hash", "sha256"),  # format 1: sha256
+                         hf_extras=data.get("hf_extras", {}), quantization=data.get("quantization", {}),
+                         hash=data.get("hash", "sha256"),  # format 1: sha256
                          tensors=tensors, files=data.get("files", {}), shards=data.get("shards", {}))
 
 

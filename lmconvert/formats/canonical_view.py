@@ -13,6 +13,7 @@ steps would.
 
 from __future__ import annotations
 
+from dataclasses import replace
 from math import prod
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -20,6 +21,8 @@ from typing import TYPE_CHECKING
 from lmconvert.mappings.tables.table import IDENTITY
 
 from .dtypes import DTYPES
+from .errors import InputError
+from .quant_scheme import QuantizedWeight
 from .source import dtype_name
 
 if TYPE_CHECKING:
@@ -104,6 +107,24 @@ class CanonicalTensors:
         size = DTYPES[dtype_name(self.stored, stored)].itemsize
         first, stop = span(self.stored.shape(stored))
         return path, start + first * size, start + stop * size
+
+    def quantized_parts(self, name: str) -> QuantizedWeight | None:
+        """A quantized weight's stored parts (`quantized.py`), with the table's move of them where its
+        transform is not a renaming (the parts' counterpart of it: `Packed`); one its transform cannot
+        move is refused."""
+        parts_of = getattr(self.stored, "quantized_parts", None)
+        stored, transform = self.checkpoint.plan[name]
+        if parts_of is None or isinstance(stored, tuple):
+            return None
+        found = parts_of(stored)
+        if found is None or transform.forward is IDENTITY.forward:
+            return found
+        if transform.packed_forward is None or found.scheme.own_dims is None:
+            raise InputError(f"{self.stored.where(stored)}: tensor {stored!r} is quantized, and family "
+                             f"{self.checkpoint.family.name}'s table transforms it in a way its stored parts cannot "
+                             "follow, so it cannot be kept as it is; pass --dtype bfloat16 (or float32) to dequantize "
+                             "it")
+        return replace(found, move=transform.packed_forward)
 
     def close(self) -> None:
         """The checkpoint's owner closes it."""

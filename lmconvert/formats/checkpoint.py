@@ -27,6 +27,7 @@ from .claims import check_layer_claim, layers_held
 from .dtypes import DTYPES, dominant
 from .errors import InputError
 from .hf import is_hf_safetensors, open_hf_safetensors
+from .quantized import quantized_view
 from .safetensors_dir import TensorSource
 from .source import CANNOT_LOAD_META, LastRead, Loadable, Source, TensorReader, dtype_name, stored_type
 
@@ -45,8 +46,18 @@ def _late(module: str, name: str) -> Callable[[Path], Any]:
 
 
 def open_canonical(path: Path) -> Source:
-    """A canonical directory as a format among the others: its tensors already carry canonical names."""
-    return Source(path, "canonical", {}, TensorSource(path), canonical=read_meta(path))
+    """A canonical directory as a format among the others: its tensors already carry canonical names
+    (a quantized one's, seen through the same view as its source's: `quantized.py`)."""
+    meta = read_meta(path)
+    tensors = TensorSource(path)
+    if not meta.quantization:
+        return Source(path, "canonical", {}, tensors, canonical=meta)
+    try:
+        read, _ = quantized_view({"quantization_config": meta.quantization}, path / META_FILE, tensors, canonical=True)
+    except BaseException:
+        tensors.close()
+        raise
+    return Source(path, "canonical", {}, read, canonical=meta)
 
 
 # (format name, detector, opener): the first detector that accepts the path wins
@@ -281,7 +292,7 @@ def _check_shapes(checkpoint: Checkpoint, shapes: dict[str, tuple[int, ...]]) ->
                                  "bfloat16, float32 or float64 weights")
         first = _names(names)[0]
         shape = [tensors.shape(name) for name in names] if isinstance(names, tuple) else tensors.shape(names)
-        if isinstance(names, tuple) and len(set(shape)) > 1:  # rows that torch.stack cannot join
+        if isinstance(names, tuple) and not transform.gathers and len(set(shape)) > 1:  # rows torch.stack cannot join
             odd = next(name for name, one in zip(names, shape, strict=True) if one != shape[0])
             raise InputError(f"{tensors.where(odd)}: tensor {odd!r} has shape {list(tensors.shape(odd))}, but "
                              f"{first!r}, another row of {canonical}, has {list(shape[0])}; the checkpoint is "

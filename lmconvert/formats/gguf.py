@@ -63,10 +63,12 @@ GENERAL_TYPES = schema.Object(
 ARCH_TYPES: dict[str, schema.Spec] = {  # `{arch}.` keys
     **{key: schema.POSITIVE_INT for key in (
         "context_length", "embedding_length", "block_count", "feed_forward_length", "attention.head_count",
-        "attention.head_count_kv", "attention.key_length", "attention.value_length", "rope.dimension_count",
+        "attention.key_length", "attention.value_length", "rope.dimension_count",
         "vocab_size", "attention.sliding_window", "rope.scaling.original_context_length", "expert_count",
         "expert_used_count", "expert_feed_forward_length", "expert_shared_feed_forward_length",
-        "attention.key_length_mla", "attention.value_length_mla")},
+        "attention.key_length_mla", "attention.value_length_mla", "shortconv.l_cache")},
+    # one count, or one per layer (LFM2: 0 on a layer that does not attend)
+    "attention.head_count_kv": schema.Either((schema.POSITIVE_INT, schema.Array(schema.COUNT))),
     **{key: schema.POSITIVE for key in (
         "attention.layer_norm_rms_epsilon", "attention.layer_norm_epsilon", "rope.freq_base", "rope.freq_base_swa",
         "attn_logit_softcapping",

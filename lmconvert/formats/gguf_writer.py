@@ -65,6 +65,7 @@ class GgufTensor:
     type: str
     produce: Callable[[], torch.Tensor]
     check: FiniteCheck | None = None
+    encoded: bool = False  # `produce` gives the type's bytes themselves (uint8), written as they are
 
 
 def tensor_type(shape: Sequence[int], wanted: str) -> str:
@@ -157,7 +158,12 @@ def write_gguf(path: Path, arch: str, values: Mapping[str, Any], tensors: Sequen
         writer.write_ti_data_to_file()
         done, total = 0, sum(_nbytes(t.shape, t.type) for t in tensors)
         for t in tensors:
-            _write_tensor(writer, writer.fout[shard_of[t.name]], t.produce(), t.type, t.check)
+            fout = writer.fout[shard_of[t.name]]
+            if t.encoded:
+                writer.write_padding(fout, fout.tell())
+                writer.write_padding(fout, _write(t.produce().contiguous().numpy(), fout, t.type, False)[0])
+            else:
+                _write_tensor(writer, fout, t.produce(), t.type, t.check)
             done += _nbytes(t.shape, t.type)
             if progress is not None:
                 progress(done, total)

@@ -7,8 +7,8 @@ from typing import Any
 
 from .checkpoint_files import checkpoint_file
 from .errors import InputError
-from .fp8 import dequantized
 from .jsonfile import read_json_object
+from .quantized import quantized_view, reference_of
 from .safetensors_dir import TensorSource
 from .source import Source
 
@@ -30,8 +30,8 @@ def open_hf_safetensors(path: Path) -> Source:
     config = read_config(path)
     tensors = TensorSource(path)
     try:
-        read, info = dequantized(config, path / "config.json", tensors)
+        read, info = quantized_view(config, path / "config.json", tensors)
     except BaseException:
         tensors.close()
         raise
-    return Source(path, "hf-safetensors", config, read, info=info)
+    return Source(path, "hf-safetensors", config, read, info=info, reference=reference_of(path, read))

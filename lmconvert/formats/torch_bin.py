@@ -18,9 +18,9 @@ import torch
 
 from .checkpoint_files import checkpoint_file
 from .errors import InputError
-from .fp8 import dequantized
 from .hf import read_config
 from .jsonfile import read_weight_map, shard_files
+from .quantized import quantized_view, reference_of
 from .source import Source
 
 INDEX = "pytorch_model.bin.index.json"
@@ -118,5 +118,5 @@ def is_hf_bin(path: Path) -> bool:
 
 def open_hf_bin(path: Path) -> Source:
     config = read_config(path)
-    tensors, info = dequantized(config, path / "config.json", BinTensors(path))
-    return Source(path, "hf-bin", config, tensors, info=info)
+    tensors, info = quantized_view(config, path / "config.json", BinTensors(path))
+    return Source(path, "hf-bin", config, tensors, info=info, reference=reference_of(path, tensors))

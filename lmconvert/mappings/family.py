@@ -53,6 +53,7 @@ VARIANT_NAMES = {
     "embed_scale_unrounded": "an unrounded embedding scale", "embed_dropout": "embedding dropout",
     "resid_dropout": "residual dropout", "attn_dropout": "attention dropout",
     "embed_norm": "an embedding norm", "residual_after_norm": "the residual taken after the norm",
+    "residual_fp32": "an fp32 residual stream",
     "parallel_sum": "this parallel-block sum order", "scale_in_product": "the score scale inside q.k's product",
     "d_ff": "this FFN width", "vocab_size": "this vocabulary size", "d_model": "this width (d_model)",
     "n_layers": "this number of layers", "n_heads": "this number of heads",
@@ -65,13 +66,24 @@ VARIANT_NAMES = {
     "attention_chunk": "chunked local attention", "chunked_layers": "chunked local attention on these layers",
     "qk_l2_norm": "a weightless L2 QK norm after RoPE (Llama 4)",
     "attn_output_gate": "a sigmoid gate on the attention output (AFMoE's gate_proj)",
+    "mixer": "this token mixer beside attention", "mixer_settings": "these token-mixer settings",
+    "layer_mixers": "this per-layer schedule of attention and mixer layers",
+    "layer_ffns": "layers without an FFN",
+    "mixer_norm_placement": "another norm placement on the mixer layers",
+    # Gemma 4
+    "global_head_dim": "a head_dim of the global layers' own", "global_kv_heads": "KV heads of the global layers' own",
+    "k_eq_v": "K = V layers (no v projection)", "v_norm": "a weightless V norm",
+    "kv_shared_layers": "cross-layer KV sharing", "kv_reused": "a KV-shared layer",
+    "shared_ffn_factor": "wider FFNs on the KV-shared layers", "layer_scalar": "a per-layer output scalar",
 }
 
 def tensor_sizes(arch: ArchConfig) -> dict[str, int]:
     """The sizes an HF family's tensor-table transforms are written in (fused pieces, per-group qkv)."""
     return {"q": arch.q_dim, "kv": arch.kv_dim, "ffn": arch.d_ff, "heads": arch.n_heads,
             "kv_heads": arch.n_kv_heads, "head_dim": arch.head_dim, "vocab": arch.vocab_size, "dim": arch.d_model,
-            **({"shared": arch.moe.d_shared} if arch.moe is not None and arch.moe.d_shared is not None else {})}
+            **({"shared": arch.moe.d_shared} if arch.moe is not None and arch.moe.d_shared is not None else {}),
+            # a token mixer's own sizes, prefixed (gated delta-net's per-key-head groups)
+            **{f"mixer.{k}": v for k, v in getattr(arch.mixer_settings, "sizes", {}).items()}}
 
 
 # config.json keys that are not architecture but should travel with the checkpoint (HunYuan's end of document
@@ -92,6 +104,7 @@ class Family:
     layout: Callable[[ArchConfig], TensorTable] | None = None  # the table for one config, where names depend on it
     gguf: tuple[GgufArch, ...] = ()  # its llama.cpp architectures (read, and written by `--to gguf`)
     no_gguf: str = ""  # why it has no GGUF form, where llama.cpp names it but cannot run it
+    no_offload: str = ""  # why verify --max-memory cannot offload transformers' model of it (accelerate's hooks)
     # wrapper model_type -> the text model_types of it this family reads, where another family claims the wrapper
     # (Mistral3ForConditionalGeneration around a ministral3 decoder): `family_for` chooses by `text_config`
     wraps: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
@@ -164,7 +177,7 @@ def _describe(name: str, cfg: ArchConfig, back: ArchConfig) -> str:
     """The variant's name; for a norm, RoPE or attention settings, also which of its fields differ."""
     text = VARIANT_NAMES.get(name, name)
     ours, theirs = getattr(cfg, name), getattr(back, name)
-    if name in ("norm", "rope", "attention_settings") and is_dataclass(ours) and is_dataclass(theirs):
+    if name in ("norm", "rope", "attention_settings") and is_dataclass(ours) and type(ours) is type(theirs):
         differ = [f.name for f in fields(ours) if getattr(ours, f.name) != getattr(theirs, f.name)]
         text += f"'s {' and '.join(differ)}"
     return text

@@ -93,7 +93,7 @@ def prompt_ids(tokenizer: Any, prompt: str, arch: ArchConfig, max_new_tokens: in
     if max_new_tokens > room:
         raise InputError(f"--max-new-tokens {max_new_tokens}: the prompt's {len(ids)} tokens leave room for at most "
                          f"{room} within the model's max_positions {arch.max_positions}; lower it")
-    cache = (len(ids) + max_new_tokens) * arch.kv_cache_bytes_per_token(itemsize)
+    cache = arch.cache_bytes(len(ids) + max_new_tokens, itemsize)  # the KV cache and any mixer's state
     available = available_memory()
     if available is not None and cache > available:
         raise InputError(f"--max-new-tokens {max_new_tokens}: the KV cache for {len(ids) + max_new_tokens} tokens "

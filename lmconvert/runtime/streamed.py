@@ -130,6 +130,8 @@ class StreamedDecoder:
         model = self.model
         past = cache.length if cache is not None else 0
         positions = model.default_positions(ids, past, attention_mask)
+        if cache is not None:
+            cache.advance(ids.shape[1])
         with self.stage("embed"):
             h = model.embed_tokens(ids, positions)
         ctx = Context.build(past, ids.shape[1], h.dtype, ids.device, positions, attention_mask)

@@ -19,7 +19,8 @@ weight; the replicated ones above are whole on every rank. What a plan cannot sp
 refused with one line (`refusals`): per-head ALiBi slopes and T5 relative biases (their head
 index is global), QK norm over the whole projection (its statistics span every head), a head
 count or hidden width the ranks do not divide. Per-head QK norm weights (Cohere), attention
-sinks (gpt-oss) and the attention output gate's rows (AFMoE) go with their heads.
+sinks (gpt-oss) and the attention output gate's rows (AFMoE) go with their heads. A mixture of
+attention heads (JetMoE) splits every expert's q and o by the kv heads, as q and o.
 
 A mixture of experts splits each expert's MLP like the dense one (its hidden width over the ranks,
 two collectives per expert that runs) and replicates the router, so every rank picks the same
@@ -85,7 +86,8 @@ class Plan:
 
 def refusals(arch: ArchConfig, size: int) -> list[str]:
     """Why `arch` cannot be split over `size` ranks (empty when it can)."""
-    checks = [
+    checks = [  # a mixer first: an all-mixer model's attention fields are placeholders (n_heads 1)
+        (bool(arch.layers_mixed_by("mixer")), f"the {arch.mixer} mixer layers have no tensor-parallel plan"),
         (arch.attention not in ATTENTION_PLANS,
          f"attention kind {arch.attention!r} has no tensor-parallel plan (known: {', '.join(ATTENTION_PLANS)})"),
         (arch.n_heads % size != 0, f"n_heads={arch.n_heads} does not divide by {size} ranks"),
@@ -100,6 +102,15 @@ def refusals(arch: ArchConfig, size: int) -> list[str]:
         ("relative" in arch.layer_positions, "the relative position bias is indexed by the global head"),
         (arch.qk_norm == "projection", "QK norm over the whole projection needs every head's values"),
         (arch.sub_norms, "the sub-norms (BitNet's) normalise over every head and the whole MLP width"),
+        (arch.attention == "head_mixture" and arch.n_kv_heads % size != 0,
+         f"n_kv_heads={arch.n_kv_heads} does not divide by {size} ranks: a mixture of attention heads splits each "
+         "expert's queries by the kv head they read"),
+        # Gemma 4's features, each refused by name
+        (arch.global_head_dim is not None or arch.global_kv_heads is not None,
+         "per-layer head geometry (the global layers' own head_dim and KV heads) has no tensor-parallel plan"),
+        (arch.k_eq_v != "none", "K = V layers (v taken from k's projection) have no tensor-parallel plan"),
+        (bool(arch.kv_shared_layers), "cross-layer KV sharing has no tensor-parallel plan"),
+        (arch.layer_scalar, "the per-layer output scalar has no tensor-parallel plan"),
     ]
     return [why for wrong, why in checks if wrong]
 
@@ -146,8 +157,23 @@ def _latent(arch: ArchConfig, plan: Plan, prefix: str) -> None:
     plan.points.update({f"{prefix}.{q}": (-1, everyone), f"{prefix}.kv_b": (-1, everyone)})
 
 
+def _mixture(arch: ArchConfig, plan: Plan, prefix: str) -> None:
+    """A mixture of attention heads (JetMoE's): every expert's q column-wise and o row-wise, by the kv heads
+    (each rank computes its kv heads' queries of every chosen expert), k and v column-wise; the router and
+    the output bias whole, so that every rank routes alike and adds the bias once, to the reduced sum."""
+    everyone = tuple(range(plan.size))
+    for e in range(arch.attention_settings.n_experts):  # each expert's q alone is a point of ours too (trace)
+        plan.styles.update({f"{prefix}.q.{e}": "col", f"{prefix}.o.{e}": "row"})
+        plan.points[f"{prefix}.q.{e}"] = (-1, everyone)
+    plan.styles.update({f"{prefix}.k": "col", f"{prefix}.v": "col"})
+    plan.points.update({f"{prefix}.{name}": (-1, everyone) for name in ("q", "k", "v")})
+
+
 # ArchConfig.attention -> how its layers split
-ATTENTION_PLANS: dict[str, Callable[[ArchConfig, Plan, str], None]] = {"standard": _standard, "latent": _latent}
+ATTENTION_PLANS: dict[str, Callable[[ArchConfig, Plan, str], None]] = {"standard": _standard, "latent": _latent,
+                                                                     "head_mixture": _mixture}
+# the kinds whose KV heads split as the query heads do (latent attention has one latent, its heads the queries')
+KV_HEADS_SPLIT = ("standard", "head_mixture")
 
 
 def check_split(arch: ArchConfig, size: int) -> None:
@@ -167,7 +193,7 @@ def check_split(arch: ArchConfig, size: int) -> None:
 def make_plan(arch: ArchConfig, size: int, rank: int) -> Plan:
     check_split(arch, size)
     kv = arch.n_kv_heads // size if arch.n_kv_heads % size == 0 else 1
-    local = replace(arch, n_heads=arch.n_heads // size, n_kv_heads=kv if arch.attention == "standard"
+    local = replace(arch, n_heads=arch.n_heads // size, n_kv_heads=kv if arch.attention in KV_HEADS_SPLIT
                     else arch.n_heads // size)
     plan = Plan(size, rank, local)
     sharded_vocab = arch.vocab_size % size == 0  # else the embedding and head stay whole (documented)
@@ -176,7 +202,10 @@ def make_plan(arch: ArchConfig, size: int, rank: int) -> Plan:
     if arch.head_vocab % size == 0:  # the LM head's rows (the vocabulary's, or a narrower head's)
         plan.styles["lm_head"] = "head"
     for i in range(arch.n_layers):
-        ATTENTION_PLANS[arch.attention](arch, plan, f"layers.{i}.attn")
+        if arch.layer_mixers[i] == "attention":
+            ATTENTION_PLANS[arch.attention](arch, plan, f"layers.{i}.attn")
+        if arch.layer_ffns[i] == "none":
+            continue
         mlp, moe = f"layers.{i}.mlp", arch.moe
         if moe is None or not moe.sparse(i):
             _mlp(arch, plan, mlp)
@@ -247,7 +276,8 @@ def load_parallel(checkpoint: Checkpoint, mesh: DeviceMesh, dtype: torch.dtype |
         if arch.tie_embeddings and "lm_head" in plan.styles:  # the LM head is the embedding, sliced the same way
             model.lm_head = nn.Linear(arch.embed_dim, arch.vocab_size, bias=arch.lm_head_bias)
     for block in model.layers:  # attention reads its head counts from its config: the local ones
-        block.attn.cfg = plan.local_arch
+        if block.attn is not None:
+            block.attn.cfg = plan.local_arch
     fp32 = kept_in_fp32(model)
     with SliceReader(checkpoint) as reader:
         for path, module in model.named_modules():

@@ -18,7 +18,8 @@ H query heads, KV key/value heads, D head_dim, P the pieces of a fused projectio
 expert's width; for latent
 attention (MLA) Q q_lora_rank, C kv_lora_rank, QK a query/key head (qk_nope_head_dim + head_dim),
 CR the joint latent (C + head_dim), NV a head's expanded key and value (qk_nope_head_dim +
-v_head_dim), and `one` the single latent "head" both sides expand from.
+v_head_dim), and `one` the single latent "head" both sides expand from; for a mixture of attention
+heads XA its experts and R its (token, slot) rows, sorted by expert.
 """
 
 from __future__ import annotations
@@ -26,15 +27,17 @@ from __future__ import annotations
 import math
 import re
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
 from lmconvert.arch import ArchConfig
+from lmconvert.arch.mixer_kinds import mixer_kind
+from lmconvert.arch.parts import ConvPart, LinearPart, NormPart
 from lmconvert.mappings import FAMILIES
-from lmconvert.mappings.tables.points import LATENT, RESIDUAL, SPARSE, Layout, Piece, Returned, Summed
+from lmconvert.mappings.tables.points import LATENT, RESIDUAL, SPARSE, Layout, Parallel, Piece, Returned, Summed
 
-from .trace import sublayer_of
+from .trace import layer_of, sublayer_of
 
 EXPERT = re.compile(r"^mlp\.experts\.\d+$")
 
@@ -71,7 +74,10 @@ OURS_QK_NORM: Mapping[str, Mapping[str, Layout]] = {
 # a per-head QK norm after RoPE (ArchConfig.qk_norm_after_rope) normalises the rotated (B, H, T, D) heads
 OURS_QK_NORM_AFTER_ROPE: Mapping[str, Layout] = {"attn.q_norm": "B H T D", "attn.k_norm": "B KV T D"}
 
-OURS_BY_ATTENTION: Mapping[str, Mapping[str, Layout]] = {"latent": LATENT, "sparse": SPARSE}
+# A mixture of attention heads (arch/head_mixture.py): its router's logits over the XA attention experts; each
+# expert's q and o run on the (token, slot) rows sorted by expert, R of them (B * T * top_k), in that order
+MIXTURE: Mapping[str, Layout] = {"attn.router": "B*T XA", "attn.q": "R KV*D", "attn.o": "R d"}
+OURS_BY_ATTENTION: Mapping[str, Mapping[str, Layout]] = {"latent": LATENT, "sparse": SPARSE, "head_mixture": MIXTURE}
 
 # q emitting each head's output gate beside its query (ArchConfig.attn_output_gate="q_heads", Qwen3-Next): H * 2D
 OURS_BY_OUTPUT_GATE: Mapping[str, Mapping[str, Layout]] = {"q_heads": {"attn.q": "B T H*QG"}}
@@ -106,12 +112,41 @@ def _latent_sizes(arch: ArchConfig) -> dict[str, int]:
     return sizes
 
 
+def _mixture_sizes(arch: ArchConfig, tokens: int) -> dict[str, int]:
+    if arch.attention != "head_mixture":
+        return {}
+    return {"XA": arch.attention_settings.n_experts, "R": tokens * arch.attention_settings.top_k}
+
+
+def _mixer_points(arch: ArchConfig) -> tuple[dict[str, Layout], dict[str, int]]:
+    """A mixer kind's points (`mixer_kinds`), from its declared parts, the same on both sides unless a
+    family declares transformers' otherwise: a linear or a norm outputs (B, T, its width), a
+    depthwise convolution (B, channels, T). Each part's width is an axis of its own, `mixer.<part>`;
+    the mixer's own point (where a parameter of its own, as dt_bias, names it) is its output (B, T, d)."""
+    if not arch.layers_mixed_by("mixer"):
+        return {}, {}
+    layouts: dict[str, Layout] = {"mixer": "B T d"}
+    sizes: dict[str, int] = {}
+    for name, part in mixer_kind(arch.mixer).parts(arch).items():
+        axis = f"mixer.{name}"
+        if isinstance(part, LinearPart):
+            layouts[axis], sizes[axis] = f"B T {axis}", part.d_out
+        elif isinstance(part, NormPart):
+            layouts[axis], sizes[axis] = f"B T {axis}", part.dim if isinstance(part.dim, int) else part.dim[-1]
+            rows = getattr(arch.mixer_settings, "norm_rows", None)  # several rows per token, normed each, flattened
+            if rows:
+                layouts[axis], sizes[f"{axis}.rows"] = f"B*T*{axis}.rows {axis}", rows
+        elif isinstance(part, ConvPart):
+            layouts[axis], sizes[axis] = f"B {axis} T", part.channels
+    return layouts, sizes
+
+
 def _moe_sizes(arch: ArchConfig) -> dict[str, int]:
     moe = arch.moe
     return {} if moe is None else {"X": moe.n_experts, "S": moe.d_shared or 0, "one": 1}
 
 
-Declared = Layout | Piece | Summed | Returned  # what a family may declare for a point of transformers'
+Declared = Layout | Piece | Summed | Returned | Parallel  # what a family may declare for a point of transformers'
 
 
 class PointLayoutError(ValueError):
@@ -185,17 +220,28 @@ class PointLayouts:
     theirs: Mapping[str, Declared]
     sizes: Mapping[str, int]
     model_type: str
+    # the layers whose heads, head_dim or FFN width differ from the model's (Gemma 4's global and KV-shared layers):
+    # their sizes, from ArchConfig.layer_config
+    layer_sizes: Mapping[int, Mapping[str, int]] = field(default_factory=dict)
 
     @classmethod
     def of(cls, arch: ArchConfig, model_type: str, batch: int, seq_len: int) -> PointLayouts:
         ours = {**OURS, **OURS_QK_NORM.get(arch.qk_norm, {}),
                 **(OURS_QK_NORM_AFTER_ROPE if arch.qk_norm_after_rope else {}),
                 **OURS_BY_ATTENTION.get(arch.attention, {}), **OURS_BY_OUTPUT_GATE.get(arch.attn_output_gate, {})}
-        theirs = transformers_layouts(model_type, arch)
-        sizes = {"B": batch, "T": seq_len, "d": arch.d_model, "E": arch.embed_dim, "F": arch.d_ff, "H": arch.n_heads,
-                 "KV": arch.n_kv_heads, "D": arch.head_dim, "QG": 2 * arch.head_dim, "P": 3, **_latent_sizes(arch),
-                 **_moe_sizes(arch)}
-        return cls(ours, theirs, sizes, model_type)
+        mixer, mixer_sizes = _mixer_points(arch)
+        ours = {**ours, **mixer}
+        theirs = {**mixer, **transformers_layouts(model_type, arch)}
+        sizes = {**mixer_sizes, "B": batch, "T": seq_len, "d": arch.d_model, "E": arch.embed_dim, "F": arch.d_ff,
+                 "H": arch.n_heads, "KV": arch.n_kv_heads, "D": arch.head_dim, "QG": 2 * arch.head_dim, "P": 3,
+                 **_latent_sizes(arch), **_moe_sizes(arch), **_mixture_sizes(arch, batch * seq_len)}
+        layer_sizes = {}
+        for i in range(arch.n_layers):  # Gemma 4: a layer of its own geometry or FFN width
+            layer = arch.layer_config(i)
+            own = {"KV": layer.n_kv_heads, "D": layer.head_dim, "QG": 2 * layer.head_dim, "F": layer.d_ff}
+            if any(sizes[k] != v for k, v in own.items()):
+                layer_sizes[i] = {**sizes, **own}
+        return cls(ours, theirs, sizes, model_type, layer_sizes)
 
     def to_ours(self, point: str, value: torch.Tensor) -> torch.Tensor:
         """transformers' value at `point`, in our layout."""
@@ -206,15 +252,16 @@ class PointLayouts:
         if kind not in self.ours:
             raise PointLayoutError(f"{point}: no layout is declared for our {kind}; declare it in "
                               "lmconvert/verify/layouts.py")
+        sizes = self.layer_sizes.get(layer_of(point), self.sizes)
         try:
             theirs = self.theirs[kind]
-            if isinstance(theirs, Returned):  # the recorder kept the tuple's entry
+            if isinstance(theirs, (Returned, Parallel)):  # the recorder kept the tuple's entry; the mixture's output
                 theirs = theirs.layout
             if isinstance(theirs, Piece):
-                value, theirs = take_piece(value, theirs, self.sizes)
+                value, theirs = take_piece(value, theirs, sizes)
             elif isinstance(theirs, Summed):
-                value, theirs = summed(value, theirs, self.sizes)
-            return convert(value, theirs, self.ours[kind], self.sizes)
+                value, theirs = summed(value, theirs, sizes)
+            return convert(value, theirs, self.ours[kind], sizes)
         except PointLayoutError as exc:
             raise PointLayoutError(f"{point}: transformers' ({self.model_type}) output does not fit: {exc}") from None
 

@@ -119,7 +119,7 @@ def first_failure(points: list[PointError]) -> PointError | None:
 
 
 def _group(point: PointError) -> str:
-    if point.sublayer.startswith("attn"):
+    if point.sublayer.startswith(("attn", "mixer")):  # the token mixer: attention, or a mixer kind (mixer_kinds)
         return "attn"
     if point.sublayer.startswith("mlp"):
         return "mlp"

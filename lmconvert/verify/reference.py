@@ -13,7 +13,8 @@ import torch
 from lmconvert.arch import ArchConfig
 from lmconvert.formats.errors import InputError
 from lmconvert.formats.source import Loadable
-from lmconvert.mappings.tables.points import Returned, Summed
+from lmconvert.mappings import BY_MODEL_TYPE
+from lmconvert.mappings.tables.points import Parallel, Returned, Summed
 from lmconvert.mappings.tables.table import TensorTable
 
 from .layouts import EXPERT, PointLayouts
@@ -143,7 +144,16 @@ def reference_model(reference: Loadable, dtype: torch.dtype, device: str, max_me
 
 def placement(reference: Loadable, dtype: torch.dtype, device: str, max_memory: int | None,
               reserve: int) -> dict[str, int | str] | None:
-    """accelerate's `device_map` for the reference, or None for the whole model on `device`."""
+    """accelerate's `device_map` for the reference, or None for the whole model on `device`; a family
+    whose transformers model accelerate cannot offload (`Family.no_offload`) is refused by name."""
+    if max_memory is not None:
+        from transformers import AutoConfig
+
+        model_type = AutoConfig.from_pretrained(str(reference.where), **reference.kwargs).model_type
+        family = BY_MODEL_TYPE.get(model_type)
+        if family is not None and family.no_offload:
+            raise InputError(f"--max-memory: {model_type}: {family.no_offload}; verify it without --max-memory, on a "
+                             "machine that holds transformers' model")
     gpus = spread_gpus(device)
     if gpus > 1:
         return spread_map(reference, dtype, gpus, max_memory, reserve)
@@ -151,16 +161,26 @@ def placement(reference: Loadable, dtype: torch.dtype, device: str, max_memory: 
 
 
 def dequantizing(config: object) -> dict[str, object]:
-    """A block-wise FP8 checkpoint loads dequantized (`FineGrainedFP8Config(dequantize=True)`: each
+    """A quantized checkpoint transformers reads on CPU loads dequantized (MXFP4: `Mxfp4Config(dequantize=True)`);
+    a block-wise or per-tensor FP8 one (`FineGrainedFP8Config(dequantize=True)`: each
     weight times its block's scale, in float32, cast to `dtype`), as lmconvert reads it: on CPU
     transformers does so by itself, on a GPU it would run FP8 kernels instead."""
     quant = getattr(config, "quantization_config", None)
     method = quant.get("quant_method") if isinstance(quant, dict) else getattr(quant, "quant_method", None)
-    if method != "fp8":
-        return {}
-    from transformers import FineGrainedFP8Config
+    if method == "fp8":
+        from transformers import FineGrainedFP8Config
 
-    return {"quantization_config": FineGrainedFP8Config(dequantize=True)}
+        return {"quantization_config": FineGrainedFP8Config(dequantize=True)}
+    if method == "mxfp4":  # gpt-oss's experts: `convert_moe_packed_tensors`, as lmconvert reads them
+        from transformers import Mxfp4Config
+
+        return {"quantization_config": Mxfp4Config(dequantize=True)}
+    if method == "compressed-tensors":  # decompressed on load, weights alone (a declared activation scheme
+        # not run): the model lmconvert's dequantized weights make (formats/compressed_tensors.py)
+        from transformers import CompressedTensorsConfig
+
+        return {"quantization_config": CompressedTensorsConfig(run_compressed=False)}
+    return {}
 
 
 def load_reference(reference: Loadable, dtype: torch.dtype, device: str, max_memory: int | None = None,
@@ -197,6 +217,9 @@ def reference_logits(model: torch.nn.Module, ids: torch.Tensor) -> torch.Tensor:
     return model(ids).logits
 
 
+EMBEDDING_MODULE = "<input embeddings>"  # the embedding module's output, kept aside from the points
+
+
 @torch.no_grad()
 def reference_trace(model: torch.nn.Module, ids: torch.Tensor, arch: ArchConfig, table: TensorTable,
                     attention_mask: torch.Tensor | None = None) -> Trace:
@@ -219,19 +242,31 @@ def reference_trace(model: torch.nn.Module, ids: torch.Tensor, arch: ArchConfig,
                 recorder.experts_alone(point, modules[path.rpartition(".")[0]],
                                        lambda _m, args, e, experts=experts: stacked_expert_alone(experts, args, e),
                                        arch.moe.n_experts)
+            elif isinstance(declared, Parallel):  # run inline by the mixture's module: each alone through its products
+                recorder.experts_alone(point, modules[path], parallel_expert_alone, arch.moe.n_experts)
             else:
                 recorder.experts_alone(point, modules[path], expert_alone, arch.moe.n_experts)
         recorder.output_of(point, modules[path], declared.index if isinstance(declared, Returned) else 0)
+    if hasattr(model, "get_input_embeddings"):
+        recorder.output_of(EMBEDDING_MODULE, model.get_input_embeddings())
     try:
         out = model(ids, attention_mask=attention_mask, output_hidden_states=True, use_cache=False)
     finally:
         recorder.close()
     points = recorder.result()
+    embedded = points.pop(EMBEDDING_MODULE, None)
     states = out.hidden_states
     if states is not None and len(states) == arch.n_layers + 1:
-        points[EMBED] = states[0].detach().to("cpu", copy=True)
-        for i in range(arch.n_layers - 1):
-            points[f"layers.{i}"] = states[i + 1].detach().to("cpu", copy=True)
+        first = states[0].detach().to("cpu", copy=True)
+        if "layers.0" in points and torch.equal(first, points["layers.0"]):
+            # Mamba's and FalconMamba's: each block's output, then the final norm's; no embedding entry, so
+            # the embedding module's own output stands in (nothing is added to it before the first block)
+            if embedded is not None:
+                points[EMBED] = embedded
+        else:
+            points[EMBED] = first
+            for i in range(arch.n_layers - 1):
+                points[f"layers.{i}"] = states[i + 1].detach().to("cpu", copy=True)
         points[FINAL] = states[-1].detach().to("cpu", copy=True)
     return Trace(out.logits, *layouts.all_to_ours(points))
 
@@ -256,6 +291,17 @@ def stacked_expert_alone(experts: torch.nn.Module, args: tuple, e: int) -> torch
     stacked = h.new_zeros((n, *h.shape))
     stacked[e] = h
     return experts.forward(stacked.reshape(-1, h.shape[-1])).view(n, *h.shape)[e]
+
+
+def parallel_expert_alone(mixture: torch.nn.Module, args: tuple, e: int) -> torch.Tensor:
+    """JetMoE's mixture (`JetMoeMoE`: experts run inline on rows sorted by expert, `input_linear` then the
+    activation of the first half times the second, then `output_linear`) given every token as expert `e`'s
+    rows: expert `e`'s own output at weight 1, through transformers' own expert modules."""
+    h = args[0].reshape(-1, args[0].shape[-1])
+    sizes = [0] * mixture.input_linear.num_experts
+    sizes[e] = h.shape[0]
+    gate, up = mixture.input_linear.forward(h, sizes).chunk(2, dim=-1)
+    return mixture.output_linear.forward(mixture.activation(gate) * up, sizes)
 
 
 def model_type(model: torch.nn.Module) -> str:

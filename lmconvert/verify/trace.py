@@ -40,11 +40,16 @@ def block_modules(model: nn.Module) -> list[tuple[str, nn.Module]]:
     """(canonical name, module) for every weight-owning module inside the blocks, in the order a
     block declares them (the recorder keeps the order they actually run in). A module marked
     `one_point` (a mixture's experts, which transformers computes as one module) is one point, and
-    the modules inside it are none."""
+    the modules inside it are none; one marked `uncalled` (a short convolution's, run through
+    F.conv1d over its state on both sides) has no output, so is none either."""
     found: list[tuple[str, nn.Module]] = []
     for name, module in model.named_modules():
         if not name.startswith("layers.") or any(name.startswith(f"{whole}.") for whole, m in found
                                                  if getattr(m, "one_point", False)):
+            continue
+        if getattr(module, "uncalled", False):  # its owner reads its weights and never calls it: no output
+            continue
+        if name.count(".") == 1:  # a block itself (Gemma 4's owns its layer scalar): its output is `layers.{i}`
             continue
         if getattr(module, "one_point", False) or any(True for _ in module.parameters(recurse=False)):
             found.append((name, module))
@@ -179,10 +184,13 @@ def _common_prefix(paths: list[str]) -> str:
 
 def resolve(names: set[str], path: str, table: TensorTable) -> str | None:
     """The module path as it exists among `names`: the table's own, or under one of its
-    alternative prefixes (multimodal wrappers keep the text model under `model.language_model.`)."""
+    alternative prefixes (multimodal wrappers keep the text model under `model.language_model.`), or
+    `model.` for a stored `backbone.`."""
     candidates = [path]
     if path.startswith("model."):
         candidates += [prefix + path[len("model."):] for prefix in table.hf_prefixes]
+    if path.startswith("backbone."):  # the Hub's names, transformers' modules under `model.` (Nemotron-H)
+        candidates.append("model." + path[len("backbone."):])
     return next((c for c in candidates if c in names), None)
 
 
@@ -212,6 +220,14 @@ def hf_point_modules(root: nn.Module, arch: ArchConfig, table: TensorTable) -> d
         if path is not None:
             found[point] = path
             by_layer.setdefault(layer_of(point), []).append(path)
+    for point in [p for p in found if sublayer_of(p) == "attn"]:
+        # the attention's own tensors may sit in a module under it (JetMoE's output bias, in its never-called
+        # `experts`): its point is the attention's output, the module every other attention point shares
+        inside = [path for p, path in found.items() if layer_of(p) == layer_of(point) and sublayer_of(p) != "attn"
+                  and sublayer_of(p).startswith("attn.")]
+        prefix = _common_prefix(inside) if len(inside) > 1 else ""
+        if prefix in names and prefix:
+            found[point] = prefix
     for i in range(arch.n_layers):
         paths = by_layer.get(i, [])
         prefix = _common_prefix(paths) if len(paths) > 1 else ""

@@ -14,6 +14,8 @@ WINDOW = 4
 SEQ = 28  # seven windows long
 ATTN_CAP, FINAL_CAP = 2.0, 3.0
 S, F = "sliding_attention", "full_attention"
+# transformers' names of a selection bias held as a buffer (a spec's `selection_bias_buffer`): DeepSeek-V3's, LFM2-MoE's
+SELECTION_BIAS_BUFFERS = ("e_score_correction_bias", "expert_bias")
 LLAMA3 = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
           "original_max_position_embeddings": 32}
 YARN = {"factor": 4.0, "original_max_position_embeddings": 32}
@@ -88,4 +90,6 @@ class Spec:
     # a mixture whose transformers model holds the router's selection bias (e_score_correction_bias) as a buffer,
     # which build_model's perturbation of parameters leaves at 0: tests/test_moe.py perturbs it
     selection_bias_buffer: bool = False
+    # a mixture's config key for the load-balancing loss's weight in the training loss (JetMoE's aux_loss_coef)
+    aux_loss_key: str = "router_aux_loss_coef"
 

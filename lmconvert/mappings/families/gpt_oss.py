@@ -15,7 +15,8 @@ the activation dtype; the experts are stored fused and transposed (`mlp.experts.
 hidden]), each projection with a bias added after the product (`gate_up_proj_bias`,
 `down_proj_bias`), and gate with a clamped SwiGLU: the gate clamped above at `swiglu_limit` (7.0),
 up to +-`swiglu_limit`, then (up + 1) * gate * sigmoid(`swiglu_alpha` (1.702) * gate); `hidden_act`
-is not read by the model. The Hub's MXFP4 expert blocks (`*_blocks`, `*_scales`) are not read here.
+is not read by the model. The Hub's MXFP4 expert blocks (`*_blocks`, `*_scales`) are read by
+formats/mxfp4.py, and kept as they are through this table (each transform's counterpart on them).
 The auxiliary-loss keys act in training only.
 """
 

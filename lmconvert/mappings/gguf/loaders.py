@@ -34,7 +34,7 @@ LOADED_BIASES: dict[str, frozenset[str]] = {arch: frozenset(names) for arch, nam
     "exaone": QKV, "seed_oss": QKV, "glm4": QKV, "exaone4": (),
     "starcoder": (*NORMS, "attn_qkv", "attn_output", "ffn_up", "ffn_down"),
     "jais2": (*QKV, *NORMS, "attn_output", "ffn_up", "ffn_down"), "dots1": (*QKV, "exp_probs_b"),
-    "glm4moe": (*QKV, "exp_probs_b"), "minicpm3": (), "chatglm": QKV,
+    "glm4moe": (*QKV, "exp_probs_b"), "minicpm3": (), "chatglm": QKV, "lfm2moe": ("exp_probs_b",),
     "gpt-oss": (*QKV, "attn_output", "ffn_gate_inp", "ffn_gate_exps", "ffn_up_exps", "ffn_down_exps"),
 }.items()}
 # the biases an architecture's loader requires on every layer (`create_tensor(..., 0)`: "missing tensor" without
@@ -105,8 +105,10 @@ def refused_tensors(arch: str, shapes: Mapping[str, tuple[int, ...]]) -> str | N
 
 # tensors llama.cpp's converter stores as F32 whatever the file type (ModelBase.prepare_tensors: the
 # routers, learned positions, any norm, any bias, gpt-oss's stacked [experts, width] ones too: its graph adds
-# them with ggml_add_id, which takes F32 only), and those it stores as F16 rather than ternary
-ALWAYS_F32 = ("ffn_gate_inp.weight", "ffn_gate_inp_shexp.weight", "position_embd.weight", "_norm.weight", ".bias")
+# them with ggml_add_id, which takes F32 only; the short and SSM convolutions' kernels, which ggml_ssm_conv takes
+# in F32 only), and those it stores as F16 rather than ternary
+ALWAYS_F32 = ("ffn_gate_inp.weight", "ffn_gate_inp_shexp.weight", "position_embd.weight", "_norm.weight", ".bias",
+              "shortconv.conv.weight", "ssm_conv1d.weight")
 HALF_WHEN_TERNARY = ("token_embd.weight", "output.weight")
 
 

@@ -54,3 +54,13 @@ def layers_and_window_to_hf(cfg: ArchConfig) -> dict[str, Any]:
     written as the key's default."""
     return {"layer_types": layer_types_to_hf(cfg.layer_kinds),
             "sliding_window": DEFAULT if cfg.sliding_window is None else cfg.sliding_window}
+
+
+def layer_mixers_from_types(types: Any, n_layers: int, names: dict[str, str]) -> tuple[str, ...]:  # noqa: ANN401
+    """A hybrid stack's `layer_types` as `ArchConfig.layer_mixers`: `names` maps each type the family
+    knows to "attention" or "mixer"; a list of another length or type is refused naming the key."""
+    if not isinstance(types, list) or len(types) != n_layers \
+            or any(not isinstance(t, str) or t not in names for t in types):
+        raise MappingError(f"config.json: layer_types={show(types)} should name one of {', '.join(names)} "
+                           f"for each of the num_hidden_layers={n_layers} layers")
+    return tuple(names[t] for t in types)

@@ -40,6 +40,16 @@ class Returned:
     layout: Layout
 
 
+@dataclass(frozen=True)
+class Parallel:
+    """A mixture's experts point where transformers has no experts module: its mixture module runs them
+    inline as two parallel-expert products (JetMoE's `input_linear` and `output_linear`, each expert on
+    its rows), and its output, laid out as `layout`, is the experts' weighted sum (with its bias). verify
+    runs each expert alone through those two modules, on every token of the mixture's input."""
+
+    layout: Layout
+
+
 RESIDUAL: Layout = "B T d"
 
 # Our latent attention (MLA), by attention kind: its projections and norms are (B, T, features), q

@@ -351,19 +351,23 @@ class TensorTable:
         by part (gate, then up) and expert index, and the inverse that stacks them; each expert
         must be there for every part."""
         parts = len(self.expanding(stored))
-        index = re.compile(r"\.(\d+)\.[^.]+\.[^.]+$")  # the expert's number in `...experts.{e}.gate.weight`
+        # the expert's number: the last in `...experts.{e}.gate.weight` (and in a mixture of heads' `attn.q.{e}.weight`)
+        index = re.compile(r"\.(\d+)(?:\.[^.\d][^.]*)+$")
         ordered = sorted(held, key=lambda item: (item[0], int(index.search(item[1]).group(1))))  # type: ignore[union-attr]
         experts = len(ordered) // parts
         if experts * parts != len(ordered) or any(
                 int(index.search(name).group(1)) != i % experts for i, (_, name, _) in enumerate(ordered)):  # type: ignore[union-attr]
             raise MappingError(f"tensor {stored!r} stacks every expert, but the checkpoint has "
                                f"{_names([name for _, name, _ in ordered])}")
-        inverse = ordered[0][2].bind({**sizes, "index": 0}).inverse
+        bound = ordered[0][2].bind({**sizes, "index": 0})
 
-        def stack(flat: list[Any]) -> Any:  # noqa: ANN401 - tensors
-            return inverse([flat[p * experts:(p + 1) * experts] for p in range(parts)])
+        def by_part(flat: list[Any]) -> list[list[Any]]:
+            return [flat[p * experts:(p + 1) * experts] for p in range(parts)]
 
-        return tuple(name for _, name, _ in ordered), Transform(f"{experts} experts stacked", inverse=stack)
+        packed = None if bound.packed_inverse is None else lambda flat: bound.packed_inverse(by_part(flat))
+        return tuple(name for _, name, _ in ordered), Transform(f"{experts} experts stacked",
+                                                                inverse=lambda flat: bound.inverse(by_part(flat)),
+                                                                packed_inverse=packed)
 
     def _order(self, canonical: str) -> int:
         """The position of the rule writing a canonical name: the order of a fused tensor's pieces."""

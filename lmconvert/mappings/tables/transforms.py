@@ -18,13 +18,25 @@ bit by tests/test_table_transforms.py.
 - HeadPart: the reverse of Piece per head, one canonical tensor stored as several, each holding
   a block of every head's rows (llama.cpp's DeepSeek k_b and v_b); import hands forward all of
   them, export writes each;
+- Joined: the reverse of Piece, one canonical tensor stored as several end to end (OLMo-hybrid's
+  q_proj, k_proj, v_proj as our in_proj_qkv); import hands forward all of them, export writes each;
 - Offset: a constant added on disk (Gemma's norms as w + 1 in GGUF);
 - Trim: padding rows past the vocabulary dropped;
 - Transpose: a matrix stored [in, out] (GPT-2's Conv1D);
 - QkvGroups: a fused qkv projection laid out per KV group -> q, k, v concatenated (NeoX, BLOOM, Falcon);
+- Groups: rows stored as runs of pieces, one run per group -> each piece's rows of every group, the
+  pieces in turn (Qwen3-Next's in_proj_qkvz and in_proj_ba, per key head);
 - Unstack: one expert's matrix out of a fused 3-D experts tensor (inverse: stack them all);
 - Unsqueeze: a leading dimension of size 1 the file leaves out;
 - Chain: several in order.
+
+A transform that only moves whole rows of a matrix (selects, reorders or regroups its leading
+dimensions) or swaps its last two dimensions also declares what it does to a quantized weight's
+stored parts (`Packed`): the same moves made on the rows of every part, or, for a swap, the weight
+marked as read transposed. So a weight whose parts hold its inputs in groups (MXFP4's 32 values
+per exponent) goes through its family's table as it is, every group whole. A transform without
+that declaration (`packed_forward` None: Offset, Trim, Fuse, Row, HeadPart) cannot keep a
+quantized weight. Checked against dequantizing by tests/test_packed_transforms.py.
 
 torch is imported only inside the functions: reading a table must not load it.
 """
@@ -32,7 +44,7 @@ torch is imported only inside the functions: reading a table must not load it.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from math import prod
 from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
@@ -56,12 +68,16 @@ class Transform:
     name: str
     forward: TensorFn = _identity
     inverse: TensorFn = _identity
+    # the same two on a quantized weight's parts (`Packed`), None where the transform cannot act on them
+    packed_forward: TensorFn | None = None
+    packed_inverse: TensorFn | None = None
+    gathers: bool = False  # forward takes parts that may differ in shape (Joined, HeadPart), not a joined tensor's rows
 
     def bind(self, sizes: Sizes) -> Transform:  # already bound: a table may hold either
         return self
 
 
-IDENTITY = Transform("identity")
+IDENTITY = Transform("identity", packed_forward=_identity, packed_inverse=_identity)
 
 
 class Step(Protocol):
@@ -89,6 +105,94 @@ def _size(sizes: Sizes, name: str) -> int:
     if name not in sizes:
         raise MappingError(f"this transform needs the size {name!r}, which the table was not given")
     return sizes[name]
+
+
+# ---- Packed: a quantized weight's stored parts, moved as the weight they stand for
+
+
+@dataclass(frozen=True)
+class Packed:
+    """A quantized weight as its stored parts (role -> tensor: MXFP4's blocks [*rows, groups, 16]
+    and scales [*rows, groups]), which share the weight's first `row_dims` dimensions (its rows)
+    and hold its inputs, in groups, in dimensions of their own. The weight the parts dequantize to
+    is [*rows, inputs]; `transposed`: the weight stands read with its last two dimensions swapped,
+    [*rows[:-1], inputs, rows[-1]] (the layout transformers gives gpt-oss's fused experts).
+
+    Moving rows moves no part yet: `index` ([*this weight's rows, 1], int64) says which stored row
+    (over the parts' row dimensions, flattened) is each row now, and `parts()` gathers them once at
+    the end, so one expert taken out of a fused tensor reads that expert's rows, not the whole."""
+
+    stored: Mapping[str, Any]
+    row_dims: int
+    index: Any
+    transposed: bool = False
+
+    @classmethod
+    def of(cls, stored: Mapping[str, Any], row_dims: int, transposed: bool = False) -> Packed:
+        import torch
+
+        first = next(iter(stored.values()))
+        rows = tuple(first.shape[:row_dims])
+        return cls(stored, row_dims, torch.arange(prod(rows), device=first.device).reshape(*rows, 1), transposed)
+
+    def free(self) -> int:
+        """How many leading dimensions of the weight (as it stands) are rows of the parts."""
+        return self.index.dim() - 1 - self.transposed
+
+    def parts(self) -> dict[str, Any]:
+        """Each part with the rows this weight holds, in its order."""
+        rows = self.index.reshape(-1)
+        out = {}
+        for role, t in self.stored.items():
+            own = tuple(t.shape[self.row_dims:])
+            flat = t.reshape(-1, *own)
+            unmoved = rows.shape[0] == flat.shape[0] and tuple(self.index.shape[:-1]) == tuple(t.shape[:self.row_dims])
+            same = unmoved and (t.device.type == "meta" or bool((rows == _arange_like(rows)).all()))
+            out[role] = t if same else flat.index_select(0, rows).reshape(*self.index.shape[:-1], *own)
+        return out
+
+
+def _arange_like(rows: torch.Tensor) -> torch.Tensor:
+    import torch
+
+    return torch.arange(rows.shape[0], device=rows.device)
+
+
+class CannotMoveGroups(MappingError):
+    """A transform would move a quantized weight's inputs, which its parts store in groups."""
+
+
+def on_rows(name: str, fn: TensorFn, depth: int) -> TensorFn:
+    """`fn`, a move of whole rows that reads the weight's first `depth` dimensions only and leaves
+    the rest as they are, made on a Packed weight's rows."""
+
+    def moved(p: Packed) -> Packed:
+        if depth > p.free():
+            raise CannotMoveGroups(f"{name} moves the inputs of a quantized weight, whose parts hold them in "
+                                   "groups")
+        return replace(p, index=fn(p.index))
+
+    return moved
+
+
+def swapped(p: Packed) -> Packed:
+    """The weight's last two dimensions swapped: the parts stay, the weight now reads them transposed."""
+    if not p.transposed and p.index.dim() - 1 < 1:
+        raise CannotMoveGroups("a transpose of a quantized weight without rows")
+    return replace(p, transposed=not p.transposed)
+
+
+def packed_pieces(pieces: Sequence[Packed], depth: int, join: Callable[[list[Any]], Any]) -> Packed:
+    """Several Packed weights joined into one by `join` (the rows of each part in turn), which moves
+    the joined weight's first `depth` dimensions; each piece's parts gathered first."""
+    first = pieces[0]
+    if any(p.transposed != first.transposed or p.index.dim() != first.index.dim() for p in pieces) or \
+            depth > first.free() + 1:
+        raise CannotMoveGroups("joining quantized weights along their inputs")
+    gathered = [p.parts() for p in pieces]
+    stored = {role: join([g[role] for g in gathered]) for role in gathered[0]}
+    rows_after = stored[next(iter(stored))].dim() - (gathered[0][next(iter(stored))].dim() - (first.index.dim() - 1))
+    return Packed.of(stored, rows_after, first.transposed)
 
 
 # ---- Permute: rotary rows
@@ -126,7 +230,9 @@ class Permute:
 
     def bind(self, sizes: Sizes) -> Transform:
         n = _size(sizes, self.heads)
-        return Transform(f"permute({n} heads)", lambda t: pairs_to_halves(t, n), lambda t: halves_to_pairs(t, n))
+        forward, inverse = (lambda t: pairs_to_halves(t, n)), (lambda t: halves_to_pairs(t, n))
+        return Transform(f"permute({n} heads)", forward, inverse, on_rows("permute", forward, 1),
+                         on_rows("permute", inverse, 1))
 
 
 # ---- Fuse: model-parallel pieces
@@ -207,8 +313,10 @@ class Piece:
     def bind(self, sizes: Sizes) -> Transform:
         lengths = [_size(sizes, name) for name in self.pieces]
         start, length, dim = sum(lengths[:self.index]), lengths[self.index], self.dim
-        return Transform(f"piece {self.index} of {'|'.join(self.pieces)}", lambda t: t.narrow(dim, start, length),
-                         lambda pieces: join(pieces, dim))
+        name = f"piece {self.index} of {'|'.join(self.pieces)}"
+        forward = lambda t: t.narrow(dim, start, length)  # noqa: E731
+        return Transform(name, forward, lambda pieces: join(pieces, dim), on_rows(name, forward, dim + 1),
+                         lambda pieces: packed_pieces(pieces, dim + 1, lambda ts: join(ts, dim)))
 
 
 def join(pieces: Sequence[torch.Tensor], dim: int) -> torch.Tensor:
@@ -279,7 +387,7 @@ class HeadPart:
             return (part.transpose(1, 2) if flips[self.index] else part).contiguous()
 
         return Transform(f"part {self.index} of {'|'.join(self.parts)} per head",
-                         lambda parts: join_heads(parts, flips, heads, lengths), inverse)
+                         lambda parts: join_heads(parts, flips, heads, lengths), inverse, gathers=True)
 
 
 def join_heads(parts: Sequence[torch.Tensor], transposed: Sequence[bool], heads: int,
@@ -294,6 +402,40 @@ def join_heads(parts: Sequence[torch.Tensor], transposed: Sequence[bool], heads:
         raise MappingError(f"parts of shapes {[list(p.shape) for p in parts]} are not {heads} heads of "
                            f"{'+'.join(map(str, lengths))} rows; the config contradicts the tensors")
     return torch.cat(blocks, 1).reshape(heads * sum(lengths), shapes[0][2])
+
+
+@dataclass(frozen=True)
+class Joined:
+    """Part `index` of a canonical tensor stored as several differently named tensors end to end
+    along dim 0 (OLMo-hybrid's q_proj, k_proj and v_proj are our in_proj_qkv's rows): `parts` name the
+    sizes of each part's rows. Each part has a rule of its own naming the same canonical tensor (the
+    table gathers them); forward, given every part in order, concatenates them; the inverse is this
+    part (a copy). Exact both ways: concatenating and slicing copy bits."""
+
+    parts: tuple[str, ...]
+    index: int
+    # the parts written as equal thirds (halves, ...) of the rows whatever `parts` says, and read in any split
+    # that adds up: transformers' save splits OLMo-hybrid's conv1d so (its Concatenate's reverse), the Hub's files
+    # as q | k | v
+    even: bool = False
+    gathers: ClassVar[bool] = True  # the table hands forward every part
+    interleaves: ClassVar[bool] = True  # no one transformers module computes the canonical tensor's output
+
+    def bind(self, sizes: Sizes) -> Transform:
+        lengths = [_size(sizes, name) for name in self.parts]
+        if self.even:
+            lengths = [sum(lengths) // len(lengths)] * len(lengths)
+        start, length = sum(lengths[:self.index]), lengths[self.index]
+
+        def forward(parts: Sequence[torch.Tensor]) -> torch.Tensor:
+            rows = [p.shape[0] for p in parts]
+            if (sum(rows) != sum(lengths)) if self.even else (rows != lengths):
+                raise MappingError(f"parts of {rows} rows are not {'+'.join(map(str, lengths))} rows; the config "
+                                   "contradicts the tensors")
+            return join(parts, 0)
+
+        return Transform(f"part {self.index} of {'|'.join(self.parts)}", forward,
+                         lambda t: t.narrow(0, start, length).contiguous(), gathers=True)
 
 
 # ---- Offset: a constant added on disk
@@ -354,7 +496,7 @@ class Transpose:
     own inverse; a permutation of elements, so exact for every dtype and bit pattern."""
 
     def bind(self, sizes: Sizes) -> Transform:
-        return Transform("transpose", _transposed, _transposed)
+        return Transform("transpose", _transposed, _transposed, swapped, swapped)
 
 
 # ---- QkvGroups: fused qkv projections
@@ -372,8 +514,9 @@ class QkvGroups:
 
     def bind(self, sizes: Sizes) -> Transform:
         heads, kv, dim = _size(sizes, "heads"), _size(sizes, "kv_heads"), _size(sizes, "head_dim")
-        return Transform(f"qkv per group ({kv} groups of {heads // kv} q heads)",
-                         lambda t: groups_to_qkv(t, heads, kv, dim), lambda t: qkv_to_groups(t, heads, kv, dim))
+        name = f"qkv per group ({kv} groups of {heads // kv} q heads)"
+        forward, inverse = (lambda t: groups_to_qkv(t, heads, kv, dim)), (lambda t: qkv_to_groups(t, heads, kv, dim))
+        return Transform(name, forward, inverse, on_rows(name, forward, 1), on_rows(name, inverse, 1))
 
 
 def groups_to_qkv(t: torch.Tensor, heads: int, kv: int, dim: int) -> torch.Tensor:
@@ -396,6 +539,41 @@ def qkv_to_groups(t: torch.Tensor, heads: int, kv: int, dim: int) -> torch.Tenso
 
 
 @dataclass(frozen=True)
+class Groups:
+    """Rows stored as `groups` runs (the name of a size), each the pieces `pieces` (names of sizes:
+    each piece's rows per group) end to end -> every group's rows of piece 0, then of piece 1, ...
+    Qwen3-Next's in_proj_qkvz holds, per key head, [q | k | v | z] of that head (its value heads'
+    v and z), which become [all q | all k | all v | all z]; a Piece then takes the canonical tensors
+    out. A permutation of rows, exact both ways."""
+
+    interleaves: ClassVar[bool] = True
+
+    groups: str
+    pieces: tuple[str, ...]
+
+    def bind(self, sizes: Sizes) -> Transform:
+        groups, rows = _size(sizes, self.groups), [_size(sizes, name) for name in self.pieces]
+        return Transform(f"{groups} groups of {'|'.join(self.pieces)}", lambda t: ungroup(t, groups, rows),
+                         lambda t: regroup(t, groups, rows))
+
+
+def ungroup(t: torch.Tensor, groups: int, rows: list[int]) -> torch.Tensor:
+    import torch
+
+    rest = t.shape[1:]
+    runs = t.reshape(groups, sum(rows), *rest).split(rows, 1)
+    return torch.cat([run.reshape(-1, *rest) for run in runs])
+
+
+def regroup(t: torch.Tensor, groups: int, rows: list[int]) -> torch.Tensor:
+    import torch
+
+    rest = t.shape[1:]
+    pieces = t.split([groups * r for r in rows])
+    return torch.cat([p.reshape(groups, r, *rest) for p, r in zip(pieces, rows, strict=True)], 1).reshape(t.shape)
+
+
+@dataclass(frozen=True)
 class QkvShards:
     """Rows of a fused qkv projection stored as `shards` model-parallel shards, each its share of
     the three projections in `order` (CodeGen's `qkv_proj`: 4 shards of [q_s | v_s | k_s], each a
@@ -409,8 +587,9 @@ class QkvShards:
 
     def bind(self, sizes: Sizes) -> Transform:
         shards, order = self.shards, self.order
-        return Transform(f"qkv in {shards} shards of {'|'.join(order)}", lambda t: shards_to_qkv(t, shards, order),
-                         lambda t: qkv_to_shards(t, shards, order))
+        name = f"qkv in {shards} shards of {'|'.join(order)}"
+        forward, inverse = (lambda t: shards_to_qkv(t, shards, order)), (lambda t: qkv_to_shards(t, shards, order))
+        return Transform(name, forward, inverse, on_rows(name, forward, 1), on_rows(name, inverse, 1))
 
 
 def _check_shards(t: torch.Tensor, shards: int) -> None:
@@ -453,7 +632,8 @@ class Unstack:
     def bind(self, sizes: Sizes) -> Transform:
         e, part, parts = _size(sizes, "index"), self.part, self.parts
         where = f" (part {part + 1} of {parts})" if parts > 1 else ""
-        return Transform(f"expert {e} of a fused tensor{where}", ExpertRows(e, part, parts), stack)
+        name, rows = f"expert {e} of a fused tensor{where}", ExpertRows(e, part, parts)
+        return Transform(name, rows, stack, on_rows(name, rows, 1 if parts == 1 else 2), packed_stack)
 
 
 @dataclass(frozen=True)
@@ -498,6 +678,14 @@ def stack(pieces: Sequence[Sequence[torch.Tensor]]) -> torch.Tensor:
     return torch.cat([torch.stack(list(experts)) for experts in pieces], dim=1)
 
 
+def packed_stack(pieces: Sequence[Sequence[Packed]]) -> Packed:
+    """`stack` on Packed weights: each part's experts stacked, then the parts' rows joined."""
+    import torch
+
+    stacked = [packed_pieces(experts, 1, torch.stack) for experts in pieces]
+    return stacked[0] if len(stacked) == 1 else packed_pieces(stacked, 2, lambda ts: torch.cat(ts, dim=1))
+
+
 # ---- ExpertsTransposed: fused experts stored [experts, in, out]
 
 
@@ -512,7 +700,7 @@ class ExpertsTransposed:
     own inverse; a permutation of elements, so exact for every dtype and bit pattern."""
 
     def bind(self, sizes: Sizes) -> Transform:
-        return Transform("experts stored [in, out]", _swap_last, _swap_last)
+        return Transform("experts stored [in, out]", _swap_last, _swap_last, swapped, swapped)
 
 
 # ---- PairedRows: each expert's gate and up rows interleaved
@@ -534,7 +722,9 @@ class PairedRows:
     Unstack. A permutation of elements, so exact for every dtype and bit pattern."""
 
     def bind(self, sizes: Sizes) -> Transform:
-        return Transform("gate and up rows interleaved", _pairs_to_halves, _halves_to_pairs)
+        name = "gate and up rows interleaved"
+        return Transform(name, _pairs_to_halves, _halves_to_pairs, on_rows(name, _pairs_to_halves, 2),
+                         on_rows(name, _halves_to_pairs, 2))
 
 
 # ---- ExpertBlocks: every expert's matrix stacked as rows of one 2-D tensor
@@ -550,8 +740,10 @@ class ExpertBlocks:
 
     def bind(self, sizes: Sizes) -> Transform:
         rows = _size(sizes, self.rows)
-        return Transform(f"experts as blocks of {rows} rows", lambda t: t.reshape(-1, rows, t.shape[-1]),
-                         lambda t: t.reshape(-1, t.shape[-1]))
+        name = f"experts as blocks of {rows} rows"
+        return Transform(name, lambda t: t.reshape(-1, rows, t.shape[-1]), lambda t: t.reshape(-1, t.shape[-1]),
+                         on_rows(name, lambda t: t.reshape(-1, rows, *t.shape[1:]), 1),
+                         on_rows(name, lambda t: t.reshape(-1, *t.shape[2:]), 2))
 
 
 # ---- Unsqueeze
@@ -563,7 +755,9 @@ class Unsqueeze:
     shared-expert gate, a [1, hidden] matrix, as a vector). Exact both ways."""
 
     def bind(self, sizes: Sizes) -> Transform:
-        return Transform("a leading dimension of 1", lambda t: t.unsqueeze(0), lambda t: t.squeeze(0))
+        forward, inverse = (lambda t: t.unsqueeze(0)), (lambda t: t.squeeze(0))
+        return Transform("a leading dimension of 1", forward, inverse, on_rows("unsqueeze", forward, 0),
+                         on_rows("squeeze", inverse, 1))
 
 
 # ---- Squeeze
@@ -575,7 +769,9 @@ class Squeeze:
     4.5's `e_score_correction_bias`, [1, experts]: one group of experts). Exact both ways."""
 
     def bind(self, sizes: Sizes) -> Transform:
-        return Transform("a leading dimension of 1 left out", lambda t: t.squeeze(0), lambda t: t.unsqueeze(0))
+        forward, inverse = (lambda t: t.squeeze(0)), (lambda t: t.unsqueeze(0))
+        return Transform("a leading dimension of 1 left out", forward, inverse, on_rows("squeeze", forward, 1),
+                         on_rows("unsqueeze", inverse, 0))
 
 
 # ---- Chain
@@ -612,4 +808,17 @@ class Chain:
                 t = b.inverse(t)
             return t
 
-        return Transform(" then ".join(b.name for b in bound), forward, inverse)
+        movable = all(b.packed_forward is not None and b.packed_inverse is not None for b in bound)
+
+        def packed_forward(p: Packed) -> Packed:
+            for b in bound:
+                p = b.packed_forward(p)  # type: ignore[misc]
+            return p
+
+        def packed_inverse(p: Any) -> Packed:  # noqa: ANN401 - a Packed, or the pieces the last step joins
+            for b in reversed(bound):
+                p = b.packed_inverse(p)  # type: ignore[misc]
+            return p
+
+        return Transform(" then ".join(b.name for b in bound), forward, inverse,
+                         packed_forward if movable else None, packed_inverse if movable else None)

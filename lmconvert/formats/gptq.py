@@ -1,0 +1,272 @@
+"""GPTQ checkpoints (`quantization_config.quant_method = "gptq"`, as gptqmodel, AutoGPTQ and optimum
+write them): each quantized linear `X` is `X.qweight`, `X.qzeros`, `X.scales` and `X.g_idx` in place
+of `X.weight`.
+
+    qweight  int32 [in * bits / 32, out]   rows packed: input row r*pf + j is field j of word r
+    qzeros   int32 [groups, out * bits / 32]   columns packed the same way (pf = 32 // bits)
+    scales   float16 (or bf16/f32) [groups, out]
+    g_idx    int32 [in]   the group of each input row (arange // group_size unless desc_act)
+
+Dequantized as gptqmodel's torch kernel does, the one transformers 5.25 runs on CPU through
+gptqmodel and optimum (ModelCloud/GPTQModel, gptqmodel/nn_modules/qlinear/__init__.py,
+`PackableQuantLinear.dequantize_weight` / `_dequantize_from_codes`; gptqmodel/nn_modules/qlinear/torch.py,
+`TorchQuantLinear._dequantize_weight_cached_248`): fields unpacked to int8 (int16 at 8 bits), then
+`scales[g_idx] * (weight - zeros[g_idx])`, one product in the scales' dtype; the weight is that
+[in, out] matrix transposed. The v1 checkpoint format (`checkpoint_format: "gptq"`, the default, AutoGPTQ's)
+stores every zero minus one; gptqmodel adds it back to the packed int32 words as it loads
+(gptqmodel/utils/model.py, `convert_gptq_v1_to_v2_format_module`: `qzeros += 0b00010001...` at 4 bits,
+`0b00000001...` at 8), a whole-word addition, so a field stored as all ones carries into the next one;
+that is kept here (AutoGPTQ's qlinear_cuda_old adds one per field instead, `(zeros + 1) & maxq`, which
+differs only where a zero is 0; gptqmodel's v2->v1 export, `convert_gptq_v2_to_v1_format_module`,
+subtracts the same whole word, so its v1 files come back exactly). `gptq_v2` stores zeros as they are.
+
+Handled: 4 and 8 bits, any group size dividing in_features (-1: one group per row), sym or not,
+desc_act with any g_idx, v1 and v2 zeros, int32 words. Refused by name: 2/3-bit and planar formats
+(marlin, bitblas, gptq_p...), per-module `dynamic` overrides, rotations, adapters, other pack dtypes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from .errors import InputError
+from .quantized_linear import (
+    FLOATS,
+    Headers,
+    Part,
+    check_options,
+    check_parts,
+    count,
+    finite,
+    flag,
+    grouping,
+    little_endian_bytes,
+)
+
+if TYPE_CHECKING:
+    import torch
+
+METHOD = "gptq"
+PARTS = ("qweight", "qzeros", "scales", "g_idx")
+MARKERS = ("qweight",)  # the part whose presence makes X a quantized linear
+# options whose value changes what the tensors mean, with the values handled
+HANDLED: dict[str, tuple[Any, ...]] = {
+    "quant_method": ("gptq",), "method": ("gptq",), "bits": (4, 8),
+    "checkpoint_format": ("gptq", "gptq_v2"), "format": ("gptq", "gptq_v2"), "pack_dtype": ("int32",),
+    "dynamic": (None, {}), "rotation": (None,), "adapter": (None,), "is_marlin_format": (False,),
+}
+FREE = ("group_size", "sym", "desc_act", "lm_head")  # checked for their type below
+# calibration, kernel and bookkeeping settings (transformers' GPTQConfig, optimum, AutoGPTQ, gptqmodel):
+# they never change what the stored tensors mean (which modules are quantized the tensors themselves say)
+INERT = ("tokenizer", "dataset", "damp_percent", "damp_auto_increment", "true_sequential", "static_groups",
+         "act_group_aware", "mse", "model_seqlen", "block_name_to_quantize", "module_name_preceding_first_block",
+         "batch_size", "pad_token_id", "use_exllama", "disable_exllama", "exllama_config", "max_input_length",
+         "cache_block_outputs", "modules_in_block_to_quantize", "use_cuda_fp16", "backend", "model_name_or_path",
+         "model_file_base_name", "meta")
+V1_ADD = {4: 0x11111111, 8: 0x01010101}  # gptqmodel's convert_gptq_v1_to_v2_format_module, int32 words
+
+
+@dataclass(frozen=True)
+class GptqRecipe:
+    bits: int
+    group_size: int  # -1: one group per row
+    sym: bool
+    desc_act: bool
+    checkpoint_format: str  # "gptq" (v1: zeros stored minus one) or "gptq_v2"
+
+    @property
+    def pack(self) -> int:
+        return 32 // self.bits
+
+    def describe(self) -> str:
+        act = ", desc_act" if self.desc_act else ""
+        return f"GPTQ {self.bits}-bit, {grouping(self.group_size)}{act} ({self.checkpoint_format})"
+
+
+def recipe(quant: Mapping[str, Any], config_file: Path | str) -> GptqRecipe:
+    """config.json's `quantization_config` of a GPTQ checkpoint; an option or value not handled is
+    refused by name."""
+    return read(quant, f"{config_file}: quantization_config")
+
+
+def read(quant: Mapping[str, Any], where: str) -> GptqRecipe:
+    """`recipe`, `where` naming quantization_config in messages."""
+    check_options(quant, where, HANDLED, (*FREE, *INERT))
+    formats = {quant[k] for k in ("checkpoint_format", "format") if k in quant}
+    if len(formats) > 1:
+        raise InputError(f"{where}: checkpoint_format and format disagree ({sorted(formats)}); fix config.json")
+    if "bits" not in quant:
+        raise InputError(f"{where}.bits is missing; fix config.json")
+    for key in ("sym", "desc_act", "lm_head"):
+        if key in quant:
+            flag(quant[key], f"{where}.{key}")
+    return GptqRecipe(bits=quant["bits"], group_size=count(quant.get("group_size", 128), f"{where}.group_size", True),
+                      sym=quant.get("sym", True), desc_act=quant.get("desc_act", False),
+                      checkpoint_format=formats.pop() if formats else "gptq")
+
+
+def module_of(name: str) -> str | None:
+    """The linear `X` a tensor name `X.qweight` stands for, None for any other name."""
+    module, _, suffix = name.rpartition(".")
+    return module if suffix in MARKERS else None
+
+
+def groups(recipe: GptqRecipe, in_features: int, module: str) -> int:
+    group = in_features if recipe.group_size == -1 else recipe.group_size
+    if in_features % group:
+        raise InputError(f"quantized linear {module!r}: group_size {group} does not divide its {in_features} input "
+                         "features; lmconvert reads whole groups only")
+    return in_features // group
+
+
+def parts(recipe: GptqRecipe, out_features: int, in_features: int, module: str = "?") -> list[Part]:
+    """The tensors of one quantized linear of `out_features` x `in_features`, with their shapes."""
+    pack = recipe.pack
+    for what, size in (("input", in_features), ("output", out_features)):
+        if size <= 0 or size % pack:
+            raise InputError(f"quantized linear {module!r}: {size} {what} features is not a multiple of "
+                             f"{pack} ({recipe.bits}-bit fields per int32 word); the checkpoint is inconsistent")
+    n = groups(recipe, in_features, module)
+    return [Part("qweight", (in_features // pack, out_features), ("I32",)),
+            Part("qzeros", (n, out_features // pack), ("I32",)),
+            Part("scales", (n, out_features), FLOATS),
+            Part("g_idx", (in_features,), ("I32", "I64"), optional=not recipe.desc_act)]
+
+
+def features(recipe: GptqRecipe, module: str, headers: Headers) -> tuple[int, int]:
+    """(out_features, in_features) as the qweight header claims them."""
+    name = f"{module}.{MARKERS[0]}"
+    shape = headers.shape(name)
+    if len(shape) != 2:
+        raise InputError(f"{headers.where(name)}: tensor {name!r} has shape {list(shape)}, not a matrix; "
+                         "the checkpoint is inconsistent")
+    return shape[1], shape[0] * recipe.pack
+
+
+def check_linear(recipe: GptqRecipe, module: str, headers: Headers,
+                 out_features: int | None = None, in_features: int | None = None) -> tuple[int, int]:
+    """That `module`'s tensors are one complete, consistent GPTQ linear (of the given features, or of
+    those its qweight claims), from the headers alone; returns (out_features, in_features)."""
+    if out_features is None or in_features is None:
+        out_features, in_features = features(recipe, module, headers)
+    check_parts(module, parts(recipe, out_features, in_features, module), headers, recipe.describe())
+    return out_features, in_features
+
+
+def _fields(words: torch.Tensor, bits: int) -> torch.Tensor:
+    """Fields of int64-held 32-bit words, least significant first: [..., 32 // bits]."""
+    import torch
+
+    shifts = torch.arange(0, 32, bits, dtype=torch.int64)
+    return (words.unsqueeze(-1) >> shifts) & ((1 << bits) - 1)
+
+
+def zeros(recipe: GptqRecipe, qzeros: torch.Tensor) -> torch.Tensor:
+    """The zero points [groups, out] as int16: v1's stored-minus-one added back to the words as
+    gptqmodel does (whole-word, 32-bit wrap-around)."""
+    import torch
+
+    words = qzeros.to(torch.int64) & 0xFFFFFFFF
+    if recipe.checkpoint_format == "gptq":
+        words = (words + V1_ADD[recipe.bits]) & 0xFFFFFFFF
+    return _fields(words, recipe.bits).flatten(-2).to(torch.int16)
+
+
+def codes(recipe: GptqRecipe, words: torch.Tensor) -> torch.Tensor:
+    """The quantized values [rows, in] (uint8) of transposed qweight words [rows, in / pf]: input
+    row r*pf + j of a column is field j of its word r, so each output row's fields lie in order in its
+    words' little-endian bytes."""
+    import torch
+
+    as_bytes = little_endian_bytes(words)  # [rows, in / pf, 4]
+    if recipe.bits == 8:
+        return as_bytes.flatten(-2)
+    return torch.stack((as_bytes & 0xF, as_bytes >> 4), dim=-1).view(words.shape[0], -1)
+
+
+FP16_1024 = 0x6400_6400_6400_6400  # four float16 1024.0: 1024 + v has v in its low mantissa bits (v < 1024)
+
+
+def _fp16_codes(recipe: GptqRecipe, words: torch.Tensor, out: torch.Tensor, scratch: torch.Tensor) -> None:
+    """1024 + each quantized value, as float16, into `out` [rows, in] (a little-endian host): the
+    fields of each 16 bits of a word spread into the four 16-bit lanes of an int64 with integer
+    shifts, and 1024.0's exponent set over them, so no value goes through a conversion. `scratch` is
+    int64 of `out`'s bytes (allocated once for all the steps)."""
+    import torch
+
+    lanes = out.view(torch.int64)  # [rows, in / 4], four values a lane group
+    shifted = scratch.view(-1)[:lanes.numel()].view(lanes.shape)
+    if recipe.bits == 8:  # a word's four bytes to four lanes
+        lanes.copy_(words).bitwise_and_(0xFFFF_FFFF)
+        steps = ((16, 0x0000_FFFF_0000_FFFF), (8, 0x00FF_00FF_00FF_00FF))
+    else:  # each half word's four nibbles to four lanes
+        word = shifted.view(-1)[:words.numel()].view(words.shape)
+        word.copy_(words).bitwise_and_(0xFFFF_FFFF)
+        halves = lanes.view(*words.shape, 2)
+        torch.bitwise_and(word, 0xFFFF, out=halves[..., 0])
+        torch.bitwise_right_shift(word, 16, out=halves[..., 1])
+        steps = ((24, 0x0000_00FF_0000_00FF), (12, 0x000F_000F_000F_000F))
+    for shift, mask in steps:
+        torch.bitwise_left_shift(lanes, shift, out=shifted)
+        lanes.bitwise_or_(shifted).bitwise_and_(mask)
+    lanes.bitwise_or_(FP16_1024)
+
+
+CHUNK = 1 << 20  # values a step: the temporaries stay small and are reused, never faulted in
+
+
+def dequantize(recipe: GptqRecipe, module: str, tensors: Mapping[str, torch.Tensor], where: str,
+               dtype: torch.dtype | None = None, out: torch.Tensor | None = None) -> torch.Tensor:
+    """`module`'s float weight [out, in] from its parts (by suffix; shapes already checked by
+    `check_linear`), as gptqmodel's torch kernel computes it: in the scales' dtype, or with the
+    scales cast to `dtype` first where the loader casts them (a model loaded in that dtype). `out`,
+    a contiguous tensor of that shape and dtype, receives it (a buffer reused from one linear to the
+    next spares the page faults of fresh memory).
+
+    The reference's integer difference `weight - zeros[g_idx]` times the scale is one rounding of an
+    exact product; here the codes and zeros are in the scales' dtype first (exactly: integers below
+    256, or 1024 plus them in float16) and subtracted there (exactly), then multiplied: the same
+    rounding, so the same bits. Done a few output rows at a time."""
+    import sys
+
+    import torch
+
+    qweight, scales = tensors["qweight"], tensors["scales"]
+    finite(scales, f"{module}.scales", where)
+    in_features, out_features = qweight.shape[0] * recipe.pack, qweight.shape[1]
+    n = scales.shape[0]
+    group = in_features // n
+    g_idx = tensors.get("g_idx")
+    if g_idx is not None:
+        g_idx = g_idx.to(torch.int64)
+        low, high = int(g_idx.min()), int(g_idx.max())
+        if low < 0 or high >= n:
+            raise InputError(f"{where}: tensor {module + '.g_idx'!r} holds groups from {low} to {high}, outside "
+                             f"the {n} groups of its scales; the checkpoint is inconsistent")
+        if torch.equal(g_idx, torch.arange(in_features, dtype=torch.int64) // group):
+            g_idx = None  # rows in group order: one value per group, broadcast
+    scale = (scales if dtype is None else scales.to(dtype)).t()  # [out, groups]
+    fast = scale.dtype == torch.float16 and sys.byteorder == "little"
+    zero = zeros(recipe, tensors["qzeros"]).t().to(scale.dtype)
+    if fast:
+        zero += 1024
+    weight = torch.empty(out_features, in_features, dtype=scale.dtype) if out is None else out
+    words = qweight.t().contiguous()  # [out, in / pf]: an eighth (a quarter) of the values' bytes
+    rows = max(1, CHUNK // in_features)
+    scratch = torch.empty(rows * in_features // 4, dtype=torch.int64) if fast else None
+    for start in range(0, out_features, rows):
+        span = slice(start, min(start + rows, out_features))
+        part = weight[span]
+        if fast:
+            _fp16_codes(recipe, words[span], part, scratch)
+        else:
+            part.copy_(codes(recipe, words[span]))
+        if g_idx is None:
+            part.view(-1, n, group).sub_(zero[span].unsqueeze(-1)).mul_(scale[span].unsqueeze(-1))
+        else:
+            index = g_idx.expand(part.shape[0], in_features)  # gather: far faster than index_select on dim 1
+            part.sub_(torch.gather(zero[span], 1, index)).mul_(torch.gather(scale[span], 1, index))
+    return weight

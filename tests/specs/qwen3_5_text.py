@@ -1,0 +1,27 @@
+"""The qwen3_5_text test model (see tests/specs/__init__.py): qwen3_next's, without experts, and
+Qwen3.5's multimodal RoPE keys stated (which change nothing for text)."""
+
+from __future__ import annotations
+
+from specs import F, Spec
+from specs.qwen3_next import GDN, L
+
+ROPE = {"rope_type": "default", "rope_theta": 5e5, "partial_rotary_factor": 0.5, "mrope_section": [1, 1, 0],
+        "mrope_interleaved": True}
+TEXT_ROPE = {k: v for k, v in ROPE.items() if not k.startswith("mrope")}  # a variant states only what takes effect
+SPEC = Spec(
+    "qwen3_5_text", dict(num_hidden_layers=4, layer_types=[L, F, L, F], head_dim=16, attention_bias=True,
+                         eos_token_id=1, rope_parameters=ROPE, **GDN),
+    old_style={"rope_theta": 5e5, "partial_rotary_factor": 0.5, "full_attention_interval": 2},
+    old_drop=("layer_types",),
+    card=("mixer: gated delta-net, 2 q/k heads x 8, 4 value heads x 16 (2 value heads per key head), conv 4",
+          "layer schedule: attention on 2 (1, 3); gated_deltanet on 2 (0, 2); FFN on all layers",
+          "QK norm: per head", "biases: q, k, v, o", "FFN: SwiGLU, d_ff 96"),
+    tp_refusal="the gated_deltanet mixer layers have no tensor-parallel plan",
+    config_variants=(
+        dict(head_dim=16, **GDN),
+        dict(head_dim=16, num_hidden_layers=3, layer_types=[L, L, F], linear_num_key_heads=1, linear_num_value_heads=2,
+             linear_key_head_dim=16, linear_value_head_dim=8, linear_conv_kernel_dim=3, rms_norm_eps=1e-5,
+             attention_bias=True, tie_word_embeddings=True, rope_parameters=TEXT_ROPE),
+    ),
+)
