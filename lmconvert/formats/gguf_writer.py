@@ -24,6 +24,7 @@ from . import kquants
 from .digest import FiniteCheck
 from .errors import InputError
 from .ggml_floats import chunk_bytes, nonfinite
+from .gguf_quant_mix import FALLBACK as K_FALLBACK  # llama-quantize's type where a K type's 256-blocks do not fit
 
 if TYPE_CHECKING:
     import torch
@@ -44,9 +45,6 @@ FILE_TYPES = {"F32": 0, "F16": 1, "Q4_0": 2, "Q4_1": 3, "Q8_0": 7, "Q5_0": 8, "Q
               "TQ1_0": 36, "TQ2_0": 37, "MXFP4": 38,  # llama.cpp's `general.file_type` (LlamaFileType);
               # a K type alone: what `llama-quantize --pure` writes for Q2_K, Q3_K_S, Q4_K_S, Q5_K_S, Q6_K
               "Q2_K": 10, "Q3_K": 11, "Q4_K": 14, "Q5_K": 16, "Q6_K": 18}
-# llama-quantize's type for a tensor whose rows the K type's 256-blocks do not divide
-# (tensor_type_fallback in llama-quant.cpp); F16 where this type's 32-blocks do not divide them either
-K_FALLBACK = {"Q2_K": "Q4_0", "Q3_K": "Q4_0", "Q4_K": "Q5_0", "Q5_K": "Q5_1", "Q6_K": "Q8_0"}
 
 
 def parse_quant(name: str) -> str:
