@@ -1,0 +1,121 @@
+"""The Kimi delta attention mixer kind (`mixer="kimi_delta"`, arch/kimi_delta.py) against
+transformers' own KimiLinearDeltaAttention, its weights initialised as KimiLinearPreTrainedModel
+does (A_log, dt_bias) and perturbed, carried into our layout by the transform below (A_log one
+value per head), bit for bit in fp32, bf16 and fp16: a prefill longer than the conv width and two
+chunks, cached decoding token by token against transformers' module with its own cache (and, in
+float64, against our full forward), left padding as transformers applies it. The gated delta-net's
+own tests (tests/test_gated_deltanet.py) prove the shared recurrent rule unchanged for it.
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from arch_helpers import perturb
+from delta_rule_checks import check_cached_decoding, check_left_padding, check_prefill, check_state_and_parts, inputs
+
+from lmconvert.arch import ArchConfig
+from lmconvert.arch.errors import ConfigError
+from lmconvert.arch.mixer_kinds import mixer_kind
+
+D, H, DK, KERNEL = 32, 4, 8, 4
+T = 150  # > the conv width, two chunks of 64 and a part
+
+
+def _hf_config():
+    from transformers import KimiLinearConfig
+    return KimiLinearConfig(hidden_size=D, num_hidden_layers=2, layer_types=["linear_attention", "full_attention"],
+                            rms_norm_eps=1e-5, linear_num_heads=H, linear_head_dim=DK, linear_conv_kernel_dim=KERNEL,
+                            num_attention_heads=4, num_key_value_heads=4, vocab_size=64)
+
+
+def to_ours(hf: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """transformers' module layout -> ours: A_log (1, 1, heads, 1) -> (heads,); the rest one to one."""
+    return hf | {"forget_gate.A_log": hf["forget_gate.A_log"].reshape(-1)}
+
+
+def to_hf(ours: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    return ours | {"forget_gate.A_log": ours["forget_gate.A_log"].view(1, 1, -1, 1)}
+
+
+def _settings() -> dict:
+    return dict(heads=H, head_dim=DK, conv_kernel=KERNEL, norm_eps=1e-5)
+
+
+def _pair(dtype: torch.dtype):
+    """transformers' module, initialised as its pretrained model does and perturbed, and ours holding its weights."""
+    from transformers.models.kimi_linear.modeling_kimi_linear import KimiLinearDeltaAttention
+
+    hf_cfg = _hf_config()
+    torch.manual_seed(0)
+    ref = KimiLinearDeltaAttention(hf_cfg, 0)
+    gen = torch.Generator().manual_seed(5)
+    with torch.no_grad():  # KimiLinearPreTrainedModel._init_weights (FLA's): module construction leaves them empty
+        ref.forget_gate.A_log.copy_(torch.empty(1, 1, H, 1).uniform_(1.0, 16.0, generator=gen).log())
+        dt = torch.empty(H * DK).uniform_(math.log(1e-3), math.log(1e-1), generator=gen).exp().clamp_min(1e-4)
+        ref.forget_gate.dt_bias.copy_(dt + torch.log(-torch.expm1(-dt)))
+    perturb(ref, seed=3)
+    ref = ref.to(dtype).eval()
+    cfg = ArchConfig(vocab_size=64, d_model=D, n_layers=1, n_heads=4, d_ff=48, max_positions=512,
+                     mixer="kimi_delta", mixer_settings=_settings())
+    ours = mixer_kind("kimi_delta").build(cfg, 0).to(dtype).eval()
+    ours.load_state_dict(to_ours(dict(ref.state_dict())), strict=True)
+    return ref, ours, hf_cfg
+
+
+DTYPES = [torch.float32, torch.bfloat16, torch.float16]
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_prefill_is_transformers_bit_for_bit(dtype: torch.dtype) -> None:
+    """A prefill of 150 tokens (conv width 4, chunks of 64): transformers' chunked path
+    (chunk_kimi_delta_attention), equal bit for bit in fp32, bf16 and fp16; with and without a cache."""
+    ref, ours, _ = _pair(dtype)
+    check_prefill(ref, ours, inputs(dtype, D, T))
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_cached_decoding_is_transformers_step_by_step(dtype: torch.dtype) -> None:
+    """A prefill of 70 tokens, a 5-token continuation (the chunked rule from the cached state), then 36
+    tokens one at a time (recurrent_kimi_delta_attention), each equal bit for bit to transformers'
+    module with its own cache, the states too; in float64 as our full forward
+    (`delta_rule_checks.check_cached_decoding`)."""
+    ref, ours, hf_cfg = _pair(dtype)
+    check_cached_decoding(ref, ours, hf_cfg, inputs(dtype, D, 111))
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_left_padding_is_transformers(dtype: torch.dtype) -> None:
+    """Left padding (row 0 padded by 9): prefill and 33 decoding steps equal bit for bit; in float64,
+    the padded row's real tokens as the unpadded sequence alone (`delta_rule_checks.check_left_padding`)."""
+    ref, ours, hf_cfg = _pair(dtype)
+    check_left_padding(ref, ours, hf_cfg, inputs(dtype, D, 133))
+
+
+def test_state_elements_and_parts_are_what_transformers_has() -> None:
+    """The kind's state per sequence and layer is what transformers' cache holds; the parts are the
+    module's tensors; the layout transform round-trips every tensor."""
+    ref, ours, hf_cfg = _pair(torch.float32)
+    kind = mixer_kind("kimi_delta")
+    cfg = ArchConfig(vocab_size=64, d_model=D, n_layers=1, n_heads=4, d_ff=48, mixer="kimi_delta",
+                     mixer_settings=_settings())
+    check_state_and_parts(kind, cfg, ref, ours, hf_cfg, D)
+    assert any("Kimi delta attention" in line for line in kind.describe(cfg))
+    back = to_hf(dict(ours.state_dict()))
+    assert back.keys() == ref.state_dict().keys()
+    assert all(torch.equal(w, back[name]) for name, w in ref.state_dict().items())
+
+
+@pytest.mark.parametrize(("settings", "message"), [
+    (dict(heads=0, head_dim=8), "heads=0: must be a positive"),
+    (dict(heads=2, head_dim=8, conv_kernel=True), "conv_kernel=True"),
+    (dict(heads=2, head_dim=8, norm_eps=0), "norm_eps=0"),
+    (dict(heads=2, head_dim=8, activation="gelu"), "activation='gelu': must be one of silu"),
+    (dict(heads=2, key_heads=2), "unknown field.*key_heads"),
+])
+def test_bad_settings_are_refused_by_name(settings: dict, message: str) -> None:
+    with pytest.raises(ConfigError, match=message):
+        ArchConfig(vocab_size=64, d_model=D, n_layers=1, n_heads=4, d_ff=48, mixer="kimi_delta",
+                   mixer_settings=settings)
