@@ -13,10 +13,18 @@ import math
 
 import pytest
 import torch
-from arch_helpers import perturb
-from delta_rule_checks import check_cached_decoding, check_left_padding, check_prefill, check_state_and_parts, inputs
+from arch_helpers import max_diff, perturb
+from delta_rule_checks import (
+    check_cached_decoding,
+    check_left_padding,
+    check_prefill,
+    check_state_and_parts,
+    ctx,
+    inputs,
+)
 
 from lmconvert.arch import ArchConfig
+from lmconvert.arch.cache import KVCache
 from lmconvert.arch.errors import ConfigError
 from lmconvert.arch.mixer_kinds import mixer_kind
 
@@ -28,7 +36,8 @@ def _hf_config():
     from transformers import KimiLinearConfig
     return KimiLinearConfig(hidden_size=D, num_hidden_layers=2, layer_types=["linear_attention", "full_attention"],
                             rms_norm_eps=1e-5, linear_num_heads=H, linear_head_dim=DK, linear_conv_kernel_dim=KERNEL,
-                            num_attention_heads=4, num_key_value_heads=4, vocab_size=64)
+                            num_attention_heads=4, num_key_value_heads=4, vocab_size=64, pad_token_id=None,
+                            bos_token_id=None, eos_token_id=None)
 
 
 def to_ours(hf: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
@@ -119,3 +128,48 @@ def test_bad_settings_are_refused_by_name(settings: dict, message: str) -> None:
     with pytest.raises(ConfigError, match=message):
         ArchConfig(vocab_size=64, d_model=D, n_layers=1, n_heads=4, d_ff=48, mixer="kimi_delta",
                    mixer_settings=settings)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("q_lora_rank", [None, 24])
+def test_nope_latent_attention_is_kimi_linear_attention(dtype: torch.dtype, q_lora_rank: int | None) -> None:
+    """Kimi Linear's other layers: KimiLinearAttention, DeepSeek's MLA without RoPE (the latent kind
+    with layer_positions "none": the k_rot part shared by every head unrotated), eager, a prefill of
+    40 then 12 cached tokens one at a time, bit for bit in fp32, bf16 and fp16, with and without the
+    q LoRA; the cache of each holds the same latent."""
+    from transformers import DynamicCache, KimiLinearConfig
+    from transformers.models.kimi_linear.modeling_kimi_linear import KimiLinearAttention
+
+    from lmconvert.arch.attention_kinds import attention_kind
+
+    hf_cfg = KimiLinearConfig(hidden_size=D, num_hidden_layers=1, layer_types=["full_attention"],
+                              num_attention_heads=4, num_key_value_heads=4, q_lora_rank=q_lora_rank, kv_lora_rank=16,
+                              qk_nope_head_dim=12, qk_rope_head_dim=8, v_head_dim=10, vocab_size=64,
+                              pad_token_id=None, bos_token_id=None, eos_token_id=None)
+    hf_cfg._attn_implementation = "eager"
+    torch.manual_seed(0)
+    ref = KimiLinearAttention(hf_cfg, 0)
+    perturb(ref, seed=3)
+    ref = ref.to(dtype).eval()
+    cfg = ArchConfig(vocab_size=64, d_model=D, n_layers=1, n_heads=4, d_ff=48, max_positions=512, head_dim=8,
+                     attention="latent", layer_positions=("none",),
+                     attention_settings=dict(kv_lora_rank=16, qk_nope_head_dim=12, v_head_dim=10,
+                                             q_lora_rank=q_lora_rank))
+    ours = attention_kind("latent").build(cfg, 0, None, None).to(dtype).eval()
+    ours.backend = "eager"
+    names = {"q_proj": "q", "q_a_proj": "q_a", "q_a_layernorm": "q_a_norm", "q_b_proj": "q_b",
+             "kv_a_proj_with_mqa": "kv_a", "kv_a_layernorm": "kv_a_norm", "kv_b_proj": "kv_b", "o_proj": "o"}
+    ours.load_state_dict({f"{names[n.rpartition('.')[0]]}.{n.rpartition('.')[2]}": w
+                          for n, w in ref.state_dict().items()}, strict=True)
+    x = inputs(dtype, D, 52)
+    hf_cache, cache = DynamicCache(config=hf_cfg), KVCache(1)
+    pieces = [(0, 40)] + [(t, t + 1) for t in range(40, 52)]
+    with torch.no_grad():
+        for start, end in pieces:
+            n = end - start
+            mask = torch.full((n, end), torch.finfo(dtype).min, dtype=dtype).triu(start + 1)[None, None]
+            expected, _ = ref(x[:, start:end], mask, cache=hf_cache)
+            got = ours(x[:, start:end], ctx(start, n, dtype), cache)
+            assert torch.equal(got, expected), (start, max_diff(got, expected))
+    assert torch.equal(cache.keys[0], hf_cache.layers[0].keys)
+    assert torch.equal(cache.values[0], hf_cache.layers[0].values)

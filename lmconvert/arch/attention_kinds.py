@@ -265,12 +265,13 @@ def _refuse(refusals: list[tuple[str, Any, bool, str]]) -> None:
 
 def _latent_check(cfg: ArchConfig) -> None:
     """What transformers' DeepseekV3Attention cannot be told: it has one kind of positions (RoPE on
-    the whole rotary part, every layer), no window, no cap, no QK norm, and its biases are
+    the whole rotary part, every layer; or none, as KimiLinearAttention, whose "rotary" key part is
+    shared by the heads unrotated), no window, no cap, no QK norm, and its biases are
     `settings.bias`; `num_key_value_heads` other than the head count breaks its eager path."""
     refusals = [
         ("n_kv_heads", cfg.n_kv_heads, cfg.n_kv_heads != cfg.n_heads, "latent attention has n_kv_heads = n_heads"),
-        ("layer_positions", cfg.layer_positions, set(cfg.layer_positions) != {"rope"},
-         "latent attention uses RoPE on every layer"),
+        ("layer_positions", cfg.layer_positions, set(cfg.layer_positions) not in ({"rope"}, {"none"}),
+         "latent attention uses RoPE on every layer (DeepSeek) or on none (Kimi Linear's NoPE MLA)"),
         ("rope.fraction", cfg.rope.fraction, cfg.rope.fraction != 1,
          "latent attention rotates all of head_dim (its qk_rope_head_dim)"),
         ("layer_kinds", cfg.layer_kinds, "local" in cfg.layer_kinds, "latent attention has no sliding window"),

@@ -107,6 +107,10 @@ class KimiDeltaAttention(DeltaRuleMixer):
     chunk_rule = staticmethod(chunk_kimi_delta_rule)
     recurrent_rule = staticmethod(recurrent_kimi_delta_rule)
 
+    def __init__(self, *args: object) -> None:
+        super().__init__(*args)
+        self.forget_gate.fp32_parameters = ("dt_bias",)  # transformers keeps it fp32 (_keep_in_fp32_modules_strict)
+
     def project(self, x: torch.Tensor) -> torch.Tensor:
         return torch.cat([self.q_proj(x), self.k_proj(x), self.v_proj(x)], dim=-1)
 
