@@ -141,6 +141,7 @@ def test_nope_latent_attention_is_kimi_linear_attention(dtype: torch.dtype, q_lo
     from transformers.models.kimi_linear.modeling_kimi_linear import KimiLinearAttention
 
     from lmconvert.arch.attention_kinds import attention_kind
+    from lmconvert.arch.describe import variants
 
     hf_cfg = KimiLinearConfig(hidden_size=D, num_hidden_layers=1, layer_types=["full_attention"],
                               num_attention_heads=4, num_key_value_heads=4, q_lora_rank=q_lora_rank, kv_lora_rank=16,
@@ -155,6 +156,9 @@ def test_nope_latent_attention_is_kimi_linear_attention(dtype: torch.dtype, q_lo
                      attention="latent", layer_positions=("none",),
                      attention_settings=dict(kv_lora_rank=16, qk_nope_head_dim=12, v_head_dim=10,
                                              q_lora_rank=q_lora_rank))
+    card = variants(cfg)
+    assert "MLA head dims: q/k 12 + shared unrotated (no positions) 8, v 10; score scale 0.223607" in card
+    assert "positions: none (all layers)" in card and not any("RoPE" in line for line in card)
     ours = attention_kind("latent").build(cfg, 0, None, None).to(dtype).eval()
     ours.backend = "eager"
     names = {"q_proj": "q", "q_a_proj": "q_a", "q_a_layernorm": "q_a_norm", "q_b_proj": "q_b",
@@ -173,3 +177,27 @@ def test_nope_latent_attention_is_kimi_linear_attention(dtype: torch.dtype, q_lo
             assert torch.equal(got, expected), (start, max_diff(got, expected))
     assert torch.equal(cache.keys[0], hf_cache.layers[0].keys)
     assert torch.equal(cache.values[0], hf_cache.layers[0].values)
+
+
+def test_kimi_shaped_stack_decodes_as_its_full_forward() -> None:
+    """Kimi Linear's shape in the canonical decoder: three KDA layers to one NoPE MLA layer, in float64.
+    A prefill of 70 (two chunks), then 40 tokens one at a time, equal to the uncached forward over all
+    110 (chunked throughout) within 1e-10; the cache holds each layer's state and what the card says."""
+    from arch_helpers import build, tokens
+
+    cfg = ArchConfig(vocab_size=64, d_model=D, n_layers=4, n_heads=4, d_ff=48, max_positions=512, head_dim=8,
+                     mixer="kimi_delta", mixer_settings=_settings(), layer_mixers=("mixer",) * 3 + ("attention",),
+                     attention="latent", layer_positions=("none",) * 4,
+                     attention_settings=dict(kv_lora_rank=16, qk_nope_head_dim=12, v_head_dim=10))
+    model = build(cfg, dtype=torch.float64)
+    ids = tokens(seq=110)
+    cache = model.new_cache()
+    with torch.no_grad():
+        full = model(ids)
+        steps = torch.cat([model(ids[:, :70], cache=cache)] + [model(ids[:, t:t + 1], cache=cache)
+                                                               for t in range(70, 110)], 1)
+        assert max_diff(model(ids[:, -1:])[:, 0], full[:, -1]) > 1e-3  # the state is not ignored
+    assert max_diff(steps, full) <= 1e-10
+    assert [set(s) for s in cache.states] == [{"conv", "recurrent"}] * 3 + [set()]
+    state = sum(t.numel() for s in cache.states for t in s.values()) // ids.shape[0]
+    assert state == 3 * mixer_kind("kimi_delta").state_elements(cfg)

@@ -243,11 +243,12 @@ def _latent_mha_cache(cfg: ArchConfig) -> int:
 def _latent_describe(cfg: ArchConfig) -> list[str]:
     s = cfg.attention_settings
     q = "plain q projection" if s.q_lora_rank is None else f"q LoRA rank {s.q_lora_rank}"
+    rotary = "shared unrotated (no positions)" if "rope" not in cfg.layer_positions else "rotary"
     lines = [f"attention: latent (MLA), {cfg.n_heads} heads, {q}, kv_lora_rank {s.kv_lora_rank}",
-             f"MLA head dims: q/k {s.qk_nope_head_dim} + rotary {cfg.head_dim}, v {s.v_head_dim}; "
+             f"MLA head dims: q/k {s.qk_nope_head_dim} + {rotary} {cfg.head_dim}, v {s.v_head_dim}; "
              f"score scale {latent_score_scale(cfg):.6g}",
              f"MLA norms: RMSNorm eps={s.norm_eps:g}; biases: {'q_a, kv_a, o' if s.bias else 'none'}"]
-    if cfg.rope.layout == "interleaved":
+    if cfg.rope.layout == "interleaved" and "rope" in cfg.layer_positions:
         order = "and de-interleaved" if s.deinterleave else "in place"
         lines.append(f"MLA RoPE: rotary dims in pairs, rotated {order}")
     latent, mha = _latent_cache(cfg), _latent_mha_cache(cfg)
