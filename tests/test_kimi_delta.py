@@ -201,3 +201,19 @@ def test_kimi_shaped_stack_decodes_as_its_full_forward() -> None:
     assert [set(s) for s in cache.states] == [{"conv", "recurrent"}] * 3 + [set()]
     state = sum(t.numel() for s in cache.states for t in s.values()) // ids.shape[0]
     assert state == 3 * mixer_kind("kimi_delta").state_elements(cfg)
+
+
+def test_kimi_linear_layout_transforms_invert_bit_for_bit() -> None:
+    """The family's two layout transforms: q_conv1d, k_conv1d, v_conv1d gathered into conv1d and cut
+    back, A_log [1, 1, heads, 1] to one value per head and back, every bit kept."""
+    from lmconvert.mappings.tables.transforms import EqualPart, Shaped
+
+    conv = torch.randn(3 * H * DK, 1, KERNEL).to(torch.bfloat16)
+    steps = [EqualPart(3, i).bind({}) for i in range(3)]
+    parts = [t.inverse(conv) for t in steps]
+    assert [tuple(p.shape) for p in parts] == [(H * DK, 1, KERNEL)] * 3
+    assert torch.equal(steps[0].forward(parts), conv)
+    assert all(torch.equal(p, conv[i * H * DK:(i + 1) * H * DK]) for i, p in enumerate(parts))
+    a_log = torch.randn(1, 1, H, 1)
+    shaped = Shaped((1, 1, -1, 1)).bind({})
+    assert shaped.forward(a_log).shape == (H,) and torch.equal(shaped.inverse(shaped.forward(a_log)), a_log)
