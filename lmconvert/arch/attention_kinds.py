@@ -272,11 +272,12 @@ def _latent_mha_cache(cfg: ArchConfig) -> int:
 def _latent_describe(cfg: ArchConfig) -> list[str]:
     s = cfg.attention_settings
     q = "plain q projection" if s.q_lora_rank is None else f"q LoRA rank {s.q_lora_rank}"
+    rotary = "shared unrotated (no positions)" if "rope" not in cfg.layer_positions else "rotary"
     lines = [f"attention: latent (MLA), {cfg.n_heads} heads, {q}, kv_lora_rank {s.kv_lora_rank}",
-             f"MLA head dims: q/k {s.qk_nope_head_dim} + rotary {cfg.head_dim}, v {s.v_head_dim}; "
+             f"MLA head dims: q/k {s.qk_nope_head_dim} + {rotary} {cfg.head_dim}, v {s.v_head_dim}; "
              f"score scale {latent_score_scale(cfg):.6g}",
              f"MLA norms: RMSNorm eps={s.norm_eps:g}; biases: {'q_a, kv_a, o' if s.bias else 'none'}"]
-    if cfg.rope.layout == "interleaved":
+    if cfg.rope.layout == "interleaved" and "rope" in cfg.layer_positions:
         order = "and de-interleaved" if s.deinterleave else "in place"
         lines.append(f"MLA RoPE: rotary dims in pairs, rotated {order}")
     latent, mha = _latent_cache(cfg), _latent_mha_cache(cfg)
@@ -294,12 +295,13 @@ def _refuse(refusals: list[tuple[str, Any, bool, str]]) -> None:
 
 def _latent_check(cfg: ArchConfig) -> None:
     """What transformers' DeepseekV3Attention cannot be told: it has one kind of positions (RoPE on
-    the whole rotary part, every layer), no window, no cap, no QK norm, and its biases are
+    the whole rotary part, every layer; or none, as KimiLinearAttention, whose "rotary" key part is
+    shared by the heads unrotated), no window, no cap, no QK norm, and its biases are
     `settings.bias`; `num_key_value_heads` other than the head count breaks its eager path."""
     refusals = [
         ("n_kv_heads", cfg.n_kv_heads, cfg.n_kv_heads != cfg.n_heads, "latent attention has n_kv_heads = n_heads"),
-        ("layer_positions", cfg.layer_positions, set(cfg.layer_positions) != {"rope"},
-         "latent attention uses RoPE on every layer"),
+        ("layer_positions", cfg.layer_positions, set(cfg.layer_positions) not in ({"rope"}, {"none"}),
+         "latent attention uses RoPE on every layer (DeepSeek) or on none (Kimi Linear's NoPE MLA)"),
         ("rope.fraction", cfg.rope.fraction, cfg.rope.fraction != 1,
          "latent attention rotates all of head_dim (its qk_rope_head_dim)"),
         ("layer_kinds", cfg.layer_kinds, "local" in cfg.layer_kinds, "latent attention has no sliding window"),

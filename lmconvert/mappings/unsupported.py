@@ -43,7 +43,7 @@ NEEDS: dict[str, tuple[str, ...]] = {
     "inkling2_loop_text": ("conv", "exotic", "sinks", "gated-attn", "moe-ext", "loop"),
     "inkling2_text": ("conv", "exotic", "sinks", "gated-attn", "moe-ext"),
     "inkling_text": ("conv", "exotic", "geometry", "temperature", "moe-ext"),
-    "kimi_linear": ("linear", "mla-ext"), "laguna": ("geometry", "gated-attn", "router"),
+    "laguna": ("geometry", "gated-attn", "router"),
     "lara_mini": ("linear",), "lfm3": ("conv", "gated-attn"),
     "longcat_flash": ("moe-ext", "router"),
     "mimo_v2_flash": ("sinks", "geometry"), "minimax": ("linear",),
