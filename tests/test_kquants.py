@@ -29,6 +29,7 @@ from hf_models import make_checkpoint, token_batch
 import lmconvert
 from lmconvert.convert import convert
 from lmconvert.formats import kquants
+from lmconvert.formats.gguf_quant_mix import MIXES
 from lmconvert.formats.gguf_writer import FILE_TYPES, tensor_type
 
 KINDS = ("Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K")
@@ -213,11 +214,27 @@ def f32_gguf(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
 
 
 def llama_quantize(src: Path, out: Path, kind: str) -> None:
+    """`llama-quantize --pure` to a K type, or to one of its mixes (a MIXES name: not pure)."""
     import llama_cpp
 
     params = llama_cpp.llama_model_quantize_default_params()
-    params.ftype, params.pure, params.nthread = FTYPES[kind], True, 2
+    mix = MIXES.get(kind)
+    params.ftype, params.pure, params.nthread = mix[0] if mix else FTYPES[kind], mix is None, 2
     assert llama_cpp.llama_model_quantize(str(src).encode(), str(out).encode(), params) == 0
+
+
+def same_files(ours_path: Path, theirs_path: Path) -> dict[str, str]:
+    """Two GGUF files' tensors, types and bytes and file types compared: {name: our type} when equal."""
+    ours, theirs = gguf.GGUFReader(ours_path), gguf.GGUFReader(theirs_path)
+    mine, its = {t.name: t for t in ours.tensors}, {t.name: t for t in theirs.tensors}
+    assert sorted(mine) == sorted(its)
+    types = {name: (t.tensor_type.name, its[name].tensor_type.name) for name, t in mine.items()}
+    assert all(a == b for a, b in types.values()), types
+    differ = [name for name, t in mine.items()
+              if not np.array_equal(np.asarray(t.data).view(np.uint8), np.asarray(its[name].data).view(np.uint8))]
+    assert not differ
+    assert ours.fields["general.file_type"].contents() == theirs.fields["general.file_type"].contents()
+    return {name: a for name, (a, _) in types.items()}
 
 
 @pytest.mark.llamacpp
@@ -226,17 +243,22 @@ def test_file_equals_llama_quantize_s(kind: str, f32_gguf: tuple[Path, Path], tm
     _, source = f32_gguf
     convert(source, tmp_path / "ours.gguf", "gguf", quant=kind.lower())
     llama_quantize(source, tmp_path / "theirs.gguf", kind)
-    ours, theirs = gguf.GGUFReader(tmp_path / "ours.gguf"), gguf.GGUFReader(tmp_path / "theirs.gguf")
-    mine, its = {t.name: t for t in ours.tensors}, {t.name: t for t in theirs.tensors}
-    assert sorted(mine) == sorted(its)
-    types = {name: (t.tensor_type.name, its[name].tensor_type.name) for name, t in mine.items()}
-    assert all(a == b for a, b in types.values()), types
-    assert {a for a, _ in types.values()} == {kind, "F32", {"Q2_K": "Q4_0", "Q3_K": "Q4_0", "Q4_K": "Q5_0",
-                                                            "Q5_K": "Q5_1", "Q6_K": "Q8_0"}[kind]}
-    differ = [name for name, t in mine.items()
-              if not np.array_equal(np.asarray(t.data).view(np.uint8), np.asarray(its[name].data).view(np.uint8))]
-    assert not differ
-    assert ours.fields["general.file_type"].contents() == theirs.fields["general.file_type"].contents()
+    types = same_files(tmp_path / "ours.gguf", tmp_path / "theirs.gguf")
+    assert set(types.values()) == {kind, "F32", {"Q2_K": "Q4_0", "Q3_K": "Q4_0", "Q4_K": "Q5_0", "Q5_K": "Q5_1",
+                                                 "Q6_K": "Q8_0"}[kind]}
+
+
+@pytest.mark.llamacpp
+@pytest.mark.parametrize("mix", MIXES)
+def test_mix_file_equals_llama_quantize_s(mix: str, f32_gguf: tuple[Path, Path], tmp_path: Path) -> None:
+    """`--quant q4_k_m` (and the other mixes) writes the file llama-quantize writes from the same f32
+    GGUF: each tensor's type (gguf_quant_mix's choice, proven per family in test_llamacpp_quant_mix)
+    and its bytes (the K encoders, and gguf's for the fallback types)."""
+    _, source = f32_gguf
+    convert(source, tmp_path / "ours.gguf", "gguf", quant=mix)
+    llama_quantize(source, tmp_path / "theirs.gguf", mix)
+    types = same_files(tmp_path / "ours.gguf", tmp_path / "theirs.gguf")
+    assert len(set(types.values()) - {"F32"}) >= 2  # a mix: more than one quantized type
 
 
 @pytest.mark.llamacpp

@@ -25,6 +25,7 @@ from .digest import FiniteCheck
 from .errors import InputError
 from .ggml_floats import chunk_bytes, nonfinite
 from .gguf_quant_mix import FALLBACK as K_FALLBACK  # llama-quantize's type where a K type's 256-blocks do not fit
+from .gguf_quant_mix import MIXES
 
 if TYPE_CHECKING:
     import torch
@@ -48,8 +49,13 @@ FILE_TYPES = {"F32": 0, "F16": 1, "Q4_0": 2, "Q4_1": 3, "Q8_0": 7, "Q5_0": 8, "Q
 
 
 def parse_quant(name: str) -> str:
+    """The GGML type a --quant names; for one of llama.cpp's mixes (q4_k_m...), the mix's main type
+    (`gguf_quant_mix.MIXES`; the tensors' own types are chosen as llama-quantize chooses them)."""
+    if name.lower() in MIXES:
+        return MIXES[name.lower()][1]
     if name.lower() not in QUANTS:
-        raise InputError(f"--quant {name!r}: not a GGUF type lmconvert writes; choose one of {', '.join(QUANTS)}")
+        raise InputError(f"--quant {name!r}: not a GGUF type lmconvert writes; choose one of "
+                         f"{', '.join([*QUANTS, *MIXES])}")
     return QUANTS[name.lower()]
 
 
