@@ -32,7 +32,8 @@ import tempfile
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+ROOT = Path(__file__).resolve().parents[1]
+sys.path[:0] = [str(ROOT / "bench"), str(ROOT)]  # this tree's lmconvert, not an installed one
 from common import measure_rounds, table  # noqa: E402
 
 L, F = "linear_attention", "full_attention"
@@ -107,6 +108,7 @@ def run(contender: str, directory: Path, context: int, new: int) -> dict[str, ob
 
         import lmconvert
 
+        assert Path(lmconvert.__file__).is_relative_to(ROOT), lmconvert.__file__
         model = lmconvert.load(directory / "canonical")
         cache = model.new_cache()
 
@@ -167,11 +169,11 @@ def main() -> None:
     os.environ["OMP_NUM_THREADS"] = str(args.threads)
     with tempfile.TemporaryDirectory(dir=args.workdir) as tmp:
         work = Path(tmp)
-        code = (f"import sys; sys.path.insert(0, {str(Path(__file__).parent)!r}); from decode_hybrid import "
+        code = (f"import sys; sys.path.insert(0, {str(ROOT / 'bench')!r}); from decode_hybrid import "
                 f"write_checkpoint; from pathlib import Path; write_checkpoint(Path({str(work / 'hf')!r}))")
         subprocess.run([sys.executable, "-c", code], check=True)
         subprocess.run([sys.executable, "-m", "lmconvert.cli", "convert", str(work / "hf"), str(work / "canonical")],
-                       check=True, stdout=subprocess.DEVNULL)
+                       check=True, stdout=subprocess.DEVNULL, cwd=ROOT)
         steps = [(f"{c}@{n}", [sys.executable, __file__, "--new", str(args.new), "--child", c, str(work), str(n)],
                   work, []) for n in args.contexts for c in CONTENDERS]
         runs = measure_rounds(steps, args.repeat, cached=True)
