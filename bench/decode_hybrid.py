@@ -188,13 +188,15 @@ def main() -> None:
         found = [json.loads(m.output.split("RESULT ", 1)[1]) for m in measured]
         results[label] = found
         rows.append([n, contender, spread([r["decode_tok_s"] for r in found], ".2f"),
-                     spread([r["prefill_s"] for r in found], ".1f"), spread([m.peak_rss / 2**20 for m in measured], ",.0f"),
+                     spread([r["prefill_s"] for r in found], ".1f"),
+                     spread([m.peak_rss / 2**20 for m in measured], ",.0f"),
                      mib(statistics.median(r["rss_end"] for r in found)), mib(found[0]["state_bytes"])])
     print(table(rows))
     print()
     for n in args.contexts:
         ours, theirs = results[f"lmconvert@{n}"], results[f"transformers@{n}"]
-        speed = statistics.median(r["decode_tok_s"] for r in ours) / statistics.median(r["decode_tok_s"] for r in theirs)
+        speed = statistics.median(r["decode_tok_s"] for r in ours) / \
+            statistics.median(r["decode_tok_s"] for r in theirs)
         rss = statistics.median(m.peak_rss for m in runs[f"lmconvert@{n}"]) / \
             statistics.median(m.peak_rss for m in runs[f"transformers@{n}"])
         same = sum(a == b for a, b in zip(ours[0]["tokens"], theirs[0]["tokens"], strict=True))
