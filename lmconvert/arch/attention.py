@@ -13,6 +13,7 @@ upcast inside, and layers with sinks (gpt-oss), which SDPA cannot add.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import replace
 
 import torch
@@ -41,6 +42,11 @@ def _scores(q: torch.Tensor, k: torch.Tensor, scale: float, bias: torch.Tensor |
         start, beta = bias.to(q.dtype).expand(B, H, T, S).reshape(B * H, T, S), 1
     return torch.baddbmm(start, q.reshape(B * H, T, D), k.transpose(-1, -2).reshape(B * H, D, S),
                          beta=beta, alpha=scale).view(B, H, T, S)
+
+
+def _each(f: Callable[[torch.Tensor], torch.Tensor], t: torch.Tensor | None) -> torch.Tensor | None:
+    """f(t), or None for a tensor a layer does not have (a KV-shared layer's own k and v)."""
+    return None if t is None else f(t)
 
 
 def _sink_softmax(w: torch.Tensor, sinks: torch.Tensor) -> torch.Tensor:
@@ -172,10 +178,12 @@ class Attention(nn.Module):
     def forward(self, x: torch.Tensor, ctx: Context, cache: KVCache | None = None) -> torch.Tensor:
         cfg = self.cfg
         B, T, _ = x.shape
-        if self.kv_source is not None:  # Gemma 4: K/V taken whole (cached ones too) from an earlier layer
-            return self._reusing(x, ctx)
-        q, k = self.q(x), self.k(x)  # (B, T, H*D), (B, T, KV*D)
-        v = self.v(x) if self.v is not None else k  # K = V: v is k's projection, before k's norm
+        # Gemma 4's KV-shared layer: its own query, through every step below; K/V taken whole (cached ones
+        # too) from an earlier layer, so k and v stay None until then
+        reusing = self.kv_source is not None
+        q = self.q(x)  # (B, T, H*D)
+        k = None if reusing else self.k(x)  # (B, T, KV*D)
+        v = None if reusing else self.v(x) if self.v is not None else k  # K = V: k's projection, before its norm
         gate = self.out_gate(x) if self.out_gate is not None else None  # AFMoE: (B, T, H*D)
         if self.out_gate_bias is not None:  # Beam: one bias per head, over its D elements
             gate = (gate.view(B, T, cfg.n_heads, cfg.head_dim) + self.out_gate_bias[:, None]).view(B, T, cfg.q_dim)
@@ -183,29 +191,29 @@ class Attention(nn.Module):
             q, gate = torch.chunk(q.view(B, T, cfg.n_heads, 2 * cfg.head_dim), 2, dim=-1)
             gate = gate.reshape(B, T, cfg.q_dim)
         if cfg.clip_qkv is not None:  # OLMo's clamp_, on the projections as they come out
-            q, k, v = (t.clamp(-cfg.clip_qkv, cfg.clip_qkv) for t in (q, k, v))
+            q, k, v = (_each(lambda t: t.clamp(-cfg.clip_qkv, cfg.clip_qkv), t) for t in (q, k, v))
         scale = self.scale
         if cfg.scale_query:  # OPT, XGLM: q_proj(x) * scaling, then unscaled scores
             q, scale = q * scale, 1.0
         if cfg.qk_norm == "projection":
-            q, k = self.q_norm(q), self.k_norm(k)
+            q, k = self.q_norm(q), _each(self.k_norm, k)
         q = q.view(B, T, cfg.n_heads, cfg.head_dim)
-        k = k.view(B, T, cfg.n_kv_heads, cfg.head_dim)
-        v = v.view(B, T, cfg.n_kv_heads, cfg.head_dim)
+        k = _each(lambda t: t.view(B, T, cfg.n_kv_heads, cfg.head_dim), k)
+        v = _each(lambda t: t.view(B, T, cfg.n_kv_heads, cfg.head_dim), v)
         if cfg.qk_norm == "head" and not cfg.qk_norm_after_rope:
-            q, k = self.q_norm(q), self.k_norm(k)
+            q, k = self.q_norm(q), _each(self.k_norm, k)
         if self.v_norm is not None:
-            v = self.v_norm(v)
-        q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)  # (B, H|KV, T, D)
+            v = _each(self.v_norm, v)
+        q, k, v = q.transpose(1, 2), _each(lambda t: t.transpose(1, 2), k), _each(lambda t: t.transpose(1, 2), v)
         if self.rotary is not None:
             cos, sin = ctx.rotary(self.rotary)
             rope = self.rotary.cfg
-            q = apply_rotary(q, cos, sin, rope.layout, rope.fp32_rotation, rope.complex_product, rope.reverse)
-            k = apply_rotary(k, cos, sin, rope.layout, rope.fp32_rotation, rope.complex_product, rope.reverse)
+            q, k = (_each(lambda t: apply_rotary(t, cos, sin, rope.layout, rope.fp32_rotation, rope.complex_product,
+                                                 rope.reverse), t) for t in (q, k))
         if cfg.qk_norm_after_rope:  # HunYuan, nanochat: each rotated head normalised, before the cache
-            q, k = self.q_norm(q), self.k_norm(k)
+            q, k = self.q_norm(q), _each(self.k_norm, k)
         if cfg.qk_l2_norm and self.rotary is not None:  # Llama 4: weightless, on rotary layers only
-            q, k = _l2_norm(q, cfg.norm.eps), _l2_norm(k, cfg.norm.eps)
+            q, k = _l2_norm(q, cfg.norm.eps), _each(lambda t: _l2_norm(t, cfg.norm.eps), k)
         if cfg.attn_temperature is not None:  # the query scaled by its position, after RoPE
             form = cfg.attn_temperature_form
             temperature = ctx.query_temperature(cfg.attn_temperature, cfg.attn_temperature_floor, form)
@@ -213,26 +221,14 @@ class Attention(nn.Module):
                 q = q * temperature.to(q.dtype)
             elif self.position == "none":  # Llama 4, Beam: the layers without positions, multiplied in fp32
                 q = (q * temperature).to(q.dtype)
-        if cache is not None:
-            k, v = cache.update(self.layer, k, v)  # (B, KV, S, D)
-        if self.kv_shared:  # for the KV-shared layers after it
-            ctx.shared_kv[self.layer] = k, v
+        if reusing:
+            k, v = (t.to(q.device) for t in ctx.shared_kv[self.kv_source])  # its source may sit on another device
+        else:
+            if cache is not None:
+                k, v = cache.update(self.layer, k, v)  # (B, KV, S, D)
+            if self.kv_shared:  # for the KV-shared layers after it
+                ctx.shared_kv[self.layer] = k, v
         return self._attend(q, k, v, gate, scale, ctx)
-
-    def _reusing(self, x: torch.Tensor, ctx: Context) -> torch.Tensor:
-        """A KV-shared layer (Gemma 4): its own q, normed and rotated; K/V as its source layer left them."""
-        cfg = self.cfg
-        B, T, _ = x.shape
-        q = self.q(x).view(B, T, cfg.n_heads, cfg.head_dim)
-        if self.q_norm is not None:
-            q = self.q_norm(q)
-        q = q.transpose(1, 2)
-        if self.rotary is not None:
-            cos, sin = ctx.rotary(self.rotary)
-            rope = self.rotary.cfg
-            q = apply_rotary(q, cos, sin, rope.layout, rope.fp32_rotation, rope.complex_product, rope.reverse)
-        k, v = ctx.shared_kv[self.kv_source]
-        return self._attend(q, k, v, None, self.scale, ctx)
 
     def _attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, gate: torch.Tensor | None, scale: float,
                 ctx: Context) -> torch.Tensor:

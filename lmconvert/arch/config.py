@@ -641,9 +641,13 @@ class ArchConfig:
             _fail("ArchConfig", "parallel_sum", self.parallel_sum, "only parallel blocks have a parallel sum")
         if self.residual_after_norm and self.norm_placement != "pre":
             _fail("ArchConfig", "residual_after_norm", True, "only pre-norm blocks take the residual after the norm")
-        if self.residual_fp32 and (self.norm_placement != "pre" or self.residual_after_norm):
-            _fail("ArchConfig", "residual_fp32", True, "only pre-norm blocks without residual_after_norm keep an fp32 "
-                  "residual stream")
+        if self.residual_fp32 and (self.norm_placement != "pre" or self.residual_after_norm
+                                   or self.residual_form != "plain" or self.unnormed_attn_layers
+                                   or not self.norm.weight
+                                   or self.mixer_norm_placement not in (None, "pre")):
+            _fail("ArchConfig", "residual_fp32", True, "keeps the residual stream of pre-norm blocks in fp32, each "
+                  "norm reading it in its weight's dtype: needs pre-norm on every layer (no mixer_norm_placement other "
+                  "than pre, no unnormed_attn_layers), plain adds, no residual_after_norm and weighted norms")
         for name in ("embed_dropout", "attn_dropout", "resid_dropout"):
             if not 0 <= getattr(self, name) < 1:
                 _fail("ArchConfig", name, getattr(self, name), "must be in [0, 1)")
@@ -747,6 +751,9 @@ class ArchConfig:
                      or self.qk_norm_weight != "shared"):
             _fail("ArchConfig", "attention", self.attention, "per-layer geometry, K = V, the V norm and KV sharing "
                   "are the standard attention's, with no output gate and per-head QK norms if any")
+        if n and set(self.layer_mixers) != {"attention"}:
+            _fail("ArchConfig", "kv_shared_layers", n, "shares K/V between attention layers: every layer must be one "
+                  "(layer_mixers)")
         if self.k_eq_v != "none" and (self.k_bias != self.v_bias or self.clip_qkv is not None):
             _fail("ArchConfig", "k_eq_v", self.k_eq_v, "takes v from k's projection: needs k_bias == v_bias and "
                   "no clip_qkv")

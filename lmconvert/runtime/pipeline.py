@@ -43,7 +43,9 @@ def context_on(ctx: Context, device: torch.device) -> Context:
         def move(t: torch.Tensor | None) -> torch.Tensor | None:
             return None if t is None else t.to(device)
 
-        ctx._memo[key] = Context(move(ctx.q_pos), move(ctx.k_pos), ctx.dtype, move(ctx.positions), move(ctx.keys))
+        # the same `shared_kv`: a KV-shared layer (Gemma 4) reads its source layer's K/V on another device
+        ctx._memo[key] = Context(move(ctx.q_pos), move(ctx.k_pos), ctx.dtype, move(ctx.positions), move(ctx.keys),
+                                 shared_kv=ctx.shared_kv)
     return ctx._memo[key]
 
 
