@@ -22,6 +22,8 @@ SPEC = Spec(
     card=("mixer: gated delta-net, 2 q/k heads x 8, 4 value heads x 16 (2 value heads per key head), conv 4",
           "layer schedule: attention on 2 (1, 3); gated_deltanet on 2 (0, 2); FFN on all layers",
           "QK norm: per head", "biases: q, k, v, o"),
+    # llama.cpp's qwen3next: experts on every layer, renormalised, no attention biases, value heads as wide as keys
+    gguf=dict(mlp_only_layers=[], norm_topk_prob=True, attention_bias=False, linear_value_head_dim=8),
     tp_refusal="the gated_deltanet mixer layers have no tensor-parallel plan",
     config_variants=(
         dict(head_dim=16, **GDN),
