@@ -614,7 +614,7 @@ def test_reading_the_tables_imports_no_torch() -> None:
               "from lmconvert.mappings.meta import Layout\n"
               "from lmconvert.mappings.meta_params import params_for\n"
               "sizes = {'heads': 2, 'kv_heads': 1, 'vocab': 4, 'rows': 6, 'index': 0, 'q': 4, 'kv': 2, 'ffn': 3,\n"
-              "         'k_nope': 2, 'v_head': 1}\n"
+              "         'k_nope': 2, 'v_head': 1, 'mixer.key_heads': 1, 'mixer.value_heads': 1, 'mixer.heads_per_key': 1}\n"
               "for a in ARCHS.values(): [r.transform.bind(sizes) for r in a.tensors.rules]\n"
               "layout = Layout(8, 2, 2, 1, 16, 32, 2)\n"
               "[layout.transform(rule) for _, _, rule in layout.entries()]\n"

@@ -212,14 +212,13 @@ def schedule_to_gguf(config: Mapping[str, Any]) -> dict[str, Any]:
             **({"attention.recurrent_layers": [t == "linear_attention" for t in types]} if types else {})}
 
 
-ATTENTION_BIASES = {f"blk.0.attn_{p}.bias": "an attention bias (attention_bias)" for p in ("q", "k", "v", "output")}
 GGUF_QWEN3NEXT = GgufArch(
     "qwen3_next", arch="qwen3next",
     keys={**QWEN_MOE_KEYS, "expert_shared_feed_forward_length": "shared_expert_intermediate_size", **GDN_GGUF_KEYS},
     defaults={"norm_topk_prob": True, "decoder_sparse_step": 1, "mlp_only_layers": []},
     unstated={"full_attention_interval": lambda _: 4}, derived=schedule_from_gguf, exported=schedule_to_gguf,
     table=gguf_table(True, GDN_GGUF_RULES + SSM_BA), partial_rotary=True, experts=True,
-    stated=frozenset({"rope.dimension_count"}), refused=ATTENTION_BIASES)
+    stated=frozenset({"rope.dimension_count"}))
 
 FAMILY = Family("qwen3_next", ("qwen3_next",), "Qwen3NextForCausalLM", TENSORS, CONFIG,
                 gguf=(GGUF_QWEN3NEXT,), reference_layouts=REFERENCE_LAYOUTS)
