@@ -197,7 +197,10 @@ def tensor_sizes(config: Mapping[str, Any], renamed: Mapping[str, str] | None = 
     shared = {"shared": config["shared_intermediate_size"]} if config.get("shared_intermediate_size") else {}
     # the gated delta-net's per-key-head groups (Qwen3-Next's ssm_ba), as its settings' `sizes` name them
     gdn = ({"mixer.key_heads": config["linear_num_key_heads"], "mixer.value_heads": config["linear_num_value_heads"],
-            "mixer.heads_per_key": config["linear_num_value_heads"] // config["linear_num_key_heads"]}
+            "mixer.heads_per_key": config["linear_num_value_heads"] // config["linear_num_key_heads"],
+            "mixer.key_dim": config["linear_num_key_heads"] * config["linear_key_head_dim"],
+            "mixer.values_per_key": config["linear_num_value_heads"] // config["linear_num_key_heads"]
+            * config["linear_value_head_dim"]}
            if config.get("linear_num_key_heads") else {})
     return {**gdn, "vocab": config["vocab_size"], "heads": heads, "kv_heads": kv_heads, "q": heads * head_dim,
             "kv": kv_heads * head_dim, "ffn": ffn, **latent,  # MLA: the per-head parts of DeepSeek's kv_b
