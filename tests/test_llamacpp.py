@@ -483,7 +483,10 @@ SENTENCEPIECE = {"gemma": "GemmaTokenizer", "gemma2": "GemmaTokenizer", "gemma3_
 # which transformers 5's ExaoneConfig does not keep
 CONVERTER_FAILS = {"falcon": "is invalid for input of size", "gpt_neox": "rotary_pct",
                    "gpt_neox:sequential": "rotary_pct", "bitnet": "ffn_sub_norm",
-                   "hunyuan_v1_moe": "moe_intermediate_size", "exaone": "activation_function"}
+                   "hunyuan_v1_moe": "moe_intermediate_size", "exaone": "activation_function",
+                   # transformers 5 loads this model_type's tokenizer files as Qwen3_5Tokenizer, whose pre-tokenizer
+                   # llama.cpp's converter hashes as unknown (the same files under qwen3_5_text convert)
+                   "qwen3_5_moe_text": "BPE pre-tokenizer was not recognized"}
 MLA_SIZES = {f"deepseek2.{key}" for key in ("attention.head_count_kv", "attention.key_length", "attention.value_length",
                                             "attention.key_length_mla", "attention.value_length_mla")}
 # (key, the families it differs for) -> why. What else either writes must be equal

@@ -48,9 +48,7 @@ NOTES = {"qwen3_5": "Qwen3_5ForConditionalGeneration (model_type qwen3_5): only 
 # key head (transformers': key head 0's value heads, then key head 1's ...) to tiled (each key head's first value
 # head, then each one's second ...), for ggml's broadcast: the v rows of in_proj_qkv and of the conv's channels,
 # in_proj_z's, b's and a's rows, A_log and dt_bias, out_proj's columns (`Tiled`, a permutation, exact both ways).
-# Metadata: the MRoPE sections (`rope.dimension_sections`, which llama.cpp requires) as llama.cpp's converter
-# writes them where config.json has none, [11, 11, 10, 0]: text positions are the same on every section, so any
-# sections covering the rotated half-width rotate as transformers does.
+# Metadata: the MRoPE sections (`rope.dimension_sections`, which llama.cpp requires): see gguf_metadata.
 @dataclass(frozen=True)
 class Tiled:
     """Rows along `dim`: the q and k rows kept where `qk` (in_proj_qkv's, the conv's), then value heads of
@@ -96,11 +94,21 @@ GDN_GGUF_RULES = (
     Rule("blk.{}.ssm_out.weight", "layers.{}.mixer.out_proj.weight", Tiled(False, "mixer.values_per_key", dim=1)),
 )
 MROPE_SECTIONS = [11, 11, 10, 0]  # _Qwen35MRopeMixin's, where rope_parameters has no mrope_section
+# ggml's M-RoPE wants the sections to sum to at most the rotated dimensions; a text position is the same on the
+# t, h and w sections, and each rotated pair takes section (pair mod their sum) by its index mod 3: [1, 1, 0, 0]
+# puts every pair on t or h, so rotates as transformers does at any width
+NARROW_SECTIONS = [1, 1, 0, 0]
 
 
 def gguf_metadata(config: Mapping[str, Any]) -> dict[str, Any]:
-    """qwen3next's, and the MRoPE sections."""
-    return {**qwen3_next.schedule_to_gguf(config), "rope.dimension_sections": MROPE_SECTIONS}
+    """qwen3next's, and the MRoPE sections: llama.cpp's converter's default where the rotated part holds them,
+    else the narrowest sections that rotate text positions the same (config.json's are not kept: text positions
+    make any that cover the rotated pairs alike)."""
+    head_dim = config.get("head_dim") or config["hidden_size"] // config["num_attention_heads"]
+    params = config.get("rope_parameters") or {}
+    rotated = int(head_dim * (params.get("partial_rotary_factor") or config.get("partial_rotary_factor") or 0.25))
+    sections = MROPE_SECTIONS if sum(MROPE_SECTIONS) <= rotated else NARROW_SECTIONS
+    return {**qwen3_next.schedule_to_gguf(config), "rope.dimension_sections": sections}
 
 
 def gguf_entry(model_type: str, arch: str, experts: bool, keys: Mapping[str, str]) -> GgufArch:
