@@ -19,7 +19,8 @@ SPEC = Spec(
           "QK norm: per head", "biases: q, k, v, o", "FFN: SwiGLU, d_ff 96"),
     # llama.cpp's qwen35 / qwen35moe: no attention biases, value heads as wide as keys
     gguf=dict(attention_bias=False, linear_value_head_dim=8),
-    gguf_naming=GgufNaming(converter_names={("linear_attn.dt_bias", "mixer"): "ssm_dt.bias"}),  # its dt_proj.bias
+    gguf_naming=GgufNaming(converter_names={("linear_attn.dt_bias", "mixer"): "ssm_dt.bias",  # its dt_proj.bias
+                                            ("linear_attn.A_log", "mixer"): "ssm_a"}),
     tp_refusal="the gated_deltanet mixer layers have no tensor-parallel plan",
     config_variants=(
         dict(head_dim=16, **GDN),
