@@ -607,6 +607,23 @@ def test_deepseek_v3_s_layouts_llama_cpp_lacks_are_refused(overrides: dict[str, 
     assert not (tmp_path / "m.gguf").exists()
 
 
+@pytest.mark.parametrize(("name", "overrides", "fragment"), [
+    ("qwen3_next", dict(linear_value_head_dim=16), "load the gated delta-net's value heads as wide as its key heads"),
+    ("qwen3_5_text", dict(linear_value_head_dim=16), "and this model's are 16 and 8 wide"),
+    ("qwen3_next", dict(norm_topk_prob=False), "qwen3next metadata cannot express this model's moe"),
+    ("qwen3_next", dict(mlp_only_layers=[2]), "qwen3next architecture has no tensor for layers.2.mlp.down.weight"),
+    ("qwen3_5_moe_text", dict(attention_bias=True), "qwen35moe architecture loads no blk.1.attn_k.bias"),
+])
+def test_gated_deltanet_layouts_llama_cpp_lacks_are_refused(name: str, overrides: dict[str, Any], fragment: str,
+                                                             tmp_path: Path) -> None:
+    """llama.cpp's qwen3next / qwen35 / qwen35moe: value heads as wide as key heads, experts on every layer and
+    renormalised, no attention biases; anything else is refused by name."""
+    canonical = canonical_of(built(name, {**WRITTEN_ONLY[name], **overrides}), tmp_path)
+    code, _, err = cli("convert", canonical, tmp_path / "m.gguf", "--to", "gguf")
+    assert code == 2 and fragment in err and len(err.strip().splitlines()) == 1, err
+    assert not (tmp_path / "m.gguf").exists()
+
+
 def hf_config_of(name: str, root: Path) -> dict[str, Any]:
     """The config.json GGUF export starts from for the tiny model `name` (`family:variant`)."""
     family = name.split(":")[0]
