@@ -527,7 +527,8 @@ def test_families_transformers_cannot_read_come_back_bit_for_bit(name: str, quan
             assert torch.equal(tensor, ((theirs[tensor_name].float() + 1) - 1).to(tensor.dtype)), tensor_name
             continue
         if tensor_name.endswith(".mixer.A_log"):  # llama.cpp's ssm_a = -exp(A_log), in f32, read as log(-ssm_a)
-            assert torch.equal(tensor, (-(-theirs[tensor_name].float().exp())).log().to(tensor.dtype)), tensor_name
+            ssm_a = -theirs[tensor_name].float().exp()
+            assert torch.equal(tensor, (-ssm_a).log().to(tensor.dtype)), tensor_name
             continue
         assert torch.equal(tensor.float(), theirs[tensor_name].to(FLOATS[quant]).float()), tensor_name
     if quant == "f32":

@@ -209,9 +209,9 @@ def schedule_to_gguf(config: Mapping[str, Any]) -> dict[str, Any]:
     """ssm.inner_size, and one recurrent flag per layer where config.json names the layers (it does, as
     transformers writes it)."""
     if config["linear_value_head_dim"] != config["linear_key_head_dim"]:
-        raise MappingError(f"llama.cpp's qwen3next, qwen35 and qwen35moe load the gated delta-net's value heads as wide "
-                           f"as its key heads (ssm.state_size), and this model's are {config['linear_value_head_dim']} "
-                           f"and {config['linear_key_head_dim']} wide")
+        raise MappingError("llama.cpp's qwen3next, qwen35 and qwen35moe load the gated delta-net's value heads as "
+                           f"wide as its key heads (ssm.state_size), and this model's are "
+                           f"{config['linear_value_head_dim']} and {config['linear_key_head_dim']} wide")
     types = config.get("layer_types")
     return {"ssm.inner_size": config["linear_value_head_dim"] * config["linear_num_value_heads"],
             **({"attention.recurrent_layers": [t == "linear_attention" for t in types]} if types else {})}
