@@ -144,14 +144,15 @@ CONFIG = llama.CONFIG.but(
 REFERENCE_LAYOUTS = {**QK_NORM_PER_HEAD, "attn.q": "B T H*QG"}
 
 # -- llama.cpp (GGUF): its qwen3next architecture (Qwen3NextModel in llama.cpp's converter). Every norm but the
-# gated delta-net's is stored as 1 + w (Offset), the post-attention norm as `post_attention_norm`; q_proj's rows
-# (each head's query, then its gate) and q/k (NeoX rotation) unchanged. The delta-net: in_proj_qkvz split into
-# `attn_qkv` ([all q | all k | all v], our in_proj_qkv) and `attn_gate` (our in_proj_z), in_proj_ba kept grouped
-# per key head (`ssm_ba`), the conv squeezed to [channels, kernel], dt_bias as `ssm_dt.bias`, A_log as
-# `ssm_a` = -exp(A_log) (read back as log(-ssm_a): not bit for bit, within an ulp or two of A_log), the gated
-# norm as `ssm_norm`. Metadata: the `ssm.` sizes (state_size the key head size; llama.cpp's loader takes the
-# value head as wide: a model whose differ reads back otherwise and is refused), the schedule as
-# `attention.recurrent_layers`. llama.cpp runs experts on every layer, renormalised, and no attention biases.
+# gated delta-net's is stored as 1 + w (Offset), the post-attention norm as `post_attention_norm`, the shared
+# expert's gate as the [1, hidden] matrix it is (llama.cpp's converter keeps it so here; qwen2moe's is a vector);
+# q_proj's rows (each head's query, then its gate) and q/k (NeoX rotation) unchanged. The delta-net: in_proj_qkvz
+# split into `attn_qkv` ([all q | all k | all v], our in_proj_qkv) and `attn_gate` (our in_proj_z), in_proj_ba
+# kept grouped per key head (`ssm_ba`), the conv squeezed to [channels, kernel], dt_bias as `ssm_dt.bias`, A_log
+# as `ssm_a` = -exp(A_log) in float32 (read back as log(-ssm_a): not bit for bit in general), the gated norm as
+# `ssm_norm`. Metadata: the `ssm.` sizes (state_size the key head size: llama.cpp's loader takes the value heads
+# as wide, so a model whose differ is refused by name), the schedule as `attention.recurrent_layers`. llama.cpp
+# runs experts on every layer, renormalised, and no o bias.
 
 
 def _neg_exp(t: torch.Tensor) -> torch.Tensor:
@@ -180,9 +181,11 @@ SSM_BA = tuple(Rule("blk.{}.ssm_ba.weight", f"layers.{{}}.mixer.{ours}.weight",
 def gguf_table(experts: bool, gdn: tuple[Rule, ...]) -> TensorTable:
     """llama.cpp's qwen3next / qwen35 / qwen35moe tensors: norms as 1 + w, the post-attention norm as
     `post_attention_norm`, and the gated delta-net's `gdn` rules."""
-    kept = tuple(r for r in tensor_table(False, 1.0, True, experts=experts).rules
-                 if r.stored not in ("blk.{}.ffn_norm.weight", "blk.{}.post_attention_norm.weight"))
+    own = ("blk.{}.ffn_norm.weight", "blk.{}.post_attention_norm.weight", "blk.{}.ffn_gate_inp_shexp.weight")
+    kept = tuple(r for r in tensor_table(False, 1.0, True, experts=experts).rules if r.stored not in own)
     return TensorTable((*kept, Rule("blk.{}.post_attention_norm.weight", "layers.{}.mlp_norm.weight", Offset(1.0)),
+                        *((Rule("blk.{}.ffn_gate_inp_shexp.weight", "layers.{}.mlp.shared_gate.weight"),)
+                          if experts else ()),
                         *gdn))
 
 
