@@ -6,6 +6,7 @@ swapped tensor changes the logits.
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -22,6 +23,9 @@ def perturb(model: torch.nn.Module, seed: int = 0, scale: float = 0.2) -> None:
     with torch.no_grad():
         for p in model.parameters():
             p.add_(torch.randn(p.shape, generator=generator).to(p.dtype) * scale)
+        for name, b in model.named_buffers():  # Gemma 4's per-layer output scalar: a buffer, stored in checkpoints
+            if name.endswith(".layer_scalar"):
+                b.add_(torch.randn(b.shape, generator=generator).to(b.dtype) * scale)
 
 
 def build_model(model_type: str, seed: int = 0, **overrides: Any) -> torch.nn.Module:
@@ -103,12 +107,16 @@ def cached_logits(model: torch.nn.Module, ids: torch.Tensor, prefill: int) -> to
     """transformers' own cached decoding, for comparison with ours; a model transformers keeps no
     cache for (GPT's OpenAIGPTLMHeadModel) runs each step over the whole prefix, as its generate does."""
     state: dict[str, Any] = {"seen": ids[:, :0]}
+    # the positions of the new tokens, as generate passes them: Bamba's forward, given none, numbers them from 0
+    positions = "position_ids" in inspect.signature(model.forward).parameters
 
     def step(chunk: torch.Tensor) -> torch.Tensor:
+        past = state["seen"].shape[1]
         state["seen"] = torch.cat([state["seen"], chunk], 1)
         if state.get("uncached"):
             return model(state["seen"]).logits[:, -chunk.shape[1]:]
-        out = model(chunk, cache=state.get("cache"), use_cache=True)
+        where = {"position_ids": torch.arange(past, past + chunk.shape[1])[None]} if positions else {}
+        out = model(chunk, cache=state.get("cache"), use_cache=True, **where)
         state["uncached"] = not hasattr(out, "cache")
         state["cache"] = getattr(out, "cache", None)
         return out.logits

@@ -34,7 +34,8 @@ from .parts import Part
 # ----------------------------------------------------------------------------- shared with mamba2.py
 def attach_nested(owner: nn.Module, parts: dict[str, Part]) -> None:
     """`build.attach` for parts whose names hold one dot ("conv1d.weight", "norm.weight"): each such
-    part goes onto a plain submodule of that name, made on first use; the others onto `owner`. A
+    part goes onto a plain submodule of that name, made on first use (marked `uncalled`, as it has no
+    output for verify to compare); the others onto `owner`. A
     module's own parameters come first in its state_dict, so the kinds declare those first."""
     for name, part in parts.items():
         holder, _, leaf = name.rpartition(".")
@@ -42,19 +43,26 @@ def attach_nested(owner: nn.Module, parts: dict[str, Part]) -> None:
         if holder:
             if not hasattr(owner, holder):
                 owner.add_module(holder, nn.Module())
+                getattr(owner, holder).uncalled = True  # a holder of weights its owner reads: never called
             target = getattr(owner, holder)
         attach(target, {leaf: part})
 
 
+def wide(t: torch.Tensor) -> torch.Tensor:
+    """fp32, where transformers upcasts (`.float()`); float64 stays float64, so that a float64 model
+    computes in float64 throughout (the tests' exact reference, where rounding cannot hide a wrong state)."""
+    return t if t.dtype == torch.float64 else t.float()
+
+
 def weightless_rms(x: torch.Tensor, eps: float) -> torch.Tensor:
     """FalconMambaWeightlessRMSNorm: normed in fp32, cast back."""
-    h = x.float()
+    h = wide(x)
     return (h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps)).type_as(x)
 
 
 def weighted_rms(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     """JambaRMSNorm (LLaMA's): normed in fp32, cast back, times the weight."""
-    h = x.to(torch.float32)
+    h = wide(x)
     h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps)
     return weight * h.to(x.dtype)
 
@@ -69,7 +77,7 @@ def selective_scan(x: torch.Tensor, dt: torch.Tensor, A: torch.Tensor, B: torch.
     dtype = x.dtype
     dt = F.softplus(dt + dt_bias.to(dt.dtype)[..., None])
     dA = torch.exp(A[None, :, None, :] * dt[:, :, :, None])
-    dBx = dt[:, :, :, None] * B[:, None, :, :].float() * x[:, :, :, None].float()
+    dBx = dt[:, :, :, None] * wide(B[:, None, :, :]) * wide(x[:, :, :, None])
     state = torch.zeros(batch, d_inner, A.shape[-1], dtype=dtype, device=x.device) if initial is None else initial
     outputs = []
     for i in range(T):
@@ -86,9 +94,9 @@ def selective_step(state: torch.Tensor, x: torch.Tensor, dt: torch.Tensor, A: to
     """`mamba_selective_state_update`: one token, x, dt, z (B, d_inner), B, C (B, N), state (B, d_inner, N);
     D in the model dtype. Returns the output (B, d_inner) in x's dtype and the new state."""
     dt = F.softplus(dt + dt_bias.to(dt.dtype))
-    dA = torch.exp(dt.float()[..., None] * A.float())
-    dBx = dt.float()[..., None] * B.float()[:, None, :] * x.float()[..., None]
-    new = state.float() * dA + dBx
+    dA = torch.exp(wide(dt)[..., None] * wide(A))
+    dBx = wide(dt)[..., None] * wide(B)[:, None, :] * wide(x)[..., None]
+    new = wide(state) * dA + dBx
     out = torch.matmul(new.to(C.dtype), C.unsqueeze(-1)).squeeze(-1)
     out = (out + x * D) * F.silu(z)
     return out.to(x.dtype), new.to(state.dtype)
@@ -108,6 +116,10 @@ class StateSpaceMixer(nn.Module):
 class MambaMixer(StateSpaceMixer):
     """The Mamba (v1) mixer; its settings are `mixer_kinds.MambaSettings`."""
 
+    def __init__(self, cfg: ArchConfig, parts: dict[str, Part], layer: int) -> None:
+        super().__init__(cfg, parts, layer)
+        self.dt_proj.uncalled = True  # its weight and bias are read, as transformers reads them: no output
+
     def forward(self, x: torch.Tensor, ctx: Context, cache: KVCache | None) -> torch.Tensor:
         s, T, dtype = self.s, x.shape[1], x.dtype
         mask = padding_mask(ctx, T)
@@ -125,15 +137,15 @@ class MambaMixer(StateSpaceMixer):
             C = weighted_rms(C, self.c_layernorm.weight, s.bc_dt_norm_eps)
         dt = self.dt_proj.weight @ dt.transpose(1, 2)
         hidden = hidden.transpose(1, 2)
-        A = -torch.exp(self.A_log.float())
-        dt_bias = self.dt_proj.bias.float()
+        A = -torch.exp(wide(self.A_log))
+        dt_bias = wide(self.dt_proj.bias)
         previous = None if state is None else state.get("ssm")
         if previous is not None and T == 1:
             y, new = selective_step(previous, hidden[..., 0], dt[..., 0], A, B[:, 0], C[:, 0], self.D,
                                     gate[..., 0], dt_bias)
             y = y.unsqueeze(-1)
         else:
-            y, new = selective_scan(hidden, dt, A, B, C, self.D.float(), gate, dt_bias, previous)
+            y, new = selective_scan(hidden, dt, A, B, C, wide(self.D), gate, dt_bias, previous)
         if state is not None:
             state["ssm"] = new
         return self.out_proj(y.transpose(1, 2).to(dtype))

@@ -18,6 +18,8 @@ conv output, as transformers' `apply_mask_to_padding_states`.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 import torch.nn.functional as F
 
@@ -25,7 +27,7 @@ from .cache import KVCache
 from .causal_conv import causal_conv, padding_mask, zero_padding
 from .config import ArchConfig
 from .context import Context
-from .mamba import StateSpaceMixer
+from .mamba import StateSpaceMixer, wide
 from .parts import Part
 
 
@@ -60,13 +62,13 @@ def chunk_scan(x: torch.Tensor, dt: torch.Tensor, A: torch.Tensor, B: torch.Tens
     batch, T, heads, head_dim = x.shape
     groups = B.shape[2]
     dt = torch.clamp(F.softplus(dt + dt_bias.to(dt.dtype)), min=limit[0], max=limit[1])
-    x = x.float()
-    B = B.float().repeat_interleave(heads // groups, dim=2, output_size=heads)
-    C = C.float().repeat_interleave(heads // groups, dim=2, output_size=heads)
+    x = wide(x)
+    B = wide(B).repeat_interleave(heads // groups, dim=2, output_size=heads)
+    C = wide(C).repeat_interleave(heads // groups, dim=2, output_size=heads)
     pad = (size - T % size) % size
     skip = D[..., None] * _pad(x, pad)
-    x = x * dt[..., None].float()
-    A = A.to(x.dtype) * dt.float()
+    x = x * wide(dt[..., None])
+    A = A.to(x.dtype) * wide(dt)
     x, A, B, C = (_chunks(t, pad, size) for t in (x, A, B, C))
     A = A.permute(0, 3, 1, 2)
     A_cumsum = torch.cumsum(A, dim=-1)
@@ -96,7 +98,7 @@ def ssd_step(state: torch.Tensor, x: torch.Tensor, dt: torch.Tensor, A: torch.Te
     groups, n = B.shape[1], B.shape[-1]
     dt = dt[:, :, None].expand(-1, -1, head_dim)
     dt = F.softplus(dt + dt_bias[:, None].expand(-1, head_dim).to(dt.dtype))[..., None]
-    dA = torch.exp(dt.float() * A[:, None, None].expand(-1, head_dim, n).float())
+    dA = torch.exp(wide(dt) * wide(A[:, None, None].expand(-1, head_dim, n)))
     B = B.reshape(batch, groups, 1, n).expand(batch, groups, heads // groups, n).contiguous()
     dBx = dt * B.reshape(batch, heads, 1, n) * x[..., None]
     new = state * dA + dBx
@@ -112,7 +114,7 @@ def gated_norm(y: torch.Tensor, gate: torch.Tensor, weight: torch.Tensor, groups
     """Mamba2RMSNormGated: y times SiLU(gate) in fp32, RMS-normed over each of `groups` groups, cast
     back to y's dtype, times the weight."""
     dtype = y.dtype
-    h = y.to(torch.float32) * F.silu(gate.to(torch.float32))
+    h = wide(y) * F.silu(wide(gate))
     *prefix, dim = h.shape
     g = h.view(*prefix, groups, dim // groups)
     g = g * torch.rsqrt(g.pow(2).mean(-1, keepdim=True) + eps)
@@ -120,18 +122,18 @@ def gated_norm(y: torch.Tensor, gate: torch.Tensor, weight: torch.Tensor, groups
 
 
 def falcon_h1_gated_norm(y: torch.Tensor, gate: torch.Tensor, weight: torch.Tensor, groups: int, eps: float,
-                         before_gate: bool) -> torch.Tensor:
+                         before_gate: bool, act: Callable[[torch.Tensor], torch.Tensor] = F.silu) -> torch.Tensor:
     """FalconH1RMSNormGated: the gate before the norm or after it, the weight applied in fp32, one cast
-    back at the end. y (b, T, dim)."""
+    back at the end. y (b, T, dim). `act` is the gate's activation (KimiLinearRMSNormGated: sigmoid)."""
     dtype = y.dtype
     if not before_gate:
-        y = y * F.silu(gate.to(torch.float32))
+        y = y * act(wide(gate))
     batch, T, dim = y.shape
-    h = y.to(torch.float32).view(batch, T, groups, dim // groups)
+    h = wide(y).view(batch, T, groups, dim // groups)
     h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps)
     h = (weight.view(groups, dim // groups) * h).view(batch, T, dim)
     if before_gate:
-        h = h * F.silu(gate.to(torch.float32))
+        h = h * act(wide(gate))
     return h.to(dtype)
 
 
@@ -170,7 +172,7 @@ class Mamba2Mixer(StateSpaceMixer):
         xbc = causal_conv(xbc.transpose(1, 2), self.conv1d.weight, getattr(self.conv1d, "bias", None), state)
         xbc = zero_padding(xbc.transpose(1, 2), mask)
         hidden, B, C = torch.split(xbc, [self.d_inner, self.bc, self.bc], dim=-1)
-        A = -torch.exp(self.A_log.float())
+        A = -torch.exp(wide(self.A_log))
         previous = None if state is None else state.get("ssm")
         if previous is not None and T == 1:
             y, new = ssd_step(previous, hidden.view(batch, s.n_heads, s.head_dim), dt[:, 0], A,

@@ -175,6 +175,11 @@ def dequantizing(config: object) -> dict[str, object]:
         from transformers import Mxfp4Config
 
         return {"quantization_config": Mxfp4Config(dequantize=True)}
+    if method == "compressed-tensors":  # decompressed on load, weights alone (a declared activation scheme
+        # not run): the model lmconvert's dequantized weights make (formats/compressed_tensors.py)
+        from transformers import CompressedTensorsConfig
+
+        return {"quantization_config": CompressedTensorsConfig(run_compressed=False)}
     return {}
 
 
@@ -212,6 +217,9 @@ def reference_logits(model: torch.nn.Module, ids: torch.Tensor) -> torch.Tensor:
     return model(ids).logits
 
 
+EMBEDDING_MODULE = "<input embeddings>"  # the embedding module's output, kept aside from the points
+
+
 @torch.no_grad()
 def reference_trace(model: torch.nn.Module, ids: torch.Tensor, arch: ArchConfig, table: TensorTable,
                     attention_mask: torch.Tensor | None = None) -> Trace:
@@ -239,16 +247,26 @@ def reference_trace(model: torch.nn.Module, ids: torch.Tensor, arch: ArchConfig,
             else:
                 recorder.experts_alone(point, modules[path], expert_alone, arch.moe.n_experts)
         recorder.output_of(point, modules[path], declared.index if isinstance(declared, Returned) else 0)
+    if hasattr(model, "get_input_embeddings"):
+        recorder.output_of(EMBEDDING_MODULE, model.get_input_embeddings())
     try:
         out = model(ids, attention_mask=attention_mask, output_hidden_states=True, use_cache=False)
     finally:
         recorder.close()
     points = recorder.result()
+    embedded = points.pop(EMBEDDING_MODULE, None)
     states = out.hidden_states
     if states is not None and len(states) == arch.n_layers + 1:
-        points[EMBED] = states[0].detach().to("cpu", copy=True)
-        for i in range(arch.n_layers - 1):
-            points[f"layers.{i}"] = states[i + 1].detach().to("cpu", copy=True)
+        first = states[0].detach().to("cpu", copy=True)
+        if "layers.0" in points and torch.equal(first, points["layers.0"]):
+            # Mamba's and FalconMamba's: each block's output, then the final norm's; no embedding entry, so
+            # the embedding module's own output stands in (nothing is added to it before the first block)
+            if embedded is not None:
+                points[EMBED] = embedded
+        else:
+            points[EMBED] = first
+            for i in range(arch.n_layers - 1):
+                points[f"layers.{i}"] = states[i + 1].detach().to("cpu", copy=True)
         points[FINAL] = states[-1].detach().to("cpu", copy=True)
     return Trace(out.logits, *layouts.all_to_ours(points))
 

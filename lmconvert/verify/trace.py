@@ -49,6 +49,8 @@ def block_modules(model: nn.Module) -> list[tuple[str, nn.Module]]:
             continue
         if getattr(module, "uncalled", False):  # its owner reads its weights and never calls it: no output
             continue
+        if name.count(".") == 1:  # a block itself (Gemma 4's owns its layer scalar): its output is `layers.{i}`
+            continue
         if getattr(module, "one_point", False) or any(True for _ in module.parameters(recurse=False)):
             found.append((name, module))
     return found
@@ -182,10 +184,13 @@ def _common_prefix(paths: list[str]) -> str:
 
 def resolve(names: set[str], path: str, table: TensorTable) -> str | None:
     """The module path as it exists among `names`: the table's own, or under one of its
-    alternative prefixes (multimodal wrappers keep the text model under `model.language_model.`)."""
+    alternative prefixes (multimodal wrappers keep the text model under `model.language_model.`), or
+    `model.` for a stored `backbone.`."""
     candidates = [path]
     if path.startswith("model."):
         candidates += [prefix + path[len("model."):] for prefix in table.hf_prefixes]
+    if path.startswith("backbone."):  # the Hub's names, transformers' modules under `model.` (Nemotron-H)
+        candidates.append("model." + path[len("backbone."):])
     return next((c for c in candidates if c in names), None)
 
 

@@ -1,0 +1,126 @@
+"""Nemotron-H (NVIDIA; `NemotronHForCausalLM`): single-mixer blocks.
+
+Same as llama, except: each layer is one block, a norm then one of Mamba2 (`mixer="mamba2"`),
+attention, or an MLP, as `layers_block_type` names it ("linear_attention", "full_attention", "mlp";
+the older `hybrid_override_pattern` spells them M, *, -), so a Mamba2 or attention layer has no FFN
+and an MLP layer no token mixer (`layer_mixers` "none"); the number of layers is the pattern's length
+(`num_hidden_layers` is ignored, as NemotronHConfig ignores it); every block's tensors are
+`backbone.layers.{i}.mixer.*` (as the Hub's files and transformers' save_pretrained name them; its
+modules are under `model.`) and its norm `backbone.layers.{i}.norm`, which is
+the attention norm or the MLP norm by the block's type; the MLP is ungated, `up_proj` then
+`mlp_hidden_act` (default relu2) then `down_proj`, `mlp_bias` its biases; attention has no positions
+(no RoPE) and no biases, `head_dim` default 128; the norms (NemotronHRMSNorm) apply the weight in fp32
+before the cast, eps `layer_norm_epsilon` (default 1e-5), which the mixer's gated norm shares; the
+Mamba2 mixer: `mamba_num_heads` x `mamba_head_dim`, `ssm_state_size`, `n_groups`, `conv_kernel`,
+`chunk_size`, `use_bias` (in_proj and out_proj), `use_conv_bias`, `time_step_limit`, `mamba_hidden_act`
+(SiLU only); embeddings `backbone.embeddings`, the final norm `backbone.norm_f`. MoE blocks ("moe", E: ungated relu2
+experts under a DeepSeek-V3 router, with a shared expert) are refused by name: MoeConfig has no ungated
+experts yet.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from lmconvert.arch import ArchConfig, NormConfig
+
+from ..errors import MappingError
+from ..family import Family
+from ..tables.config_table import Entry
+from ..tables.hf_config import HfConfig, Key, show
+from ..tables.table import Rule, TensorTable
+from . import llama, mamba2
+
+LAYER = "backbone.layers.{}.mixer"
+BLOCK_RULES = (
+    Rule("backbone.embeddings.weight", "embed.weight"),
+    Rule("backbone.norm_f.weight", "final_norm.weight"),
+    Rule("lm_head.weight", "lm_head.weight"),
+    *(Rule(f"{LAYER}.{hf}_proj.weight", f"layers.{{}}.attn.{c}.weight") for hf, c in
+      (("q", "q"), ("k", "k"), ("v", "v"), ("o", "o"))),
+    *(Rule(f"{LAYER}.{n}_proj.{p}", f"layers.{{}}.mlp.{n}.{p}") for n in ("up", "down") for p in ("weight", "bias")),
+    *mamba2.mixer_rules(LAYER),
+)
+TENSORS = TensorTable(BLOCK_RULES + (Rule("backbone.layers.{}.norm.weight", "layers.{}.attn_norm.weight"),))
+
+
+def layout_table(arch: ArchConfig) -> TensorTable:
+    """Each block's one norm: the MLP's on MLP blocks, the attention's (or Mamba2's) on the others."""
+    norms = tuple(Rule(f"backbone.layers.{i}.norm.weight", f"layers.{i}.{'mlp' if m == 'none' else 'attn'}_norm.weight")
+                  for i, m in enumerate(arch.layer_mixers))
+    return TensorTable(BLOCK_RULES + norms)
+
+
+BLOCKS = {"linear_attention": ("mixer", "none"), "full_attention": ("attention", "none"), "mlp": ("none", "ffn")}
+PATTERN = {"M": "linear_attention", "*": "full_attention", "-": "mlp", "E": "moe"}
+SCHEDULE_KEYS = (Key("layers_block_type", list, None, nullable=True),
+                 Key("hybrid_override_pattern", str, None, legacy=True))
+
+
+def schedule_from_hf(hf: HfConfig, _: dict[str, Any]) -> dict[str, Any]:
+    types = hf.get("layers_block_type")
+    if types is None and hf.stated("hybrid_override_pattern"):
+        pattern = hf.get("hybrid_override_pattern")
+        if any(c not in PATTERN for c in pattern):
+            raise MappingError(f"config.json: hybrid_override_pattern={show(pattern)} should spell each layer as one "
+                               f"of {', '.join(PATTERN)}")
+        types = [PATTERN[c] for c in pattern]
+    types = ["linear_attention", "moe", "full_attention", "mlp"] if types is None else types
+    if "moe" in types:
+        raise MappingError("config.json: layers_block_type names 'moe' blocks (ungated relu2 experts under a "
+                           "DeepSeek-V3 router) that lmconvert's mixture of experts does not have yet; only "
+                           "Nemotron-H models of Mamba2, attention and MLP blocks are supported")
+    if not types or any(not isinstance(t, str) or t not in BLOCKS for t in types):
+        raise MappingError(f"config.json: layers_block_type={show(types)} should name one of {', '.join(BLOCKS)} "
+                           "for each layer")
+    n = len(types)
+    return {"n_layers": n, "layer_mixers": tuple(BLOCKS[t][0] for t in types),
+            "layer_ffns": tuple(BLOCKS[t][1] for t in types), "layer_positions": ("none",) * n}
+
+
+def schedule_to_hf(cfg: ArchConfig) -> dict[str, Any]:
+    """A layer with both a mixer and an FFN has no block type: it reads back as its mixer alone, refused by name."""
+    types = ["linear_attention" if m == "mixer" else "full_attention" if m == "attention" else "mlp"
+             for m in cfg.layer_mixers]
+    return {"layers_block_type": types}
+
+
+MIXER_KEYS = (Key("mamba_num_heads", int, 128), Key("mamba_head_dim", int, 64), Key("ssm_state_size", int, 128),
+              Key("n_groups", int, 8), Key("conv_kernel", int, 4), Key("chunk_size", int, 128),
+              Key("use_bias", bool, False), Key("use_conv_bias", bool, True),
+              Key("time_step_limit", list, (0.0, float("inf"))), mamba2.silu_only("mamba_hidden_act"))
+
+
+def mixer_from_hf(hf: HfConfig, fields: dict[str, Any]) -> dict[str, Any]:
+    if "mixer" not in fields["layer_mixers"]:
+        return {}
+    return {"mixer": "mamba2", "mixer_settings": {
+        "n_heads": hf.get("mamba_num_heads"), "head_dim": hf.get("mamba_head_dim"), "d_state": hf.get("ssm_state_size"),
+        "n_groups": hf.get("n_groups"), "conv_kernel": hf.get("conv_kernel"), "chunk_size": hf.get("chunk_size"),
+        "conv_bias": hf.get("use_conv_bias"), "in_bias": hf.get("use_bias"), "out_bias": hf.get("use_bias"),
+        "norm_eps": fields["norm"].eps, **mamba2.time_step_limit(hf)}}
+
+
+def mixer_to_hf(cfg: ArchConfig) -> dict[str, Any]:
+    return mamba2.keys_of(cfg, {"n_heads": "mamba_num_heads", "head_dim": "mamba_head_dim", "d_state": "ssm_state_size",
+                                "n_groups": "n_groups", "conv_kernel": "conv_kernel", "chunk_size": "chunk_size",
+                                "in_bias": "use_bias", "conv_bias": "use_conv_bias",
+                                "time_step_limit": "time_step_limit", "activation": "mamba_hidden_act"})
+
+
+NORM = Entry("norm", (Key("layer_norm_epsilon", float, 1e-5),),
+             lambda hf, _: {"norm": NormConfig(eps=hf.get("layer_norm_epsilon"), dtype_order="scale_then_cast")},
+             lambda cfg: {"layer_norm_epsilon": cfg.norm.eps})
+
+CONFIG = llama.CONFIG.but(
+    drop=("num_hidden_layers", "rope", "attention_bias", "activation"),
+    add=(Entry("layer schedule", SCHEDULE_KEYS, schedule_from_hf, schedule_to_hf), NORM,
+         llama.activation("mlp_hidden_act", "relu2"), Entry("mixer", MIXER_KEYS, mixer_from_hf, mixer_to_hf),
+         Entry("ungated MLP", (), lambda hf, _: {"gated": False}, lambda cfg: {})),
+    defaults={"vocab_size": 131072, "hidden_size": 4096, "intermediate_size": 21504, "num_attention_heads": 32,
+              "num_key_value_heads": 8, "head_dim": 128, "max_position_embeddings": 4096},
+    nullable={"head_dim": False, "num_key_value_heads": False, "attention_dropout": False},
+)
+
+FAMILY = Family("nemotron_h", ("nemotron_h",), "NemotronHForCausalLM", TENSORS, CONFIG, layout=layout_table,
+                no_gguf=mamba2.NO_GGUF.replace("mamba2", "nemotron_h"))
