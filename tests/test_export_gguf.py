@@ -522,13 +522,22 @@ def test_families_transformers_cannot_read_come_back_bit_for_bit(name: str, quan
     theirs = source.state_dict()
     assert set(ours.state_dict()) == set(theirs)
     for tensor_name, tensor in ours.state_dict().items():
-        if name == "gemma" and tensor_name.endswith("norm.weight"):  # stored as w + 1, in f32
+        if name.split(":")[0] in ONE_PLUS_W and tensor_name.endswith("norm.weight") and ".mixer." not in tensor_name:
+            # stored as w + 1, in f32
             assert torch.equal(tensor, ((theirs[tensor_name].float() + 1) - 1).to(tensor.dtype)), tensor_name
+            continue
+        if tensor_name.endswith(".mixer.A_log"):  # llama.cpp's ssm_a = -exp(A_log), in f32, read as log(-ssm_a)
+            ssm_a = -theirs[tensor_name].float().exp()
+            assert torch.equal(tensor, (-ssm_a).log().to(tensor.dtype)), tensor_name
             continue
         assert torch.equal(tensor.float(), theirs[tensor_name].to(FLOATS[quant]).float()), tensor_name
     if quant == "f32":
         ids = token_batch(seq=28)
         assert torch.equal(logits_of(ours, ids), logits_of(source, ids))
+
+
+# the families whose norms llama.cpp stores as w + 1 (their gated delta-net's own norm excepted)
+ONE_PLUS_W = {"gemma", "qwen3_next", "qwen3_5_text", "qwen3_5_moe_text"}
 
 
 def as_float32(value: Any) -> Any:  # noqa: ANN401 - a config, field by field
@@ -594,6 +603,23 @@ def test_bloom_s_residual_after_the_norm_is_refused(tmp_path: Path) -> None:
 def test_deepseek_v3_s_layouts_llama_cpp_lacks_are_refused(overrides: dict[str, Any], fragment: str,
                                                            tmp_path: Path) -> None:
     canonical = canonical_of(build_model("deepseek_v3", **{**WRITTEN_ONLY["deepseek_v3"], **overrides}), tmp_path)
+    code, _, err = cli("convert", canonical, tmp_path / "m.gguf", "--to", "gguf")
+    assert code == 2 and fragment in err and len(err.strip().splitlines()) == 1, err
+    assert not (tmp_path / "m.gguf").exists()
+
+
+@pytest.mark.parametrize(("name", "overrides", "fragment"), [
+    ("qwen3_next", dict(linear_value_head_dim=16), "load the gated delta-net's value heads as wide as its key heads"),
+    ("qwen3_5_text", dict(linear_value_head_dim=16), "and this model's are 16 and 8 wide"),
+    ("qwen3_next", dict(norm_topk_prob=False), "qwen3next metadata cannot express this model's moe"),
+    ("qwen3_next", dict(mlp_only_layers=[2]), "qwen3next architecture has no tensor for layers.2.mlp.down.weight"),
+    ("qwen3_5_moe_text", dict(attention_bias=True), "qwen35moe architecture loads no blk.1.attn_k.bias"),
+])
+def test_gated_deltanet_layouts_llama_cpp_lacks_are_refused(name: str, overrides: dict[str, Any], fragment: str,
+                                                             tmp_path: Path) -> None:
+    """llama.cpp's qwen3next / qwen35 / qwen35moe: value heads as wide as key heads, experts on every layer and
+    renormalised, no attention biases; anything else is refused by name."""
+    canonical = canonical_of(built(name, {**WRITTEN_ONLY[name], **overrides}), tmp_path)
     code, _, err = cli("convert", canonical, tmp_path / "m.gguf", "--to", "gguf")
     assert code == 2 and fragment in err and len(err.strip().splitlines()) == 1, err
     assert not (tmp_path / "m.gguf").exists()

@@ -98,16 +98,17 @@ QWEN3_5_VISION = dict(depth=1, hidden_size=16, intermediate_size=32, num_heads=2
                       temporal_patch_size=2, spatial_merge_size=1, num_position_embeddings=16)
 
 
-def qwen3_5(**top: Any) -> transformers.PreTrainedConfig:
+def qwen3_5(text: dict[str, Any] | None = None, **top: Any) -> transformers.PreTrainedConfig:
     """Qwen3.5 as published: the wrapper around the spec's qwen3_5_text decoder (gated delta-net layers)."""
     return transformers.Qwen3_5Config(text_config=dict(model_type="qwen3_5_text", **{**TEXT,
-                                                                                       **SPECS["qwen3_5_text"].kwargs}),
+                                                                                       **SPECS["qwen3_5_text"].kwargs,
+                                                                                       **(text or {})}),
                                       vision_config=QWEN3_5_VISION, **top)
 
 
-def qwen3_5_moe(**top: Any) -> transformers.PreTrainedConfig:
+def qwen3_5_moe(text: dict[str, Any] | None = None, **top: Any) -> transformers.PreTrainedConfig:
     return transformers.Qwen3_5MoeConfig(
-        text_config=dict(model_type="qwen3_5_moe_text", **{**TEXT, **SPECS["qwen3_5_moe_text"].kwargs}),
+        text_config=dict(model_type="qwen3_5_moe_text", **{**TEXT, **SPECS["qwen3_5_moe_text"].kwargs, **(text or {})}),
         vision_config=QWEN3_5_VISION, **top)
 
 
@@ -263,6 +264,16 @@ def test_llama4_converts_to_gguf_as_its_text_decoder(tmp_path: Path) -> None:
     reads back as the wrapper's text path; the spec's GGUF model, as llama.cpp's llama4 hard-codes it."""
     spec = SPECS["llama4_text"]
     src, ref = build("llama4", tmp_path / "hf", text={**TEXT, **spec.kwargs, **spec.gguf, "num_hidden_layers": 4})
+    said = CliRunner().invoke(main, ["convert", str(src), str(tmp_path / "m.gguf"), "--quant", "f32"])
+    assert said.exit_code == 0, said.output
+    assert max_abs(our_logits(tmp_path / "m.gguf"), ref) <= FP32_TOL
+
+
+@pytest.mark.parametrize("name", ["qwen3_5", "qwen3_5_moe"])
+def test_qwen3_5_converts_to_gguf_as_its_text_decoder(name: str, tmp_path: Path) -> None:
+    """The published Qwen3.5 wrappers in one step: llama.cpp's qwen35 / qwen35moe text model (the vision tower
+    dropped), read back as the wrapper's text path; the spec's GGUF model (tests/test_llamacpp.py runs it)."""
+    src, ref = build(name, tmp_path / "hf", text=SPECS[WRAPPERS[name][2]].gguf)
     said = CliRunner().invoke(main, ["convert", str(src), str(tmp_path / "m.gguf"), "--quant", "f32"])
     assert said.exit_code == 0, said.output
     assert max_abs(our_logits(tmp_path / "m.gguf"), ref) <= FP32_TOL

@@ -219,7 +219,8 @@ def to_gguf(src: Path | Checkpoint, out: Path, family: str | None = None, quant:
                                      "head_dim": arch.head_dim, "hidden_size": arch.d_model,
                                      "intermediate_size": arch.d_ff, "vocab_size": arch.vocab_size,
                                      "shared_intermediate_size": arch.moe and arch.moe.d_shared}),
-                     "rows": meta.arch.vocab_size}
+                     "rows": meta.arch.vocab_size, **{f"mixer.{k}": v for k, v in getattr(arch.mixer_settings, "sizes",
+                                                                                           {}).items()}}
             homeless = [n for n in names if not table.stored_names(n)]
             if homeless:  # a dense layer in a mixture llama.cpp makes all experts, say
                 raise MappingError(f"llama.cpp's {model.arch} architecture has no tensor for "

@@ -3,7 +3,7 @@ and the gated shared expert (the top-k weights always renormalised)."""
 
 from __future__ import annotations
 
-from specs import F, Spec
+from specs import F, GgufNaming, Spec
 from specs.qwen3_5_text import ROPE, TEXT_ROPE
 from specs.qwen3_next import GDN, L
 
@@ -17,6 +17,10 @@ SPEC = Spec(
           "layer schedule: attention on 2 (1, 3); gated_deltanet on 2 (0, 2); FFN on all layers",
           "QK norm: per head", "biases: q, k, v, o"),
     not_a_key=("intermediate_size",),  # the experts' moe_intermediate_size is its only width
+    # llama.cpp's qwen35 / qwen35moe: no attention biases, value heads as wide as keys
+    gguf=dict(attention_bias=False, linear_value_head_dim=8),
+    gguf_naming=GgufNaming(converter_names={("linear_attn.dt_bias", "mixer"): "ssm_dt.bias",  # its dt_proj.bias
+                                            ("linear_attn.A_log", "mixer"): "ssm_a"}),
     tp_refusal="the gated_deltanet mixer layers have no tensor-parallel plan",
     config_variants=(
         dict(head_dim=16, **GDN),

@@ -3,7 +3,7 @@ Qwen3.5's multimodal RoPE keys stated (which change nothing for text)."""
 
 from __future__ import annotations
 
-from specs import F, Spec
+from specs import F, GgufNaming, Spec
 from specs.qwen3_next import GDN, L
 
 ROPE = {"rope_type": "default", "rope_theta": 5e5, "partial_rotary_factor": 0.5, "mrope_section": [1, 1, 0],
@@ -17,6 +17,10 @@ SPEC = Spec(
     card=("mixer: gated delta-net, 2 q/k heads x 8, 4 value heads x 16 (2 value heads per key head), conv 4",
           "layer schedule: attention on 2 (1, 3); gated_deltanet on 2 (0, 2); FFN on all layers",
           "QK norm: per head", "biases: q, k, v, o", "FFN: SwiGLU, d_ff 96"),
+    # llama.cpp's qwen35 / qwen35moe: no attention biases, value heads as wide as keys
+    gguf=dict(attention_bias=False, linear_value_head_dim=8),
+    gguf_naming=GgufNaming(converter_names={("linear_attn.dt_bias", "mixer"): "ssm_dt.bias",  # its dt_proj.bias
+                                            ("linear_attn.A_log", "mixer"): "ssm_a"}),
     tp_refusal="the gated_deltanet mixer layers have no tensor-parallel plan",
     config_variants=(
         dict(head_dim=16, **GDN),

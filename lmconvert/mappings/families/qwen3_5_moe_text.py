@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from ..family import Family
 from ..tables.config_table import plain
+from ..tables.gguf import QWEN_MOE_KEYS
 from ..tables.hf_config import Key
 from ..tables.hf_moe import expert_rules, experts
 from ..tables.hf_wrapper import nested_text_config, wrapped
@@ -34,9 +35,11 @@ CONFIG = qwen3_5_text.CONFIG.but(
 NOTES = {"qwen3_5_moe": "Qwen3_5MoeForConditionalGeneration (model_type qwen3_5_moe): only the text decoder is "
                         "read; the vision tower and its patch merger are left out"}
 
-NO_GGUF = ("lmconvert does not write llama.cpp's qwen35moe architecture yet: as qwen35's (gated delta-net "
-           "tensors, recurrent-layer schedule, MRoPE sections, 1 + w norms), with its experts")
+# -- llama.cpp (GGUF): its qwen35moe architecture, qwen35's with the experts and the gated shared expert
+GGUF_QWEN35MOE = qwen3_5_text.gguf_entry(
+    "qwen3_5_moe_text", "qwen35moe", True,
+    {**QWEN_MOE_KEYS, "expert_shared_feed_forward_length": "shared_expert_intermediate_size"})
 
 FAMILY = Family("qwen3_5_moe_text", ("qwen3_5_moe_text", "qwen3_5_moe"), "Qwen3_5MoeForCausalLM",
                 wrapped(TENSORS, "visual", legacy=False), CONFIG, notes=NOTES,
-                no_gguf=NO_GGUF, reference_layouts=qwen3_next.REFERENCE_LAYOUTS)
+                gguf=(GGUF_QWEN35MOE,), reference_layouts=qwen3_next.REFERENCE_LAYOUTS)

@@ -19,21 +19,26 @@ multi-token-prediction head (`mtp.*`) is left out, as transformers leaves it.
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING, Any
 
 from lmconvert.arch import ArchConfig
 
+from ..errors import MappingError
 from ..family import Family
 from ..tables.config_table import DEFAULT, Entry, fixed
+from ..tables.gguf import QWEN_MOE_KEYS, GgufArch, tensor_table
 from ..tables.hf_config import HfConfig, Key
 from ..tables.hf_layers import layer_mixers_from_types
 from ..tables.hf_moe import expert_rules, experts
 from ..tables.hf_rope import rope
 from ..tables.points import QK_NORM_PER_HEAD
 from ..tables.table import Rule, TensorTable
-from ..tables.transforms import Chain, Groups, Piece
-from . import llama, qwen2_moe
+from ..tables.transforms import Chain, Groups, Offset, Piece, Transform
+from . import lfm2, llama, qwen2_moe
+
+if TYPE_CHECKING:
+    import torch
 
 LINEAR = "model.layers.{}.linear_attn"
 # the gated delta-net's tensors that every family stores under our names (Qwen3.5's layout)
@@ -138,9 +143,90 @@ CONFIG = llama.CONFIG.but(
 # q_norm(query.view(B, T, -1, D)), transposed afterwards; q_proj emits each head's query and gate
 REFERENCE_LAYOUTS = {**QK_NORM_PER_HEAD, "attn.q": "B T H*QG"}
 
-NO_GGUF = ("lmconvert does not write llama.cpp's qwen3next architecture yet: its gated delta-net tensors (ssm_a "
-           "as -exp(A_log), dt_proj.bias, the squeezed conv, ssm_ba), recurrent-layer schedule and norms stored "
-           "as 1 + w are not mapped to llama.cpp's metadata and tensors")
+# -- llama.cpp (GGUF): its qwen3next architecture (Qwen3NextModel in llama.cpp's converter). Every norm but the
+# gated delta-net's is stored as 1 + w (Offset), the post-attention norm as `post_attention_norm`, the shared
+# expert's gate as the [1, hidden] matrix it is (llama.cpp's converter keeps it so here; qwen2moe's is a vector);
+# q_proj's rows (each head's query, then its gate) and q/k (NeoX rotation) unchanged. The delta-net: in_proj_qkvz
+# split into `attn_qkv` ([all q | all k | all v], our in_proj_qkv) and `attn_gate` (our in_proj_z), in_proj_ba
+# kept grouped per key head (`ssm_ba`), the conv squeezed to [channels, kernel], dt_bias as `ssm_dt.bias`, A_log
+# as `ssm_a` = -exp(A_log) in float32 (read back as log(-ssm_a): not bit for bit in general), the gated norm as
+# `ssm_norm`. Metadata: the `ssm.` sizes (state_size the key head size: llama.cpp's loader takes the value heads
+# as wide, so a model whose differ is refused by name), the schedule as `attention.recurrent_layers`. llama.cpp
+# runs experts on every layer, renormalised, and no o bias.
+
+
+def _neg_exp(t: torch.Tensor) -> torch.Tensor:
+    return -t.float().exp()
+
+
+def _log_neg(t: torch.Tensor) -> torch.Tensor:
+    return (-t.float()).log()
+
+
+NEG_EXP = Transform("ssm_a = -exp(A_log) in float32", _log_neg, _neg_exp)
+GDN_GGUF_RULES = (
+    Rule("blk.{}.attn_qkv.weight", "layers.{}.mixer.in_proj_qkv.weight"),
+    Rule("blk.{}.attn_gate.weight", "layers.{}.mixer.in_proj_z.weight"),
+    Rule("blk.{}.ssm_conv1d.weight", "layers.{}.mixer.conv1d.weight", lfm2.CONV_2D),
+    Rule("blk.{}.ssm_dt.bias", "layers.{}.mixer.dt_bias"),
+    Rule("blk.{}.ssm_a", "layers.{}.mixer.A_log", NEG_EXP),
+    Rule("blk.{}.ssm_norm.weight", "layers.{}.mixer.norm.weight"),
+    Rule("blk.{}.ssm_out.weight", "layers.{}.mixer.out_proj.weight"),
+)
+SSM_BA = tuple(Rule("blk.{}.ssm_ba.weight", f"layers.{{}}.mixer.{ours}.weight",
+                    Chain(BA, Piece(("mixer.value_heads", "mixer.value_heads"), i)))
+               for i, ours in enumerate(("in_proj_b", "in_proj_a")))
+
+
+def gguf_table(experts: bool, gdn: tuple[Rule, ...]) -> TensorTable:
+    """llama.cpp's qwen3next / qwen35 / qwen35moe tensors: norms as 1 + w, the post-attention norm as
+    `post_attention_norm`, and the gated delta-net's `gdn` rules."""
+    own = ("blk.{}.ffn_norm.weight", "blk.{}.post_attention_norm.weight", "blk.{}.ffn_gate_inp_shexp.weight")
+    kept = tuple(r for r in tensor_table(False, 1.0, True, experts=experts).rules if r.stored not in own)
+    return TensorTable((*kept, Rule("blk.{}.post_attention_norm.weight", "layers.{}.mlp_norm.weight", Offset(1.0)),
+                        *((Rule("blk.{}.ffn_gate_inp_shexp.weight", "layers.{}.mlp.shared_gate.weight"),)
+                          if experts else ()),
+                        *gdn))
+
+
+GDN_GGUF_KEYS = {"ssm.conv_kernel": "linear_conv_kernel_dim", "ssm.state_size": "linear_key_head_dim",
+                 "ssm.group_count": "linear_num_key_heads", "ssm.time_step_rank": "linear_num_value_heads",
+                 "full_attention_interval": "full_attention_interval",
+                 # read as llama.cpp reads them; `derived` makes HF's of them (export writes them: `exported`)
+                 "ssm.inner_size": "linear_value_head_dim", "attention.recurrent_layers": "layer_types"}
+
+
+def schedule_from_gguf(config: Mapping[str, Any]) -> dict[str, Any]:
+    """The value head size from ssm.inner_size (over the value heads), the schedule from the recurrent
+    flags (absent: every full_attention_interval-th layer attends, as llama.cpp and transformers both say)."""
+    out: dict[str, Any] = {}
+    if config.get("linear_value_head_dim") is not None:
+        out["linear_value_head_dim"] = config["linear_value_head_dim"] // config["linear_num_value_heads"]
+    flags = config.get("layer_types")
+    if flags is not None:
+        out["layer_types"] = ["linear_attention" if flag else "full_attention" for flag in flags]
+    return out
+
+
+def schedule_to_gguf(config: Mapping[str, Any]) -> dict[str, Any]:
+    """ssm.inner_size, and one recurrent flag per layer where config.json names the layers (it does, as
+    transformers writes it)."""
+    if config["linear_value_head_dim"] != config["linear_key_head_dim"]:
+        raise MappingError("llama.cpp's qwen3next, qwen35 and qwen35moe load the gated delta-net's value heads as "
+                           f"wide as its key heads (ssm.state_size), and this model's are "
+                           f"{config['linear_value_head_dim']} and {config['linear_key_head_dim']} wide")
+    types = config.get("layer_types")
+    return {"ssm.inner_size": config["linear_value_head_dim"] * config["linear_num_value_heads"],
+            **({"attention.recurrent_layers": [t == "linear_attention" for t in types]} if types else {})}
+
+
+GGUF_QWEN3NEXT = GgufArch(
+    "qwen3_next", arch="qwen3next",
+    keys={**QWEN_MOE_KEYS, "expert_shared_feed_forward_length": "shared_expert_intermediate_size", **GDN_GGUF_KEYS},
+    defaults={"norm_topk_prob": True, "decoder_sparse_step": 1, "mlp_only_layers": []},
+    unstated={"full_attention_interval": lambda _: 4}, derived=schedule_from_gguf, exported=schedule_to_gguf,
+    table=gguf_table(True, GDN_GGUF_RULES + SSM_BA), partial_rotary=True, experts=True,
+    stated=frozenset({"rope.dimension_count"}))
 
 FAMILY = Family("qwen3_next", ("qwen3_next",), "Qwen3NextForCausalLM", TENSORS, CONFIG,
-                no_gguf=NO_GGUF, reference_layouts=REFERENCE_LAYOUTS)
+                gguf=(GGUF_QWEN3NEXT,), reference_layouts=REFERENCE_LAYOUTS)

@@ -35,6 +35,7 @@ LOADED_BIASES: dict[str, frozenset[str]] = {arch: frozenset(names) for arch, nam
     "starcoder": (*NORMS, "attn_qkv", "attn_output", "ffn_up", "ffn_down"),
     "jais2": (*QKV, *NORMS, "attn_output", "ffn_up", "ffn_down"), "dots1": (*QKV, "exp_probs_b"),
     "glm4moe": (*QKV, "exp_probs_b"), "minicpm3": (), "chatglm": QKV, "lfm2moe": ("exp_probs_b",),
+    **dict.fromkeys(("qwen3next", "qwen35", "qwen35moe"), ("ssm_dt",)),  # the gated delta-net's dt_bias
     "gpt-oss": (*QKV, "attn_output", "ffn_gate_inp", "ffn_gate_exps", "ffn_up_exps", "ffn_down_exps"),
 }.items()}
 # the biases an architecture's loader requires on every layer (`create_tensor(..., 0)`: "missing tensor" without

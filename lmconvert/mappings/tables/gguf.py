@@ -195,7 +195,14 @@ def tensor_sizes(config: Mapping[str, Any], renamed: Mapping[str, str] | None = 
     ffn = config.get("intermediate_size") or config.get("n_inner") or 4 * config["hidden_size"]
     latent = {"k_nope": config["qk_nope_head_dim"], "v_head": config["v_head_dim"]} if "v_head_dim" in config else {}
     shared = {"shared": config["shared_intermediate_size"]} if config.get("shared_intermediate_size") else {}
-    return {"vocab": config["vocab_size"], "heads": heads, "kv_heads": kv_heads, "q": heads * head_dim,
+    # the gated delta-net's per-key-head groups (Qwen3-Next's ssm_ba), as its settings' `sizes` name them
+    gdn = ({"mixer.key_heads": config["linear_num_key_heads"], "mixer.value_heads": config["linear_num_value_heads"],
+            "mixer.heads_per_key": config["linear_num_value_heads"] // config["linear_num_key_heads"],
+            "mixer.key_dim": config["linear_num_key_heads"] * config["linear_key_head_dim"],
+            "mixer.values_per_key": config["linear_num_value_heads"] // config["linear_num_key_heads"]
+            * config["linear_value_head_dim"]}
+           if config.get("linear_num_key_heads") else {})
+    return {**gdn, "vocab": config["vocab_size"], "heads": heads, "kv_heads": kv_heads, "q": heads * head_dim,
             "kv": kv_heads * head_dim, "ffn": ffn, **latent,  # MLA: the per-head parts of DeepSeek's kv_b
             **shared}  # a shared expert stored as one [gate | up] (granite_swa's ffn_up_shexp)
 
