@@ -18,6 +18,7 @@ SPEC = Spec(
     card=("mixer: Mamba2 (SSD), 8 heads x 16, 2 group(s), state 16, conv 4, chunk 8",
           "residual stream in fp32", "layer pattern: M M", "biases: in_proj, conv, out_proj"),
     own_spelling={"rms_norm_eps": "layer_norm_epsilon"}, not_a_key=NOT_KEYS,
+    gguf=dict(use_bias=False),  # llama.cpp's mamba2 loads no in_proj or out_proj biases
     tp_refusal="the mamba2 mixer layers have no tensor-parallel plan",
     config_variants=(
         dict(MIXER),
