@@ -18,7 +18,9 @@ SPEC = Spec(
     card=("mixer: Mamba2 (SSD), 8 heads x 16, 2 group(s), state 16, conv 4, chunk 8",
           "residual stream in fp32", "layer pattern: M M", "biases: in_proj, conv, out_proj"),
     own_spelling={"rms_norm_eps": "layer_norm_epsilon"}, not_a_key=NOT_KEYS,
-    gguf=dict(use_bias=False),  # llama.cpp's mamba2 loads no in_proj or out_proj biases
+    # llama.cpp's mamba2 loads no in_proj or out_proj biases; its converter reads a stated intermediate_size (the
+    # tiny models' 96, kept by Mamba2Config though unused) as d_inner: stated as d_inner here
+    gguf=dict(use_bias=False, intermediate_size=128),
     tp_refusal="the mamba2 mixer layers have no tensor-parallel plan",
     config_variants=(
         dict(MIXER),

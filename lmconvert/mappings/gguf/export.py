@@ -237,6 +237,8 @@ def metadata(config: Mapping[str, Any], name: str, listed: bool = False) -> Gguf
         params, _ = _rope(config)
         rotated = params.get("partial_rotary_factor") or config.get("partial_rotary_factor") or 1.0
         values[f"{arch}.rope.dimension_count"] = int(head_dim * rotated)  # the rotated part of a head
+    else:  # a head_dim in the config is the mixer's (Mamba2's)
+        values.pop(f"{arch}.attention.key_length", None)
     values[f"{arch}.vocab_size"] = config["vocab_size"]
     if entry.latent:
         values.update(_latent_sizes(arch, config))
