@@ -96,7 +96,8 @@ GGUF_TABLE = mamba2.gguf_all_mixer_table(
 GGUF_KEYS = {"ssm.conv_kernel": "conv_kernel", "ssm.inner_size": "intermediate_size", "ssm.state_size": "state_size",
              "ssm.time_step_rank": "time_step_rank"}
 MAMBA = written("mamba", arch="mamba", keys=GGUF_KEYS, renamed={"rms_norm_eps": "layer_norm_epsilon"},
-                constants={**mamba2.NO_ATTENTION, "ssm.dt_b_c_rms": False}, head_dim_stated=False, table=GGUF_TABLE)
+                constants={**mamba2.NO_ATTENTION, "ssm.dt_b_c_rms": False}, head_dim_stated=False, table=GGUF_TABLE,
+                refused=mamba2.PROJECTION_BIASES)
 FALCON_MAMBA = replace(MAMBA, model_type="falcon_mamba", constants={**mamba2.NO_ATTENTION, "ssm.dt_b_c_rms": True},
                        derived=lambda config: {"mixer_rms_eps": config["rms_norm_eps"]})
 GGUF_MAMBA = replace(MAMBA, told_apart=(("ssm.dt_b_c_rms", True, FALCON_MAMBA),))

@@ -171,6 +171,8 @@ class PerGroup:
 
 
 NO_ATTENTION = {"context_length": 2**20, "feed_forward_length": 0, "attention.head_count": 0}
+# the projections' biases, which llama.cpp's mamba and mamba2 do not load
+PROJECTION_BIASES = {f"blk.0.ssm_{p}.bias": f"an {p}_proj bias (use_bias)" for p in ("in", "out")}
 
 
 def gguf_mixer_rules(mixer: str = "layers.{}.mixer") -> tuple[Rule, ...]:
@@ -203,7 +205,7 @@ GGUF_MAMBA2 = written("mamba2", arch="mamba2", keys={
     renamed={"rms_norm_eps": "layer_norm_epsilon"}, constants=NO_ATTENTION, head_dim_stated=False,
     table=gguf_all_mixer_table(*gguf_mixer_rules()), derived=_sizes_from_gguf,
     exported=lambda config: {"ssm.inner_size": config["num_heads"] * config["head_dim"]},
-    own={"ssm.chunk_size": "chunk_size"})
+    own={"ssm.chunk_size": "chunk_size"}, refused=PROJECTION_BIASES)
 
 # the hybrids whose llama.cpp architecture lmconvert does not write yet (`.replace("mamba2", theirs)`)
 NO_GGUF = ("lmconvert does not write llama.cpp's mamba2 architecture yet: its state-space tensors (A as -exp(A_log), "
