@@ -39,9 +39,9 @@ from lmconvert.formats.gguf_writer import (
 )
 from lmconvert.formats.quantized import KeptWeight, kept_digests, kept_weights
 from lmconvert.mappings import MappingError, family_for, family_named
+from lmconvert.mappings.family import tensor_sizes as family_tensor_sizes
 from lmconvert.mappings.gguf.export import GgufModel, family_tokens, for_tensors, lost, metadata, named, read_back
 from lmconvert.mappings.gguf.loaders import forced_type, refused_tensors
-from lmconvert.mappings.family import tensor_sizes as family_tensor_sizes
 from lmconvert.mappings.tables.gguf import tensor_sizes
 from lmconvert.mappings.tables.table import IDENTITY, out_shape
 

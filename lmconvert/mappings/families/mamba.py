@@ -20,8 +20,8 @@ from lmconvert.arch import ArchConfig
 
 from ..family import Family
 from ..tables.config_table import ConfigTable, Entry, plain
-from ..tables.hf_config import HfConfig, Key
 from ..tables.gguf import written
+from ..tables.hf_config import HfConfig, Key
 from ..tables.table import Rule, TensorTable
 from ..tables.transforms import NEG_EXP
 from . import mamba2

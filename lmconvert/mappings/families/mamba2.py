@@ -189,7 +189,8 @@ def gguf_mixer_rules(mixer: str = "layers.{}.mixer") -> tuple[Rule, ...]:
 
 def gguf_all_mixer_table(*mixer: Rule) -> TensorTable:
     """An all-mixer model (mamba, mamba2) in llama.cpp's layout: each layer's norm is `attn_norm`."""
-    return TensorTable((Rule("token_embd.weight", "embed.weight", PADDED), Rule("output.weight", "lm_head.weight", PADDED),
+    edges = (Rule("token_embd.weight", "embed.weight", PADDED), Rule("output.weight", "lm_head.weight", PADDED))
+    return TensorTable((*edges,
                         Rule("output_norm.weight", "final_norm.weight"),
                         Rule("blk.{}.attn_norm.weight", "layers.{}.attn_norm.weight"), *mixer))
 
