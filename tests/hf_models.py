@@ -23,6 +23,9 @@ def perturb(model: torch.nn.Module, seed: int = 0, scale: float = 0.2) -> None:
     with torch.no_grad():
         for p in model.parameters():
             p.add_(torch.randn(p.shape, generator=generator).to(p.dtype) * scale)
+        for name, b in model.named_buffers():  # Gemma 4's per-layer output scalar: a buffer, stored in checkpoints
+            if name.endswith(".layer_scalar"):
+                b.add_(torch.randn(b.shape, generator=generator).to(b.dtype) * scale)
 
 
 def build_model(model_type: str, seed: int = 0, **overrides: Any) -> torch.nn.Module:

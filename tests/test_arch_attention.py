@@ -502,6 +502,49 @@ def test_output_gate_is_afmoe_attention_bit_for_bit(dtype: torch.dtype, layer: i
         assert max_diff(ref(x, (cos, sin), mask)[0], got) > 1e-3
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("layer", [0, 1], ids=["sliding_rope", "global_nope"])
+def test_head_bias_gate_and_temperature_are_beam_attention_bit_for_bit(dtype: torch.dtype, layer: int) -> None:
+    """attn_output_gate="projection_head_bias" and attn_temperature_form="beam": transformers' own BeamAttention
+    (eager), its weights ours, at position ids 3000 on: per-head QK norms, RoPE with fp32 tables on the sliding
+    layer, the query times exp(0.1 log1p((p + 1) / 2048)) in fp32 on the NoPE one, then the output times
+    sigmoid(gate_proj(x) + gate_bias per head). Equal bit for bit in fp32 and bf16; the bias matters."""
+    from transformers import BeamConfig
+    from transformers.models.beam.modeling_beam import BeamAttention, BeamRotaryEmbedding, compute_attention_scaling
+
+    cfg = tiny(n_layers=2, n_kv_heads=2, qk_norm="head", attn_output_gate="projection_head_bias", sliding_window=5,
+               layer_kinds=("local", "global"), layer_positions=("rope", "none"),
+               rope=RopeConfig(theta=500.0, fp32_tables=True), attn_temperature=0.1, attn_temperature_floor=2048,
+               attn_temperature_form="beam", norm={"eps": 1e-6, "dtype_order": "scale_then_cast"})
+    model = build(cfg, dtype=dtype)
+    ours = model.layers[layer].attn
+    with torch.no_grad():
+        ours.out_gate_bias.copy_(torch.tensor([0.5, -1.0, 1.5, -0.25]))
+    hf_cfg = BeamConfig(hidden_size=32, num_attention_heads=4, num_key_value_heads=2, head_dim=8, num_hidden_layers=2,
+                        layer_types=["sliding_attention", "full_attention"], sliding_window=5, rms_norm_eps=1e-6,
+                        rope_parameters={"sliding_attention": {"rope_type": "default", "rope_theta": 500.0},
+                                         "full_attention": None})
+    hf_cfg._attn_implementation = "eager"
+    ref = BeamAttention(hf_cfg, layer).to(dtype).eval()
+    names = {"q_proj": "q", "k_proj": "k", "v_proj": "v", "o_proj": "o", "q_norm": "q_norm", "k_norm": "k_norm",
+             "gate_proj": "out_gate"}
+    ref.load_state_dict({**{f"{hf}.weight": ours.get_submodule(c).weight for hf, c in names.items()},
+                         "gate_bias": ours.out_gate_bias})
+    x = _x(d=32).to(dtype)
+    T = x.shape[1]
+    positions = torch.arange(3000, 3000 + T)
+    rope = BeamRotaryEmbedding(hf_cfg)(x, positions[None], "sliding_attention") if layer == 0 else None
+    scaling = compute_attention_scaling(positions[None]) if layer == 1 else None
+    mask = additive_mask(_hf_mask(T, cfg.window_for(layer)), dtype)[None, None]
+    ours.backend = "eager"
+    with torch.no_grad():
+        expected, _ = ref(x, rope, mask, attention_scaling=scaling)
+        got = ours(x, Context(torch.arange(T), torch.arange(T), x.dtype, positions))
+        assert torch.equal(got, expected)
+        ref.gate_bias.zero_()
+        assert max_diff(ref(x, rope, mask, attention_scaling=scaling)[0], got) > 1e-3
+
+
 def _layer_at(model, layer: int, x: torch.Tensor) -> torch.Tensor:
     attn = model.layers[layer].attn
     attn.backend = "eager"

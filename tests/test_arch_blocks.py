@@ -11,7 +11,7 @@ from transformers import LlamaConfig
 from transformers.activations import ACT2FN
 from transformers.models.llama.modeling_llama import LlamaMLP
 
-from lmconvert.arch import NormConfig
+from lmconvert.arch import ConfigError, NormConfig
 from lmconvert.arch.block import Block
 from lmconvert.arch.context import Context
 from lmconvert.arch.mlp import MLP
@@ -375,3 +375,26 @@ def test_odd_d_ff():
     assert model.layers[0].mlp.down.weight.shape == (32, 37)
     logits = model(tokens())
     assert logits.shape == (2, 24, 64) and torch.isfinite(logits).all()
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+def test_depth_scaled_residual_is_beams_bit_for_bit(dtype: torch.dtype) -> None:
+    """ArchConfig.residual_form="depth_scaled": each layer's two adds are transformers' own
+    depth_scaled_residual_add (k = 2(layer + 1), then k + 1), bit for bit; the plain form is h + out."""
+    from transformers.models.beam.modeling_beam import depth_scaled_residual_add
+
+    cfg = tiny(n_layers=3, norm_placement="sandwich", residual_form="depth_scaled")
+    generator = torch.Generator().manual_seed(3)
+    h, out = (torch.randn(2, 5, cfg.d_model, generator=generator).to(dtype) for _ in range(2))
+    for layer in range(cfg.n_layers):
+        block = Block(cfg, layer, None, None).eval()
+        for sublayer in (0, 1):
+            expected = depth_scaled_residual_add(out, h, 2 * (layer + 1) + sublayer)
+            assert torch.equal(block.add(h, out, sublayer), expected)
+    assert torch.equal(Block(tiny(n_layers=3), 1, None, None).add(h, out, 1), h + out)
+
+
+def test_depth_scaled_residual_needs_sequential_plain_adds() -> None:
+    for overrides in ({"norm_placement": "parallel_shared"}, {"norm_placement": "post"}, {"residual_scale": 0.5}):
+        with pytest.raises(ConfigError, match="residual_form"):
+            tiny(residual_form="depth_scaled", **overrides)

@@ -75,6 +75,12 @@ CASES: dict[str, dict[str, Any]] = {
     "local_global_two_ropes": dict(layer_kinds=("local", "global"), sliding_window=8,
                                    rope_local=RopeConfig(theta=1e4, fraction=0.5)),
     "partial_rope_interleaved": dict(rope=RopeConfig(fraction=0.5, layout="interleaved")),
+    # Gemma 4: the global layers' own head_dim and KV heads, K = V there (no v), the last two layers without k, v and
+    # k_norm and with double-wide MLPs, a scalar per block
+    "gemma4_like": dict(n_layers=4, layer_kinds=("local", "global", "local", "global"), sliding_window=4,
+                        qk_norm="head", v_norm=True, global_head_dim=24, global_kv_heads=1, k_eq_v="global",
+                        kv_shared_layers=2, shared_ffn_factor=2, layer_scalar=True, attn_scale=1.0,
+                        rope=RopeConfig(scaling="proportional", fraction=0.25)),
     "one_layer_one_head": dict(n_layers=1, n_heads=1, d_model=8, d_ff=3, vocab_size=5),
     "gpt2_like": dict(norm=NormConfig(kind="layer", eps=1e-5, bias=True), activation="gelu_tanh", gated=False,
                       q_bias=True, k_bias=True, v_bias=True, o_bias=True, mlp_bias=True,

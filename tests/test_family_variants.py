@@ -290,3 +290,32 @@ def test_olmo_clip_bf16_logits_are_transformers_bit_for_bit(tmp_path: Path) -> N
         theirs = load_reference(src, torch.bfloat16)(IDS).logits
         ours = lmconvert.load(src, dtype=torch.bfloat16, attention="eager")(IDS)
     assert torch.equal(ours, theirs)
+
+
+# ------------------------------------------------------------------------------------------------ Beam's temperature
+@pytest.fixture(scope="module")
+def beam(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return save_checkpoint(build_model("beam", **SPECS["beam"].kwargs), tmp_path_factory.mktemp("beam-far"))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_beam_temperature_far_into_the_sequence_is_transformers(beam: Path, dtype: torch.dtype,
+                                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    """At position ids 3000 on, the NoPE layers' queries are scaled by exp(0.1 log1p((p + 1) / 2048)) ~ 1.13
+    (~1.0007 at the spec's own positions): ours equals transformers there (fp32 within FP32_TOL, bf16 bit for
+    bit), and transformers without its scale is far off, so the temperature is what is compared."""
+    from transformers.models.beam import modeling_beam
+
+    positions = torch.arange(3000, 3000 + IDS.shape[1]).expand(IDS.shape[0], -1)
+    ref = AutoModelForCausalLM.from_pretrained(beam, dtype=dtype, attn_implementation="sdpa")
+    ours = lmconvert.load(beam, dtype=dtype)
+    with torch.no_grad():
+        expected = ref(IDS, position_ids=positions).logits
+        got = ours(IDS, positions=positions)
+        monkeypatch.setattr(modeling_beam, "compute_attention_scaling", lambda p: torch.ones(()))
+        unscaled = ref(IDS, position_ids=positions).logits
+    if dtype == torch.float32:
+        assert float((got - expected).abs().max()) <= FP32_TOL
+    else:
+        assert torch.equal(got, expected)
+    assert float((unscaled.float() - expected.float()).abs().max()) > 1e-2  # the temperature bites

@@ -159,13 +159,19 @@ def one_line_refusal(src: Path, out: Path, *args: str) -> str:
 def test_gguf_dequantizes_then_quantizes(fp8: Callable[..., Path], tmp_path: Path) -> None:
     """GGUF out of an FP8 source (in one step, and from its kept canonical checkpoint) is the file its
     dequantized float32 canonical checkpoint gives, tensor for tensor."""
+
+    same_gguf_as_dequantized(fp8("llama"), tmp_path, ("q8_0", "bf16"))
+
+
+def same_gguf_as_dequantized(src: Path, tmp_path: Path, quants: tuple[str, ...]) -> None:
+    """Each `--quant` GGUF of a quantized `src`, in one step and from its kept canonical checkpoint, is
+    the file its float32 canonical checkpoint gives, tensor for tensor."""
     import gguf
 
-    src = fp8("llama")
     for args, where in [(("--dtype", "float32"), "f32"), ((), "kept")]:
         code, _, err = run("convert", src, tmp_path / where, *args)
         assert code == 0, err
-    for quant in ("q8_0", "bf16"):
+    for quant in quants:
         files = {}
         for origin in (src, tmp_path / "kept", tmp_path / "f32"):
             code, _, err = run("convert", origin, tmp_path / f"{origin.name}-{quant}.gguf", "--quant", quant)
@@ -196,7 +202,7 @@ def edited(src: Path, dst: Path, config: Callable[[dict[str, Any]], None] | None
 
 
 @pytest.mark.parametrize(("edit", "said"), [
-    (lambda q: q.update(quant_method="gptq"), "quant_method 'gptq'"),
+    (lambda q: q.update(quant_method="hqq"), "quant_method 'hqq'"),
     (lambda q: q.update(fmt="e5m2"), "fmt 'e5m2'"),
     (lambda q: q.update(activation_scheme="static"), "activation_scheme 'static'"),
     (lambda q: q.update(scale_fmt="ue8m0"), "scale_fmt 'ue8m0'"),

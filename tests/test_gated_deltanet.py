@@ -13,11 +13,10 @@ from __future__ import annotations
 
 import pytest
 import torch
-from arch_helpers import max_diff, perturb
+from arch_helpers import perturb
+from delta_rule_checks import check_cached_decoding, check_left_padding, check_prefill, check_state_and_parts, inputs
 
 from lmconvert.arch import ArchConfig
-from lmconvert.arch.cache import KVCache
-from lmconvert.arch.context import Context
 from lmconvert.arch.errors import ConfigError
 from lmconvert.arch.mixer_kinds import mixer_kind
 
@@ -120,116 +119,43 @@ def _pair(family: str, neg_eigval: bool, dtype: torch.dtype):
     return ref, ours, hf_cfg
 
 
-def _x(dtype: torch.dtype, seq: int = T, batch: int = 2, seed: int = 1) -> torch.Tensor:
-    return torch.randn(batch, seq, D, generator=torch.Generator().manual_seed(seed)).to(dtype)
-
-
-def _worst(a: torch.Tensor, b: torch.Tensor) -> float:
-    return float((a - b).abs().max())
-
-
-def _ctx(past: int, n: int, dtype: torch.dtype, mask: torch.Tensor | None = None) -> Context:
-    return Context.build(past, n, dtype, torch.device("cpu"), attention_mask=mask)
-
-
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
 @pytest.mark.parametrize(("family", "neg_eigval"), CASES)
 def test_prefill_is_transformers_bit_for_bit(family: str, neg_eigval: bool, dtype: torch.dtype) -> None:
     """A prefill of 150 tokens (conv width 4, chunks of 64): transformers' chunked path, equal bit
     for bit in fp32, bf16 and fp16; with and without a cache (which keeps the conv window)."""
-    ref, ours, hf_cfg = _pair(family, neg_eigval, dtype)
-    x = _x(dtype)
-    with torch.no_grad():
-        expected = ref(x)
-        assert torch.equal(ours(x, _ctx(0, T, dtype), None), expected)
-        assert torch.equal(ours(x, _ctx(0, T, dtype), KVCache(1)), expected)
+    ref, ours, _ = _pair(family, neg_eigval, dtype)
+    check_prefill(ref, ours, inputs(dtype, D, T))
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
 @pytest.mark.parametrize(("family", "neg_eigval"), CASES)
 def test_cached_decoding_is_transformers_step_by_step(family: str, neg_eigval: bool, dtype: torch.dtype) -> None:
-    """A prefill of 70 tokens, a 5-token continuation (the chunked rule from the cached state, the
-    conv over the kept window), then 36 tokens one at a time (the recurrent rule, the conv update):
-    each step equal bit for bit to transformers' module run with its own cache (DynamicCache of a
-    linear_attention layer); the states we keep equal to the ones it keeps; and, in fp32, the
-    steps within 1e-5 of our own uncached forward over the whole sequence (chunked throughout)."""
-    from transformers import DynamicCache
-
+    """A prefill of 70 tokens, a 5-token continuation, then 36 tokens one at a time, each equal bit
+    for bit to transformers' module with its own cache, the states too; in float64 as our full
+    forward (`delta_rule_checks.check_cached_decoding`)."""
     ref, ours, hf_cfg = _pair(family, neg_eigval, dtype)
-    x = _x(dtype, seq=111)
-    hf_cache, cache = DynamicCache(config=hf_cfg), KVCache(1)
-    pieces = [(0, 70), (70, 75)] + [(t, t + 1) for t in range(75, 111)]
-    steps = []
-    with torch.no_grad():
-        for start, end in pieces:
-            expected = ref(x[:, start:end], cache=hf_cache)
-            got = ours(x[:, start:end], _ctx(start, end - start, dtype), cache)
-            assert torch.equal(got, expected), (start, end, max_diff(got, expected))
-            steps.append(got)
-        layer = hf_cache.layers[0]
-        assert torch.equal(cache.states[0]["conv"], layer.conv_states[0])
-        assert torch.equal(cache.states[0]["recurrent"], layer.recurrent_states[0])
-        assert (cache.states[0]["conv"].dtype, cache.states[0]["recurrent"].dtype) == (dtype, torch.float32)
-    exact, x, cache = ours.double(), x.double(), KVCache(1)  # float64: rounding cannot hide a wrong state
-    with torch.no_grad():
-        steps = [exact(x[:, start:end], _ctx(start, end - start, torch.float64), cache) for start, end in pieces]
-        assert _worst(torch.cat(steps, 1), exact(x, _ctx(0, 111, torch.float64), None)) <= 1e-10
+    check_cached_decoding(ref, ours, hf_cfg, inputs(dtype, D, 111))
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
 @pytest.mark.parametrize(("family", "neg_eigval"), CASES)
 def test_left_padding_is_transformers(family: str, neg_eigval: bool, dtype: torch.dtype) -> None:
-    """Left padding (row 0 padded by 9): the padded inputs zeroed before the projections, as
-    transformers' apply_mask_to_padding_states with the 2D mask create_recurrent_attention_mask
-    gives a multi-token forward (and None for one token); prefill and 33 decoding steps equal bit
-    for bit; in float64, the padded row's real tokens as the unpadded sequence alone (1e-10)."""
-    from transformers import DynamicCache
-
+    """Left padding (row 0 padded by 9): prefill and 33 decoding steps equal bit for bit; in float64,
+    the padded row's real tokens as the unpadded sequence alone (`delta_rule_checks.check_left_padding`)."""
     ref, ours, hf_cfg = _pair(family, neg_eigval, dtype)
-    n = 100
-    x = _x(dtype, seq=n + 33)
-    mask = torch.ones(2, n + 33, dtype=torch.long)
-    mask[0, :9] = 0
-    hf_cache, cache = DynamicCache(config=hf_cfg), KVCache(1)
-    with torch.no_grad():
-        expected = ref(x[:, :n], cache=hf_cache, attention_mask=mask[:, :n])
-        got = ours(x[:, :n], _ctx(0, n, dtype, mask[:, :n]), cache)
-        assert torch.equal(got, expected)
-        outputs = [got]
-        for t in range(n, n + 33):
-            expected = ref(x[:, t:t + 1], cache=hf_cache)
-            got = ours(x[:, t:t + 1], _ctx(t, 1, dtype, mask[:, :t + 1]), cache)
-            assert torch.equal(got, expected), t
-            outputs.append(got)
-    exact, x, cache = ours.double(), x.double(), KVCache(1)
-    with torch.no_grad():
-        outputs = [exact(x[:, :n], _ctx(0, n, torch.float64, mask[:, :n]), cache)]
-        outputs += [exact(x[:, t:t + 1], _ctx(t, 1, torch.float64, mask[:, :t + 1]), cache) for t in range(n, n + 33)]
-        alone = exact(x[:1, 9:], _ctx(0, n + 24, torch.float64), None)
-        assert _worst(torch.cat(outputs, 1)[:1, 9:], alone) <= 1e-10
-        unmasked = exact(x[:1, :n], _ctx(0, n, torch.float64), None)
-        assert _worst(unmasked[:, 9:], alone[:, :n - 9]) > 1e-3  # unmasked, the padding would leak in
+    check_left_padding(ref, ours, hf_cfg, inputs(dtype, D, 133))
 
 
 @pytest.mark.parametrize(("family", "neg_eigval"), CASES)
 def test_state_elements_is_what_transformers_keeps(family: str, neg_eigval: bool) -> None:
     """The kind's state per sequence and layer: the conv window and the recurrent state transformers'
     cache holds for one sequence; the parts are the module's tensors."""
-    from transformers import DynamicCache
-
     ref, ours, hf_cfg = _pair(family, neg_eigval, torch.float32)
-    hf_cache = DynamicCache(config=hf_cfg)
-    with torch.no_grad():
-        ref(_x(torch.float32, seq=10, batch=1), cache=hf_cache)
-    layer = hf_cache.layers[0]
     kind = mixer_kind("gated_deltanet")
     cfg = ArchConfig(vocab_size=64, d_model=D, n_layers=1, n_heads=4, d_ff=48, mixer="gated_deltanet",
                      mixer_settings=dict(key_heads=HK, value_heads=HV, key_head_dim=DK, value_head_dim=DV))
-    assert kind.state_elements(cfg) == layer.conv_states[0].numel() + layer.recurrent_states[0].numel()
-    shapes = {}
-    for name, part in kind.parts(cfg).items():
-        shapes |= part.shapes(name)
-    assert shapes == {name: tuple(p.shape) for name, p in ours.state_dict().items()}
+    check_state_and_parts(kind, cfg, ref, ours, hf_cfg, D)
     assert any("gated delta-net" in line for line in kind.describe(cfg))
 
 

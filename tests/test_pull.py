@@ -420,3 +420,50 @@ def test_pull_draws_bytes_downloaded_then_converted(hub: HubServer, commits: dic
     assert lines == downloading + converting, lines
     assert downloading[-1].startswith(f"downloading {TINY}: {size(fetched)} of {size(fetched)} (100%)"), lines
     assert converting[-1].startswith(f"converting {TINY}: {size(written)} of {size(written)} (100%)"), lines
+
+
+def test_pull_of_a_gemma4_unified_checkpoint_in_the_hub_layout(tmp_path: Path) -> None:
+    """A tiny Gemma4UnifiedForConditionalGeneration as the Hub repos hold it (transformers' save_pretrained writes
+    the published names: `model.language_model.`, `model.vision_embedder.`, `model.embed_vision.` and
+    `model.embed_audio.`), its text config in the Hub's spelling (`global_head_dim` and
+    `num_global_key_value_heads`, not transformers 5.25's `per_layer_config`): `lmconvert pull` converts its text
+    decoder, whose logits are transformers' wrapper's."""
+    import transformers
+    from family_specs import IDS, SPECS
+    from hf_models import TINY as TEXT
+    from hf_models import perturb
+
+    text = {**TEXT, **SPECS["gemma4_unified_text"].kwargs, "model_type": "gemma4_unified_text"}
+    config = transformers.Gemma4UnifiedConfig(
+        text_config=text, vision_config=dict(patch_size=4, pooling_kernel_size=2, mm_embed_dim=64, mm_posemb_size=16,
+                                             output_proj_dims=64),
+        audio_config=dict(audio_embed_dim=16), image_token_id=1000, boi_token_id=1001, eoi_token_id=1002,
+        video_token_id=1003, boa_token_id=1004, eoa_token_index=1005, audio_token_id=1006)
+    torch.manual_seed(0)
+    model = transformers.Gemma4UnifiedForConditionalGeneration._from_config(config, attn_implementation="eager").eval()
+    perturb(model)
+    model.save_pretrained(tmp_path / "repo")
+    with torch.no_grad():
+        reference = model(IDS).logits
+    files = files_of(tmp_path / "repo")
+    hub_config = json.loads(files["config.json"])
+    stated = hub_config["text_config"].pop("per_layer_config")
+    assert {v["head_dim"] for v in stated.values()} == {text["global_head_dim"]}
+    hub_config["text_config"].update(global_head_dim=text["global_head_dim"],
+                                     num_global_key_value_heads=text["num_global_key_value_heads"])
+    files["config.json"] = json.dumps(hub_config).encode()
+    stored = set(load(files["model.safetensors"]))
+    assert any(n.startswith("model.vision_embedder.") for n in stored)  # the Hub's names, not the in-memory ones
+    assert "model.language_model.layers.0.layer_scalar" in stored
+    server = HubServer()
+    server.add_repo("google/gemma-4-tiny-it", [files])
+    with server:
+        proc = lmconvert("pull", "google/gemma-4-tiny-it", "--out", tmp_path / "out",
+                         env=hub_env(server.url, tmp_path / "hf"))
+    assert proc.returncode == 0, proc.stderr
+    import lmconvert as lm
+
+    ours = lm.load(tmp_path / "out", attention="eager")
+    assert ours.cfg.global_head_dim == text["global_head_dim"] and ours.cfg.kv_shared_layers == 2
+    with torch.no_grad():
+        assert float((ours(IDS) - reference).abs().max()) <= 1e-5

@@ -111,6 +111,18 @@ def qwen3_5_moe(**top: Any) -> transformers.PreTrainedConfig:
         vision_config=QWEN3_5_VISION, **top)
 
 
+def gemma4_unified(**top: Any) -> transformers.PreTrainedConfig:
+    """Gemma 4 unified as published: the wrapper around a gemma4_unified_text decoder, the family spec's (per-layer
+    geometry, K = V, KV sharing), with tiny vision and audio embedders (saved under the Hub's `vision_embedder.`)."""
+    return transformers.Gemma4UnifiedConfig(
+        text_config=dict(model_type="gemma4_unified_text", **{**TEXT, **SPECS["gemma4_unified_text"].kwargs}),
+        vision_config=dict(patch_size=4, pooling_kernel_size=2, mm_embed_dim=64, mm_posemb_size=16,
+                           output_proj_dims=64),
+        # the placeholder ids past the vocabulary: transformers reads a placeholder in the text as padding
+        audio_config=dict(audio_embed_dim=16), image_token_id=1000, boi_token_id=1001, eoi_token_id=1002,
+        video_token_id=1003, boa_token_id=1004, eoa_token_index=1005, audio_token_id=1006, **top)
+
+
 # wrapper model_type (and ":" its text decoder's, where another family reads that one) -> (config,
 # transformers class, text family, its CausalLM, the towers' first names, what the
 # note says is left out)
@@ -134,6 +146,10 @@ WRAPPERS: dict[str, tuple[Callable[..., Any], str, str, str, tuple[str, ...], st
                 "the vision tower and its patch merger"),
     "qwen3_5_moe": (qwen3_5_moe, "Qwen3_5MoeForConditionalGeneration", "qwen3_5_moe_text", "Qwen3_5MoeForCausalLM",
                     ("model.visual.",), "the vision tower and its patch merger"),
+    "gemma4_unified": (gemma4_unified, "Gemma4UnifiedForConditionalGeneration", "gemma4_unified_text",
+                       "Gemma4UnifiedForCausalLM",
+                       ("model.vision_embedder.", "model.embed_audio.", "model.embed_vision."),
+                       "the vision and audio embedders"),
 }
 
 
@@ -360,3 +376,38 @@ def test_mistral3_is_read_by_the_family_of_its_text_decoder() -> None:
     assert family_for("mistral3", {**config, "text_config": None}) is FAMILIES["mistral"]
     assert family_for("mistral3", mistral3().to_dict()) is FAMILIES["mistral"]
     assert family_for("mistral3") is FAMILIES["mistral"]
+
+
+def gemma4(**text: Any) -> transformers.PreTrainedConfig:
+    """Gemma 4 (Gemma4ForConditionalGeneration) around the gemma4_text spec's decoder, without towers."""
+    return transformers.Gemma4Config(
+        text_config=dict(model_type="gemma4_text", **{**TEXT, **SPECS["gemma4_text"].kwargs, **text}),
+        vision_config=None, audio_config=None, image_token_id=1000, boi_token_id=1001, eoi_token_id=1002,
+        video_token_id=1003, boa_token_id=1004, eoa_token_index=1005, audio_token_id=1006)
+
+
+def test_gemma4_is_read_as_its_text_decoder(tmp_path: Path) -> None:
+    torch.manual_seed(0)
+    model = transformers.Gemma4ForConditionalGeneration._from_config(gemma4(), attn_implementation="eager").eval()
+    perturb(model)
+    model.save_pretrained(tmp_path / "hf")
+    with torch.no_grad():
+        ref = model(IDS).logits
+    assert all(n.startswith("model.language_model.") or n == "lm_head.weight" for n in tensors_of(tmp_path / "hf"))
+    assert max_abs(our_logits(tmp_path / "hf"), ref) <= FP32_TOL
+    meta = to_canonical(tmp_path / "hf", tmp_path / "canon")
+    assert meta.family == "gemma4_text" and meta.source["model_type"] == "gemma4"
+    to_hf(tmp_path / "canon", tmp_path / "back")
+    assert json.loads((tmp_path / "back" / "config.json").read_text())["architectures"] == ["Gemma4ForCausalLM"]
+    assert max_abs(wrapper_logits(tmp_path / "back"), ref) <= FP32_TOL
+
+
+@pytest.mark.parametrize(("text", "says"), [
+    ({"hidden_size_per_layer_input": 8}, "hidden_size_per_layer_input=8 (per-layer embeddings (PLE)) is not "
+                                         "supported"),
+    ({"enable_moe_block": True, "num_experts": 4, "top_k_experts": 2, "moe_intermediate_size": 32},
+     "enable_moe_block=true (a mixture of experts beside the dense MLP) is not supported"),
+])
+def test_gemma4_per_layer_embeddings_and_moe_block_are_refused_by_name(text: dict[str, Any], says: str) -> None:
+    with pytest.raises(MappingError, match=says.replace("(", r"\(").replace(")", r"\)")):
+        FAMILIES["gemma4_text"].arch_config(gemma4(**text).to_dict())

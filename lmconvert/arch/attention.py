@@ -13,6 +13,7 @@ upcast inside, and layers with sinks (gpt-oss), which SDPA cannot add.
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 import torch
 import torch.nn.functional as F
@@ -22,6 +23,7 @@ from .build import attach
 from .cache import KVCache
 from .config import ArchConfig
 from .context import Context
+from .norms import Norm
 from .parts import Part
 from .positions import ALIBI_KINDS, RelativeBias, alibi_bias
 from .rope import Rotary, apply_rotary
@@ -51,12 +53,27 @@ def _sink_softmax(w: torch.Tensor, sinks: torch.Tensor) -> torch.Tensor:
     return F.softmax(combined, dim=-1, dtype=combined.dtype)[..., :-1]
 
 
+def _softmax_dtype(w: torch.Tensor) -> torch.dtype:
+    """fp32, as transformers upcasts; float64 scores stay float64, so that a float64 model (the tests' exact
+    reference for cached decoding) rounds nowhere that depends on how many keys a row has."""
+    return torch.promote_types(w.dtype, torch.float32)
+
+
+def _repeat_kv(x: torch.Tensor, groups: int) -> torch.Tensor:
+    """transformers' repeat_kv: each KV head `groups` times, as expand + reshape. With one KV head that is a
+    view whose head stride is 0, and q @ k^T over it rounds otherwise than over a copy (Gemma 4's global layers)."""
+    if groups == 1:  # a contiguous copy, as before: GPT-2's fp16 q @ k^T rounds as transformers' over it
+        return x.repeat_interleave(1, dim=1)
+    B, KV, S, D = x.shape
+    return x[:, :, None].expand(B, KV, groups, S, D).reshape(B, KV * groups, S, D)
+
+
 def _eager(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float, softcap: float | None,
            bias: torch.Tensor | None, allowed: torch.Tensor | None, dropout: float,
            scores_fp32: bool = False, bias_add: str = "rounded", scale_in_product: bool = False,
            sinks: torch.Tensor | None = None, sink_scale: bool = False) -> torch.Tensor:
     groups = q.shape[1] // k.shape[1]
-    k, v = k.repeat_interleave(groups, dim=1), v.repeat_interleave(groups, dim=1)  # (B, H, S, D)
+    k, v = _repeat_kv(k, groups), _repeat_kv(v, groups)  # (B, H, S, D)
     if scores_fp32:  # GPT-J, GPT-Neo, GPT-2's reorder_and_upcast_attn: q @ k^T up to the softmax in fp32
         wide = torch.promote_types(q.dtype, torch.float32)
         q, k = q.to(wide), k.to(wide)
@@ -82,9 +99,9 @@ def _eager(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float, soft
     if sinks is not None and sink_scale:  # GraniteSWA's form of the same sinks: the plain softmax's output scaled
         # by sigmoid(logsumexp(scores) - sink), the logsumexp in the scores' dtype, the sigmoid in fp32
         gate = (torch.logsumexp(w, dim=-1) - sinks.reshape(1, -1, 1)).to(torch.float32).sigmoid()
-        p = F.dropout(F.softmax(w, dim=-1, dtype=torch.float32).to(dtype), p=dropout, training=dropout > 0)
+        p = F.dropout(F.softmax(w, dim=-1, dtype=_softmax_dtype(w)).to(dtype), p=dropout, training=dropout > 0)
         return torch.matmul(p, v) * gate.unsqueeze(-1).to(dtype)
-    p = (F.softmax(w, dim=-1, dtype=torch.float32) if sinks is None else _sink_softmax(w, sinks)).to(dtype)
+    p = (F.softmax(w, dim=-1, dtype=_softmax_dtype(w)) if sinks is None else _sink_softmax(w, sinks)).to(dtype)
     p = F.dropout(p, p=dropout, training=dropout > 0)
     return torch.matmul(p, v)
 
@@ -107,8 +124,21 @@ def _sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float, bias:
         causal = False
     elif causal:
         mask = None
-    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout, is_causal=causal,
-                                          scale=scale, enable_gqa=q.shape[1] != k.shape[1])
+    B, H, T, D = q.shape
+    groups = H // k.shape[1]
+    # transformers' sdpa_attention_forward: SDPA's own GQA where there is no mask (and head dims <= 256);
+    # else one query token's heads packed as the rows of its KV heads, or the KV heads repeated
+    if groups == 1 or mask is None and k.shape[-1] == v.shape[-1] <= 256:
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout, is_causal=causal,
+                                              scale=scale, enable_gqa=groups > 1)
+    if T == 1:
+        if mask is not None and mask.dim() == 4 and mask.shape[1] > 1:
+            mask = mask.reshape(mask.shape[0], H // groups, groups, mask.shape[-1])
+        out = F.scaled_dot_product_attention(q.reshape(B, H // groups, groups, D), k, v, attn_mask=mask,
+                                             dropout_p=dropout, is_causal=False, scale=scale)
+        return out.reshape(out.shape[0], H, T, v.shape[-1])
+    return F.scaled_dot_product_attention(q, _repeat_kv(k, groups), _repeat_kv(v, groups), attn_mask=mask,
+                                          dropout_p=dropout, is_causal=causal, scale=scale)
 
 
 class Attention(nn.Module):
@@ -119,8 +149,13 @@ class Attention(nn.Module):
         super().__init__()
         self.layer, self.cfg = layer, cfg
         # replaced by `attach` where the config has them
-        self.q_norm = self.k_norm = self.sub_norm = self.sinks = self.out_gate = None
+        self.q_norm = self.k_norm = self.sub_norm = self.sinks = self.out_gate = self.out_gate_bias = None
+        self.k = self.v = None  # Gemma 4: a KV-shared layer has neither, a K = V layer no v
         attach(self, parts)
+        # Gemma 4: the weightless V norm (no parameters), and where a KV-shared layer's K/V come from
+        self.v_norm = Norm(cfg.head_dim, replace(cfg.norm, weight=False, weight_offset=0.0)) if cfg.v_norm else None
+        self.kv_source = cfg.kv_source(layer)
+        self.kv_shared = cfg.kv_shared_layers and layer in [cfg.kv_source(i) for i in range(cfg.n_layers)]
         if cfg.sinks_fp32 and self.sinks is not None:  # the loaders keep these fp32 in any dtype
             self.fp32_parameters = ("sinks",)
         self.rotary = rotary
@@ -137,8 +172,13 @@ class Attention(nn.Module):
     def forward(self, x: torch.Tensor, ctx: Context, cache: KVCache | None = None) -> torch.Tensor:
         cfg = self.cfg
         B, T, _ = x.shape
-        q, k, v = self.q(x), self.k(x), self.v(x)  # (B, T, H*D), (B, T, KV*D) x2
+        if self.kv_source is not None:  # Gemma 4: K/V taken whole (cached ones too) from an earlier layer
+            return self._reusing(x, ctx)
+        q, k = self.q(x), self.k(x)  # (B, T, H*D), (B, T, KV*D)
+        v = self.v(x) if self.v is not None else k  # K = V: v is k's projection, before k's norm
         gate = self.out_gate(x) if self.out_gate is not None else None  # AFMoE: (B, T, H*D)
+        if self.out_gate_bias is not None:  # Beam: one bias per head, over its D elements
+            gate = (gate.view(B, T, cfg.n_heads, cfg.head_dim) + self.out_gate_bias[:, None]).view(B, T, cfg.q_dim)
         if cfg.attn_output_gate == "q_heads":  # Qwen3-Next: (B, T, H*2D), each head's [query | gate]
             q, gate = torch.chunk(q.view(B, T, cfg.n_heads, 2 * cfg.head_dim), 2, dim=-1)
             gate = gate.reshape(B, T, cfg.q_dim)
@@ -154,6 +194,8 @@ class Attention(nn.Module):
         v = v.view(B, T, cfg.n_kv_heads, cfg.head_dim)
         if cfg.qk_norm == "head" and not cfg.qk_norm_after_rope:
             q, k = self.q_norm(q), self.k_norm(k)
+        if self.v_norm is not None:
+            v = self.v_norm(v)
         q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)  # (B, H|KV, T, D)
         if self.rotary is not None:
             cos, sin = ctx.rotary(self.rotary)
@@ -169,12 +211,40 @@ class Attention(nn.Module):
             temperature = ctx.query_temperature(cfg.attn_temperature, cfg.attn_temperature_floor, form)
             if form == "ministral3":  # every layer, the scale rounded to q's dtype first
                 q = q * temperature.to(q.dtype)
-            elif self.position == "none":  # Llama 4: the layers without positions, multiplied in fp32
+            elif self.position == "none":  # Llama 4, Beam: the layers without positions, multiplied in fp32
                 q = (q * temperature).to(q.dtype)
         if cache is not None:
             k, v = cache.update(self.layer, k, v)  # (B, KV, S, D)
+        if self.kv_shared:  # for the KV-shared layers after it
+            ctx.shared_kv[self.layer] = k, v
+        return self._attend(q, k, v, gate, scale, ctx)
+
+    def _reusing(self, x: torch.Tensor, ctx: Context) -> torch.Tensor:
+        """A KV-shared layer (Gemma 4): its own q, normed and rotated; K/V as its source layer left them."""
+        cfg = self.cfg
+        B, T, _ = x.shape
+        q = self.q(x).view(B, T, cfg.n_heads, cfg.head_dim)
+        if self.q_norm is not None:
+            q = self.q_norm(q)
+        q = q.transpose(1, 2)
+        if self.rotary is not None:
+            cos, sin = ctx.rotary(self.rotary)
+            rope = self.rotary.cfg
+            q = apply_rotary(q, cos, sin, rope.layout, rope.fp32_rotation, rope.complex_product, rope.reverse)
+        k, v = ctx.shared_kv[self.kv_source]
+        return self._attend(q, k, v, None, self.scale, ctx)
+
+    def _attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, gate: torch.Tensor | None, scale: float,
+                ctx: Context) -> torch.Tensor:
+        cfg = self.cfg
+        B, _, T, _ = q.shape
         bias = self._position_bias(ctx)
         allowed = ctx.allowed(self.window, self.chunk)
+        if self.window is not None and bias is None and len(ctx.k_pos) > len(ctx.q_pos) and allowed is not None:
+            # after a prefill, the keys transformers' sliding-window cache still holds: the window's last
+            # window - 1 and the new ones. The others are masked out anyway; over fewer keys the sums round as its
+            keep = min(len(ctx.k_pos), self.window - 1 + T)
+            k, v, allowed = k[..., -keep:, :], v[..., -keep:, :], allowed[..., -keep:]
         dropout = cfg.attn_dropout if self.training else 0.0
         add = ALIBI_KINDS[cfg.alibi].add if self.position == "alibi" else "rounded"  # how the bias joins
         if cfg.attn_softcap is not None or cfg.scores_fp32 or cfg.scale_in_product or cfg.attn_sinks \

@@ -88,6 +88,8 @@ def _standard_parts(cfg: ArchConfig) -> dict[str, Part]:
     projections, then the QK norms: over one head or over the whole projection; then the output
     gate's projection (AFMoE)."""
     parts: dict[str, Part] = {"sinks": ParamPart((cfg.n_heads,))} if cfg.attn_sinks else {}
+    if cfg.attn_output_gate == "projection_head_bias":  # Beam's gate_bias, one per head (a parameter of its own)
+        parts["out_gate_bias"] = ParamPart((cfg.n_heads,))
     parts |= {
         # Qwen3-Next: each head's query and its output gate side by side
         "q": LinearPart(cfg.d_model, cfg.q_dim * (2 if cfg.attn_output_gate == "q_heads" else 1), cfg.q_bias),
@@ -95,14 +97,19 @@ def _standard_parts(cfg: ArchConfig) -> dict[str, Part]:
         "v": LinearPart(cfg.d_model, cfg.kv_dim, cfg.v_bias),
         "o": LinearPart(cfg.q_dim, cfg.d_model, cfg.o_bias),
     }
+    if cfg.kv_reused or cfg.k_eq_v == "all":  # Gemma 4: K/V from an earlier layer; v from k's projection
+        del parts["v"]
+    if cfg.kv_reused:
+        del parts["k"]
     norm_dims = {"head": (cfg.head_dim, cfg.head_dim), "projection": (cfg.q_dim, cfg.kv_dim)}.get(cfg.qk_norm)
     if cfg.qk_norm_weight == "per_head":  # Cohere: each head its own weight, still normalised over head_dim
         norm_dims = ((cfg.n_heads, cfg.head_dim), (cfg.n_kv_heads, cfg.head_dim))
     if norm_dims:
         norm = replace(cfg.norm, bias=cfg.qk_norm_bias)  # the block norms' settings, but for the bias
         parts["q_norm"] = NormPart(norm_dims[0], norm)
-        parts["k_norm"] = NormPart(norm_dims[1], norm)
-    if cfg.attn_output_gate == "projection":  # AFMoE's gate_proj, after its q_norm / k_norm; never a bias
+        if not cfg.kv_reused:
+            parts["k_norm"] = NormPart(norm_dims[1], norm)
+    if cfg.attn_output_gate in ("projection", "projection_head_bias"):  # AFMoE's, Beam's gate_proj; never a bias
         parts["out_gate"] = LinearPart(cfg.d_model, cfg.q_dim, False)
     if cfg.sub_norms:  # BitNet: the attention output normalised before `o`
         parts["sub_norm"] = NormPart(cfg.q_dim, cfg.norm)
@@ -126,8 +133,10 @@ def _standard_describe(cfg: ArchConfig) -> list[str]:
     if cfg.sub_norms:
         lines.append("sub-norms: before the output projection and before the MLP's down projection")
     if cfg.attn_output_gate != "none":
-        source = "a projection of the input" if cfg.attn_output_gate == "projection" else "q's second half per head"
+        source = {"projection": "a projection of the input", "q_heads": "q's second half per head",
+                  "projection_head_bias": "a projection of the input + a bias per head"}[cfg.attn_output_gate]
         lines.append(f"attention output gate: sigmoid({source}) times each head's output, before o")
+    lines += _gemma4_describe(cfg)
     if cfg.attn_sinks:
         lines.append("attention sinks: a learned logit per head in each softmax (eager)"
                      + (", as an output scale sigmoid(logsumexp - sink)" if cfg.sink_form == "scale" else "")
@@ -135,12 +144,32 @@ def _standard_describe(cfg: ArchConfig) -> list[str]:
     return lines
 
 
+def _gemma4_describe(cfg: ArchConfig) -> list[str]:
+    """Gemma 4's per-layer geometry, K = V, the V norm and KV sharing (ArchConfig's Gemma 4 fields)."""
+    lines = []
+    if cfg.global_head_dim is not None or cfg.global_kv_heads is not None:
+        glob = cfg.layer_config(cfg.layer_kinds.index("global")) if "global" in cfg.layer_kinds else cfg
+        lines.append(f"global layers: {glob.n_heads} heads / {glob.n_kv_heads} kv heads, head_dim {glob.head_dim}")
+    if cfg.k_eq_v != "none":
+        lines.append(f"K = V on {cfg.k_eq_v} layers: no v projection, v is k's projection")
+    if cfg.v_norm:
+        lines.append("V norm: each head of v normalised, no weight")
+    if cfg.kv_shared_layers:
+        lines.append(f"KV sharing: the last {cfg.kv_shared_layers} layers reuse the K/V of the last earlier layer "
+                     f"of their kind; FFN x{cfg.shared_ffn_factor} there")
+    return lines
+
+
+def _standard_cache(cfg: ArchConfig) -> int:
+    return 0 if cfg.kv_reused else 2 * cfg.kv_dim
+
+
 register(AttentionKind(
     name="standard",
     module=f"{__package__}.attention:Attention",
     parts=_standard_parts,
     describe=_standard_describe,
-    cache_elements=lambda cfg: 2 * cfg.kv_dim,
+    cache_elements=_standard_cache,
 ))
 
 
@@ -243,11 +272,12 @@ def _latent_mha_cache(cfg: ArchConfig) -> int:
 def _latent_describe(cfg: ArchConfig) -> list[str]:
     s = cfg.attention_settings
     q = "plain q projection" if s.q_lora_rank is None else f"q LoRA rank {s.q_lora_rank}"
+    rotary = "shared unrotated (no positions)" if "rope" not in cfg.layer_positions else "rotary"
     lines = [f"attention: latent (MLA), {cfg.n_heads} heads, {q}, kv_lora_rank {s.kv_lora_rank}",
-             f"MLA head dims: q/k {s.qk_nope_head_dim} + rotary {cfg.head_dim}, v {s.v_head_dim}; "
+             f"MLA head dims: q/k {s.qk_nope_head_dim} + {rotary} {cfg.head_dim}, v {s.v_head_dim}; "
              f"score scale {latent_score_scale(cfg):.6g}",
              f"MLA norms: RMSNorm eps={s.norm_eps:g}; biases: {'q_a, kv_a, o' if s.bias else 'none'}"]
-    if cfg.rope.layout == "interleaved":
+    if cfg.rope.layout == "interleaved" and "rope" in cfg.layer_positions:
         order = "and de-interleaved" if s.deinterleave else "in place"
         lines.append(f"MLA RoPE: rotary dims in pairs, rotated {order}")
     latent, mha = _latent_cache(cfg), _latent_mha_cache(cfg)
@@ -265,12 +295,13 @@ def _refuse(refusals: list[tuple[str, Any, bool, str]]) -> None:
 
 def _latent_check(cfg: ArchConfig) -> None:
     """What transformers' DeepseekV3Attention cannot be told: it has one kind of positions (RoPE on
-    the whole rotary part, every layer), no window, no cap, no QK norm, and its biases are
+    the whole rotary part, every layer; or none, as KimiLinearAttention, whose "rotary" key part is
+    shared by the heads unrotated), no window, no cap, no QK norm, and its biases are
     `settings.bias`; `num_key_value_heads` other than the head count breaks its eager path."""
     refusals = [
         ("n_kv_heads", cfg.n_kv_heads, cfg.n_kv_heads != cfg.n_heads, "latent attention has n_kv_heads = n_heads"),
-        ("layer_positions", cfg.layer_positions, set(cfg.layer_positions) != {"rope"},
-         "latent attention uses RoPE on every layer"),
+        ("layer_positions", cfg.layer_positions, set(cfg.layer_positions) not in ({"rope"}, {"none"}),
+         "latent attention uses RoPE on every layer (DeepSeek) or on none (Kimi Linear's NoPE MLA)"),
         ("rope.fraction", cfg.rope.fraction, cfg.rope.fraction != 1,
          "latent attention rotates all of head_dim (its qk_rope_head_dim)"),
         ("layer_kinds", cfg.layer_kinds, "local" in cfg.layer_kinds, "latent attention has no sliding window"),

@@ -3,6 +3,7 @@ slots it uses (the rest are identities) and picks one of three residual wirings.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 
 import torch
@@ -36,9 +37,9 @@ def _sequential(b: Block, h: torch.Tensor, attend: Callable[[torch.Tensor], torc
             h = h.float() + b.scaled(b.mlp(b.mlp_norm(h.to(b.mlp_norm.weight.dtype))))
         return h
     if attend is not None:
-        h = h + b.scaled(b.attn_post_norm(attend(b.attn_norm(h))))
+        h = b.add(h, b.attn_post_norm(attend(b.attn_norm(h))), 0)
     if b.mlp is not None:
-        h = h + b.scaled(b.mlp_post_norm(b.mlp(b.mlp_norm(h))))
+        h = b.add(h, b.mlp_post_norm(b.mlp(b.mlp_norm(h))), 1)
     return h
 
 
@@ -106,10 +107,13 @@ class Block(nn.Module):
         self.attn = attention_kind(cfg.attention).build(cfg, layer, rotary, relative) if mixing == "attention" \
             else None
         self.mixer = mixer_kind(cfg.mixer).build(cfg, layer) if mixing == "mixer" else None
-        # dense, or a mixture of experts (moe.py); None on a layer without an FFN (`layer_ffns`)
-        self.mlp = ffn(cfg, layer) if cfg.layer_ffns[layer] == "ffn" else None
+        # dense, or a mixture of experts (moe.py), of this layer's own width; None on a layer without an FFN
+        self.mlp = ffn(cfg.layer_config(layer), layer) if cfg.layer_ffns[layer] == "ffn" else None
         self.drop = nn.Dropout(cfg.resid_dropout)
         self.residual_scale = cfg.residual_scale
+        # ArchConfig.residual_form "depth_scaled": this layer's two adds' (sublayer, residual) multipliers
+        self.depth_scales = None if cfg.residual_form == "plain" else \
+            tuple((1.0 / math.sqrt(k), math.sqrt((k - 1) / k)) for k in (2 * (layer + 1), 2 * (layer + 1) + 1))
         self.parallel_sum, self.residual_after_norm = cfg.parallel_sum, cfg.residual_after_norm
         self.residual_fp32 = cfg.residual_fp32
         self.wiring = WIRING[cfg.norm_placement]
@@ -120,6 +124,8 @@ class Block(nn.Module):
                         module.__class__ = linear
                         if linear is Conv1D:
                             hold_in_out(module)
+        # -- Gemma 4: the block's output times a learned scalar (Gemma4TextDecoderLayer's layer_scalar)
+        self.scalar = nn.Parameter(torch.ones(1)) if cfg.layer_scalar else None
 
     def scaled(self, out: torch.Tensor) -> torch.Tensor:
         """A sublayer's output as it joins the residual: dropped out, then multiplied by a Python
@@ -127,6 +133,15 @@ class Block(nn.Module):
         out = self.drop(out)
         return out if self.residual_scale == 1.0 else out * self.residual_scale
 
+    def add(self, h: torch.Tensor, out: torch.Tensor, sublayer: int) -> torch.Tensor:
+        """A sequential sublayer's output (`sublayer` 0: the mixer, 1: the FFN) added to the residual h:
+        `h + scaled(out)`, or ArchConfig.residual_form "depth_scaled" as Beam's depth_scaled_residual_add."""
+        if self.depth_scales is None:
+            return h + self.scaled(out)
+        out_scale, h_scale = self.depth_scales[sublayer]
+        return self.drop(out) * out_scale + h * h_scale
+
     def forward(self, h: torch.Tensor, ctx: Context, cache: KVCache | None = None) -> torch.Tensor:
         mix = self.attn if self.attn is not None else self.mixer
-        return self.wiring(self, h, None if mix is None else lambda x: mix(x, ctx, cache))
+        h = self.wiring(self, h, None if mix is None else lambda x: mix(x, ctx, cache))
+        return h if self.scalar is None else h * self.scalar  # Gemma 4

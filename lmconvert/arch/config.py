@@ -26,7 +26,7 @@ ACTIVATION_PARAMETERS: dict[str, dict[str, tuple[int, ...]]] = {
     "xielu": {"alpha_p": (1,), "alpha_n": (1,), "beta": (), "eps": ()},  # Apertus' XIELUActivation
 }
 ROPE_LAYOUTS = ("half", "interleaved")
-ROPE_SCALINGS = ("none", "linear", "dynamic", "yarn", "llama3", "longrope", "ntk_alpha")
+ROPE_SCALINGS = ("none", "linear", "dynamic", "yarn", "llama3", "longrope", "ntk_alpha", "proportional")
 ABSOLUTE_POSITIONS = ("none", "sinusoidal", "learned", "sinusoidal_fairseq", "sinusoidal_halves")
 LAYER_POSITIONS = ("rope", "alibi", "relative", "none")
 LAYER_KINDS = ("global", "local")
@@ -39,24 +39,35 @@ SINK_FORMS = ("column", "scale")  # how a learned sink joins the softmax (ArchCo
 # ArchConfig.attn_output_gate: "none"; "projection": the attention output (B, T, H*D), before `o`, times the
 # sigmoid of a projection of the attention's input of its own (AFMoE's gate_proj, `attn.out_gate`), elementwise;
 # "q_heads": the same gate emitted by `q` beside each head's query, q's rows per head [query | gate] (Qwen3-Next's
-# q_proj, H * 2D wide). The sigmoid and the product in the activation dtype either way
-ATTN_OUTPUT_GATES = ("none", "projection", "q_heads")
+# q_proj, H * 2D wide); "projection_head_bias": "projection" plus a learned bias per head (`attn.out_gate_bias`,
+# [H]) added to the projection over each head's D elements (Beam's gate_proj + gate_bias). The sigmoid and the
+# product in the activation dtype either way
+ATTN_OUTPUT_GATES = ("none", "projection", "q_heads", "projection_head_bias")
 QK_NORM_WEIGHTS = ("shared", "per_head")
 DTYPE_ORDERS = ("cast_then_scale", "scale_then_cast")
 PARALLEL_SUMS = ("h+attn+mlp", "mlp+attn+h", "attn+mlp+h")  # left to right: the order a parallel block adds
 ALIBI_KINDS = ("distance", "bloom", "mpt", "falcon")  # how ALiBi is built and added: see positions.ALIBI_KINDS
 ROUTERS = ("softmax", "sigmoid", "sparsemixer", "topk_softmax", "topk_sigmoid", "sigmoid_fp32", "logits",
-           "topk_sigmoid_fp32", "sigmoid_fp32_sorted", "sigmoid_sorted")
+           "topk_sigmoid_fp32", "sigmoid_fp32_sorted", "sigmoid_sorted", "sigmoid_grouped_sorted")
 # the routers that take a selection bias
-BIASED_ROUTERS = ("softmax", "sigmoid", "sigmoid_fp32", "logits", "sigmoid_fp32_sorted", "sigmoid_sorted")
-GROUPED_ROUTERS = ("softmax", "sigmoid")  # the routers that limit the choice to groups (n_group > 1)
+BIASED_ROUTERS = ("softmax", "sigmoid", "sigmoid_fp32", "logits", "sigmoid_fp32_sorted", "sigmoid_sorted",
+                  "sigmoid_grouped_sorted")
+# the routers that limit the choice to groups (n_group > 1)
+GROUPED_ROUTERS = ("softmax", "sigmoid", "sigmoid_grouped_sorted")
 KEPT_FP32 = ("weight", "selection_bias")  # router parameters a model may keep in fp32 (MoeConfig.kept_fp32)
 SHARED_EXPERTS = ("none", "gated", "plain", "averaged")
 SUM_ORDERS = ("grouped_mm", "eager", "sorted")  # arch/moe.py's SUMS
 GLUS = ("halves", "clamped_swiglu")  # arch/moe.py's GLUS: how a routed expert gates its gate and up outputs
 # how ArchConfig.attn_temperature scales a query at position p (arch/context.py's query_temperature), and on
 # which layers (arch/attention.py)
-TEMPERATURE_FORMS = ("ministral3", "llama4")
+TEMPERATURE_FORMS = ("ministral3", "llama4", "beam")
+# ArchConfig.k_eq_v: the layers whose v is k's projection, with no v of their own: none, the global ones (Gemma 4's
+# attention_k_eq_v), or every layer (what layer_config gives a global layer's own config)
+K_EQ_V = ("none", "global", "all")
+# ArchConfig.residual_form (arch/block.py's Block.add): "plain", h + sublayer; "depth_scaled" (Beam's
+# depth_scaled_residual_add): the k-th residual add of the stack (k = 2(layer + 1) for the attention, + 1 for the
+# FFN) is sublayer * (1 / sqrt(k)) + h * sqrt((k - 1) / k), each a Python float, in the activation dtype
+RESIDUAL_FORMS = ("plain", "depth_scaled")
 
 
 def _fail(owner: str, name: str, value: Any, why: str) -> None:
@@ -95,6 +106,7 @@ class NormConfig:
     weight_offset: float = 0.0
     dtype_order: str = "cast_then_scale"
     written_out: bool = False  # LayerNorm as fp32 mean/variance ops, not torch's kernel (Cohere's LayerNorm)
+    power: bool = False  # RMSNorm's 1/sqrt as torch.pow(mean + eps, -0.5), not rsqrt (Gemma 4): rounds otherwise
 
     def __post_init__(self) -> None:
         _choice("norm", "kind", self.kind, NORM_KINDS)
@@ -106,6 +118,8 @@ class NormConfig:
             _fail("norm", "bias", self.bias, "RMSNorm has no bias; use kind='layer'")
         if self.weight_offset and not self.weight:
             _fail("norm", "weight_offset", self.weight_offset, "needs a learned weight (weight=True)")
+        if self.power and self.kind != "rms":
+            _fail("norm", "power", self.power, "is an RMSNorm's (kind='rms') way of taking 1/sqrt")
 
 
 @dataclass(frozen=True)
@@ -194,7 +208,10 @@ class RopeConfig:
 
     def rotary_dim(self, head_dim: int) -> int:
         """The rotated width. An absolute width is kept as given: `int(head_dim * fraction)`
-        truncates (head_dim 44 with 30 rotary dims would become 29)."""
+        truncates (head_dim 44 with 30 rotary dims would become 29). "proportional" (Gemma 4) rotates
+        the whole head, its fraction zeroing the frequencies past the first `fraction` of the angles."""
+        if self.scaling == "proportional":
+            return head_dim
         return self.rotary_dims if self.rotary_dims is not None else int(head_dim * self.fraction)
 
     def longrope_attention_factor(self) -> float:
@@ -295,6 +312,8 @@ class MoeConfig:
     glu_alpha: float | None = None  # set exactly when glu="clamped_swiglu" (gpt-oss's swiglu_alpha)
     glu_limit: float | None = None  # set exactly when glu="clamped_swiglu" (gpt-oss's swiglu_limit)
     weight_input: bool = False  # the router weight multiplies each routed expert's input, not its output (Llama 4)
+    # `scale` multiplies the routed experts' weighted sum (in the activation dtype), not the router weights (Beam)
+    scale_after_sum: bool = False
     sum_bias: bool = False  # a learned bias [d_model] added to the routed experts' weighted sum (JetMoE's MoE bias)
 
     def __post_init__(self) -> None:
@@ -482,6 +501,9 @@ class ArchConfig:
     sinks_fp32: bool = False  # the sinks kept in fp32 in any dtype (Flint's `_keep_in_fp32_modules_strict`)
     attn_output_gate: str = "none"  # ATTN_OUTPUT_GATES: a sigmoid gate on the attention output (AFMoE's gate_proj)
     residual_scale: float = 1.0  # each sublayer's output is multiplied by this before the residual add (Granite)
+    residual_form: str = "plain"  # RESIDUAL_FORMS: how a sublayer's output joins the residual (Beam: depth_scaled)
+    # a gated FFN's (dense or routed expert) act(gate) * up from fp32 copies, cast back (Beam's SwiGLU)
+    glu_fp32: bool = False
     clip_qkv: float | None = None  # q, k and v clamped to [-clip_qkv, clip_qkv] after projection (OLMo, MPT)
     # attention temperature (Ministral 3's llama_4_scaling_beta): after RoPE, every query at position p is
     # multiplied by 1 + attn_temperature * log(1 + floor(p / attn_temperature_floor)), computed in fp32 and cast
@@ -520,6 +542,7 @@ class ArchConfig:
     #   (Apertus 1.5's pruned head, output_vocab_size): an untied head narrower than the embedding table
     embed_scale: float | None = None
     final_softcap: float | None = None
+    softcap_fp32: bool = False  # the final soft-cap on fp32 copies of the logits, which stay fp32 (Beam)
     logit_scale: float = 1.0
     head_divisor: float = 1.0  # the final hidden state divided by this before the LM head (MiniCPM3's
     #   hidden_size / dim_model_base): a division of the head's input, which rounds otherwise than a logit scale
@@ -535,6 +558,18 @@ class ArchConfig:
     attn_dropout: float = 0.0
     resid_dropout: float = 0.0
     z_loss: float = 0.0
+    # -- Gemma 4 (gemma4_text, gemma4_unified_text): per-layer attention geometry, K = V, the V norm and
+    #    cross-layer KV sharing. `layer_config(layer)` turns them into each layer's own config (its head_dim,
+    #    KV heads, d_ff and parts), from which its modules and tensors are both built.
+    global_head_dim: int | None = None  # the global layers' head_dim; None: head_dim
+    global_kv_heads: int | None = None  # the global layers' KV heads; None: n_kv_heads
+    k_eq_v: str = "none"  # K_EQ_V: the layers with no v projection, whose v is k's projection (before k's norm)
+    v_norm: bool = False  # v normalised per head by a weightless RMSNorm (norm.eps, norm's dtype order)
+    kv_shared_layers: int = 0  # the last this many layers take K and V from the last earlier layer of their kind
+    #   (layer_kinds) and have no k, v or k_norm of their own; the KV cache holds the other layers only
+    kv_reused: bool = False  # set by layer_config on a KV-shared layer's own config; never in a model's config
+    shared_ffn_factor: int = 1  # the FFN width of the KV-shared layers, in d_ff (Gemma 4's double-wide MLP: 2)
+    layer_scalar: bool = False  # each block's output times a learned scalar of its own (`layers.{}.scalar`, [1])
 
     def __post_init__(self) -> None:
         for name in ("vocab_size", "d_model", "n_layers", "n_heads", "d_ff", "max_positions"):
@@ -597,6 +632,11 @@ class ArchConfig:
         if self.mlp_fused and not self.gated:
             _fail("ArchConfig", "mlp_fused", True, "fuses a gated FFN's gate and up; needs gated=True")
         _positive("ArchConfig", "residual_scale", self.residual_scale)
+        _choice("ArchConfig", "residual_form", self.residual_form, RESIDUAL_FORMS)
+        if self.residual_form != "plain" and (self.norm_placement not in SEQUENTIAL_PLACEMENTS
+                                              or self.residual_after_norm or self.residual_scale != 1.0):
+            _fail("ArchConfig", "residual_form", self.residual_form, "scales sequential sublayers' adds only "
+                  "(norm_placement 'pre', 'sandwich' or 'output', residual_after_norm off, residual_scale 1)")
         if self.parallel_sum != PARALLEL_SUMS[0] and not self.norm_placement.startswith("parallel"):
             _fail("ArchConfig", "parallel_sum", self.parallel_sum, "only parallel blocks have a parallel sum")
         if self.residual_after_norm and self.norm_placement != "pre":
@@ -673,10 +713,52 @@ class ArchConfig:
                 _fail("ArchConfig", "output_vocab", self.output_vocab, "a tied LM head is the whole embedding table")
         if self.norm_placement == "post" and self.final_norm:
             _fail("ArchConfig", "final_norm", True, "post-norm blocks already end in a norm")
+        self._check_gemma4()
         if kind.check is not None:
             kind.check(self)
         if mixer is not None and mixer.check is not None:
             mixer.check(self)
+
+    def _check_gemma4(self) -> None:
+        """Gemma 4's per-layer geometry and KV sharing: the standard attention's, and sane."""
+        _integer("ArchConfig", "global_head_dim", self.global_head_dim, allow_none=True)
+        _integer("ArchConfig", "global_kv_heads", self.global_kv_heads, allow_none=True)
+        _choice("ArchConfig", "k_eq_v", self.k_eq_v, K_EQ_V)
+        if self.global_head_dim == self.head_dim:  # one spelling of "the same head_dim everywhere"
+            object.__setattr__(self, "global_head_dim", None)
+        if self.global_kv_heads == self.n_kv_heads:
+            object.__setattr__(self, "global_kv_heads", None)
+        if self.global_kv_heads is not None and self.n_heads % self.global_kv_heads:
+            _fail("ArchConfig", "global_kv_heads", self.global_kv_heads,
+                  f"n_heads={self.n_heads} must be a multiple of it")
+        n = self.kv_shared_layers
+        if isinstance(n, bool) or not isinstance(n, int) or not 0 <= n < self.n_layers:
+            _fail("ArchConfig", "kv_shared_layers", n, f"must be an integer in [0, n_layers={self.n_layers})")
+        if self.kv_reused and not n:
+            _fail("ArchConfig", "kv_reused", True, "marks a KV-shared layer's own config; set kv_shared_layers")
+        missing = sorted(set(self.layer_kinds[n and -n:]) - set(self.layer_kinds[:self.n_layers - n])) if n else []
+        if missing:
+            _fail("ArchConfig", "kv_shared_layers", n, f"shares the K/V of {missing[0]} layers, and no earlier "
+                  f"layer of that kind has its own")
+        _integer("ArchConfig", "shared_ffn_factor", self.shared_ffn_factor)
+        used = (self.global_head_dim is not None or self.global_kv_heads is not None or self.k_eq_v != "none"
+                or self.v_norm or n)
+        if used and (self.attention != "standard" or self.qk_norm == "projection" or self.attn_output_gate != "none"
+                     or self.qk_norm_weight != "shared"):
+            _fail("ArchConfig", "attention", self.attention, "per-layer geometry, K = V, the V norm and KV sharing "
+                  "are the standard attention's, with no output gate and per-head QK norms if any")
+        if self.k_eq_v != "none" and (self.k_bias != self.v_bias or self.clip_qkv is not None):
+            _fail("ArchConfig", "k_eq_v", self.k_eq_v, "takes v from k's projection: needs k_bias == v_bias and "
+                  "no clip_qkv")
+        if self.layer_scalar not in (True, False):
+            _fail("ArchConfig", "layer_scalar", self.layer_scalar, "must be true or false")
+
+    def kv_source(self, layer: int) -> int | None:
+        """The layer whose K/V a KV-shared layer takes (the last non-shared one of its kind); None for others."""
+        first = self.n_layers - self.kv_shared_layers
+        if layer < first:
+            return None
+        return max(i for i in range(first) if self.layer_kinds[i] == self.layer_kinds[layer])
 
     def _normalise_mixers(self) -> MixerKind | None:
         """The per-layer schedule in one spelling, and the mixer's settings as its dataclass."""
@@ -811,12 +893,26 @@ class ArchConfig:
             object.__setattr__(self, "head_transform_bias", False)  # one spelling of "no transform"
 
     def layer_config(self, layer: int) -> ArchConfig:
-        """The config one layer's attention is built from (its parts, so its tensors): this one, but
-        without the o bias on a layer `o_bias_layers` leaves out. `AttentionKind.build` and
-        `shapes` read a layer's attention parts through it, so the two cannot disagree."""
-        if self.o_bias_layers is None or layer in self.o_bias_layers:
-            return self
-        return dataclasses.replace(self, o_bias=False, o_bias_layers=None)
+        """The config one layer's attention and FFN are built from (their parts, so their tensors): this
+        one, but without the o bias on a layer `o_bias_layers` leaves out, and with Gemma 4's per-layer
+        geometry resolved (a global layer's head_dim and KV heads, K = V, a KV-shared layer's missing k and v
+        and wider FFN). `AttentionKind.build`, `Block` and `shapes` read a layer through it, so they cannot
+        disagree. Idempotent: a layer's config is its own layer config."""
+        changes: dict[str, Any] = {}
+        if self.o_bias_layers is not None and layer not in self.o_bias_layers:
+            changes |= {"o_bias": False, "o_bias_layers": None}
+        glob = self.layer_kinds[layer] == "global"
+        if glob and self.global_head_dim is not None:
+            changes["head_dim"] = self.global_head_dim
+        if glob and self.global_kv_heads is not None:
+            changes["n_kv_heads"] = self.global_kv_heads
+        if self.global_head_dim is not None or self.global_kv_heads is not None:
+            changes |= {"global_head_dim": None, "global_kv_heads": None}
+        if self.k_eq_v == "global":
+            changes["k_eq_v"] = "all" if glob else "none"
+        if self.kv_shared_layers and not self.kv_reused and layer >= self.n_layers - self.kv_shared_layers:
+            changes |= {"kv_reused": True, "d_ff": self.d_ff * self.shared_ffn_factor, "shared_ffn_factor": 1}
+        return dataclasses.replace(self, **changes) if changes else self
 
     def _normalise_attention_settings(self, kind: AttentionKind) -> None:
         """None or a JSON object becomes the kind's settings (defaults where None)."""
@@ -884,9 +980,11 @@ class ArchConfig:
         return [i for i, m in enumerate(self.layer_mixers) if m == mixing]
 
     def kv_cache_bytes_per_token(self, bytes_per_element: int = 2) -> int:
-        """What the attention layers cache per token; a mixer's state does not grow with the sequence."""
-        layers = len(self.layers_mixed_by("attention"))
-        return layers * attention_kind(self.attention).cache_elements(self) * bytes_per_element if layers else 0
+        """What the attention layers cache per token, each with its own geometry (Gemma 4); a KV-shared layer
+        keeps none, and a mixer's state does not grow with the sequence."""
+        kind = attention_kind(self.attention)
+        layers = [i for i in self.layers_mixed_by("attention") if i < self.n_layers - self.kv_shared_layers]
+        return sum(kind.cache_elements(self.layer_config(i)) for i in layers) * bytes_per_element
 
     def state_bytes_per_sequence(self, bytes_per_element: int = 2) -> int:
         """The fixed state the mixer layers carry per sequence (`MixerKind.state_elements`), 0 without one."""
@@ -915,7 +1013,7 @@ class ArchConfig:
             if set(data[name]) == {everywhere}:
                 del data[name]
         for part, unstated in (("rope", ROPE_UNSTATED_WHEN_UNSET), ("rope_local", ROPE_UNSTATED_WHEN_UNSET),
-                               ("moe", MOE_UNSTATED_WHEN_UNSET)):
+                               ("moe", MOE_UNSTATED_WHEN_UNSET), ("norm", NORM_UNSTATED_WHEN_UNSET)):
             if data.get(part) is not None:
                 for name, unset in unstated.items():
                     if data[part][name] == unset:
@@ -954,9 +1052,15 @@ UNSTATED_WHEN_UNSET: dict[str, Any] = {"attn_sinks": False, "sink_form": "column
                                        "sub_norms": False, "output_vocab": None, "attn_temperature_form": "ministral3",
                                        "attention_chunk": None, "chunked_layers": (), "qk_l2_norm": False,
                                        "attn_output_gate": "none", "mixer": None, "mixer_settings": None,
-                                       "mixer_norm_placement": None}
+                                       "mixer_norm_placement": None, "residual_form": "plain", "glu_fp32": False,
+                                       "softcap_fp32": False,
+                                       # Gemma 4
+                                       "global_head_dim": None, "global_kv_heads": None, "k_eq_v": "none",
+                                       "v_norm": False, "kv_shared_layers": 0, "kv_reused": False,
+                                       "shared_ffn_factor": 1, "layer_scalar": False}
 ROPE_UNSTATED_WHEN_UNSET: dict[str, Any] = {"alpha": None, "reverse": False}
-MOE_UNSTATED_WHEN_UNSET: dict[str, Any] = {"weight_input": False, "sum_bias": False}
+MOE_UNSTATED_WHEN_UNSET: dict[str, Any] = {"weight_input": False, "sum_bias": False, "scale_after_sum": False}
+NORM_UNSTATED_WHEN_UNSET: dict[str, Any] = {"power": False}
 
 
 def _sub(kind: type, value: Any, name: str) -> Any:

@@ -25,6 +25,8 @@ class Context:
     positions: torch.Tensor | None = None  # (T,) or (B, T) the tokens' positions (RoPE); None: q_pos
     keys: torch.Tensor | None = None  # (B, S) bool, False on padding keys; None: no padding
     _memo: dict = field(default_factory=dict)
+    # Gemma 4's KV sharing: a source layer's K/V (cached ones first), by its index, for the layers that reuse them
+    shared_kv: dict = field(default_factory=dict)
 
     @classmethod
     def build(cls, past: int, T: int, dtype: torch.dtype, device: torch.device,
@@ -52,12 +54,15 @@ class Context:
         """The query scale of ArchConfig.attn_temperature_form, fp32, (T, 1), or (B, 1, T, 1) for per-row
         positions. "ministral3" (`get_llama_4_attn_scale`): 1 + beta * log(1 + floor(p / floor)) of each new
         token's position p. "llama4" (Llama4TextAttention): log1p(floor((p + 1.0) / floor)) * beta + 1.0 of its
-        index in the cache (transformers numbers it from the cache length, not the position ids)."""
+        index in the cache (transformers numbers it from the cache length, not the position ids). "beam"
+        (`compute_attention_scaling`): exp(beta * log1p((p + 1) / floor)) of its position id."""
         key = ("temperature", beta, floor, form)
         if key not in self._memo:
             positions = self.q_pos if self.positions is None or form == "llama4" else self.positions
             if form == "llama4":
                 scale = torch.log1p(torch.floor((positions.float() + 1.0) / floor)) * beta + 1.0
+            elif form == "beam":
+                scale = torch.exp(beta * torch.log1p((positions.float() + 1) / floor))
             else:
                 scale = 1 + beta * torch.log(1 + torch.floor(positions / floor))
             self._memo[key] = scale[:, None, :, None] if positions.dim() == 2 else scale[:, None]

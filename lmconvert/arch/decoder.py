@@ -70,15 +70,16 @@ class Decoder(nn.Module):
         self.embed_norm = Norm(cfg.d_model, cfg.norm) if cfg.embed_norm else None  # BLOOM
         self.rel_bias = (RelativeBias(cfg.relative_buckets, cfg.relative_max_distance, cfg.n_heads)
                          if "relative" in cfg.layer_positions else None)
-        rotaries: dict[int, Rotary] = {}  # one table per distinct RopeConfig, shared by its layers
+        rotaries: dict[tuple[int, int], Rotary] = {}  # one table per RopeConfig and head_dim, shared by its layers
         self.layers = nn.ModuleList()
         for i in range(cfg.n_layers):
             rope = cfg.rope_for(i)
             rotary = None
             if rope is not None:
-                if id(rope) not in rotaries:
-                    rotaries[id(rope)] = Rotary(rope, cfg.head_dim, cfg.max_positions)
-                rotary = rotaries[id(rope)]
+                head_dim = cfg.layer_config(i).head_dim  # Gemma 4: the global layers' own
+                if (id(rope), head_dim) not in rotaries:
+                    rotaries[id(rope), head_dim] = Rotary(rope, head_dim, cfg.max_positions)
+                rotary = rotaries[id(rope), head_dim]
             self.layers.append(Block(cfg, i, rotary, self.rel_bias))
         self.final_norm = Norm(cfg.d_model, cfg.norm) if cfg.final_norm else nn.Identity()
         self.head_transform = HeadTransform(cfg) if cfg.head_transform is not None else None
@@ -189,8 +190,9 @@ class Decoder(nn.Module):
         logits = self.lm_head(h) if self.lm_head is not None else F.linear(h, self.embed.weight)
         if cfg.logit_scale != 1.0:
             logits = logits * cfg.logit_scale
-        if cfg.final_softcap is not None:
-            logits = torch.tanh(logits / cfg.final_softcap) * cfg.final_softcap
+        if cfg.final_softcap is not None:  # Beam: on fp32 copies, the logits left fp32
+            logits = torch.tanh((logits.float() if cfg.softcap_fp32 else logits) / cfg.final_softcap) \
+                * cfg.final_softcap
         return logits
 
     def forward(self, ids: torch.Tensor, cache: KVCache | None = None, labels: torch.Tensor | None = None,

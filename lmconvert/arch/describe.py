@@ -24,7 +24,8 @@ BLOCK_FLAGS = (("residual_after_norm", "residual taken after the norm"),
                ("residual_fp32", "residual stream in fp32"), ("embed_norm", "embedding norm"),
                ("bias_separate", "linear biases added after the matmul"),
                ("mlp_fused", "gate and up as one fused output"),
-               ("conv1d_linears", "linears as Conv1D (addmm over weights held [in, out])"))
+               ("conv1d_linears", "linears as Conv1D (addmm over weights held [in, out])"),
+               ("layer_scalar", "layer scalar: each block's output times a learned scalar"))  # Gemma 4
 ALIBI_NAMES = {"distance": "slope x (k - q)", "bloom": "BLOOM's: slope x k, inside the score matmul",
                "mpt": "MPT's slopes, slope x (k - last k), in fp32",
                "falcon": "Falcon's: bf16 slope x k, added before the scaling and again with the mask"}
@@ -40,7 +41,9 @@ POSITION_NAMES = {"learned": "learned", "sinusoidal": "sinusoidal (sin/cos inter
 # ArchConfig.attn_temperature_form -> its card line (beta, floor)
 TEMPERATURE_LINES = {"ministral3": "attention temperature: q x (1 + {:g} log(1 + floor(pos / {})))",
                      "llama4": "attention temperature: q x (1 + {:g} log1p(floor((pos + 1) / {}))), in fp32, "
-                               "layers without positions only"}
+                               "layers without positions only",
+                     "beam": "attention temperature: q x exp({:g} log1p((pos + 1) / {})), in fp32, layers without "
+                             "positions only"}
 
 
 def _norm(n: NormConfig) -> str:
@@ -54,6 +57,8 @@ def _norm(n: NormConfig) -> str:
         parts.append("bias")
     if n.written_out:
         parts.append("mean/variance written out")
+    if n.power:  # Gemma 4
+        parts.append("1/sqrt as pow(-0.5)")
     parts.append("weight in fp32" if n.dtype_order == "scale_then_cast" else "weight after cast")
     return ", ".join(parts)
 
@@ -87,7 +92,8 @@ ROUTER_NAMES = {"softmax": "softmax then top-k", "sigmoid": "sigmoid then top-k"
                 "sigmoid_fp32": "sigmoid in fp32 then top-k", "logits": "top-k on logits, then sigmoid",
                 "topk_sigmoid_fp32": "top-k on logits then their sigmoids in fp32",
                 "sigmoid_fp32_sorted": "sigmoid in fp32 then sorted top-k",
-                "sigmoid_sorted": "sigmoid then sorted top-k (sum guarded by 1e-6)"}
+                "sigmoid_sorted": "sigmoid then sorted top-k (sum guarded by 1e-6)",
+                "sigmoid_grouped_sorted": "sigmoid then sorted top-k"}
 SHARED_NAMES = {"gated": "one shared expert, sigmoid-gated", "plain": "shared experts, ungated",
                 "averaged": "shared experts, averaged with the routed experts' sum"}
 
@@ -104,7 +110,7 @@ def _moe(cfg: ArchConfig, moe: MoeConfig) -> list[str]:
     if moe.selection_bias:
         router += ", selection bias"
     if moe.scale != 1.0:
-        router += f", scaled x{moe.scale:g}"
+        router += f", scaled x{moe.scale:g}" + (" (the weighted sum)" if moe.scale_after_sum else "")
     if moe.router_fp32:
         router += ", logits in fp32"
     if moe.sparsemixer_eps is not None:
@@ -228,6 +234,8 @@ def variants(cfg: ArchConfig) -> list[str]:
                    "KV cache keeps every token")
     if cfg.residual_scale != 1.0:
         out.append(f"residual scale: {cfg.residual_scale:g} (each sublayer's output)")
+    if cfg.residual_form == "depth_scaled":
+        out.append("residual: depth-scaled, add k: sublayer / sqrt(k) + h * sqrt((k - 1) / k)")
     kinds = cfg.layer_kinds
     if "local" in kinds:
         pattern = "".join("L" if k == "local" else "G" for k in kinds)
@@ -250,6 +258,7 @@ def variants(cfg: ArchConfig) -> list[str]:
         offset += ", numbered from the attention mask" if cfg.positions_from_mask else ""
         out.append(f"absolute positions: {POSITION_NAMES[cfg.absolute_positions]}{offset}")
     ffn = f"FFN: {(GATED_NAMES if cfg.gated else ACTIVATION_NAMES)[cfg.activation]}"
+    ffn += ", product in fp32" if cfg.glu_fp32 else ""
     if cfg.moe is None:
         out.append(f"{ffn}, d_ff {cfg.d_ff}")
     else:  # d_ff is the dense layers' width, and means nothing where every layer is a mixture
@@ -268,7 +277,7 @@ def variants(cfg: ArchConfig) -> list[str]:
     if cfg.output_vocab is not None:
         out.append(f"LM head: the first {cfg.output_vocab} of {cfg.vocab_size} ids")
     if cfg.final_softcap is not None:
-        out.append(f"final-logit soft-cap: {cfg.final_softcap:g}")
+        out.append(f"final-logit soft-cap: {cfg.final_softcap:g}" + (", in fp32" if cfg.softcap_fp32 else ""))
     if cfg.head_transform is not None:
         bias = ", with a bias" if cfg.head_transform_bias else ""
         out.append(f"LM-head transform: dense{bias}, {ACTIVATION_NAMES[cfg.head_transform]}, norm")

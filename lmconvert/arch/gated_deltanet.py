@@ -21,6 +21,7 @@ value_head_dim) in fp32, as transformers' cache keeps them.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 import torch
@@ -101,27 +102,37 @@ def chunk_gated_delta_rule(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g:
     return out.transpose(1, 2).to(dtype, memory_format=torch.contiguous_format), state
 
 
-def recurrent_gated_delta_rule(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor,
-                               state: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
-    """transformers' torch_recurrent_gated_delta_rule (with use_qk_l2norm_in_kernel), token by token;
-    the arguments and results of `chunk_gated_delta_rule`."""
-    dtype = q.dtype
-    B, T, _, Dk = k.shape
-    Hv, Dv = v.shape[-2:]
-    q, k, v, beta, decay = _prepare(q, k, v, g, beta)
-    q = q / (Dk ** 0.5)
+def delta_steps(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, decay: torch.Tensor, beta: torch.Tensor,
+                state: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+    """The delta rule token by token, the loop of transformers' torch_recurrent_gated_delta_rule and
+    recurrent_kimi_delta_attention: q, k (B, H, T, Dk) normed and q scaled, v (B, H, T, Dv), beta
+    (B, H, T), all in the rule's dtype; `decay` the log decay, one per head (B, H, T: gated delta-net)
+    or one per key channel (B, H, T, Dk: Kimi delta attention), applied to the state's rows as exp(decay).
+    Returns the output (B, H, T, Dv) and the final state (B, H, Dk, Dv)."""
+    B, H, T, Dk = k.shape
     if state is None:
-        state = torch.zeros((B, Hv, Dk, Dv), dtype=v.dtype, device=v.device)
+        state = torch.zeros((B, H, Dk, v.shape[-1]), dtype=v.dtype, device=v.device)
     else:
         state = state.to(v)
     out = torch.zeros_like(v)
     for i in range(T):
         q_t, k_t, v_t = q[:, :, i], k[:, :, i], v[:, :, i]
-        state = state * decay[:, :, i].exp()[..., None, None]
+        factor = decay[:, :, i].exp()
+        state = state * (factor[..., None, None] if factor.dim() == 2 else factor[..., None])
         kv_mem = (state * k_t.unsqueeze(-1)).sum(dim=-2)
         delta = (v_t - kv_mem) * beta[:, :, i].unsqueeze(-1)
         state = state + k_t.unsqueeze(-1) * delta.unsqueeze(-2)
         out[:, :, i] = (state * q_t.unsqueeze(-1)).sum(dim=-2)
+    return out, state
+
+
+def recurrent_gated_delta_rule(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor,
+                               state: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+    """transformers' torch_recurrent_gated_delta_rule (with use_qk_l2norm_in_kernel), token by token;
+    the arguments and results of `chunk_gated_delta_rule`."""
+    dtype, Dk = q.dtype, k.shape[-1]
+    q, k, v, beta, decay = _prepare(q, k, v, g, beta)
+    out, state = delta_steps(q / (Dk ** 0.5), k, v, decay, beta, state)
     return out.transpose(1, 2).contiguous().to(dtype), state
 
 
@@ -134,32 +145,59 @@ class GatedNorm(Norm):
         return (super().forward(x) * F.silu(gate.to(torch.float32))).to(x.dtype)
 
 
-class GatedDeltaNet(StateSpaceMixer):
+class DeltaRuleMixer(StateSpaceMixer):
+    """The frame the delta-rule mixers share (the gated delta-net, Kimi delta attention): padding
+    zeroed at the input, q | k | v through the causal conv with SiLU over the kept window, the chunked
+    rule for a multi-token forward and the recurrent one for one token after a cached state, the
+    recurrent state kept. A kind brings its own `project` (x -> q | k | v, the conv's input),
+    `split` (the conv's output -> q, k, v as (B, T, heads, dim)), `gates` (x -> g, beta), `output`
+    (the rule's output and x -> the layer's output) and its two rules."""
+
+    chunk_rule: Callable[..., tuple[torch.Tensor, torch.Tensor]]
+    recurrent_rule: Callable[..., tuple[torch.Tensor, torch.Tensor]]
+
+    def forward(self, x: torch.Tensor, ctx: Context, cache: KVCache | None) -> torch.Tensor:
+        T = x.shape[1]
+        x = zero_padding(x, padding_mask(ctx, T))
+        state = None if cache is None else cache.states[self.layer]
+        recurrent = None if state is None else state.get("recurrent")
+        qkv = causal_conv(self.project(x).transpose(1, 2), self.conv1d.weight, None, state).transpose(1, 2)
+        q, k, v = self.split(qkv)
+        g, beta = self.gates(x)
+        rule = self.recurrent_rule if recurrent is not None and T == 1 else self.chunk_rule
+        out, recurrent = rule(q, k, v, g, beta, recurrent)
+        if state is not None:
+            state["recurrent"] = recurrent
+        return self.output(out, x)
+
+
+class GatedDeltaNet(DeltaRuleMixer):
     """The gated delta-net mixer; its settings are `mixer_kinds.GatedDeltaNetSettings`."""
+
+    chunk_rule = staticmethod(chunk_gated_delta_rule)
+    recurrent_rule = staticmethod(recurrent_gated_delta_rule)
 
     def __init__(self, cfg: ArchConfig, parts: dict[str, Part], layer: int) -> None:
         super().__init__(cfg, parts, layer)
         self.norm.__class__ = GatedNorm  # the same weight, the gate taken in
 
-    def forward(self, x: torch.Tensor, ctx: Context, cache: KVCache | None) -> torch.Tensor:
-        s = self.s
-        B, T, _ = x.shape
-        x = zero_padding(x, padding_mask(ctx, T))
-        state = None if cache is None else cache.states[self.layer]
-        recurrent = None if state is None else state.get("recurrent")
-        qkv = causal_conv(self.in_proj_qkv(x).transpose(1, 2), self.conv1d.weight, None, state).transpose(1, 2)
+    def project(self, x: torch.Tensor) -> torch.Tensor:
+        return self.in_proj_qkv(x)
+
+    def split(self, qkv: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        s, (B, T, _) = self.s, qkv.shape
         q, k, v = torch.split(qkv, [s.key_dim, s.key_dim, s.value_dim], dim=-1)
-        q = q.reshape(B, T, -1, s.key_head_dim)
-        k = k.reshape(B, T, -1, s.key_head_dim)
-        v = v.reshape(B, T, -1, s.value_head_dim)
+        return (q.reshape(B, T, -1, s.key_head_dim), k.reshape(B, T, -1, s.key_head_dim),
+                v.reshape(B, T, -1, s.value_head_dim))
+
+    def gates(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         beta = self.in_proj_b(x).sigmoid()
-        if s.neg_eigval:
+        if self.s.neg_eigval:
             beta = beta * 2.0
-        g = -self.A_log.float().exp() * F.softplus(self.in_proj_a(x).float() + self.dt_bias)
-        rule = recurrent_gated_delta_rule if recurrent is not None and T == 1 else chunk_gated_delta_rule
-        out, recurrent = rule(q, k, v, g, beta, recurrent)
-        if state is not None:
-            state["recurrent"] = recurrent
+        return -self.A_log.float().exp() * F.softplus(self.in_proj_a(x).float() + self.dt_bias), beta
+
+    def output(self, out: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+        s, (B, T, _) = self.s, x.shape
         z = self.in_proj_z(x).reshape(-1, s.value_head_dim)
         out = self.norm(out.reshape(-1, s.value_head_dim), z)
         return self.out_proj(out.reshape(B, T, -1))

@@ -75,7 +75,8 @@ class LatentAttention(nn.Module):
         c_kv, k_rot = torch.split(self.kv_a(x), [C, R], dim=-1)  # (B, T, C), (B, T, R)
         c_kv = self.kv_a_norm(c_kv).view(B, 1, T, C)  # one latent "head": (B, 1, T, C)
         k_rot = k_rot.view(B, 1, T, R)  # one rotary key shared by all heads: (B, 1, T, R)
-        q_rot, k_rot = self._rotate(q_rot, k_rot, ctx)
+        if self.rotary is not None:  # layer_positions "none" (Kimi Linear's NoPE MLA): k_rot shared unrotated
+            q_rot, k_rot = self._rotate(q_rot, k_rot, ctx)
         if cache is not None:
             c_kv, k_rot = cache.update(self.layer, c_kv, k_rot)  # (B, 1, S, C), (B, 1, S, R)
         return q_nope, q_rot, c_kv, k_rot, q_resid

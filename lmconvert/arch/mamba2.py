@@ -18,6 +18,8 @@ conv output, as transformers' `apply_mask_to_padding_states`.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 import torch.nn.functional as F
 
@@ -120,18 +122,18 @@ def gated_norm(y: torch.Tensor, gate: torch.Tensor, weight: torch.Tensor, groups
 
 
 def falcon_h1_gated_norm(y: torch.Tensor, gate: torch.Tensor, weight: torch.Tensor, groups: int, eps: float,
-                         before_gate: bool) -> torch.Tensor:
+                         before_gate: bool, act: Callable[[torch.Tensor], torch.Tensor] = F.silu) -> torch.Tensor:
     """FalconH1RMSNormGated: the gate before the norm or after it, the weight applied in fp32, one cast
-    back at the end. y (b, T, dim)."""
+    back at the end. y (b, T, dim). `act` is the gate's activation (KimiLinearRMSNormGated: sigmoid)."""
     dtype = y.dtype
     if not before_gate:
-        y = y * F.silu(wide(gate))
+        y = y * act(wide(gate))
     batch, T, dim = y.shape
     h = wide(y).view(batch, T, groups, dim // groups)
     h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps)
     h = (weight.view(groups, dim // groups) * h).view(batch, T, dim)
     if before_gate:
-        h = h * F.silu(wide(gate))
+        h = h * act(wide(gate))
     return h.to(dtype)
 
 

@@ -445,3 +445,71 @@ register(MixerKind(
     state_elements=lambda cfg: cfg.mixer_settings.kernel * cfg.d_model,
     settings=ShortConvSettings,
 ))
+
+
+# ----------------------------------------------------------------------------- kimi_delta: Kimi Linear's KDA
+@dataclass(frozen=True)
+class KimiDeltaSettings:
+    """Kimi delta attention (Kimi Linear's `linear_attention` layers, `arch/kimi_delta.py`), in
+    KimiLinearConfig's names: `heads` linear_num_heads and `head_dim` linear_head_dim (q, k and v alike:
+    no grouping), `conv_kernel` linear_conv_kernel_dim (the depthwise causal conv over q | k | v),
+    `norm_eps` the gated output RMSNorm's eps (rms_norm_eps), `activation` the conv's (`hidden_act`;
+    SiLU only)."""
+
+    heads: int = 32
+    head_dim: int = 128
+    conv_kernel: int = 4
+    norm_eps: float = 1e-5
+    activation: str = "silu"
+
+    def __post_init__(self) -> None:
+        for name in ("heads", "head_dim", "conv_kernel"):
+            _setting_count(name, getattr(self, name))
+        _setting_number("norm_eps", self.norm_eps, positive=True)
+        _setting_choice("activation", self.activation, ("silu",))
+
+    @property
+    def dim(self) -> int:  # each of q, k, v
+        return self.heads * self.head_dim
+
+
+def _kimi_delta_parts(cfg: ArchConfig) -> dict[str, Part]:
+    """KimiLinearDeltaAttention's names and order: q_proj, k_proj, v_proj; conv1d over [q | k | v]
+    (the checkpoints' q_conv1d, k_conv1d, v_conv1d stacked); the forget gate's dt_bias (one per key
+    channel) and A_log (one per head), its low-rank f_a_proj, f_b_proj; beta's b_proj; the output
+    gate's low-rank g_a_proj, g_b_proj; the gated RMSNorm's weight over one head; o_proj. No biases."""
+    s, d = cfg.mixer_settings, cfg.d_model
+    return {"q_proj": LinearPart(d, s.dim), "k_proj": LinearPart(d, s.dim), "v_proj": LinearPart(d, s.dim),
+            "conv1d": ConvPart(3 * s.dim, s.conv_kernel),
+            "forget_gate.dt_bias": ParamPart((s.dim,)), "forget_gate.A_log": ParamPart((s.heads,)),
+            "forget_gate.f_a_proj": LinearPart(d, s.head_dim), "forget_gate.f_b_proj": LinearPart(s.head_dim, s.dim),
+            "b_proj": LinearPart(d, s.heads), "g_a_proj": LinearPart(d, s.head_dim),
+            "g_b_proj": LinearPart(s.head_dim, s.dim), "o_norm.weight": ParamPart((s.head_dim,)),
+            "o_proj": LinearPart(s.dim, d)}
+
+
+def _kimi_delta_state(cfg: ArchConfig) -> int:
+    """The conv window and the fp32 recurrent state, a head_dim x head_dim matrix per head."""
+    s = cfg.mixer_settings
+    return 3 * s.dim * s.conv_kernel + s.heads * s.head_dim * s.head_dim
+
+
+def _kimi_delta_describe(cfg: ArchConfig) -> list[str]:
+    s = cfg.mixer_settings
+    return [f"mixer: Kimi delta attention, {s.heads} heads x {s.head_dim}, conv {s.conv_kernel} on q|k|v, "
+            "q and k L2-normed",
+            "Kimi delta attention: decay per key channel exp(-exp(A_log) softplus(f_b(f_a(x)) + dt_bias)), beta "
+            "sigmoid(b); chunks of 64 in prefill, token by token in decoding; output RMSNorm per head "
+            f"(eps={s.norm_eps:g}, weight in fp32) times sigmoid(g_b(g_a(x)))",
+            f"Kimi delta attention state: {_kimi_delta_state(cfg)} entries per sequence and layer (conv {3 * s.dim} "
+            f"x {s.conv_kernel}, recurrent {s.heads} x {s.head_dim} x {s.head_dim}, fp32)"]
+
+
+register(MixerKind(
+    name="kimi_delta",
+    module=f"{__package__}.kimi_delta:KimiDeltaAttention",
+    parts=_kimi_delta_parts,
+    describe=_kimi_delta_describe,
+    state_elements=_kimi_delta_state,
+    settings=KimiDeltaSettings,
+))

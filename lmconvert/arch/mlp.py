@@ -35,6 +35,7 @@ class MLP(nn.Module):
         self.sub_norm = Norm(d_ff, cfg.norm) if cfg.sub_norms else None
         # a plain function, or (xIELU) a module with the layer's own parameters, registered last
         self.act = PARAMETRIC[cfg.activation]() if cfg.activation in PARAMETRIC else ACTIVATIONS[cfg.activation]
+        self.glu_fp32 = cfg.glu_fp32  # Beam: act(gate) * up from fp32 copies, cast back
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.gate is None:
@@ -42,6 +43,9 @@ class MLP(nn.Module):
         elif self.fused:  # ArchConfig.mlp_fused (ModernBERT's Wi): the activation on the strided half of one output
             gate, up = torch.cat([self.gate(x), self.up(x)], dim=-1).chunk(2, dim=-1)
             h = self.act(gate) * up
+        elif self.glu_fp32:
+            gate = self.gate(x)
+            h = (self.act(gate.float()) * self.up(x).float()).to(gate.dtype)
         else:
             h = self.act(self.gate(x)) * self.up(x)
         return self.down(h if self.sub_norm is None else self.sub_norm(h))

@@ -58,7 +58,7 @@ class Router(nn.Linear):
                 weights = weights / torch.clamp(norm, min=moe.norm_min)
             else:
                 weights /= norm + EPS[moe.router]
-        if moe.scale != 1.0:
+        if moe.scale != 1.0 and not moe.scale_after_sum:
             weights = weights * moe.scale
         if not moe.weights_fp32:  # to the activation dtype, which fp32 logits are not (ERNIE 4.5)
             weights = weights.to(h.dtype)
@@ -83,7 +83,8 @@ def _softmax(router: Router, logits: torch.Tensor) -> tuple[torch.Tensor, torch.
 def _sigmoid(router: Router, logits: torch.Tensor, ordered: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
     """DeepSeek-V3: experts chosen on sigmoid scores plus the selection bias, within the groups
     whose best two such scores sum highest; weighted by the unbiased scores. `ordered` (LFM2-MoE's
-    `Lfm2MoeTopKRouter`, no groups): a sorted top-k, the order each token's experts are summed in."""
+    `Lfm2MoeTopKRouter`, no groups; Beam's `BeamTopKRouter`, "sigmoid_grouped_sorted", with DeepSeek-V3's groups
+    and guard): a sorted top-k, the order each token's experts are summed in."""
     moe = router.moe
     scores = logits.sigmoid()
     choice = scores if router.selection_bias is None else scores + router.selection_bias
@@ -171,17 +172,19 @@ def _logits(router: Router, logits: torch.Tensor) -> tuple[torch.Tensor, torch.T
 SCORES = {"softmax": _softmax, "sigmoid": _sigmoid, "sparsemixer": _sparsemixer, "topk_softmax": _topk_softmax,
           "topk_sigmoid": _topk_sigmoid, "sigmoid_fp32": _sigmoid_fp32, "logits": _logits,
           "topk_sigmoid_fp32": _topk_sigmoid_fp32, "sigmoid_fp32_sorted": partial(_sigmoid_fp32, ordered=True),
-          "sigmoid_sorted": partial(_sigmoid, ordered=True)}
+          "sigmoid_sorted": partial(_sigmoid, ordered=True), "sigmoid_grouped_sorted": partial(_sigmoid, ordered=True)}
 # DeepSeek-V3 and AFMoE guard their renormalisation, LFM2-MoE by 1e-6; the others do not (SparseMixer does not
 # renormalise)
 EPS = {"softmax": 0.0, "sigmoid": 1e-20, "sparsemixer": 0.0, "topk_softmax": 0.0, "topk_sigmoid": 0.0,
        "sigmoid_fp32": 0.0, "logits": 0.0, "topk_sigmoid_fp32": 0.0, "sigmoid_fp32_sorted": 1e-20,
-       "sigmoid_sorted": 1e-6}
+       "sigmoid_sorted": 1e-6, "sigmoid_grouped_sorted": 1e-20}
 
 
 def _halves(expert: Expert, gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
     """transformers' default `_apply_gate`: act(gate) * up over the two halves of one [gate | up] output."""
     gate, up = torch.cat([gate, up], dim=-1).chunk(2, dim=-1)
+    if expert.glu_fp32:  # Beam's _apply_gate: from fp32 copies of the halves, cast back
+        return (expert.act(gate.float()) * up.float()).to(gate.dtype)
     return expert.act(gate) * up
 
 
@@ -324,6 +327,8 @@ class MoE(nn.Module):
         logits, weights, chosen = self.router(h)
         self.router_logits = logits if self.router.moe.aux_loss else None  # for balance_loss
         out = self.experts(h, weights, chosen)
+        if self.router.moe.scale_after_sum:  # Beam: the weighted sum times routed_scaling_factor
+            out = out * self.router.moe.scale
         if self.shared is not None:
             shared = self.shared(h)
             if self.shared_gate is not None:

@@ -18,6 +18,11 @@ def _rms(x: torch.Tensor, eps: float) -> torch.Tensor:
     return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps)
 
 
+def _rms_power(x: torch.Tensor, eps: float) -> torch.Tensor:
+    """Gemma 4's RMSNorm: `x * torch.pow(mean(x^2) + eps, -0.5)` (`NormConfig.power`), not rsqrt."""
+    return x * torch.pow(x.pow(2).mean(-1, keepdim=True) + eps, -0.5)
+
+
 def _layer(x: torch.Tensor, eps: float) -> torch.Tensor:
     return F.layer_norm(x, x.shape[-1:], eps=eps)
 
@@ -43,7 +48,7 @@ class Norm(nn.Module):
     def __init__(self, dim: int | tuple[int, ...], cfg: NormConfig) -> None:
         super().__init__()
         self.cfg = cfg
-        self.normalise = _layer_written_out if cfg.written_out else STATISTICS[cfg.kind]
+        self.normalise = _layer_written_out if cfg.written_out else _rms_power if cfg.power else STATISTICS[cfg.kind]
         init = 1.0 - cfg.weight_offset
         shape = (dim,) if isinstance(dim, int) else tuple(dim)  # a tuple: weights per leading index
         self.weight = nn.Parameter(torch.full(shape, init)) if cfg.weight else None

@@ -97,6 +97,15 @@ def _longrope(cfg: RopeConfig, dim: int, seq_len: int, max_positions: int) -> In
     return 1.0 / (ext * cfg.theta ** shape), cfg.longrope_attention_factor()
 
 
+def _proportional(cfg: RopeConfig, dim: int, seq_len: int, max_positions: int) -> InvFreq:
+    """Gemma 4's "proportional" RoPE over the whole head (`dim`): the first int(fraction * dim // 2)
+    frequencies as the base's over `dim`, the rest 0 (those pairs stay as they are), all divided by factor."""
+    angles = int(cfg.fraction * dim // 2)
+    rotated = 1.0 / (cfg.theta ** (torch.arange(0, 2 * angles, 2, dtype=torch.int64).to(torch.float) / dim))
+    inv_freq = torch.cat((rotated, torch.zeros(dim // 2 - angles, dtype=torch.float32)))
+    return inv_freq / cfg.factor, 1.0
+
+
 SCALINGS: dict[str, Callable[[RopeConfig, int, int, int], InvFreq]] = {
     "none": _none,
     "linear": _linear,
@@ -105,6 +114,7 @@ SCALINGS: dict[str, Callable[[RopeConfig, int, int, int], InvFreq]] = {
     "llama3": _llama3,
     "longrope": _longrope,
     "ntk_alpha": _ntk_alpha,
+    "proportional": _proportional,
 }
 
 

@@ -101,14 +101,15 @@ def _ffn(cfg: ArchConfig, layer: int, name: str) -> Shapes:
 
 def _block(cfg: ArchConfig, layer: int, name: str) -> Shapes:
     filled, norm = norm_slots(cfg, layer), NormPart(cfg.d_model, cfg.norm)
-    shapes: Shapes = {}
+    # Gemma 4's scalar: the block's own parameter, so first in its state_dict
+    shapes: Shapes = {f"{name}.scalar": (1,)} if cfg.layer_scalar else {}
     for slot in SLOTS:
         if slot in filled:
             shapes.update(norm.shapes(f"{name}.{slot}"))
     module, parts = mixer_parts(cfg, layer)  # its kind's parts, the very ones its module attaches
     shapes.update(part_shapes(parts, f"{name}.{module}"))
-    if cfg.layer_ffns[layer] == "ffn":
-        shapes.update(_ffn(cfg, layer, f"{name}.mlp"))
+    if cfg.layer_ffns[layer] == "ffn":  # its own width (Gemma 4's shared layers)
+        shapes.update(_ffn(cfg.layer_config(layer), layer, f"{name}.mlp"))
     return shapes
 
 

@@ -135,7 +135,8 @@ def main(debug: bool) -> None:
                    "[default: gguf when OUT ends in .gguf, else canonical].")
 @click.option("--family", help="With --to hf or gguf: write as this family (default: the source's).")
 @click.option("--quant", help="With --to gguf: the tensor type, f32, f16, bf16, q8_0, q4_0, q4_1, q5_0, q5_1, "
-                              "tq1_0, tq2_0 or mxfp4 (1-D tensors stay f32) [default: q8_0].")
+                              "tq1_0, tq2_0, mxfp4, or a K-quant q2_k, q3_k, q4_k, q5_k, q6_k (1-D tensors stay f32) "
+                              "[default: q8_0].")
 @click.option("--gguf-pre", help="With --to gguf: llama.cpp's name for a BPE tokenizer's pre-tokenizer, when "
                                  "llama.cpp's converter would not recognise it (e.g. gpt-2, llama-bpe, qwen2).")
 @click.option("--shards", type=click.IntRange(min=1), help="With --to meta: model-parallel ranks [default: 1].")

@@ -24,6 +24,7 @@ from lmconvert.formats.atomic import atomic_directory, atomic_file, check_output
 from lmconvert.formats.checkpoint import Checkpoint, opened
 from lmconvert.formats.digest import FiniteCheck
 from lmconvert.formats.errors import InputError
+from lmconvert.formats.gguf_quant_mix import MIXES, QuantModel, file_type, mix_types, pure_types
 from lmconvert.formats.gguf_tokenizer import tokenizer_values
 from lmconvert.formats.gguf_writer import (
     DEFAULT_QUANT,
@@ -37,6 +38,7 @@ from lmconvert.formats.gguf_writer import (
     write_gguf,
     written_by_lmconvert,
 )
+from lmconvert.formats.kquants import ENCODERS as K_TYPES
 from lmconvert.formats.quantized import KeptWeight, kept_digests, kept_weights
 from lmconvert.mappings import MappingError, family_for, family_named
 from lmconvert.mappings.family import tensor_sizes as family_tensor_sizes
@@ -171,6 +173,21 @@ def _ggml_mxfp4(blocks: Any, scales: Any) -> Any:  # noqa: ANN401 - tensors
     return mxfp4.ggml_blocks(blocks(), scales())
 
 
+def _written_types(kind: str, mix: str | None, model: GgufModel,
+                   written: list[tuple[str, tuple[int, ...]]]) -> dict[str, str]:
+    """Each tensor's GGML type. A mix, or a K type (which only llama-quantize writes, with --pure),
+    as llama-quantize chooses them from the float32 file of these tensors and metadata (every tensor
+    counts: its extras too); any other type as llama.cpp's converter writes it (`forced_type`, 1-D
+    tensors in F32, a row the blocks do not divide in F16)."""
+    if mix is None and kind not in K_TYPES:
+        return {name: tensor_type(shape, forced_type(name, kind) or kind) for name, shape in written}
+    extra = [(name, tuple(t.shape)) for name, t in model.extra.items()]
+    listing = [(name, shape, "F32") for name, shape in [*written, *extra]]
+    quant = QuantModel.from_metadata(model.arch, model.values)
+    chosen = mix_types(mix, quant, listing) if mix else pure_types(kind, quant, listing)
+    return {name: chosen_type for (name, _, _), chosen_type in zip(listing, chosen, strict=True)}
+
+
 def to_gguf(src: Path | Checkpoint, out: Path, family: str | None = None, quant: str = DEFAULT_QUANT,
             gguf_pre: str | None = None, force: bool = False, progress: Progress | None = None,
             allow_nonfinite: bool = False, max_shard_bytes: int | None = None, record_source: bool = False,
@@ -183,6 +200,7 @@ def to_gguf(src: Path | Checkpoint, out: Path, family: str | None = None, quant:
     source is recorded (`lmconvert.source`, for `verify OUT.gguf`) as its Hub repo and revision when
     it was pulled; a local path only with `record_source`: users share these files."""
     kind = parse_quant(quant)
+    mix = quant.lower() if quant.lower() in MIXES else None
     with opened(src) as ckpt, ExitStack() as stack:
         export = export_source(ckpt, "gguf")
         meta, names = export.meta, export.tensors.names()
@@ -231,6 +249,8 @@ def to_gguf(src: Path | Checkpoint, out: Path, family: str | None = None, quant:
                                else kept_digests(None if export.direct else meta.tensors, reader, meta.hash),
                                meta.hash)
         by_name = {p.name: p for p in planned}
+        types = _written_types(kind, mix, model, [(p.name, p.shape) for p in planned
+                                                  if p.name not in whole and p.name not in skipped])
         tensors = []
         for p in planned:
             if p.name in whole:  # an MXFP4 weight's blocks, its scales beside them
@@ -241,7 +261,7 @@ def to_gguf(src: Path | Checkpoint, out: Path, family: str | None = None, quant:
                 continue
             if p.name in skipped:
                 continue
-            written_as = tensor_type(p.shape, forced_type(p.name, kind) or kind)
+            written_as = types[p.name]
             src_name = plan[p.name][0]
             first = src_name[0] if isinstance(src_name, tuple) else src_name
             check = None if allow_nonfinite else FiniteCheck(first, export.tensors.where(first), written_as,
@@ -250,7 +270,7 @@ def to_gguf(src: Path | Checkpoint, out: Path, family: str | None = None, quant:
         tensors += [GgufTensor(name, tuple(t.shape), "F32", lambda t=t: t) for name, t in model.extra.items()]
         tokens = tokenizer["tokenizer.ggml.tokens"].value if "tokenizer.ggml.tokens" in tokenizer else []
         values = {**model.values, **tokenizer, **family_tokens(model.entry, config, tokens, tokenizer),
-                  "general.file_type": FILE_TYPES[kind],
+                  "general.file_type": file_type(mix) if mix else FILE_TYPES[kind],
                   "general.quantization_version": 2, WRITTEN_BY: "lmconvert"}
         recorded = source_record(meta.source, record_source)
         if recorded:

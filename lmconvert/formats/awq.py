@@ -61,7 +61,11 @@ class AwqRecipe:
 def recipe(quant: Mapping[str, Any], config_file: Path | str) -> AwqRecipe:
     """config.json's `quantization_config` of an AWQ checkpoint; an option or value not handled is
     refused by name."""
-    where = f"{config_file}: quantization_config"
+    return read(quant, f"{config_file}: quantization_config")
+
+
+def read(quant: Mapping[str, Any], where: str) -> AwqRecipe:
+    """`recipe`, `where` naming quantization_config in messages."""
     check_options(quant, where, HANDLED, (*FREE, *INERT))
     packings = {str(quant[k]).lower() for k in ("version", "format") if k in quant}
     if len(packings) > 1:

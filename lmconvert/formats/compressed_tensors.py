@@ -183,7 +183,11 @@ def _scheme(group: str, scheme: Any, top_format: str, where: str) -> Scheme:
 def recipe(quant: Mapping[str, Any], config_file: Path | str) -> CtRecipe:
     """config.json's `quantization_config` of a compressed-tensors checkpoint; an option or value not
     handled is refused by name."""
-    where = f"{config_file}: quantization_config"
+    return read(quant, f"{config_file}: quantization_config")
+
+
+def read(quant: Mapping[str, Any], where: str) -> CtRecipe:
+    """`recipe`, `where` naming quantization_config in messages."""
     check_options(quant, where, HANDLED, INERT)
     top = quant.get("format", "dense")
     if top not in HANDLED["format"]:

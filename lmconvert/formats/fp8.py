@@ -23,7 +23,8 @@ from typing import TYPE_CHECKING, Any
 
 from .dtypes import DTYPES
 from .errors import InputError
-from .quant_scheme import Recipe, Scheme, check_options, finite_float
+from .quant_scheme import Recipe, Scheme, finite_float
+from .quantized_linear import check_options
 from .source import TensorReader, dtype_name
 
 if TYPE_CHECKING:
@@ -134,12 +135,12 @@ def _blocks_type(settings: dict[str, Any]) -> str:
 
 
 FP8 = Scheme("fp8", parts={"weight": "", "scale": "_scale_inv"}, anchor="scale", check=check_blocks,
-             dequantize=lambda t, _: dequantize(t["weight"], t["scale"]), stored_type=_blocks_type,
+             dequantize=lambda t, *_: dequantize(t["weight"], t["scale"]), stored_type=_blocks_type,
              finite={"scale": finite_float}, quantized_dtypes=("F8_E4M3",))
 
 
 def read_fp8(where: str, quant: dict[str, Any]) -> Recipe:
-    check_options(where, quant, OPTIONS, IGNORED)
+    check_options(quant, where, OPTIONS, IGNORED)
     block = quant.get("weight_block_size")
     if block is not None and (not isinstance(block, list) or len(block) != 2
                               or not all(isinstance(b, int) and not isinstance(b, bool) and b > 0 for b in block)):
@@ -172,13 +173,13 @@ def dequantize_rows(quantized: torch.Tensor, scales: torch.Tensor) -> torch.Tens
 
 
 FBGEMM = Scheme("fbgemm_fp8", parts={"weight": "", "scale": "_scale"}, anchor="scale", check=check_rows,
-                dequantize=lambda t, _: dequantize_rows(t["weight"], t["scale"]),
+                dequantize=lambda t, *_: dequantize_rows(t["weight"], t["scale"]),
                 stored_type=lambda _: "float8_e4m3fn, per-row scale", finite={"scale": finite_float},
                 quantized_dtypes=("F8_E4M3",), own_dims={"weight": 1, "scale": 1})
 
 
 def read_fbgemm(where: str, quant: dict[str, Any]) -> Recipe:
-    check_options(where, quant, {}, FBGEMM_IGNORED)
+    check_options(quant, where, {}, FBGEMM_IGNORED)
     bound = quant.get("activation_scale_ub", 1200.0)
     if not isinstance(bound, int | float) or isinstance(bound, bool):
         raise InputError(f"{where}.activation_scale_ub {bound!r} is not a number; fix config.json")

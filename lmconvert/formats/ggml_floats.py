@@ -28,6 +28,11 @@ FLOAT_FIELDS: dict[str, tuple[tuple[int, type, int], ...]] = {
     "TQ1_0": ((52, *_F16),),  # 52 bytes of trits, then d
     "TQ2_0": ((64, *_F16),),  # 64 bytes of 2-bit values, then d
     "MXFP4": ((0, np.uint8, 0xFF),),  # an E8M0 exponent, whose all-ones is NaN
+    "Q2_K": ((80, *_F16), (82, *_F16)),  # 16 scale bytes and 64 of 2-bit values, then d, dmin
+    "Q3_K": ((108, *_F16),),  # high bits, 2-bit values, 12 scale bytes, then d
+    "Q4_K": ((0, *_F16), (2, *_F16)),  # d, dmin, then 12 scale bytes and the nibbles
+    "Q5_K": ((0, *_F16), (2, *_F16)),  # d, dmin, then scales, high bits, nibbles
+    "Q6_K": ((208, *_F16),),  # low and high bits, 16 int8 scales, then d
 }
 
 

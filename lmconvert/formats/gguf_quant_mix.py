@@ -273,6 +273,14 @@ def _choose(mix: str, model: QuantModel, state: _Counters, name: str, shape: Seq
     return _fallback(new, ncols)
 
 
+def pure_types(kind: str, model: QuantModel, tensors: Sequence[tuple[str, Sequence[int], str]]) -> list[str]:
+    """`llama-quantize --pure` to `kind`: each tensor it may quantize (tensor_allows_quantization) in
+    that type, or its fallback where the row length does not divide into its blocks; the others keep
+    their type in the float file. The same tensors as `mix_types` takes."""
+    return [_fallback(kind, shape[-1]) if allows_quantization(model.arch, name, shape) else base
+            for name, shape, base in tensors]
+
+
 def mix_types(mix: str, model: QuantModel, tensors: Sequence[tuple[str, Sequence[int], str]]) -> list[str]:
     """The GGML type name of each (GGUF name, shape in torch order, type in the float file) under the
     mix `mix` (a MIXES key), in the order given: what `llama-quantize` writes for each tensor of a
@@ -291,4 +299,5 @@ def mix_types(mix: str, model: QuantModel, tensors: Sequence[tuple[str, Sequence
     return [chosen[name] for name in names]
 
 
-__all__ = ["MIXES", "QuantModel", "allows_quantization", "category", "file_type", "mix_types", "use_more_bits"]
+__all__ = ["MIXES", "QuantModel", "allows_quantization", "category", "file_type", "mix_types", "pure_types",
+           "use_more_bits"]

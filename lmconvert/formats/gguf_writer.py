@@ -20,16 +20,21 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from . import kquants
 from .digest import FiniteCheck
 from .errors import InputError
 from .ggml_floats import chunk_bytes, nonfinite
+from .gguf_quant_mix import FALLBACK as K_FALLBACK  # llama-quantize's type where a K type's 256-blocks do not fit
+from .gguf_quant_mix import MIXES
 
 if TYPE_CHECKING:
     import torch
 
-# --quant names -> GGML type names: the float types and every type `gguf.quants` can quantize
+# --quant names -> GGML type names: the float types, every type `gguf.quants` can quantize, and
+# llama.cpp's K-quants (kquants.py)
 QUANTS = {"f32": "F32", "f16": "F16", "bf16": "BF16", "q8_0": "Q8_0", "q4_0": "Q4_0", "q4_1": "Q4_1",
-          "q5_0": "Q5_0", "q5_1": "Q5_1", "tq1_0": "TQ1_0", "tq2_0": "TQ2_0", "mxfp4": "MXFP4"}
+          "q5_0": "Q5_0", "q5_1": "Q5_1", "tq1_0": "TQ1_0", "tq2_0": "TQ2_0", "mxfp4": "MXFP4",
+          "q2_k": "Q2_K", "q3_k": "Q3_K", "q4_k": "Q4_K", "q5_k": "Q5_K", "q6_k": "Q6_K"}
 DEFAULT_QUANT = "q8_0"  # for sharing; f16/bf16 are lossless for half-precision weights, f32 for any
 CHUNK_BYTES = 32 << 20  # float32 rows encoded at a time, by each of ENCODERS threads
 ENCODERS = max(1, min(4, os.cpu_count() or 1))
@@ -38,12 +43,19 @@ HUB_SCHEME = "hf://"  # a recorded source on the Hub: hf://REPO@SHA
 SOURCE_KEY = "lmconvert.source"  # the checkpoint the export came from (verify's reference where transformers
 #   cannot read the GGUF)
 FILE_TYPES = {"F32": 0, "F16": 1, "Q4_0": 2, "Q4_1": 3, "Q8_0": 7, "Q5_0": 8, "Q5_1": 9, "BF16": 32,
-              "TQ1_0": 36, "TQ2_0": 37, "MXFP4": 38}  # llama.cpp's `general.file_type` (LlamaFileType)
+              "TQ1_0": 36, "TQ2_0": 37, "MXFP4": 38,  # llama.cpp's `general.file_type` (LlamaFileType);
+              # a K type alone: what `llama-quantize --pure` writes for Q2_K, Q3_K_S, Q4_K_S, Q5_K_S, Q6_K
+              "Q2_K": 10, "Q3_K": 11, "Q4_K": 14, "Q5_K": 16, "Q6_K": 18}
 
 
 def parse_quant(name: str) -> str:
+    """The GGML type a --quant names; for one of llama.cpp's mixes (q4_k_m...), the mix's main type
+    (`gguf_quant_mix.MIXES`; the tensors' own types are chosen as llama-quantize chooses them)."""
+    if name.lower() in MIXES:
+        return MIXES[name.lower()][1]
     if name.lower() not in QUANTS:
-        raise InputError(f"--quant {name!r}: not a GGUF type lmconvert writes; choose one of {', '.join(QUANTS)}")
+        raise InputError(f"--quant {name!r}: not a GGUF type lmconvert writes; choose one of "
+                         f"{', '.join([*QUANTS, *MIXES])}")
     return QUANTS[name.lower()]
 
 
@@ -62,13 +74,16 @@ class GgufTensor:
 
 def tensor_type(shape: Sequence[int], wanted: str) -> str:
     """The type a tensor is stored in: llama.cpp keeps 1-D tensors (norms, biases) in F32, and a
-    row length the type's blocks do not divide falls back to F16, as llama.cpp's converter does."""
+    row length the type's blocks do not divide falls back to F16, as llama.cpp's converter does
+    (to K_FALLBACK's type first for a K type, as llama-quantize does)."""
     import gguf
 
     if len(shape) < 2:
         return "F32"
-    block, _ = gguf.GGML_QUANT_SIZES[gguf.GGMLQuantizationType[wanted]]
-    return wanted if shape[-1] % block == 0 else "F16"
+    for kind in (wanted, K_FALLBACK.get(wanted)):
+        if kind is not None and shape[-1] % gguf.GGML_QUANT_SIZES[gguf.GGMLQuantizationType[kind]][0] == 0:
+            return kind
+    return "F16"
 
 
 def _encode(tensor: torch.Tensor, kind: str) -> np.ndarray:
@@ -81,6 +96,8 @@ def _encode(tensor: torch.Tensor, kind: str) -> np.ndarray:
         return tensor.to(torch.float16).contiguous().numpy()
     if kind == "BF16":  # gguf's own BF16 rounds as torch does; torch's cast is the source of truth here
         return tensor.to(torch.bfloat16).contiguous().view(torch.uint16).numpy().view(np.uint8)
+    if kind in kquants.ENCODERS:
+        return kquants.quantize(tensor.to(torch.float32).contiguous().numpy(), kind)
     with np.errstate(over="ignore", invalid="ignore"):  # a scale float16 cannot hold: the written check says so
         return gguf.quants.quantize(tensor.to(torch.float32).contiguous().numpy(), gguf.GGMLQuantizationType[kind])
 

@@ -89,7 +89,11 @@ class GptqRecipe:
 def recipe(quant: Mapping[str, Any], config_file: Path | str) -> GptqRecipe:
     """config.json's `quantization_config` of a GPTQ checkpoint; an option or value not handled is
     refused by name."""
-    where = f"{config_file}: quantization_config"
+    return read(quant, f"{config_file}: quantization_config")
+
+
+def read(quant: Mapping[str, Any], where: str) -> GptqRecipe:
+    """`recipe`, `where` naming quantization_config in messages."""
     check_options(quant, where, HANDLED, (*FREE, *INERT))
     formats = {quant[k] for k in ("checkpoint_format", "format") if k in quant}
     if len(formats) > 1:

@@ -24,7 +24,8 @@ from typing import TYPE_CHECKING, Any
 
 from .dtypes import DTYPES
 from .errors import InputError
-from .quant_scheme import Recipe, Scheme, check_options
+from .quant_scheme import Recipe, Scheme
+from .quantized_linear import check_options
 from .source import TensorReader, dtype_name
 
 if TYPE_CHECKING:
@@ -72,13 +73,13 @@ def usable(scales: torch.Tensor) -> bool:
 
 
 MXFP4 = Scheme("mxfp4", parts={"blocks": "_blocks", "scales": "_scales"}, anchor="scales", check=check,
-               dequantize=lambda t, _: dequantize(t["blocks"], t["scales"]),
+               dequantize=lambda t, *_: dequantize(t["blocks"], t["scales"]),
                stored_type=lambda _: "MXFP4 (E2M1, E8M0 per 32)", finite={"scales": usable},
                quantized_dtypes=(), own_dims={"blocks": 2, "scales": 1}, transposed=True)
 
 
 def read_mxfp4(where: str, quant: dict[str, Any]) -> Recipe:
-    check_options(where, quant, {}, IGNORED)
+    check_options(quant, where, {}, IGNORED)
     return Recipe("mxfp4", MXFP4, {}, quant)
 
 

@@ -1,13 +1,13 @@
-"""The parts of the quantization table (`quantized.py`) that each scheme module (fp8.py, mxfp4.py)
-fills in: what a scheme is, what a checkpoint's recipe holds, and the checks they share."""
+"""The parts of the quantization table (`quantized.py`) that each scheme module (fp8.py, mxfp4.py,
+linear_schemes.py) fills in: what a scheme is, what a checkpoint's recipe holds,
+and the checks they share."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from .errors import InputError
 from .source import TensorReader
 
 if TYPE_CHECKING:
@@ -16,12 +16,15 @@ if TYPE_CHECKING:
 
 @dataclass(frozen=True)
 class Scheme:
-    """One way of storing a quantized weight. `parts`: role -> suffix of the stored tensor beside the
-    weight's name ("" is the weight's own name); `anchor` is the role whose presence makes a weight
-    quantized. `check(reader, weight, parts, settings)` refuses, from the headers only, parts that
-    do not fit together and returns the weight's shape; `dequantize({role: tensor}, settings)` is
-    the float32 weight, as transformers computes it on CPU; `finite` are the roles read as scales
-    that must be finite (`finite_check` per role: the tensor -> whether every value is usable).
+    """One way of storing a quantized weight. `parts`: role -> suffix of the stored tensor, put in
+    place of `replaces` at the end of the weight's name ("" is the weight's own name; GPTQ's
+    `replaces` ".weight" and part ".qweight": `X.weight` is stored as `X.qweight`, no `X.weight` at
+    all); `anchor` is the role whose presence makes a weight quantized, `optional` the roles that may
+    be absent (GPTQ's `g_idx`; `check` says when one must be there). `check(reader, weight, parts,
+    settings)` refuses, from the headers only, parts that do not fit together and returns the
+    weight's shape; `dequantize({role: tensor}, settings, weight, where)` is the float32 weight as
+    transformers computes it on CPU (`where`: the anchor's file, for messages); `finite` are the
+    roles read as scales that must be finite (per role: the tensor -> whether every value is usable).
 
     `own_dims` (role -> how many trailing dimensions each part holds per row of the weight), where
     every part has one row per row of the weight: such parts move with the rows when a family's
@@ -36,16 +39,22 @@ class Scheme:
     parts: dict[str, str]
     anchor: str
     check: Callable[[TensorReader, str, dict[str, str], dict[str, Any]], tuple[int, ...]]
-    dequantize: Callable[[dict[str, torch.Tensor], dict[str, Any]], torch.Tensor]
+    dequantize: Callable[[dict[str, torch.Tensor], dict[str, Any], str, str], torch.Tensor]
     stored_type: Callable[[dict[str, Any]], str]
     finite: dict[str, Callable[[torch.Tensor], bool]] = field(default_factory=dict)
     # a stored tensor of one of these dtypes without the anchor beside it is a part without its scale
     quantized_dtypes: tuple[str, ...] = ()
     own_dims: dict[str, int] | None = None
     transposed: bool = False
+    replaces: str = ""
+    optional: tuple[str, ...] = ()
 
     def part_name(self, weight: str, role: str) -> str:
-        return weight + self.parts[role]
+        return weight.removesuffix(self.replaces) + self.parts[role]
+
+    def weight_of(self, anchor: str) -> str:
+        """The weight's name of its anchor part's stored name."""
+        return anchor.removesuffix(self.parts[self.anchor]) + self.replaces
 
 
 @dataclass(frozen=True)
@@ -68,7 +77,12 @@ class QuantizedWeight:
 @dataclass(frozen=True)
 class Recipe:
     """A checkpoint's quantization: its scheme, the settings the scheme reads, and config.json's
-    quantization_config as it is (kept verbatim, so that an export writes it back unchanged)."""
+    quantization_config as it is (kept verbatim, so that an export writes it back unchanged).
+
+    `per_weight` (a weight's name and the reader holding its parts -> its scheme and settings, None:
+    the config leaves it unquantized),
+    where the config gives each module its own (compressed-tensors' config groups): `schemes` lists
+    them all, whose anchors mark the quantized weights; None: every weight is `scheme`'s."""
 
     method: str
     scheme: Scheme
@@ -77,19 +91,15 @@ class Recipe:
     # transformers 5.25 loads it dequantized on CPU (the reference of verify); False: it cannot, and
     # verify's reference is our own dequantized weights run by transformers (formats/source.py)
     transformers_loads: bool = True
+    per_weight: Callable[[str, TensorReader], tuple[Scheme, dict[str, Any]] | None] | None = None
+    schemes: tuple[Scheme, ...] = ()
+    describe: str = ""  # for the card: what the weights are, and any activation scheme declared
 
+    def of(self, weight: str, reader: TensorReader) -> tuple[Scheme, dict[str, Any]] | None:
+        return (self.scheme, self.settings) if self.per_weight is None else self.per_weight(weight, reader)
 
-def check_options(where: str, quant: dict[str, Any], options: Mapping[str, tuple[Any, ...]],
-                  ignored: Iterable[str]) -> None:
-    """Every key of quantization_config is an option handled (with a value handled) or one that does
-    not change the stored weights."""
-    ignored = set(ignored)
-    for key, value in quant.items():
-        if key not in options and key not in ignored:
-            raise InputError(f"{where}.{key} is an option lmconvert does not handle; convert an unquantized copy")
-        if key in options and value not in options[key]:
-            handled = ", ".join(repr(v) for v in options[key])
-            raise InputError(f"{where}.{key} {value!r} is not handled (only {handled}); convert an unquantized copy")
+    def anchored(self) -> tuple[Scheme, ...]:
+        return self.schemes or (self.scheme,)
 
 
 def finite_float(t: torch.Tensor) -> bool:

@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any
 
 from lmconvert.mappings.tables.transforms import IDENTITY
 
-from . import fp8, mxfp4
+from . import fp8, linear_schemes, mxfp4
 from .dtypes import DTYPES
 from .errors import InputError
 from .quant_scheme import QuantizedWeight, Recipe, Scheme
@@ -42,7 +42,8 @@ if TYPE_CHECKING:
 # quant_method -> reads quantization_config (where, config) into a Recipe, refusing by name what it
 # does not handle
 METHODS: dict[str, Callable[[str, dict[str, Any]], Recipe]] = {
-    "fp8": fp8.read_fp8, "fbgemm_fp8": fp8.read_fbgemm, "mxfp4": mxfp4.read_mxfp4,
+    "fp8": fp8.read_fp8, "fbgemm_fp8": fp8.read_fbgemm, "mxfp4": mxfp4.read_mxfp4, "gptq": linear_schemes.read_gptq,
+    "awq": linear_schemes.read_awq, "compressed-tensors": linear_schemes.read_compressed_tensors,
 }
 # methods a family's config table reads itself (mappings/families/bitnet.py refuses its own by name)
 FAMILY_READS = ("bitnet",)
@@ -75,37 +76,50 @@ class QuantizedTensors:
     def __init__(self, source: TensorReader, found: Recipe, canonical: bool = False) -> None:
         self.source = source
         self.recipe = found
-        scheme = found.scheme
         # the format's own layout reads a `transposed` scheme's weights transposed; a canonical
         # checkpoint keeps them as their parts' rows say
-        self.transposed = scheme.transposed and not canonical
+        self.canonical = canonical
         names = source.names()
         present = set(names)
-        anchor = scheme.parts[found.scheme.anchor]
         self.parts: dict[str, dict[str, str]] = {}  # weight -> {role: stored name}
+        self.schemes: dict[str, tuple[Scheme, dict[str, Any]]] = {}  # weight -> its scheme and settings
         for name in names:
-            if not name.endswith(anchor):
+            marked = next((s for s in found.anchored() if name.endswith(s.parts[s.anchor])), None)
+            if marked is None:
                 continue
-            weight = name.removesuffix(anchor)
+            weight = marked.weight_of(name)
+            got = found.of(weight, source)
+            if got is None or got[0].part_name(weight, got[0].anchor) != name:
+                raise InputError(f"{source.where(name)}: tensor {name!r} is a quantized weight's part, but "
+                                 f"quantization_config does not quantize {weight!r} so; the checkpoint is inconsistent")
+            scheme = got[0]
             parts = {role: scheme.part_name(weight, role) for role in scheme.parts}
             for role, part in parts.items():
-                if part not in present:
+                if part not in present and role not in scheme.optional:
                     raise InputError(f"{source.where(name)}: tensor {name!r} has no {part!r} beside it "
                                      f"({scheme.name}'s {role}); the checkpoint is incomplete")
+            parts = {role: part for role, part in parts.items() if part in present}
             self._shapes_checked(weight, parts)
             self.parts[weight] = parts
+            self.schemes[weight] = got
         hidden = {part for weight, parts in self.parts.items() for part in parts.values() if part != weight}
         for name in names:
             kind = dtype_name(source, name)
-            if name not in hidden and name not in self.parts and kind in scheme.quantized_dtypes:
+            scheme = next((s for s in found.anchored() if kind in s.quantized_dtypes), None)
+            if name not in hidden and name not in self.parts and scheme is not None:
                 raise InputError(f"{source.where(name)}: tensor {name!r} is {DTYPES[kind].torch_name} but has no "
-                                 f"{name + anchor!r} beside it; the checkpoint is incomplete")
+                                 f"{_anchor_of(scheme, name)!r} beside it; the checkpoint is incomplete")
         self._names = [n for n in names if n not in hidden] + [w for w in self.parts if w not in present]
         self._shapes: dict[str, tuple[int, ...]] = {}
         self._digests: tuple[Mapping[str, str], str] | None = None
         for weight, parts in self.parts.items():
-            shape = scheme.check(source, weight, parts, found.settings)
-            self._shapes[weight] = (*shape[:-2], shape[-1], shape[-2]) if self.transposed else shape
+            scheme, settings = self.schemes[weight]
+            shape = scheme.check(source, weight, parts, settings)
+            self._shapes[weight] = (*shape[:-2], shape[-1], shape[-2]) if self.transposed(weight) else shape
+
+    def transposed(self, weight: str) -> bool:
+        """Whether the stored parts hold the weight transposed as this view reads them."""
+        return self.schemes[weight][0].transposed and not self.canonical
 
     def _shapes_checked(self, weight: str, parts: dict[str, str]) -> None:
         """Each part at most 8 dimensions: what `check` multiplies stays small."""
@@ -126,7 +140,7 @@ class QuantizedTensors:
 
     def where(self, name: str) -> Path:
         parts = self.parts.get(name)
-        return self.source.where(name if parts is None else parts[self.recipe.scheme.anchor])
+        return self.source.where(name if parts is None else parts[self.schemes[name][0].anchor])
 
     def dtype_name(self, name: str) -> str:
         """A quantized weight is read as float32, the dtype transformers multiplies in."""
@@ -134,7 +148,8 @@ class QuantizedTensors:
 
     def stored_type(self, name: str) -> str:
         if name in self.parts:
-            return self.recipe.scheme.stored_type(self.recipe.settings)
+            scheme, settings = self.schemes[name]
+            return scheme.stored_type(settings)
         return DTYPES[dtype_name(self.source, name)].torch_name
 
     def raw_location(self, name: str) -> tuple[Path, int, int] | None:
@@ -148,13 +163,15 @@ class QuantizedTensors:
         if located is None:
             return None
         parts = self.parts.get(name)
-        file, start, _ = located(name if parts is None else parts[self.recipe.scheme.anchor])
+        file, start, _ = located(name if parts is None else parts[self.schemes[name][0].anchor])
         return file, start
 
     def quantized_parts(self, name: str) -> QuantizedWeight | None:
         """The stored parts of a quantized weight (role -> name in `self.source`), else None."""
         parts = self.parts.get(name)
-        return None if parts is None else QuantizedWeight(self.source, parts, self.recipe.scheme, self.transposed)
+        if parts is None:
+            return None
+        return QuantizedWeight(self.source, parts, self.schemes[name][0], self.transposed(name))
 
     def checking(self, digests: Mapping[str, str], algorithm: str) -> dict[str, str]:
         """Check each part read against `digests` (lmconvert.json's, by stored name) from now on; the
@@ -175,23 +192,30 @@ class QuantizedTensors:
         parts = self.parts.get(name)
         if parts is None:
             return self.source.get(name)
-        scheme = self.recipe.scheme
+        scheme, settings = self.schemes[name]
         read = {role: self._read(part) for role, part in parts.items()}
         for role, usable in scheme.finite.items():
             if not usable(read[role]):
                 raise InputError(f"{self.source.where(parts[role])}: tensor {parts[role]!r} holds NaN or Inf scales; "
                                  "re-download or re-quantize the checkpoint")
-        weight = scheme.dequantize(read, self.recipe.settings)
-        return weight.transpose(-1, -2).contiguous() if self.transposed else weight
+        weight = scheme.dequantize(read, settings, name, str(self.source.where(parts[scheme.anchor])))
+        return weight.transpose(-1, -2).contiguous() if self.transposed(name) else weight
 
     def close(self) -> None:
         self.source.close()
 
 
+def _anchor_of(scheme: Scheme, name: str) -> str:
+    """The anchor a stored quantized tensor `name` (a weight, or another part) would have beside it."""
+    if name.endswith(scheme.replaces):
+        return scheme.part_name(name, scheme.anchor)
+    return name.rpartition(".")[0] + scheme.parts[scheme.anchor]
+
+
 def description(found: Recipe) -> dict[str, Any]:
     """What lmconvert.json's "source" records of a quantized source."""
     return {"quantization": {"quant_method": found.method, "scheme": found.scheme.name,
-                             "config": found.config}}
+                             "config": found.config, **({"weights": found.describe} if found.describe else {})}}
 
 
 def quantized_view(config: dict[str, Any], config_file: Path | str, tensors: TensorReader,
@@ -217,6 +241,18 @@ def recipe_of(reader: TensorReader) -> Recipe | None:
     inner = getattr(reader, "reader", reader)
     found = getattr(inner, "recipe", None)
     return found if isinstance(found, Recipe) else None
+
+
+def quantization_line(reader: TensorReader) -> str | None:
+    """What the card says of a quantized checkpoint: its method, what its weights are (any activation
+    scheme declared, which lmconvert does not run: weights are dequantized alone), and verify's reference."""
+    found = recipe_of(reader)
+    if found is None:
+        return None
+    weights = found.describe or found.scheme.stored_type(found.settings)
+    reference = ("transformers' own dequantizing load" if found.transformers_loads else
+                 "transformers running lmconvert's dequantized weights (it cannot load this on CPU)")
+    return f"{found.method}: {weights}; verify's reference: {reference}"
 
 
 class KeptParts:
@@ -397,7 +433,8 @@ def kept_weights(reader: TensorReader, items: Iterable[Item], direction: str, st
         if renamed and weights[0].transposed == (stored_layout and scheme.transposed):
             for role, part in weights[0].parts.items():
                 raw["\0" + scheme.part_name(src, role)] = (weights[0].reader, part, src)  # never a stored name
-            out.append(KeptWeight(name, scheme, {role: "\0" + scheme.part_name(src, role) for role in scheme.parts}))
+            out.append(KeptWeight(name, scheme, {role: "\0" + scheme.part_name(src, role)
+                                                 for role in weights[0].parts}))
             continue
         move = getattr(t, "packed_" + direction)
         joins = isinstance(src, tuple)
@@ -407,7 +444,7 @@ def kept_weights(reader: TensorReader, items: Iterable[Item], direction: str, st
         key = object()
         for role, shape in shapes.items():
             moved["\0" + scheme.part_name(name, role)] = Moved(sources[0], weights, move, joins, role, shape, key)
-        out.append(KeptWeight(name, scheme, {role: "\0" + scheme.part_name(name, role) for role in scheme.parts}))
+        out.append(KeptWeight(name, scheme, {role: "\0" + scheme.part_name(name, role) for role in shapes}))
     return KeptParts(reader, raw, moved), out
 
 

@@ -197,3 +197,20 @@ def unpack_words(words: torch.Tensor, bits: int) -> torch.Tensor:
     if bits == 4:
         return torch.stack((as_bytes & 0xF, as_bytes >> 4), dim=-1).flatten(-2)
     raise ValueError(f"unpack_words: {bits}-bit fields")  # the recipes refuse other widths first
+
+
+_HEADERS: list[ReaderHeaders] = []  # the last reader's, so a checkpoint's names are listed once
+
+
+def headers_of(reader: TensorReader) -> ReaderHeaders:
+    """`ReaderHeaders(reader)`, the same one for each weight of a checkpoint checked in turn."""
+    last = _HEADERS[0] if _HEADERS else None
+    if last is None or last.reader is not reader:
+        last = ReaderHeaders(reader)
+        _HEADERS[:] = [last]
+    return last
+
+
+def module_of_weight(weight: str) -> str:
+    """The linear `X` of a weight name `X.weight` (the table names a quantized linear by its weight)."""
+    return weight.removesuffix(".weight")

@@ -62,14 +62,21 @@ VARIANT_NAMES = {
     "conv1d_linears": "Conv1D projections (addmm over weights held [in, out])",
     "qk_norm_after_rope": "a QK norm after RoPE", "sub_norms": "sub-norms before the o and down projections",
     "output_vocab": "an LM head narrower than the vocabulary (output_vocab_size)",
-    "attn_temperature_form": "Llama 4's attention temperature (log1p, fp32, layers without positions)",
+    "attn_temperature_form": "this attention-temperature form (Llama 4's or Beam's: fp32, layers without positions)",
     "attention_chunk": "chunked local attention", "chunked_layers": "chunked local attention on these layers",
     "qk_l2_norm": "a weightless L2 QK norm after RoPE (Llama 4)",
-    "attn_output_gate": "a sigmoid gate on the attention output (AFMoE's gate_proj)",
+    "attn_output_gate": "this sigmoid gate on the attention output (AFMoE's gate_proj, Beam's with a bias per head)",
+    "residual_form": "a depth-scaled residual add (Beam)", "glu_fp32": "the FFN's gated product in fp32",
+    "softcap_fp32": "the final soft-cap in fp32",
     "mixer": "this token mixer beside attention", "mixer_settings": "these token-mixer settings",
     "layer_mixers": "this per-layer schedule of attention and mixer layers",
     "layer_ffns": "layers without an FFN",
     "mixer_norm_placement": "another norm placement on the mixer layers",
+    # Gemma 4
+    "global_head_dim": "a head_dim of the global layers' own", "global_kv_heads": "KV heads of the global layers' own",
+    "k_eq_v": "K = V layers (no v projection)", "v_norm": "a weightless V norm",
+    "kv_shared_layers": "cross-layer KV sharing", "kv_reused": "a KV-shared layer",
+    "shared_ffn_factor": "wider FFNs on the KV-shared layers", "layer_scalar": "a per-layer output scalar",
 }
 
 def tensor_sizes(arch: ArchConfig) -> dict[str, int]:

@@ -10,6 +10,7 @@ from lmconvert.arch.describe import variants
 from lmconvert.arch.shapes import parameter_shapes
 from lmconvert.formats.checkpoint import Checkpoint, open_checkpoint
 from lmconvert.formats.dtypes import BY_TORCH_NAME
+from lmconvert.formats.quantized import quantization_line
 
 
 def card(path: Path) -> dict[str, Any]:
@@ -35,6 +36,7 @@ def card_of(checkpoint: Checkpoint) -> dict[str, Any]:
         "cache_bytes_at_max_positions": arch.cache_bytes(arch.max_positions, element),
         "max_positions": arch.max_positions,
         "variants": variants(arch), "note": note,
+        "quantization": quantization_line(checkpoint.source.tensors),
     }
 
 
@@ -53,4 +55,5 @@ def format_card(info: dict[str, Any]) -> str:
     lines.append("variants")
     lines += [f"  - {v}" for v in info["variants"]]
     lines += [f"note              {info['note']}"] if info["note"] else []
+    lines += [f"quantization      {info['quantization']}"] if info.get("quantization") else []
     return "\n".join(lines)

@@ -105,6 +105,12 @@ def refusals(arch: ArchConfig, size: int) -> list[str]:
         (arch.attention == "head_mixture" and arch.n_kv_heads % size != 0,
          f"n_kv_heads={arch.n_kv_heads} does not divide by {size} ranks: a mixture of attention heads splits each "
          "expert's queries by the kv head they read"),
+        # Gemma 4's features, each refused by name
+        (arch.global_head_dim is not None or arch.global_kv_heads is not None,
+         "per-layer head geometry (the global layers' own head_dim and KV heads) has no tensor-parallel plan"),
+        (arch.k_eq_v != "none", "K = V layers (v taken from k's projection) have no tensor-parallel plan"),
+        (bool(arch.kv_shared_layers), "cross-layer KV sharing has no tensor-parallel plan"),
+        (arch.layer_scalar, "the per-layer output scalar has no tensor-parallel plan"),
     ]
     return [why for wrong, why in checks if wrong]
 
@@ -131,10 +137,11 @@ def _standard(arch: ArchConfig, plan: Plan, prefix: str) -> None:
         kv_ranks, kv_heads = tuple(range(0, size, share)), (head, head + 1)
     plan.points.update({f"{prefix}.k": (-1, kv_ranks), f"{prefix}.v": (-1, kv_ranks)})
     # Qwen3-Next's gate sits in q's rows beside each head's query: split with them. AFMoE's: its rows, as q's
-    if arch.attn_output_gate == "projection":
+    if arch.attn_output_gate in ("projection", "projection_head_bias"):
         plan.styles[f"{prefix}.out_gate"] = "col"
         plan.points[f"{prefix}.out_gate"] = (-1, everyone)
-    if arch.attn_sinks:  # gpt-oss: a sink per head, the rank's heads' (the attention's own tensor)
+    # gpt-oss: a sink per head; Beam: a gate bias per head; the rank's heads' (the attention's own tensors)
+    if arch.attn_sinks or arch.attn_output_gate == "projection_head_bias":
         plan.groups[prefix] = _rows(arch.n_heads, size, rank)
     if arch.qk_norm == "head":  # its output is (B, T, heads, D): the rank's heads; after RoPE (B, heads, T, D)
         dim = -3 if arch.qk_norm_after_rope else -2

@@ -27,7 +27,7 @@ from __future__ import annotations
 import math
 import re
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -37,7 +37,7 @@ from lmconvert.arch.parts import ConvPart, LinearPart, NormPart
 from lmconvert.mappings import FAMILIES
 from lmconvert.mappings.tables.points import LATENT, RESIDUAL, SPARSE, Layout, Parallel, Piece, Returned, Summed
 
-from .trace import sublayer_of
+from .trace import layer_of, sublayer_of
 
 EXPERT = re.compile(r"^mlp\.experts\.\d+$")
 
@@ -220,6 +220,9 @@ class PointLayouts:
     theirs: Mapping[str, Declared]
     sizes: Mapping[str, int]
     model_type: str
+    # the layers whose heads, head_dim or FFN width differ from the model's (Gemma 4's global and KV-shared layers):
+    # their sizes, from ArchConfig.layer_config
+    layer_sizes: Mapping[int, Mapping[str, int]] = field(default_factory=dict)
 
     @classmethod
     def of(cls, arch: ArchConfig, model_type: str, batch: int, seq_len: int) -> PointLayouts:
@@ -232,7 +235,13 @@ class PointLayouts:
         sizes = {**mixer_sizes, "B": batch, "T": seq_len, "d": arch.d_model, "E": arch.embed_dim, "F": arch.d_ff,
                  "H": arch.n_heads, "KV": arch.n_kv_heads, "D": arch.head_dim, "QG": 2 * arch.head_dim, "P": 3,
                  **_latent_sizes(arch), **_moe_sizes(arch), **_mixture_sizes(arch, batch * seq_len)}
-        return cls(ours, theirs, sizes, model_type)
+        layer_sizes = {}
+        for i in range(arch.n_layers):  # Gemma 4: a layer of its own geometry or FFN width
+            layer = arch.layer_config(i)
+            own = {"KV": layer.n_kv_heads, "D": layer.head_dim, "QG": 2 * layer.head_dim, "F": layer.d_ff}
+            if any(sizes[k] != v for k, v in own.items()):
+                layer_sizes[i] = {**sizes, **own}
+        return cls(ours, theirs, sizes, model_type, layer_sizes)
 
     def to_ours(self, point: str, value: torch.Tensor) -> torch.Tensor:
         """transformers' value at `point`, in our layout."""
@@ -243,15 +252,16 @@ class PointLayouts:
         if kind not in self.ours:
             raise PointLayoutError(f"{point}: no layout is declared for our {kind}; declare it in "
                               "lmconvert/verify/layouts.py")
+        sizes = self.layer_sizes.get(layer_of(point), self.sizes)
         try:
             theirs = self.theirs[kind]
             if isinstance(theirs, (Returned, Parallel)):  # the recorder kept the tuple's entry; the mixture's output
                 theirs = theirs.layout
             if isinstance(theirs, Piece):
-                value, theirs = take_piece(value, theirs, self.sizes)
+                value, theirs = take_piece(value, theirs, sizes)
             elif isinstance(theirs, Summed):
-                value, theirs = summed(value, theirs, self.sizes)
-            return convert(value, theirs, self.ours[kind], self.sizes)
+                value, theirs = summed(value, theirs, sizes)
+            return convert(value, theirs, self.ours[kind], sizes)
         except PointLayoutError as exc:
             raise PointLayoutError(f"{point}: transformers' ({self.model_type}) output does not fit: {exc}") from None
 

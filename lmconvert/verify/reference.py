@@ -175,6 +175,11 @@ def dequantizing(config: object) -> dict[str, object]:
         from transformers import Mxfp4Config
 
         return {"quantization_config": Mxfp4Config(dequantize=True)}
+    if method == "compressed-tensors":  # decompressed on load, weights alone (a declared activation scheme
+        # not run): the model lmconvert's dequantized weights make (formats/compressed_tensors.py)
+        from transformers import CompressedTensorsConfig
+
+        return {"quantization_config": CompressedTensorsConfig(run_compressed=False)}
     return {}
 
 

@@ -49,6 +49,8 @@ def block_modules(model: nn.Module) -> list[tuple[str, nn.Module]]:
             continue
         if getattr(module, "uncalled", False):  # its owner reads its weights and never calls it: no output
             continue
+        if name.count(".") == 1:  # a block itself (Gemma 4's owns its layer scalar): its output is `layers.{i}`
+            continue
         if getattr(module, "one_point", False) or any(True for _ in module.parameters(recurse=False)):
             found.append((name, module))
     return found

@@ -17,7 +17,7 @@ from .config_table import Entry
 from .hf_config import HfConfig, Key
 
 ROPE_TYPES = {"default": "none", "linear": "linear", "dynamic": "dynamic", "yarn": "yarn", "llama3": "llama3",
-              "longrope": "longrope"}
+              "longrope": "longrope", "proportional": "proportional"}
 SCALED = ("yarn", "llama3", "longrope")  # the types transformers gives original_max_position_embeddings
 # rope_type -> (the RopeConfig fields it reads, those of them transformers' validation requires)
 _READS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
@@ -28,6 +28,7 @@ _READS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
     "llama3": (("factor", "original_max_positions", "low_freq_factor", "high_freq_factor"),) * 2,
     "longrope": (("factor", "original_max_positions", "attention_factor", "short_factor", "long_factor"),
                  ("original_max_positions", "short_factor", "long_factor")),
+    "proportional": (("factor",), ()),  # Gemma 4: partial_rotary_factor too, always (below)
 }
 _ROPE_KEYS = {  # rope_parameters key -> RopeConfig field
     "factor": "factor", "original_max_position_embeddings": "original_max_positions",
@@ -82,7 +83,7 @@ def rope_from_hf(hf: HfConfig, params: dict[str, Any], where: str, theta: float 
     if kind in SCALED:
         values.setdefault("original_max_positions", max_pos)
     fraction = p.get(FRACTION.name) if p.stated(FRACTION.name) else hf.get(FRACTION.name)
-    if fraction is not None and partial:
+    if fraction is not None and (partial or kind == "proportional"):
         values["fraction"] = fraction
     elif fraction not in (None, 1.0) and kind != "default":  # llama's default init ignores it
         raise MappingError(f"config.json: partial_rotary_factor={fraction} with rope_type {kind!r}: the scaled "
@@ -108,7 +109,8 @@ def rope_to_hf(rope: RopeConfig, partial: bool = False) -> dict[str, Any]:
         value = getattr(rope, name)
         if name in relevant and (name in required or value != getattr(defaults, name)):
             out[key] = list(value) if isinstance(value, tuple) else value  # longrope's factors: JSON lists
-    if partial or rope.fraction != 1.0:  # partial: an absent fraction means the family's default
+    if partial or rope.fraction != 1.0 or kind == "proportional":  # partial: an absent fraction means the family's
+        #   default; proportional's is always written (transformers does)
         out["partial_rotary_factor"] = rope.fraction
     return out
 

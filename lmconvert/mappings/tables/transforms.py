@@ -774,6 +774,41 @@ class Squeeze:
                          on_rows("unsqueeze", inverse, 0))
 
 
+# ---- EqualPart: one canonical tensor stored as equal parts, each its own tensor
+
+
+@dataclass(frozen=True)
+class EqualPart:
+    """Part `index` of `count` equal blocks along dim 0 of one canonical tensor, each stored as its own
+    tensor: Kimi Linear's q_conv1d, k_conv1d and v_conv1d are the rows of its one conv1d over q | k | v.
+    Each part has a rule of its own naming the same canonical tensor (the table gathers them); forward,
+    given every part in order, concatenates them; the inverse is this part (a copy). Exact both ways."""
+
+    count: int
+    index: int
+    gathers: ClassVar[bool] = True  # the table hands forward every part
+
+    def bind(self, sizes: Sizes) -> Transform:
+        count, index = self.count, self.index
+        return Transform(f"part {index} of {count} equal blocks", lambda parts: join(parts, 0),
+                         lambda t: t.chunk(count, 0)[index].clone())
+
+
+# ---- Shaped: a vector stored with unit dimensions around it
+
+
+@dataclass(frozen=True)
+class Shaped:
+    """A canonical vector stored as a tensor of `shape` (one -1, the rest 1s): Kimi Linear's A_log,
+    one value per head, stored [1, 1, heads, 1]. Exact both ways."""
+
+    shape: tuple[int, ...]
+
+    def bind(self, sizes: Sizes) -> Transform:
+        shape = self.shape
+        return Transform(f"stored as {list(shape)}", lambda t: t.reshape(-1), lambda t: t.reshape(shape))
+
+
 # ---- Chain
 
 
