@@ -44,6 +44,7 @@ from lmconvert.formats.checkpoint import open_source
 from lmconvert.formats.errors import InputError
 from lmconvert.mappings import MappingError, family_named
 from lmconvert.mappings.gguf.export import EXPORTS, metadata, read_back
+from lmconvert.mappings.tables.transforms import NEG_EXP
 
 FP32_MAX_ABS = 1e-5
 FLOATS = {"f32": torch.float32, "f16": torch.float16, "bf16": torch.bfloat16}
@@ -493,6 +494,11 @@ READ_BACK = {**WRITTEN_ONLY, "bloom": FAMILIES["bloom"], "falcon": FAMILIES["fal
 
 
 
+# canonical tensors llama.cpp stores exponentiated (A = -exp(A_log)): log(-A) gives them back within float32's eps
+# x max(1, |A_log|) (measured: 1.0x on a million normal values times 3)
+STORED_AS_EXP = (".A_log",)
+
+
 def test_every_architecture_written_has_a_test_model() -> None:
     """A family whose GGUF entry export writes is tested by llama.cpp on a model of it (its spec's `gguf`)."""
     assert set(EXPORTS) - {name.split(":")[0] for name in MODELS} == set()
@@ -514,12 +520,21 @@ def built(name: str, kwargs: dict[str, Any]) -> torch.nn.Module:
 def test_families_transformers_cannot_read_come_back_bit_for_bit(name: str, quant: str, tmp_path: Path) -> None:
     """Our reader, which reads these files the way llama.cpp's loader does (tested by llama.cpp
     itself in test_llamacpp.py), gives back the model: every tensor at the file's type, the same
-    ArchConfig but the float32 eps, and at f32 the same logits."""
+    ArchConfig but the float32 eps, and at f32 the same logits. A state-space A_log, which llama.cpp stores as
+    A = -exp(A_log), comes back as log(-A), within 2 eps x max(1, |A_log|) (STORED_AS_EXP): the source is given
+    that round trip before tensors and logits are compared bit for bit."""
     canonical = canonical_of(built(name, READ_BACK[name]), tmp_path)
     out = exported(canonical, tmp_path / "m.gguf", quant)
     ours, source = lmconvert.load(out, attention="eager"), lmconvert.load(canonical, attention="eager")
     assert as_float32(ours.cfg) == as_float32(source.cfg)
     theirs = source.state_dict()
+    with torch.no_grad():
+        for tensor_name, tensor in theirs.items():
+            if tensor_name.endswith(STORED_AS_EXP):
+                back = torch.log(-NEG_EXP.inverse(tensor.float()))  # the file's A, then log(-A)
+                bar = torch.finfo(torch.float32).eps * tensor.float().abs().clamp(min=1)  # measured: within 1x
+                assert bool(((back - tensor.float()).abs() <= 2 * bar).all()), tensor_name
+                tensor.copy_(back)  # the source's own parameter: its logits below are the round trip's
     assert set(ours.state_dict()) == set(theirs)
     for tensor_name, tensor in ours.state_dict().items():
         if name.split(":")[0] in ONE_PLUS_W and tensor_name.endswith("norm.weight") and ".mixer." not in tensor_name:

@@ -594,15 +594,15 @@ def test_unsupported_quant_type_is_named(tmp_path: Path) -> None:
 
 
 def test_unsupported_architecture(tmp_path: Path) -> None:
-    writer = gguf.GGUFWriter(str(tmp_path / "mamba.gguf"), "mamba")
+    writer = gguf.GGUFWriter(str(tmp_path / "rwkv6.gguf"), "rwkv6")
     writer.add_block_count(1)
     writer.add_tensor("token_embd.weight", np.zeros((4, 8), dtype=np.float32))
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()
     writer.close()
-    line = one_line_error(tmp_path / "mamba.gguf", tmp_path / "out")
-    assert "'mamba' is not supported" in line
+    line = one_line_error(tmp_path / "rwkv6.gguf", tmp_path / "out")
+    assert "'rwkv6' is not supported" in line
 
 
 # -- tokenizers travel ------------------------------------------------------------------------------

@@ -174,6 +174,11 @@ class Mamba2Settings:
     def conv_dim(self) -> int:
         return self.d_inner + 2 * self.n_groups * self.d_state
 
+    @property
+    def sizes(self) -> dict[str, int]:
+        """The sizes a tensor table names (llama.cpp stores the gated norm's weight one row per group)."""
+        return {"n_groups": self.n_groups}
+
 
 def _mamba2_parts(cfg: ArchConfig) -> dict[str, Part]:
     """Its own parameters first (dt_bias, A_log, D: one per head), then in_proj, conv1d, the gated

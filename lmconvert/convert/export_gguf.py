@@ -41,6 +41,7 @@ from lmconvert.formats.gguf_writer import (
 from lmconvert.formats.kquants import ENCODERS as K_TYPES
 from lmconvert.formats.quantized import KeptWeight, kept_digests, kept_weights
 from lmconvert.mappings import MappingError, family_for, family_named
+from lmconvert.mappings.family import tensor_sizes as family_tensor_sizes
 from lmconvert.mappings.gguf.export import GgufModel, family_tokens, for_tensors, lost, metadata, named, read_back
 from lmconvert.mappings.gguf.loaders import forced_type, refused_tensors
 from lmconvert.mappings.tables.gguf import tensor_sizes
@@ -219,8 +220,8 @@ def to_gguf(src: Path | Checkpoint, out: Path, family: str | None = None, quant:
                                      "head_dim": arch.head_dim, "hidden_size": arch.d_model,
                                      "intermediate_size": arch.d_ff, "vocab_size": arch.vocab_size,
                                      "shared_intermediate_size": arch.moe and arch.moe.d_shared}),
-                     "rows": meta.arch.vocab_size, **{f"mixer.{k}": v for k, v in getattr(arch.mixer_settings, "sizes",
-                                                                                           {}).items()}}
+                     **{k: v for k, v in family_tensor_sizes(arch).items() if k.startswith("mixer.")},  # a mixer's
+                     "rows": meta.arch.vocab_size}
             homeless = [n for n in names if not table.stored_names(n)]
             if homeless:  # a dense layer in a mixture llama.cpp makes all experts, say
                 raise MappingError(f"llama.cpp's {model.arch} architecture has no tensor for "

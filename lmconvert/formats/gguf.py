@@ -59,14 +59,17 @@ GENERAL_TYPES = schema.Object(
     optional={"general.name": schema.String(), "split.count": schema.POSITIVE_INT,
               "tokenizer.ggml.model": schema.String(),
               **{key: schema.Nullable(schema.COUNT) for key in TOKEN_IDS.values()},
-              **{key: schema.POSITIVE for key in LLAMA3_STATED}})
+              **{key: schema.POSITIVE for key in LLAMA3_STATED},
+              "lmconvert.ssm.chunk_size": schema.POSITIVE_INT})
 ARCH_TYPES: dict[str, schema.Spec] = {  # `{arch}.` keys
     **{key: schema.POSITIVE_INT for key in (
         "context_length", "embedding_length", "block_count", "feed_forward_length", "attention.head_count",
         "attention.key_length", "attention.value_length", "rope.dimension_count",
         "vocab_size", "attention.sliding_window", "rope.scaling.original_context_length", "expert_count",
         "expert_used_count", "expert_feed_forward_length", "expert_shared_feed_forward_length",
-        "attention.key_length_mla", "attention.value_length_mla", "shortconv.l_cache")},
+        "attention.key_length_mla", "attention.value_length_mla", "shortconv.l_cache", "ssm.conv_kernel",
+        "ssm.inner_size", "ssm.state_size", "ssm.time_step_rank", "ssm.group_count")},
+    "ssm.dt_b_c_rms": schema.Boolean(),
     # one count, or one per layer (LFM2: 0 on a layer that does not attend)
     "attention.head_count_kv": schema.Either((schema.POSITIVE_INT, schema.Array(schema.COUNT))),
     **{key: schema.POSITIVE for key in (
@@ -81,6 +84,8 @@ ARCH_TYPES: dict[str, schema.Spec] = {  # `{arch}.` keys
     "attention.sliding_window_pattern": schema.Either((schema.COUNT, schema.Array(schema.Boolean()))),
     "attention.rope_pattern": schema.Array(schema.Boolean()),  # one flag per layer: whether it rotates
 }
+# llama.cpp's all-state-space architectures (mamba, mamba2: GgufArch.attends) state no heads and no FFN as 0
+NO_ATTENTION_TYPES = {key: schema.COUNT for key in ("feed_forward_length", "attention.head_count")}
 
 
 def _one_line(exc: BaseException) -> str:
@@ -606,8 +611,9 @@ def check_metadata(file: GgufFile) -> None:
     """The architecture's keys have the types llama.cpp writes, and the layers it claims fit the
     tensors the file holds, before anything per layer (layer types, the tensor table) is built."""
     arch = str(file.meta["general.architecture"])
-    arch_entry(arch)  # an architecture lmconvert does not read is named before its keys are checked
-    types = schema.Object(optional={f"{arch}.{k}": spec for k, spec in ARCH_TYPES.items()})
+    entry = arch_entry(arch)  # an architecture lmconvert does not read is named before its keys are checked
+    specs = ARCH_TYPES if entry.attends else {**ARCH_TYPES, **NO_ATTENTION_TYPES}
+    types = schema.Object(optional={f"{arch}.{k}": spec for k, spec in specs.items()})
     schema.validate(file.meta, types, f"{file.path}: metadata", "the file is damaged or not llama.cpp's")
     check_layer_claim(file.meta.get(f"{arch}.block_count"), layers_held(file.tensors), file.path, "its metadata",
                       f"{arch}.block_count")

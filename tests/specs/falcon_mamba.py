@@ -12,6 +12,8 @@ SPEC = Spec(
     card=("mixer: Mamba (selective scan), d_inner 96, state 16, dt rank 6, conv 4; dt, B, C RMS-normed (no weights, "
           "eps=1e-05)", "residual stream in fp32", "layer pattern: M M"),
     own_spelling={"rms_norm_eps": "layer_norm_epsilon"}, not_a_key=NOT_KEYS,
+    # as mamba's; llama.cpp normalises dt, B and C with the model's norm eps
+    gguf=dict(use_bias=False, intermediate_size=128, mixer_rms_eps=1e-6),
     tp_refusal="the mamba mixer layers have no tensor-parallel plan",
     config_variants=(
         dict(),

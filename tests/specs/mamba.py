@@ -16,6 +16,8 @@ SPEC = Spec(
     card=("mixer: Mamba (selective scan), d_inner 96, state 16, dt rank 6, conv 4", "residual stream in fp32",
           "layer pattern: M M"),
     own_spelling={"rms_norm_eps": "layer_norm_epsilon"}, not_a_key=NOT_KEYS,
+    # llama.cpp's mamba loads no in_proj or out_proj biases; its converter asserts d_inner = 2 x hidden_size
+    gguf=dict(use_bias=False, intermediate_size=128),
     tp_refusal="the mamba mixer layers have no tensor-parallel plan",
     config_variants=(
         dict(),

@@ -6,7 +6,7 @@ full forward (tests/test_mamba.py holds both paths, clamped, to transformers')."
 
 from __future__ import annotations
 
-from specs import Spec
+from specs import GgufNaming, Spec
 
 # attention's and the FFN's keys, which Mamba2Config does not read
 NOT_KEYS = ("num_key_value_heads", "num_attention_heads", "intermediate_size", "max_position_embeddings",
@@ -18,6 +18,10 @@ SPEC = Spec(
     card=("mixer: Mamba2 (SSD), 8 heads x 16, 2 group(s), state 16, conv 4, chunk 8",
           "residual stream in fp32", "layer pattern: M M", "biases: in_proj, conv, out_proj"),
     own_spelling={"rms_norm_eps": "layer_norm_epsilon"}, not_a_key=NOT_KEYS,
+    # llama.cpp's mamba2 loads no in_proj or out_proj biases; its converter reads a stated intermediate_size (the
+    # tiny models' 96, kept by Mamba2Config though unused) as d_inner: stated as d_inner here
+    gguf=dict(use_bias=False, intermediate_size=128),
+    gguf_naming=GgufNaming(converter_names={("mixer.dt_bias", "mixer"): "ssm_dt.bias"}),  # Mamba2Model renames it
     tp_refusal="the mamba2 mixer layers have no tensor-parallel plan",
     config_variants=(
         dict(MIXER),

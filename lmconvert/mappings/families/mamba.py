@@ -13,14 +13,17 @@ gated norm; embeddings tied by default.
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 from typing import Any
 
 from lmconvert.arch import ArchConfig
 
 from ..family import Family
 from ..tables.config_table import ConfigTable, Entry, plain
+from ..tables.gguf import written
 from ..tables.hf_config import HfConfig, Key
-from ..tables.table import TensorTable
+from ..tables.table import Rule, TensorTable
+from ..tables.transforms import NEG_EXP
 from . import mamba2
 
 MAMBA_PARAMS = ("A_log", "D", "in_proj.weight", "in_proj.bias", "conv1d.weight", "conv1d.bias", "x_proj.weight",
@@ -75,5 +78,28 @@ CONFIG = ConfigTable((
     mamba2.SCHEDULE,
 ))
 
-FAMILY = Family("mamba", ("mamba",), "MambaForCausalLM", TENSORS, CONFIG,
-                no_gguf=mamba2.NO_GGUF.replace("mamba2", "mamba"))
+# -- llama.cpp (GGUF): its mamba architecture (MambaModel in its converter), FalconMamba's too, told apart by
+# `ssm.dt_b_c_rms` (true: the weightless dt/B/C norms, whose eps llama.cpp takes as the model's norm eps: a
+# FalconMamba whose mixer_rms_eps differs reads back otherwise and is refused). The mixer's tensors are `ssm_*`: the
+# conv kernel squeezed ([channels, kernel], F32), A as -exp(A_log) ([d_inner, d_state]), dt_proj as `ssm_dt`, x_proj
+# as `ssm_x`; no in_proj or out_proj biases (llama.cpp loads none) and a conv bias always (llama.cpp requires one).
+GGUF_TABLE = mamba2.gguf_all_mixer_table(
+    Rule("blk.{}.ssm_in.weight", "layers.{}.mixer.in_proj.weight"),
+    Rule("blk.{}.ssm_conv1d.weight", "layers.{}.mixer.conv1d.weight", mamba2.SQUEEZED_CONV),
+    Rule("blk.{}.ssm_conv1d.bias", "layers.{}.mixer.conv1d.bias"),
+    Rule("blk.{}.ssm_x.weight", "layers.{}.mixer.x_proj.weight"),
+    Rule("blk.{}.ssm_dt.weight", "layers.{}.mixer.dt_proj.weight"),
+    Rule("blk.{}.ssm_dt.bias", "layers.{}.mixer.dt_proj.bias"),
+    Rule("blk.{}.ssm_a", "layers.{}.mixer.A_log", NEG_EXP),
+    Rule("blk.{}.ssm_d", "layers.{}.mixer.D"),
+    Rule("blk.{}.ssm_out.weight", "layers.{}.mixer.out_proj.weight"))
+GGUF_KEYS = {"ssm.conv_kernel": "conv_kernel", "ssm.inner_size": "intermediate_size", "ssm.state_size": "state_size",
+             "ssm.time_step_rank": "time_step_rank"}
+MAMBA = written("mamba", arch="mamba", keys=GGUF_KEYS, renamed={"rms_norm_eps": "layer_norm_epsilon"},
+                constants={**mamba2.NO_ATTENTION, "ssm.dt_b_c_rms": False}, head_dim_stated=False, table=GGUF_TABLE,
+                refused=mamba2.PROJECTION_BIASES)
+FALCON_MAMBA = replace(MAMBA, model_type="falcon_mamba", constants={**mamba2.NO_ATTENTION, "ssm.dt_b_c_rms": True},
+                       derived=lambda config: {"mixer_rms_eps": config["rms_norm_eps"]})
+GGUF_MAMBA = replace(MAMBA, told_apart=(("ssm.dt_b_c_rms", True, FALCON_MAMBA),))
+
+FAMILY = Family("mamba", ("mamba",), "MambaForCausalLM", TENSORS, CONFIG, gguf=(GGUF_MAMBA,))

@@ -19,6 +19,7 @@ state-space families state their differences against.
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from typing import Any
 
 from lmconvert.arch import ArchConfig, NormConfig
@@ -26,8 +27,10 @@ from lmconvert.arch import ArchConfig, NormConfig
 from ..errors import MappingError
 from ..family import Family
 from ..tables.config_table import DEFAULT, ConfigTable, Entry, plain
+from ..tables.gguf import PADDED, written
 from ..tables.hf_config import HfConfig, Key, show
 from ..tables.table import Rule, TensorTable
+from ..tables.transforms import NEG_EXP, Chain, Sizes, Transform
 
 MAMBA2_PARAMS = ("dt_bias", "A_log", "D", "in_proj.weight", "in_proj.bias", "conv1d.weight", "conv1d.bias",
                  "norm.weight", "out_proj.weight", "out_proj.bias")
@@ -144,8 +147,69 @@ CONFIG = ConfigTable((
     SCHEDULE,
 ))
 
+
+# -- llama.cpp (GGUF): its mamba2 architecture (Mamba2Model in its converter). The mixer's tensors are `ssm_*`: the
+# conv kernel stored [channels, kernel] (squeezed; F32, as ggml_ssm_conv takes it), dt_bias as `ssm_dt.bias`, A
+# as -exp(A_log) and D each one row per head ([heads, 1]), the gated norm's weight one row per group ([n_groups,
+# d_inner / n_groups]); no in_proj or out_proj biases (llama.cpp loads none: an export holding them is refused,
+# naming them). The metadata states the heads as `ssm.time_step_rank`, d_inner as `ssm.inner_size`, and no
+# attention (head count and FFN width 0, a context of 2**20 as its converter writes); no time-step clamp (llama.cpp
+# runs none: a clamped model reads back otherwise and is refused) and no chunk size (llama.cpp's scan is not
+# chunked), which lmconvert states as its own `lmconvert.ssm.chunk_size` for its own decoder.
+SQUEEZED_CONV = Transform("the convolution's middle dimension of 1 left out", lambda t: t.unsqueeze(1),
+                          lambda t: t.squeeze(1))
+PER_HEAD = Transform("a trailing dimension of 1", lambda t: t.squeeze(-1), lambda t: t.unsqueeze(-1))
+
+
+@dataclass(frozen=True)
+class PerGroup:
+    """The gated norm's weight, one row per group ([n_groups, d_inner / n_groups]); the rows joined on import."""
+
+    def bind(self, sizes: Sizes) -> Transform:
+        groups = sizes.get("mixer.n_groups")  # export's sizes (the import needs none)
+        return Transform("one row per group", lambda t: t.reshape(-1), lambda t: t.reshape(groups, -1))
+
+
+NO_ATTENTION = {"context_length": 2**20, "feed_forward_length": 0, "attention.head_count": 0}
+# the projections' biases, which llama.cpp's mamba and mamba2 do not load
+PROJECTION_BIASES = {f"blk.0.ssm_{p}.bias": f"an {p}_proj bias (use_bias)" for p in ("in", "out")}
+
+
+def gguf_mixer_rules(mixer: str = "layers.{}.mixer") -> tuple[Rule, ...]:
+    """A Mamba2 mixer's tensors in llama.cpp's layout, canonical ones under `mixer`."""
+    return (Rule("blk.{}.ssm_in.weight", f"{mixer}.in_proj.weight"),
+            Rule("blk.{}.ssm_conv1d.weight", f"{mixer}.conv1d.weight", SQUEEZED_CONV),
+            Rule("blk.{}.ssm_conv1d.bias", f"{mixer}.conv1d.bias"),
+            Rule("blk.{}.ssm_dt.bias", f"{mixer}.dt_bias"),
+            Rule("blk.{}.ssm_a", f"{mixer}.A_log", Chain(PER_HEAD, NEG_EXP)),
+            Rule("blk.{}.ssm_d", f"{mixer}.D", PER_HEAD),
+            Rule("blk.{}.ssm_norm.weight", f"{mixer}.norm.weight", PerGroup()),
+            Rule("blk.{}.ssm_out.weight", f"{mixer}.out_proj.weight"))
+
+
+def gguf_all_mixer_table(*mixer: Rule) -> TensorTable:
+    """An all-mixer model (mamba, mamba2) in llama.cpp's layout: each layer's norm is `attn_norm`."""
+    edges = (Rule("token_embd.weight", "embed.weight", PADDED), Rule("output.weight", "lm_head.weight", PADDED))
+    return TensorTable((*edges,
+                        Rule("output_norm.weight", "final_norm.weight"),
+                        Rule("blk.{}.attn_norm.weight", "layers.{}.attn_norm.weight"), *mixer))
+
+
+def _sizes_from_gguf(config: dict[str, Any]) -> dict[str, Any]:
+    inner, heads = config["intermediate_size"], config["num_heads"]
+    return {"head_dim": inner // heads, "expand": inner // config["hidden_size"]}
+
+
+GGUF_MAMBA2 = written("mamba2", arch="mamba2", keys={
+    "ssm.conv_kernel": "conv_kernel", "ssm.state_size": "state_size", "ssm.group_count": "n_groups",
+    "ssm.time_step_rank": "num_heads", "ssm.inner_size": "intermediate_size"},
+    renamed={"rms_norm_eps": "layer_norm_epsilon"}, constants=NO_ATTENTION, head_dim_stated=False,
+    table=gguf_all_mixer_table(*gguf_mixer_rules()), derived=_sizes_from_gguf,
+    exported=lambda config: {"ssm.inner_size": config["num_heads"] * config["head_dim"]},
+    own={"ssm.chunk_size": "chunk_size"}, refused=PROJECTION_BIASES)
+
+# the hybrids whose llama.cpp architecture lmconvert does not write yet (`.replace("mamba2", theirs)`)
 NO_GGUF = ("lmconvert does not write llama.cpp's mamba2 architecture yet: its state-space tensors (A as -exp(A_log), "
            "the conv kernels squeezed, D, the grouped norm) are not mapped")
 
-FAMILY = Family("mamba2", ("mamba2",), "Mamba2ForCausalLM", TENSORS, CONFIG,
-                no_gguf=NO_GGUF)
+FAMILY = Family("mamba2", ("mamba2",), "Mamba2ForCausalLM", TENSORS, CONFIG, gguf=(GGUF_MAMBA2,))

@@ -34,11 +34,11 @@ from ..tables.hf_moe import expert_rules, experts
 from ..tables.hf_rope import rope
 from ..tables.points import QK_NORM_PER_HEAD
 from ..tables.table import Rule, TensorTable
-from ..tables.transforms import Chain, Groups, Offset, Piece, Transform
+from ..tables.transforms import NEG_EXP, Chain, Groups, Offset, Piece
 from . import lfm2, llama, qwen2_moe
 
 if TYPE_CHECKING:
-    import torch
+    pass
 
 LINEAR = "model.layers.{}.linear_attn"
 # the gated delta-net's tensors that every family stores under our names (Qwen3.5's layout)
@@ -149,21 +149,13 @@ REFERENCE_LAYOUTS = {**QK_NORM_PER_HEAD, "attn.q": "B T H*QG"}
 # q_proj's rows (each head's query, then its gate) and q/k (NeoX rotation) unchanged. The delta-net: in_proj_qkvz
 # split into `attn_qkv` ([all q | all k | all v], our in_proj_qkv) and `attn_gate` (our in_proj_z), in_proj_ba
 # kept grouped per key head (`ssm_ba`), the conv squeezed to [channels, kernel], dt_bias as `ssm_dt.bias`, A_log
-# as `ssm_a` = -exp(A_log) in float32 (read back as log(-ssm_a): not bit for bit in general), the gated norm as
+# as `ssm_a` = -exp(A_log) (transforms.NEG_EXP, as llama.cpp's converter computes it; read back as log(-ssm_a):
+# not bit for bit in general), the gated norm as
 # `ssm_norm`. Metadata: the `ssm.` sizes (state_size the key head size: llama.cpp's loader takes the value heads
 # as wide, so a model whose differ is refused by name), the schedule as `attention.recurrent_layers`. llama.cpp
 # runs experts on every layer, renormalised, and no o bias.
 
 
-def _neg_exp(t: torch.Tensor) -> torch.Tensor:
-    return -t.float().exp()
-
-
-def _log_neg(t: torch.Tensor) -> torch.Tensor:
-    return (-t.float()).log()
-
-
-NEG_EXP = Transform("ssm_a = -exp(A_log) in float32", _log_neg, _neg_exp)
 GDN_GGUF_RULES = (
     Rule("blk.{}.attn_qkv.weight", "layers.{}.mixer.in_proj_qkv.weight"),
     Rule("blk.{}.attn_gate.weight", "layers.{}.mixer.in_proj_z.weight"),

@@ -191,7 +191,8 @@ def _unwritten(arch: str, entry: GgufArch, config: Mapping[str, Any], values: Ma
     """The optional keys llama.cpp's converter leaves out of this model's file, among those that
     hold llama.cpp's runtime default; `listed`: the file lists the vocabulary's tokens."""
     p, stated = f"{arch}.", entry.stated
-    implied = values[p + "embedding_length"] // values[p + "attention.head_count"]
+    heads = values[p + "attention.head_count"]
+    implied = values[p + "embedding_length"] // heads if heads else None
     head = values.get(p + "attention.key_length")
     keys = set()
     said = "attention.key_length" in stated or (entry.head_dim_stated and config.get("head_dim") is not None)
@@ -217,8 +218,8 @@ def metadata(config: Mapping[str, Any], name: str, listed: bool = False) -> Gguf
     arch, entry = EXPORTS[model_type]
     values: dict[str, Any] = {"general.architecture": arch, "general.name": named(entry, arch, name)}
     renamed = entry.renamed
-    head_dim = config.get("head_dim") or (_get(config, "hidden_size", renamed)
-                                          // _get(config, "num_attention_heads", renamed))
+    head_dim = (config.get("head_dim") or (_get(config, "hidden_size", renamed)
+                                           // _get(config, "num_attention_heads", renamed))) if entry.attends else 0
     for gguf_key, hf_key in {**SHARED_KEYS, **entry.keys}.items():
         value = _get(config, hf_key, renamed)
         if value is None and hf_key in entry.unstated:
@@ -229,10 +230,15 @@ def metadata(config: Mapping[str, Any], name: str, listed: bool = False) -> Gguf
     if entry.exported is not None:
         values.update({f"{arch}.{key}": value for key, value in entry.exported(config).items()})
     values.update(_told_apart(arch, entry))
-    values[f"{arch}.attention.key_length"] = values[f"{arch}.attention.value_length"] = head_dim
-    params, _ = _rope(config)
-    rotated = params.get("partial_rotary_factor") or config.get("partial_rotary_factor") or 1.0
-    values[f"{arch}.rope.dimension_count"] = int(head_dim * rotated)  # the rotated part of a head
+    values.update({f"lmconvert.{own}": config[hf_key] for own, hf_key in entry.own.items()
+                   if config.get(hf_key) is not None})
+    if entry.attends:  # no head size and no rotation where nothing attends (Mamba)
+        values[f"{arch}.attention.key_length"] = values[f"{arch}.attention.value_length"] = head_dim
+        params, _ = _rope(config)
+        rotated = params.get("partial_rotary_factor") or config.get("partial_rotary_factor") or 1.0
+        values[f"{arch}.rope.dimension_count"] = int(head_dim * rotated)  # the rotated part of a head
+    else:  # a head_dim in the config is the mixer's (Mamba2's)
+        values.pop(f"{arch}.attention.key_length", None)
     values[f"{arch}.vocab_size"] = config["vocab_size"]
     if entry.latent:
         values.update(_latent_sizes(arch, config))
@@ -241,7 +247,7 @@ def metadata(config: Mapping[str, Any], name: str, listed: bool = False) -> Gguf
     values.update(_layer_pattern(arch, entry, config))
     values.update(_score_scale(arch, entry, config))
     for key in _unwritten(arch, entry, config, values, listed) if not entry.latent else ():
-        del values[key]
+        values.pop(key, None)  # a model without attention has no head size to leave out
     for key in [f"{arch}.{k}" for k, default in entry.omitted.items() if values.get(f"{arch}.{k}") == default]:
         del values[key]
     for hf_key, gguf_key in TOKEN_IDS.items():

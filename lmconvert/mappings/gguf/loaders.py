@@ -11,6 +11,8 @@ from collections.abc import Mapping
 
 QKV = ("attn_q", "attn_k", "attn_v")  # llama.cpp's create_tensor_qkv loads these biases when a file has them
 NORMS = ("attn_norm", "ffn_norm", "output_norm")
+SSM = ("ssm_conv1d", "ssm_dt")  # the state-space mixers' conv and dt biases: loaded, and required
+SSM_ARCHS = ("mamba", "mamba2")
 # the biases llama.cpp's loader for each architecture reads (`create_tensor(tn(..., "bias"))` in its
 # src/models/<arch>.cpp); a file holding any other is refused by llama.cpp ("wrong number of tensors")
 LOADED_BIASES: dict[str, frozenset[str]] = {arch: frozenset(names) for arch, names in {
@@ -37,11 +39,13 @@ LOADED_BIASES: dict[str, frozenset[str]] = {arch: frozenset(names) for arch, nam
     "glm4moe": (*QKV, "exp_probs_b"), "minicpm3": (), "chatglm": QKV, "lfm2moe": ("exp_probs_b",),
     **dict.fromkeys(("qwen3next", "qwen35", "qwen35moe"), ("ssm_dt",)),  # the gated delta-net's dt_bias
     "gpt-oss": (*QKV, "attn_output", "ffn_gate_inp", "ffn_gate_exps", "ffn_up_exps", "ffn_down_exps"),
+    **{arch: SSM for arch in SSM_ARCHS},
 }.items()}
 # the biases an architecture's loader requires on every layer (`create_tensor(..., 0)`: "missing tensor" without
 # them); gpt-oss's attention output bias is one, so a model without attention biases cannot load
 REQUIRED_BIASES: dict[str, tuple[str, ...]] = {
     "gpt-oss": ("attn_output", "ffn_gate_inp", "ffn_gate_exps", "ffn_up_exps", "ffn_down_exps"),
+    **{arch: SSM for arch in SSM_ARCHS},
 }
 # the architectures whose llama.cpp loader requires an `output` matrix (a tied model has none)
 OUTPUT_REQUIRED = frozenset({"qwen2moe", "olmo2", "stablelm", "nemotron", "olmoe", "phi2", "gptneox", "minimax-m2",
@@ -107,9 +111,10 @@ def refused_tensors(arch: str, shapes: Mapping[str, tuple[int, ...]]) -> str | N
 # tensors llama.cpp's converter stores as F32 whatever the file type (ModelBase.prepare_tensors: the
 # routers, learned positions, any norm, any bias, gpt-oss's stacked [experts, width] ones too: its graph adds
 # them with ggml_add_id, which takes F32 only; the short and SSM convolutions' kernels, which ggml_ssm_conv takes
-# in F32 only), and those it stores as F16 rather than ternary
+# in F32 only; the state-space A and D, whose names end in no `.weight`), and those it stores as F16 rather than
+# ternary
 ALWAYS_F32 = ("ffn_gate_inp.weight", "ffn_gate_inp_shexp.weight", "position_embd.weight", "_norm.weight", ".bias",
-              "shortconv.conv.weight", "ssm_conv1d.weight")
+              "shortconv.conv.weight", "ssm_conv1d.weight", ".ssm_a", ".ssm_d")
 HALF_WHEN_TERNARY = ("token_embd.weight", "output.weight")
 
 

@@ -96,14 +96,19 @@ def hf_config(file: Metadata) -> tuple[dict[str, Any], GgufArch]:
             for part in outer:
                 nested = nested.setdefault(part, {})
             nested[last] = key(gguf_key)
+    config.update({hf_key: file.meta[f"lmconvert.{own}"] for own, hf_key in entry.own.items()
+                   if file.meta.get(f"lmconvert.{own}") is not None})
     hidden, heads = config["hidden_size"], config["num_attention_heads"]
     config.setdefault("num_key_value_heads", heads)
-    if "head_dim" not in config:
+    if heads == 0 and entry.attends:
+        raise MappingError(f"{arch}.attention.head_count is 0, which only llama.cpp's state-space architectures "
+                           "state; the file is damaged")
+    if "head_dim" not in config and entry.attends:
         if hidden % heads:
             raise MappingError(f"{arch}.attention.key_length is missing and embedding_length "
                                f"{hidden} is not a multiple of head_count {heads}")
         config["head_dim"] = hidden // heads
-    head_dim = config["head_dim"]
+    head_dim = config.get("head_dim")
     rotated = key("rope.dimension_count")
     if entry.partial_rotary and rotated is not None:  # StableLM: the rotated part of a head
         config[entry.rotary_key] = rotated / head_dim

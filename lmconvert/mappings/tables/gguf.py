@@ -98,6 +98,15 @@ class GgufArch:
     # rope parameters (HF names) llama.cpp's runtime takes as these whatever the file states (gpt-oss: YaRN's
     # betas, which its loader does not read): read as these, so an export stating others is refused
     rope_fixed: Mapping[str, Any] = field(default_factory=dict)
+    # `lmconvert.` keys -> HF keys: what llama.cpp's format has no key for, its runtime no use for, and the
+    # import needs back (a Mamba2 mixer's chunk size, which changes how its prefill rounds)
+    own: Mapping[str, str] = field(default_factory=dict)
+
+    @property
+    def attends(self) -> bool:
+        """False for llama.cpp's all-state-space architectures (mamba, mamba2), whose files state a head count
+        and an FFN width of 0: no head size, no RoPE."""
+        return self.constants.get("attention.head_count") != 0
 
     def read_by_transformers(self, config: Mapping[str, Any]) -> bool:
         """Whether transformers' GGUF loader builds this file's model (a reference for `verify`)."""
@@ -191,7 +200,7 @@ def tensor_sizes(config: Mapping[str, Any], renamed: Mapping[str, str] | None = 
                            if own_value(own) is not None}}
     heads = config["num_attention_heads"]
     kv_heads = config.get("num_key_value_heads") or heads
-    head_dim = config.get("head_dim") or config["hidden_size"] // heads
+    head_dim = config.get("head_dim") or (config["hidden_size"] // heads if heads else 0)  # 0 heads: Mamba
     ffn = config.get("intermediate_size") or config.get("n_inner") or 4 * config["hidden_size"]
     latent = {"k_nope": config["qk_nope_head_dim"], "v_head": config["v_head_dim"]} if "v_head_dim" in config else {}
     shared = {"shared": config["shared_intermediate_size"]} if config.get("shared_intermediate_size") else {}

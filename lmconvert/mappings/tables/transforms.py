@@ -857,3 +857,24 @@ class Chain:
 
         return Transform(" then ".join(b.name for b in bound), forward, inverse,
                          packed_forward if movable else None, packed_inverse if movable else None)
+
+
+# ---- NEG_EXP
+
+
+def _log_of_negated(t: Any) -> Any:  # noqa: ANN401 - a tensor
+    import torch
+
+    return torch.log(-t)
+
+
+def _negated_exp(t: Any) -> Any:  # noqa: ANN401 - a tensor
+    import torch
+
+    return -torch.exp(t)
+
+
+# a state-space model's A stored as A = -exp(A_log), as llama.cpp's converters write it (mamba, mamba2, jamba, the
+# granite hybrids, nemotron_h): import takes log(-A). Not exact: log(-(-exp(x))) comes back within a few ulps of
+# x, not bit for bit, so a GGUF's A_log is compared to its source at that bar (tests/test_export_gguf.py)
+NEG_EXP = Transform("A_log stored as A = -exp(A_log)", _log_of_negated, _negated_exp)
