@@ -128,6 +128,7 @@ def test_prefill_is_transformers_bit_for_bit(family: str, neg_eigval: bool, dtyp
     check_prefill(ref, ours, inputs(dtype, D, T))
 
 
+@pytest.mark.slow  # 41 steps in three dtypes per family: make test runs them
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
 @pytest.mark.parametrize(("family", "neg_eigval"), CASES)
 def test_cached_decoding_is_transformers_step_by_step(family: str, neg_eigval: bool, dtype: torch.dtype) -> None:

@@ -195,6 +195,7 @@ def test_prefill_without_cache(case, dtype):
         _same(_our_call(ours, x, None, None, 0), _hf_call(hf, hf_cfg, x, None, None), dtype)
 
 
+@pytest.mark.slow  # 44 cases of 34 steps each: make test runs them, test-fast the prefills
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
 @pytest.mark.parametrize("pad", [0, 5], ids=["unpadded", "left_padded"])
 @pytest.mark.parametrize("case", list(CASES))

@@ -134,6 +134,7 @@ def test_verify_counts_the_layers_both_models_run(tmp_path: Path, dtype: str) ->
         assert seen[label] == [(i, total) for i in range(total + 1)], label
 
 
+@pytest.mark.slow  # 7 s: a whole verify through a terminal
 def test_verify_draws_layers_on_a_terminal(tmp_path: Path) -> None:
     src = make_checkpoint(tmp_path / "src", "llama")
     proc, lines = run_in_terminal("verify", src, "--generate", "2")

@@ -422,6 +422,7 @@ def test_pull_draws_bytes_downloaded_then_converted(hub: HubServer, commits: dic
     assert converting[-1].startswith(f"converting {TINY}: {size(written)} of {size(written)} (100%)"), lines
 
 
+@pytest.mark.slow  # 3 s, as the other pulls are marked
 def test_pull_of_a_gemma4_unified_checkpoint_in_the_hub_layout(tmp_path: Path) -> None:
     """A tiny Gemma4UnifiedForConditionalGeneration as the Hub repos hold it (transformers' save_pretrained writes
     the published names: `model.language_model.`, `model.vision_embedder.`, `model.embed_vision.` and

@@ -34,6 +34,8 @@ from lmconvert.formats.checkpoint import open_checkpoint
 from lmconvert.runtime.card import card
 from lmconvert.verify.run import verify
 
+pytestmark = pytest.mark.slow  # each builds, converts and verifies checkpoints (1.5 s and more)
+
 GPTQ_CASES = {  # name -> bits, group_size, sym, desc_act, v1 (checkpoint_format "gptq"), g_idx stored
     "4bit-sym": (4, 32, True, False, True, True),
     "4bit-asym-desc": (4, 32, False, True, True, True),

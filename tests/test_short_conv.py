@@ -121,6 +121,7 @@ def test_transformers_reads_our_gguf(tmp_path: Path) -> None:
         assert float((theirs - model(ids).logits).abs().max()) <= 1e-5
 
 
+@pytest.mark.slow  # over 1.1 s each on 2 cores
 @pytest.mark.parametrize("name", ["lfm2", "lfm2_moe"])
 def test_forty_decoding_steps(name: str, tmp_path: Path) -> None:
     """A prefill shorter than the kernel, then 40 tokens one at a time: transformers' cached decoding

@@ -17,6 +17,7 @@ FAMILIES = ("mamba2", "mamba", "falcon_mamba", "bamba", "granitemoehybrid", "jam
 PREFILL, STEPS = 13, 35
 
 
+@pytest.mark.slow  # over 1.2 s each on 2 cores
 @pytest.mark.parametrize("name", FAMILIES)
 def test_cached_decoding_over_35_steps(name: str, tmp_path: Path) -> None:
     spec = SPECS[name]
