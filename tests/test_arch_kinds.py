@@ -7,6 +7,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
+from typing import Any
 
 import pytest
 import torch
@@ -15,9 +16,10 @@ from arch_helpers import build, max_diff, tiny, tokens
 from torch import nn
 
 from lmconvert.arch import ArchConfig, ConfigError, Decoder
-from lmconvert.arch.attention_kinds import AttentionKind, attention_kind, register, unregister
+from lmconvert.arch.attention_kinds import KINDS, AttentionKind, attention_kind, register
 from lmconvert.arch.build import attach
 from lmconvert.arch.describe import variants
+from lmconvert.arch.kinds import Kinds
 from lmconvert.arch.parts import LinearPart, Part
 from lmconvert.arch.shapes import parameter_shapes
 
@@ -75,12 +77,13 @@ NO_POSITIONS = dict(layer_positions=("none", "none"))
 
 
 @contextmanager
-def registered(kind: AttentionKind) -> Iterator[AttentionKind]:
-    register(kind)
+def registered(kind: Any, kinds: Kinds = KINDS) -> Iterator[Any]:  # noqa: ANN401 - any registry's kind
+    """`kind` in `kinds` (the attention kinds unless said) for the block's duration."""
+    kinds.register(kind)
     try:
         yield kind
     finally:
-        unregister(kind.name)
+        kinds.unregister(kind.name)
 
 
 @pytest.fixture

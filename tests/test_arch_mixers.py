@@ -9,20 +9,20 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass
 
 import pytest
 import torch
 from arch_helpers import build, max_diff, tiny, tokens
 from safetensors.torch import load_file, save_file
+from test_arch_kinds import registered
 from torch import nn
 
 from lmconvert.arch import ArchConfig, ConfigError, Decoder
 from lmconvert.arch.build import attach
 from lmconvert.arch.context import Context
 from lmconvert.arch.describe import variants
-from lmconvert.arch.mixer_kinds import MixerKind, mixer_kind, register, unregister
+from lmconvert.arch.mixer_kinds import KINDS, MixerKind, mixer_kind, register
 from lmconvert.arch.parts import ConvPart, LinearPart, NormPart, Part
 from lmconvert.arch.shapes import norm_slots, parameter_shapes
 from lmconvert.runtime.streamed import StreamedDecoder
@@ -82,18 +82,9 @@ DECAY = MixerKind(
 HYBRID = dict(mixer="decay", layer_mixers=("mixer", "attention", "mixer"), n_layers=3)
 
 
-@contextmanager
-def registered(kind: MixerKind) -> Iterator[MixerKind]:
-    register(kind)
-    try:
-        yield kind
-    finally:
-        unregister(kind.name)
-
-
 @pytest.fixture
 def decay() -> Iterator[MixerKind]:
-    with registered(DECAY) as kind:
+    with registered(DECAY, KINDS) as kind:
         yield kind
 
 
@@ -309,7 +300,7 @@ def test_verify_points_and_layouts_come_from_the_parts(decay):
 
 # ----------------------------------------------------------------------------- gone when unregistered
 def test_an_unregistered_kind_is_unknown_again():
-    with registered(DECAY):
+    with registered(DECAY, KINDS):
         tiny(mixer="decay")
     with pytest.raises(ConfigError, match="ArchConfig.mixer='decay': must be one of"):
         tiny(mixer="decay")

@@ -20,6 +20,7 @@ from importlib import import_module
 from typing import TYPE_CHECKING, Any
 
 from .errors import ConfigError
+from .kinds import Kinds
 from .parts import LinearPart, NormPart, ParamPart, Part
 
 if TYPE_CHECKING:
@@ -59,27 +60,13 @@ class AttentionKind:
         return getattr(import_module(path), name)(cfg, self.parts(cfg), layer, rotary, relative)
 
 
-KINDS: dict[str, AttentionKind] = {}
+KINDS: Kinds[AttentionKind] = Kinds("attention kind", "attention")
+register, unregister = KINDS.register, KINDS.unregister
 
 
-def register(kind: AttentionKind) -> AttentionKind:
-    """Adds a kind; a second kind under a taken name would silently replace the first, so it fails."""
-    if kind.name in KINDS:
-        raise ValueError(f"attention kind {kind.name!r} is already registered")
-    KINDS[kind.name] = kind
-    return kind
-
-
-def unregister(name: str) -> None:
-    del KINDS[name]
-
-
-def attention_kind(name: Any) -> AttentionKind:
+def attention_kind(name: Any) -> AttentionKind:  # noqa: ANN401 - a config value, unchecked
     """The kind `ArchConfig.attention` names; a ConfigError naming the value when none is registered."""
-    try:
-        return KINDS[name]
-    except (KeyError, TypeError):
-        raise ConfigError(f"ArchConfig.attention={name!r}: must be one of {', '.join(KINDS)}") from None
+    return KINDS.named(name)
 
 
 # ----------------------------------------------------------------------------- standard: MHA / GQA / MQA

@@ -20,6 +20,7 @@ from importlib import import_module
 from typing import TYPE_CHECKING, Any
 
 from .errors import ConfigError
+from .kinds import Kinds
 from .parts import ConvPart, LinearPart, NormPart, ParamPart, Part
 
 if TYPE_CHECKING:
@@ -55,28 +56,13 @@ class MixerKind:
         return getattr(import_module(path), name)(cfg, self.parts(cfg), layer)
 
 
-KINDS: dict[str, MixerKind] = {}
+KINDS: Kinds[MixerKind] = Kinds("mixer kind", "mixer")
+register, unregister = KINDS.register, KINDS.unregister
 
 
-def register(kind: MixerKind) -> MixerKind:
-    """Adds a kind; a second kind under a taken name would silently replace the first, so it fails."""
-    if kind.name in KINDS:
-        raise ValueError(f"mixer kind {kind.name!r} is already registered")
-    KINDS[kind.name] = kind
-    return kind
-
-
-def unregister(name: str) -> None:
-    del KINDS[name]
-
-
-def mixer_kind(name: Any) -> MixerKind:
+def mixer_kind(name: Any) -> MixerKind:  # noqa: ANN401 - a config value, unchecked
     """The kind `ArchConfig.mixer` names; a ConfigError naming the value when none is registered."""
-    try:
-        return KINDS[name]
-    except (KeyError, TypeError):
-        known = ", ".join(KINDS) or "none registered"
-        raise ConfigError(f"ArchConfig.mixer={name!r}: must be one of {known}") from None
+    return KINDS.named(name)
 
 
 # ----------------------------------------------------------------------------- shared checks
