@@ -146,5 +146,9 @@ CONFIG = llama.CONFIG.but(
     nullable={"head_dim": False},  # head_dim: not a FalconH1Config key, read if stated (its attention and RoPE do)
 )
 
-FAMILY = Family("falcon_h1", ("falcon_h1",), "FalconH1ForCausalLM", bamba.TENSORS, CONFIG,
-                no_gguf=mamba2.NO_GGUF.replace("mamba2", "falcon-h1") + ", nor the muP multipliers folded in")
+NO_GGUF = ("lmconvert does not write llama.cpp's falcon-h1 architecture yet: its converter folds the muP multipliers "
+           "into the weights (embedding, q/k/v/o, in_proj by the muP vector, out_proj, the FFN's gate and down, the LM "
+           "head), which rounds otherwise than transformers' multiplies and leaves no multiplier in the file to read "
+           "back")
+
+FAMILY = Family("falcon_h1", ("falcon_h1",), "FalconH1ForCausalLM", bamba.TENSORS, CONFIG, no_gguf=NO_GGUF)
