@@ -27,7 +27,7 @@ SPEC = Spec(
           "FFN gate x 0.9, FFN output x 0.55",
           "Mamba2 muP: input x 1.7, [z|x|B|C|dt] x [0.7, 1.3, 0.45, 1.9, 0.35]", "weight in fp32, gate after the norm",
           "embedding scale: 2.3 (a float multiply)", "logit scale: 0.37", "biases: in_proj, conv, out_proj",
-          "per sequence"),
+          "decoding state: 128 entries per token (KV cache, 2 layers of attention) + 5,632 entries per sequence"),
     tp_refusal="the mamba2 mixer layers have no tensor-parallel plan",
     config_variants=(
         dict(MIXER),
