@@ -225,6 +225,7 @@ def _header_read(path: Path) -> tuple[Any, int]:
     return ast.literal_eval(read), int(rss)
 
 
+@pytest.mark.slow
 def test_a_tokenizer_s_arrays_read_without_an_object_per_element(tmp_path: Path) -> None:
     """150k tokens, scores, types and merges: gguf's reader made objects per element, 9 s and 800 MB
     here (its peak 586 MB above an empty header's); ours reads each array whole, 0.2 s and ~1 MB more.
