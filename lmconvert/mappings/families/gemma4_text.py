@@ -101,4 +101,6 @@ CONFIG = unified.CONFIG.but(
 FAMILY = Family("gemma4_text", ("gemma4_text", "gemma4"), "Gemma4ForCausalLM", TENSORS, CONFIG,
                 notes={"gemma4": "Gemma4ForConditionalGeneration (model_type gemma4): only the text decoder is read; "
                                  "the vision and audio towers and embedders are left out"},
-                no_gguf=unified.FAMILY.no_gguf, reference_layouts=unified.REFERENCE_LAYOUTS)
+                no_gguf=unified.FAMILY.no_gguf.replace("layers and layer scalars", "layers, layer scalars and MoE "
+                                                       "block (the router's input and per-expert scales)"),
+                reference_layouts=unified.REFERENCE_LAYOUTS)
