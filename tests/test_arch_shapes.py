@@ -8,6 +8,7 @@ from __future__ import annotations
 import subprocess
 import sys
 import textwrap
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -93,6 +94,11 @@ CASES: dict[str, dict[str, Any]] = {
     "falcon_like": dict(norm=NormConfig(kind="layer", bias=True), norm_placement="parallel_separate",
                         parallel_sum="mlp+attn+h", q_bias=True, k_bias=True, v_bias=True, o_bias=True,
                         mlp_bias=True, bias_separate=True, gated=False),
+    # Gemma 4's MoE block: the dense MLP, then the router with its scales, the experts and three norms
+    "moe_beside_dense": dict(
+        norm_placement="sandwich", moe=dict(n_experts=3, top_k=2, d_expert=5, weights_fp32=True, router_norm=True,
+                                            expert_scale=True, beside_dense=True, output_norm=True,
+                                            dense_layers=(1,))),
     "rich": dict(
         vocab_size=100, d_model=48, n_layers=3, n_heads=6, d_ff=37, n_kv_heads=2, head_dim=12, max_positions=96,
         norm=NormConfig(kind="layer", eps=1e-5, weight=True, bias=True, dtype_order="scale_then_cast"),
@@ -202,7 +208,10 @@ def arch_configs(draw: st.DrawFn) -> ArchConfig:
             router="sigmoid" if sigmoid else "softmax", selection_bias=sigmoid and draw(st.booleans()),
             shared=shared, d_shared=None if shared == "none" else draw(st.integers(1, 12)),
             dense_layers=tuple(draw(st.sets(st.integers(0, n_layers - 1)))), output_norm=draw(st.booleans()),
-            sum_bias=draw(st.booleans()))
+            sum_bias=draw(st.booleans()), router_norm=draw(st.booleans()), expert_scale=draw(st.booleans()))
+        if shared == "none" and fields["norm_placement"] in config_module.SEQUENTIAL_PLACEMENTS and \
+                not fields.get("residual_after_norm") and not fields.get("residual_fp32") and draw(st.booleans()):
+            fields["moe"] = replace(fields["moe"], beside_dense=True, output_norm=True, sum_bias=False)  # Gemma 4
     if fields["o_bias"] and draw(st.booleans()):  # the o bias on some layers only (GPT-NeoX-Japanese)
         fields["o_bias_layers"] = tuple(draw(st.sets(st.integers(0, n_layers - 1), min_size=1)))
     return ArchConfig(**fields)

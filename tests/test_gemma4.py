@@ -78,3 +78,37 @@ def test_shared_layers_have_no_kv_projections_and_double_width(shared: Path) -> 
         assert names[f"layers.{i}.mlp.up.weight"].shape[0] == 2 * model.cfg.d_ff
     assert "layers.1.attn.v.weight" not in names and "layers.0.attn.v.weight" in names  # K = V on global layers
     assert names["layers.1.attn.q.weight"].shape == (4 * 32, 64) and names["layers.1.attn.k.weight"].shape == (32, 64)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_moe_router_is_gemma4s_bit_for_bit(dtype: torch.dtype) -> None:
+    """MoeConfig(router_norm, expert_scale): the router's input normalised without a weight, times its scale and
+    hidden**-0.5, softmax in fp32, top-k renormalised, times the per-expert scale (in fp32), as Gemma4TextRouter;
+    every parameter perturbed."""
+    from transformers import Gemma4TextConfig
+    from transformers.models.gemma4.modeling_gemma4 import Gemma4TextRouter
+
+    from lmconvert.arch import ArchConfig
+    from lmconvert.arch.moe import Router
+
+    config = Gemma4TextConfig(hidden_size=48, num_experts=6, top_k_experts=3, enable_moe_block=True,
+                              moe_intermediate_size=8, hidden_size_per_layer_input=0)
+    theirs = Gemma4TextRouter(config)
+    cfg = ArchConfig(vocab_size=8, d_model=48, n_layers=1, n_heads=2, d_ff=8,
+                     norm=NormConfig(eps=1e-6, dtype_order="scale_then_cast", power=True),
+                     moe=dict(n_experts=6, top_k=3, d_expert=8, weights_fp32=True, router_norm=True,
+                              expert_scale=True))
+    ours = Router(cfg, cfg.moe)
+    generator = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        for mine, their in ((ours.weight, theirs.proj.weight), (ours.scale, theirs.scale),
+                            (ours.expert_scale, theirs.per_expert_scale)):
+            their.copy_(their + 0.3 * torch.randn(their.shape, generator=generator))
+            mine.copy_(their)
+    theirs, ours = theirs.to(dtype), ours.to(dtype)
+    h = (torch.randn(40, 48, generator=generator) * 3).to(dtype)
+    with torch.no_grad():
+        _, their_weights, their_chosen = theirs(h)
+        _, our_weights, our_chosen = ours(h)
+    assert torch.equal(our_chosen, their_chosen)
+    assert our_weights.dtype == their_weights.dtype == torch.float32 and torch.equal(our_weights, their_weights)

@@ -607,9 +607,10 @@ def test_card_counts_total_and_active_parameters(name: str, saved: Callable[...,
     experts a token does not use, counted from transformers' own fused expert tensors."""
     spec = SPECS[name]
     theirs = build_model(spec.model_type, **spec.kwargs)
-    # with the selection bias (e_score_correction_bias), which transformers holds as a buffer
+    # with the selection bias (e_score_correction_bias) and Gemma 4's layer_scalar, which transformers holds as
+    # buffers (stored in the checkpoint, parameters of ours)
     total = sum(p.numel() for p in theirs.parameters()) + sum(
-        b.numel() for n, b in theirs.named_buffers() if n.endswith(SELECTION_BIAS_BUFFERS))
+        b.numel() for n, b in theirs.named_buffers() if n.endswith((*SELECTION_BIAS_BUFFERS, "layer_scalar")))
     cfg = lmconvert.load(saved(name)).cfg
     k, n = cfg.moe.top_k, cfg.moe.n_experts  # transformers' keys for them differ by family (Aria's moe_topk)
     # the modules holding every expert's weights (MixtralExperts, DbrxExperts, JetMoE's parallel experts of its
@@ -647,6 +648,11 @@ CFG = dict(vocab_size=8, d_model=16, n_layers=3, n_heads=2, d_ff=4)
     (dict(n_experts=4, top_k=2, d_expert=4, shared_fused=True), "needs a shared expert"),
     (dict(n_experts=4, top_k=2, d_expert=4, router="topk_softmax", norm_topk=False, n_group=2),
      "does not limit its choice to groups"),
+    (dict(n_experts=4, top_k=2, d_expert=4, beside_dense=True), "output_norm=False"),
+    (dict(n_experts=4, top_k=2, d_expert=4, beside_dense=True, output_norm=True, shared="plain", d_shared=4),
+     "shared='plain'"),
+    (dict(n_experts=4, top_k=2, d_expert=4, beside_dense=True, output_norm=True, sum_bias=True), "sum_bias=True"),
+    (dict(n_experts=4, top_k=2, d_expert=4, beside_dense="yes"), "true or false"),
 ])
 def test_bad_moe_settings_are_refused(moe: dict, fragment: str) -> None:
     with pytest.raises(ConfigError, match="moe") as caught:
@@ -660,6 +666,15 @@ def test_moe_needs_gated_unbiased_ffns() -> None:
         ArchConfig(**CFG, moe=moe, gated=False)
     with pytest.raises(ConfigError, match="mlp_bias=False"):
         ArchConfig(**CFG, moe=moe, mlp_bias=True)
+
+
+def test_moe_beside_the_dense_mlp_needs_sequential_sublayers() -> None:
+    """The block passes the stream beside the FFN norm's output only where its sublayers run in turn."""
+    moe = dict(n_experts=4, top_k=2, d_expert=4, beside_dense=True, output_norm=True)
+    for placement in ("parallel_shared", "post"):
+        with pytest.raises(ConfigError, match="moe.beside_dense=True.*sequential sublayers"):
+            ArchConfig(**CFG, moe=moe, norm_placement=placement)
+    ArchConfig(**CFG, moe=moe, norm_placement="sandwich")
 
 
 def test_moe_config_survives_json_and_dense_json_is_unchanged() -> None:

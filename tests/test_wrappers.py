@@ -397,9 +397,14 @@ def gemma4(**text: Any) -> transformers.PreTrainedConfig:
         video_token_id=1003, boa_token_id=1004, eoa_token_index=1005, audio_token_id=1006)
 
 
-def test_gemma4_is_read_as_its_text_decoder(tmp_path: Path) -> None:
+MOE = {"enable_moe_block": True, "num_experts": 4, "top_k_experts": 2, "moe_intermediate_size": 32}
+
+
+@pytest.mark.parametrize("text", [{}, MOE], ids=["dense", "moe"])
+def test_gemma4_is_read_as_its_text_decoder(tmp_path: Path, text: dict[str, Any]) -> None:
     torch.manual_seed(0)
-    model = transformers.Gemma4ForConditionalGeneration._from_config(gemma4(), attn_implementation="eager").eval()
+    model = transformers.Gemma4ForConditionalGeneration._from_config(gemma4(**text),
+                                                                     attn_implementation="eager").eval()
     perturb(model)
     model.save_pretrained(tmp_path / "hf")
     with torch.no_grad():
@@ -416,9 +421,8 @@ def test_gemma4_is_read_as_its_text_decoder(tmp_path: Path) -> None:
 @pytest.mark.parametrize(("text", "says"), [
     ({"hidden_size_per_layer_input": 8}, "hidden_size_per_layer_input=8 (per-layer embeddings (PLE)) is not "
                                          "supported"),
-    ({"enable_moe_block": True, "num_experts": 4, "top_k_experts": 2, "moe_intermediate_size": 32},
-     "enable_moe_block=true (a mixture of experts beside the dense MLP) is not supported"),
+    ({**MOE, "moe_intermediate_size": None}, "enable_moe_block=true needs moe_intermediate_size"),
 ])
-def test_gemma4_per_layer_embeddings_and_moe_block_are_refused_by_name(text: dict[str, Any], says: str) -> None:
+def test_gemma4_ple_and_a_moe_block_without_its_sizes_are_refused_by_name(text: dict[str, Any], says: str) -> None:
     with pytest.raises(MappingError, match=says.replace("(", r"\(").replace(")", r"\)")):
         FAMILIES["gemma4_text"].arch_config(gemma4(**text).to_dict())

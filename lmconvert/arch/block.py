@@ -39,7 +39,7 @@ def _sequential(b: Block, h: torch.Tensor, attend: Callable[[torch.Tensor], torc
     if attend is not None:
         h = b.add(h, b.attn_post_norm(attend(b.attn_norm(h))), 0)
     if b.mlp is not None:
-        h = b.add(h, b.mlp_post_norm(b.mlp(b.mlp_norm(h))), 1)
+        h = b.add(h, b.mlp_post_norm(b.feed(h)), 1)
     return h
 
 
@@ -129,6 +129,12 @@ class Block(nn.Module):
                             hold_in_out(module)
         # -- Gemma 4: the block's output times a learned scalar (Gemma4TextDecoderLayer's layer_scalar)
         self.scalar = nn.Parameter(torch.ones(1)) if cfg.layer_scalar else None
+
+    def feed(self, h: torch.Tensor) -> torch.Tensor:
+        """The FFN on the normed stream; a mixture beside the dense MLP (moe.BesideDense: Gemma 4's) routes the
+        stream itself, so it is passed too."""
+        x = self.mlp_norm(h)
+        return self.mlp(x, h) if getattr(self.mlp, "reads_stream", False) else self.mlp(x)
 
     def scaled(self, out: torch.Tensor) -> torch.Tensor:
         """A sublayer's output as it joins the residual: dropped out, then multiplied by a Python

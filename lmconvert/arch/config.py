@@ -321,9 +321,20 @@ class MoeConfig:
     # `scale` multiplies the routed experts' weighted sum (in the activation dtype), not the router weights (Beam)
     scale_after_sum: bool = False
     sum_bias: bool = False  # a learned bias [d_model] added to the routed experts' weighted sum (JetMoE's MoE bias)
+    # the router's input normalised by a weightless norm of the block's kind, times a learned [d_model] scale
+    # (`router.scale`) and d_model**-0.5, each in the activation dtype, before its linear (Gemma 4's router)
+    router_norm: bool = False
+    # a learned per-expert scale (`router.expert_scale`) multiplies each chosen weight after the renormalisation
+    # (Gemma 4's per_expert_scale)
+    expert_scale: bool = False
+    # the mixture runs beside the layer's dense MLP instead of replacing it (Gemma 4's enable_moe_block,
+    # moe.BesideDense): the dense MLP on the FFN norm's output, its output normalised (`mlp.dense_norm`); the
+    # router on the block's input stream itself, the experts on that stream normalised (`mlp.input_norm`),
+    # their weighted sum normalised (`mlp.norm`, output_norm); the two summed, then the block's FFN output norm
+    beside_dense: bool = False
 
     def __post_init__(self) -> None:
-        for name in ("weight_input", "sum_bias"):
+        for name in ("weight_input", "sum_bias", "router_norm", "expert_scale", "beside_dense"):
             if not isinstance(getattr(self, name), bool):
                 _fail("moe", name, getattr(self, name), "must be true or false")
         if self.weight_input and self.weights_fp32:
@@ -370,6 +381,8 @@ class MoeConfig:
                 _fail("moe", "norm_p", self.norm_p, "is the renormalisation's norm; it needs norm_topk=True")
         if self.shared_fused and self.d_shared is None:
             _fail("moe", "shared_fused", True, "needs a shared expert (d_shared)")
+        if self.beside_dense:
+            self._check_beside_dense()
         if self.router == "topk_softmax" and self.norm_topk:
             _fail("moe", "norm_topk", True, "topk_softmax's weights are a softmax over the chosen: they sum to 1")
         _choice("moe", "shared", self.shared, SHARED_EXPERTS)
@@ -412,6 +425,17 @@ class MoeConfig:
             _positive("moe", name, value, allow_none=True)
         if self.experts_split and (clamped or self.expert_bias):
             _fail("moe", "experts_split", True, "split experts have neither biases nor the clamped SwiGLU")
+
+    def _check_beside_dense(self) -> None:
+        """Beside the dense MLP the mixture is Gemma 4's: routed experts and their output norm, nothing else."""
+        for name, value, why in (("output_norm", True, "the experts' sum is normalised before it joins the dense "
+                                                      "MLP's output"),
+                                 ("shared", "none", "a shared expert beside the dense MLP is not a layout lmconvert "
+                                                    "knows"),
+                                 ("scale_after_sum", False, "the experts' sum is not scaled beside the dense MLP"),
+                                 ("sum_bias", False, "the experts' sum has no bias beside the dense MLP")):
+            if getattr(self, name) != value:
+                _fail("moe", name, getattr(self, name), f"must be {value!r} with beside_dense: {why}")
 
     def sparse(self, layer: int) -> bool:
         return layer not in self.dense_layers
@@ -844,6 +868,10 @@ class ArchConfig:
         if moe.dense_layers and moe.dense_layers[-1] >= self.n_layers:
             _fail("ArchConfig", "moe.dense_layers", list(moe.dense_layers),
                   f"names a layer >= n_layers={self.n_layers}")
+        if moe.beside_dense and (self.norm_placement not in SEQUENTIAL_PLACEMENTS or self.residual_after_norm
+                                 or self.residual_fp32):
+            _fail("ArchConfig", "moe.beside_dense", True, "reads the block's input stream beside the FFN norm's "
+                  "output: needs sequential sublayers (norm_placement 'pre', 'sandwich' or 'output', plain residuals)")
 
     def _check_temperature(self) -> None:
         value = self.attn_temperature
@@ -1096,7 +1124,8 @@ UNSTATED_WHEN_UNSET: dict[str, Any] = {"attn_sinks": False, "sink_form": "column
                                        "v_norm": False, "kv_shared_layers": 0, "kv_reused": False,
                                        "shared_ffn_factor": 1, "layer_scalar": False}
 ROPE_UNSTATED_WHEN_UNSET: dict[str, Any] = {"alpha": None, "reverse": False}
-MOE_UNSTATED_WHEN_UNSET: dict[str, Any] = {"weight_input": False, "sum_bias": False, "scale_after_sum": False}
+MOE_UNSTATED_WHEN_UNSET: dict[str, Any] = {"weight_input": False, "sum_bias": False, "scale_after_sum": False,
+                                           "router_norm": False, "expert_scale": False, "beside_dense": False}
 NORM_UNSTATED_WHEN_UNSET: dict[str, Any] = {"power": False}
 
 

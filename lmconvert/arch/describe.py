@@ -129,6 +129,10 @@ def _moe(cfg: ArchConfig, moe: MoeConfig) -> list[str]:
         router += f", kept in fp32: {', '.join(moe.kept_fp32) or 'nothing'}"
     if moe.router_bias:
         router += ", with a bias"
+    if moe.router_norm:
+        router += ", input normalised and scaled"
+    if moe.expert_scale:
+        router += ", per-expert scale"
     lines = [f"mixture of experts: {moe.n_experts} experts, top-{moe.top_k}, d_expert {moe.d_expert} ({where})",
              f"router: {router}"]
     if moe.glu == "clamped_swiglu":
@@ -140,6 +144,8 @@ def _moe(cfg: ArchConfig, moe: MoeConfig) -> list[str]:
         lines.append("experts: biases on gate, up and down, added after each product")
     if moe.sum_bias:
         lines.append("experts: a bias added to their weighted sum")
+    if moe.beside_dense:
+        lines.append("experts beside the dense MLP: each output normalised, then summed")
     if moe.d_shared is not None:
         lines.append(f"{SHARED_NAMES[moe.shared]}, width {moe.d_shared}"
                      + (", gate and up as one projection's halves" if moe.shared_fused else ""))

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Iterable
+from dataclasses import replace
 from functools import partial
 
 import torch
@@ -40,11 +41,19 @@ class Router(nn.Linear):
         self.fp32_parameters = ("weight", "selection_bias")[:1 + moe.selection_bias] if moe.router_fp32 else ()
         if moe.kept_fp32 is not None:  # the family says which (Kolibri: the bias alone)
             self.fp32_parameters = moe.kept_fp32
+        # Gemma 4: the input normalised (no weight), times `scale` and d_model**-0.5; the chosen weights times
+        # `expert_scale`
+        self.input_norm = Norm(cfg.d_model, replace(cfg.norm, weight=False, bias=False)) if moe.router_norm else None
+        self.scale = nn.Parameter(torch.ones(cfg.d_model)) if moe.router_norm else None
+        self.root = cfg.d_model ** -0.5
+        self.expert_scale = nn.Parameter(torch.ones(moe.n_experts)) if moe.expert_scale else None
 
     def forward(self, h: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:  # type: ignore[override]
         """The logits first, as transformers' routers return them, so that verify compares the
         router's own output."""
         moe = self.moe
+        if self.input_norm is not None:  # Gemma4TextRouter: norm, then `* scale * scalar_root_size`, in that order
+            h = self.input_norm(h) * self.scale * self.root
         if moe.router_fp32:
             bias = None if self.bias is None else self.bias.float()
             logits = nn.functional.linear(h.float(), self.weight.float(), bias)
@@ -58,6 +67,8 @@ class Router(nn.Linear):
                 weights = weights / torch.clamp(norm, min=moe.norm_min)
             else:
                 weights /= norm + EPS[moe.router]
+        if self.expert_scale is not None:  # fp32 weights times the stored scale: fp32, as Gemma 4 multiplies
+            weights = weights * self.expert_scale[chosen]
         if moe.scale != 1.0 and not moe.scale_after_sum:
             weights = weights * moe.scale
         if not moe.weights_fp32:  # to the activation dtype, which fp32 logits are not (ERNIE 4.5)
@@ -314,9 +325,7 @@ class MoE(nn.Module):
         moe = cfg.moe
         assert moe is not None
         self.router = Router(cfg, moe)
-        self.experts = Experts((MLP(cfg, moe.d_expert) if moe.experts_split else Expert(cfg, moe.d_expert, moe)
-                                for _ in range(moe.n_experts)), moe.sum_order, moe.weight_input,
-                               cfg.d_model if moe.sum_bias else None)
+        self.experts = routed_experts(cfg, moe)
         self.shared = (Expert if moe.shared_fused else MLP)(cfg, moe.d_shared) if moe.d_shared is not None else None
         self.shared_gate = nn.Linear(cfg.d_model, 1, bias=False) if moe.shared == "gated" else None
         self.norm = Norm(cfg.d_model, cfg.norm) if moe.output_norm else None  # A.X-K1's post_mlp_layernorm
@@ -338,6 +347,42 @@ class MoE(nn.Module):
                 out = out / 2
         out = out.reshape(x.shape)
         return out if self.norm is None else self.norm(out)
+
+
+def routed_experts(cfg: ArchConfig, moe: MoeConfig) -> Experts:
+    return Experts((MLP(cfg, moe.d_expert) if moe.experts_split else Expert(cfg, moe.d_expert, moe)
+                    for _ in range(moe.n_experts)), moe.sum_order, moe.weight_input,
+                   cfg.d_model if moe.sum_bias else None)
+
+
+class BesideDense(MLP):
+    """A mixture of experts beside the layer's dense MLP (`MoeConfig.beside_dense`), as Gemma4TextDecoderLayer
+    computes its `enable_moe_block` FFN: the dense MLP (`gate`, `up`, `down`, named as on a dense layer) on the FFN
+    norm's output x, its output normalised (`dense_norm`: post_feedforward_layernorm_1); the router on the block's
+    input stream itself, the experts on that stream normalised (`input_norm`: pre_feedforward_layernorm_2), their
+    weighted sum normalised (`norm`: post_feedforward_layernorm_2); returned summed, dense first. The block's FFN
+    output norm and residual add follow, as on any sandwich layer. `reads_stream`: Block passes the stream too."""
+
+    reads_stream = True
+
+    def __init__(self, cfg: ArchConfig) -> None:
+        super().__init__(cfg)
+        moe = cfg.moe
+        assert moe is not None
+        self.router = Router(cfg, moe)
+        self.experts = routed_experts(cfg, moe)
+        self.input_norm = Norm(cfg.d_model, cfg.norm)
+        self.dense_norm = Norm(cfg.d_model, cfg.norm)
+        self.norm = Norm(cfg.d_model, cfg.norm)
+        self.router_logits: torch.Tensor | None = None
+
+    def forward(self, x: torch.Tensor, stream: torch.Tensor) -> torch.Tensor:  # type: ignore[override]
+        dense = self.dense_norm(super().forward(x))
+        h = stream.reshape(-1, stream.shape[-1])
+        logits, weights, chosen = self.router(h)
+        self.router_logits = logits if self.router.moe.aux_loss else None  # for balance_loss
+        routed = self.experts(self.input_norm(h), weights, chosen).reshape(stream.shape)
+        return dense + self.norm(routed)
 
 
 def balance_loss(model: nn.Module, moe: MoeConfig) -> torch.Tensor:
@@ -366,5 +411,8 @@ def kept_in_fp32(model: nn.Module) -> set[str]:
 
 
 def ffn(cfg: ArchConfig, layer: int) -> nn.Module:
-    """The FFN of one layer: the mixture of experts on its sparse layers, else the dense MLP."""
-    return MoE(cfg) if cfg.moe is not None and cfg.moe.sparse(layer) else MLP(cfg)
+    """The FFN of one layer: the mixture of experts on its sparse layers (in place of the dense MLP, or beside
+    it), else the dense MLP."""
+    if cfg.moe is None or not cfg.moe.sparse(layer):
+        return MLP(cfg)
+    return BesideDense(cfg) if cfg.moe.beside_dense else MoE(cfg)

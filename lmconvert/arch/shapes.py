@@ -85,9 +85,14 @@ def _ffn(cfg: ArchConfig, layer: int, name: str) -> Shapes:
     moe = cfg.moe
     if moe is None or not moe.sparse(layer):
         return _mlp(cfg, name)
-    shapes = LinearPart(cfg.d_model, moe.n_experts, moe.router_bias).shapes(f"{name}.router")
+    shapes = _mlp(cfg, name) if moe.beside_dense else {}  # moe.BesideDense: the dense MLP's own, first
+    shapes.update(LinearPart(cfg.d_model, moe.n_experts, moe.router_bias).shapes(f"{name}.router"))
     if moe.selection_bias:
         shapes[f"{name}.router.selection_bias"] = (moe.n_experts,)
+    if moe.router_norm:
+        shapes[f"{name}.router.scale"] = (cfg.d_model,)
+    if moe.expert_scale:
+        shapes[f"{name}.router.expert_scale"] = (moe.n_experts,)
     if moe.sum_bias:  # the experts module's own tensor, before its experts'
         shapes[f"{name}.experts.bias"] = (cfg.d_model,)
     for e in range(moe.n_experts):
@@ -96,8 +101,9 @@ def _ffn(cfg: ArchConfig, layer: int, name: str) -> Shapes:
         shapes.update(_mlp(cfg, f"{name}.shared", moe.d_shared))
     if moe.shared == "gated":
         shapes.update(LinearPart(cfg.d_model, 1).shapes(f"{name}.shared_gate"))
-    if moe.output_norm:
-        shapes.update(NormPart(cfg.d_model, cfg.norm).shapes(f"{name}.norm"))
+    norms = ("input_norm", "dense_norm", "norm") if moe.beside_dense else ("norm",) if moe.output_norm else ()
+    for norm in norms:
+        shapes.update(NormPart(cfg.d_model, cfg.norm).shapes(f"{name}.{norm}"))
     return shapes
 
 

@@ -59,6 +59,9 @@ OURS: Mapping[str, Layout] = {
     "attn": RESIDUAL,  # the attention's output, a point where its module holds a tensor of its own (gpt-oss's sinks)
     "mlp.gate": "B T F", "mlp.up": "B T F", "mlp.down": RESIDUAL, **MOE,
     "mlp.norm": RESIDUAL,  # a mixture's output norm (A.X-K1's post_mlp_layernorm), on (B, T, d) as transformers'
+    # beside the dense MLP (moe.BesideDense: Gemma 4's): the experts' input norm on the flat tokens, the dense
+    # output's norm on (B, T, d), both as transformers' (pre_feedforward_layernorm_2, post_feedforward_layernorm_1)
+    "mlp.input_norm": "B*T d", "mlp.dense_norm": RESIDUAL,
     # BitNet's sub-norms (the attention output before `o`, the product before `down`); xIELU's module
     "attn.sub_norm": "B T H*D", "mlp.sub_norm": "B T F", "mlp.act": "B T F",
     "attn.out_gate": "B T H*D",  # the attention output gate's projection, before its sigmoid (AFMoE's gate_proj)

@@ -19,6 +19,9 @@ SPEC = Spec(
              hidden_size_per_layer_input=0,
              rope_parameters={S: {"rope_type": "default", "rope_theta": 20000.0},
                               F: {"rope_type": "proportional", "partial_rotary_factor": 0.5, "rope_theta": 5e5}}),
+        # the MoE block (tests/specs/gemma4_text_moe.py has its test model)
+        dict(num_hidden_layers=2, head_dim=16, global_head_dim=32, hidden_size_per_layer_input=0,
+             enable_moe_block=True, num_experts=3, top_k_experts=1, moe_intermediate_size=24),
     ),
     convertible={"hidden_size_per_layer_input": 0},
     tp_refusal=UNIFIED.tp_refusal,
