@@ -3,7 +3,7 @@ llama.cpp itself in `make llamacpp-check` (the tests marked llamacpp):
 - row by row: our bytes equal ggml's own quantizer's (`ggml_quantize_chunk`, from the libggml-base
   that llama-cpp-python installs, called through ctypes, no importance matrix) on random and
   adversarial rows: zeros, constants, one sign only, huge and tiny magnitudes, subnormals, outliers,
-  signed zeros, NaN and Inf;
+  signed zeros, NaN and Inf, random float32 bit patterns;
 - file by file: the same f32 GGUF quantized by `lmconvert convert --quant q4_k` and by
   `llama_model_quantize` (pure, 2 threads) holds the same tensors, of the same types, byte for
   byte, llama-quantize's fallback types included;
