@@ -36,12 +36,12 @@ from gguf_export import add_tokenizer
 
 MICRO = r"""
 import json, statistics, sys, time
-import numpy as np, torch, gguf
+import numpy as np, gguf
 from lmconvert.formats import ggml_dequant
 from lmconvert.formats import gguf as reader
 
 mb, repeat = float(sys.argv[1]), int(sys.argv[2])
-kernels = dict(ggml_dequant.KERNELS)
+kernels = dict(ggml_dequant.LAYOUT)
 rng = np.random.default_rng(0)
 for kind in sorted(kernels, key=lambda k: (k[-1] != "0", k)):
     block, size, fields = ggml_dequant.LAYOUT[kind]
@@ -54,19 +54,22 @@ for kind in sorted(kernels, key=lambda k: (k[-1] != "0", k)):
     get = lambda first, n: raw[first:first + n]
     out = np.ones((rows, row_bytes // size * block), dtype=np.float32)  # its pages already faulted in
     def run(n):
-        t = time.perf_counter()
+        t, c = time.perf_counter(), time.process_time()
         reader._dequantized(get, n, row_bytes, gguf.GGMLQuantizationType[kind], out=out[:n])
-        return time.perf_counter() - t, out[:n].copy()
-    ours = [run(rows)[0] for _ in range(repeat)]
+        return time.perf_counter() - t, time.process_time() - c, out[:n].copy()
+    timed = [run(rows)[:2] for _ in range(repeat)]
+    ours, cpu = [t for t, _ in timed], [c for _, c in timed]
     few = max(1, rows // 4)  # gguf's numpy on a quarter of the rows: it is slow
-    ggml_dequant.KERNELS.clear()
-    theirs_s, theirs = run(few)
-    ggml_dequant.KERNELS.update(kernels)
-    _, check = run(few)
+    ggml_dequant.LAYOUT.clear()
+    theirs_s, theirs_cpu, theirs = run(few)
+    ggml_dequant.LAYOUT.update(kernels)
+    _, _, check = run(few)
     same = bool(np.array_equal(check.view(np.uint32), theirs.view(np.uint32)))
     print(json.dumps({"type": kind, "ours": rows * row_bytes / statistics.median(ours) / 1e9,
                       "spread": [rows * row_bytes / max(ours) / 1e9, rows * row_bytes / min(ours) / 1e9],
-                      "gguf": few * row_bytes / theirs_s / 1e9, "mb": rows * row_bytes / 1e6, "same_bits": same}),
+                      "cpu": rows * row_bytes / statistics.median(cpu) / 1e9,
+                      "gguf": few * row_bytes / theirs_s / 1e9, "gguf_cpu": few * row_bytes / theirs_cpu / 1e9,
+                      "mb": rows * row_bytes / 1e6, "same_bits": same}),
           flush=True)
 """
 
@@ -80,18 +83,20 @@ if llama_cpp.llama_model_quantize(sys.argv[1].encode(), sys.argv[2].encode(), pa
 """
 
 # the reader before ggml_dequant.py: every quantized type through gguf's numpy code
-BEFORE = ("import sys; from lmconvert.formats import ggml_dequant; ggml_dequant.KERNELS.clear(); "
+BEFORE = ("import sys; from lmconvert.formats import ggml_dequant; ggml_dequant.LAYOUT.clear(); "
           "from lmconvert.cli import entry; sys.argv[0] = 'lmconvert'; entry()")
 
 
 def micro(mb: float, repeat: int) -> str:
     proc = subprocess.run([sys.executable, "-c", MICRO, str(mb), str(repeat)], check=True, capture_output=True,
                           text=True)
-    rows = [["type", "ours GB/s (min-max)", "gguf numpy GB/s", "x", "bits equal", "input MB"]]
+    rows = [["type", "ours GB/s (min-max)", "ours GB/CPU s", "gguf numpy GB/s", "gguf GB/CPU s", "x (CPU)",
+             "bits equal", "input MB"]]
     for line in proc.stdout.splitlines():
         r = json.loads(line)
-        rows.append([r["type"], f"{r['ours']:.2f} ({r['spread'][0]:.2f}-{r['spread'][1]:.2f})", f"{r['gguf']:.3f}",
-                     f"{r['ours'] / r['gguf']:.0f}", "yes" if r["same_bits"] else "NO", f"{r['mb']:.0f}"])
+        rows.append([r["type"], f"{r['ours']:.2f} ({r['spread'][0]:.2f}-{r['spread'][1]:.2f})", f"{r['cpu']:.2f}",
+                     f"{r['gguf']:.3f}", f"{r['gguf_cpu']:.3f}", f"{r['cpu'] / r['gguf_cpu']:.0f}",
+                     "yes" if r["same_bits"] else "NO", f"{r['mb']:.0f}"])
     return table(rows)
 
 

@@ -1,9 +1,9 @@
-"""GGUF dequantization (lmconvert/formats/ggml_dequant.py) gives bit for bit the float32 values of
+"""GGUF dequantization (lmconvert/formats/ggml_dequant.py, _ggml.c's C kernels) gives bit for bit the float32 values of
 `gguf.quants.dequantize`, which transformers' GGUF loader uses: every type it handles, on random
 blocks (random bytes for every field: scales, minimums, quants), on blocks whose float16 fields
 are the edge values (zeros of both signs, subnormals, the largest, Inf, quiet and signalling NaNs
 with payloads), all-zero and all-ones blocks; and through the reader, on a tensor whose row count
-divides neither the band nor the chunk. Equality is of the uint32 bits, not a tolerance."""
+does not divide the band. Equality is of the uint32 bits, not a tolerance."""
 
 from __future__ import annotations
 
@@ -14,11 +14,11 @@ import numpy as np
 import pytest
 import torch
 
-from lmconvert.formats import ggml_dequant
+from lmconvert.formats import ggml_c, ggml_dequant
 from lmconvert.formats import gguf as gguf_format
 
 Q = gguf.GGMLQuantizationType
-TYPES = sorted(ggml_dequant.KERNELS)
+TYPES = sorted(ggml_dequant.LAYOUT)
 EDGES = np.array([0x0000, 0x8000, 0x0001, 0x8001, 0x03FF, 0x0400, 0x3C00, 0xBC00, 0x7BFF, 0xFBFF,  # finite
                   0x7C00, 0xFC00, 0x7E00, 0xFE00, 0x7C01, 0x7D55, 0xFDFF, 0x7FFF], dtype=np.uint16)  # Inf, NaN
 
@@ -79,23 +79,30 @@ def test_constant_blocks(kind: str, byte: int) -> None:
     same_bits(ggml_dequant.dequantize(raw, kind), reference(raw, kind))
 
 
-@pytest.mark.parametrize("kind", ["Q8_0", "Q4_K", "Q6_K", "Q5_0"])
-def test_chunks_that_do_not_divide_the_blocks(kind: str, monkeypatch: pytest.MonkeyPatch) -> None:
-    block, size, _ = ggml_dequant.LAYOUT[kind]
-    monkeypatch.setattr(ggml_dequant, "CHUNK_VALUES", 3 * block)  # 3 blocks a step, 100 blocks
-    raw = np.random.default_rng(1).integers(0, 256, size=(10, 10 * size), dtype=np.uint8)
-    same_bits(ggml_dequant.dequantize(raw, kind), reference(raw, kind))
+@pytest.mark.parametrize("kind", TYPES)
+def test_the_kernels_count_the_blocks_gguf_must_redo(kind: str) -> None:
+    """The C kernel's count of blocks with an Inf or NaN float16 field, which decides whether any
+    block goes to gguf's code, is the count of such blocks."""
+    block, size, fields = ggml_dequant.LAYOUT[kind]
+    raw = np.random.default_rng(size + 1).integers(0, 256, size=(2000, size), dtype=np.uint8)
+    out = np.empty((2000, block), np.float32)
+    expected = int(ggml_dequant._not_finite(raw, fields).sum())
+    assert expected > 0
+    with np.errstate(all="ignore"):
+        assert ggml_c.dequantize(kind, raw, out) == expected
 
 
 def test_size_mismatch_is_refused() -> None:
     with pytest.raises(ValueError, match="do not fill"):
-        ggml_dequant.dequantize_into(torch.zeros(34, dtype=torch.uint8), "Q8_0", torch.empty(64))
+        ggml_dequant.dequantize_into(np.zeros(34, dtype=np.uint8), "Q8_0", np.empty(64, np.float32))
+    with pytest.raises(ValueError, match="do not fill"):
+        ggml_c.dequantize("Q8_0", np.zeros(35, dtype=np.uint8), np.empty(32, np.float32))
 
 
 @pytest.mark.parametrize("kind", ["Q8_0", "Q4_K", "Q6_K", "Q4_1", "IQ4_NL"])
 def test_reader_bands_do_not_divide_the_rows(kind: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """GgufFile.read: 37 rows in bands of 4 rows, chunks of 3 blocks within a band; IQ4_NL, which
-    ggml_dequant.py does not know, goes through gguf's code."""
+    """GgufFile.read: 37 rows in bands of 4 rows; IQ4_NL, which ggml_dequant.py does not know, goes
+    through gguf's code."""
     block, size = gguf.GGML_QUANT_SIZES[Q[kind]]
     columns, rows = 2 * 256, 37
     raw = np.random.default_rng(3).integers(0, 256, size=(rows, columns // block * size), dtype=np.uint8)
@@ -107,7 +114,6 @@ def test_reader_bands_do_not_divide_the_rows(kind: str, tmp_path: Path, monkeypa
     writer.write_tensors_to_file()
     writer.close()
     monkeypatch.setattr(gguf_format, "DEQUANTIZE_BAND", 4 * columns * 4)
-    monkeypatch.setattr(ggml_dequant, "CHUNK_VALUES", 3 * block)
     file = gguf_format.GgufFile(path)
     try:
         got = file.read("w")

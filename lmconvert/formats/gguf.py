@@ -138,8 +138,8 @@ def _dequantized(raw: Callable[[int, int], np.ndarray], rows: int, row_bytes: in
     """`gguf.quants.dequantize`'s values, a band of rows at a time into one float32 array: GGML's
     blocks lie within a row, so each band's bytes are read (`raw(first row, rows)`) and dequantized
     on their own, and neither the raw bytes nor the float temporaries outgrow the bands (the reads,
-    numpy and torch release the GIL, so bands go in parallel). The types ggml_dequant.py knows
-    (Q8_0, Q4_K, Q6_K, ...) go through it, bit for bit gguf's values many times faster; the
+    the C kernels and numpy release the GIL, so bands go in parallel). The types ggml_dequant.py
+    knows (Q8_0, Q4_K, Q6_K, ...) go through it, bit for bit gguf's values many times faster; the
     others through gguf's own numpy code. `out`: the float32 (rows, values) array to fill, else a
     new one."""
     import gguf
@@ -151,13 +151,12 @@ def _dequantized(raw: Callable[[int, int], np.ndarray], rows: int, row_bytes: in
 
     def fill(start: int) -> None:
         data = raw(start, min(band, rows - start))
-        if kind.name in ggml_dequant.KERNELS:
-            ggml_dequant.dequantize_into(torch.from_numpy(data), kind.name,
-                                         torch.from_numpy(out[start:start + data.shape[0]]))
+        if kind.name in ggml_dequant.LAYOUT:
+            ggml_dequant.dequantize_into(np.ascontiguousarray(data), kind.name, out[start:start + data.shape[0]])
         else:
             out[start:start + band] = gguf.quants.dequantize(data, kind)
 
-    with ggml_dequant.one_torch_thread(), ThreadPoolExecutor(max_workers=max(1, min(4, os.cpu_count() or 1))) as pool:
+    with ThreadPoolExecutor(max_workers=max(1, min(4, os.cpu_count() or 1))) as pool:
         list(pool.map(fill, range(0, rows, band)))
     return out
 

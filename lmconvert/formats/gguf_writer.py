@@ -1,7 +1,7 @@
 """GGUF out: one llama.cpp file, written by the `gguf` package's writer and streamed. Every tensor's
 name, shape and type is known before one byte is read, so the header, the metadata and the tensor
-table are written first, then each tensor is produced, encoded (cast, or quantized with
-`gguf.quants.quantize`) and written in turn: peak memory is the largest tensor and its encoding.
+table are written first, then each tensor is produced, encoded (cast, or quantized by kquants.py's C
+or `gguf.quants.quantize`) and written in turn: peak memory is the largest tensor and its encoding.
 
 What goes in (names, transforms, metadata) is decided by convert/export_gguf.py from the tables
 in mappings/; this module knows only the file.
@@ -192,8 +192,8 @@ def _write_tensor(writer: Any, fout: Any, tensor: torch.Tensor, kind: str,  # no
         n, found = _write(data, fout, kind, check is not None)
         written, bad = written + n, bad + found
 
-    # numpy's quantizer and torch's casts release the GIL: ENCODERS bands encode at once, in order,
-    # no more than that many held
+    # the K-quant encoders (C), gguf's numpy quantizers and torch's casts release the GIL: ENCODERS bands
+    # encode at once, in order, no more than that many held
     with ThreadPoolExecutor(max_workers=ENCODERS) as pool:
         for start in range(0, rows.shape[0], band):
             pending.append(pool.submit(_encode, rows[start:start + band], kind))
