@@ -636,6 +636,20 @@ def test_gated_deltanet_layouts_llama_cpp_lacks_are_refused(name: str, overrides
     assert not (tmp_path / "m.gguf").exists()
 
 
+@pytest.mark.parametrize(("name", "overrides", "fragment"), [
+    ("jamba", dict(mamba_expand=3), "runs a Mamba width of 2 x hidden_size only"),
+    ("jamba", dict(mamba_conv_bias=False), "requires the Mamba conv's bias"),
+    ("jamba", dict(mamba_proj_bias=True), "jamba architecture has no tensor for layers.0.mixer.in_proj.bias"),
+])
+def test_state_space_hybrid_layouts_llama_cpp_lacks_are_refused(name: str, overrides: dict[str, Any], fragment: str,
+                                                                 tmp_path: Path) -> None:
+    """What llama.cpp's hybrid state-space architectures cannot run is refused by name, nothing written."""
+    canonical = canonical_of(built(name, {**WRITTEN_ONLY[name], **overrides}), tmp_path)
+    code, _, err = cli("convert", canonical, tmp_path / "m.gguf", "--to", "gguf")
+    assert code == 2 and fragment in err and len(err.strip().splitlines()) == 1, err
+    assert not (tmp_path / "m.gguf").exists()
+
+
 def hf_config_of(name: str, root: Path) -> dict[str, Any]:
     """The config.json GGUF export starts from for the tiny model `name` (`family:variant`)."""
     family = name.split(":")[0]

@@ -472,7 +472,8 @@ def _hub_spelling(name: str, config: dict[str, Any]) -> dict[str, Any]:
 # byte-level BPE
 SENTENCEPIECE = {"gemma": "GemmaTokenizer", "gemma2": "GemmaTokenizer", "gemma3_text": "GemmaTokenizer",
                  "qwen2": "LlamaTokenizer", "phi3": "LlamaTokenizer", "nemotron": "LlamaTokenizer",
-                 "ernie4_5": "LlamaTokenizer", "ernie4_5_moe": "LlamaTokenizer", "minicpm3": "LlamaTokenizer"}
+                 "ernie4_5": "LlamaTokenizer", "ernie4_5_moe": "LlamaTokenizer", "minicpm3": "LlamaTokenizer",
+                 "jamba": "LlamaTokenizer"}
 # llama.cpp's converter reads config.json through transformers' config class, which in transformers 5 breaks it
 # for these: FalconConfig sets num_kv_heads to the head count, by which Falcon-7B's multi-query qkv is then cut
 # ("shape '[4, 3, 16, 64]' is invalid for input of size 6144"); GPTNeoXConfig keeps no rotary_pct. Its
@@ -631,6 +632,9 @@ def _hf_checkpoint(name: str, hf: Path) -> None:
 # (`mtp.*`, which transformers does not build, so the tiny checkpoints lack it) unless told to leave it out, as
 # lmconvert does
 CONVERTER_FLAGS = dict.fromkeys(("qwen3_next", "qwen3_5_text", "qwen3_5_moe_text"), ("--no-mtp",))
+# the families whose every tensor is compared with llama.cpp's converter's, bit for bit: the gated delta-net's and the
+# state-space hybrids', which no emulation in test_formats_gguf writes
+CONVERTER_TENSORS = {*CONVERTER_FLAGS, "jamba"}
 # llama.cpp's converter over several checkpoints in one process (its imports take most of a run)
 CONVERT_MANY = """
 import sys
@@ -685,7 +689,7 @@ def test_metadata_is_what_llama_cpp_s_converter_writes(name: str, by_llama_cpp: 
               if ours.get(key, "absent") != theirs.get(key, "absent")}
     assert {key: pair for key, pair in differ.items() if key not in allowed} == {}
     assert allowed <= set(differ), f"no longer differ: {allowed - set(differ)}"
-    if name.split(":")[0] in CONVERTER_FLAGS:  # the gated delta-net's tensors, which no emulation writes: bit for bit
+    if name.split(":")[0] in CONVERTER_TENSORS:  # tensors no emulation writes: bit for bit llama.cpp's converter's
         ours_t = {t.name: np.array(t.data) for t in gguf.GGUFReader(hf.parent / "ours.gguf").tensors}
         theirs_t = {t.name: np.array(t.data) for t in gguf.GGUFReader(theirs_path).tensors}
         assert set(ours_t) == set(theirs_t)

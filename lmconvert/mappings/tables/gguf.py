@@ -39,6 +39,9 @@ class GgufArch:
     keys: Mapping[str, str] = field(default_factory=dict)  # `{arch}.` keys beyond SHARED_KEYS -> HF keys
     defaults: Mapping[str, Any] = field(default_factory=dict)  # HF keys the file does not state
     bias_flags: Mapping[str, str] = field(default_factory=dict)  # HF bool key -> GGUF tensor that sets it
+    # HF key -> a per-layer GGUF tensor (`{}` the layer): the import states the layers holding it there, for
+    # `derived` to read and the import to drop (Jamba's expert layers, which llama.cpp tells by their router)
+    layer_tensors: Mapping[str, str] = field(default_factory=dict)
     permute_qk: bool = False  # q/k rows interleaved for llama.cpp's RoPE (LlamaModel.permute)
     norm_offset: float = 0.0  # norm weights stored as w + offset
     output: bool = True  # llama.cpp's architecture has an `output` matrix (Gemma 2's is always tied)
