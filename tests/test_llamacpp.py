@@ -452,15 +452,20 @@ def test_gemma3_tokenizer_layouts(saved_by_transformers: bool, tmp_path: Path) -
 # config.json keys llama.cpp's converter reads that transformers 5 does not write where the Hub's files have
 # them: GPT-2's n_ctx, Cohere2's rotary_pct, MPT's architecture name (MosaicML's MPTForCausalLM), DeepSeek's
 # scoring_func (V2's softmax, V3's sigmoid), EXAONE 3's own architecture and activation key (transformers runs
-# it as LlamaForCausalLM; llama.cpp's converter reads ExaoneForCausalLM as its exaone), MiniMax-M2's rotary_dim
+# it as LlamaForCausalLM; llama.cpp's converter reads ExaoneForCausalLM as its exaone), MiniMax-M2's rotary_dim,
+# Granite 4's layer types as "mamba" and "attention" (transformers 5 writes "linear_attention" and "full_attention",
+# in which llama.cpp's converter finds no attention layer)
 def _hub_spelling(name: str, config: dict[str, Any]) -> dict[str, Any]:
     rotated = (config.get("rope_parameters") or {}).get("partial_rotary_factor", 1.0)
+    granite4 = {"linear_attention": "mamba", "full_attention": "attention"}
     return {**config, **{"gpt2": {"n_ctx": config.get("n_positions")}, "cohere2": {"rotary_pct": rotated},
                          "mpt": {"architectures": ["MPTForCausalLM"]},
                          "deepseek_v3": {"scoring_func": "sigmoid"},
                          "deepseek_v2": {"scoring_func": "softmax"},
                          "exaone": {"architectures": ["ExaoneForCausalLM"], "activation_function": "silu"},
                          "minimax_m2": {"rotary_dim": int((config.get("head_dim") or 0) * rotated)},
+                         "granitemoehybrid": {"layer_types": [granite4.get(t, t) for t in config.get("layer_types")
+                                                              or ()]},
                          }.get(name.split(":")[0], {})}
 
 
@@ -583,6 +588,11 @@ DIFFERS: dict[tuple[str, frozenset[str]], str] = {
     ("exaone-moe.expert_gating_func", frozenset({"exaone_moe"})):
         "llama.cpp's exaone-moe loader requires a gating function, which its converter writes only from a "
         "scoring_func key that transformers' ExaoneMoeConfig does not keep; lmconvert writes K-EXAONE's sigmoid",
+    **{(key, frozenset({"granitemoehybrid:rope"})):
+       "llama.cpp's GraniteHybridModel writes Granite 4 without RoPE (rope.scaling.finetuned false, a context of "
+       "2**20) whatever position_embedding_type says; lmconvert states the RoPE of this model, which rotates, and "
+       "llama.cpp's granitehybrid runs it (test_f32_logits)"
+       for key in ("granitehybrid.rope.scaling.finetuned", "granitehybrid.context_length")},
     ("general.file_type", frozenset({"mpt"})):
         "llama.cpp's MPTModel writes no file type, which llama.cpp's loader only prints",
 }
@@ -634,7 +644,7 @@ def _hf_checkpoint(name: str, hf: Path) -> None:
 CONVERTER_FLAGS = dict.fromkeys(("qwen3_next", "qwen3_5_text", "qwen3_5_moe_text"), ("--no-mtp",))
 # the families whose every tensor is compared with llama.cpp's converter's, bit for bit: the gated delta-net's and the
 # state-space hybrids', which no emulation in test_formats_gguf writes
-CONVERTER_TENSORS = {*CONVERTER_FLAGS, "jamba"}
+CONVERTER_TENSORS = {*CONVERTER_FLAGS, "jamba", "bamba", "granitemoehybrid"}
 # llama.cpp's converter over several checkpoints in one process (its imports take most of a run)
 CONVERT_MANY = """
 import sys

@@ -16,6 +16,8 @@ SPEC = Spec(
     old_style={"rope_theta": 5e5}, sdpa=False,
     card=("mixer: Mamba2 (SSD), 8 heads x 16, 2 group(s), state 16, conv 4, chunk 8",
           "layer pattern: MF AF MF MF", "biases: in_proj, conv, out_proj"),
+    # llama.cpp's granitehybrid loads no in_proj or out_proj biases and rotates whole heads
+    gguf=dict(mamba_proj_bias=False, rope_parameters={**THETA, "partial_rotary_factor": 1.0}),
     tp_refusal="the mamba2 mixer layers have no tensor-parallel plan",
     config_variants=(
         dict(MIXER, attn_layer_indices=[1]),

@@ -21,6 +21,9 @@ SPEC = Spec(  # bf16: see granitemoeshared
           "mixture of experts: 4 experts, top-3, d_expert 96 (all layers)",
           "shared experts, ungated, width 48, gate and up as one projection's halves", "residual scale: 0.22",
           "layer pattern: MF MF AF MF"),
+    # llama.cpp's granitehybrid loads no in_proj or out_proj biases; Granite 4 has no positions (llama.cpp's converter
+    # writes it without RoPE whatever the config says: a second model, granitemoehybrid:rope, rotates)
+    gguf=dict(mamba_proj_bias=False, position_embedding_type=None),
     tp_refusal="the mamba2 mixer layers have no tensor-parallel plan",
     config_variants=(
         dict(MIXER, **GRANITE, layer_types=[L, A], position_embedding_type="rope"),
