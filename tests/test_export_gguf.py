@@ -646,6 +646,8 @@ def test_gated_deltanet_layouts_llama_cpp_lacks_are_refused(name: str, overrides
     ("granitemoehybrid", dict(mamba_proj_bias=True),
      "granitehybrid architecture has no tensor for layers.0.mixer.in_proj.bias"),
     ("granitemoehybrid", dict(time_step_limit=[0.01, 3.0]), "granitehybrid metadata cannot express this model's"),
+    ("nemotron_h", dict(mlp_hidden_act="silu"), "runs the MLP blocks with relu2"),
+    ("nemotron_h", dict(use_bias=True), "nemotron_h architecture has no tensor for layers.0.mixer.in_proj.bias"),
     ("bamba", dict(rope_parameters={"rope_type": "default", "rope_theta": 1e4, "partial_rotary_factor": 0.5}),
      "rotates whole heads (its converter permutes every q/k row for that), and this model rotates "
      "partial_rotary_factor=0.5 of each"),

@@ -454,16 +454,31 @@ def test_gemma3_tokenizer_layouts(saved_by_transformers: bool, tmp_path: Path) -
 # scoring_func (V2's softmax, V3's sigmoid), EXAONE 3's own architecture and activation key (transformers runs
 # it as LlamaForCausalLM; llama.cpp's converter reads ExaoneForCausalLM as its exaone), MiniMax-M2's rotary_dim,
 # Granite 4's layer types as "mamba" and "attention" (transformers 5 writes "linear_attention" and "full_attention",
-# in which llama.cpp's converter finds no attention layer)
+# in which llama.cpp's converter finds no attention layer). And keys transformers 5 writes that the Hub's files of
+# such a model have not (HUB_LACKS): a dense Nemotron-H's mixture keys (num_experts_per_tok, by which llama.cpp's
+# converter takes it for a mixture, nemotron_h_moe; the expert counts, which it states)
+HUB_LACKS = {"nemotron_h": ("num_experts_per_tok", "n_routed_experts", "n_shared_experts", "n_group", "topk_group",
+                            "norm_topk_prob", "routed_scaling_factor", "moe_intermediate_size", "moe_latent_size",
+                            "moe_shared_expert_intermediate_size", "moe_shared_expert_overlap",
+                            "mtp_layers_block_type", "num_nextn_predict_layers", "layers_block_type")}
+# Nemotron-H's blocks as the Hub's files spell them (transformers 5 writes layers_block_type, in whose list llama.cpp's
+# converter finds no MLP block)
+NEMOTRON_H_PATTERN = {"linear_attention": "M", "full_attention": "*", "mlp": "-"}
+
+
 def _hub_spelling(name: str, config: dict[str, Any]) -> dict[str, Any]:
     rotated = (config.get("rope_parameters") or {}).get("partial_rotary_factor", 1.0)
     granite4 = {"linear_attention": "mamba", "full_attention": "attention"}
+    blocks = config.get("layers_block_type") or ()
+    config = {k: v for k, v in config.items() if k not in HUB_LACKS.get(name.split(":")[0], ())}
     return {**config, **{"gpt2": {"n_ctx": config.get("n_positions")}, "cohere2": {"rotary_pct": rotated},
                          "mpt": {"architectures": ["MPTForCausalLM"]},
                          "deepseek_v3": {"scoring_func": "sigmoid"},
                          "deepseek_v2": {"scoring_func": "softmax"},
                          "exaone": {"architectures": ["ExaoneForCausalLM"], "activation_function": "silu"},
                          "minimax_m2": {"rotary_dim": int((config.get("head_dim") or 0) * rotated)},
+                         "nemotron_h": {"num_hidden_layers": len(blocks),
+                                        "hybrid_override_pattern": "".join(NEMOTRON_H_PATTERN[t] for t in blocks)},
                          "granitemoehybrid": {"layer_types": [granite4.get(t, t) for t in config.get("layer_types")
                                                               or ()]},
                          }.get(name.split(":")[0], {})}
@@ -638,21 +653,34 @@ def _hf_checkpoint(name: str, hf: Path) -> None:
     (hf / "config.json").write_text(json.dumps(_hub_spelling(name, config)))
 
 
+RAW_CONFIG = "--config-json-as-it-stands"
 # the converter's options a model needs: Qwen3-Next's and Qwen3.5's classes want the multi-token-prediction head
 # (`mtp.*`, which transformers does not build, so the tiny checkpoints lack it) unless told to leave it out, as
 # lmconvert does
-CONVERTER_FLAGS = dict.fromkeys(("qwen3_next", "qwen3_5_text", "qwen3_5_moe_text"), ("--no-mtp",))
+CONVERTER_FLAGS = {**dict.fromkeys(("qwen3_next", "qwen3_5_text", "qwen3_5_moe_text"), ("--no-mtp",)),
+                   # not the converter's own option: its config read from config.json as it stands (its fallback for
+                   # a config transformers cannot load), not through transformers 5's NemotronHConfig, which states
+                   # num_experts_per_tok for every model, by which the converter writes any Nemotron-H as the mixture
+                   # nemotron_h_moe (a dense one included); config.json states none (HUB_LACKS), as the Hub's do
+                   "nemotron_h": (RAW_CONFIG,)}
 # the families whose every tensor is compared with llama.cpp's converter's, bit for bit: the gated delta-net's and the
 # state-space hybrids', which no emulation in test_formats_gguf writes
-CONVERTER_TENSORS = {*CONVERTER_FLAGS, "jamba", "bamba", "granitemoehybrid"}
+CONVERTER_TENSORS = {*CONVERTER_FLAGS, "jamba", "bamba", "granitemoehybrid", "nemotron_h"}
 # llama.cpp's converter over several checkpoints in one process (its imports take most of a run)
-CONVERT_MANY = """
+CONVERT_MANY = f"RAW = {RAW_CONFIG!r}\n" + """
 import sys
 sys.path.insert(0, sys.argv[1])
+import json
 import convert_hf_to_gguf
+from conversion import ModelBase
+read_config = ModelBase.load_hparams
 triples = sys.argv[2:]
 for hf, out, flags in zip(triples[::3], triples[1::3], triples[2::3]):
-    sys.argv = ["convert_hf_to_gguf.py", hf, "--outfile", out, "--outtype", "f32", *flags.split()]
+    raw = RAW in flags.split()
+    sys.argv = ["convert_hf_to_gguf.py", hf, "--outfile", out, "--outtype", "f32",
+                *(f for f in flags.split() if f != RAW)]
+    ModelBase.load_hparams = (staticmethod(lambda d, *_, **__: json.loads((d / "config.json").read_text())) if raw
+                              else read_config)
     try:
         convert_hf_to_gguf.main()
     except BaseException as exc:

@@ -17,6 +17,7 @@ SPEC = Spec(
     not_a_key=("rope_parameters", "num_hidden_layers"),
     convertible={"layers_block_type": [M, A, P]},  # transformers' default pattern has a MoE block
     own_spelling={"rms_norm_eps": "layer_norm_epsilon"},
+    gguf=dict(use_bias=False),  # llama.cpp's nemotron_h loads no in_proj or out_proj biases
     tp_refusal="the mamba2 mixer layers have no tensor-parallel plan",
     config_variants=(
         dict(MIXER, layers_block_type=[M, A, P]),

@@ -123,6 +123,14 @@ class GgufArch:
         """The entry for a file holding these tensors: a variant's, if it holds the variant's tensor."""
         return next((variant for tensor, variant in self.variants if tensor in tensors), self)
 
+    # the table for one HF config, where llama.cpp's names depend on it (Nemotron-H's block norm, `attn_norm`, is
+    # the attention's or the MLP's norm by the block); None: `tensors`
+    layout: Callable[[Mapping[str, Any]], TensorTable] | None = None
+
+    def tensors_for(self, config: Mapping[str, Any]) -> TensorTable:
+        """llama.cpp's tensor names <-> canonical names for this HF config."""
+        return self.layout(config) if self.layout is not None else self.tensors
+
     @property
     def tensors(self) -> TensorTable:
         """llama.cpp's tensor names <-> canonical names, with this architecture's transforms."""
