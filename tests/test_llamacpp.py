@@ -154,6 +154,10 @@ def exported(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
 # ggml_solve_tri) is held to the same distance from float64 as ours, within 2x (measured: max 0.24x to 1.3x,
 # mean 0.34x to 0.66x)
 FP32_BOUND_MIXERS = {"gated_deltanet"}
+# models held to that bar too: Jamba's tiny model, whose fp32 rounding (ours following transformers' order) puts our
+# decoder 1.4e-5 x scale from the float64 model (max; mean 5.7e-6), where llama.cpp's is 4.9e-6 (mean 2.3e-6): the
+# two 1.8e-5 x scale apart
+FP32_BOUND_MODELS = {"jamba"}
 
 
 @pytest.mark.parametrize("model_type", list(MODELS))
@@ -171,7 +175,8 @@ def test_f32_logits(model_type: str, exported: Any, request: pytest.FixtureReque
           + ("" if torch.equal(as_ggml, ours) else
              f"; with ggml's GELU: max {table_diff.max() / scale:.1e} x scale, mean {table_diff.mean():.1e}"))
     model = lmconvert.load(canonical, dtype=torch.float32)
-    if model.cfg.mixer in FP32_BOUND_MIXERS:  # both fp32 results as far from the exact model as each other
+    if model.cfg.mixer in FP32_BOUND_MIXERS or model_type in FP32_BOUND_MODELS:  # both fp32 results as far from
+        # the exact model as each other
         with torch.no_grad():
             exact = lmconvert.load(canonical, dtype=torch.float64)(torch.tensor([ids]))[0]
         their_error, our_error = (theirs.double() - exact).abs(), (ours.double() - exact).abs()
