@@ -478,6 +478,8 @@ WRITTEN_ONLY = {
 # a family added with its spec alone: its spec's model cut to what llama.cpp's architecture holds
 WRITTEN_ONLY.update({name: dict(spec.kwargs, **spec.gguf) for name, spec in SPECS.items()
                      if spec.gguf is not None and name not in WRITTEN_ONLY})
+# Granite 4 with RoPE, which llama.cpp's granitehybrid runs as lmconvert states it (its converter would drop the RoPE)
+WRITTEN_ONLY["granitemoehybrid:rope"] = dict(WRITTEN_ONLY["granitemoehybrid"], position_embedding_type="rope")
 # Llama 4 Maverick's layout: 128 experts, for which llama.cpp's llama4 runs no QK norm (Scout's 16 have it)
 WRITTEN_ONLY["llama4_text:maverick"] = dict(WRITTEN_ONLY["llama4_text"], num_local_experts=128, use_qk_norm=False)
 # Falcon's layouts beyond Falcon-7B's (FAMILIES["falcon"]) that llama.cpp's falcon runs: Falcon-40B's two
@@ -630,6 +632,29 @@ def test_gated_deltanet_layouts_llama_cpp_lacks_are_refused(name: str, overrides
                                                              tmp_path: Path) -> None:
     """llama.cpp's qwen3next / qwen35 / qwen35moe: value heads as wide as key heads, experts on every layer and
     renormalised, no attention biases; anything else is refused by name."""
+    canonical = canonical_of(built(name, {**WRITTEN_ONLY[name], **overrides}), tmp_path)
+    code, _, err = cli("convert", canonical, tmp_path / "m.gguf", "--to", "gguf")
+    assert code == 2 and fragment in err and len(err.strip().splitlines()) == 1, err
+    assert not (tmp_path / "m.gguf").exists()
+
+
+@pytest.mark.parametrize(("name", "overrides", "fragment"), [
+    ("jamba", dict(mamba_expand=3), "runs a Mamba width of 2 x hidden_size only"),
+    ("jamba", dict(mamba_conv_bias=False), "requires the Mamba conv's bias"),
+    ("jamba", dict(mamba_proj_bias=True), "jamba architecture has no tensor for layers.0.mixer.in_proj.bias"),
+    ("granitemoehybrid", dict(mamba_expand=3, mamba_d_head=24), "runs a Mamba2 width of 2 x hidden_size only"),
+    ("granitemoehybrid", dict(mamba_proj_bias=True),
+     "granitehybrid architecture has no tensor for layers.0.mixer.in_proj.bias"),
+    ("granitemoehybrid", dict(time_step_limit=[0.01, 3.0]), "granitehybrid metadata cannot express this model's"),
+    ("nemotron_h", dict(mlp_hidden_act="silu"), "runs the MLP blocks with relu2"),
+    ("nemotron_h", dict(use_bias=True), "nemotron_h architecture has no tensor for layers.0.mixer.in_proj.bias"),
+    ("bamba", dict(rope_parameters={"rope_type": "default", "rope_theta": 1e4, "partial_rotary_factor": 0.5}),
+     "rotates whole heads (its converter permutes every q/k row for that), and this model rotates "
+     "partial_rotary_factor=0.5 of each"),
+])
+def test_state_space_hybrid_layouts_llama_cpp_lacks_are_refused(name: str, overrides: dict[str, Any], fragment: str,
+                                                                 tmp_path: Path) -> None:
+    """What llama.cpp's hybrid state-space architectures cannot run is refused by name, nothing written."""
     canonical = canonical_of(built(name, {**WRITTEN_ONLY[name], **overrides}), tmp_path)
     code, _, err = cli("convert", canonical, tmp_path / "m.gguf", "--to", "gguf")
     assert code == 2 and fragment in err and len(err.strip().splitlines()) == 1, err

@@ -63,7 +63,7 @@ GENERAL_TYPES = schema.Object(
               "lmconvert.ssm.chunk_size": schema.POSITIVE_INT})
 ARCH_TYPES: dict[str, schema.Spec] = {  # `{arch}.` keys
     **{key: schema.POSITIVE_INT for key in (
-        "context_length", "embedding_length", "block_count", "feed_forward_length", "attention.head_count",
+        "context_length", "embedding_length", "block_count", "attention.head_count",
         "attention.key_length", "attention.value_length", "rope.dimension_count",
         "vocab_size", "attention.sliding_window", "rope.scaling.original_context_length", "expert_count",
         "expert_used_count", "expert_feed_forward_length", "expert_shared_feed_forward_length",
@@ -72,6 +72,8 @@ ARCH_TYPES: dict[str, schema.Spec] = {  # `{arch}.` keys
     "ssm.dt_b_c_rms": schema.Boolean(),
     # one count, or one per layer (LFM2: 0 on a layer that does not attend)
     "attention.head_count_kv": schema.Either((schema.POSITIVE_INT, schema.Array(schema.COUNT))),
+    # one width, or one per layer (Nemotron-H: 0 on a block without an MLP)
+    "feed_forward_length": schema.Either((schema.POSITIVE_INT, schema.Array(schema.COUNT))),
     **{key: schema.POSITIVE for key in (
         "attention.layer_norm_rms_epsilon", "attention.layer_norm_epsilon", "rope.freq_base", "rope.freq_base_swa",
         "attn_logit_softcapping",
@@ -398,7 +400,7 @@ def tensor_plans(file: GgufFile, config: dict[str, Any], entry: GgufArch) -> dic
                  in family.tensors_for(arch).plan_export(parameter_shapes(arch), family_tensor_sizes(arch)).items()}
     except MappingError as exc:
         raise InputError(f"{file.path}: {str(exc).removeprefix('config.json: ')}") from None
-    table, sizes = entry.tensors, tensor_sizes(config, entry.renamed)
+    table, sizes = entry.tensors_for(config), tensor_sizes(config, entry.renamed)
     plans: dict[str, TensorPlan] = {}
     gathered: dict[str, TensorPlan] = {}
     # an HF tensor joining canonical tensors the file holds apart (GraniteMoE's input_linear, every expert's gate

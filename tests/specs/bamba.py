@@ -5,7 +5,7 @@ partial fourth), biases on the mixer's projections, half the head rotated. dt is
 
 from __future__ import annotations
 
-from specs import Spec
+from specs import GgufNaming, Spec
 
 MIXER = dict(mamba_n_heads=8, mamba_d_head=16, mamba_expand=2, mamba_d_state=16, mamba_n_groups=2, mamba_d_conv=4,
              mamba_chunk_size=8)
@@ -16,6 +16,9 @@ SPEC = Spec(
     old_style={"rope_theta": 5e5}, sdpa=False,
     card=("mixer: Mamba2 (SSD), 8 heads x 16, 2 group(s), state 16, conv 4, chunk 8",
           "layer pattern: MF AF MF MF", "biases: in_proj, conv, out_proj"),
+    # llama.cpp's granitehybrid loads no in_proj or out_proj biases and rotates whole heads
+    gguf=dict(mamba_proj_bias=False, rope_parameters={**THETA, "partial_rotary_factor": 1.0}),
+    gguf_naming=GgufNaming(converter_names={("mamba.dt_bias", "mixer"): "ssm_dt.bias"}),  # Mamba2Model renames dt_bias
     tp_refusal="the mamba2 mixer layers have no tensor-parallel plan",
     config_variants=(
         dict(MIXER, attn_layer_indices=[1]),

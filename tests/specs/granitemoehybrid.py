@@ -5,7 +5,7 @@ config_variants has no positions (position_embedding_type null, transformers' de
 
 from __future__ import annotations
 
-from specs import Spec
+from specs import GgufNaming, Spec
 
 L, A = "linear_attention", "full_attention"
 MIXER = dict(mamba_n_heads=8, mamba_d_head=16, mamba_expand=2, mamba_d_state=16, mamba_n_groups=2, mamba_d_conv=4,
@@ -21,6 +21,15 @@ SPEC = Spec(  # bf16: see granitemoeshared
           "mixture of experts: 4 experts, top-3, d_expert 96 (all layers)",
           "shared experts, ungated, width 48, gate and up as one projection's halves", "residual scale: 0.22",
           "layer pattern: MF MF AF MF"),
+    # llama.cpp's granitehybrid loads no in_proj or out_proj biases; Granite 4 has no positions (llama.cpp's converter
+    # writes it without RoPE whatever the config says: a second model, granitemoehybrid:rope, rotates)
+    gguf=dict(mamba_proj_bias=False, position_embedding_type=None),
+    gguf_naming=GgufNaming(converter_names={
+        ("block_sparse_moe.input_linear.weight", "gate"): "ffn_gate_exps.weight",
+        ("block_sparse_moe.input_linear.weight", "up"): "ffn_up_exps.weight",
+        ("shared_mlp.input_linear.weight", "gate"): "ffn_gate_shexp.weight",
+        ("shared_mlp.input_linear.weight", "up"): "ffn_up_shexp.weight",
+        ("mamba.dt_bias", "mixer"): "ssm_dt.bias"}),  # Mamba2Model renames dt_bias
     tp_refusal="the mamba2 mixer layers have no tensor-parallel plan",
     config_variants=(
         dict(MIXER, **GRANITE, layer_types=[L, A], position_embedding_type="rope"),

@@ -16,6 +16,8 @@ SPEC = Spec(
     card=("mixer: Mamba (selective scan), d_inner 128, state 16, dt rank 6, conv 4; dt, B, C RMS-normed (weights, "
           "eps=1e-06)", "mixture of experts: 4 experts, top-2", "layer pattern: MF MF AF MF"),
     not_a_key=("rope_parameters", "attention_bias"),
+    # llama.cpp's jamba loads no in_proj or out_proj biases
+    gguf=dict(mamba_proj_bias=False),
     tp_refusal="the mamba mixer layers have no tensor-parallel plan",
     config_variants=(
         dict(SCHEDULE, num_hidden_layers=4, num_experts=4),

@@ -4,7 +4,7 @@ biases on its projections; dt left unclamped (see specs/mamba2.py); the MLP unga
 
 from __future__ import annotations
 
-from specs import Spec
+from specs import GgufNaming, Spec
 
 M, A, P = "linear_attention", "full_attention", "mlp"
 MIXER = dict(mamba_num_heads=8, mamba_head_dim=16, ssm_state_size=16, n_groups=2, conv_kernel=4, chunk_size=8,
@@ -17,6 +17,8 @@ SPEC = Spec(
     not_a_key=("rope_parameters", "num_hidden_layers"),
     convertible={"layers_block_type": [M, A, P]},  # transformers' default pattern has a MoE block
     own_spelling={"rms_norm_eps": "layer_norm_epsilon"},
+    gguf=dict(use_bias=False),  # llama.cpp's nemotron_h loads no in_proj or out_proj biases
+    gguf_naming=GgufNaming(converter_names={("mixer.dt_bias", "mixer"): "ssm_dt.bias"}),  # Mamba2Model renames dt_bias
     tp_refusal="the mamba2 mixer layers have no tensor-parallel plan",
     config_variants=(
         dict(MIXER, layers_block_type=[M, A, P]),

@@ -22,6 +22,7 @@ from lmconvert.arch import ArchConfig
 from ..errors import MappingError
 from ..family import Family
 from ..tables.config_table import Entry
+from ..tables.gguf import STATES_VOCAB_AND_ROPE, tensor_table, written
 from ..tables.hf_config import HfConfig, Key, show
 from ..tables.hf_rope import rope
 from ..tables.table import Rule, TensorTable
@@ -111,5 +112,66 @@ CONFIG = llama.CONFIG.but(
               "partial_rotary_factor": 0.5},
 )
 
-FAMILY = Family("bamba", ("bamba",), "BambaForCausalLM", TENSORS, CONFIG,
-                no_gguf=mamba2.NO_GGUF.replace("mamba2", "granitehybrid"))
+
+# -- llama.cpp (GGUF): its granitehybrid architecture (GraniteHybridModel in its converter, Granite 4's and Bamba's;
+# granitemoehybrid.GGUF_GRANITEHYBRID is the architecture's entry, this its variant with a dense FFN). The schedule is
+# one KV-head count per layer (0 on a Mamba2 layer: what the import reads it from); the Mamba2 layers are mamba2's in
+# llama.cpp's layout (mamba2.gguf_mixer_rules), their heads `ssm.time_step_rank`, d_inner `ssm.inner_size`; q/k
+# permuted for llama.cpp's interleaved RoPE (LlamaModel.permute, whole heads); `rope.scaling.finetuned` says whether
+# attention rotates (llama.cpp's converter writes true for Bamba, false for Granite 4, with a context of 2**20, which
+# lmconvert states as its own `lmconvert.context_length` too). What llama.cpp's granitehybrid cannot run is refused
+# by name: a Mamba2 width other than 2 x hidden_size (its loader asserts it), part of each head rotated (its
+# converter permutes and it rotates whole heads), in_proj or out_proj biases (it loads none), a dt clamp (it runs
+# none: a clamped model reads back otherwise).
+SSM_GGUF_KEYS = {"ssm.conv_kernel": "mamba_d_conv", "ssm.state_size": "mamba_d_state",
+                 "ssm.group_count": "mamba_n_groups", "ssm.time_step_rank": "mamba_n_heads",
+                 "ssm.inner_size": "mamba_d_head",  # read as llama.cpp states d_inner; `derived` makes the head size
+                 "rope.scaling.finetuned": "position_embedding_type"}  # read as the flag; `derived` makes the type
+SSM_GGUF_OWN = {"ssm.chunk_size": "mamba_chunk_size", "context_length": "max_position_embeddings"}
+# the layers holding an attention bias (Granite 4's first layers may all be Mamba2's)
+SSM_GGUF_LAYERS = {"attention_biased": "blk.{}.attn_q.bias"}
+
+
+def hybrid_from_gguf(config: dict[str, Any]) -> tuple[dict[str, Any], list[int]]:
+    """What granitehybrid's Bamba and Granite 4 read alike, and the attention layers (a KV head count above 0)."""
+    n, counts, inner = config["num_hidden_layers"], config["num_key_value_heads"], config["mamba_d_head"]
+    counts = counts if isinstance(counts, list) else [counts] * n
+    return ({"num_key_value_heads": max(counts), "mamba_d_head": inner // config["mamba_n_heads"],
+             "mamba_expand": inner // config["hidden_size"], "attention_bias": bool(config["attention_biased"])},
+            [i for i, c in enumerate(counts) if c])
+
+
+def hybrid_to_gguf(config: dict[str, Any], attending: list[int], rotates: bool) -> dict[str, Any]:
+    """The per-layer KV-head counts, d_inner and the RoPE switch; refusals of what llama.cpp cannot run."""
+    d, heads, head_dim = config["hidden_size"], config["mamba_n_heads"], config["mamba_d_head"]
+    if heads * head_dim != 2 * d:
+        raise MappingError(f"llama.cpp's granitehybrid runs a Mamba2 width of 2 x hidden_size only, and this model's "
+                           f"is mamba_n_heads={heads} x mamba_d_head={head_dim}")
+    params = config.get("rope_parameters") or {}
+    fraction = params.get("partial_rotary_factor", config.get("partial_rotary_factor")) or 1.0
+    if rotates and fraction != 1.0:
+        raise MappingError(f"llama.cpp's granitehybrid rotates whole heads (its converter permutes every q/k row "
+                           f"for that), and this model rotates partial_rotary_factor={fraction} of each")
+    kv, n = config["num_key_value_heads"], config["num_hidden_layers"]
+    return {"ssm.inner_size": heads * head_dim, "rope.scaling.finetuned": rotates,
+            "attention.head_count_kv": [kv if i in attending else 0 for i in range(n)],
+            **({} if rotates else {"context_length": 2**20})}
+
+
+def _from_gguf(config: dict[str, Any]) -> dict[str, Any]:
+    """Bamba always rotates: a file saying otherwise is not Bamba's."""
+    out, attending = hybrid_from_gguf(config)
+    if config.get("position_embedding_type") is False:
+        raise MappingError("states granitehybrid.rope.scaling.finetuned false (no RoPE) for a dense FFN, which "
+                           "no Bamba has (it always rotates) and lmconvert has no model for")
+    return {**out, "attn_layer_indices": attending, "position_embedding_type": None}
+
+
+GGUF_BAMBA = written("bamba", arch="granitehybrid", keys=SSM_GGUF_KEYS, own=SSM_GGUF_OWN,
+                     defaults={"hidden_act": "silu"}, bias_flags={"mlp_bias": "blk.0.ffn_up.bias"},
+                     layer_tensors=SSM_GGUF_LAYERS, derived=_from_gguf, partial_rotary=True,
+                     exported=lambda config: hybrid_to_gguf(config, config.get("attn_layer_indices") or [], True),
+                     table=TensorTable((*tensor_table(True, 0.0, True).rules, *mamba2.gguf_mixer_rules())),
+                     stated=STATES_VOCAB_AND_ROPE, head_dim_stated=False, refused=mamba2.PROJECTION_BIASES)
+
+FAMILY = Family("bamba", ("bamba",), "BambaForCausalLM", TENSORS, CONFIG, gguf=(GGUF_BAMBA,))

@@ -11,6 +11,7 @@ act in training only. A dense Granite 4 (num_local_experts 0: the shared MLP alo
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 from lmconvert.arch import ArchConfig
@@ -18,9 +19,10 @@ from lmconvert.arch import ArchConfig
 from ..errors import MappingError
 from ..family import Family
 from ..tables.config_table import Entry
+from ..tables.gguf import tensor_table
 from ..tables.hf_config import HfConfig, Key, show
 from ..tables.table import TensorTable
-from . import bamba, granitemoeshared, mamba2
+from . import bamba, granitemoe, granitemoeshared, mamba2
 
 TENSORS = TensorTable(granitemoeshared.TENSORS.rules + mamba2.mixer_rules("model.layers.{}.mamba"))
 
@@ -59,6 +61,31 @@ CONFIG = granitemoeshared.CONFIG.but(
     defaults={"shared_intermediate_size": 1024},
 )
 
+
+# -- llama.cpp (GGUF): its granitehybrid architecture (see bamba.GGUF_BAMBA, its variant with a dense FFN): Granite's
+# four scales, the experts stacked and the shared MLP as the `shexp` tensors (granitemoe.GGUF_SHARED's), on every
+# layer. llama.cpp's converter states no RoPE for Granite 4 (`rope.scaling.finetuned` false, a context of 2**20), as
+# Granite 4's models have none (position_embedding_type null or "nope"); lmconvert states true for one that rotates,
+# which llama.cpp's granitehybrid runs (its converter would write that model without its RoPE).
+def _from_gguf(config: dict[str, Any]) -> dict[str, Any]:
+    out, attending = bamba.hybrid_from_gguf(config)
+    rotates = config.get("position_embedding_type") is not False  # llama.cpp's default: true
+    return {**out, "position_embedding_type": "rope" if rotates else None,
+            "layer_types": ["full_attention" if i in attending else "linear_attention"
+                            for i in range(config["num_hidden_layers"])]}
+
+
+def _to_gguf(config: dict[str, Any]) -> dict[str, Any]:
+    attending = [i for i, t in enumerate(config["layer_types"]) if LAYER_TYPES[t] == "attention"]
+    return bamba.hybrid_to_gguf(config, attending, config.get("position_embedding_type") == "rope")
+
+
+GGUF_GRANITEHYBRID = replace(
+    granitemoe.GGUF_SHARED, model_type="granitemoehybrid", arch="granitehybrid",
+    keys={**granitemoe.GGUF_SHARED.keys, **bamba.SSM_GGUF_KEYS}, own=bamba.SSM_GGUF_OWN, bias_flags={},
+    layer_tensors=bamba.SSM_GGUF_LAYERS, derived=_from_gguf, exported=_to_gguf, refused=mamba2.PROJECTION_BIASES,
+    table=TensorTable((*tensor_table(True, 0.0, True, experts=True).rules, *mamba2.gguf_mixer_rules())),
+    variants=(("blk.0.ffn_up.weight", bamba.GGUF_BAMBA),))
+
 FAMILY = Family("granitemoehybrid", ("granitemoehybrid",), "GraniteMoeHybridForCausalLM", TENSORS, CONFIG,
-                reference_layouts=granitemoeshared.REFERENCE_LAYOUTS,
-                no_gguf=mamba2.NO_GGUF.replace("mamba2", "granitehybrid"))
+                reference_layouts=granitemoeshared.REFERENCE_LAYOUTS, gguf=(GGUF_GRANITEHYBRID,))

@@ -25,6 +25,7 @@ from lmconvert.arch import ArchConfig
 from ..errors import MappingError
 from ..family import Family
 from ..tables.config_table import DEFAULT, Entry
+from ..tables.gguf import MOE_RULES, tensor_table, written
 from ..tables.hf_config import HfConfig, Key
 from ..tables.hf_moe import experts
 from ..tables.table import Rule, TensorTable
@@ -142,5 +143,62 @@ CONFIG = llama.CONFIG.but(
     nullable={"head_dim": False, "num_key_value_heads": False, "attention_dropout": False},
 )
 
-FAMILY = Family("jamba", ("jamba",), "JambaForCausalLM", TENSORS, CONFIG,
-                no_gguf=mamba2.NO_GGUF.replace("mamba2", "jamba"))
+
+# -- llama.cpp (GGUF): its jamba architecture (JambaModel in its converter). The schedule is stated as one KV-head
+# count per layer (0 on a Mamba layer: what the import reads the attention layers from) and each layer's FFN by
+# its tensors (a router: that layer's experts, stacked; none: its dense FFN, of the same width); attention has no
+# RoPE (q/k unpermuted). The Mamba mixer's tensors are mamba's (`ssm_*`, the conv squeezed, A as -exp(A_log)) and
+# its dt/B/C norms' weights `ssm_dt_norm`, `ssm_b_norm`, `ssm_c_norm`. What llama.cpp's jamba cannot run is refused
+# by name: a width other than 2 x hidden_size (its loader asserts it), no conv bias (it requires one), in_proj or
+# out_proj biases (it loads none: PROJECTION_BIASES), heads that do not split the width (its o is [width, width]).
+def _gguf_table() -> TensorTable:
+    mixer = "layers.{}.mixer"
+    ssm = (*mamba.GGUF_MIXER_RULES,
+           *(Rule(f"blk.{{}}.ssm_{n}_norm.weight", f"{mixer}.{n}_layernorm.weight") for n in ("dt", "b", "c")))
+    routed = MOE_RULES[:4]  # the router and the stacked experts; Jamba has no shared expert
+    return TensorTable((*tensor_table(False, 0.0, True).rules, *routed, *ssm))
+
+
+GGUF_KEYS = {"ssm.conv_kernel": "mamba_d_conv", "ssm.state_size": "mamba_d_state",
+             "ssm.time_step_rank": "mamba_dt_rank", "expert_count": "num_experts",
+             "expert_used_count": "num_experts_per_tok",
+             "ssm.inner_size": "mamba_expand"}  # read as llama.cpp states it; `derived` makes the factor of it
+
+
+def _from_gguf(config: dict[str, Any]) -> dict[str, Any]:
+    """The attention layers from the per-layer KV-head counts, the expert layers from their routers, each as the
+    (period, offset) JambaConfig states; the expansion factor from ssm.inner_size."""
+    n, counts = config["num_hidden_layers"], config["num_key_value_heads"]
+    counts = counts if isinstance(counts, list) else [counts] * n
+    attn_period, attn_offset = period_of([i for i, c in enumerate(counts) if c], n)
+    expert_period, expert_offset = period_of(config["expert_layers"], n)
+    if DEFAULT in (attn_period, expert_period):
+        raise MappingError("its attention or expert layers are not every n-th layer from an offset, the only "
+                           "schedule JambaConfig states")
+    return {"num_key_value_heads": max(counts), "attn_layer_period": attn_period, "attn_layer_offset": attn_offset,
+            "expert_layer_period": expert_period, "expert_layer_offset": expert_offset,
+            "mamba_expand": config["mamba_expand"] // config["hidden_size"]}
+
+
+def _to_gguf(config: dict[str, Any]) -> dict[str, Any]:
+    d, heads = config["hidden_size"], config["num_attention_heads"]
+    if config.get("mamba_expand") != 2:
+        raise MappingError(f"llama.cpp's jamba runs a Mamba width of 2 x hidden_size only, and this model's is "
+                           f"mamba_expand={config.get('mamba_expand')} x hidden_size")
+    if not config.get("mamba_conv_bias", True):
+        raise MappingError("llama.cpp's jamba requires the Mamba conv's bias, which this model has not "
+                           "(mamba_conv_bias false)")
+    if config.get("head_dim") not in (None, d // heads) or d % heads:
+        raise MappingError(f"llama.cpp's jamba runs heads of hidden_size / num_attention_heads, and this model's "
+                           f"are {config.get('head_dim')} wide")
+    n, kv = config["num_hidden_layers"], config["num_key_value_heads"]
+    attending = periodic(n, config["attn_layer_period"], config["attn_layer_offset"])
+    return {"ssm.inner_size": 2 * d, "attention.head_count_kv": [kv if i in attending else 0 for i in range(n)]}
+
+
+GGUF_JAMBA = written("jamba", arch="jamba", keys=GGUF_KEYS, table=_gguf_table(), head_dim_stated=False,
+                     defaults={"mamba_conv_bias": True, "mamba_proj_bias": False},
+                     layer_tensors={"expert_layers": "blk.{}.ffn_gate_inp.weight"}, derived=_from_gguf,
+                     exported=_to_gguf, refused=mamba2.PROJECTION_BIASES)
+
+FAMILY = Family("jamba", ("jamba",), "JambaForCausalLM", TENSORS, CONFIG, gguf=(GGUF_JAMBA,))

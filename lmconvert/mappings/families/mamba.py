@@ -83,7 +83,7 @@ CONFIG = ConfigTable((
 # FalconMamba whose mixer_rms_eps differs reads back otherwise and is refused). The mixer's tensors are `ssm_*`: the
 # conv kernel squeezed ([channels, kernel], F32), A as -exp(A_log) ([d_inner, d_state]), dt_proj as `ssm_dt`, x_proj
 # as `ssm_x`; no in_proj or out_proj biases (llama.cpp loads none) and a conv bias always (llama.cpp requires one).
-GGUF_TABLE = mamba2.gguf_all_mixer_table(
+GGUF_MIXER_RULES = (
     Rule("blk.{}.ssm_in.weight", "layers.{}.mixer.in_proj.weight"),
     Rule("blk.{}.ssm_conv1d.weight", "layers.{}.mixer.conv1d.weight", mamba2.SQUEEZED_CONV),
     Rule("blk.{}.ssm_conv1d.bias", "layers.{}.mixer.conv1d.bias"),
@@ -93,6 +93,7 @@ GGUF_TABLE = mamba2.gguf_all_mixer_table(
     Rule("blk.{}.ssm_a", "layers.{}.mixer.A_log", NEG_EXP),
     Rule("blk.{}.ssm_d", "layers.{}.mixer.D"),
     Rule("blk.{}.ssm_out.weight", "layers.{}.mixer.out_proj.weight"))
+GGUF_TABLE = mamba2.gguf_all_mixer_table(*GGUF_MIXER_RULES)
 GGUF_KEYS = {"ssm.conv_kernel": "conv_kernel", "ssm.inner_size": "intermediate_size", "ssm.state_size": "state_size",
              "ssm.time_step_rank": "time_step_rank"}
 MAMBA = written("mamba", arch="mamba", keys=GGUF_KEYS, renamed={"rms_norm_eps": "layer_norm_epsilon"},

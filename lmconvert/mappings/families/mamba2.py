@@ -208,8 +208,4 @@ GGUF_MAMBA2 = written("mamba2", arch="mamba2", keys={
     exported=lambda config: {"ssm.inner_size": config["num_heads"] * config["head_dim"]},
     own={"ssm.chunk_size": "chunk_size"}, refused=PROJECTION_BIASES)
 
-# the hybrids whose llama.cpp architecture lmconvert does not write yet (`.replace("mamba2", theirs)`)
-NO_GGUF = ("lmconvert does not write llama.cpp's mamba2 architecture yet: its state-space tensors (A as -exp(A_log), "
-           "the conv kernels squeezed, D, the grouped norm) are not mapped")
-
 FAMILY = Family("mamba2", ("mamba2",), "Mamba2ForCausalLM", TENSORS, CONFIG, gguf=(GGUF_MAMBA2,))

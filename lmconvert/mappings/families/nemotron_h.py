@@ -20,6 +20,7 @@ experts yet.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 from lmconvert.arch import ArchConfig, NormConfig
@@ -27,6 +28,7 @@ from lmconvert.arch import ArchConfig, NormConfig
 from ..errors import MappingError
 from ..family import Family
 from ..tables.config_table import Entry
+from ..tables.gguf import tensor_table, written
 from ..tables.hf_config import HfConfig, Key, show
 from ..tables.table import Rule, TensorTable
 from . import llama, mamba2
@@ -122,5 +124,61 @@ CONFIG = llama.CONFIG.but(
     nullable={"head_dim": False, "num_key_value_heads": False, "attention_dropout": False},
 )
 
+
+# -- llama.cpp (GGUF): its nemotron_h architecture (NemotronHModel in its converter, a GraniteHybridModel). The blocks
+# are stated as one KV-head count and one FFN width per layer (an attention block: heads, width 0; an MLP block: no
+# heads, its width; a Mamba2 block: neither), each block's norm as `attn_norm` (the attention's or the MLP's norm by
+# the block: `_gguf_layout`), q/k permuted as granitehybrid's (no RoPE: the
+# permutation changes no score), the Mamba2 blocks in mamba2's llama.cpp layout, the eps as `layer_norm_epsilon`, no
+# RoPE (`rope.scaling.finetuned` false, a context of 2**20, which lmconvert states as its own
+# `lmconvert.context_length` too). Refused by name: an MLP activation other than relu2 (llama.cpp's graph runs relu2),
+# in_proj or out_proj biases (it loads none), a dt clamp (it runs none: a clamped model reads back otherwise).
+GGUF_RULES = (*(r for r in tensor_table(True, 0.0, True).rules if not r.stored.endswith(("attn_norm.weight",
+                                                                                          "ffn_norm.weight"))),
+              *mamba2.gguf_mixer_rules())
+
+
+def _gguf_layout(config: Mapping[str, Any]) -> TensorTable:
+    """Each block's one norm, `attn_norm`: the MLP's on MLP blocks, the attention's (or Mamba2's) on the others."""
+    types = config.get("layers_block_type") or []
+    return TensorTable((*GGUF_RULES, *(Rule(f"blk.{i}.attn_norm.weight",
+                                            f"layers.{i}.{'mlp' if t == 'mlp' else 'attn'}_norm.weight")
+                                       for i, t in enumerate(types))))
+
+
+GGUF_KEYS = {"ssm.conv_kernel": "conv_kernel", "ssm.state_size": "ssm_state_size", "ssm.group_count": "n_groups",
+             "ssm.time_step_rank": "mamba_num_heads", "attention.layer_norm_epsilon": "layer_norm_epsilon",
+             "ssm.inner_size": "mamba_head_dim",  # read as llama.cpp states d_inner; `derived` makes the head size
+             "rope.scaling.finetuned": "rotates"}  # always false, and never read
+
+
+def _from_gguf(config: dict[str, Any]) -> dict[str, Any]:
+    n, heads, widths = config["num_hidden_layers"], config["num_key_value_heads"], config["intermediate_size"]
+    heads, widths = (v if isinstance(v, list) else [v] * n for v in (heads, widths))
+    types = ["full_attention" if h else "mlp" if w else "linear_attention" for h, w in zip(heads, widths, strict=True)]
+    return {"layers_block_type": types, "num_key_value_heads": max(heads), "intermediate_size": max(widths),
+            "mamba_head_dim": config["mamba_head_dim"] // config["mamba_num_heads"],
+            "mlp_bias": bool(config["mlp_biased"])}
+
+
+def _to_gguf(config: dict[str, Any]) -> dict[str, Any]:
+    if config.get("mlp_hidden_act", "relu2") != "relu2":
+        raise MappingError(f"llama.cpp's nemotron_h runs the MLP blocks with relu2, and this model's activation is "
+                           f"mlp_hidden_act={config['mlp_hidden_act']!r}")
+    types, kv, width = config["layers_block_type"], config["num_key_value_heads"], config["intermediate_size"]
+    return {"ssm.inner_size": config["mamba_num_heads"] * config["mamba_head_dim"], "rope.scaling.finetuned": False,
+            "context_length": 2**20, "attention.head_count_kv": [kv if t == "full_attention" else 0 for t in types],
+            "feed_forward_length": [width if t == "mlp" else 0 for t in types]}
+
+
+BLOCK_NORM = Rule("blk.{}.attn_norm.weight", "layers.{}.attn_norm.weight")  # the table beside no config
+GGUF_NEMOTRON_H = written("nemotron_h", arch="nemotron_h", keys=GGUF_KEYS, permute_qk=True, layout=_gguf_layout,
+                          table=TensorTable((*GGUF_RULES, BLOCK_NORM)),
+                          norm_eps="attention.layer_norm_epsilon",
+                          own={"ssm.chunk_size": "chunk_size", "context_length": "max_position_embeddings"},
+                          layer_tensors={"mlp_biased": "blk.{}.ffn_up.bias"}, derived=_from_gguf, exported=_to_gguf,
+                          unstated={"num_hidden_layers": lambda config: len(config["layers_block_type"])},
+                          stated=frozenset({"vocab_size", "rope.dimension_count"}), refused=mamba2.PROJECTION_BIASES)
+
 FAMILY = Family("nemotron_h", ("nemotron_h",), "NemotronHForCausalLM", TENSORS, CONFIG, layout=layout_table,
-                no_gguf=mamba2.NO_GGUF.replace("mamba2", "nemotron_h"))
+                gguf=(GGUF_NEMOTRON_H,))

@@ -13,6 +13,7 @@ QKV = ("attn_q", "attn_k", "attn_v")  # llama.cpp's create_tensor_qkv loads thes
 NORMS = ("attn_norm", "ffn_norm", "output_norm")
 SSM = ("ssm_conv1d", "ssm_dt")  # the state-space mixers' conv and dt biases: loaded, and required
 SSM_ARCHS = ("mamba", "mamba2")
+HYBRID_SSM_ARCHS = ("jamba",)  # their Mamba layers require these biases, their attention layers have none
 # the biases llama.cpp's loader for each architecture reads (`create_tensor(tn(..., "bias"))` in its
 # src/models/<arch>.cpp); a file holding any other is refused by llama.cpp ("wrong number of tensors")
 LOADED_BIASES: dict[str, frozenset[str]] = {arch: frozenset(names) for arch, names in {
@@ -39,7 +40,9 @@ LOADED_BIASES: dict[str, frozenset[str]] = {arch: frozenset(names) for arch, nam
     "glm4moe": (*QKV, "exp_probs_b"), "minicpm3": (), "chatglm": QKV, "lfm2moe": ("exp_probs_b",),
     **dict.fromkeys(("qwen3next", "qwen35", "qwen35moe"), ("ssm_dt",)),  # the gated delta-net's dt_bias
     "gpt-oss": (*QKV, "attn_output", "ffn_gate_inp", "ffn_gate_exps", "ffn_up_exps", "ffn_down_exps"),
-    **{arch: SSM for arch in SSM_ARCHS},
+    **{arch: SSM for arch in SSM_ARCHS + HYBRID_SSM_ARCHS},
+    "granitehybrid": (*QKV, "attn_output", "ffn_gate", "ffn_up", "ffn_down", *SSM),  # the conv bias: optional
+    "nemotron_h": (*QKV, "attn_output", "ffn_up", "ffn_down", *SSM),
 }.items()}
 # the biases an architecture's loader requires on every layer (`create_tensor(..., 0)`: "missing tensor" without
 # them); gpt-oss's attention output bias is one, so a model without attention biases cannot load

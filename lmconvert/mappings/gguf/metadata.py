@@ -127,8 +127,12 @@ def hf_config(file: Metadata) -> tuple[dict[str, Any], GgufArch]:
         config["layer_types"] = _layer_types(file, arch, entry, config["num_hidden_layers"])
     if entry.big_layers is not None:
         config["query_pre_attn_scalar"] = _query_pre_attn_scalar(file, arch, entry, config)
+    for hf_key, tensor in entry.layer_tensors.items():
+        config[hf_key] = [i for i in range(config["num_hidden_layers"]) if tensor.format(i) in file.tensors]
     if entry.derived is not None:
         config.update(entry.derived(config))
+    for hf_key in entry.layer_tensors:
+        del config[hf_key]
     for hf_key, gguf_key in TOKEN_IDS.items():
         if file.meta.get(gguf_key) is not None:
             config[hf_key] = int(file.meta[gguf_key])

@@ -39,6 +39,9 @@ class GgufArch:
     keys: Mapping[str, str] = field(default_factory=dict)  # `{arch}.` keys beyond SHARED_KEYS -> HF keys
     defaults: Mapping[str, Any] = field(default_factory=dict)  # HF keys the file does not state
     bias_flags: Mapping[str, str] = field(default_factory=dict)  # HF bool key -> GGUF tensor that sets it
+    # HF key -> a per-layer GGUF tensor (`{}` the layer): the import states the layers holding it there, for
+    # `derived` to read and the import to drop (Jamba's expert layers, which llama.cpp tells by their router)
+    layer_tensors: Mapping[str, str] = field(default_factory=dict)
     permute_qk: bool = False  # q/k rows interleaved for llama.cpp's RoPE (LlamaModel.permute)
     norm_offset: float = 0.0  # norm weights stored as w + offset
     output: bool = True  # llama.cpp's architecture has an `output` matrix (Gemma 2's is always tied)
@@ -119,6 +122,14 @@ class GgufArch:
     def holding(self, tensors: Collection[str]) -> GgufArch:
         """The entry for a file holding these tensors: a variant's, if it holds the variant's tensor."""
         return next((variant for tensor, variant in self.variants if tensor in tensors), self)
+
+    # the table for one HF config, where llama.cpp's names depend on it (Nemotron-H's block norm, `attn_norm`, is
+    # the attention's or the MLP's norm by the block); None: `tensors`
+    layout: Callable[[Mapping[str, Any]], TensorTable] | None = None
+
+    def tensors_for(self, config: Mapping[str, Any]) -> TensorTable:
+        """llama.cpp's tensor names <-> canonical names for this HF config."""
+        return self.layout(config) if self.layout is not None else self.tensors
 
     @property
     def tensors(self) -> TensorTable:
