@@ -50,6 +50,8 @@ class Router(nn.Linear):
             logits = nn.functional.linear(h.float(), self.weight.float(), bias)
         else:
             logits = super().forward(h)
+        if moe.router_softcap is not None:  # Laguna: tanh(logits / c) * c on an fp32 copy, which the scores read
+            logits = torch.tanh(logits.float() / moe.router_softcap) * moe.router_softcap
         weights, chosen = SCORES[moe.router](self, logits)
         if moe.norm_topk:  # by the sum (ERNIE 4.5's clamped below at norm_min, no guard added), or DBRX's p-norm
             norm = weights.sum(dim=-1, keepdim=True) if moe.norm_p is None else \
@@ -57,7 +59,7 @@ class Router(nn.Linear):
             if moe.norm_min:
                 weights = weights / torch.clamp(norm, min=moe.norm_min)
             else:
-                weights /= norm + EPS[moe.router]
+                weights /= norm + (EPS[moe.router] if moe.norm_eps is None else moe.norm_eps)
         if moe.scale != 1.0 and not moe.scale_after_sum:
             weights = weights * moe.scale
         if not moe.weights_fp32:  # to the activation dtype, which fp32 logits are not (ERNIE 4.5)
