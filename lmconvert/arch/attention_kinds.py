@@ -131,8 +131,8 @@ def _standard_describe(cfg: ArchConfig) -> list[str]:
         source = {"projection": "a projection of the input", "q_heads": "q's second half per head",
                   "projection_head_bias": "a projection of the input + a bias per head",
                   "projection_head": "a projection of the input, one per head"}[cfg.attn_output_gate]
-        act = {"sigmoid": "sigmoid", "softplus_fp32": "softplus in fp32 of"}[cfg.attn_gate_activation]
-        lines.append(f"attention output gate: {act}({source}) times each head's output, before o")
+        act = {"sigmoid": "sigmoid({}) times", "softplus_fp32": "softplus({}) in fp32 times"}[cfg.attn_gate_activation]
+        lines.append(f"attention output gate: {act.format(source)} each head's output, before o")
     lines += _gemma4_describe(cfg)
     if cfg.attn_sinks:
         lines.append("attention sinks: a learned logit per head in each softmax (eager)"

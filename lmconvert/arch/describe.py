@@ -125,6 +125,10 @@ def _moe(cfg: ArchConfig, moe: MoeConfig) -> list[str]:
         router += f", kept in fp32: {', '.join(moe.kept_fp32) or 'nothing'}"
     if moe.router_bias:
         router += ", with a bias"
+    if moe.router_softcap is not None:
+        router += f", logits soft-capped at {moe.router_softcap:g} in fp32"
+    if moe.norm_eps is not None:
+        router += f", renormalised by the sum + {moe.norm_eps:g}"
     lines = [f"mixture of experts: {moe.n_experts} experts, top-{moe.top_k}, d_expert {moe.d_expert} ({where})",
              f"router: {router}"]
     if moe.glu == "clamped_swiglu":

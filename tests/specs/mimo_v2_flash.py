@@ -31,7 +31,7 @@ SPEC = Spec(
         dict(MOE, layer_types=[S, S, S, S], sliding_window=5, attention_bias=True, attention_value_scale=None,
              routed_scaling_factor=None, norm_topk_prob=False, rms_norm_eps=1e-6, tie_word_embeddings=True,
              mlp_layer_types=["sparse", "dense", "sparse", "dense"],
-             rope_parameters={S: {"rope_type": "linear", "factor": 2.0, "rope_theta": 1e6}}),
+             rope_parameters={S: {"rope_type": "linear", "factor": 2.0, "rope_theta": 1e6, "partial_rotary_factor": 1.0}}),
         dict(MOE, layer_types=[F, F, F, F], v_head_dim=24, num_key_value_heads=4,
              rope_parameters={F: {"rope_type": "default", "rope_theta": 1e4, "partial_rotary_factor": 1.0}}),
         dict(MOE, sliding_window_size=6),

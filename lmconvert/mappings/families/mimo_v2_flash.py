@@ -29,7 +29,7 @@ from ..family import Family
 from ..tables.config_table import DEFAULT, Entry, fixed, plain
 from ..tables.hf_config import HfConfig, Key
 from ..tables.hf_layers import LAYER_TYPES_KEY, layer_kinds_from_hf, layer_types_to_hf, window_fields
-from ..tables.hf_moe import dense_layers, expert_rules
+from ..tables.hf_moe import dense_layers, expert_rules, mlp_layer_types_to_hf
 from ..tables.hf_rope import TYPED_KEYS, ropes_by_layer_type, ropes_by_layer_type_to_hf
 from ..tables.table import Rule, TensorTable
 from . import llama
@@ -95,13 +95,10 @@ def experts_from_hf(hf: HfConfig, fields: dict[str, Any]) -> dict[str, Any]:
 
 def experts_to_hf(cfg: ArchConfig) -> dict[str, Any]:
     """The dense layers by name; any other router reads back otherwise and is refused by name."""
-    moe = cfg.moe
-    types = ["sparse" if moe is not None and moe.sparse(i) else "dense" for i in range(cfg.n_layers)]
-    if moe is None:
-        return {"mlp_layer_types": types, **{k.name: DEFAULT for k in KEYS[:-1]}}
-    return {"mlp_layer_types": types, "n_routed_experts": moe.n_experts, "num_experts_per_tok": moe.top_k,
-            "moe_intermediate_size": moe.d_expert, "norm_topk_prob": moe.norm_topk, "n_group": moe.n_group,
-            "topk_group": moe.topk_group, "routed_scaling_factor": moe.scale}
+    return mlp_layer_types_to_hf(cfg, KEYS, lambda moe: {
+        "n_routed_experts": moe.n_experts, "num_experts_per_tok": moe.top_k, "moe_intermediate_size": moe.d_expert,
+        "norm_topk_prob": moe.norm_topk, "n_group": moe.n_group, "topk_group": moe.topk_group,
+        "routed_scaling_factor": moe.scale})
 
 
 CONFIG = llama.CONFIG.but(
@@ -111,8 +108,9 @@ CONFIG = llama.CONFIG.but(
                lambda cfg: {"v_head_dim": cfg.value_dim}),
          llama.norm(1e-5), qkv_bias(False),
          fixed("MiMo's attention", attn_sinks=True, sink_layers="local"),
-         Entry("value scale", (VALUE_SCALE,), value_scale_from_hf, lambda cfg: {"attention_value_scale":
-                                                                                 cfg.attn_value_scale}),
+         # no scale is written as null, as transformers reads it (absent would mean 0.707)
+         Entry("value scale", (VALUE_SCALE,), value_scale_from_hf, lambda cfg: {
+             "attention_value_scale": None if cfg.attn_value_scale == 1.0 else cfg.attn_value_scale}),
          Entry("layer kinds", WINDOW_KEYS, layers_from_hf, layers_to_hf),
          Entry("experts", KEYS, experts_from_hf, experts_to_hf)),
     defaults={"vocab_size": 152576, "hidden_size": 4096, "intermediate_size": 16384, "num_hidden_layers": 48,

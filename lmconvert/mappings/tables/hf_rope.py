@@ -171,7 +171,8 @@ def ropes_by_layer_type(hf: HfConfig, kinds: tuple[str, ...], defaults: dict[str
 
 
 def ropes_by_layer_type_to_hf(cfg: ArchConfig) -> dict[str, Any]:
-    """`rope_parameters` keyed by layer type, each with its partial rotary factor (absent would mean the
-    family's own default)."""
-    return {"rope_parameters": {"full_attention": rope_to_hf(cfg.rope, partial=True),
-                                "sliding_attention": rope_to_hf(cfg.rope_local or cfg.rope, partial=True)}}
+    """`rope_parameters` keyed by the layer types the layers use, each with its partial rotary factor (absent
+    would mean the family's own default)."""
+    ropes = {"full_attention": ("global", cfg.rope), "sliding_attention": ("local", cfg.rope_local or cfg.rope)}
+    return {"rope_parameters": {name: rope_to_hf(rope, partial=True) for name, (kind, rope) in ropes.items()
+                                if kind in cfg.layer_kinds}}
