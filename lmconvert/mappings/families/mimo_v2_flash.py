@@ -29,7 +29,7 @@ from ..family import Family
 from ..tables.config_table import DEFAULT, Entry, fixed, plain
 from ..tables.hf_config import HfConfig, Key
 from ..tables.hf_layers import LAYER_TYPES_KEY, layer_kinds_from_hf, layer_types_to_hf, window_fields
-from ..tables.hf_moe import dense_layers, expert_rules, mlp_layer_types_to_hf
+from ..tables.hf_moe import dense_layers, expert_rules, grouped_router_to_hf, mlp_layer_types_to_hf
 from ..tables.hf_rope import TYPED_KEYS, ropes_by_layer_type, ropes_by_layer_type_to_hf
 from ..tables.table import Rule, TensorTable
 from . import llama
@@ -95,10 +95,7 @@ def experts_from_hf(hf: HfConfig, fields: dict[str, Any]) -> dict[str, Any]:
 
 def experts_to_hf(cfg: ArchConfig) -> dict[str, Any]:
     """The dense layers by name; any other router reads back otherwise and is refused by name."""
-    return mlp_layer_types_to_hf(cfg, KEYS, lambda moe: {
-        "n_routed_experts": moe.n_experts, "num_experts_per_tok": moe.top_k, "moe_intermediate_size": moe.d_expert,
-        "norm_topk_prob": moe.norm_topk, "n_group": moe.n_group, "topk_group": moe.topk_group,
-        "routed_scaling_factor": moe.scale})
+    return mlp_layer_types_to_hf(cfg, KEYS, grouped_router_to_hf("n_routed_experts"))
 
 
 CONFIG = llama.CONFIG.but(

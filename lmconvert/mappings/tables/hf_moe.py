@@ -142,3 +142,11 @@ def mlp_layer_types_to_hf(cfg: ArchConfig, keys: tuple[Key, ...],
     if moe is None:
         return {"mlp_layer_types": types, **{k.name: DEFAULT for k in keys if k.name != "mlp_layer_types"}}
     return {"mlp_layer_types": types, **values(moe)}
+
+
+def grouped_router_to_hf(count: str) -> Callable[[MoeConfig], dict[str, Any]]:
+    """DeepSeek-V3's router keys as Beam and MiMo-V2-Flash write them beside `mlp_layer_types` (`count`: the
+    family's name for the experts' count)."""
+    return lambda moe: {count: moe.n_experts, "num_experts_per_tok": moe.top_k, "moe_intermediate_size": moe.d_expert,
+                        "norm_topk_prob": moe.norm_topk, "n_group": moe.n_group, "topk_group": moe.topk_group,
+                        "routed_scaling_factor": moe.scale}
