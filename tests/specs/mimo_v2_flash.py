@@ -38,5 +38,5 @@ SPEC = Spec(
         dict(MOE, sliding_window_size=6),
     ),
     selection_bias_buffer=True,  # MiMoV2FlashTopkRouter's e_score_correction_bias is a buffer
-    tp_refusal="values of their own width (v_head_dim) have no tensor-parallel plan",
+    tp_refusal="per-layer head geometry (the global layers' own head_dim and KV heads) has no tensor-parallel plan",
 )
