@@ -122,6 +122,10 @@ def test_settings_default_and_round_trip_through_json(decay):
     (dict(mixer="decay", layer_mixers=("none", "mixer"), norm_placement="parallel_shared"),
      "needs sequential sublayers"),
     (dict(mixer="scan"), "ArchConfig.mixer='scan': must be one of"),
+    (dict(layer_mixers=("attention+mixer", "attention")), "names 'mixer' layers; set mixer"),
+    (dict(attn_in_multiplier=0.0), "ArchConfig.attn_in_multiplier=0.0: must be a positive"),
+    (dict(mlp_gate_multiplier=0.9, gated=False), "needs gated=True"),
+    (dict(mlp_down_multiplier=0.5, moe=dict(n_experts=4, top_k=2, d_expert=16)), "a mixture of experts needs both"),
 ])
 def test_invalid_schedules_and_settings_name_what_is_wrong(decay, overrides, needle):
     with pytest.raises(ConfigError) as info:
@@ -142,7 +146,11 @@ SCHEDULES = {
     "sandwich": dict(HYBRID, norm_placement="sandwich", layer_ffns=("ffn", "none", "ffn")),
     "moe": dict(HYBRID, moe=dict(n_experts=4, top_k=2, d_expert=16, dense_layers=(0,))),
     "attention_without_ffn": dict(layer_ffns=("ffn", "none")),
+    # Falcon-H1's parallel hybrid: attention and the mixer side by side on one normed input, with muP multipliers
+    "parallel": dict(mixer="decay", n_layers=3, layer_mixers=("attention+mixer", "mixer", "attention+mixer"),
+                     attn_in_multiplier=1.3, attn_out_multiplier=0.85, mixer_out_multiplier=0.45),
 }
+HAS_ATTENTION, HAS_MIXER = ("attention", "attention+mixer"), ("mixer", "attention+mixer")
 
 
 @pytest.mark.parametrize("name", list(SCHEDULES))
@@ -155,9 +163,10 @@ def test_inventory_norm_slots_and_module_follow_the_schedule(decay, name):
     assert list(got.items()) == list(expected.items())
     for i, (mixing, ffn) in enumerate(zip(cfg.layer_mixers, cfg.layer_ffns, strict=True)):
         block = model.layers[i]
-        assert isinstance(block.mixer, DecayMixer) == (mixing == "mixer")
-        assert (block.attn is not None) == (mixing == "attention") and (block.mlp is not None) == (ffn == "ffn")
-        assert (f"layers.{i}.mixer.conv.weight" in got) == (mixing == "mixer")
+        assert isinstance(block.mixer, DecayMixer) == (mixing in HAS_MIXER)
+        assert (block.attn is not None) == (mixing in HAS_ATTENTION) and (block.mlp is not None) == (ffn == "ffn")
+        assert (f"layers.{i}.mixer.conv.weight" in got) == (mixing in HAS_MIXER)
+        assert (f"layers.{i}.attn.q.weight" in got) == (mixing in HAS_ATTENTION)
         assert not any(n.startswith(f"layers.{i}.attn_") for n in got) or mixing != "none"
         assert not any(n.startswith(f"layers.{i}.mlp") for n in got) or ffn == "ffn"
         slots = norm_slots(cfg, i)
@@ -170,7 +179,8 @@ def test_inventory_norm_slots_and_module_follow_the_schedule(decay, name):
 @pytest.mark.parametrize("name", list(SCHEDULES))
 def test_each_block_computes_what_its_schedule_says(decay, name):
     """Block by block, against the sublayers written out by hand: the mixer's formula, attention,
-    the FFN, each only where the schedule has it, each behind its norms."""
+    the FFN, each only where the schedule has it, each behind its norms; a parallel layer sums the mixer's output
+    and attention's, each times its multipliers (attention's input too)."""
     cfg = tiny(**SCHEDULES[name])
     model = build(cfg)
     ids = tokens()
@@ -181,10 +191,12 @@ def test_each_block_computes_what_its_schedule_says(decay, name):
             mixing = cfg.layer_mixers[i]
             if mixing != "none":
                 x = block.attn_norm(h)
-                if mixing == "mixer":
-                    mixed = manual_mixer(block, x, cfg.mixer_settings.decay)
-                else:
-                    mixed = block.attn(x, Context.build(0, ids.shape[1], x.dtype, x.device), None)
+                mixed = 0.0
+                if mixing in HAS_MIXER:
+                    mixed = manual_mixer(block, x, cfg.mixer_settings.decay) * cfg.mixer_out_multiplier
+                if mixing in HAS_ATTENTION:
+                    ctx = Context.build(0, ids.shape[1], x.dtype, x.device)
+                    mixed = mixed + block.attn(x * cfg.attn_in_multiplier, ctx, None) * cfg.attn_out_multiplier
                 h = h + block.attn_post_norm(mixed)
             if cfg.layer_ffns[i] == "ffn":
                 h = h + block.mlp_post_norm(block.mlp(block.mlp_norm(h)))
@@ -207,8 +219,8 @@ def test_cached_decoding_carries_the_state(decay, name):
     assert cache.length == 20
     cfg = model.cfg
     for i, mixing in enumerate(cfg.layer_mixers):
-        assert (cache.keys[i] is not None) == (mixing == "attention")
-        assert set(cache.states[i]) == ({"s"} if mixing == "mixer" else set())
+        assert (cache.keys[i] is not None) == (mixing in HAS_ATTENTION)
+        assert set(cache.states[i]) == ({"s"} if mixing in HAS_MIXER else set())
     state = sum(t.numel() for s in cache.states for t in s.values()) * 4 // ids.shape[0]
     keys = sum(t.numel() for t in cache.keys + cache.values if t is not None) * 4 // ids.shape[0]
     assert state == cfg.state_bytes_per_sequence(4) and keys == 20 * cfg.kv_cache_bytes_per_token(4)
@@ -246,6 +258,14 @@ def test_card_names_the_kind_the_schedule_and_the_state(decay):
     only = variants(tiny(mixer="decay"))
     assert not any(line.startswith("attention:") for line in only)  # no attention layer: no attention lines
     assert variants(tiny()) == [line for line in variants(tiny()) if not line.startswith(("layer ", "decoding"))]
+    parallel = tiny(**SCHEDULES["parallel"])
+    lines = variants(parallel)
+    assert ("layer schedule: decay on 1 (1); attention and decay side by side (outputs summed) on 2 (0, 2); FFN on "
+            "all layers") in lines
+    assert "layer pattern: AMF MF AMF (A attention, M decay, F an FFN after it)" in lines
+    assert "muP multipliers: attention input x 1.3, attention output x 0.85, mixer output x 0.45" in lines
+    assert (f"decoding state: {2 * parallel.kv_dim * 2} entries per token (KV cache, 2 layers of attention) + "
+            f"{3 * parallel.d_model} entries per sequence, whatever its length (3 layers of decay)") in lines
 
 
 # ----------------------------------------------------------------------------- round trip, streaming, TP

@@ -187,6 +187,8 @@ class Attention(nn.Module):
         reusing = self.kv_source is not None
         q = self.q(x)  # (B, T, H*D)
         k = None if reusing else self.k(x)  # (B, T, KV*D)
+        if cfg.key_multiplier != 1.0 and k is not None:  # Falcon-H1's muP: k as it comes out of its projection
+            k = k * cfg.key_multiplier
         v = None if reusing else self.v(x) if self.v is not None else k  # K = V: k's projection, before its norm
         gate = self.out_gate(x) if self.out_gate is not None else None  # AFMoE: (B, T, H*D)
         if self.out_gate_bias is not None:  # Beam: one bias per head, over its D elements

@@ -11,7 +11,7 @@ from torch import nn
 
 from .attention_kinds import attention_kind
 from .cache import KVCache
-from .config import ArchConfig
+from .config import PARALLEL_MIXING, ArchConfig
 from .context import Context
 from .mixer_kinds import mixer_kind
 from .mlp import SeparateBias
@@ -103,10 +103,13 @@ class Block(nn.Module):
             setattr(self, slot, Norm(cfg.d_model, cfg.norm) if slot in slots else nn.Identity())
         # what mixes the tokens (`layer_mixers`): attention as `attn`, a mixer kind's module as `mixer`, or nothing;
         # the one a layer lacks is None, so `layers.{i}.attn.*` and `layers.{i}.mixer.*` name the tensors
+        # ("attention+mixer": both, side by side, their outputs summed: `mixing`)
         mixing = cfg.layer_mixers[layer]
-        self.attn = attention_kind(cfg.attention).build(cfg, layer, rotary, relative) if mixing == "attention" \
-            else None
-        self.mixer = mixer_kind(cfg.mixer).build(cfg, layer) if mixing == "mixer" else None
+        self.attn = attention_kind(cfg.attention).build(cfg, layer, rotary, relative) \
+            if mixing in ("attention", PARALLEL_MIXING) else None
+        self.mixer = mixer_kind(cfg.mixer).build(cfg, layer) if mixing in ("mixer", PARALLEL_MIXING) else None
+        self.attn_in, self.attn_out = cfg.attn_in_multiplier, cfg.attn_out_multiplier  # muP (Falcon-H1)
+        self.mixer_out = cfg.mixer_out_multiplier
         # dense, or a mixture of experts (moe.py), of this layer's own width; None on a layer without an FFN
         self.mlp = ffn(cfg.layer_config(layer), layer) if cfg.layer_ffns[layer] == "ffn" else None
         self.drop = nn.Dropout(cfg.resid_dropout)
@@ -141,7 +144,23 @@ class Block(nn.Module):
         out_scale, h_scale = self.depth_scales[sublayer]
         return self.drop(out) * out_scale + h * h_scale
 
+    def mixing(self, ctx: Context, cache: KVCache | None) -> Callable[[torch.Tensor], torch.Tensor] | None:
+        """What mixes this layer's tokens, as one function of the normed input: attention, the mixer, both side by
+        side (`mixer(x) + attn(x)`, Falcon-H1's order), or None. Each module's input and output times its muP
+        multipliers (Python floats in the activation dtype, as the reference's decoder layer multiplies them),
+        outside the modules, so their own outputs (verify's points) are the reference modules' own."""
+        def attend(x: torch.Tensor) -> torch.Tensor:
+            out = self.attn(x if self.attn_in == 1.0 else x * self.attn_in, ctx, cache)
+            return out if self.attn_out == 1.0 else out * self.attn_out
+
+        def mix(x: torch.Tensor) -> torch.Tensor:
+            out = self.mixer(x, ctx, cache)
+            return out if self.mixer_out == 1.0 else out * self.mixer_out
+
+        if self.attn is not None and self.mixer is not None:
+            return lambda x: mix(x) + attend(x)
+        return attend if self.attn is not None else mix if self.mixer is not None else None
+
     def forward(self, h: torch.Tensor, ctx: Context, cache: KVCache | None = None) -> torch.Tensor:
-        mix = self.attn if self.attn is not None else self.mixer
-        h = self.wiring(self, h, None if mix is None else lambda x: mix(x, ctx, cache))
+        h = self.wiring(self, h, self.mixing(ctx, cache))
         return h if self.scalar is None else h * self.scalar  # Gemma 4

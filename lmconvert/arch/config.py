@@ -30,7 +30,10 @@ ROPE_SCALINGS = ("none", "linear", "dynamic", "yarn", "llama3", "longrope", "ntk
 ABSOLUTE_POSITIONS = ("none", "sinusoidal", "learned", "sinusoidal_fairseq", "sinusoidal_halves")
 LAYER_POSITIONS = ("rope", "alibi", "relative", "none")
 LAYER_KINDS = ("global", "local")
-LAYER_MIXERS = ("attention", "mixer", "none")  # what mixes a layer's tokens: attention, `mixer`, or nothing
+# what mixes a layer's tokens: attention, `mixer`, nothing, or attention and `mixer` side by side on the same normed
+# input, their outputs summed (Falcon-H1's parallel hybrid: arch/block.py's Block.mixing)
+PARALLEL_MIXING = "attention+mixer"
+LAYER_MIXERS = ("attention", "mixer", "none", PARALLEL_MIXING)
 LAYER_FFNS = ("ffn", "none")  # whether a layer has its FFN (dense or MoE) after its mixer
 # placements whose sublayers each add to the residual in turn, so either may be left out of a layer
 SEQUENTIAL_PLACEMENTS = ("pre", "sandwich", "output")
@@ -77,6 +80,9 @@ K_EQ_V = ("none", "global", "all")
 # depth_scaled_residual_add): the k-th residual add of the stack (k = 2(layer + 1) for the attention, + 1 for the
 # FFN) is sublayer * (1 / sqrt(k)) + h * sqrt((k - 1) / k), each a Python float, in the activation dtype
 RESIDUAL_FORMS = ("plain", "depth_scaled")
+# ArchConfig's muP multipliers (Falcon-H1), each 1 where a model has none
+MULTIPLIERS = ("attn_in_multiplier", "attn_out_multiplier", "mixer_out_multiplier", "key_multiplier",
+               "mlp_gate_multiplier", "mlp_down_multiplier")
 
 
 def _fail(owner: str, name: str, value: Any, why: str) -> None:
@@ -529,6 +535,17 @@ class ArchConfig:
     # everywhere. layer_config gives each layer its own
     layer_heads: tuple[int, ...] | None = None
     residual_scale: float = 1.0  # each sublayer's output is multiplied by this before the residual add (Granite)
+    # muP multipliers (Falcon-H1), each a Python float on the activation dtype, skipped at 1: the attention's input
+    # and output (`attention_in_multiplier`, `attention_out_multiplier`) and the mixer's output
+    # (`ssm_out_multiplier`) around their modules, in the block (arch/block.py), so the modules' own outputs are
+    # the reference's; k as it comes out of its projection (`key_multiplier`, arch/attention.py); the FFN's gate
+    # before the activation and its output after `down` (`mlp_multipliers`, arch/mlp.py)
+    attn_in_multiplier: float = 1.0
+    attn_out_multiplier: float = 1.0
+    mixer_out_multiplier: float = 1.0
+    key_multiplier: float = 1.0
+    mlp_gate_multiplier: float = 1.0
+    mlp_down_multiplier: float = 1.0
     residual_form: str = "plain"  # RESIDUAL_FORMS: how a sublayer's output joins the residual (Beam: depth_scaled)
     # a gated FFN's (dense or routed expert) act(gate) * up from fp32 copies, cast back (Beam's SwiGLU)
     glu_fp32: bool = False
@@ -660,6 +677,14 @@ class ArchConfig:
         if self.mlp_fused and not self.gated:
             _fail("ArchConfig", "mlp_fused", True, "fuses a gated FFN's gate and up; needs gated=True")
         _positive("ArchConfig", "residual_scale", self.residual_scale)
+        for name in MULTIPLIERS:
+            _positive("ArchConfig", name, getattr(self, name))
+        if self.moe is not None and (self.mlp_gate_multiplier != 1.0 or self.mlp_down_multiplier != 1.0):
+            _fail("ArchConfig", "mlp_gate_multiplier", self.mlp_gate_multiplier, "the FFN multipliers are a dense "
+                  "FFN's; a mixture of experts needs both at 1")
+        if self.mlp_gate_multiplier != 1.0 and (not self.gated or self.mlp_fused or self.glu_fp32):
+            _fail("ArchConfig", "mlp_gate_multiplier", self.mlp_gate_multiplier, "multiplies a gated FFN's gate "
+                  "projection: needs gated=True, mlp_fused=False and glu_fp32=False")
         _choice("ArchConfig", "residual_form", self.residual_form, RESIDUAL_FORMS)
         if self.residual_form != "plain" and (self.norm_placement not in SEQUENTIAL_PLACEMENTS
                                               or self.residual_after_norm or self.residual_scale != 1.0):
@@ -857,7 +882,7 @@ class ArchConfig:
                   "'output', residual_after_norm off)")
         self._normalise_mixer_norm_placement(kind)
         if kind is None:
-            if "mixer" in self.layer_mixers:
+            if {"mixer", PARALLEL_MIXING} & set(self.layer_mixers):
                 _fail("ArchConfig", "layer_mixers", self.layer_mixers, "names 'mixer' layers; set mixer")
             if self.mixer_settings is not None:
                 _fail("ArchConfig", "mixer_settings", self.mixer_settings, "has no mixer to set; set mixer")
@@ -1072,8 +1097,11 @@ class ArchConfig:
         return self.attention_chunk if layer in self.chunked_layers else None
 
     def layers_mixed_by(self, mixing: str) -> list[int]:
-        """The layers whose tokens `mixing` ("attention", "mixer" or "none") mixes (`layer_mixers`)."""
-        return [i for i, m in enumerate(self.layer_mixers) if m == mixing]
+        """The layers whose tokens `mixing` ("attention", "mixer" or "none") mixes (`layer_mixers`); a parallel
+        layer ("attention+mixer") is mixed by both, so it counts among the attention layers and the mixer layers
+        (its KV cache, its state, its points)."""
+        both = mixing in ("attention", "mixer")
+        return [i for i, m in enumerate(self.layer_mixers) if m == mixing or (both and m == PARALLEL_MIXING)]
 
     def kv_cache_bytes_per_token(self, bytes_per_element: int = 2) -> int:
         """What the attention layers cache per token, each with its own geometry (Gemma 4); a KV-shared layer
@@ -1151,6 +1179,8 @@ UNSTATED_WHEN_UNSET: dict[str, Any] = {"attn_sinks": False, "sink_form": "column
                                        "mixer_norm_placement": None, "residual_form": "plain", "glu_fp32": False,
                                        "softcap_fp32": False, "attn_gate_activation": "sigmoid", "sink_layers": "all",
                                        "v_head_dim": None, "attn_value_scale": 1.0, "layer_heads": None,
+                                       # Falcon-H1's muP multipliers
+                                       **dict.fromkeys(MULTIPLIERS, 1.0),
                                        # Gemma 4
                                        "global_head_dim": None, "global_kv_heads": None, "k_eq_v": "none",
                                        "v_norm": False, "kv_shared_layers": 0, "kv_reused": False,

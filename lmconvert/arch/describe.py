@@ -5,7 +5,7 @@ from __future__ import annotations
 from math import prod
 
 from .attention_kinds import attention_kind
-from .config import ArchConfig, MoeConfig, NormConfig, RopeConfig
+from .config import PARALLEL_MIXING, ArchConfig, MoeConfig, NormConfig, RopeConfig
 from .mixer_kinds import mixer_kind
 from .shapes import parameter_shapes
 
@@ -20,6 +20,10 @@ GATED_NAMES = {"relu": "ReGLU", "gelu": "GeGLU (erf)", "gelu_tanh": "GeGLU (tanh
 ORDER_FLAGS = (("scale_by_inverse_layer", "score scale divided by layer index + 1"),
                ("scale_query", "score scale applied to q before q.k"), ("scores_fp32", "q.k in fp32"),
                ("scale_in_product", "score scale inside q.k's product (baddbmm)"))
+# ArchConfig's muP multipliers (config.MULTIPLIERS), as the card names them
+MULTIPLIER_NAMES = (("attn_in_multiplier", "attention input"), ("attn_out_multiplier", "attention output"),
+                    ("key_multiplier", "k"), ("mixer_out_multiplier", "mixer output"),
+                    ("mlp_gate_multiplier", "FFN gate"), ("mlp_down_multiplier", "FFN output"))
 BLOCK_FLAGS = (("residual_after_norm", "residual taken after the norm"),
                ("residual_fp32", "residual stream in fp32"), ("embed_norm", "embedding norm"),
                ("bias_separate", "linear biases added after the matmul"),
@@ -186,12 +190,13 @@ def schedule(cfg: ArchConfig) -> list[str]:
     keeps; nothing for a stack of attention-and-FFN layers."""
     if set(cfg.layer_mixers) == {"attention"} and set(cfg.layer_ffns) == {"ffn"}:
         return []
-    names = {"attention": "attention", "mixer": cfg.mixer, "none": "no mixer"}
-    letters = {"attention": "A", "mixer": "M", "none": "-"}
+    names = {"attention": "attention", "mixer": cfg.mixer, "none": "no mixer",
+             PARALLEL_MIXING: f"attention and {cfg.mixer} side by side (outputs summed)"}
+    letters = {"attention": "A", "mixer": "M", "none": "-", PARALLEL_MIXING: "AM"}
     pattern = " ".join(letters[m] + ("F" if f == "ffn" else "") for m, f in zip(cfg.layer_mixers, cfg.layer_ffns,
                                                                               strict=True))
-    kinds = [f"{names[m]} on {len(ls)} ({_runs(ls)})" for m in ("attention", "mixer", "none")
-             if (ls := cfg.layers_mixed_by(m))]
+    alone = {m: [i for i, x in enumerate(cfg.layer_mixers) if x == m] for m in names}  # a parallel layer: its own
+    kinds = [f"{names[m]} on {len(ls)} ({_runs(ls)})" for m, ls in alone.items() if ls]
     ffns = [i for i, f in enumerate(cfg.layer_ffns) if f == "ffn"]
     where = "all layers" if len(ffns) == cfg.n_layers else f"{len(ffns)} layers ({_runs(ffns)})" if ffns else "none"
     lines = [f"layer schedule: {'; '.join(kinds)}; FFN on {where}",
@@ -238,6 +243,9 @@ def variants(cfg: ArchConfig) -> list[str]:
                    "KV cache keeps every token")
     if cfg.residual_scale != 1.0:
         out.append(f"residual scale: {cfg.residual_scale:g} (each sublayer's output)")
+    muls = [f"{what} x {getattr(cfg, name):g}" for name, what in MULTIPLIER_NAMES if getattr(cfg, name) != 1.0]
+    if muls:
+        out.append(f"muP multipliers: {', '.join(muls)}")
     if cfg.residual_form == "depth_scaled":
         out.append("residual: depth-scaled, add k: sublayer / sqrt(k) + h * sqrt((k - 1) / k)")
     kinds = cfg.layer_kinds

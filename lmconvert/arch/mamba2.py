@@ -192,5 +192,4 @@ class Mamba2Mixer(StateSpaceMixer):
             y = falcon_h1_gated_norm(y, gate, self.norm.weight, s.n_groups, s.norm_eps, s.norm_before_gate)
         else:
             y = y * F.silu(gate)
-        out = self.out_proj(y.to(dtype))
-        return out if s.out_multiplier == 1.0 else out * s.out_multiplier
+        return self.out_proj(y.to(dtype))

@@ -101,8 +101,8 @@ class Mamba2Settings:
     `norm_before_gate` says where the gate goes), or "none" (the scan output times SiLU(z), no weight).
     dt is clamped to [time_step_min, time_step_max] (None: no upper bound) in the chunked prefill only,
     as transformers does. Falcon-H1's muP: the input times `in_multiplier` before in_proj, the
-    projection times `zxbcdt_multipliers` (one per part of [z | x | B | C | dt]) after, and the output
-    times `out_multiplier` (its decoder layer's `ssm_out_multiplier`).
+    projection times `zxbcdt_multipliers` (one per part of [z | x | B | C | dt]) after (its mixer's
+    own); its decoder layer's `ssm_out_multiplier` on the output is the block's (`ArchConfig.mixer_out_multiplier`).
     """
 
     n_heads: int = 8
@@ -121,7 +121,6 @@ class Mamba2Settings:
     time_step_max: float | None = None
     activation: str = "silu"
     in_multiplier: float = 1.0
-    out_multiplier: float = 1.0
     zxbcdt_multipliers: tuple[float, ...] | None = None
 
     def __post_init__(self) -> None:
@@ -135,8 +134,7 @@ class Mamba2Settings:
         _setting_number("time_step_min", self.time_step_min)
         if self.time_step_max is not None:
             _setting_number("time_step_max", self.time_step_max)
-        for name in ("in_multiplier", "out_multiplier"):
-            _setting_number(name, getattr(self, name))
+        _setting_number("in_multiplier", self.in_multiplier)
         if self.n_heads % self.n_groups:
             raise ConfigError(f"ArchConfig.mixer_settings.n_groups={self.n_groups}: must divide "
                               f"n_heads={self.n_heads} (each group's B and C serve n_heads / n_groups heads)")
@@ -199,9 +197,9 @@ def _mamba2_describe(cfg: ArchConfig) -> list[str]:
              f"Mamba2: {norm}; dt softplus(dt + dt_bias), at least {s.time_step_min:g}{upper} in prefill; biases: "
              + (", ".join(n for n, on in (("in_proj", s.in_bias), ("conv", s.conv_bias), ("out_proj", s.out_bias))
                           if on) or "none")]
-    if s.zxbcdt_multipliers is not None or s.in_multiplier != 1.0 or s.out_multiplier != 1.0:
+    if s.zxbcdt_multipliers is not None or s.in_multiplier != 1.0:
         lines.append(f"Mamba2 muP: input x {s.in_multiplier:g}, [z|x|B|C|dt] x "
-                     f"{list(s.zxbcdt_multipliers or (1.0,) * 5)}, output x {s.out_multiplier:g}")
+                     f"{list(s.zxbcdt_multipliers or (1.0,) * 5)}")
     lines.append(f"Mamba2 state: {_mamba2_state(cfg)} entries per sequence and layer (conv {s.conv_dim} x "
                  f"{s.conv_kernel}, SSM {s.n_heads} x {s.head_dim} x {s.d_state}, fp32)")
     return lines

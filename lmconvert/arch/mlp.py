@@ -36,6 +36,8 @@ class MLP(nn.Module):
         # a plain function, or (xIELU) a module with the layer's own parameters, registered last
         self.act = PARAMETRIC[cfg.activation]() if cfg.activation in PARAMETRIC else ACTIVATIONS[cfg.activation]
         self.glu_fp32 = cfg.glu_fp32  # Beam: act(gate) * up from fp32 copies, cast back
+        # muP (Falcon-H1): the gate's projection times one before the activation, the output times the other
+        self.gate_multiplier, self.down_multiplier = cfg.mlp_gate_multiplier, cfg.mlp_down_multiplier
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.gate is None:
@@ -46,6 +48,9 @@ class MLP(nn.Module):
         elif self.glu_fp32:
             gate = self.gate(x)
             h = (self.act(gate.float()) * self.up(x).float()).to(gate.dtype)
+        elif self.gate_multiplier != 1.0:
+            h = self.act(self.gate(x) * self.gate_multiplier) * self.up(x)
         else:
             h = self.act(self.gate(x)) * self.up(x)
-        return self.down(h if self.sub_norm is None else self.sub_norm(h))
+        out = self.down(h if self.sub_norm is None else self.sub_norm(h))
+        return out if self.down_multiplier == 1.0 else out * self.down_multiplier

@@ -17,7 +17,7 @@ import torch).
 from __future__ import annotations
 
 from .attention_kinds import attention_kind
-from .config import ACTIVATION_PARAMETERS, ArchConfig
+from .config import ACTIVATION_PARAMETERS, PARALLEL_MIXING, ArchConfig
 from .mixer_kinds import mixer_kind
 from .parts import LinearPart, NormPart, Part, Shapes, part_shapes
 
@@ -50,15 +50,17 @@ def norm_slots(cfg: ArchConfig, layer: int) -> tuple[str, ...]:
     return slots
 
 
-def mixer_parts(cfg: ArchConfig, layer: int) -> tuple[str, dict[str, Part]]:
-    """The module that mixes one layer's tokens, as the attribute it is held under and its parts:
-    ("attn", the attention kind's), ("mixer", the mixer kind's) or ("", {}) for a layer without one."""
+def mixer_parts(cfg: ArchConfig, layer: int) -> list[tuple[str, dict[str, Part]]]:
+    """The modules that mix one layer's tokens, as the attribute each is held under and its parts, in the
+    Block's order: ("attn", the attention kind's), ("mixer", the mixer kind's), both for a parallel layer
+    ("attention+mixer"), or none."""
     mixing = cfg.layer_mixers[layer]
-    if mixing == "attention":
-        return "attn", attention_kind(cfg.attention).parts(cfg.layer_config(layer))
-    if mixing == "mixer":
-        return "mixer", mixer_kind(cfg.mixer).parts(cfg)
-    return "", {}
+    modules = []
+    if mixing in ("attention", PARALLEL_MIXING):
+        modules.append(("attn", attention_kind(cfg.attention).parts(cfg.layer_config(layer))))
+    if mixing in ("mixer", PARALLEL_MIXING):
+        modules.append(("mixer", mixer_kind(cfg.mixer).parts(cfg)))
+    return modules
 
 
 def _mlp(cfg: ArchConfig, name: str, width: int | None = None, bias: bool | None = None) -> Shapes:
@@ -106,8 +108,8 @@ def _block(cfg: ArchConfig, layer: int, name: str) -> Shapes:
     for slot in SLOTS:
         if slot in filled:
             shapes.update(norm.shapes(f"{name}.{slot}"))
-    module, parts = mixer_parts(cfg, layer)  # its kind's parts, the very ones its module attaches
-    shapes.update(part_shapes(parts, f"{name}.{module}"))
+    for module, parts in mixer_parts(cfg, layer):  # its kind's parts, the very ones its module attaches
+        shapes.update(part_shapes(parts, f"{name}.{module}"))
     if cfg.layer_ffns[layer] == "ffn":  # its own width (Gemma 4's shared layers)
         shapes.update(_ffn(cfg.layer_config(layer), layer, f"{name}.mlp"))
     return shapes

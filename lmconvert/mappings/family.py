@@ -69,9 +69,14 @@ VARIANT_NAMES = {
     "residual_form": "a depth-scaled residual add (Beam)", "glu_fp32": "the FFN's gated product in fp32",
     "softcap_fp32": "the final soft-cap in fp32",
     "mixer": "this token mixer beside attention", "mixer_settings": "these token-mixer settings",
-    "layer_mixers": "this per-layer schedule of attention and mixer layers",
+    "layer_mixers": "this per-layer schedule of attention and mixer layers (or both side by side)",
     "layer_ffns": "layers without an FFN",
     "mixer_norm_placement": "another norm placement on the mixer layers",
+    # Falcon-H1's muP multipliers
+    "attn_in_multiplier": "an attention input multiplier (muP)",
+    "attn_out_multiplier": "an attention output multiplier (muP)",
+    "mixer_out_multiplier": "a mixer output multiplier (muP)", "key_multiplier": "a key multiplier (muP)",
+    "mlp_gate_multiplier": "an FFN gate multiplier (muP)", "mlp_down_multiplier": "an FFN output multiplier (muP)",
     # Gemma 4
     "global_head_dim": "a head_dim of the global layers' own", "global_kv_heads": "KV heads of the global layers' own",
     "k_eq_v": "K = V layers (no v projection)", "v_norm": "a weightless V norm",
