@@ -49,10 +49,13 @@ def _each(f: Callable[[torch.Tensor], torch.Tensor], t: torch.Tensor | None) -> 
     return None if t is None else f(t)
 
 
-def _sink_softmax(w: torch.Tensor, sinks: torch.Tensor) -> torch.Tensor:
+def _sink_softmax(w: torch.Tensor, sinks: torch.Tensor | None) -> torch.Tensor:
     """gpt-oss's eager_attention_forward: each head's sink logit joins every row as one more column,
     the row's max is subtracted (in the scores' dtype, rounded there), the softmax is taken in that
-    dtype, and the sink's column is dropped."""
+    dtype, and the sink's column is dropped. Without sinks (MiMo-V2-Flash's full layers) the same
+    softmax over the scores alone."""
+    if sinks is None:
+        return F.softmax(w - w.max(dim=-1, keepdim=True).values, dim=-1, dtype=w.dtype)
     B, _, T, _ = w.shape
     combined = torch.cat([w, sinks.reshape(1, -1, 1, 1).expand(B, -1, T, -1)], dim=-1)
     combined = combined - combined.max(dim=-1, keepdim=True).values
@@ -77,7 +80,7 @@ def _repeat_kv(x: torch.Tensor, groups: int) -> torch.Tensor:
 def _eager(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float, softcap: float | None,
            bias: torch.Tensor | None, allowed: torch.Tensor | None, dropout: float,
            scores_fp32: bool = False, bias_add: str = "rounded", scale_in_product: bool = False,
-           sinks: torch.Tensor | None = None, sink_scale: bool = False) -> torch.Tensor:
+           sinks: torch.Tensor | None = None, sink_scale: bool = False, sink_softmax: bool = False) -> torch.Tensor:
     groups = q.shape[1] // k.shape[1]
     k, v = _repeat_kv(k, groups), _repeat_kv(v, groups)  # (B, H, S, D)
     if scores_fp32:  # GPT-J, GPT-Neo, GPT-2's reorder_and_upcast_attn: q @ k^T up to the softmax in fp32
@@ -107,7 +110,8 @@ def _eager(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float, soft
         gate = (torch.logsumexp(w, dim=-1) - sinks.reshape(1, -1, 1)).to(torch.float32).sigmoid()
         p = F.dropout(F.softmax(w, dim=-1, dtype=_softmax_dtype(w)).to(dtype), p=dropout, training=dropout > 0)
         return torch.matmul(p, v) * gate.unsqueeze(-1).to(dtype)
-    p = (F.softmax(w, dim=-1, dtype=_softmax_dtype(w)) if sinks is None else _sink_softmax(w, sinks)).to(dtype)
+    shifted = sinks is not None or sink_softmax  # sink_softmax: a layer without a sink of a model with sinks
+    p = (_sink_softmax(w, sinks) if shifted else F.softmax(w, dim=-1, dtype=_softmax_dtype(w))).to(dtype)
     p = F.dropout(p, p=dropout, training=dropout > 0)
     return torch.matmul(p, v)
 
@@ -201,7 +205,9 @@ class Attention(nn.Module):
             q, k = self.q_norm(q), _each(self.k_norm, k)
         q = q.view(B, T, cfg.n_heads, cfg.head_dim)
         k = _each(lambda t: t.view(B, T, cfg.n_kv_heads, cfg.head_dim), k)
-        v = _each(lambda t: t.view(B, T, cfg.n_kv_heads, cfg.head_dim), v)
+        v = _each(lambda t: t.view(B, T, cfg.n_kv_heads, cfg.value_dim), v)
+        if cfg.attn_value_scale != 1.0:  # MiMo-V2-Flash: v times a Python float, after its projection
+            v = _each(lambda t: t * cfg.attn_value_scale, v)
         if cfg.qk_norm == "head" and not cfg.qk_norm_after_rope:
             q, k = self.q_norm(q), _each(self.k_norm, k)
         if self.v_norm is not None:
@@ -248,15 +254,26 @@ class Attention(nn.Module):
         if cfg.attn_softcap is not None or cfg.scores_fp32 or cfg.scale_in_product or cfg.attn_sinks \
                 or self.backend == "eager":
             out = _eager(q, k, v, scale, cfg.attn_softcap, bias, allowed, dropout, cfg.scores_fp32, add,
-                         cfg.scale_in_product, self.sinks, cfg.sink_form == "scale")
+                         cfg.scale_in_product, self.sinks, cfg.sink_form == "scale", cfg.attn_sinks)
         else:
             out = _sdpa(q, k, v, scale, bias, allowed, ctx.is_plain_causal(self.window, self.chunk), dropout, add)
-        out = out.transpose(1, 2).reshape(B, T, cfg.q_dim)  # (B, T, H*D)
-        if gate is not None:  # output * sigmoid(gate), both in the activation dtype
-            out = out * torch.sigmoid(gate)
+        out = out.transpose(1, 2).reshape(B, T, cfg.o_dim)  # (B, T, H*Dv)
+        if gate is not None:
+            out = self._gated(out, gate)
         if self.sub_norm is not None:  # BitNet's attn_sub_norm, before the output projection
             out = self.sub_norm(out)
         return self.o(out)
+
+    def _gated(self, out: torch.Tensor, gate: torch.Tensor) -> torch.Tensor:
+        """The output times its gate's activation: sigmoid in the activation dtype, or (Laguna) softplus of an
+        fp32 copy cast back; elementwise, or (`projection_head`) one gate per head over its elements."""
+        cfg = self.cfg
+        sigmoid = cfg.attn_gate_activation == "sigmoid"
+        factor = torch.sigmoid(gate) if sigmoid else F.softplus(gate.float()).to(out.dtype)
+        if cfg.attn_output_gate != "projection_head":
+            return out * factor
+        B, T, _ = out.shape
+        return (out.view(B, T, cfg.n_heads, cfg.value_dim) * factor.unsqueeze(-1)).view(B, T, cfg.o_dim)
 
     def _position_bias(self, ctx: Context) -> torch.Tensor | None:
         if self.position == "alibi":

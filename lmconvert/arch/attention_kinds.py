@@ -74,15 +74,17 @@ def _standard_parts(cfg: ArchConfig) -> dict[str, Part]:
     """The sinks (gpt-oss: a module's own parameters come first in its state_dict), the q, k, v, o
     projections, then the QK norms: over one head or over the whole projection; then the output
     gate's projection (AFMoE)."""
-    parts: dict[str, Part] = {"sinks": ParamPart((cfg.n_heads,))} if cfg.attn_sinks else {}
+    # MiMo-V2-Flash: a layer left without a sink of its own (sink_layers "none")
+    parts: dict[str, Part] = {"sinks": ParamPart((cfg.n_heads,))} if cfg.attn_sinks and cfg.sink_layers == "all" \
+        else {}
     if cfg.attn_output_gate == "projection_head_bias":  # Beam's gate_bias, one per head (a parameter of its own)
         parts["out_gate_bias"] = ParamPart((cfg.n_heads,))
     parts |= {
         # Qwen3-Next: each head's query and its output gate side by side
         "q": LinearPart(cfg.d_model, cfg.q_dim * (2 if cfg.attn_output_gate == "q_heads" else 1), cfg.q_bias),
         "k": LinearPart(cfg.d_model, cfg.kv_dim, cfg.k_bias),
-        "v": LinearPart(cfg.d_model, cfg.kv_dim, cfg.v_bias),
-        "o": LinearPart(cfg.q_dim, cfg.d_model, cfg.o_bias),
+        "v": LinearPart(cfg.d_model, cfg.n_kv_heads * cfg.value_dim, cfg.v_bias),  # MiMo: values of their own width
+        "o": LinearPart(cfg.o_dim, cfg.d_model, cfg.o_bias),
     }
     if cfg.kv_reused or cfg.k_eq_v == "all":  # Gemma 4: K/V from an earlier layer; v from k's projection
         del parts["v"]
@@ -97,9 +99,11 @@ def _standard_parts(cfg: ArchConfig) -> dict[str, Part]:
         if not cfg.kv_reused:
             parts["k_norm"] = NormPart(norm_dims[1], norm)
     if cfg.attn_output_gate in ("projection", "projection_head_bias"):  # AFMoE's, Beam's gate_proj; never a bias
-        parts["out_gate"] = LinearPart(cfg.d_model, cfg.q_dim, False)
+        parts["out_gate"] = LinearPart(cfg.d_model, cfg.o_dim, False)
+    if cfg.attn_output_gate == "projection_head":  # Laguna's per-head g_proj: one gate per head
+        parts["out_gate"] = LinearPart(cfg.d_model, cfg.n_heads, False)
     if cfg.sub_norms:  # BitNet: the attention output normalised before `o`
-        parts["sub_norm"] = NormPart(cfg.q_dim, cfg.norm)
+        parts["sub_norm"] = NormPart(cfg.o_dim, cfg.norm)
     return parts
 
 
@@ -110,7 +114,11 @@ def _standard_describe(cfg: ArchConfig) -> list[str]:
         kind = "MQA"
     else:
         kind = f"GQA ({cfg.n_heads // cfg.n_kv_heads} q heads per kv head)"
-    lines = [f"attention: {kind}, {cfg.n_heads} heads / {cfg.n_kv_heads} kv heads, head_dim {cfg.head_dim}"]
+    lines = [f"attention: {kind}, {cfg.n_heads} heads / {cfg.n_kv_heads} kv heads, head_dim {cfg.head_dim}"
+             + ("" if cfg.v_head_dim is None else f", v head_dim {cfg.v_head_dim}")
+             + ("" if cfg.attn_value_scale == 1.0 else f", v scaled x{cfg.attn_value_scale:g}")]
+    if cfg.layer_heads is not None:
+        lines.append(f"query heads per layer: {list(cfg.layer_heads)}")
     if cfg.qk_norm != "none":
         lines.append(f"QK norm: {'per head' if cfg.qk_norm == 'head' else 'over the whole projection'}"
                      + (", a weight for each head" if cfg.qk_norm_weight == "per_head" else "")
@@ -121,13 +129,16 @@ def _standard_describe(cfg: ArchConfig) -> list[str]:
         lines.append("sub-norms: before the output projection and before the MLP's down projection")
     if cfg.attn_output_gate != "none":
         source = {"projection": "a projection of the input", "q_heads": "q's second half per head",
-                  "projection_head_bias": "a projection of the input + a bias per head"}[cfg.attn_output_gate]
-        lines.append(f"attention output gate: sigmoid({source}) times each head's output, before o")
+                  "projection_head_bias": "a projection of the input + a bias per head",
+                  "projection_head": "a projection of the input, one per head"}[cfg.attn_output_gate]
+        act = {"sigmoid": "sigmoid({}) times", "softplus_fp32": "softplus({}) in fp32 times"}[cfg.attn_gate_activation]
+        lines.append(f"attention output gate: {act.format(source)} each head's output, before o")
     lines += _gemma4_describe(cfg)
     if cfg.attn_sinks:
         lines.append("attention sinks: a learned logit per head in each softmax (eager)"
                      + (", as an output scale sigmoid(logsumexp - sink)" if cfg.sink_form == "scale" else "")
-                     + (", kept in fp32" if cfg.sinks_fp32 else ""))
+                     + (", kept in fp32" if cfg.sinks_fp32 else "")
+                     + (" (sliding layers only; the others softmax alike)" if cfg.sink_layers == "local" else ""))
     return lines
 
 
@@ -148,7 +159,7 @@ def _gemma4_describe(cfg: ArchConfig) -> list[str]:
 
 
 def _standard_cache(cfg: ArchConfig) -> int:
-    return 0 if cfg.kv_reused else 2 * cfg.kv_dim
+    return 0 if cfg.kv_reused else cfg.kv_dim + cfg.n_kv_heads * cfg.value_dim
 
 
 register(AttentionKind(

@@ -45,7 +45,16 @@ SINK_FORMS = ("column", "scale")  # how a learned sink joins the softmax (ArchCo
 # q_proj, H * 2D wide); "projection_head_bias": "projection" plus a learned bias per head (`attn.out_gate_bias`,
 # [H]) added to the projection over each head's D elements (Beam's gate_proj + gate_bias). The sigmoid and the
 # product in the activation dtype either way
-ATTN_OUTPUT_GATES = ("none", "projection", "q_heads", "projection_head_bias")
+# "projection_head": one gate per head from a projection of width H (`attn.out_gate`, [H, d_model]), broadcast over
+# the head's D elements (Laguna's per-head g_proj)
+ATTN_OUTPUT_GATES = ("none", "projection", "q_heads", "projection_head_bias", "projection_head")
+# ArchConfig.attn_gate_activation: how the gate becomes a factor: "sigmoid" in the activation dtype (AFMoE, Beam,
+# Qwen3-Next); "softplus_fp32", softplus of an fp32 copy cast back to the activation dtype (Laguna)
+GATE_ACTIVATIONS = ("sigmoid", "softplus_fp32")
+# ArchConfig.sink_layers: the layers whose attention has a sink of its own: every layer, or the local (sliding) ones
+# (MiMo-V2-Flash). "none" is what layer_config gives a layer left without one: no sink parameter, but its softmax
+# still taken as the sink layers' (the row max subtracted in the scores' dtype, the softmax in that dtype)
+SINK_LAYERS = ("all", "local", "none")
 QK_NORM_WEIGHTS = ("shared", "per_head")
 DTYPE_ORDERS = ("cast_then_scale", "scale_then_cast")
 PARALLEL_SUMS = ("h+attn+mlp", "mlp+attn+h", "attn+mlp+h")  # left to right: the order a parallel block adds
@@ -332,6 +341,12 @@ class MoeConfig:
     # router on the block's input stream itself, the experts on that stream normalised (`mlp.input_norm`),
     # their weighted sum normalised (`mlp.norm`, output_norm); the two summed, then the block's FFN output norm
     beside_dense: bool = False
+    # the router's logits soft-capped, tanh(logits / c) * c on an fp32 copy, before they are scored (Laguna's
+    # moe_router_logit_softcapping); None: no cap
+    router_softcap: float | None = None
+    # what the renormalisation adds to the chosen weights' sum; None: the router's own guard (moe.EPS: DeepSeek-V3's
+    # and AFMoE's 1e-20, LFM2-MoE's 1e-6, none for the others). Laguna's sorted fp32 sigmoid router adds none: 0
+    norm_eps: float | None = None
 
     def __post_init__(self) -> None:
         for name in ("weight_input", "sum_bias", "router_norm", "expert_scale", "beside_dense"):
@@ -342,6 +357,10 @@ class MoeConfig:
         for name in ("n_experts", "top_k", "d_expert", "n_group", "topk_group"):
             _integer("moe", name, getattr(self, name))
         _positive("moe", "scale", self.scale)
+        _positive("moe", "router_softcap", self.router_softcap, allow_none=True)
+        if self.norm_eps is not None and (isinstance(self.norm_eps, bool) or not isinstance(self.norm_eps, (int, float))
+                                          or not 0 <= self.norm_eps < math.inf):
+            _fail("moe", "norm_eps", self.norm_eps, "must be a finite number >= 0")
         if isinstance(self.aux_loss, bool) or not isinstance(self.aux_loss, (int, float)) or not \
                 0 <= self.aux_loss < math.inf:
             _fail("moe", "aux_loss", self.aux_loss, "must be a finite number >= 0")
@@ -529,7 +548,16 @@ class ArchConfig:
     # sigmoid(logsumexp(scores) - sink), the same function rounded otherwise (GraniteSWA)
     sink_form: str = "column"
     sinks_fp32: bool = False  # the sinks kept in fp32 in any dtype (Flint's `_keep_in_fp32_modules_strict`)
-    attn_output_gate: str = "none"  # ATTN_OUTPUT_GATES: a sigmoid gate on the attention output (AFMoE's gate_proj)
+    attn_output_gate: str = "none"  # ATTN_OUTPUT_GATES: a gate on the attention output (AFMoE's gate_proj)
+    attn_gate_activation: str = "sigmoid"  # GATE_ACTIVATIONS: the gate's activation; "sigmoid" without a gate
+    sink_layers: str = "all"  # SINK_LAYERS: the layers with a sink of their own, with attn_sinks; "all" without
+    # the value heads' width where it is not head_dim (MiMo-V2-Flash's v_head_dim: v is KV x v_head_dim, o reads
+    # H x v_head_dim); None: head_dim
+    v_head_dim: int | None = None
+    attn_value_scale: float = 1.0  # v multiplied by this Python float after its projection (MiMo-V2-Flash)
+    # the query heads of each layer where they differ (Laguna's num_attention_heads_per_layer); None: n_heads
+    # everywhere. layer_config gives each layer its own
+    layer_heads: tuple[int, ...] | None = None
     residual_scale: float = 1.0  # each sublayer's output is multiplied by this before the residual add (Granite)
     # muP multipliers (Falcon-H1), each a Python float on the activation dtype, skipped at 1: the attention's input
     # and output (`attention_in_multiplier`, `attention_out_multiplier`) and the mixer's output
@@ -767,6 +795,7 @@ class ArchConfig:
         if self.norm_placement == "post" and self.final_norm:
             _fail("ArchConfig", "final_norm", True, "post-norm blocks already end in a norm")
         self._check_gemma4()
+        self._check_geometry()
         if kind.check is not None:
             kind.check(self)
         if mixer is not None and mixer.check is not None:
@@ -808,6 +837,52 @@ class ArchConfig:
                   "no clip_qkv")
         if self.layer_scalar not in (True, False):
             _fail("ArchConfig", "layer_scalar", self.layer_scalar, "must be true or false")
+
+    def _check_geometry(self) -> None:
+        """MiMo-V2-Flash's value width, value scale and sinks on the sliding layers; Laguna's heads per layer and
+        the gate's activation: the standard attention's, and sane."""
+        _integer("ArchConfig", "v_head_dim", self.v_head_dim, allow_none=True)
+        if self.v_head_dim == self.head_dim:  # one spelling of "values as wide as keys"
+            object.__setattr__(self, "v_head_dim", None)
+        if self.v_head_dim is not None and (self.attention != "standard" or self.k_eq_v != "none" or self.v_norm
+                                            or self.attn_output_gate in ("q_heads", "projection_head_bias")):
+            _fail("ArchConfig", "v_head_dim", self.v_head_dim, "values of their own width are the standard "
+                  "attention's, without K = V, a V norm, or a gate shaped by the query heads (q_heads, "
+                  "projection_head_bias)")
+        _positive("ArchConfig", "attn_value_scale", self.attn_value_scale)
+        if self.attn_value_scale != 1.0 and self.attention != "standard":
+            _fail("ArchConfig", "attn_value_scale", self.attn_value_scale, "scales the standard attention's v only")
+        _choice("ArchConfig", "attn_gate_activation", self.attn_gate_activation, GATE_ACTIVATIONS)
+        if self.attn_output_gate == "none":  # one spelling of "no gate"
+            object.__setattr__(self, "attn_gate_activation", GATE_ACTIVATIONS[0])
+        _choice("ArchConfig", "sink_layers", self.sink_layers, SINK_LAYERS)
+        if not self.attn_sinks:  # one spelling of "no sinks"
+            object.__setattr__(self, "sink_layers", SINK_LAYERS[0])
+        if self.sink_layers != "all" and self.sink_form != "column":
+            _fail("ArchConfig", "sink_layers", self.sink_layers, "sinks on some layers only are the column form's "
+                  "(sink_form='column')")
+        heads = self.layer_heads
+        if heads is None:
+            return
+        if not isinstance(heads, (list, tuple)) or len(heads) != self.n_layers:
+            _fail("ArchConfig", "layer_heads", heads, f"needs one head count per layer (n_layers={self.n_layers})")
+        for count in heads:
+            _integer("ArchConfig", "layer_heads", count)
+        heads = tuple(heads)
+        if set(heads) == {self.n_heads}:  # one spelling of "the same heads everywhere"
+            object.__setattr__(self, "layer_heads", None)
+            return
+        object.__setattr__(self, "layer_heads", heads)
+        kv = {self.n_kv_heads} | ({self.global_kv_heads} if self.global_kv_heads is not None else set())
+        if any(h % k for h in heads for k in kv):
+            _fail("ArchConfig", "layer_heads", list(heads), f"each layer's heads must be a multiple of its KV heads "
+                  f"({', '.join(map(str, sorted(kv)))})")
+        if self.attention != "standard" or self.attn_output_gate in ("q_heads", "projection_head_bias") \
+                or self.qk_norm_weight != "shared" or "alibi" in self.layer_positions \
+                or "relative" in self.layer_positions:
+            _fail("ArchConfig", "layer_heads", list(heads), "query heads per layer are the standard attention's, "
+                  "with no per-head parameters beside q's (a per-head QK-norm weight, a head-bias gate, ALiBi or "
+                  "relative slopes)")
 
     def kv_source(self, layer: int) -> int | None:
         """The layer whose K/V a KV-shared layer takes (the last non-shared one of its kind); None for others."""
@@ -970,6 +1045,10 @@ class ArchConfig:
             changes |= {"global_head_dim": None, "global_kv_heads": None}
         if self.k_eq_v == "global":
             changes["k_eq_v"] = "all" if glob else "none"
+        if self.layer_heads is not None:  # Laguna: this layer's query heads
+            changes |= {"n_heads": self.layer_heads[layer], "layer_heads": None}
+        if self.sink_layers == "local":  # MiMo-V2-Flash: a sink on the sliding layers only
+            changes["sink_layers"] = "none" if glob else "all"
         if self.kv_shared_layers and not self.kv_reused and layer >= self.n_layers - self.kv_shared_layers:
             changes |= {"kv_reused": True, "d_ff": self.d_ff * self.shared_ffn_factor, "shared_ffn_factor": 1}
         return dataclasses.replace(self, **changes) if changes else self
@@ -1004,6 +1083,16 @@ class ArchConfig:
     @property
     def kv_dim(self) -> int:
         return self.n_kv_heads * self.head_dim
+
+    @property
+    def value_dim(self) -> int:
+        """One value head's width: v_head_dim where set, else head_dim."""
+        return self.head_dim if self.v_head_dim is None else self.v_head_dim
+
+    @property
+    def o_dim(self) -> int:
+        """What the output projection reads: every query head's value-sized output."""
+        return self.n_heads * self.value_dim
 
     @property
     def score_scale(self) -> float:
@@ -1116,7 +1205,8 @@ UNSTATED_WHEN_UNSET: dict[str, Any] = {"attn_sinks": False, "sink_form": "column
                                        "attention_chunk": None, "chunked_layers": (), "qk_l2_norm": False,
                                        "attn_output_gate": "none", "mixer": None, "mixer_settings": None,
                                        "mixer_norm_placement": None, "residual_form": "plain", "glu_fp32": False,
-                                       "softcap_fp32": False,
+                                       "softcap_fp32": False, "attn_gate_activation": "sigmoid", "sink_layers": "all",
+                                       "v_head_dim": None, "attn_value_scale": 1.0, "layer_heads": None,
                                        # Falcon-H1's muP multipliers
                                        **dict.fromkeys(MULTIPLIERS, 1.0),
                                        # Gemma 4
@@ -1125,7 +1215,8 @@ UNSTATED_WHEN_UNSET: dict[str, Any] = {"attn_sinks": False, "sink_form": "column
                                        "shared_ffn_factor": 1, "layer_scalar": False}
 ROPE_UNSTATED_WHEN_UNSET: dict[str, Any] = {"alpha": None, "reverse": False}
 MOE_UNSTATED_WHEN_UNSET: dict[str, Any] = {"weight_input": False, "sum_bias": False, "scale_after_sum": False,
-                                           "router_norm": False, "expert_scale": False, "beside_dense": False}
+                                           "router_norm": False, "expert_scale": False, "beside_dense": False,
+                                           "router_softcap": None, "norm_eps": None}
 NORM_UNSTATED_WHEN_UNSET: dict[str, Any] = {"power": False}
 
 

@@ -133,6 +133,10 @@ def _moe(cfg: ArchConfig, moe: MoeConfig) -> list[str]:
         router += ", input normalised and scaled"
     if moe.expert_scale:
         router += ", per-expert scale"
+    if moe.router_softcap is not None:
+        router += f", logits soft-capped at {moe.router_softcap:g} in fp32"
+    if moe.norm_eps is not None:
+        router += f", renormalised by the sum + {moe.norm_eps:g}"
     lines = [f"mixture of experts: {moe.n_experts} experts, top-{moe.top_k}, d_expert {moe.d_expert} ({where})",
              f"router: {router}"]
     if moe.glu == "clamped_swiglu":

@@ -59,6 +59,8 @@ class Router(nn.Linear):
             logits = nn.functional.linear(h.float(), self.weight.float(), bias)
         else:
             logits = super().forward(h)
+        if moe.router_softcap is not None:  # Laguna: tanh(logits / c) * c on an fp32 copy, which the scores read
+            logits = torch.tanh(logits.float() / moe.router_softcap) * moe.router_softcap
         weights, chosen = SCORES[moe.router](self, logits)
         if moe.norm_topk:  # by the sum (ERNIE 4.5's clamped below at norm_min, no guard added), or DBRX's p-norm
             norm = weights.sum(dim=-1, keepdim=True) if moe.norm_p is None else \
@@ -66,7 +68,7 @@ class Router(nn.Linear):
             if moe.norm_min:
                 weights = weights / torch.clamp(norm, min=moe.norm_min)
             else:
-                weights /= norm + EPS[moe.router]
+                weights /= norm + (EPS[moe.router] if moe.norm_eps is None else moe.norm_eps)
         if self.expert_scale is not None:  # fp32 weights times the stored scale: fp32, as Gemma 4 multiplies
             weights = weights * self.expert_scale[chosen]
         if moe.scale != 1.0 and not moe.scale_after_sum:

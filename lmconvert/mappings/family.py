@@ -82,6 +82,10 @@ VARIANT_NAMES = {
     "k_eq_v": "K = V layers (no v projection)", "v_norm": "a weightless V norm",
     "kv_shared_layers": "cross-layer KV sharing", "kv_reused": "a KV-shared layer",
     "shared_ffn_factor": "wider FFNs on the KV-shared layers", "layer_scalar": "a per-layer output scalar",
+    # MiMo-V2-Flash, Laguna
+    "v_head_dim": "values of their own width (v_head_dim)", "attn_value_scale": "a scale on the values",
+    "sink_layers": "attention sinks on the sliding layers only", "layer_heads": "query heads that differ by layer",
+    "attn_gate_activation": "this activation of the attention output gate (Laguna's softplus in fp32)",
 }
 
 def tensor_sizes(arch: ArchConfig) -> dict[str, int]:

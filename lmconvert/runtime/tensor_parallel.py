@@ -111,6 +111,11 @@ def refusals(arch: ArchConfig, size: int) -> list[str]:
         (arch.k_eq_v != "none", "K = V layers (v taken from k's projection) have no tensor-parallel plan"),
         (bool(arch.kv_shared_layers), "cross-layer KV sharing has no tensor-parallel plan"),
         (arch.layer_scalar, "the per-layer output scalar has no tensor-parallel plan"),
+        # MiMo-V2-Flash's and Laguna's, each refused by name
+        (arch.v_head_dim is not None, "values of their own width (v_head_dim) have no tensor-parallel plan"),
+        (arch.layer_heads is not None, "query heads that differ by layer have no tensor-parallel plan"),
+        (arch.sink_layers != "all", "sinks on the sliding layers only have no tensor-parallel plan"),
+        (arch.attn_output_gate == "projection_head", "a gate per head (Laguna's g_proj) has no tensor-parallel plan"),
     ]
     return [why for wrong, why in checks if wrong]
 

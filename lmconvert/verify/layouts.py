@@ -55,7 +55,7 @@ MOE: Mapping[str, Layout] = {
 OURS: Mapping[str, Layout] = {
     "embed": RESIDUAL, "final_norm": "B T E", "output": RESIDUAL,  # final_norm: what the LM head reads
     "attn_norm": RESIDUAL, "attn_post_norm": RESIDUAL, "mlp_norm": RESIDUAL, "mlp_post_norm": RESIDUAL,
-    "attn.q": "B T H*D", "attn.k": "B T KV*D", "attn.v": "B T KV*D", "attn.o": RESIDUAL,
+    "attn.q": "B T H*D", "attn.k": "B T KV*D", "attn.v": "B T KV*DV", "attn.o": RESIDUAL,
     "attn": RESIDUAL,  # the attention's output, a point where its module holds a tensor of its own (gpt-oss's sinks)
     "mlp.gate": "B T F", "mlp.up": "B T F", "mlp.down": RESIDUAL, **MOE,
     "mlp.norm": RESIDUAL,  # a mixture's output norm (A.X-K1's post_mlp_layernorm), on (B, T, d) as transformers'
@@ -63,8 +63,8 @@ OURS: Mapping[str, Layout] = {
     # output's norm on (B, T, d), both as transformers' (pre_feedforward_layernorm_2, post_feedforward_layernorm_1)
     "mlp.input_norm": "B*T d", "mlp.dense_norm": RESIDUAL,
     # BitNet's sub-norms (the attention output before `o`, the product before `down`); xIELU's module
-    "attn.sub_norm": "B T H*D", "mlp.sub_norm": "B T F", "mlp.act": "B T F",
-    "attn.out_gate": "B T H*D",  # the attention output gate's projection, before its sigmoid (AFMoE's gate_proj)
+    "attn.sub_norm": "B T H*DV", "mlp.sub_norm": "B T F", "mlp.act": "B T F",
+    "attn.out_gate": "B T H*DV",  # the attention output gate's projection, before its sigmoid (AFMoE's gate_proj)
 }
 
 # Our QK norms, by ArchConfig.qk_norm: per head on the (B, T, H, D) view, or over the whole
@@ -83,7 +83,9 @@ MIXTURE: Mapping[str, Layout] = {"attn.router": "B*T XA", "attn.q": "R KV*D", "a
 OURS_BY_ATTENTION: Mapping[str, Mapping[str, Layout]] = {"latent": LATENT, "sparse": SPARSE, "head_mixture": MIXTURE}
 
 # q emitting each head's output gate beside its query (ArchConfig.attn_output_gate="q_heads", Qwen3-Next): H * 2D
-OURS_BY_OUTPUT_GATE: Mapping[str, Mapping[str, Layout]] = {"q_heads": {"attn.q": "B T H*QG"}}
+# one gate per head (Laguna's "projection_head"): H wide
+OURS_BY_OUTPUT_GATE: Mapping[str, Mapping[str, Layout]] = {"q_heads": {"attn.q": "B T H*QG"},
+                                                           "projection_head": {"attn.out_gate": "B T H"}}
 
 # transformers' llama-style decoders: hidden states, norms and nn.Linear projections are
 # (B, T, features), as ours. QK norms have no default: each model type that has them says where.
@@ -236,12 +238,14 @@ class PointLayouts:
         ours = {**ours, **mixer}
         theirs = {**mixer, **transformers_layouts(model_type, arch)}
         sizes = {**mixer_sizes, "B": batch, "T": seq_len, "d": arch.d_model, "E": arch.embed_dim, "F": arch.d_ff,
-                 "H": arch.n_heads, "KV": arch.n_kv_heads, "D": arch.head_dim, "QG": 2 * arch.head_dim, "P": 3,
+                 "H": arch.n_heads, "KV": arch.n_kv_heads, "D": arch.head_dim, "DV": arch.value_dim,
+                 "QG": 2 * arch.head_dim, "P": 3,
                  **_latent_sizes(arch), **_moe_sizes(arch), **_mixture_sizes(arch, batch * seq_len)}
         layer_sizes = {}
-        for i in range(arch.n_layers):  # Gemma 4: a layer of its own geometry or FFN width
+        for i in range(arch.n_layers):  # Gemma 4, MiMo-V2-Flash, Laguna: a layer of its own geometry or FFN width
             layer = arch.layer_config(i)
-            own = {"KV": layer.n_kv_heads, "D": layer.head_dim, "QG": 2 * layer.head_dim, "F": layer.d_ff}
+            own = {"H": layer.n_heads, "KV": layer.n_kv_heads, "D": layer.head_dim, "DV": layer.value_dim,
+                   "QG": 2 * layer.head_dim, "F": layer.d_ff}
             if any(sizes[k] != v for k, v in own.items()):
                 layer_sizes[i] = {**sizes, **own}
         return cls(ours, theirs, sizes, model_type, layer_sizes)

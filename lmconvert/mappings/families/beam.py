@@ -29,7 +29,7 @@ from ..tables import hf_rope
 from ..tables.config_table import DEFAULT, Entry, fixed, plain
 from ..tables.hf_config import HfConfig, Key, show
 from ..tables.hf_layers import LAYER_TYPES_KEY, layer_kinds_from_hf, layer_types_to_hf, window_fields
-from ..tables.hf_moe import FUSED_RULES, dense_layers
+from ..tables.hf_moe import FUSED_RULES, dense_layers, grouped_router_to_hf, mlp_layer_types_to_hf
 from ..tables.points import QK_NORM_PER_HEAD
 from ..tables.table import Rule, TensorTable
 from . import afmoe, llama
@@ -105,13 +105,7 @@ def experts_from_hf(hf: HfConfig, fields: dict[str, Any]) -> dict[str, Any]:
 
 def experts_to_hf(cfg: ArchConfig) -> dict[str, Any]:
     """The dense layers by name; any other router reads back otherwise and is refused by name."""
-    moe = cfg.moe
-    types = ["sparse" if moe is not None and moe.sparse(i) else "dense" for i in range(cfg.n_layers)]
-    if moe is None:
-        return {"mlp_layer_types": types, **{k.name: DEFAULT for k in KEYS[:-1]}}
-    return {"mlp_layer_types": types, "num_experts": moe.n_experts, "num_experts_per_tok": moe.top_k,
-            "moe_intermediate_size": moe.d_expert, "norm_topk_prob": moe.norm_topk, "n_group": moe.n_group,
-            "topk_group": moe.topk_group, "routed_scaling_factor": moe.scale}
+    return mlp_layer_types_to_hf(cfg, KEYS, grouped_router_to_hf("num_experts"))
 
 
 CONFIG = llama.CONFIG.but(

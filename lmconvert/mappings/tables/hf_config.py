@@ -30,6 +30,7 @@ BOUNDS: dict[str, tuple[Callable[[float], bool], str]] = {
 _TYPES: dict[type, tuple[tuple[type, ...], str]] = {
     int: ((int,), "integer"), float: ((int, float), "number"), bool: ((bool,), "boolean (true or false)"),
     str: ((str,), "string"), dict: ((dict,), "JSON object"), list: ((list,), "list"),
+    bool | str: ((bool, str), "boolean or string"),  # Laguna's `gating`: true, false or a granularity's name
 }
 
 
@@ -46,7 +47,7 @@ class Key:
     """One config.json key as the family's transformers config class declares it."""
 
     name: str
-    kind: type
+    kind: Any  # a JSON type of _TYPES (a type, or Laguna's bool | str)
     default: Any  # what an absent key means (transformers' default; None where transformers derives it)
     nullable: bool = False  # transformers accepts an explicit null
     bound: str = "positive"  # the range of a number (see BOUNDS)
@@ -71,7 +72,7 @@ class Key:
             raise MappingError(f"{stated} is not allowed (transformers refuses it too); set {self.expected()}, "
                                f"or {fallback}")
         types, _ = _TYPES[self.kind]
-        wrong_type = isinstance(value, bool) and self.kind is not bool or not isinstance(value, types)
+        wrong_type = isinstance(value, bool) and bool not in types or not isinstance(value, types)
         if wrong_type or self.kind in (int, float) and not BOUNDS[self.bound][0](value):
             raise MappingError(f"{stated} should be {self.expected()}; set the model's value from its model "
                                f"card, or {fallback}")

@@ -11,6 +11,7 @@ width]. Both are read; export writes the Hub's.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from lmconvert.arch import ArchConfig, MoeConfig
@@ -130,3 +131,22 @@ def dense_layers(hf: HfConfig, n: int, first_dense: int) -> tuple[int, ...]:
         raise MappingError(f"config.json: mlp_layer_types={types!r}: needs \"dense\" or \"sparse\" for each of the "
                            f"num_hidden_layers={n} layers")
     return tuple(i for i, kind in enumerate(types) if kind == "dense")
+
+
+def mlp_layer_types_to_hf(cfg: ArchConfig, keys: tuple[Key, ...],
+                          values: Callable[[MoeConfig], dict[str, Any]]) -> dict[str, Any]:
+    """`mlp_layer_types` by name, and the mixture's keys (`values`); a dense model writes every other key of
+    `keys` as its default. What the family cannot express reads back otherwise and is refused by name."""
+    moe = cfg.moe
+    types = ["sparse" if moe is not None and moe.sparse(i) else "dense" for i in range(cfg.n_layers)]
+    if moe is None:
+        return {"mlp_layer_types": types, **{k.name: DEFAULT for k in keys if k.name != "mlp_layer_types"}}
+    return {"mlp_layer_types": types, **values(moe)}
+
+
+def grouped_router_to_hf(count: str) -> Callable[[MoeConfig], dict[str, Any]]:
+    """DeepSeek-V3's router keys as Beam and MiMo-V2-Flash write them beside `mlp_layer_types` (`count`: the
+    family's name for the experts' count)."""
+    return lambda moe: {count: moe.n_experts, "num_experts_per_tok": moe.top_k, "moe_intermediate_size": moe.d_expert,
+                        "norm_topk_prob": moe.norm_topk, "n_group": moe.n_group, "topk_group": moe.topk_group,
+                        "routed_scaling_factor": moe.scale}

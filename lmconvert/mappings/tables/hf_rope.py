@@ -136,3 +136,43 @@ def rope_by_layer_type_to_hf(cfg: ArchConfig) -> dict[str, Any]:
     """`rope_parameters` nested by layer type (Gemma 3, OLMo 3)."""
     return {"rope_parameters": {"full_attention": rope_to_hf(cfg.rope),
                                 "sliding_attention": rope_to_hf(cfg.rope_local or cfg.rope)}}
+
+
+TYPED_KEYS = (Key("rope_parameters", dict, None, nullable=True),)
+
+
+def ropes_by_layer_type(hf: HfConfig, kinds: tuple[str, ...], defaults: dict[str, dict[str, Any]],
+                        default_fraction: float) -> dict[str, Any]:
+    """`rope_parameters` keyed by layer type, as MiMo-V2-Flash and Laguna read it (their own
+    `convert_rope_params_to_dict` takes no older key): absent or null, the family's `defaults`; else a
+    JSON object per layer type a layer uses, each with its own `rope_theta` and partial rotary factor
+    (absent: `default_fraction` for the default rope type, as the family's own init reads it, and 1 for
+    the others, as transformers' shared inits read it). As `rope` for the full layers, `rope_local` for
+    the sliding ones."""
+    params = hf.get("rope_parameters")
+    params = defaults if params is None else params
+    ropes = {}
+    for kind, name in (("global", "full_attention"), ("local", "sliding_attention")):
+        if kind not in kinds:
+            continue
+        where = f"rope_parameters.{name}."
+        one = params.get(name)
+        if not isinstance(one, dict) or "rope_theta" not in one:
+            raise MappingError(f"config.json: rope_parameters should hold {name} (its layers' rope_type and "
+                               f"rope_theta) as a JSON object, not {one!r}; transformers cannot build those "
+                               "layers' rotary tables without it")
+        stated = HfConfig(one, PARAMETER_KEYS, where)
+        kind_of = stated.get("rope_type") if stated.stated("rope_type") else stated.get("type")
+        fraction = stated.get(FRACTION.name)
+        fraction = (default_fraction if kind_of == "default" else 1.0) if fraction is None else fraction
+        ropes[kind] = rope_from_hf(hf, {**one, FRACTION.name: fraction}, where, theta=stated.get("rope_theta"),
+                                   partial=True)
+    return rope_by_kind(ropes.get("global", ropes.get("local")), ropes.get("local", ropes.get("global")), kinds)
+
+
+def ropes_by_layer_type_to_hf(cfg: ArchConfig) -> dict[str, Any]:
+    """`rope_parameters` keyed by the layer types the layers use, each with its partial rotary factor (absent
+    would mean the family's own default)."""
+    ropes = {"full_attention": ("global", cfg.rope), "sliding_attention": ("local", cfg.rope_local or cfg.rope)}
+    return {"rope_parameters": {name: rope_to_hf(rope, partial=True) for name, (kind, rope) in ropes.items()
+                                if kind in cfg.layer_kinds}}
