@@ -13,7 +13,7 @@ THETA = {"rope_type": "default", "rope_theta": 5e5, "partial_rotary_factor": 0.5
 SPEC = Spec(
     "bamba", dict(MIXER, num_hidden_layers=4, attn_layer_indices=[1], mamba_proj_bias=True, eos_token_id=1,
                   rope_parameters=THETA),
-    old_style={"rope_theta": 5e5}, sdpa=False,
+    old_style={"rope_theta": 5e5},
     card=("mixer: Mamba2 (SSD), 8 heads x 16, 2 group(s), state 16, conv 4, chunk 8",
           "layer pattern: MF AF MF MF", "biases: in_proj, conv, out_proj"),
     # llama.cpp's granitehybrid loads no in_proj or out_proj biases and rotates whole heads

@@ -16,7 +16,7 @@ SPEC = Spec(  # bf16: see granitemoeshared
     "granitemoehybrid",
     kwargs=dict(MIXER, **GRANITE, num_hidden_layers=4, layer_types=[L, L, A, L], position_embedding_type="rope",
                 mamba_proj_bias=True, attention_bias=True, rope_parameters={"rope_type": "default", "rope_theta": 1e4}),
-    old_style={"rope_theta": 1e4}, sdpa=False,
+    old_style={"rope_theta": 1e4},
     card=("mixer: Mamba2 (SSD), 8 heads x 16, 2 group(s), state 16, conv 4, chunk 8",
           "mixture of experts: 4 experts, top-3, d_expert 96 (all layers)",
           "shared experts, ungated, width 48, gate and up as one projection's halves", "residual scale: 0.22",

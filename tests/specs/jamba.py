@@ -12,7 +12,7 @@ SCHEDULE = dict(attn_layer_period=4, attn_layer_offset=2, expert_layer_period=2,
 SPEC = Spec(
     "jamba", dict(SCHEDULE, num_hidden_layers=4, num_experts=4, num_experts_per_tok=2, mamba_dt_rank=6,
                   mamba_proj_bias=True, eos_token_id=1),
-    old_style={}, rope=False, sdpa=False,
+    old_style={}, rope=False,
     card=("mixer: Mamba (selective scan), d_inner 128, state 16, dt rank 6, conv 4; dt, B, C RMS-normed (weights, "
           "eps=1e-06)", "mixture of experts: 4 experts, top-2", "layer pattern: MF MF AF MF"),
     not_a_key=("rope_parameters", "attention_bias"),
