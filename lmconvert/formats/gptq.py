@@ -49,6 +49,8 @@ from .quantized_linear import (
 if TYPE_CHECKING:
     import torch
 
+    from .quant_bands import Banded
+
 METHOD = "gptq"
 PARTS = ("qweight", "qzeros", "scales", "g_idx")
 MARKERS = ("qweight",)  # the part whose presence makes X a quantized linear
@@ -224,15 +226,31 @@ def dequantize(recipe: GptqRecipe, module: str, tensors: Mapping[str, torch.Tens
     `check_linear`), as gptqmodel's torch kernel computes it: in the scales' dtype, or with the
     scales cast to `dtype` first where the loader casts them (a model loaded in that dtype). `out`,
     a contiguous tensor of that shape and dtype, receives it (a buffer reused from one linear to the
-    next spares the page faults of fresh memory).
+    next spares the page faults of fresh memory). Done a few output rows at a time (`banded`)."""
+    import torch
+
+    rows = banded(recipe, module, tensors, where, dtype)
+    weight = torch.empty(rows.rows, rows.cols, dtype=rows.native) if out is None else out
+    step = max(1, CHUNK // rows.cols)
+    for start in range(0, rows.rows, step):
+        rows.fill(start, min(start + step, rows.rows), weight[start:start + step])
+    return weight
+
+
+def banded(recipe: GptqRecipe, module: str, tensors: Mapping[str, torch.Tensor], where: str,
+           dtype: torch.dtype | None = None) -> Banded:
+    """`dequantize` as bands of output rows (quant_bands.py), each computed on its own in the scales'
+    dtype (or `dtype`, the scales cast first).
 
     The reference's integer difference `weight - zeros[g_idx]` times the scale is one rounding of an
     exact product; here the codes and zeros are in the scales' dtype first (exactly: integers below
     256, or 1024 plus them in float16) and subtracted there (exactly), then multiplied: the same
-    rounding, so the same bits. Done a few output rows at a time."""
+    rounding, so the same bits."""
     import sys
 
     import torch
+
+    from .quant_bands import Banded
 
     qweight, scales = tensors["qweight"], tensors["scales"]
     finite(scales, f"{module}.scales", where)
@@ -248,19 +266,17 @@ def dequantize(recipe: GptqRecipe, module: str, tensors: Mapping[str, torch.Tens
                              f"the {n} groups of its scales; the checkpoint is inconsistent")
         if torch.equal(g_idx, torch.arange(in_features, dtype=torch.int64) // group):
             g_idx = None  # rows in group order: one value per group, broadcast
-    scale = (scales if dtype is None else scales.to(dtype)).t()  # [out, groups]
+    scale = (scales if dtype is None else scales.to(dtype)).t().contiguous()  # [out, groups]
     fast = scale.dtype == torch.float16 and sys.byteorder == "little"
-    zero = zeros(recipe, tensors["qzeros"]).t().to(scale.dtype)
+    zero = zeros(recipe, tensors["qzeros"]).t().to(scale.dtype).contiguous()
     if fast:
         zero += 1024
-    weight = torch.empty(out_features, in_features, dtype=scale.dtype) if out is None else out
     words = qweight.t().contiguous()  # [out, in / pf]: an eighth (a quarter) of the values' bytes
-    rows = max(1, CHUNK // in_features)
-    scratch = torch.empty(rows * in_features // 4, dtype=torch.int64) if fast else None
-    for start in range(0, out_features, rows):
-        span = slice(start, min(start + rows, out_features))
-        part = weight[span]
+
+    def fill(start: int, stop: int, part: torch.Tensor) -> None:
+        span = slice(start, stop)
         if fast:
+            scratch = torch.empty((stop - start) * in_features // 4, dtype=torch.int64)
             _fp16_codes(recipe, words[span], part, scratch)
         else:
             part.copy_(codes(recipe, words[span]))
@@ -269,4 +285,5 @@ def dequantize(recipe: GptqRecipe, module: str, tensors: Mapping[str, torch.Tens
         else:
             index = g_idx.expand(part.shape[0], in_features)  # gather: far faster than index_select on dim 1
             part.sub_(torch.gather(zero[span], 1, index)).mul_(torch.gather(scale[span], 1, index))
-    return weight
+
+    return Banded(out_features, in_features, scale.dtype, fill)
