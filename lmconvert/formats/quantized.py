@@ -219,19 +219,23 @@ class QuantizedTensors:
         dequantized and cast on its own (quant_bands.py). For a weight `casts_straight` says so of;
         a scheme that has no bands for this one dequantizes it whole."""
         from .digest import check_tensor
+        from .ggml_dequant import one_torch_thread
         from .quant_bands import dequantize_into
 
         parts = self.parts[name]
         scheme, settings = self.schemes[name]
-        read = self._parts_read(name, parts)
         where = str(self.source.where(parts[scheme.anchor]))
         assert scheme.banded is not None
-        banded = scheme.banded(read, settings, name, where)
-        if banded is None:
-            weight = scheme.dequantize(read, settings, name, where)
-            check_tensor(weight, finite)
-            return weight.to(dtype)
-        weight, nonfinite = dequantize_into(banded, dtype, finite is not None)
+        # the parts' small whole-tensor steps (a transpose, the zeros) on one thread too: torch's
+        # OpenMP workers spin after each, which cost more CPU than the work on a loaded machine
+        with one_torch_thread():
+            read = self._parts_read(name, parts)
+            banded = scheme.banded(read, settings, name, where)
+            if banded is None:
+                weight = scheme.dequantize(read, settings, name, where)
+                check_tensor(weight, finite)
+                return weight.to(dtype)
+            weight, nonfinite = dequantize_into(banded, dtype, finite is not None)
         if finite is not None:
             finite.require(nonfinite)
         return weight
