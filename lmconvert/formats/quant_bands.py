@@ -7,14 +7,15 @@ the format's own dtype (`Banded.native`: float32 for FP8, the scales' dtype for 
 scratch that stays in the CPU cache, checked for NaN/Inf there, and cast into its rows of the
 output: the same operations on the same values in the same order, so the same bits, while memory
 holds the output and one scratch per thread. The bands are independent and torch and numpy release
-the GIL, so they go on up to four threads (as formats/gguf.py's bands), each torch op on one thread.
+the GIL, so they go on up to four threads, each torch op on one thread.
 """
 
 from __future__ import annotations
 
 import os
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -60,6 +61,33 @@ def _release(t: torch.Tensor) -> None:
             _free.append(t)
 
 
+_held = threading.Lock()
+_holders = [0, 0]  # how many callers hold torch to one thread, and the count of threads before them
+
+
+@contextmanager
+def one_torch_thread() -> Iterator[None]:
+    """torch's operations on one thread each while held: the bands go on threads of their own, and
+    torch's OpenMP teams inside each would oversubscribe the cores, their workers spinning after
+    every small step (GPTQ `--dtype float16` took 61 CPU-s that way against 6.6 held). Threads
+    started inside take the count of one when they first use torch; the count before is restored
+    by the last to leave."""
+    import torch
+
+    with _held:
+        if _holders[0] == 0:
+            _holders[1] = torch.get_num_threads()
+            torch.set_num_threads(1)
+        _holders[0] += 1
+    try:
+        yield
+    finally:
+        with _held:
+            _holders[0] -= 1
+            if _holders[0] == 0:
+                torch.set_num_threads(_holders[1])
+
+
 def band_rows(banded: Banded, itemsize: int, band_bytes: int = BAND_BYTES) -> int:
     """Rows per band: about `band_bytes` of native values, a multiple of `align` (at least one)."""
     rows = max(1, band_bytes // max(1, banded.cols * itemsize))
@@ -77,7 +105,6 @@ def dequantize_into(banded: Banded, dtype: torch.dtype, checked: bool, out: torc
 
     from .digest import memory_chunks, scan, tensor_bytes
     from .dtypes import of_torch
-    from .ggml_dequant import one_torch_thread
 
     if out is None:
         out = torch.empty(banded.rows, banded.cols, dtype=dtype)

@@ -219,8 +219,7 @@ class QuantizedTensors:
         dequantized and cast on its own (quant_bands.py). For a weight `casts_straight` says so of;
         a scheme that has no bands for this one dequantizes it whole."""
         from .digest import check_tensor
-        from .ggml_dequant import one_torch_thread
-        from .quant_bands import dequantize_into
+        from .quant_bands import dequantize_into, one_torch_thread
 
         parts = self.parts[name]
         scheme, settings = self.schemes[name]
