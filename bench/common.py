@@ -14,6 +14,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -80,6 +81,27 @@ def _write(directory: str, n_layers: int, shards: int, seed: int) -> None:
     index = {"metadata": {"total_size": total}, "weight_map": weight_map}
     (directory / "model.safetensors.index.json").write_text(json.dumps(index, indent=2))
     (directory / "config.json").write_text(json.dumps(config, indent=2))
+
+
+def write_sharded(out: Path, config: dict, make: Callable[[str, tuple[int, ...]], dict], shards: int = 3) -> None:
+    """A checkpoint of `config`'s LLaMA shapes in `shards` files (made in the calling child process):
+    `make(name, shape)` gives the tensors stored for each weight (itself, or its quantized parts)."""
+    from safetensors.torch import save_file
+
+    out.mkdir(parents=True)
+    names = list(llama_shapes(config).items())
+    per_shard = -(-len(names) // shards)
+    weight_map = {}
+    for i in range(shards):
+        file = f"model-{i + 1:05d}-of-{shards:05d}.safetensors"
+        tensors = {}
+        for name, shape in names[i * per_shard:(i + 1) * per_shard]:
+            tensors.update(make(name, shape))
+        save_file(tensors, str(out / file), metadata={"format": "pt"})
+        weight_map.update({n: file for n in tensors})
+        del tensors
+    (out / "model.safetensors.index.json").write_text(json.dumps({"metadata": {}, "weight_map": weight_map}))
+    (out / "config.json").write_text(json.dumps(config, indent=2))
 
 
 def dir_bytes(directory: Path) -> int:

@@ -13,7 +13,6 @@ CPU time, peak RSS and time / cp. `--depth 2` doubles the layers, to show peak R
 from __future__ import annotations
 
 import argparse
-import json
 import shutil
 import statistics
 import subprocess
@@ -21,7 +20,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from common import LLAMA_3_2_1B, dir_bytes, llama_shapes, measure_rounds, table
+from common import LLAMA_3_2_1B, dir_bytes, measure_rounds, table, write_sharded
 from convert import cpu
 
 BLOCK = 128
@@ -36,32 +35,19 @@ def make_fp8_checkpoint(directory: Path, n_layers: int) -> Path:
 
 def _write(directory: str, n_layers: int, shards: int = 3) -> None:
     import torch
-    from safetensors.torch import save_file
 
-    out = Path(directory)
-    out.mkdir(parents=True)
     config = {**LLAMA_3_2_1B, "num_hidden_layers": n_layers,
               "quantization_config": {"activation_scheme": "dynamic", "fmt": "e4m3", "quant_method": "fp8",
                                       "weight_block_size": [BLOCK, BLOCK]}}
     generator = torch.Generator().manual_seed(0)
-    names = list(llama_shapes(config).items())
-    per_shard = -(-len(names) // shards)
-    weight_map = {}
-    for i in range(shards):
-        file = f"model-{i + 1:05d}-of-{shards:05d}.safetensors"
-        tensors = {}
-        for name, shape in names[i * per_shard:(i + 1) * per_shard]:
-            if "proj" in name:
-                tensors[name] = (torch.randn(shape, generator=generator) * 64).to(torch.float8_e4m3fn)
-                tensors[name + "_scale_inv"] = torch.rand((shape[0] // BLOCK, shape[1] // BLOCK),
-                                                          generator=generator) * 1e-3
-            else:
-                tensors[name] = (torch.randn(shape, generator=generator) * 0.02).to(torch.bfloat16)
-        save_file(tensors, str(out / file), metadata={"format": "pt"})
-        weight_map.update({n: file for n in tensors})
-        del tensors
-    (out / "model.safetensors.index.json").write_text(json.dumps({"metadata": {}, "weight_map": weight_map}))
-    (out / "config.json").write_text(json.dumps(config, indent=2))
+
+    def make(name: str, shape: tuple[int, ...]) -> dict[str, torch.Tensor]:
+        if "proj" not in name:
+            return {name: (torch.randn(shape, generator=generator) * 0.02).to(torch.bfloat16)}
+        return {name: (torch.randn(shape, generator=generator) * 64).to(torch.float8_e4m3fn),
+                name + "_scale_inv": torch.rand((shape[0] // BLOCK, shape[1] // BLOCK), generator=generator) * 1e-3}
+
+    write_sharded(Path(directory), config, make, shards)
 
 
 def rounds(steps: list[tuple[str, list[str], Path, list[Path]]], repeat: int, cached: bool) -> str:

@@ -54,7 +54,16 @@ def plan_tensors(reader: TensorReader, items: Iterable[tuple[str, str | tuple[st
             once.add(src)
         return raw
 
+    casts_straight = getattr(reader, "casts_straight", None)  # a quantized view's weights, cast band by band
+
     def producer(src: str | tuple[str, ...], fn: TensorFn) -> Callable[[], torch.Tensor]:
+        if (target is not None and isinstance(src, str) and fn is IDENTITY.forward and casts_straight is not None
+                and expected(src) is None and casts_straight(src)):
+            def straight() -> torch.Tensor:  # the same bits and checks as below, never the float32 weight whole
+                finite = None if allow_nonfinite else FiniteCheck(src, reader.where(src))
+                return reader.get_as(src, torch_dtype(target), finite)  # type: ignore[attr-defined]
+            return straight
+
         def produce() -> torch.Tensor:
             t = fn([checked(s) for s in src] if isinstance(src, tuple) else checked(src))
             return t if target is None else t.to(torch_dtype(target))

@@ -30,6 +30,8 @@ from .source import TensorReader, dtype_name
 if TYPE_CHECKING:
     import torch
 
+    from .quant_bands import Banded
+
 SCALE_DTYPES = ("F32", "BF16")  # DeepSeek-V3 ships float32 scales, some requantized repos bfloat16
 # quantization_config's options: the values read here; `dequantize` and the skip list are load-time
 # settings of transformers (a module it skips simply has no scale beside its weight)
@@ -108,6 +110,53 @@ def dequantize(quantized: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
     return q.mul_(s).reshape(quantized.shape)
 
 
+def banded(quantized: torch.Tensor, scales: torch.Tensor) -> Banded:
+    """`dequantize` as bands of rows (quant_bands.py), the weight's leading dimensions (a stack of
+    matrices) flattened into its rows: each band's codes looked up into the band's float32 rows and
+    multiplied in place by its blocks' float32 scales, the same products. Bands hold whole blocks of
+    rows (a stack's matrices are whole blocks too); one scale for the whole weight: any rows."""
+    import numpy as np
+    import torch
+
+    from .quant_bands import Banded
+
+    rows, cols = quantized.shape[-2:]
+    scale_rows, scale_cols = scales.shape[-2:] if scales.dim() >= 2 else (1, 1)
+    block_rows, block_cols = rows // scale_rows, cols // scale_cols
+    codes = quantized.contiguous().view(torch.uint8).reshape(-1, cols).numpy()
+    grid = scales.to(torch.float32).reshape(-1, scale_cols)  # [all blocks' rows, scale_cols]
+    table = _table()
+    single = grid.shape[0] == 1
+
+    def fill(start: int, stop: int, into: torch.Tensor) -> None:
+        np.take(table, codes[start:stop], out=into.numpy())
+        if single:
+            into.view(stop - start, scale_cols, block_cols).mul_(grid[0].unsqueeze(-1))
+        else:
+            into.view(-1, block_rows, scale_cols, block_cols).mul_(
+                grid[start // block_rows:stop // block_rows].unsqueeze(-1).unsqueeze(1))
+
+    return Banded(codes.shape[0], cols, torch.float32, fill, 1 if single else block_rows, tuple(quantized.shape))
+
+
+def banded_rows(quantized: torch.Tensor, scales: torch.Tensor) -> Banded:
+    """`dequantize_rows` as bands of rows: each band's codes looked up, times its rows' scales."""
+    import numpy as np
+    import torch
+
+    from .quant_bands import Banded
+
+    codes = quantized.contiguous().view(torch.uint8).numpy()
+    per_row = scales.to(torch.float32)
+    table = _table()
+
+    def fill(start: int, stop: int, into: torch.Tensor) -> None:
+        np.take(table, codes[start:stop], out=into.numpy())
+        into.mul_(per_row[start:stop])
+
+    return Banded(codes.shape[0], codes.shape[1], torch.float32, fill)
+
+
 def e4m3_to_float32(quantized: torch.Tensor) -> torch.Tensor:
     """`quantized.to(torch.float32)`, bit for bit (NaN codes included: the table is torch's own cast
     of every one of the 256 codes), by a table lookup of each byte: numpy indexing by the uint8 codes runs
@@ -136,7 +185,8 @@ def _blocks_type(settings: dict[str, Any]) -> str:
 
 FP8 = Scheme("fp8", parts={"weight": "", "scale": "_scale_inv"}, anchor="scale", check=check_blocks,
              dequantize=lambda t, *_: dequantize(t["weight"], t["scale"]), stored_type=_blocks_type,
-             finite={"scale": finite_float}, quantized_dtypes=("F8_E4M3",))
+             finite={"scale": finite_float}, quantized_dtypes=("F8_E4M3",),
+             banded=lambda t, *_: banded(t["weight"], t["scale"]))
 
 
 def read_fp8(where: str, quant: dict[str, Any]) -> Recipe:
@@ -175,7 +225,8 @@ def dequantize_rows(quantized: torch.Tensor, scales: torch.Tensor) -> torch.Tens
 FBGEMM = Scheme("fbgemm_fp8", parts={"weight": "", "scale": "_scale"}, anchor="scale", check=check_rows,
                 dequantize=lambda t, *_: dequantize_rows(t["weight"], t["scale"]),
                 stored_type=lambda _: "float8_e4m3fn, per-row scale", finite={"scale": finite_float},
-                quantized_dtypes=("F8_E4M3",), own_dims={"weight": 1, "scale": 1})
+                quantized_dtypes=("F8_E4M3",), own_dims={"weight": 1, "scale": 1},
+                banded=lambda t, *_: banded_rows(t["weight"], t["scale"]))
 
 
 def read_fbgemm(where: str, quant: dict[str, Any]) -> Recipe:

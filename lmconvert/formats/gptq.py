@@ -49,6 +49,8 @@ from .quantized_linear import (
 if TYPE_CHECKING:
     import torch
 
+    from .quant_bands import Banded
+
 METHOD = "gptq"
 PARTS = ("qweight", "qzeros", "scales", "g_idx")
 MARKERS = ("qweight",)  # the part whose presence makes X a quantized linear
@@ -175,44 +177,37 @@ def zeros(recipe: GptqRecipe, qzeros: torch.Tensor) -> torch.Tensor:
     return _fields(words, recipe.bits).flatten(-2).to(torch.int16)
 
 
-def codes(recipe: GptqRecipe, words: torch.Tensor) -> torch.Tensor:
-    """The quantized values [rows, in] (uint8) of transposed qweight words [rows, in / pf]: input
-    row r*pf + j of a column is field j of its word r, so each output row's fields lie in order in its
-    words' little-endian bytes."""
+_TABLES: dict[tuple[int, Any], Any] = {}  # (bits, dtype) -> a byte's fields' values, as numpy ints of their bytes
+
+
+def _lookup(bits: int, dtype: torch.dtype) -> Any:  # noqa: ANN401 - a numpy array
+    """For each of the 256 bytes, the values of its fields (4 bits: low nibble first, the next input row
+    second; 8 bits: the byte) in `dtype`, exactly (integers below 256), their bytes as one integer:
+    one lookup per byte writes them where they go."""
+    import numpy as np
     import torch
 
-    as_bytes = little_endian_bytes(words)  # [rows, in / pf, 4]
-    if recipe.bits == 8:
-        return as_bytes.flatten(-2)
-    return torch.stack((as_bytes & 0xF, as_bytes >> 4), dim=-1).view(words.shape[0], -1)
+    key = (bits, dtype)
+    if key not in _TABLES:
+        byte = torch.arange(256)
+        fields = torch.stack((byte & 15, byte >> 4), dim=-1) if bits == 4 else byte.unsqueeze(-1)
+        values = fields.to(dtype).contiguous()
+        ints = {2: np.int16, 4: np.int32, 8: np.int64}[values.element_size() * values.shape[1]]
+        _TABLES[key] = values.view(torch.uint8).numpy().view(ints).reshape(256)
+    return _TABLES[key]
 
 
-FP16_1024 = 0x6400_6400_6400_6400  # four float16 1024.0: 1024 + v has v in its low mantissa bits (v < 1024)
-
-
-def _fp16_codes(recipe: GptqRecipe, words: torch.Tensor, out: torch.Tensor, scratch: torch.Tensor) -> None:
-    """1024 + each quantized value, as float16, into `out` [rows, in] (a little-endian host): the
-    fields of each 16 bits of a word spread into the four 16-bit lanes of an int64 with integer
-    shifts, and 1024.0's exponent set over them, so no value goes through a conversion. `scratch` is
-    int64 of `out`'s bytes (allocated once for all the steps)."""
+def _codes_into(recipe: GptqRecipe, words: torch.Tensor, out: torch.Tensor) -> None:
+    """The quantized values of transposed qweight words [rows, in / pf] into `out` [rows, in] (a float
+    dtype), exactly: input row r*pf + j of a column is field j of its word r, so each output row's
+    fields lie in order in its words' little-endian bytes, a byte's fields looked up at once."""
+    import numpy as np
     import torch
 
-    lanes = out.view(torch.int64)  # [rows, in / 4], four values a lane group
-    shifted = scratch.view(-1)[:lanes.numel()].view(lanes.shape)
-    if recipe.bits == 8:  # a word's four bytes to four lanes
-        lanes.copy_(words).bitwise_and_(0xFFFF_FFFF)
-        steps = ((16, 0x0000_FFFF_0000_FFFF), (8, 0x00FF_00FF_00FF_00FF))
-    else:  # each half word's four nibbles to four lanes
-        word = shifted.view(-1)[:words.numel()].view(words.shape)
-        word.copy_(words).bitwise_and_(0xFFFF_FFFF)
-        halves = lanes.view(*words.shape, 2)
-        torch.bitwise_and(word, 0xFFFF, out=halves[..., 0])
-        torch.bitwise_right_shift(word, 16, out=halves[..., 1])
-        steps = ((24, 0x0000_00FF_0000_00FF), (12, 0x000F_000F_000F_000F))
-    for shift, mask in steps:
-        torch.bitwise_left_shift(lanes, shift, out=shifted)
-        lanes.bitwise_or_(shifted).bitwise_and_(mask)
-    lanes.bitwise_or_(FP16_1024)
+    table = _lookup(recipe.bits, out.dtype)
+    as_bytes = little_endian_bytes(words).reshape(words.shape[0], -1).numpy()
+    into = out.view({np.int16: torch.int16, np.int32: torch.int32, np.int64: torch.int64}[table.dtype.type]).numpy()
+    np.take(table, as_bytes, out=into, mode="clip")  # every byte is an index: clip never clips (and needs no buffer)
 
 
 CHUNK = 1 << 20  # values a step: the temporaries stay small and are reused, never faulted in
@@ -224,15 +219,29 @@ def dequantize(recipe: GptqRecipe, module: str, tensors: Mapping[str, torch.Tens
     `check_linear`), as gptqmodel's torch kernel computes it: in the scales' dtype, or with the
     scales cast to `dtype` first where the loader casts them (a model loaded in that dtype). `out`,
     a contiguous tensor of that shape and dtype, receives it (a buffer reused from one linear to the
-    next spares the page faults of fresh memory).
+    next spares the page faults of fresh memory). Done a few output rows at a time (`banded`)."""
+    import torch
+
+    rows = banded(recipe, module, tensors, where, dtype)
+    weight = torch.empty(rows.rows, rows.cols, dtype=rows.native) if out is None else out
+    step = max(1, CHUNK // rows.cols)
+    for start in range(0, rows.rows, step):
+        rows.fill(start, min(start + step, rows.rows), weight[start:start + step])
+    return weight
+
+
+def banded(recipe: GptqRecipe, module: str, tensors: Mapping[str, torch.Tensor], where: str,
+           dtype: torch.dtype | None = None) -> Banded:
+    """`dequantize` as bands of output rows (quant_bands.py), each computed on its own in the scales'
+    dtype (or `dtype`, the scales cast first).
 
     The reference's integer difference `weight - zeros[g_idx]` times the scale is one rounding of an
     exact product; here the codes and zeros are in the scales' dtype first (exactly: integers below
-    256, or 1024 plus them in float16) and subtracted there (exactly), then multiplied: the same
-    rounding, so the same bits. Done a few output rows at a time."""
-    import sys
-
+    256, the codes looked up a byte at a time) and subtracted there (exactly), then multiplied: the
+    same rounding, so the same bits."""
     import torch
+
+    from .quant_bands import Banded
 
     qweight, scales = tensors["qweight"], tensors["scales"]
     finite(scales, f"{module}.scales", where)
@@ -248,25 +257,17 @@ def dequantize(recipe: GptqRecipe, module: str, tensors: Mapping[str, torch.Tens
                              f"the {n} groups of its scales; the checkpoint is inconsistent")
         if torch.equal(g_idx, torch.arange(in_features, dtype=torch.int64) // group):
             g_idx = None  # rows in group order: one value per group, broadcast
-    scale = (scales if dtype is None else scales.to(dtype)).t()  # [out, groups]
-    fast = scale.dtype == torch.float16 and sys.byteorder == "little"
-    zero = zeros(recipe, tensors["qzeros"]).t().to(scale.dtype)
-    if fast:
-        zero += 1024
-    weight = torch.empty(out_features, in_features, dtype=scale.dtype) if out is None else out
+    scale = (scales if dtype is None else scales.to(dtype)).t().contiguous()  # [out, groups]
+    zero = zeros(recipe, tensors["qzeros"]).t().to(scale.dtype).contiguous()
     words = qweight.t().contiguous()  # [out, in / pf]: an eighth (a quarter) of the values' bytes
-    rows = max(1, CHUNK // in_features)
-    scratch = torch.empty(rows * in_features // 4, dtype=torch.int64) if fast else None
-    for start in range(0, out_features, rows):
-        span = slice(start, min(start + rows, out_features))
-        part = weight[span]
-        if fast:
-            _fp16_codes(recipe, words[span], part, scratch)
-        else:
-            part.copy_(codes(recipe, words[span]))
+
+    def fill(start: int, stop: int, part: torch.Tensor) -> None:
+        span = slice(start, stop)
+        _codes_into(recipe, words[span], part)
         if g_idx is None:
             part.view(-1, n, group).sub_(zero[span].unsqueeze(-1)).mul_(scale[span].unsqueeze(-1))
         else:
             index = g_idx.expand(part.shape[0], in_features)  # gather: far faster than index_select on dim 1
             part.sub_(torch.gather(zero[span], 1, index)).mul_(torch.gather(scale[span], 1, index))
-    return weight
+
+    return Banded(out_features, in_features, scale.dtype, fill)

@@ -56,7 +56,8 @@ def table_scheme(method: str, parts: tuple[str, ...], anchor: str,
 GPTQ = table_scheme(gptq.METHOD, gptq.PARTS, "qweight",
                     lambda s, module, reader: gptq.check_linear(s["recipe"], module, headers_of(reader)),
                     lambda s, module, t, where: gptq.dequantize(s["recipe"], module, t, where),
-                    lambda s: s["recipe"].describe(), quantized_dtypes=("I32",), optional=("g_idx",))
+                    lambda s: s["recipe"].describe(), quantized_dtypes=("I32",), optional=("g_idx",),
+                    banded=lambda t, s, weight, where: gptq.banded(s["recipe"], module_of_weight(weight), t, where))
 AWQ = table_scheme(awq.METHOD, awq.PARTS, "qweight",
                    lambda s, module, reader: awq.check_linear(s["recipe"], module, headers_of(reader)),
                    lambda s, module, t, where: awq.dequantize(s["recipe"], module, t, where),

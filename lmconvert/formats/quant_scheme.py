@@ -13,6 +13,8 @@ from .source import TensorReader
 if TYPE_CHECKING:
     import torch
 
+    from .quant_bands import Banded
+
 
 @dataclass(frozen=True)
 class Scheme:
@@ -33,7 +35,12 @@ class Scheme:
     `transposed`: in the layout the format stores (config.json's checkpoint), the weight is the
     transpose of what its parts' rows say (transformers reads gpt-oss's MXFP4 experts [experts,
     inputs, outputs]); `check` and `dequantize` give the untransposed weight, [*rows, inputs],
-    which is the layout a canonical checkpoint keeps them in."""
+    which is the layout a canonical checkpoint keeps them in.
+
+    `banded({role: tensor}, settings, weight, where)`: the same weight as bands of rows in the
+    format's own dtype (quant_bands.py), for a conversion that casts it (`--dtype`): each band cast
+    straight into the output, with the same bits as `dequantize` then the cast; None (the field, or
+    what it returns for a weight): `dequantize` whole."""
 
     name: str
     parts: dict[str, str]
@@ -48,6 +55,7 @@ class Scheme:
     transposed: bool = False
     replaces: str = ""
     optional: tuple[str, ...] = ()
+    banded: Callable[[dict[str, torch.Tensor], dict[str, Any], str, str], Banded | None] | None = None
 
     def part_name(self, weight: str, role: str) -> str:
         return weight.removesuffix(self.replaces) + self.parts[role]

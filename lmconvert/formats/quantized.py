@@ -39,6 +39,8 @@ if TYPE_CHECKING:
 
     from lmconvert.mappings.tables.transforms import Packed
 
+    from .digest import FiniteCheck
+
 # quant_method -> reads quantization_config (where, config) into a Recipe, refusing by name what it
 # does not handle
 METHODS: dict[str, Callable[[str, dict[str, Any]], Recipe]] = {
@@ -188,18 +190,54 @@ class QuantizedTensors:
             check_tensor(t, None, DigestCheck(part, self.source.where(part), digests[part], algorithm))
         return t
 
-    def get(self, name: str) -> torch.Tensor:
-        parts = self.parts.get(name)
-        if parts is None:
-            return self.source.get(name)
-        scheme, settings = self.schemes[name]
+    def _parts_read(self, name: str, parts: dict[str, str]) -> dict[str, torch.Tensor]:
+        """A quantized weight's parts, read (digests checked) and their scales found finite."""
+        scheme = self.schemes[name][0]
         read = {role: self._read(part) for role, part in parts.items()}
         for role, usable in scheme.finite.items():
             if not usable(read[role]):
                 raise InputError(f"{self.source.where(parts[role])}: tensor {parts[role]!r} holds NaN or Inf scales; "
                                  "re-download or re-quantize the checkpoint")
+        return read
+
+    def get(self, name: str) -> torch.Tensor:
+        parts = self.parts.get(name)
+        if parts is None:
+            return self.source.get(name)
+        scheme, settings = self.schemes[name]
+        read = self._parts_read(name, parts)
         weight = scheme.dequantize(read, settings, name, str(self.source.where(parts[scheme.anchor])))
         return weight.transpose(-1, -2).contiguous() if self.transposed(name) else weight
+
+    def casts_straight(self, name: str) -> bool:
+        """Whether `get_as` dequantizes the weight `name` band by band straight into another dtype."""
+        return name in self.parts and self.schemes[name][0].banded is not None and not self.transposed(name)
+
+    def get_as(self, name: str, dtype: torch.dtype, finite: FiniteCheck | None) -> torch.Tensor:
+        """`get(name).to(dtype)`, bit for bit, refused as `check_tensor(get(name), finite)` refuses
+        it (NaN/Inf counted over the float32 weight), without the float32 weight: each band of rows
+        dequantized and cast on its own (quant_bands.py). For a weight `casts_straight` says so of;
+        a scheme that has no bands for this one dequantizes it whole."""
+        from .digest import check_tensor
+        from .quant_bands import dequantize_into, one_torch_thread
+
+        parts = self.parts[name]
+        scheme, settings = self.schemes[name]
+        where = str(self.source.where(parts[scheme.anchor]))
+        assert scheme.banded is not None
+        # the parts' small whole-tensor steps (a transpose, the zeros) on one thread too: torch's
+        # OpenMP workers spin after each, which cost more CPU than the work on a loaded machine
+        with one_torch_thread():
+            read = self._parts_read(name, parts)
+            banded = scheme.banded(read, settings, name, where)
+            if banded is None:
+                weight = scheme.dequantize(read, settings, name, where)
+                check_tensor(weight, finite)
+                return weight.to(dtype)
+            weight, nonfinite = dequantize_into(banded, dtype, finite is not None)
+        if finite is not None:
+            finite.require(nonfinite)
+        return weight
 
     def close(self) -> None:
         self.source.close()
