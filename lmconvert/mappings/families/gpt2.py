@@ -137,7 +137,7 @@ GGUF_GPT2 = GgufArch("gpt2", arch="gpt2", keys={"attention.layer_norm_epsilon": 
 
 # q, k and v are the three pieces of one Conv1D, `c_attn`: q | k | v along its output
 REFERENCE_LAYOUTS = {"attn.q": PointPiece("B T P*H*D", "P", 0), "attn.k": PointPiece("B T P*KV*D", "P", 1),
-                     "attn.v": PointPiece("B T P*KV*D", "P", 2)}
+                     "attn.v": PointPiece("B T P*KV*DV", "P", 2)}
 
 FAMILY = Family("gpt2", ("gpt2",), "GPT2LMHeadModel", TENSORS, CONFIG, gguf=(GGUF_GPT2,),
                 reference_layouts=REFERENCE_LAYOUTS)

@@ -90,7 +90,7 @@ CONFIG = llama.CONFIG.but(
 # run inside it (its output, the weighted sum and the bias, is our experts' point; each alone, Parallel)
 REFERENCE_LAYOUTS = {
     "attn.router": Returned(4, "B*T XA"), "attn.q": "R KV*D", "attn.o": "R d",
-    "attn.k": "B T [KV*D]|KV*D", "attn.v": "B T KV*D|[KV*D]",
+    "attn.k": "B T [KV*D]|KV*D", "attn.v": "B T KV*D|[KV*DV]",
     "mlp.router": Returned(4, "B*T X"), "mlp.experts": Parallel(RESIDUAL),
 }
 

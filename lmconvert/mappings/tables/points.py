@@ -64,7 +64,7 @@ SPARSE: Mapping[str, Layout] = {**LATENT, "attn.index_q": "B T IH*ID", "attn.ind
                                 "attn.index_k_norm": "B T ID", "attn.index_weights": "B T IH"}
 
 # one fused qkv output [q | k | v] (Phi-3's qkv_proj, MPT's Wqkv)
-FUSED_QKV = {"attn.q": "B T [H*D]|KV*D|KV*D", "attn.k": "B T H*D|[KV*D]|KV*D", "attn.v": "B T H*D|KV*D|[KV*D]"}
+FUSED_QKV = {"attn.q": "B T [H*D]|KV*D|KV*DV", "attn.k": "B T H*D|[KV*D]|KV*DV", "attn.v": "B T H*D|KV*D|[KV*DV]"}
 # q and k normalised per head on the (B, T, H, D) view, transposed afterwards (Qwen3's q_norm)
 QK_NORM_PER_HEAD: Mapping[str, Layout] = {"attn.q_norm": "B T H D", "attn.k_norm": "B T KV D"}
 # q and k normalised per head after the heads move before time (Gemma 3's q_norm, Phi's q_layernorm)
