@@ -367,4 +367,4 @@ def kept_in_fp32(model: nn.Module) -> set[str]:
 
 def ffn(cfg: ArchConfig, layer: int) -> nn.Module:
     """The FFN of one layer: the mixture of experts on its sparse layers, else the dense MLP."""
-    return MoE(cfg) if cfg.moe is not None and cfg.moe.sparse(layer) else MLP(cfg)
+    return MoE(cfg) if cfg.moe is not None and cfg.moe.sparse(layer) else MLP(cfg, sparsity=cfg.sparsity_for(layer))

@@ -77,6 +77,9 @@ VARIANT_NAMES = {
     "k_eq_v": "K = V layers (no v projection)", "v_norm": "a weightless V norm",
     "kv_shared_layers": "cross-layer KV sharing", "kv_reused": "a KV-shared layer",
     "shared_ffn_factor": "wider FFNs on the KV-shared layers", "layer_scalar": "a per-layer output scalar",
+    # Gemma 3n
+    "altup": "AltUp's residual streams", "ple": "per-layer embeddings", "laurel_rank": "a LAuReL residual branch",
+    "gate_sparsity": "sparse FFN gates (activation sparsity)", "d_ff_layers": "an FFN width per layer",
 }
 
 def tensor_sizes(arch: ArchConfig) -> dict[str, int]:

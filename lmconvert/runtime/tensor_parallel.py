@@ -111,6 +111,12 @@ def refusals(arch: ArchConfig, size: int) -> list[str]:
         (arch.k_eq_v != "none", "K = V layers (v taken from k's projection) have no tensor-parallel plan"),
         (bool(arch.kv_shared_layers), "cross-layer KV sharing has no tensor-parallel plan"),
         (arch.layer_scalar, "the per-layer output scalar has no tensor-parallel plan"),
+        # Gemma 3n's
+        (arch.altup is not None, "AltUp's residual streams have no tensor-parallel plan"),
+        (arch.ple is not None, "per-layer embeddings have no tensor-parallel plan"),
+        (arch.laurel_rank is not None, "the LAuReL branch has no tensor-parallel plan"),
+        (arch.gate_sparsity is not None, "sparse gates take statistics over the whole FFN width"),
+        (arch.d_ff_layers is not None, "FFN widths per layer have no tensor-parallel plan"),
     ]
     return [why for wrong, why in checks if wrong]
 
