@@ -60,12 +60,16 @@ PLE_RULES = (
 TOWERS = ("vision_tower", "audio_tower", "embed_vision", "embed_audio")
 
 
-def table(streams: int) -> TensorTable:
-    """The table of a model with `streams` AltUp streams: their projections are numbered 0 to streams - 2."""
+def table(streams: int, shared: range = range(0)) -> TensorTable:
+    """The table of a model with `streams` AltUp streams (their projections numbered 0 to streams - 2) whose
+    `shared` layers reuse others' K/V: the published checkpoints still hold those layers' k_proj, v_proj and k_norm,
+    which transformers ignores on loading (`_keys_to_ignore_on_load_unexpected`), and so does the import."""
+    stale = tuple(Rule(f"model.layers.{i}.self_attn.{part}", None) for i in shared
+                  for part in ("k_proj.weight", "k_proj.bias", "v_proj.weight", "v_proj.bias", "k_norm.weight"))
     altup = tuple(Rule(f"model.{theirs}.{i}.weight", f"{ours}.proj.{i}.weight")
                   for theirs, ours in (("altup_projections", "altup_in"), ("altup_unembed_projections", "altup_out"))
                   for i in range(streams - 1))
-    text = TensorTable(PLE_RULES + altup + gemma2.TENSORS.rules + llama.QK_NORM_RULES + LAYER_RULES)
+    text = TensorTable(stale + PLE_RULES + altup + gemma2.TENSORS.rules + llama.QK_NORM_RULES + LAYER_RULES)
     return wrapped(text, *TOWERS, legacy=False)
 
 
@@ -73,7 +77,8 @@ TENSORS = table(4)  # transformers' default altup_num_inputs
 
 
 def tensors(arch: ArchConfig) -> TensorTable:
-    return table(arch.altup.n_inputs if arch.altup is not None else 4)
+    return table(arch.altup.n_inputs if arch.altup is not None else 4,
+                 range(arch.n_layers - arch.kv_shared_layers, arch.n_layers))
 
 
 # -- layers: kinds, KV sharing, widths, sparsity
