@@ -414,11 +414,9 @@ def test_gemma4_is_read_as_its_text_decoder(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize(("text", "says"), [
-    ({"hidden_size_per_layer_input": 8}, "hidden_size_per_layer_input=8 (per-layer embeddings (PLE)) is not "
-                                         "supported"),
     ({"enable_moe_block": True, "num_experts": 4, "top_k_experts": 2, "moe_intermediate_size": 32},
      "enable_moe_block=true (a mixture of experts beside the dense MLP) is not supported"),
 ])
-def test_gemma4_per_layer_embeddings_and_moe_block_are_refused_by_name(text: dict[str, Any], says: str) -> None:
+def test_gemma4_moe_block_is_refused_by_name(text: dict[str, Any], says: str) -> None:
     with pytest.raises(MappingError, match=says.replace("(", r"\(").replace(")", r"\)")):
         FAMILIES["gemma4_text"].arch_config(gemma4(**text).to_dict())

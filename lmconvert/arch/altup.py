@@ -83,6 +83,9 @@ class AltUp(nn.Module):
     def scaled(self, corrected: torch.Tensor) -> torch.Tensor:
         """The corrected active stream as the per-layer embedding reads it: times `correct_scale` where set."""
         first = corrected[self.active].clone()
-        if not self.correct_scaled:
-            return first
+        return self(first) if self.correct_scaled else first
+
+    def forward(self, first: torch.Tensor) -> torch.Tensor:
+        """`first` times `correct_scale` (the module's own call, as transformers' scale_corrected_output, so that
+        verify sees the same point on both sides)."""
         return (first.type_as(self.correct_scale) * self.correct_scale).type_as(first)

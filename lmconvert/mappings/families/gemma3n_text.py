@@ -48,14 +48,17 @@ LAYER_RULES = (
     Rule(f"{LAYER}.laurel.linear_left.weight", "layers.{}.laurel.left.weight"),
     Rule(f"{LAYER}.laurel.linear_right.weight", "layers.{}.laurel.right.weight"),
     Rule(f"{LAYER}.laurel.post_laurel_norm.weight", "layers.{}.laurel.norm.weight"),
-    Rule(f"{LAYER}.per_layer_input_gate.weight", "layers.{}.ple.gate.weight"),
-    Rule(f"{LAYER}.per_layer_projection.weight", "layers.{}.ple.proj.weight"),
-    Rule(f"{LAYER}.post_per_layer_input_norm.weight", "layers.{}.ple.norm.weight"),
 )
+# per-layer embeddings (Gemma 4's spell them the same): the tables before the blocks, then each layer's gate
 PLE_RULES = (
     Rule("model.embed_tokens_per_layer.weight", "ple.embed.weight"),
     Rule("model.per_layer_model_projection.weight", "ple.project.weight"),
     Rule("model.per_layer_projection_norm.weight", "ple.norm.weight"),
+)
+PLE_LAYER_RULES = (
+    Rule(f"{LAYER}.per_layer_input_gate.weight", "layers.{}.ple.gate.weight"),
+    Rule(f"{LAYER}.per_layer_projection.weight", "layers.{}.ple.proj.weight"),
+    Rule(f"{LAYER}.post_per_layer_input_norm.weight", "layers.{}.ple.norm.weight"),
 )
 TOWERS = ("vision_tower", "audio_tower", "embed_vision", "embed_audio")
 
@@ -69,7 +72,7 @@ def table(streams: int, shared: range = range(0)) -> TensorTable:
     altup = tuple(Rule(f"model.{theirs}.{i}.weight", f"{ours}.proj.{i}.weight")
                   for theirs, ours in (("altup_projections", "altup_in"), ("altup_unembed_projections", "altup_out"))
                   for i in range(streams - 1))
-    text = TensorTable(stale + PLE_RULES + altup + gemma2.TENSORS.rules + llama.QK_NORM_RULES + LAYER_RULES)
+    text = TensorTable(stale + PLE_RULES + altup + gemma2.TENSORS.rules + llama.QK_NORM_RULES + LAYER_RULES + PLE_LAYER_RULES)
     return wrapped(text, *TOWERS, legacy=False)
 
 
@@ -114,7 +117,7 @@ def layers_from_hf(hf: HfConfig, fields: dict[str, Any]) -> dict[str, Any]:
 
 
 def layers_to_hf(cfg: ArchConfig) -> dict[str, Any]:
-    widths = list(cfg.d_ff_layers) if cfg.d_ff_layers is not None else cfg.d_ff
+    widths = list(cfg.d_ff_layers) if cfg.d_ff_layers is not None else [cfg.d_ff] * cfg.n_layers  # as transformers
     return _layers_to_hf(cfg) | {
         "num_kv_shared_layers": cfg.kv_shared_layers, "intermediate_size": widths,
         "activation_sparsity_pattern": [cfg.sparsity_for(i) for i in range(cfg.n_layers)]}
@@ -123,7 +126,6 @@ def layers_to_hf(cfg: ArchConfig) -> dict[str, Any]:
 # -- AltUp, per-layer embeddings, LAuReL
 ALTUP_KEYS = (Key("altup_num_inputs", int, 4), Key("altup_active_idx", int, 0, bound="non_negative"),
               Key("altup_coef_clip", float, 120.0), Key("altup_correct_scale", bool, True))
-PLE_KEYS = (Key("vocab_size_per_layer_input", int, 262_144), Key("hidden_size_per_layer_input", int, 256))
 
 
 def altup_from_hf(hf: HfConfig, _: dict[str, Any]) -> dict[str, Any]:
@@ -144,15 +146,23 @@ def altup_to_hf(cfg: ArchConfig) -> dict[str, Any]:
             "altup_correct_scale": altup.correct_scale}
 
 
-def ple_from_hf(hf: HfConfig, _: dict[str, Any]) -> dict[str, Any]:
-    return {"ple": {"vocab_size": hf.get("vocab_size_per_layer_input"),
-                    "dim": hf.get("hidden_size_per_layer_input"), "scales": "rounded"}}
+def ple_entry(scales: str, bound: str = "positive") -> Entry:
+    """The per-layer embeddings' keys, as Gemma 3n (scales "rounded") and Gemma 4 ("python"; with `bound`
+    "non_negative", hidden_size_per_layer_input 0 for none) declare them; a model whose per-layer embeddings differ
+    (or that has none where the family always has them) is written with the defaults, so export refuses it."""
+    keys = (Key("vocab_size_per_layer_input", int, 262_144), Key("hidden_size_per_layer_input", int, 256, bound=bound))
 
+    def read(hf: HfConfig, _: dict[str, Any]) -> dict[str, Any]:
+        dim = hf.get("hidden_size_per_layer_input")
+        return {"ple": {"vocab_size": hf.get("vocab_size_per_layer_input"), "dim": dim, "scales": scales}
+                if dim else None}
 
-def ple_to_hf(cfg: ArchConfig) -> dict[str, Any]:
-    if cfg.ple is None or cfg.ple.scales != "rounded":
-        return {key.name: DEFAULT for key in PLE_KEYS}
-    return {"vocab_size_per_layer_input": cfg.ple.vocab_size, "hidden_size_per_layer_input": cfg.ple.dim}
+    def write(cfg: ArchConfig) -> dict[str, Any]:
+        if cfg.ple is None or cfg.ple.scales != scales:
+            return {keys[0].name: DEFAULT, keys[1].name: 0 if bound == "non_negative" and cfg.ple is None else DEFAULT}
+        return {keys[0].name: cfg.ple.vocab_size, keys[1].name: cfg.ple.dim}
+
+    return Entry("per-layer embeddings", keys, read, write)
 
 
 CONFIG = gemma3.CONFIG.but(
@@ -163,7 +173,7 @@ CONFIG = gemma3.CONFIG.but(
         Entry("layer kinds", (SLIDING_WINDOW_KEY, LAYER_TYPES_KEY, SHARED, WIDTHS, SPARSITY), layers_from_hf,
               layers_to_hf),
         Entry("altup", ALTUP_KEYS, altup_from_hf, altup_to_hf),
-        Entry("per-layer embeddings", PLE_KEYS, ple_from_hf, ple_to_hf),
+        ple_entry("rounded"),
         Entry("laurel_rank", (Key("laurel_rank", int, 64),), lambda hf, _: {"laurel_rank": hf.get("laurel_rank")},
               lambda cfg: {"laurel_rank": DEFAULT if cfg.laurel_rank is None else cfg.laurel_rank}),
     ),
