@@ -38,28 +38,23 @@ from ..tables.points import QK_NORM_PER_HEAD
 from ..tables.table import Rule, TensorTable
 from . import gemma2, gemma3, llama
 
-LAYER = "model.layers.{}"
-LAYER_RULES = (
-    Rule(f"{LAYER}.altup.correct_output_scale", "layers.{}.altup.correct_scale"),
-    Rule(f"{LAYER}.altup.correction_coefs.weight", "layers.{}.altup.correction.weight"),
-    Rule(f"{LAYER}.altup.prediction_coefs.weight", "layers.{}.altup.prediction.weight"),
-    Rule(f"{LAYER}.altup.modality_router.weight", "layers.{}.altup.router.weight"),
-    Rule(f"{LAYER}.altup.router_norm.weight", "layers.{}.altup.router_norm.weight"),
-    Rule(f"{LAYER}.laurel.linear_left.weight", "layers.{}.laurel.left.weight"),
-    Rule(f"{LAYER}.laurel.linear_right.weight", "layers.{}.laurel.right.weight"),
-    Rule(f"{LAYER}.laurel.post_laurel_norm.weight", "layers.{}.laurel.norm.weight"),
-)
+
+def renamed(prefix: str, ours: str, names: str) -> tuple[Rule, ...]:
+    """Rules from pairs "theirs=ours" (space-separated): `{prefix}.theirs` stored, `{ours}.ours` canonical."""
+    return tuple(Rule(f"{prefix}.{pair.split('=')[0]}", f"{ours}.{pair.split('=')[1]}") for pair in names.split())
+
+
+# each layer's AltUp and LAuReL modules
+LAYER_RULES = renamed("model.layers.{}", "layers.{}", """
+    altup.correct_output_scale=altup.correct_scale altup.correction_coefs.weight=altup.correction.weight
+    altup.prediction_coefs.weight=altup.prediction.weight altup.modality_router.weight=altup.router.weight
+    altup.router_norm.weight=altup.router_norm.weight laurel.linear_left.weight=laurel.left.weight
+    laurel.linear_right.weight=laurel.right.weight laurel.post_laurel_norm.weight=laurel.norm.weight""")
 # per-layer embeddings (Gemma 4's spell them the same): the tables before the blocks, then each layer's gate
-PLE_RULES = (
-    Rule("model.embed_tokens_per_layer.weight", "ple.embed.weight"),
-    Rule("model.per_layer_model_projection.weight", "ple.project.weight"),
-    Rule("model.per_layer_projection_norm.weight", "ple.norm.weight"),
-)
-PLE_LAYER_RULES = (
-    Rule(f"{LAYER}.per_layer_input_gate.weight", "layers.{}.ple.gate.weight"),
-    Rule(f"{LAYER}.per_layer_projection.weight", "layers.{}.ple.proj.weight"),
-    Rule(f"{LAYER}.post_per_layer_input_norm.weight", "layers.{}.ple.norm.weight"),
-)
+PLE_RULES = renamed("model", "ple", """embed_tokens_per_layer.weight=embed.weight
+    per_layer_model_projection.weight=project.weight per_layer_projection_norm.weight=norm.weight""")
+PLE_LAYER_RULES = renamed("model.layers.{}", "layers.{}", """per_layer_input_gate.weight=ple.gate.weight
+    per_layer_projection.weight=ple.proj.weight post_per_layer_input_norm.weight=ple.norm.weight""")
 TOWERS = ("vision_tower", "audio_tower", "embed_vision", "embed_audio")
 
 
@@ -72,7 +67,8 @@ def table(streams: int, shared: range = range(0)) -> TensorTable:
     altup = tuple(Rule(f"model.{theirs}.{i}.weight", f"{ours}.proj.{i}.weight")
                   for theirs, ours in (("altup_projections", "altup_in"), ("altup_unembed_projections", "altup_out"))
                   for i in range(streams - 1))
-    text = TensorTable(stale + PLE_RULES + altup + gemma2.TENSORS.rules + llama.QK_NORM_RULES + LAYER_RULES + PLE_LAYER_RULES)
+    text = TensorTable(stale + PLE_RULES + altup + gemma2.TENSORS.rules + llama.QK_NORM_RULES + LAYER_RULES
+                       + PLE_LAYER_RULES)
     return wrapped(text, *TOWERS, legacy=False)
 
 
