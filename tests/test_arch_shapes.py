@@ -20,8 +20,8 @@ from hypothesis import strategies as st
 from lmconvert.arch import ArchConfig, Decoder, MoeConfig, NormConfig, RopeConfig, attention_kinds
 from lmconvert.arch import config as config_module
 from lmconvert.arch import shapes as shapes_module
-from lmconvert.arch.shapes import parameter_shapes
 from lmconvert.arch.augment_config import AltUpConfig, PleConfig
+from lmconvert.arch.shapes import parameter_shapes
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -21,9 +21,9 @@ from lmconvert.cli import main
 from lmconvert.convert import to_canonical
 from lmconvert.mappings import MappingError, family_for
 from lmconvert.mappings.tables.table import TensorTable
+from lmconvert.verify.layouts import unobserved
 from lmconvert.verify.prompts import random_batch
 from lmconvert.verify.run import verify
-from lmconvert.verify.layouts import unobserved
 from lmconvert.verify.trace import bias_outside, point_modules, sublayer_of
 
 GEMMA2 = SPECS["gemma2"]

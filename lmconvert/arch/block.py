@@ -164,6 +164,11 @@ class Block(nn.Module):
         out_scale, h_scale = self.depth_scales[sublayer]
         return self.drop(out) * out_scale + h * h_scale
 
+    def per_layer_input(self, ctx: Context, h: torch.Tensor) -> torch.Tensor:
+        """This layer's per-layer-embedding input (B, T, dim), on the block's device (a pipeline places blocks apart
+        from the embeddings that made it)."""
+        return ctx.per_layer[:, :, self.layer, :].to(h.device)
+
     def forward(self, h: torch.Tensor, ctx: Context, cache: KVCache | None = None) -> torch.Tensor:
         mix = self.attn if self.attn is not None else self.mixer
         attend = None if mix is None else lambda x: mix(x, ctx, cache)
@@ -171,9 +176,9 @@ class Block(nn.Module):
             predictions = self.altup.predict(h)
             corrected = self.altup.correct(predictions, self.wiring(self, predictions[self.altup.active], attend))
             if self.ple is not None:
-                corrected[1:] += self.ple(self.altup.scaled(corrected), ctx.per_layer[:, :, self.layer, :])
+                corrected[1:] += self.ple(self.altup.scaled(corrected), self.per_layer_input(ctx, h))
             return corrected
         h = self.wiring(self, h, attend)
         if self.ple is not None:  # Gemma 4's per-layer embedding, added to the residual
-            h = h + self.ple(h, ctx.per_layer[:, :, self.layer, :])
+            h = h + self.ple(h, self.per_layer_input(ctx, h))
         return h if self.scalar is None else h * self.scalar  # Gemma 4
