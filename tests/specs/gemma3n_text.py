@@ -33,5 +33,5 @@ SPEC = Spec(
              hidden_activation="gelu", laurel_rank=4, num_kv_shared_layers=3,
              layer_types=[S, F, S, F, S, F], sliding_window=5),
     ),
-    tp_refusal="AltUp's residual streams have no tensor-parallel plan",
+    tp_refusal="cross-layer KV sharing has no tensor-parallel plan",  # the first of its refusals (AltUp, PLE, ...)
 )
