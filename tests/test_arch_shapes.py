@@ -21,6 +21,7 @@ from hypothesis import strategies as st
 from lmconvert.arch import ArchConfig, Decoder, MoeConfig, NormConfig, RopeConfig, attention_kinds
 from lmconvert.arch import config as config_module
 from lmconvert.arch import shapes as shapes_module
+from lmconvert.arch.augment_config import AltUpConfig, PleConfig
 from lmconvert.arch.shapes import parameter_shapes
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -82,6 +83,14 @@ CASES: dict[str, dict[str, Any]] = {
                         qk_norm="head", v_norm=True, global_head_dim=24, global_kv_heads=1, k_eq_v="global",
                         kv_shared_layers=2, shared_ffn_factor=2, layer_scalar=True, attn_scale=1.0,
                         rope=RopeConfig(scaling="proportional", fraction=0.25)),
+    # Gemma 3n: AltUp's streams in and out and each block's altup, LAuReL, per-layer embeddings (tables and gates),
+    # an FFN width per layer, the last two layers without k, v and k_norm; Gemma 4's per-layer embeddings alone
+    "gemma3n_like": dict(n_layers=4, layer_kinds=("local", "global", "local", "global"), sliding_window=4,
+                         norm_placement="sandwich", qk_norm="head", v_norm=True, kv_shared_layers=2, attn_scale=1.0,
+                         altup=AltUpConfig(n_inputs=3, active=1), ple=PleConfig(vocab_size=50, dim=6), laurel_rank=5,
+                         d_ff_layers=(32, 40, 24, 32), gate_sparsity=(0.9, 0.0, 0.5, 0.0)),
+    "gemma4_ple": dict(norm_placement="sandwich", layer_scalar=True, ple=PleConfig(vocab_size=64, dim=4,
+                                                                                   scales="python")),
     "one_layer_one_head": dict(n_layers=1, n_heads=1, d_model=8, d_ff=3, vocab_size=5),
     "gpt2_like": dict(norm=NormConfig(kind="layer", eps=1e-5, bias=True), activation="gelu_tanh", gated=False,
                       q_bias=True, k_bias=True, v_bias=True, o_bias=True, mlp_bias=True,

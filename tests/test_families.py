@@ -274,10 +274,9 @@ def test_rope_keys_a_type_does_not_read_change_nothing() -> None:
 
 
 # the keys that make transformers' default config one lmconvert converts: a spec's `convertible`, and DeepSeek's
-# (model types without a spec; their defaults have MoE layers), and the Gemma 4 wrapper's
+# (model types without a spec; their defaults have MoE layers)
 CONVERTIBLE = {"deepseek_v2": {"first_k_dense_replace": 32}, "deepseek_v3": {"first_k_dense_replace": 61},
                "deepseek_v32": {"first_k_dense_replace": 61},
-               "gemma4": {"text_config": {"hidden_size_per_layer_input": 0}},  # the wrapper: its decoder's PLE off
                **{spec.model_type: spec.convertible for spec in SPECS.values() if spec.convertible}}
 
 

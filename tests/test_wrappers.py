@@ -419,10 +419,8 @@ def test_gemma4_is_read_as_its_text_decoder(tmp_path: Path, text: dict[str, Any]
 
 
 @pytest.mark.parametrize(("text", "says"), [
-    ({"hidden_size_per_layer_input": 8}, "hidden_size_per_layer_input=8 (per-layer embeddings (PLE)) is not "
-                                         "supported"),
     ({**MOE, "moe_intermediate_size": None}, "enable_moe_block=true needs moe_intermediate_size"),
 ])
-def test_gemma4_ple_and_a_moe_block_without_its_sizes_are_refused_by_name(text: dict[str, Any], says: str) -> None:
+def test_gemma4_moe_block_without_its_sizes_is_refused_by_name(text: dict[str, Any], says: str) -> None:
     with pytest.raises(MappingError, match=says.replace("(", r"\(").replace(")", r"\)")):
         FAMILIES["gemma4_text"].arch_config(gemma4(**text).to_dict())

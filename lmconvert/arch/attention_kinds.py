@@ -154,7 +154,7 @@ def _gemma4_describe(cfg: ArchConfig) -> list[str]:
         lines.append("V norm: each head of v normalised, no weight")
     if cfg.kv_shared_layers:
         lines.append(f"KV sharing: the last {cfg.kv_shared_layers} layers reuse the K/V of the last earlier layer "
-                     f"of their kind; FFN x{cfg.shared_ffn_factor} there")
+                     "of their kind" + (f"; FFN x{cfg.shared_ffn_factor} there" if cfg.shared_ffn_factor != 1 else ""))
     return lines
 
 

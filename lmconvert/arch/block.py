@@ -9,6 +9,7 @@ from collections.abc import Callable
 import torch
 from torch import nn
 
+from .altup import AltUp
 from .attention_kinds import attention_kind
 from .cache import KVCache
 from .config import PARALLEL_MIXING, ArchConfig
@@ -17,6 +18,7 @@ from .mixer_kinds import mixer_kind
 from .mlp import SeparateBias
 from .moe import ffn
 from .norms import Norm
+from .ple import PerLayerGate
 from .positions import RelativeBias
 from .rope import Rotary
 from .shapes import SLOTS, norm_slots  # a layer's norm slots (torch-free, so shapes owns them)
@@ -37,7 +39,10 @@ def _sequential(b: Block, h: torch.Tensor, attend: Callable[[torch.Tensor], torc
             h = h.float() + b.scaled(b.mlp(b.mlp_norm(h.to(b.mlp_norm.weight.dtype))))
         return h
     if attend is not None:
-        h = b.add(h, b.attn_post_norm(attend(b.attn_norm(h))), 0)
+        x = b.attn_norm(h)
+        h = b.add(h, b.attn_post_norm(attend(x)), 0)
+        if b.laurel is not None:  # Gemma 3n: LAuReL's branch of the normed input joins, the sum over sqrt(2)
+            h = (h + b.laurel(x)) / math.sqrt(2)
     if b.mlp is not None:
         h = b.add(h, b.mlp_post_norm(b.feed(h)), 1)
     return h
@@ -95,6 +100,19 @@ def hold_in_out(module: nn.Linear) -> None:
 LINEAR_FORWARDS = (("bias_separate", SeparateBias), ("conv1d_linears", Conv1D))
 
 
+class Laurel(nn.Module):
+    """Gemma3nTextLaurelBlock (`layers.{i}.laurel`): x + norm(right(left(x))), a low-rank residual branch."""
+
+    def __init__(self, cfg: ArchConfig) -> None:
+        super().__init__()
+        self.left = nn.Linear(cfg.d_model, cfg.laurel_rank, bias=False)
+        self.right = nn.Linear(cfg.laurel_rank, cfg.d_model, bias=False)
+        self.norm = Norm(cfg.d_model, cfg.norm)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + self.norm(self.right(self.left(x)))
+
+
 class Block(nn.Module):
     def __init__(self, cfg: ArchConfig, layer: int, rotary: Rotary | None, relative: RelativeBias | None) -> None:
         super().__init__()
@@ -129,6 +147,11 @@ class Block(nn.Module):
                             hold_in_out(module)
         # -- Gemma 4: the block's output times a learned scalar (Gemma4TextDecoderLayer's layer_scalar)
         self.scalar = nn.Parameter(torch.ones(1)) if cfg.layer_scalar else None
+        # -- Gemma 3n: AltUp's predict/correct around the block, LAuReL beside attention, the per-layer embedding
+        self.layer = layer
+        self.altup = AltUp(cfg) if cfg.altup is not None else None
+        self.laurel = Laurel(cfg) if cfg.laurel_rank is not None else None
+        self.ple = PerLayerGate(cfg) if cfg.ple is not None else None
 
     def feed(self, h: torch.Tensor) -> torch.Tensor:
         """The FFN on the normed stream; a mixture beside the dense MLP (moe.BesideDense: Gemma 4's) routes the
@@ -167,6 +190,20 @@ class Block(nn.Module):
             return lambda x: mix(x) + attend(x)
         return attend if self.attn is not None else mix if self.mixer is not None else None
 
+    def per_layer_input(self, ctx: Context, h: torch.Tensor) -> torch.Tensor:
+        """This layer's per-layer-embedding input (B, T, dim), on the block's device (a pipeline places blocks apart
+        from the embeddings that made it)."""
+        return ctx.per_layer[:, :, self.layer, :].to(h.device)
+
     def forward(self, h: torch.Tensor, ctx: Context, cache: KVCache | None = None) -> torch.Tensor:
-        h = self.wiring(self, h, self.mixing(ctx, cache))
+        attend = self.mixing(ctx, cache)
+        if self.altup is not None:  # Gemma 3n: h is the streams (n_inputs, B, T, d_model)
+            predictions = self.altup.predict(h)
+            corrected = self.altup.correct(predictions, self.wiring(self, predictions[self.altup.active], attend))
+            if self.ple is not None:
+                corrected[1:] += self.ple(self.altup.scaled(corrected), self.per_layer_input(ctx, h))
+            return corrected
+        h = self.wiring(self, h, attend)
+        if self.ple is not None:  # Gemma 4's per-layer embedding, added to the residual
+            h = h + self.ple(h, self.per_layer_input(ctx, h))
         return h if self.scalar is None else h * self.scalar  # Gemma 4

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field, fields
 from typing import Any
 
 from .attention_kinds import AttentionKind, attention_kind
+from .augment_config import AltUpConfig, PleConfig
 from .errors import ConfigError
 from .mixer_kinds import MixerKind, mixer_kind
 
@@ -639,6 +640,18 @@ class ArchConfig:
     kv_reused: bool = False  # set by layer_config on a KV-shared layer's own config; never in a model's config
     shared_ffn_factor: int = 1  # the FFN width of the KV-shared layers, in d_ff (Gemma 4's double-wide MLP: 2)
     layer_scalar: bool = False  # each block's output times a learned scalar of its own (`layers.{}.scalar`, [1])
+    # -- Gemma 3n (gemma3n_text): AltUp's residual streams, per-layer embeddings (Gemma 4's too), LAuReL, sparse
+    #    gates and per-layer FFN widths (augment_config.py for the first two)
+    altup: AltUpConfig | None = None
+    ple: PleConfig | None = None
+    # LAuReL (Gemma3nTextLaurelBlock): beside attention, the normed input x gives x + norm(right(left(x))) (rank this),
+    # and the attention's residual sum h becomes (h + that) / sqrt(2) before the FFN; None: none
+    laurel_rank: int | None = None
+    # per layer, the FFN gate's activation sparsity s (Gemma 3n's activation_sparsity_pattern): where s > 0, the gate
+    # projection g becomes relu(g - (mean(g) + std(g) * icdf_normal(s))), its statistics over the width in its own
+    # dtype, the icdf in fp32 cast to it; None: dense everywhere
+    gate_sparsity: tuple[float, ...] | None = None
+    d_ff_layers: tuple[int, ...] | None = None  # each layer's FFN width (Gemma 3n's intermediate_size list); None: d_ff
 
     def __post_init__(self) -> None:
         for name in ("vocab_size", "d_model", "n_layers", "n_heads", "d_ff", "max_positions"):
@@ -796,6 +809,7 @@ class ArchConfig:
             _fail("ArchConfig", "final_norm", True, "post-norm blocks already end in a norm")
         self._check_gemma4()
         self._check_geometry()
+        self._check_gemma3n()
         if kind.check is not None:
             kind.check(self)
         if mixer is not None and mixer.check is not None:
@@ -883,6 +897,50 @@ class ArchConfig:
             _fail("ArchConfig", "layer_heads", list(heads), "query heads per layer are the standard attention's, "
                   "with no per-head parameters beside q's (a per-head QK-norm weight, a head-bias gate, ALiBi or "
                   "relative slopes)")
+
+    def _check_gemma3n(self) -> None:
+        """AltUp, PLE, LAuReL, sparse gates and per-layer widths: sane, and where they are computed."""
+        for name, sub in (("altup", AltUpConfig), ("ple", PleConfig)):
+            if isinstance(getattr(self, name), dict):
+                object.__setattr__(self, name, sub(**getattr(self, name)))
+        _integer("ArchConfig", "laurel_rank", self.laurel_rank, allow_none=True)
+        for name in ("gate_sparsity", "d_ff_layers"):
+            value = getattr(self, name)
+            if value is not None:
+                value = tuple(value)
+                object.__setattr__(self, name, value)
+                if len(value) != self.n_layers:
+                    _fail("ArchConfig", name, value, f"needs one entry per layer (n_layers={self.n_layers})")
+        if self.gate_sparsity is not None:
+            if any(isinstance(s, bool) or not isinstance(s, (int, float)) or not 0 <= s < 1
+                   for s in self.gate_sparsity):
+                _fail("ArchConfig", "gate_sparsity", self.gate_sparsity, "each entry must be in [0, 1)")
+            if not any(self.gate_sparsity):  # one spelling of "dense everywhere"
+                object.__setattr__(self, "gate_sparsity", None)
+            elif not self.gated or self.moe is not None:
+                _fail("ArchConfig", "gate_sparsity", self.gate_sparsity, "sparsifies a dense gated FFN's gate: "
+                      "needs gated=True and no mixture of experts")
+        if self.d_ff_layers is not None:
+            for width in self.d_ff_layers:
+                _integer("ArchConfig", "d_ff_layers", width)
+            if set(self.d_ff_layers) == {self.d_ff}:  # one spelling of "d_ff everywhere"
+                object.__setattr__(self, "d_ff_layers", None)
+            elif self.moe is not None or self.shared_ffn_factor != 1:
+                _fail("ArchConfig", "d_ff_layers", self.d_ff_layers, "sets dense FFN widths per layer: needs no "
+                      "mixture of experts and shared_ffn_factor 1")
+        extras = self.altup is not None or self.ple is not None or self.laurel_rank is not None
+        if extras and (self.norm_placement != "sandwich" or set(self.layer_mixers) != {"attention"}
+                       or set(self.layer_ffns) != {"ffn"} or self.residual_form != "plain"
+                       or self.residual_scale != 1.0 or self.residual_fp32):
+            _fail("ArchConfig", "altup" if self.altup is not None else "ple" if self.ple is not None
+                  else "laurel_rank", "set", "AltUp, per-layer embeddings and LAuReL wrap Gemma's sandwich blocks: "
+                  "need norm_placement 'sandwich', attention and an FFN on every layer and plain residual adds")
+        if self.altup is not None and self.layer_scalar:
+            _fail("ArchConfig", "layer_scalar", True, "scales a single residual stream; AltUp has several")
+
+    def sparsity_for(self, layer: int) -> float:
+        """The layer's gate sparsity (0: dense)."""
+        return 0.0 if self.gate_sparsity is None else float(self.gate_sparsity[layer])
 
     def kv_source(self, layer: int) -> int | None:
         """The layer whose K/V a KV-shared layer takes (the last non-shared one of its kind); None for others."""
@@ -1049,8 +1107,11 @@ class ArchConfig:
             changes |= {"n_heads": self.layer_heads[layer], "layer_heads": None}
         if self.sink_layers == "local":  # MiMo-V2-Flash: a sink on the sliding layers only
             changes["sink_layers"] = "none" if glob else "all"
+        if self.d_ff_layers is not None:  # Gemma 3n: its own width
+            changes |= {"d_ff": self.d_ff_layers[layer], "d_ff_layers": None}
         if self.kv_shared_layers and not self.kv_reused and layer >= self.n_layers - self.kv_shared_layers:
-            changes |= {"kv_reused": True, "d_ff": self.d_ff * self.shared_ffn_factor, "shared_ffn_factor": 1}
+            changes |= {"kv_reused": True, "d_ff": changes.get("d_ff", self.d_ff) * self.shared_ffn_factor,
+                        "shared_ffn_factor": 1}
         return dataclasses.replace(self, **changes) if changes else self
 
     def _normalise_attention_settings(self, kind: AttentionKind) -> None:
@@ -1188,6 +1249,9 @@ class ArchConfig:
             data["rope_local"] = _sub(RopeConfig, data["rope_local"], "rope_local")
         if data.get("moe") is not None:
             data["moe"] = _sub(MoeConfig, data["moe"], "moe")
+        for name, sub in (("altup", AltUpConfig), ("ple", PleConfig)):
+            if data.get(name) is not None:
+                data[name] = _sub(sub, data[name], name)
         try:
             return cls(**data)
         except TypeError as exc:  # missing required fields
@@ -1212,7 +1276,10 @@ UNSTATED_WHEN_UNSET: dict[str, Any] = {"attn_sinks": False, "sink_form": "column
                                        # Gemma 4
                                        "global_head_dim": None, "global_kv_heads": None, "k_eq_v": "none",
                                        "v_norm": False, "kv_shared_layers": 0, "kv_reused": False,
-                                       "shared_ffn_factor": 1, "layer_scalar": False}
+                                       "shared_ffn_factor": 1, "layer_scalar": False,
+                                       # Gemma 3n
+                                       "altup": None, "ple": None, "laurel_rank": None, "gate_sparsity": None,
+                                       "d_ff_layers": None}
 ROPE_UNSTATED_WHEN_UNSET: dict[str, Any] = {"alpha": None, "reverse": False}
 MOE_UNSTATED_WHEN_UNSET: dict[str, Any] = {"weight_input": False, "sum_bias": False, "scale_after_sum": False,
                                            "router_norm": False, "expert_scale": False, "beside_dense": False,

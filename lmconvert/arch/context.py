@@ -27,6 +27,8 @@ class Context:
     _memo: dict = field(default_factory=dict)
     # Gemma 4's KV sharing: a source layer's K/V (cached ones first), by its index, for the layers that reuse them
     shared_kv: dict = field(default_factory=dict)
+    # the per-layer embeddings' inputs (B, T, n_layers, dim) of the new tokens (arch/ple.py); None: none
+    per_layer: torch.Tensor | None = None
 
     @classmethod
     def build(cls, past: int, T: int, dtype: torch.dtype, device: torch.device,

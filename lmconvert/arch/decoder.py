@@ -12,6 +12,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from .activations import ACTIVATIONS
+from .altup import StreamsIn, StreamsOut
 from .attention import BACKENDS
 from .block import Block
 from .cache import KVCache
@@ -20,6 +21,7 @@ from .context import Context, mask_positions
 from .errors import ConfigError
 from .moe import SUMS, Experts, balance_loss
 from .norms import Norm
+from .ple import PerLayerInputs
 from .positions import POSITION_TABLES, RelativeBias
 from .rope import Rotary
 
@@ -70,6 +72,9 @@ class Decoder(nn.Module):
         self.embed_norm = Norm(cfg.d_model, cfg.norm) if cfg.embed_norm else None  # BLOOM
         self.rel_bias = (RelativeBias(cfg.relative_buckets, cfg.relative_max_distance, cfg.n_heads)
                          if "relative" in cfg.layer_positions else None)
+        # Gemma 3n: the per-layer embeddings (Gemma 4's too) and AltUp's streams in, before the blocks
+        self.ple = PerLayerInputs(cfg) if cfg.ple is not None else None
+        self.altup_in = StreamsIn(cfg) if cfg.altup is not None else None
         rotaries: dict[tuple[int, int], Rotary] = {}  # one table per RopeConfig and head_dim, shared by its layers
         self.layers = nn.ModuleList()
         for i in range(cfg.n_layers):
@@ -81,6 +86,7 @@ class Decoder(nn.Module):
                     rotaries[id(rope), head_dim] = Rotary(rope, head_dim, cfg.max_positions)
                 rotary = rotaries[id(rope), head_dim]
             self.layers.append(Block(cfg, i, rotary, self.rel_bias))
+        self.altup_out = StreamsOut(cfg) if cfg.altup is not None else None  # the streams merged, before the norm
         self.final_norm = Norm(cfg.d_model, cfg.norm) if cfg.final_norm else nn.Identity()
         self.head_transform = HeadTransform(cfg) if cfg.head_transform is not None else None
         self.project_out = nn.Linear(cfg.d_model, cfg.embed_dim, bias=False) if cfg.projects_embeddings else None
@@ -152,12 +158,23 @@ class Decoder(nn.Module):
             positions = self.default_positions(ids, past, attention_mask)
         if cache is not None:
             cache.advance(T)
-        h = self.embed_tokens(ids, positions)
-        ctx = Context.build(past, T, h.dtype, ids.device, positions, attention_mask)
+        h, ctx = self.start(ids, past, positions, attention_mask)
         yield h
         for block in self.layers:
             h = block(h, ctx, cache)
             yield h
+
+    def start(self, ids: torch.Tensor, past: int, positions: torch.Tensor,
+              attention_mask: torch.Tensor | None = None) -> tuple[torch.Tensor, Context]:
+        """What the first block reads, and the context every block shares: the embedding (Gemma 3n: AltUp's
+        streams of it), with the per-layer embeddings' inputs in the context where the model has them."""
+        h = self.embed_tokens(ids, positions)
+        ctx = Context.build(past, ids.shape[1], h.dtype, ids.device, positions, attention_mask)
+        if self.ple is not None:
+            ctx.per_layer = self.ple(ids, h)
+        if self.altup_in is not None:
+            h = self.altup_in(h)
+        return h, ctx
 
     def default_positions(self, ids: torch.Tensor, past: int,
                           attention_mask: torch.Tensor | None = None) -> torch.Tensor:
@@ -178,6 +195,8 @@ class Decoder(nn.Module):
 
     def logits(self, h: torch.Tensor) -> torch.Tensor:
         cfg = self.cfg
+        if self.altup_out is not None:  # Gemma 3n: the streams to one state
+            h = self.altup_out(h)
         h = self.final_norm(h)
         if cfg.residual_fp32:  # the final norm's fp32 output, cast to the head's dtype
             h = h.to(self.embed.weight.dtype)

@@ -219,6 +219,26 @@ def schedule(cfg: ArchConfig) -> list[str]:
     return lines
 
 
+def _gemma3n(cfg: ArchConfig) -> list[str]:
+    """The card lines of Gemma 3n's sparse gates, AltUp, per-layer embeddings and LAuReL."""
+    out = []
+    if cfg.gate_sparsity is not None:
+        sparse = {i: s for i, s in enumerate(cfg.gate_sparsity) if s}
+        out.append("gate sparsity: g -> relu(g - mean - std x icdf_N(s)) on layers "
+                   + ", ".join(f"{i} (s={s:g})" for i, s in sparse.items()))
+    if cfg.altup is not None:
+        scale = ", the corrected active stream scaled" if cfg.altup.correct_scale else ""
+        out.append(f"AltUp: {cfg.altup.n_inputs} residual streams, stream {cfg.altup.active} active (predict, "
+                   f"block, correct{scale}); merged by projection and mean before the final norm")
+    if cfg.ple is not None:
+        where = "AltUp's streams 1 and up" if cfg.altup is not None else "the residual"
+        out.append(f"per-layer embeddings: {cfg.ple.dim} per layer from a {cfg.ple.vocab_size}-row table and the "
+                   f"projected embedding, gated into {where} ({cfg.ple.scales} scales)")
+    if cfg.laurel_rank is not None:
+        out.append(f"LAuReL: rank {cfg.laurel_rank} branch beside attention, the sum over sqrt(2)")
+    return out
+
+
 def variants(cfg: ArchConfig) -> list[str]:
     mixing = ([*attention_kind(cfg.attention).describe(cfg)] if cfg.layers_mixed_by("attention") else []) + \
         (mixer_kind(cfg.mixer).describe(cfg) if cfg.layers_mixed_by("mixer") else [])
@@ -277,11 +297,14 @@ def variants(cfg: ArchConfig) -> list[str]:
         out.append(f"absolute positions: {POSITION_NAMES[cfg.absolute_positions]}{offset}")
     ffn = f"FFN: {(GATED_NAMES if cfg.gated else ACTIVATION_NAMES)[cfg.activation]}"
     ffn += ", product in fp32" if cfg.glu_fp32 else ""
-    if cfg.moe is None:
+    if cfg.moe is None and cfg.d_ff_layers is not None:
+        out.append(f"{ffn}, FFN width per layer: {', '.join(map(str, cfg.d_ff_layers))}")
+    elif cfg.moe is None:
         out.append(f"{ffn}, d_ff {cfg.d_ff}")
     else:  # d_ff is the dense layers' width, and means nothing where every layer is a mixture
         out.append(f"{ffn}, d_ff {cfg.d_ff} on dense layers" if cfg.moe.dense_layers else f"{ffn} experts")
         out.extend(_moe(cfg, cfg.moe))
+    out.extend(_gemma3n(cfg))
     biases = [n for n in ("q", "k", "v", "o", "mlp", "lm_head") if getattr(cfg, f"{n}_bias")]
     if cfg.o_bias_layers is not None:
         biases[biases.index("o")] = f"o (layers {list(cfg.o_bias_layers)})"

@@ -416,5 +416,5 @@ def ffn(cfg: ArchConfig, layer: int) -> nn.Module:
     """The FFN of one layer: the mixture of experts on its sparse layers (in place of the dense MLP, or beside
     it), else the dense MLP."""
     if cfg.moe is None or not cfg.moe.sparse(layer):
-        return MLP(cfg)
+        return MLP(cfg, sparsity=cfg.sparsity_for(layer))
     return BesideDense(cfg) if cfg.moe.beside_dense else MoE(cfg)

@@ -118,6 +118,37 @@ def _block(cfg: ArchConfig, layer: int, name: str) -> Shapes:
         shapes.update(part_shapes(parts, f"{name}.{module}"))
     if cfg.layer_ffns[layer] == "ffn":  # its own width (Gemma 4's shared layers)
         shapes.update(_ffn(cfg.layer_config(layer), layer, f"{name}.mlp"))
+    shapes.update(_gemma3n_block(cfg, name))
+    return shapes
+
+
+def _gemma3n_block(cfg: ArchConfig, name: str) -> Shapes:
+    """A block's AltUp (arch/altup.py), LAuReL and per-layer-embedding gate (arch/ple.py), in that order."""
+    d, shapes = cfg.d_model, {}
+    norm = NormPart(d, cfg.norm)
+    if cfg.altup is not None:
+        n = cfg.altup.n_inputs
+        shapes[f"{name}.altup.correct_scale"] = (d,)
+        shapes.update(LinearPart(n, n).shapes(f"{name}.altup.correction"))
+        shapes.update(LinearPart(n, n * n).shapes(f"{name}.altup.prediction"))
+        shapes.update(LinearPart(d, n).shapes(f"{name}.altup.router"))
+        shapes.update(norm.shapes(f"{name}.altup.router_norm"))
+    if cfg.laurel_rank is not None:
+        shapes.update(LinearPart(d, cfg.laurel_rank).shapes(f"{name}.laurel.left"))
+        shapes.update(LinearPart(cfg.laurel_rank, d).shapes(f"{name}.laurel.right"))
+        shapes.update(norm.shapes(f"{name}.laurel.norm"))
+    if cfg.ple is not None:
+        shapes.update(LinearPart(d, cfg.ple.dim).shapes(f"{name}.ple.gate"))
+        shapes.update(LinearPart(cfg.ple.dim, d).shapes(f"{name}.ple.proj"))
+        shapes.update(norm.shapes(f"{name}.ple.norm"))
+    return shapes
+
+
+def _streams(cfg: ArchConfig, name: str) -> Shapes:
+    """AltUp's projections of the streams in or out (arch/altup.py), `{name}.proj.{i}`."""
+    shapes: Shapes = {}
+    for i in range(cfg.altup.n_inputs - 1):
+        shapes.update(LinearPart(cfg.d_model, cfg.d_model).shapes(f"{name}.proj.{i}"))
     return shapes
 
 
@@ -136,8 +167,17 @@ def parameter_shapes(cfg: ArchConfig) -> dict[str, tuple[int, ...]]:
         shapes.update(NormPart(cfg.d_model, cfg.norm).shapes("embed_norm"))
     if "relative" in cfg.layer_positions:
         shapes["rel_bias.weight"] = (cfg.relative_buckets, cfg.n_heads)
+    if cfg.ple is not None:  # arch/ple.py's PerLayerInputs
+        wide = cfg.n_layers * cfg.ple.dim
+        shapes["ple.embed.weight"] = (cfg.ple.vocab_size, wide)
+        shapes.update(LinearPart(cfg.d_model, wide).shapes("ple.project"))
+        shapes.update(NormPart(cfg.ple.dim, cfg.norm).shapes("ple.norm"))
+    if cfg.altup is not None:
+        shapes.update(_streams(cfg, "altup_in"))
     for i in range(cfg.n_layers):
         shapes.update(_block(cfg, i, f"layers.{i}"))
+    if cfg.altup is not None:
+        shapes.update(_streams(cfg, "altup_out"))
     if cfg.final_norm:
         shapes.update(NormPart(cfg.d_model, cfg.norm).shapes("final_norm"))
     if cfg.head_transform is not None:  # decoder.HeadTransform

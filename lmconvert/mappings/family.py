@@ -86,6 +86,9 @@ VARIANT_NAMES = {
     "v_head_dim": "values of their own width (v_head_dim)", "attn_value_scale": "a scale on the values",
     "sink_layers": "attention sinks on the sliding layers only", "layer_heads": "query heads that differ by layer",
     "attn_gate_activation": "this activation of the attention output gate (Laguna's softplus in fp32)",
+    # Gemma 3n
+    "altup": "AltUp's residual streams", "ple": "per-layer embeddings", "laurel_rank": "a LAuReL residual branch",
+    "gate_sparsity": "sparse FFN gates (activation sparsity)", "d_ff_layers": "an FFN width per layer",
 }
 
 def tensor_sizes(arch: ArchConfig) -> dict[str, int]:

@@ -36,7 +36,6 @@ NEEDS: dict[str, tuple[str, ...]] = {
     "deepseek_v4": ("sparse", "hyper", "sinks", "moe-ext", "geometry", "quant"), "diffllama": ("exotic",),
     "doge": ("exotic", "moe-ext", "norm-ext"), "dory": ("loop", "norm-ext", "gated-attn", "l2-qk"),
     "dots3_note_text": ("mla-ext", "gated-attn", "geometry"),
-    "gemma3n_text": ("hyper", "ple", "kv-share"),
     "glm_moe_dsa": ("dsa-shared",), "hrm_text": ("loop", "gated-attn"),
     "hy_v4": ("hyper", "mla-ext", "gated-attn", "sinks", "dsa-shared"),
     "inkling2_loop_text": ("conv", "exotic", "sinks", "gated-attn", "moe-ext", "loop"),

@@ -64,14 +64,16 @@ def place(model: Decoder, devices: Sequence[str | torch.device]) -> Decoder:
     placed = block_devices(len(model.layers), devices)
     first = torch.device(devices[0])
     head = first if model.cfg.tie_embeddings else placed[-1] if placed else first  # a tied head: the embedding's
-    for name in ("embed", "project_in", "pos_embed", "embed_norm"):
+    for name in ("embed", "project_in", "pos_embed", "embed_norm", "ple", "altup_in"):
         if getattr(model, name) is not None:
             getattr(model, name).to(first)
     for block, device in zip(model.layers, placed, strict=True):
         block.to(device)
         block.register_forward_pre_hook(_to_block_device)
-    for name in ("final_norm", "head_transform", "project_out", "lm_head"):
+    for name in ("altup_out", "final_norm", "head_transform", "project_out", "lm_head"):
         if getattr(model, name) is not None:
             getattr(model, name).to(head)
-    model.final_norm.register_forward_pre_hook(lambda _m, args: (args[0].to(head), *args[1:]))
+    for module in (model.altup_out, model.final_norm):  # Gemma 3n: the streams merge on the head's device
+        if module is not None:
+            module.register_forward_pre_hook(lambda _m, args: (args[0].to(head), *args[1:]))
     return model

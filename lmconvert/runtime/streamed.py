@@ -21,7 +21,6 @@ import torch
 from torch import nn
 
 from lmconvert.arch import ArchConfig, Decoder, KVCache
-from lmconvert.arch.context import Context
 from lmconvert.arch.moe import kept_in_fp32
 from lmconvert.arch.shapes import parameter_shapes
 from lmconvert.formats.checkpoint import Checkpoint, open_checkpoint, opened
@@ -63,9 +62,9 @@ def _stage_of(name: str, tied: bool) -> tuple[str, ...]:
         return (".".join(name.split(".", 2)[:2]),)
     if first == "embed":
         return ("embed", "head") if tied else ("embed",)
-    if first in ("pos_embed", "project_in"):
+    if first in ("pos_embed", "project_in", "ple", "altup_in"):
         return ("embed",)
-    if first in ("final_norm", "head_transform", "project_out", "lm_head"):
+    if first in ("altup_out", "final_norm", "head_transform", "project_out", "lm_head"):
         return ("head",)
     return ("resident",)  # shared by every layer (T5's relative bias table): kept for the whole run
 
@@ -133,8 +132,7 @@ class StreamedDecoder:
         if cache is not None:
             cache.advance(ids.shape[1])
         with self.stage("embed"):
-            h = model.embed_tokens(ids, positions)
-        ctx = Context.build(past, ids.shape[1], h.dtype, ids.device, positions, attention_mask)
+            h, ctx = model.start(ids, past, positions, attention_mask)
         for i, block in enumerate(model.layers):
             with self.stage(f"layers.{i}"):
                 h = block(h, ctx, cache)

@@ -116,6 +116,12 @@ def refusals(arch: ArchConfig, size: int) -> list[str]:
         (arch.layer_heads is not None, "query heads that differ by layer have no tensor-parallel plan"),
         (arch.sink_layers != "all", "sinks on the sliding layers only have no tensor-parallel plan"),
         (arch.attn_output_gate == "projection_head", "a gate per head (Laguna's g_proj) has no tensor-parallel plan"),
+        # Gemma 3n's
+        (arch.altup is not None, "AltUp's residual streams have no tensor-parallel plan"),
+        (arch.ple is not None, "per-layer embeddings have no tensor-parallel plan"),
+        (arch.laurel_rank is not None, "the LAuReL branch has no tensor-parallel plan"),
+        (arch.gate_sparsity is not None, "sparse gates take statistics over the whole FFN width"),
+        (arch.d_ff_layers is not None, "FFN widths per layer have no tensor-parallel plan"),
     ]
     return [why for wrong, why in checks if wrong]
 

@@ -146,6 +146,35 @@ def _mixer_points(arch: ArchConfig) -> tuple[dict[str, Layout], dict[str, int]]:
     return layouts, sizes
 
 
+def _augment_points(arch: ArchConfig) -> tuple[dict[str, Layout], dict[str, int]]:
+    """Gemma 3n's points, the same on both sides: with AltUp the embedding and every block's output are the streams
+    (AS of them, first) and a block's altup module its scaled active stream, its correction and prediction
+    coefficients (AS, AS2 = AS * AS) per token; LAuReL's rank LR; the per-layer embedding's gate PD wide."""
+    layouts: dict[str, Layout] = {}
+    sizes: dict[str, int] = {}
+    if arch.altup is not None:
+        layouts.update({"embed": "AS B T d", "output": "AS B T d", "altup": RESIDUAL, "altup.correction": "B T AS",
+                        "altup.prediction": "B T AS2", "altup.router": "B T AS", "altup.router_norm": RESIDUAL})
+        sizes.update(AS=arch.altup.n_inputs, AS2=arch.altup.n_inputs ** 2)
+    if arch.laurel_rank is not None:
+        layouts.update({"laurel.left": "B T LR", "laurel.right": RESIDUAL, "laurel.norm": RESIDUAL})
+        sizes["LR"] = arch.laurel_rank
+    if arch.ple is not None:
+        layouts.update({"ple.gate": "B T PD", "ple.proj": RESIDUAL, "ple.norm": RESIDUAL})
+        sizes["PD"] = arch.ple.dim
+    return layouts, sizes
+
+
+def unobserved(arch: ArchConfig) -> dict[str, str]:
+    """The point kinds of this model that verify cannot compare, and why: declared here, so that a report without
+    them is not taken for a broken table (tests/test_verify_localize.py)."""
+    if arch.altup is None:
+        return {}
+    twice = "runs twice per block (AltUp's predict and correct): no single output (trace.Recorder leaves it out)"
+    return {"altup": "transformers calls Gemma3nTextAltUp.forward directly (scale_corrected_output), past its "
+                     "module's hooks", "altup.router": twice, "altup.router_norm": twice}
+
+
 def _moe_sizes(arch: ArchConfig) -> dict[str, int]:
     moe = arch.moe
     return {} if moe is None else {"X": moe.n_experts, "S": moe.d_shared or 0, "one": 1}
@@ -235,10 +264,11 @@ class PointLayouts:
                 **(OURS_QK_NORM_AFTER_ROPE if arch.qk_norm_after_rope else {}),
                 **OURS_BY_ATTENTION.get(arch.attention, {}), **OURS_BY_OUTPUT_GATE.get(arch.attn_output_gate, {})}
         mixer, mixer_sizes = _mixer_points(arch)
-        ours = {**ours, **mixer}
-        theirs = {**mixer, **transformers_layouts(model_type, arch)}
-        sizes = {**mixer_sizes, "B": batch, "T": seq_len, "d": arch.d_model, "E": arch.embed_dim, "F": arch.d_ff,
-                 "H": arch.n_heads, "KV": arch.n_kv_heads, "D": arch.head_dim, "DV": arch.value_dim,
+        augment, augment_sizes = _augment_points(arch)
+        ours = {**ours, **mixer, **augment}
+        theirs = {**mixer, **transformers_layouts(model_type, arch), **augment}
+        sizes = {**mixer_sizes, **augment_sizes, "B": batch, "T": seq_len, "d": arch.d_model, "E": arch.embed_dim,
+                 "F": arch.d_ff, "H": arch.n_heads, "KV": arch.n_kv_heads, "D": arch.head_dim, "DV": arch.value_dim,
                  "QG": 2 * arch.head_dim, "P": 3,
                  **_latent_sizes(arch), **_moe_sizes(arch), **_mixture_sizes(arch, batch * seq_len)}
         layer_sizes = {}

@@ -19,7 +19,7 @@ from lmconvert.mappings.tables.table import TensorTable
 
 from .layouts import EXPERT, PointLayouts
 from .spread import spread_memory
-from .trace import EMBED, FINAL, Recorder, Trace, hf_point_modules, sublayer_of
+from .trace import EMBED, FINAL, Recorder, Trace, hf_final_norm, hf_point_modules, sublayer_of
 
 
 def accelerate_device(device: str) -> int | str:
@@ -218,6 +218,7 @@ def reference_logits(model: torch.nn.Module, ids: torch.Tensor) -> torch.Tensor:
 
 
 EMBEDDING_MODULE = "<input embeddings>"  # the embedding module's output, kept aside from the points
+FINAL_MODULE = "<final norm>"  # the final norm module's output, kept aside from the points
 
 
 @torch.no_grad()
@@ -249,12 +250,16 @@ def reference_trace(model: torch.nn.Module, ids: torch.Tensor, arch: ArchConfig,
         recorder.output_of(point, modules[path], declared.index if isinstance(declared, Returned) else 0)
     if hasattr(model, "get_input_embeddings"):
         recorder.output_of(EMBEDDING_MODULE, model.get_input_embeddings())
+    final = hf_final_norm(model, table)
+    if final is not None:
+        recorder.output_of(FINAL_MODULE, modules[final])
     try:
         out = model(ids, attention_mask=attention_mask, output_hidden_states=True, use_cache=False)
     finally:
         recorder.close()
     points = recorder.result()
     embedded = points.pop(EMBEDDING_MODULE, None)
+    normed = points.pop(FINAL_MODULE, None)
     states = out.hidden_states
     if states is not None and len(states) == arch.n_layers + 1:
         first = states[0].detach().to("cpu", copy=True)
@@ -267,7 +272,12 @@ def reference_trace(model: torch.nn.Module, ids: torch.Tensor, arch: ArchConfig,
             points[EMBED] = first
             for i in range(arch.n_layers - 1):
                 points[f"layers.{i}"] = states[i + 1].detach().to("cpu", copy=True)
-        points[FINAL] = states[-1].detach().to("cpu", copy=True)
+        last = states[-1].detach().to("cpu", copy=True)
+        # Gemma 3n's text model does not put the final norm's output last (tie_last_hidden_states=False): the last
+        # entry is the last block's output (AltUp's streams), and the final norm's module gives the point
+        untied = normed is not None and f"layers.{arch.n_layers - 1}" in points \
+            and torch.equal(last, points[f"layers.{arch.n_layers - 1}"])
+        points[FINAL] = normed if untied else last
     return Trace(out.logits, *layouts.all_to_ours(points))
 
 

@@ -194,6 +194,15 @@ def resolve(names: set[str], path: str, table: TensorTable) -> str | None:
     return next((c for c in candidates if c in names), None)
 
 
+def hf_final_norm(root: nn.Module, table: TensorTable) -> str | None:
+    """transformers' module holding the final norm's weight, where the table names one and the model has it."""
+    try:
+        stored, _ = table.to_hf_name("final_norm.weight")
+    except MappingError:
+        return None
+    return resolve({name for name, _ in root.named_modules()}, _module_path(stored), table)
+
+
 def hf_point_modules(root: nn.Module, arch: ArchConfig, table: TensorTable) -> dict[str, str]:
     """{point name: transformers module path} for the block modules, from the tensor table, and
     for every decoder layer: the longest module path its modules share. Points the table cannot

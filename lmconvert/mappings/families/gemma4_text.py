@@ -3,12 +3,13 @@ Gemma4ForConditionalGeneration ones (model_type gemma4).
 
 Same as gemma4_unified_text, except: `max_position_embeddings` defaults to 131072 and `sliding_window` to 512;
 `use_bidirectional_attention` defaults to null (causal; "vision" is causal for text too, "all" is refused); the
-per-layer embeddings (`hidden_size_per_layer_input`, default 256: a second embedding table projected and gated into
-every layer) are not read yet: a checkpoint with them is refused by name, so only `hidden_size_per_layer_input` 0
-converts. With `enable_moe_block` every layer runs a mixture of `num_experts` experts (each `moe_intermediate_size`
-wide, top `top_k_experts`) beside its dense MLP (moe.BesideDense): the router (`router.proj`) reads the block's
-input stream normalised without a weight, times `router.scale` and hidden_size**-0.5, softmaxes in fp32, takes the
-top-k, renormalises them and multiplies them by `router.per_expert_scale`, in fp32; the experts (stored fused,
+per-layer embeddings (`hidden_size_per_layer_input`, default 256, 0 for none; `vocab_size_per_layer_input`): a
+second embedding table, projected and gated into every layer as gemma3n_text's (their tensors named as there),
+added to the residual before the layer scalar, the constants multiplied as Python floats and no id clamped.
+With `enable_moe_block` every layer runs a mixture of `num_experts` experts (each `moe_intermediate_size` wide, top
+`top_k_experts`) beside its dense MLP (moe.BesideDense): the router (`router.proj`) reads the block's input stream
+normalised without a weight, times `router.scale` and hidden_size**-0.5, softmaxes in fp32, takes the top-k,
+renormalises them and multiplies them by `router.per_expert_scale`, in fp32; the experts (stored fused,
 `experts.gate_up_proj` [experts, 2 * width, hidden], `experts.down_proj` [experts, hidden, width]) read that stream
 normalised by `pre_feedforward_layernorm_2`; the dense MLP's output is normalised by `post_feedforward_layernorm_1`,
 the experts' by `post_feedforward_layernorm_2`, and their sum by `post_feedforward_layernorm`.
@@ -32,6 +33,7 @@ from ..tables.hf_moe import FUSED_RULES
 from ..tables.hf_wrapper import nested_text_config, wrapped
 from ..tables.table import Rule, TensorTable
 from . import gemma4_unified_text as unified
+from .gemma3n_text import PLE_LAYER_RULES, PLE_RULES, ple_entry
 
 LAYER = "model.layers.{}"
 MOE_RULES = (
@@ -44,7 +46,7 @@ MOE_RULES = (
     Rule(f"{LAYER}.post_feedforward_layernorm_1.weight", "layers.{}.mlp.dense_norm.weight"),
     Rule(f"{LAYER}.post_feedforward_layernorm_2.weight", "layers.{}.mlp.norm.weight"),
 )
-TEXT_TENSORS = TensorTable(unified.TEXT_TENSORS.rules + MOE_RULES)
+TEXT_TENSORS = TensorTable(PLE_RULES + unified.TEXT_TENSORS.rules + MOE_RULES + PLE_LAYER_RULES)
 TOWERS = ("vision_tower", "audio_tower", "embed_vision", "embed_audio")
 TENSORS = wrapped(TEXT_TENSORS, *TOWERS, legacy=False)
 
@@ -79,19 +81,11 @@ def moe_to_hf(cfg: ArchConfig) -> dict[str, Any]:
             "moe_intermediate_size": moe.d_expert}
 
 
-def _written_as_inert(entry: Entry) -> Entry:
-    """An `unsupported` row whose transformers default is not its inert value (PLE on by default): export writes
-    the inert value (0, no per-layer embeddings), which is what the model has."""
-    key = entry.keys[0]
-    return Entry(entry.name, entry.keys, entry.read, lambda cfg: {key.name: 0})
-
-
 CONFIG = unified.CONFIG.but(
     add=(
         unsupported("use_bidirectional_attention", str, "vision", "bidirectional attention over every token",
                     "causal Gemma 4", default=None, nullable=True),
-        _written_as_inert(unsupported("hidden_size_per_layer_input", int, 0, "per-layer embeddings (PLE)",
-                                      "Gemma 4", default=256, bound="non_negative")),
+        ple_entry("python", bound="non_negative"),
         Entry("experts", (ENABLE, *COUNTS), moe_from_hf, moe_to_hf),
     ),
     defaults={"max_position_embeddings": 131_072, "sliding_window": 512},

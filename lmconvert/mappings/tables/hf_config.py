@@ -31,6 +31,8 @@ _TYPES: dict[type, tuple[tuple[type, ...], str]] = {
     int: ((int,), "integer"), float: ((int, float), "number"), bool: ((bool,), "boolean (true or false)"),
     str: ((str,), "string"), dict: ((dict,), "JSON object"), list: ((list,), "list"),
     bool | str: ((bool, str), "boolean or string"),  # Laguna's `gating`: true, false or a granularity's name
+    # `tuple`: an integer, or a list of them, one per layer (Gemma 3n's intermediate_size); the reader checks the list
+    tuple: ((int, list), "integer or list of integers"),
 }
 
 
@@ -57,7 +59,7 @@ class Key:
     def expected(self) -> str:
         """What a valid value is, in words."""
         kind = _TYPES[self.kind][1]
-        if self.kind in (int, float):
+        if self.kind in (int, float, tuple):
             return BOUNDS[self.bound][1].format(kind=kind)
         return f"a {kind}"
 
@@ -73,7 +75,8 @@ class Key:
                                f"or {fallback}")
         types, _ = _TYPES[self.kind]
         wrong_type = isinstance(value, bool) and bool not in types or not isinstance(value, types)
-        if wrong_type or self.kind in (int, float) and not BOUNDS[self.bound][0](value):
+        bounded = self.kind in (int, float) or self.kind is tuple and isinstance(value, int)
+        if wrong_type or bounded and not BOUNDS[self.bound][0](value):
             raise MappingError(f"{stated} should be {self.expected()}; set the model's value from its model "
                                f"card, or {fallback}")
         if self.choices is not None and value not in self.choices:

@@ -1,0 +1,68 @@
+"""The settings of what Gemma 3n adds around the blocks (torch-free, as config.py): AltUp's residual streams and
+the per-layer embeddings (PLE), which Gemma 4 has too. Each is one frozen value on ArchConfig (`altup`, `ple`),
+None where a model has none; the modules that compute them are arch/altup.py and arch/ple.py."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .errors import ConfigError
+
+
+def _count(owner: str, name: str, value: object, low: int) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < low:
+        raise ConfigError(f"ArchConfig.{owner}.{name}={value!r}: must be an integer >= {low}")
+
+
+@dataclass(frozen=True)
+class AltUpConfig:
+    """Alternating updates (Gemma3nTextAltUp): the model carries `n_inputs` residual streams; the embedding is the
+    first, the others its projections (`altup_in.{i}`) scaled to its RMS. Each block runs on the `active` stream
+    predicted from all of them by a learned mixing (its router: a weighted RMSNorm of the active stream times
+    1/d_model, a linear to n_inputs, tanh in fp32), then corrects every stream by its output; the corrected active
+    stream, times `layers.{i}.altup.correct_scale` where `correct_scale`, feeds the per-layer embedding (ple),
+    added to streams 1 and up. After the last block the other streams are projected back (`altup_out.{i}`), scaled
+    to the first's RMS, and the mean of all is the final norm's input. `coef_clip` clamps the coefficient weights
+    in training only (kept for the config's round trip)."""
+
+    n_inputs: int = 4
+    active: int = 0
+    coef_clip: float | None = 120.0
+    correct_scale: bool = True
+
+    def __post_init__(self) -> None:
+        _count("altup", "n_inputs", self.n_inputs, 2)
+        _count("altup", "active", self.active, 0)
+        if self.active >= self.n_inputs:
+            raise ConfigError(f"ArchConfig.altup.active={self.active}: must be below n_inputs={self.n_inputs}")
+        if self.coef_clip is not None and (isinstance(self.coef_clip, bool)
+                                           or not isinstance(self.coef_clip, (int, float)) or self.coef_clip <= 0):
+            raise ConfigError(f"ArchConfig.altup.coef_clip={self.coef_clip!r}: must be a positive number or None")
+        if self.correct_scale not in (True, False):
+            raise ConfigError(f"ArchConfig.altup.correct_scale={self.correct_scale!r}: must be true or false")
+
+
+# PleConfig.scales: how the per-layer embeddings' constant factors multiply (sqrt(dim) on the table is rounded to
+# the weight dtype either way, as the main embedding's): "rounded", Gemma 3n's, 1/sqrt(d_model) and 1/sqrt(2) as
+# tensors cast to the activation dtype first, and token ids past the table read row 0; "python", Gemma 4's, both as
+# Python floats (rounded once, in the product)
+PLE_SCALES = ("rounded", "python")
+
+
+@dataclass(frozen=True)
+class PleConfig:
+    """Per-layer embeddings (Gemma 3n, Gemma 4's hidden_size_per_layer_input): a second table (`ple.embed`,
+    `vocab_size` rows of n_layers * `dim`, times sqrt(dim)) gives every token a `dim`-wide input per layer; the
+    main embedding projected (`ple.project`, times 1/sqrt(d_model)) and normalised per layer (`ple.norm`) is added
+    to it and the sum times 1/sqrt(2). In each block, `layers.{i}.ple`: gate (d_model -> dim), the activation,
+    times the layer's input, projection back, norm; added to the residual (to AltUp's streams 1 and up)."""
+
+    vocab_size: int
+    dim: int
+    scales: str = "rounded"
+
+    def __post_init__(self) -> None:
+        _count("ple", "vocab_size", self.vocab_size, 1)
+        _count("ple", "dim", self.dim, 1)
+        if self.scales not in PLE_SCALES:
+            raise ConfigError(f"ArchConfig.ple.scales={self.scales!r}: one of {', '.join(PLE_SCALES)}")
