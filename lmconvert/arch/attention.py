@@ -187,6 +187,8 @@ class Attention(nn.Module):
         gate = self.out_gate(x) if self.out_gate is not None else None  # AFMoE: (B, T, H*D)
         if self.out_gate_bias is not None:  # Beam: one bias per head, over its D elements
             gate = (gate.view(B, T, cfg.n_heads, cfg.head_dim) + self.out_gate_bias[:, None]).view(B, T, cfg.q_dim)
+        if cfg.attn_output_gate == "projection_per_head":  # LFM3: (B, T, H), each over its head's D elements
+            gate = gate.unsqueeze(-1).expand(B, T, cfg.n_heads, cfg.head_dim).reshape(B, T, cfg.q_dim)
         if cfg.attn_output_gate == "q_heads":  # Qwen3-Next: (B, T, H*2D), each head's [query | gate]
             q, gate = torch.chunk(q.view(B, T, cfg.n_heads, 2 * cfg.head_dim), 2, dim=-1)
             gate = gate.reshape(B, T, cfg.q_dim)

@@ -98,6 +98,8 @@ def _standard_parts(cfg: ArchConfig) -> dict[str, Part]:
             parts["k_norm"] = NormPart(norm_dims[1], norm)
     if cfg.attn_output_gate in ("projection", "projection_head_bias"):  # AFMoE's, Beam's gate_proj; never a bias
         parts["out_gate"] = LinearPart(cfg.d_model, cfg.q_dim, False)
+    if cfg.attn_output_gate == "projection_per_head":  # LFM3's g_proj: one gate per head
+        parts["out_gate"] = LinearPart(cfg.d_model, cfg.n_heads, False)
     if cfg.sub_norms:  # BitNet: the attention output normalised before `o`
         parts["sub_norm"] = NormPart(cfg.q_dim, cfg.norm)
     return parts
@@ -121,7 +123,8 @@ def _standard_describe(cfg: ArchConfig) -> list[str]:
         lines.append("sub-norms: before the output projection and before the MLP's down projection")
     if cfg.attn_output_gate != "none":
         source = {"projection": "a projection of the input", "q_heads": "q's second half per head",
-                  "projection_head_bias": "a projection of the input + a bias per head"}[cfg.attn_output_gate]
+                  "projection_head_bias": "a projection of the input + a bias per head",
+                  "projection_per_head": "a projection of the input, one per head"}[cfg.attn_output_gate]
         lines.append(f"attention output gate: sigmoid({source}) times each head's output, before o")
     lines += _gemma4_describe(cfg)
     if cfg.attn_sinks:

@@ -40,9 +40,10 @@ SINK_FORMS = ("column", "scale")  # how a learned sink joins the softmax (ArchCo
 # sigmoid of a projection of the attention's input of its own (AFMoE's gate_proj, `attn.out_gate`), elementwise;
 # "q_heads": the same gate emitted by `q` beside each head's query, q's rows per head [query | gate] (Qwen3-Next's
 # q_proj, H * 2D wide); "projection_head_bias": "projection" plus a learned bias per head (`attn.out_gate_bias`,
-# [H]) added to the projection over each head's D elements (Beam's gate_proj + gate_bias). The sigmoid and the
-# product in the activation dtype either way
-ATTN_OUTPUT_GATES = ("none", "projection", "q_heads", "projection_head_bias")
+# [H]) added to the projection over each head's D elements (Beam's gate_proj + gate_bias); "projection_per_head":
+# a projection of the input to one gate per head (`attn.out_gate`, [H, d_model]), each head's D elements times
+# its sigmoid (LFM3's g_proj). The sigmoid and the product in the activation dtype either way
+ATTN_OUTPUT_GATES = ("none", "projection", "q_heads", "projection_head_bias", "projection_per_head")
 QK_NORM_WEIGHTS = ("shared", "per_head")
 DTYPE_ORDERS = ("cast_then_scale", "scale_then_cast")
 PARALLEL_SUMS = ("h+attn+mlp", "mlp+attn+h", "attn+mlp+h")  # left to right: the order a parallel block adds

@@ -44,7 +44,6 @@ NEEDS: dict[str, tuple[str, ...]] = {
     "inkling2_text": ("conv", "exotic", "sinks", "gated-attn", "moe-ext"),
     "inkling_text": ("conv", "exotic", "geometry", "temperature", "moe-ext"),
     "laguna": ("geometry", "gated-attn", "router"),
-    "lara_mini": ("linear",), "lfm3": ("conv", "gated-attn"),
     "longcat_flash": ("moe-ext", "router"),
     "mimo_v2_flash": ("sinks", "geometry"), "minimax": ("linear",),
     "minimax_m3_vl_text": ("sparse", "moe-ext"),

@@ -137,7 +137,7 @@ def _standard(arch: ArchConfig, plan: Plan, prefix: str) -> None:
         kv_ranks, kv_heads = tuple(range(0, size, share)), (head, head + 1)
     plan.points.update({f"{prefix}.k": (-1, kv_ranks), f"{prefix}.v": (-1, kv_ranks)})
     # Qwen3-Next's gate sits in q's rows beside each head's query: split with them. AFMoE's: its rows, as q's
-    if arch.attn_output_gate in ("projection", "projection_head_bias"):
+    if arch.attn_output_gate in ("projection", "projection_head_bias", "projection_per_head"):  # LFM3's: a row a head
         plan.styles[f"{prefix}.out_gate"] = "col"
         plan.points[f"{prefix}.out_gate"] = (-1, everyone)
     # gpt-oss: a sink per head; Beam: a gate bias per head; the rank's heads' (the attention's own tensors)

@@ -80,7 +80,9 @@ MIXTURE: Mapping[str, Layout] = {"attn.router": "B*T XA", "attn.q": "R KV*D", "a
 OURS_BY_ATTENTION: Mapping[str, Mapping[str, Layout]] = {"latent": LATENT, "sparse": SPARSE, "head_mixture": MIXTURE}
 
 # q emitting each head's output gate beside its query (ArchConfig.attn_output_gate="q_heads", Qwen3-Next): H * 2D
-OURS_BY_OUTPUT_GATE: Mapping[str, Mapping[str, Layout]] = {"q_heads": {"attn.q": "B T H*QG"}}
+# a projection to one gate per head (ArchConfig.attn_output_gate="projection_per_head", LFM3's g_proj): (B, T, H)
+OURS_BY_OUTPUT_GATE: Mapping[str, Mapping[str, Layout]] = {"q_heads": {"attn.q": "B T H*QG"},
+                                                           "projection_per_head": {"attn.out_gate": "B T H"}}
 
 # transformers' llama-style decoders: hidden states, norms and nn.Linear projections are
 # (B, T, features), as ours. QK norms have no default: each model type that has them says where.
