@@ -14,6 +14,7 @@ SPEC = Spec(
     "lara_mini", dict(num_hidden_layers=5, layer_types=[L, S, L, F, S], head_dim=16, sliding_window=WINDOW,
                       attention_bias=True, eos_token_id=1, rope_parameters=THETA, **GDN, **EXPERTS),
     old_style={"rope_theta": 5e5},
+    not_a_key=("intermediate_size",),  # LaraMiniConfig has none: every FFN is the mixture
     card=("norm: RMSNorm, eps=1e-06, weight in fp32", "QK norm: per head",
           "mixer: gated delta-net, 2 q/k heads x 8, 4 value heads x 16 (2 value heads per key head), conv 4",
           "output RMSNorm per value head (eps=1e-06, weight in fp32) times SiLU(z)",
