@@ -545,6 +545,39 @@ def test_head_bias_gate_and_temperature_are_beam_attention_bit_for_bit(dtype: to
         assert max_diff(ref(x, rope, mask, attention_scaling=scaling)[0], got) > 1e-3
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_per_head_output_gate_is_lfm3_attention_bit_for_bit(dtype: torch.dtype) -> None:
+    """ArchConfig.attn_output_gate="projection_head": transformers' own Lfm3Attention (eager, a sliding
+    layer), its weights ours: per-head QK norms, RoPE with fp32 tables, the window, then each head's output
+    times sigmoid(g_proj(x)), one gate per head, before o_proj. Equal bit for bit in fp32 and bf16; the gate
+    matters."""
+    from transformers import Lfm3Config
+    from transformers.models.lfm3.modeling_lfm3 import Lfm3Attention, Lfm3RotaryEmbedding
+
+    cfg = tiny(n_layers=1, n_kv_heads=2, qk_norm="head", attn_output_gate="projection_head", sliding_window=5,
+               layer_kinds=("local",), rope=RopeConfig(theta=500.0, fp32_tables=True), norm={"eps": 1e-5})
+    model = build(cfg, dtype=dtype)
+    ours = model.layers[0].attn
+    hf_cfg = Lfm3Config(hidden_size=32, num_attention_heads=4, num_key_value_heads=2, head_dim=8, num_hidden_layers=1,
+                        layer_types=["sliding_attention"], sliding_window=5, norm_eps=1e-5,
+                        rope_parameters={"sliding_attention": {"rope_type": "default", "rope_theta": 500.0}})
+    hf_cfg._attn_implementation = "eager"
+    ref = Lfm3Attention(hf_cfg, 0).to(dtype).eval()
+    names = {"q_proj": "q", "k_proj": "k", "v_proj": "v", "o_proj": "o", "q_norm": "q_norm", "k_norm": "k_norm",
+             "g_proj": "out_gate"}
+    ref.load_state_dict({f"{hf}.weight": ours.get_submodule(c).weight for hf, c in names.items()})
+    x = _x(d=32).to(dtype)
+    T = x.shape[1]
+    rope = Lfm3RotaryEmbedding(hf_cfg)(x, torch.arange(T)[None], "sliding_attention")
+    mask = additive_mask(_hf_mask(T, cfg.window_for(0)), dtype)[None, None]
+    with torch.no_grad():
+        expected, _ = ref(x, rope, mask)
+        got = _layer_at(model, 0, x)
+        assert torch.equal(got, expected)
+        ref.g_proj.weight.zero_()  # sigmoid(0) = 1/2 for every head
+        assert max_diff(ref(x, rope, mask)[0], got) > 1e-3
+
+
 def _layer_at(model, layer: int, x: torch.Tensor) -> torch.Tensor:
     attn = model.layers[layer].attn
     attn.backend = "eager"

@@ -1,5 +1,5 @@
 """The gated delta-net families (every spec whose model has `mixer="gated_deltanet"`: Qwen3-Next,
-Qwen3.5, Qwen3.5-MoE, OLMo-hybrid) on sequences past the delta rule's chunk of 64 and the conv
+Qwen3.5, Qwen3.5-MoE, OLMo-hybrid, LaraMini) on sequences past the delta rule's chunk of 64 and the conv
 width, which the shared family tests' 28 tokens do not reach: the spec's tiny perturbed model run
 by transformers on 150 tokens (three chunks, the last partial), fp32 logits within 1e-5 from the
 HF directory and through a canonical one, bf16 logits equal bit for bit where the spec says so, and
@@ -52,7 +52,7 @@ def checkpoint(tmp_path_factory: pytest.TempPathFactory):  # noqa: ANN201
 
 
 def test_the_gated_deltanet_families_are_found() -> None:
-    assert {"qwen3_next", "qwen3_5_text", "qwen3_5_moe_text"} <= set(NAMES)
+    assert {"qwen3_next", "qwen3_5_text", "qwen3_5_moe_text", "lara_mini"} <= set(NAMES)
 
 
 @pytest.mark.parametrize("name", NAMES)
@@ -72,7 +72,7 @@ def test_bf16_over_three_chunks_is_transformers_bit_for_bit(name: str, checkpoin
 @pytest.mark.slow  # 1.2-1.9 s each: 150 tokens, then 50 steps
 @pytest.mark.parametrize("name", NAMES)
 def test_cached_decoding_past_the_chunks_equals_full_forward(name: str, checkpoint) -> None:  # noqa: ANN001
-    check_cached_decoding(checkpoint(name), IDS, PREFILL, "eager", "eager", FP32_TOL)
+    check_cached_decoding(checkpoint(name), IDS, PREFILL, "eager", "eager", FP32_TOL, SPECS[name].realign_reference)
 
 
 def test_the_prefill_crosses_chunks_and_decoding_runs_the_recurrent_rule(checkpoint,  # noqa: ANN001

@@ -122,7 +122,7 @@ def test_transformers_reads_our_gguf(tmp_path: Path) -> None:
 
 
 @pytest.mark.slow  # over 1.1 s each on 2 cores
-@pytest.mark.parametrize("name", ["lfm2", "lfm2_moe"])
+@pytest.mark.parametrize("name", ["lfm2", "lfm2_moe", "lfm3"])
 def test_forty_decoding_steps(name: str, tmp_path: Path) -> None:
     """A prefill shorter than the kernel, then 40 tokens one at a time: transformers' cached decoding
     element by element in fp32 and bit for bit in bf16, and in float64 our own full forward."""

@@ -266,7 +266,8 @@ class Attention(nn.Module):
 
     def _gated(self, out: torch.Tensor, gate: torch.Tensor) -> torch.Tensor:
         """The output times its gate's activation: sigmoid in the activation dtype, or (Laguna) softplus of an
-        fp32 copy cast back; elementwise, or (`projection_head`) one gate per head over its elements."""
+        fp32 copy cast back; elementwise, or (`projection_head`: Laguna's, LFM3's) one gate per head over its
+        elements."""
         cfg = self.cfg
         sigmoid = cfg.attn_gate_activation == "sigmoid"
         factor = torch.sigmoid(gate) if sigmoid else F.softplus(gate.float()).to(out.dtype)

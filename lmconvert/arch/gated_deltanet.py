@@ -12,7 +12,8 @@ OLMo-hybrid repeat), not the `fla` / `causal_conv1d` kernels it takes when they 
   - the gated delta rule in fp32 with q, k L2-normed and q scaled by key_head_dim ** -0.5: chunked
     (`torch_chunk_gated_delta_rule`, chunks of 64) for a prefill or any multi-token forward, token by
     token (`torch_recurrent_gated_delta_rule`) for one token after a cached state;
-  - an RMSNorm over each value head (weight after the cast back) times silu(z) in fp32, cast back,
+  - an RMSNorm over each value head (weight after the cast back; LaraMini's in fp32, not cast back)
+    times silu(z) in fp32, cast back,
     then the output projection.
 The state, in `cache.states[layer]`: "conv", the last conv_kernel inputs of the conv (B, q|k|v,
 conv_kernel) in the activation dtype, and "recurrent", (B, value_heads, key_head_dim,
@@ -139,10 +140,15 @@ def recurrent_gated_delta_rule(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
 class GatedNorm(Norm):
     """The output norm and its gate as one module, as transformers' RMSNormGated is: the RMSNorm over
     each value head, times silu(gate) in fp32, cast back; so its output is the point verify compares
-    with transformers' `norm`."""
+    with transformers' `norm`. With the weight in fp32 (`scale_then_cast`, LaraMini's) the normed
+    value is not cast back before the gate: one rounding, at the end."""
 
     def forward(self, x: torch.Tensor, gate: torch.Tensor) -> torch.Tensor:  # type: ignore[override]
-        return (super().forward(x) * F.silu(gate.to(torch.float32))).to(x.dtype)
+        if self.cfg.dtype_order == "scale_then_cast":
+            normed = self.weight.float() * self.normalise(x.float(), self.cfg.eps)
+        else:
+            normed = super().forward(x)
+        return (normed * F.silu(gate.to(torch.float32))).to(x.dtype)
 
 
 class DeltaRuleMixer(StateSpaceMixer):

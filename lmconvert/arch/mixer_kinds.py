@@ -287,6 +287,9 @@ register(MixerKind(
 
 
 # ----------------------------------------------------------------------------- gated_deltanet: Qwen3-Next, OLMo-hybrid
+GATED_NORM_ORDERS = ("cast_then_scale", "scale_then_cast")  # config.DTYPE_ORDERS (config.py imports this module)
+
+
 @dataclass(frozen=True)
 class GatedDeltaNetSettings:
     """The gated delta-net of Qwen3-Next / Qwen3.5 / OLMo-hybrid (their `linear_attention` layers,
@@ -297,7 +300,10 @@ class GatedDeltaNetSettings:
     q | k | v), `norm_eps` the gated output RMSNorm's eps (Qwen: rms_norm_eps; OLMo-hybrid: 1e-5
     whatever its rms_norm_eps, as FLA's FusedRMSNormGated), `neg_eigval` OLMo-hybrid's
     linear_allow_neg_eigval (beta = 2 sigmoid(b), in [0, 2]: the state's eigenvalues may turn
-    negative), `activation` the conv's (transformers applies `hidden_act`; SiLU only, as Mamba's)."""
+    negative), `activation` the conv's (transformers applies `hidden_act`; SiLU only, as Mamba's),
+    `norm_dtype_order` where the gated norm applies its weight: "cast_then_scale" after the cast back, then
+    times silu(z) in fp32 (Qwen's RMSNormGated); "scale_then_cast" in fp32, times silu(z) in fp32, one cast
+    at the end (LaraMini's)."""
 
     key_heads: int = 16
     value_heads: int = 32
@@ -307,6 +313,7 @@ class GatedDeltaNetSettings:
     norm_eps: float = 1e-6
     neg_eigval: bool = False
     activation: str = "silu"
+    norm_dtype_order: str = "cast_then_scale"
 
     def __post_init__(self) -> None:
         for name in ("key_heads", "value_heads", "key_head_dim", "value_head_dim", "conv_kernel"):
@@ -314,6 +321,7 @@ class GatedDeltaNetSettings:
         _setting_number("norm_eps", self.norm_eps, positive=True)
         _setting_flag("neg_eigval", self.neg_eigval)
         _setting_choice("activation", self.activation, ("silu",))
+        _setting_choice("norm_dtype_order", self.norm_dtype_order, GATED_NORM_ORDERS)
         if self.value_heads % self.key_heads:
             raise ConfigError(f"ArchConfig.mixer_settings.value_heads={self.value_heads}: must be a multiple of "
                               f"key_heads={self.key_heads} (each key head serves whole value heads)")
@@ -350,10 +358,10 @@ def _gated_deltanet_parts(cfg: ArchConfig) -> dict[str, Part]:
     """Qwen3.5's layout and names (Qwen3_5GatedDeltaNet): its own parameters first, dt_bias and A_log
     (one per value head); in_proj_qkv, whose rows [q | k | v] are the conv's channels; the output
     gate in_proj_z; beta's in_proj_b and the decay's in_proj_a; conv1d; the gated RMSNorm over one
-    value head (a plain weight, applied after the cast back); out_proj. No biases."""
+    value head (a plain weight, applied where `norm_dtype_order` says); out_proj. No biases."""
     s, d = cfg.mixer_settings, cfg.d_model
     gated_norm = replace(cfg.norm, kind="rms", eps=s.norm_eps, weight=True, bias=False, weight_offset=0.0,
-                         dtype_order="cast_then_scale", written_out=False)
+                         dtype_order=s.norm_dtype_order, written_out=False)
     parts: dict[str, Part] = {"dt_bias": ParamPart((s.value_heads,)), "A_log": ParamPart((s.value_heads,)),
                               "in_proj_qkv": LinearPart(d, s.conv_dim), "in_proj_z": LinearPart(d, s.value_dim),
                               "in_proj_b": LinearPart(d, s.value_heads), "in_proj_a": LinearPart(d, s.value_heads)}
@@ -374,7 +382,8 @@ def _gated_deltanet_describe(cfg: ArchConfig) -> list[str]:
     return [f"mixer: gated delta-net, {s.key_heads} q/k heads x {s.key_head_dim}, {s.value_heads} value heads x "
             f"{s.value_head_dim}{grouped}, conv {s.conv_kernel} on q|k|v, q and k L2-normed",
             f"gated delta-net: decay exp(-exp(A_log) softplus(a + dt_bias)), beta {beta}; chunks of 64 in prefill, "
-            f"token by token in decoding; output RMSNorm per value head (eps={s.norm_eps:g}) times SiLU(z)",
+            f"token by token in decoding; output RMSNorm per value head (eps={s.norm_eps:g}"
+            f"{', weight in fp32' if s.norm_dtype_order == 'scale_then_cast' else ''}) times SiLU(z)",
             f"gated delta-net state: {_gated_deltanet_state(cfg)} entries per sequence and layer (conv {s.conv_dim} "
             f"x {s.conv_kernel}, recurrent {s.value_heads} x {s.key_head_dim} x {s.value_head_dim}, fp32)"]
 

@@ -41,7 +41,6 @@ NEEDS: dict[str, tuple[str, ...]] = {
     "inkling2_loop_text": ("conv", "exotic", "sinks", "gated-attn", "moe-ext", "loop"),
     "inkling2_text": ("conv", "exotic", "sinks", "gated-attn", "moe-ext"),
     "inkling_text": ("conv", "exotic", "geometry", "temperature", "moe-ext"),
-    "lara_mini": ("linear",), "lfm3": ("conv", "gated-attn"),
     "longcat_flash": ("moe-ext", "router"),
     "minimax": ("linear",),
     "minimax_m3_vl_text": ("sparse", "moe-ext"),
