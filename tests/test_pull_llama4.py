@@ -88,20 +88,11 @@ def published_repo(root: Path) -> dict[str, bytes]:
 def test_pull_a_repo_in_llama4_scout_published_layout(tmp_path: Path) -> None:
     """`lmconvert pull --verify` passes against transformers' Llama4ForConditionalGeneration loading the
     snapshot, keeps the text decoder's every tensor bit for bit (the experts unfused and transposed back
-    exactly) and records the vision model and projector as left out."""
-    from hub_server import HubServer
-    from test_pull import hub_env, lmconvert
+    exactly) and records the vision model and projector as dropped."""
+    from test_pull import pull_verified
 
-    files = published_repo(tmp_path)
-    server = HubServer()
-    server.add_repo("meta-llama/Llama-4-Scout-tiny", [files])
-    with server:
-        proc = lmconvert("pull", "meta-llama/Llama-4-Scout-tiny", "--verify", "--out", tmp_path / "out",
-                         env=hub_env(server.url, tmp_path / "hf"))
-    assert proc.returncode == 0, proc.stderr
-    assert "PASS" in proc.stdout, proc.stdout
+    meta = pull_verified("meta-llama/Llama-4-Scout-tiny", published_repo(tmp_path), tmp_path)
     hub = {n: t for f in sorted((tmp_path / "repo").glob("*.safetensors")) for n, t in load_file(f).items()}
-    meta = json.loads((tmp_path / "out" / "lmconvert.json").read_text())
     assert meta["family"] == "llama4_text" and meta["source"]["model_type"] == "llama4"
     assert meta["source"]["dropped_tensors"] == sorted(n for n in hub if not n.startswith("language_model."))
     assert meta["arch"]["chunked_layers"] == [0, 1, 2]  # `no_rope_layers: []`: every 4th layer NoPE, unchunked
