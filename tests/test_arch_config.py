@@ -86,8 +86,6 @@ def test_o_bias_layers_have_one_spelling():
     (RopeConfig, dict(layout="spiral"), "layout"), (RopeConfig, dict(scaling="ntk"), "scaling"),
     (RopeConfig, dict(fraction=1.5), "fraction"), (RopeConfig, dict(fraction=0.0), "fraction"),
     (RopeConfig, dict(scaling="yarn", factor=4.0), "original_max_positions"),
-    (RopeConfig, dict(scaling="llama3", original_max_positions=64, low_freq_factor=2.0, high_freq_factor=2.0),
-     "high_freq_factor"),
     (RopeConfig, dict(theta=-1.0), "theta"),
 ])
 def test_sub_config_validation(kind, kwargs, field):

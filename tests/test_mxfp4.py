@@ -343,18 +343,9 @@ def test_pull_a_repo_in_gpt_oss_published_layout(tmp_path: Path) -> None:
     """`lmconvert pull --verify` of a repo laid out as openai/gpt-oss-20b (tests/hub_server.py): kept
     as MXFP4, verified against transformers loading the snapshot with Mxfp4Config(dequantize=True),
     and `--to hf` from it gives back the published tensors and quantization_config bit for bit."""
-    from hub_server import HubServer
-    from test_pull import hub_env, lmconvert
+    from test_pull import pull_verified
 
-    files = published_repo(tmp_path)
-    server = HubServer()
-    server.add_repo("openai/gpt-oss-tiny", [files])
-    with server:
-        proc = lmconvert("pull", "openai/gpt-oss-tiny", "--verify", "--out", tmp_path / "out",
-                         env=hub_env(server.url, tmp_path / "hf"))
-    assert proc.returncode == 0, proc.stderr
-    assert "PASS" in proc.stdout, proc.stdout
-    meta = json.loads((tmp_path / "out" / "lmconvert.json").read_text())
+    meta = pull_verified("openai/gpt-oss-tiny", published_repo(tmp_path), tmp_path)
     assert meta["quantization"] == GPT_OSS_20B_QUANTIZATION
     assert state(tmp_path / "out")["layers.1.mlp.experts.3.up.weight_blocks"].dtype == torch.uint8
     code, _, err = run("convert", tmp_path / "out", tmp_path / "hf-out", "--to", "hf")

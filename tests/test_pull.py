@@ -11,6 +11,7 @@ import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import huggingface_hub.constants
 import pytest
@@ -88,6 +89,18 @@ def hub_env(endpoint: str, home: Path, **extra: str) -> dict[str, str]:
 def lmconvert(*args: object, env: dict[str, str], cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
     return subprocess.run([sys.executable, "-m", "lmconvert.cli", *map(str, args)], env=env, cwd=cwd,
                           capture_output=True, text=True, timeout=120)
+
+
+def pull_verified(repo: str, files: dict[str, bytes], root: Path) -> dict[str, Any]:
+    """`lmconvert pull REPO --verify --out ROOT/out` of one commit of `files` served by a HubServer, asserted to
+    exit 0 with PASS; returns the pull's lmconvert.json."""
+    server = HubServer()
+    server.add_repo(repo, [files])
+    with server:
+        proc = lmconvert("pull", repo, "--verify", "--out", root / "out", env=hub_env(server.url, root / "hf"))
+    assert proc.returncode == 0, proc.stderr
+    assert "PASS" in proc.stdout, proc.stdout
+    return json.loads((root / "out" / "lmconvert.json").read_text())
 
 
 def assert_one_line_error(proc: subprocess.CompletedProcess[str], *fragments: str) -> str:

@@ -189,8 +189,8 @@ class RopeConfig:
         _integer("rope", "original_max_positions", self.original_max_positions, allow_none=True)
         if self.scaling in ("yarn", "llama3") and self.original_max_positions is None:
             _fail("rope", "original_max_positions", None, f"required by scaling={self.scaling!r}")
-        if self.scaling == "llama3" and self.high_freq_factor == self.low_freq_factor:
-            _fail("rope", "high_freq_factor", self.high_freq_factor, "must differ from low_freq_factor")
+        # llama3 with high_freq_factor == low_freq_factor (Llama-4-Scout: 1.0 and 1.0) is allowed, as transformers
+        # allows it: the smoothed band is then empty, every frequency either kept or divided by factor
         _positive("rope", "attention_factor", self.attention_factor, allow_none=True)
         if self.complex_product and self.layout != "interleaved":
             _fail("rope", "complex_product", True, "rotates pairs of adjacent dims: needs layout='interleaved'")
