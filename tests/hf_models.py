@@ -124,30 +124,21 @@ def cached_logits(model: torch.nn.Module, ids: torch.Tensor, prefill: int) -> to
     return incremental(step, ids, prefill)
 
 
-def realigned(model: torch.nn.Module) -> torch.nn.Module:
-    """transformers' model with every parameter copied to freshly allocated memory, as ours are. Where it takes a
-    tensor straight from the file's mapping (no conversion op copies it: LaraMini's fused experts), the parameter
-    keeps the file's 8-byte alignment, and MKL's fp32 product for a single row rounds the last bit otherwise on
-    misaligned weights: its cached decoding then depends on where the tensor sits in the file."""
-    with torch.no_grad():
-        for parameter in model.parameters():
-            parameter.data = parameter.data.clone()
-    return model
-
-
 def check_cached_decoding(src: Path, ids: torch.Tensor, prefill: int, attention: str,
-                          reference_attention: str | None = None, tol: float = 1e-5, realign: bool = False) -> None:
+                          reference_attention: str | None = None, tol: float = 1e-5) -> None:
     """Our decoding over the KV cache (a prefill, then one token at a time) equals transformers'
     cached decoding, and, in float64 where rounding cannot hide a wrong position or mask, our own
-    full forward. `realign`: transformers' parameters copied to aligned memory first (`realigned`)."""
+    full forward. transformers' parameters left at the file's alignment are copied first, as verify does
+    (verify.reference.aligned)."""
     import lmconvert
+    from lmconvert.verify.reference import aligned
 
     def worst(a: torch.Tensor, b: torch.Tensor) -> float:
         return float((a.double() - b.double()).abs().max())
 
     model = lmconvert.load(src, attention=attention)
     theirs = AutoModelForCausalLM.from_pretrained(src, attn_implementation=reference_attention or attention)
-    theirs = realigned(theirs) if realign else theirs
+    theirs = aligned(theirs)
     cache = model.new_cache()
     with torch.no_grad():
         ours = incremental(lambda chunk: model(chunk, cache=cache), ids, prefill)

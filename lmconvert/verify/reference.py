@@ -208,8 +208,21 @@ def load_reference(reference: Loadable, dtype: torch.dtype, device: str, max_mem
         raise InputError(f"{reference}: transformers cannot load this reference ({type(exc).__name__}: {exc}); "
                          "pass --reference with one it loads") from None
     if placed is None:
-        model = model.to(device)
+        model = aligned(model.to(device))
     return model.eval()
+
+
+def aligned(model: torch.nn.Module) -> torch.nn.Module:
+    """`model` with each CPU parameter that transformers left at the file's alignment copied to fresh memory, as
+    it copies every tensor it converts (and as ours are). A tensor taken straight from a safetensors mapping sits
+    wherever the file's header put it (8-byte aligned); on AVX-512 CPUs the math library's fp32 product of a single
+    row then rounds its last bit otherwise (Gemma 4's and LaraMini's fused experts in cached decoding: 1e-5 apart),
+    so without the copy the reference's own results would depend on the file's header length."""
+    with torch.no_grad():
+        for parameter in model.parameters():
+            if parameter.device.type == "cpu" and parameter.data_ptr() % 64:
+                parameter.data = parameter.data.clone()
+    return model
 
 
 @torch.no_grad()

@@ -58,10 +58,6 @@ class Spec:
     # 4 whose config class reads no older keys, Mellum's: there is one style, and nothing to compare it with)
     old_styled: bool = True
     bf16_exact: bool = True  # our bf16 logits equal transformers' bf16 logits bit for bit on CPU (False: say why)
-    # transformers maps this family's tensors straight from the file (no conversion copies them), so its cached
-    # decoding rounds by their alignment there: compared with its parameters copied to aligned memory
-    # (hf_models.realigned), as ours are
-    realign_reference: bool = False
     family: str = ""  # the lmconvert family, where the entry is a second model of one (stablelm_qk); "": its name
     # transformers-written configs of this model_type in which every stated key takes effect
     # (tests/test_config_table.py; the families there before specs held them have theirs in its VARIANTS)

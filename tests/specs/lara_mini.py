@@ -24,9 +24,6 @@ SPEC = Spec(
           "router: softmax then top-k, renormalised, weights in activation dtype, logits in fp32, kept in fp32: "
           "nothing", "shared experts, ungated, width 48", "biases: q, k, v, o", "embeddings: tied"),
     tp_refusal="the gated_deltanet mixer layers have no tensor-parallel plan",
-    # its fused experts are mapped from the file unaligned (no conversion copies them): MKL's single-row products
-    # over them round 1 ulp otherwise in transformers' decoding (0 once copied: hf_models.realigned)
-    realign_reference=True,
     config_variants=(
         dict(head_dim=16, sliding_window=WINDOW, **GDN, **EXPERTS),
         dict(head_dim=16, num_hidden_layers=4, layer_types=[S, L, F, L], sliding_window=6, linear_num_key_heads=1,
