@@ -1358,3 +1358,24 @@ def test_flint_keeps_its_fp32_sinks_in_bf16(saved: Callable[..., Path], tmp_path
         for block in ours.layers:
             block.attn.sinks.data = block.attn.sinks.data.to(torch.bfloat16).float()
         assert not torch.equal(ours(IDS), theirs(IDS).logits)
+
+
+@pytest.mark.bitexact
+def test_flint_router_is_transformers_bit_for_bit(saved: Callable[..., Path]) -> None:
+    """`FlintTopKRouter`: the sigmoid of the whole row of fp32 logits, then a sorted top-k of those sigmoids,
+    renormalised. Its weights, choice and order, not merely its logits, bit for bit: on 40 random tokens (a
+    sigmoid over the k gathered logits rounds otherwise on some CPUs, where torch's vectorised loop leaves a
+    tail of them to its scalar loop: AVX-512 on AMD EPYC) and on tokens whose logits all lie past the point
+    where their sigmoids round to 1 in fp32, where transformers' choice among the tied sigmoids is not the
+    top-k of the logits."""
+    theirs = their_model(saved("flint")).model.layers[2].mlp.gate
+    ours = lmconvert.load(saved("flint"), attention="eager").layers[2].mlp.router
+    weight = theirs.weight.detach()
+    targets = torch.tensor([[20.0, 30.0, 25.0, 18.0], [18.0, 19.0, 40.0, 35.0]])  # past sigmoid's 1.0 in fp32
+    saturated = torch.linalg.lstsq(weight, targets.T).solution.T  # tokens whose logits are (about) these
+    h = torch.cat([torch.randn(40, weight.shape[1], generator=torch.Generator().manual_seed(2)), saturated])
+    with torch.no_grad():
+        expected, got = theirs(h), ours(h)
+    assert bool((expected[0][40:] > 17.5).all())  # saturated indeed
+    for name, a, b in zip(("logits", "weights", "chosen"), got, expected, strict=True):
+        assert torch.equal(a, b), name

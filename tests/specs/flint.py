@@ -17,7 +17,7 @@ SPEC = Spec(
           "sliding window 4 on local layers; pattern GGLLLG", "positions: none (layers [0, 1, 5])",
           "positions: RoPE half, theta=10000 (layers [2, 3, 4])", "norm: RMSNorm, eps=1e-06, weight in fp32",
           "mixture of experts: 4 experts, top-3, d_expert 32 (layers [2, 3, 4, 5])",
-          "router: top-k on logits, then sigmoid, renormalised, weights in fp32, logits in fp32",
+          "router: sigmoid in fp32 then sorted top-k, renormalised, weights in fp32, logits in fp32",
           "shared experts, ungated, width 48", "biases: q, k, v, o"),
     layer_types=([F, S, S, F, S, F], ("global", "local", "local", "global", "local", "global")),
     sdpa=False,  # FlintPreTrainedModel._supports_sdpa is False: its sinks need its own eager attention

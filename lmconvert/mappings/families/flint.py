@@ -8,9 +8,11 @@ and k and softmaxed with the sink in fp32 before the cast to the activation dtyp
 picks the layers that attend within `sliding_window` (default 513), and only the sliding layers
 rotate (full layers have no positions); every norm (the QK norms too) multiplies its weight in fp32
 before the cast back (`GptOssRMSNorm`); the router (`mlp.gate`, kept in fp32) computes its logits in
-fp32, chooses the top `num_experts_per_tok` of `num_experts` (default 256, top 6) by their sigmoids
-and weights them by those sigmoids, renormalised to sum to 1 where `norm_topk_prob` (default true),
-kept in fp32 as each expert's output is weighted; every sparse layer adds an ungated shared SwiGLU
+fp32, takes the sigmoid of the whole row and chooses the top `num_experts_per_tok` of `num_experts`
+(default 256, top 6) of those sigmoids in decreasing order (a sorted top-k: the order each token's experts
+are summed in; tied sigmoids, those rounded to 1, are chosen among as torch's top-k does, not by their
+logits) and weights them by those sigmoids, renormalised to sum to 1 where `norm_topk_prob` (default true;
+no guard), kept in fp32 as each expert's output is weighted; every sparse layer adds an ungated shared SwiGLU
 expert (`mlp.shared_expert`, `shared_expert_intermediate_size` wide, default 1024) to the routed
 experts; `mlp_only_layers` defaults to [0, 1] (null too), and the dense MLP is `intermediate_size`
 wide (6144). The auxiliary-loss keys act in training only.
@@ -56,8 +58,8 @@ def layers_from_hf(hf: HfConfig, fields: dict[str, Any]) -> dict[str, Any]:
 ROUTED = experts(Key("num_experts", int, 256), Key("num_experts_per_tok", int, 6),
                  width=Key("moe_intermediate_size", int, 512), norm_key=Key("norm_topk_prob", bool, True),
                  shared_width=Key("shared_expert_intermediate_size", int, 1024), sparse_step=qwen3_moe.SPARSE_STEP,
-                 dense_list=qwen3_moe.MLP_ONLY_LAYERS, aux_default=0.0005, router="logits", router_fp32=True,
-                 weights_fp32=True, shared="plain")
+                 dense_list=qwen3_moe.MLP_ONLY_LAYERS, aux_default=0.0005, router="sigmoid_fp32_sorted",
+                 router_fp32=True, norm_eps=0.0, weights_fp32=True, shared="plain")
 
 
 def experts_from_hf(hf: HfConfig, fields: dict[str, Any]) -> dict[str, Any]:
