@@ -480,6 +480,9 @@ WRITTEN_ONLY.update({name: dict(spec.kwargs, **spec.gguf) for name, spec in SPEC
                      if spec.gguf is not None and name not in WRITTEN_ONLY})
 # Granite 4 with RoPE, which llama.cpp's granitehybrid runs as lmconvert states it (its converter would drop the RoPE)
 WRITTEN_ONLY["granitemoehybrid:rope"] = dict(WRITTEN_ONLY["granitemoehybrid"], position_embedding_type="rope")
+# a dense Granite 4 (the shared MLP its only FFN, no top-k: llama.cpp's loader asserts none without experts), without
+# positions and in_proj / out_proj biases, as the MoE one
+WRITTEN_ONLY["granitemoehybrid:dense"] = dict(SPECS["granitemoehybrid_dense"].kwargs, **SPECS["granitemoehybrid"].gguf)
 # Llama 4 Maverick's layout: 128 experts, for which llama.cpp's llama4 runs no QK norm (Scout's 16 have it)
 WRITTEN_ONLY["llama4_text:maverick"] = dict(WRITTEN_ONLY["llama4_text"], num_local_experts=128, use_qk_norm=False)
 # Falcon's layouts beyond Falcon-7B's (FAMILIES["falcon"]) that llama.cpp's falcon runs: Falcon-40B's two

@@ -114,7 +114,8 @@ CONFIG = llama.CONFIG.but(
 
 
 # -- llama.cpp (GGUF): its granitehybrid architecture (GraniteHybridModel in its converter, Granite 4's and Bamba's;
-# granitemoehybrid.GGUF_GRANITEHYBRID is the architecture's entry, this its variant with a dense FFN). The schedule is
+# granitemoehybrid.GGUF_GRANITEHYBRID is the architecture's entry, this the one for a file stating no expert count: a
+# dense Granite 4 states 0, and Bamba's config has no expert keys for llama.cpp's converter to state). The schedule is
 # one KV-head count per layer (0 on a Mamba2 layer: what the import reads it from); the Mamba2 layers are mamba2's in
 # llama.cpp's layout (mamba2.gguf_mixer_rules), their heads `ssm.time_step_rank`, d_inner `ssm.inner_size`; q/k
 # permuted for llama.cpp's interleaved RoPE (LlamaModel.permute, whole heads); `rope.scaling.finetuned` says whether
@@ -162,8 +163,9 @@ def _from_gguf(config: dict[str, Any]) -> dict[str, Any]:
     """Bamba always rotates: a file saying otherwise is not Bamba's."""
     out, attending = hybrid_from_gguf(config)
     if config.get("position_embedding_type") is False:
-        raise MappingError("states granitehybrid.rope.scaling.finetuned false (no RoPE) for a dense FFN, which "
-                           "no Bamba has (it always rotates) and lmconvert has no model for")
+        raise MappingError("states granitehybrid.rope.scaling.finetuned false (no RoPE) and no expert count, which "
+                           "no Bamba has (it always rotates) and no Granite 4 (it states its expert count, 0 when "
+                           "dense); lmconvert has no model for it")
     return {**out, "attn_layer_indices": attending, "position_embedding_type": None}
 
 
@@ -174,4 +176,5 @@ GGUF_BAMBA = written("bamba", arch="granitehybrid", keys=SSM_GGUF_KEYS, own=SSM_
                      table=TensorTable((*tensor_table(True, 0.0, True).rules, *mamba2.gguf_mixer_rules())),
                      stated=STATES_VOCAB_AND_ROPE, head_dim_stated=False, refused=mamba2.PROJECTION_BIASES)
 
-FAMILY = Family("bamba", ("bamba",), "BambaForCausalLM", TENSORS, CONFIG, gguf=(GGUF_BAMBA,))
+# its GGUF entry is reached through granitemoehybrid.GGUF_GRANITEHYBRID (told apart there)
+FAMILY = Family("bamba", ("bamba",), "BambaForCausalLM", TENSORS, CONFIG)
