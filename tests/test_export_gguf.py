@@ -480,6 +480,11 @@ WRITTEN_ONLY.update({name: dict(spec.kwargs, **spec.gguf) for name, spec in SPEC
                      if spec.gguf is not None and name not in WRITTEN_ONLY})
 # Granite 4 with RoPE, which llama.cpp's granitehybrid runs as lmconvert states it (its converter would drop the RoPE)
 WRITTEN_ONLY["granitemoehybrid:rope"] = dict(WRITTEN_ONLY["granitemoehybrid"], position_embedding_type="rope")
+# Nemotron-H with MoE blocks (llama.cpp's nemotron_h_moe): no MLP block beside them (llama.cpp reads every FFN block of
+# a model with experts as a mixture), no biases on the shared expert or the Mamba2 projections
+WRITTEN_ONLY["nemotron_h:moe"] = dict(SPECS["nemotron_h_moe"].kwargs, use_bias=False, mlp_bias=False,
+                                      layers_block_type=["linear_attention", "moe", "full_attention", "moe",
+                                                         "linear_attention"])
 # a dense Granite 4 (the shared MLP its only FFN, no top-k: llama.cpp's loader asserts none without experts), without
 # positions and in_proj / out_proj biases, as the MoE one
 WRITTEN_ONLY["granitemoehybrid:dense"] = dict(SPECS["granitemoehybrid_dense"].kwargs, **SPECS["granitemoehybrid"].gguf)

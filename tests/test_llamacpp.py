@@ -465,17 +465,19 @@ def test_gemma3_tokenizer_layouts(saved_by_transformers: bool, tmp_path: Path) -
 HUB_LACKS = {"nemotron_h": ("num_experts_per_tok", "n_routed_experts", "n_shared_experts", "n_group", "topk_group",
                             "norm_topk_prob", "routed_scaling_factor", "moe_intermediate_size", "moe_latent_size",
                             "moe_shared_expert_intermediate_size", "moe_shared_expert_overlap",
-                            "mtp_layers_block_type", "num_nextn_predict_layers", "layers_block_type")}
+                            "mtp_layers_block_type", "num_nextn_predict_layers", "layers_block_type"),
+             # Nemotron-H with MoE blocks: the mixture keys stay (its converter writes nemotron_h_moe by them)
+             "nemotron_h:moe": ("mtp_layers_block_type", "num_nextn_predict_layers", "layers_block_type")}
 # Nemotron-H's blocks as the Hub's files spell them (transformers 5 writes layers_block_type, in whose list llama.cpp's
 # converter finds no MLP block)
-NEMOTRON_H_PATTERN = {"linear_attention": "M", "full_attention": "*", "mlp": "-"}
+NEMOTRON_H_PATTERN = {"linear_attention": "M", "full_attention": "*", "mlp": "-", "moe": "E"}
 
 
 def _hub_spelling(name: str, config: dict[str, Any]) -> dict[str, Any]:
     rotated = (config.get("rope_parameters") or {}).get("partial_rotary_factor", 1.0)
     granite4 = {"linear_attention": "mamba", "full_attention": "attention"}
     blocks = config.get("layers_block_type") or ()
-    config = {k: v for k, v in config.items() if k not in HUB_LACKS.get(name.split(":")[0], ())}
+    config = {k: v for k, v in config.items() if k not in HUB_LACKS.get(name, HUB_LACKS.get(name.split(":")[0], ()))}
     return {**config, **{"gpt2": {"n_ctx": config.get("n_positions")}, "cohere2": {"rotary_pct": rotated},
                          "mpt": {"architectures": ["MPTForCausalLM"]},
                          "deepseek_v3": {"scoring_func": "sigmoid"},
@@ -613,6 +615,11 @@ DIFFERS: dict[tuple[str, frozenset[str]], str] = {
        "2**20) whatever position_embedding_type says; lmconvert states the RoPE of this model, which rotates, and "
        "llama.cpp's granitehybrid runs it (test_f32_logits)"
        for key in ("granitehybrid.rope.scaling.finetuned", "granitehybrid.context_length")},
+    ("nemotron_h_moe.expert_group_used_count", frozenset({"nemotron_h:moe"})):
+        "llama.cpp's NemotronHModel writes expert_group_count (n_group) but not expert_group_used_count (topk_group), "
+        "and llama.cpp's loader aborts on its file for n_group > 1 (llama-model.cpp: GGML_ASSERT(hparams.n_group_used "
+        "> 0)); lmconvert writes topk_group, and llama.cpp's graph then chooses within the best groups as "
+        "NemotronHTopkRouter does (test_f32_logits)",
     ("general.file_type", frozenset({"mpt"})):
         "llama.cpp's MPTModel writes no file type, which llama.cpp's loader only prints",
 }

@@ -530,7 +530,8 @@ def test_transformers_fused_layout_is_read_and_written_back_as_the_hubs(name: st
     canonical tensors as the Hub's per-expert files, and converts back to exactly those files."""
     fused, hub = saved(name, torch.bfloat16, fused=True), saved(name, torch.bfloat16)
     fused_names = set(tensors_of(fused))
-    assert any(n.endswith(".experts.gate_up_proj") for n in fused_names)  # GraniteMoE's block: block_sparse_moe
+    # GraniteMoE's block: block_sparse_moe; Nemotron-H's ungated experts: up_proj alone
+    assert any(n.endswith((".experts.gate_up_proj", ".mixer.experts.up_proj")) for n in fused_names)
     assert not any(".experts.0." in n for n in fused_names)
     to_canonical(fused, tmp_path / "from-fused")
     to_canonical(hub, tmp_path / "from-hub")
@@ -661,12 +662,19 @@ def test_bad_moe_settings_are_refused(moe: dict, fragment: str) -> None:
     assert fragment in str(caught.value)
 
 
-def test_moe_needs_gated_unbiased_ffns() -> None:
+def test_moe_needs_gated_unbiased_ffns_unless_split() -> None:
+    """Fused experts are gated and bias-free; split ones (Nemotron-H's) may be ungated, and are built bias-free
+    whatever mlp_bias says (it gives the dense MLPs and the shared expert theirs)."""
     moe = dict(n_experts=4, top_k=2, d_expert=4)
     with pytest.raises(ConfigError, match="gated=True"):
         ArchConfig(**CFG, moe=moe, gated=False)
     with pytest.raises(ConfigError, match="mlp_bias=False"):
         ArchConfig(**CFG, moe=moe, mlp_bias=True)
+    split = ArchConfig(**CFG, moe=dict(moe, experts_split=True, shared="plain", d_shared=8), gated=False,
+                       mlp_bias=True)
+    layer = Decoder(split).layers[0].mlp
+    assert layer.experts[0].gate is None and layer.experts[0].up.bias is None and layer.experts[0].down.bias is None
+    assert layer.shared.gate is None and layer.shared.up.bias is not None
 
 
 def test_moe_beside_the_dense_mlp_needs_sequential_sublayers() -> None:
@@ -721,10 +729,12 @@ def test_a_fused_tensor_is_read_once_not_once_per_expert(name: str, saved: Calla
         produced = dict(ckpt.tensors())
     moe, sparse = ckpt.arch.moe, sum(ckpt.arch.moe.sparse(i) for i in range(ckpt.arch.n_layers))
     sources = [stored for stored, _ in ckpt.plan.values()]
-    # every expert's gate and up out of the fused tensors (transformers 5's gate_up_proj, DBRX's w1 and v1)
+    # every expert's gate and up out of the fused tensors (transformers 5's gate_up_proj, DBRX's w1 and v1; up alone
+    # for ungated experts, Nemotron-H's up_proj)
     gate_up = [stored for name, (stored, _) in ckpt.plan.items()
                if ".mlp.experts." in name and name.endswith((".gate.weight", ".up.weight"))]
-    assert len(gate_up) == 2 * moe.n_experts * sparse and len(set(gate_up)) <= 2 * sparse
+    projections = 2 if ckpt.arch.gated else 1
+    assert len(gate_up) == projections * moe.n_experts * sparse and len(set(gate_up)) <= 2 * sparse
     assert len(reads) == len(set(sources)) and sorted(reads) == sorted(set(sources))
     assert len(produced) == len(ckpt.plan)
 

@@ -300,7 +300,9 @@ class MoeConfig:
     shared_fused: bool = False
     norm_p: float | None = None  # renormalise by the chosen weights' p-norm (torch.norm; DBRX); None: by their sum
     # the routed experts' gate and up as two products, the activation on a contiguous gate (DBRX's w1, v1);
-    # else side by side as one fused projection's halves (moe.Expert: transformers 5's gate_up_proj)
+    # else side by side as one fused projection's halves (moe.Expert: transformers 5's gate_up_proj). Split experts
+    # are MLPs of the model's own kind without biases: ungated (up, activation, down) in a model whose FFN is
+    # (gated=False: Nemotron-H's relu2 experts), whose mlp_bias is then its dense MLPs' and shared expert's alone
     experts_split: bool = False
     # how the reference sums the routed experts' weighted outputs unless told otherwise (Decoder.set_experts):
     # "grouped_mm", transformers' default (each token's top-k at once, in fp32), or "eager" (expert by expert,
@@ -994,10 +996,12 @@ class ArchConfig:
             _fail("ArchConfig", "mixer_norm_placement", placement, "places the mixer layers' norms; set mixer")
 
     def _check_moe(self, moe: MoeConfig) -> None:
-        if not self.gated:
-            _fail("ArchConfig", "gated", False, "experts are gated FFNs; a mixture of experts needs gated=True")
-        if self.mlp_bias:
-            _fail("ArchConfig", "mlp_bias", True, "experts have no biases; a mixture of experts needs mlp_bias=False")
+        if not self.gated and not moe.experts_split:
+            _fail("ArchConfig", "gated", False, "experts are gated FFNs unless split (moe.experts_split); a mixture "
+                  "of experts needs gated=True or split experts")
+        if self.mlp_bias and not moe.experts_split:
+            _fail("ArchConfig", "mlp_bias", True, "experts have no biases; a mixture of experts needs mlp_bias=False "
+                  "unless its experts are split (moe.experts_split: built without biases)")
         if moe.dense_layers and moe.dense_layers[-1] >= self.n_layers:
             _fail("ArchConfig", "moe.dense_layers", list(moe.dense_layers),
                   f"names a layer >= n_layers={self.n_layers}")

@@ -352,7 +352,7 @@ class MoE(nn.Module):
 
 
 def routed_experts(cfg: ArchConfig, moe: MoeConfig) -> Experts:
-    return Experts((MLP(cfg, moe.d_expert) if moe.experts_split else Expert(cfg, moe.d_expert, moe)
+    return Experts((MLP(cfg, moe.d_expert, bias=False) if moe.experts_split else Expert(cfg, moe.d_expert, moe)
                     for _ in range(moe.n_experts)), moe.sum_order, moe.weight_input,
                    cfg.d_model if moe.sum_bias else None)
 

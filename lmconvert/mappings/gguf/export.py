@@ -27,10 +27,13 @@ from .metadata import LLAMA3_STATED, ROPE_KEYS, SHARED_KEYS, TOKEN_IDS, hf_confi
 
 # families with a llama.cpp architecture name that lmconvert does not write (yet), and why
 NOT_WRITTEN = {t: f.no_gguf for f in FAMILIES.values() for t in f.model_types if f.no_gguf}
+# entries written only for the models another entry hands them (GgufArch.written_as)
+WRITTEN_AS = {id(e) for entry in ARCHS.values() for _, e in entry.written_as}
 # transformers model_type -> (llama.cpp architecture, its table entry)
 EXPORTS: dict[str, tuple[str, GgufArch]] = {
     **{variant.model_type: (arch, variant) for arch, entry in ARCHS.items() for _, variant in entry.variants},
-    **{entry.model_type: (arch, entry) for arch, entry in ARCHS.items() if entry.model_type not in NOT_WRITTEN},
+    **{entry.model_type: (arch, entry) for arch, entry in ARCHS.items() if entry.model_type not in NOT_WRITTEN
+       and id(entry) not in WRITTEN_AS},
     **{told.model_type: (arch, told) for arch, entry in ARCHS.items() for _, _, told in entry.told_apart},
     **{entry.model_type: (arch, entry) for arch, _, entry in BY_NAME},
 }
@@ -216,6 +219,8 @@ def metadata(config: Mapping[str, Any], name: str, listed: bool = False) -> Gguf
         raise MappingError(f"{model_type} has no llama.cpp architecture lmconvert writes; it writes "
                            f"{', '.join(sorted(EXPORTS))}")
     arch, entry = EXPORTS[model_type]
+    entry = next((e for test, e in entry.written_as if test(config)), entry)  # Nemotron-H's MoE: nemotron_h_moe
+    arch = entry.arch
     values: dict[str, Any] = {"general.architecture": arch, "general.name": named(entry, arch, name)}
     renamed = entry.renamed
     head_dim = (config.get("head_dim") or (_get(config, "hidden_size", renamed)

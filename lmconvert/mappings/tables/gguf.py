@@ -104,6 +104,9 @@ class GgufArch:
     # `lmconvert.` keys -> HF keys: what llama.cpp's format has no key for, its runtime no use for, and the
     # import needs back (a Mamba2 mixer's chunk size, which changes how its prefill rounds)
     own: Mapping[str, str] = field(default_factory=dict)
+    # export: (a test of the HF config, entry): a model passing it is written as that entry, under that entry's
+    # own architecture (Nemotron-H with MoE blocks: llama.cpp's nemotron_h_moe beside nemotron_h)
+    written_as: tuple[tuple[Callable[[Mapping[str, Any]], bool], GgufArch], ...] = ()
 
     @property
     def attends(self) -> bool:
