@@ -656,6 +656,11 @@ def test_gated_deltanet_layouts_llama_cpp_lacks_are_refused(name: str, overrides
     ("granitemoehybrid", dict(time_step_limit=[0.01, 3.0]), "granitehybrid metadata cannot express this model's"),
     ("nemotron_h", dict(mlp_hidden_act="silu"), "runs the MLP blocks with relu2"),
     ("nemotron_h", dict(use_bias=True), "nemotron_h architecture has no tensor for layers.0.mixer.in_proj.bias"),
+    ("nemotron_h:moe", dict(layers_block_type=["linear_attention", "moe", "full_attention", "mlp", "moe"]),
+     "reads every FFN block of a model with experts as a mixture (nemotron-h.cpp: `if (n_expert != 0)`), and this "
+     "model has MLP blocks beside its MoE blocks (layers [3])"),
+    ("nemotron_h:moe", dict(mlp_bias=True),
+     "nemotron_h_moe architecture has no tensor for layers.1.mlp.shared.down.bias"),
     ("bamba", dict(rope_parameters={"rope_type": "default", "rope_theta": 1e4, "partial_rotary_factor": 0.5}),
      "rotates whole heads (its converter permutes every q/k row for that), and this model rotates "
      "partial_rotary_factor=0.5 of each"),

@@ -615,11 +615,6 @@ DIFFERS: dict[tuple[str, frozenset[str]], str] = {
        "2**20) whatever position_embedding_type says; lmconvert states the RoPE of this model, which rotates, and "
        "llama.cpp's granitehybrid runs it (test_f32_logits)"
        for key in ("granitehybrid.rope.scaling.finetuned", "granitehybrid.context_length")},
-    ("nemotron_h_moe.expert_group_used_count", frozenset({"nemotron_h:moe"})):
-        "llama.cpp's NemotronHModel writes expert_group_count (n_group) but not expert_group_used_count (topk_group), "
-        "and llama.cpp's loader aborts on its file for n_group > 1 (llama-model.cpp: GGML_ASSERT(hparams.n_group_used "
-        "> 0)); lmconvert writes topk_group, and llama.cpp's graph then chooses within the best groups as "
-        "NemotronHTopkRouter does (test_f32_logits)",
     ("general.file_type", frozenset({"mpt"})):
         "llama.cpp's MPTModel writes no file type, which llama.cpp's loader only prints",
 }

@@ -18,7 +18,10 @@ SPEC = Spec(
     convertible={"layers_block_type": [M, A, P]},  # transformers' default pattern has a MoE block
     own_spelling={"rms_norm_eps": "layer_norm_epsilon"},
     gguf=dict(use_bias=False),  # llama.cpp's nemotron_h loads no in_proj or out_proj biases
-    gguf_naming=GgufNaming(converter_names={("mixer.dt_bias", "mixer"): "ssm_dt.bias"}),  # Mamba2Model renames dt_bias
+    # Mamba2Model renames dt_bias; NemotronHModel stacks a MoE block's experts under transformers 5's mlp.experts names
+    gguf_naming=GgufNaming(converter_names={("mixer.dt_bias", "mixer"): "ssm_dt.bias",
+                                            **{(f"mixer.experts.1.{n}_proj.weight", n): f"ffn_{n}_exps.weight"
+                                               for n in ("up", "down")}}),
     tp_refusal="the mamba2 mixer layers have no tensor-parallel plan",
     config_variants=(
         dict(MIXER, layers_block_type=[M, A, P]),

@@ -249,8 +249,7 @@ GGUF_NEMOTRON_H = written("nemotron_h", arch="nemotron_h", keys=GGUF_KEYS, permu
 # blocks' FFN widths per layer (`moe_intermediate_size` on a MoE block, 0 elsewhere), the mixture's keys, the router
 # as `ffn_gate_inp` and `exp_probs_b` (the selection bias), the experts stacked (`ffn_up_exps`, `ffn_down_exps`), the
 # shared expert as `ffn_up_shexp` / `ffn_down_shexp`; `expert_shared_count` 1 (NemotronHMoE has one, whatever
-# n_shared_experts says); `expert_group_used_count` (topk_group), which llama.cpp's converter leaves out, and without
-# which llama.cpp's loader aborts on n_group > 1 (llama-model.cpp: GGML_ASSERT(hparams.n_group_used > 0)). The dense
+# n_shared_experts says); the groups as `expert_group_count` and `expert_group_used_count`. The dense
 # intermediate_size, which sizes nothing here, is lmconvert's own key. llama.cpp's graph (build_moe_ffn, SIGMOID
 # gating) is DeepseekV3TopkRouter's: sigmoid of fp32 logits, the bias for choosing, groups by their two best,
 # renormalised, scaled. Refused by name: an MLP block beside the MoE blocks (llama.cpp's loader reads every FFN block
@@ -297,10 +296,16 @@ GGUF_NEMOTRON_H_MOE = replace(
     layout=lambda config: _gguf_layout(config, GGUF_RULES + MOE_GGUF_RULES),
     table=TensorTable((*GGUF_RULES, *MOE_GGUF_RULES, BLOCK_NORM)), constants={"expert_shared_count": 1},
     own={**GGUF_NEMOTRON_H.own, "feed_forward_length": "intermediate_size"},
-    layer_tensors={"moe_layers": "blk.{}.ffn_gate_inp.weight"}, derived=_from_gguf_moe, exported=_to_gguf_moe)
-# export: a model with MoE blocks is written as llama.cpp's nemotron_h_moe
+    layer_tensors={"moe_layers": "blk.{}.ffn_gate_inp.weight"}, derived=_from_gguf_moe, exported=_to_gguf_moe,
+    refused={**mamba2.PROJECTION_BIASES, **{f"blk.0.ffn_{n}_shexp.bias": f"a shared-expert {n}_proj bias (mlp_bias)"
+                                            for n in ("up", "down")}})
+# export: a model with MoE blocks is written as llama.cpp's nemotron_h_moe (a nemotron_h file holding experts is not
+# llama.cpp's)
 GGUF_NEMOTRON_H = replace(GGUF_NEMOTRON_H, written_as=((lambda config: "moe" in config["layers_block_type"],
-                                                         GGUF_NEMOTRON_H_MOE),))
+                                                         GGUF_NEMOTRON_H_MOE),),
+                          refused={**GGUF_NEMOTRON_H.refused, **{f"blk.0.ffn_{n}_exps.weight": "a MoE block's experts, "
+                                                                 "which llama.cpp's nemotron_h_moe holds"
+                                                                 for n in ("up", "down")}})
 
 FAMILY = Family("nemotron_h", ("nemotron_h",), "NemotronHForCausalLM", TENSORS, CONFIG, layout=layout_table,
                 gguf=(GGUF_NEMOTRON_H, GGUF_NEMOTRON_H_MOE))
