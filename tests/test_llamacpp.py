@@ -461,7 +461,9 @@ def test_gemma3_tokenizer_layouts(saved_by_transformers: bool, tmp_path: Path) -
 # Granite 4's layer types as "mamba" and "attention" (transformers 5 writes "linear_attention" and "full_attention",
 # in which llama.cpp's converter finds no attention layer). And keys transformers 5 writes that the Hub's files of
 # such a model have not (HUB_LACKS): a dense Nemotron-H's mixture keys (num_experts_per_tok, by which llama.cpp's
-# converter takes it for a mixture, nemotron_h_moe; the expert counts, which it states)
+# converter takes it for a mixture, nemotron_h_moe; the expert counts, which it states). Falcon-H1's head_dim, which
+# FalconH1Config does not keep (its attention reads it if stated) and the Hub's files state (llama.cpp's
+# FalconH1Model reads it, KeyError without)
 HUB_LACKS = {"nemotron_h": ("num_experts_per_tok", "n_routed_experts", "n_shared_experts", "n_group", "topk_group",
                             "norm_topk_prob", "routed_scaling_factor", "moe_intermediate_size", "moe_latent_size",
                             "moe_shared_expert_intermediate_size", "moe_shared_expert_overlap",
@@ -484,6 +486,8 @@ def _hub_spelling(name: str, config: dict[str, Any]) -> dict[str, Any]:
                          "minimax_m2": {"rotary_dim": int((config.get("head_dim") or 0) * rotated)},
                          "nemotron_h": {"num_hidden_layers": len(blocks),
                                         "hybrid_override_pattern": "".join(NEMOTRON_H_PATTERN[t] for t in blocks)},
+                         "falcon_h1": {"head_dim": config.get("head_dim")
+                                       or config["hidden_size"] // config["num_attention_heads"]},
                          "granitemoehybrid": {"layer_types": [granite4.get(t, t) for t in config.get("layer_types")
                                                               or ()]},
                          }.get(name.split(":")[0], {})}
@@ -670,7 +674,7 @@ CONVERTER_FLAGS = {**dict.fromkeys(("qwen3_next", "qwen3_5_text", "qwen3_5_moe_t
                    "nemotron_h": (RAW_CONFIG,)}
 # the families whose every tensor is compared with llama.cpp's converter's, bit for bit: the gated delta-net's and the
 # state-space hybrids', which no emulation in test_formats_gguf writes
-CONVERTER_TENSORS = {*CONVERTER_FLAGS, "jamba", "bamba", "granitemoehybrid", "nemotron_h"}
+CONVERTER_TENSORS = {*CONVERTER_FLAGS, "jamba", "bamba", "granitemoehybrid", "nemotron_h", "falcon_h1"}
 # llama.cpp's converter over several checkpoints in one process (its imports take most of a run)
 CONVERT_MANY = f"RAW = {RAW_CONFIG!r}\n" + """
 import sys

@@ -51,11 +51,14 @@ from .exports import Export, export_source
 from .plan import Progress, plan_tensors
 
 
-def _checked_metadata(model: GgufModel, ckpt: Checkpoint, shapes: dict[str, tuple[int, ...]]) -> GgufModel:
-    """The metadata, once import reads it back as this very model."""
+def _checked_metadata(model: GgufModel, ckpt: Checkpoint, shapes: dict[str, tuple[int, ...]],
+                      config: dict[str, Any]) -> GgufModel:
+    """The metadata, once import reads it back as this very model (`config`, its HF config), but for the
+    multipliers folded into the weights (GgufArch.folded), read back as the values folding leaves."""
     back_config, _ = read_back(model, shapes)
-    back = family_for(back_config["model_type"]).arch_config(back_config)
-    missing = lost(ckpt.arch, back)
+    family = family_for(back_config["model_type"])
+    ours = family.arch_config({**config, **model.entry.folded}) if model.entry.folded else ckpt.arch
+    missing = lost(ours, family.arch_config(back_config))
     if missing:
         raise MappingError(f"llama.cpp's {model.arch} metadata cannot express this model's "
                            f"{', '.join(missing)}; export it as HF safetensors instead")
@@ -238,7 +241,7 @@ def to_gguf(src: Path | Checkpoint, out: Path, family: str | None = None, quant:
                                                                            for n, t in model.extra.items()}})
             general["general.name"] = named(model.entry, model.arch, general["general.name"].value)
             model.values.update(general)
-            model = _checked_metadata(model, ckpt, shapes)
+            model = _checked_metadata(model, ckpt, shapes, config)
         except MappingError as exc:
             raise InputError(f"--to gguf: {exc}") from None
         if not export.direct:

@@ -43,12 +43,14 @@ LOADED_BIASES: dict[str, frozenset[str]] = {arch: frozenset(names) for arch, nam
     **{arch: SSM for arch in SSM_ARCHS + HYBRID_SSM_ARCHS},
     "granitehybrid": (*QKV, "attn_output", "ffn_gate", "ffn_up", "ffn_down", *SSM),  # the conv bias: optional
     "nemotron_h": (*QKV, "attn_output", "ffn_up", "ffn_down", *SSM),
+    "falcon-h1": (*QKV, "attn_output", "ffn_gate", "ffn_up", "ffn_down", *SSM),
 }.items()}
 # the biases an architecture's loader requires on every layer (`create_tensor(..., 0)`: "missing tensor" without
 # them); gpt-oss's attention output bias is one, so a model without attention biases cannot load
 REQUIRED_BIASES: dict[str, tuple[str, ...]] = {
     "gpt-oss": ("attn_output", "ffn_gate_inp", "ffn_gate_exps", "ffn_up_exps", "ffn_down_exps"),
     **{arch: SSM for arch in SSM_ARCHS},
+    "falcon-h1": SSM,  # its loader takes the conv bias as optional, and its graph adds it all the same
 }
 # the architectures whose llama.cpp loader requires an `output` matrix (a tied model has none)
 OUTPUT_REQUIRED = frozenset({"qwen2moe", "olmo2", "stablelm", "nemotron", "olmoe", "phi2", "gptneox", "minimax-m2",

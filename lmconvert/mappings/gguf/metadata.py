@@ -88,7 +88,7 @@ def hf_config(file: Metadata) -> tuple[dict[str, Any], GgufArch]:
     missing = [f"{arch}.{k}" for k in (*REQUIRED_KEYS, entry.norm_eps) if key(k) is None]
     if missing:
         raise MappingError(f"metadata lacks {', '.join(missing)}; the file is incomplete")
-    config: dict[str, Any] = {"model_type": entry.model_type, **SHARED_DEFAULTS, **entry.defaults}
+    config: dict[str, Any] = {"model_type": entry.model_type, **SHARED_DEFAULTS, **entry.defaults, **entry.folded}
     for gguf_key, hf_key in {**SHARED_KEYS, **entry.keys}.items():
         if key(gguf_key) is not None:
             *outer, last = hf_key.split(".")  # `attn_config.clip_qkv`: a key of a nested dict (MPT)
