@@ -491,8 +491,11 @@ FALCONS = {f"falcon:{layout}": {**FAMILIES["falcon"], **overrides}
 MODELS: dict[str, dict[str, Any]] = {**{t: FAMILIES[t] for t in FAMILIES if t in EXPORTS}, **MOE, **WRITTEN_ONLY,
                                      **FALCONS}
 # what our reader must give back bit for bit: the families transformers cannot read, and the LayerNorm
-# families whose every layout transformers' GGUF loader does not tell apart
-READ_BACK = {**WRITTEN_ONLY, "bloom": FAMILIES["bloom"], "falcon": FAMILIES["falcon"], **FALCONS}
+# families whose every layout transformers' GGUF loader does not tell apart; not those whose multipliers llama.cpp's
+# converter folds into the weights (Falcon-H1's muP), read back folded (tests/test_gguf_falcon_h1.py)
+READ_BACK = {name: kwargs for name, kwargs in
+             {**WRITTEN_ONLY, "bloom": FAMILIES["bloom"], "falcon": FAMILIES["falcon"], **FALCONS}.items()
+             if not EXPORTS[name.split(":")[0]][1].folded}
 
 
 

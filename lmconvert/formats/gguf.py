@@ -626,8 +626,11 @@ FLOAT_TYPES = frozenset({"F32", "F16", "BF16"})
 def unread_reference(file: GgufFile, entry: GgufArch, types: Counter[str]) -> Loadable:
     """For an architecture transformers' GGUF loader does not read: a float file's recorded source;
     a quantized file's own weights, dequantized (its float source is another model by the
-    quantization error, which fp32's bar would count against us)."""
-    if set(types) <= FLOAT_TYPES:
+    quantization error, which fp32's bar would count against us); so too a file whose multipliers
+    llama.cpp's layout folds into the weights (Falcon-H1's muP, GgufArch.folded), whose source is the
+    same model only to the fold's rounding and whose inner points (in_proj's output, before the muP
+    vector) are not the source's: transformers' model of the file's config (unit multipliers) holds them."""
+    if set(types) <= FLOAT_TYPES and not entry.folded:
         return recorded_reference(file, entry)
     return Loadable(None, origin=file.path, dequantized=True)
 

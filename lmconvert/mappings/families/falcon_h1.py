@@ -14,7 +14,9 @@ config, so never stored); the mixer's width is `mamba_d_ssm` (null: `mamba_expan
 (FalconH1RMSNormGated: the weight in fp32, `mamba_norm_before_gate` says whether it normalises before the gate),
 else the scan output times SiLU(z); `mamba_proj_bias` is in_proj's bias, `projectors_bias` out_proj's; full
 RoPE; defaults vocab 128000, 8 KV heads, 8192 positions, rms_norm_eps 1e-5, untied. A null boolean is false, as
-transformers takes it; a null size or multiplier it cannot run is refused by name.
+transformers takes it; a null size or multiplier it cannot run is refused by name. In GGUF (llama.cpp's falcon-h1)
+the multipliers are folded into the weights, as llama.cpp's converter folds them, so a file reads back as this model
+with every multiplier 1, computing the same logits to fp32 rounding (each folded weight rounded once more).
 """
 
 from __future__ import annotations
