@@ -316,6 +316,18 @@ def test_a_llama_cpp_architecture_not_written_is_named(tmp_path: Path) -> None:
         metadata({"model_type": "gptj"}, "tiny")
 
 
+def test_gemma3n_is_refused_naming_what_llama_cpp_s_graph_computes_otherwise(tmp_path: Path) -> None:
+    """llama.cpp's gemma3n takes the sparse gates' std over n - 1 and sparsifies its first 10 layers whatever the
+    model says (test_llamacpp.py measures it on its own converter's file): no Gemma 3n is written, the wrapper's
+    model_type neither."""
+    canonical = canonical_of(build_model("gemma3n_text", **SPECS["gemma3n_text"].kwargs), tmp_path)
+    code, _, err = cli("convert", canonical, tmp_path / "m.gguf", "--to", "gguf")
+    assert code == 2 and "gemma3n_text: llama.cpp's gemma3n graph computes another model" in err, err
+    assert "std over n - 1" in err and len(err.strip().splitlines()) == 1 and not (tmp_path / "m.gguf").exists()
+    with pytest.raises(MappingError, match="gemma3n: llama.cpp's gemma3n graph computes another model"):
+        metadata({"model_type": "gemma3n"}, "tiny")
+
+
 def test_what_llama_cpp_cannot_hold_is_named(tmp_path: Path) -> None:
     canonical = canonical_of(build_model("qwen2", use_sliding_window=True, sliding_window=4, max_window_layers=0),
                              tmp_path)

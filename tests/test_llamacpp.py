@@ -392,6 +392,64 @@ def test_llama4_as_llama_cpp_s_converter_writes_it(converter: Path, tmp_path: Pa
             assert torch.equal(tensor, source[tensor_name]), tensor_name
 
 
+# a Gemma 3n as llama.cpp's gemma3n graph hard-codes it (src/models/gemma3n.cpp, models.h, llama-hparams.h): 20 layers
+# with K/V of their own (n_layer_kv_from_start), the gate sparsity icdf(0.95) on the first 10 layers
+# (n_layer_sparsity, f_sparsity_std_mul), LAuReL rank 64, per-layer inputs 256 wide, 4 AltUp streams with the first
+# active; the shared layers 20 and 21 read layers 18 (sliding) and 19 (full), as transformers' do
+GEMMA3N_AS_LLAMA_CPP = dict(vocab_size=500, vocab_size_per_layer_input=500, hidden_size=32, intermediate_size=64,
+                            num_hidden_layers=22, num_kv_shared_layers=2, num_attention_heads=2, num_key_value_heads=1,
+                            head_dim=16, laurel_rank=64, hidden_size_per_layer_input=256, sliding_window=8,
+                            max_position_embeddings=128)
+
+
+def test_llama_cpp_s_gemma3n_takes_the_gate_s_std_otherwise(converter: Path, monkeypatch: pytest.MonkeyPatch,
+                                                               tmp_path: Path) -> None:
+    """Why lmconvert writes no gemma3n file (gemma3n_text's no_gguf): llama.cpp's graph cuts each sparse gate at
+    mean + std x icdf(0.95) with the std over n - 1 (gaussian_topk), transformers' Gemma3nTextMLP over n
+    (torch.std(unbiased=False)). On its own converter's file of a Gemma 3n meeting every constant its graph
+    hard-codes, llama.cpp's logits are 1.1 x scale from transformers' (top-1 20%); from transformers with the
+    std over n - 1 and ggml's GELU table in float64 they are within 2x of that model's own fp32 distance from it
+    (measured 3.4e-3 x scale against 2.9e-3: this 22-layer model's fp32 rounding alone moves its logits that far;
+    1.7e-3 from its fp32 logits): no other difference. The shared layers' K/V projections, which transformers 5
+    saves none of and llama.cpp's loader requires, are in the checkpoint as the published ones hold them."""
+    from safetensors.torch import load_file, save_file
+    from test_gguf_tokenizer_import import gemma_sentencepiece
+    from transformers.activations import GELUTanh
+
+    hf, path = tmp_path / "hf", tmp_path / "c.gguf"
+    save_checkpoint(build_model("gemma3n_text", **GEMMA3N_AS_LLAMA_CPP), hf)
+    (hf / "tokenizer.model").write_bytes(gemma_sentencepiece(tmp_path / "spm").read_bytes())
+    weights, generator = load_file(hf / "model.safetensors"), torch.Generator().manual_seed(5)
+    for i in (20, 21):
+        for name, shape in (("k_proj.weight", (16, 32)), ("v_proj.weight", (16, 32)), ("k_norm.weight", (16,))):
+            weights[f"model.layers.{i}.self_attn.{name}"] = torch.randn(shape, generator=generator)
+    save_file(weights, hf / "model.safetensors", metadata={"format": "pt"})
+    run = subprocess.run([sys.executable, str(converter), str(hf), "--outfile", str(path), "--outtype", "f32"],
+                         capture_output=True, text=True)
+    assert run.returncode == 0, run.stderr[-2000:]
+    ids = torch.randint(3, 500, (40,), generator=torch.Generator().manual_seed(0)).tolist()
+    theirs = llama_logits(llama(path), ids)
+    reference = AutoModelForCausalLM.from_pretrained(str(hf), dtype=torch.float32, attn_implementation="eager").eval()
+
+    def logits(dtype: torch.dtype) -> torch.Tensor:
+        with torch.no_grad():
+            return reference.to(dtype)(torch.tensor([ids])).logits[0].float()
+
+    as_is = logits(torch.float32)
+    scale = float(as_is.abs().max())
+    std = torch.std
+    monkeypatch.setattr(torch, "std", lambda x, *args, unbiased=True, **kwargs: std(x, *args, **kwargs))  # n - 1
+    for module in reference.modules():
+        if isinstance(module, GELUTanh):
+            monkeypatch.setattr(module, "act", ggml_gelu)
+    bessel, bessel64 = logits(torch.float32), logits(torch.float64)
+    far, near, spread = (float((a - b).abs().max()) / scale for a, b in ((theirs, as_is), (theirs, bessel64),
+                                                                           (bessel, bessel64)))
+    print(f"gemma3n by llama.cpp's converter, f32: transformers {far:.1e} x scale, with the std over n - 1 "
+          f"{float((theirs - bessel).abs().max()) / scale:.1e} (float64 {near:.1e}, fp32 to float64 {spread:.1e})")
+    assert far > 0.5 and near <= 2 * spread
+
+
 LLAMA4_LONG = 8200  # past llama.cpp's hard-coded chunk of 8192 positions and its temperature's first step (8191)
 
 
