@@ -169,6 +169,7 @@ CONFIG = llama.CONFIG.but(
 # reference adds after that multiply), the norm before the gate (it gates, then normalises), no conv bias (its
 # graph adds one), in_proj or out_proj biases (it loads none), a tied LM head whose multiplier is not the
 # embeddings' (the one matrix is folded once), a dt clamp (it runs none: a clamped model reads back otherwise).
+
 # the FFN's norm as llama.cpp names it for falcon-h1: `blk.{i}.ffn_norm`, no `.weight` (its TensorNameMap maps the
 # whole of `pre_ff_layernorm.weight`, and its loader reads that name)
 FFN_NORM = Rule("blk.{}.ffn_norm", "layers.{}.mlp_norm.weight")
@@ -211,13 +212,14 @@ def _from_gguf(config: dict[str, Any]) -> dict[str, Any]:
 
 
 def _to_gguf(config: dict[str, Any]) -> dict[str, Any]:
-    """Refusals of what llama.cpp's falcon-h1 graph does not run (see above); the keys are the table's."""
-    refusals = {"attention_bias": "attention biases (its graph adds no o_proj bias, and its converter folds "
-                                  "attention_in_multiplier into the q/k/v biases, which the reference adds after it)",
-                "mamba_norm_before_gate": "the Mamba2 gated norm before the gate (it gates, then normalises)"}
-    for key, what in refusals.items():
-        if config.get(key) and (key != "mamba_norm_before_gate" or config.get("mamba_rms_norm")):
-            raise MappingError(f"llama.cpp's falcon-h1 does not run {what}, which this model has ({key}=true)")
+    """No keys beyond the table's; refusals of what llama.cpp's falcon-h1 graph does not run (see above)."""
+    if config.get("attention_bias"):
+        raise MappingError("llama.cpp's falcon-h1 does not run attention biases (its graph adds no o_proj bias, and "
+                           "its converter folds attention_in_multiplier into the q/k/v biases, which the reference "
+                           "adds after that multiply), which this model has (attention_bias=true)")
+    if config.get("mamba_rms_norm") and config.get("mamba_norm_before_gate", True):
+        raise MappingError("llama.cpp's falcon-h1 does not run the Mamba2 gated norm before the gate (it gates, then "
+                           "normalises), which this model has (mamba_norm_before_gate=true)")
     head, embed = config.get("lm_head_multiplier", 1.0), config.get("embedding_multiplier", 1.0)
     if config.get("tie_word_embeddings") and head != embed:
         raise MappingError(f"llama.cpp's falcon-h1 folds the tied embedding matrix once, by embedding_multiplier="
