@@ -661,6 +661,28 @@ def test_state_space_hybrid_layouts_llama_cpp_lacks_are_refused(name: str, overr
     assert not (tmp_path / "m.gguf").exists()
 
 
+# MiMo-V2-Flash's tiny model's two RoPE types (full: theta 5e4, 0.334 of 24 dims; sliding: theta 2e4, half)
+MIMO_ROPE = SPECS["mimo_v2_flash"].kwargs["rope_parameters"]
+
+
+@pytest.mark.parametrize(("overrides", "fragment"), [
+    (dict(attention_bias=True), "never adds the q, k and v biases its loader reads"),
+    (dict(norm_topk_prob=False), "always renormalises the chosen experts' weights"),
+    (dict(routed_scaling_factor=1.5), "reads no expert_weights_scale"),
+    (dict(rope_parameters=MIMO_ROPE), "rotates every layer's heads by layer 0's width"),
+    (dict(rope_parameters={kind: {**MIMO_ROPE[kind], "rope_type": "linear", "factor": 2.0, "partial_rotary_factor":
+                                  0.334} for kind in MIMO_ROPE}), "rotates the sliding layers unscaled"),
+], ids=["qkv-bias", "not-renormalised", "scaled-weights", "two-rotated-widths", "scaled-rope"])
+def test_mimo_layouts_llama_cpp_s_mimo2_computes_otherwise_are_refused(overrides: dict[str, Any], fragment: str,
+                                                                        tmp_path: Path) -> None:
+    """What llama.cpp's mimo2 graph computes otherwise than transformers' MiMo-V2-Flash is refused by name,
+    nothing written."""
+    canonical = canonical_of(built("mimo_v2_flash", {**WRITTEN_ONLY["mimo_v2_flash"], **overrides}), tmp_path)
+    code, _, err = cli("convert", canonical, tmp_path / "m.gguf", "--to", "gguf")
+    assert code == 2 and fragment in err and len(err.strip().splitlines()) == 1, err
+    assert not (tmp_path / "m.gguf").exists()
+
+
 def hf_config_of(name: str, root: Path) -> dict[str, Any]:
     """The config.json GGUF export starts from for the tiny model `name` (`family:variant`)."""
     family = name.split(":")[0]

@@ -43,6 +43,7 @@ LOADED_BIASES: dict[str, frozenset[str]] = {arch: frozenset(names) for arch, nam
     **{arch: SSM for arch in SSM_ARCHS + HYBRID_SSM_ARCHS},
     "granitehybrid": (*QKV, "attn_output", "ffn_gate", "ffn_up", "ffn_down", *SSM),  # the conv bias: optional
     "nemotron_h": (*QKV, "attn_output", "ffn_up", "ffn_down", *SSM),
+    "mimo2": (*QKV, "exp_probs_b"),  # (its graph adds no q, k, v bias: the mimo_v2_flash family refuses them)
 }.items()}
 # the biases an architecture's loader requires on every layer (`create_tensor(..., 0)`: "missing tensor" without
 # them); gpt-oss's attention output bias is one, so a model without attention biases cannot load
@@ -52,7 +53,7 @@ REQUIRED_BIASES: dict[str, tuple[str, ...]] = {
 }
 # the architectures whose llama.cpp loader requires an `output` matrix (a tied model has none)
 OUTPUT_REQUIRED = frozenset({"qwen2moe", "olmo2", "stablelm", "nemotron", "olmoe", "phi2", "gptneox", "minimax-m2",
-                             "exaone-moe", "dots1", "gpt-oss"})
+                             "exaone-moe", "dots1", "gpt-oss", "mimo2"})
 
 
 # the architectures whose loader sizes the k norm as the q norm, over the whole width (no GQA)
