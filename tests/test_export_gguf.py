@@ -665,19 +665,25 @@ def test_state_space_hybrid_layouts_llama_cpp_lacks_are_refused(name: str, overr
 MIMO_ROPE = SPECS["mimo_v2_flash"].kwargs["rope_parameters"]
 
 
-@pytest.mark.parametrize(("overrides", "fragment"), [
-    (dict(attention_bias=True), "never adds the q, k and v biases its loader reads"),
-    (dict(norm_topk_prob=False), "always renormalises the chosen experts' weights"),
-    (dict(routed_scaling_factor=1.5), "reads no expert_weights_scale"),
-    (dict(rope_parameters=MIMO_ROPE), "rotates every layer's heads by layer 0's width"),
-    (dict(rope_parameters={kind: {**MIMO_ROPE[kind], "rope_type": "linear", "factor": 2.0, "partial_rotary_factor":
-                                  0.334} for kind in MIMO_ROPE}), "rotates the sliding layers unscaled"),
-], ids=["qkv-bias", "not-renormalised", "scaled-weights", "two-rotated-widths", "scaled-rope"])
-def test_mimo_layouts_llama_cpp_s_mimo2_computes_otherwise_are_refused(overrides: dict[str, Any], fragment: str,
-                                                                        tmp_path: Path) -> None:
-    """What llama.cpp's mimo2 graph computes otherwise than transformers' MiMo-V2-Flash is refused by name,
-    nothing written."""
-    canonical = canonical_of(built("mimo_v2_flash", {**WRITTEN_ONLY["mimo_v2_flash"], **overrides}), tmp_path)
+@pytest.mark.parametrize(("name", "overrides", "fragment"), [
+    ("mimo_v2_flash", dict(attention_bias=True), "never adds the q, k and v biases its loader reads"),
+    ("mimo_v2_flash", dict(norm_topk_prob=False), "always renormalises the chosen experts' weights"),
+    ("mimo_v2_flash", dict(routed_scaling_factor=1.5), "reads no expert_weights_scale"),
+    ("mimo_v2_flash", dict(rope_parameters=MIMO_ROPE), "rotates every layer's heads by layer 0's width"),
+    ("mimo_v2_flash", dict(rope_parameters={kind: {**MIMO_ROPE[kind], "rope_type": "linear", "factor": 2.0,
+                                                   "partial_rotary_factor": 0.334} for kind in MIMO_ROPE}),
+     "rotates the sliding layers unscaled"),
+    ("afmoe", dict(mup_enabled=False), "scales the embeddings by sqrt(hidden_size) whatever the file says"),
+    ("afmoe", dict(attention_bias=True), "loads no attention output bias"),
+    ("afmoe", dict(layer_types=["sliding_attention", "full_attention", "sliding_attention", "full_attention"]),
+     "rotates every layer but each 4th"),
+], ids=["mimo-qkv-bias", "mimo-not-renormalised", "mimo-scaled-weights", "mimo-two-rotated-widths",
+        "mimo-scaled-rope", "afmoe-no-mup", "afmoe-attention-biases", "afmoe-full-every-second-layer"])
+def test_what_llama_cpp_s_graph_computes_otherwise_is_refused(name: str, overrides: dict[str, Any], fragment: str,
+                                                              tmp_path: Path) -> None:
+    """What llama.cpp's mimo2 and afmoe graphs compute otherwise than transformers' MiMo-V2-Flash and AFMoE (a
+    line of their C++ the message names) is refused by name, nothing written."""
+    canonical = canonical_of(built(name, {**WRITTEN_ONLY[name], **overrides}), tmp_path)
     code, _, err = cli("convert", canonical, tmp_path / "m.gguf", "--to", "gguf")
     assert code == 2 and fragment in err and len(err.strip().splitlines()) == 1, err
     assert not (tmp_path / "m.gguf").exists()

@@ -498,6 +498,7 @@ def _hub_spelling(name: str, config: dict[str, Any]) -> dict[str, Any]:
                          "mpt": {"architectures": ["MPTForCausalLM"]},
                          "deepseek_v3": {"scoring_func": "sigmoid"},
                          "deepseek_v2": {"scoring_func": "softmax"},
+                         "afmoe": {"route_norm": True, "score_func": "sigmoid"},
                          "exaone": {"architectures": ["ExaoneForCausalLM"], "activation_function": "silu"},
                          "minimax_m2": {"rotary_dim": int((config.get("head_dim") or 0) * rotated)},
                          "nemotron_h": {"num_hidden_layers": len(blocks),
@@ -577,7 +578,7 @@ DIFFERS: dict[tuple[str, frozenset[str]], str] = {
         "llama.cpp's NemotronModel writes Nemotron's own unknown-token id (1) whatever the vocabulary",
     ("tokenizer.ggml.add_bos_token", frozenset({"llama", "mistral", "mixtral", "granite", "smollm3", "arcee",
                                                 "phi", "granitemoe", "granitemoeshared", "internlm3", "iquestcoder",
-                                                "ministral3", "granite_swa", "granitemoe_swa"})):
+                                                "ministral3", "granite_swa", "granitemoe_swa", "afmoe"})):
         "llama.cpp's LlamaModel writes add_bos_token false for any vocabulary of 49152 tokens (its rule for "
         "Granite's small models; SmolLM2's here), and Phi2Model for every Phi-2; false is its loader's default for "
         "this BPE tokenizer (pre-tokenizer smollm), which lmconvert states only where the tokenizer config does "
