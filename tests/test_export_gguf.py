@@ -689,6 +689,23 @@ def test_what_llama_cpp_s_graph_computes_otherwise_is_refused(name: str, overrid
     assert not (tmp_path / "m.gguf").exists()
 
 
+@pytest.mark.parametrize(("name", "key", "element", "value", "fragment"), [
+    ("mimo_v2_flash", "mimo2.attention.head_count_kv", 0, 3, "twice the full layers' KV heads on every sliding"),
+    ("afmoe", "afmoe.expert_weights_norm", 0, 0, "afmoe.expert_weights_norm is not true"),
+], ids=["mimo-kv-heads-not-halved", "afmoe-unnormalised-weights"])
+def test_what_llama_cpp_runs_otherwise_is_refused_on_import(name: str, key: str, element: int, value: int,
+                                                            fragment: str, tmp_path: Path) -> None:
+    """A mimo2 or afmoe file llama.cpp would run as transformers' model cannot (a sliding layer without twice the
+    full layers' KV heads; experts' weights left unnormalised) is refused on import, naming the key."""
+    from test_gguf_header import patched
+
+    out = exported(canonical_of(built(name, WRITTEN_ONLY[name]), tmp_path), tmp_path / "m.gguf", "f32")
+    lmconvert.load(out)  # as written, it reads back
+    patched(out, field=key, part=int(gguf.GGUFReader(out).fields[key].data[element]), value=value)
+    with pytest.raises(InputError, match=fragment):
+        lmconvert.load(out)
+
+
 def hf_config_of(name: str, root: Path) -> dict[str, Any]:
     """The config.json GGUF export starts from for the tiny model `name` (`family:variant`)."""
     family = name.split(":")[0]
