@@ -531,7 +531,25 @@ HUB_LACKS = {"nemotron_h": ("num_experts_per_tok", "n_routed_experts", "n_shared
 NEMOTRON_H_PATTERN = {"linear_attention": "M", "full_attention": "*", "mlp": "-"}
 
 
+def _mimo_hub_spelling(config: dict[str, Any]) -> dict[str, Any]:
+    """MiMo-V2-Flash's config.json as the Hub's spells it, which llama.cpp's MimoV2Model reads: the layer kinds as
+    hybrid_layer_pattern (1: sliding), the sliding layers' own geometry as swa_* keys, the RoPE as rope_theta,
+    swa_rope_theta and partial_rotary_factor (no rope_parameters: transformers 5 writes them keyed by layer type,
+    where that class reads `rope_parameters["partial_rotary_factor"]`), the norm's eps as layernorm_epsilon."""
+    rope = config.pop("rope_parameters")
+    kinds = config["layer_types"]
+    return {**config, "hybrid_layer_pattern": [int(kind == "sliding_attention") for kind in kinds],
+            "swa_num_attention_heads": config["num_attention_heads"],
+            "swa_num_key_value_heads": 2 * config["num_key_value_heads"], "swa_head_dim": config["head_dim"],
+            "swa_v_head_dim": config["v_head_dim"], "topk_method": "noaux_tc", "scoring_func": "sigmoid",
+            "layernorm_epsilon": config["rms_norm_eps"], "rope_theta": rope["full_attention"]["rope_theta"],
+            "swa_rope_theta": rope["sliding_attention"]["rope_theta"],
+            "partial_rotary_factor": rope["full_attention"]["partial_rotary_factor"]}
+
+
 def _hub_spelling(name: str, config: dict[str, Any]) -> dict[str, Any]:
+    if name.split(":")[0] == "mimo_v2_flash":
+        return _mimo_hub_spelling(config)
     rotated = (config.get("rope_parameters") or {}).get("partial_rotary_factor", 1.0)
     granite4 = {"linear_attention": "mamba", "full_attention": "attention"}
     blocks = config.get("layers_block_type") or ()
@@ -540,6 +558,7 @@ def _hub_spelling(name: str, config: dict[str, Any]) -> dict[str, Any]:
                          "mpt": {"architectures": ["MPTForCausalLM"]},
                          "deepseek_v3": {"scoring_func": "sigmoid"},
                          "deepseek_v2": {"scoring_func": "softmax"},
+                         "afmoe": {"route_norm": True, "score_func": "sigmoid"},
                          "exaone": {"architectures": ["ExaoneForCausalLM"], "activation_function": "silu"},
                          "minimax_m2": {"rotary_dim": int((config.get("head_dim") or 0) * rotated)},
                          "nemotron_h": {"num_hidden_layers": len(blocks),
@@ -621,7 +640,7 @@ DIFFERS: dict[tuple[str, frozenset[str]], str] = {
         "llama.cpp's NemotronModel writes Nemotron's own unknown-token id (1) whatever the vocabulary",
     ("tokenizer.ggml.add_bos_token", frozenset({"llama", "mistral", "mixtral", "granite", "smollm3", "arcee",
                                                 "phi", "granitemoe", "granitemoeshared", "internlm3", "iquestcoder",
-                                                "ministral3", "granite_swa", "granitemoe_swa"})):
+                                                "ministral3", "granite_swa", "granitemoe_swa", "afmoe"})):
         "llama.cpp's LlamaModel writes add_bos_token false for any vocabulary of 49152 tokens (its rule for "
         "Granite's small models; SmolLM2's here), and Phi2Model for every Phi-2; false is its loader's default for "
         "this BPE tokenizer (pre-tokenizer smollm), which lmconvert states only where the tokenizer config does "
@@ -729,7 +748,10 @@ CONVERTER_FLAGS = {**dict.fromkeys(("qwen3_next", "qwen3_5_text", "qwen3_5_moe_t
                    # a config transformers cannot load), not through transformers 5's NemotronHConfig, which states
                    # num_experts_per_tok for every model, by which the converter writes any Nemotron-H as the mixture
                    # nemotron_h_moe (a dense one included); config.json states none (HUB_LACKS), as the Hub's do
-                   "nemotron_h": (RAW_CONFIG,)}
+                   "nemotron_h": (RAW_CONFIG,),
+                   # the Hub's keys as they stand (_mimo_hub_spelling), which transformers 5's MiMoV2FlashConfig
+                   # would replace by its own default RoPE; no multi-token-prediction head, as above
+                   "mimo_v2_flash": ("--no-mtp", RAW_CONFIG)}
 # the families whose every tensor is compared with llama.cpp's converter's, bit for bit: the gated delta-net's and the
 # state-space hybrids', which no emulation in test_formats_gguf writes
 CONVERTER_TENSORS = {*CONVERTER_FLAGS, "jamba", "bamba", "granitemoehybrid", "nemotron_h", "falcon_h1"}

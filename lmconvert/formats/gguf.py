@@ -82,8 +82,9 @@ ARCH_TYPES: dict[str, schema.Spec] = {  # `{arch}.` keys
     "attention.scale": schema.Number(minimum=0),  # 0: not stated
     "attention.temperature_scale": schema.Number(), "rope.scaling.yarn_log_multiplier": schema.Number(),
     "rope.scaling.type": schema.String(),
-    # a period (0: every layer sliding), or one flag per layer
-    "attention.sliding_window_pattern": schema.Either((schema.COUNT, schema.Array(schema.Boolean()))),
+    # a period (0: every layer sliding), or one flag per layer (MiMo's converter writes them as int32 1 and 0)
+    "attention.sliding_window_pattern": schema.Either((schema.COUNT, schema.Array(schema.Either(
+        (schema.Boolean(), schema.Integer(minimum=0, maximum=1)))))),
     "attention.rope_pattern": schema.Array(schema.Boolean()),  # one flag per layer: whether it rotates
 }
 # llama.cpp's all-state-space architectures (mamba, mamba2: GgufArch.attends) state no heads and no FFN as 0

@@ -227,11 +227,9 @@ def metadata(config: Mapping[str, Any], name: str, listed: bool = False) -> Gguf
         if value is not None and gguf_key != "rope.freq_base":
             values[f"{arch}.{gguf_key}"] = value
     values.update({f"{arch}.{key}": value for key, value in entry.constants.items()})
-    if entry.exported is not None:
-        values.update({f"{arch}.{key}": value for key, value in entry.exported(config).items()})
     values.update(_told_apart(arch, entry))
-    values.update({f"lmconvert.{own}": config[hf_key] for own, hf_key in entry.own.items()
-                   if config.get(hf_key) is not None})
+    values.update({f"lmconvert.{own}": _get(config, hf_key, {}) for own, hf_key in entry.own.items()
+                   if _get(config, hf_key, {}) is not None})
     if entry.attends:  # no head size and no rotation where nothing attends (Mamba)
         values[f"{arch}.attention.key_length"] = values[f"{arch}.attention.value_length"] = head_dim
         params, _ = _rope(config)
@@ -239,6 +237,8 @@ def metadata(config: Mapping[str, Any], name: str, listed: bool = False) -> Gguf
         values[f"{arch}.rope.dimension_count"] = int(head_dim * rotated)  # the rotated part of a head
     else:  # a head_dim in the config is the mixer's (Mamba2's)
         values.pop(f"{arch}.attention.key_length", None)
+    if entry.exported is not None:  # over the head sizes above (MiMo's value width and rotated part)
+        values.update({f"{arch}.{key}": value for key, value in entry.exported(config).items()})
     values[f"{arch}.vocab_size"] = config["vocab_size"]
     if entry.latent:
         values.update(_latent_sizes(arch, config))

@@ -44,6 +44,8 @@ LOADED_BIASES: dict[str, frozenset[str]] = {arch: frozenset(names) for arch, nam
     "granitehybrid": (*QKV, "attn_output", "ffn_gate", "ffn_up", "ffn_down", *SSM),  # the conv bias: optional
     "nemotron_h": (*QKV, "attn_output", "ffn_up", "ffn_down", *SSM),
     "falcon-h1": (*QKV, "attn_output", "ffn_gate", "ffn_up", "ffn_down", *SSM),
+    # (mimo2's graph adds no q, k, v bias, afmoe's loader no o bias: each family refuses them)
+    "mimo2": (*QKV, "exp_probs_b"), "afmoe": (*QKV, "exp_probs_b"),
 }.items()}
 # the biases an architecture's loader requires on every layer (`create_tensor(..., 0)`: "missing tensor" without
 # them); gpt-oss's attention output bias is one, so a model without attention biases cannot load
@@ -54,7 +56,7 @@ REQUIRED_BIASES: dict[str, tuple[str, ...]] = {
 }
 # the architectures whose llama.cpp loader requires an `output` matrix (a tied model has none)
 OUTPUT_REQUIRED = frozenset({"qwen2moe", "olmo2", "stablelm", "nemotron", "olmoe", "phi2", "gptneox", "minimax-m2",
-                             "exaone-moe", "dots1", "gpt-oss"})
+                             "exaone-moe", "dots1", "gpt-oss", "mimo2"})
 
 
 # the architectures whose loader sizes the k norm as the q norm, over the whole width (no GQA)

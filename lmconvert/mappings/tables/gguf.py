@@ -220,7 +220,8 @@ def tensor_sizes(config: Mapping[str, Any], renamed: Mapping[str, str] | None = 
     kv_heads = config.get("num_key_value_heads") or heads
     head_dim = config.get("head_dim") or (config["hidden_size"] // heads if heads else 0)  # 0 heads: Mamba
     ffn = config.get("intermediate_size") or config.get("n_inner") or 4 * config["hidden_size"]
-    latent = {"k_nope": config["qk_nope_head_dim"], "v_head": config["v_head_dim"]} if "v_head_dim" in config else {}
+    latent = ({"k_nope": config["qk_nope_head_dim"], "v_head": config["v_head_dim"]} if "qk_nope_head_dim" in config
+              else {})
     shared = {"shared": config["shared_intermediate_size"]} if config.get("shared_intermediate_size") else {}
     # the gated delta-net's per-key-head groups (Qwen3-Next's ssm_ba), as its settings' `sizes` name them
     gdn = ({"mixer.key_heads": config["linear_num_key_heads"], "mixer.value_heads": config["linear_num_value_heads"],
