@@ -17,6 +17,7 @@ import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
+from math import prod
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -39,6 +40,33 @@ class Banded:
     fill: Callable[[int, int, torch.Tensor], None]
     align: int = 1
     shape: tuple[int, ...] | None = None
+
+
+def stored_rows(shape: tuple[int, ...], native: torch.dtype, read_into: Callable[[int, memoryview], None]) -> Banded:
+    """A float tensor stored row-major as `native` values, as bands read straight from its bytes:
+    `read_into(byte offset, view)` fills `view` with the stored bytes from that offset on (whole, or
+    refused by name). The float32 embedding of a 1B model (1.05 GB) is then never held whole by a
+    cast (`dequantize_into`) or a GGUF encoder (gguf_writer.py), only its bands are."""
+    import torch
+
+    cols = shape[-1] if shape else 1
+    row_bytes = cols * torch.empty((), dtype=native).element_size()
+
+    def fill(start: int, stop: int, into: torch.Tensor) -> None:
+        read_into(start * row_bytes, memoryview(into.view(torch.uint8).numpy()).cast("B"))
+
+    return Banded(prod(shape[:-1]), cols, native, fill, shape=shape)
+
+
+def pread_into(fd: int, view: memoryview, offset: int, short: Callable[[], Exception]) -> None:
+    """Fill `view` from file `fd` at `offset` (positioned reads: threads share the descriptor);
+    a read that finds the end of the file first raises `short()`."""
+    done = 0
+    while done < len(view):  # one read returns at most ~2 GB on Linux
+        got = os.preadv(fd, [view[done:]], offset + done)
+        if got == 0:
+            raise short()
+        done += got
 
 
 _free: list[torch.Tensor] = []  # scratch buffers (flat, uint8) between bands, reused across weights
