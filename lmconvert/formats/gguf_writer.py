@@ -1,7 +1,9 @@
 """GGUF out: one llama.cpp file, written by the `gguf` package's writer and streamed. Every tensor's
 name, shape and type is known before one byte is read, so the header, the metadata and the tensor
 table are written first, then each tensor is produced, encoded (cast, or quantized by kquants.py's C
-or `gguf.quants.quantize`) and written in turn: peak memory is the largest tensor and its encoding.
+or `gguf.quants.quantize`) and written in turn, a band of rows at a time. A tensor whose source can be
+read in bands (`GgufTensor.bands`: one written unchanged from an F32 GGUF or a safetensors file) is
+never held whole; any other is, once: peak memory is the largest of those and a few bands.
 
 What goes in (names, transforms, metadata) is decided by convert/export_gguf.py from the tables
 in mappings/; this module knows only the file.
@@ -173,7 +175,7 @@ def write_gguf(path: Path, arch: str, values: Mapping[str, Any], tensors: Sequen
                 writer.write_padding(fout, _write(t.produce().contiguous().numpy(), fout, t.type, False)[0])
             else:
                 banded = None if t.bands is None else t.bands()
-                if banded is None:
+                if banded is None or (banded.rows * banded.cols, banded.cols) != (prod(t.shape), t.shape[-1]):
                     _write_tensor(writer, fout, t.produce(), t.type, t.check)
                 else:
                     _write_tensor(writer, fout, banded, t.type, t.check, t.source_check)
