@@ -8,6 +8,7 @@ before, with bands that do not divide the rows.
 
 from __future__ import annotations
 
+import json
 from functools import partial
 from pathlib import Path
 
@@ -20,6 +21,8 @@ from test_quantized_linears import GPTQ_CASES, gptq_copy
 
 from lmconvert.convert import convert
 from lmconvert.convert import plan as plan_module
+from lmconvert.formats import quant_bands
+from lmconvert.formats.digest import tensor_digest
 from lmconvert.formats.quant_bands import dequantize_into
 from lmconvert.formats.safetensors_dir import TensorSource
 
@@ -39,8 +42,8 @@ def float16_gptq(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def whole_reads(monkeypatch: pytest.MonkeyPatch) -> list[str]:
-    """The safetensors tensors read whole (`TensorSource.get`) from now on; bands of 4099 bytes'
-    worth of rows (several per tensor, the last one short)."""
+    """The safetensors tensors read whole (`TensorSource.get`) from now on; pieces of 4099 bytes'
+    worth of rows, in bands of 1031 (several per tensor, the last one short)."""
     names: list[str] = []
     get = TensorSource.get
 
@@ -48,7 +51,9 @@ def whole_reads(monkeypatch: pytest.MonkeyPatch) -> list[str]:
         names.append(name)
         return get(self, name)
     monkeypatch.setattr(TensorSource, "get", spy)
-    monkeypatch.setattr(plan_module, "dequantize_into", partial(dequantize_into, band_bytes=4099))
+    monkeypatch.setattr(quant_bands, "dequantize_into", partial(dequantize_into, band_bytes=1031))
+    monkeypatch.setattr(plan_module, "dequantize_into", partial(dequantize_into, band_bytes=1031))
+    monkeypatch.setattr(plan_module, "cast_pieces", partial(quant_bands.cast_pieces, piece_bytes=4099))
     return names
 
 
@@ -65,8 +70,10 @@ def test_float_tensors_are_cast_band_by_band(float16_gptq: Path, tmp_path: Path,
     assert not plain & set(reads), sorted(plain & set(reads))
     want = getattr(torch, dtype)
     written = load_file(tmp_path / "hf" / "model.safetensors")
-    canonical = {t.view(BITS[t.dtype]).numpy().tobytes() for t in
-                 (u for f in (tmp_path / "canonical").glob("*.safetensors") for u in load_file(f).values())}
+    stored = {n: u for f in (tmp_path / "canonical").glob("*.safetensors") for n, u in load_file(f).items()}
+    canonical = {t.view(BITS[t.dtype]).numpy().tobytes() for t in stored.values()}
+    meta = json.loads((tmp_path / "canonical" / "lmconvert.json").read_text())
+    assert {n: tensor_digest(t, meta["hash"]) for n, t in stored.items()} == meta["tensors"]  # hashed as written
     for name in plain:
         whole = source[name].to(want)
         assert written[name].dtype == want and torch.equal(written[name].view(BITS[want]), whole.view(BITS[want])), name
