@@ -26,6 +26,7 @@ import pytest
 import torch
 from hf_models import make_checkpoint, token_batch
 from test_cli import run
+from test_quant_bands_plain import names_read
 
 import lmconvert
 from lmconvert.convert import convert
@@ -101,18 +102,6 @@ def small_bands(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(gguf_writer, "CHUNK_BYTES", 3 * 256 * 4 + 5)
 
 
-def whole_reads(monkeypatch: pytest.MonkeyPatch) -> list[str]:
-    """The GGUF tensors read whole (`GgufFile.read`) from now on."""
-    names: list[str] = []
-    read = GgufFile.read
-
-    def spy(self: GgufFile, name: str) -> torch.Tensor:
-        names.append(name)
-        return read(self, name)
-    monkeypatch.setattr(GgufFile, "read", spy)
-    return names
-
-
 @pytest.mark.slow  # two conversions, and the f32 GGUF built for them
 @pytest.mark.parametrize("kind", ["q4_k", "q6_k", "q8_0"])
 def test_an_f32_gguf_is_encoded_band_by_band(kind: str, f32_gguf: tuple[Path, Path], tmp_path: Path,
@@ -122,7 +111,7 @@ def test_an_f32_gguf_is_encoded_band_by_band(kind: str, f32_gguf: tuple[Path, Pa
     whole): the file is the one the whole tensors give (and llama-quantize's, in the llamacpp tests)."""
     _, source = f32_gguf
     small_bands(monkeypatch)
-    reads = whole_reads(monkeypatch)
+    reads = names_read(monkeypatch, GgufFile, "read")  # the GGUF tensors read whole
     convert(source, tmp_path / "bands.gguf", "gguf", quant=kind)
     assert "token_embd.weight" not in reads and "blk.0.ffn_up.weight" not in reads, reads
     monkeypatch.setattr(GgufTensors, "banded", lambda self, name: None)

@@ -41,16 +41,22 @@ def float16_gptq(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return src
 
 
+def names_read(monkeypatch: pytest.MonkeyPatch, owner: type, method: str) -> list[str]:
+    """The names `owner.method(self, name)` is called with from now on (a reader's whole reads)."""
+    names: list[str] = []
+    read = getattr(owner, method)
+
+    def spy(self: object, name: str) -> torch.Tensor:
+        names.append(name)
+        return read(self, name)
+    monkeypatch.setattr(owner, method, spy)
+    return names
+
+
 def whole_reads(monkeypatch: pytest.MonkeyPatch) -> list[str]:
     """The safetensors tensors read whole (`TensorSource.get`) from now on; pieces of 4099 bytes'
     worth of rows, in bands of 1031 (several per tensor, the last one short)."""
-    names: list[str] = []
-    get = TensorSource.get
-
-    def spy(self: TensorSource, name: str) -> torch.Tensor:
-        names.append(name)
-        return get(self, name)
-    monkeypatch.setattr(TensorSource, "get", spy)
+    names = names_read(monkeypatch, TensorSource, "get")
     monkeypatch.setattr(quant_bands, "dequantize_into", partial(dequantize_into, band_bytes=1031))
     monkeypatch.setattr(plan_module, "dequantize_into", partial(dequantize_into, band_bytes=1031))
     monkeypatch.setattr(plan_module, "cast_pieces", partial(quant_bands.cast_pieces, piece_bytes=4099))
