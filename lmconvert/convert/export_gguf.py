@@ -176,6 +176,16 @@ def _ggml_mxfp4(blocks: Any, scales: Any) -> Any:  # noqa: ANN401 - tensors
     return mxfp4.ggml_blocks(blocks(), scales())
 
 
+def _bands(reader: Any, src: str | tuple[str, ...], fn: Any, digests: Any) -> Any:  # noqa: ANN401
+    """What reads a planned tensor as bands of rows (`GgufTensor.bands`): a source tensor written
+    unchanged, whose reader reads it a band at a time (an F32 GGUF's, a safetensors file's), unless
+    its digest is to be checked (a canonical checkpoint's: hashed whole, as read); else None."""
+    banded = getattr(reader, "banded", None)
+    if banded is None or not isinstance(src, str) or fn is not IDENTITY.forward or (digests and src in digests):
+        return None
+    return partial(banded, src)
+
+
 def _written_types(kind: str, mix: str | None, model: GgufModel,
                    written: list[tuple[str, tuple[int, ...]]]) -> dict[str, str]:
     """Each tensor's GGML type. A mix, or a K type (which only llama-quantize writes, with --pure),
@@ -248,10 +258,11 @@ def to_gguf(src: Path | Checkpoint, out: Path, family: str | None = None, quant:
             check_output(out, force, (ckpt.path,), ours=None if max_shard_bytes else written_by_lmconvert)
         reader, items, whole = _kept_mxfp4(export, plan, kind)
         skipped = {w.parts["scales"] for w in whole.values()}
-        planned = plan_tensors(reader, items, None, allow_nonfinite, export.digests if reader is export.tensors
-                               else kept_digests(None if export.direct else meta.tensors, reader, meta.hash),
-                               meta.hash)
+        digests = (export.digests if reader is export.tensors
+                   else kept_digests(None if export.direct else meta.tensors, reader, meta.hash))
+        planned = plan_tensors(reader, items, None, allow_nonfinite, digests, meta.hash)
         by_name = {p.name: p for p in planned}
+        items_fn = {name: fn for name, _, fn in items}
         types = _written_types(kind, mix, model, [(p.name, p.shape) for p in planned
                                                   if p.name not in whole and p.name not in skipped])
         tensors = []
@@ -269,7 +280,10 @@ def to_gguf(src: Path | Checkpoint, out: Path, family: str | None = None, quant:
             first = src_name[0] if isinstance(src_name, tuple) else src_name
             check = None if allow_nonfinite else FiniteCheck(first, export.tensors.where(first), written_as,
                                                                  "choose another --quant (f32, bf16)")
-            tensors.append(GgufTensor(p.name, p.shape, written_as, p.produce, check))
+            bands = _bands(reader, src_name, items_fn[p.name], digests)
+            source_check = None if allow_nonfinite else FiniteCheck(first, reader.where(first))
+            tensors.append(GgufTensor(p.name, p.shape, written_as, p.produce, check, bands=bands,
+                                      source_check=source_check))
         tensors += [GgufTensor(name, tuple(t.shape), "F32", lambda t=t: t) for name, t in model.extra.items()]
         tokens = tokenizer["tokenizer.ggml.tokens"].value if "tokenizer.ggml.tokens" in tokenizer else []
         values = {**model.values, **tokenizer, **family_tokens(model.entry, config, tokens, tokenizer),
