@@ -482,6 +482,11 @@ WRITTEN_ONLY.update({name: dict(spec.kwargs, **spec.gguf) for name, spec in SPEC
 WRITTEN_ONLY["granitemoehybrid:rope"] = dict(WRITTEN_ONLY["granitemoehybrid"], position_embedding_type="rope")
 # Llama 4 Maverick's layout: 128 experts, for which llama.cpp's llama4 runs no QK norm (Scout's 16 have it)
 WRITTEN_ONLY["llama4_text:maverick"] = dict(WRITTEN_ONLY["llama4_text"], num_local_experts=128, use_qk_norm=False)
+# Gemma 4's MoE block beside every dense MLP (the 26B-A4B layout), per-layer embeddings too; and a Gemma 4 without a
+# final soft-cap, which export states as 0 (llama.cpp's runtime soft-caps at 30 where a file states none)
+WRITTEN_ONLY["gemma4_text:moe"] = dict(WRITTEN_ONLY["gemma4_text"], enable_moe_block=True, num_experts=6,
+                                       top_k_experts=3, moe_intermediate_size=32)
+WRITTEN_ONLY["gemma4_text:uncapped"] = dict(WRITTEN_ONLY["gemma4_text"], final_logit_softcapping=None)
 # Falcon's layouts beyond Falcon-7B's (FAMILIES["falcon"]) that llama.cpp's falcon runs: Falcon-40B's two
 # norms, Falcon2-11B's one with grouped KV heads, multi-head attention; transformers' GGUF loader reads
 # each as Falcon-7B's, so our reader and llama.cpp are their proof

@@ -43,6 +43,7 @@ LOADED_BIASES: dict[str, frozenset[str]] = {arch: frozenset(names) for arch, nam
     **{arch: SSM for arch in SSM_ARCHS + HYBRID_SSM_ARCHS},
     "granitehybrid": (*QKV, "attn_output", "ffn_gate", "ffn_up", "ffn_down", *SSM),  # the conv bias: optional
     "nemotron_h": (*QKV, "attn_output", "ffn_up", "ffn_down", *SSM),
+    "gemma4": (),
 }.items()}
 # the biases an architecture's loader requires on every layer (`create_tensor(..., 0)`: "missing tensor" without
 # them); gpt-oss's attention output bias is one, so a model without attention biases cannot load
