@@ -162,7 +162,8 @@ FP32_BOUND_MODELS = {"jamba"}
 # last-bit differences into f16 roundings that flip, so that our own fp32 decoder computing that table is 2.5e-4 to
 # 7e-4 x scale from our float64 decoder computing it (with the exact GELU: 1e-5), where the 2e-4 bar above needs it
 # within 2e-4 of llama.cpp's. Both fp32 results computing the table are held to the float64 model computing it, as the
-# others are to theirs (measured: llama.cpp max 0.6x to 1.6x ours, mean 0.6x to 0.9x)
+# others are to theirs (measured: llama.cpp max 1.0x to 1.7x ours, mean 0.73x to 1.0x), and the table still takes
+# llama.cpp at least 4x closer to ours on average, as the 2e-4 bar asks (measured 6.5x to 17x)
 TABLE_BOUND_MODELS = {"gemma4_text", "gemma4_unified_text"}
 
 
@@ -192,6 +193,8 @@ def test_f32_logits(model_type: str, exported: Any, request: pytest.FixtureReque
               f"mean {our_error.mean():.1e}")
         assert float(their_error.max()) <= 2 * float(our_error.max())
         assert float(their_error.mean()) <= 2 * float(our_error.mean())
+        if family in TABLE_BOUND_MODELS:
+            assert float(table_diff.mean()) <= float(diff.mean()) / 4
     elif torch.equal(as_ggml, ours):  # no tanh GELU
         assert float(diff.max()) <= 1e-5 * scale
     else:  # what is left are the table's f16 roundings that flip where our x and ggml's differ in the last bits
