@@ -426,6 +426,7 @@ def test_gemma4_moe_block_without_its_sizes_is_refused_by_name(text: dict[str, A
         FAMILIES["gemma4_text"].arch_config(gemma4(**text).to_dict())
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", ["gemma4", "gemma4_unified"])
 def test_gemma4_wrappers_are_written_as_llama_cpp_s_gemma4(name: str, tmp_path: Path) -> None:
     """Gemma 4's wrappers export to GGUF as their text decoders (llama.cpp's gemma4; Gemma 4 unified told apart by
