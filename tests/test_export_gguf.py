@@ -937,6 +937,18 @@ def test_a_family_written_as_another_s_architecture_reads_back_as_itself(name: s
           (dict(moe_layers=[1, 2]), "metadata cannot express this model's moe;"),
           (dict(moe_layers=[]), "metadata cannot express this model's moe;"),
           (dict(attention_bias=True), "architecture loads no"))),
+    # llama.cpp's gemma4: a per-layer embedding for every token id; the KV-shared layers take the K/V of the last
+    # layer before them (full) and of the one before that (sliding); unscaled proportional and default RoPE; no biases
+    *(("gemma4_text", dict(WRITTEN_ONLY["gemma4_text"], **overrides), fragment) for overrides, fragment in (
+        (dict(vocab_size_per_layer_input=64), "reads a per-layer embedding for every token id (vocab_size=128)"),
+        (dict(layer_types=["sliding_attention", "full_attention", "full_attention", "sliding_attention",
+                           "sliding_attention", "full_attention"]),
+         "gemma4 gives the KV-shared layers the K/V of layer 3 (the full ones) and 2 (the sliding ones)"),
+        (dict(rope_parameters={"sliding_attention": {"rope_type": "linear", "factor": 2.0, "rope_theta": 1e4},
+                               "full_attention": {"rope_type": "proportional", "partial_rotary_factor": 0.25,
+                                                  "rope_theta": 1e6}}),
+         "llama.cpp's gemma4 runs unscaled proportional RoPE on the full layers"),
+        (dict(attention_bias=True), "gemma4 architecture loads no blk.0.attn_k.bias"))),
 ])
 def test_what_these_llama_cpp_graphs_compute_otherwise_is_refused(name: str, overrides: dict[str, Any], fragment: str,
                                                                    tmp_path: Path) -> None:
