@@ -494,6 +494,11 @@ WRITTEN_ONLY.update({name: dict(spec.kwargs, **spec.gguf) for name, spec in SPEC
 WRITTEN_ONLY["granitemoehybrid:rope"] = dict(WRITTEN_ONLY["granitemoehybrid"], position_embedding_type="rope")
 # Llama 4 Maverick's layout: 128 experts, for which llama.cpp's llama4 runs no QK norm (Scout's 16 have it)
 WRITTEN_ONLY["llama4_text:maverick"] = dict(WRITTEN_ONLY["llama4_text"], num_local_experts=128, use_qk_norm=False)
+# Gemma 4's MoE block beside every dense MLP (the 26B-A4B layout), per-layer embeddings too; and a Gemma 4 without a
+# final soft-cap, which export states as 0 (llama.cpp's runtime soft-caps at 30 where a file states none)
+WRITTEN_ONLY["gemma4_text:moe"] = dict(WRITTEN_ONLY["gemma4_text"], enable_moe_block=True, num_experts=6,
+                                       top_k_experts=3, moe_intermediate_size=32)
+WRITTEN_ONLY["gemma4_text:uncapped"] = dict(WRITTEN_ONLY["gemma4_text"], final_logit_softcapping=None)
 # Falcon's layouts beyond Falcon-7B's (FAMILIES["falcon"]) that llama.cpp's falcon runs: Falcon-40B's two
 # norms, Falcon2-11B's one with grouped KV heads, multi-head attention; transformers' GGUF loader reads
 # each as Falcon-7B's, so our reader and llama.cpp are their proof
@@ -992,6 +997,18 @@ def test_a_family_written_as_another_s_architecture_reads_back_as_itself(name: s
           (dict(moe_layers=[1, 2]), "metadata cannot express this model's moe;"),
           (dict(moe_layers=[]), "metadata cannot express this model's moe;"),
           (dict(attention_bias=True), "architecture loads no"))),
+    # llama.cpp's gemma4: a per-layer embedding for every token id; the KV-shared layers take the K/V of the last
+    # layer before them (full) and of the one before that (sliding); unscaled proportional and default RoPE; no biases
+    *(("gemma4_text", dict(WRITTEN_ONLY["gemma4_text"], **overrides), fragment) for overrides, fragment in (
+        (dict(vocab_size_per_layer_input=64), "reads a per-layer embedding for every token id (vocab_size=128)"),
+        (dict(layer_types=["sliding_attention", "full_attention", "full_attention", "sliding_attention",
+                           "sliding_attention", "full_attention"]),
+         "gemma4 gives the KV-shared layers the K/V of layer 3 (the full ones) and 2 (the sliding ones)"),
+        (dict(rope_parameters={"sliding_attention": {"rope_type": "linear", "factor": 2.0, "rope_theta": 1e4},
+                               "full_attention": {"rope_type": "proportional", "partial_rotary_factor": 0.25,
+                                                  "rope_theta": 1e6}}),
+         "llama.cpp's gemma4 runs unscaled proportional RoPE on the full layers"),
+        (dict(attention_bias=True), "gemma4 architecture loads no blk.0.attn_k.bias"))),
 ])
 def test_what_these_llama_cpp_graphs_compute_otherwise_is_refused(name: str, overrides: dict[str, Any], fragment: str,
                                                                    tmp_path: Path) -> None:

@@ -158,6 +158,13 @@ FP32_BOUND_MIXERS = {"gated_deltanet"}
 # decoder 1.4e-5 x scale from the float64 model (max; mean 5.7e-6), where llama.cpp's is 4.9e-6 (mean 2.3e-6): the
 # two 1.8e-5 x scale apart
 FP32_BOUND_MODELS = {"jamba"}
+# and Gemma 4's, whose scores are unscaled (scale 1): there ggml's f16 GELU table turns any two fp32 orders'
+# last-bit differences into f16 roundings that flip, so that our own fp32 decoder computing that table is 2.5e-4 to
+# 7e-4 x scale from our float64 decoder computing it (with the exact GELU: 1e-5), where the 2e-4 bar above needs it
+# within 2e-4 of llama.cpp's. Both fp32 results computing the table are held to the float64 model computing it, as the
+# others are to theirs (measured: llama.cpp max 1.0x to 1.7x ours, mean 0.73x to 1.0x), and the table still takes
+# llama.cpp at least 4x closer to ours on average, as the 2e-4 bar asks (measured 6.5x to 17x)
+TABLE_BOUND_MODELS = {"gemma4_text", "gemma4_unified_text"}
 
 
 @pytest.mark.parametrize("model_type", list(MODELS))
@@ -175,16 +182,19 @@ def test_f32_logits(model_type: str, exported: Any, request: pytest.FixtureReque
           + ("" if torch.equal(as_ggml, ours) else
              f"; with ggml's GELU: max {table_diff.max() / scale:.1e} x scale, mean {table_diff.mean():.1e}"))
     model = lmconvert.load(canonical, dtype=torch.float32)
-    if model.cfg.mixer in FP32_BOUND_MIXERS or model_type in FP32_BOUND_MODELS:  # both fp32 results as far from
-        # the exact model as each other
+    family = model_type.split(":")[0]
+    if model.cfg.mixer in FP32_BOUND_MIXERS or family in FP32_BOUND_MODELS | TABLE_BOUND_MODELS:  # both fp32
+        # results as far from the exact model as each other (built while ggml's GELU holds: its table, where any)
         with torch.no_grad():
             exact = lmconvert.load(canonical, dtype=torch.float64)(torch.tensor([ids]))[0]
-        their_error, our_error = (theirs.double() - exact).abs(), (ours.double() - exact).abs()
+        their_error, our_error = (theirs.double() - exact).abs(), (as_ggml.double() - exact).abs()
         print(f"{model_type} f32 against the float64 model: llama.cpp max {their_error.max() / scale:.1e} x scale, "
               f"mean {their_error.mean():.1e}; ours max {our_error.max() / scale:.1e} x scale, "
               f"mean {our_error.mean():.1e}")
         assert float(their_error.max()) <= 2 * float(our_error.max())
         assert float(their_error.mean()) <= 2 * float(our_error.mean())
+        if family in TABLE_BOUND_MODELS:
+            assert float(table_diff.mean()) <= float(diff.mean()) / 4
     elif torch.equal(as_ggml, ours):  # no tanh GELU
         assert float(diff.max()) <= 1e-5 * scale
     else:  # what is left are the table's f16 roundings that flip where our x and ggml's differ in the last bits
@@ -561,6 +571,7 @@ def _hub_spelling(name: str, config: dict[str, Any]) -> dict[str, Any]:
                          "afmoe": {"route_norm": True, "score_func": "sigmoid"},
                          "exaone": {"architectures": ["ExaoneForCausalLM"], "activation_function": "silu"},
                          "minimax_m2": {"rotary_dim": int((config.get("head_dim") or 0) * rotated)},
+                         "gemma4_unified_text": {"architectures": ["Gemma4ForCausalLM"]},
                          "nemotron_h": {"num_hidden_layers": len(blocks),
                                         "hybrid_override_pattern": "".join(NEMOTRON_H_PATTERN[t] for t in blocks)},
                          "falcon_h1": {"head_dim": config.get("head_dim")
@@ -580,6 +591,8 @@ SENTENCEPIECE = {"gemma": "GemmaTokenizer", "gemma2": "GemmaTokenizer", "gemma3_
                  "qwen2": "LlamaTokenizer", "phi3": "LlamaTokenizer", "nemotron": "LlamaTokenizer",
                  "ernie4_5": "LlamaTokenizer", "ernie4_5_moe": "LlamaTokenizer", "minicpm3": "LlamaTokenizer",
                  "jamba": "LlamaTokenizer"}
+# Gemma 4's (llama.cpp's Gemma4Model reads tokenizer.json as a SentencePiece-shaped BPE with byte fallback)
+GEMMA4 = ("gemma4_text", "gemma4_unified_text")
 # llama.cpp's converter reads config.json through transformers' config class, which in transformers 5 breaks it
 # for these: FalconConfig sets num_kv_heads to the head count, by which Falcon-7B's multi-query qkv is then cut
 # ("shape '[4, 3, 16, 64]' is invalid for input of size 6144"); GPTNeoXConfig keeps no rotary_pct. Its
@@ -594,7 +607,11 @@ CONVERTER_FAILS = {"falcon": "is invalid for input of size", "gpt_neox": "rotary
                    "hunyuan_v1_moe": "moe_intermediate_size", "exaone": "activation_function",
                    # transformers 5 loads this model_type's tokenizer files as Qwen3_5Tokenizer, whose pre-tokenizer
                    # llama.cpp's converter hashes as unknown (the same files under qwen3_5_text convert)
-                   "qwen3_5_moe_text": "BPE pre-tokenizer was not recognized"}
+                   "qwen3_5_moe_text": "BPE pre-tokenizer was not recognized",
+                   # it registers Gemma 4 unified only as its multimodal wrapper; its text class Gemma4Model (which
+                   # config.json names here: _hub_spelling) stops on the unified text config, which has no expert
+                   # width. lmconvert writes it as gemma4 with "unified" in general.name (its import reads it back so)
+                   "gemma4_unified_text": "expert_intermediate_size"}
 MLA_SIZES = {f"deepseek2.{key}" for key in ("attention.head_count_kv", "attention.key_length", "attention.value_length",
                                             "attention.key_length_mla", "attention.value_length_mla")}
 # (key, the families it differs for) -> why. What else either writes must be equal
@@ -696,6 +713,9 @@ DIFFERS: dict[tuple[str, frozenset[str]], str] = {
        for key in ("granitehybrid.rope.scaling.finetuned", "granitehybrid.context_length")},
     ("general.file_type", frozenset({"mpt"})):
         "llama.cpp's MPTModel writes no file type, which llama.cpp's loader only prints",
+    ("gemma4.final_logit_softcapping", frozenset({"gemma4_text:uncapped"})):
+        "llama.cpp's Gemma4Model writes no soft-cap for a model without one, which llama.cpp's runtime reads as its "
+        "default, 30; lmconvert states 0, none, which it reads as none (test_f32_logits)",
 }
 
 
@@ -712,7 +732,9 @@ GLM_TOKENS = ("[MASK]", "[gMASK]", "[sMASK]", "<sop>", "<eop>", "<|system|>", "<
 
 def _hf_checkpoint(name: str, hf: Path) -> None:
     """The tiny model `name` with a tokenizer, as the Hub ships its files (config.json's spellings)."""
-    if name.split(":")[0] in SENTENCEPIECE:
+    if name.split(":")[0] in GEMMA4:
+        _gemma4_checkpoint(name, hf)
+    elif name.split(":")[0] in SENTENCEPIECE:
         import sentencepiece as spm
 
         hf.mkdir(parents=True)
@@ -739,6 +761,27 @@ def _hf_checkpoint(name: str, hf: Path) -> None:
     (hf / "config.json").write_text(json.dumps(_hub_spelling(name, config)))
 
 
+def _gemma4_checkpoint(name: str, hf: Path) -> None:
+    """The tiny Gemma 4 beside a Gemma-shaped tokenizer as transformers saves it (tokenizer.json only, a
+    SentencePiece-shaped BPE with byte fallback: what llama.cpp's Gemma4Model reads), its per-layer table as long as
+    the vocabulary."""
+    from test_gguf_tokenizer_import import gemma_sentencepiece
+
+    spm_model = gemma_sentencepiece(hf.parent / "spm")
+    kwargs = {**MODELS[name], "vocab_size": 500, "bos_token_id": 2, "eos_token_id": 1, "pad_token_id": 0}
+    if kwargs.get("hidden_size_per_layer_input"):
+        kwargs["vocab_size_per_layer_input"] = 500
+    save_checkpoint(built(name, kwargs), hf)
+    shutil.copy(spm_model, hf / "tokenizer.model")
+    (hf / "tokenizer_config.json").write_text(json.dumps({
+        "tokenizer_class": "GemmaTokenizer", "bos_token": "<bos>", "eos_token": "<eos>", "unk_token": "<unk>",
+        "pad_token": "<pad>", "add_bos_token": True, "add_eos_token": False}))
+    tokenizer = AutoTokenizer.from_pretrained(str(hf))
+    for path in (hf / "tokenizer.model", hf / "tokenizer_config.json"):
+        path.unlink()
+    tokenizer.save_pretrained(str(hf))
+
+
 RAW_CONFIG = "--config-json-as-it-stands"
 # the converter's options a model needs: Qwen3-Next's and Qwen3.5's classes want the multi-token-prediction head
 # (`mtp.*`, which transformers does not build, so the tiny checkpoints lack it) unless told to leave it out, as
@@ -754,7 +797,7 @@ CONVERTER_FLAGS = {**dict.fromkeys(("qwen3_next", "qwen3_5_text", "qwen3_5_moe_t
                    "mimo_v2_flash": ("--no-mtp", RAW_CONFIG)}
 # the families whose every tensor is compared with llama.cpp's converter's, bit for bit: the gated delta-net's and the
 # state-space hybrids', which no emulation in test_formats_gguf writes
-CONVERTER_TENSORS = {*CONVERTER_FLAGS, "jamba", "bamba", "granitemoehybrid", "nemotron_h", "falcon_h1"}
+CONVERTER_TENSORS = {*CONVERTER_FLAGS, "jamba", "bamba", "granitemoehybrid", "nemotron_h", "falcon_h1", *GEMMA4}
 # llama.cpp's converter over several checkpoints in one process (its imports take most of a run)
 CONVERT_MANY = f"RAW = {RAW_CONFIG!r}\n" + """
 import sys

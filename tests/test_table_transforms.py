@@ -524,8 +524,14 @@ def test_meta_layout_round_trips_every_tensor(layout: Layout, dtype: torch.dtype
         assert all(same_bits(a, b) for a, b in zip(t.inverse(t.forward(pieces)), pieces, strict=True))
 
 
+# architectures whose tables need the gated delta-net's head sizes (qwen3_5_text.Tiled, Qwen3-Next's ssm_ba), which the
+# generic draw below has no consistent set of: their tables go both ways bit for bit in test_export_gguf.py
+# (test_families_transformers_cannot_read_come_back_bit_for_bit) and equal llama.cpp's converter's (test_llamacpp.py)
+TILED = ("qwen3next", "qwen35", "qwen35moe")
+
+
 @SETTINGS
-@given(arch=st.sampled_from(list(GGUF_ARCHS)), kv=st.integers(1, 3), group=st.integers(1, 2),
+@given(arch=st.sampled_from([a for a in GGUF_ARCHS if a not in TILED]), kv=st.integers(1, 3), group=st.integers(1, 2),
        half=st.integers(1, 3), pad=st.integers(0, 3), seed=seeds)
 def test_gguf_table_round_trips_what_it_can(arch: str, kv: int, group: int, half: int, pad: int, seed: int) -> None:
     """Each GGUF rule bound to a file's sizes: permutations both ways for any bits; the vocabulary
@@ -574,7 +580,7 @@ def test_gguf_table_round_trips_what_it_can(arch: str, kv: int, group: int, half
             x = x.unsqueeze(0)
             parts = [r.transform.bind({**sizes, "rows": rows.get(base, 4)}).forward(x) for r in entry.tensors.rules
                      if r.stored == rule.stored]
-            assert same_bits(t.inverse([parts]), x), stored
+            assert same_bits(t.inverse([[part] for part in parts]), x), stored  # one list per part, of its experts
             continue
         assert same_bits(t.inverse(t.forward(x)), x), stored
 

@@ -42,7 +42,16 @@ from lmconvert.formats.kquants import ENCODERS as K_TYPES
 from lmconvert.formats.quantized import KeptWeight, kept_digests, kept_weights
 from lmconvert.mappings import MappingError, family_for, family_named
 from lmconvert.mappings.family import tensor_sizes as family_tensor_sizes
-from lmconvert.mappings.gguf.export import GgufModel, family_tokens, for_tensors, lost, metadata, named, read_back
+from lmconvert.mappings.gguf.export import (
+    EXPORTS,
+    GgufModel,
+    family_tokens,
+    for_tensors,
+    lost,
+    metadata,
+    named,
+    read_back,
+)
 from lmconvert.mappings.gguf.loaders import forced_type, refused_tensors
 from lmconvert.mappings.tables.gguf import tensor_sizes
 from lmconvert.mappings.tables.table import IDENTITY, out_shape
@@ -129,14 +138,15 @@ def source_record(source: dict[str, Any], local: bool) -> str | None:
     return None
 
 
-def _tokenizer(export: Export, side: Path, pre: str | None) -> dict[str, Any]:
-    """The tokenizer's GGUF metadata; from a one-step export's side files, whose errors name the
-    source (they were rebuilt in a temporary) rather than the temporary."""
+def _tokenizer(export: Export, side: Path, pre: str | None, own: str) -> dict[str, Any]:
+    """The tokenizer's GGUF metadata (`own`: the architecture's own writer); from a one-step export's side files,
+    whose errors name the source (they were rebuilt in a temporary) rather than the temporary."""
     ckpt = export.checkpoint
     if not export.direct:
-        return tokenizer_values(ckpt.tokenizer.where if ckpt.tokenizer else None, export.meta.arch.vocab_size, pre)
+        return tokenizer_values(ckpt.tokenizer.where if ckpt.tokenizer else None, export.meta.arch.vocab_size, pre,
+                                own)
     try:
-        return tokenizer_values(side, export.meta.arch.vocab_size, pre)
+        return tokenizer_values(side, export.meta.arch.vocab_size, pre, own)
     except InputError as exc:
         raise InputError(str(exc).replace(f"{side}{os.sep}", f"{ckpt.path}: its tokenizer as converted, ")) from None
 
@@ -223,7 +233,8 @@ def to_gguf(src: Path | Checkpoint, out: Path, family: str | None = None, quant:
         side = stack.enter_context(export.side_files(out))
         try:
             config = target.hf_config(meta.arch, meta.family, meta.hf_extras)
-            tokenizer = _tokenizer(export, side, gguf_pre)
+            own = EXPORTS[config["model_type"]][1].tokenizer if config.get("model_type") in EXPORTS else ""
+            tokenizer = _tokenizer(export, side, gguf_pre, own)
             name = model_name(meta.source, ckpt.path)
             model = for_tensors(metadata(config, name, "tokenizer.ggml.tokens" in tokenizer), names)
             table = model.entry.tensors_for(config)

@@ -77,10 +77,10 @@ ARCH_TYPES: dict[str, schema.Spec] = {  # `{arch}.` keys
     "feed_forward_length": schema.Either((schema.POSITIVE_INT, schema.Array(schema.COUNT))),
     **{key: schema.POSITIVE for key in (
         "attention.layer_norm_rms_epsilon", "attention.layer_norm_epsilon", "rope.freq_base", "rope.freq_base_swa",
-        "attn_logit_softcapping",
-        "final_logit_softcapping", "rope.scaling.factor", "rope.scale_linear", "rope.scaling.attn_factor",
+        "attn_logit_softcapping", "rope.scaling.factor", "rope.scale_linear", "rope.scaling.attn_factor",
         "rope.scaling.yarn_beta_fast", "rope.scaling.yarn_beta_slow")},
     "attention.scale": schema.Number(minimum=0),  # 0: not stated
+    "final_logit_softcapping": schema.Number(minimum=0),  # 0: none (gemma4: where its runtime's default is 30)
     "attention.temperature_scale": schema.Number(), "rope.scaling.yarn_log_multiplier": schema.Number(),
     "rope.scaling.type": schema.String(),
     # a period (0: every layer sliding), or one flag per layer (MiMo's converter writes them as int32 1 and 0)

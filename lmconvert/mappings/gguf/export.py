@@ -230,7 +230,8 @@ def metadata(config: Mapping[str, Any], name: str, listed: bool = False) -> Gguf
     values.update(_told_apart(arch, entry))
     values.update({f"lmconvert.{own}": _get(config, hf_key, {}) for own, hf_key in entry.own.items()
                    if _get(config, hf_key, {}) is not None})
-    if entry.attends:  # no head size and no rotation where nothing attends (Mamba)
+    if entry.attends and not entry.per_kind_heads:  # no head size and no rotation where nothing attends (Mamba);
+        # Gemma 4's per layer kind: `exported` states them
         values[f"{arch}.attention.key_length"] = values[f"{arch}.attention.value_length"] = head_dim
         params, _ = _rope(config)
         rotated = params.get("partial_rotary_factor") or config.get("partial_rotary_factor") or 1.0
@@ -242,7 +243,11 @@ def metadata(config: Mapping[str, Any], name: str, listed: bool = False) -> Gguf
     values[f"{arch}.vocab_size"] = config["vocab_size"]
     if entry.latent:
         values.update(_latent_sizes(arch, config))
-    rope, extra = _rope_metadata(arch, config, head_dim)
+    if entry.rope_out is not None:  # `{arch}.` keys and tensors of its own
+        own, extra = entry.rope_out(config)
+        rope = {f"{arch}.{key}": value for key, value in own.items()}
+    else:
+        rope, extra = _rope_metadata(arch, config, head_dim)
     values.update(rope)
     values.update(_layer_pattern(arch, entry, config))
     values.update(_score_scale(arch, entry, config))

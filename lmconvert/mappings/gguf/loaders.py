@@ -46,6 +46,7 @@ LOADED_BIASES: dict[str, frozenset[str]] = {arch: frozenset(names) for arch, nam
     "falcon-h1": (*QKV, "attn_output", "ffn_gate", "ffn_up", "ffn_down", *SSM),
     # (mimo2's graph adds no q, k, v bias, afmoe's loader no o bias: each family refuses them)
     "mimo2": (*QKV, "exp_probs_b"), "afmoe": (*QKV, "exp_probs_b"),
+    "gemma4": (),
 }.items()}
 # the biases an architecture's loader requires on every layer (`create_tensor(..., 0)`: "missing tensor" without
 # them); gpt-oss's attention output bias is one, so a model without attention biases cannot load

@@ -110,7 +110,8 @@ def hf_config(file: Metadata) -> tuple[dict[str, Any], GgufArch]:
     if entry.partial_rotary and rotated is not None:  # StableLM: the rotated part of a head
         config[entry.rotary_key] = rotated / head_dim
     for name, expected in (("attention.value_length", head_dim), ("rope.dimension_count", head_dim)):
-        if entry.latent or (name == "rope.dimension_count" and entry.partial_rotary) or name in entry.keys:
+        if entry.latent or entry.per_kind_heads or (name == "rope.dimension_count" and entry.partial_rotary) \
+                or name in entry.keys:
             continue  # (a key the entry reads as its own: MiMo's value width, v_head_dim)
         if key(name) is not None and key(name) != expected:
             raise MappingError(f"{arch}.{name}={key(name)} differs from the head size {expected}; "
@@ -119,7 +120,10 @@ def hf_config(file: Metadata) -> tuple[dict[str, Any], GgufArch]:
         config[hf_key] = tensor in file.tensors
     config["tie_word_embeddings"] = "output.weight" not in file.tensors
     config["vocab_size"] = _vocab_size(file, arch)
-    config.update(_rope_scaling(file, arch, config, entry.keys, entry.rope_fixed))
+    if entry.rope_in is not None and "rope_freqs.weight" in file.tensors:  # RoPE of the architecture's own
+        config.update(entry.rope_in(file.read("rope_freqs.weight"), config))
+    else:
+        config.update(_rope_scaling(file, arch, config, entry.keys, entry.rope_fixed))
     if entry.swa_pattern is not None:
         config["layer_types"] = _layer_types(file, arch, entry, config["num_hidden_layers"])
     if entry.big_layers is not None:
@@ -128,8 +132,8 @@ def hf_config(file: Metadata) -> tuple[dict[str, Any], GgufArch]:
         config[hf_key] = [i for i in range(config["num_hidden_layers"]) if tensor.format(i) in file.tensors]
     if entry.derived is not None:
         config.update(entry.derived(config))
-    for hf_key in entry.layer_tensors:
-        del config[hf_key]
+    for hf_key in (*entry.layer_tensors, *entry.transient):
+        config.pop(hf_key, None)
     for hf_key, gguf_key in TOKEN_IDS.items():
         if file.meta.get(gguf_key) is not None:
             config[hf_key] = int(file.meta[gguf_key])

@@ -111,6 +111,20 @@ class GgufArch:
     # import reads these, the weights holding the rest; the export holds what it reads back to the source with these
     # values in place of its own
     folded: Mapping[str, Any] = field(default_factory=dict)
+    # the key and value lengths and the rotated width are per layer kind (Gemma 4: `attention.key_length` the full
+    # layers', `attention.key_length_swa` the sliding ones'): `exported` writes them and `derived` reads them, in
+    # place of the one head size the others state
+    per_kind_heads: bool = False
+    # RoPE that llama.cpp reads from a `rope_freqs` tensor of this architecture's own (Gemma 4's proportional RoPE:
+    # 1 for each rotated frequency, 1e30 for each left still): export's (config -> `{arch}.` keys, extra tensors),
+    # and the import's (the tensor's values, the config so far -> HF keys)
+    rope_out: Callable[[Mapping[str, Any]], tuple[dict[str, Any], dict[str, Any]]] | None = None
+    rope_in: Callable[[Any, Mapping[str, Any]], dict[str, Any]] | None = None
+    # export: `tokenizer.ggml.model` as llama.cpp's converter class writes it, where it writes its own ("gemma4":
+    # the tokenizer.json vocabulary with scores, llama.cpp's gemma4 tokenizer); "": by the tokenizer's files
+    tokenizer: str = ""
+    # HF keys that `keys` reads a file's values into for `derived` alone (Gemma 4's full head size), dropped after it
+    transient: tuple[str, ...] = ()
 
     @property
     def attends(self) -> bool:
