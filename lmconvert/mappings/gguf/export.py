@@ -236,7 +236,7 @@ def metadata(config: Mapping[str, Any], name: str, listed: bool = False) -> Gguf
         params, _ = _rope(config)
         rotated = params.get("partial_rotary_factor") or config.get("partial_rotary_factor") or 1.0
         values[f"{arch}.rope.dimension_count"] = int(head_dim * rotated)  # the rotated part of a head
-    else:  # a head_dim in the config is the mixer's (Mamba2's)
+    elif not entry.attends:  # a head_dim in the config is the mixer's (Mamba2's)
         values.pop(f"{arch}.attention.key_length", None)
     if entry.exported is not None:  # over the head sizes above (MiMo's value width and rotated part)
         values.update({f"{arch}.{key}": value for key, value in entry.exported(config).items()})
