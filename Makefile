@@ -39,11 +39,12 @@ test: env
 # tiny, and on a busy 2-core machine OpenMP's spinning threads made the same tests 5x slower
 # The per-family cases run for a core set of families that covers every variant, plus those the change
 # touches (tools/changed_families.py); `make test` runs every family. FAMILIES=all runs them all here too.
+# The hypothesis tests run a quarter of their examples here (the `fast` profile, tests/conftest.py), all in `make test`.
 FAMILIES ?= $(shell $(PYTHON) tools/changed_families.py)
 test-fast: env
 	$(BIN)/lint-imports --no-cache
 	LMCONVERT_FAMILIES=$(if $(filter all,$(FAMILIES)),,$(FAMILIES)) $(PYCACHE) OMP_NUM_THREADS=1 \
-		$(BIN)/python -m pytest -q $(PARALLEL) -m "not slow and not llamacpp"
+		$(BIN)/python -m pytest -q $(PARALLEL) -m "not slow and not llamacpp" --hypothesis-profile=fast
 	LMCONVERT_FAMILIES=$(if $(filter all,$(FAMILIES)),,$(FAMILIES)) $(PYCACHE) $(AVX2_KERNELS) OMP_NUM_THREADS=1 \
 		$(BIN)/python -m pytest -q $(PARALLEL) -m "bitexact and not slow"
 

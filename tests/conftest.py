@@ -20,6 +20,21 @@ CORE_FAMILIES = ("llama", "mistral", "gemma2", "gemma3", "qwen3", "olmo2", "phi3
                  "deepseek_v32")
 
 
+# `make test-fast` loads this profile (`--hypothesis-profile=fast`): each hypothesis test runs a quarter of
+# its examples (tests/examples_budget.py); `make test` runs hypothesis' default profile, every example.
+FAST_EXAMPLES = 25
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_configure(config: pytest.Config) -> None:
+    """Registers the `fast` profile before hypothesis' plugin loads the one asked for; hypothesis is imported
+    only when one is (the AVX2 rerun imports no hypothesis test)."""
+    if config.getoption("hypothesis_profile", None):
+        from hypothesis import settings
+
+        settings.register_profile("fast", max_examples=FAST_EXAMPLES)
+
+
 def _family_names() -> set[str]:
     """Every name a per-family case can carry: the spec names and the families' model_types."""
     from family_specs import SPECS
