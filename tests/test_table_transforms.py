@@ -24,6 +24,7 @@ from fractions import Fraction
 import gguf
 import pytest
 import torch
+from examples_budget import examples
 from family_specs import SPECS, GgufNaming, family_of
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -51,7 +52,8 @@ from lmconvert.mappings.tables.transforms import (
     Unstack,
 )
 
-SETTINGS = settings(max_examples=150, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow])
+SETTINGS = settings(max_examples=examples(150), deadline=None, derandomize=True,
+                    suppress_health_check=[HealthCheck.too_slow])
 DTYPES = (torch.float32, torch.float16, torch.bfloat16, torch.float64, torch.int8, torch.int32)
 AS_INT = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
 
