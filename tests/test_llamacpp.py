@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -471,6 +472,33 @@ HUB_LACKS = {"nemotron_h": ("num_experts_per_tok", "n_routed_experts", "n_shared
 NEMOTRON_H_PATTERN = {"linear_attention": "M", "full_attention": "*", "mlp": "-"}
 
 
+def _kimi_linear_hub(config: dict[str, Any]) -> dict[str, Any]:
+    """Kimi Linear's config as the Hub's files spell it, which llama.cpp's KimiLinearModel reads: the schedule and the
+    KDA sizes in linear_attn_config (layers 1-indexed), the dense layers as first_k_dense_replace, the router's
+    sigmoid as moe_router_activation_func (transformers 5 writes layer_types, linear_*, mlp_layer_types)."""
+    types, mlp = config.get("layer_types") or [], config.get("mlp_layer_types") or []
+    return {"linear_attn_config": {"full_attn_layers": [i + 1 for i, t in enumerate(types) if t == "full_attention"],
+                                   "kda_layers": [i + 1 for i, t in enumerate(types) if t == "linear_attention"],
+                                   "head_dim": config["linear_head_dim"], "num_heads": config["linear_num_heads"],
+                                   "short_conv_kernel_size": config["linear_conv_kernel_dim"]},
+            "first_k_dense_replace": next((i for i, t in enumerate(mlp) if t != "dense"), len(mlp)),
+            "moe_router_activation_func": "sigmoid"}
+
+
+def _hub_tensors(name: str, hf: Path) -> None:
+    """The checkpoint's tensors as the Hub's files name them, where transformers 5 names them otherwise: Kimi
+    Linear's dense MLPs are `mlp.` (transformers 5 writes them under block_sparse_moe, which llama.cpp's converter
+    does not map)."""
+    if name.split(":")[0] != "kimi_linear":
+        return
+    from safetensors.torch import load_file, save_file
+
+    for path in hf.glob("*.safetensors"):
+        tensors = {re.sub(r"block_sparse_moe\.(gate|up|down)_proj\.", r"mlp.\1_proj.", k): v
+                   for k, v in load_file(path).items()}
+        save_file(tensors, path, metadata={"format": "pt"})
+
+
 def _hub_spelling(name: str, config: dict[str, Any]) -> dict[str, Any]:
     rotated = (config.get("rope_parameters") or {}).get("partial_rotary_factor", 1.0)
     granite4 = {"linear_attention": "mamba", "full_attention": "attention"}
@@ -486,6 +514,7 @@ def _hub_spelling(name: str, config: dict[str, Any]) -> dict[str, Any]:
                                         "hybrid_override_pattern": "".join(NEMOTRON_H_PATTERN[t] for t in blocks)},
                          "granitemoehybrid": {"layer_types": [granite4.get(t, t) for t in config.get("layer_types")
                                                               or ()]},
+                         "kimi_linear": _kimi_linear_hub(config) if name.startswith("kimi_linear") else {},
                          }.get(name.split(":")[0], {})}
 
 
@@ -615,6 +644,10 @@ DIFFERS: dict[tuple[str, frozenset[str]], str] = {
        for key in ("granitehybrid.rope.scaling.finetuned", "granitehybrid.context_length")},
     ("general.file_type", frozenset({"mpt"})):
         "llama.cpp's MPTModel writes no file type, which llama.cpp's loader only prints",
+    ("kimi-linear.expert_group_count", frozenset({"kimi_linear"})):
+        "llama.cpp's converter reads the expert group count only as n_group, which Kimi Linear's config calls "
+        "num_expert_group, and so writes none (llama.cpp's runtime then groups nothing); lmconvert states this "
+        "model's 4 groups, which llama.cpp's graph runs as DeepSeek-V3's (build_moe_ffn; test_f32_logits)",
 }
 
 
@@ -656,6 +689,7 @@ def _hf_checkpoint(name: str, hf: Path) -> None:
         tokenizer.save_pretrained(hf)
     config = json.loads((hf / "config.json").read_text())
     (hf / "config.json").write_text(json.dumps(_hub_spelling(name, config)))
+    _hub_tensors(name, hf)
 
 
 RAW_CONFIG = "--config-json-as-it-stands"
@@ -670,7 +704,7 @@ CONVERTER_FLAGS = {**dict.fromkeys(("qwen3_next", "qwen3_5_text", "qwen3_5_moe_t
                    "nemotron_h": (RAW_CONFIG,)}
 # the families whose every tensor is compared with llama.cpp's converter's, bit for bit: the gated delta-net's and the
 # state-space hybrids', which no emulation in test_formats_gguf writes
-CONVERTER_TENSORS = {*CONVERTER_FLAGS, "jamba", "bamba", "granitemoehybrid", "nemotron_h"}
+CONVERTER_TENSORS = {*CONVERTER_FLAGS, "jamba", "bamba", "granitemoehybrid", "nemotron_h", "kimi_linear"}
 # llama.cpp's converter over several checkpoints in one process (its imports take most of a run)
 CONVERT_MANY = f"RAW = {RAW_CONFIG!r}\n" + """
 import sys

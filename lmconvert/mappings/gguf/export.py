@@ -54,7 +54,7 @@ def _latent_sizes(arch: str, config: Mapping[str, Any]) -> dict[str, Any]:
     rotary width, a value of v_head_dim, as many KV heads as heads (kv_b decompresses them)."""
     if config.get("rms_norm_eps") != LATENT_NORM_EPS:
         raise MappingError(f"llama.cpp's {arch} normalises the latent q and kv with rms_norm_eps "
-                           f"({config.get('rms_norm_eps')}), DeepSeek with {LATENT_NORM_EPS}")
+                           f"({config.get('rms_norm_eps')}), DeepSeek and Kimi with {LATENT_NORM_EPS}")
     kind = _rope(config)[0].get("rope_type") or "default"
     if kind != "default":
         raise MappingError(f"llama.cpp's {arch} derives the attention scale of scaled RoPE ({kind}) its own way (from "
@@ -227,8 +227,6 @@ def metadata(config: Mapping[str, Any], name: str, listed: bool = False) -> Gguf
         if value is not None and gguf_key != "rope.freq_base":
             values[f"{arch}.{gguf_key}"] = value
     values.update({f"{arch}.{key}": value for key, value in entry.constants.items()})
-    if entry.exported is not None:
-        values.update({f"{arch}.{key}": value for key, value in entry.exported(config).items()})
     values.update(_told_apart(arch, entry))
     values.update({f"lmconvert.{own}": config[hf_key] for own, hf_key in entry.own.items()
                    if config.get(hf_key) is not None})
@@ -242,6 +240,8 @@ def metadata(config: Mapping[str, Any], name: str, listed: bool = False) -> Gguf
     values[f"{arch}.vocab_size"] = config["vocab_size"]
     if entry.latent:
         values.update(_latent_sizes(arch, config))
+    if entry.exported is not None:  # the entry's own keys have the last word (Kimi Linear's absorbed MLA sizes)
+        values.update({f"{arch}.{key}": value for key, value in entry.exported(config).items()})
     rope, extra = _rope_metadata(arch, config, head_dim)
     values.update(rope)
     values.update(_layer_pattern(arch, entry, config))
