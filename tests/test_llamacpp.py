@@ -193,6 +193,24 @@ def test_f32_logits(model_type: str, exported: Any, request: pytest.FixtureReque
     assert torch.equal(theirs.argmax(-1), as_ggml.argmax(-1))  # (the GELU's difference can flip a near-tie)
 
 
+def test_kimi_delta_attention_past_one_chunk(exported: Any) -> None:  # noqa: ANN401
+    """Kimi delta attention runs in chunks, ours (transformers') of 64 tokens, llama.cpp's of 16: over 100 tokens,
+    past one chunk of each, llama.cpp's logits are ours within the f32 bar (test_f32_logits' 48 stay in one of
+    ours); both distances from the float64 model are printed."""
+    canonical, path = exported("kimi_linear", "f32")
+    ids = token_batch(seq=100)[0].tolist()
+    theirs = llama_logits(llama(path), ids)
+    with torch.no_grad():
+        ours = lmconvert.load(canonical, dtype=torch.float32)(torch.tensor([ids]))[0]
+        exact = lmconvert.load(canonical, dtype=torch.float64)(torch.tensor([ids]))[0]
+    scale, diff = float(ours.abs().max()), (theirs - ours).abs()
+    their_error, our_error = (theirs.double() - exact).abs(), (ours.double() - exact).abs()
+    print(f"kimi_linear f32, 100 tokens: max |Δ| {diff.max() / scale:.1e} x scale, mean {diff.mean():.1e}; against "
+          f"the float64 model: llama.cpp max {their_error.max() / scale:.1e} x scale, "
+          f"ours {our_error.max() / scale:.1e}")
+    assert float(diff.max()) <= 1e-5 * scale and torch.equal(theirs.argmax(-1), ours.argmax(-1))
+
+
 @pytest.mark.parametrize("quant", ["f32", "f16"])
 @pytest.mark.parametrize("model_type", list(MODELS))
 def test_greedy_tokens(model_type: str, quant: str, exported: Any, request: pytest.FixtureRequest) -> None:  # noqa: ANN401

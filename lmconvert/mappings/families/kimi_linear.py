@@ -235,16 +235,13 @@ def _gguf_layout(config: Mapping[str, Any]) -> TensorTable:
     return TensorTable(GGUF_EDGE + GGUF_FFN + per_layer)
 
 
-GGUF_KEYS = {
-    "ssm.conv_kernel": "linear_conv_kernel_dim", "kda.head_dim": "linear_head_dim",
-    "attention.q_lora_rank": "q_lora_rank", "attention.kv_lora_rank": "kv_lora_rank",
-    "rope.dimension_count": "qk_rope_head_dim", "leading_dense_block_count": "first_k_dense_replace",
-    "expert_count": "num_experts", "expert_used_count": "num_experts_per_token",
-    "expert_feed_forward_length": "moe_intermediate_size", "expert_shared_count": "num_shared_experts",
-    "expert_weights_scale": "routed_scaling_factor", "expert_group_count": "num_expert_group",
-    "expert_group_used_count": "topk_group", "expert_gating_func": "expert_gating_func",
-    # read as llama.cpp states them; `_from_gguf` makes the HF sizes of them
-    "attention.key_length_mla": "key_length_mla", "attention.value_length_mla": "value_length_mla"}
+# deepseek2's keys in Kimi's spelling (KimiLinearConfig's attribute_map), but the value length (here the converter's
+# transformers head_dim, written by `_to_gguf`) and expert_weights_norm (kimi-linear always renormalises); and KDA's
+KIMI_SPELLING = {"n_routed_experts": "num_experts", "num_experts_per_tok": "num_experts_per_token",
+                 "n_shared_experts": "num_shared_experts", "n_group": "num_expert_group"}
+GGUF_KEYS = {**{k: KIMI_SPELLING.get(v, v) for k, v in deepseek_v3.DEEPSEEK2_KEYS.items()
+                if k not in ("attention.value_length", "expert_weights_norm")},
+             "ssm.conv_kernel": "linear_conv_kernel_dim", "kda.head_dim": "linear_head_dim"}
 
 
 def _from_gguf(config: Mapping[str, Any]) -> dict[str, Any]:
