@@ -196,9 +196,10 @@ REFERENCE_LAYOUTS = {**LATENT, **SHARED_UNFLATTENED}
 # shared key part before the no-position part of each key, and the query's after. Which layers attend is stated as
 # one KV-head count per layer (0: KDA; 1: MLA's latent cache). Refused by name: rms_norm_eps other than 1e-6
 # (llama.cpp normalises MLA's kv_a and KDA's q and k with it; transformers with 1e-6: gguf/export.py, in its words
-# for DeepSeek), KDA heads other than the attention heads (llama.cpp has one head count), dense layers that are not
-# the first ones (llama.cpp's leading_dense_block_count), unrenormalised expert weights, no shared expert, a tied
-# output (all hard-coded or required there), and biases (loaders.py: it loads none).
+# for DeepSeek), a stack without both KDA and MLA layers (llama.cpp aborts on it), KDA heads other than the attention
+# heads (llama.cpp has one head count), a q LoRA (its loader reads no q_lora_rank), dense layers that are not the first
+# ones (llama.cpp's leading_dense_block_count), unrenormalised expert weights, no shared expert, a tied output (all
+# hard-coded or required there), and biases (loaders.py: it loads none).
 GGUF_EDGE = (Rule("token_embd.weight", "embed.weight", PADDED), Rule("output.weight", "lm_head.weight", PADDED),
              Rule("output_norm.weight", "final_norm.weight"))
 GGUF_FFN = (*(Rule(f"blk.{{}}.{g}.weight", f"layers.{{}}.{c}.weight") for g, c in (
@@ -259,9 +260,18 @@ def _from_gguf(config: Mapping[str, Any]) -> dict[str, Any]:
 
 def _to_gguf(config: Mapping[str, Any]) -> dict[str, Any]:
     types, heads = config["layer_types"], config["num_attention_heads"]
+    if {"linear_attention", "full_attention"} - set(types):
+        only = "KDA" if "linear_attention" in types else "MLA"
+        raise MappingError(f"llama.cpp's kimi-linear aborts on a model without both KDA and MLA layers (it allocates "
+                           f"an empty recurrent state or KV cache: GGML_ASSERT(buffer) in ggml-backend.cpp), and this "
+                           f"model's layers are all {only}")
     if "linear_attention" in types and config["linear_num_heads"] != heads:
         raise MappingError(f"llama.cpp's kimi-linear runs KDA with the attention's head count ({heads}), and this "
                            f"model's KDA has linear_num_heads={config['linear_num_heads']}")
+    if "full_attention" in types and config.get("q_lora_rank") is not None:
+        raise MappingError(f"llama.cpp's kimi-linear reads no q_lora_rank (its loader sizes attn_q_a_norm as 0), so it "
+                           f"runs MLA with a plain q projection only, and this model's is low-rank "
+                           f"(q_lora_rank={config['q_lora_rank']})")
     mlp = config.get("mlp_layer_types") or []
     dense = mlp.count("dense")
     if mlp != ["dense"] * dense + ["sparse"] * (len(mlp) - dense):
