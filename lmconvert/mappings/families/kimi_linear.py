@@ -192,8 +192,9 @@ REFERENCE_LAYOUTS = {**LATENT, **SHARED_UNFLATTENED}
 # kernel], f_a/f_b as ssm_f_a/f_b, b_proj as ssm_beta, A_log as ssm_a = -exp(A_log) [1, 1, heads, 1] (NEG_EXP: read
 # back as log(-ssm_a), within a few ulps), dt_bias as ssm_dt.bias, g_a/g_b as ssm_g_a/g_b, o_norm as ssm_norm,
 # o_proj as attn_output. An MLA layer in the absorbed layout (kv_b as attn_k_b, each head's k rows transposed, and
-# attn_v_b), which is the one llama.cpp's kimi-linear graph runs right: its unabsorbed path (attn_kv_b) puts the
-# shared key part before the no-position part of each key, and the query's after. Which layers attend is stated as
+# attn_v_b), the layout llama.cpp's converter writes and its graph's MLA-cache path runs; its other path (attn_kv_b
+# whole) puts each key's shared part before its no-position part where the query's comes after, and crashed
+# (segfault) on the tiny test model. Which layers attend is stated as
 # one KV-head count per layer (0: KDA; 1: MLA's latent cache). Refused by name: rms_norm_eps other than 1e-6
 # (llama.cpp normalises MLA's kv_a and KDA's q and k with it; transformers with 1e-6: gguf/export.py, in its words
 # for DeepSeek), a stack without both KDA and MLA layers (llama.cpp aborts on it), KDA heads other than the attention
