@@ -411,6 +411,64 @@ def test_llama4_as_llama_cpp_s_converter_writes_it(converter: Path, tmp_path: Pa
             assert torch.equal(tensor, source[tensor_name]), tensor_name
 
 
+# a Gemma 3n as llama.cpp's gemma3n graph hard-codes it (src/models/gemma3n.cpp, models.h, llama-hparams.h): 20 layers
+# with K/V of their own (n_layer_kv_from_start), the gate sparsity icdf(0.95) on the first 10 layers
+# (n_layer_sparsity, f_sparsity_std_mul), LAuReL rank 64, per-layer inputs 256 wide, 4 AltUp streams with the first
+# active; the shared layers 20 and 21 read layers 18 (sliding) and 19 (full), as transformers' do
+GEMMA3N_AS_LLAMA_CPP = dict(vocab_size=500, vocab_size_per_layer_input=500, hidden_size=32, intermediate_size=64,
+                            num_hidden_layers=22, num_kv_shared_layers=2, num_attention_heads=2, num_key_value_heads=1,
+                            head_dim=16, laurel_rank=64, hidden_size_per_layer_input=256, sliding_window=8,
+                            max_position_embeddings=128)
+
+
+def test_llama_cpp_s_gemma3n_takes_the_gate_s_std_otherwise(converter: Path, monkeypatch: pytest.MonkeyPatch,
+                                                               tmp_path: Path) -> None:
+    """Why lmconvert writes no gemma3n file (gemma3n_text's no_gguf): llama.cpp's graph cuts each sparse gate at
+    mean + std x icdf(0.95) with the std over n - 1 (gaussian_topk), transformers' Gemma3nTextMLP over n
+    (torch.std(unbiased=False)). On its own converter's file of a Gemma 3n meeting every constant its graph
+    hard-codes, llama.cpp's logits are 1.1 x scale from transformers' (top-1 20%); from transformers with the
+    std over n - 1 and ggml's GELU table in float64 they are within 2x of that model's own fp32 distance from it
+    (measured 3.4e-3 x scale against 2.9e-3: this 22-layer model's fp32 rounding alone moves its logits that far;
+    1.7e-3 from its fp32 logits): no other difference. The shared layers' K/V projections, which transformers 5
+    saves none of and llama.cpp's loader requires, are in the checkpoint as the published ones hold them."""
+    from safetensors.torch import load_file, save_file
+    from test_gguf_tokenizer_import import gemma_sentencepiece
+    from transformers.activations import GELUTanh
+
+    hf, path = tmp_path / "hf", tmp_path / "c.gguf"
+    save_checkpoint(build_model("gemma3n_text", **GEMMA3N_AS_LLAMA_CPP), hf)
+    (hf / "tokenizer.model").write_bytes(gemma_sentencepiece(tmp_path / "spm").read_bytes())
+    weights, generator = load_file(hf / "model.safetensors"), torch.Generator().manual_seed(5)
+    for i in (20, 21):
+        for name, shape in (("k_proj.weight", (16, 32)), ("v_proj.weight", (16, 32)), ("k_norm.weight", (16,))):
+            weights[f"model.layers.{i}.self_attn.{name}"] = torch.randn(shape, generator=generator)
+    save_file(weights, hf / "model.safetensors", metadata={"format": "pt"})
+    run = subprocess.run([sys.executable, str(converter), str(hf), "--outfile", str(path), "--outtype", "f32"],
+                         capture_output=True, text=True)
+    assert run.returncode == 0, run.stderr[-2000:]
+    ids = torch.randint(3, 500, (40,), generator=torch.Generator().manual_seed(0)).tolist()
+    theirs = llama_logits(llama(path), ids)
+    reference = AutoModelForCausalLM.from_pretrained(str(hf), dtype=torch.float32, attn_implementation="eager").eval()
+
+    def logits(dtype: torch.dtype) -> torch.Tensor:
+        with torch.no_grad():
+            return reference.to(dtype)(torch.tensor([ids])).logits[0].float()
+
+    as_is = logits(torch.float32)
+    scale = float(as_is.abs().max())
+    std = torch.std
+    monkeypatch.setattr(torch, "std", lambda x, *args, unbiased=True, **kwargs: std(x, *args, **kwargs))  # n - 1
+    for module in reference.modules():
+        if isinstance(module, GELUTanh):
+            monkeypatch.setattr(module, "act", ggml_gelu)
+    bessel, bessel64 = logits(torch.float32), logits(torch.float64)
+    far, near, spread = (float((a - b).abs().max()) / scale for a, b in ((theirs, as_is), (theirs, bessel64),
+                                                                           (bessel, bessel64)))
+    print(f"gemma3n by llama.cpp's converter, f32: transformers {far:.1e} x scale, with the std over n - 1 "
+          f"{float((theirs - bessel).abs().max()) / scale:.1e} (float64 {near:.1e}, fp32 to float64 {spread:.1e})")
+    assert far > 0.5 and near <= 2 * spread
+
+
 LLAMA4_LONG = 8200  # past llama.cpp's hard-coded chunk of 8192 positions and its temperature's first step (8191)
 
 
@@ -480,7 +538,9 @@ def test_gemma3_tokenizer_layouts(saved_by_transformers: bool, tmp_path: Path) -
 # Granite 4's layer types as "mamba" and "attention" (transformers 5 writes "linear_attention" and "full_attention",
 # in which llama.cpp's converter finds no attention layer). And keys transformers 5 writes that the Hub's files of
 # such a model have not (HUB_LACKS): a dense Nemotron-H's mixture keys (num_experts_per_tok, by which llama.cpp's
-# converter takes it for a mixture, nemotron_h_moe; the expert counts, which it states)
+# converter takes it for a mixture, nemotron_h_moe; the expert counts, which it states). Falcon-H1's head_dim, which
+# FalconH1Config does not keep (its attention reads it if stated) and the Hub's files state (llama.cpp's
+# FalconH1Model reads it, KeyError without)
 HUB_LACKS = {"nemotron_h": ("num_experts_per_tok", "n_routed_experts", "n_shared_experts", "n_group", "topk_group",
                             "norm_topk_prob", "routed_scaling_factor", "moe_intermediate_size", "moe_latent_size",
                             "moe_shared_expert_intermediate_size", "moe_shared_expert_overlap",
@@ -488,6 +548,22 @@ HUB_LACKS = {"nemotron_h": ("num_experts_per_tok", "n_routed_experts", "n_shared
 # Nemotron-H's blocks as the Hub's files spell them (transformers 5 writes layers_block_type, in whose list llama.cpp's
 # converter finds no MLP block)
 NEMOTRON_H_PATTERN = {"linear_attention": "M", "full_attention": "*", "mlp": "-"}
+
+
+def _mimo_hub_spelling(config: dict[str, Any]) -> dict[str, Any]:
+    """MiMo-V2-Flash's config.json as the Hub's spells it, which llama.cpp's MimoV2Model reads: the layer kinds as
+    hybrid_layer_pattern (1: sliding), the sliding layers' own geometry as swa_* keys, the RoPE as rope_theta,
+    swa_rope_theta and partial_rotary_factor (no rope_parameters: transformers 5 writes them keyed by layer type,
+    where that class reads `rope_parameters["partial_rotary_factor"]`), the norm's eps as layernorm_epsilon."""
+    rope = config.pop("rope_parameters")
+    kinds = config["layer_types"]
+    return {**config, "hybrid_layer_pattern": [int(kind == "sliding_attention") for kind in kinds],
+            "swa_num_attention_heads": config["num_attention_heads"],
+            "swa_num_key_value_heads": 2 * config["num_key_value_heads"], "swa_head_dim": config["head_dim"],
+            "swa_v_head_dim": config["v_head_dim"], "topk_method": "noaux_tc", "scoring_func": "sigmoid",
+            "layernorm_epsilon": config["rms_norm_eps"], "rope_theta": rope["full_attention"]["rope_theta"],
+            "swa_rope_theta": rope["sliding_attention"]["rope_theta"],
+            "partial_rotary_factor": rope["full_attention"]["partial_rotary_factor"]}
 
 
 def _kimi_linear_hub(config: dict[str, Any]) -> dict[str, Any]:
@@ -518,6 +594,8 @@ def _hub_tensors(name: str, hf: Path) -> None:
 
 
 def _hub_spelling(name: str, config: dict[str, Any]) -> dict[str, Any]:
+    if name.split(":")[0] == "mimo_v2_flash":
+        return _mimo_hub_spelling(config)
     rotated = (config.get("rope_parameters") or {}).get("partial_rotary_factor", 1.0)
     granite4 = {"linear_attention": "mamba", "full_attention": "attention"}
     blocks = config.get("layers_block_type") or ()
@@ -526,10 +604,13 @@ def _hub_spelling(name: str, config: dict[str, Any]) -> dict[str, Any]:
                          "mpt": {"architectures": ["MPTForCausalLM"]},
                          "deepseek_v3": {"scoring_func": "sigmoid"},
                          "deepseek_v2": {"scoring_func": "softmax"},
+                         "afmoe": {"route_norm": True, "score_func": "sigmoid"},
                          "exaone": {"architectures": ["ExaoneForCausalLM"], "activation_function": "silu"},
                          "minimax_m2": {"rotary_dim": int((config.get("head_dim") or 0) * rotated)},
                          "nemotron_h": {"num_hidden_layers": len(blocks),
                                         "hybrid_override_pattern": "".join(NEMOTRON_H_PATTERN[t] for t in blocks)},
+                         "falcon_h1": {"head_dim": config.get("head_dim")
+                                       or config["hidden_size"] // config["num_attention_heads"]},
                          "granitemoehybrid": {"layer_types": [granite4.get(t, t) for t in config.get("layer_types")
                                                               or ()]},
                          "kimi_linear": _kimi_linear_hub(config) if name.startswith("kimi_linear") else {},
@@ -606,7 +687,7 @@ DIFFERS: dict[tuple[str, frozenset[str]], str] = {
         "llama.cpp's NemotronModel writes Nemotron's own unknown-token id (1) whatever the vocabulary",
     ("tokenizer.ggml.add_bos_token", frozenset({"llama", "mistral", "mixtral", "granite", "smollm3", "arcee",
                                                 "phi", "granitemoe", "granitemoeshared", "internlm3", "iquestcoder",
-                                                "ministral3", "granite_swa", "granitemoe_swa"})):
+                                                "ministral3", "granite_swa", "granitemoe_swa", "afmoe"})):
         "llama.cpp's LlamaModel writes add_bos_token false for any vocabulary of 49152 tokens (its rule for "
         "Granite's small models; SmolLM2's here), and Phi2Model for every Phi-2; false is its loader's default for "
         "this BPE tokenizer (pre-tokenizer smollm), which lmconvert states only where the tokenizer config does "
@@ -719,10 +800,14 @@ CONVERTER_FLAGS = {**dict.fromkeys(("qwen3_next", "qwen3_5_text", "qwen3_5_moe_t
                    # a config transformers cannot load), not through transformers 5's NemotronHConfig, which states
                    # num_experts_per_tok for every model, by which the converter writes any Nemotron-H as the mixture
                    # nemotron_h_moe (a dense one included); config.json states none (HUB_LACKS), as the Hub's do
-                   "nemotron_h": (RAW_CONFIG,)}
+                   "nemotron_h": (RAW_CONFIG,),
+                   # the Hub's keys as they stand (_mimo_hub_spelling), which transformers 5's MiMoV2FlashConfig
+                   # would replace by its own default RoPE; no multi-token-prediction head, as above
+                   "mimo_v2_flash": ("--no-mtp", RAW_CONFIG)}
 # the families whose every tensor is compared with llama.cpp's converter's, bit for bit: the gated delta-net's and the
 # state-space hybrids', which no emulation in test_formats_gguf writes
-CONVERTER_TENSORS = {*CONVERTER_FLAGS, "jamba", "bamba", "granitemoehybrid", "nemotron_h", "kimi_linear"}
+CONVERTER_TENSORS = {*CONVERTER_FLAGS, "jamba", "bamba", "granitemoehybrid", "nemotron_h", "falcon_h1",
+                     "kimi_linear"}
 # llama.cpp's converter over several checkpoints in one process (its imports take most of a run)
 CONVERT_MANY = f"RAW = {RAW_CONFIG!r}\n" + """
 import sys

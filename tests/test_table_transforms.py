@@ -46,6 +46,7 @@ from lmconvert.mappings.tables.transforms import (
     Piece,
     PiecesDiffer,
     Row,
+    Scale,
     Trim,
     Unstack,
 )
@@ -234,6 +235,41 @@ def test_offset_on_every_half_precision_value(dtype: torch.dtype, bound: float, 
     lost = ~came_back
     assert ((x.float().abs() < bound) | negative_zero)[lost].all()
     assert lost.any() and negative_zero[lost].any()
+
+
+# -- Scale: multipliers folded into a weight (Falcon-H1's muP in GGUF) ------------------------------
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
+def test_scale_folds_as_llama_cpp_s_converter_does(dtype: torch.dtype) -> None:
+    """The factors one after the other (Falcon-H1's k: key_multiplier, then attention_in_multiplier), then the row
+    runs in place (in_proj's [z | x | B | C | dt]), on the tensor as llama.cpp's converter holds it (bfloat16 cast to
+    float32 by its prepare_tensors; float16 and float32 kept): bit for bit the expressions of FalconH1Model.
+    modify_tensors, here transcribed; the input is left as it was."""
+    x = torch.randn(10, 3, generator=torch.Generator().manual_seed(0)).to(dtype)
+    before = x.clone()
+    tensor = x if dtype in (torch.float16, torch.float32) else x.to(torch.float32)
+    expected = tensor * 0.6 * 1.3
+    expected[:4, :] *= 0.7
+    expected[4:6, :] *= 1.9
+    expected[6:, :] *= 0.35
+    folded = Scale((0.6, 1.3), ((4, 0.7), (2, 1.9), (None, 0.35))).bind({}).inverse(x)
+    assert folded.dtype == expected.dtype and same_bits(folded, expected) and same_bits(x, before)
+    runs_only = Scale(runs=((4, 0.7), (None, 0.35))).bind({}).inverse(x)
+    assert same_bits(x, before) and not same_bits(runs_only, tensor)
+
+
+@SETTINGS
+@given(seed=seeds)
+def test_scale_round_trips_where_every_factor_is_a_power_of_two(seed: int) -> None:
+    x = torch.randn(9, 2, generator=torch.Generator().manual_seed(seed))
+    t = Scale((2.0, 0.25), ((3, 4.0), (2, 0.5), (None, 8.0))).bind({})
+    assert same_bits(t.forward(t.inverse(x)), x) and same_bits(t.inverse(t.forward(x)), x)
+
+
+def test_scale_by_ones_is_the_identity() -> None:
+    """The import's table: a file's model multiplies by 1 (GgufArch.folded), and reads its weights as stored."""
+    assert Scale((1.0, 1.0), ((4, 1.0), (None, 1.0))).bind({}) is IDENTITY
 
 
 # -- Piece ----------------------------------------------------------------------------------------

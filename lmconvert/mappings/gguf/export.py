@@ -228,8 +228,8 @@ def metadata(config: Mapping[str, Any], name: str, listed: bool = False) -> Gguf
             values[f"{arch}.{gguf_key}"] = value
     values.update({f"{arch}.{key}": value for key, value in entry.constants.items()})
     values.update(_told_apart(arch, entry))
-    values.update({f"lmconvert.{own}": config[hf_key] for own, hf_key in entry.own.items()
-                   if config.get(hf_key) is not None})
+    values.update({f"lmconvert.{own}": _get(config, hf_key, {}) for own, hf_key in entry.own.items()
+                   if _get(config, hf_key, {}) is not None})
     if entry.attends:  # no head size and no rotation where nothing attends (Mamba)
         values[f"{arch}.attention.key_length"] = values[f"{arch}.attention.value_length"] = head_dim
         params, _ = _rope(config)
@@ -240,7 +240,8 @@ def metadata(config: Mapping[str, Any], name: str, listed: bool = False) -> Gguf
     values[f"{arch}.vocab_size"] = config["vocab_size"]
     if entry.latent:
         values.update(_latent_sizes(arch, config))
-    if entry.exported is not None:  # the entry's own keys have the last word (Kimi Linear's absorbed MLA sizes)
+    if entry.exported is not None:  # over the head sizes above (MiMo's value width and rotated part, Kimi Linear's
+        # absorbed MLA sizes)
         values.update({f"{arch}.{key}": value for key, value in entry.exported(config).items()})
     rope, extra = _rope_metadata(arch, config, head_dim)
     values.update(rope)

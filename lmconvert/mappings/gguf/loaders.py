@@ -43,6 +43,9 @@ LOADED_BIASES: dict[str, frozenset[str]] = {arch: frozenset(names) for arch, nam
     **{arch: SSM for arch in SSM_ARCHS + HYBRID_SSM_ARCHS},
     "granitehybrid": (*QKV, "attn_output", "ffn_gate", "ffn_up", "ffn_down", *SSM),  # the conv bias: optional
     "nemotron_h": (*QKV, "attn_output", "ffn_up", "ffn_down", *SSM),
+    "falcon-h1": (*QKV, "attn_output", "ffn_gate", "ffn_up", "ffn_down", *SSM),
+    # (mimo2's graph adds no q, k, v bias, afmoe's loader no o bias: each family refuses them)
+    "mimo2": (*QKV, "exp_probs_b"), "afmoe": (*QKV, "exp_probs_b"),
     "kimi-linear": ("exp_probs_b", "ssm_dt"),  # the selection bias; KDA's dt_bias
 }.items()}
 # the biases an architecture's loader requires on every layer (`create_tensor(..., 0)`: "missing tensor" without
@@ -50,10 +53,11 @@ LOADED_BIASES: dict[str, frozenset[str]] = {arch: frozenset(names) for arch, nam
 REQUIRED_BIASES: dict[str, tuple[str, ...]] = {
     "gpt-oss": ("attn_output", "ffn_gate_inp", "ffn_gate_exps", "ffn_up_exps", "ffn_down_exps"),
     **{arch: SSM for arch in SSM_ARCHS},
+    "falcon-h1": SSM,  # its loader takes the conv bias as optional, and its graph adds it all the same
 }
 # the architectures whose llama.cpp loader requires an `output` matrix (a tied model has none)
 OUTPUT_REQUIRED = frozenset({"qwen2moe", "olmo2", "stablelm", "nemotron", "olmoe", "phi2", "gptneox", "minimax-m2",
-                             "exaone-moe", "dots1", "gpt-oss", "kimi-linear"})
+                             "exaone-moe", "dots1", "gpt-oss", "mimo2", "kimi-linear"})
 
 
 # the architectures whose loader sizes the k norm as the q norm, over the whole width (no GQA)
