@@ -709,6 +709,30 @@ def test_what_llama_cpp_s_graph_computes_otherwise_is_refused(name: str, overrid
     assert not (tmp_path / "m.gguf").exists()
 
 
+@pytest.mark.parametrize(("overrides", "fragment"), [
+    (dict(rms_norm_eps=1e-5), "llama.cpp's kimi-linear normalises the latent q and kv with rms_norm_eps (1e-05)"),
+    (dict(linear_num_heads=2), "runs KDA with the attention's head count (4), and this model's KDA has "
+                               "linear_num_heads=2"),
+    (dict(mlp_layer_types=["sparse", "dense", "sparse", "sparse"]), "has dense layers only before the experts"),
+    (dict(moe_renormalize=False), "always renormalises the chosen experts' weights"),
+    (dict(num_expert_group=4, topk_group=4), "requires expert_group_used_count below expert_group_count"),
+    (dict(attention_bias=True), "kimi-linear architecture loads no blk.3.attn_kv_a_mqa.bias"),
+    (dict(q_lora_rank=24), "reads no q_lora_rank (its loader sizes attn_q_a_norm as 0)"),
+    (dict(layer_types=["linear_attention"] * 4), "aborts on a model without both KDA and MLA layers"),
+    (dict(layer_types=["full_attention"] * 4), "and this model's layers are all MLA"),
+])
+def test_kimi_linear_layouts_llama_cpp_lacks_are_refused(overrides: dict[str, Any], fragment: str,
+                                                          tmp_path: Path) -> None:
+    """llama.cpp's kimi-linear: rms_norm_eps for MLA's kv_a norm and KDA's q/k l2 norms (transformers: 1e-6), both
+    layer kinds, one head count for KDA and MLA, a plain q, leading dense layers, renormalised experts, DeepSeek-V3's
+    groups as its loader takes them, no biases; anything else is refused by name, nothing
+    written."""
+    canonical = canonical_of(built("kimi_linear", {**WRITTEN_ONLY["kimi_linear"], **overrides}), tmp_path)
+    code, _, err = cli("convert", canonical, tmp_path / "m.gguf", "--to", "gguf")
+    assert code == 2 and fragment in err and len(err.strip().splitlines()) == 1, err
+    assert not (tmp_path / "m.gguf").exists()
+
+
 @pytest.mark.parametrize(("name", "key", "element", "value", "fragment"), [
     ("mimo_v2_flash", "mimo2.attention.head_count_kv", 0, 3, "twice the full layers' KV heads on every sliding"),
     ("afmoe", "afmoe.expert_weights_norm", 0, 0, "afmoe.expert_weights_norm is not true"),

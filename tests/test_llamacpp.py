@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -200,6 +201,24 @@ def test_f32_logits(model_type: str, exported: Any, request: pytest.FixtureReque
     else:  # what is left are the table's f16 roundings that flip where our x and ggml's differ in the last bits
         assert float(table_diff.max()) <= 2e-4 * scale and float(table_diff.mean()) <= float(diff.mean()) / 4
     assert torch.equal(theirs.argmax(-1), as_ggml.argmax(-1))  # (the GELU's difference can flip a near-tie)
+
+
+def test_kimi_delta_attention_past_one_chunk(exported: Any) -> None:  # noqa: ANN401
+    """Kimi delta attention runs in chunks, ours (transformers') of 64 tokens, llama.cpp's of 16: over 100 tokens,
+    past one chunk of each, llama.cpp's logits are ours within the f32 bar (test_f32_logits' 48 stay in one of
+    ours); both distances from the float64 model are printed."""
+    canonical, path = exported("kimi_linear", "f32")
+    ids = token_batch(seq=100)[0].tolist()
+    theirs = llama_logits(llama(path), ids)
+    with torch.no_grad():
+        ours = lmconvert.load(canonical, dtype=torch.float32)(torch.tensor([ids]))[0]
+        exact = lmconvert.load(canonical, dtype=torch.float64)(torch.tensor([ids]))[0]
+    scale, diff = float(ours.abs().max()), (theirs - ours).abs()
+    their_error, our_error = (theirs.double() - exact).abs(), (ours.double() - exact).abs()
+    print(f"kimi_linear f32, 100 tokens: max |Δ| {diff.max() / scale:.1e} x scale, mean {diff.mean():.1e}; against "
+          f"the float64 model: llama.cpp max {their_error.max() / scale:.1e} x scale, "
+          f"ours {our_error.max() / scale:.1e}")
+    assert float(diff.max()) <= 1e-5 * scale and torch.equal(theirs.argmax(-1), ours.argmax(-1))
 
 
 @pytest.mark.parametrize("quant", ["f32", "f16"])
@@ -557,6 +576,33 @@ def _mimo_hub_spelling(config: dict[str, Any]) -> dict[str, Any]:
             "partial_rotary_factor": rope["full_attention"]["partial_rotary_factor"]}
 
 
+def _kimi_linear_hub(config: dict[str, Any]) -> dict[str, Any]:
+    """Kimi Linear's config as the Hub's files spell it, which llama.cpp's KimiLinearModel reads: the schedule and the
+    KDA sizes in linear_attn_config (layers 1-indexed), the dense layers as first_k_dense_replace, the router's
+    sigmoid as moe_router_activation_func (transformers 5 writes layer_types, linear_*, mlp_layer_types)."""
+    types, mlp = config.get("layer_types") or [], config.get("mlp_layer_types") or []
+    return {"linear_attn_config": {"full_attn_layers": [i + 1 for i, t in enumerate(types) if t == "full_attention"],
+                                   "kda_layers": [i + 1 for i, t in enumerate(types) if t == "linear_attention"],
+                                   "head_dim": config["linear_head_dim"], "num_heads": config["linear_num_heads"],
+                                   "short_conv_kernel_size": config["linear_conv_kernel_dim"]},
+            "first_k_dense_replace": next((i for i, t in enumerate(mlp) if t != "dense"), len(mlp)),
+            "moe_router_activation_func": "sigmoid"}
+
+
+def _hub_tensors(name: str, hf: Path) -> None:
+    """The checkpoint's tensors as the Hub's files name them, where transformers 5 names them otherwise: Kimi
+    Linear's dense MLPs are `mlp.` (transformers 5 writes them under block_sparse_moe, which llama.cpp's converter
+    does not map)."""
+    if name.split(":")[0] != "kimi_linear":
+        return
+    from safetensors.torch import load_file, save_file
+
+    for path in hf.glob("*.safetensors"):
+        tensors = {re.sub(r"block_sparse_moe\.(gate|up|down)_proj\.", r"mlp.\1_proj.", k): v
+                   for k, v in load_file(path).items()}
+        save_file(tensors, path, metadata={"format": "pt"})
+
+
 def _hub_spelling(name: str, config: dict[str, Any]) -> dict[str, Any]:
     if name.split(":")[0] == "mimo_v2_flash":
         return _mimo_hub_spelling(config)
@@ -578,6 +624,7 @@ def _hub_spelling(name: str, config: dict[str, Any]) -> dict[str, Any]:
                                        or config["hidden_size"] // config["num_attention_heads"]},
                          "granitemoehybrid": {"layer_types": [granite4.get(t, t) for t in config.get("layer_types")
                                                               or ()]},
+                         "kimi_linear": _kimi_linear_hub(config) if name.startswith("kimi_linear") else {},
                          }.get(name.split(":")[0], {})}
 
 
@@ -716,6 +763,10 @@ DIFFERS: dict[tuple[str, frozenset[str]], str] = {
     ("gemma4.final_logit_softcapping", frozenset({"gemma4_text:uncapped"})):
         "llama.cpp's Gemma4Model writes no soft-cap for a model without one, which llama.cpp's runtime reads as its "
         "default, 30; lmconvert states 0, none, which it reads as none (test_f32_logits)",
+    ("kimi-linear.expert_group_count", frozenset({"kimi_linear"})):
+        "llama.cpp's converter reads the expert group count only as n_group, which Kimi Linear's config calls "
+        "num_expert_group, and so writes none (llama.cpp's runtime then groups nothing); lmconvert states this "
+        "model's 4 groups, which llama.cpp's graph runs as DeepSeek-V3's (build_moe_ffn; test_f32_logits)",
 }
 
 
@@ -759,6 +810,7 @@ def _hf_checkpoint(name: str, hf: Path) -> None:
         tokenizer.save_pretrained(hf)
     config = json.loads((hf / "config.json").read_text())
     (hf / "config.json").write_text(json.dumps(_hub_spelling(name, config)))
+    _hub_tensors(name, hf)
 
 
 def _gemma4_checkpoint(name: str, hf: Path) -> None:
@@ -797,7 +849,8 @@ CONVERTER_FLAGS = {**dict.fromkeys(("qwen3_next", "qwen3_5_text", "qwen3_5_moe_t
                    "mimo_v2_flash": ("--no-mtp", RAW_CONFIG)}
 # the families whose every tensor is compared with llama.cpp's converter's, bit for bit: the gated delta-net's and the
 # state-space hybrids', which no emulation in test_formats_gguf writes
-CONVERTER_TENSORS = {*CONVERTER_FLAGS, "jamba", "bamba", "granitemoehybrid", "nemotron_h", "falcon_h1", *GEMMA4}
+CONVERTER_TENSORS = {*CONVERTER_FLAGS, "jamba", "bamba", "granitemoehybrid", "nemotron_h", "falcon_h1",
+                     "kimi_linear", *GEMMA4}
 # llama.cpp's converter over several checkpoints in one process (its imports take most of a run)
 CONVERT_MANY = f"RAW = {RAW_CONFIG!r}\n" + """
 import sys

@@ -240,10 +240,14 @@ def to_gguf(src: Path | Checkpoint, out: Path, family: str | None = None, quant:
             table = model.entry.tensors_for(config)
             canonical = parameter_shapes(meta.arch)
             arch = meta.arch
+            latent = arch.attention_settings if arch.attention == "latent" else None
             sizes = {**tensor_sizes({"num_attention_heads": arch.n_heads, "num_key_value_heads": arch.n_kv_heads,
                                      "head_dim": arch.head_dim, "hidden_size": arch.d_model,
                                      "intermediate_size": arch.d_ff, "vocab_size": arch.vocab_size,
-                                     "shared_intermediate_size": arch.moe and arch.moe.d_shared}),
+                                     "shared_intermediate_size": arch.moe and arch.moe.d_shared,
+                                     # MLA's per-head kv_b parts, where a layout splits kv_b (Kimi's attn_k_b, attn_v_b)
+                                     **({"qk_nope_head_dim": latent.qk_nope_head_dim, "v_head_dim": latent.v_head_dim}
+                                        if latent is not None else {})}),
                      **{k: v for k, v in family_tensor_sizes(arch).items() if k.startswith("mixer.")},  # a mixer's
                      "rows": meta.arch.vocab_size}
             homeless = [n for n in names if not table.stored_names(n)]

@@ -430,10 +430,16 @@ def tensor_plans(file: GgufFile, config: dict[str, Any], entry: GgufArch) -> dic
         family = family_for(config["model_type"])
         arch = family.arch_config(config)
         # canonical name (a tuple for a fused tensor's pieces) -> the HF name and its HF-table transform
-        hf_of = {canonical: (hf, step) for hf, (canonical, step)
-                 in family.tensors_for(arch).plan_export(parameter_shapes(arch), family_tensor_sizes(arch)).items()}
+        hf_plan = family.tensors_for(arch).plan_export(parameter_shapes(arch), family_tensor_sizes(arch))
+        hf_of = {canonical: (hf, step) for hf, (canonical, step) in hf_plan.items()}
     except MappingError as exc:
         raise InputError(f"{file.path}: {str(exc).removeprefix('config.json: ')}") from None
+    # a canonical tensor the HF layout stores as several parts (Kimi Linear's q_conv1d, k_conv1d, v_conv1d): each
+    # part's HF name and the step that cuts it out
+    hf_parts: dict[str, list[tuple[str, Transform]]] = {}
+    for hf, (canonical, step) in hf_plan.items():
+        if step.gathers and isinstance(canonical, str):
+            hf_parts.setdefault(canonical, []).append((hf, step))
     table, sizes = entry.tensors_for(config), tensor_sizes(config, entry.renamed)
     plans: dict[str, TensorPlan] = {}
     gathered: dict[str, TensorPlan] = {}
@@ -446,7 +452,7 @@ def tensor_plans(file: GgufFile, config: dict[str, Any], entry: GgufArch) -> dic
             continue
         parts = table.gathered(name)
         if parts is not None:  # one part of a tensor stored as several: planned from all of them
-            gathered.update(gathered_plan(file, parts, hf_of, sizes))
+            gathered.update(gathered_plan(file, parts, hf_of, sizes, hf_parts))
             continue
         try:
             pieces = table.to_canonical_names(name)
@@ -465,9 +471,10 @@ def tensor_plans(file: GgufFile, config: dict[str, Any], entry: GgufArch) -> dic
         if canonical not in hf_of:
             raise InputError(f"{file.path}: tensor {name!r} has no counterpart in {config['model_type']} as this "
                              "metadata describes it; the file holds something lmconvert does not convert")
-        hf, hf_step = hf_of[canonical]
-        transform = _to_hf([step.bind({**sizes, "rows": shape[0]}) for _, step in pieces], hf_step)
-        plans[hf] = TensorPlan(name, out_shape(transform.forward, shape), transform)
+        for hf, hf_step in hf_parts.get(canonical, [hf_of[canonical]]) if isinstance(canonical, str) \
+                else [hf_of[canonical]]:
+            transform = _to_hf([step.bind({**sizes, "rows": shape[0]}) for _, step in pieces], hf_step)
+            plans[hf] = TensorPlan(name, out_shape(transform.forward, shape), transform)
     for key, found in stacked.items():
         plans.update(joined_plan(file, key, found, hf_of))
     for hf, plan in gathered.items():  # kv_b whole beside its parts: read whole, checked against them
@@ -476,9 +483,10 @@ def tensor_plans(file: GgufFile, config: dict[str, Any], entry: GgufArch) -> dic
 
 
 def gathered_plan(file: GgufFile, parts: tuple[str, list[tuple[str, Any]]], hf_of: dict[Any, tuple[str, Transform]],
-                  sizes: dict[str, int]) -> dict[str, TensorPlan]:
+                  sizes: dict[str, int], hf_parts: dict[str, list[tuple[str, Transform]]]) -> dict[str, TensorPlan]:
     """{HF name: plan} of a canonical tensor stored as several parts (DeepSeek's kv_b as llama.cpp's
-    converter stores it: `attn_k_b`, `attn_v_b`), every one of which the file must hold."""
+    converter stores it: `attn_k_b`, `attn_v_b`), every one of which the file must hold; one plan per HF
+    part where the HF layout stores it in parts too (`hf_parts`: Kimi Linear's convolutions)."""
     canonical, stored = parts
     names = tuple(name for name, _ in stored)
     missing = [name for name in names if name not in file.tensors]
@@ -486,13 +494,15 @@ def gathered_plan(file: GgufFile, parts: tuple[str, list[tuple[str, Any]]], hf_o
         why = f"lacks {', '.join(missing)}" if missing else "describes a model without it"
         raise InputError(f"{file.path}: tensor {names[0]!r} is one part of {canonical}, stored as {', '.join(names)}, "
                          f"and the file {why}; the file holds something lmconvert does not convert")
-    hf, hf_step = hf_of[canonical]
-    transform = _to_hf([stored[0][1].bind(sizes)], hf_step)
-    try:
-        shape = out_shape(transform.forward, [file.shape(name) for name in names])
-    except MappingError as exc:
-        raise InputError(f"{file.path}: {', '.join(names)}: {exc}") from None
-    return {hf: TensorPlan(names, shape, transform)}
+    plans = {}
+    for hf, hf_step in hf_parts.get(canonical, [hf_of[canonical]]):
+        transform = _to_hf([stored[0][1].bind(sizes)], hf_step)
+        try:
+            shape = out_shape(transform.forward, [file.shape(name) for name in names])
+        except MappingError as exc:
+            raise InputError(f"{file.path}: {', '.join(names)}: {exc}") from None
+        plans[hf] = TensorPlan(names, shape, transform)
+    return plans
 
 
 def _stored(plan: TensorPlan) -> str:

@@ -54,7 +54,7 @@ def _latent_sizes(arch: str, config: Mapping[str, Any]) -> dict[str, Any]:
     rotary width, a value of v_head_dim, as many KV heads as heads (kv_b decompresses them)."""
     if config.get("rms_norm_eps") != LATENT_NORM_EPS:
         raise MappingError(f"llama.cpp's {arch} normalises the latent q and kv with rms_norm_eps "
-                           f"({config.get('rms_norm_eps')}), DeepSeek with {LATENT_NORM_EPS}")
+                           f"({config.get('rms_norm_eps')}), DeepSeek and Kimi with {LATENT_NORM_EPS}")
     kind = _rope(config)[0].get("rope_type") or "default"
     if kind != "default":
         raise MappingError(f"llama.cpp's {arch} derives the attention scale of scaled RoPE ({kind}) its own way (from "
@@ -238,11 +238,12 @@ def metadata(config: Mapping[str, Any], name: str, listed: bool = False) -> Gguf
         values[f"{arch}.rope.dimension_count"] = int(head_dim * rotated)  # the rotated part of a head
     elif not entry.attends:  # a head_dim in the config is the mixer's (Mamba2's)
         values.pop(f"{arch}.attention.key_length", None)
-    if entry.exported is not None:  # over the head sizes above (MiMo's value width and rotated part)
-        values.update({f"{arch}.{key}": value for key, value in entry.exported(config).items()})
     values[f"{arch}.vocab_size"] = config["vocab_size"]
     if entry.latent:
         values.update(_latent_sizes(arch, config))
+    if entry.exported is not None:  # over the head sizes above (MiMo's value width and rotated part, Kimi Linear's
+        # absorbed MLA sizes)
+        values.update({f"{arch}.{key}": value for key, value in entry.exported(config).items()})
     if entry.rope_out is not None:  # `{arch}.` keys and tensors of its own
         own, extra = entry.rope_out(config)
         rope = {f"{arch}.{key}": value for key, value in own.items()}

@@ -834,16 +834,23 @@ class EqualPart:
     """Part `index` of `count` equal blocks along dim 0 of one canonical tensor, each stored as its own
     tensor: Kimi Linear's q_conv1d, k_conv1d and v_conv1d are the rows of its one conv1d over q | k | v.
     Each part has a rule of its own naming the same canonical tensor (the table gathers them); forward,
-    given every part in order, concatenates them; the inverse is this part (a copy). Exact both ways."""
+    given every part in order, concatenates them; the inverse is this part (a copy). `unit_first`: each
+    part is stored with a leading dimension of 1 (llama.cpp's ssm_conv1d_q/k/v, [1, channels, 1, kernel]
+    where ours are [channels, 1, kernel]). Exact both ways."""
 
     count: int
     index: int
+    unit_first: bool = False
     gathers: ClassVar[bool] = True  # the table hands forward every part
 
     def bind(self, sizes: Sizes) -> Transform:
-        count, index = self.count, self.index
+        count, index, unit = self.count, self.index, self.unit_first
+        if unit:
+            return Transform(f"part {index} of {count} equal blocks, stored [1, ...]",
+                             lambda parts: join([p.squeeze(0) for p in parts], 0),
+                             lambda t: t.chunk(count, 0)[index].unsqueeze(0).clone(), gathers=True)
         return Transform(f"part {index} of {count} equal blocks", lambda parts: join(parts, 0),
-                         lambda t: t.chunk(count, 0)[index].clone())
+                         lambda t: t.chunk(count, 0)[index].clone(), gathers=True)
 
 
 # ---- Shaped: a vector stored with unit dimensions around it
