@@ -39,13 +39,21 @@ test: env
 # tiny, and on a busy 2-core machine OpenMP's spinning threads made the same tests 5x slower
 # The per-family cases run for a core set of families that covers every variant, plus those the change
 # touches (tools/changed_families.py); `make test` runs every family. FAMILIES=all runs them all here too.
+# The hypothesis tests run a quarter of their examples here (the `fast` profile, tests/conftest.py), all in `make test`.
+# The AVX2 rerun runs beside the main run, in one process whose output follows the main run's: a separate
+# xdist run after it imported torch and transformers once more per worker (~5 s of CPU each) and left cores
+# idle at the main run's tail.
 FAMILIES ?= $(shell $(PYTHON) tools/changed_families.py)
+FAST_ENV = LMCONVERT_FAMILIES=$(if $(filter all,$(FAMILIES)),,$(FAMILIES)) $(PYCACHE) OMP_NUM_THREADS=1
 test-fast: env
 	$(BIN)/lint-imports --no-cache
-	LMCONVERT_FAMILIES=$(if $(filter all,$(FAMILIES)),,$(FAMILIES)) $(PYCACHE) OMP_NUM_THREADS=1 \
-		$(BIN)/python -m pytest -q $(PARALLEL) -m "not slow and not llamacpp"
-	LMCONVERT_FAMILIES=$(if $(filter all,$(FAMILIES)),,$(FAMILIES)) $(PYCACHE) $(AVX2_KERNELS) OMP_NUM_THREADS=1 \
-		$(BIN)/python -m pytest -q $(PARALLEL) -m "bitexact and not slow"
+	avx2=$$(mktemp); \
+	$(FAST_ENV) $(AVX2_KERNELS) $(BIN)/python -m pytest -q -n 0 -p no:cacheprovider -m "bitexact and not slow" \
+		>$$avx2 2>&1 & rerun=$$!; \
+	$(FAST_ENV) $(BIN)/python -m pytest -q $(PARALLEL) -m "not slow and not llamacpp" --hypothesis-profile=fast; \
+	main=$$?; wait $$rerun; again=$$?; \
+	echo "the bitexact tests again, on AVX2's kernels ($(AVX2_KERNELS)):"; cat $$avx2; rm -f $$avx2; \
+	[ $$main = 0 ] && [ $$again = 0 ]
 
 lint: env
 	$(BIN)/ruff check lmconvert tests bench tools

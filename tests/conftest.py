@@ -20,6 +20,21 @@ CORE_FAMILIES = ("llama", "mistral", "gemma2", "gemma3", "qwen3", "olmo2", "phi3
                  "deepseek_v32")
 
 
+# `make test-fast` loads this profile (`--hypothesis-profile=fast`): each hypothesis test runs a quarter of
+# its examples (tests/examples_budget.py); `make test` runs hypothesis' default profile, every example.
+FAST_EXAMPLES = 25
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_configure(config: pytest.Config) -> None:
+    """Registers the `fast` profile before hypothesis' plugin loads the one asked for; hypothesis is imported
+    only when one is (the AVX2 rerun imports no hypothesis test)."""
+    if config.getoption("hypothesis_profile", None):
+        from hypothesis import settings
+
+        settings.register_profile("fast", max_examples=FAST_EXAMPLES)
+
+
 def _family_names() -> set[str]:
     """Every name a per-family case can carry: the spec names and the families' model_types."""
     from family_specs import SPECS
@@ -94,4 +109,33 @@ def pytest_collection_finish(session: pytest.Session) -> None:
     each on the 2-core machine). Objects made by the tests are collected as before."""
     gc.collect()
     gc.freeze()
+    gc.callbacks.append(_note_full_collection)
+
+
+# Objects made after collection that live on (transformers' and torch's modules imported at a test's first
+# use, the module-scoped checkpoints) were walked again by every full collection: in each xdist worker of
+# `make test-fast` ~200k of them, ~0.1 s a walk, ~60 walks (verify makes one per reference run), ~14% of
+# the workers' CPU. After a test during which a full collection ran, if this many unfrozen objects survived
+# it, they are collected and frozen too; freezing never keeps garbage alive (what is unreachable at the
+# collection is freed first), and frozen objects are still freed by reference counting when released.
+REFREEZE_ABOVE = 20_000
+_full_collection_ran = False
+
+
+def _note_full_collection(phase: str, info: dict[str, int]) -> None:
+    global _full_collection_ran  # noqa: PLW0603 - the gc callback's only way to tell the next teardown
+    if phase == "stop" and info["generation"] == 2:
+        _full_collection_ran = True
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None):  # noqa: ANN201 - a hook wrapper
+    yield
+    global _full_collection_ran  # noqa: PLW0603
+    if _full_collection_ran:
+        _full_collection_ran = False
+        if len(gc.get_objects(generation=2)) > REFREEZE_ABOVE:
+            gc.collect()
+            gc.freeze()
+            _full_collection_ran = False  # this one's own
 

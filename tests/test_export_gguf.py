@@ -316,6 +316,18 @@ def test_a_llama_cpp_architecture_not_written_is_named(tmp_path: Path) -> None:
         metadata({"model_type": "gptj"}, "tiny")
 
 
+def test_gemma3n_is_refused_naming_what_llama_cpp_s_graph_computes_otherwise(tmp_path: Path) -> None:
+    """llama.cpp's gemma3n takes the sparse gates' std over n - 1 and sparsifies its first 10 layers whatever the
+    model says (test_llamacpp.py measures it on its own converter's file): no Gemma 3n is written, the wrapper's
+    model_type neither."""
+    canonical = canonical_of(build_model("gemma3n_text", **SPECS["gemma3n_text"].kwargs), tmp_path)
+    code, _, err = cli("convert", canonical, tmp_path / "m.gguf", "--to", "gguf")
+    assert code == 2 and "gemma3n_text: llama.cpp's gemma3n graph computes another model" in err, err
+    assert "std over n - 1" in err and len(err.strip().splitlines()) == 1 and not (tmp_path / "m.gguf").exists()
+    with pytest.raises(MappingError, match="gemma3n: llama.cpp's gemma3n graph computes another model"):
+        metadata({"model_type": "gemma3n"}, "tiny")
+
+
 def test_what_llama_cpp_cannot_hold_is_named(tmp_path: Path) -> None:
     canonical = canonical_of(build_model("qwen2", use_sliding_window=True, sliding_window=4, max_window_layers=0),
                              tmp_path)
@@ -490,6 +502,11 @@ WRITTEN_ONLY["nemotron_h:moe"] = dict(SPECS["nemotron_h_moe"].kwargs, use_bias=F
 WRITTEN_ONLY["granitemoehybrid:dense"] = dict(SPECS["granitemoehybrid_dense"].kwargs, **SPECS["granitemoehybrid"].gguf)
 # Llama 4 Maverick's layout: 128 experts, for which llama.cpp's llama4 runs no QK norm (Scout's 16 have it)
 WRITTEN_ONLY["llama4_text:maverick"] = dict(WRITTEN_ONLY["llama4_text"], num_local_experts=128, use_qk_norm=False)
+# Gemma 4's MoE block beside every dense MLP (the 26B-A4B layout), per-layer embeddings too; and a Gemma 4 without a
+# final soft-cap, which export states as 0 (llama.cpp's runtime soft-caps at 30 where a file states none)
+WRITTEN_ONLY["gemma4_text:moe"] = dict(WRITTEN_ONLY["gemma4_text"], enable_moe_block=True, num_experts=6,
+                                       top_k_experts=3, moe_intermediate_size=32)
+WRITTEN_ONLY["gemma4_text:uncapped"] = dict(WRITTEN_ONLY["gemma4_text"], final_logit_softcapping=None)
 # Falcon's layouts beyond Falcon-7B's (FAMILIES["falcon"]) that llama.cpp's falcon runs: Falcon-40B's two
 # norms, Falcon2-11B's one with grouped KV heads, multi-head attention; transformers' GGUF loader reads
 # each as Falcon-7B's, so our reader and llama.cpp are their proof
@@ -499,8 +516,11 @@ FALCONS = {f"falcon:{layout}": {**FAMILIES["falcon"], **overrides}
 MODELS: dict[str, dict[str, Any]] = {**{t: FAMILIES[t] for t in FAMILIES if t in EXPORTS}, **MOE, **WRITTEN_ONLY,
                                      **FALCONS}
 # what our reader must give back bit for bit: the families transformers cannot read, and the LayerNorm
-# families whose every layout transformers' GGUF loader does not tell apart
-READ_BACK = {**WRITTEN_ONLY, "bloom": FAMILIES["bloom"], "falcon": FAMILIES["falcon"], **FALCONS}
+# families whose every layout transformers' GGUF loader does not tell apart; not those whose multipliers llama.cpp's
+# converter folds into the weights (Falcon-H1's muP), read back folded (tests/test_gguf_falcon_h1.py)
+READ_BACK = {name: kwargs for name, kwargs in
+             {**WRITTEN_ONLY, "bloom": FAMILIES["bloom"], "falcon": FAMILIES["falcon"], **FALCONS}.items()
+             if not EXPORTS[name.split(":")[0]][1].folded}
 
 
 
@@ -672,6 +692,75 @@ def test_state_space_hybrid_layouts_llama_cpp_lacks_are_refused(name: str, overr
     code, _, err = cli("convert", canonical, tmp_path / "m.gguf", "--to", "gguf")
     assert code == 2 and fragment in err and len(err.strip().splitlines()) == 1, err
     assert not (tmp_path / "m.gguf").exists()
+
+
+# MiMo-V2-Flash's tiny model's two RoPE types (full: theta 5e4, 0.334 of 24 dims; sliding: theta 2e4, half)
+MIMO_ROPE = SPECS["mimo_v2_flash"].kwargs["rope_parameters"]
+
+
+@pytest.mark.parametrize(("name", "overrides", "fragment"), [
+    ("mimo_v2_flash", dict(attention_bias=True), "never adds the q, k and v biases its loader reads"),
+    ("mimo_v2_flash", dict(norm_topk_prob=False), "always renormalises the chosen experts' weights"),
+    ("mimo_v2_flash", dict(routed_scaling_factor=1.5), "reads no expert_weights_scale"),
+    ("mimo_v2_flash", dict(rope_parameters=MIMO_ROPE), "rotates every layer's heads by layer 0's width"),
+    ("mimo_v2_flash", dict(rope_parameters={kind: {**MIMO_ROPE[kind], "rope_type": "linear", "factor": 2.0,
+                                                   "partial_rotary_factor": 0.334} for kind in MIMO_ROPE}),
+     "rotates the sliding layers unscaled"),
+    ("afmoe", dict(mup_enabled=False), "scales the embeddings by sqrt(hidden_size) whatever the file says"),
+    ("afmoe", dict(attention_bias=True), "loads no attention output bias"),
+    ("afmoe", dict(layer_types=["sliding_attention", "full_attention", "sliding_attention", "full_attention"]),
+     "rotates every layer but each 4th"),
+], ids=["mimo-qkv-bias", "mimo-not-renormalised", "mimo-scaled-weights", "mimo-two-rotated-widths",
+        "mimo-scaled-rope", "afmoe-no-mup", "afmoe-attention-biases", "afmoe-full-every-second-layer"])
+def test_what_llama_cpp_s_graph_computes_otherwise_is_refused(name: str, overrides: dict[str, Any], fragment: str,
+                                                              tmp_path: Path) -> None:
+    """What llama.cpp's mimo2 and afmoe graphs compute otherwise than transformers' MiMo-V2-Flash and AFMoE (a
+    line of their C++ the message names) is refused by name, nothing written."""
+    canonical = canonical_of(built(name, {**WRITTEN_ONLY[name], **overrides}), tmp_path)
+    code, _, err = cli("convert", canonical, tmp_path / "m.gguf", "--to", "gguf")
+    assert code == 2 and fragment in err and len(err.strip().splitlines()) == 1, err
+    assert not (tmp_path / "m.gguf").exists()
+
+
+@pytest.mark.parametrize(("overrides", "fragment"), [
+    (dict(rms_norm_eps=1e-5), "llama.cpp's kimi-linear normalises the latent q and kv with rms_norm_eps (1e-05)"),
+    (dict(linear_num_heads=2), "runs KDA with the attention's head count (4), and this model's KDA has "
+                               "linear_num_heads=2"),
+    (dict(mlp_layer_types=["sparse", "dense", "sparse", "sparse"]), "has dense layers only before the experts"),
+    (dict(moe_renormalize=False), "always renormalises the chosen experts' weights"),
+    (dict(num_expert_group=4, topk_group=4), "requires expert_group_used_count below expert_group_count"),
+    (dict(attention_bias=True), "kimi-linear architecture loads no blk.3.attn_kv_a_mqa.bias"),
+    (dict(q_lora_rank=24), "reads no q_lora_rank (its loader sizes attn_q_a_norm as 0)"),
+    (dict(layer_types=["linear_attention"] * 4), "aborts on a model without both KDA and MLA layers"),
+    (dict(layer_types=["full_attention"] * 4), "and this model's layers are all MLA"),
+])
+def test_kimi_linear_layouts_llama_cpp_lacks_are_refused(overrides: dict[str, Any], fragment: str,
+                                                          tmp_path: Path) -> None:
+    """llama.cpp's kimi-linear: rms_norm_eps for MLA's kv_a norm and KDA's q/k l2 norms (transformers: 1e-6), both
+    layer kinds, one head count for KDA and MLA, a plain q, leading dense layers, renormalised experts, DeepSeek-V3's
+    groups as its loader takes them, no biases; anything else is refused by name, nothing
+    written."""
+    canonical = canonical_of(built("kimi_linear", {**WRITTEN_ONLY["kimi_linear"], **overrides}), tmp_path)
+    code, _, err = cli("convert", canonical, tmp_path / "m.gguf", "--to", "gguf")
+    assert code == 2 and fragment in err and len(err.strip().splitlines()) == 1, err
+    assert not (tmp_path / "m.gguf").exists()
+
+
+@pytest.mark.parametrize(("name", "key", "element", "value", "fragment"), [
+    ("mimo_v2_flash", "mimo2.attention.head_count_kv", 0, 3, "twice the full layers' KV heads on every sliding"),
+    ("afmoe", "afmoe.expert_weights_norm", 0, 0, "afmoe.expert_weights_norm is not true"),
+], ids=["mimo-kv-heads-not-halved", "afmoe-unnormalised-weights"])
+def test_what_llama_cpp_runs_otherwise_is_refused_on_import(name: str, key: str, element: int, value: int,
+                                                            fragment: str, tmp_path: Path) -> None:
+    """A mimo2 or afmoe file llama.cpp would run as transformers' model cannot (a sliding layer without twice the
+    full layers' KV heads; experts' weights left unnormalised) is refused on import, naming the key."""
+    from test_gguf_header import patched
+
+    out = exported(canonical_of(built(name, WRITTEN_ONLY[name]), tmp_path), tmp_path / "m.gguf", "f32")
+    lmconvert.load(out)  # as written, it reads back
+    patched(out, field=key, part=int(gguf.GGUFReader(out).fields[key].data[element]), value=value)
+    with pytest.raises(InputError, match=fragment):
+        lmconvert.load(out)
 
 
 def hf_config_of(name: str, root: Path) -> dict[str, Any]:
@@ -945,6 +1034,18 @@ def test_a_family_written_as_another_s_architecture_reads_back_as_itself(name: s
           (dict(moe_layers=[1, 2]), "metadata cannot express this model's moe;"),
           (dict(moe_layers=[]), "metadata cannot express this model's moe;"),
           (dict(attention_bias=True), "architecture loads no"))),
+    # llama.cpp's gemma4: a per-layer embedding for every token id; the KV-shared layers take the K/V of the last
+    # layer before them (full) and of the one before that (sliding); unscaled proportional and default RoPE; no biases
+    *(("gemma4_text", dict(WRITTEN_ONLY["gemma4_text"], **overrides), fragment) for overrides, fragment in (
+        (dict(vocab_size_per_layer_input=64), "reads a per-layer embedding for every token id (vocab_size=128)"),
+        (dict(layer_types=["sliding_attention", "full_attention", "full_attention", "sliding_attention",
+                           "sliding_attention", "full_attention"]),
+         "gemma4 gives the KV-shared layers the K/V of layer 3 (the full ones) and 2 (the sliding ones)"),
+        (dict(rope_parameters={"sliding_attention": {"rope_type": "linear", "factor": 2.0, "rope_theta": 1e4},
+                               "full_attention": {"rope_type": "proportional", "partial_rotary_factor": 0.25,
+                                                  "rope_theta": 1e6}}),
+         "llama.cpp's gemma4 runs unscaled proportional RoPE on the full layers"),
+        (dict(attention_bias=True), "gemma4 architecture loads no blk.0.attn_k.bias"))),
 ])
 def test_what_these_llama_cpp_graphs_compute_otherwise_is_refused(name: str, overrides: dict[str, Any], fragment: str,
                                                                    tmp_path: Path) -> None:

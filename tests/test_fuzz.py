@@ -3,7 +3,8 @@ the sharded index reader, config translation, and a canonical checkpoint's lmcon
 only outcome allowed besides success is a clean lmconvert error (InputError / MappingError), or
 through the command line exit 1 or 2 with one line: never 3 (a bug) or a traceback.
 
-About 1,200 examples run in the suite; set LMCONVERT_FUZZ_SCALE=20 (or more) for a longer run.
+About 1,200 examples run in `make test` (a quarter of them in `make test-fast`, tests/examples_budget.py);
+set LMCONVERT_FUZZ_SCALE=20 (or more) for a longer run.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from pathlib import Path
 
 import pytest
 from bad_input import lmconvert
+from examples_budget import examples as budget
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
@@ -30,7 +32,7 @@ SCALE = int(os.environ.get("LMCONVERT_FUZZ_SCALE", "1"))
 
 
 def fuzz(examples: int):  # noqa: ANN201
-    return settings(max_examples=examples * SCALE, deadline=None, derandomize=SCALE == 1,
+    return settings(max_examples=budget(examples) * SCALE, deadline=None, derandomize=SCALE == 1,
                     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 
 

@@ -25,10 +25,13 @@ import numpy as np
 import pytest
 import torch
 from hf_models import make_checkpoint, token_batch
+from test_cli import run
+from test_quant_bands_plain import names_read
 
 import lmconvert
 from lmconvert.convert import convert
-from lmconvert.formats import kquants
+from lmconvert.formats import gguf_writer, kquants
+from lmconvert.formats.gguf import GgufFile, GgufTensors
 from lmconvert.formats.gguf_quant_mix import MIXES
 from lmconvert.formats.gguf_writer import FILE_TYPES, tensor_type
 
@@ -92,6 +95,46 @@ def test_a_q4_k_file_reads_back(tmp_path: Path) -> None:
     assert float(np.abs(ours - exact).max()) <= float(np.abs(exact).max()) / 8
     with torch.no_grad():
         assert torch.isfinite(model(token_batch(seq=16))).all()
+
+
+def small_bands(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Bands of 3 rows of 256 float32 values (and 5 bytes): several per tensor, the last one short."""
+    monkeypatch.setattr(gguf_writer, "CHUNK_BYTES", 3 * 256 * 4 + 5)
+
+
+@pytest.mark.slow  # two conversions, and the f32 GGUF built for them
+@pytest.mark.parametrize("kind", ["q4_k", "q6_k", "q8_0"])
+def test_an_f32_gguf_is_encoded_band_by_band(kind: str, f32_gguf: tuple[Path, Path], tmp_path: Path,
+                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    """From an f32 GGUF, every tensor written unchanged (the embedding, the projections but q/k, the
+    norms) is read a band of rows at a time as it is encoded, never whole (llama-quantize holds it
+    whole): the file is the one the whole tensors give (and llama-quantize's, in the llamacpp tests)."""
+    _, source = f32_gguf
+    small_bands(monkeypatch)
+    reads = names_read(monkeypatch, GgufFile, "read")  # the GGUF tensors read whole
+    convert(source, tmp_path / "bands.gguf", "gguf", quant=kind)
+    assert "token_embd.weight" not in reads and "blk.0.ffn_up.weight" not in reads, reads
+    monkeypatch.setattr(GgufTensors, "banded", lambda self, name: None)
+    convert(source, tmp_path / "whole.gguf", "gguf", quant=kind)
+    assert "token_embd.weight" in reads
+    assert (tmp_path / "bands.gguf").read_bytes() == (tmp_path / "whole.gguf").read_bytes()
+
+
+@pytest.mark.slow  # the f32 GGUF built for it
+def test_a_nan_read_in_a_band_is_refused_by_name(f32_gguf: tuple[Path, Path], tmp_path: Path,
+                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    """A NaN in the last band of an f32 GGUF's embedding is refused as the whole tensor's was, naming
+    it, and nothing is written."""
+    _, source = f32_gguf
+    small_bands(monkeypatch)
+    embed = next(t for t in gguf.GGUFReader(source).tensors if t.name == "token_embd.weight")
+    data = bytearray(source.read_bytes())
+    at = embed.data_offset + embed.n_bytes - 4
+    data[at:at + 4] = np.float32(np.nan).tobytes()
+    (tmp_path / "nan.gguf").write_bytes(bytes(data))
+    code, _, err = run("convert", tmp_path / "nan.gguf", tmp_path / "out.gguf", "--quant", "q4_k")
+    assert code == 2 and len(err.strip().splitlines()) == 1 and "embed" in err and "NaN" in err, err
+    assert not (tmp_path / "out.gguf").exists()
 
 
 # -- make llamacpp-check: llama.cpp's own quantizer ----------------------------------------------
@@ -221,6 +264,18 @@ def test_file_equals_llama_quantize_s(kind: str, f32_gguf: tuple[Path, Path], tm
     types = same_files(tmp_path / "ours.gguf", tmp_path / "theirs.gguf")
     assert set(types.values()) == {kind, "F32", {"Q2_K": "Q4_0", "Q3_K": "Q4_0", "Q4_K": "Q5_0", "Q5_K": "Q5_1",
                                                  "Q6_K": "Q8_0"}[kind]}
+
+
+@pytest.mark.llamacpp
+@pytest.mark.parametrize("kind", ["Q4_K", "Q6_K"])
+def test_file_in_small_bands_equals_llama_quantize_s(kind: str, f32_gguf: tuple[Path, Path], tmp_path: Path,
+                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    """Read and encoded in bands of 3 rows (the last one short), the file is still llama-quantize's."""
+    _, source = f32_gguf
+    small_bands(monkeypatch)
+    convert(source, tmp_path / "ours.gguf", "gguf", quant=kind.lower())
+    llama_quantize(source, tmp_path / "theirs.gguf", kind)
+    same_files(tmp_path / "ours.gguf", tmp_path / "theirs.gguf")
 
 
 @pytest.mark.llamacpp

@@ -24,6 +24,7 @@ from fractions import Fraction
 import gguf
 import pytest
 import torch
+from examples_budget import examples
 from family_specs import SPECS, GgufNaming, family_of
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -46,11 +47,13 @@ from lmconvert.mappings.tables.transforms import (
     Piece,
     PiecesDiffer,
     Row,
+    Scale,
     Trim,
     Unstack,
 )
 
-SETTINGS = settings(max_examples=150, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow])
+SETTINGS = settings(max_examples=examples(150), deadline=None, derandomize=True,
+                    suppress_health_check=[HealthCheck.too_slow])
 DTYPES = (torch.float32, torch.float16, torch.bfloat16, torch.float64, torch.int8, torch.int32)
 AS_INT = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
 
@@ -234,6 +237,41 @@ def test_offset_on_every_half_precision_value(dtype: torch.dtype, bound: float, 
     lost = ~came_back
     assert ((x.float().abs() < bound) | negative_zero)[lost].all()
     assert lost.any() and negative_zero[lost].any()
+
+
+# -- Scale: multipliers folded into a weight (Falcon-H1's muP in GGUF) ------------------------------
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
+def test_scale_folds_as_llama_cpp_s_converter_does(dtype: torch.dtype) -> None:
+    """The factors one after the other (Falcon-H1's k: key_multiplier, then attention_in_multiplier), then the row
+    runs in place (in_proj's [z | x | B | C | dt]), on the tensor as llama.cpp's converter holds it (bfloat16 cast to
+    float32 by its prepare_tensors; float16 and float32 kept): bit for bit the expressions of FalconH1Model.
+    modify_tensors, here transcribed; the input is left as it was."""
+    x = torch.randn(10, 3, generator=torch.Generator().manual_seed(0)).to(dtype)
+    before = x.clone()
+    tensor = x if dtype in (torch.float16, torch.float32) else x.to(torch.float32)
+    expected = tensor * 0.6 * 1.3
+    expected[:4, :] *= 0.7
+    expected[4:6, :] *= 1.9
+    expected[6:, :] *= 0.35
+    folded = Scale((0.6, 1.3), ((4, 0.7), (2, 1.9), (None, 0.35))).bind({}).inverse(x)
+    assert folded.dtype == expected.dtype and same_bits(folded, expected) and same_bits(x, before)
+    runs_only = Scale(runs=((4, 0.7), (None, 0.35))).bind({}).inverse(x)
+    assert same_bits(x, before) and not same_bits(runs_only, tensor)
+
+
+@SETTINGS
+@given(seed=seeds)
+def test_scale_round_trips_where_every_factor_is_a_power_of_two(seed: int) -> None:
+    x = torch.randn(9, 2, generator=torch.Generator().manual_seed(seed))
+    t = Scale((2.0, 0.25), ((3, 4.0), (2, 0.5), (None, 8.0))).bind({})
+    assert same_bits(t.forward(t.inverse(x)), x) and same_bits(t.inverse(t.forward(x)), x)
+
+
+def test_scale_by_ones_is_the_identity() -> None:
+    """The import's table: a file's model multiplies by 1 (GgufArch.folded), and reads its weights as stored."""
+    assert Scale((1.0, 1.0), ((4, 1.0), (None, 1.0))).bind({}) is IDENTITY
 
 
 # -- Piece ----------------------------------------------------------------------------------------
@@ -488,8 +526,14 @@ def test_meta_layout_round_trips_every_tensor(layout: Layout, dtype: torch.dtype
         assert all(same_bits(a, b) for a, b in zip(t.inverse(t.forward(pieces)), pieces, strict=True))
 
 
+# architectures whose tables need the gated delta-net's head sizes (qwen3_5_text.Tiled, Qwen3-Next's ssm_ba), which the
+# generic draw below has no consistent set of: their tables go both ways bit for bit in test_export_gguf.py
+# (test_families_transformers_cannot_read_come_back_bit_for_bit) and equal llama.cpp's converter's (test_llamacpp.py)
+TILED = ("qwen3next", "qwen35", "qwen35moe")
+
+
 @SETTINGS
-@given(arch=st.sampled_from(list(GGUF_ARCHS)), kv=st.integers(1, 3), group=st.integers(1, 2),
+@given(arch=st.sampled_from([a for a in GGUF_ARCHS if a not in TILED]), kv=st.integers(1, 3), group=st.integers(1, 2),
        half=st.integers(1, 3), pad=st.integers(0, 3), seed=seeds)
 def test_gguf_table_round_trips_what_it_can(arch: str, kv: int, group: int, half: int, pad: int, seed: int) -> None:
     """Each GGUF rule bound to a file's sizes: permutations both ways for any bits; the vocabulary
@@ -538,7 +582,7 @@ def test_gguf_table_round_trips_what_it_can(arch: str, kv: int, group: int, half
             x = x.unsqueeze(0)
             parts = [r.transform.bind({**sizes, "rows": rows.get(base, 4)}).forward(x) for r in entry.tensors.rules
                      if r.stored == rule.stored]
-            assert same_bits(t.inverse([parts]), x), stored
+            assert same_bits(t.inverse([[part] for part in parts]), x), stored  # one list per part, of its experts
             continue
         assert same_bits(t.inverse(t.forward(x)), x), stored
 

@@ -424,3 +424,28 @@ def test_gemma4_is_read_as_its_text_decoder(tmp_path: Path, text: dict[str, Any]
 def test_gemma4_moe_block_without_its_sizes_is_refused_by_name(text: dict[str, Any], says: str) -> None:
     with pytest.raises(MappingError, match=says.replace("(", r"\(").replace(")", r"\)")):
         FAMILIES["gemma4_text"].arch_config(gemma4(**text).to_dict())
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["gemma4", "gemma4_unified"])
+def test_gemma4_wrappers_are_written_as_llama_cpp_s_gemma4(name: str, tmp_path: Path) -> None:
+    """Gemma 4's wrappers export to GGUF as their text decoders (llama.cpp's gemma4; Gemma 4 unified told apart by
+    its name), and our reader gives back the wrapper's logits from the file."""
+    import gguf
+
+    from lmconvert.convert import convert
+
+    if name == "gemma4":
+        torch.manual_seed(0)
+        model = transformers.Gemma4ForConditionalGeneration._from_config(gemma4(), attn_implementation="eager").eval()
+        perturb(model)
+        model.save_pretrained(tmp_path / "hf")
+        with torch.no_grad():
+            src, ref = tmp_path / "hf", model(IDS).logits.float()
+    else:
+        src, ref = build(name, tmp_path / "hf")
+    to_canonical(src, tmp_path / "canon")
+    convert(tmp_path / "canon", tmp_path / "m.gguf", "gguf", quant="f32")
+    fields = gguf.GGUFReader(tmp_path / "m.gguf").fields
+    assert fields["general.architecture"].contents() == "gemma4"
+    assert max_abs(our_logits(tmp_path / "m.gguf"), ref) <= FP32_TOL

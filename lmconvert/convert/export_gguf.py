@@ -42,7 +42,16 @@ from lmconvert.formats.kquants import ENCODERS as K_TYPES
 from lmconvert.formats.quantized import KeptWeight, kept_digests, kept_weights
 from lmconvert.mappings import MappingError, family_for, family_named
 from lmconvert.mappings.family import tensor_sizes as family_tensor_sizes
-from lmconvert.mappings.gguf.export import GgufModel, family_tokens, for_tensors, lost, metadata, named, read_back
+from lmconvert.mappings.gguf.export import (
+    EXPORTS,
+    GgufModel,
+    family_tokens,
+    for_tensors,
+    lost,
+    metadata,
+    named,
+    read_back,
+)
 from lmconvert.mappings.gguf.loaders import forced_type, refused_tensors
 from lmconvert.mappings.tables.gguf import tensor_sizes
 from lmconvert.mappings.tables.table import IDENTITY, out_shape
@@ -51,11 +60,14 @@ from .exports import Export, export_source
 from .plan import Progress, plan_tensors
 
 
-def _checked_metadata(model: GgufModel, ckpt: Checkpoint, shapes: dict[str, tuple[int, ...]]) -> GgufModel:
-    """The metadata, once import reads it back as this very model."""
+def _checked_metadata(model: GgufModel, ckpt: Checkpoint, shapes: dict[str, tuple[int, ...]],
+                      config: dict[str, Any]) -> GgufModel:
+    """The metadata, once import reads it back as this very model (`config`, its HF config), but for the
+    multipliers folded into the weights (GgufArch.folded), read back as the values folding leaves."""
     back_config, _ = read_back(model, shapes)
-    back = family_for(back_config["model_type"]).arch_config(back_config)
-    missing = lost(ckpt.arch, back)
+    family = family_for(back_config["model_type"])
+    ours = family.arch_config({**config, **model.entry.folded}) if model.entry.folded else ckpt.arch
+    missing = lost(ours, family.arch_config(back_config))
     if missing:
         raise MappingError(f"llama.cpp's {model.arch} metadata cannot express this model's "
                            f"{', '.join(missing)}; export it as HF safetensors instead")
@@ -126,14 +138,15 @@ def source_record(source: dict[str, Any], local: bool) -> str | None:
     return None
 
 
-def _tokenizer(export: Export, side: Path, pre: str | None) -> dict[str, Any]:
-    """The tokenizer's GGUF metadata; from a one-step export's side files, whose errors name the
-    source (they were rebuilt in a temporary) rather than the temporary."""
+def _tokenizer(export: Export, side: Path, pre: str | None, own: str) -> dict[str, Any]:
+    """The tokenizer's GGUF metadata (`own`: the architecture's own writer); from a one-step export's side files,
+    whose errors name the source (they were rebuilt in a temporary) rather than the temporary."""
     ckpt = export.checkpoint
     if not export.direct:
-        return tokenizer_values(ckpt.tokenizer.where if ckpt.tokenizer else None, export.meta.arch.vocab_size, pre)
+        return tokenizer_values(ckpt.tokenizer.where if ckpt.tokenizer else None, export.meta.arch.vocab_size, pre,
+                                own)
     try:
-        return tokenizer_values(side, export.meta.arch.vocab_size, pre)
+        return tokenizer_values(side, export.meta.arch.vocab_size, pre, own)
     except InputError as exc:
         raise InputError(str(exc).replace(f"{side}{os.sep}", f"{ckpt.path}: its tokenizer as converted, ")) from None
 
@@ -173,6 +186,16 @@ def _ggml_mxfp4(blocks: Any, scales: Any) -> Any:  # noqa: ANN401 - tensors
     return mxfp4.ggml_blocks(blocks(), scales())
 
 
+def _bands(reader: Any, src: str | tuple[str, ...], fn: Any, digests: Any) -> Any:  # noqa: ANN401
+    """What reads a planned tensor as bands of rows (`GgufTensor.bands`): a source tensor written
+    unchanged, whose reader reads it a band at a time (an F32 GGUF's, a safetensors file's), unless
+    its digest is to be checked (a canonical checkpoint's: hashed whole, as read); else None."""
+    banded = getattr(reader, "banded", None)
+    if banded is None or not isinstance(src, str) or fn is not IDENTITY.forward or (digests and src in digests):
+        return None
+    return partial(banded, src)
+
+
 def _written_types(kind: str, mix: str | None, model: GgufModel,
                    written: list[tuple[str, tuple[int, ...]]]) -> dict[str, str]:
     """Each tensor's GGML type. A mix, or a K type (which only llama-quantize writes, with --pure),
@@ -210,16 +233,21 @@ def to_gguf(src: Path | Checkpoint, out: Path, family: str | None = None, quant:
         side = stack.enter_context(export.side_files(out))
         try:
             config = target.hf_config(meta.arch, meta.family, meta.hf_extras)
-            tokenizer = _tokenizer(export, side, gguf_pre)
+            own = EXPORTS[config["model_type"]][1].tokenizer if config.get("model_type") in EXPORTS else ""
+            tokenizer = _tokenizer(export, side, gguf_pre, own)
             name = model_name(meta.source, ckpt.path)
             model = for_tensors(metadata(config, name, "tokenizer.ggml.tokens" in tokenizer), names)
             table = model.entry.tensors_for(config)
             canonical = parameter_shapes(meta.arch)
             arch = meta.arch
+            latent = arch.attention_settings if arch.attention == "latent" else None
             sizes = {**tensor_sizes({"num_attention_heads": arch.n_heads, "num_key_value_heads": arch.n_kv_heads,
                                      "head_dim": arch.head_dim, "hidden_size": arch.d_model,
                                      "intermediate_size": arch.d_ff, "vocab_size": arch.vocab_size,
-                                     "shared_intermediate_size": arch.moe and arch.moe.d_shared}),
+                                     "shared_intermediate_size": arch.moe and arch.moe.d_shared,
+                                     # MLA's per-head kv_b parts, where a layout splits kv_b (Kimi's attn_k_b, attn_v_b)
+                                     **({"qk_nope_head_dim": latent.qk_nope_head_dim, "v_head_dim": latent.v_head_dim}
+                                        if latent is not None else {})}),
                      **{k: v for k, v in family_tensor_sizes(arch).items() if k.startswith("mixer.")},  # a mixer's
                      "rows": meta.arch.vocab_size}
             homeless = [n for n in names if not table.stored_names(n)]
@@ -238,17 +266,18 @@ def to_gguf(src: Path | Checkpoint, out: Path, family: str | None = None, quant:
                                                                            for n, t in model.extra.items()}})
             general["general.name"] = named(model.entry, model.arch, general["general.name"].value)
             model.values.update(general)
-            model = _checked_metadata(model, ckpt, shapes)
+            model = _checked_metadata(model, ckpt, shapes, config)
         except MappingError as exc:
             raise InputError(f"--to gguf: {exc}") from None
         if not export.direct:
             check_output(out, force, (ckpt.path,), ours=None if max_shard_bytes else written_by_lmconvert)
         reader, items, whole = _kept_mxfp4(export, plan, kind)
         skipped = {w.parts["scales"] for w in whole.values()}
-        planned = plan_tensors(reader, items, None, allow_nonfinite, export.digests if reader is export.tensors
-                               else kept_digests(None if export.direct else meta.tensors, reader, meta.hash),
-                               meta.hash)
+        digests = (export.digests if reader is export.tensors
+                   else kept_digests(None if export.direct else meta.tensors, reader, meta.hash))
+        planned = plan_tensors(reader, items, None, allow_nonfinite, digests, meta.hash)
         by_name = {p.name: p for p in planned}
+        items_fn = {name: fn for name, _, fn in items}
         types = _written_types(kind, mix, model, [(p.name, p.shape) for p in planned
                                                   if p.name not in whole and p.name not in skipped])
         tensors = []
@@ -266,7 +295,10 @@ def to_gguf(src: Path | Checkpoint, out: Path, family: str | None = None, quant:
             first = src_name[0] if isinstance(src_name, tuple) else src_name
             check = None if allow_nonfinite else FiniteCheck(first, export.tensors.where(first), written_as,
                                                                  "choose another --quant (f32, bf16)")
-            tensors.append(GgufTensor(p.name, p.shape, written_as, p.produce, check))
+            bands = _bands(reader, src_name, items_fn[p.name], digests)
+            source_check = None if allow_nonfinite else FiniteCheck(first, reader.where(first))
+            tensors.append(GgufTensor(p.name, p.shape, written_as, p.produce, check, bands=bands,
+                                      source_check=source_check))
         tensors += [GgufTensor(name, tuple(t.shape), "F32", lambda t=t: t) for name, t in model.extra.items()]
         tokens = tokenizer["tokenizer.ggml.tokens"].value if "tokenizer.ggml.tokens" in tokenizer else []
         values = {**model.values, **tokenizer, **family_tokens(model.entry, config, tokens, tokenizer),

@@ -3,12 +3,14 @@ shard writer can lay out files up front and copy unchanged tensors as raw bytes.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from lmconvert.formats.digest import HASH, DigestCheck, FiniteCheck, check_tensor
 from lmconvert.formats.dtypes import BY_TORCH_NAME, DTYPES, torch_dtype
+from lmconvert.formats.quant_bands import cast_pieces, dequantize_into
 from lmconvert.formats.shards import Planned, RawBytes
 from lmconvert.formats.source import TensorReader, dtype_name
 from lmconvert.mappings.tables.table import IDENTITY, TensorFn, out_shape
@@ -55,19 +57,52 @@ def plan_tensors(reader: TensorReader, items: Iterable[tuple[str, str | tuple[st
         return raw
 
     casts_straight = getattr(reader, "casts_straight", None)  # a quantized view's weights, cast band by band
+    banded = getattr(reader, "banded", None)  # any other tensor read a band of rows at a time
 
     def producer(src: str | tuple[str, ...], fn: TensorFn) -> Callable[[], torch.Tensor]:
-        if (target is not None and isinstance(src, str) and fn is IDENTITY.forward and casts_straight is not None
-                and expected(src) is None and casts_straight(src)):
-            def straight() -> torch.Tensor:  # the same bits and checks as below, never the float32 weight whole
-                finite = None if allow_nonfinite else FiniteCheck(src, reader.where(src))
-                return reader.get_as(src, torch_dtype(target), finite)  # type: ignore[attr-defined]
-            return straight
+        if target is not None and isinstance(src, str) and fn is IDENTITY.forward and expected(src) is None:
+            finite = None if allow_nonfinite else FiniteCheck(src, reader.where(src))
+            if casts_straight is not None and casts_straight(src):
+                def straight() -> torch.Tensor:  # the same bits and checks as below, never the float32 weight whole
+                    return reader.get_as(src, torch_dtype(target), finite)  # type: ignore[attr-defined]
+                return straight
+            if banded is not None and dtype_name(reader, src) != target:
+                return partial(banded_cast, src, torch_dtype(target), finite)
 
         def produce() -> torch.Tensor:
             t = fn([checked(s) for s in src] if isinstance(src, tuple) else checked(src))
             return t if target is None else t.to(torch_dtype(target))
         return produce
+
+    def banded_cast(src: str, dtype: torch.dtype, finite: FiniteCheck | None) -> torch.Tensor:
+        """`checked(src).to(dtype)`, bit for bit and refused alike, cast a band of rows at a time as
+        they are read: the source tensor (a 1B model's 525 MB float16 embedding beside GPTQ weights) is
+        never held whole beside its cast, nor its float32 widening."""
+        bands = banded(src)  # type: ignore[misc]
+        if bands is None:
+            t = checked(src)
+            return t.to(dtype)
+        weight, nonfinite = dequantize_into(bands, dtype, finite is not None)
+        if finite is not None:
+            finite.require(nonfinite)
+        once.add(src)
+        return weight
+
+    def pieces(src: str, fn: TensorFn) -> Callable[[], Iterator[torch.Tensor]] | None:
+        """What `banded_cast` gives, as pieces the shard writer asks for one at a time: the cast
+        itself never held whole either (a 1B model's 525 MB bfloat16 embedding cast from float16)."""
+        if target is None or fn is not IDENTITY.forward or banded is None or expected(src) is not None \
+                or dtype_name(reader, src) == target or (casts_straight is not None and casts_straight(src)):
+            return None
+        finite = None if allow_nonfinite else FiniteCheck(src, reader.where(src))
+
+        def made() -> Iterator[torch.Tensor]:
+            bands = banded(src)  # type: ignore[misc]
+            if bands is None:
+                yield banded_cast(src, torch_dtype(target), finite)
+                return
+            yield from cast_pieces(bands, torch_dtype(target), finite)
+        return made
 
     stored_at = getattr(reader, "raw_location", None)  # a reader may know some tensors' bytes only
     placed = getattr(reader, "position", None)  # a reader's own order (formats/canonical_view.py)
@@ -112,5 +147,6 @@ def plan_tensors(reader: TensorReader, items: Iterable[tuple[str, str | tuple[st
         else:
             check = None if allow_nonfinite else FiniteCheck(src, reader.where(src))
         planned.append(Planned(out, out_shape(fn, reader.shape(src)), dtype, producer(src, fn), raw, check,
-                               None if raw is None else expected(src), position(src, first)))
+                               None if raw is None else expected(src), position(src, first),
+                               None if raw is not None else pieces(src, fn)))
     return planned

@@ -29,6 +29,7 @@ if TYPE_CHECKING:
     import torch
 
     from .checkpoint import Checkpoint
+    from .quant_bands import Banded
 
 DEFAULT_SHARD_BYTES = 5 * 10**9  # `convert --to canonical`'s default --max-shard-size
 LAID_OUT = Path("<canonical>")  # position()'s file: the canonical copy that is never written
@@ -107,6 +108,15 @@ class CanonicalTensors:
         size = DTYPES[dtype_name(self.stored, stored)].itemsize
         first, stop = span(self.stored.shape(stored))
         return path, start + first * size, start + stop * size
+
+    def banded(self, name: str) -> Banded | None:
+        """`get(name)` as bands of rows read on demand, for a canonical tensor that is one stored
+        tensor unchanged and whose reader offers bands of it (`banded`); else None."""
+        stored, transform = self.checkpoint.plan[name]
+        bands = getattr(self.stored, "banded", None)
+        if bands is None or isinstance(stored, tuple) or transform.forward is not IDENTITY.forward:
+            return None
+        return bands(stored)
 
     def quantized_parts(self, name: str) -> QuantizedWeight | None:
         """A quantized weight's stored parts (`quantized.py`), with the table's move of them where its

@@ -47,6 +47,7 @@ from .claims import check_layer_claim, layers_held
 from .errors import InputError
 from .gguf_header import MAGIC, TensorInfo, read_header
 from .gguf_writer import HUB_SCHEME, SOURCE_KEY
+from .quant_bands import Banded, pread_into, stored_rows
 from .source import Loadable, Source
 
 SUFFIX = ".gguf"
@@ -78,14 +79,15 @@ ARCH_TYPES: dict[str, schema.Spec] = {  # `{arch}.` keys
     "feed_forward_length": schema.Either((schema.POSITIVE_INT, schema.Array(schema.COUNT))),
     **{key: schema.POSITIVE for key in (
         "attention.layer_norm_rms_epsilon", "attention.layer_norm_epsilon", "rope.freq_base", "rope.freq_base_swa",
-        "attn_logit_softcapping",
-        "final_logit_softcapping", "rope.scaling.factor", "rope.scale_linear", "rope.scaling.attn_factor",
+        "attn_logit_softcapping", "rope.scaling.factor", "rope.scale_linear", "rope.scaling.attn_factor",
         "rope.scaling.yarn_beta_fast", "rope.scaling.yarn_beta_slow")},
     "attention.scale": schema.Number(minimum=0),  # 0: not stated
+    "final_logit_softcapping": schema.Number(minimum=0),  # 0: none (gemma4: where its runtime's default is 30)
     "attention.temperature_scale": schema.Number(), "rope.scaling.yarn_log_multiplier": schema.Number(),
     "rope.scaling.type": schema.String(),
-    # a period (0: every layer sliding), or one flag per layer
-    "attention.sliding_window_pattern": schema.Either((schema.COUNT, schema.Array(schema.Boolean()))),
+    # a period (0: every layer sliding), or one flag per layer (MiMo's converter writes them as int32 1 and 0)
+    "attention.sliding_window_pattern": schema.Either((schema.COUNT, schema.Array(schema.Either(
+        (schema.Boolean(), schema.Integer(minimum=0, maximum=1)))))),
     "attention.rope_pattern": schema.Array(schema.Boolean()),  # one flag per layer: whether it rotates
 }
 # llama.cpp's all-state-space architectures (mamba, mamba2: GgufArch.attends) state no heads and no FFN as 0
@@ -239,20 +241,43 @@ class GgufFile:
     def _raw(self, t: TensorInfo, start: int, length: int) -> np.ndarray:
         """`length` bytes of the tensor from byte `start`, read whole or refused by name."""
         out = np.empty(length, dtype=np.uint8)
-        view, done = memoryview(out), 0
-        part = self._part.get(t.name, 0)
-        while done < length:
-            if self._fd is None:
-                raise InputError(f"{self.path}: read after it was closed")  # pragma: no cover - a bug
-            fd = self._fds[part]
-            got = os.preadv(fd, [view[done:]], t.offset + start + done)
-            if got == 0:
-                now = os.fstat(fd).st_size
-                raise InputError(f"{self.parts[part]}: tensor {t.name!r} ends at byte {t.offset + t.n_bytes}, past "
-                                 f"the end of the file ({now} bytes now); it was truncated while being read, read it "
-                                 "again when it is complete")
-            done += got
+        self._read_into(t, start, memoryview(out))
         return out
+
+    def _read_into(self, t: TensorInfo, start: int, view: memoryview) -> None:
+        """The tensor's bytes from byte `start` into `view`, whole or refused by name."""
+        if self._fd is None:
+            raise InputError(f"{self.path}: read after it was closed")  # pragma: no cover - a bug
+        part = self._part.get(t.name, 0)
+        fd = self._fds[part]
+
+        def short() -> InputError:
+            return InputError(f"{self.parts[part]}: tensor {t.name!r} ends at byte {t.offset + t.n_bytes}, past the "
+                              f"end of the file ({os.fstat(fd).st_size} bytes now); it was truncated while being "
+                              "read, read it again when it is complete")
+        pread_into(fd, view, t.offset + start, short)
+
+    def banded(self, name: str, dtype: torch.dtype) -> Banded | None:
+        """The tensor as `read` gives it, cast to `dtype`, as bands of rows read (and dequantized) on
+        demand, each band the bits of those rows (GGML's blocks lie within a row), so an export that
+        encodes or casts it band by band never holds it whole; None where `read` gives another dtype
+        than `dtype` (a cast of its own) or the bytes are not in this machine's order."""
+        t = self.tensors[name]
+        shape, kind = self.shape(name), t.kind.name
+        stored = {"F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16}.get(kind)
+        if stored is not None:
+            if stored != dtype or self._order != "<" or sys.byteorder != "little":
+                return None
+            return stored_rows(shape, stored, lambda offset, view: self._read_into(t, offset, view))
+        if dtype != torch.float32 or not t.n_bytes:
+            return None
+        rows = math.prod(t.dims[1:])
+        row_bytes = t.n_bytes // rows
+
+        def fill(start: int, stop: int, into: torch.Tensor) -> None:
+            raw = lambda first, n: self._raw(t, (start + first) * row_bytes, n * row_bytes).reshape(n, row_bytes)  # noqa: E731
+            _dequantized(raw, stop - start, row_bytes, t.kind, into.numpy())
+        return Banded(rows, shape[-1], torch.float32, fill, shape=shape)
 
     def read(self, name: str) -> torch.Tensor:
         """The tensor as stored, dequantized: float32 for quantized types, else the stored float type."""
@@ -373,6 +398,15 @@ class GgufTensors:
                              "and they differ; the file is not one model (llama.cpp's loader reads one of them)")
         return tensor.to(self._dtype).contiguous()
 
+    def banded(self, name: str) -> Banded | None:
+        """`get(name)` as bands of rows read on demand (GgufFile.banded), for a tensor that is one
+        GGUF tensor unchanged, in the file's one dtype; else None."""
+        plan = self.plans[name]
+        if not isinstance(plan.gguf_name, str) or plan.check is not None or plan.transform.forward is not \
+                IDENTITY.forward:
+            return None
+        return self.file.banded(plan.gguf_name, self._dtype)
+
     def _tensor(self, plan: TensorPlan) -> torch.Tensor:
         if isinstance(plan.gguf_name, tuple):  # a gathered tensor's parts
             return plan.transform.forward([self._read(part) for part in plan.gguf_name])
@@ -398,10 +432,16 @@ def tensor_plans(file: GgufFile, config: dict[str, Any], entry: GgufArch) -> dic
         family = family_for(config["model_type"])
         arch = family.arch_config(config)
         # canonical name (a tuple for a fused tensor's pieces) -> the HF name and its HF-table transform
-        hf_of = {canonical: (hf, step) for hf, (canonical, step)
-                 in family.tensors_for(arch).plan_export(parameter_shapes(arch), family_tensor_sizes(arch)).items()}
+        hf_plan = family.tensors_for(arch).plan_export(parameter_shapes(arch), family_tensor_sizes(arch))
+        hf_of = {canonical: (hf, step) for hf, (canonical, step) in hf_plan.items()}
     except MappingError as exc:
         raise InputError(f"{file.path}: {str(exc).removeprefix('config.json: ')}") from None
+    # a canonical tensor the HF layout stores as several parts (Kimi Linear's q_conv1d, k_conv1d, v_conv1d): each
+    # part's HF name and the step that cuts it out
+    hf_parts: dict[str, list[tuple[str, Transform]]] = {}
+    for hf, (canonical, step) in hf_plan.items():
+        if step.gathers and isinstance(canonical, str):
+            hf_parts.setdefault(canonical, []).append((hf, step))
     table, sizes = entry.tensors_for(config), tensor_sizes(config, entry.renamed)
     plans: dict[str, TensorPlan] = {}
     gathered: dict[str, TensorPlan] = {}
@@ -414,7 +454,7 @@ def tensor_plans(file: GgufFile, config: dict[str, Any], entry: GgufArch) -> dic
             continue
         parts = table.gathered(name)
         if parts is not None:  # one part of a tensor stored as several: planned from all of them
-            gathered.update(gathered_plan(file, parts, hf_of, sizes))
+            gathered.update(gathered_plan(file, parts, hf_of, sizes, hf_parts))
             continue
         try:
             pieces = table.to_canonical_names(name)
@@ -433,9 +473,10 @@ def tensor_plans(file: GgufFile, config: dict[str, Any], entry: GgufArch) -> dic
         if canonical not in hf_of:
             raise InputError(f"{file.path}: tensor {name!r} has no counterpart in {config['model_type']} as this "
                              "metadata describes it; the file holds something lmconvert does not convert")
-        hf, hf_step = hf_of[canonical]
-        transform = _to_hf([step.bind({**sizes, "rows": shape[0]}) for _, step in pieces], hf_step)
-        plans[hf] = TensorPlan(name, out_shape(transform.forward, shape), transform)
+        for hf, hf_step in hf_parts.get(canonical, [hf_of[canonical]]) if isinstance(canonical, str) \
+                else [hf_of[canonical]]:
+            transform = _to_hf([step.bind({**sizes, "rows": shape[0]}) for _, step in pieces], hf_step)
+            plans[hf] = TensorPlan(name, out_shape(transform.forward, shape), transform)
     for key, found in stacked.items():
         plans.update(joined_plan(file, key, found, hf_of))
     for hf, plan in gathered.items():  # kv_b whole beside its parts: read whole, checked against them
@@ -444,9 +485,10 @@ def tensor_plans(file: GgufFile, config: dict[str, Any], entry: GgufArch) -> dic
 
 
 def gathered_plan(file: GgufFile, parts: tuple[str, list[tuple[str, Any]]], hf_of: dict[Any, tuple[str, Transform]],
-                  sizes: dict[str, int]) -> dict[str, TensorPlan]:
+                  sizes: dict[str, int], hf_parts: dict[str, list[tuple[str, Transform]]]) -> dict[str, TensorPlan]:
     """{HF name: plan} of a canonical tensor stored as several parts (DeepSeek's kv_b as llama.cpp's
-    converter stores it: `attn_k_b`, `attn_v_b`), every one of which the file must hold."""
+    converter stores it: `attn_k_b`, `attn_v_b`), every one of which the file must hold; one plan per HF
+    part where the HF layout stores it in parts too (`hf_parts`: Kimi Linear's convolutions)."""
     canonical, stored = parts
     names = tuple(name for name, _ in stored)
     missing = [name for name in names if name not in file.tensors]
@@ -454,13 +496,15 @@ def gathered_plan(file: GgufFile, parts: tuple[str, list[tuple[str, Any]]], hf_o
         why = f"lacks {', '.join(missing)}" if missing else "describes a model without it"
         raise InputError(f"{file.path}: tensor {names[0]!r} is one part of {canonical}, stored as {', '.join(names)}, "
                          f"and the file {why}; the file holds something lmconvert does not convert")
-    hf, hf_step = hf_of[canonical]
-    transform = _to_hf([stored[0][1].bind(sizes)], hf_step)
-    try:
-        shape = out_shape(transform.forward, [file.shape(name) for name in names])
-    except MappingError as exc:
-        raise InputError(f"{file.path}: {', '.join(names)}: {exc}") from None
-    return {hf: TensorPlan(names, shape, transform)}
+    plans = {}
+    for hf, hf_step in hf_parts.get(canonical, [hf_of[canonical]]):
+        transform = _to_hf([stored[0][1].bind(sizes)], hf_step)
+        try:
+            shape = out_shape(transform.forward, [file.shape(name) for name in names])
+        except MappingError as exc:
+            raise InputError(f"{file.path}: {', '.join(names)}: {exc}") from None
+        plans[hf] = TensorPlan(names, shape, transform)
+    return plans
 
 
 def _stored(plan: TensorPlan) -> str:
@@ -628,8 +672,11 @@ FLOAT_TYPES = frozenset({"F32", "F16", "BF16"})
 def unread_reference(file: GgufFile, entry: GgufArch, types: Counter[str]) -> Loadable:
     """For an architecture transformers' GGUF loader does not read: a float file's recorded source;
     a quantized file's own weights, dequantized (its float source is another model by the
-    quantization error, which fp32's bar would count against us)."""
-    if set(types) <= FLOAT_TYPES:
+    quantization error, which fp32's bar would count against us); so too a file whose multipliers
+    llama.cpp's layout folds into the weights (Falcon-H1's muP, GgufArch.folded), whose source is the
+    same model only to the fold's rounding and whose inner points (in_proj's output, before the muP
+    vector) are not the source's: transformers' model of the file's config (unit multipliers) holds them."""
+    if set(types) <= FLOAT_TYPES and not entry.folded:
         return recorded_reference(file, entry)
     return Loadable(None, origin=file.path, dequantized=True)
 

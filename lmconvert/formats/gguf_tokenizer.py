@@ -183,11 +183,60 @@ def _values(directory: Path, tokenizer: Any, model: str, pre: str, tokens: list[
     return typed_values(fill)
 
 
-def tokenizer_values(directory: Path | None, vocab_size: int, pre: str | None = None) -> dict[str, Any]:
+# the tokens llama.cpp's Gemma4Model writes user-defined whatever the tokenizer says, so that llama.cpp renders them
+# (its chat parser reads them)
+GEMMA4_VISIBLE = frozenset({"<|channel>", "<channel|>", "<|tool_call>", "<tool_call|>", "<|tool_response>",
+                            "<tool_response|>", '<|"|>'})
+
+
+def _gemma4(directory: Path, vocab_size: int) -> dict[str, Any]:
+    """llama.cpp's Gemma4Model.set_vocab: tokenizer.json's SentencePiece-shaped BPE (byte fallback) as gguf's
+    LlamaHfVocab lists it, with scores and types, `tokenizer.ggml.model` "gemma4", the merges and special tokens, no
+    space prefix, BOS added. Ids past the tokenizer's up to the embedding's rows are `[PAD{i}]`, unused."""
+    import gguf
+
+    directory = Path(directory)
+    try:
+        vocab = gguf.LlamaHfVocab(directory)
+    except (FileNotFoundError, TypeError) as exc:
+        raise InputError(f"{directory / BPE}: llama.cpp's gemma4 tokenizer is a SentencePiece-shaped BPE with byte "
+                         f"fallback, which this tokenizer is not ({exc}); convert with Gemma 4's own "
+                         "tokenizer") from None
+    tokens, scores, types = [], [], []
+    for text, score, kind in vocab.all_tokens():
+        tokens.append(text.decode("utf-8"))
+        scores.append(score)
+        types.append(int(gguf.TokenType.USER_DEFINED if tokens[-1] in GEMMA4_VISIBLE else kind))
+    _fits(directory / BPE, len(tokens), vocab_size)
+    for i in range(len(tokens), vocab_size):
+        tokens.append(f"[PAD{i}]")
+        scores.append(-10000.0)
+        types.append(int(gguf.TokenType.UNUSED))
+    special = gguf.SpecialVocab(directory, load_merges=True, n_vocab=len(tokens))
+    special.add_special_token["bos"] = True
+
+    def fill(w: Any) -> None:  # noqa: ANN401 - gguf's writer
+        w.add_tokenizer_model("gemma4")
+        w.add_token_list(tokens)
+        w.add_token_scores(scores)
+        w.add_token_types(types)
+        special.add_to_gguf(w, quiet=True)
+        w.add_add_space_prefix(False)
+    return typed_values(fill)
+
+
+# tokenizer writers of llama.cpp's converter classes that write their own (GgufArch.tokenizer)
+OWN_WRITERS = {"gemma4": _gemma4}
+
+
+def tokenizer_values(directory: Path | None, vocab_size: int, pre: str | None = None, own: str = "") -> dict[str, Any]:
     """The tokenizer's GGUF metadata (typed values for gguf's writer); `pre` names the BPE
-    pre-tokenizer when its hash is not one llama.cpp knows."""
+    pre-tokenizer when its hash is not one llama.cpp knows; `own`: the architecture's own writer
+    (GgufArch.tokenizer), for tokenizer.json."""
     if directory is None or not ((directory / SPM).is_file() or (directory / BPE).is_file()):
         return typed_values(lambda w: w.add_tokenizer_model("none"))
+    if own:
+        return OWN_WRITERS[own](directory, vocab_size)
     if (directory / SPM).is_file():
         tokens, scores, types = _sentencepiece(directory, vocab_size)
         return _values(directory, _loaded(directory), "llama", "default", tokens, types, scores, merges=False)

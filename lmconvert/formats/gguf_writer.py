@@ -1,7 +1,9 @@
 """GGUF out: one llama.cpp file, written by the `gguf` package's writer and streamed. Every tensor's
 name, shape and type is known before one byte is read, so the header, the metadata and the tensor
 table are written first, then each tensor is produced, encoded (cast, or quantized by kquants.py's C
-or `gguf.quants.quantize`) and written in turn: peak memory is the largest tensor and its encoding.
+or `gguf.quants.quantize`) and written in turn, a band of rows at a time. A tensor whose source can be
+read in bands (`GgufTensor.bands`: one written unchanged from an F32 GGUF or a safetensors file) is
+never held whole; any other is, once: peak memory is the largest of those and a few bands.
 
 What goes in (names, transforms, metadata) is decided by convert/export_gguf.py from the tables
 in mappings/; this module knows only the file.
@@ -26,6 +28,7 @@ from .errors import InputError
 from .ggml_floats import chunk_bytes, nonfinite
 from .gguf_quant_mix import FALLBACK as K_FALLBACK  # llama-quantize's type where a K type's 256-blocks do not fit
 from .gguf_quant_mix import MIXES
+from .quant_bands import Banded
 
 if TYPE_CHECKING:
     import torch
@@ -70,6 +73,10 @@ class GgufTensor:
     produce: Callable[[], torch.Tensor]
     check: FiniteCheck | None = None
     encoded: bool = False  # `produce` gives the type's bytes themselves (uint8), written as they are
+    # the same tensor as bands of rows read on demand (quant_bands.Banded), None where it has none; its
+    # NaN/Inf, which `produce` refuses, are counted band by band and refused by `source_check`
+    bands: Callable[[], Banded | None] | None = None
+    source_check: FiniteCheck | None = None
 
 
 def tensor_type(shape: Sequence[int], wanted: str) -> str:
@@ -167,7 +174,11 @@ def write_gguf(path: Path, arch: str, values: Mapping[str, Any], tensors: Sequen
                 writer.write_padding(fout, fout.tell())
                 writer.write_padding(fout, _write(t.produce().contiguous().numpy(), fout, t.type, False)[0])
             else:
-                _write_tensor(writer, fout, t.produce(), t.type, t.check)
+                banded = None if t.bands is None else t.bands()
+                if banded is None or (banded.rows * banded.cols, banded.cols) != (prod(t.shape), t.shape[-1]):
+                    _write_tensor(writer, fout, t.produce(), t.type, t.check)
+                else:
+                    _write_tensor(writer, fout, banded, t.type, t.check, t.source_check)
             done += _nbytes(t.shape, t.type)
             if progress is not None:
                 progress(done, total)
@@ -176,34 +187,64 @@ def write_gguf(path: Path, arch: str, values: Mapping[str, Any], tensors: Sequen
     return files
 
 
-def _write_tensor(writer: Any, fout: Any, tensor: torch.Tensor, kind: str,  # noqa: ANN401 - gguf's
-                  check: FiniteCheck | None = None) -> None:
+def _write_tensor(writer: Any, fout: Any, tensor: torch.Tensor | Banded, kind: str,  # noqa: ANN401 - gguf's
+                  check: FiniteCheck | None = None, source_check: FiniteCheck | None = None) -> None:
     """One tensor's data, aligned as gguf's writer aligns it, encoded a band of rows at a time:
     GGML's blocks lie within a row, so each band encodes to exactly its bytes of the whole, and
-    the float32 copy and the quantizer's temporaries stay within CHUNK_BYTES. With `check`, the
-    encoded bytes are checked for NaN/Inf as they are written."""
+    the float32 copy and the quantizer's temporaries stay within CHUNK_BYTES. A `Banded` tensor is
+    read a band at a time too (its NaN/Inf counted there and refused by `source_check`), so memory
+    holds ENCODERS bands of it, never the whole (llama-quantize holds the whole float32 tensor).
+    With `check`, the encoded bytes are checked for NaN/Inf as they are written."""
     writer.write_padding(fout, fout.tell())
-    rows = tensor.reshape(-1, tensor.shape[-1]) if tensor.dim() > 1 else tensor.reshape(1, -1)
-    band = max(1, CHUNK_BYTES // (rows.shape[1] * 4))
-    written, bad, pending = 0, 0, deque()
+    if isinstance(tensor, Banded):
+        total, cols, band_of = tensor.rows, tensor.cols, _band_reader(tensor, source_check is not None)
+    else:
+        rows = tensor.reshape(-1, tensor.shape[-1]) if tensor.dim() > 1 else tensor.reshape(1, -1)
+        total, cols = rows.shape
+        band_of = lambda start, stop: (rows[start:stop], 0)  # noqa: E731
+    band = max(1, CHUNK_BYTES // (cols * 4))
+    written, bad, source_bad, pending = 0, 0, 0, deque()
 
-    def write(data: np.ndarray) -> None:
-        nonlocal written, bad
+    def encode(start: int) -> tuple[np.ndarray, int]:
+        data, found = band_of(start, min(start + band, total))
+        return _encode(data, kind), found
+
+    def write(job: Any) -> None:  # noqa: ANN401 - a future
+        nonlocal written, bad, source_bad
+        data, found_in_source = job.result()
         n, found = _write(data, fout, kind, check is not None)
-        written, bad = written + n, bad + found
+        written, bad, source_bad = written + n, bad + found, source_bad + found_in_source
 
-    # the K-quant encoders (C), gguf's numpy quantizers and torch's casts release the GIL: ENCODERS bands
-    # encode at once, in order, no more than that many held
+    # the K-quant encoders (C), gguf's numpy quantizers, torch's casts and the reads release the GIL:
+    # ENCODERS bands encode at once, in order, no more than that many held
     with ThreadPoolExecutor(max_workers=ENCODERS) as pool:
-        for start in range(0, rows.shape[0], band):
-            pending.append(pool.submit(_encode, rows[start:start + band], kind))
+        for start in range(0, total, band):
+            pending.append(pool.submit(encode, start))
             if len(pending) == ENCODERS:
-                write(pending.popleft().result())
+                write(pending.popleft())
         while pending:
-            write(pending.popleft().result())
+            write(pending.popleft())
+    if source_check is not None:
+        source_check.require(source_bad)
     if check is not None:
         check.require(bad)
     writer.write_padding(fout, written)
+
+
+def _band_reader(tensor: Banded, checked: bool) -> Callable[[int, int], tuple[torch.Tensor, int]]:
+    """Rows [start, stop) of a banded tensor, read into a buffer of their own, and their NaN/Inf count
+    (if `checked`)."""
+    import torch
+
+    from .digest import memory_chunks, scan, tensor_bytes
+    from .dtypes import of_torch
+
+    def read(start: int, stop: int) -> tuple[torch.Tensor, int]:
+        into = torch.empty(stop - start, tensor.cols, dtype=tensor.native)
+        tensor.fill(start, stop, into)
+        bad = scan(memory_chunks(tensor_bytes(into)), of_torch(tensor.native).name, None).nonfinite if checked else 0
+        return into, bad
+    return read
 
 
 def _write(data: np.ndarray, fout: Any, kind: str, checked: bool) -> tuple[int, int]:  # noqa: ANN401 - gguf's file

@@ -17,12 +17,16 @@ import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
+from math import prod
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     import torch
 
+    from .digest import FiniteCheck
+
 BAND_BYTES = 1 << 20  # native bytes of one band: it and its cast stay in a core's L2 cache
+PIECE_BYTES = 8 << 20  # output bytes `cast_pieces` gives at a time (several bands, on the threads)
 THREADS = max(1, min(4, os.cpu_count() or 1))
 
 
@@ -39,6 +43,33 @@ class Banded:
     fill: Callable[[int, int, torch.Tensor], None]
     align: int = 1
     shape: tuple[int, ...] | None = None
+
+
+def stored_rows(shape: tuple[int, ...], native: torch.dtype, read_into: Callable[[int, memoryview], None]) -> Banded:
+    """A float tensor stored row-major as `native` values, as bands read straight from its bytes:
+    `read_into(byte offset, view)` fills `view` with the stored bytes from that offset on (whole, or
+    refused by name). The float32 embedding of a 1B model (1.05 GB) is then never held whole by a
+    cast (`dequantize_into`) or a GGUF encoder (gguf_writer.py), only its bands are."""
+    import torch
+
+    cols = shape[-1] if shape else 1
+    row_bytes = cols * torch.empty((), dtype=native).element_size()
+
+    def fill(start: int, stop: int, into: torch.Tensor) -> None:
+        read_into(start * row_bytes, memoryview(into.view(torch.uint8).numpy()).cast("B"))
+
+    return Banded(prod(shape[:-1]), cols, native, fill, shape=shape)
+
+
+def pread_into(fd: int, view: memoryview, offset: int, short: Callable[[], Exception]) -> None:
+    """Fill `view` from file `fd` at `offset` (positioned reads: threads share the descriptor);
+    a read that finds the end of the file first raises `short()`."""
+    done = 0
+    while done < len(view):  # one read returns at most ~2 GB on Linux
+        got = os.preadv(fd, [view[done:]], offset + done)
+        if got == 0:
+            raise short()
+        done += got
 
 
 _free: list[torch.Tensor] = []  # scratch buffers (flat, uint8) between bands, reused across weights
@@ -149,3 +180,26 @@ def dequantize_into(banded: Banded, dtype: torch.dtype, checked: bool, out: torc
             with ThreadPoolExecutor(max_workers=min(threads, len(starts))) as pool:
                 bad = sum(pool.map(band, starts))
     return (whole if banded.shape in (None, tuple(whole.shape)) else whole.view(banded.shape)), bad
+
+
+def cast_pieces(banded: Banded, dtype: torch.dtype, finite: FiniteCheck | None,
+                piece_bytes: int = PIECE_BYTES) -> Iterator[torch.Tensor]:
+    """`dequantize_into(banded, dtype, ...)`'s tensor as successive pieces of its rows, in order, each
+    computed as it is asked for into one reused buffer (the shard writer hashes and writes each
+    before asking for the next): the same bits, and memory holds a piece, never the tensor. The
+    NaN/Inf of the native values are counted over all pieces and refused by `finite` after the last."""
+    import torch
+
+    size = torch.empty((), dtype=dtype).element_size()
+    step = max(banded.align, max(1, piece_bytes // max(1, banded.cols * size)) // banded.align * banded.align)
+    buffer = torch.empty(min(step, banded.rows) * banded.cols, dtype=dtype)
+    bad = 0
+    for start in range(0, banded.rows, step):
+        stop = min(start + step, banded.rows)
+        part = Banded(stop - start, banded.cols, banded.native,
+                      lambda s, e, into, at=start: banded.fill(at + s, at + e, into), banded.align)
+        piece, found = dequantize_into(part, dtype, finite is not None, buffer[:(stop - start) * banded.cols])
+        bad += found
+        yield piece
+    if finite is not None:
+        finite.require(bad)

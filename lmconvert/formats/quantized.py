@@ -40,6 +40,7 @@ if TYPE_CHECKING:
     from lmconvert.mappings.tables.transforms import Packed
 
     from .digest import FiniteCheck
+    from .quant_bands import Banded
 
 # quant_method -> reads quantization_config (where, config) into a Recipe, refusing by name what it
 # does not handle
@@ -208,6 +209,12 @@ class QuantizedTensors:
         read = self._parts_read(name, parts)
         weight = scheme.dequantize(read, settings, name, str(self.source.where(parts[scheme.anchor])))
         return weight.transpose(-1, -2).contiguous() if self.transposed(name) else weight
+
+    def banded(self, name: str) -> Banded | None:
+        """A tensor that is not a quantized weight as bands of rows read on demand, where the source
+        offers them (a quantized weight's bands are `get_as`'s)."""
+        bands = getattr(self.source, "banded", None)
+        return None if name in self.parts or bands is None else bands(name)
 
     def casts_straight(self, name: str) -> bool:
         """Whether `get_as` dequantizes the weight `name` band by band straight into another dtype."""

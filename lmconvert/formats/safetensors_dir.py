@@ -11,8 +11,9 @@ import json
 import struct
 from collections.abc import Iterator
 from contextlib import ExitStack
+from functools import partial
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, BinaryIO
 
 from safetensors import SafetensorError, safe_open
 
@@ -20,9 +21,12 @@ from .checkpoint_files import checkpoint_file
 from .dtypes import DTYPES, torch_dtype
 from .errors import InputError
 from .jsonfile import shard_files
+from .quant_bands import pread_into, stored_rows
 
 if TYPE_CHECKING:
     import torch
+
+    from .quant_bands import Banded
 
 INDEX = "model.safetensors.index.json"
 SINGLE = "model.safetensors"
@@ -66,7 +70,7 @@ class TensorSource:
         self.directory = directory
         self.files = shard_map(directory)
         self._stack = ExitStack()
-        self._readers: dict[Path, object] = {}
+        self._readers: dict[Path, BinaryIO] = {}
         self._entries: dict[str, tuple[str, tuple[int, ...], int, int]] = {}
         by_file: dict[Path, set[str]] = {}
         for name, file in self.files.items():
@@ -106,24 +110,26 @@ class TensorSource:
         _, _, start, end = self._entries[name]
         return self.files[name], start, end
 
+    def _read_into(self, name: str, offset: int, view: memoryview) -> None:
+        """The tensor's bytes from byte `offset` into `view` (positioned reads: threads may share a file)."""
+        _, _, start, _ = self._entries[name]
+        file = self.files[name]
+        if file not in self._readers:
+            self._readers[file] = self._stack.enter_context(open(file, "rb", buffering=0))
+        short = lambda: InputError(f"{file}: tensor {name!r} is cut short; re-download the file")  # noqa: E731
+        pread_into(self._readers[file].fileno(), view, start + offset, short)
+
     def get(self, name: str) -> torch.Tensor:
         import torch
 
         _, shape, start, end = self._entries[name]
-        dtype = self.dtype(name)
-        file = self.files[name]
-        if file not in self._readers:
-            self._readers[file] = self._stack.enter_context(open(file, "rb", buffering=0))
-        reader = self._readers[file]
         data = torch.empty(end - start, dtype=torch.uint8)
-        view, done = memoryview(data.numpy()), 0
-        reader.seek(start)
-        while done < len(view):  # one read returns at most ~2 GB on Linux
-            got = reader.readinto(view[done:])
-            if not got:
-                raise InputError(f"{file}: tensor {name!r} is cut short; re-download the file")
-            done += got
-        return data.view(dtype).reshape(shape)
+        self._read_into(name, 0, memoryview(data.numpy()))
+        return data.view(self.dtype(name)).reshape(shape)
+
+    def banded(self, name: str) -> Banded:
+        """`get(name)` as bands of rows read on demand (quant_bands.stored_rows)."""
+        return stored_rows(self.shape(name), self.dtype(name), partial(self._read_into, name))
 
     def items(self) -> Iterator[tuple[str, torch.Tensor]]:
         for name in self.files:

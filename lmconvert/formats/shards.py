@@ -24,7 +24,7 @@ import os
 import struct
 import threading
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Future
 from contextlib import ExitStack
 from dataclasses import dataclass, field
@@ -81,6 +81,9 @@ class Planned:
     check: FiniteCheck | None = None
     expected: DigestCheck | None = None
     position: tuple[Path, int] | None = None  # where its source bytes start (file, offset), if in a file
+    # the produced tensor's bytes as successive pieces, in order, made as they are written (a cast band
+    # by band: quant_bands.cast_pieces), so that it is never held whole; None: `produce` it
+    pieces: Callable[[], Iterator[torch.Tensor]] | None = None
 
     @property
     def nbytes(self) -> int:
@@ -171,6 +174,20 @@ def _produced(p: Planned) -> memoryview:
     if tuple(t.shape) != p.shape or of_torch(t.dtype).name != p.dtype:
         raise RuntimeError(f"{p.name}: produced {t.dtype} {list(t.shape)}, planned {p.dtype} {list(p.shape)}")
     return tensor_bytes(t)
+
+
+def _piece_chunks(p: Planned) -> Iterator[memoryview]:
+    """The chunks of a tensor planned as pieces, each piece made when its chunks are wanted."""
+    assert p.pieces is not None
+    done = 0
+    for piece in p.pieces():
+        if of_torch(piece.dtype).name != p.dtype:
+            raise RuntimeError(f"{p.name}: produced a {piece.dtype} piece, planned {p.dtype}")
+        data = tensor_bytes(piece)
+        done += len(data)
+        yield from memory_chunks(data)
+    if done != p.nbytes:
+        raise RuntimeError(f"{p.name}: produced {done} bytes in pieces, planned {p.nbytes}")
 
 
 @dataclass
@@ -294,6 +311,12 @@ class _Writer:
             self._settle_oldest()
 
     def produced(self, p: Planned, fd: int, offset: int) -> None:
+        if p.pieces is not None:  # made piece by piece by the worker as it writes them: holds no tensor
+            algorithm, checked = self.algorithm, p.check is not None
+            job = self._movers.submit(lambda: [scan(_piece_chunks(p), p.dtype, algorithm, checked, _sink(fd, offset))],
+                                      fd, p.nbytes)
+            self._pending.append(([p], job, 0))
+            return
         while self._held and self._held + p.nbytes > PRODUCED_IN_FLIGHT:
             self._settle_oldest()
         data = _produced(p)

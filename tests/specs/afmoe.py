@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from specs import WINDOW, F, S, Spec
+from specs import WINDOW, F, GgufNaming, S, Spec
 
 # layer 0 dense, 1 to 3 mixtures; 0 to 2 sliding (RoPE), 3 full (no positions)
 MOE = dict(num_hidden_layers=4, head_dim=16, num_experts=8, num_experts_per_tok=3, moe_intermediate_size=32,
@@ -26,4 +26,7 @@ SPEC = Spec(  # bf16: bit-exact with transformers' default experts (grouped_mm) 
                           mup_enabled=False, tie_word_embeddings=True,
                           rope_parameters={"rope_type": "linear", "factor": 2.0, "rope_theta": 1e6}),
                      dict(MOE, global_attn_every_n_layers=2, num_dense_layers=0)),
+    gguf={},  # llama.cpp's afmoe holds the model as it is: every fourth layer full, muP, renormalised experts
+    # AfmoeModel names the router's expert_bias with `.bias` added (filter_tensors)
+    gguf_naming=GgufNaming(converter_names={("mlp.expert_bias", "router"): "exp_probs_b.bias"}),
 )

@@ -8,7 +8,7 @@ unclamped (see specs/mamba2.py)."""
 
 from __future__ import annotations
 
-from specs import Spec
+from specs import GgufNaming, Spec
 
 MIXER = dict(mamba_d_ssm=128, mamba_n_heads=8, mamba_d_head=16, mamba_d_state=16, mamba_n_groups=2, mamba_d_conv=4,
              mamba_chunk_size=8)
@@ -21,6 +21,12 @@ SPEC = Spec(
                       projectors_bias=True, attention_bias=True, mlp_bias=True, eos_token_id=1,
                       rope_parameters=THETA),
     old_style={"rope_theta": 5e5},
+    # what llama.cpp's falcon-h1 runs: the gate before the norm, no attention biases (its graph adds no o_proj bias),
+    # no in_proj or out_proj biases (it loads none); the multipliers stay, folded into the weights
+    gguf=dict(mamba_norm_before_gate=False, attention_bias=False, mamba_proj_bias=False, projectors_bias=False),
+    # Mamba2Model renames dt_bias; gguf's TensorNameMap maps the whole of pre_ff_layernorm.weight, no `.weight` added
+    gguf_naming=GgufNaming(converter_names={("mamba.dt_bias", "mixer"): "ssm_dt.bias",
+                                            ("pre_ff_layernorm.weight", "mlp_norm"): "ffn_norm"}),
     card=("mixer: Mamba2 (SSD), 8 heads x 16, 2 group(s), state 16, conv 4, chunk 8",
           "layer schedule: attention and mamba2 side by side (outputs summed) on 2 (0-1)", "layer pattern: AMF AMF",
           "muP multipliers: attention input x 1.3, attention output x 0.85, k x 0.6, mixer output x 0.45, "

@@ -6,7 +6,7 @@ MoE block, which lmconvert refuses by name."""
 from __future__ import annotations
 
 from specs import F, S, Spec
-from specs.gemma4_unified_text import KWARGS
+from specs.gemma4_unified_text import KWARGS, NAMING
 from specs.gemma4_unified_text import SPEC as UNIFIED
 
 SPEC = Spec(
@@ -27,4 +27,6 @@ SPEC = Spec(
              enable_moe_block=True, num_experts=3, top_k_experts=1, moe_intermediate_size=24),
     ),
     tp_refusal=UNIFIED.tp_refusal,
+    gguf={},  # llama.cpp's gemma4 holds it whole (its per-layer table as long as the vocabulary, as here)
+    gguf_naming=NAMING,
 )

@@ -6,9 +6,16 @@ of layers 2 (sliding) and 3 (full) and have MLPs twice as wide; every block's ou
 
 from __future__ import annotations
 
-from specs import FINAL_CAP, WINDOW, F, S, Spec
+from specs import FINAL_CAP, WINDOW, F, GgufNaming, S, Spec
 
 TYPES = [S, F, S, F, S, F]
+# llama.cpp's Gemma4Model names the layer scalar, the router's scale and the per-expert scales itself (the last two
+# the `scale` of the router and of the experts' down stack), and the fused experts with `.weight` added
+NAMING = GgufNaming(converter_names={
+    ("layer_scalar", "1"): "layer_output_scale.weight", ("router.scale", "router"): "ffn_gate_inp.scale",
+    ("router.per_expert_scale", "router"): "ffn_down_exps.scale", ("experts.down_proj", "down"): "ffn_down_exps.weight",
+    **{("experts.gate_up_proj", part): "ffn_gate_up_exps.weight" for part in ("gate", "up")},
+})
 KWARGS = dict(num_hidden_layers=6, head_dim=16, global_head_dim=32, num_global_key_value_heads=1,
               attention_k_eq_v=True, num_kv_shared_layers=2, use_double_wide_mlp=True, sliding_window=WINDOW,
               layer_types=TYPES, final_logit_softcapping=FINAL_CAP)
@@ -37,4 +44,6 @@ SPEC = Spec(
                                   "rope_theta": 5e5}}),
     ),
     tp_refusal="per-layer head geometry (the global layers' own head_dim and KV heads) has no tensor-parallel plan",
+    gguf={},  # llama.cpp's gemma4 holds it whole
+    gguf_naming=NAMING,
 )

@@ -5,7 +5,7 @@ older one."""
 
 from __future__ import annotations
 
-from specs import F, Spec
+from specs import F, GgufNaming, Spec
 
 L = "linear_attention"
 KDA = dict(linear_num_heads=4, linear_head_dim=16, linear_conv_kernel_dim=4)
@@ -29,6 +29,13 @@ SPEC = Spec(
     rope=False, selection_bias_buffer=True, own_spelling={"max_position_embeddings": "model_max_length"},
     not_a_key=("rope_parameters",),
     tp_refusal="the kimi_delta mixer layers have no tensor-parallel plan",
+    # llama.cpp's kimi-linear normalises MLA's kv_a and KDA's q and k with rms_norm_eps, transformers with 1e-6
+    gguf=dict(rms_norm_eps=1e-6),
+    # KimiLinearModel.modify_tensors splits kv_b_proj itself, as attn_k_b and attn_v_b (absorbed MLA); the dense
+    # MLPs under the Hub's name, `mlp.` (transformers 5 writes them under block_sparse_moe, which gguf does not map)
+    gguf_naming=GgufNaming(converter_names={("self_attn.kv_b_proj.weight", "kv_b"): "attn_k_b.weight"},
+                           aliases=tuple((f"block_sparse_moe.{n}_proj", f"mlp.{n}_proj")
+                                         for n in ("gate", "up", "down"))),
     config_variants=(
         dict(KDA, **MLA, **MOE, num_hidden_layers=4, layer_types=[L, F, L, F]),
         dict(MLA, num_hidden_layers=2, q_lora_rank=24, attention_bias=True, mlp_layer_types=["dense", "dense"],

@@ -5,7 +5,7 @@ layers rotate a third of each head (8 dims, theta 5e4), the sliding ones half (1
 
 from __future__ import annotations
 
-from specs import WINDOW, F, S, Spec
+from specs import WINDOW, F, GgufNaming, S, Spec
 
 ROPE = {F: {"rope_type": "default", "rope_theta": 5e4},  # partial_rotary_factor absent: MiMo's 0.334
         S: {"rope_type": "default", "rope_theta": 2e4, "partial_rotary_factor": 0.5}}
@@ -37,6 +37,12 @@ SPEC = Spec(
              rope_parameters={F: {"rope_type": "default", "rope_theta": 1e4, "partial_rotary_factor": 1.0}}),
         dict(MOE, sliding_window_size=6),
     ),
+    # llama.cpp's mimo2: one rotated width for every layer, its weights unscaled (it reads no expert_weights_scale);
+    # transformers' default RoPE, which llama.cpp's converter reads from the Hub's rope_theta, swa_rope_theta and
+    # partial_rotary_factor (test_llamacpp.py's _hub_spelling)
+    gguf=dict(routed_scaling_factor=1.0, rope_parameters=None),
+    # MimoV2Model names the Hub's sinks with `.weight` added (filter_tensors)
+    gguf_naming=GgufNaming(converter_names={("self_attn.attention_sink_bias", "attn"): "attn_sinks.weight"}),
     selection_bias_buffer=True,  # MiMoV2FlashTopkRouter's e_score_correction_bias is a buffer
     tp_refusal="per-layer head geometry (the global layers' own head_dim and KV heads) has no tensor-parallel plan",
 )

@@ -26,6 +26,7 @@ from lmconvert.arch import ArchConfig, MoeConfig
 from ..errors import MappingError
 from ..family import Family
 from ..tables.config_table import DEFAULT, Entry, fixed, plain
+from ..tables.gguf import MOE_RULES, STATES_VOCAB_AND_ROPE, tensor_table, written
 from ..tables.hf_config import HfConfig, Key
 from ..tables.hf_layers import LAYER_TYPES_KEY, layer_kinds_from_hf, layer_types_to_hf, window_fields
 from ..tables.hf_moe import expert_rules
@@ -144,7 +145,69 @@ TENSORS = TensorTable(
 # q_proj(x).view(B, T, -1, D), then q_norm, then the transpose; the shared experts on the flat input (the default)
 REFERENCE_LAYOUTS = QK_NORM_PER_HEAD
 
+
+# -- llama.cpp (GGUF): its afmoe architecture (AfmoeModel in its converter, a LlamaModel: q/k unpermuted, the vocabulary
+# and rotated width stated; it reads the Hub's route_norm and score_func, which transformers' AfmoeConfig does not
+# keep). The sandwich norms as attn_norm / post_attention_norm / ffn_norm / post_ffw_norm, the output gate as
+# `attn_gate`, the selection bias as `exp_probs_b`, the leading dense layers as leading_dense_block_count, the shared
+# experts as one FFN of expert_shared_count x the experts' width; renormalised (expert_weights_norm) sigmoid scores
+# (expert_gating_func), scaled by expert_weights_scale; no layer pattern stated (llama.cpp's: every fourth layer
+# full). What its afmoe graph hard-codes otherwise than the model says is refused by name (`_to_gguf`).
+GGUF_KEYS = {"expert_count": "num_experts", "expert_used_count": "num_experts_per_tok",
+             "expert_feed_forward_length": "moe_intermediate_size", "expert_shared_count": "num_shared_experts",
+             "leading_dense_block_count": "num_dense_layers", "expert_weights_scale": "route_scale",
+             "expert_weights_norm": "route_norm", "expert_gating_func": "expert_gating_func",
+             "attention.sliding_window": "sliding_window"}
+SIGMOID = 2  # LLAMA_EXPERT_GATING_FUNC_TYPE_SIGMOID, which AfmoeModel writes from the Hub's score_func
+NO_ROPE_STEP = 4  # llama.cpp's hparams.n_no_rope_layer_step, which its afmoe reads from no key
+
+
+def _unrotated(n_layers: int) -> list[str]:
+    """The layer types whose full layers are those llama.cpp's afmoe graph leaves unrotated."""
+    return ["sliding_attention" if (i + 1) % NO_ROPE_STEP else "full_attention" for i in range(n_layers)]
+
+
+def _to_gguf(config: dict[str, Any]) -> dict[str, Any]:
+    if not config.get("mup_enabled"):
+        raise MappingError("llama.cpp's afmoe graph scales the embeddings by sqrt(hidden_size) whatever the file says "
+                           "(src/models/afmoe.cpp: `inpL = ggml_scale(ctx0, inpL, sqrtf(float(n_embd)))`), and this "
+                           "model does not (mup_enabled false)")
+    if config.get("attention_bias"):
+        raise MappingError("llama.cpp's afmoe loads no attention output bias (src/models/afmoe.cpp: `layer.wo = "
+                           "create_tensor(tn(LLM_TENSOR_ATTN_OUT, \"weight\", i), ...)`), and this model has q, k, v "
+                           "and o biases (attention_bias true)")
+    kinds = config["layer_types"]
+    if list(kinds) != _unrotated(len(kinds)):
+        full = [i for i, kind in enumerate(kinds) if kind == "full_attention"]
+        raise MappingError(f"llama.cpp's afmoe graph rotates every layer but each {NO_ROPE_STEP}th "
+                           "(src/models/afmoe.cpp: `use_rope = hparams.n_no_rope_layer_step > 0 && (il + 1) % "
+                           f"hparams.n_no_rope_layer_step != 0`, the step {NO_ROPE_STEP} read from no key), where "
+                           f"transformers' AFMoE leaves its full layers unrotated, and this model's are layers {full}")
+    return {"expert_weights_norm": True, "expert_gating_func": SIGMOID}
+
+
+def _from_gguf(config: dict[str, Any]) -> dict[str, Any]:
+    """What transformers' AFMoE has of what llama.cpp's afmoe runs; anything else refused by name."""
+    if config.get("route_norm") is not True:
+        raise MappingError("afmoe.expert_weights_norm is not true: llama.cpp's afmoe then leaves the chosen experts' "
+                           "weights unnormalised, which transformers' AFMoE always renormalises")
+    if config.get("expert_gating_func", SIGMOID) != SIGMOID:
+        raise MappingError(f"afmoe.expert_gating_func={config['expert_gating_func']}: transformers' AFMoE scores its "
+                           f"experts by a sigmoid ({SIGMOID}); lmconvert reads no other")
+    if config.get("sliding_window") is None or config["layer_types"] != _unrotated(config["num_hidden_layers"]):
+        raise MappingError(f"its sliding layers (afmoe.attention.sliding_window, sliding_window_pattern) are not "
+                           f"all but each {NO_ROPE_STEP}th, the layers llama.cpp's afmoe rotates, where transformers' "
+                           "AFMoE rotates its sliding layers alone")
+    return {}
+
+
+GGUF_AFMOE = written(
+    "afmoe", arch="afmoe", keys=GGUF_KEYS, swa_pattern=NO_ROPE_STEP, stated=STATES_VOCAB_AND_ROPE,
+    defaults={"hidden_act": "silu", "mup_enabled": True, "num_dense_layers": 0, "route_scale": 1.0},
+    derived=_from_gguf, exported=_to_gguf,
+    table=TensorTable((*tensor_table(False, 0.0, True).rules, *MOE_RULES[:7],
+                       Rule("blk.{}.attn_gate.weight", "layers.{}.attn.out_gate.weight"),
+                       Rule("blk.{}.exp_probs_b.bias", "layers.{}.mlp.router.selection_bias"))))
+
 FAMILY = Family("afmoe", ("afmoe",), "AfmoeForCausalLM", TENSORS, CONFIG, reference_layouts=REFERENCE_LAYOUTS,
-                no_gguf="lmconvert does not write llama.cpp's afmoe architecture yet: its attention output gate, NoPE "
-                        "full layers, sorted sigmoid router and mup embedding scale are not mapped to llama.cpp's "
-                        "metadata and tensors")
+                gguf=(GGUF_AFMOE,))

@@ -14,11 +14,15 @@ config, so never stored); the mixer's width is `mamba_d_ssm` (null: `mamba_expan
 (FalconH1RMSNormGated: the weight in fp32, `mamba_norm_before_gate` says whether it normalises before the gate),
 else the scan output times SiLU(z); `mamba_proj_bias` is in_proj's bias, `projectors_bias` out_proj's; full
 RoPE; defaults vocab 128000, 8 KV heads, 8192 positions, rms_norm_eps 1e-5, untied. A null boolean is false, as
-transformers takes it; a null size or multiplier it cannot run is refused by name.
+transformers takes it; a null size or multiplier it cannot run is refused by name. In GGUF (llama.cpp's falcon-h1)
+the multipliers are folded into the weights, as llama.cpp's converter folds them, so a file reads back as this model
+with every multiplier 1, computing the same logits to fp32 rounding (each folded weight rounded once more).
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from dataclasses import replace
 from typing import Any
 
 from lmconvert.arch import ArchConfig
@@ -27,8 +31,11 @@ from lmconvert.arch.config import PARALLEL_MIXING as PARALLEL  # every layer's a
 from ..errors import MappingError
 from ..family import Family
 from ..tables.config_table import DEFAULT, Entry
+from ..tables.gguf import tensor_table, written
 from ..tables.hf_config import HfConfig, Key, show
 from ..tables.hf_rope import rope
+from ..tables.table import Rule, TensorTable
+from ..tables.transforms import Chain, Scale
 from . import bamba, granite, llama, mamba2
 
 MIXER_KEYS = (Key("mamba_d_ssm", int, 1024, nullable=True), Key("mamba_n_heads", int, 128),
@@ -146,9 +153,87 @@ CONFIG = llama.CONFIG.but(
     nullable={"head_dim": False},  # head_dim: not a FalconH1Config key, read if stated (its attention and RoPE do)
 )
 
-NO_GGUF = ("lmconvert does not write llama.cpp's falcon-h1 architecture yet: its converter folds the muP multipliers "
-           "into the weights (embedding, q/k/v/o, in_proj by the muP vector, out_proj, the FFN's gate and down, the LM "
-           "head), which rounds otherwise than transformers' multiplies and leaves no multiplier in the file to read "
-           "back")
 
-FAMILY = Family("falcon_h1", ("falcon_h1",), "FalconH1ForCausalLM", bamba.TENSORS, CONFIG, no_gguf=NO_GGUF)
+# -- llama.cpp (GGUF): its falcon-h1 architecture (FalconH1Model in its converter, a Mamba2Model). Every layer holds
+# attention (`attn_*`, unpermuted: llama.cpp rotates falcon-h1 NeoX-style) and the Mamba2 mixer in mamba2's llama.cpp
+# layout (`ssm_*`, d_inner `ssm.inner_size`, heads `ssm.time_step_rank`) under one `attn_norm`, the FFN under
+# `ffn_norm` (no `.weight`). The muP multipliers are folded into the weights as its converter folds them (FalconH1Model.
+# modify_tensors, each a Scale from the config): the embeddings times embedding_multiplier, q and v times
+# attention_in_multiplier, k times key_multiplier then attention_in_multiplier, o_proj (and its bias) times
+# attention_out_multiplier, in_proj times ssm_in_multiplier then each part of [z | x | B | C | dt] times its
+# ssm_multipliers, out_proj times ssm_out_multiplier, the FFN's gate (and bias) and down (and bias) times
+# mlp_multipliers, the LM head times lm_head_multiplier; so the file states none, and what it reads back is this
+# model with every multiplier 1 (`folded`), computing the same logits to fp32 rounding (each folded weight rounds
+# once more than the reference's multiplies). Refused by name: what llama.cpp's graph does not run: attention
+# biases (it adds no o_proj bias, and its converter folds attention_in_multiplier into the q/k/v biases, which the
+# reference adds after that multiply), the norm before the gate (it gates, then normalises), no conv bias (its
+# graph adds one), in_proj or out_proj biases (it loads none), a tied LM head whose multiplier is not the
+# embeddings' (the one matrix is folded once), a dt clamp (it runs none: a clamped model reads back otherwise).
+
+# the FFN's norm as llama.cpp names it for falcon-h1: `blk.{i}.ffn_norm`, no `.weight` (its TensorNameMap maps the
+# whole of `pre_ff_layernorm.weight`, and its loader reads that name)
+FFN_NORM = Rule("blk.{}.ffn_norm", "layers.{}.mlp_norm.weight")
+GGUF_RULES = (*(r for r in tensor_table(False, 0.0, True).rules if r.stored != "blk.{}.ffn_norm.weight"), FFN_NORM,
+              *mamba2.gguf_mixer_rules())
+FOLDED = {**dict.fromkeys((*BLOCK_MULTIPLIERS, "embedding_multiplier", "ssm_in_multiplier"), 1.0),
+          "mlp_multipliers": [1.0, 1.0], "ssm_multipliers": [1.0] * 5}
+
+
+def _folds(config: Mapping[str, Any]) -> dict[str, Scale]:
+    """Each GGUF tensor's multipliers, as llama.cpp's converter multiplies it (k by key_multiplier first)."""
+    def m(key: str) -> float:
+        return config.get(key, FOLDED[key])
+
+    gate, down = config.get("mlp_multipliers") or FOLDED["mlp_multipliers"]
+    z, x, b, c, dt = config.get("ssm_multipliers") or FOLDED["ssm_multipliers"]
+    inner = config.get("mamba_d_ssm") or 0
+    states = config.get("mamba_n_groups", 1) * config.get("mamba_d_state", 0)
+    attn_in = m("attention_in_multiplier")
+    weight_and_bias = {"attn_q": (attn_in,), "attn_k": (m("key_multiplier"), attn_in), "attn_v": (attn_in,),
+                       "attn_output": (m("attention_out_multiplier"),), "ffn_gate": (gate,), "ffn_down": (down,)}
+    return {**{f"blk.{{}}.{name}.{p}": Scale(factors) for name, factors in weight_and_bias.items()
+               for p in ("weight", "bias")},
+            "token_embd.weight": Scale((m("embedding_multiplier"),)),
+            "output.weight": Scale((m("lm_head_multiplier"),)),
+            "blk.{}.ssm_out.weight": Scale((m("ssm_out_multiplier"),)),
+            "blk.{}.ssm_in.weight": Scale((m("ssm_in_multiplier"),),
+                                          ((inner, z), (inner, x), (states, b), (states, c), (None, dt)))}
+
+
+def _gguf_layout(config: Mapping[str, Any]) -> TensorTable:
+    """The table with the config's multipliers folded in, after each rule's own step (the vocabulary's padding)."""
+    folds = _folds(config)
+    return TensorTable(tuple(replace(r, transform=Chain(r.transform, folds[r.stored])) if r.stored in folds else r
+                             for r in GGUF_RULES))
+
+
+def _from_gguf(config: dict[str, Any]) -> dict[str, Any]:
+    return {"mamba_d_head": config["mamba_d_ssm"] // config["mamba_n_heads"], "mamba_norm_before_gate": False}
+
+
+def _to_gguf(config: dict[str, Any]) -> dict[str, Any]:
+    """No keys beyond the table's; refusals of what llama.cpp's falcon-h1 graph does not run (see above)."""
+    if config.get("attention_bias"):
+        raise MappingError("llama.cpp's falcon-h1 does not run attention biases (its graph adds no o_proj bias, and "
+                           "its converter folds attention_in_multiplier into the q/k/v biases, which the reference "
+                           "adds after that multiply), which this model has (attention_bias=true)")
+    if config.get("mamba_rms_norm") and config.get("mamba_norm_before_gate", True):
+        raise MappingError("llama.cpp's falcon-h1 does not run the Mamba2 gated norm before the gate (it gates, then "
+                           "normalises), which this model has (mamba_norm_before_gate=true)")
+    head, embed = config.get("lm_head_multiplier", 1.0), config.get("embedding_multiplier", 1.0)
+    if config.get("tie_word_embeddings") and head != embed:
+        raise MappingError(f"llama.cpp's falcon-h1 folds the tied embedding matrix once, by embedding_multiplier="
+                           f"{embed}, and this model's LM head multiplies it by lm_head_multiplier={head}; untie it")
+    return {}
+
+
+GGUF_FALCON_H1 = written("falcon_h1", arch="falcon-h1", keys={
+    "ssm.conv_kernel": "mamba_d_conv", "ssm.state_size": "mamba_d_state", "ssm.group_count": "mamba_n_groups",
+    "ssm.time_step_rank": "mamba_n_heads", "ssm.inner_size": "mamba_d_ssm"},
+    own={"ssm.chunk_size": "mamba_chunk_size"}, defaults={"hidden_act": "silu"}, folded=FOLDED,
+    bias_flags={"mlp_bias": "blk.0.ffn_up.bias", "mamba_rms_norm": "blk.0.ssm_norm.weight",
+                "mamba_conv_bias": "blk.0.ssm_conv1d.bias"},
+    table=TensorTable(GGUF_RULES), layout=_gguf_layout, derived=_from_gguf, exported=_to_gguf,
+    stated=frozenset({"vocab_size", "attention.key_length"}), refused=mamba2.PROJECTION_BIASES)
+
+FAMILY = Family("falcon_h1", ("falcon_h1",), "FalconH1ForCausalLM", bamba.TENSORS, CONFIG, gguf=(GGUF_FALCON_H1,))

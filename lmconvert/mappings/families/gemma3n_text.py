@@ -184,10 +184,18 @@ CONFIG = gemma3.CONFIG.but(
 # q_proj(x).view(B, T, -1, D), then q_norm, before the heads are moved first
 REFERENCE_LAYOUTS = QK_NORM_PER_HEAD
 
+# llama.cpp's gemma3n graph (src/models/gemma3n.cpp) runs every gemma3n model otherwise than transformers: its
+# gaussian_topk divides the squared deviations by n - 1, and its n_layer_sparsity (10) and f_sparsity_std_mul
+# (icdf(0.95)) are constants (models.h), not the file's activation_sparsity_scale. Beside these it hard-codes 20
+# layers with K/V of their own, LAuReL rank 64, per-layer inputs 256 wide and 4 AltUp streams with the first active
+# (llama-hparams.h; the converter's keys for them are not read), which transformers' defaults would meet.
+NO_GGUF = ("llama.cpp's gemma3n graph computes another model: it cuts each sparse gate at mean + std x icdf(0.95) with "
+           "the std over n - 1 (gaussian_topk), where transformers' Gemma3nTextMLP takes it over n "
+           "(torch.std(unbiased=False)), and sparsifies the first 10 layers whatever activation_sparsity_pattern says")
+
 FAMILY = Family("gemma3n_text", ("gemma3n_text", "gemma3n"), "Gemma3nForCausalLM", TENSORS, CONFIG,
                 layout=tensors,
                 notes={"gemma3n": "Gemma3nForConditionalGeneration (model_type gemma3n): only the text decoder is "
                                   "read; the vision and audio towers and embedders are left out"},
-                no_gguf="lmconvert does not write llama.cpp's gemma3n architecture yet: its AltUp streams, per-layer "
-                        "embeddings, LAuReL blocks, shared KV layers and sparse gates have no GGUF table here",
+                no_gguf=NO_GGUF,
                 reference_layouts=REFERENCE_LAYOUTS)

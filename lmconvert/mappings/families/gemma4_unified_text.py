@@ -164,6 +164,4 @@ FAMILY = Family("gemma4_unified_text", ("gemma4_unified_text", "gemma4_unified")
                 TENSORS, CONFIG,
                 notes={"gemma4_unified": "Gemma4UnifiedForConditionalGeneration (model_type gemma4_unified): only "
                                          "the text decoder is read; the vision and audio embedders are left out"},
-                no_gguf="lmconvert does not write llama.cpp's gemma4 architecture yet: its per-layer head geometry, "
-                        "K = V layers, shared KV layers and layer scalars have no GGUF table here",
                 reference_layouts=REFERENCE_LAYOUTS)

@@ -23,6 +23,7 @@ linear-attention layers reads as plain (NoPE) latent attention.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 from lmconvert.arch import ArchConfig, MoeConfig
@@ -30,11 +31,12 @@ from lmconvert.arch import ArchConfig, MoeConfig
 from ..errors import MappingError
 from ..family import Family
 from ..tables.config_table import DEFAULT, Entry, plain
+from ..tables.gguf import PADDED, written
 from ..tables.hf_config import HfConfig, Key, show
 from ..tables.hf_moe import dense_layers, expert_rules
 from ..tables.points import LATENT, SHARED_UNFLATTENED
 from ..tables.table import Rule, TensorTable
-from ..tables.transforms import EqualPart, Shaped
+from ..tables.transforms import NEG_EXP, Chain, EqualPart, HeadPart, Shaped
 from . import deepseek_v3, llama
 
 LINEAR_ATTN_CONFIG = Key("linear_attn_config", dict, None, nullable=True, legacy=True)
@@ -184,7 +186,124 @@ TENSORS = TensorTable(llama.EDGE_RULES + llama.PRE_NORM_RULES + deepseek_v3.MLA_
 # shared experts on the unflattened input
 REFERENCE_LAYOUTS = {**LATENT, **SHARED_UNFLATTENED}
 
+
+# -- llama.cpp (GGUF): its kimi-linear architecture (KimiLinearModel in llama.cpp's converter), tensor for tensor
+# as that converter writes it. A KDA layer: q, k, v as attn_q/k/v, each conv as ssm_conv1d_q/k/v [1, channels, 1,
+# kernel], f_a/f_b as ssm_f_a/f_b, b_proj as ssm_beta, A_log as ssm_a = -exp(A_log) [1, 1, heads, 1] (NEG_EXP: read
+# back as log(-ssm_a), within a few ulps), dt_bias as ssm_dt.bias, g_a/g_b as ssm_g_a/g_b, o_norm as ssm_norm,
+# o_proj as attn_output. An MLA layer in the absorbed layout (kv_b as attn_k_b, each head's k rows transposed, and
+# attn_v_b), the layout llama.cpp's converter writes and its graph's MLA-cache path runs; its other path (attn_kv_b
+# whole) puts each key's shared part before its no-position part where the query's comes after, and crashed
+# (segfault) on the tiny test model. Which layers attend is stated as
+# one KV-head count per layer (0: KDA; 1: MLA's latent cache). Refused by name: rms_norm_eps other than 1e-6
+# (llama.cpp normalises MLA's kv_a and KDA's q and k with it; transformers with 1e-6: gguf/export.py, in its words
+# for DeepSeek), a stack without both KDA and MLA layers (llama.cpp aborts on it), KDA heads other than the attention
+# heads (llama.cpp has one head count), a q LoRA (its loader reads no q_lora_rank), dense layers that are not the first
+# ones (llama.cpp's leading_dense_block_count), unrenormalised expert weights, no shared expert, a tied output (all
+# hard-coded or required there), and biases (loaders.py: it loads none).
+GGUF_EDGE = (Rule("token_embd.weight", "embed.weight", PADDED), Rule("output.weight", "lm_head.weight", PADDED),
+             Rule("output_norm.weight", "final_norm.weight"))
+GGUF_FFN = (*(Rule(f"blk.{{}}.{g}.weight", f"layers.{{}}.{c}.weight") for g, c in (
+    ("attn_norm", "attn_norm"), ("ffn_norm", "mlp_norm"), ("ffn_gate", "mlp.gate"), ("ffn_up", "mlp.up"),
+    ("ffn_down", "mlp.down"))), *deepseek_v3.V3_ROUTER_RULES)
+GGUF_KDA = (
+    *(Rule(f"blk.{{}}.{g}", f"layers.{{}}.mixer.{c}") for g, c in (
+        ("attn_q.weight", "q_proj.weight"), ("attn_k.weight", "k_proj.weight"), ("attn_v.weight", "v_proj.weight"),
+        ("ssm_f_a.weight", "forget_gate.f_a_proj.weight"), ("ssm_f_b.weight", "forget_gate.f_b_proj.weight"),
+        ("ssm_beta.weight", "b_proj.weight"), ("ssm_dt.bias", "forget_gate.dt_bias"),
+        ("ssm_g_a.weight", "g_a_proj.weight"), ("ssm_g_b.weight", "g_b_proj.weight"),
+        ("ssm_norm.weight", "o_norm.weight"), ("attn_output.weight", "o_proj.weight"))),
+    *(Rule(f"blk.{{}}.ssm_conv1d_{p}.weight", "layers.{}.mixer.conv1d.weight", EqualPart(3, i, unit_first=True))
+      for i, p in enumerate("qkv")),
+    Rule("blk.{}.ssm_a", "layers.{}.mixer.forget_gate.A_log", Chain(Shaped((1, 1, -1, 1)), NEG_EXP)),
+)
+MLA_PARTS = (("attn_q", "q", ("weight",)), ("attn_q_a", "q_a", ("weight", "bias")),
+             ("attn_q_a_norm", "q_a_norm", ("weight",)), ("attn_q_b", "q_b", ("weight",)),
+             ("attn_kv_a_mqa", "kv_a", ("weight", "bias")), ("attn_kv_a_norm", "kv_a_norm", ("weight",)),
+             ("attn_output", "o", ("weight", "bias")))
+GGUF_MLA = (
+    *(Rule(f"blk.{{}}.{g}.{p}", f"layers.{{}}.attn.{c}.{p}") for g, c, params in MLA_PARTS for p in params),
+    *(Rule(f"blk.{{}}.attn_{n}_b.weight", "layers.{}.attn.kv_b.weight",
+           HeadPart(deepseek_v3.KV_B_PARTS, (True, False), i)) for i, n in enumerate("kv")),
+)
+
+
+def _gguf_layout(config: Mapping[str, Any]) -> TensorTable:
+    """Each layer's attn_q/k/v and attn_output as KDA's or MLA's, by the layer schedule (layer_types); the table
+    beside no config is MLA's on every layer, as TENSORS is."""
+    types = config.get("layer_types") or []
+    per_layer = tuple(rule for i, t in enumerate(types)
+                      for rule in _at(GGUF_KDA if t == "linear_attention" else GGUF_MLA, i))
+    return TensorTable(GGUF_EDGE + GGUF_FFN + per_layer)
+
+
+# deepseek2's keys in Kimi's spelling (KimiLinearConfig's attribute_map), but the value length (here the converter's
+# transformers head_dim, written by `_to_gguf`) and expert_weights_norm (kimi-linear always renormalises); and KDA's
+KIMI_SPELLING = {"n_routed_experts": "num_experts", "num_experts_per_tok": "num_experts_per_token",
+                 "n_shared_experts": "num_shared_experts", "n_group": "num_expert_group"}
+GGUF_KEYS = {**{k: KIMI_SPELLING.get(v, v) for k, v in deepseek_v3.DEEPSEEK2_KEYS.items()
+                if k not in ("attention.value_length", "expert_weights_norm")},
+             "ssm.conv_kernel": "linear_conv_kernel_dim", "kda.head_dim": "linear_head_dim"}
+
+
+def _from_gguf(config: Mapping[str, Any]) -> dict[str, Any]:
+    """The schedule from the per-layer KV-head counts (0: KDA), the MLA head sizes from the `_mla` lengths, the KDA
+    heads as the attention heads, the mixtures from leading_dense_block_count on."""
+    deepseek_v3.v3_router(config, "kimi-linear")
+    n, kv = config["num_hidden_layers"], config["num_key_value_heads"]
+    kv = kv if isinstance(kv, list) else [kv] * n
+    rotary, heads, dense = config["qk_rope_head_dim"], config["num_attention_heads"], config["first_k_dense_replace"]
+    return {"layer_types": ["full_attention" if h else "linear_attention" for h in kv],
+            "num_key_value_heads": heads, "linear_num_heads": heads, "head_dim": rotary,
+            "qk_nope_head_dim": config["key_length_mla"] - rotary, "v_head_dim": config["value_length_mla"],
+            "mlp_layer_types": ["dense" if i < dense else "sparse" for i in range(n)]}
+
+
+def _to_gguf(config: Mapping[str, Any]) -> dict[str, Any]:
+    types, heads = config["layer_types"], config["num_attention_heads"]
+    if {"linear_attention", "full_attention"} - set(types):
+        only = "KDA" if "linear_attention" in types else "MLA"
+        raise MappingError(f"llama.cpp's kimi-linear aborts on a model without both KDA and MLA layers (it allocates "
+                           f"an empty recurrent state or KV cache: GGML_ASSERT(buffer) in ggml-backend.cpp), and this "
+                           f"model's layers are all {only}")
+    if "linear_attention" in types and config["linear_num_heads"] != heads:
+        raise MappingError(f"llama.cpp's kimi-linear runs KDA with the attention's head count ({heads}), and this "
+                           f"model's KDA has linear_num_heads={config['linear_num_heads']}")
+    if "full_attention" in types and config.get("q_lora_rank") is not None:
+        raise MappingError(f"llama.cpp's kimi-linear reads no q_lora_rank (its loader sizes attn_q_a_norm as 0), so it "
+                           f"runs MLA with a plain q projection only, and this model's is low-rank "
+                           f"(q_lora_rank={config['q_lora_rank']})")
+    mlp = config.get("mlp_layer_types") or []
+    dense = mlp.count("dense")
+    if mlp != ["dense"] * dense + ["sparse"] * (len(mlp) - dense):
+        raise MappingError(f"llama.cpp's kimi-linear has dense layers only before the experts "
+                           f"(leading_dense_block_count), and this model's layers are {mlp}")
+    if dense < len(mlp) and not config.get("moe_renormalize", True):
+        raise MappingError("llama.cpp's kimi-linear always renormalises the chosen experts' weights, and this model "
+                           "does not (moe_renormalize false)")
+    if dense < len(mlp) and not config.get("num_shared_experts"):
+        raise MappingError("llama.cpp's kimi-linear runs a shared expert beside the routed ones, and this model has "
+                           "none (num_shared_experts 0)")
+    if dense < len(mlp):
+        deepseek_v3.expert_groups({"n_group": config.get("num_expert_group"), "topk_group": config.get("topk_group")},
+                                  "kimi-linear")
+    rotary, lora = config["qk_rope_head_dim"], config["kv_lora_rank"]
+    # absorbed MLA, as llama.cpp's converter states it: a latent KV cache of one head (kv_lora_rank + the shared
+    # key part); value_length is transformers' head_dim (qk_rope_head_dim), which its converter writes and its
+    # graph does not read
+    return {"attention.head_count_kv": [1 if t == "full_attention" else 0 for t in types],
+            "attention.key_length": lora + rotary, "attention.value_length": rotary,
+            "attention.key_length_mla": config["qk_nope_head_dim"] + rotary,
+            "attention.value_length_mla": config["v_head_dim"], "leading_dense_block_count": dense}
+
+
+GGUF_KIMI_LINEAR = written(
+    "kimi_linear", arch="kimi-linear", keys=GGUF_KEYS, latent=True, layout=_gguf_layout,
+    table=TensorTable(GGUF_EDGE + GGUF_FFN + GGUF_MLA), derived=_from_gguf, exported=_to_gguf,
+    renamed={"max_position_embeddings": "model_max_length"}, constants={"expert_gating_func": deepseek_v3.SIGMOID},
+    defaults={"moe_renormalize": True, "num_expert_group": 1, "topk_group": 1, "q_lora_rank": None},
+    # llama.cpp's converter reads the group count only as n_group, which Kimi's config calls num_expert_group
+    omitted={"expert_group_count": 1}, stated=frozenset({"vocab_size", "rope.dimension_count"}))
+
 FAMILY = Family("kimi_linear", ("kimi_linear",), "KimiLinearForCausalLM", TENSORS, CONFIG, layout=layout,
-                no_gguf="llama.cpp's kimi-linear is not written by lmconvert yet (its KDA tensors: ssm_conv1d_q/k/v, "
-                        "ssm_f_a/f_b, ssm_beta, ssm_a as -exp(A_log), ssm_g_a/g_b, ssm_dt, ssm_norm)",
-                reference_layouts=REFERENCE_LAYOUTS)
+                gguf=(GGUF_KIMI_LINEAR,), reference_layouts=REFERENCE_LAYOUTS)

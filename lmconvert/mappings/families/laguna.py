@@ -150,5 +150,6 @@ def reference_layouts(arch: ArchConfig) -> dict[str, str]:
 
 
 FAMILY = Family("laguna", ("laguna",), "LagunaForCausalLM", TENSORS, CONFIG, reference_layouts=reference_layouts,
-                no_gguf="lmconvert does not write llama.cpp's laguna architecture yet: its per-layer query heads, "
-                        "softplus output gate and soft-capped router are not mapped to llama.cpp's metadata")
+                no_gguf="llama.cpp's laguna architecture is not in the gguf package lmconvert writes with (0.19.0, "
+                        "the newest on PyPI, has no LAGUNA tensor table); export --to hf, or --to gguf once gguf "
+                        "names it")

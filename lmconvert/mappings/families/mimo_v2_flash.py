@@ -27,6 +27,7 @@ from lmconvert.arch import ArchConfig, MoeConfig
 from ..errors import MappingError
 from ..family import Family
 from ..tables.config_table import DEFAULT, Entry, fixed, plain
+from ..tables.gguf import MOE_RULES, tensor_table, written
 from ..tables.hf_config import HfConfig, Key
 from ..tables.hf_layers import LAYER_TYPES_KEY, layer_kinds_from_hf, layer_types_to_hf, window_fields
 from ..tables.hf_moe import dense_layers, expert_rules, grouped_router_to_hf, mlp_layer_types_to_hf
@@ -122,6 +123,99 @@ TENSORS = TensorTable(
     + expert_rules("mlp", ("gate_proj", "up_proj", "down_proj"), "gate")
     + (Rule("model.mtp.*", None),))  # the multi-token-prediction head, which transformers does not load
 
-FAMILY = Family("mimo_v2_flash", ("mimo_v2_flash",), "MiMoV2FlashForCausalLM", TENSORS, CONFIG,
-                no_gguf="lmconvert does not write llama.cpp's mimo2 architecture yet: its value width, value scale, "
-                        "sliding-only sinks and per-type partial RoPE are not mapped to llama.cpp's metadata")
+
+# -- llama.cpp (GGUF): its mimo2 architecture (MimoV2Model in its converter, which reads the Hub's config.json
+# spellings: hybrid_layer_pattern, swa_num_key_value_heads, rope_theta / swa_rope_theta / partial_rotary_factor,
+# layernorm_epsilon). The layer kinds as one int flag per layer (1: sliding), the KV heads as one count per layer,
+# the value width as `attention.value_length`, the value scale as `attention.value_scale` (absent: none), the
+# sliding layers' RoPE base as `rope.freq_base_swa`, the sinks (sliding layers only) as `attn_sinks`, the expert
+# layers told by their router (`ffn_gate_inp`), the selection bias as `exp_probs_b`. llama.cpp scales the
+# attention's output after o_proj, which has no bias: the values' scale, by linearity. What its mimo2 graph
+# computes otherwise than transformers is refused by name (`_to_gguf`).
+GGUF_KEYS = {"attention.value_length": "v_head_dim", "attention.value_scale": "attention_value_scale",
+             "attention.sliding_window": "sliding_window", "attention.sliding_window_pattern": "layer_types",
+             "rope.freq_base_swa": "swa_rope_theta", "expert_count": "n_routed_experts",
+             "expert_used_count": "num_experts_per_tok", "expert_feed_forward_length": "moe_intermediate_size",
+             "expert_group_count": "n_group", "expert_group_used_count": "topk_group"}
+# the partial rotary factors as config.json states them, which the rotated width alone does not give back
+GGUF_OWN = {f"rope.{kind}.partial_rotary_factor": f"rope_parameters.{kind}.partial_rotary_factor"
+            for kind in ("full_attention", "sliding_attention")}
+SIGMOID = 2  # LLAMA_EXPERT_GATING_FUNC_TYPE_SIGMOID, which MimoV2Model writes from the Hub's scoring_func
+
+
+def _gguf_table() -> TensorTable:
+    return TensorTable((*tensor_table(False, 0.0, True).rules, *MOE_RULES[:4],
+                        Rule("blk.{}.exp_probs_b.bias", "layers.{}.mlp.router.selection_bias"),
+                        Rule("blk.{}.attn_sinks.weight", "layers.{}.attn.sinks")))
+
+
+def _rotated(config: dict[str, Any], kind: str) -> int:
+    """The rotated width of a layer type's heads, as MiMoV2FlashRotaryEmbedding computes it."""
+    params = config["rope_parameters"][kind]
+    fraction = params.get("partial_rotary_factor")
+    if fraction is None:
+        fraction = DEFAULT_FRACTION if params.get("rope_type", "default") == "default" else 1.0
+    return int(config["head_dim"] * fraction)
+
+
+def _to_gguf(config: dict[str, Any]) -> dict[str, Any]:
+    kinds = config["layer_types"]
+    if config.get("attention_bias"):
+        raise MappingError("llama.cpp's mimo2 graph never adds the q, k and v biases its loader reads "
+                           "(src/models/mimo2.cpp: `Qcur = build_lora_mm(model.layers[il].wq, cur)`), and this "
+                           "model has them (attention_bias true)")
+    if not config.get("norm_topk_prob", True):
+        raise MappingError("llama.cpp's mimo2 graph always renormalises the chosen experts' weights "
+                           "(src/models/mimo2.cpp: build_moe_ffn(..., LLM_FFN_SILU, true, ...)), and this model does "
+                           "not (norm_topk_prob false)")
+    if config.get("routed_scaling_factor") not in (None, 1.0):
+        raise MappingError("llama.cpp's mimo2 reads no expert_weights_scale (src/models/mimo2.cpp's "
+                           "load_arch_hparams), so its build_moe_ffn leaves the experts' weights unscaled, where this "
+                           f"model scales them by routed_scaling_factor={config['routed_scaling_factor']}")
+    used = sorted(set(kinds))
+    scaled = [k for k in used if config["rope_parameters"][k].get("rope_type", "default") != "default"]
+    if scaled:
+        raise MappingError("llama.cpp's mimo2 rotates the sliding layers unscaled (hparams.rope_freq_scale_train_swa "
+                           "is 1, read from no key) and scales every layer alike otherwise; lmconvert writes MiMo "
+                           f"with its default RoPE only, and this model's {scaled[0]} layers scale theirs")
+    widths = {_rotated(config, kind) for kind in used}
+    if len(widths) > 1:
+        raise MappingError(f"llama.cpp's mimo2 graph rotates every layer's heads by layer 0's width (n_rot, "
+                           f"src/llama-graph.cpp: `n_rot(hparams.n_rot())`), where this model rotates "
+                           f"{sorted(widths)} dims on its full and sliding layers")
+    kv = config["num_key_value_heads"]
+    return {"attention.value_length": config["v_head_dim"], "rope.dimension_count": widths.pop(),
+            "attention.head_count_kv": [2 * kv if kind == "sliding_attention" else kv for kind in kinds],
+            "attention.sliding_window_pattern": [int(kind == "sliding_attention") for kind in kinds]}
+
+
+def _from_gguf(config: dict[str, Any]) -> dict[str, Any]:
+    """The layer kinds from their flags, the full layers' KV heads (the sliding ones must have twice as many),
+    each kind's RoPE, the mixtures from their routers."""
+    n = config["num_hidden_layers"]
+    kinds = ["sliding_attention" if flag else "full_attention" for flag in config["layer_types"]]
+    counts = config["num_key_value_heads"]
+    counts = counts if isinstance(counts, list) else [counts] * n
+    full = {c for c, kind in zip(counts, kinds, strict=True) if kind == "full_attention"}
+    sliding = {c // 2 for c, kind in zip(counts, kinds, strict=True) if kind == "sliding_attention"}
+    if len(full | sliding) != 1 or any(c % 2 for c, kind in zip(counts, kinds, strict=True)
+                                       if kind == "sliding_attention"):
+        raise MappingError(f"mimo2.attention.head_count_kv={counts}: transformers' MiMo-V2-Flash has twice the full "
+                           "layers' KV heads on every sliding layer, and one count on the full ones")
+    stated = config.get("rope_parameters") or {}
+    thetas = {"full_attention": config["rope_theta"], "sliding_attention": config["swa_rope_theta"]}
+    rope = {kind: {"rope_type": "default", "rope_theta": thetas[kind], "partial_rotary_factor":
+                   stated.get(kind, {}).get("partial_rotary_factor", config["partial_rotary_factor"])}
+            for kind in sorted(set(kinds))}
+    return {"layer_types": kinds, "num_key_value_heads": (full | sliding).pop(), "rope_parameters": rope,
+            "mlp_layer_types": ["sparse" if i in config["expert_layers"] else "dense" for i in range(n)]}
+
+
+GGUF_MIMO2 = written("mimo_v2_flash", arch="mimo2", keys=GGUF_KEYS, own=GGUF_OWN, table=_gguf_table(),
+                     defaults={"hidden_act": "silu", "attention_value_scale": None, "norm_topk_prob": True,
+                               "routed_scaling_factor": 1.0, "swa_rope_theta": 10_000.0, "attention_bias": False},
+                     constants={"expert_gating_func": SIGMOID}, partial_rotary=True,
+                     layer_tensors={"expert_layers": "blk.{}.ffn_gate_inp.weight"}, derived=_from_gguf,
+                     exported=_to_gguf)
+
+FAMILY = Family("mimo_v2_flash", ("mimo_v2_flash",), "MiMoV2FlashForCausalLM", TENSORS, CONFIG, gguf=(GGUF_MIMO2,))

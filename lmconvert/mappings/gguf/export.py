@@ -57,7 +57,7 @@ def _latent_sizes(arch: str, config: Mapping[str, Any]) -> dict[str, Any]:
     rotary width, a value of v_head_dim, as many KV heads as heads (kv_b decompresses them)."""
     if config.get("rms_norm_eps") != LATENT_NORM_EPS:
         raise MappingError(f"llama.cpp's {arch} normalises the latent q and kv with rms_norm_eps "
-                           f"({config.get('rms_norm_eps')}), DeepSeek with {LATENT_NORM_EPS}")
+                           f"({config.get('rms_norm_eps')}), DeepSeek and Kimi with {LATENT_NORM_EPS}")
     kind = _rope(config)[0].get("rope_type") or "default"
     if kind != "default":
         raise MappingError(f"llama.cpp's {arch} derives the attention scale of scaled RoPE ({kind}) its own way (from "
@@ -232,22 +232,28 @@ def metadata(config: Mapping[str, Any], name: str, listed: bool = False) -> Gguf
         if value is not None and gguf_key != "rope.freq_base":
             values[f"{arch}.{gguf_key}"] = value
     values.update({f"{arch}.{key}": value for key, value in entry.constants.items()})
-    if entry.exported is not None:
-        values.update({f"{arch}.{key}": value for key, value in entry.exported(config).items()})
     values.update(_told_apart(arch, entry))
-    values.update({f"lmconvert.{own}": config[hf_key] for own, hf_key in entry.own.items()
-                   if config.get(hf_key) is not None})
-    if entry.attends:  # no head size and no rotation where nothing attends (Mamba)
+    values.update({f"lmconvert.{own}": _get(config, hf_key, {}) for own, hf_key in entry.own.items()
+                   if _get(config, hf_key, {}) is not None})
+    if entry.attends and not entry.per_kind_heads:  # no head size and no rotation where nothing attends (Mamba);
+        # Gemma 4's per layer kind: `exported` states them
         values[f"{arch}.attention.key_length"] = values[f"{arch}.attention.value_length"] = head_dim
         params, _ = _rope(config)
         rotated = params.get("partial_rotary_factor") or config.get("partial_rotary_factor") or 1.0
         values[f"{arch}.rope.dimension_count"] = int(head_dim * rotated)  # the rotated part of a head
-    else:  # a head_dim in the config is the mixer's (Mamba2's)
+    elif not entry.attends:  # a head_dim in the config is the mixer's (Mamba2's)
         values.pop(f"{arch}.attention.key_length", None)
     values[f"{arch}.vocab_size"] = config["vocab_size"]
     if entry.latent:
         values.update(_latent_sizes(arch, config))
-    rope, extra = _rope_metadata(arch, config, head_dim)
+    if entry.exported is not None:  # over the head sizes above (MiMo's value width and rotated part, Kimi Linear's
+        # absorbed MLA sizes)
+        values.update({f"{arch}.{key}": value for key, value in entry.exported(config).items()})
+    if entry.rope_out is not None:  # `{arch}.` keys and tensors of its own
+        own, extra = entry.rope_out(config)
+        rope = {f"{arch}.{key}": value for key, value in own.items()}
+    else:
+        rope, extra = _rope_metadata(arch, config, head_dim)
     values.update(rope)
     values.update(_layer_pattern(arch, entry, config))
     values.update(_score_scale(arch, entry, config))

@@ -44,16 +44,22 @@ LOADED_BIASES: dict[str, frozenset[str]] = {arch: frozenset(names) for arch, nam
     "granitehybrid": (*QKV, "attn_output", "ffn_gate", "ffn_up", "ffn_down", *SSM),  # the conv bias: optional
     "nemotron_h": (*QKV, "attn_output", "ffn_up", "ffn_down", *SSM),
     "nemotron_h_moe": (*QKV, "attn_output", *SSM, "exp_probs_b"),  # nemotron-h.cpp: no MLP (bias) with experts
+    "falcon-h1": (*QKV, "attn_output", "ffn_gate", "ffn_up", "ffn_down", *SSM),
+    # (mimo2's graph adds no q, k, v bias, afmoe's loader no o bias: each family refuses them)
+    "mimo2": (*QKV, "exp_probs_b"), "afmoe": (*QKV, "exp_probs_b"),
+    "gemma4": (),
+    "kimi-linear": ("exp_probs_b", "ssm_dt"),  # the selection bias; KDA's dt_bias
 }.items()}
 # the biases an architecture's loader requires on every layer (`create_tensor(..., 0)`: "missing tensor" without
 # them); gpt-oss's attention output bias is one, so a model without attention biases cannot load
 REQUIRED_BIASES: dict[str, tuple[str, ...]] = {
     "gpt-oss": ("attn_output", "ffn_gate_inp", "ffn_gate_exps", "ffn_up_exps", "ffn_down_exps"),
     **{arch: SSM for arch in SSM_ARCHS},
+    "falcon-h1": SSM,  # its loader takes the conv bias as optional, and its graph adds it all the same
 }
 # the architectures whose llama.cpp loader requires an `output` matrix (a tied model has none)
 OUTPUT_REQUIRED = frozenset({"qwen2moe", "olmo2", "stablelm", "nemotron", "olmoe", "phi2", "gptneox", "minimax-m2",
-                             "exaone-moe", "dots1", "gpt-oss"})
+                             "exaone-moe", "dots1", "gpt-oss", "mimo2", "kimi-linear"})
 
 
 # the architectures whose loader sizes the k norm as the q norm, over the whole width (no GQA)
@@ -115,10 +121,11 @@ def refused_tensors(arch: str, shapes: Mapping[str, tuple[int, ...]]) -> str | N
 # tensors llama.cpp's converter stores as F32 whatever the file type (ModelBase.prepare_tensors: the
 # routers, learned positions, any norm, any bias, gpt-oss's stacked [experts, width] ones too: its graph adds
 # them with ggml_add_id, which takes F32 only; the short and SSM convolutions' kernels, which ggml_ssm_conv takes
-# in F32 only; the state-space A and D, whose names end in no `.weight`), and those it stores as F16 rather than
-# ternary
+# in F32 only, Kimi's KDA ones too; the state-space A and D, whose names end in no `.weight`), and those it stores
+# as F16 rather than ternary
 ALWAYS_F32 = ("ffn_gate_inp.weight", "ffn_gate_inp_shexp.weight", "position_embd.weight", "_norm.weight", ".bias",
-              "shortconv.conv.weight", "ssm_conv1d.weight", ".ssm_a", ".ssm_d")
+              "shortconv.conv.weight", "ssm_conv1d.weight", "ssm_conv1d_q.weight", "ssm_conv1d_k.weight",
+              "ssm_conv1d_v.weight", ".ssm_a", ".ssm_d")
 HALF_WHEN_TERNARY = ("token_embd.weight", "output.weight")
 
 

@@ -88,16 +88,13 @@ def hf_config(file: Metadata) -> tuple[dict[str, Any], GgufArch]:
     missing = [f"{arch}.{k}" for k in (*REQUIRED_KEYS, entry.norm_eps) if key(k) is None]
     if missing:
         raise MappingError(f"metadata lacks {', '.join(missing)}; the file is incomplete")
-    config: dict[str, Any] = {"model_type": entry.model_type, **SHARED_DEFAULTS, **entry.defaults}
+    config: dict[str, Any] = {"model_type": entry.model_type, **SHARED_DEFAULTS, **entry.defaults, **entry.folded}
     for gguf_key, hf_key in {**SHARED_KEYS, **entry.keys}.items():
         if key(gguf_key) is not None:
-            *outer, last = hf_key.split(".")  # `attn_config.clip_qkv`: a key of a nested dict (MPT)
-            nested = config
-            for part in outer:
-                nested = nested.setdefault(part, {})
-            nested[last] = key(gguf_key)
-    config.update({hf_key: file.meta[f"lmconvert.{own}"] for own, hf_key in entry.own.items()
-                   if file.meta.get(f"lmconvert.{own}") is not None})
+            _set(config, hf_key, key(gguf_key))
+    for own, hf_key in entry.own.items():
+        if file.meta.get(f"lmconvert.{own}") is not None:
+            _set(config, hf_key, file.meta[f"lmconvert.{own}"])
     hidden, heads = config["hidden_size"], config["num_attention_heads"]
     config.setdefault("num_key_value_heads", heads)
     if heads == 0 and entry.attends:
@@ -113,8 +110,9 @@ def hf_config(file: Metadata) -> tuple[dict[str, Any], GgufArch]:
     if entry.partial_rotary and rotated is not None:  # StableLM: the rotated part of a head
         config[entry.rotary_key] = rotated / head_dim
     for name, expected in (("attention.value_length", head_dim), ("rope.dimension_count", head_dim)):
-        if entry.latent or (name == "rope.dimension_count" and entry.partial_rotary):
-            continue
+        if entry.latent or entry.per_kind_heads or (name == "rope.dimension_count" and entry.partial_rotary) \
+                or name in entry.keys:
+            continue  # (a key the entry reads as its own: MiMo's value width, v_head_dim)
         if key(name) is not None and key(name) != expected:
             raise MappingError(f"{arch}.{name}={key(name)} differs from the head size {expected}; "
                                f"{entry.model_type} has no such variant")
@@ -122,7 +120,10 @@ def hf_config(file: Metadata) -> tuple[dict[str, Any], GgufArch]:
         config[hf_key] = tensor in file.tensors
     config["tie_word_embeddings"] = "output.weight" not in file.tensors
     config["vocab_size"] = _vocab_size(file, arch)
-    config.update(_rope_scaling(file, arch, config, entry.keys, entry.rope_fixed))
+    if entry.rope_in is not None and "rope_freqs.weight" in file.tensors:  # RoPE of the architecture's own
+        config.update(entry.rope_in(file.read("rope_freqs.weight"), config))
+    else:
+        config.update(_rope_scaling(file, arch, config, entry.keys, entry.rope_fixed))
     if entry.swa_pattern is not None:
         config["layer_types"] = _layer_types(file, arch, entry, config["num_hidden_layers"])
     if entry.big_layers is not None:
@@ -131,19 +132,25 @@ def hf_config(file: Metadata) -> tuple[dict[str, Any], GgufArch]:
         config[hf_key] = [i for i in range(config["num_hidden_layers"]) if tensor.format(i) in file.tensors]
     if entry.derived is not None:
         config.update(entry.derived(config))
-    for hf_key in entry.layer_tensors:
-        del config[hf_key]
+    for hf_key in (*entry.layer_tensors, *entry.transient):
+        config.pop(hf_key, None)
     for hf_key, gguf_key in TOKEN_IDS.items():
         if file.meta.get(gguf_key) is not None:
             config[hf_key] = int(file.meta[gguf_key])
     for hf_key, own in entry.renamed.items():  # the family's own spelling of a shared key (MPT's d_model)
         if hf_key in config:
-            *outer, last = own.split(".")  # a key of a nested dict (DBRX's ffn_config.ffn_hidden_size)
-            nested = config
-            for part in outer:
-                nested = nested.setdefault(part, {})
-            nested[last] = config.pop(hf_key)
+            _set(config, own, config.pop(hf_key))
     return config, entry
+
+
+def _set(config: dict[str, Any], hf_key: str, value: Any) -> None:  # noqa: ANN401 - a config value
+    """config[hf_key] = value, a dotted name a key of a nested dict (MPT's `attn_config.clip_qkv`, DBRX's
+    `ffn_config.ffn_hidden_size`, MiMo's `rope_parameters.full_attention.partial_rotary_factor`)."""
+    *outer, last = hf_key.split(".")
+    nested = config
+    for part in outer:
+        nested = nested.setdefault(part, {})
+    nested[last] = value
 
 
 def _vocab_size(file: Metadata, arch: str) -> int:

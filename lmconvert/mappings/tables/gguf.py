@@ -11,6 +11,8 @@ What llama.cpp's converter changes, each undone by the table the way transformer
 - the q and k rows of `llama` files (Mistral included) are permuted for llama.cpp's interleaved
   RoPE (`LlamaModel.permute`): Permute undoes it for weights and biases;
 - Gemma 2 and 3 norm weights are stored as `w + 1` (q/k norms too): Offset subtracts 1 in float32;
+- Falcon-H1's muP multipliers are folded into its weights: Scale multiplies on export; the import
+  reads the weights as stored, with unit multipliers (`folded`);
 - embedding / output rows past the vocabulary are padding: Trim drops them;
 - Phi-3's fused `attn_qkv` and `ffn_up` are HF's qkv_proj and gate_up_proj unchanged: pieces.
 - a mixture's experts are stacked per layer and projection (`ffn_gate_exps` [experts, width,
@@ -107,6 +109,25 @@ class GgufArch:
     # export: (a test of the HF config, entry): a model passing it is written as that entry, under that entry's
     # own architecture (Nemotron-H with MoE blocks: llama.cpp's nemotron_h_moe beside nemotron_h)
     written_as: tuple[tuple[Callable[[Mapping[str, Any]], bool], GgufArch], ...] = ()
+    # HF keys -> the value the file's model has for them: multipliers llama.cpp's converter folds into the weights
+    # (Falcon-H1's muP; `layout` builds the table's Scale transforms from the config), so the file states none. The
+    # import reads these, the weights holding the rest; the export holds what it reads back to the source with these
+    # values in place of its own
+    folded: Mapping[str, Any] = field(default_factory=dict)
+    # the key and value lengths and the rotated width are per layer kind (Gemma 4: `attention.key_length` the full
+    # layers', `attention.key_length_swa` the sliding ones'): `exported` writes them and `derived` reads them, in
+    # place of the one head size the others state
+    per_kind_heads: bool = False
+    # RoPE that llama.cpp reads from a `rope_freqs` tensor of this architecture's own (Gemma 4's proportional RoPE:
+    # 1 for each rotated frequency, 1e30 for each left still): export's (config -> `{arch}.` keys, extra tensors),
+    # and the import's (the tensor's values, the config so far -> HF keys)
+    rope_out: Callable[[Mapping[str, Any]], tuple[dict[str, Any], dict[str, Any]]] | None = None
+    rope_in: Callable[[Any, Mapping[str, Any]], dict[str, Any]] | None = None
+    # export: `tokenizer.ggml.model` as llama.cpp's converter class writes it, where it writes its own ("gemma4":
+    # the tokenizer.json vocabulary with scores, llama.cpp's gemma4 tokenizer); "": by the tokenizer's files
+    tokenizer: str = ""
+    # HF keys that `keys` reads a file's values into for `derived` alone (Gemma 4's full head size), dropped after it
+    transient: tuple[str, ...] = ()
 
     @property
     def attends(self) -> bool:
@@ -216,7 +237,8 @@ def tensor_sizes(config: Mapping[str, Any], renamed: Mapping[str, str] | None = 
     kv_heads = config.get("num_key_value_heads") or heads
     head_dim = config.get("head_dim") or (config["hidden_size"] // heads if heads else 0)  # 0 heads: Mamba
     ffn = config.get("intermediate_size") or config.get("n_inner") or 4 * config["hidden_size"]
-    latent = {"k_nope": config["qk_nope_head_dim"], "v_head": config["v_head_dim"]} if "v_head_dim" in config else {}
+    latent = ({"k_nope": config["qk_nope_head_dim"], "v_head": config["v_head_dim"]} if "qk_nope_head_dim" in config
+              else {})
     shared = {"shared": config["shared_intermediate_size"]} if config.get("shared_intermediate_size") else {}
     # the gated delta-net's per-key-head groups (Qwen3-Next's ssm_ba), as its settings' `sizes` name them
     gdn = ({"mixer.key_heads": config["linear_num_key_heads"], "mixer.value_heads": config["linear_num_value_heads"],

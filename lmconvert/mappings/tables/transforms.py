@@ -21,6 +21,7 @@ bit by tests/test_table_transforms.py.
 - Joined: the reverse of Piece, one canonical tensor stored as several end to end (OLMo-hybrid's
   q_proj, k_proj, v_proj as our in_proj_qkv); import hands forward all of them, export writes each;
 - Offset: a constant added on disk (Gemma's norms as w + 1 in GGUF);
+- Scale: multipliers folded into a weight on disk (Falcon-H1's muP in GGUF), as llama.cpp's converter folds them;
 - Trim: padding rows past the vocabulary dropped;
 - Transpose: a matrix stored [in, out] (GPT-2's Conv1D);
 - QkvGroups: a fused qkv projection laid out per KV group -> q, k, v concatenated (NeoX, BLOOM, Falcon);
@@ -35,7 +36,7 @@ dimensions) or swaps its last two dimensions also declares what it does to a qua
 stored parts (`Packed`): the same moves made on the rows of every part, or, for a swap, the weight
 marked as read transposed. So a weight whose parts hold its inputs in groups (MXFP4's 32 values
 per exponent) goes through its family's table as it is, every group whole. A transform without
-that declaration (`packed_forward` None: Offset, Trim, Fuse, Row, HeadPart) cannot keep a
+that declaration (`packed_forward` None: Offset, Scale, Trim, Fuse, Row, HeadPart) cannot keep a
 quantized weight. Checked against dequantizing by tests/test_packed_transforms.py.
 
 torch is imported only inside the functions: reading a table must not load it.
@@ -457,6 +458,57 @@ class Offset:
         return Transform(f"offset({c:+g})", lambda t: t.float() - c, lambda t: t.float() + c)
 
 
+# ---- Scale: multipliers folded into a weight
+
+
+@dataclass(frozen=True)
+class Scale:
+    """The file stores the weight times constant multipliers, folded in as llama.cpp's converter folds
+    Falcon-H1's muP multipliers (FalconH1Model.modify_tensors): the inverse (export) multiplies the whole
+    tensor by each of `factors` in turn, then each run of `runs` ((rows, factor) in order, the last run's rows
+    None: the rest) in place, as its converter does them: a tensor neither float16 nor float32 cast to float32
+    first (its prepare_tensors casts it before modify_tensors), each factor a Python float (torch's multiply
+    rounds it to the tensor's type). Already bound: a family builds it from its config (GgufArch.layout). The
+    forward divides in the reverse order, exact only where every factor is a power of two; an import reads the
+    weights as stored, its config's factors being 1 (GgufArch.folded). Every factor 1: IDENTITY."""
+
+    factors: tuple[float, ...] = ()
+    runs: tuple[tuple[int | None, float], ...] = ()
+
+    def bind(self, sizes: Sizes) -> Transform:
+        if all(f == 1 for f in (*self.factors, *(f for _, f in self.runs))):
+            return IDENTITY
+        return Transform(f"times {' x '.join(map(str, self.factors)) or 1}"
+                         + (f", row runs times {[f for _, f in self.runs]}" if self.runs else ""),
+                         self._divided, self._folded)
+
+    def _folded(self, t: torch.Tensor) -> torch.Tensor:
+        import torch
+
+        t = t if t.dtype in (torch.float16, torch.float32) else t.float()
+        for factor in self.factors:
+            t = t * factor
+        t = t.clone() if self.runs and not self.factors else t
+        for start, (rows, factor) in zip(self._starts(), self.runs, strict=True):
+            t[start:None if rows is None else start + rows] *= factor
+        return t
+
+    def _divided(self, t: torch.Tensor) -> torch.Tensor:
+        t = t.clone()
+        for start, (rows, factor) in reversed(list(zip(self._starts(), self.runs, strict=True))):
+            t[start:None if rows is None else start + rows] /= factor
+        for factor in reversed(self.factors):
+            t = t / factor
+        return t
+
+    def _starts(self) -> list[int]:
+        starts, at = [], 0
+        for rows, _ in self.runs:
+            starts.append(at)
+            at += rows or 0
+        return starts
+
+
 # ---- Trim: padded vocabularies
 
 
@@ -782,16 +834,23 @@ class EqualPart:
     """Part `index` of `count` equal blocks along dim 0 of one canonical tensor, each stored as its own
     tensor: Kimi Linear's q_conv1d, k_conv1d and v_conv1d are the rows of its one conv1d over q | k | v.
     Each part has a rule of its own naming the same canonical tensor (the table gathers them); forward,
-    given every part in order, concatenates them; the inverse is this part (a copy). Exact both ways."""
+    given every part in order, concatenates them; the inverse is this part (a copy). `unit_first`: each
+    part is stored with a leading dimension of 1 (llama.cpp's ssm_conv1d_q/k/v, [1, channels, 1, kernel]
+    where ours are [channels, 1, kernel]). Exact both ways."""
 
     count: int
     index: int
+    unit_first: bool = False
     gathers: ClassVar[bool] = True  # the table hands forward every part
 
     def bind(self, sizes: Sizes) -> Transform:
-        count, index = self.count, self.index
+        count, index, unit = self.count, self.index, self.unit_first
+        if unit:
+            return Transform(f"part {index} of {count} equal blocks, stored [1, ...]",
+                             lambda parts: join([p.squeeze(0) for p in parts], 0),
+                             lambda t: t.chunk(count, 0)[index].unsqueeze(0).clone(), gathers=True)
         return Transform(f"part {index} of {count} equal blocks", lambda parts: join(parts, 0),
-                         lambda t: t.chunk(count, 0)[index].clone())
+                         lambda t: t.chunk(count, 0)[index].clone(), gathers=True)
 
 
 # ---- Shaped: a vector stored with unit dimensions around it
