@@ -18,6 +18,10 @@ What differs is KDA's own and follows its own code:
     and every product over the key channels written out as a sum, as transformers does) for a prefill
     or any multi-token forward; token by token for one token after a cached state;
   - the output RMSNorm per head, weight in fp32, times sigmoid(g_b_proj(g_a_proj(x))), cast back, o_proj.
+Ling 3 (BailingHybridDeltaAttention) differs by settings only (`mixer_kinds.KimiDeltaSettings`): one
+f_proj and one g_proj in place of the low-rank pairs, a forget gate bounded below (or torch's softplus)
+cast to the activation dtype (`FORGET_GATES`), and the conv and A_log kept in fp32 (the conv then runs
+in fp32, as transformers' causal_conv1d_fn does with an fp32 weight).
 The state, in `cache.states[layer]`: "conv", the last conv_kernel inputs of the conv (B, q|k|v,
 conv_kernel) in the activation dtype, and "recurrent", (B, heads, head_dim, head_dim) in fp32, as
 transformers' cache keeps them.

@@ -75,7 +75,8 @@ def schedule_to_hf(cfg: ArchConfig) -> dict[str, Any]:
     s = cfg.mixer_settings if kda else None
     return {"layer_types": ["linear_attention" if kda and m == "mixer" else "full_attention"
                             for m in cfg.layer_mixers],
-            "layer_group_size": DEFAULT, "head_dim": s.head_dim if s else DEFAULT,
+            # without KDA layers, what transformers writes: head_dim overwritten by qk_rope_head_dim
+            "layer_group_size": DEFAULT, "head_dim": s.head_dim if s else cfg.head_dim,
             "short_conv_kernel_size": s.conv_kernel if s else DEFAULT,
             "kda_safe_gate": s.forget_gate == "bounded" if s else DEFAULT,
             "kda_lower_bound": s.gate_lower_bound if s else DEFAULT}
@@ -108,19 +109,20 @@ def _no_limits(hf: HfConfig, fields: dict[str, Any]) -> dict[str, Any]:
 
 
 GATE = {"attn_output_gate": "projection_head", "attn_gate_activation": "sigmoid_fp32"}
-LATENT = deepseek_v3.latent("bailing_hybrid", deinterleave=True, v_head_dim_nullable=True)
+LATENT = deepseek_v3.latent("bailing_hybrid", deinterleave=True, v_head_dim_nullable=False)
 CONFIG = kimi_linear.CONFIG.but(
     add=(llama.norm(1e-6),
          Entry("latent attention", tuple(k for k in LATENT.keys if k.name != "head_dim"),
                lambda hf, fields: LATENT.read(hf, fields) | GATE, LATENT.write),
          Entry("rope", ROPE_KEYS, _rope, lambda cfg: {"rope_parameters": rope_to_hf(cfg.rope)}),
          Entry("layer schedule", SCHEDULE_KEYS, schedule_from_hf, schedule_to_hf),
-         Entry("swiglu limits", LIMIT_KEYS, _no_limits, lambda cfg: {k.name: DEFAULT for k in LIMIT_KEYS}),
+         Entry("swiglu limits", LIMIT_KEYS, _no_limits, lambda cfg: {k.name: [0] * cfg.n_layers for k in LIMIT_KEYS}),
          plain("model_max_length", "max_positions", int, 262144)),
     defaults={"vocab_size": 157184, "hidden_size": 2560, "intermediate_size": 6144, "num_hidden_layers": 42,
               "num_attention_heads": 32, "num_key_value_heads": 32, "first_k_dense_replace": 2, "num_experts": 512,
               "moe_intermediate_size": 768, "routed_scaling_factor": 2.5, "num_expert_group": 8, "topk_group": 4,
               "rope_theta": 6e6, "q_lora_rank": None},
+    nullable={"attention_dropout": False, "topk_group": False},
 )
 
 
