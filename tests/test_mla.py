@@ -214,6 +214,9 @@ def test_settings_round_trip_through_json() -> None:
     (dict(attention_settings=dict(norm_eps=0)), "attention_settings.norm_eps=0"),
     (dict(rope=dict(layout="interleaved", complex_product=True)),
      "rope.complex_product=True: a complex product rotates the pairs in place"),
+    # Ling 3's per-head gate is the one latent attention takes
+    (dict(attn_output_gate="projection"), "attn_output_gate='projection': gates the standard attention's output "
+                                          "(latent attention's with 'projection_head' only)"),
 ])
 def test_what_latent_attention_cannot_compute_is_refused(overrides: dict, needle: str) -> None:
     with pytest.raises(ConfigError) as caught:

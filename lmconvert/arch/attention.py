@@ -265,16 +265,7 @@ class Attention(nn.Module):
         return self.o(out)
 
     def _gated(self, out: torch.Tensor, gate: torch.Tensor) -> torch.Tensor:
-        """The output times its gate's activation: sigmoid in the activation dtype, or (Laguna) softplus of an
-        fp32 copy cast back; elementwise, or (`projection_head`: Laguna's, LFM3's) one gate per head over its
-        elements."""
-        cfg = self.cfg
-        sigmoid = cfg.attn_gate_activation == "sigmoid"
-        factor = torch.sigmoid(gate) if sigmoid else F.softplus(gate.float()).to(out.dtype)
-        if cfg.attn_output_gate != "projection_head":
-            return out * factor
-        B, T, _ = out.shape
-        return (out.view(B, T, cfg.n_heads, cfg.value_dim) * factor.unsqueeze(-1)).view(B, T, cfg.o_dim)
+        return gated_output(self.cfg, out, gate, self.cfg.value_dim)
 
     def _position_bias(self, ctx: Context) -> torch.Tensor | None:
         if self.position == "alibi":
@@ -282,6 +273,20 @@ class Attention(nn.Module):
         if self.relative is not None:
             return self.relative(ctx.q_pos, ctx.k_pos)
         return None
+
+
+def gated_output(cfg: ArchConfig, out: torch.Tensor, gate: torch.Tensor, value_dim: int) -> torch.Tensor:
+    """The output (B, T, H*V) times its gate's activation (`cfg.attn_gate_activation`): sigmoid in the
+    activation dtype, or (Laguna) softplus, (Ling 3) sigmoid, of an fp32 copy cast back; elementwise, or
+    (`projection_head`: Laguna's, LFM3's, Ling 3's latent attention) one gate per head over its V elements.
+    One place for the standard and the latent kinds."""
+    act = cfg.attn_gate_activation
+    factor = torch.sigmoid(gate) if act == "sigmoid" else \
+        (F.softplus if act == "softplus_fp32" else torch.sigmoid)(gate.float()).to(out.dtype)
+    if cfg.attn_output_gate != "projection_head":
+        return out * factor
+    B, T, _ = out.shape
+    return (out.view(B, T, cfg.n_heads, value_dim) * factor.unsqueeze(-1)).view(B, T, cfg.n_heads * value_dim)
 
 
 BACKENDS = ("sdpa", "eager")

@@ -107,6 +107,18 @@ def _standard_parts(cfg: ArchConfig) -> dict[str, Part]:
     return parts
 
 
+def _gate_describe(cfg: ArchConfig) -> list[str]:
+    """The attention output gate's line (standard and latent kinds), none without one."""
+    if cfg.attn_output_gate == "none":
+        return []
+    source = {"projection": "a projection of the input", "q_heads": "q's second half per head",
+              "projection_head_bias": "a projection of the input + a bias per head",
+              "projection_head": "a projection of the input, one per head"}[cfg.attn_output_gate]
+    act = {"sigmoid": "sigmoid({}) times", "softplus_fp32": "softplus({}) in fp32 times",
+           "sigmoid_fp32": "sigmoid({}) in fp32 times"}[cfg.attn_gate_activation]
+    return [f"attention output gate: {act.format(source)} each head's output, before o"]
+
+
 def _standard_describe(cfg: ArchConfig) -> list[str]:
     if cfg.n_kv_heads == cfg.n_heads:
         kind = "MHA"
@@ -127,12 +139,7 @@ def _standard_describe(cfg: ArchConfig) -> list[str]:
                      + (", after RoPE" if cfg.qk_norm_after_rope else ""))
     if cfg.sub_norms:
         lines.append("sub-norms: before the output projection and before the MLP's down projection")
-    if cfg.attn_output_gate != "none":
-        source = {"projection": "a projection of the input", "q_heads": "q's second half per head",
-                  "projection_head_bias": "a projection of the input + a bias per head",
-                  "projection_head": "a projection of the input, one per head"}[cfg.attn_output_gate]
-        act = {"sigmoid": "sigmoid({}) times", "softplus_fp32": "softplus({}) in fp32 times"}[cfg.attn_gate_activation]
-        lines.append(f"attention output gate: {act.format(source)} each head's output, before o")
+    lines += _gate_describe(cfg)
     lines += _gemma4_describe(cfg)
     if cfg.attn_sinks:
         lines.append("attention sinks: a learned logit per head in each softmax (eager)"
@@ -236,7 +243,8 @@ def latent_score_scale(cfg: ArchConfig) -> float:
 
 
 def _latent_parts(cfg: ArchConfig) -> dict[str, Part]:
-    """transformers' module order: q (or q_a, q_a_norm, q_b), kv_a, kv_a_norm, kv_b, o."""
+    """transformers' module order: q (or q_a, q_a_norm, q_b), kv_a, kv_a_norm, kv_b, o; then Ling 3's
+    output gate (`attn_output_gate="projection_head"`)."""
     s = cfg.attention_settings
     # DeepseekV3RMSNorm, whatever the block norms are: RMS, weight applied after the cast back. Every
     # field is set, on a copy of the config's NormConfig (config.py imports this module, not the reverse)
@@ -254,6 +262,8 @@ def _latent_parts(cfg: ArchConfig) -> dict[str, Part]:
     parts["kv_a_norm"] = NormPart(s.kv_lora_rank, norm)
     parts["kv_b"] = LinearPart(s.kv_lora_rank, cfg.n_heads * (s.qk_nope_head_dim + s.v_head_dim))
     parts["o"] = LinearPart(cfg.n_heads * s.v_head_dim, cfg.d_model, s.bias)
+    if cfg.attn_output_gate == "projection_head":  # Ling 3's g_proj: one gate per head, after o in its module
+        parts["out_gate"] = LinearPart(cfg.d_model, cfg.n_heads, False)
     return parts
 
 
@@ -281,7 +291,7 @@ def _latent_describe(cfg: ArchConfig) -> list[str]:
     latent, mha = _latent_cache(cfg), _latent_mha_cache(cfg)
     lines.append(f"latent KV cache: {latent} entries per token and layer (c_kv {s.kv_lora_rank} + k_rot "
                  f"{cfg.head_dim}); MHA with these heads: {mha}; {latent / mha:.1%} of it")
-    return lines
+    return lines + _gate_describe(cfg)
 
 
 def _refuse(refusals: list[tuple[str, Any, bool, str]]) -> None:

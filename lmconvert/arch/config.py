@@ -47,11 +47,13 @@ SINK_FORMS = ("column", "scale")  # how a learned sink joins the softmax (ArchCo
 # [H]) added to the projection over each head's D elements (Beam's gate_proj + gate_bias). The sigmoid and the
 # product in the activation dtype either way
 # "projection_head": one gate per head from a projection of width H (`attn.out_gate`, [H, d_model]), broadcast over
-# the head's D elements (Laguna's per-head g_proj)
+# the head's D elements (Laguna's per-head g_proj; Ling 3's g_proj on its latent attention, the one gate the "latent"
+# kind takes, there over each head's v_head_dim elements)
 ATTN_OUTPUT_GATES = ("none", "projection", "q_heads", "projection_head_bias", "projection_head")
 # ArchConfig.attn_gate_activation: how the gate becomes a factor: "sigmoid" in the activation dtype (AFMoE, Beam,
-# Qwen3-Next); "softplus_fp32", softplus of an fp32 copy cast back to the activation dtype (Laguna)
-GATE_ACTIVATIONS = ("sigmoid", "softplus_fp32")
+# Qwen3-Next); "softplus_fp32", softplus of an fp32 copy cast back to the activation dtype (Laguna); "sigmoid_fp32",
+# the sigmoid of an fp32 copy cast back (Ling 3's latent attention)
+GATE_ACTIVATIONS = ("sigmoid", "softplus_fp32", "sigmoid_fp32")
 # ArchConfig.sink_layers: the layers whose attention has a sink of its own: every layer, or the local (sliding) ones
 # (MiMo-V2-Flash). "none" is what layer_config gives a layer left without one: no sink parameter, but its softmax
 # still taken as the sink layers' (the row max subtracted in the scores' dtype, the softmax in that dtype)
@@ -780,9 +782,10 @@ class ArchConfig:
         if self.sink_form not in SINK_FORMS:
             _fail("ArchConfig", "sink_form", self.sink_form, f"one of {', '.join(SINK_FORMS)}")
         _choice("ArchConfig", "attn_output_gate", self.attn_output_gate, ATTN_OUTPUT_GATES)
-        if self.attn_output_gate != "none" and self.attention != "standard":
+        if self.attn_output_gate != "none" and self.attention != "standard" \
+                and (self.attention, self.attn_output_gate) != ("latent", "projection_head"):
             _fail("ArchConfig", "attn_output_gate", self.attn_output_gate, "gates the standard attention's output "
-                  f"only, not attention={self.attention!r}'s")
+                  f"(latent attention's with 'projection_head' only), not attention={self.attention!r}'s")
         if self.attn_output_gate == "q_heads" and (self.qk_norm == "projection" or self.scale_query
                                                     or self.clip_qkv is not None):
             _fail("ArchConfig", "attn_output_gate", self.attn_output_gate, "splits each head's query from its gate "

@@ -18,6 +18,10 @@ What differs is KDA's own and follows its own code:
     and every product over the key channels written out as a sum, as transformers does) for a prefill
     or any multi-token forward; token by token for one token after a cached state;
   - the output RMSNorm per head, weight in fp32, times sigmoid(g_b_proj(g_a_proj(x))), cast back, o_proj.
+Ling 3 (BailingHybridDeltaAttention) differs by settings only (`mixer_kinds.KimiDeltaSettings`): one
+f_proj and one g_proj in place of the low-rank pairs, a forget gate bounded below (or torch's softplus)
+cast to the activation dtype (`FORGET_GATES`), and the conv and A_log kept in fp32 (the conv then runs
+in fp32, as transformers' causal_conv1d_fn does with an fp32 weight).
 The state, in `cache.states[layer]`: "conv", the last conv_kernel inputs of the conv (B, q|k|v,
 conv_kernel) in the activation dtype, and "recurrent", (B, heads, head_dim, head_dim) in fp32, as
 transformers' cache keeps them.
@@ -101,6 +105,16 @@ def recurrent_kimi_delta_rule(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     return out.transpose(1, 2).contiguous().to(dtype), state
 
 
+FORGET_GATES = {  # (g + dt_bias in fp32, exp(A_log) per head, the lower bound, the activation dtype) -> decay
+    # KimiLinearForgetGate: softplus written out, the decay left in fp32
+    "softplus": lambda g, rate, _bound, _dtype: -rate * torch.where(g > 20.0, g, torch.log(1.0 + torch.exp(g))),
+    # BailingHybridForgetGate, kda_safe_gate: bounded below, cast to the activation dtype
+    "bounded": lambda g, rate, bound, dtype: (bound * torch.sigmoid(rate * g)).to(dtype),
+    # BailingHybridForgetGate without it: torch's softplus, cast
+    "softplus_cast": lambda g, rate, _bound, dtype: (-rate * F.softplus(g)).to(dtype),
+}
+
+
 class KimiDeltaAttention(DeltaRuleMixer):
     """Kimi delta attention; its settings are `mixer_kinds.KimiDeltaSettings`."""
 
@@ -109,7 +123,10 @@ class KimiDeltaAttention(DeltaRuleMixer):
 
     def __init__(self, *args: object) -> None:
         super().__init__(*args)
-        self.forget_gate.fp32_parameters = ("dt_bias",)  # transformers keeps it fp32 (_keep_in_fp32_modules_strict)
+        # transformers keeps them fp32 (_keep_in_fp32_modules_strict): Kimi dt_bias; Ling also A_log and the conv
+        self.forget_gate.fp32_parameters = ("dt_bias",) if self.s.fp32_kept == "dt_bias" else ("dt_bias", "A_log")
+        if self.s.fp32_kept != "dt_bias":
+            self.conv1d.fp32_parameters = ("weight",)
         # holders of parameters read by `gates` and `output`, never called: no output to compare (verify)
         self.forget_gate.uncalled = self.o_norm.uncalled = True
 
@@ -121,16 +138,18 @@ class KimiDeltaAttention(DeltaRuleMixer):
         return tuple(t.reshape(B, T, s.heads, s.head_dim) for t in torch.split(qkv, [s.dim] * 3, dim=-1))
 
     def gates(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """KimiLinearForgetGate (per key channel, fp32) and beta."""
+        """The forget gate (per key channel, in fp32; `settings.forget_gate`) and beta."""
         s, f, (B, T, _) = self.s, self.forget_gate, x.shape
-        g = (f.f_b_proj(f.f_a_proj(x)).float() + f.dt_bias.float().view(1, 1, -1)).view(B, T, s.heads, s.head_dim)
-        g = -f.A_log.float().exp().view(1, 1, -1, 1) * torch.where(g > 20.0, g, torch.log(1.0 + torch.exp(g)))
-        return g, torch.sigmoid(self.b_proj(x))
+        low_rank = s.gate_projections == "low_rank"
+        g = (f.f_b_proj(f.f_a_proj(x)) if low_rank else f.f_proj(x)).float()
+        g = (g + f.dt_bias.float().view(1, 1, -1)).view(B, T, s.heads, s.head_dim)
+        rate = f.A_log.float().exp().view(1, 1, -1, 1)
+        return FORGET_GATES[s.forget_gate](g, rate, s.gate_lower_bound, x.dtype), torch.sigmoid(self.b_proj(x))
 
     def output(self, out: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
         """KimiLinearRMSNormGated per head (weight in fp32, sigmoid gate), o_proj."""
         s, (B, T, _) = self.s, x.shape
-        gate = self.g_b_proj(self.g_a_proj(x))
+        gate = self.g_b_proj(self.g_a_proj(x)) if s.gate_projections == "low_rank" else self.g_proj(x)
         out = falcon_h1_gated_norm(out.reshape(B, T * s.heads, s.head_dim), gate.reshape(B, T * s.heads, s.head_dim),
                                    self.o_norm.weight, 1, s.norm_eps, True, torch.sigmoid)
         return self.o_proj(out.reshape(B, T, -1))

@@ -20,7 +20,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .attention import _eager, _sdpa
+from .attention import _eager, _sdpa, gated_output
 from .attention_kinds import latent_score_scale
 from .build import attach
 from .cache import KVCache
@@ -50,6 +50,7 @@ class LatentAttention(nn.Module):
         self.layer, self.cfg = layer, cfg
         self.settings = cfg.attention_settings
         self.q = self.q_a = self.q_a_norm = self.q_b = None  # the q path the config has replaces these
+        self.out_gate = None  # Ling 3's per-head output gate (attn_output_gate="projection_head"), where it has one
         attach(self, parts)
         self.rotary = rotary
         self.scale = latent_score_scale(cfg)
@@ -60,7 +61,8 @@ class LatentAttention(nn.Module):
 
     def forward(self, x: torch.Tensor, ctx: Context, cache: KVCache | None = None) -> torch.Tensor:
         q_nope, q_rot, c_kv, k_rot, _ = self._latent(x, ctx, cache)
-        return self._attend(q_nope, q_rot, c_kv, k_rot, ctx.allowed(None), ctx.is_plain_causal(None))
+        gate = None if self.out_gate is None else self.out_gate(x)  # (B, T, H)
+        return self._attend(q_nope, q_rot, c_kv, k_rot, ctx.allowed(None), ctx.is_plain_causal(None), gate)
 
     def _latent(self, x: torch.Tensor, ctx: Context, cache: KVCache | None) -> tuple[torch.Tensor, ...]:
         """Every head's rotated query parts and the latent of all tokens so far (cached first); also
@@ -82,14 +84,15 @@ class LatentAttention(nn.Module):
         return q_nope, q_rot, c_kv, k_rot, q_resid
 
     def _attend(self, q_nope: torch.Tensor, q_rot: torch.Tensor, c_kv: torch.Tensor, k_rot: torch.Tensor,
-                allowed: torch.Tensor | None, plain_causal: bool) -> torch.Tensor:
+                allowed: torch.Tensor | None, plain_causal: bool, gate: torch.Tensor | None = None) -> torch.Tensor:
         """Attention over the latent (expanded, or absorbed), keys where `allowed` (bool (T, S) or
-        (B, 1, T, S); None: all), then the output projection."""
+        (B, 1, T, S); None: all), each head's output times its gate where there is one (Ling 3's
+        g_proj, `attention.gated_output`), then the output projection."""
         B, H, T, _ = q_nope.shape
         V = self.settings.v_head_dim
         dropout = self.cfg.attn_dropout if self.training else 0.0
         if self.absorbed:
-            return self.o(self._absorbed(q_nope, q_rot, c_kv, k_rot, allowed, dropout))
+            return self._out(self._absorbed(q_nope, q_rot, c_kv, k_rot, allowed, dropout), gate)
         q = torch.cat((q_nope, q_rot), dim=-1)  # (B, H, T, N+R)
         k, v = self._expand(c_kv, k_rot)  # (B, H, S, N+R), (B, H, S, V)
         if self.backend == "eager":
@@ -97,7 +100,11 @@ class LatentAttention(nn.Module):
         else:
             out = _sdpa(q, k, v, self.scale, None, allowed, plain_causal, dropout)
         out = out.transpose(1, 2).reshape(B, T, H * V)  # (B, H, T, V) -> (B, T, H*V)
-        return self.o(out)
+        return self._out(out, gate)
+
+    def _out(self, out: torch.Tensor, gate: torch.Tensor | None) -> torch.Tensor:
+        """o of the heads' outputs (B, T, H*V), gated first where there is a gate."""
+        return self.o(out if gate is None else gated_output(self.cfg, out, gate, self.settings.v_head_dim))
 
     def _rotate(self, q_rot: torch.Tensor, k_rot: torch.Tensor, ctx: Context) -> tuple[torch.Tensor, torch.Tensor]:
         cos, sin = ctx.rotary(self.rotary)  # (T, R)

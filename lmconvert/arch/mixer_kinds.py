@@ -447,19 +447,33 @@ class KimiDeltaSettings:
     KimiLinearConfig's names: `heads` linear_num_heads and `head_dim` linear_head_dim (q, k and v alike:
     no grouping), `conv_kernel` linear_conv_kernel_dim (the depthwise causal conv over q | k | v),
     `norm_eps` the gated output RMSNorm's eps (rms_norm_eps), `activation` the conv's (`hidden_act`;
-    SiLU only)."""
+    SiLU only). What Ling 3 (bailing_hybrid's BailingHybridDeltaAttention) does otherwise:
+    `gate_projections` "low_rank" (Kimi: the forget gate f_b_proj(f_a_proj(x)) and the output gate
+    g_b_proj(g_a_proj(x)), through head_dim) or "full" (Ling: one f_proj, one g_proj); `forget_gate`
+    "softplus" (Kimi: -exp(A_log) * where(g > 20, g, log(1 + exp(g))), left in fp32), "bounded" (Ling's
+    kda_safe_gate: gate_lower_bound * sigmoid(exp(A_log) * g)) or "softplus_cast" (Ling without it:
+    -exp(A_log) * F.softplus(g)), Ling's two cast to the activation dtype; `fp32_kept` "dt_bias" (Kimi's
+    `_keep_in_fp32_modules_strict`) or "dt_bias+A_log+conv1d" (Ling's: the conv then runs in fp32)."""
 
     heads: int = 32
     head_dim: int = 128
     conv_kernel: int = 4
     norm_eps: float = 1e-5
     activation: str = "silu"
+    gate_projections: str = "low_rank"
+    forget_gate: str = "softplus"
+    gate_lower_bound: float = -5.0
+    fp32_kept: str = "dt_bias"
 
     def __post_init__(self) -> None:
         for name in ("heads", "head_dim", "conv_kernel"):
             _setting_count(name, getattr(self, name))
         _setting_number("norm_eps", self.norm_eps, positive=True)
         _setting_choice("activation", self.activation, ("silu",))
+        _setting_choice("gate_projections", self.gate_projections, ("low_rank", "full"))
+        _setting_choice("forget_gate", self.forget_gate, ("softplus", "bounded", "softplus_cast"))
+        _setting_number("gate_lower_bound", self.gate_lower_bound)
+        _setting_choice("fp32_kept", self.fp32_kept, ("dt_bias", "dt_bias+A_log+conv1d"))
 
     @property
     def dim(self) -> int:  # each of q, k, v
@@ -472,13 +486,18 @@ def _kimi_delta_parts(cfg: ArchConfig) -> dict[str, Part]:
     channel) and A_log (one per head), its low-rank f_a_proj, f_b_proj; beta's b_proj; the output
     gate's low-rank g_a_proj, g_b_proj; the gated RMSNorm's weight over one head; o_proj. No biases."""
     s, d = cfg.mixer_settings, cfg.d_model
-    return {"q_proj": LinearPart(d, s.dim), "k_proj": LinearPart(d, s.dim), "v_proj": LinearPart(d, s.dim),
-            "conv1d": ConvPart(3 * s.dim, s.conv_kernel),
-            "forget_gate.dt_bias": ParamPart((s.dim,)), "forget_gate.A_log": ParamPart((s.heads,)),
-            "forget_gate.f_a_proj": LinearPart(d, s.head_dim), "forget_gate.f_b_proj": LinearPart(s.head_dim, s.dim),
-            "b_proj": LinearPart(d, s.heads), "g_a_proj": LinearPart(d, s.head_dim),
-            "g_b_proj": LinearPart(s.head_dim, s.dim), "o_norm.weight": ParamPart((s.head_dim,)),
-            "o_proj": LinearPart(s.dim, d)}
+    qkv = {"q_proj": LinearPart(d, s.dim), "k_proj": LinearPart(d, s.dim), "v_proj": LinearPart(d, s.dim),
+           "conv1d": ConvPart(3 * s.dim, s.conv_kernel)}
+    if s.gate_projections == "full":  # BailingHybridDeltaAttention's names and order
+        return qkv | {"forget_gate.A_log": ParamPart((s.heads,)), "forget_gate.dt_bias": ParamPart((s.dim,)),
+                      "forget_gate.f_proj": LinearPart(d, s.dim), "b_proj": LinearPart(d, s.heads),
+                      "o_norm.weight": ParamPart((s.head_dim,)), "o_proj": LinearPart(s.dim, d),
+                      "g_proj": LinearPart(d, s.dim)}
+    return qkv | {"forget_gate.dt_bias": ParamPart((s.dim,)), "forget_gate.A_log": ParamPart((s.heads,)),
+                  "forget_gate.f_a_proj": LinearPart(d, s.head_dim),
+                  "forget_gate.f_b_proj": LinearPart(s.head_dim, s.dim), "b_proj": LinearPart(d, s.heads),
+                  "g_a_proj": LinearPart(d, s.head_dim), "g_b_proj": LinearPart(s.head_dim, s.dim),
+                  "o_norm.weight": ParamPart((s.head_dim,)), "o_proj": LinearPart(s.dim, d)}
 
 
 def _kimi_delta_state(cfg: ArchConfig) -> int:
@@ -489,11 +508,16 @@ def _kimi_delta_state(cfg: ArchConfig) -> int:
 
 def _kimi_delta_describe(cfg: ArchConfig) -> list[str]:
     s = cfg.mixer_settings
+    f, g = ("f_b(f_a(x))", "g_b(g_a(x))") if s.gate_projections == "low_rank" else ("f(x)", "g(x)")
+    decay = {"softplus": f"exp(-exp(A_log) softplus({f} + dt_bias))",
+             "softplus_cast": f"exp(-exp(A_log) softplus({f} + dt_bias)), cast to the activation dtype",
+             "bounded": f"exp({s.gate_lower_bound:g} sigmoid(exp(A_log) ({f} + dt_bias))), cast to the activation "
+                        "dtype"}[s.forget_gate]
     return [f"mixer: Kimi delta attention, {s.heads} heads x {s.head_dim}, conv {s.conv_kernel} on q|k|v, "
-            "q and k L2-normed",
-            "Kimi delta attention: decay per key channel exp(-exp(A_log) softplus(f_b(f_a(x)) + dt_bias)), beta "
+            "q and k L2-normed" + (", conv and A_log kept in fp32" if s.fp32_kept != "dt_bias" else ""),
+            f"Kimi delta attention: decay per key channel {decay}, beta "
             "sigmoid(b); chunks of 64 in prefill, token by token in decoding; output RMSNorm per head "
-            f"(eps={s.norm_eps:g}, weight in fp32) times sigmoid(g_b(g_a(x)))",
+            f"(eps={s.norm_eps:g}, weight in fp32) times sigmoid({g})",
             f"Kimi delta attention state: {_kimi_delta_state(cfg)} entries per sequence and layer (conv {3 * s.dim} "
             f"x {s.conv_kernel}, recurrent {s.heads} x {s.head_dim} x {s.head_dim}, fp32)"]
 

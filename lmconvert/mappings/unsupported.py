@@ -31,7 +31,6 @@ WHAT: dict[str, str] = {
 
 NEEDS: dict[str, tuple[str, ...]] = {
     "axk2": ("mla-ext", "gated-attn", "norm-ext"),
-    "bailing_hybrid": ("linear", "mla-ext", "gated-attn"),
     "blt": ("exotic",), "cpmant": ("exotic",),
     "deepseek_v4": ("sparse", "hyper", "sinks", "moe-ext", "geometry", "quant"), "diffllama": ("exotic",),
     "doge": ("exotic", "moe-ext", "norm-ext"), "dory": ("loop", "norm-ext", "gated-attn", "l2-qk"),
