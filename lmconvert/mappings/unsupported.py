@@ -46,7 +46,7 @@ NEEDS: dict[str, tuple[str, ...]] = {
     "minimax_m3_vl_text": ("sparse", "moe-ext"),
     "qwen4_exp_text": ("linear", "sparse", "hyper", "ple"),
     "recurrent_gemma": ("recurrent",), "reformer": ("exotic",), "rwkv": ("recurrent",), "xlstm": ("recurrent",),
-    "zamba": ("shared-blocks",), "zamba2": ("shared-blocks",), "zaya": ("conv", "l2-qk", "moe-ext", "norm-ext"),
+    "zamba": ("shared-blocks",), "zaya": ("conv", "l2-qk", "moe-ext", "norm-ext"),
 }
 
 

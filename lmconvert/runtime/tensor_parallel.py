@@ -122,6 +122,9 @@ def refusals(arch: ArchConfig, size: int) -> list[str]:
         (arch.laurel_rank is not None, "the LAuReL branch has no tensor-parallel plan"),
         (arch.gate_sparsity is not None, "sparse gates take statistics over the whole FFN width"),
         (arch.d_ff_layers is not None, "FFN widths per layer have no tensor-parallel plan"),
+        # Zamba2's
+        (arch.shared_blocks is not None, "the shared transformer blocks (Zamba2's, read by several layers with "
+                                         "per-call adapters) have no tensor-parallel plan"),
     ]
     return [why for wrong, why in checks if wrong]
 
