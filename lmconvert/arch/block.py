@@ -209,7 +209,7 @@ class Block(nn.Module):
             if self.ple is not None:
                 corrected[1:] += self.ple(self.altup.scaled(corrected), self.per_layer_input(ctx, h))
             return corrected
-        if self.shared is not None:  # Zamba2: the shared block's output joins the input the norm reads, not the residual
+        if self.shared is not None:  # Zamba2: the shared block joins the input the norm reads, not the residual
             return self.add(h, attend(self.attn_norm(h + self.shared(h, ctx, cache))), 0)
         h = self.wiring(self, h, attend)
         if self.ple is not None:  # Gemma 4's per-layer embedding, added to the residual

@@ -22,8 +22,14 @@ SPEC = Spec(
     card=("mixer: Mamba2 (SSD), 8 heads x 16, 2 group(s), state 16, conv 4, chunk 8",
           "shared blocks: 2, called by layers 1-4 (block 0, 1, 0, 1)",
           "adapters of rank 8 on q, k, v and gate_up", "layer pattern: M M M M M"),
+    not_a_key=("head_dim",),  # Zamba2Config maps it to attention_head_dim, which it sets to 2 x hidden_size / heads
+    null_is_default=("intermediate_size",),  # null: 4 x hidden_size
     tp_refusal="the mamba2 mixer layers have no tensor-parallel plan",
+    # the first variant is transformers' default schedule (54 layers, layers_block_type unstated): there null is
+    # transformers' default, which it refuses for any other number of layers
     config_variants=(
+        dict(MIXER, num_hidden_layers=54, num_mem_blocks=2, use_shared_attention_adapter=True, adapter_rank=8,
+             num_key_value_heads=4),
         dict(MIXER, **SHARED),
         dict(MIXER, layers_block_type=["hybrid", "linear_attention", "hybrid"], num_hidden_layers=3, num_mem_blocks=1,
              use_shared_attention_adapter=False, adapter_rank=4, use_mem_rope=True, add_bias_linear=True,

@@ -155,7 +155,7 @@ def schedule_from_hf(hf: HfConfig, fields: dict[str, Any]) -> dict[str, Any]:
 def schedule_to_hf(cfg: ArchConfig) -> dict[str, Any]:
     shared = cfg.shared_blocks
     hybrid = () if shared is None else shared.layers
-    return {"layers_block_type": ["hybrid" if i in hybrid else "mamba" for i in range(cfg.n_layers)],
+    return {"layers_block_type": ["hybrid" if i in hybrid else "linear_attention" for i in range(cfg.n_layers)],
             "num_mem_blocks": DEFAULT if shared is None else shared.n_blocks,
             "use_shared_attention_adapter": DEFAULT if shared is None else shared.attn_adapters,
             "adapter_rank": DEFAULT if shared is None else shared.adapter_rank,
@@ -176,6 +176,7 @@ CONFIG = llama.CONFIG.but(
          Entry("layer schedule", SCHEDULE_KEYS, schedule_from_hf, schedule_to_hf), LONG_CONTEXT),
     defaults={"vocab_size": 32000, "hidden_size": 2560, "num_hidden_layers": 54, "max_position_embeddings": 4096,
               "tie_word_embeddings": True},
+    nullable={"attention_dropout": False},
 )
 
 NO_GGUF = "llama.cpp has no Zamba2 architecture (its converter reads no zamba model: no shared blocks, no adapters)"
