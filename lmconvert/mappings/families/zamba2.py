@@ -5,9 +5,9 @@ residual in the activation dtype; the layers `layers_block_type` calls "hybrid" 
 "linear_attention") first call a shared transformer block (`shared_blocks`, arch/shared_blocks.py):
 `num_mem_blocks` blocks alternate over the hybrid layers in order and are weight-tied, each block's
 tensors stored once, under `model.layers.{L}.shared_transformer.*` of the first hybrid layer L calling it
-(save_pretrained drops the tied copies; a file that still holds them has them dropped on import, as
-transformers' tying overwrites them). A block reads concat(hidden, the embeddings), RMSNorm over
-2 x hidden_size (`input_layernorm`), attention from 2 x hidden_size (`num_attention_heads` x head_dim,
+(save_pretrained drops the tied copies; a file that still holds them is refused, naming the tensor:
+transformers ties a copy only where it equals the first caller's, and runs it untied otherwise). A block
+reads concat(hidden, the embeddings), RMSNorm over 2 x hidden_size (`input_layernorm`), attention from 2 x hidden_size (`num_attention_heads` x head_dim,
 head_dim 2 x hidden_size / heads, score scale (head_dim / 2)^-0.5, RoPE where `use_mem_rope`, no biases),
 RMSNorm (`pre_ff_layernorm`), a gated FFN (`feed_forward.gate_up_proj` fused, `hidden_act` default GeLU,
 `intermediate_size` default 4 x hidden_size); each hybrid call n has its own adapters (rank
@@ -42,8 +42,7 @@ MIXER_TYPES = ("mamba", "linear_attention")
 
 # ----------------------------------------------------------------------------- tensors
 def _block_rules(arch: ArchConfig) -> list[Rule]:
-    """Each shared block under the first hybrid layer calling it; the calls' adapters under their block; the
-    tied copies under later layers dropped."""
+    """Each shared block under the first hybrid layer calling it; the calls' adapters under their block."""
     shared, rules = arch.shared_blocks, []
     firsts = shared.layers[:shared.n_blocks]
     for j, first in enumerate(firsts):
@@ -61,8 +60,19 @@ def _block_rules(arch: ArchConfig) -> list[Rule]:
         rules += [Rule(f"{stored}.{where}.{i}.weight", f"{ours}.{p}_adapter.{i}.weight")
                   for p, where in lists.items() for i in (0, 1)]
         rules.append(Rule(f"model.layers.{layer}.linear.weight", f"{ours}.linear.weight"))
-    rules += [Rule(f"model.layers.{layer}.shared_transformer.*", None) for layer in shared.layers[shared.n_blocks:]]
     return rules
+
+
+def _tied_copies(arch: ArchConfig) -> tuple[tuple[str, str], ...]:
+    """A block saved again under a later caller: refused by name, since transformers ties such a copy only where its
+    values equal the first caller's and otherwise runs it untied, while lmconvert holds each block once."""
+    shared = arch.shared_blocks
+    return tuple((rf"^model\.layers\.{layer}\.shared_transformer\.",
+                  f"a copy of shared block {shared.block_of(layer)} under a later hybrid layer ({layer}), which "
+                  "save_pretrained leaves out: transformers ties it only where it equals the first caller's and runs "
+                  "it untied otherwise, and lmconvert holds each block once; where the copies equal the first "
+                  "caller's, remove them from the file (as save_pretrained does)")
+                 for layer in shared.layers[shared.n_blocks:])
 
 
 def layout_table(arch: ArchConfig) -> TensorTable:
@@ -73,9 +83,9 @@ def layout_table(arch: ArchConfig) -> TensorTable:
         stored = f"model.layers.{i}.mamba_decoder" if i in hybrid else f"model.layers.{i}"
         rules.append(Rule(f"{stored}.input_layernorm.weight", f"layers.{i}.attn_norm.weight"))
         rules += [Rule(f"{stored}.mamba.{p}", f"layers.{i}.mixer.{p}") for p in MIXER_PARAMS]
-    if arch.shared_blocks is not None:
-        rules += _block_rules(arch)
-    return TensorTable(tuple(rules))
+    if arch.shared_blocks is None:
+        return TensorTable(tuple(rules))
+    return TensorTable(tuple(rules + _block_rules(arch)), refused=_tied_copies(arch))
 
 
 EDGE_RULES = (
