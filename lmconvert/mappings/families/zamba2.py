@@ -1,23 +1,23 @@
 """Zamba2 (Zyphra; `Zamba2ForCausalLM`).
 
-Same as mamba2, except: every layer is a Mamba2 mixer after a pre-norm (`input_layernorm`) with the
-residual in the activation dtype; the layers `layers_block_type` calls "hybrid" (the others "mamba" or
-"linear_attention") first call a shared transformer block (`shared_blocks`, arch/shared_blocks.py):
-`num_mem_blocks` blocks alternate over the hybrid layers in order and are weight-tied, each block's
-tensors stored once, under `model.layers.{L}.shared_transformer.*` of the first hybrid layer L calling it
-(save_pretrained drops the tied copies; a file that still holds them is refused, naming the tensor:
-transformers ties a copy only where it equals the first caller's, and runs it untied otherwise). A block
-reads concat(hidden, the embeddings), RMSNorm over 2 x hidden_size (`input_layernorm`), attention from 2 x hidden_size (`num_attention_heads` x head_dim,
-head_dim 2 x hidden_size / heads, score scale (head_dim / 2)^-0.5, RoPE where `use_mem_rope`, no biases),
-RMSNorm (`pre_ff_layernorm`), a gated FFN (`feed_forward.gate_up_proj` fused, `hidden_act` default GeLU,
-`intermediate_size` default 4 x hidden_size); each hybrid call n has its own adapters (rank
-`adapter_rank`), stored in the block as `...adapter_list.{n}.{0,1}`: on gate_up always, on q, k and v where
-`use_shared_attention_adapter`; then the layer's own `linear`, whose output joins the mamba layer's input
-before its norm. The mixer: `n_mamba_heads` heads of `mamba_expand` x hidden_size / heads, `mamba_ngroups`,
-`mamba_d_state`, `mamba_d_conv`, `chunk_size`; the conv always has a bias (`use_conv_bias` is not read), the
-gated norm's eps is 1e-5 (not `rms_norm_eps`); dt is clamped below by `time_step_min` in the chunked prefill
-(no upper bound); `add_bias_linear` switches in_proj's, out_proj's and the FFN's biases. Embeddings tied by
-default; `use_long_context` only sets 16384 positions.
+Same as mamba2, except: every layer is a Mamba2 mixer after a pre-norm (`input_layernorm`) with the residual in the
+activation dtype; the layers `layers_block_type` calls "hybrid" (the others "mamba" or "linear_attention") first
+call a shared transformer block (`shared_blocks`, arch/shared_blocks.py): `num_mem_blocks` blocks alternate over
+the hybrid layers in order and are weight-tied, each block's tensors stored once, under
+`model.layers.{L}.shared_transformer.*` of the first hybrid layer L calling it (save_pretrained drops the tied
+copies; a file that still holds them is refused, naming the tensor: transformers ties a copy only where it equals
+the first caller's, and runs it untied otherwise). A block reads concat(hidden, the embeddings), RMSNorm over 2 x
+hidden_size (`input_layernorm`), attention from 2 x hidden_size (`num_attention_heads` x head_dim, head_dim 2 x
+hidden_size / heads, score scale (head_dim / 2)^-0.5, RoPE where `use_mem_rope`, no biases), RMSNorm
+(`pre_ff_layernorm`), a gated FFN (`feed_forward.gate_up_proj` fused, `hidden_act` default GeLU,
+`intermediate_size` default 4 x hidden_size); each hybrid call n has its own adapters (rank `adapter_rank`), stored
+in the block as `...adapter_list.{n}.{0,1}`: on gate_up always, on q, k and v where `use_shared_attention_adapter`;
+then the layer's own `linear`, whose output joins the mamba layer's input before its norm. The mixer:
+`n_mamba_heads` heads of `mamba_expand` x hidden_size / heads, `mamba_ngroups`, `mamba_d_state`, `mamba_d_conv`,
+`chunk_size`; the conv always has a bias (`use_conv_bias` is not read), the gated norm's eps is 1e-5 (not
+`rms_norm_eps`); dt is clamped below by `time_step_min` in the chunked prefill (no upper bound); `add_bias_linear`
+switches in_proj's, out_proj's and the FFN's biases. Embeddings tied by default; `use_long_context` only sets 16384
+positions.
 """
 
 from __future__ import annotations
