@@ -16,6 +16,7 @@ WHAT: dict[str, str] = {
     "l2-qk": "a weightless L2 QK norm",
     "linear": "a linear-attention token mixer (gated delta-net, lightning attention)",
     "loop": "a looped layer stack",
+    "mamba-heads": "Zamba's multi-head Mamba mixer (x_proj and dt_proj per head, a selective scan per head)",
     "mla-ext": "latent-attention extensions (gated, NoPE or windowed MLA)",
     "moe-ext": "a mixture-of-experts structure MoeConfig lacks",
     "norm-ext": "a residual or norm topology of its own",
@@ -25,7 +26,6 @@ WHAT: dict[str, str] = {
     "router": "a router kind of its own",
     "sinks": "attention sinks",
     "sparse": "a sparse-attention kind of its own",
-    "shared-blocks": "transformer blocks shared across the layers (Zamba's)",
     "temperature": "an attention temperature on its NoPE layers",
 }
 
@@ -46,7 +46,7 @@ NEEDS: dict[str, tuple[str, ...]] = {
     "minimax_m3_vl_text": ("sparse", "moe-ext"),
     "qwen4_exp_text": ("linear", "sparse", "hyper", "ple"),
     "recurrent_gemma": ("recurrent",), "reformer": ("exotic",), "rwkv": ("recurrent",), "xlstm": ("recurrent",),
-    "zamba": ("shared-blocks",), "zaya": ("conv", "l2-qk", "moe-ext", "norm-ext"),
+    "zamba": ("mamba-heads",), "zaya": ("conv", "l2-qk", "moe-ext", "norm-ext"),
 }
 
 
