@@ -86,7 +86,10 @@ class Plan:
 
 def refusals(arch: ArchConfig, size: int) -> list[str]:
     """Why `arch` cannot be split over `size` ranks (empty when it can)."""
-    checks = [  # a mixer first: an all-mixer model's attention fields are placeholders (n_heads 1)
+    checks = [  # Zamba2's shared blocks by name, then a mixer: an all-mixer model's attention fields are placeholders
+        (arch.shared_blocks is not None, f"the shared transformer blocks (Zamba2's, called by several layers with "
+                                         f"adapters of each call's own) have no tensor-parallel plan, nor its "
+                                         f"{arch.mixer} layers"),
         (bool(arch.layers_mixed_by("mixer")), f"the {arch.mixer} mixer layers have no tensor-parallel plan"),
         (arch.attention not in ATTENTION_PLANS,
          f"attention kind {arch.attention!r} has no tensor-parallel plan (known: {', '.join(ATTENTION_PLANS)})"),
@@ -122,9 +125,6 @@ def refusals(arch: ArchConfig, size: int) -> list[str]:
         (arch.laurel_rank is not None, "the LAuReL branch has no tensor-parallel plan"),
         (arch.gate_sparsity is not None, "sparse gates take statistics over the whole FFN width"),
         (arch.d_ff_layers is not None, "FFN widths per layer have no tensor-parallel plan"),
-        # Zamba2's
-        (arch.shared_blocks is not None, "the shared transformer blocks (Zamba2's, read by several layers with "
-                                         "per-call adapters) have no tensor-parallel plan"),
     ]
     return [why for wrong, why in checks if wrong]
 
