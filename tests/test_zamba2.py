@@ -19,6 +19,7 @@ from lmconvert.formats.errors import InputError
 SPEC = SPECS["zamba2"]
 
 
+@pytest.mark.slow  # builds, saves and runs both models: over 1.5 s
 def test_the_card_counts_the_cache_transformers_keeps(tmp_path: Path) -> None:
     model = build_model("zamba2", **SPEC.kwargs)
     src = save_checkpoint(model, tmp_path / "hf")
@@ -33,6 +34,7 @@ def test_the_card_counts_the_cache_transformers_keeps(tmp_path: Path) -> None:
     assert ours.cfg.kv_cache_bytes_per_token(1) == kept == held == 4 * 2 * 4 * 32  # 4 calls, K and V, 4 x 32
 
 
+@pytest.mark.slow  # over 1.5 s
 def test_a_file_holding_tied_copies_is_refused_by_name(tmp_path: Path) -> None:
     model = build_model("zamba2", **SPEC.kwargs)
     src = save_checkpoint(model, tmp_path / "hf")
