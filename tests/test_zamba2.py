@@ -15,6 +15,7 @@ from transformers import AutoModelForCausalLM
 
 import lmconvert
 from lmconvert.formats.errors import InputError
+from lmconvert.verify.run import verify
 
 SPEC = SPECS["zamba2"]
 
@@ -52,3 +53,14 @@ def test_a_file_holding_tied_copies_is_refused_by_name(tmp_path: Path) -> None:
     with pytest.raises(InputError, match=r"model\.layers\.[34]\.shared_transformer\..*a copy of shared block "
                                          r"[01] under a later hybrid layer .*remove them from the file"):
         lmconvert.load(copied)
+
+
+
+@pytest.mark.slow  # over 1.5 s
+def test_verify_max_memory_is_refused_by_name(tmp_path: Path) -> None:
+    """transformers' reference loaded under accelerate's offload hooks decodes otherwise than without them
+    (verify.expected.record's greedy steps ~1e-4 apart in fp32 on this model, its prefill logits equal): no
+    offloaded reference can judge a Zamba2, so --max-memory is refused naming why."""
+    src = save_checkpoint(build_model("zamba2", **SPEC.kwargs), tmp_path / "hf")
+    with pytest.raises(InputError, match="--max-memory: zamba2: transformers' Zamba2 decodes otherwise"):
+        verify(src, seq_len=20, generate=6, max_memory=100_000_000)
