@@ -16,8 +16,8 @@ WHAT: dict[str, str] = {
     "l2-qk": "a weightless L2 QK norm",
     "linear": "a linear-attention token mixer (gated delta-net, lightning attention)",
     "loop": "a looped layer stack",
-    "mamba-heads": "Zamba's multi-head Mamba mixer (x_proj and dt_proj per head, a selective scan per head, "
-                   "associative by default)",
+    "mamba-heads": "Zamba's multi-head Mamba mixer (in_proj's x and z interleaved, x_proj and dt_proj per head, "
+                   "a selective scan per head)",
     "mla-ext": "latent-attention extensions (gated, NoPE or windowed MLA)",
     "moe-ext": "a mixture-of-experts structure MoeConfig lacks",
     "norm-ext": "a residual or norm topology of its own",
