@@ -249,13 +249,15 @@ def _shared_blocks(cfg: ArchConfig) -> list[str]:
     wide = cfg.shared_attention_config()
     ffn = GATED_NAMES[cfg.activation]
     adapted = "q, k, v and gate_up" if shared.attn_adapters else "gate_up"
+    fused = " (gate and up one projection)" if shared.fused_gate_up else ""
     return [f"shared blocks: {shared.n_blocks}, called by layers {_runs(list(shared.layers))} (block "
             f"{', '.join(str(shared.block_of(i)) for i in shared.layers)})",
             f"shared block: concat(h, embeddings) -> norm ({2 * cfg.d_model}) -> attention from {2 * cfg.d_model} "
-            f"-> norm -> {ffn} (gate and up one projection), d_ff {cfg.d_ff}; then the call's linear, added to its "
+            f"-> norm -> {ffn}{fused}, d_ff {cfg.d_ff}; then the call's linear, added to its "
             "layer's input before the norm (the residual unchanged)",
             *(f"shared {line}" for line in attention_kind(wide.attention).describe(wide)),
-            f"adapters of rank {shared.adapter_rank} on {adapted}, each call its own"]
+            f"adapters of rank {shared.adapter_rank} on {adapted}, each call its own" if shared.adapter_rank is not None
+            else "no adapters: every call runs its block as it is"]
 
 
 def variants(cfg: ArchConfig) -> list[str]:

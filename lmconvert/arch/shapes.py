@@ -142,7 +142,8 @@ def _shared_call(cfg: ArchConfig, name: str) -> Shapes:
     if shared.attn_adapters:
         for proj in ("q", "k", "v"):
             shapes.update(_adapter(2 * d, shared.adapter_rank, 2 * d, f"{name}.{proj}_adapter"))
-    shapes.update(_adapter(d, shared.adapter_rank, 2 * cfg.d_ff, f"{name}.gate_up_adapter"))
+    if shared.adapter_rank is not None:
+        shapes.update(_adapter(d, shared.adapter_rank, 2 * cfg.d_ff, f"{name}.gate_up_adapter"))
     shapes.update(LinearPart(d, d).shapes(f"{name}.linear"))
     return shapes
 
@@ -152,7 +153,11 @@ def _shared_block(cfg: ArchConfig, name: str) -> Shapes:
     shapes = NormPart(2 * cfg.d_model, cfg.norm).shapes(f"{name}.attn_norm")
     shapes.update(part_shapes(shared_attention_parts(cfg), f"{name}.attn"))
     shapes.update(NormPart(cfg.d_model, cfg.norm).shapes(f"{name}.mlp_norm"))
-    shapes.update(LinearPart(cfg.d_model, 2 * cfg.d_ff, cfg.mlp_bias).shapes(f"{name}.mlp.gate_up"))
+    if cfg.shared_blocks.fused_gate_up:
+        shapes.update(LinearPart(cfg.d_model, 2 * cfg.d_ff, cfg.mlp_bias).shapes(f"{name}.mlp.gate_up"))
+    else:
+        for proj in ("gate", "up"):
+            shapes.update(LinearPart(cfg.d_model, cfg.d_ff, cfg.mlp_bias).shapes(f"{name}.mlp.{proj}"))
     shapes.update(LinearPart(cfg.d_ff, cfg.d_model, cfg.mlp_bias).shapes(f"{name}.mlp.down"))
     return shapes
 

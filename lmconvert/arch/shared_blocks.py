@@ -36,16 +36,24 @@ def adapter(d_in: int, rank: int, d_out: int) -> nn.Sequential:
 
 
 class SharedFFN(nn.Module):
-    """Zamba2MLP: act(gate) * up from one fused projection's halves, plus the call's adapter on it, then down."""
+    """Zamba2MLP: act(gate) * up from one fused projection's halves, plus the call's adapter on it, then down; or
+    ZambaMLP: gate and up two projections, no adapter."""
 
     def __init__(self, cfg: ArchConfig) -> None:
         super().__init__()
-        self.gate_up = nn.Linear(cfg.d_model, 2 * cfg.d_ff, bias=cfg.mlp_bias)
+        if cfg.shared_blocks.fused_gate_up:
+            self.gate_up = nn.Linear(cfg.d_model, 2 * cfg.d_ff, bias=cfg.mlp_bias)
+        else:
+            self.gate = nn.Linear(cfg.d_model, cfg.d_ff, bias=cfg.mlp_bias)
+            self.up = nn.Linear(cfg.d_model, cfg.d_ff, bias=cfg.mlp_bias)
         self.down = nn.Linear(cfg.d_ff, cfg.d_model, bias=cfg.mlp_bias)
         self.act = ACTIVATIONS[cfg.activation]
 
-    def forward(self, x: torch.Tensor, adapt: nn.Module) -> torch.Tensor:
-        gate, up = torch.chunk(self.gate_up(x) + adapt(x), 2, dim=-1)
+    def forward(self, x: torch.Tensor, adapt: nn.Module | None) -> torch.Tensor:
+        if not hasattr(self, "gate_up"):
+            return self.down(self.act(self.gate(x)) * self.up(x))
+        gate_up = self.gate_up(x)
+        gate, up = torch.chunk(gate_up if adapt is None else gate_up + adapt(x), 2, dim=-1)
         return self.down(self.act(gate) * up)
 
 
@@ -87,7 +95,8 @@ class SharedCall(nn.Module):
         if shared.attn_adapters:
             self.q_adapter, self.k_adapter, self.v_adapter = (adapter(2 * d, shared.adapter_rank, 2 * d)
                                                               for _ in range(3))
-        self.gate_up_adapter = adapter(d, shared.adapter_rank, 2 * cfg.d_ff)
+        self.gate_up_adapter = adapter(d, shared.adapter_rank, 2 * cfg.d_ff) if shared.adapter_rank is not None \
+            else None
         self.linear = nn.Linear(d, d, bias=False)
         wide = cfg.shared_attention_config()
         module, _, name = attention_kind(wide.attention).module.partition(":")

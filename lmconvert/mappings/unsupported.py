@@ -16,8 +16,6 @@ WHAT: dict[str, str] = {
     "l2-qk": "a weightless L2 QK norm",
     "linear": "a linear-attention token mixer (gated delta-net, lightning attention)",
     "loop": "a looped layer stack",
-    "mamba-heads": "Zamba's multi-head Mamba mixer (in_proj's x and z interleaved, x_proj and dt_proj per head, "
-                   "a selective scan per head)",
     "mla-ext": "latent-attention extensions (gated, NoPE or windowed MLA)",
     "moe-ext": "a mixture-of-experts structure MoeConfig lacks",
     "norm-ext": "a residual or norm topology of its own",
@@ -47,7 +45,7 @@ NEEDS: dict[str, tuple[str, ...]] = {
     "minimax_m3_vl_text": ("sparse", "moe-ext"),
     "qwen4_exp_text": ("linear", "sparse", "hyper", "ple"),
     "recurrent_gemma": ("recurrent",), "reformer": ("exotic",), "rwkv": ("recurrent",), "xlstm": ("recurrent",),
-    "zamba": ("mamba-heads",), "zaya": ("conv", "l2-qk", "moe-ext", "norm-ext"),
+    "zaya": ("conv", "l2-qk", "moe-ext", "norm-ext"),
 }
 
 

@@ -167,7 +167,7 @@ def _augment_points(arch: ArchConfig) -> tuple[dict[str, Layout], dict[str, int]
         for proj in ("q", "k", "v"):
             layouts |= {f"shared.{proj}_adapter.0": "B T AR", f"shared.{proj}_adapter.1": "B T A2"}
         layouts |= {"shared.gate_up_adapter.0": "B T AR", "shared.gate_up_adapter.1": "B T GU"}
-        sizes.update(AR=arch.shared_blocks.adapter_rank, A2=2 * arch.d_model, GU=2 * arch.d_ff)
+        sizes.update(AR=arch.shared_blocks.adapter_rank or 0, A2=2 * arch.d_model, GU=2 * arch.d_ff)
     return layouts, sizes
 
 
@@ -183,7 +183,8 @@ def unobserved(arch: ArchConfig) -> dict[str, str]:
         why = ("transformers ties a shared block across its calls parameter by parameter, each call running a module "
                "instance of its own (model.layers.{L}.shared_transformer), and the checkpoint names every call's "
                "adapters under the block's first caller, whose instance the later calls never run: no output to pair")
-        names = ("q", "k", "v", "gate_up") if arch.shared_blocks.attn_adapters else ("gate_up",)
+        names = ("q", "k", "v", "gate_up") if arch.shared_blocks.attn_adapters else \
+            ("gate_up",) if arch.shared_blocks.adapter_rank is not None else ()
         out |= {f"shared.{p}_adapter.{i}": why for p in names for i in (0, 1)}
     return out
 
