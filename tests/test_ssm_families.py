@@ -14,7 +14,7 @@ from family_specs import SPECS
 from hf_models import build_model, check_cached_decoding, save_checkpoint, token_batch
 
 FAMILIES = ("mamba2", "mamba", "falcon_mamba", "bamba", "granitemoehybrid", "jamba", "nemotron_h", "falcon_h1",
-            "zamba2")
+            "zamba2", "zamba")
 PREFILL, STEPS = 13, 35
 
 

@@ -62,7 +62,7 @@ def place(model: Decoder, devices: Sequence[str | torch.device]) -> Decoder:
         raise ConfigError("pipeline placement: the relative position bias is shared by every block; "
                           "run this model on one device")
     if model.shared_blocks is not None and len(set(map(str, devices))) > 1:
-        raise ConfigError("pipeline placement: the shared transformer blocks (Zamba2's) are called by blocks on every "
+        raise ConfigError("pipeline placement: the shared transformer blocks (Zamba's) are called by blocks on every "
                           "device; run this model on one device")
     placed = block_devices(len(model.layers), devices)
     first = torch.device(devices[0])

@@ -86,10 +86,9 @@ class Plan:
 
 def refusals(arch: ArchConfig, size: int) -> list[str]:
     """Why `arch` cannot be split over `size` ranks (empty when it can)."""
-    checks = [  # Zamba2's shared blocks by name, then a mixer: an all-mixer model's attention fields are placeholders
-        (arch.shared_blocks is not None, f"the shared transformer blocks (Zamba2's, called by several layers with "
-                                         f"adapters of each call's own) have no tensor-parallel plan, nor its "
-                                         f"{arch.mixer} layers"),
+    checks = [  # Zamba's shared blocks by name, then a mixer: an all-mixer model's attention fields are placeholders
+        (arch.shared_blocks is not None, f"the shared transformer blocks (Zamba's, each called by several layers) "
+                                         f"have no tensor-parallel plan, nor its {arch.mixer} layers"),
         (bool(arch.layers_mixed_by("mixer")), f"the {arch.mixer} mixer layers have no tensor-parallel plan"),
         (arch.attention not in ATTENTION_PLANS,
          f"attention kind {arch.attention!r} has no tensor-parallel plan (known: {', '.join(ATTENTION_PLANS)})"),

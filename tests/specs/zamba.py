@@ -18,8 +18,8 @@ SPEC = Spec(
           "layer pattern: M M M M M"),
     not_a_key=("rope_parameters",),  # no RoPE: ZambaConfig reads none
     null_is_default=("head_dim",),  # ZambaConfig takes a null attention_head_dim (its head_dim) as 2 x hidden / heads
-    tp_refusal="the shared transformer blocks (Zamba2's, called by several layers with adapters of each call's own) "
-               "have no tensor-parallel plan, nor its mamba_heads layers",
+    tp_refusal="the shared transformer blocks (Zamba's, each called by several layers) have no tensor-parallel plan, "
+               "nor its mamba_heads layers",
     # the first variant is transformers' default schedule (layers_block_type unstated: attn_layer_period 6, offset 4)
     config_variants=(
         dict(MIXER, num_hidden_layers=12),

@@ -24,8 +24,8 @@ SPEC = Spec(
           "adapters of rank 8 on q, k, v and gate_up", "layer pattern: M M M M M"),
     not_a_key=("head_dim",),  # Zamba2Config maps it to attention_head_dim, which it sets to 2 x hidden_size / heads
     null_is_default=("intermediate_size",),  # null: 4 x hidden_size
-    tp_refusal="the shared transformer blocks (Zamba2's, called by several layers with adapters of each call's own) "
-               "have no tensor-parallel plan, nor its mamba2 layers",
+    tp_refusal="the shared transformer blocks (Zamba's, each called by several layers) have no tensor-parallel plan, "
+               "nor its mamba2 layers",
     # the first variant is transformers' default schedule (54 layers, layers_block_type unstated): there null is
     # transformers' default, which it refuses for any other number of layers
     config_variants=(
