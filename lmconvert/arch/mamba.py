@@ -155,7 +155,12 @@ class MambaHeadsMixer(StateSpaceMixer):
     """Zamba's multi-head Mamba (ZambaMambaMixer's torch path); its settings are `mixer_kinds.MambaHeadsSettings`.
     Each head runs Mamba's scan (`selective_scan`, `selective_step`) on its own channels with its own x_proj and
     dt_proj, computed as transformers computes them: batched matmuls over the heads. State: "conv" as Mamba's,
-    "ssm" (B, n_heads, head_dim, d_state) in fp32."""
+    "ssm" (B, n_heads, head_dim, d_state) in fp32. A_log stays fp32 in any dtype, as transformers' ZambaMambaMixer
+    makes it (an fp32 tensor built in its __init__), so an fp32 checkpoint run in bf16 keeps its A_log as there."""
+
+    def __init__(self, cfg: ArchConfig, parts: dict[str, Part], layer: int) -> None:
+        super().__init__(cfg, parts, layer)
+        self.fp32_parameters = ("A_log",)
 
     def forward(self, x: torch.Tensor, ctx: Context, cache: KVCache | None) -> torch.Tensor:
         s, (batch, T, _), dtype = self.s, x.shape, x.dtype
