@@ -332,16 +332,11 @@ def _mamba_heads_parts(cfg: ArchConfig) -> dict[str, Part]:
     return parts
 
 
-def _mamba_heads_state(cfg: ArchConfig) -> int:
-    s = cfg.mixer_settings
-    return s.d_inner * s.conv_kernel + s.d_inner * s.d_state
-
-
 def _mamba_heads_describe(cfg: ArchConfig) -> list[str]:
     s = cfg.mixer_settings
     return [f"mixer: multi-head Mamba (Zamba's), {s.n_heads} heads x {s.head_dim}, state {s.d_state}, dt rank "
             f"{s.dt_rank}, conv {s.conv_kernel}; x and z interleaved in in_proj, x_proj and dt_proj per head",
-            f"multi-head Mamba state: {_mamba_heads_state(cfg)} entries per sequence and layer (conv {s.d_inner} x "
+            f"multi-head Mamba state: {_mamba_state(cfg)} entries per sequence and layer (conv {s.d_inner} x "
             f"{s.conv_kernel}, SSM {s.n_heads} x {s.head_dim} x {s.d_state}, fp32)"]
 
 
@@ -350,7 +345,7 @@ register(MixerKind(
     module=f"{__package__}.mamba:MambaHeadsMixer",
     parts=_mamba_heads_parts,
     describe=_mamba_heads_describe,
-    state_elements=_mamba_heads_state,
+    state_elements=_mamba_state,  # Mamba's: the conv window and d_inner x d_state
     settings=MambaHeadsSettings,
 ))
 

@@ -80,9 +80,8 @@ def mixer_to_hf(cfg: ArchConfig) -> dict[str, Any]:
     s = cfg.mixer_settings if cfg.mixer == "mamba_heads" else None
     if s is None:
         return {}
-    return {"n_mamba_heads": s.n_heads, "mamba_expand": s.d_inner // cfg.d_model if s.d_inner % cfg.d_model == 0
-            else DEFAULT, "mamba_d_state": s.d_state, "mamba_d_conv": s.conv_kernel, "mamba_dt_rank": s.dt_rank,
-            "mamba_conv_bias": s.conv_bias, "mamba_proj_bias": s.proj_bias, "hidden_mamba_act": s.activation}
+    return {**zamba2.sizes_to_hf(cfg), "mamba_dt_rank": s.dt_rank, "mamba_conv_bias": s.conv_bias,
+            "mamba_proj_bias": s.proj_bias, "hidden_mamba_act": s.activation}
 
 
 SCHEDULE_KEYS = (Key("layers_block_type", list, None, nullable=True), Key("attn_layer_period", int, 6),

@@ -124,9 +124,15 @@ def mixer_to_hf(cfg: ArchConfig) -> dict[str, Any]:
     s = cfg.mixer_settings if cfg.mixer == "mamba2" else None
     if s is None:
         return {}
+    return {**sizes_to_hf(cfg), "mamba_ngroups": s.n_groups, "chunk_size": s.chunk_size,
+            "time_step_min": s.time_step_min, "add_bias_linear": s.in_bias}
+
+
+def sizes_to_hf(cfg: ArchConfig) -> dict[str, Any]:
+    """The keys Zamba and Zamba2 give their mixers' sizes alike (`mamba_expand`: d_inner / hidden_size)."""
+    s = cfg.mixer_settings
     return {"n_mamba_heads": s.n_heads, "mamba_expand": s.d_inner // cfg.d_model if s.d_inner % cfg.d_model == 0
-            else DEFAULT, "mamba_d_state": s.d_state, "mamba_ngroups": s.n_groups, "mamba_d_conv": s.conv_kernel,
-            "chunk_size": s.chunk_size, "time_step_min": s.time_step_min, "add_bias_linear": s.in_bias}
+            else DEFAULT, "mamba_d_state": s.d_state, "mamba_d_conv": s.conv_kernel}
 
 
 SCHEDULE_KEYS = (Key("layers_block_type", list, None, nullable=True), Key("num_mem_blocks", int, 1),
