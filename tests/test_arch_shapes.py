@@ -91,6 +91,11 @@ CASES: dict[str, dict[str, Any]] = {
                          d_ff_layers=(32, 40, 24, 32), gate_sparsity=(0.9, 0.0, 0.5, 0.0)),
     "gemma4_ple": dict(norm_placement="sandwich", layer_scalar=True, ple=PleConfig(vocab_size=64, dim=4,
                                                                                    scales="python")),
+    # Zamba2: two shared blocks called by layers 1-3 (0, 1, 0), each call's adapters and linear, MLP biases
+    "zamba2_like": dict(n_layers=4, n_kv_heads=4, head_dim=16, d_model=32, mixer="mamba2", mlp_bias=True,
+                        mixer_settings=dict(n_heads=4, head_dim=16, d_state=8, chunk_size=8),
+                        layer_mixers=("mixer",) * 4, layer_ffns=("none",) * 4,
+                        shared_blocks=dict(n_blocks=2, layers=(1, 2, 3), adapter_rank=3, attn_adapters=True)),
     "one_layer_one_head": dict(n_layers=1, n_heads=1, d_model=8, d_ff=3, vocab_size=5),
     "gpt2_like": dict(norm=NormConfig(kind="layer", eps=1e-5, bias=True), activation="gelu_tanh", gated=False,
                       q_bias=True, k_bias=True, v_bias=True, o_bias=True, mlp_bias=True,

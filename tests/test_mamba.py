@@ -3,7 +3,7 @@ element by element on perturbed weights: prefill longer than the conv width and 
 not a multiple of the chunk size), 34 cached one-token steps with transformers' DynamicCache, left
 padding, fp32 and bf16. Families whose mixer is Mamba2's line for line (bamba, nemotron_h,
 granitemoehybrid, zamba2) are its settings; Falcon-H1's mixer and FalconMamba's and Jamba's differ
-and are built from their own classes here.
+and are built from their own classes here, as is Zamba's multi-head Mamba (its own kind, mamba_heads).
 """
 
 from __future__ import annotations
@@ -30,6 +30,8 @@ from transformers.models.mamba2.configuration_mamba2 import Mamba2Config
 from transformers.models.mamba2.modeling_mamba2 import Mamba2Mixer
 from transformers.models.nemotron_h.configuration_nemotron_h import NemotronHConfig
 from transformers.models.nemotron_h.modeling_nemotron_h import NemotronHMamba2Mixer
+from transformers.models.zamba.configuration_zamba import ZambaConfig
+from transformers.models.zamba.modeling_zamba import ZambaMambaMixer
 from transformers.models.zamba2.configuration_zamba2 import Zamba2Config
 from transformers.models.zamba2.modeling_zamba2 import Zamba2MambaMixer
 
@@ -108,6 +110,15 @@ def _mamba(kind: str):
     return hf, JambaMambaMixer, settings | dict(d_inner=64, bc_dt_norm="weighted", bc_dt_norm_eps=1e-5)
 
 
+def _zamba():
+    """Zamba's multi-head Mamba: 2 heads of 32 channels, each its own x_proj, dt_proj, A_log and D."""
+    hf = ZambaConfig(hidden_size=D_MODEL, mamba_d_state=16, mamba_d_conv=4, mamba_expand=2, mamba_dt_rank=6,
+                     n_mamba_heads=2, mamba_conv_bias=True, mamba_proj_bias=True, num_hidden_layers=1, vocab_size=64,
+                     num_attention_heads=4, num_key_value_heads=2, layers_block_type=["mamba"])
+    return hf, ZambaMambaMixer, dict(n_heads=2, d_inner=64, d_state=16, dt_rank=6, conv_kernel=4, conv_bias=True,
+                                     proj_bias=True)
+
+
 CASES = {
     "mamba2": lambda: _mamba2(),
     "bamba": lambda: _mamba2_line_for_line("bamba"),
@@ -120,6 +131,7 @@ CASES = {
     "mamba": lambda: _mamba("mamba"),
     "falcon_mamba": lambda: _mamba("falcon_mamba"),
     "jamba": lambda: _mamba("jamba"),
+    "zamba": _zamba,
 }
 
 
@@ -135,7 +147,7 @@ def _perturb(module: torch.nn.Module, seed: int) -> None:
             noise = torch.randn(p.shape, generator=g)
             if name == "A_log":
                 p.copy_(torch.empty(p.shape).uniform_(math.log(0.5), math.log(8.0), generator=g))
-            elif name in ("dt_bias", "dt_proj.bias"):
+            elif name in ("dt_bias", "dt_proj.bias", "dt_proj_bias"):
                 p.copy_(noise * 0.6 - 1.0)
             elif name == "D" or name.endswith("norm.weight") or name.endswith("layernorm.weight"):
                 p.copy_(1.0 + 0.3 * noise)
@@ -148,7 +160,8 @@ def _pair(case: str, dtype: torch.dtype, **override):
     changed by `override`, for the tests that run ours alone)."""
     hf_cfg, hf_cls, settings = CASES[case]()
     settings = settings | override
-    kind = "mamba" if hf_cls in (MambaMixer, FalconMambaMixer, JambaMambaMixer) else "mamba2"
+    kind = "mamba" if hf_cls in (MambaMixer, FalconMambaMixer, JambaMambaMixer) else \
+        "mamba_heads" if hf_cls is ZambaMambaMixer else "mamba2"
     cfg = ArchConfig(vocab_size=64, d_model=D_MODEL, n_layers=1, n_heads=4, d_ff=64, mixer=kind,
                      mixer_settings=settings)
     ours = mixer_kind(kind).build(cfg, 0)

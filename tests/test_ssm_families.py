@@ -14,7 +14,7 @@ from family_specs import SPECS
 from hf_models import build_model, check_cached_decoding, save_checkpoint, token_batch
 
 FAMILIES = ("mamba2", "mamba", "falcon_mamba", "bamba", "granitemoehybrid", "granitemoehybrid_dense", "jamba",
-            "nemotron_h", "nemotron_h_moe", "falcon_h1")
+            "nemotron_h", "nemotron_h_moe", "falcon_h1", "zamba2", "zamba")
 PREFILL, STEPS = 13, 35
 
 

@@ -15,7 +15,6 @@ def test_a_type_is_either_read_or_named_as_lacking_something() -> None:
 
 
 @pytest.mark.parametrize(("model_type", "lacking"), [
-    ("zamba2", "transformer blocks shared across the layers (Zamba's)"),
     ("minimax", "a linear-attention token mixer (gated delta-net, lightning attention)"),
     ("glm_moe_dsa", "'shared' layers reuse the previous layer's top-k"),
 ])

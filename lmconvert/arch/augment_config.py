@@ -66,3 +66,47 @@ class PleConfig:
         _count("ple", "dim", self.dim, 1)
         if self.scales not in PLE_SCALES:
             raise ConfigError(f"ArchConfig.ple.scales={self.scales!r}: one of {', '.join(PLE_SCALES)}")
+
+
+@dataclass(frozen=True)
+class SharedBlocksConfig:
+    """Transformer blocks held once and called from several layers (Zamba2's shared transformer): `n_blocks`
+    blocks (`shared_blocks.{j}`), the n-th of the `layers` listed (the hybrid layers, in order) calling block
+    n % n_blocks. A call reads concat(h, the embeddings) (2 d_model wide), normalises it (`attn_norm`, 2 d_model),
+    attends (q, k, v from 2 d_model; n_heads x head_dim, head_dim 2 d_model / n_heads in Zamba2, ArchConfig's
+    n_heads, n_kv_heads, head_dim, attn_scale and RoPE; o back to d_model), normalises (`mlp_norm`) and runs a
+    gated FFN whose gate and up are one fused projection (`mlp.gate_up`; two, `mlp.gate` and `mlp.up`, unless
+    `fused_gate_up`; ArchConfig's d_ff and activation). Each call has its own low-rank adapters
+    (`layers.{i}.shared.*_adapter.{0,1}`, rank `adapter_rank`, no bias; none where it is None), added to the fused
+    gate/up's output and to q, k and v where `attn_adapters`, and its own `linear` (d_model ->
+    d_model) after the block; that output joins the layer's input before its norm only, the residual stays
+    the layer's input. Each call keeps its own KV cache (they share weights, not keys)."""
+
+    n_blocks: int
+    layers: tuple[int, ...]
+    adapter_rank: int | None  # None: no adapters at all (Zamba's)
+    attn_adapters: bool = False
+    fused_gate_up: bool = True  # the FFN's gate and up one projection (Zamba2's gate_up_proj); False: two (Zamba's)
+
+    def __post_init__(self) -> None:
+        _count("shared_blocks", "n_blocks", self.n_blocks, 1)
+        if self.adapter_rank is not None:
+            _count("shared_blocks", "adapter_rank", self.adapter_rank, 1)
+        if self.fused_gate_up not in (True, False):
+            raise ConfigError(f"ArchConfig.shared_blocks.fused_gate_up={self.fused_gate_up!r}: must be true or false")
+        layers = self.layers
+        if not isinstance(layers, (list, tuple)) or not layers:
+            raise ConfigError(f"ArchConfig.shared_blocks.layers={layers!r}: must list the layers that call a block")
+        for i in layers:
+            _count("shared_blocks", "layers", i, 0)
+        if list(layers) != sorted(set(layers)):
+            raise ConfigError(f"ArchConfig.shared_blocks.layers={list(layers)}: must be increasing, each once")
+        object.__setattr__(self, "layers", tuple(layers))
+        if self.attn_adapters not in (True, False):
+            raise ConfigError(f"ArchConfig.shared_blocks.attn_adapters={self.attn_adapters!r}: must be true or false")
+        if self.attn_adapters and self.adapter_rank is None:
+            raise ConfigError("ArchConfig.shared_blocks.attn_adapters=True: adapters need an adapter_rank")
+
+    def block_of(self, layer: int) -> int:
+        """The block a calling layer runs: its call's number modulo n_blocks."""
+        return self.layers.index(layer) % self.n_blocks

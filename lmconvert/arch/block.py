@@ -22,6 +22,7 @@ from .ple import PerLayerGate
 from .positions import RelativeBias
 from .rope import Rotary
 from .shapes import SLOTS, norm_slots  # a layer's norm slots (torch-free, so shapes owns them)
+from .shared_blocks import SharedCall
 
 
 def _sequential(b: Block, h: torch.Tensor, attend: Callable[[torch.Tensor], torch.Tensor] | None) -> torch.Tensor:
@@ -114,7 +115,8 @@ class Laurel(nn.Module):
 
 
 class Block(nn.Module):
-    def __init__(self, cfg: ArchConfig, layer: int, rotary: Rotary | None, relative: RelativeBias | None) -> None:
+    def __init__(self, cfg: ArchConfig, layer: int, rotary: Rotary | None, relative: RelativeBias | None,
+                 shared_blocks: nn.ModuleList | None = None) -> None:
         super().__init__()
         slots = norm_slots(cfg, layer)
         for slot in SLOTS:
@@ -152,6 +154,10 @@ class Block(nn.Module):
         self.altup = AltUp(cfg) if cfg.altup is not None else None
         self.laurel = Laurel(cfg) if cfg.laurel_rank is not None else None
         self.ple = PerLayerGate(cfg) if cfg.ple is not None else None
+        # -- Zamba2: this layer's call of its shared block (arch/shared_blocks.py), None on the others
+        shared = cfg.shared_blocks
+        self.shared = SharedCall(cfg, layer, shared_blocks[shared.block_of(layer)], rotary) \
+            if shared is not None and layer in shared.layers else None
 
     def feed(self, h: torch.Tensor) -> torch.Tensor:
         """The FFN on the normed stream; a mixture beside the dense MLP (moe.BesideDense: Gemma 4's) routes the
@@ -203,6 +209,8 @@ class Block(nn.Module):
             if self.ple is not None:
                 corrected[1:] += self.ple(self.altup.scaled(corrected), self.per_layer_input(ctx, h))
             return corrected
+        if self.shared is not None:  # Zamba2: the shared block joins the input the norm reads, not the residual
+            return self.add(h, attend(self.attn_norm(h + self.shared(h, ctx, cache))), 0)
         h = self.wiring(self, h, attend)
         if self.ple is not None:  # Gemma 4's per-layer embedding, added to the residual
             h = h + self.ple(h, self.per_layer_input(ctx, h))

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field, fields
 from typing import Any
 
 from .attention_kinds import AttentionKind, attention_kind
-from .augment_config import AltUpConfig, PleConfig
+from .augment_config import AltUpConfig, PleConfig, SharedBlocksConfig
 from .errors import ConfigError
 from .mixer_kinds import MixerKind, mixer_kind
 
@@ -656,6 +656,8 @@ class ArchConfig:
     # dtype, the icdf in fp32 cast to it; None: dense everywhere
     gate_sparsity: tuple[float, ...] | None = None
     d_ff_layers: tuple[int, ...] | None = None  # each layer's FFN width (Gemma 3n's intermediate_size list); None: d_ff
+    # -- Zamba2: transformer blocks held once and called from the layers it lists (augment_config.py); None: none
+    shared_blocks: SharedBlocksConfig | None = None
 
     def __post_init__(self) -> None:
         for name in ("vocab_size", "d_model", "n_layers", "n_heads", "d_ff", "max_positions"):
@@ -683,7 +685,7 @@ class ArchConfig:
         self._normalise_layers("layer_kinds", "global", LAYER_KINDS)
         mixer = self._normalise_mixers()
         for name, sub in (("rope", RopeConfig), ("rope_local", RopeConfig), ("norm", NormConfig),
-                          ("moe", MoeConfig)):
+                          ("moe", MoeConfig), ("shared_blocks", SharedBlocksConfig)):
             value = getattr(self, name)
             if isinstance(value, dict):
                 object.__setattr__(self, name, sub(**value))
@@ -815,10 +817,45 @@ class ArchConfig:
         self._check_gemma4()
         self._check_geometry()
         self._check_gemma3n()
+        self._check_shared_blocks()
         if kind.check is not None:
             kind.check(self)
         if mixer is not None and mixer.check is not None:
             mixer.check(self)
+
+    def _check_shared_blocks(self) -> None:
+        """Zamba2's shared blocks: called from pre-norm mixer layers without an FFN, the standard attention's heads
+        reading 2 d_model, adapters as wide as q, k and v."""
+        shared = self.shared_blocks
+        if shared is None:
+            return
+        late = [i for i in shared.layers if i >= self.n_layers]
+        if late:
+            _fail("ArchConfig", "shared_blocks.layers", list(shared.layers), f"layer {late[0]} is past n_layers="
+                  f"{self.n_layers}")
+        if shared.n_blocks > len(shared.layers):
+            _fail("ArchConfig", "shared_blocks.n_blocks", shared.n_blocks, f"exceeds the {len(shared.layers)} "
+                  "calling layers: a block no layer calls")
+        plain = [i for i in shared.layers if self.layer_mixers[i] != "mixer" or self.layer_ffns[i] != "none"]
+        if plain:
+            _fail("ArchConfig", "shared_blocks.layers", list(shared.layers), f"layer {plain[0]} is not a mixer layer "
+                  "without an FFN (layer_mixers, layer_ffns), the only layers a shared block's output joins")
+        if self.norm_placement != "pre" or self.mixer_norm_placement not in (None, "pre") or self.residual_fp32 \
+                or self.residual_form != "plain" or self.residual_scale != 1.0:
+            _fail("ArchConfig", "shared_blocks", shared, "joins a pre-norm layer's input before its norm: needs "
+                  "norm_placement 'pre', a plain residual in the activation dtype")
+        if self.attention != "standard" or not self.gated or self.moe is not None or self.altup is not None \
+                or self.ple is not None or self.qk_norm != "none" or self.attn_output_gate != "none":
+            _fail("ArchConfig", "shared_blocks", shared, "a shared block is the standard attention (no QK norm or "
+                  "output gate) and a dense gated FFN; no mixture of experts, AltUp or per-layer embeddings")
+        if shared.attn_adapters and not self.q_dim == self.kv_dim == 2 * self.d_model:
+            _fail("ArchConfig", "shared_blocks.attn_adapters", True, f"adapters 2 x d_model={2 * self.d_model} wide "
+                  f"are added to q ({self.q_dim}), k and v ({self.kv_dim}): they must be as wide")
+
+    def shared_attention_config(self) -> ArchConfig:
+        """The config a shared block's attention is built from: this one, reading 2 d_model (its `o` still writes
+        d_model: arch/shared_blocks.py)."""
+        return dataclasses.replace(self, d_model=2 * self.d_model, embed_dim=None, shared_blocks=None)
 
     def _check_gemma4(self) -> None:
         """Gemma 4's per-layer geometry and KV sharing: the standard attention's, and sane."""
@@ -1204,7 +1241,9 @@ class ArchConfig:
         keeps none, and a mixer's state does not grow with the sequence."""
         kind = attention_kind(self.attention)
         layers = [i for i in self.layers_mixed_by("attention") if i < self.n_layers - self.kv_shared_layers]
-        return sum(kind.cache_elements(self.layer_config(i)) for i in layers) * bytes_per_element
+        calls = 0 if self.shared_blocks is None else len(self.shared_blocks.layers)  # each call its own (Zamba2)
+        return (sum(kind.cache_elements(self.layer_config(i)) for i in layers)
+                + calls * kind.cache_elements(self)) * bytes_per_element
 
     def state_bytes_per_sequence(self, bytes_per_element: int = 2) -> int:
         """The fixed state the mixer layers carry per sequence (`MixerKind.state_elements`), 0 without one."""
@@ -1256,7 +1295,7 @@ class ArchConfig:
             data["rope_local"] = _sub(RopeConfig, data["rope_local"], "rope_local")
         if data.get("moe") is not None:
             data["moe"] = _sub(MoeConfig, data["moe"], "moe")
-        for name, sub in (("altup", AltUpConfig), ("ple", PleConfig)):
+        for name, sub in (("altup", AltUpConfig), ("ple", PleConfig), ("shared_blocks", SharedBlocksConfig)):
             if data.get(name) is not None:
                 data[name] = _sub(sub, data[name], name)
         try:
@@ -1286,7 +1325,9 @@ UNSTATED_WHEN_UNSET: dict[str, Any] = {"attn_sinks": False, "sink_form": "column
                                        "shared_ffn_factor": 1, "layer_scalar": False,
                                        # Gemma 3n
                                        "altup": None, "ple": None, "laurel_rank": None, "gate_sparsity": None,
-                                       "d_ff_layers": None}
+                                       "d_ff_layers": None,
+                                       # Zamba2
+                                       "shared_blocks": None}
 ROPE_UNSTATED_WHEN_UNSET: dict[str, Any] = {"alpha": None, "reverse": False}
 MOE_UNSTATED_WHEN_UNSET: dict[str, Any] = {"weight_input": False, "sum_bias": False, "scale_after_sum": False,
                                            "router_norm": False, "expert_scale": False, "beside_dense": False,

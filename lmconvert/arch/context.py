@@ -29,6 +29,8 @@ class Context:
     shared_kv: dict = field(default_factory=dict)
     # the per-layer embeddings' inputs (B, T, n_layers, dim) of the new tokens (arch/ple.py); None: none
     per_layer: torch.Tensor | None = None
+    # the embeddings (B, T, d_model) the shared blocks read beside the stream (Zamba2); None: none
+    embeddings: torch.Tensor | None = None
 
     @classmethod
     def build(cls, past: int, T: int, dtype: torch.dtype, device: torch.device,

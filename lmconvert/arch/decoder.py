@@ -24,6 +24,7 @@ from .norms import Norm
 from .ple import PerLayerInputs
 from .positions import POSITION_TABLES, RelativeBias
 from .rope import Rotary
+from .shared_blocks import SharedBlock
 
 # the next tokens (B, 1) from the ids so far (B, T) and the last position's logits (B, vocab)
 Chooser = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
@@ -75,6 +76,9 @@ class Decoder(nn.Module):
         # Gemma 3n: the per-layer embeddings (Gemma 4's too) and AltUp's streams in, before the blocks
         self.ple = PerLayerInputs(cfg) if cfg.ple is not None else None
         self.altup_in = StreamsIn(cfg) if cfg.altup is not None else None
+        # Zamba2: the shared transformer blocks, held once; the layers that call them reach them by reference
+        self.shared_blocks = nn.ModuleList(SharedBlock(cfg) for _ in range(cfg.shared_blocks.n_blocks)) \
+            if cfg.shared_blocks is not None else None
         rotaries: dict[tuple[int, int], Rotary] = {}  # one table per RopeConfig and head_dim, shared by its layers
         self.layers = nn.ModuleList()
         for i in range(cfg.n_layers):
@@ -85,7 +89,7 @@ class Decoder(nn.Module):
                 if (id(rope), head_dim) not in rotaries:
                     rotaries[id(rope), head_dim] = Rotary(rope, head_dim, cfg.max_positions)
                 rotary = rotaries[id(rope), head_dim]
-            self.layers.append(Block(cfg, i, rotary, self.rel_bias))
+            self.layers.append(Block(cfg, i, rotary, self.rel_bias, self.shared_blocks))
         self.altup_out = StreamsOut(cfg) if cfg.altup is not None else None  # the streams merged, before the norm
         self.final_norm = Norm(cfg.d_model, cfg.norm) if cfg.final_norm else nn.Identity()
         self.head_transform = HeadTransform(cfg) if cfg.head_transform is not None else None
@@ -99,8 +103,9 @@ class Decoder(nn.Module):
         if backend not in BACKENDS:
             raise ConfigError(f"attention backend {backend!r}: choose one of {', '.join(BACKENDS)}")
         for block in self.layers:
-            if block.attn is not None:
-                block.attn.backend = backend
+            for attn in (block.attn, block.shared.attn if block.shared is not None else None):
+                if attn is not None:
+                    attn.backend = backend
         return self
 
     def set_experts(self, implementation: str) -> Decoder:
@@ -172,6 +177,8 @@ class Decoder(nn.Module):
         ctx = Context.build(past, ids.shape[1], h.dtype, ids.device, positions, attention_mask)
         if self.ple is not None:
             ctx.per_layer = self.ple(ids, h)
+        if self.shared_blocks is not None:  # Zamba2: a copy of the embeddings, read by every shared block's call
+            ctx.embeddings = torch.clone(h)
         if self.altup_in is not None:
             h = self.altup_in(h)
         return h, ctx

@@ -208,10 +208,12 @@ def schedule(cfg: ArchConfig) -> list[str]:
     lines = [f"layer schedule: {'; '.join(kinds)}; FFN on {where}",
              f"layer pattern: {pattern} (A attention, M {cfg.mixer or 'mixer'}, F an FFN after it)"]
     attention, mixers = cfg.layers_mixed_by("attention"), cfg.layers_mixed_by("mixer")
+    calls = () if cfg.shared_blocks is None else cfg.shared_blocks.layers  # Zamba2: each call caches its own K/V
     state = []
-    if attention:
-        state.append(f"{cfg.kv_cache_bytes_per_token(1):,} entries per token (KV cache, {_layers(attention)} of "
-                     "attention)")
+    if attention or calls:
+        where = [f"{_layers(attention)} of attention"] if attention else []
+        where += [f"{len(calls)} shared-block call{'s' * (len(calls) != 1)}"] if calls else []
+        state.append(f"{cfg.kv_cache_bytes_per_token(1):,} entries per token (KV cache, {', '.join(where)})")
     if mixers:
         state.append(f"{cfg.state_bytes_per_sequence(1):,} entries per sequence, whatever its length "
                      f"({_layers(mixers)} of {cfg.mixer})")
@@ -239,9 +241,28 @@ def _gemma3n(cfg: ArchConfig) -> list[str]:
     return out
 
 
+def _shared_blocks(cfg: ArchConfig) -> list[str]:
+    """Zamba2's shared blocks: how many, who calls which, what one computes, the calls' adapters."""
+    shared = cfg.shared_blocks
+    if shared is None:
+        return []
+    wide = cfg.shared_attention_config()
+    ffn = GATED_NAMES[cfg.activation]
+    adapted = "q, k, v and gate_up" if shared.attn_adapters else "gate_up"
+    fused = " (gate and up one projection)" if shared.fused_gate_up else ""
+    return [f"shared blocks: {shared.n_blocks}, called by layers {_runs(list(shared.layers))} (block "
+            f"{', '.join(str(shared.block_of(i)) for i in shared.layers)})",
+            f"shared block: concat(h, embeddings) -> norm ({2 * cfg.d_model}) -> attention from {2 * cfg.d_model} "
+            f"-> norm -> {ffn}{fused}, d_ff {cfg.d_ff}; then the call's linear, added to its "
+            "layer's input before the norm (the residual unchanged)",
+            *(f"shared {line}" for line in attention_kind(wide.attention).describe(wide)),
+            f"adapters of rank {shared.adapter_rank} on {adapted}, each call its own" if shared.adapter_rank is not None
+            else "no adapters: every call runs its block as it is"]
+
+
 def variants(cfg: ArchConfig) -> list[str]:
     mixing = ([*attention_kind(cfg.attention).describe(cfg)] if cfg.layers_mixed_by("attention") else []) + \
-        (mixer_kind(cfg.mixer).describe(cfg) if cfg.layers_mixed_by("mixer") else [])
+        (mixer_kind(cfg.mixer).describe(cfg) if cfg.layers_mixed_by("mixer") else []) + _shared_blocks(cfg)
     placement = PLACEMENT_NAMES[cfg.norm_placement]
     if cfg.mixer_norm_placement is not None:
         placement += f" ({cfg.mixer} layers: {PLACEMENT_NAMES[cfg.mixer_norm_placement]})"

@@ -149,3 +149,47 @@ class MambaMixer(StateSpaceMixer):
         if state is not None:
             state["ssm"] = new
         return self.out_proj(y.transpose(1, 2).to(dtype))
+
+
+class MambaHeadsMixer(StateSpaceMixer):
+    """Zamba's multi-head Mamba (ZambaMambaMixer's torch path); its settings are `mixer_kinds.MambaHeadsSettings`.
+    Each head runs Mamba's scan (`selective_scan`, `selective_step`) on its own channels with its own x_proj and
+    dt_proj, computed as transformers computes them: batched matmuls over the heads. State: "conv" as Mamba's,
+    "ssm" (B, n_heads, head_dim, d_state) in fp32. A_log stays fp32 in any dtype, as transformers' ZambaMambaMixer
+    makes it (an fp32 tensor built in its __init__), so an fp32 checkpoint run in bf16 keeps its A_log as there."""
+
+    def __init__(self, cfg: ArchConfig, parts: dict[str, Part], layer: int) -> None:
+        super().__init__(cfg, parts, layer)
+        self.fp32_parameters = ("A_log",)
+
+    def forward(self, x: torch.Tensor, ctx: Context, cache: KVCache | None) -> torch.Tensor:
+        s, (batch, T, _), dtype = self.s, x.shape, x.dtype
+        heads, head_dim = s.n_heads, s.head_dim
+        mask = padding_mask(ctx, T)
+        state = None if cache is None else cache.states[self.layer]
+        projected = self.in_proj(zero_padding(x, mask)).transpose(1, 2)
+        hidden, gate = projected.view(batch, -1, 2, T).chunk(2, dim=2)  # x and z interleaved channel by channel
+        hidden = hidden.squeeze(2).contiguous()
+        gate = gate.reshape(batch, heads, head_dim, T).transpose(0, 1)
+        hidden = causal_conv(hidden, self.conv1d.weight, getattr(self.conv1d, "bias", None), state)
+        hidden = zero_padding(hidden.transpose(1, 2), mask).transpose(1, 2)
+        hidden = hidden.reshape(batch, heads, head_dim, T).transpose(0, 1)
+        params = (self.x_proj_weight[:, None] @ hidden).transpose(-1, -2)
+        dt, B, C = torch.split(params, [s.dt_rank, s.d_state, s.d_state], dim=-1)
+        dt = self.dt_proj_weight[:, None] @ dt.transpose(-1, -2)
+        dt_bias, A = wide(self.dt_proj_bias), -torch.exp(wide(self.A_log))
+        previous = None if state is None else state.get("ssm")
+        outs, news = [], []
+        for h in range(heads):
+            if previous is not None and T == 1:
+                y, new = selective_step(previous[:, h], hidden[h, ..., 0], dt[h, ..., 0], A[h], B[h, :, 0], C[h, :, 0],
+                                        self.D[h], gate[h, ..., 0], dt_bias[h])
+                y = y.unsqueeze(-1)
+            else:
+                y, new = selective_scan(hidden[h], dt[h], A[h], B[h], C[h], wide(self.D[h]), gate[h], dt_bias[h],
+                                        None if previous is None else previous[:, h])
+            outs.append(y)
+            news.append(new)
+        if state is not None:
+            state["ssm"] = torch.stack(news, dim=1)
+        return self.out_proj(torch.cat(outs, dim=1).transpose(1, 2).to(dtype))

@@ -286,6 +286,70 @@ register(MixerKind(
 ))
 
 
+# ----------------------------------------------------------------------------- mamba_heads: Zamba's multi-head Mamba
+@dataclass(frozen=True)
+class MambaHeadsSettings:
+    """Zamba's ZambaMambaMixer (`arch/mamba.py`'s MambaHeadsMixer): Mamba (v1) run as `n_heads` independent heads of
+    d_inner / n_heads channels. in_proj's output holds x and z interleaved channel by channel; after the conv each
+    head has its own x_proj ([dt (dt_rank) | B | C (d_state each)], a [n_heads, dt_rank + 2 d_state, head_dim]
+    weight), dt_proj (weight [n_heads, head_dim, dt_rank], bias [n_heads, head_dim]), A_log and D, and its own
+    selective scan; out_proj reads the heads' outputs side by side. `proj_bias` is in_proj's and out_proj's bias
+    (`mamba_proj_bias`), `conv_bias` the conv's."""
+
+    n_heads: int = 2
+    d_inner: int = 7424
+    d_state: int = 16
+    dt_rank: int = 232
+    conv_kernel: int = 4
+    conv_bias: bool = True
+    proj_bias: bool = False
+    activation: str = "silu"
+
+    def __post_init__(self) -> None:
+        for name in ("n_heads", "d_inner", "d_state", "dt_rank", "conv_kernel"):
+            _setting_count(name, getattr(self, name))
+        for name in ("conv_bias", "proj_bias"):
+            _setting_flag(name, getattr(self, name))
+        _setting_choice("activation", self.activation, ("silu",))
+        if self.d_inner % self.n_heads:
+            raise ConfigError(f"ArchConfig.mixer_settings.n_heads={self.n_heads}: must divide d_inner={self.d_inner}")
+
+    @property
+    def head_dim(self) -> int:
+        return self.d_inner // self.n_heads
+
+
+def _mamba_heads_parts(cfg: ArchConfig) -> dict[str, Part]:
+    """Its own parameters first (transformers' names), then in_proj, conv1d, out_proj."""
+    s = cfg.mixer_settings
+    h, p = s.n_heads, s.head_dim
+    parts: dict[str, Part] = {"x_proj_weight": ParamPart((h, s.dt_rank + 2 * s.d_state, p)),
+                              "dt_proj_weight": ParamPart((h, p, s.dt_rank)), "dt_proj_bias": ParamPart((h, p)),
+                              "A_log": ParamPart((h, p, s.d_state)), "D": ParamPart((h, p)),
+                              "in_proj": LinearPart(cfg.d_model, 2 * s.d_inner, s.proj_bias)}
+    parts["conv1d"] = ConvPart(s.d_inner, s.conv_kernel, s.conv_bias)
+    parts["out_proj"] = LinearPart(s.d_inner, cfg.d_model, s.proj_bias)
+    return parts
+
+
+def _mamba_heads_describe(cfg: ArchConfig) -> list[str]:
+    s = cfg.mixer_settings
+    return [f"mixer: multi-head Mamba (Zamba's), {s.n_heads} heads x {s.head_dim}, state {s.d_state}, dt rank "
+            f"{s.dt_rank}, conv {s.conv_kernel}; x and z interleaved in in_proj, x_proj and dt_proj per head",
+            f"multi-head Mamba state: {_mamba_state(cfg)} entries per sequence and layer (conv {s.d_inner} x "
+            f"{s.conv_kernel}, SSM {s.n_heads} x {s.head_dim} x {s.d_state}, fp32)"]
+
+
+register(MixerKind(
+    name="mamba_heads",
+    module=f"{__package__}.mamba:MambaHeadsMixer",
+    parts=_mamba_heads_parts,
+    describe=_mamba_heads_describe,
+    state_elements=_mamba_state,  # Mamba's: the conv window and d_inner x d_state
+    settings=MambaHeadsSettings,
+))
+
+
 # ----------------------------------------------------------------------------- gated_deltanet: Qwen3-Next, OLMo-hybrid
 GATED_NORM_ORDERS = ("cast_then_scale", "scale_then_cast")  # config.DTYPE_ORDERS (config.py imports this module)
 

@@ -119,6 +119,46 @@ def _block(cfg: ArchConfig, layer: int, name: str) -> Shapes:
     if cfg.layer_ffns[layer] == "ffn":  # its own width (Gemma 4's shared layers)
         shapes.update(_ffn(cfg.layer_config(layer), layer, f"{name}.mlp"))
     shapes.update(_gemma3n_block(cfg, name))
+    if cfg.shared_blocks is not None and layer in cfg.shared_blocks.layers:
+        shapes.update(_shared_call(cfg, f"{name}.shared"))
+    return shapes
+
+
+def shared_attention_parts(cfg: ArchConfig) -> dict[str, Part]:
+    """A shared block's attention parts (Zamba2): the standard kind's, reading 2 d_model, `o` back to d_model."""
+    wide = cfg.shared_attention_config()
+    parts = dict(attention_kind(wide.attention).parts(wide))
+    parts["o"] = LinearPart(wide.o_dim, cfg.d_model, wide.o_bias)
+    return parts
+
+
+def _adapter(d_in: int, rank: int, d_out: int, name: str) -> Shapes:
+    return {**LinearPart(d_in, rank).shapes(f"{name}.0"), **LinearPart(rank, d_out).shapes(f"{name}.1")}
+
+
+def _shared_call(cfg: ArchConfig, name: str) -> Shapes:
+    """A layer's call of a shared block (arch/shared_blocks.SharedCall): its adapters, then its linear."""
+    shared, d, shapes = cfg.shared_blocks, cfg.d_model, {}
+    if shared.attn_adapters:
+        for proj in ("q", "k", "v"):
+            shapes.update(_adapter(2 * d, shared.adapter_rank, 2 * d, f"{name}.{proj}_adapter"))
+    if shared.adapter_rank is not None:
+        shapes.update(_adapter(d, shared.adapter_rank, 2 * cfg.d_ff, f"{name}.gate_up_adapter"))
+    shapes.update(LinearPart(d, d).shapes(f"{name}.linear"))
+    return shapes
+
+
+def _shared_block(cfg: ArchConfig, name: str) -> Shapes:
+    """One shared block (arch/shared_blocks.SharedBlock): its norms, attention and fused-gate FFN."""
+    shapes = NormPart(2 * cfg.d_model, cfg.norm).shapes(f"{name}.attn_norm")
+    shapes.update(part_shapes(shared_attention_parts(cfg), f"{name}.attn"))
+    shapes.update(NormPart(cfg.d_model, cfg.norm).shapes(f"{name}.mlp_norm"))
+    if cfg.shared_blocks.fused_gate_up:
+        shapes.update(LinearPart(cfg.d_model, 2 * cfg.d_ff, cfg.mlp_bias).shapes(f"{name}.mlp.gate_up"))
+    else:
+        for proj in ("gate", "up"):
+            shapes.update(LinearPart(cfg.d_model, cfg.d_ff, cfg.mlp_bias).shapes(f"{name}.mlp.{proj}"))
+    shapes.update(LinearPart(cfg.d_ff, cfg.d_model, cfg.mlp_bias).shapes(f"{name}.mlp.down"))
     return shapes
 
 
@@ -174,6 +214,8 @@ def parameter_shapes(cfg: ArchConfig) -> dict[str, tuple[int, ...]]:
         shapes.update(NormPart(cfg.ple.dim, cfg.norm).shapes("ple.norm"))
     if cfg.altup is not None:
         shapes.update(_streams(cfg, "altup_in"))
+    for j in range(0 if cfg.shared_blocks is None else cfg.shared_blocks.n_blocks):
+        shapes.update(_shared_block(cfg, f"shared_blocks.{j}"))
     for i in range(cfg.n_layers):
         shapes.update(_block(cfg, i, f"layers.{i}"))
     if cfg.altup is not None:

@@ -72,6 +72,7 @@ VARIANT_NAMES = {
     "layer_mixers": "this per-layer schedule of attention and mixer layers (or both side by side)",
     "layer_ffns": "layers without an FFN",
     "mixer_norm_placement": "another norm placement on the mixer layers",
+    "shared_blocks": "shared transformer blocks called by several layers (Zamba's and Zamba2's)",
     # Falcon-H1's muP multipliers
     "attn_in_multiplier": "an attention input multiplier (muP)",
     "attn_out_multiplier": "an attention output multiplier (muP)",

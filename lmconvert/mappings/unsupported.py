@@ -25,7 +25,6 @@ WHAT: dict[str, str] = {
     "router": "a router kind of its own",
     "sinks": "attention sinks",
     "sparse": "a sparse-attention kind of its own",
-    "shared-blocks": "transformer blocks shared across the layers (Zamba's)",
     "temperature": "an attention temperature on its NoPE layers",
 }
 
@@ -45,7 +44,7 @@ NEEDS: dict[str, tuple[str, ...]] = {
     "minimax_m3_vl_text": ("sparse", "moe-ext"),
     "qwen4_exp_text": ("linear", "sparse", "hyper", "ple"),
     "recurrent_gemma": ("recurrent",), "reformer": ("exotic",), "rwkv": ("recurrent",), "xlstm": ("recurrent",),
-    "zamba": ("shared-blocks",), "zamba2": ("shared-blocks",), "zaya": ("conv", "l2-qk", "moe-ext", "norm-ext"),
+    "zaya": ("conv", "l2-qk", "moe-ext", "norm-ext"),
 }
 
 

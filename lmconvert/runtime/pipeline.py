@@ -61,6 +61,9 @@ def place(model: Decoder, devices: Sequence[str | torch.device]) -> Decoder:
     if model.rel_bias is not None and len(set(map(str, devices))) > 1:
         raise ConfigError("pipeline placement: the relative position bias is shared by every block; "
                           "run this model on one device")
+    if model.shared_blocks is not None and len(set(map(str, devices))) > 1:
+        raise ConfigError("pipeline placement: the shared transformer blocks (Zamba's) are called by blocks on every "
+                          "device; run this model on one device")
     placed = block_devices(len(model.layers), devices)
     first = torch.device(devices[0])
     head = first if model.cfg.tie_embeddings else placed[-1] if placed else first  # a tied head: the embedding's

@@ -86,7 +86,9 @@ class Plan:
 
 def refusals(arch: ArchConfig, size: int) -> list[str]:
     """Why `arch` cannot be split over `size` ranks (empty when it can)."""
-    checks = [  # a mixer first: an all-mixer model's attention fields are placeholders (n_heads 1)
+    checks = [  # Zamba's shared blocks by name, then a mixer: an all-mixer model's attention fields are placeholders
+        (arch.shared_blocks is not None, f"the shared transformer blocks (Zamba's, each called by several layers) "
+                                         f"have no tensor-parallel plan, nor its {arch.mixer} layers"),
         (bool(arch.layers_mixed_by("mixer")), f"the {arch.mixer} mixer layers have no tensor-parallel plan"),
         (arch.attention not in ATTENTION_PLANS,
          f"attention kind {arch.attention!r} has no tensor-parallel plan (known: {', '.join(ATTENTION_PLANS)})"),

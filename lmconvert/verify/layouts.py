@@ -162,17 +162,31 @@ def _augment_points(arch: ArchConfig) -> tuple[dict[str, Layout], dict[str, int]
     if arch.ple is not None:
         layouts.update({"ple.gate": "B T PD", "ple.proj": RESIDUAL, "ple.norm": RESIDUAL})
         sizes["PD"] = arch.ple.dim
+    if arch.shared_blocks is not None:  # Zamba2: each call's linear (its output, compared), its adapters (unobserved)
+        layouts["shared.linear"] = RESIDUAL
+        for proj in ("q", "k", "v"):
+            layouts |= {f"shared.{proj}_adapter.0": "B T AR", f"shared.{proj}_adapter.1": "B T A2"}
+        layouts |= {"shared.gate_up_adapter.0": "B T AR", "shared.gate_up_adapter.1": "B T GU"}
+        sizes.update(AR=arch.shared_blocks.adapter_rank or 0, A2=2 * arch.d_model, GU=2 * arch.d_ff)
     return layouts, sizes
 
 
 def unobserved(arch: ArchConfig) -> dict[str, str]:
     """The point kinds of this model that verify cannot compare, and why: declared here, so that a report without
     them is not taken for a broken table (tests/test_verify_localize.py)."""
-    if arch.altup is None:
-        return {}
-    twice = "runs twice per block (AltUp's predict and correct): no single output (trace.Recorder leaves it out)"
-    return {"altup": "transformers calls Gemma3nTextAltUp.forward directly (scale_corrected_output), past its "
-                     "module's hooks", "altup.router": twice, "altup.router_norm": twice}
+    out: dict[str, str] = {}
+    if arch.altup is not None:
+        twice = "runs twice per block (AltUp's predict and correct): no single output (trace.Recorder leaves it out)"
+        out |= {"altup": "transformers calls Gemma3nTextAltUp.forward directly (scale_corrected_output), past its "
+                         "module's hooks", "altup.router": twice, "altup.router_norm": twice}
+    if arch.shared_blocks is not None:  # Zamba2: each call's output is compared at `shared.linear`
+        why = ("transformers ties a shared block across its calls parameter by parameter, each call running a module "
+               "instance of its own (model.layers.{L}.shared_transformer), and the checkpoint names every call's "
+               "adapters under the block's first caller, whose instance the later calls never run: no output to pair")
+        names = ("q", "k", "v", "gate_up") if arch.shared_blocks.attn_adapters else \
+            ("gate_up",) if arch.shared_blocks.adapter_rank is not None else ()
+        out |= {f"shared.{p}_adapter.{i}": why for p in names for i in (0, 1)}
+    return out
 
 
 def _moe_sizes(arch: ArchConfig) -> dict[str, int]:

@@ -17,7 +17,7 @@ from lmconvert.mappings import BY_MODEL_TYPE
 from lmconvert.mappings.tables.points import Parallel, Returned, Summed
 from lmconvert.mappings.tables.table import TensorTable
 
-from .layouts import EXPERT, PointLayouts
+from .layouts import EXPERT, PointLayouts, unobserved
 from .spread import spread_memory
 from .trace import EMBED, FINAL, Recorder, Trace, hf_final_norm, hf_point_modules, sublayer_of
 
@@ -244,7 +244,7 @@ def reference_trace(model: torch.nn.Module, ids: torch.Tensor, arch: ArchConfig,
     is hooked: should a model return hidden states in another layout, the hooks stand in.)
     Every point is then put in our layout, as `layouts.py` declares for this model type; those
     that do not fit their declaration are left out and named in `problems`."""
-    paths = hf_point_modules(model, arch, table)
+    paths = hf_point_modules(model, arch, table, unobserved(arch))
     modules = dict(model.named_modules())
     layouts = PointLayouts.of(arch, model_type(model), *ids.shape)
     recorder = Recorder()

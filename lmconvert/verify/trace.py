@@ -11,7 +11,7 @@ family's tensor table, which already pairs `layers.{}.attn.o.weight` with
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Collection, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 
@@ -203,15 +203,19 @@ def hf_final_norm(root: nn.Module, table: TensorTable) -> str | None:
     return resolve({name for name, _ in root.named_modules()}, _module_path(stored), table)
 
 
-def hf_point_modules(root: nn.Module, arch: ArchConfig, table: TensorTable) -> dict[str, str]:
+def hf_point_modules(root: nn.Module, arch: ArchConfig, table: TensorTable,
+                     hidden: Collection[str] = ()) -> dict[str, str]:
     """{point name: transformers module path} for the block modules, from the tensor table, and
     for every decoder layer: the longest module path its modules share. Points the table cannot
-    name, or whose module transformers does not have, are simply absent."""
+    name, or whose module transformers does not have, are simply absent; so are the point kinds
+    `hidden` names (those verify declares beyond its reach, `layouts.unobserved`)."""
     names = {name for name, _ in root.named_modules()}
     shapes = parameter_shapes(arch)
     found: dict[str, str] = {}
     by_layer: dict[int, list[str]] = {}
     for point, weight in point_modules(arch).items():
+        if sublayer_of(point) in hidden:
+            continue
         try:
             _, step = table.to_hf_name(weight)
         except MappingError:  # a tensor this family does not name is simply not a point
