@@ -623,7 +623,8 @@ def _hub_spelling(name: str, config: dict[str, Any]) -> dict[str, Any]:
                          "nemotron_h": {"num_hidden_layers": len(blocks),
                                         "hybrid_override_pattern": "".join(NEMOTRON_H_PATTERN[t] for t in blocks)},
                          "falcon_h1": {"head_dim": config.get("head_dim")
-                                       or config["hidden_size"] // config["num_attention_heads"]},
+                                       or config["hidden_size"] // config["num_attention_heads"]}
+                         if name.startswith("falcon_h1") else {},
                          "granitemoehybrid": {"layer_types": [granite4.get(t, t) for t in config.get("layer_types")
                                                               or ()]},
                          "kimi_linear": _kimi_linear_hub(config) if name.startswith("kimi_linear") else {},
