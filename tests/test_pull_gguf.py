@@ -88,8 +88,8 @@ def hub(made: dict[str, Path]) -> Iterator[HubServer]:
     config = json.loads((made["hf"] / "config.json").read_text())
     (made["hf"].parent / "mamba").mkdir(exist_ok=True)
     save_file({"backbone.embeddings.weight": torch.zeros(8, 4)}, made["hf"].parent / "mamba" / "model.safetensors")
-    server.add_repo("org/tiny-zamba", [{"config.json": json.dumps({**config, "model_type": "zamba",
-                                                                   "architectures": ["ZambaForCausalLM"]}).encode(),
+    recurrent_gemma = {**config, "model_type": "recurrent_gemma", "architectures": ["RecurrentGemmaForCausalLM"]}
+    server.add_repo("org/tiny-rg", [{"config.json": json.dumps(recurrent_gemma).encode(),
                                         "model.safetensors":
                                             (made["hf"].parent / "mamba" / "model.safetensors").read_bytes()}])
     with server:
@@ -269,8 +269,8 @@ def test_inspect_a_repo_id_reads_only_headers(hub: HubServer, made: dict[str, Pa
 
 @pytest.mark.slow
 def test_inspect_a_repo_of_a_type_lmconvert_lacks(hub: HubServer, tmp_path: Path) -> None:
-    proc = lmconvert("inspect", "org/tiny-zamba", env=hub_env(hub.url, tmp_path / "hf"))
-    assert_one_line_error(proc, "org/tiny-zamba@", "'zamba'", "transformer blocks shared across the layers")
+    proc = lmconvert("inspect", "org/tiny-rg", env=hub_env(hub.url, tmp_path / "hf"))
+    assert_one_line_error(proc, "org/tiny-rg@", "'recurrent_gemma'", "a recurrent token mixer (RG-LRU, RWKV, xLSTM)")
 
 
 @pytest.mark.slow

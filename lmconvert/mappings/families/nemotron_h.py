@@ -37,6 +37,7 @@ from ..family import Family
 from ..tables.config_table import DEFAULT, Entry
 from ..tables.gguf import tensor_table, written
 from ..tables.hf_config import HfConfig, Key, show
+from ..tables.points import SHARED_UNFLATTENED
 from ..tables.table import Rule, TensorTable
 from ..tables.transforms import Unstack
 from . import llama, mamba2
@@ -308,4 +309,5 @@ GGUF_NEMOTRON_H = replace(GGUF_NEMOTRON_H, written_as=((lambda config: "moe" in 
                                                                  for n in ("up", "down")}})
 
 FAMILY = Family("nemotron_h", ("nemotron_h",), "NemotronHForCausalLM", TENSORS, CONFIG, layout=layout_table,
-                gguf=(GGUF_NEMOTRON_H, GGUF_NEMOTRON_H_MOE))
+                gguf=(GGUF_NEMOTRON_H, GGUF_NEMOTRON_H_MOE),
+                reference_layouts=SHARED_UNFLATTENED)  # NemotronHMoE's shared expert runs on the unflattened input
