@@ -66,8 +66,7 @@ GENERAL_TYPES = schema.Object(
 ARCH_TYPES: dict[str, schema.Spec] = {  # `{arch}.` keys
     **{key: schema.POSITIVE_INT for key in (
         "context_length", "embedding_length", "block_count", "attention.key_length", "attention.value_length",
-        "rope.dimension_count",
-        "vocab_size", "attention.sliding_window", "rope.scaling.original_context_length",
+        "rope.dimension_count", "vocab_size", "attention.sliding_window", "rope.scaling.original_context_length",
         "expert_feed_forward_length", "expert_shared_feed_forward_length",
         "attention.key_length_mla", "attention.value_length_mla", "shortconv.l_cache", "ssm.conv_kernel",
         "ssm.inner_size", "ssm.state_size", "ssm.time_step_rank", "ssm.group_count")},
