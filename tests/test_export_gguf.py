@@ -710,12 +710,23 @@ MIMO_ROPE = SPECS["mimo_v2_flash"].kwargs["rope_parameters"]
     ("afmoe", dict(attention_bias=True), "loads no attention output bias"),
     ("afmoe", dict(layer_types=["sliding_attention", "full_attention", "sliding_attention", "full_attention"]),
      "rotates every layer but each 4th"),
+    ("laguna", dict(moe_router_logit_softcapping=2.0), "does not soft-cap the router's logits"),
+    ("laguna", dict(attention_bias=True), "adds no o_proj bias"),
+    ("laguna", dict(layer_types=["full_attention", "sliding_attention", "sliding_attention", "full_attention"]),
+     "load_swa_pattern(ml, 4, /*dense_first=*/true);"),
+    ("laguna", dict(mlp_layer_types=["dense", "sparse", "dense", "sparse"]), "runs dense FFNs on the leading layers"),
+    ("laguna", dict(rope_parameters={"full_attention": {"rope_type": "linear", "factor": 2.0, "rope_theta": 5e4},
+                                     "sliding_attention": {"rope_type": "default", "rope_theta": 2e4}}),
+     "with its default RoPE only"),
+    ("laguna", dict(gating=False), "with its per-head gate only"),
 ], ids=["mimo-qkv-bias", "mimo-not-renormalised", "mimo-scaled-weights", "mimo-two-rotated-widths",
-        "mimo-scaled-rope", "afmoe-no-mup", "afmoe-attention-biases", "afmoe-full-every-second-layer"])
+        "mimo-scaled-rope", "afmoe-no-mup", "afmoe-attention-biases", "afmoe-full-every-second-layer",
+        "laguna-router-softcap", "laguna-o-bias", "laguna-other-window-pattern", "laguna-dense-after-experts",
+        "laguna-scaled-rope", "laguna-per-element-gate"])
 def test_what_llama_cpp_s_graph_computes_otherwise_is_refused(name: str, overrides: dict[str, Any], fragment: str,
                                                               tmp_path: Path) -> None:
-    """What llama.cpp's mimo2 and afmoe graphs compute otherwise than transformers' MiMo-V2-Flash and AFMoE (a
-    line of their C++ the message names) is refused by name, nothing written."""
+    """What llama.cpp's mimo2, afmoe and laguna graphs compute otherwise than transformers' MiMo-V2-Flash, AFMoE and
+    Laguna (a line of their C++ the message names) is refused by name, nothing written."""
     canonical = canonical_of(built(name, {**WRITTEN_ONLY[name], **overrides}), tmp_path)
     code, _, err = cli("convert", canonical, tmp_path / "m.gguf", "--to", "gguf")
     assert code == 2 and fragment in err and len(err.strip().splitlines()) == 1, err

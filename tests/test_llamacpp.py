@@ -853,7 +853,7 @@ CONVERTER_FLAGS = {**dict.fromkeys(("qwen3_next", "qwen3_5_text", "qwen3_5_moe_t
 # the families whose every tensor is compared with llama.cpp's converter's, bit for bit: the gated delta-net's and the
 # state-space hybrids', which no emulation in test_formats_gguf writes
 CONVERTER_TENSORS = {*CONVERTER_FLAGS, "jamba", "bamba", "granitemoehybrid", "nemotron_h", "falcon_h1",
-                     "kimi_linear", *GEMMA4}
+                     "kimi_linear", "laguna", *GEMMA4}
 # llama.cpp's converter over several checkpoints in one process (its imports take most of a run)
 CONVERT_MANY = f"RAW = {RAW_CONFIG!r}\n" + """
 import sys

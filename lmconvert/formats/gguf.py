@@ -61,18 +61,20 @@ GENERAL_TYPES = schema.Object(
               "tokenizer.ggml.model": schema.String(),
               **{key: schema.Nullable(schema.COUNT) for key in TOKEN_IDS.values()},
               **{key: schema.POSITIVE for key in LLAMA3_STATED},
-              "lmconvert.ssm.chunk_size": schema.POSITIVE_INT})
+              "lmconvert.ssm.chunk_size": schema.POSITIVE_INT,
+              "lmconvert.attention.head_count_config": schema.POSITIVE_INT})
 ARCH_TYPES: dict[str, schema.Spec] = {  # `{arch}.` keys
     **{key: schema.POSITIVE_INT for key in (
-        "context_length", "embedding_length", "block_count", "attention.head_count",
-        "attention.key_length", "attention.value_length", "rope.dimension_count",
-        "vocab_size", "attention.sliding_window", "rope.scaling.original_context_length",
+        "context_length", "embedding_length", "block_count", "attention.key_length", "attention.value_length",
+        "rope.dimension_count", "vocab_size", "attention.sliding_window", "rope.scaling.original_context_length",
         "expert_feed_forward_length", "expert_shared_feed_forward_length",
         "attention.key_length_mla", "attention.value_length_mla", "shortconv.l_cache", "ssm.conv_kernel",
         "ssm.inner_size", "ssm.state_size", "ssm.time_step_rank", "ssm.group_count")},
     "ssm.dt_b_c_rms": schema.Boolean(),
     # 0 and 0: no experts (llama.cpp's loader: a dense model, Granite 4's granitehybrid without them)
     "expert_count": schema.COUNT, "expert_used_count": schema.COUNT,
+    # one count, or one per layer (Laguna's query heads)
+    "attention.head_count": schema.Either((schema.POSITIVE_INT, schema.Array(schema.POSITIVE_INT))),
     # one count, or one per layer (LFM2: 0 on a layer that does not attend)
     "attention.head_count_kv": schema.Either((schema.POSITIVE_INT, schema.Array(schema.COUNT))),
     # one width, or one per layer (Nemotron-H: 0 on a block without an MLP)

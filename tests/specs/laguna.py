@@ -41,5 +41,8 @@ SPEC = Spec(
         dict(MOE, layer_types=[S, S, S, S],
              rope_parameters={S: {"rope_type": "default", "rope_theta": 3e4, "partial_rotary_factor": 0.25}}),
     ),
+    # llama.cpp's laguna: the window on every layer but each fourth from the first, no router soft-cap
+    gguf=dict(MOE, num_attention_heads_per_layer=[4, 8, 2, 4], sliding_window=WINDOW, layer_types=[F, S, S, S],
+              moe_routed_scaling_factor=1.5, moe_router_logit_softcapping=0.0, eos_token_id=1, rope_parameters=ROPE),
     tp_refusal="query heads that differ by layer have no tensor-parallel plan",
 )

@@ -28,6 +28,7 @@ from lmconvert.arch import ArchConfig, MoeConfig
 from ..errors import MappingError
 from ..family import Family
 from ..tables.config_table import DEFAULT, Entry, fixed, plain
+from ..tables.gguf import MOE_RULES, tensor_table, written
 from ..tables.hf_config import HfConfig, Key, show
 from ..tables.hf_layers import LAYER_TYPES_KEY, layer_kinds_from_hf, layer_types_to_hf, window_fields
 from ..tables.hf_moe import dense_layers, expert_rules, mlp_layer_types_to_hf
@@ -149,7 +150,101 @@ def reference_layouts(arch: ArchConfig) -> dict[str, str]:
     return {**QK_NORM_PER_HEAD, **gate}
 
 
+
+# -- llama.cpp (GGUF): its laguna architecture (LagunaModel in its converter; gguf 0.19.0 has no MODEL_ARCH for it, and
+# none is needed: the file names it by its string, its tensors by the generic names). The query heads as one count per
+# layer (`attention.head_count`), the gate as `attn_gate` (one row per head, or per element: llama.cpp tells them by
+# its width), the selection bias as `exp_probs_b`, the leading dense layers as `leading_dense_block_count`, the
+# sliding layers' RoPE base and rotated width as `rope.freq_base_swa` and `rope.dimension_count_swa`. What its
+# laguna graph computes otherwise than transformers is refused by name (`_to_gguf`).
+GGUF_KEYS = {"attention.sliding_window": "sliding_window",
+             "expert_count": "num_experts", "expert_used_count": "num_experts_per_tok",
+             "expert_feed_forward_length": "moe_intermediate_size",
+             "expert_shared_feed_forward_length": "shared_expert_intermediate_size",
+             "expert_weights_scale": "moe_routed_scaling_factor", "rope.freq_base_swa": "swa_rope_theta",
+             "rope.dimension_count_swa": "rotated_swa"}
+SIGMOID = 2  # LLAMA_EXPERT_GATING_FUNC_TYPE_SIGMOID, which LagunaModel always writes
+SWA_PERIOD = 4  # src/models/laguna.cpp: load_swa_pattern(ml, 4, /*dense_first=*/true): full where il % 4 == 0
+
+
+def _gguf_table() -> TensorTable:
+    return TensorTable((*tensor_table(False, 0.0, True).rules, *MOE_RULES[:4], *MOE_RULES[4:7],
+                        Rule("blk.{}.exp_probs_b.bias", "layers.{}.mlp.router.selection_bias"),
+                        Rule("blk.{}.attn_gate.weight", "layers.{}.attn.out_gate.weight")))
+
+
+def _kind_rope(config: dict[str, Any], kind: str) -> dict[str, Any]:
+    """A layer type's RoPE as LagunaConfig reads it: its defaults where rope_parameters leaves the type out, a stated
+    type rotating the whole head unless it says otherwise (as LagunaModel's converter reads it too)."""
+    stated = (config.get("rope_parameters") or {}).get(kind)
+    return {"partial_rotary_factor": 1.0, **stated} if stated else dict(ROPE_DEFAULTS[kind])
+
+
+def _to_gguf(config: dict[str, Any]) -> dict[str, Any]:
+    n, head = config["num_hidden_layers"], config["head_dim"]
+    if config.get("moe_router_logit_softcapping"):
+        raise MappingError("llama.cpp's laguna graph does not soft-cap the router's logits (src/models/laguna.cpp: "
+                           "`build_moe_ffn(cur, model.layers[il].ffn_gate_inp, ...)`, no cap), and this model caps "
+                           f"them at moe_router_logit_softcapping={config['moe_router_logit_softcapping']}")
+    if config.get("attention_bias"):
+        raise MappingError("llama.cpp's laguna graph adds no o_proj bias (src/models/laguna.cpp: `cur = build_lora_mm("
+                           "model.layers[il].wo, cur, model.layers[il].wo_s);`), and this model has one "
+                           "(attention_bias true)")
+    if config.get("gating", True) is not True and config.get("gating") != "per-head":
+        raise MappingError("lmconvert writes Laguna for llama.cpp with its per-head gate only: llama.cpp tells the "
+                           "per-element gate by the width of attn_gate (src/models/laguna.cpp: `n_gate_out = "
+                           "gate_meta->ne[1];`), which no metadata key states for lmconvert's import to read back, and "
+                           f"this model's gate is per element (gating={config.get('gating')!r})")
+    kinds = config.get("layer_types") or ["full_attention"] * n
+    periodic = ["full_attention" if i % SWA_PERIOD == 0 else "sliding_attention" for i in range(n)]
+    if kinds != periodic:
+        raise MappingError("llama.cpp's laguna attends within the window on every layer but each fourth from the "
+                           "first (src/models/laguna.cpp: `load_swa_pattern(ml, 4, /*dense_first=*/true);`, its "
+                           f"converter states no pattern), and this model's layer_types are {kinds}")
+    scaled = [k for k in sorted(set(kinds)) if _kind_rope(config, k).get("rope_type", "default") != "default"]
+    if scaled:
+        raise MappingError("lmconvert writes Laguna for llama.cpp with its default RoPE only (llama.cpp runs YaRN "
+                           "alone on the full layers and the sliding layers unscaled), and this model's "
+                           f"{scaled[0]} layers scale theirs")
+    mlp = config.get("mlp_layer_types") or ["dense"] + ["sparse"] * (n - 1)
+    dense = next((i for i, t in enumerate(mlp) if t != "dense"), n)
+    if any(t == "dense" for t in mlp[dense:]):
+        raise MappingError("llama.cpp's laguna runs dense FFNs on the leading layers only (src/models/laguna.cpp: "
+                           "`if ((uint32_t)i >= hparams.n_layer_dense_lead)`), and this model's mlp_layer_types are "
+                           f"{mlp}")
+    full, sliding = _kind_rope(config, "full_attention"), _kind_rope(config, "sliding_attention")
+    return {"attention.head_count": list(config.get("num_attention_heads_per_layer")
+                                         or [config["num_attention_heads"]] * n),
+            "leading_dense_block_count": dense, "rope.freq_base": float(full["rope_theta"]),
+            "rope.freq_base_swa": float(sliding["rope_theta"]),
+            "rope.dimension_count": int(head * float(full.get("partial_rotary_factor") or 1.0)),
+            "rope.dimension_count_swa": int(head * float(sliding.get("partial_rotary_factor") or 1.0))}
+
+
+def _from_gguf(config: dict[str, Any]) -> dict[str, Any]:
+    """The query heads per layer (the config's own count from lmconvert's key, else the first layer's), the layer
+    kinds and mixtures as llama.cpp's laguna lays them out, each kind's RoPE."""
+    n, head, heads = config["num_hidden_layers"], config["head_dim"], config["num_attention_heads"]
+    heads = heads if isinstance(heads, list) else [heads] * n
+    dense = config["leading_dense_block_count"]
+    rope = {"full_attention": {"rope_type": "default", "rope_theta": config["rope_theta"],
+                               "partial_rotary_factor": config["rotated"] / head},
+            "sliding_attention": {"rope_type": "default", "rope_theta": config["swa_rope_theta"],
+                                  "partial_rotary_factor": config["rotated_swa"] / head}}
+    return {"num_attention_heads_per_layer": heads, "num_attention_heads": config.get("query_heads") or heads[0],
+            "layer_types": ["full_attention" if i % SWA_PERIOD == 0 else "sliding_attention" for i in range(n)],
+            "mlp_layer_types": ["dense"] * dense + ["sparse"] * (n - dense), "rope_parameters": rope}
+
+
+GGUF_LAGUNA = written("laguna", arch="laguna", keys={**GGUF_KEYS, "leading_dense_block_count":
+                                                     "leading_dense_block_count", "rope.dimension_count": "rotated"},
+                      own={"attention.head_count_config": "query_heads"}, table=_gguf_table(),
+                      defaults={"gating": True, "attention_bias": False, "moe_router_logit_softcapping": 0.0},
+                      constants={"expert_gating_func": SIGMOID, "expert_weights_norm": True},
+                      transient=("leading_dense_block_count", "rotated", "rotated_swa", "swa_rope_theta",
+                                 "query_heads"),
+                      stated=frozenset({"vocab_size", "rope.dimension_count"}), derived=_from_gguf,
+                      exported=_to_gguf)
+
 FAMILY = Family("laguna", ("laguna",), "LagunaForCausalLM", TENSORS, CONFIG, reference_layouts=reference_layouts,
-                no_gguf="llama.cpp's laguna architecture is not in the gguf package lmconvert writes with (0.19.0, "
-                        "the newest on PyPI, has no LAGUNA tensor table); export --to hf, or --to gguf once gguf "
-                        "names it")
+                gguf=(GGUF_LAGUNA,))

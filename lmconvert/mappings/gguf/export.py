@@ -195,6 +195,7 @@ def _unwritten(arch: str, entry: GgufArch, config: Mapping[str, Any], values: Ma
     hold llama.cpp's runtime default; `listed`: the file lists the vocabulary's tokens."""
     p, stated = f"{arch}.", entry.stated
     heads = values[p + "attention.head_count"]
+    heads = heads[0] if isinstance(heads, list) else heads  # one per layer (Laguna): llama.cpp's n_head(0)
     implied = values[p + "embedding_length"] // heads if heads else None
     head = values.get(p + "attention.key_length")
     keys = set()

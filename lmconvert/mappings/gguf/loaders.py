@@ -47,6 +47,7 @@ LOADED_BIASES: dict[str, frozenset[str]] = {arch: frozenset(names) for arch, nam
     "falcon-h1": (*QKV, "attn_output", "ffn_gate", "ffn_up", "ffn_down", *SSM),
     # (mimo2's graph adds no q, k, v bias, afmoe's loader no o bias: each family refuses them)
     "mimo2": (*QKV, "exp_probs_b"), "afmoe": (*QKV, "exp_probs_b"),
+    "laguna": ("exp_probs_b",),  # laguna.cpp loads no o bias: the family refuses attention biases
     "gemma4": (),
     "kimi-linear": ("exp_probs_b", "ssm_dt"),  # the selection bias; KDA's dt_bias
 }.items()}
