@@ -1171,8 +1171,10 @@ def test_unknown_dtype_is_never_exported(can: Path, tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize("change, fragment", [
-    ({"llama.attention.head_count": 0}, "llama.attention.head_count: expected a positive integer, found 0"),
-    ({"llama.attention.head_count": "4"}, "llama.attention.head_count: expected a positive integer, found '4'"),
+    ({"llama.attention.head_count": 0},  # (Laguna's per-layer counts: an array too)
+     "llama.attention.head_count: expected a positive integer or an array of a positive integer, found 0"),
+    ({"llama.attention.head_count": "4"},
+     "llama.attention.head_count: expected a positive integer or an array of a positive integer, found '4'"),
     ({"llama.attention.head_count_kv": -2}, "llama.attention.head_count_kv"),
     ({"llama.embedding_length": 64.0}, "llama.embedding_length"),
     ({"llama.attention.layer_norm_rms_epsilon": 0.0}, "layer_norm_rms_epsilon: expected a positive"),
